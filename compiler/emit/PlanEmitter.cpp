@@ -1,0 +1,240 @@
+//===- PlanEmitter.cpp - placed hflow IR to the plan FlatBuffer ------------===//
+//
+// The lowering from the flow to per-rank schedules is, for now, direct: each
+// call becomes a Compute step on its role's ranks followed by a
+// CheckAllGather over the role's group, in program order. Values get the
+// indices of their definition order. Later passes (layouts, reshard, overlap)
+// will hand this emitter a scheduled IR instead.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanEmitter.h"
+
+#include "hflow/HflowOps.h"
+#include "PlanFormat.h"
+#include "plan_generated.h"
+
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+
+using namespace mlir;
+using namespace mlir::hflow;
+namespace fb = ::hflow::plan;
+
+namespace {
+
+fb::DType dtypeOf(Type t) {
+  if (t.isBF16())
+    return fb::DType::BF16;
+  if (t.isF16())
+    return fb::DType::F16;
+  if (t.isF64())
+    return fb::DType::F64;
+  return fb::DType::F32;
+}
+
+std::string locString(Location loc) {
+  if (auto flc = dyn_cast<FileLineColLoc>(loc))
+    return llvm::formatv("{0}:{1}:{2}", flc.getFilename().getValue(),
+                         flc.getLine(), flc.getColumn())
+        .str();
+  return "<unknown>";
+}
+
+std::string attrString(Attribute a) {
+  if (auto s = dyn_cast<StringAttr>(a))
+    return s.getValue().str();
+  if (auto i = dyn_cast<IntegerAttr>(a))
+    return std::to_string(i.getInt());
+  if (auto f = dyn_cast<FloatAttr>(a)) {
+    // Shortest text that round-trips, so plans stay byte-identical.
+    llvm::SmallString<32> s;
+    f.getValue().toString(s);
+    return s.str().str();
+  }
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  a.print(os);
+  return out;
+}
+
+} // namespace
+
+LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
+                              std::vector<uint8_t> &out) {
+  SmallVector<FlowOp> flows(module.getOps<FlowOp>());
+  FlowOp flow;
+  if (!options.flow.empty()) {
+    for (FlowOp f : flows)
+      if (f.getSymName() == options.flow)
+        flow = f;
+    if (!flow)
+      return module.emitError() << "no flow named '" << options.flow << "'";
+  } else if (flows.size() == 1) {
+    flow = flows.front();
+  } else {
+    std::string names;
+    for (FlowOp f : flows)
+      names += (names.empty() ? "" : ", ") + f.getSymName().str();
+    return module.emitError()
+           << "the program has " << flows.size()
+           << " flows; choose one with --flow (" << names << ")";
+  }
+  SmallVector<MeshOp> meshes(module.getOps<MeshOp>());
+  if (meshes.size() != 1)
+    return module.emitError() << "expected exactly one mesh, found "
+                              << meshes.size();
+  MeshOp mesh = meshes.front();
+  const int64_t world = mesh.getSize();
+  if (world > (1 << 20))
+    return mesh.emitError() << "a mesh of " << world
+                            << " devices is larger than a plan supports (2^20)";
+
+  flatbuffers::FlatBufferBuilder b;
+  b.ForceDefaults(true);
+
+  // Models, in declaration order.
+  llvm::DenseMap<Operation *, int> modelIndex;
+  std::vector<flatbuffers::Offset<fb::Model>> models;
+  for (ModelOp m : module.getOps<ModelOp>()) {
+    modelIndex[m] = models.size();
+    models.push_back(fb::CreateModel(
+        b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
+        m.getLayers(), m.getHidden(), m.getHeads(), m.getKvHeads(), m.getFfn(),
+        m.getVocab(), dtypeOf(m.getDtype()), m.computeParamCount()));
+  }
+
+  // Roles and one communicator group per role.
+  llvm::StringMap<int> roleIndex;
+  std::vector<flatbuffers::Offset<fb::Role>> roles;
+  std::vector<flatbuffers::Offset<fb::Group>> groups;
+  std::vector<std::vector<int>> roleRanks;
+  for (RoleOp r : module.getOps<RoleOp>()) {
+    std::vector<int> ranks;
+    if (auto rk = r.getRanks())
+      for (int64_t x : *rk)
+        ranks.push_back(static_cast<int>(x));
+    int model = -1;
+    if (auto ref = r.getModelAttr())
+      if (auto m = SymbolTable::lookupNearestSymbolFrom<ModelOp>(r, ref))
+        model = modelIndex.lookup(m);
+    auto toLayout = [](LayoutAttr l) {
+      return fb::Layout(static_cast<int>(l.getDp()), static_cast<int>(l.getTp()),
+                        static_cast<int>(l.getPp()));
+    };
+    fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
+    roleIndex[r.getSymName()] = roles.size();
+    roleRanks.push_back(ranks);
+    auto name = b.CreateString(r.getSymName().str());
+    auto rankVec = b.CreateVector(ranks);
+    roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
+                                   model, rankVec, &train, &gen));
+    groups.push_back(fb::CreateGroup(b, name, rankVec));
+  }
+
+  // Values and steps, in program order.
+  llvm::DenseMap<Value, int> valueIndex;
+  std::vector<flatbuffers::Offset<fb::Value>> values;
+  std::vector<flatbuffers::Offset<fb::Step>> steps;
+  std::vector<std::vector<int>> stepRanks;
+  Block &body = flow.getBody().front();
+  auto argNames = flow.getArgNames();
+  for (BlockArgument arg : body.getArguments()) {
+    std::string name =
+        argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
+                 : "arg" + std::to_string(arg.getArgNumber());
+    valueIndex[arg] = values.size();
+    values.push_back(fb::CreateValue(
+        b, b.CreateString(name),
+        static_cast<fb::BatchKind>(cast<BatchType>(arg.getType()).getKind()), -1));
+  }
+  for (CallOp call : flow.getBody().front().getOps<CallOp>()) {
+    auto it = roleIndex.find(call.getRole());
+    if (it == roleIndex.end())
+      return call.emitError() << "calls unknown role '" << call.getRole() << "'";
+    int role = it->second;
+    if (roleRanks[role].empty())
+      return call.emitError() << "role '" << call.getRole()
+                              << "' has no ranks; run the placement pass first";
+    std::vector<int> inputs, outputs;
+    for (Value v : call.getInputs())
+      inputs.push_back(valueIndex.lookup(v));
+    int computeStep = steps.size();
+    if (Value r = call.getResult()) {
+      valueIndex[r] = values.size();
+      outputs.push_back(values.size());
+      std::string name = call.getNameAttr() ? call.getNameAttr().str()
+                                            : "v" + std::to_string(values.size());
+      values.push_back(fb::CreateValue(
+          b, b.CreateString(name),
+          static_cast<fb::BatchKind>(cast<BatchType>(r.getType()).getKind()),
+          computeStep));
+    }
+    std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
+    if (auto args = call.getArgsAttr())
+      for (NamedAttribute na : args) // DictionaryAttr keeps keys sorted
+        kvs.push_back(fb::CreateKeyValue(b, b.CreateString(na.getName().str()),
+                                         b.CreateString(attrString(na.getValue()))));
+    std::string loc = locString(call.getLoc());
+    steps.push_back(fb::CreateStep(
+        b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
+        b.CreateVector(inputs), b.CreateVector(outputs), -1, -1,
+        b.CreateVector(kvs), b.CreateString(loc)));
+    stepRanks.push_back(roleRanks[role]);
+    steps.push_back(fb::CreateStep(
+        b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
+        b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
+        role, computeStep, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+        b.CreateString(loc)));
+    stepRanks.push_back(roleRanks[role]);
+  }
+
+  std::vector<flatbuffers::Offset<fb::RankSchedule>> schedules;
+  for (int r = 0; r < world; ++r) {
+    std::vector<int> mine;
+    for (size_t s = 0; s < stepRanks.size(); ++s)
+      if (llvm::is_contained(stepRanks[s], r))
+        mine.push_back(static_cast<int>(s));
+    schedules.push_back(fb::CreateRankSchedule(b, r, b.CreateVector(mine)));
+  }
+
+  auto shaAttr = module->getAttrOfType<StringAttr>("hflow.source_sha256");
+  std::vector<uint8_t> sha(32, 0);
+  if (shaAttr) {
+    std::string raw;
+    if (!llvm::tryGetFromHex(shaAttr.getValue(), raw) || raw.size() != 32)
+      return module.emitError() << "hflow.source_sha256 is not 64 hex digits";
+    sha.assign(raw.begin(), raw.end());
+  }
+  auto fileAttr = module->getAttrOfType<StringAttr>("hflow.source_file");
+
+  auto meshOff = fb::CreateMesh(b, b.CreateString(mesh.getSymName().str()),
+                                b.CreateString(mesh.getDevice().str()),
+                                mesh.getNodes(), mesh.getPerNode());
+  auto planOff = fb::CreatePlan(
+      b, b.CreateString(fileAttr ? fileAttr.str() : std::string("<mlir>")),
+      b.CreateVector(sha), b.CreateString(options.compilerVersion),
+      b.CreateString(flow.getSymName().str()), static_cast<int>(world),
+      options.seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
+      b.CreateVector(models), b.CreateVector(roles), b.CreateVector(groups),
+      b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules));
+  b.Finish(planOff);
+
+  flatbuffers::FlatBufferBuilder fileBuilder;
+  fileBuilder.ForceDefaults(true);
+  const uint8_t *bodyPtr = b.GetBufferPointer();
+  // The nested plan holds 64-bit scalars: align its bytes so the runtime can
+  // read it in place (the verifier checks alignment).
+  fileBuilder.ForceVectorAlignment(b.GetSize(), sizeof(uint8_t), 16);
+  auto bodyVec = fileBuilder.CreateVector(bodyPtr, b.GetSize());
+  auto file = fb::CreatePlanFile(fileBuilder, fb::kFormatMajor, fb::kFormatMinor,
+                                 fb::checksum(bodyPtr, b.GetSize()), bodyVec);
+  fb::FinishPlanFileBuffer(fileBuilder, file);
+  out.assign(fileBuilder.GetBufferPointer(),
+             fileBuilder.GetBufferPointer() + fileBuilder.GetSize());
+  return success();
+}

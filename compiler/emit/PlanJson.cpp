@@ -1,0 +1,151 @@
+//===- PlanJson.cpp - print a plan file as JSON ----------------------------===//
+//
+// `hflowc --emit=plan-json`: the plan exactly as the runtime will read it,
+// decoded from the FlatBuffer (after the runtime's own verifier accepted it),
+// so a diff of two JSON files is a diff of two plans.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanEmitter.h"
+
+#include "PlanLoader.h"
+
+#include "llvm/Support/Format.h"
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+namespace fb = ::hflow::plan;
+
+namespace {
+
+void intArray(llvm::json::OStream &j, llvm::StringRef key,
+              const flatbuffers::Vector<int32_t> *v) {
+  j.attributeArray(key, [&] {
+    if (v)
+      for (int x : *v)
+        j.value(x);
+  });
+}
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : ""; }
+
+void layout(llvm::json::OStream &j, llvm::StringRef key, const fb::Layout *l) {
+  j.attributeObject(key, [&] {
+    j.attribute("dp", l->dp());
+    j.attribute("tp", l->tp());
+    j.attribute("pp", l->pp());
+  });
+}
+
+} // namespace
+
+LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
+                                   llvm::raw_ostream &os, std::string &error) {
+  fb::LoadedPlan loaded;
+  if (!fb::verifyPlanBuffer(std::vector<uint8_t>(planFile.begin(), planFile.end()),
+                            loaded, error))
+    return failure();
+  const fb::Plan &p = *loaded.plan();
+  llvm::json::OStream j(os, 2);
+  j.object([&] {
+    j.attribute("format", std::to_string(loaded.formatMajor()) + "." +
+                              std::to_string(loaded.formatMinor()));
+    j.attribute("program", str(p.program()));
+    std::string sha;
+    static const char *kHex = "0123456789abcdef";
+    for (uint8_t c : *p.source_sha256()) {
+      sha += kHex[c >> 4];
+      sha += kHex[c & 15];
+    }
+    j.attribute("source_sha256", sha);
+    j.attribute("compiler_version", str(p.compiler_version()));
+    j.attribute("flow", str(p.flow()));
+    j.attribute("world_size", p.world_size());
+    j.attribute("seed", p.seed());
+    j.attributeArray("meshes", [&] {
+      for (const fb::Mesh *m : *p.meshes())
+        j.object([&] {
+          j.attribute("name", str(m->name()));
+          j.attribute("device", str(m->device()));
+          j.attribute("nodes", m->nodes());
+          j.attribute("per_node", m->per_node());
+        });
+    });
+    j.attributeArray("models", [&] {
+      if (p.models())
+        for (const fb::Model *m : *p.models())
+          j.object([&] {
+            j.attribute("name", str(m->name()));
+            j.attribute("arch", str(m->arch()));
+            j.attribute("layers", m->layers());
+            j.attribute("hidden", m->hidden());
+            j.attribute("heads", m->heads());
+            j.attribute("kv_heads", m->kv_heads());
+            j.attribute("ffn", m->ffn());
+            j.attribute("vocab", m->vocab());
+            j.attribute("dtype", fb::EnumNameDType(m->dtype()));
+            j.attribute("params", m->params());
+          });
+    });
+    j.attributeArray("roles", [&] {
+      if (p.roles())
+        for (const fb::Role *r : *p.roles())
+          j.object([&] {
+            j.attribute("name", str(r->name()));
+            j.attribute("kind", fb::roleKindName(r->kind()));
+            j.attribute("model", r->model());
+            intArray(j, "ranks", r->ranks());
+            layout(j, "train", r->train());
+            layout(j, "generate", r->generate());
+          });
+    });
+    j.attributeArray("groups", [&] {
+      if (p.groups())
+        for (const fb::Group *g : *p.groups())
+          j.object([&] {
+            j.attribute("name", str(g->name()));
+            intArray(j, "ranks", g->ranks());
+          });
+    });
+    j.attributeArray("values", [&] {
+      if (p.values())
+        for (const fb::Value *v : *p.values())
+          j.object([&] {
+            j.attribute("name", str(v->name()));
+            j.attribute("kind", fb::batchKindName(v->kind()));
+            j.attribute("producer", v->producer());
+          });
+    });
+    j.attributeArray("steps", [&] {
+      if (p.steps())
+        for (const fb::Step *s : *p.steps())
+          j.object([&] {
+            j.attribute("kind", fb::EnumNameStepKind(s->kind()));
+            if (s->kind() == fb::StepKind::Compute) {
+              j.attribute("role", s->role());
+              j.attribute("method", str(s->method()));
+              intArray(j, "inputs", s->inputs());
+              intArray(j, "outputs", s->outputs());
+              j.attributeObject("attrs", [&] {
+                if (s->attrs())
+                  for (const fb::KeyValue *kv : *s->attrs())
+                    j.attribute(str(kv->key()), str(kv->value()));
+              });
+            } else {
+              j.attribute("group", s->group());
+              j.attribute("checks", s->checks());
+            }
+            j.attribute("loc", str(s->loc()));
+          });
+    });
+    j.attributeArray("schedules", [&] {
+      for (const fb::RankSchedule *s : *p.schedules())
+        j.object([&] {
+          j.attribute("rank", s->rank());
+          intArray(j, "steps", s->steps());
+        });
+    });
+  });
+  os << "\n";
+  return success();
+}

@@ -1,0 +1,156 @@
+//===- AST.h - the hflow abstract syntax tree ------------------------------===//
+//
+// Plain structs, no LLVM and no ANTLR types: the front end (which needs C++
+// exceptions for ANTLR) builds it, and MLIRGen (built under LLVM's
+// -fno-exceptions) reads it. Semantic analysis fills the `resolved` parts.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_FRONTEND_AST_H
+#define HFLOW_COMPILER_FRONTEND_AST_H
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hflow::ast {
+
+/// A position in a source file; line and column are 1-based. `length` is the
+/// number of characters of the construct on its first line (for underlining).
+struct SourceLoc {
+  std::string file;
+  int line = 0;
+  int col = 0;
+  int length = 1;
+};
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+/// A call argument: positional when `key` is empty.
+struct Arg {
+  std::string key;
+  SourceLoc keyLoc;
+  ExprPtr value;
+};
+
+struct Expr {
+  enum class Kind { Name, Int, Float, String, Call, MethodCall, Mul };
+  Kind kind;
+  SourceLoc loc;
+  std::string text;        // Name: identifier; String: unescaped; Call: callee
+  int64_t intValue = 0;    // Int
+  double floatValue = 0;   // Float
+  std::string receiver;    // MethodCall: the role name
+  SourceLoc receiverLoc;   // MethodCall
+  std::vector<Arg> args;   // Call, MethodCall
+  ExprPtr lhs, rhs;        // Mul
+
+  explicit Expr(Kind k, SourceLoc l) : kind(k), loc(std::move(l)) {}
+};
+
+struct Property {
+  std::string key;
+  SourceLoc keyLoc;
+  ExprPtr value;
+};
+
+/// `cluster NAME = mesh(DEVICE, nodes: N, per_node: M)`
+struct ClusterDecl {
+  std::string name;
+  SourceLoc loc, nameLoc;
+  ExprPtr ctor;
+  // Resolved by Sema.
+  std::string device;
+  int64_t nodes = 0, perNode = 0;
+};
+
+enum class DType { F32, BF16, F16 };
+
+/// `model NAME = llama(layers: ..., ...)`
+struct ModelDecl {
+  std::string name;
+  SourceLoc loc, nameLoc;
+  ExprPtr ctor;
+  // Resolved by Sema.
+  std::string arch;
+  int64_t layers = 0, hidden = 0, heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
+  DType dtype = DType::F32;
+};
+
+enum class RoleKind { Actor, Critic, Reference, RewardModel, RewardFn };
+
+/// A parallel layout: degrees of data, tensor and pipeline parallelism.
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;
+  bool explicitDp = false; // dp was written (otherwise inferred from devices)
+  SourceLoc loc;
+  bool written = false;
+};
+
+/// `role NAME = Kind(model) { train: ..., generate: ... }`
+struct RoleDecl {
+  std::string name;
+  SourceLoc loc, nameLoc;
+  ExprPtr ctor;
+  std::vector<Property> props;
+  // Resolved by Sema.
+  RoleKind kind = RoleKind::Actor;
+  std::string model;       // empty for RewardFn
+  std::string rule;        // RewardFn: the named rule
+  Layout train, generate;
+};
+
+/// `place a, b on MESH[lo:hi]`
+struct PlaceDecl {
+  SourceLoc loc;
+  std::vector<std::pair<std::string, SourceLoc>> roles;
+  std::string mesh;
+  SourceLoc meshLoc;
+  int64_t lo = 0, hi = 0;
+  SourceLoc rangeLoc;
+};
+
+enum class BatchKind { Prompts, Rollout, LogProbs, Values, Scores, Advantages };
+
+struct Param {
+  std::string name, type;
+  SourceLoc loc, typeLoc;
+  BatchKind kind = BatchKind::Prompts; // resolved by Sema
+};
+
+/// `let NAME = EXPR` or a bare `EXPR`.
+struct Stmt {
+  std::string name;        // empty for an expression statement
+  SourceLoc loc, nameLoc;
+  ExprPtr value;
+  // Resolved by Sema for method calls.
+  std::optional<BatchKind> resultKind;
+};
+
+struct FlowDecl {
+  std::string name;
+  SourceLoc loc, nameLoc;
+  std::vector<Param> params;
+  std::vector<Stmt> body;
+};
+
+struct Program {
+  std::string file;
+  std::string source;      // the whole text, for hashing and diagnostics
+  std::vector<ClusterDecl> clusters;
+  std::vector<ModelDecl> models;
+  std::vector<RoleDecl> roles;
+  std::vector<PlaceDecl> places;
+  std::vector<FlowDecl> flows;
+};
+
+const char *roleKindName(RoleKind k);
+const char *batchKindName(BatchKind k);
+const char *dtypeName(DType d);
+
+} // namespace hflow::ast
+
+#endif // HFLOW_COMPILER_FRONTEND_AST_H

@@ -1,0 +1,62 @@
+// The hflow language: the grammar of the first subset (meshes, models, roles,
+// placement, flows of role calls). docs/language.md is the reference.
+grammar Hflow;
+
+program : decl* EOF ;
+
+decl
+  : clusterDecl
+  | modelDecl
+  | roleDecl
+  | placeDecl
+  | flowDecl
+  ;
+
+// cluster local = mesh(cpu, nodes: 1, per_node: 4)
+clusterDecl : 'cluster' name=ID '=' ctor=call ;
+
+// model tiny = llama(layers: 2, hidden: 64, ...)
+modelDecl : 'model' name=ID '=' ctor=call ;
+
+// role actor = Actor(tiny) { train: dp(2), generate: tp(2) }
+roleDecl : 'role' name=ID '=' ctor=call roleBody? ;
+roleBody : '{' ( prop ( ',' prop )* ','? )? '}' ;
+prop     : key=ID ':' value=expr ;
+
+// place actor, ref on local[0:2]
+placeDecl : 'place' roles+=ID ( ',' roles+=ID )* 'on' mesh=ID '[' lo=INT ':' hi=INT ']' ;
+
+// flow step(prompts: Prompts) { let r = actor.generate(prompts) ... }
+flowDecl : 'flow' name=ID '(' ( param ( ',' param )* )? ')' '{' stmt* '}' ;
+param    : name=ID ':' type=ID ;
+stmt
+  : 'let' name=ID '=' value=expr ';'?   # LetStmt
+  | value=expr ';'?                    # ExprStmt
+  ;
+
+expr
+  : lhs=expr op='*' rhs=expr                    # MulExpr
+  | recv=ID '.' method=ID '(' argList? ')'      # MethodCallExpr
+  | call                                        # CallExpr
+  | ID                                          # NameExpr
+  | INT                                         # IntExpr
+  | FLOAT                                       # FloatExpr
+  | STRING                                      # StringExpr
+  | '(' expr ')'                                # ParenExpr
+  ;
+
+call    : callee=ID '(' argList? ')' ;
+argList : arg ( ',' arg )* ','? ;
+arg     : ( key=ID ':' )? value=expr ;
+
+ID      : [a-zA-Z_] [a-zA-Z0-9_]* ;
+FLOAT   : [0-9]+ '.' [0-9]* ( [eE] [+-]? [0-9]+ )?
+        | [0-9]+ [eE] [+-]? [0-9]+ ;
+INT     : [0-9]+ ;
+STRING  : '"' ( ~["\\\r\n] | '\\' . )* '"' ;
+
+LINE_COMMENT  : '//' ~[\r\n]* -> skip ;
+BLOCK_COMMENT : '/*' .*? '*/' -> skip ;
+WS            : [ \t\r\n]+ -> skip ;
+// Anything else is a lexical error reported with its location.
+ERROR_CHAR    : . ;

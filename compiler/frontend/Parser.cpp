@@ -1,0 +1,338 @@
+//===- Parser.cpp - ANTLR parse tree to AST --------------------------------===//
+//
+// ANTLR4 does the lexing and parsing; this file turns its parse tree into the
+// AST and its syntax errors into diagnostics. Nothing here may let an
+// exception escape: parseOnly() catches everything.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Frontend.h"
+#include "Sema.h"
+
+#include "HflowLexer.h"
+#include "HflowParser.h"
+#include "antlr4-runtime.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+using namespace hflow;
+using namespace hflow::frontend;
+using hflowgrammar::HflowLexer;
+using hflowgrammar::HflowParser;
+
+namespace {
+
+/// Deeper nesting than this is refused before parsing: ANTLR's recursive
+/// descent would otherwise exhaust the stack on adversarial input.
+constexpr int kMaxNesting = 200;
+
+class ErrorCollector : public antlr4::BaseErrorListener {
+public:
+  ErrorCollector(const std::string &file, DiagnosticList &diags)
+      : file_(file), diags_(diags) {}
+
+  void syntaxError(antlr4::Recognizer *, antlr4::Token *offending, size_t line,
+                   size_t col, const std::string &msg,
+                   std::exception_ptr) override {
+    // One syntax error is enough: ANTLR's recovery tends to cascade.
+    if (reported_)
+      return;
+    reported_ = true;
+    ast::SourceLoc loc{file_, static_cast<int>(line), static_cast<int>(col) + 1,
+                       1};
+    std::string text = msg;
+    if (offending) {
+      std::string tok = offending->getText();
+      if (offending->getType() == antlr4::Token::EOF)
+        text = "unexpected end of file: " + msg;
+      else if (offending->getType() == HflowLexer::ERROR_CHAR)
+        text = "unexpected character '" + tok + "'";
+      loc.length = std::max<int>(1, static_cast<int>(tok.size()));
+    }
+    diags_.error(loc, "syntax error: " + text);
+  }
+
+private:
+  const std::string &file_;
+  DiagnosticList &diags_;
+  bool reported_ = false;
+};
+
+class TreeToAST {
+public:
+  TreeToAST(const std::string &file, DiagnosticList &diags)
+      : file_(file), diags_(diags) {}
+
+  ast::SourceLoc loc(antlr4::Token *t) const {
+    if (!t)
+      return {file_, 0, 0, 1};
+    return {file_, static_cast<int>(t->getLine()),
+            static_cast<int>(t->getCharPositionInLine()) + 1,
+            std::max<int>(1, static_cast<int>(t->getText().size()))};
+  }
+  ast::SourceLoc loc(antlr4::ParserRuleContext *c) const {
+    ast::SourceLoc l = loc(c->getStart());
+    antlr4::Token *stop = c->getStop();
+    if (stop && stop->getLine() == c->getStart()->getLine() &&
+        stop->getStopIndex() >= c->getStart()->getStartIndex())
+      l.length = static_cast<int>(stop->getStopIndex() -
+                                  c->getStart()->getStartIndex() + 1);
+    return l;
+  }
+
+  void program(HflowParser::ProgramContext *ctx, ast::Program &p) {
+    for (auto *d : ctx->decl()) {
+      if (auto *c = d->clusterDecl()) {
+        ast::ClusterDecl decl;
+        decl.name = c->name->getText();
+        decl.loc = loc(c);
+        decl.nameLoc = loc(c->name);
+        decl.ctor = call(c->ctor);
+        p.clusters.push_back(std::move(decl));
+      } else if (auto *m = d->modelDecl()) {
+        ast::ModelDecl decl;
+        decl.name = m->name->getText();
+        decl.loc = loc(m);
+        decl.nameLoc = loc(m->name);
+        decl.ctor = call(m->ctor);
+        p.models.push_back(std::move(decl));
+      } else if (auto *r = d->roleDecl()) {
+        ast::RoleDecl decl;
+        decl.name = r->name->getText();
+        decl.loc = loc(r);
+        decl.nameLoc = loc(r->name);
+        decl.ctor = call(r->ctor);
+        if (auto *body = r->roleBody())
+          for (auto *prop : body->prop())
+            decl.props.push_back(
+                {prop->key->getText(), loc(prop->key), expr(prop->value)});
+        p.roles.push_back(std::move(decl));
+      } else if (auto *pl = d->placeDecl()) {
+        ast::PlaceDecl decl;
+        decl.loc = loc(pl);
+        for (antlr4::Token *t : pl->roles)
+          decl.roles.push_back({t->getText(), loc(t)});
+        decl.mesh = pl->mesh->getText();
+        decl.meshLoc = loc(pl->mesh);
+        decl.lo = integer(pl->lo);
+        decl.hi = integer(pl->hi);
+        decl.rangeLoc = loc(pl->lo);
+        decl.rangeLoc.length = static_cast<int>(pl->hi->getStopIndex() -
+                                                pl->lo->getStartIndex() + 1);
+        p.places.push_back(std::move(decl));
+      } else if (auto *f = d->flowDecl()) {
+        ast::FlowDecl decl;
+        decl.name = f->name->getText();
+        decl.loc = loc(f);
+        decl.nameLoc = loc(f->name);
+        for (auto *param : f->param())
+          decl.params.push_back({param->name->getText(), param->type->getText(),
+                                 loc(param->name), loc(param->type)});
+        for (auto *s : f->stmt()) {
+          ast::Stmt stmt;
+          stmt.loc = loc(s);
+          if (auto *let = dynamic_cast<HflowParser::LetStmtContext *>(s)) {
+            stmt.name = let->name->getText();
+            stmt.nameLoc = loc(let->name);
+            stmt.value = expr(let->value);
+          } else if (auto *e = dynamic_cast<HflowParser::ExprStmtContext *>(s)) {
+            stmt.value = expr(e->value);
+          }
+          if (stmt.value)
+            decl.body.push_back(std::move(stmt));
+        }
+        p.flows.push_back(std::move(decl));
+      }
+    }
+  }
+
+private:
+  int64_t integer(antlr4::Token *t) {
+    const std::string text = t->getText();
+    errno = 0;
+    char *end = nullptr;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (errno == ERANGE || v > (int64_t(1) << 53)) {
+      diags_.error(loc(t), "integer literal " + text + " is too large");
+      return 0;
+    }
+    return v;
+  }
+
+  ast::ExprPtr call(HflowParser::CallContext *c) {
+    auto e = std::make_unique<ast::Expr>(ast::Expr::Kind::Call, loc(c));
+    e->text = c->callee->getText();
+    e->loc = loc(c->callee);
+    if (auto *args = c->argList())
+      argList(args, e->args);
+    return e;
+  }
+
+  void argList(HflowParser::ArgListContext *args, std::vector<ast::Arg> &out) {
+    for (auto *a : args->arg()) {
+      ast::Arg arg;
+      if (a->key) {
+        arg.key = a->key->getText();
+        arg.keyLoc = loc(a->key);
+      }
+      arg.value = expr(a->value);
+      out.push_back(std::move(arg));
+    }
+  }
+
+  static std::string unescape(const std::string &quoted) {
+    std::string out;
+    for (size_t i = 1; i + 1 < quoted.size(); ++i) {
+      char c = quoted[i];
+      if (c == '\\' && i + 2 < quoted.size()) {
+        char n = quoted[++i];
+        out += n == 'n' ? '\n' : n == 't' ? '\t' : n;
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
+
+  ast::ExprPtr expr(HflowParser::ExprContext *c) {
+    using K = ast::Expr::Kind;
+    if (auto *m = dynamic_cast<HflowParser::MulExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Mul, loc(m->op));
+      e->lhs = expr(m->lhs);
+      e->rhs = expr(m->rhs);
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::MethodCallExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::MethodCall, loc(m->method));
+      e->receiver = m->recv->getText();
+      e->receiverLoc = loc(m->recv);
+      e->text = m->method->getText();
+      e->loc = loc(m);
+      if (auto *args = m->argList())
+        argList(args, e->args);
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::CallExprContext *>(c))
+      return call(m->call());
+    if (auto *m = dynamic_cast<HflowParser::NameExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Name, loc(m->ID()->getSymbol()));
+      e->text = m->ID()->getText();
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::IntExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Int, loc(m->INT()->getSymbol()));
+      e->intValue = integer(m->INT()->getSymbol());
+      e->text = m->INT()->getText();
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::FloatExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Float, loc(m->FLOAT()->getSymbol()));
+      e->text = m->FLOAT()->getText();
+      e->floatValue = std::strtod(e->text.c_str(), nullptr);
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::StringExprContext *>(c)) {
+      auto e =
+          std::make_unique<ast::Expr>(K::String, loc(m->STRING()->getSymbol()));
+      e->text = unescape(m->STRING()->getText());
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::ParenExprContext *>(c))
+      return expr(m->expr());
+    // Only reachable for a tree ANTLR built during error recovery.
+    return std::make_unique<ast::Expr>(K::Name, loc(c));
+  }
+
+  const std::string &file_;
+  DiagnosticList &diags_;
+};
+
+/// Refuses pathological nesting before ANTLR's recursion can overflow.
+bool checkNesting(const std::string &file, const std::string &src,
+                  DiagnosticList &diags) {
+  int depth = 0, line = 1, col = 1;
+  bool inString = false, inLineComment = false;
+  for (size_t i = 0; i < src.size(); ++i) {
+    char c = src[i];
+    if (c == '\n') {
+      ++line;
+      col = 1;
+      inLineComment = false;
+      inString = false;
+      continue;
+    }
+    if (!inString && !inLineComment && c == '/' && i + 1 < src.size() &&
+        src[i + 1] == '/')
+      inLineComment = true;
+    if (!inLineComment) {
+      if (c == '"')
+        inString = !inString;
+      else if (!inString && (c == '(' || c == '{' || c == '['))
+        ++depth;
+      else if (!inString && (c == ')' || c == '}' || c == ']'))
+        depth = std::max(0, depth - 1);
+      if (depth > kMaxNesting) {
+        diags.error({file, line, col, 1},
+                    "nesting deeper than " + std::to_string(kMaxNesting) +
+                        " levels is not supported");
+        return false;
+      }
+    }
+    ++col;
+  }
+  return true;
+}
+
+} // namespace
+
+FrontendResult hflow::frontend::parseOnly(const std::string &file,
+                                          const std::string &source) {
+  FrontendResult result;
+  try {
+    if (!checkNesting(file, source, result.diags))
+      return result;
+    antlr4::ANTLRInputStream input(source);
+    HflowLexer lexer(&input);
+    ErrorCollector errors(file, result.diags);
+    lexer.removeErrorListeners();
+    lexer.addErrorListener(&errors);
+    antlr4::CommonTokenStream tokens(&lexer);
+    HflowParser parser(&tokens);
+    parser.removeErrorListeners();
+    parser.addErrorListener(&errors);
+    HflowParser::ProgramContext *tree = parser.program();
+    if (result.diags.hasErrors())
+      return result;
+    auto program = std::make_unique<ast::Program>();
+    program->file = file;
+    program->source = source;
+    TreeToAST(file, result.diags).program(tree, *program);
+    result.program = std::move(program);
+  } catch (const std::exception &e) {
+    result.program.reset();
+    result.diags.error({file, 1, 1, 1},
+                       std::string("internal error in the parser: ") + e.what());
+  } catch (...) {
+    result.program.reset();
+    result.diags.error({file, 1, 1, 1}, "internal error in the parser");
+  }
+  return result;
+}
+
+FrontendResult hflow::frontend::parseAndCheck(const std::string &file,
+                                              const std::string &source) {
+  FrontendResult result = parseOnly(file, source);
+  if (!result.program || result.diags.hasErrors())
+    return result;
+  try {
+    checkProgram(*result.program, result.diags);
+  } catch (const std::exception &e) {
+    result.diags.error({file, 1, 1, 1},
+                       std::string("internal error in semantic analysis: ") +
+                           e.what());
+  } catch (...) {
+    result.diags.error({file, 1, 1, 1}, "internal error in semantic analysis");
+  }
+  return result;
+}

@@ -1,0 +1,493 @@
+//===- Sema.cpp - semantic checks of the front end -------------------------===//
+
+#include "Sema.h"
+#include "RoleMethods.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+using namespace hflow;
+using namespace hflow::frontend;
+using ast::Expr;
+
+const char *ast::roleKindName(RoleKind k) {
+  switch (k) {
+  case RoleKind::Actor: return "Actor";
+  case RoleKind::Critic: return "Critic";
+  case RoleKind::Reference: return "Reference";
+  case RoleKind::RewardModel: return "RewardModel";
+  case RoleKind::RewardFn: return "RewardFn";
+  }
+  return "?";
+}
+
+const char *ast::batchKindName(BatchKind k) {
+  return methods::batchName(static_cast<methods::Batch>(k));
+}
+
+const char *ast::dtypeName(DType d) {
+  switch (d) {
+  case DType::F32: return "f32";
+  case DType::BF16: return "bf16";
+  case DType::F16: return "f16";
+  }
+  return "?";
+}
+
+static_assert(int(ast::RoleKind::RewardFn) == int(methods::Role::RewardFn));
+static_assert(int(ast::BatchKind::Advantages) == int(methods::Batch::Advantages));
+
+namespace {
+
+const char *kKnownDevices[] = {"cpu", "a100_40g", "a100_80g", "h100_80g", "h200"};
+const char *kKnownArchs[] = {"llama", "qwen2"};
+
+std::string joined(const std::vector<std::string> &v) {
+  std::string out;
+  for (const auto &s : v)
+    out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+class Sema {
+public:
+  Sema(ast::Program &p, DiagnosticList &d) : prog_(p), diags_(d) {}
+
+  void run() {
+    declareNames();
+    for (auto &c : prog_.clusters)
+      checkCluster(c);
+    for (auto &m : prog_.models)
+      checkModel(m);
+    for (auto &r : prog_.roles)
+      checkRole(r);
+    for (auto &p : prog_.places)
+      checkPlace(p);
+    if (prog_.flows.empty())
+      diags_.error({prog_.file, 1, 1, 1},
+                   "program has no flow: declare one with `flow NAME(prompts: "
+                   "Prompts) { ... }`");
+    for (auto &f : prog_.flows)
+      checkFlow(f);
+  }
+
+private:
+  enum class Kind { Cluster, Model, Role, Flow };
+  struct Symbol {
+    Kind kind;
+    ast::SourceLoc loc;
+    size_t index;
+  };
+  static const char *kindName(Kind k) {
+    switch (k) {
+    case Kind::Cluster: return "cluster";
+    case Kind::Model: return "model";
+    case Kind::Role: return "role";
+    case Kind::Flow: return "flow";
+    }
+    return "?";
+  }
+
+  void declare(const std::string &name, Kind kind, const ast::SourceLoc &loc,
+               size_t index) {
+    auto [it, inserted] = symbols_.emplace(name, Symbol{kind, loc, index});
+    if (!inserted) {
+      diags_.error(loc, std::string("redefinition of '") + name + "'")
+          .notes.push_back({it->second.loc, std::string("previous definition (a ") +
+                                                kindName(it->second.kind) +
+                                                ") is here"});
+    }
+  }
+
+  void declareNames() {
+    for (size_t i = 0; i < prog_.clusters.size(); ++i)
+      declare(prog_.clusters[i].name, Kind::Cluster, prog_.clusters[i].nameLoc, i);
+    for (size_t i = 0; i < prog_.models.size(); ++i)
+      declare(prog_.models[i].name, Kind::Model, prog_.models[i].nameLoc, i);
+    for (size_t i = 0; i < prog_.roles.size(); ++i)
+      declare(prog_.roles[i].name, Kind::Role, prog_.roles[i].nameLoc, i);
+    for (size_t i = 0; i < prog_.flows.size(); ++i)
+      declare(prog_.flows[i].name, Kind::Flow, prog_.flows[i].nameLoc, i);
+  }
+
+  /// Looks up `name` and requires it to be of `kind`; reports otherwise.
+  const Symbol *lookup(const std::string &name, Kind kind,
+                       const ast::SourceLoc &loc) {
+    auto it = symbols_.find(name);
+    if (it == symbols_.end()) {
+      diags_.error(loc, std::string("unknown ") + kindName(kind) + " '" + name +
+                            "'");
+      return nullptr;
+    }
+    if (it->second.kind != kind) {
+      diags_.error(loc, "'" + name + "' is a " + kindName(it->second.kind) +
+                            ", not a " + kindName(kind))
+          .notes.push_back({it->second.loc, "'" + name + "' is declared here"});
+      return nullptr;
+    }
+    return &it->second;
+  }
+
+  /// Checks keyword arguments against `allowed`; returns them by key.
+  std::map<std::string, const ast::Arg *>
+  keywordArgs(const Expr &call, const std::vector<std::string> &allowed,
+              const std::string &what) {
+    std::map<std::string, const ast::Arg *> out;
+    for (const ast::Arg &a : call.args) {
+      if (a.key.empty())
+        continue;
+      if (std::find(allowed.begin(), allowed.end(), a.key) == allowed.end()) {
+        diags_
+            .error(a.keyLoc, "unknown argument '" + a.key + "' to " + what)
+            .notes.push_back({call.loc, "valid arguments: " + joined(allowed)});
+        continue;
+      }
+      if (!out.emplace(a.key, &a).second)
+        diags_.error(a.keyLoc, "argument '" + a.key + "' is given twice");
+    }
+    return out;
+  }
+
+  bool positiveInt(const ast::Arg *a, int64_t &out, const std::string &what) {
+    if (a->value->kind != Expr::Kind::Int) {
+      diags_.error(a->value->loc, what + " must be an integer");
+      return false;
+    }
+    if (a->value->intValue <= 0) {
+      diags_.error(a->value->loc, what + " must be positive, got " +
+                                      std::to_string(a->value->intValue));
+      return false;
+    }
+    out = a->value->intValue;
+    return true;
+  }
+
+  bool expectCall(const Expr &e, const std::string &what) {
+    if (e.kind == Expr::Kind::Call)
+      return true;
+    diags_.error(e.loc, what + " must be a constructor call");
+    return false;
+  }
+
+  void checkCluster(ast::ClusterDecl &c) {
+    const Expr &e = *c.ctor;
+    if (e.text != "mesh") {
+      diags_.error(e.loc, "unknown cluster constructor '" + e.text +
+                              "'; expected mesh(DEVICE, nodes: N, per_node: M)");
+      return;
+    }
+    std::vector<const ast::Arg *> positional;
+    for (const auto &a : e.args)
+      if (a.key.empty())
+        positional.push_back(&a);
+    auto kw = keywordArgs(e, {"device", "nodes", "per_node"}, "mesh()");
+    const Expr *device = nullptr;
+    if (positional.size() > 1)
+      diags_.error(positional[1]->value->loc,
+                   "mesh() takes one positional argument, the device");
+    if (!positional.empty())
+      device = positional[0]->value.get();
+    if (kw.count("device")) {
+      if (device)
+        diags_.error(kw["device"]->keyLoc, "device is given twice");
+      device = kw["device"]->value.get();
+    }
+    if (!device) {
+      diags_.error(e.loc, "mesh() needs a device, e.g. mesh(cpu, nodes: 1, "
+                          "per_node: 4)");
+    } else if (device->kind != Expr::Kind::Name &&
+               device->kind != Expr::Kind::String) {
+      diags_.error(device->loc, "the device must be a name such as cpu or a100_80g");
+    } else {
+      c.device = device->text;
+      if (std::find(std::begin(kKnownDevices), std::end(kKnownDevices),
+                    c.device) == std::end(kKnownDevices))
+        diags_.error(device->loc, "unknown device '" + c.device + "'")
+            .notes.push_back({device->loc, "known devices: cpu, a100_40g, "
+                                           "a100_80g, h100_80g, h200"});
+    }
+    for (const char *key : {"nodes", "per_node"}) {
+      if (!kw.count(key)) {
+        diags_.error(e.loc, std::string("mesh() needs '") + key + ":'");
+        continue;
+      }
+      positiveInt(kw[key], key == std::string("nodes") ? c.nodes : c.perNode,
+                  key);
+    }
+  }
+
+  void checkModel(ast::ModelDecl &m) {
+    const Expr &e = *m.ctor;
+    if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
+        std::end(kKnownArchs)) {
+      diags_.error(e.loc, "unknown model architecture '" + e.text +
+                              "'; known: llama, qwen2");
+      return;
+    }
+    m.arch = e.text;
+    for (const auto &a : e.args)
+      if (a.key.empty())
+        diags_.error(a.value->loc,
+                     "model arguments are named, e.g. layers: 2");
+    auto kw = keywordArgs(
+        e, {"layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype"},
+        e.text + "()");
+    struct Dim {
+      const char *key;
+      int64_t *out;
+    } dims[] = {{"layers", &m.layers}, {"hidden", &m.hidden},
+                {"heads", &m.heads},   {"kv_heads", &m.kvHeads},
+                {"ffn", &m.ffn},       {"vocab", &m.vocab}};
+    bool allOk = true;
+    for (const Dim &d : dims) {
+      if (!kw.count(d.key)) {
+        diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
+        allOk = false;
+        continue;
+      }
+      allOk &= positiveInt(kw[d.key], *d.out, d.key);
+    }
+    if (kw.count("dtype")) {
+      const Expr &v = *kw["dtype"]->value;
+      if (v.kind == Expr::Kind::Name && v.text == "f32")
+        m.dtype = ast::DType::F32;
+      else if (v.kind == Expr::Kind::Name && v.text == "bf16")
+        m.dtype = ast::DType::BF16;
+      else if (v.kind == Expr::Kind::Name && v.text == "f16")
+        m.dtype = ast::DType::F16;
+      else
+        diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+    }
+    if (!allOk)
+      return;
+    if (m.hidden % m.heads != 0)
+      diags_.error(kw["heads"]->value->loc,
+                   "hidden (" + std::to_string(m.hidden) +
+                       ") is not divisible by heads (" +
+                       std::to_string(m.heads) + ")");
+    if (m.heads % m.kvHeads != 0)
+      diags_.error(kw["kv_heads"]->value->loc,
+                   "heads (" + std::to_string(m.heads) +
+                       ") is not divisible by kv_heads (" +
+                       std::to_string(m.kvHeads) + ")");
+  }
+
+  /// Parses `dp(2) * tp(2) * pp(1)` into a layout.
+  bool layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
+    if (e.kind == Expr::Kind::Mul)
+      return layoutExpr(*e.lhs, l, seen) && layoutExpr(*e.rhs, l, seen);
+    if (e.kind != Expr::Kind::Call ||
+        (e.text != "dp" && e.text != "tp" && e.text != "pp")) {
+      diags_.error(e.loc, "a layout is a product of dp(N), tp(N) and pp(N), "
+                          "e.g. tp(2) * dp(2)");
+      return false;
+    }
+    if (!seen.insert(e.text).second) {
+      diags_.error(e.loc, e.text + " appears twice in one layout");
+      return false;
+    }
+    if (e.args.size() != 1 || !e.args[0].key.empty()) {
+      diags_.error(e.loc, e.text + "() takes one positional degree, e.g. " +
+                              e.text + "(2)");
+      return false;
+    }
+    int64_t degree = 0;
+    if (!positiveInt(&e.args[0], degree, e.text + " degree"))
+      return false;
+    (e.text == "dp" ? l.dp : e.text == "tp" ? l.tp : l.pp) = degree;
+    if (e.text == "dp")
+      l.explicitDp = true;
+    return true;
+  }
+
+  void checkRole(ast::RoleDecl &r) {
+    const Expr &e = *r.ctor;
+    static const std::map<std::string, ast::RoleKind> kinds = {
+        {"Actor", ast::RoleKind::Actor},
+        {"Critic", ast::RoleKind::Critic},
+        {"Reference", ast::RoleKind::Reference},
+        {"RewardModel", ast::RoleKind::RewardModel},
+        {"RewardFn", ast::RoleKind::RewardFn}};
+    auto k = kinds.find(e.text);
+    if (k == kinds.end()) {
+      diags_.error(e.loc, "unknown role kind '" + e.text +
+                              "'; known: Actor, Critic, Reference, "
+                              "RewardModel, RewardFn");
+      return;
+    }
+    r.kind = k->second;
+    if (e.args.size() != 1 || !e.args[0].key.empty()) {
+      diags_.error(e.loc, e.text + (r.kind == ast::RoleKind::RewardFn
+                                        ? "() takes the rule name, e.g. "
+                                          "RewardFn(\"exact_match\")"
+                                        : "() takes the model, e.g. " + e.text +
+                                              "(tiny)"));
+      return;
+    }
+    const Expr &arg = *e.args[0].value;
+    if (r.kind == ast::RoleKind::RewardFn) {
+      if (arg.kind != Expr::Kind::String)
+        diags_.error(arg.loc, "RewardFn takes the rule name as a string");
+      else
+        r.rule = arg.text;
+    } else if (arg.kind != Expr::Kind::Name) {
+      diags_.error(arg.loc, "expected a model name");
+    } else if (lookup(arg.text, Kind::Model, arg.loc)) {
+      r.model = arg.text;
+    }
+    std::set<std::string> seenProps;
+    for (const ast::Property &p : r.props) {
+      if (!seenProps.insert(p.key).second) {
+        diags_.error(p.keyLoc, "property '" + p.key + "' is given twice");
+        continue;
+      }
+      ast::Layout *target = nullptr;
+      if (p.key == "train")
+        target = &r.train;
+      else if (p.key == "generate" && r.kind == ast::RoleKind::Actor)
+        target = &r.generate;
+      if (!target) {
+        diags_.error(p.keyLoc,
+                     "unknown property '" + p.key + "' for a " + e.text + " role")
+            .notes.push_back({r.nameLoc, r.kind == ast::RoleKind::Actor
+                                             ? "an Actor takes: train, generate"
+                                             : "this role takes: train"});
+        continue;
+      }
+      std::set<std::string> seen;
+      target->written = true;
+      target->loc = p.value->loc;
+      layoutExpr(*p.value, *target, seen);
+    }
+  }
+
+  void checkPlace(ast::PlaceDecl &p) {
+    lookup(p.mesh, Kind::Cluster, p.meshLoc);
+    std::set<std::string> seen;
+    for (auto &[name, loc] : p.roles) {
+      lookup(name, Kind::Role, loc);
+      if (!seen.insert(name).second)
+        diags_.error(loc, "role '" + name + "' is listed twice");
+    }
+    if (p.lo >= p.hi)
+      diags_.error(p.rangeLoc, "empty device range [" + std::to_string(p.lo) +
+                                   ":" + std::to_string(p.hi) + "]");
+  }
+
+  void checkFlow(ast::FlowDecl &f) {
+    struct Binding {
+      ast::BatchKind kind;
+      ast::SourceLoc loc;
+      bool used = false;
+    };
+    std::map<std::string, Binding> scope;
+    for (ast::Param &p : f.params) {
+      if (p.type != "Prompts") {
+        diags_.error(p.typeLoc, "unknown parameter type '" + p.type +
+                                    "'; a flow takes Prompts");
+        continue;
+      }
+      p.kind = ast::BatchKind::Prompts;
+      if (symbols_.count(p.name))
+        diags_.error(p.loc, "parameter '" + p.name + "' shadows a declaration")
+            .notes.push_back({symbols_[p.name].loc, "declared here"});
+      if (!scope.emplace(p.name, Binding{p.kind, p.loc}).second)
+        diags_.error(p.loc, "duplicate parameter '" + p.name + "'");
+    }
+    for (ast::Stmt &s : f.body) {
+      Expr &e = *s.value;
+      if (e.kind != Expr::Kind::MethodCall) {
+        diags_.error(e.loc, "a flow statement must be a role method call, e.g. "
+                            "actor.generate(prompts)");
+        continue;
+      }
+      const Symbol *role = lookup(e.receiver, Kind::Role, e.receiverLoc);
+      if (!role)
+        continue;
+      const ast::RoleDecl &rd = prog_.roles[role->index];
+      auto mrole = static_cast<methods::Role>(rd.kind);
+      const methods::Signature *sig = methods::findMethod(mrole, e.text);
+      if (!sig) {
+        diags_
+            .error(e.loc, std::string("a ") + ast::roleKindName(rd.kind) +
+                              " has no method '" + e.text + "'")
+            .notes.push_back({rd.nameLoc, "'" + rd.name + "' is a " +
+                                              ast::roleKindName(rd.kind) +
+                                              "; its methods: " +
+                                              methods::methodList(mrole)});
+        continue;
+      }
+      int positional = 0;
+      for (ast::Arg &a : e.args) {
+        if (!a.key.empty()) {
+          if (a.value->kind == Expr::Kind::Name && scope.count(a.value->text))
+            diags_.error(a.value->loc, "keyword arguments take constants; pass "
+                                       "batch values positionally");
+          else if (a.value->kind != Expr::Kind::Int &&
+                   a.value->kind != Expr::Kind::Float &&
+                   a.value->kind != Expr::Kind::String &&
+                   a.value->kind != Expr::Kind::Name)
+            diags_.error(a.value->loc, "argument '" + a.key +
+                                           "' must be a number, a string or a "
+                                           "name");
+          continue;
+        }
+        ++positional;
+        if (a.value->kind != Expr::Kind::Name) {
+          diags_.error(a.value->loc, "expected a batch value");
+          continue;
+        }
+        auto it = scope.find(a.value->text);
+        if (it == scope.end()) {
+          diags_.error(a.value->loc, "unknown value '" + a.value->text + "'");
+          continue;
+        }
+        it->second.used = true;
+        if (positional == 1 &&
+            static_cast<methods::Batch>(it->second.kind) != sig->input)
+          diags_
+              .error(a.value->loc,
+                     rd.name + "." + e.text + " takes " +
+                         methods::batchName(sig->input) + ", but '" +
+                         a.value->text + "' is " +
+                         ast::batchKindName(it->second.kind))
+              .notes.push_back({it->second.loc, "'" + a.value->text +
+                                                    "' is defined here"});
+      }
+      if (positional == 0)
+        diags_.error(e.loc, rd.name + "." + e.text + " needs its input (" +
+                                methods::batchName(sig->input) + ")");
+      if (sig->result)
+        s.resultKind = static_cast<ast::BatchKind>(*sig->result);
+      if (!s.name.empty()) {
+        if (!sig->result) {
+          diags_.error(s.nameLoc, rd.name + "." + e.text +
+                                      " returns nothing to bind");
+          continue;
+        }
+        if (symbols_.count(s.name))
+          diags_.error(s.nameLoc, "'" + s.name + "' shadows a declaration")
+              .notes.push_back({symbols_[s.name].loc, "declared here"});
+        auto [it, inserted] =
+            scope.emplace(s.name, Binding{*s.resultKind, s.nameLoc});
+        if (!inserted)
+          diags_.error(s.nameLoc, "redefinition of '" + s.name + "'")
+              .notes.push_back({it->second.loc, "previous definition is here"});
+      }
+    }
+    for (auto &[name, b] : scope)
+      if (!b.used)
+        diags_.warning(b.loc, "value '" + name + "' is never used");
+  }
+
+  ast::Program &prog_;
+  DiagnosticList &diags_;
+  std::map<std::string, Symbol> symbols_;
+};
+
+} // namespace
+
+void hflow::frontend::checkProgram(ast::Program &program, DiagnosticList &diags) {
+  Sema(program, diags).run();
+}

@@ -1,0 +1,17 @@
+//===- Pipeline.cpp - the pass pipeline hflowc runs ------------------------===//
+
+#include "hflow/HflowPasses.h"
+
+#include "mlir/Pass/PassRegistry.h"
+
+void mlir::hflow::buildHflowPipeline(OpPassManager &pm) {
+  pm.addPass(createHflowVerifyRoles());
+  pm.addPass(createHflowPlace());
+}
+
+void mlir::hflow::registerHflowPipeline() {
+  PassPipelineRegistration<>(
+      "hflow-pipeline",
+      "The hflowc pipeline: verify roles, then resolve placement",
+      [](OpPassManager &pm) { buildHflowPipeline(pm); });
+}

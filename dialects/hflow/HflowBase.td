@@ -1,0 +1,90 @@
+//===- HflowBase.td - the hflow dialect, its enums, attributes and types ---===//
+#ifndef HFLOW_BASE_TD
+#define HFLOW_BASE_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+
+def Hflow_Dialect : Dialect {
+  let name = "hflow";
+  let cppNamespace = "::mlir::hflow";
+  let summary = "RL post-training programs: meshes, models, roles, placement and flows";
+  let description = [{
+    The `hflow` dialect describes one RL post-training program: the device
+    meshes, the models, the RL roles that use them (actor, critic, reference,
+    reward), where each role runs and in which parallel layouts, and the
+    dataflow of one training step as calls of role methods on batch values.
+
+    Passes check the program as a whole, place roles on devices and lower the
+    flow to per-rank schedules, which `hflowc` writes as an execution plan.
+  }];
+  let useDefaultAttributePrinterParser = 1;
+  let useDefaultTypePrinterParser = 1;
+}
+
+class Hflow_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Hflow_Dialect, mnemonic, traits>;
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+def Hflow_RoleKind : I32EnumAttr<"RoleKind", "the RL role a model plays", [
+    I32EnumAttrCase<"Actor", 0, "actor">,
+    I32EnumAttrCase<"Critic", 1, "critic">,
+    I32EnumAttrCase<"Reference", 2, "reference">,
+    I32EnumAttrCase<"RewardModel", 3, "reward_model">,
+    I32EnumAttrCase<"RewardFn", 4, "reward_fn">]> {
+  let cppNamespace = "::mlir::hflow";
+  let genSpecializedAttr = 0;
+}
+def Hflow_RoleKindAttr : EnumAttr<Hflow_Dialect, Hflow_RoleKind, "role_kind">;
+
+def Hflow_BatchKind : I32EnumAttr<"BatchKind", "what a batch value holds", [
+    I32EnumAttrCase<"Prompts", 0, "prompts">,
+    I32EnumAttrCase<"Rollout", 1, "rollout">,
+    I32EnumAttrCase<"LogProbs", 2, "logprobs">,
+    I32EnumAttrCase<"Values", 3, "values">,
+    I32EnumAttrCase<"Scores", 4, "scores">,
+    I32EnumAttrCase<"Advantages", 5, "advantages">]> {
+  let cppNamespace = "::mlir::hflow";
+  let genSpecializedAttr = 0;
+}
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
+  let mnemonic = "layout";
+  let summary = "a parallel layout: data x tensor x pipeline degrees";
+  let description = [{
+    `#hflow.layout<dp = 2, tp = 2, pp = 1>` places a model on dp*tp*pp devices.
+    A degree of 0 for dp means "all devices the role is placed on, divided by
+    tp*pp", resolved by the placement pass.
+  }];
+  let parameters = (ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    int64_t size() const { return getDp() * getTp() * getPp(); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Types
+//===----------------------------------------------------------------------===//
+
+def Hflow_BatchType : TypeDef<Hflow_Dialect, "Batch"> {
+  let mnemonic = "batch";
+  let summary = "a batch of sequences flowing between role calls";
+  let description = [{
+    `!hflow.batch<rollout>`: the kind says what the batch holds, so that a
+    rollout is never passed where prompts are expected.
+  }];
+  let parameters = (ins EnumParameter<Hflow_BatchKind>:$kind);
+  let assemblyFormat = "`<` $kind `>`";
+}
+
+#endif // HFLOW_BASE_TD

@@ -1,0 +1,206 @@
+//===- HflowOps.cpp - verifiers and interfaces of the hflow ops ------------===//
+
+#include "hflow/HflowOps.h"
+#include "RoleMethods.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+using namespace mlir::hflow;
+
+#define GET_OP_CLASSES
+#include "hflow/HflowOps.cpp.inc"
+
+static_assert(int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn));
+static_assert(int(BatchKind::Advantages) ==
+              int(::hflow::methods::Batch::Advantages));
+
+//===----------------------------------------------------------------------===//
+// MeshOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult MeshOp::verify() {
+  if (getNodes() < 1 || getPerNode() < 1)
+    return emitOpError() << "needs at least one node and one device per node, "
+                            "got "
+                         << getNodes() << " x " << getPerNode();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ModelOp
+//===----------------------------------------------------------------------===//
+
+int64_t ModelOp::computeParamCount() {
+  int64_t h = getHidden(), v = getVocab(), f = getFfn();
+  int64_t headDim = h / getHeads();
+  int64_t kv = getKvHeads() * headDim;
+  int64_t perLayer = 2 * h          // attention and MLP RMSNorm weights
+                     + h * h        // Q
+                     + 2 * h * kv   // K and V
+                     + h * h        // O
+                     + 3 * h * f;   // SwiGLU gate, up, down
+  return v * h                      // token embedding
+         + getLayers() * perLayer + h // final RMSNorm
+         + h * v;                   // LM head (untied)
+}
+
+LogicalResult ModelOp::verify() {
+  for (auto [name, value] :
+       {std::pair<StringRef, int64_t>{"layers", getLayers()},
+        {"hidden", getHidden()},
+        {"heads", getHeads()},
+        {"kv_heads", getKvHeads()},
+        {"ffn", getFfn()},
+        {"vocab", getVocab()}})
+    if (value < 1)
+      return emitOpError() << name << " must be positive, got " << value;
+  if (getHidden() % getHeads() != 0)
+    return emitOpError() << "hidden (" << getHidden()
+                         << ") is not divisible by heads (" << getHeads() << ")";
+  if (getHeads() % getKvHeads() != 0)
+    return emitOpError() << "heads (" << getHeads()
+                         << ") is not divisible by kv_heads (" << getKvHeads()
+                         << ")";
+  Type t = getDtype();
+  if (!t.isF32() && !t.isBF16() && !t.isF16())
+    return emitOpError() << "dtype must be f32, bf16 or f16, got " << t;
+  if (auto p = getParams(); p && *p != computeParamCount())
+    return emitOpError() << "params = " << *p << " but the dimensions give "
+                         << computeParamCount();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// RoleOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RoleOp::verify() {
+  bool isFn = getKind() == RoleKind::RewardFn;
+  if (isFn && getModel())
+    return emitOpError() << "a reward_fn role has a rule, not a model";
+  if (!isFn && !getModel())
+    return emitOpError() << "a " << stringifyRoleKind(getKind())
+                         << " role needs a model";
+  if (isFn && !getRule())
+    return emitOpError() << "a reward_fn role needs a rule name";
+  if (!isFn && getRule())
+    return emitOpError() << "only a reward_fn role has a rule";
+  if (auto ranks = getRanks()) {
+    int64_t prev = -1;
+    for (int64_t r : *ranks) {
+      if (r <= prev)
+        return emitOpError() << "ranks must be ascending and distinct";
+      prev = r;
+    }
+  }
+  return success();
+}
+
+LogicalResult RoleOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (auto model = getModelAttr())
+    if (!symbols.lookupNearestSymbolFrom<ModelOp>(*this, model))
+      return emitOpError() << "names " << model << ", which is not a model";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// PlaceOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult PlaceOp::verify() {
+  if (getRoles().empty())
+    return emitOpError() << "places no role";
+  if (getStart() < 0 || getStart() >= getEnd())
+    return emitOpError() << "has an empty or negative device range ["
+                         << getStart() << " : " << getEnd() << "]";
+  llvm::StringSet<> seen;
+  for (Attribute a : getRoles())
+    if (!seen.insert(cast<SymbolRefAttr>(a).getLeafReference()).second)
+      return emitOpError() << "lists " << a << " twice";
+  return success();
+}
+
+LogicalResult PlaceOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (!symbols.lookupNearestSymbolFrom<MeshOp>(*this, getMeshAttr()))
+    return emitOpError() << "names " << getMeshAttr() << ", which is not a mesh";
+  for (Attribute a : getRoles())
+    if (!symbols.lookupNearestSymbolFrom<RoleOp>(*this, cast<SymbolRefAttr>(a)))
+      return emitOpError() << "names " << a << ", which is not a role";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// FlowOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult FlowOp::verify() {
+  Block &body = getBody().front();
+  for (BlockArgument arg : body.getArguments()) {
+    auto t = dyn_cast<BatchType>(arg.getType());
+    if (!t || t.getKind() != BatchKind::Prompts)
+      return emitOpError() << "arguments must be !hflow.batch<prompts>, got "
+                           << arg.getType();
+  }
+  if (auto names = getArgNames();
+      names && names->size() != body.getNumArguments())
+    return emitOpError() << "has " << names->size() << " arg_names for "
+                         << body.getNumArguments() << " arguments";
+  for (Operation &op : body)
+    if (!isa<CallOp>(op))
+      return op.emitOpError() << "is not allowed in a flow body";
+  return success();
+}
+
+void FlowOp::getAsmBlockArgumentNames(Region &region,
+                                      OpAsmSetValueNameFn setNameFn) {
+  auto names = getArgNames();
+  if (!names || region.empty())
+    return;
+  for (auto [arg, name] : llvm::zip(region.front().getArguments(), *names))
+    setNameFn(arg, cast<StringAttr>(name).getValue());
+}
+
+//===----------------------------------------------------------------------===//
+// CallOp
+//===----------------------------------------------------------------------===//
+
+void CallOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  if (getResult() && getNameAttr())
+    setNameFn(getResult(), getNameAttr().getValue());
+}
+
+LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto role = symbols.lookupNearestSymbolFrom<RoleOp>(*this, getRoleAttr());
+  if (!role)
+    return emitOpError() << "names " << getRoleAttr() << ", which is not a role";
+  auto kind = static_cast< ::hflow::methods::Role>(role.getKind());
+  const ::hflow::methods::Signature *sig =
+      ::hflow::methods::findMethod(kind, getMethod().str());
+  if (!sig)
+    return emitOpError() << "a " << stringifyRoleKind(role.getKind())
+                         << " role has no method '" << getMethod()
+                         << "'; its methods: " << ::hflow::methods::methodList(kind);
+  if (getInputs().empty())
+    return emitOpError() << "'" << getMethod() << "' needs its input ("
+                         << ::hflow::methods::batchName(sig->input) << ")";
+  auto in = cast<BatchType>(getInputs().front().getType());
+  if (static_cast< ::hflow::methods::Batch>(in.getKind()) != sig->input)
+    return emitOpError() << "'" << getMethod() << "' takes "
+                         << ::hflow::methods::batchName(sig->input)
+                         << " as its first input, got "
+                         << stringifyBatchKind(in.getKind());
+  if (sig->result.has_value() != static_cast<bool>(getResult()))
+    return emitOpError() << "'" << getMethod()
+                         << (sig->result ? "' returns a batch" : "' returns nothing");
+  if (getResult()) {
+    auto out = cast<BatchType>(getResult().getType());
+    if (static_cast< ::hflow::methods::Batch>(out.getKind()) != *sig->result)
+      return emitOpError() << "'" << getMethod() << "' returns "
+                           << ::hflow::methods::batchName(*sig->result) << ", not "
+                           << stringifyBatchKind(out.getKind());
+  }
+  return success();
+}

@@ -1,0 +1,139 @@
+//===- HflowOps.td - the hflow dialect's operations ------------------------===//
+#ifndef HFLOW_OPS_TD
+#define HFLOW_OPS_TD
+
+include "HflowBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
+  let summary = "a device mesh: nodes x devices per node";
+  let description = [{
+    ```mlir
+    hflow.mesh @local "cpu" [1 x 4]
+    ```
+    Devices are numbered node-major: device `n * per_node + i` is device `i`
+    of node `n`.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$device,
+                       I64Attr:$nodes, I64Attr:$per_node);
+  let assemblyFormat = "$sym_name $device `[` $nodes `x` $per_node `]` attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getSize() { return getNodes() * getPerNode(); }
+  }];
+}
+
+def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
+  let summary = "a decoder-only transformer";
+  let description = [{
+    ```mlir
+    hflow.model @tiny "llama" {layers = 2, hidden = 64, heads = 4, kv_heads = 2,
+                               ffn = 128, vocab = 256, dtype = f32}
+    ```
+    `params` (derived) is the parameter count of the untied Llama layout:
+    embedding, per layer two norms, Q/K/V/O and the SwiGLU MLP, final norm and
+    the LM head.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
+                       I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
+                       I64Attr:$kv_heads, I64Attr:$ffn, I64Attr:$vocab,
+                       TypeAttr:$dtype, OptionalAttr<I64Attr>:$params);
+  let assemblyFormat = [{
+    $sym_name $arch `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
+    `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`
+    `vocab` `=` $vocab `,` `dtype` `=` $dtype `>` attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The parameter count these dimensions imply.
+    int64_t computeParamCount();
+  }];
+}
+
+def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "an RL role played by a model";
+  let description = [{
+    ```mlir
+    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 2, tp = 1, pp = 1>
+                                   generate #hflow.layout<dp = 1, tp = 2, pp = 1>
+    hflow.role @reward reward_fn "exact_match" train #hflow.layout<dp = 1, tp = 1, pp = 1>
+                                 generate #hflow.layout<dp = 1, tp = 1, pp = 1>
+    ```
+    After placement the role carries `ranks`, the global ranks it runs on.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, Hflow_RoleKindAttr:$kind,
+                       OptionalAttr<FlatSymbolRefAttr>:$model,
+                       OptionalAttr<StrAttr>:$rule,
+                       Hflow_LayoutAttr:$train, Hflow_LayoutAttr:$generate,
+                       OptionalAttr<DenseI64ArrayAttr>:$ranks);
+  let assemblyFormat = [{
+    $sym_name $kind (`(` $model^ `)`)? ($rule^)? `train` $train
+    `generate` $generate attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Hflow_PlaceOp : Hflow_Op<"place", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "place roles on a range of a mesh's devices";
+  let description = [{
+    ```mlir
+    hflow.place [@actor, @ref] on @local[0 : 2]
+    ```
+    Roles placed by one `hflow.place` are colocated: they share the devices
+    in time. Ranges of different `hflow.place` ops must not overlap.
+  }];
+  let arguments = (ins SymbolRefArrayAttr:$roles, FlatSymbolRefAttr:$mesh,
+                       I64Attr:$start, I64Attr:$end);
+  let assemblyFormat = "$roles `on` $mesh `[` $start `:` $end `]` attr-dict";
+  let hasVerifier = 1;
+}
+
+def Hflow_FlowOp : Hflow_Op<"flow", [Symbol, IsolatedFromAbove, SingleBlock,
+    NoTerminator, DeclareOpInterfaceMethods<OpAsmOpInterface,
+        ["getAsmBlockArgumentNames"]>]> {
+  let summary = "the dataflow of one training step";
+  let description = [{
+    ```mlir
+    hflow.flow @step {
+    ^bb0(%prompts: !hflow.batch<prompts>):
+      %rollout = hflow.call @actor "generate"(%prompts) : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
+    }
+    ```
+    `arg_names` keeps the source names of the arguments for printing.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       OptionalAttr<StrArrayAttr>:$arg_names);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+def Hflow_CallOp : Hflow_Op<"call", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "call a role's method on batch values";
+  let description = [{
+    ```mlir
+    %rollout = hflow.call @actor "generate"(%prompts) {max_tokens = 16 : i64}
+        : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
+    ```
+    The first input's kind and the result's kind must match the method's
+    signature for the role's kind (e.g. an actor's `generate` takes prompts
+    and returns a rollout). Keyword arguments of the source call are kept in
+    the `args` dictionary; `name` is the source name of the result.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$role, StrAttr:$method,
+                       Variadic<Hflow_BatchType>:$inputs,
+                       OptionalAttr<DictionaryAttr>:$args,
+                       OptionalAttr<StrAttr>:$name);
+  let results = (outs Optional<Hflow_BatchType>:$result);
+  let assemblyFormat = [{
+    $role $method `(` $inputs `)` attr-dict `:` functional-type($inputs, results)
+  }];
+}
+
+#endif // HFLOW_OPS_TD

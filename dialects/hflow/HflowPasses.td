@@ -1,0 +1,51 @@
+//===- HflowPasses.td - the hflow compiler's passes ------------------------===//
+#ifndef HFLOW_PASSES_TD
+#define HFLOW_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def HflowVerifyRoles : Pass<"hflow-verify-roles", "::mlir::ModuleOp"> {
+  let summary = "check the program as a whole: one mesh, every role used is placed once";
+  let description = [{
+    Whole-program checks that no single op's verifier can make:
+
+    * the module declares exactly one `hflow.mesh` and at least one flow;
+    * every role a flow calls is placed by exactly one `hflow.place`
+      (a `reward_fn` role, which needs no devices, may stay unplaced);
+    * every declared role is used by some flow (a warning otherwise).
+
+    All problems are reported in one run; the pass fails if any is an error.
+  }];
+  let statistics = [
+    Statistic<"numRoles", "roles", "Number of roles checked">
+  ];
+}
+
+def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
+  let summary = "resolve explicit placement into the global ranks of each role";
+  let description = [{
+    For every `hflow.place [@a, @b] on @mesh[lo : hi]`, sets `ranks` on the
+    placed roles to `lo, lo+1, ..., hi-1` and resolves each role's layouts:
+    a layout whose dp is 0 takes dp = devices / (tp * pp). Checks that the
+    range lies inside the mesh, that ranges of different place ops are
+    disjoint (colocation is only by listing roles in one place), and that
+    each layout covers exactly the role's devices and splits its model
+    (heads and kv_heads by tp, layers by pp).
+
+    Before:
+    ```mlir
+    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 0, tp = 1, pp = 1> ...
+    hflow.place [@actor] on @local[0 : 2]
+    ```
+    After:
+    ```mlir
+    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 2, tp = 1, pp = 1>
+        ... {ranks = array<i64: 0, 1>}
+    ```
+  }];
+  let statistics = [
+    Statistic<"numPlaced", "placed-roles", "Number of roles given ranks">
+  ];
+}
+
+#endif // HFLOW_PASSES_TD

@@ -1,0 +1,34 @@
+//===- PlanFormat.h - constants shared by the plan writer and reader ------===//
+//
+// Header-only and dependency-free: included by the compiler's plan emitter and
+// by the runtime's plan loader, so both sides agree on the format version and
+// on the checksum by construction.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_PLAN_PLANFORMAT_H
+#define HFLOW_RUNTIME_PLAN_PLANFORMAT_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hflow::plan {
+
+/// Bumped when an older runtime could misread a newer plan.
+inline constexpr uint32_t kFormatMajor = 1;
+/// Bumped for additions that older runtimes of the same major may ignore.
+inline constexpr uint32_t kFormatMinor = 0;
+
+/// FNV-1a, 64 bit, over the nested plan body. Not a cryptographic hash: it
+/// detects corruption (truncation, flipped bits), not tampering.
+inline uint64_t checksum(const uint8_t *data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < size; ++i) {
+    h ^= data[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+} // namespace hflow::plan
+
+#endif // HFLOW_RUNTIME_PLAN_PLANFORMAT_H

@@ -1,0 +1,298 @@
+//===- PlanLoader.cpp - read and fully verify a plan file ------------------===//
+
+#include "PlanLoader.h"
+#include "PlanFormat.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+namespace hflow::plan {
+
+const char *roleKindName(RoleKind k) {
+  switch (k) {
+  case RoleKind::Actor: return "Actor";
+  case RoleKind::Critic: return "Critic";
+  case RoleKind::Reference: return "Reference";
+  case RoleKind::RewardModel: return "RewardModel";
+  case RoleKind::RewardFn: return "RewardFn";
+  }
+  return "?";
+}
+
+const char *batchKindName(BatchKind k) {
+  switch (k) {
+  case BatchKind::Prompts: return "prompts";
+  case BatchKind::Rollout: return "rollout";
+  case BatchKind::LogProbs: return "logprobs";
+  case BatchKind::Values: return "values";
+  case BatchKind::Scores: return "scores";
+  case BatchKind::Advantages: return "advantages";
+  }
+  return "?";
+}
+
+namespace {
+
+/// Collects the first semantic error; later checks are skipped once one fails.
+class Checker {
+public:
+  explicit Checker(std::string &error) : error_(error) {}
+  bool ok() const { return ok_; }
+  template <typename... Args> bool fail(Args &&...args) {
+    if (!ok_)
+      return false;
+    std::ostringstream os;
+    (os << ... << args);
+    error_ = os.str();
+    ok_ = false;
+    return false;
+  }
+
+private:
+  std::string &error_;
+  bool ok_ = true;
+};
+
+template <typename T> size_t len(const flatbuffers::Vector<T> *v) {
+  return v ? v->size() : 0;
+}
+
+bool inRange(int64_t i, size_t n) { return i >= 0 && static_cast<size_t>(i) < n; }
+
+bool checkRankList(Checker &c, const flatbuffers::Vector<int32_t> *ranks,
+                   int worldSize, const std::string &what) {
+  if (!ranks || ranks->size() == 0)
+    return c.fail(what, " has no ranks");
+  int prev = -1;
+  for (int r : *ranks) {
+    if (r < 0 || r >= worldSize)
+      return c.fail(what, " names rank ", r, " outside the world of ", worldSize);
+    if (r <= prev)
+      return c.fail(what, " ranks are not ascending and distinct");
+    prev = r;
+  }
+  return true;
+}
+
+bool checkSemantics(const Plan &p, std::string &error) {
+  Checker c(error);
+  const int world = p.world_size();
+  constexpr int kMaxWorld = 1 << 20;
+  if (world < 1 || world > kMaxWorld)
+    return c.fail("world size ", world, " is out of range [1, ", kMaxWorld, "]");
+  if (!p.source_sha256() || p.source_sha256()->size() != 32)
+    return c.fail("source hash is missing or not 32 bytes");
+  if (!p.flow() || p.flow()->size() == 0)
+    return c.fail("plan names no flow");
+
+  const size_t nModels = len(p.models()), nRoles = len(p.roles()),
+               nGroups = len(p.groups()), nValues = len(p.values()),
+               nSteps = len(p.steps());
+  if (len(p.meshes()) == 0)
+    return c.fail("plan has no device mesh");
+  for (size_t i = 0; i < len(p.meshes()); ++i) {
+    const Mesh *m = p.meshes()->Get(i);
+    if (m->nodes() < 1 || m->per_node() < 1)
+      return c.fail("mesh ", i, " has ", m->nodes(), " nodes x ", m->per_node(),
+                    " devices");
+  }
+  for (size_t i = 0; i < nModels; ++i) {
+    const Model *m = p.models()->Get(i);
+    const std::string what = "model " + std::to_string(i);
+    if (m->layers() < 1 || m->hidden() < 1 || m->heads() < 1 ||
+        m->kv_heads() < 1 || m->ffn() < 1 || m->vocab() < 1)
+      return c.fail(what, " has a non-positive dimension");
+    if (m->hidden() % m->heads() != 0)
+      return c.fail(what, ": hidden ", m->hidden(), " is not divisible by heads ",
+                    m->heads());
+    if (m->heads() % m->kv_heads() != 0)
+      return c.fail(what, ": heads ", m->heads(),
+                    " is not divisible by kv_heads ", m->kv_heads());
+    if (m->params() < 0)
+      return c.fail(what, " has a negative parameter count");
+  }
+  for (size_t i = 0; i < nRoles; ++i) {
+    const Role *r = p.roles()->Get(i);
+    const std::string what = "role " + std::to_string(i);
+    if (r->kind() < RoleKind::MIN || r->kind() > RoleKind::MAX)
+      return c.fail(what, " has an unknown kind ", static_cast<int>(r->kind()));
+    if (r->model() != -1 && !inRange(r->model(), nModels))
+      return c.fail(what, " names model ", r->model(), " of ", nModels);
+    if (r->kind() != RoleKind::RewardFn && r->model() == -1)
+      return c.fail(what, " (", roleKindName(r->kind()), ") has no model");
+    if (!checkRankList(c, r->ranks(), world, what))
+      return false;
+    for (const Layout *l : {r->train(), r->generate()}) {
+      if (!l)
+        return c.fail(what, " has no layout");
+      if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1)
+        return c.fail(what, " has a non-positive parallel degree");
+      int64_t prod = int64_t(l->dp()) * l->tp() * l->pp();
+      if (prod != static_cast<int64_t>(r->ranks()->size()))
+        return c.fail(what, " layout dp*tp*pp = ", prod, " but it has ",
+                      r->ranks()->size(), " ranks");
+    }
+  }
+  for (size_t i = 0; i < nGroups; ++i)
+    if (!checkRankList(c, p.groups()->Get(i)->ranks(), world,
+                       "group " + std::to_string(i)))
+      return false;
+  for (size_t i = 0; i < nValues; ++i) {
+    const Value *v = p.values()->Get(i);
+    if (v->kind() < BatchKind::MIN || v->kind() > BatchKind::MAX)
+      return c.fail("value ", i, " has an unknown kind");
+    if (v->producer() != -1 && !inRange(v->producer(), nSteps))
+      return c.fail("value ", i, " names producer step ", v->producer(), " of ",
+                    nSteps);
+  }
+  for (size_t i = 0; i < nSteps; ++i) {
+    const Step *s = p.steps()->Get(i);
+    const std::string what = "step " + std::to_string(i);
+    for (auto *vec : {s->inputs(), s->outputs()})
+      if (vec)
+        for (int v : *vec)
+          if (!inRange(v, nValues))
+            return c.fail(what, " names value ", v, " of ", nValues);
+    switch (s->kind()) {
+    case StepKind::Compute:
+      if (!inRange(s->role(), nRoles))
+        return c.fail(what, " names role ", s->role(), " of ", nRoles);
+      if (!s->method() || s->method()->size() == 0)
+        return c.fail(what, " has no method");
+      break;
+    case StepKind::CheckAllGather:
+      if (!inRange(s->group(), nGroups))
+        return c.fail(what, " names group ", s->group(), " of ", nGroups);
+      if (!inRange(s->checks(), i) ||
+          p.steps()->Get(s->checks())->kind() != StepKind::Compute)
+        return c.fail(what, " checks step ", s->checks(),
+                      ", which is not an earlier compute step");
+      break;
+    default:
+      return c.fail(what, " has an unknown kind ", static_cast<int>(s->kind()));
+    }
+  }
+  if (len(p.schedules()) != static_cast<size_t>(world))
+    return c.fail("plan has ", len(p.schedules()), " rank schedules for a world of ",
+                  world);
+  for (int r = 0; r < world; ++r) {
+    const RankSchedule *s = p.schedules()->Get(r);
+    if (s->rank() != r)
+      return c.fail("schedule ", r, " is for rank ", s->rank());
+    int prev = -1;
+    if (s->steps())
+      for (int st : *s->steps()) {
+        if (!inRange(st, nSteps))
+          return c.fail("rank ", r, " schedule names step ", st, " of ", nSteps);
+        if (st <= prev)
+          return c.fail("rank ", r, " schedule is not strictly increasing");
+        prev = st;
+      }
+  }
+  return c.ok();
+}
+
+} // namespace
+
+bool verifyPlanBuffer(std::vector<uint8_t> bytes, LoadedPlan &out,
+                      std::string &error) {
+  if (bytes.size() < 8)
+    return error = "file is too short to be a plan (" +
+                   std::to_string(bytes.size()) + " bytes)",
+           false;
+  if (!PlanFileBufferHasIdentifier(bytes.data())) {
+    error = "not an hflow plan (file identifier is not \"" +
+            std::string(PlanFileIdentifier()) + "\")";
+    return false;
+  }
+  {
+    flatbuffers::Verifier v(bytes.data(), bytes.size());
+    if (!VerifyPlanFileBuffer(v)) {
+      error = "plan file is corrupt or truncated (FlatBuffers verification "
+              "failed)";
+      return false;
+    }
+  }
+  const PlanFile *file = GetPlanFile(bytes.data());
+  if (file->format_major() != kFormatMajor || file->format_minor() > kFormatMinor) {
+    error = "plan format " + std::to_string(file->format_major()) + "." +
+            std::to_string(file->format_minor()) +
+            " is not supported by this hflow-run (reads " +
+            std::to_string(kFormatMajor) + ".0 to " +
+            std::to_string(kFormatMajor) + "." + std::to_string(kFormatMinor) +
+            "); recompile the program with a matching hflowc";
+    return false;
+  }
+  const auto *body = file->body();
+  if (!body || body->size() == 0) {
+    error = "plan file has an empty body";
+    return false;
+  }
+  uint64_t sum = checksum(body->data(), body->size());
+  if (sum != file->checksum()) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "checksum mismatch (stored %016llx, computed %016llx)",
+                  static_cast<unsigned long long>(file->checksum()),
+                  static_cast<unsigned long long>(sum));
+    error = std::string("plan file is corrupt: ") + buf;
+    return false;
+  }
+  {
+    flatbuffers::Verifier v(body->data(), body->size());
+    if (!v.VerifyBuffer<Plan>(nullptr)) {
+      error = "plan body is corrupt (FlatBuffers verification failed)";
+      return false;
+    }
+  }
+  const Plan *plan = flatbuffers::GetRoot<Plan>(body->data());
+  std::string semantic;
+  if (!checkSemantics(*plan, semantic)) {
+    error = "invalid plan: " + semantic;
+    return false;
+  }
+  out.major_ = file->format_major();
+  out.minor_ = file->format_minor();
+  out.fileHash_ = checksum(bytes.data(), bytes.size());
+  // The body pointer stays valid: moving a vector keeps its heap buffer.
+  out.bytes_ = std::move(bytes);
+  out.plan_ = flatbuffers::GetRoot<Plan>(
+      GetPlanFile(out.bytes_.data())->body()->data());
+  return true;
+}
+
+bool loadPlanFile(const std::string &path, LoadedPlan &out, std::string &error) {
+  std::FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    error = path + ": cannot open plan file (" + std::strerror(errno) + ")";
+    return false;
+  }
+  std::vector<uint8_t> bytes;
+  uint8_t buf[1 << 16];
+  size_t n;
+  constexpr size_t kMaxPlanBytes = size_t(1) << 31;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    bytes.insert(bytes.end(), buf, buf + n);
+    if (bytes.size() > kMaxPlanBytes) {
+      std::fclose(f);
+      error = path + ": plan file is larger than 2 GiB";
+      return false;
+    }
+  }
+  bool readError = std::ferror(f);
+  std::fclose(f);
+  if (readError) {
+    error = path + ": read error";
+    return false;
+  }
+  std::string why;
+  if (!verifyPlanBuffer(std::move(bytes), out, why)) {
+    error = path + ": " + why;
+    return false;
+  }
+  return true;
+}
+
+} // namespace hflow::plan

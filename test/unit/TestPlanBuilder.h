@@ -1,0 +1,85 @@
+//===- TestPlanBuilder.h - build small plans in unit tests -----------------===//
+//
+// Builds a valid PlanFile in memory without the compiler, so runtime unit
+// tests can start from a known-good plan and then corrupt or vary it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_TEST_UNIT_TESTPLANBUILDER_H
+#define HFLOW_TEST_UNIT_TESTPLANBUILDER_H
+
+#include "PlanFormat.h"
+#include "plan_generated.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hflow::test {
+
+struct TestPlanOptions {
+  int worldSize = 2;
+  uint32_t major = plan::kFormatMajor;
+  uint32_t minor = plan::kFormatMinor;
+  bool corruptChecksum = false;
+};
+
+/// A plan with one mesh of `worldSize` CPUs, one tiny Llama model, one actor
+/// role on all ranks, and a flow of one `generate` compute step followed by a
+/// CheckAllGather over all ranks.
+inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
+  using namespace hflow::plan;
+  flatbuffers::FlatBufferBuilder b;
+  b.ForceDefaults(true);
+  std::vector<int> all;
+  for (int r = 0; r < o.worldSize; ++r)
+    all.push_back(r);
+  auto mesh = CreateMesh(b, b.CreateString("local"), b.CreateString("cpu"), 1,
+                         o.worldSize);
+  auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
+                           2, 32, 4, 2, 64, 64, DType::F32, 0);
+  Layout train(o.worldSize, 1, 1), gen(o.worldSize, 1, 1);
+  auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
+                         b.CreateVector(all), &train, &gen);
+  auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));
+  auto v0 = CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1);
+  auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
+  std::vector<int> in{0}, out{1}, none;
+  auto s0 = CreateStep(b, StepKind::Compute, 0, b.CreateString("generate"),
+                       b.CreateVector(in), b.CreateVector(out), -1, -1, 0,
+                       b.CreateString("test.hflow:1:1"));
+  auto s1 = CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
+                       b.CreateVector(none), b.CreateVector(none), 0, 0, 0,
+                       b.CreateString("test.hflow:1:1"));
+  std::vector<flatbuffers::Offset<RankSchedule>> scheds;
+  for (int r = 0; r < o.worldSize; ++r)
+    scheds.push_back(CreateRankSchedule(b, r, b.CreateVector(std::vector<int>{0, 1})));
+  std::vector<uint8_t> sha(32, 0xab);
+  auto planOff = CreatePlan(
+      b, b.CreateString("test.hflow"), b.CreateVector(sha),
+      b.CreateString("test"), b.CreateString("step"), o.worldSize, 1,
+      b.CreateVector(std::vector<flatbuffers::Offset<Mesh>>{mesh}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Model>>{model}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Role>>{role}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Group>>{group}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Value>>{v0, v1}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Step>>{s0, s1}),
+      b.CreateVector(scheds));
+  b.Finish(planOff);
+  std::vector<uint8_t> body(b.GetBufferPointer(),
+                            b.GetBufferPointer() + b.GetSize());
+
+  flatbuffers::FlatBufferBuilder fb;
+  fb.ForceDefaults(true);
+  uint64_t sum = plan::checksum(body.data(), body.size());
+  if (o.corruptChecksum)
+    sum ^= 1;
+  fb.ForceVectorAlignment(body.size(), sizeof(uint8_t), 16);
+  auto bodyVec = fb.CreateVector(body);
+  auto file = CreatePlanFile(fb, o.major, o.minor, sum, bodyVec);
+  FinishPlanFileBuffer(fb, file);
+  return {fb.GetBufferPointer(), fb.GetBufferPointer() + fb.GetSize()};
+}
+
+} // namespace hflow::test
+
+#endif // HFLOW_TEST_UNIT_TESTPLANBUILDER_H

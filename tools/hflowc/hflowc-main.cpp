@@ -1,0 +1,222 @@
+//===- hflowc-main.cpp - the hflow compiler driver -------------------------===//
+//
+//   hflowc prog.hflow -o plan.bin        check, plan, and write the plan
+//   hflowc prog.hflow --emit=mlir        the hflow IR as generated
+//   hflowc prog.hflow --emit=mlir-placed the IR after the pass pipeline
+//   hflowc prog.hflow --emit=plan-json   the plan, decoded, as JSON
+//
+// Exit codes: 0 success, 1 the program has errors, 2 usage or I/O errors.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Frontend.h"
+#include "MLIRGen.h"
+#include "PlanEmitter.h"
+
+#include "hflow/HflowDialect.h"
+#include "hflow/HflowPasses.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+using namespace mlir;
+namespace cl = llvm::cl;
+
+namespace {
+
+enum class Emit { Plan, PlanJson, Mlir, MlirPlaced };
+
+cl::OptionCategory hflowcCategory("hflowc options");
+
+cl::opt<std::string> inputFile(cl::Positional, cl::desc("<program.hflow>"),
+                               cl::Required, cl::cat(hflowcCategory));
+cl::opt<std::string> outputFile(
+    "o", cl::desc("Output file (default: the input's name with .bin for "
+                  "--emit=plan, standard output otherwise; '-' for stdout)"),
+    cl::value_desc("file"), cl::init(""), cl::cat(hflowcCategory));
+cl::opt<Emit> emitKind(
+    "emit", cl::desc("What to write"), cl::init(Emit::Plan),
+    cl::values(clEnumValN(Emit::Plan, "plan", "the binary execution plan (default)"),
+               clEnumValN(Emit::PlanJson, "plan-json",
+                          "the execution plan as JSON"),
+               clEnumValN(Emit::Mlir, "mlir", "hflow IR as generated from the source"),
+               clEnumValN(Emit::MlirPlaced, "mlir-placed",
+                          "hflow IR after the pass pipeline")),
+    cl::cat(hflowcCategory));
+cl::opt<std::string> flowName("flow",
+                              cl::desc("The flow to compile when the program "
+                                       "has several"),
+                              cl::value_desc("name"), cl::init(""),
+                              cl::cat(hflowcCategory));
+cl::opt<bool> printDebugLocs("mlir-print-locations",
+                             cl::desc("Print source locations in --emit=mlir*"),
+                             cl::init(false), cl::cat(hflowcCategory));
+
+constexpr int kExitProgramError = 1;
+constexpr int kExitUsage = 2;
+
+int fail(const llvm::Twine &msg, int code = kExitUsage) {
+  llvm::WithColor::error(llvm::errs(), "hflowc") << msg << "\n";
+  return code;
+}
+
+/// Hands the front end's diagnostics to MLIR so they print like every other.
+void report(MLIRContext &ctx, const ::hflow::frontend::DiagnosticList &diags) {
+  auto loc = [&](const ::hflow::ast::SourceLoc &l) -> Location {
+    return FileLineColLoc::get(&ctx, l.file, l.line, l.col);
+  };
+  for (const auto &d : diags.all()) {
+    InFlightDiagnostic diag =
+        d.severity == ::hflow::frontend::Diagnostic::Severity::Error
+            ? emitError(loc(d.loc))
+            : emitWarning(loc(d.loc));
+    diag << d.message;
+    for (const auto &n : d.notes)
+      diag.attachNote(loc(n.loc)) << n.message;
+  }
+}
+
+std::string defaultPlanPath(llvm::StringRef input) {
+  llvm::SmallString<256> p(llvm::sys::path::filename(input));
+  llvm::sys::path::replace_extension(p, "bin");
+  return std::string(p);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  cl::HideUnrelatedOptions(hflowcCategory);
+  cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
+    os << "hflowc " << HFLOW_VERSION << " (plan format 1)\n";
+  });
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "hflowc: compile an hflow RL post-training program into an execution "
+      "plan\n\n"
+      "  hflowc prog.hflow -o plan.bin     check, place, and write the plan\n"
+      "  hflow-run plan.bin                 then run it\n");
+
+  std::string readError;
+  std::unique_ptr<llvm::MemoryBuffer> input =
+      openInputFile(inputFile, &readError);
+  if (!input)
+    return fail("cannot read '" + inputFile + "': " + readError);
+  const std::string source = input->getBuffer().str();
+
+  MLIRContext context;
+  context.getOrLoadDialect<mlir::hflow::HflowDialect>();
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
+  SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
+  size_t errorCount = 0;
+  context.getDiagEngine().registerHandler([&](Diagnostic &d) {
+    if (d.getSeverity() == DiagnosticSeverity::Error)
+      ++errorCount;
+    return failure(); // let the SourceMgr handler print it
+  });
+  auto finishWithErrors = [&]() {
+    llvm::errs() << errorCount << (errorCount == 1 ? " error" : " errors")
+                 << " generated.\n";
+    return kExitProgramError;
+  };
+
+  ::hflow::frontend::FrontendResult fe =
+      ::hflow::frontend::parseAndCheck(inputFile, source);
+  report(context, fe.diags);
+  if (!fe.ok())
+    return finishWithErrors();
+
+  OwningOpRef<ModuleOp> module = ::hflow::mlirGen(context, *fe.program);
+  if (!module)
+    return finishWithErrors();
+
+  OpPrintingFlags printFlags;
+  if (printDebugLocs)
+    printFlags.enableDebugInfo();
+  auto writeText = [&](auto &&print) -> int {
+    std::string path = outputFile.empty() ? "-" : outputFile.getValue();
+    std::string err;
+    auto out = openOutputFile(path, &err);
+    if (!out)
+      return fail("cannot write '" + path + "': " + err);
+    print(out->os());
+    out->keep();
+    return 0;
+  };
+
+  if (emitKind == Emit::Mlir)
+    return writeText([&](llvm::raw_ostream &os) {
+      module->print(os, printFlags);
+      os << "\n";
+    });
+
+  PassManager pm(&context);
+  mlir::hflow::buildHflowPipeline(pm);
+  if (failed(pm.run(*module)))
+    return finishWithErrors();
+
+  if (emitKind == Emit::MlirPlaced)
+    return writeText([&](llvm::raw_ostream &os) {
+      module->print(os, printFlags);
+      os << "\n";
+    });
+
+  ::hflow::EmitOptions opts;
+  opts.flow = flowName;
+  opts.compilerVersion = std::string("hflowc ") + HFLOW_VERSION;
+  std::vector<uint8_t> plan;
+  if (failed(::hflow::emitPlan(*module, opts, plan)))
+    return finishWithErrors();
+
+  if (emitKind == Emit::PlanJson) {
+    std::string err;
+    int rc = 0;
+    int w = writeText([&](llvm::raw_ostream &os) {
+      if (failed(::hflow::printPlanJson(plan, os, err)))
+        rc = fail("internal error: the emitted plan does not verify: " + err, 1);
+    });
+    return w ? w : rc;
+  }
+
+  // The binary plan: written through a temporary file and renamed, so an
+  // existing plan is never left half-written.
+  std::string path = outputFile.empty() ? defaultPlanPath(inputFile)
+                                        : outputFile.getValue();
+  if (path == "-") {
+    llvm::outs().write(reinterpret_cast<const char *>(plan.data()), plan.size());
+    return 0;
+  }
+  llvm::SmallString<256> tmp;
+  int fd;
+  llvm::SmallString<256> model(path);
+  model += ".tmp-%%%%%%";
+  if (std::error_code ec = llvm::sys::fs::createUniqueFile(model, fd, tmp))
+    return fail("cannot write '" + path + "': " + ec.message());
+  {
+    llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os.write(reinterpret_cast<const char *>(plan.data()), plan.size());
+    os.close();
+    if (os.has_error()) {
+      std::string msg = os.error().message();
+      os.clear_error();
+      llvm::sys::fs::remove(tmp);
+      return fail("cannot write '" + path + "': " + msg);
+    }
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(tmp, path)) {
+    llvm::sys::fs::remove(tmp);
+    return fail("cannot write '" + path + "': " + ec.message());
+  }
+  return 0;
+}
