@@ -233,7 +233,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   auto bodyVec = fileBuilder.CreateVector(bodyPtr, b.GetSize());
   auto file = fb::CreatePlanFile(fileBuilder, fb::kFormatMajor, fb::kFormatMinor,
                                  fb::checksum(bodyPtr, b.GetSize()), bodyVec);
-  fb::FinishPlanFileBuffer(fileBuilder, file);
+  fb::FinishSizePrefixedPlanFileBuffer(fileBuilder, file);
   out.assign(fileBuilder.GetBufferPointer(),
              fileBuilder.GetBufferPointer() + fileBuilder.GetSize());
   return success();

@@ -43,6 +43,12 @@ namespace {
 const char *kKnownDevices[] = {"cpu", "a100_40g", "a100_80g", "h100_80g", "h200"};
 const char *kKnownArchs[] = {"llama", "qwen2"};
 
+/// "an Actor", "a Critic".
+std::string article(const std::string &noun) {
+  bool vowel = !noun.empty() && std::string("AEIOUaeiou").find(noun[0]) != std::string::npos;
+  return (vowel ? "an " : "a ") + noun;
+}
+
 std::string joined(const std::vector<std::string> &v) {
   std::string out;
   for (const auto &s : v)
@@ -410,10 +416,10 @@ private:
       const methods::Signature *sig = methods::findMethod(mrole, e.text);
       if (!sig) {
         diags_
-            .error(e.loc, std::string("a ") + ast::roleKindName(rd.kind) +
+            .error(e.loc, article(ast::roleKindName(rd.kind)) +
                               " has no method '" + e.text + "'")
-            .notes.push_back({rd.nameLoc, "'" + rd.name + "' is a " +
-                                              ast::roleKindName(rd.kind) +
+            .notes.push_back({rd.nameLoc, "'" + rd.name + "' is " +
+                                              article(ast::roleKindName(rd.kind)) +
                                               "; its methods: " +
                                               methods::methodList(mrole)});
         continue;

@@ -199,24 +199,37 @@ bool checkSemantics(const Plan &p, std::string &error) {
 
 bool verifyPlanBuffer(std::vector<uint8_t> bytes, LoadedPlan &out,
                       std::string &error) {
-  if (bytes.size() < 8)
+  // Layout: a 4-byte size prefix, then the PlanFile buffer whose file
+  // identifier sits at bytes 8..11. The prefix makes truncation detectable
+  // even where only trailing padding was lost.
+  constexpr size_t kPrefix = sizeof(flatbuffers::uoffset_t);
+  if (bytes.size() < kPrefix + 8)
     return error = "file is too short to be a plan (" +
                    std::to_string(bytes.size()) + " bytes)",
            false;
-  if (!PlanFileBufferHasIdentifier(bytes.data())) {
+  if (!flatbuffers::BufferHasIdentifier(bytes.data(), PlanFileIdentifier(),
+                                        /*size_prefixed=*/true)) {
     error = "not an hflow plan (file identifier is not \"" +
             std::string(PlanFileIdentifier()) + "\")";
     return false;
   }
+  const size_t declared = flatbuffers::GetPrefixedSize(bytes.data()) + kPrefix;
+  if (declared != bytes.size()) {
+    error = declared > bytes.size()
+                ? "plan file is truncated (" + std::to_string(bytes.size()) +
+                      " of " + std::to_string(declared) + " bytes)"
+                : "plan file has " + std::to_string(bytes.size() - declared) +
+                      " unexpected trailing bytes";
+    return false;
+  }
   {
     flatbuffers::Verifier v(bytes.data(), bytes.size());
-    if (!VerifyPlanFileBuffer(v)) {
-      error = "plan file is corrupt or truncated (FlatBuffers verification "
-              "failed)";
+    if (!VerifySizePrefixedPlanFileBuffer(v)) {
+      error = "plan file is corrupt (FlatBuffers verification failed)";
       return false;
     }
   }
-  const PlanFile *file = GetPlanFile(bytes.data());
+  const PlanFile *file = GetSizePrefixedPlanFile(bytes.data());
   if (file->format_major() != kFormatMajor || file->format_minor() > kFormatMinor) {
     error = "plan format " + std::to_string(file->format_major()) + "." +
             std::to_string(file->format_minor()) +
@@ -259,7 +272,7 @@ bool verifyPlanBuffer(std::vector<uint8_t> bytes, LoadedPlan &out,
   // The body pointer stays valid: moving a vector keeps its heap buffer.
   out.bytes_ = std::move(bytes);
   out.plan_ = flatbuffers::GetRoot<Plan>(
-      GetPlanFile(out.bytes_.data())->body()->data());
+      GetSizePrefixedPlanFile(out.bytes_.data())->body()->data());
   return true;
 }
 

@@ -18,9 +18,14 @@ namespace hflow::test {
 
 struct TestPlanOptions {
   int worldSize = 2;
+  int64_t seed = 1;
   uint32_t major = plan::kFormatMajor;
   uint32_t minor = plan::kFormatMinor;
   bool corruptChecksum = false;
+  // Semantic defects the loader must catch even though the bytes verify.
+  bool roleRankOutOfWorld = false;
+  bool missingSchedule = false;
+  bool checkNamesLaterStep = false;
 };
 
 /// A plan with one mesh of `worldSize` CPUs, one tiny Llama model, one actor
@@ -33,13 +38,16 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   std::vector<int> all;
   for (int r = 0; r < o.worldSize; ++r)
     all.push_back(r);
+  std::vector<int> roleRanks = all;
+  if (o.roleRankOutOfWorld)
+    roleRanks.back() = o.worldSize;
   auto mesh = CreateMesh(b, b.CreateString("local"), b.CreateString("cpu"), 1,
                          o.worldSize);
   auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
                            2, 32, 4, 2, 64, 64, DType::F32, 0);
   Layout train(o.worldSize, 1, 1), gen(o.worldSize, 1, 1);
   auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
-                         b.CreateVector(all), &train, &gen);
+                         b.CreateVector(roleRanks), &train, &gen);
   auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));
   auto v0 = CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1);
   auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
@@ -48,15 +56,16 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
                        b.CreateVector(in), b.CreateVector(out), -1, -1, 0,
                        b.CreateString("test.hflow:1:1"));
   auto s1 = CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
-                       b.CreateVector(none), b.CreateVector(none), 0, 0, 0,
+                       b.CreateVector(none), b.CreateVector(none), 0,
+                       o.checkNamesLaterStep ? 1 : 0, 0,
                        b.CreateString("test.hflow:1:1"));
   std::vector<flatbuffers::Offset<RankSchedule>> scheds;
-  for (int r = 0; r < o.worldSize; ++r)
+  for (int r = 0; r < o.worldSize - (o.missingSchedule ? 1 : 0); ++r)
     scheds.push_back(CreateRankSchedule(b, r, b.CreateVector(std::vector<int>{0, 1})));
   std::vector<uint8_t> sha(32, 0xab);
   auto planOff = CreatePlan(
       b, b.CreateString("test.hflow"), b.CreateVector(sha),
-      b.CreateString("test"), b.CreateString("step"), o.worldSize, 1,
+      b.CreateString("test"), b.CreateString("step"), o.worldSize, o.seed,
       b.CreateVector(std::vector<flatbuffers::Offset<Mesh>>{mesh}),
       b.CreateVector(std::vector<flatbuffers::Offset<Model>>{model}),
       b.CreateVector(std::vector<flatbuffers::Offset<Role>>{role}),
@@ -76,7 +85,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   fb.ForceVectorAlignment(body.size(), sizeof(uint8_t), 16);
   auto bodyVec = fb.CreateVector(body);
   auto file = CreatePlanFile(fb, o.major, o.minor, sum, bodyVec);
-  FinishPlanFileBuffer(fb, file);
+  FinishSizePrefixedPlanFileBuffer(fb, file);
   return {fb.GetBufferPointer(), fb.GetBufferPointer() + fb.GetSize()};
 }
 

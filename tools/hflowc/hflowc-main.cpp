@@ -115,6 +115,8 @@ int main(int argc, char **argv) {
   const std::string source = input->getBuffer().str();
 
   MLIRContext context;
+  // Users see their source line, not the op's generic form.
+  context.printOpOnDiagnostic(false);
   context.getOrLoadDialect<mlir::hflow::HflowDialect>();
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());

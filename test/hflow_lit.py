@@ -1,0 +1,24 @@
+"""Substitutions and environment shared by the hflow lit suites."""
+import os
+
+
+def configure(config, lit):
+    tools = config.hflow_tools_dir
+    llvm = config.llvm_tools_dir
+    for name in ("hflowc", "hflow-opt", "hflow-run", "hflow-testplan"):
+        config.substitutions.append(("%" + name, os.path.join(tools, name)))
+    config.substitutions.append(("%examples",
+                                 os.path.join(config.hflow_src_root, "examples")))
+    config.substitutions.append(("%srcroot", config.hflow_src_root))
+    # FileCheck, not, count and friends from Debian's LLVM 22.
+    config.environment["PATH"] = os.pathsep.join(
+        [tools, llvm, config.environment.get("PATH", os.environ.get("PATH", ""))])
+    for var in ("HOME", "TMPDIR", "LANG"):
+        if var in os.environ:
+            config.environment[var] = os.environ[var]
+    # Tests must never inherit a job's rendezvous from the caller's shell.
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        config.environment.pop(var, None)
+    if config.hflow_cuda:
+        config.available_features.add("cuda")

@@ -1,0 +1,119 @@
+//===- FrontendTest.cpp - the front end never crashes and reports well -----===//
+
+#include "Frontend.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace hflow;
+
+namespace {
+
+std::string readExample(const std::string &name) {
+  std::ifstream in(std::string(HFLOW_EXAMPLES_DIR) + "/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string firstError(const frontend::FrontendResult &r) {
+  for (const auto &d : r.diags.all())
+    if (d.severity == frontend::Diagnostic::Severity::Error)
+      return d.loc.file + ":" + std::to_string(d.loc.line) + ":" +
+             std::to_string(d.loc.col) + ": " + d.message;
+  return "";
+}
+
+// The demo's program is clean: no errors, no warnings.
+TEST(Frontend, TinyExampleIsClean) {
+  std::string src = readExample("tiny.hflow");
+  ASSERT_FALSE(src.empty());
+  auto r = frontend::parseAndCheck("tiny.hflow", src);
+  EXPECT_TRUE(r.ok()) << firstError(r);
+  EXPECT_TRUE(r.diags.all().empty());
+  ASSERT_TRUE(r.program);
+  EXPECT_EQ(r.program->roles.size(), 4u);
+  EXPECT_EQ(r.program->flows.size(), 1u);
+  EXPECT_EQ(r.program->models[0].kvHeads, 2);
+}
+
+// Every prefix of a valid program parses or fails with a located error.
+TEST(Frontend, EveryPrefixIsHandled) {
+  std::string src = readExample("tiny.hflow");
+  for (size_t n = 0; n < src.size(); n += 3) {
+    auto r = frontend::parseAndCheck("p.hflow", src.substr(0, n));
+    for (const auto &d : r.diags.all()) {
+      EXPECT_GE(d.loc.line, 1);
+      EXPECT_GE(d.loc.col, 1);
+      EXPECT_FALSE(d.message.empty());
+    }
+  }
+}
+
+// Random byte soup (with the language's own tokens mixed in) never crashes.
+TEST(Frontend, RandomInputNeverCrashes) {
+  std::mt19937 rng(7);
+  const char *tokens[] = {"cluster", "model", "role", "place", "flow", "let",
+                          "(", ")", "{", "}", "[", "]", ":", ",", ".", "*",
+                          "=", "on", "x", "1", "2.5", "\"s\"", "\n", "\xff"};
+  for (int i = 0; i < 2000; ++i) {
+    std::string src;
+    int n = rng() % 40;
+    for (int j = 0; j < n; ++j) {
+      if (rng() % 4 == 0)
+        src += static_cast<char>(rng() % 256);
+      else
+        src += std::string(tokens[rng() % std::size(tokens)]) + " ";
+    }
+    auto r = frontend::parseAndCheck("fuzz.hflow", src);
+    if (!r.ok())
+      EXPECT_TRUE(r.diags.hasErrors() || !r.program);
+  }
+}
+
+// Pathological nesting is refused before the recursive parser could overflow.
+TEST(Frontend, DeepNestingIsRefused) {
+  std::string src = "flow f(p: Prompts) { let x = a.b(" +
+                    std::string(100000, '(') + ")";
+  auto r = frontend::parseAndCheck("deep.hflow", src);
+  ASSERT_TRUE(r.diags.hasErrors());
+  EXPECT_EQ(firstError(r),
+            "deep.hflow:1:232: nesting deeper than 200 levels is not supported");
+}
+
+TEST(Frontend, SyntaxErrorHasLocation) {
+  auto r = frontend::parseAndCheck("s.hflow", "cluster x = mesh(cpu nodes: 1)\n");
+  EXPECT_EQ(firstError(r),
+            "s.hflow:1:22: syntax error: mismatched input 'nodes' expecting ')'");
+}
+
+TEST(Frontend, UnknownCharacterIsReported) {
+  auto r = frontend::parseAndCheck("c.hflow", "cluster x = mesh(cpu, nodes: 1) $\n");
+  EXPECT_EQ(firstError(r), "c.hflow:1:33: syntax error: unexpected character '$'");
+}
+
+// Several errors are reported in one run, each with its own location.
+TEST(Frontend, ReportsAllSemanticErrors) {
+  auto r = frontend::parseAndCheck(
+      "m.hflow",
+      "cluster c = mesh(cpu, nodes: 1, per_node: 2)\n"
+      "model m = llama(layers: 2, hidden: 60, heads: 8, kv_heads: 3, ffn: 8, "
+      "vocab: 8)\n"
+      "role a = Actor(nope)\n"
+      "flow f(p: Prompts) { a.fly(p) }\n");
+  std::vector<std::string> errors;
+  for (const auto &d : r.diags.all())
+    if (d.severity == frontend::Diagnostic::Severity::Error)
+      errors.push_back(std::to_string(d.loc.line) + ":" +
+                       std::to_string(d.loc.col) + " " + d.message);
+  ASSERT_EQ(errors.size(), 4u);
+  EXPECT_EQ(errors[0], "2:47 hidden (60) is not divisible by heads (8)");
+  EXPECT_EQ(errors[1], "2:60 heads (8) is not divisible by kv_heads (3)");
+  EXPECT_EQ(errors[2], "3:16 unknown model 'nope'");
+  EXPECT_EQ(errors[3], "4:22 an Actor has no method 'fly'");
+}
+
+} // namespace

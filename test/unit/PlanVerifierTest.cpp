@@ -1,0 +1,182 @@
+//===- PlanVerifierTest.cpp - the runtime refuses every corrupt plan -------===//
+
+#include "PlanLoader.h"
+#include "TestPlanBuilder.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+using namespace hflow;
+
+namespace {
+
+bool verify(const std::vector<uint8_t> &bytes, std::string &error) {
+  plan::LoadedPlan loaded;
+  return plan::verifyPlanBuffer(bytes, loaded, error);
+}
+
+/// The body bytes of a plan file that is known to verify.
+std::vector<uint8_t> bodyOf(const std::vector<uint8_t> &file) {
+  const auto *body = plan::GetSizePrefixedPlanFile(file.data())->body();
+  return {body->begin(), body->end()};
+}
+
+// A plan built as the compiler builds it is accepted and reads back.
+TEST(PlanVerifier, AcceptsValidPlan) {
+  auto bytes = test::buildTestPlan({.worldSize = 4});
+  plan::LoadedPlan loaded;
+  std::string error;
+  ASSERT_TRUE(plan::verifyPlanBuffer(bytes, loaded, error)) << error;
+  EXPECT_EQ(loaded.plan()->world_size(), 4);
+  EXPECT_EQ(loaded.plan()->schedules()->size(), 4u);
+  EXPECT_EQ(loaded.plan()->steps()->size(), 2u);
+  EXPECT_EQ(loaded.formatMajor(), plan::kFormatMajor);
+  EXPECT_EQ(loaded.fileHash(), plan::checksum(bytes.data(), bytes.size()));
+}
+
+// Every truncation of a valid plan is refused, with a one-line message.
+TEST(PlanVerifier, RefusesEveryTruncation) {
+  auto bytes = test::buildTestPlan();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + n);
+    std::string error;
+    EXPECT_FALSE(verify(cut, error)) << "accepted a plan cut to " << n << " bytes";
+    EXPECT_FALSE(error.empty());
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+  std::string error;
+  verify({bytes.begin(), bytes.begin() + 4}, error);
+  EXPECT_EQ(error, "file is too short to be a plan (4 bytes)");
+  verify({bytes.begin(), bytes.end() - 1}, error);
+  EXPECT_EQ(error, "plan file is truncated (" + std::to_string(bytes.size() - 1) +
+                       " of " + std::to_string(bytes.size()) + " bytes)");
+  auto longer = bytes;
+  longer.push_back(0);
+  EXPECT_FALSE(verify(longer, error));
+  EXPECT_EQ(error, "plan file has 1 unexpected trailing bytes");
+}
+
+// Flipping any single bit either gets the plan refused or leaves what the
+// runtime reads (version and body) exactly as it was.
+TEST(PlanVerifier, RefusesOrIgnoresEveryBitFlip) {
+  const auto bytes = test::buildTestPlan();
+  const auto body = bodyOf(bytes);
+  size_t refused = 0, flips = 0;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      auto flipped = bytes;
+      flipped[i] ^= uint8_t(1u << bit);
+      ++flips;
+      plan::LoadedPlan loaded;
+      std::string error;
+      if (!plan::verifyPlanBuffer(flipped, loaded, error)) {
+        ++refused;
+        EXPECT_FALSE(error.empty());
+        EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+        continue;
+      }
+      EXPECT_EQ(bodyOf(loaded.bytes()), body) << "flip at byte " << i;
+      EXPECT_EQ(loaded.formatMajor(), plan::kFormatMajor);
+    }
+  // Almost every byte of a plan is meaningful; padding is the exception.
+  EXPECT_GT(refused, flips * 9 / 10);
+}
+
+// A flipped byte inside the body is caught by the checksum.
+TEST(PlanVerifier, ChecksumCatchesBodyCorruption) {
+  auto bytes = test::buildTestPlan();
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.corruptChecksum = true}), error));
+  EXPECT_NE(error.find("plan file is corrupt: checksum mismatch"),
+            std::string::npos)
+      << error;
+  // Change the world size inside the body: still a well-formed FlatBuffer.
+  auto body = bodyOf(bytes);
+  const auto *file = plan::GetSizePrefixedPlanFile(bytes.data());
+  size_t offset = file->body()->data() - bytes.data();
+  const auto *p = flatbuffers::GetRoot<plan::Plan>(body.data());
+  const auto *table = reinterpret_cast<const flatbuffers::Table *>(p);
+  const uint8_t *field = reinterpret_cast<const uint8_t *>(p) +
+                         table->GetOptionalFieldOffset(plan::Plan::VT_WORLD_SIZE);
+  bytes[offset + (field - body.data())] ^= 0x01;
+  EXPECT_FALSE(verify(bytes, error));
+  EXPECT_NE(error.find("checksum mismatch"), std::string::npos) << error;
+}
+
+TEST(PlanVerifier, RefusesWrongIdentifier) {
+  auto bytes = test::buildTestPlan();
+  bytes[8] = 'X';
+  std::string error;
+  EXPECT_FALSE(verify(bytes, error));
+  EXPECT_EQ(error, "not an hflow plan (file identifier is not \"HFLP\")");
+}
+
+TEST(PlanVerifier, RefusesOtherMajorVersion) {
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.major = plan::kFormatMajor + 1}), error));
+  EXPECT_NE(error.find("plan format 2.0 is not supported by this hflow-run"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.major = 0}), error));
+  EXPECT_NE(error.find("plan format 0.0 is not supported"), std::string::npos);
+}
+
+TEST(PlanVerifier, RefusesNewerMinorVersion) {
+  std::string error;
+  EXPECT_FALSE(
+      verify(test::buildTestPlan({.minor = plan::kFormatMinor + 1}), error));
+  EXPECT_NE(error.find("recompile the program with a matching hflowc"),
+            std::string::npos)
+      << error;
+}
+
+// Semantic checks: well-formed bytes whose content does not make sense.
+TEST(PlanVerifier, RefusesRankOutsideWorld) {
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.roleRankOutOfWorld = true}), error));
+  EXPECT_EQ(error, "invalid plan: role 0 names rank 2 outside the world of 2");
+}
+
+TEST(PlanVerifier, RefusesMissingSchedule) {
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.missingSchedule = true}), error));
+  EXPECT_EQ(error, "invalid plan: plan has 1 rank schedules for a world of 2");
+}
+
+TEST(PlanVerifier, RefusesCheckOfLaterStep) {
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.checkNamesLaterStep = true}), error));
+  EXPECT_EQ(error, "invalid plan: step 1 checks step 1, which is not an earlier "
+                   "compute step");
+}
+
+TEST(PlanLoader, MissingFileNamesThePath) {
+  plan::LoadedPlan loaded;
+  std::string error;
+  EXPECT_FALSE(plan::loadPlanFile("/nonexistent/dir/p.bin", loaded, error));
+  EXPECT_EQ(error, "/nonexistent/dir/p.bin: cannot open plan file (No such file "
+                   "or directory)");
+}
+
+TEST(PlanLoader, ReadsFileAndPrefixesErrorsWithPath) {
+  auto bytes = test::buildTestPlan();
+  std::string path = ::testing::TempDir() + "hflow-plan-test.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+  }
+  plan::LoadedPlan loaded;
+  std::string error;
+  EXPECT_TRUE(plan::loadPlanFile(path, loaded, error)) << error;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char *>(bytes.data()), bytes.size() / 2);
+  }
+  EXPECT_FALSE(plan::loadPlanFile(path, loaded, error));
+  EXPECT_EQ(error.rfind(path + ": ", 0), 0u) << error;
+  std::remove(path.c_str());
+}
+
+} // namespace
