@@ -14,6 +14,7 @@
 #include "antlr4-runtime.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 using namespace hflow;
@@ -248,6 +249,37 @@ private:
   DiagnosticList &diags_;
 };
 
+/// ANTLR's C++ runtime decodes UTF-8 and throws on invalid bytes; report the
+/// first one with its position instead.
+bool checkUtf8(const std::string &file, const std::string &src,
+               DiagnosticList &diags) {
+  int line = 1, col = 1;
+  for (size_t i = 0; i < src.size();) {
+    unsigned char c = src[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3
+                 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= src.size();
+    for (size_t k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(src[i + k]) >> 6) == 0x2;
+    if (!ok) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      diags.error({file, line, col, 1},
+                  std::string("invalid UTF-8 byte ") + hex +
+                      "; hflow programs are UTF-8 text");
+      return false;
+    }
+    if (c == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+    i += len;
+  }
+  return true;
+}
+
 /// Refuses pathological nesting before ANTLR's recursion can overflow.
 bool checkNesting(const std::string &file, const std::string &src,
                   DiagnosticList &diags) {
@@ -290,7 +322,8 @@ FrontendResult hflow::frontend::parseOnly(const std::string &file,
                                           const std::string &source) {
   FrontendResult result;
   try {
-    if (!checkNesting(file, source, result.diags))
+    if (!checkUtf8(file, source, result.diags) ||
+        !checkNesting(file, source, result.diags))
       return result;
     antlr4::ANTLRInputStream input(source);
     HflowLexer lexer(&input);

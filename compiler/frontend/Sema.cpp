@@ -1,6 +1,7 @@
 //===- Sema.cpp - semantic checks of the front end -------------------------===//
 
 #include "Sema.h"
+#include "Limits.h"
 #include "RoleMethods.h"
 
 #include <algorithm>
@@ -221,6 +222,13 @@ private:
       positiveInt(kw[key], key == std::string("nodes") ? c.nodes : c.perNode,
                   key);
     }
+    if (c.nodes > 0 && c.perNode > 0 &&
+        (c.nodes > limits::kMaxDevices || c.perNode > limits::kMaxDevices ||
+         c.nodes * c.perNode > limits::kMaxDevices))
+      diags_.error(e.loc, "a mesh of " + std::to_string(c.nodes) + " x " +
+                              std::to_string(c.perNode) +
+                              " devices is larger than hflow supports (" +
+                              std::to_string(limits::kMaxDevices) + ")");
   }
 
   void checkModel(ast::ModelDecl &m) {
@@ -265,6 +273,25 @@ private:
       else
         diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
     }
+    if (!allOk)
+      return;
+    struct Bound {
+      const char *key;
+      int64_t value, max;
+    } bounds[] = {{"layers", m.layers, limits::kMaxLayers},
+                  {"hidden", m.hidden, limits::kMaxHidden},
+                  {"heads", m.heads, m.hidden},
+                  {"kv_heads", m.kvHeads, m.heads},
+                  {"ffn", m.ffn, limits::kMaxFfn},
+                  {"vocab", m.vocab, limits::kMaxVocab}};
+    for (const Bound &b : bounds)
+      if (b.value > b.max) {
+        diags_.error(kw[b.key]->value->loc,
+                     std::string(b.key) + " = " + std::to_string(b.value) +
+                         " is larger than the supported maximum " +
+                         std::to_string(b.max));
+        allOk = false;
+      }
     if (!allOk)
       return;
     if (m.hidden % m.heads != 0)

@@ -1,6 +1,7 @@
 //===- HflowOps.cpp - verifiers and interfaces of the hflow ops ------------===//
 
 #include "hflow/HflowOps.h"
+#include "Limits.h"
 #include "RoleMethods.h"
 
 #include "mlir/IR/Builders.h"
@@ -26,6 +27,12 @@ LogicalResult MeshOp::verify() {
     return emitOpError() << "needs at least one node and one device per node, "
                             "got "
                          << getNodes() << " x " << getPerNode();
+  if (getNodes() > ::hflow::limits::kMaxDevices ||
+      getPerNode() > ::hflow::limits::kMaxDevices ||
+      getNodes() * getPerNode() > ::hflow::limits::kMaxDevices)
+    return emitOpError() << "a mesh of " << getNodes() << " x " << getPerNode()
+                         << " devices is larger than hflow supports ("
+                         << ::hflow::limits::kMaxDevices << ")";
   return success();
 }
 
@@ -57,6 +64,15 @@ LogicalResult ModelOp::verify() {
         {"vocab", getVocab()}})
     if (value < 1)
       return emitOpError() << name << " must be positive, got " << value;
+  for (auto [name, value, max] :
+       {std::tuple<StringRef, int64_t, int64_t>{"layers", getLayers(),
+                                                ::hflow::limits::kMaxLayers},
+        {"hidden", getHidden(), ::hflow::limits::kMaxHidden},
+        {"ffn", getFfn(), ::hflow::limits::kMaxFfn},
+        {"vocab", getVocab(), ::hflow::limits::kMaxVocab}})
+    if (value > max)
+      return emitOpError() << name << " = " << value
+                           << " is larger than the supported maximum " << max;
   if (getHidden() % getHeads() != 0)
     return emitOpError() << "hidden (" << getHidden()
                          << ") is not divisible by heads (" << getHeads() << ")";
@@ -83,7 +99,7 @@ LogicalResult RoleOp::verify() {
     return emitOpError() << "a reward_fn role has a rule, not a model";
   if (!isFn && !getModel())
     return emitOpError() << "a " << stringifyRoleKind(getKind())
-                         << " role needs a model";
+                         << " role needs a model"; // actor/critic/reference/reward_model
   if (isFn && !getRule())
     return emitOpError() << "a reward_fn role needs a rule name";
   if (!isFn && getRule())

@@ -117,3 +117,31 @@ TEST(Frontend, ReportsAllSemanticErrors) {
 }
 
 } // namespace
+
+namespace {
+
+// Bytes that are not UTF-8 are reported at their position, not as a crash.
+TEST(Frontend, InvalidUtf8IsReported) {
+  auto r = frontend::parseAndCheck("u.hflow", "cluster x = mesh(cpu)\n  \xff\xfe");
+  EXPECT_EQ(firstError(r),
+            "u.hflow:2:3: invalid UTF-8 byte 0xff; hflow programs are UTF-8 text");
+}
+
+// Sizes that would overflow derived quantities are refused with the bound.
+TEST(Frontend, AbsurdSizesAreRefused) {
+  auto r = frontend::parseAndCheck(
+      "big.hflow", "cluster c = mesh(cpu, nodes: 100000, per_node: 100000)\n"
+                   "model m = llama(layers: 2, hidden: 4000000, heads: 1, "
+                   "kv_heads: 1, ffn: 8, vocab: 8)\n"
+                   "flow f(p: Prompts) { }\n");
+  std::vector<std::string> errors;
+  for (const auto &d : r.diags.all())
+    errors.push_back(d.message);
+  ASSERT_GE(errors.size(), 2u);
+  EXPECT_EQ(errors[0], "a mesh of 100000 x 100000 devices is larger than hflow "
+                       "supports (1048576)");
+  EXPECT_EQ(errors[1], "hidden = 4000000 is larger than the supported maximum "
+                       "1048576");
+}
+
+} // namespace
