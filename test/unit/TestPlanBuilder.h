@@ -28,6 +28,24 @@ struct TestPlanOptions {
   bool checkNamesLaterStep = false;
 };
 
+/// Wraps a finished Plan buffer into a plan file as the compiler does:
+/// size-prefixed PlanFile, 16-byte aligned body, FNV-1a checksum. The
+/// options' version and checksum corruption apply.
+inline std::vector<uint8_t> wrapPlanBody(const std::vector<uint8_t> &body,
+                                         const TestPlanOptions &o) {
+  using namespace hflow::plan;
+  flatbuffers::FlatBufferBuilder fb;
+  fb.ForceDefaults(true);
+  uint64_t sum = checksum(body.data(), body.size());
+  if (o.corruptChecksum)
+    sum ^= 1;
+  fb.ForceVectorAlignment(body.size(), sizeof(uint8_t), 16);
+  auto bodyVec = fb.CreateVector(body);
+  auto file = CreatePlanFile(fb, o.major, o.minor, sum, bodyVec);
+  FinishSizePrefixedPlanFileBuffer(fb, file);
+  return {fb.GetBufferPointer(), fb.GetBufferPointer() + fb.GetSize()};
+}
+
 /// A plan with one mesh of `worldSize` CPUs, one tiny Llama model, one actor
 /// role on all ranks, and a flow of one `generate` compute step followed by a
 /// CheckAllGather over all ranks.
@@ -77,16 +95,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   std::vector<uint8_t> body(b.GetBufferPointer(),
                             b.GetBufferPointer() + b.GetSize());
 
-  flatbuffers::FlatBufferBuilder fb;
-  fb.ForceDefaults(true);
-  uint64_t sum = plan::checksum(body.data(), body.size());
-  if (o.corruptChecksum)
-    sum ^= 1;
-  fb.ForceVectorAlignment(body.size(), sizeof(uint8_t), 16);
-  auto bodyVec = fb.CreateVector(body);
-  auto file = CreatePlanFile(fb, o.major, o.minor, sum, bodyVec);
-  FinishSizePrefixedPlanFileBuffer(fb, file);
-  return {fb.GetBufferPointer(), fb.GetBufferPointer() + fb.GetSize()};
+  return wrapPlanBody(body, o);
 }
 
 } // namespace hflow::test

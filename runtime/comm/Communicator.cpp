@@ -1,0 +1,67 @@
+//===- Communicator.cpp - byte conventions and error cleanup ---------------===//
+#include "Communicator.h"
+
+#include <c10/util/Exception.h>
+#include <glog/logging.h>
+
+namespace hflow::comm {
+
+OpBytes allReduceBytes(uint64_t payload, int p) {
+  if (p <= 1)
+    return {};
+  uint64_t b = 2 * (uint64_t)(p - 1) * payload / (uint64_t)p;
+  return {b, b};
+}
+
+OpBytes allGatherBytes(uint64_t perRank, int p) {
+  if (p <= 1)
+    return {};
+  uint64_t b = (uint64_t)(p - 1) * perRank;
+  return {b, b};
+}
+
+OpBytes broadcastBytes(uint64_t payload, int p, bool isRoot) {
+  if (p <= 1)
+    return {};
+  return isRoot ? OpBytes{payload, 0} : OpBytes{0, payload};
+}
+
+std::string oneLine(const std::string &msg) {
+  std::string s = msg;
+  // c10::Error::what() appends "Exception raised from ..." and frames.
+  for (const char *cut : {"\nException raised from", "Exception raised from"}) {
+    auto p = s.find(cut);
+    if (p != std::string::npos)
+      s.resize(p);
+  }
+  // Several lines: keep the first non-empty one.
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos)
+    return "unknown error";
+  s = s.substr(b);
+  auto nl = s.find('\n');
+  if (nl != std::string::npos)
+    s.resize(nl);
+  // gloo: "[/path/to/pair.cc:589] Connection closed by peer ..."
+  if (!s.empty() && s[0] == '[') {
+    auto close = s.find("] ");
+    if (close != std::string::npos && s.find(':') < close)
+      s = s.substr(close + 2);
+  }
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\r' || s.back() == '.' ||
+                        s.back() == '!'))
+    s.pop_back();
+  return s;
+}
+
+std::string oneLineError(const std::exception &e) {
+  if (auto *ce = dynamic_cast<const c10::Error *>(&e))
+    return oneLine(ce->what_without_backtrace());
+  return oneLine(e.what());
+}
+
+void setLibraryLogging(bool verbose) {
+  FLAGS_minloglevel = verbose ? google::GLOG_INFO : google::GLOG_FATAL;
+}
+
+} // namespace hflow::comm

@@ -1,0 +1,265 @@
+//===- GlooCommunicator.cpp - Communicator over c10d::ProcessGroupGloo -----===//
+#include "GlooCommunicator.h"
+#include "Rendezvous.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <arpa/inet.h>
+#include <cstdlib>
+#include <cstring>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace hflow::comm {
+
+// --- choosing the address Gloo binds to --------------------------------------
+
+static bool isLoopback(const std::string &addr) {
+  if (addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1")
+    return true;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  if (getaddrinfo(addr.c_str(), nullptr, &hints, &res) != 0 || !res)
+    return false;
+  bool lo = false;
+  if (res->ai_family == AF_INET)
+    lo = (ntohl(((sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+  else if (res->ai_family == AF_INET6)
+    lo = IN6_IS_ADDR_LOOPBACK(&((sockaddr_in6 *)res->ai_addr)->sin6_addr);
+  freeaddrinfo(res);
+  return lo;
+}
+
+std::string glooHostFor(const std::string &masterAddr) {
+  if (const char *h = std::getenv("HFLOW_GLOO_HOST"); h && *h)
+    return h;
+  if (masterAddr.empty() || isLoopback(masterAddr))
+    return "127.0.0.1";
+  // The local address of the interface that routes to the master: a UDP
+  // connect() sends nothing but makes the kernel pick the source address.
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  std::string out = "127.0.0.1";
+  if (getaddrinfo(masterAddr.c_str(), "9", &hints, &res) == 0 && res) {
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    if (fd >= 0) {
+      if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        sockaddr_in local{};
+        socklen_t len = sizeof local;
+        if (getsockname(fd, (sockaddr *)&local, &len) == 0) {
+          char buf[INET_ADDRSTRLEN];
+          if (inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf))
+            out = buf;
+        }
+      }
+      close(fd);
+    }
+    freeaddrinfo(res);
+  }
+  return out;
+}
+
+// --- the communicator -----------------------------------------------------
+
+struct GlooCommunicator::Impl {
+  c10::intrusive_ptr<c10d::Store> rootStore; // the job's store (unprefixed)
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  GlooOptions opts;
+  std::string name;
+  std::vector<int> globalRanks;
+  int rank = 0, size = 1;
+  int globalRank = 0;
+
+  [[noreturn]] void fail(const char *op, const std::exception &e) const {
+    std::string m = oneLineError(e);
+    std::string l = m;
+    for (char &c : l)
+      c = (char)std::tolower((unsigned char)c);
+    if (l.find("timed out") != std::string::npos)
+      m = "timed out after " + formatSeconds(opts.timeout) + " waiting for the " +
+          std::to_string(size - 1) + " other rank" + (size == 2 ? "" : "s") +
+          " of the group (" + m + ")";
+    throw CommError(name + " " + op + ": " + m);
+  }
+  void wait(const c10::intrusive_ptr<c10d::Work> &w) const {
+    // Send/recv works wait forever unless given a timeout.
+    w->wait(opts.timeout);
+  }
+};
+
+static std::unique_ptr<GlooCommunicator::Impl>
+makeImpl(c10::intrusive_ptr<c10d::Store> root, const GlooOptions &o,
+         const std::string &name, std::vector<int> globalRanks, int globalRank) {
+  auto impl = std::make_unique<GlooCommunicator::Impl>();
+  impl->rootStore = root;
+  impl->opts = o;
+  impl->name = name;
+  impl->globalRanks = std::move(globalRanks);
+  impl->globalRank = globalRank;
+  auto it = std::find(impl->globalRanks.begin(), impl->globalRanks.end(),
+                      globalRank);
+  if (it == impl->globalRanks.end())
+    throw CommError("group " + name + ": rank " + std::to_string(globalRank) +
+                    " is not a member");
+  impl->rank = (int)(it - impl->globalRanks.begin());
+  impl->size = (int)impl->globalRanks.size();
+  try {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("hflow/pg/" + name, root);
+    auto po = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
+    po->threads = 1;
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, impl->rank,
+                                                           impl->size, po);
+  } catch (const std::exception &e) {
+    throw CommError("group " + name + ": cannot connect its " +
+                    std::to_string(impl->size) + " ranks (gloo on " + o.host +
+                    "): " + oneLineError(e));
+  }
+  return impl;
+}
+
+GlooCommunicator::GlooCommunicator(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::unique_ptr<GlooCommunicator>
+GlooCommunicator::createWorld(const Rendezvous &rv, const GlooOptions &o) {
+  std::vector<int> all(rv.worldSize());
+  for (int r = 0; r < rv.worldSize(); ++r)
+    all[r] = r;
+  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
+      makeImpl(rv.store(), o, "world", std::move(all), rv.rank())));
+}
+
+std::unique_ptr<Communicator>
+GlooCommunicator::makeSubgroup(const std::string &name,
+                               const std::vector<int> &globalRanks) {
+  for (size_t i = 1; i < globalRanks.size(); ++i)
+    if (globalRanks[i] <= globalRanks[i - 1])
+      throw CommError("group " + name + ": ranks must be ascending and distinct");
+  return std::unique_ptr<Communicator>(new GlooCommunicator(makeImpl(
+      impl_->rootStore, impl_->opts, name, globalRanks, impl_->globalRank)));
+}
+
+int GlooCommunicator::rank() const { return impl_->rank; }
+int GlooCommunicator::size() const { return impl_->size; }
+const std::vector<int> &GlooCommunicator::globalRanks() const {
+  return impl_->globalRanks;
+}
+const std::string &GlooCommunicator::name() const { return impl_->name; }
+
+static uint64_t nbytes(const at::Tensor &t) {
+  return (uint64_t)t.numel() * (uint64_t)t.element_size();
+}
+
+static void requireCpuContiguous(const char *op, const std::string &group,
+                                 const at::Tensor &t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
+    throw CommError(group + " " + op +
+                    ": tensor must be defined, on the CPU and contiguous");
+}
+
+void GlooCommunicator::allReduceSum(at::Tensor &t) {
+  requireCpuContiguous("allReduceSum", impl_->name, t);
+  try {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions ao;
+    ao.reduceOp = c10d::ReduceOp::SUM;
+    ao.timeout = impl_->opts.timeout;
+    impl_->wait(impl_->pg->allreduce(v, ao));
+  } catch (const std::exception &e) {
+    impl_->fail("allReduceSum", e);
+  }
+  count(allReduceBytes(nbytes(t), impl_->size));
+}
+
+void GlooCommunicator::allGather(const at::Tensor &in,
+                                 std::vector<at::Tensor> &out) {
+  requireCpuContiguous("allGather", impl_->name, in);
+  try {
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int i = 0; i < impl_->size; ++i)
+      outs[0].push_back(at::empty_like(in));
+    std::vector<at::Tensor> ins{in};
+    c10d::AllgatherOptions ao;
+    ao.timeout = impl_->opts.timeout;
+    impl_->wait(impl_->pg->allgather(outs, ins, ao));
+    out = std::move(outs[0]);
+  } catch (const std::exception &e) {
+    impl_->fail("allGather", e);
+  }
+  count(allGatherBytes(nbytes(in), impl_->size));
+}
+
+at::Tensor GlooCommunicator::allGatherFlat(const at::Tensor &in) {
+  std::vector<at::Tensor> parts;
+  allGather(in.reshape({-1}), parts);
+  auto flat = at::empty({(int64_t)parts.size(), in.numel()}, in.options());
+  for (size_t i = 0; i < parts.size(); ++i)
+    flat.select(0, (int64_t)i).copy_(parts[i]);
+  return flat;
+}
+
+void GlooCommunicator::broadcast(at::Tensor &t, int root) {
+  requireCpuContiguous("broadcast", impl_->name, t);
+  if (root < 0 || root >= impl_->size)
+    throw CommError(impl_->name + " broadcast: root " + std::to_string(root) +
+                    " is not a rank of the group");
+  try {
+    std::vector<at::Tensor> v{t};
+    c10d::BroadcastOptions bo;
+    bo.rootRank = root;
+    bo.timeout = impl_->opts.timeout;
+    impl_->wait(impl_->pg->broadcast(v, bo));
+  } catch (const std::exception &e) {
+    impl_->fail("broadcast", e);
+  }
+  count(broadcastBytes(nbytes(t), impl_->size, root == impl_->rank));
+}
+
+void GlooCommunicator::send(at::Tensor &t, int peer) {
+  requireCpuContiguous("send", impl_->name, t);
+  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
+    throw CommError(impl_->name + " send: invalid peer " + std::to_string(peer));
+  try {
+    std::vector<at::Tensor> v{t};
+    impl_->wait(impl_->pg->send(v, peer, 0));
+  } catch (const std::exception &e) {
+    impl_->fail(("send to " + std::to_string(peer)).c_str(), e);
+  }
+  count({nbytes(t), 0});
+}
+
+void GlooCommunicator::recv(at::Tensor &t, int peer) {
+  requireCpuContiguous("recv", impl_->name, t);
+  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
+    throw CommError(impl_->name + " recv: invalid peer " + std::to_string(peer));
+  try {
+    std::vector<at::Tensor> v{t};
+    impl_->wait(impl_->pg->recv(v, peer, 0));
+  } catch (const std::exception &e) {
+    impl_->fail(("recv from " + std::to_string(peer)).c_str(), e);
+  }
+  count({0, nbytes(t)});
+}
+
+void GlooCommunicator::barrier() {
+  try {
+    c10d::BarrierOptions bo;
+    bo.timeout = impl_->opts.timeout;
+    impl_->wait(impl_->pg->barrier(bo));
+  } catch (const std::exception &e) {
+    impl_->fail("barrier", e);
+  }
+  count({});
+}
+
+} // namespace hflow::comm

@@ -1,0 +1,256 @@
+//===- Rendezvous.cpp - TCPStore rendezvous with plan/version agreement ----===//
+#include "Rendezvous.h"
+#include "Communicator.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace hflow::comm {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string formatSeconds(milliseconds d) {
+  char buf[32];
+  if (d.count() % 1000 == 0)
+    std::snprintf(buf, sizeof buf, "%lld s", (long long)(d.count() / 1000));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f s", d.count() / 1000.0);
+  return buf;
+}
+
+std::string hashHex(uint64_t h) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", (unsigned long long)h);
+  return buf;
+}
+
+std::string Rendezvous::where() const {
+  return opts_.masterAddr + ":" + std::to_string(opts_.masterPort);
+}
+
+Rendezvous::Rendezvous(const RendezvousOptions &o) : opts_(o) {}
+Rendezvous::~Rendezvous() = default;
+
+static std::string lower(std::string s) {
+  for (char &c : s)
+    c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+
+static std::string str(const std::vector<uint8_t> &v) {
+  return std::string(v.begin(), v.end());
+}
+static std::vector<uint8_t> bytes(const std::string &s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+/// One TCP connection attempt to host:port within `timeout`; `error` gets
+/// the reason on failure (empty for a plain refusal or timeout).
+static bool probeConnect(const std::string &host, int port, milliseconds timeout,
+                         std::string &error) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res) {
+    error = std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
+    return false;
+  }
+  bool ok = false;
+  for (addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      if (poll(&p, 1, (int)timeout.count()) == 1) {
+        int soErr = 0;
+        socklen_t len = sizeof soErr;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &soErr, &len);
+        ok = soErr == 0;
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (ok)
+    error.clear();
+  return ok;
+}
+
+namespace {
+struct Entry {
+  std::string hash, version;
+};
+Entry parseEntry(const std::string &s) {
+  Entry e;
+  auto sp = s.find(' ');
+  e.hash = s.substr(0, sp);
+  e.version = sp == std::string::npos ? "" : s.substr(sp + 1);
+  return e;
+}
+} // namespace
+
+std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
+  std::unique_ptr<Rendezvous> rv(new Rendezvous(o));
+  const std::string at = "rendezvous at " + rv->where() + ": ";
+  using K = RendezvousError::Kind;
+  if (o.masterPort <= 0 || o.masterPort > 65535)
+    throw RendezvousError(K::Other, at + "invalid port " +
+                                        std::to_string(o.masterPort));
+  auto start = Clock::now();
+  auto deadline = start + o.timeout;
+
+  // 1. Connect. Rank 0 hosts the server; the clients retry until the timeout.
+  c10d::TCPStoreOptions so;
+  so.port = (uint16_t)o.masterPort;
+  so.isServer = o.rank == 0;
+  so.waitWorkers = false;
+  // c10d's client connect rounds its remaining time down to whole seconds
+  // and gives up early when a retry would not fit, so it is unreliable for
+  // short timeouts and for ranks that start before rank 0 listens. A client
+  // therefore first waits for the port to accept connections itself, then
+  // lets c10d connect with a generous timeout.
+  if (o.rank != 0) {
+    std::string lastError;
+    for (;;) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (probeConnect(o.masterAddr, o.masterPort,
+                       std::min(std::max(left, milliseconds(10)), milliseconds(1000)),
+                       lastError))
+        break;
+      if (Clock::now() + milliseconds(100) >= deadline)
+        throw RendezvousError(
+            K::Unreachable,
+            at + "rank " + std::to_string(o.rank) +
+                " could not reach the master (rank 0) within " +
+                formatSeconds(o.timeout) +
+                (lastError.empty() ? "" : " (" + lastError + ")"));
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  so.timeout = std::max(o.timeout, milliseconds(5000));
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  try {
+    tcp = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+  } catch (const std::exception &e) {
+    std::string m = oneLineError(e);
+    std::string l = lower(m);
+    if (o.rank == 0 && (l.find("address already in use") != std::string::npos ||
+                        l.find("failed to listen") != std::string::npos ||
+                        l.find("eaddrinuse") != std::string::npos))
+      throw RendezvousError(K::PortInUse,
+                            at + "port " + std::to_string(o.masterPort) +
+                                " is in use (choose another MASTER_PORT)");
+    if (o.rank == 0 && l.find("client socket") != std::string::npos)
+      throw RendezvousError(K::Other,
+                            at + "rank 0 started the store but cannot reach it "
+                                 "at " + o.masterAddr +
+                                 " (MASTER_ADDR must be an address of rank 0's "
+                                 "machine): " + m);
+    if (o.rank == 0)
+      throw RendezvousError(K::Other, at + "rank 0 cannot start the store: " + m);
+    throw RendezvousError(K::Unreachable, at + "rank " + std::to_string(o.rank) +
+                                              " cannot connect to the master: " + m);
+  }
+  tcp->setTimeout(o.timeout);
+  rv->store_ = tcp;
+
+  auto keyOf = [](int r) { return "hflow/rank/" + std::to_string(r); };
+  auto readKeyOf = [](int r) { return "hflow/read/" + std::to_string(r); };
+  const std::string mine = hashHex(o.planHash) + " " + o.version;
+  std::string lostMaster = at + "rank " + std::to_string(o.rank) +
+                           " lost the connection to the master (rank 0): ";
+
+  // 2. Publish and wait for every rank, polling so a timeout can say who is
+  //    missing.
+  std::vector<Entry> entries(o.worldSize);
+  try {
+    tcp->set(keyOf(o.rank), bytes(mine));
+    std::vector<bool> seen(o.worldSize, false);
+    int nSeen = 0;
+    for (;;) {
+      for (int r = 0; r < o.worldSize; ++r)
+        if (!seen[r] && tcp->check({keyOf(r)})) {
+          seen[r] = true;
+          ++nSeen;
+        }
+      if (nSeen == o.worldSize)
+        break;
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        int shown = 0;
+        for (int r = 0; r < o.worldSize; ++r)
+          if (!seen[r]) {
+            if (shown == 16) {
+              missing += ", ...";
+              break;
+            }
+            missing += (shown++ ? ", " : "") + std::to_string(r);
+          }
+        throw RendezvousError(
+            K::Incomplete, at + "only " + std::to_string(nSeen) + " of " +
+                               std::to_string(o.worldSize) +
+                               " ranks joined within " +
+                               formatSeconds(o.timeout) + " (missing: " +
+                               missing + ")");
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    for (int r = 0; r < o.worldSize; ++r)
+      entries[r] = parseEntry(str(tcp->get(keyOf(r))));
+  } catch (const RendezvousError &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw RendezvousError(K::Other, lostMaster + oneLineError(e));
+  }
+
+  // 3. Agree: compare every rank with rank 0 (all ranks compute the same).
+  std::string mismatch;
+  for (int r = 1; r < o.worldSize && mismatch.empty(); ++r) {
+    if (entries[r].hash != entries[0].hash)
+      mismatch = "rank " + std::to_string(r) + " has plan " + entries[r].hash +
+                 " but rank 0 has " + entries[0].hash +
+                 " (every rank must run the same plan file)";
+    else if (entries[r].version != entries[0].version)
+      mismatch = "rank " + std::to_string(r) + " runs hflow " +
+                 entries[r].version + " but rank 0 runs hflow " +
+                 entries[0].version;
+  }
+
+  // 4. Rank 0 hosts the store: it must not go away (e.g. to report the
+  //    mismatch) before every rank has read the keys.
+  try {
+    tcp->set(readKeyOf(o.rank), bytes("1"));
+    if (o.rank == 0 && !mismatch.empty()) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < o.worldSize; ++r)
+        keys.push_back(readKeyOf(r));
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      tcp->wait(keys, std::max(left, milliseconds(1000)));
+    }
+  } catch (const std::exception &) {
+    // Best effort: the mismatch below is the real error.
+    if (mismatch.empty() && o.rank != 0)
+      throw RendezvousError(K::Other, lostMaster + "while acknowledging");
+  }
+  if (!mismatch.empty())
+    throw RendezvousError(K::Mismatch, at + mismatch);
+  return rv;
+}
+
+} // namespace hflow::comm

@@ -1,0 +1,80 @@
+//===- Rendezvous.h - find the other ranks and agree on the plan ------------===//
+//
+// Every rank of a job connects to one c10d::TCPStore (rank 0 hosts it, the
+// others are clients), publishes "hflow/rank/<r>" = "<plan hash hex> <hflow
+// version>", and waits until all world_size keys are there. A rank whose plan
+// hash or version differs from rank 0's makes every rank fail with the same
+// message, so a job never runs with two different plans.
+//
+// All failures are RendezvousError with a one-line message that starts with
+// "rendezvous at ADDR:PORT: ".
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_COMM_RENDEZVOUS_H
+#define HFLOW_RUNTIME_COMM_RENDEZVOUS_H
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace hflow::comm {
+
+class RendezvousError : public std::runtime_error {
+public:
+  enum class Kind { PortInUse, Unreachable, Incomplete, Mismatch, Other };
+  RendezvousError(Kind k, const std::string &msg)
+      : std::runtime_error(msg), kind_(k) {}
+  Kind kind() const { return kind_; }
+
+private:
+  Kind kind_;
+};
+
+struct RendezvousOptions {
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  int rank = 0;
+  int worldSize = 1;
+  /// Bound on the whole rendezvous (connect + wait for every rank).
+  std::chrono::milliseconds timeout{60000};
+  uint64_t planHash = 0;
+  std::string version;
+};
+
+class Rendezvous {
+public:
+  /// Connects (rank 0 first starts the store server on masterPort), checks
+  /// every rank's plan hash and version. Throws RendezvousError.
+  static std::unique_ptr<Rendezvous> join(const RendezvousOptions &opts);
+  ~Rendezvous();
+
+  const RendezvousOptions &options() const { return opts_; }
+  int rank() const { return opts_.rank; }
+  int worldSize() const { return opts_.worldSize; }
+  /// The job's store (keys of hflow use the prefix "hflow/").
+  const c10::intrusive_ptr<c10d::Store> &store() const { return store_; }
+  /// "ADDR:PORT", for messages.
+  std::string where() const;
+
+private:
+  explicit Rendezvous(const RendezvousOptions &o);
+  RendezvousOptions opts_;
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+/// Formats a duration for messages: "10 s", "2.5 s".
+std::string formatSeconds(std::chrono::milliseconds d);
+/// "0x0123456789abcdef".
+std::string hashHex(uint64_t h);
+
+} // namespace hflow::comm
+
+#endif // HFLOW_RUNTIME_COMM_RENDEZVOUS_H

@@ -1,0 +1,486 @@
+//===- Launcher.cpp - command line, join detection, local process launch ---===//
+#include "Launcher.h"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace hflow::launch {
+
+// --- command line --------------------------------------------------------
+
+std::string usage() {
+  return R"(usage: hflow-run [options] PLAN.bin
+
+Runs an execution plan compiled by hflowc. Without a launcher environment it
+starts the plan's world size as local processes (one per rank) on this
+machine; under torchrun, srun or mpirun it runs the one rank it is given.
+
+options:
+  --master-addr ADDR   address of rank 0's rendezvous store
+                       (default: $MASTER_ADDR, or 127.0.0.1 in local mode)
+  --master-port PORT   port of the rendezvous store (default: $MASTER_PORT;
+                       in local mode a free port is picked)
+  --timeout SECONDS    bound on the rendezvous and on every collective
+                       (default 60)
+  --comm gloo|nccl     communication backend (default gloo; nccl needs a
+                       build with CUDA and a GPU)
+  --quiet              print nothing but errors
+  --verbose            every rank prints its steps (not only rank 0 the summary)
+  --version            print the hflow version and exit
+  -h, --help           print this help and exit
+
+environment (join mode; command-line flags take precedence):
+  RANK, WORLD_SIZE, LOCAL_RANK    torchrun-style rank; WORLD_SIZE must equal
+                                  the plan's world size
+  MASTER_ADDR, MASTER_PORT        where rank 0 hosts the rendezvous store
+  SLURM_PROCID, SLURM_NTASKS,     srun (used when SLURM_STEP_ID is set and a
+  SLURM_LOCALID                   master address is known)
+  OMPI_COMM_WORLD_RANK, _SIZE,    mpirun (used when a master address is known)
+  OMPI_COMM_WORLD_LOCAL_RANK
+  HFLOW_GLOO_HOST                 address Gloo binds to (default: 127.0.0.1
+                                  for a loopback master, else the address of
+                                  the interface that routes to the master)
+  HFLOW_NUM_THREADS               intra-op threads per rank (default 1)
+  HFLOW_LOCAL_CHILD               set by hflow-run for its local children
+
+exit status: 0 success; 2 bad usage or an invalid plan; 1 any runtime
+failure (rendezvous, a worker that died, a failed check, a port in use).
+)";
+}
+
+static bool parseInt(const std::string &s, long lo, long hi, long &out) {
+  if (s.empty())
+    return false;
+  char *end = nullptr;
+  errno = 0;
+  long v = std::strtol(s.c_str(), &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return false;
+  out = v;
+  return true;
+}
+
+bool parseArgs(const std::vector<std::string> &args, Options &o,
+               std::string &error) {
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    bool hasInline = false;
+    if (a.rfind("--", 0) == 0) {
+      auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        hasInline = true;
+      }
+    }
+    auto needValue = [&](std::string &v) {
+      if (hasInline) {
+        v = value;
+        return true;
+      }
+      if (i + 1 >= args.size()) {
+        error = "option " + a + " needs a value";
+        return false;
+      }
+      v = args[++i];
+      return true;
+    };
+    auto noValue = [&]() {
+      if (hasInline) {
+        error = "option " + a + " takes no value";
+        return false;
+      }
+      return true;
+    };
+    if (a == "-h" || a == "--help") {
+      if (!noValue())
+        return false;
+      o.help = true;
+    } else if (a == "--version") {
+      if (!noValue())
+        return false;
+      o.version = true;
+    } else if (a == "--quiet" || a == "-q") {
+      if (!noValue())
+        return false;
+      o.quiet = true;
+    } else if (a == "--verbose" || a == "-v") {
+      if (!noValue())
+        return false;
+      o.verbose = true;
+    } else if (a == "--master-addr") {
+      if (!needValue(o.masterAddr))
+        return false;
+      if (o.masterAddr.empty()) {
+        error = "--master-addr needs a non-empty address";
+        return false;
+      }
+    } else if (a == "--master-port") {
+      std::string v;
+      long p;
+      if (!needValue(v))
+        return false;
+      if (!parseInt(v, 1, 65535, p)) {
+        error = "--master-port '" + v + "' is not a port number (1-65535)";
+        return false;
+      }
+      o.masterPort = (int)p;
+    } else if (a == "--timeout") {
+      std::string v;
+      if (!needValue(v))
+        return false;
+      char *end = nullptr;
+      double t = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(t > 0) || t > 86400 * 7) {
+        error = "--timeout '" + v + "' is not a positive number of seconds";
+        return false;
+      }
+      o.timeoutSeconds = t;
+    } else if (a == "--comm") {
+      if (!needValue(o.comm))
+        return false;
+      if (o.comm != "gloo" && o.comm != "nccl") {
+        error = "--comm '" + o.comm + "' is not one of: gloo, nccl";
+        return false;
+      }
+    } else if (a == "--") {
+      for (++i; i < args.size(); ++i)
+        positional.push_back(args[i]);
+    } else if (a.size() > 1 && a[0] == '-') {
+      error = "unknown option '" + args[i] + "'";
+      return false;
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (o.help || o.version)
+    return true;
+  if (positional.empty()) {
+    error = "missing the plan file argument";
+    return false;
+  }
+  if (positional.size() > 1) {
+    error = "expected one plan file, got " + std::to_string(positional.size()) +
+            " arguments ('" + positional[0] + "', '" + positional[1] + "', ...)";
+    return false;
+  }
+  o.planPath = positional[0];
+  return true;
+}
+
+// --- join detection ------------------------------------------------------
+
+const char *joinSourceName(JoinSource s) {
+  switch (s) {
+  case JoinSource::None: return "local";
+  case JoinSource::LocalChild: return "local child";
+  case JoinSource::Torchrun: return "torchrun";
+  case JoinSource::Slurm: return "slurm";
+  case JoinSource::OpenMPI: return "openmpi";
+  }
+  return "?";
+}
+
+GetEnv processEnv() {
+  return [](const char *k) -> const char * { return std::getenv(k); };
+}
+
+bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
+                std::string &error) {
+  auto get = [&](const char *k) -> std::string {
+    const char *v = env(k);
+    return v ? std::string(v) : std::string();
+  };
+  auto has = [&](const char *k) { return env(k) != nullptr; };
+
+  std::string addr = !opts.masterAddr.empty() ? opts.masterAddr : get("MASTER_ADDR");
+  std::string portStr = opts.masterPort > 0 ? std::to_string(opts.masterPort)
+                                            : get("MASTER_PORT");
+  const char *rankVar = nullptr, *sizeVar = nullptr, *localVar = nullptr;
+  JoinSource src = JoinSource::None;
+  if (get("HFLOW_LOCAL_CHILD") == "1") {
+    src = JoinSource::LocalChild;
+    rankVar = "RANK", sizeVar = "WORLD_SIZE", localVar = "LOCAL_RANK";
+  } else if (has("RANK") || has("WORLD_SIZE")) {
+    src = JoinSource::Torchrun;
+    rankVar = "RANK", sizeVar = "WORLD_SIZE", localVar = "LOCAL_RANK";
+  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS") &&
+             has("SLURM_STEP_ID") && !addr.empty()) {
+    src = JoinSource::Slurm;
+    rankVar = "SLURM_PROCID", sizeVar = "SLURM_NTASKS", localVar = "SLURM_LOCALID";
+  } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE") &&
+             !addr.empty()) {
+    src = JoinSource::OpenMPI;
+    rankVar = "OMPI_COMM_WORLD_RANK", sizeVar = "OMPI_COMM_WORLD_SIZE";
+    localVar = "OMPI_COMM_WORLD_LOCAL_RANK";
+  }
+  out = JoinInfo();
+  if (src == JoinSource::None)
+    return true;
+
+  const std::string who = std::string(joinSourceName(src)) + " join: ";
+  if (!has(rankVar) || !has(sizeVar)) {
+    error = who + std::string(has(rankVar) ? sizeVar : rankVar) +
+            " is not set (" + rankVar + " and " + sizeVar +
+            " must be set together)";
+    return false;
+  }
+  long rank, size, local = 0, port;
+  if (!parseInt(get(sizeVar), 1, 1 << 20, size)) {
+    error = who + sizeVar + "='" + get(sizeVar) + "' is not a positive integer";
+    return false;
+  }
+  if (!parseInt(get(rankVar), 0, size - 1, rank)) {
+    error = who + rankVar + "='" + get(rankVar) + "' is not a rank in [0, " +
+            std::to_string(size) + ")";
+    return false;
+  }
+  if (localVar && has(localVar) && !parseInt(get(localVar), 0, 1 << 20, local)) {
+    error = who + localVar + "='" + get(localVar) + "' is not a non-negative integer";
+    return false;
+  }
+  if (addr.empty()) {
+    error = who + "MASTER_ADDR is not set (nor --master-addr)";
+    return false;
+  }
+  if (portStr.empty()) {
+    if (src == JoinSource::Torchrun || src == JoinSource::LocalChild) {
+      error = who + "MASTER_PORT is not set (nor --master-port)";
+      return false;
+    }
+    portStr = "29500";
+  }
+  if (!parseInt(portStr, 1, 65535, port)) {
+    error = who + "MASTER_PORT='" + portStr + "' is not a port number (1-65535)";
+    return false;
+  }
+  out.source = src;
+  out.rank = (int)rank;
+  out.worldSize = (int)size;
+  out.localRank = (int)local;
+  out.masterAddr = addr;
+  out.masterPort = (int)port;
+  return true;
+}
+
+// --- ports ---------------------------------------------------------------
+
+static int bindSocket(const std::string &addr, int port, int &boundPort) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 ||
+      !res)
+    return -1;
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = bind(fd, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (rc != 0 || listen(fd, 1) != 0) {
+    close(fd);
+    return -1;
+  }
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  getsockname(fd, (sockaddr *)&sa, &len);
+  boundPort = ntohs(sa.sin_port);
+  return fd;
+}
+
+bool portInUse(const std::string &addr, int port) {
+  int bound = 0;
+  int fd = bindSocket(addr, port, bound);
+  if (fd < 0)
+    return true;
+  close(fd);
+  // TCPStore listens on every address: also check the wildcard.
+  if (addr != "0.0.0.0") {
+    fd = bindSocket("0.0.0.0", port, bound);
+    if (fd < 0)
+      return true;
+    close(fd);
+  }
+  return false;
+}
+
+int pickFreePort(const std::string &addr) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int port = 0;
+    int fd = bindSocket(addr, 0, port);
+    if (fd < 0)
+      return -1;
+    close(fd);
+    if (!portInUse(addr, port))
+      return port;
+  }
+  return -1;
+}
+
+// --- local launch --------------------------------------------------------
+
+static const char *signalName(int sig) {
+  switch (sig) {
+  case SIGKILL: return "SIGKILL";
+  case SIGTERM: return "SIGTERM";
+  case SIGSEGV: return "SIGSEGV";
+  case SIGABRT: return "SIGABRT";
+  case SIGBUS: return "SIGBUS";
+  case SIGFPE: return "SIGFPE";
+  case SIGILL: return "SIGILL";
+  case SIGINT: return "SIGINT";
+  case SIGHUP: return "SIGHUP";
+  case SIGPIPE: return "SIGPIPE";
+  default: return "signal";
+  }
+}
+
+int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
+             const std::vector<std::string> &argv) {
+  // Everything the children need is prepared before fork(): after it only
+  // async-signal-safe calls are made.
+  static const char *const kOwned[] = {
+      "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=",
+      "MASTER_PORT=", "HFLOW_LOCAL_CHILD=", "GROUP_RANK=", "ROLE_RANK="};
+  std::vector<std::string> baseEnv;
+  for (char **e = environ; e && *e; ++e) {
+    bool owned = false;
+    for (const char *k : kOwned)
+      owned |= std::strncmp(*e, k, std::strlen(k)) == 0;
+    if (!owned)
+      baseEnv.push_back(*e);
+  }
+  std::vector<std::vector<std::string>> envs(worldSize);
+  for (int r = 0; r < worldSize; ++r) {
+    envs[r] = baseEnv;
+    envs[r].push_back("RANK=" + std::to_string(r));
+    envs[r].push_back("WORLD_SIZE=" + std::to_string(worldSize));
+    envs[r].push_back("LOCAL_RANK=" + std::to_string(r));
+    envs[r].push_back("LOCAL_WORLD_SIZE=" + std::to_string(worldSize));
+    envs[r].push_back("MASTER_ADDR=" + masterAddr);
+    envs[r].push_back("MASTER_PORT=" + std::to_string(masterPort));
+    envs[r].push_back("HFLOW_LOCAL_CHILD=1");
+  }
+  std::vector<std::vector<char *>> envps(worldSize);
+  for (int r = 0; r < worldSize; ++r) {
+    for (auto &s : envs[r])
+      envps[r].push_back(const_cast<char *>(s.c_str()));
+    envps[r].push_back(nullptr);
+  }
+  std::vector<char *> args;
+  for (auto &s : argv)
+    args.push_back(const_cast<char *>(s.c_str()));
+  args.push_back(nullptr);
+  const char *exe = "/proc/self/exe";
+  static const char kExecFailed[] = "hflow-run: error: cannot execute /proc/self/exe\n";
+
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t parent = getpid();
+  std::vector<pid_t> pids(worldSize, -1);
+  std::vector<bool> running(worldSize, false);
+
+  auto killAll = [&](int sig) {
+    for (int r = 0; r < worldSize; ++r)
+      if (running[r])
+        kill(pids[r], sig);
+  };
+
+  for (int r = 0; r < worldSize; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "hflow-run: error: cannot start worker rank %d: %s\n",
+                   r, std::strerror(errno));
+      killAll(SIGKILL);
+      for (int q = 0; q < r; ++q)
+        waitpid(pids[q], nullptr, 0);
+      return 1;
+    }
+    if (pid == 0) {
+      // Die with the parent; and if it already died, do not run at all.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent)
+        _exit(1);
+      execve(exe, args.data(), envps[r].data());
+      (void)!write(2, kExecFailed, sizeof kExecFailed - 1);
+      _exit(127);
+    }
+    pids[r] = pid;
+    running[r] = true;
+  }
+
+  // Supervise: the first child that fails is reported, the rest are stopped.
+  using Clock = std::chrono::steady_clock;
+  int alive = worldSize;
+  int failedRank = -1;
+  std::string failure;
+  Clock::time_point termSent;
+  bool killed = false;
+  while (alive > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0) {
+      if (errno == EINTR)
+        continue;
+      break; // no children left
+    }
+    if (pid == 0) {
+      if (failedRank >= 0 && !killed && Clock::now() - termSent > std::chrono::seconds(5)) {
+        killAll(SIGKILL);
+        killed = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    int r = -1;
+    for (int q = 0; q < worldSize; ++q)
+      if (pids[q] == pid)
+        r = q;
+    if (r < 0)
+      continue;
+    running[r] = false;
+    --alive;
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failedRank < 0) {
+      failedRank = r;
+      if (WIFEXITED(status))
+        failure = "worker rank " + std::to_string(r) + " exited with code " +
+                  std::to_string(WEXITSTATUS(status));
+      else if (WIFSIGNALED(status))
+        failure = "worker rank " + std::to_string(r) + " was killed by signal " +
+                  std::to_string(WTERMSIG(status)) + " (" +
+                  signalName(WTERMSIG(status)) + ")";
+      else
+        failure = "worker rank " + std::to_string(r) + " stopped abnormally";
+      killAll(SIGTERM);
+      termSent = Clock::now();
+    }
+  }
+  if (failedRank >= 0) {
+    std::fprintf(stderr, "hflow-run: error: %s\n", failure.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+} // namespace hflow::launch

@@ -1,0 +1,92 @@
+//===- Launcher.h - command line, join detection, local process launch ------===//
+//
+// `hflow-run plan.bin` either
+//   - joins a job started by someone else (torchrun, Slurm srun, mpirun: the
+//     rank and world size come from the environment) and runs that one rank,
+//   - or, with no such environment, launches the plan's world size as local
+//     child processes of the same binary (the embedded default), supervises
+//     them and reports the first one that fails.
+// The local children are ordinary joiners: the parent sets RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT and HFLOW_LOCAL_CHILD=1 for them.
+//
+// No LibTorch here: the parent of a local run never touches ATen.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_LAUNCH_LAUNCHER_H
+#define HFLOW_RUNTIME_LAUNCH_LAUNCHER_H
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hflow::launch {
+
+struct Options {
+  std::string planPath;
+  std::string masterAddr; ///< empty: not given on the command line
+  int masterPort = -1;    ///< -1: not given on the command line
+  double timeoutSeconds = 60.0;
+  bool quiet = false;
+  bool verbose = false;
+  std::string comm = "gloo"; ///< "gloo" or "nccl"
+  bool help = false;
+  bool version = false;
+};
+
+/// Parses argv[1..]. Returns false with a one-line `error` for usage errors
+/// (unknown flag, missing or extra plan argument, bad number). --help and
+/// --version set their flag and need no plan argument.
+bool parseArgs(const std::vector<std::string> &args, Options &out,
+               std::string &error);
+
+/// The --help text (every flag and environment variable).
+std::string usage();
+
+/// Where this process's rank comes from.
+enum class JoinSource { None, LocalChild, Torchrun, Slurm, OpenMPI };
+const char *joinSourceName(JoinSource s);
+
+struct JoinInfo {
+  JoinSource source = JoinSource::None;
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  std::string masterAddr;
+  int masterPort = 0;
+};
+
+using GetEnv = std::function<const char *(const char *)>;
+/// The process environment (std::getenv).
+GetEnv processEnv();
+
+/// Detects join mode from the environment:
+///   HFLOW_LOCAL_CHILD=1           a child of a local run (RANK, WORLD_SIZE, ...)
+///   RANK + WORLD_SIZE             torchrun (LOCAL_RANK optional)
+///   SLURM_PROCID + SLURM_NTASKS   srun, when SLURM_STEP_ID is set and a
+///                                 master address is known (LOCAL_RANK from
+///                                 SLURM_LOCALID)
+///   OMPI_COMM_WORLD_RANK + _SIZE  mpirun, when a master address is known
+/// --master-addr/--master-port override MASTER_ADDR/MASTER_PORT. Returns
+/// false with a one-line error when the environment is inconsistent (e.g.
+/// RANK without MASTER_ADDR, RANK >= WORLD_SIZE, non-numeric values);
+/// `out.source` stays None when there is nothing to join (local mode).
+bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
+                std::string &error);
+
+/// True when `port` cannot be bound for listening on `addr` (checked with
+/// SO_REUSEADDR, like c10d's TCPStore server).
+bool portInUse(const std::string &addr, int port);
+/// A port the kernel considers free on `addr` (binds port 0), or -1.
+int pickFreePort(const std::string &addr);
+
+/// Local mode: spawns `worldSize` children running /proc/self/exe with
+/// `argv` (the full original command line) and the rank environment, waits
+/// for them and returns the process exit code: 0 when all exit 0; 1 when one
+/// fails (it is reported on stderr, the others get SIGTERM, then SIGKILL
+/// after 5 s). The port must already be chosen.
+int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
+             const std::vector<std::string> &argv);
+
+} // namespace hflow::launch
+
+#endif // HFLOW_RUNTIME_LAUNCH_LAUNCHER_H

@@ -1,0 +1,240 @@
+//===- Llama.cpp - a Llama-family decoder on ATen ---------------------------===//
+#include "Llama.h"
+
+#include "plan_generated.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+namespace hflow::models {
+
+std::string LlamaConfig::validate() const {
+  auto s = [](int v) { return std::to_string(v); };
+  if (layers <= 0 || hidden <= 0 || heads <= 0 || kvHeads <= 0 || ffn <= 0 ||
+      vocab <= 0)
+    return "model " + name + ": layers, hidden, heads, kv_heads, ffn and vocab "
+           "must all be positive";
+  if (hidden % heads != 0)
+    return "model " + name + ": hidden " + s(hidden) +
+           " is not divisible by heads " + s(heads);
+  if (heads % kvHeads != 0)
+    return "model " + name + ": heads " + s(heads) +
+           " is not divisible by kv_heads " + s(kvHeads);
+  if (headDim() % 2 != 0)
+    return "model " + name + ": head dim " + s(headDim()) +
+           " must be even for RoPE";
+  return "";
+}
+
+int64_t LlamaConfig::paramCount() const {
+  const int64_t H = hidden, V = vocab, F = ffn, hd = headDim();
+  const int64_t perLayer = 2 * H + H * (heads * hd) + 2 * H * (kvHeads * hd) +
+                           (heads * hd) * H + 3 * H * F;
+  return V * H + (int64_t)layers * perLayer + H + H * V;
+}
+
+bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
+                           std::string &error) {
+  LlamaConfig c;
+  c.name = m.name() ? m.name()->str() : "model";
+  std::string arch = m.arch() ? m.arch()->str() : "";
+  if (!arch.empty() && arch != "llama") {
+    error = "model " + c.name + ": architecture '" + arch +
+            "' is not supported by this runtime (only 'llama')";
+    return false;
+  }
+  if (m.dtype() != plan::DType::F32) {
+    error = "model " + c.name + ": dtype " +
+            std::string(plan::EnumNameDType(m.dtype())) +
+            " is not supported by the CPU runtime yet (only F32)";
+    return false;
+  }
+  c.layers = m.layers();
+  c.hidden = m.hidden();
+  c.heads = m.heads();
+  c.kvHeads = m.kv_heads();
+  c.ffn = m.ffn();
+  c.vocab = m.vocab();
+  error = c.validate();
+  if (!error.empty())
+    return false;
+  if (m.params() != 0 && m.params() != c.paramCount()) {
+    error = "model " + c.name + ": the plan says " + std::to_string(m.params()) +
+            " parameters but the runtime's Llama has " +
+            std::to_string(c.paramCount());
+    return false;
+  }
+  out = c;
+  return true;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t modelSeed(int64_t planSeed, int modelIndex) {
+  return splitmix64(splitmix64((uint64_t)planSeed) ^
+                    (0x6d6f64656cULL + (uint64_t)(int64_t)modelIndex));
+}
+
+struct Llama::Weights {
+  struct Layer {
+    at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
+  };
+  at::Tensor embed, finalNorm, head;
+  std::vector<Layer> layers;
+
+  std::vector<at::Tensor> all() const {
+    std::vector<at::Tensor> v{embed};
+    for (auto &l : layers)
+      for (auto *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm,
+                      &l.wGate, &l.wUp, &l.wDown})
+        v.push_back(*t);
+    v.push_back(finalNorm);
+    v.push_back(head);
+    return v;
+  }
+};
+
+Llama::Llama(const LlamaConfig &c, uint64_t seed)
+    : config_(c), w_(std::make_unique<Weights>()) {
+  if (std::string e = c.validate(); !e.empty())
+    throw std::invalid_argument(e);
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  const int64_t H = c.hidden, V = c.vocab, F = c.ffn, hd = c.headDim();
+  auto mat = [&](int64_t rows, int64_t cols) {
+    return at::empty({rows, cols}, opts).normal_(0.0, 0.02, gen);
+  };
+  w_->embed = mat(V, H);
+  for (int i = 0; i < c.layers; ++i) {
+    Weights::Layer l;
+    l.attnNorm = at::ones({H}, opts);
+    l.wq = mat(c.heads * hd, H);
+    l.wk = mat(c.kvHeads * hd, H);
+    l.wv = mat(c.kvHeads * hd, H);
+    l.wo = mat(H, c.heads * hd);
+    l.mlpNorm = at::ones({H}, opts);
+    l.wGate = mat(F, H);
+    l.wUp = mat(F, H);
+    l.wDown = mat(H, F);
+    w_->layers.push_back(std::move(l));
+  }
+  w_->finalNorm = at::ones({H}, opts);
+  w_->head = mat(V, H);
+}
+
+Llama::~Llama() = default;
+
+int64_t Llama::numParameters() const {
+  int64_t n = 0;
+  for (auto &t : w_->all())
+    n += t.numel();
+  return n;
+}
+
+static at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
+  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
+}
+
+static at::Tensor rotateHalf(const at::Tensor &x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor Llama::forward(const at::Tensor &tokens) const {
+  c10::InferenceMode guard;
+  const auto &c = config_;
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument("Llama::forward: tokens must be int64 [B, T]");
+  const int64_t B = tokens.size(0), T = tokens.size(1), hd = c.headDim();
+  if (T == 0)
+    throw std::invalid_argument("Llama::forward: empty sequence");
+  if (tokens.numel() > 0) {
+    int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
+    if (lo < 0 || hi >= c.vocab)
+      throw std::invalid_argument("Llama::forward: token id out of [0, " +
+                                  std::to_string(c.vocab) + ")");
+  }
+  auto fopts = at::TensorOptions().dtype(at::kFloat);
+
+  at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
+
+  // RoPE tables, rotate-half convention: [1, 1, T, hd].
+  at::Tensor invFreq =
+      at::pow(c.ropeTheta, at::arange(0, hd, 2, fopts.dtype(at::kDouble)) / hd)
+          .reciprocal();
+  at::Tensor pos = at::arange(T, fopts.dtype(at::kDouble));
+  at::Tensor freqs = at::outer(pos, invFreq);           // [T, hd/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);         // [T, hd]
+  at::Tensor cos = emb.cos().to(at::kFloat).view({1, 1, T, hd});
+  at::Tensor sin = emb.sin().to(at::kFloat).view({1, 1, T, hd});
+  at::Tensor mask =
+      at::full({T, T}, -std::numeric_limits<float>::infinity(), fopts).triu(1);
+  const double scale = 1.0 / std::sqrt((double)hd);
+  const int64_t rep = c.heads / c.kvHeads;
+
+  for (const auto &l : w_->layers) {
+    at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
+    at::Tensor q = at::linear(h, l.wq).view({B, T, c.heads, hd}).transpose(1, 2);
+    at::Tensor k = at::linear(h, l.wk).view({B, T, c.kvHeads, hd}).transpose(1, 2);
+    at::Tensor v = at::linear(h, l.wv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
+    q = q * cos + rotateHalf(q) * sin;
+    k = k * cos + rotateHalf(k) * sin;
+    if (rep > 1) {
+      k = k.repeat_interleave(rep, 1);
+      v = v.repeat_interleave(rep, 1);
+    }
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale + mask;
+    att = at::softmax(att, -1);
+    at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, c.heads * hd});
+    x = x + at::linear(o, l.wo);
+    h = rmsNorm(x, l.mlpNorm, c.normEps);
+    x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp),
+                       l.wDown);
+  }
+  x = rmsNorm(x, w_->finalNorm, c.normEps);
+  return at::linear(x, w_->head); // [B, T, V]
+}
+
+void Llama::generate(const at::Tensor &prompts, int newTokens,
+                     at::Tensor &tokens, at::Tensor &lastLogits) const {
+  c10::InferenceMode guard;
+  if (newTokens < 0)
+    throw std::invalid_argument("Llama::generate: negative token count");
+  at::Tensor seq = prompts.contiguous();
+  at::Tensor last;
+  for (int i = 0; i < newTokens; ++i) {
+    at::Tensor logits = forward(seq);
+    last = logits.select(1, logits.size(1) - 1); // [B, V]
+    at::Tensor next = last.argmax(-1, /*keepdim=*/true);
+    seq = at::cat({seq, next}, 1);
+  }
+  if (newTokens == 0)
+    last = forward(seq).select(1, seq.size(1) - 1);
+  tokens = seq;
+  lastLogits = last.contiguous();
+}
+
+double Llama::sequenceLogprobSum(const at::Tensor &tokens) const {
+  c10::InferenceMode guard;
+  if (tokens.size(1) < 2)
+    return 0.0;
+  at::Tensor logits = forward(tokens);
+  const int64_t T = tokens.size(1);
+  at::Tensor lp = at::log_softmax(logits.narrow(1, 0, T - 1), -1);
+  at::Tensor next = tokens.narrow(1, 1, T - 1).unsqueeze(-1);
+  return lp.gather(-1, next).to(at::kDouble).sum().item<double>();
+}
+
+} // namespace hflow::models

@@ -1,0 +1,361 @@
+//===- CommTest.cpp - rendezvous and Gloo collectives across processes -----===//
+//
+// c10d needs one process per rank: a multi-rank test re-executes this test
+// binary once per rank (only that test, via --gtest_filter) with
+// HFLOW_COMM_TEST_{RANK,WORLD,PORT} set, and passes when every rank exits 0.
+// A rank's output is shown only when it fails.
+//
+//===----------------------------------------------------------------------===//
+#include "Communicator.h"
+#include "GlooCommunicator.h"
+#include "Launcher.h"
+#include "Rendezvous.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <fstream>
+#include <sstream>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+using namespace hflow::comm;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct RankEnv {
+  int rank = -1, world = 0, port = 0;
+  bool active() const { return rank >= 0; }
+};
+
+RankEnv rankEnv() {
+  RankEnv e;
+  if (const char *r = std::getenv("HFLOW_COMM_TEST_RANK")) {
+    e.rank = std::atoi(r);
+    e.world = std::atoi(std::getenv("HFLOW_COMM_TEST_WORLD"));
+    e.port = std::atoi(std::getenv("HFLOW_COMM_TEST_PORT"));
+  }
+  return e;
+}
+
+std::string currentTestName() {
+  auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string(info->test_suite_name()) + "." + info->name();
+}
+
+/// Runs the current test as `world` processes; returns "" when every rank
+/// passed, else the failing ranks' output.
+std::string runAsRanks(int world, int timeoutSec = 60) {
+  int port = hflow::launch::pickFreePort("127.0.0.1");
+  if (port < 0)
+    return "no free port";
+  std::string filter = "--gtest_filter=" + currentTestName();
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env;
+    // Not the parent's gtest sharding/output settings (lit's GoogleTest
+    // format sets them): each child must run exactly the filtered test.
+    for (char **e = environ; *e; ++e)
+      if (std::string(*e).rfind("GTEST_", 0) != 0)
+        env.push_back(*e);
+    env.push_back("HFLOW_COMM_TEST_RANK=" + std::to_string(r));
+    env.push_back("HFLOW_COMM_TEST_WORLD=" + std::to_string(world));
+    env.push_back("HFLOW_COMM_TEST_PORT=" + std::to_string(port));
+    std::vector<char *> envp;
+    for (auto &s : env)
+      envp.push_back(s.data());
+    envp.push_back(nullptr);
+    char exe[] = "/proc/self/exe";
+    std::vector<char *> argv{exe, filter.data(), nullptr};
+    logs.push_back("/tmp/hflow-commtest-" + std::to_string(getpid()) + "-" +
+                   std::to_string(r) + ".log");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+      return "posix_spawn failed";
+    pids.push_back(pid);
+  }
+  std::string failures;
+  auto deadline = Clock::now() + std::chrono::seconds(timeoutSec);
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    for (;;) {
+      pid_t p = waitpid(pids[r], &status, WNOHANG);
+      if (p == pids[r])
+        break;
+      if (Clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream in(logs[r]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::remove(logs[r].c_str());
+    bool ran = ss.str().find("[  PASSED  ] 1 test") != std::string::npos;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !ran)
+      failures += "--- rank " + std::to_string(r) + " failed:\n" + ss.str();
+  }
+  return failures;
+}
+
+std::unique_ptr<Rendezvous> join(const RankEnv &e, uint64_t hash = 0x1234,
+                                 std::string version = "test",
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  RendezvousOptions o;
+  o.masterAddr = "127.0.0.1";
+  o.masterPort = e.port;
+  o.rank = e.rank;
+  o.worldSize = e.world;
+  o.timeout = timeout;
+  o.planHash = hash;
+  o.version = std::move(version);
+  return Rendezvous::join(o);
+}
+
+GlooOptions gloo(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  GlooOptions g;
+  g.host = "127.0.0.1";
+  g.timeout = timeout;
+  return g;
+}
+
+at::Tensor f32(std::vector<float> v) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kFloat));
+}
+
+} // namespace
+
+TEST(CommBytes, RingConvention) {
+  EXPECT_EQ(allReduceBytes(1000, 1).sent, 0u);
+  EXPECT_EQ(allReduceBytes(1000, 2).sent, 1000u);
+  EXPECT_EQ(allReduceBytes(1000, 4).received, 1500u);
+  EXPECT_EQ(allGatherBytes(8, 4).sent, 24u);
+  EXPECT_EQ(broadcastBytes(100, 4, true).sent, 100u);
+  EXPECT_EQ(broadcastBytes(100, 4, true).received, 0u);
+  EXPECT_EQ(broadcastBytes(100, 4, false).received, 100u);
+}
+
+TEST(CommErrors, OneLine) {
+  EXPECT_EQ(oneLine("[/x/gloo/pair.cc:589] Connection closed by peer [1.2.3.4]:5"),
+            "Connection closed by peer [1.2.3.4]:5");
+  EXPECT_EQ(oneLine("boom\nException raised from foo at bar.cpp:1\nframe #0"), "boom");
+}
+
+TEST(Comm, Collectives) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(3);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  auto rv = join(e);
+  auto world = GlooCommunicator::createWorld(*rv, gloo());
+  ASSERT_EQ(world->size(), 3);
+  ASSERT_EQ(world->rank(), e.rank);
+
+  at::Tensor t = at::full({4}, (float)(e.rank + 1));
+  world->allReduceSum(t);
+  EXPECT_TRUE(at::equal(t, at::full({4}, 6.0f)));
+  EXPECT_EQ(world->bytesSent(), 2u * 2 * 16 / 3); // ring: 2 (p-1) N / p
+  EXPECT_EQ(world->bytesReceived(), 2u * 2 * 16 / 3);
+
+  std::vector<at::Tensor> parts;
+  world->allGather(f32({(float)e.rank, 10.0f * e.rank}), parts);
+  ASSERT_EQ(parts.size(), 3u);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(at::equal(parts[r], f32({(float)r, 10.0f * r})));
+  at::Tensor flat = world->allGatherFlat(at::full({2}, (double)e.rank, at::kDouble));
+  EXPECT_EQ(flat.size(0), 3);
+  EXPECT_EQ(flat[2][1].item<double>(), 2.0);
+
+  at::Tensor b = e.rank == 1 ? f32({7, 8, 9}) : at::zeros({3});
+  uint64_t before = world->bytesSent();
+  world->broadcast(b, 1);
+  EXPECT_TRUE(at::equal(b, f32({7, 8, 9})));
+  EXPECT_EQ(world->bytesSent() - before, e.rank == 1 ? 12u : 0u);
+
+  // A ring of point-to-point messages.
+  at::Tensor out = at::full({5}, (float)e.rank), in = at::empty({5});
+  int next = (e.rank + 1) % 3, prev = (e.rank + 2) % 3;
+  if (e.rank % 2 == 0) {
+    world->send(out, next);
+    world->recv(in, prev);
+  } else {
+    world->recv(in, prev);
+    world->send(out, next);
+  }
+  EXPECT_TRUE(at::equal(in, at::full({5}, (float)prev)));
+  world->barrier();
+  EXPECT_EQ(world->stats().ops, 7u); // allGatherFlat is one allGather
+}
+
+TEST(Comm, Subgroups) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(3);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  auto rv = join(e);
+  auto world = GlooCommunicator::createWorld(*rv, gloo());
+  // {0, 2} and {1, 2}: rank 2 is in both, created in the same order.
+  std::unique_ptr<Communicator> a, b;
+  if (e.rank == 0 || e.rank == 2)
+    a = world->makeSubgroup("a", {0, 2});
+  if (e.rank == 1 || e.rank == 2)
+    b = world->makeSubgroup("b", {1, 2});
+  if (a) {
+    EXPECT_EQ(a->size(), 2);
+    EXPECT_EQ(a->rank(), e.rank == 0 ? 0 : 1);
+    EXPECT_EQ(a->globalRanks(), (std::vector<int>{0, 2}));
+    at::Tensor t = at::full({2}, (float)(e.rank + 1));
+    a->allReduceSum(t);
+    EXPECT_TRUE(at::equal(t, at::full({2}, 4.0f))); // 1 + 3
+    EXPECT_EQ(a->bytesSent(), 8u);                   // 2 (p-1) N / p = N
+  }
+  if (b) {
+    at::Tensor t = at::full({1}, (float)(e.rank * 10));
+    b->allReduceSum(t);
+    EXPECT_EQ(t.item<float>(), 30.0f); // 10 + 20
+  }
+  EXPECT_EQ(world->bytesSent(), 0u); // sub-group traffic is counted there
+  world->barrier();
+}
+
+TEST(Rendezvous, PlanMismatchFailsEveryRank) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(2);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  try {
+    join(e, e.rank == 1 ? 0xbad : 0x1234);
+    FAIL() << "the rendezvous accepted two different plans";
+  } catch (const RendezvousError &err) {
+    EXPECT_EQ(err.kind(), RendezvousError::Kind::Mismatch);
+    std::string m = err.what();
+    EXPECT_NE(m.find("rank 1 has plan 0x0000000000000bad but rank 0 has "
+                     "0x0000000000001234"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.rfind("rendezvous at 127.0.0.1:", 0), 0u) << m;
+  }
+}
+
+TEST(Rendezvous, VersionMismatch) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(2);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  try {
+    join(e, 0x1, e.rank == 1 ? "9.9.9" : "0.1.0");
+    FAIL();
+  } catch (const RendezvousError &err) {
+    EXPECT_NE(std::string(err.what()).find("rank 1 runs hflow 9.9.9 but rank 0 "
+                                           "runs hflow 0.1.0"),
+              std::string::npos)
+        << err.what();
+  }
+}
+
+TEST(Rendezvous, MissingRankTimesOut) {
+  RankEnv e;
+  e.rank = 0;
+  e.world = 3;
+  e.port = hflow::launch::pickFreePort("127.0.0.1");
+  auto t0 = Clock::now();
+  try {
+    join(e, 1, "v", std::chrono::milliseconds(1000));
+    FAIL();
+  } catch (const RendezvousError &err) {
+    EXPECT_EQ(err.kind(), RendezvousError::Kind::Incomplete);
+    EXPECT_EQ(std::string(err.what()),
+              "rendezvous at 127.0.0.1:" + std::to_string(e.port) +
+                  ": only 1 of 3 ranks joined within 1 s (missing: 1, 2)");
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4));
+}
+
+TEST(Rendezvous, UnreachableMaster) {
+  RankEnv e;
+  e.rank = 1;
+  e.world = 2;
+  e.port = hflow::launch::pickFreePort("127.0.0.1");
+  auto t0 = Clock::now();
+  try {
+    join(e, 1, "v", std::chrono::milliseconds(1500));
+    FAIL();
+  } catch (const RendezvousError &err) {
+    EXPECT_EQ(err.kind(), RendezvousError::Kind::Unreachable) << err.what();
+    EXPECT_NE(std::string(err.what()).find("could not reach the master (rank 0) "
+                                           "within 1.5 s"),
+              std::string::npos)
+        << err.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(Rendezvous, PortInUse) {
+  RankEnv e;
+  e.rank = 0;
+  e.world = 1;
+  e.port = hflow::launch::pickFreePort("127.0.0.1");
+  auto first = join(e); // hosts the store on the port
+  try {
+    join(e);
+    FAIL();
+  } catch (const RendezvousError &err) {
+    EXPECT_EQ(err.kind(), RendezvousError::Kind::PortInUse) << err.what();
+    EXPECT_NE(std::string(err.what()).find("is in use"), std::string::npos);
+  }
+}
+
+TEST(Comm, CollectiveTimeout) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(2);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  auto rv = join(e);
+  auto world = GlooCommunicator::createWorld(*rv, gloo(std::chrono::milliseconds(1000)));
+  world->barrier();
+  if (e.rank == 1) {
+    // Never joins the all-reduce; stays alive until rank 0 has timed out.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    return;
+  }
+  auto t0 = Clock::now();
+  at::Tensor t = at::ones({1});
+  try {
+    world->allReduceSum(t);
+    FAIL() << "an all-reduce without its peer returned";
+  } catch (const CommError &err) {
+    std::string m = err.what();
+    EXPECT_EQ(m.rfind("world allReduceSum: ", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5)); // 1 s + load slack
+}

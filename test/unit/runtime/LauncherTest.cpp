@@ -1,0 +1,209 @@
+//===- LauncherTest.cpp - command line and join-environment parsing --------===//
+#include "Launcher.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+using namespace hflow::launch;
+
+namespace {
+
+bool parse(std::vector<std::string> args, Options &o, std::string &err) {
+  o = Options();
+  err.clear();
+  return parseArgs(args, o, err);
+}
+
+GetEnv envOf(std::map<std::string, std::string> m) {
+  auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(m));
+  return [shared](const char *k) -> const char * {
+    auto it = shared->find(k);
+    return it == shared->end() ? nullptr : it->second.c_str();
+  };
+}
+
+} // namespace
+
+TEST(LauncherArgs, PlanAndFlags) {
+  Options o;
+  std::string err;
+  ASSERT_TRUE(parse({"plan.bin"}, o, err)) << err;
+  EXPECT_EQ(o.planPath, "plan.bin");
+  EXPECT_EQ(o.masterPort, -1);
+  EXPECT_DOUBLE_EQ(o.timeoutSeconds, 60);
+  ASSERT_TRUE(parse({"--master-port", "29501", "--timeout=2.5", "--quiet",
+                     "--master-addr=10.0.0.1", "--comm", "gloo", "p.bin"},
+                    o, err))
+      << err;
+  EXPECT_EQ(o.masterPort, 29501);
+  EXPECT_DOUBLE_EQ(o.timeoutSeconds, 2.5);
+  EXPECT_TRUE(o.quiet);
+  EXPECT_EQ(o.masterAddr, "10.0.0.1");
+  EXPECT_EQ(o.planPath, "p.bin");
+  ASSERT_TRUE(parse({"--verbose", "--", "-odd-name.bin"}, o, err)) << err;
+  EXPECT_EQ(o.planPath, "-odd-name.bin");
+  EXPECT_TRUE(o.verbose);
+}
+
+TEST(LauncherArgs, HelpAndVersionNeedNoPlan) {
+  Options o;
+  std::string err;
+  ASSERT_TRUE(parse({"--help"}, o, err));
+  EXPECT_TRUE(o.help);
+  ASSERT_TRUE(parse({"-h"}, o, err));
+  EXPECT_TRUE(o.help);
+  ASSERT_TRUE(parse({"--version"}, o, err));
+  EXPECT_TRUE(o.version);
+  std::string u = usage();
+  for (const char *flag : {"--master-addr", "--master-port", "--timeout", "--quiet",
+                           "--verbose", "--version", "--help", "--comm", "RANK",
+                           "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                           "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "HFLOW_GLOO_HOST"})
+    EXPECT_NE(u.find(flag), std::string::npos) << flag;
+}
+
+TEST(LauncherArgs, UsageErrors) {
+  Options o;
+  std::string err;
+  EXPECT_FALSE(parse({}, o, err));
+  EXPECT_NE(err.find("missing the plan"), std::string::npos) << err;
+  EXPECT_FALSE(parse({"--frobnicate", "p.bin"}, o, err));
+  EXPECT_NE(err.find("unknown option '--frobnicate'"), std::string::npos) << err;
+  EXPECT_FALSE(parse({"a.bin", "b.bin"}, o, err));
+  EXPECT_FALSE(parse({"--master-port", "70000", "p.bin"}, o, err));
+  EXPECT_NE(err.find("not a port"), std::string::npos) << err;
+  EXPECT_FALSE(parse({"--master-port", "x", "p.bin"}, o, err));
+  EXPECT_FALSE(parse({"--timeout", "0", "p.bin"}, o, err));
+  EXPECT_FALSE(parse({"--timeout", "-3", "p.bin"}, o, err));
+  EXPECT_FALSE(parse({"p.bin", "--timeout"}, o, err));
+  EXPECT_NE(err.find("needs a value"), std::string::npos) << err;
+  EXPECT_FALSE(parse({"--comm", "mpi", "p.bin"}, o, err));
+  EXPECT_FALSE(parse({"--quiet=1", "p.bin"}, o, err));
+}
+
+TEST(LauncherJoin, LocalWhenNothingSet) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  ASSERT_TRUE(detectJoin(envOf({}), o, j, err)) << err;
+  EXPECT_EQ(j.source, JoinSource::None);
+  // A bare MASTER_ADDR or a Slurm batch step (no SLURM_STEP_ID) stays local.
+  ASSERT_TRUE(detectJoin(envOf({{"MASTER_ADDR", "h"}, {"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "4"}}),
+                         o, j, err));
+  EXPECT_EQ(j.source, JoinSource::None);
+  // Open MPI without a master address stays local.
+  ASSERT_TRUE(detectJoin(envOf({{"OMPI_COMM_WORLD_RANK", "1"},
+                                {"OMPI_COMM_WORLD_SIZE", "2"}}),
+                         o, j, err));
+  EXPECT_EQ(j.source, JoinSource::None);
+}
+
+TEST(LauncherJoin, Torchrun) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  ASSERT_TRUE(detectJoin(envOf({{"RANK", "3"}, {"WORLD_SIZE", "4"},
+                                {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
+                                {"MASTER_PORT", "29511"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.source, JoinSource::Torchrun);
+  EXPECT_EQ(j.rank, 3);
+  EXPECT_EQ(j.worldSize, 4);
+  EXPECT_EQ(j.localRank, 1);
+  EXPECT_EQ(j.masterAddr, "10.1.2.3");
+  EXPECT_EQ(j.masterPort, 29511);
+  // Flags take precedence over the environment.
+  o.masterAddr = "127.0.0.1";
+  o.masterPort = 1234;
+  ASSERT_TRUE(detectJoin(envOf({{"RANK", "0"}, {"WORLD_SIZE", "1"},
+                                {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}),
+                         o, j, err));
+  EXPECT_EQ(j.masterAddr, "127.0.0.1");
+  EXPECT_EQ(j.masterPort, 1234);
+}
+
+TEST(LauncherJoin, TorchrunErrors) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "0"}}), o, j, err));
+  EXPECT_NE(err.find("WORLD_SIZE is not set"), std::string::npos) << err;
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "2"}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
+                          o, j, err));
+  EXPECT_NE(err.find("RANK='2' is not a rank in [0, 2)"), std::string::npos) << err;
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "0"}, {"WORLD_SIZE", "two"}}), o, j, err));
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_PORT", "1"}}),
+                          o, j, err));
+  EXPECT_NE(err.find("MASTER_ADDR is not set"), std::string::npos) << err;
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "h"}}),
+                          o, j, err));
+  EXPECT_NE(err.find("MASTER_PORT is not set"), std::string::npos) << err;
+  EXPECT_FALSE(detectJoin(envOf({{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}}),
+                          o, j, err));
+}
+
+TEST(LauncherJoin, SlurmAndOpenMPI) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  ASSERT_TRUE(detectJoin(envOf({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                {"SLURM_LOCALID", "1"}, {"SLURM_STEP_ID", "0"},
+                                {"MASTER_ADDR", "node0"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.source, JoinSource::Slurm);
+  EXPECT_EQ(j.rank, 5);
+  EXPECT_EQ(j.worldSize, 8);
+  EXPECT_EQ(j.localRank, 1);
+  EXPECT_EQ(j.masterPort, 29500);
+  o.masterAddr = "node1";
+  ASSERT_TRUE(detectJoin(envOf({{"OMPI_COMM_WORLD_RANK", "1"},
+                                {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                {"MASTER_PORT", "4000"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.source, JoinSource::OpenMPI);
+  EXPECT_EQ(j.rank, 1);
+  EXPECT_EQ(j.masterAddr, "node1");
+  EXPECT_EQ(j.masterPort, 4000);
+}
+
+TEST(LauncherJoin, LocalChild) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  ASSERT_TRUE(detectJoin(envOf({{"HFLOW_LOCAL_CHILD", "1"}, {"RANK", "1"},
+                                {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
+                                {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "5"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.source, JoinSource::LocalChild);
+  EXPECT_EQ(j.rank, 1);
+}
+
+TEST(LauncherPorts, InUseAndFree) {
+  int port = pickFreePort("127.0.0.1");
+  ASSERT_GT(port, 0);
+  EXPECT_FALSE(portInUse("127.0.0.1", port));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = htons((uint16_t)port);
+  ASSERT_EQ(bind(fd, (sockaddr *)&sa, sizeof sa), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  EXPECT_TRUE(portInUse("127.0.0.1", port));
+  close(fd);
+  EXPECT_FALSE(portInUse("127.0.0.1", port));
+}

@@ -1,0 +1,124 @@
+//===- hflow-run - run a compiled hflow plan ------------------------------===//
+//
+// Local mode (no launcher environment): verify the plan, choose the master
+// port, start the plan's world size as child processes of this binary and
+// supervise them. Join mode (torchrun/srun/mpirun environment, or a local
+// child): run one rank. Exit status: 0 success, 2 usage or invalid plan,
+// 1 runtime failure.
+//
+//===----------------------------------------------------------------------===//
+#include "Launcher.h"
+#include "PlanFormat.h"
+#include "PlanLoader.h"
+#include "Worker.h"
+
+#ifdef HFLOW_HAVE_NCCL
+#include "NcclCommunicator.h"
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#ifndef HFLOW_VERSION
+#define HFLOW_VERSION "unknown"
+#endif
+
+namespace {
+
+int error(int code, const std::string &msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "hflow-run: error: %s\n", msg.c_str());
+  return code;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  using namespace hflow;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  launch::Options o;
+  std::string err;
+  if (!launch::parseArgs(args, o, err))
+    return error(2, err + " (see 'hflow-run --help')");
+  if (o.help) {
+    std::fputs(launch::usage().c_str(), stdout);
+    return 0;
+  }
+  if (o.version) {
+    std::printf("hflow-run %s (plan format %u.%u", HFLOW_VERSION,
+                plan::kFormatMajor, plan::kFormatMinor);
+#ifdef HFLOW_HAVE_NCCL
+    std::printf("; gloo; %s", comm::NcclCommunicator::versionString().c_str());
+#else
+    std::printf("; gloo");
+#endif
+    std::printf(")\n");
+    return 0;
+  }
+
+  plan::LoadedPlan lp;
+  if (!plan::loadPlanFile(o.planPath, lp, err))
+    return error(2, err);
+  const int world = lp.plan()->world_size();
+
+  launch::JoinInfo join;
+  if (!launch::detectJoin(launch::processEnv(), o, join, err))
+    return error(2, err);
+
+  if (o.comm == "nccl") {
+#ifdef HFLOW_HAVE_NCCL
+    if (comm::NcclCommunicator::deviceCount() == 0)
+      return error(1, "--comm=nccl: no CUDA device (cudaGetDeviceCount returned 0)");
+    return error(1, "--comm=nccl: executing plans on GPUs needs a CUDA build "
+                    "of LibTorch; this runtime's models are CPU-only");
+#else
+    return error(2, "--comm=nccl: this hflow-run was built without CUDA/NCCL");
+#endif
+  }
+
+  auto timeout = std::chrono::milliseconds(
+      (long long)std::llround(o.timeoutSeconds * 1000.0));
+
+  if (join.source != launch::JoinSource::None) {
+    if (join.worldSize != world)
+      return error(2, std::string(launch::joinSourceName(join.source)) +
+                          " join: WORLD_SIZE is " +
+                          std::to_string(join.worldSize) + " but plan " +
+                          o.planPath + " needs a world size of " +
+                          std::to_string(world));
+    exec::WorkerOptions wo;
+    wo.rank = join.rank;
+    wo.worldSize = join.worldSize;
+    wo.localRank = join.localRank;
+    wo.masterAddr = join.masterAddr;
+    wo.masterPort = join.masterPort;
+    wo.timeout = timeout;
+    wo.comm = o.comm;
+    wo.quiet = o.quiet;
+    wo.verbose = o.verbose;
+    wo.localChild = join.source == launch::JoinSource::LocalChild;
+    wo.version = HFLOW_VERSION;
+    return exec::runWorker(lp, wo);
+  }
+
+  // Local mode.
+  const std::string addr = o.masterAddr.empty() ? "127.0.0.1" : o.masterAddr;
+  int port = o.masterPort;
+  if (port > 0) {
+    if (launch::portInUse(addr, port))
+      return error(1, "--master-port " + std::to_string(port) + " is in use on " +
+                          addr + " (choose another or omit it)");
+  } else {
+    port = launch::pickFreePort(addr);
+    if (port < 0)
+      return error(1, "cannot find a free port on " + addr +
+                          " for the rendezvous (is the address local?)");
+  }
+  std::vector<std::string> childArgv;
+  childArgv.push_back(argv[0]);
+  childArgv.insert(childArgv.end(), args.begin(), args.end());
+  return launch::runLocal(world, addr, port, childArgv);
+}
