@@ -5,7 +5,10 @@ import os
 def configure(config, lit):
     tools = config.hflow_tools_dir
     llvm = config.llvm_tools_dir
-    for name in ("hflowc", "hflow-opt", "hflow-run", "hflow-testplan"):
+    # Longest first: lit substitutes in order, and %hflow-run is a prefix of
+    # %hflow-run-asan.
+    for name in ("hflow-run-asan", "hflow-testplan", "hflow-opt", "hflow-run",
+                 "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))
     config.substitutions.append(("%examples",
                                  os.path.join(config.hflow_src_root, "examples")))
