@@ -104,8 +104,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     modelIndex[m] = models.size();
     models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
-        m.getLayers(), m.getHidden(), m.getHeads(), m.getKvHeads(), m.getFfn(),
-        m.getVocab(), dtypeOf(m.getDtype()), m.computeParamCount()));
+        m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
+        m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount()));
   }
 
   // Roles and one communicator group per role.
@@ -214,7 +214,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
 
   auto meshOff = fb::CreateMesh(b, b.CreateString(mesh.getSymName().str()),
                                 b.CreateString(mesh.getDevice().str()),
-                                mesh.getNodes(), mesh.getPerNode());
+                                mesh.getNodesAttr().getInt(), mesh.getPerNodeAttr().getInt());
   auto planOff = fb::CreatePlan(
       b, b.CreateString(fileAttr ? fileAttr.str() : std::string("<mlir>")),
       b.CreateVector(sha), b.CreateString(options.compilerVersion),

@@ -28,29 +28,29 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
       auto mesh = symbols.lookup<MeshOp>(p.getMesh());
       if (!mesh)
         continue; // reported by the op's symbol verifier
-      if (p.getEnd() > mesh.getSize()) {
-        p.emitError() << "device range [" << p.getStart() << ":" << p.getEnd()
+      if (p.getEndAttr().getInt() > mesh.getSize()) {
+        p.emitError() << "device range [" << p.getStartAttr().getInt() << ":" << p.getEndAttr().getInt()
                       << "] is outside mesh '" << mesh.getSymName() << "', which has "
-                      << mesh.getSize() << " devices (" << mesh.getNodes()
-                      << " x " << mesh.getPerNode() << ")";
+                      << mesh.getSize() << " devices (" << mesh.getNodesAttr().getInt()
+                      << " x " << mesh.getPerNodeAttr().getInt() << ")";
         hadError = true;
         continue;
       }
       for (size_t j = 0; j < i; ++j) {
         PlaceOp q = places[j];
-        if (q.getMesh() == p.getMesh() && p.getStart() < q.getEnd() &&
-            q.getStart() < p.getEnd()) {
+        if (q.getMesh() == p.getMesh() && p.getStartAttr().getInt() < q.getEndAttr().getInt() &&
+            q.getStartAttr().getInt() < p.getEndAttr().getInt()) {
           InFlightDiagnostic d =
-              p.emitError() << "device range [" << p.getStart() << ":"
-                            << p.getEnd() << "] overlaps [" << q.getStart() << ":"
-                            << q.getEnd() << "]; to colocate roles, list them in "
+              p.emitError() << "device range [" << p.getStartAttr().getInt() << ":"
+                            << p.getEndAttr().getInt() << "] overlaps [" << q.getStartAttr().getInt() << ":"
+                            << q.getEndAttr().getInt() << "]; to colocate roles, list them in "
                             << "one place";
           d.attachNote(q.getLoc()) << "the other range is placed here";
           hadError = true;
         }
       }
       SmallVector<int64_t> ranks;
-      for (int64_t r = p.getStart(); r < p.getEnd(); ++r)
+      for (int64_t r = p.getStartAttr().getInt(); r < p.getEndAttr().getInt(); ++r)
         ranks.push_back(r);
       for (Attribute a : p.getRoles()) {
         auto role = symbols.lookup<RoleOp>(cast<SymbolRefAttr>(a).getLeafReference());
@@ -110,20 +110,20 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
         ok = false;
       }
       if (model) {
-        if (model.getHeads() % l.getTp() != 0 || model.getKvHeads() % l.getTp() != 0) {
+        if (model.getHeadsAttr().getInt() % l.getTp() != 0 || model.getKvHeadsAttr().getInt() % l.getTp() != 0) {
           InFlightDiagnostic d = role.emitError()
                                  << "the " << phase << " layout's tp = " << l.getTp()
                                  << " does not divide the model's heads ("
-                                 << model.getHeads() << ") and kv_heads ("
-                                 << model.getKvHeads() << ")";
+                                 << model.getHeadsAttr().getInt() << ") and kv_heads ("
+                                 << model.getKvHeadsAttr().getInt() << ")";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }
-        if (model.getLayers() % l.getPp() != 0) {
+        if (model.getLayersAttr().getInt() % l.getPp() != 0) {
           InFlightDiagnostic d = role.emitError()
                                  << "the " << phase << " layout's pp = " << l.getPp()
                                  << " does not divide the model's "
-                                 << model.getLayers() << " layers";
+                                 << model.getLayersAttr().getInt() << " layers";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }

@@ -23,14 +23,14 @@ static_assert(int(BatchKind::Advantages) ==
 //===----------------------------------------------------------------------===//
 
 LogicalResult MeshOp::verify() {
-  if (getNodes() < 1 || getPerNode() < 1)
+  if (getNodesAttr().getInt() < 1 || getPerNodeAttr().getInt() < 1)
     return emitOpError() << "needs at least one node and one device per node, "
                             "got "
-                         << getNodes() << " x " << getPerNode();
-  if (getNodes() > ::hflow::limits::kMaxDevices ||
-      getPerNode() > ::hflow::limits::kMaxDevices ||
-      getNodes() * getPerNode() > ::hflow::limits::kMaxDevices)
-    return emitOpError() << "a mesh of " << getNodes() << " x " << getPerNode()
+                         << getNodesAttr().getInt() << " x " << getPerNodeAttr().getInt();
+  if (getNodesAttr().getInt() > ::hflow::limits::kMaxDevices ||
+      getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices ||
+      getNodesAttr().getInt() * getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices)
+    return emitOpError() << "a mesh of " << getNodesAttr().getInt() << " x " << getPerNodeAttr().getInt()
                          << " devices is larger than hflow supports ("
                          << ::hflow::limits::kMaxDevices << ")";
   return success();
@@ -41,50 +41,50 @@ LogicalResult MeshOp::verify() {
 //===----------------------------------------------------------------------===//
 
 int64_t ModelOp::computeParamCount() {
-  int64_t h = getHidden(), v = getVocab(), f = getFfn();
-  int64_t headDim = h / getHeads();
-  int64_t kv = getKvHeads() * headDim;
+  int64_t h = getHiddenAttr().getInt(), v = getVocabAttr().getInt(), f = getFfnAttr().getInt();
+  int64_t headDim = h / getHeadsAttr().getInt();
+  int64_t kv = getKvHeadsAttr().getInt() * headDim;
   int64_t perLayer = 2 * h          // attention and MLP RMSNorm weights
                      + h * h        // Q
                      + 2 * h * kv   // K and V
                      + h * h        // O
                      + 3 * h * f;   // SwiGLU gate, up, down
   return v * h                      // token embedding
-         + getLayers() * perLayer + h // final RMSNorm
+         + getLayersAttr().getInt() * perLayer + h // final RMSNorm
          + h * v;                   // LM head (untied)
 }
 
 LogicalResult ModelOp::verify() {
   for (auto [name, value] :
-       {std::pair<StringRef, int64_t>{"layers", getLayers()},
-        {"hidden", getHidden()},
-        {"heads", getHeads()},
-        {"kv_heads", getKvHeads()},
-        {"ffn", getFfn()},
-        {"vocab", getVocab()}})
+       {std::pair<StringRef, int64_t>{"layers", getLayersAttr().getInt()},
+        {"hidden", getHiddenAttr().getInt()},
+        {"heads", getHeadsAttr().getInt()},
+        {"kv_heads", getKvHeadsAttr().getInt()},
+        {"ffn", getFfnAttr().getInt()},
+        {"vocab", getVocabAttr().getInt()}})
     if (value < 1)
       return emitOpError() << name << " must be positive, got " << value;
   for (auto [name, value, max] :
-       {std::tuple<StringRef, int64_t, int64_t>{"layers", getLayers(),
+       {std::tuple<StringRef, int64_t, int64_t>{"layers", getLayersAttr().getInt(),
                                                 ::hflow::limits::kMaxLayers},
-        {"hidden", getHidden(), ::hflow::limits::kMaxHidden},
-        {"ffn", getFfn(), ::hflow::limits::kMaxFfn},
-        {"vocab", getVocab(), ::hflow::limits::kMaxVocab}})
+        {"hidden", getHiddenAttr().getInt(), ::hflow::limits::kMaxHidden},
+        {"ffn", getFfnAttr().getInt(), ::hflow::limits::kMaxFfn},
+        {"vocab", getVocabAttr().getInt(), ::hflow::limits::kMaxVocab}})
     if (value > max)
       return emitOpError() << name << " = " << value
                            << " is larger than the supported maximum " << max;
-  if (getHidden() % getHeads() != 0)
-    return emitOpError() << "hidden (" << getHidden()
-                         << ") is not divisible by heads (" << getHeads() << ")";
-  if (getHeads() % getKvHeads() != 0)
-    return emitOpError() << "heads (" << getHeads()
-                         << ") is not divisible by kv_heads (" << getKvHeads()
+  if (getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
+    return emitOpError() << "hidden (" << getHiddenAttr().getInt()
+                         << ") is not divisible by heads (" << getHeadsAttr().getInt() << ")";
+  if (getHeadsAttr().getInt() % getKvHeadsAttr().getInt() != 0)
+    return emitOpError() << "heads (" << getHeadsAttr().getInt()
+                         << ") is not divisible by kv_heads (" << getKvHeadsAttr().getInt()
                          << ")";
   Type t = getDtype();
   if (!t.isF32() && !t.isBF16() && !t.isF16())
     return emitOpError() << "dtype must be f32, bf16 or f16, got " << t;
-  if (auto p = getParams(); p && *p != computeParamCount())
-    return emitOpError() << "params = " << *p << " but the dimensions give "
+  if (auto p = getParamsAttr(); p && p.getInt() != computeParamCount())
+    return emitOpError() << "params = " << p.getInt() << " but the dimensions give "
                          << computeParamCount();
   return success();
 }
@@ -129,9 +129,9 @@ LogicalResult RoleOp::verifySymbolUses(SymbolTableCollection &symbols) {
 LogicalResult PlaceOp::verify() {
   if (getRoles().empty())
     return emitOpError() << "places no role";
-  if (getStart() < 0 || getStart() >= getEnd())
+  if (getStartAttr().getInt() < 0 || getStartAttr().getInt() >= getEndAttr().getInt())
     return emitOpError() << "has an empty or negative device range ["
-                         << getStart() << " : " << getEnd() << "]";
+                         << getStartAttr().getInt() << " : " << getEndAttr().getInt() << "]";
   llvm::StringSet<> seen;
   for (Attribute a : getRoles())
     if (!seen.insert(cast<SymbolRefAttr>(a).getLeafReference()).second)

@@ -21,7 +21,7 @@ def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
   let assemblyFormat = "$sym_name $device `[` $nodes `x` $per_node `]` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
-    int64_t getSize() { return getNodes() * getPerNode(); }
+    int64_t getSize() { return getNodesAttr().getInt() * getPerNodeAttr().getInt(); }
   }];
 }
 

@@ -84,3 +84,26 @@ hflow.flow @f {
 hflow.flow @f {
 ^bb0(%r: !hflow.batch<rollout>):
 }
+
+// -----
+
+// Negative sizes are read as signed, not wrapped to huge unsigned values.
+// expected-error @+1 {{needs at least one node and one device per node, got -1 x 8}}
+hflow.mesh @m "cpu" [-1 x 8]
+
+// -----
+
+// expected-error @+1 {{layers must be positive, got -2}}
+hflow.model @m "llama" <layers = -2, hidden = 8, heads = 2, kv_heads = 2, ffn = 8, vocab = 16, dtype = f32>
+
+// -----
+
+hflow.mesh @m "cpu" [1 x 2]
+hflow.role @a reward_fn "r" train <dp = 1, tp = 1, pp = 1> generate <dp = 1, tp = 1, pp = 1>
+// expected-error @+1 {{has an empty or negative device range [-2 : 2]}}
+hflow.place [@a] on @m[-2 : 2]
+
+// -----
+
+// expected-error @+1 {{a mesh of 2000000 x 1 devices is larger than hflow supports (1048576)}}
+hflow.mesh @m "cpu" [2000000 x 1]
