@@ -12,14 +12,8 @@
 namespace hflow::plan {
 
 const char *roleKindName(RoleKind k) {
-  switch (k) {
-  case RoleKind::Actor: return "Actor";
-  case RoleKind::Critic: return "Critic";
-  case RoleKind::Reference: return "Reference";
-  case RoleKind::RewardModel: return "RewardModel";
-  case RoleKind::RewardFn: return "RewardFn";
-  }
-  return "?";
+  const char *name = EnumNameRoleKind(k); // flatc's table of the schema's names
+  return *name ? name : "?";
 }
 
 const char *batchKindName(BatchKind k) {
