@@ -18,7 +18,7 @@ def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$device,
                        I64Attr:$nodes, I64Attr:$per_node);
-  let assemblyFormat = "$sym_name $device `[` $nodes `x` $per_node `]` attr-dict";
+  let assemblyFormat = "$sym_name $device ` ` `[` $nodes `x` $per_node `]` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     int64_t getSize() { return getNodesAttr().getInt() * getPerNodeAttr().getInt(); }
@@ -41,7 +41,7 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
                        I64Attr:$kv_heads, I64Attr:$ffn, I64Attr:$vocab,
                        TypeAttr:$dtype, OptionalAttr<I64Attr>:$params);
   let assemblyFormat = [{
-    $sym_name $arch `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
+    $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`
     `vocab` `=` $vocab `,` `dtype` `=` $dtype `>` attr-dict
   }];
@@ -70,7 +70,7 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
                        Hflow_LayoutAttr:$train, Hflow_LayoutAttr:$generate,
                        OptionalAttr<DenseI64ArrayAttr>:$ranks);
   let assemblyFormat = [{
-    $sym_name $kind (`(` $model^ `)`)? ($rule^)? `train` $train
+    $sym_name `` $kind (`(` $model^ `)`)? ($rule^)? `train` $train
     `generate` $generate attr-dict
   }];
   let hasVerifier = 1;

@@ -1,9 +1,9 @@
 // Printing and re-parsing hflow IR gives the same IR.
 // RUN: hflow-opt %s | hflow-opt | FileCheck %s
 
-// CHECK: hflow.mesh @gpus "a100_80g"[4 x 8]
+// CHECK: hflow.mesh @gpus "a100_80g" [4 x 8]
 hflow.mesh @gpus "a100_80g" [4 x 8]
-// CHECK: hflow.model @llama7b "llama"<layers = 32, hidden = 4096, heads = 32, kv_heads = 32, ffn = 11008, vocab = 32000, dtype = bf16>
+// CHECK: hflow.model @llama7b "llama" <layers = 32, hidden = 4096, heads = 32, kv_heads = 32, ffn = 11008, vocab = 32000, dtype = bf16>
 hflow.model @llama7b "llama" <layers = 32, hidden = 4096, heads = 32, kv_heads = 32, ffn = 11008, vocab = 32000, dtype = bf16>
 // CHECK: hflow.role @actor actor(@llama7b) train <dp = 4, tp = 2, pp = 2> generate <dp = 0, tp = 4, pp = 1> {ranks = array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>}
 hflow.role @actor actor(@llama7b) train <dp = 4, tp = 2, pp = 2> generate <dp = 0, tp = 4, pp = 1> {ranks = array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>}
