@@ -29,8 +29,8 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
   let summary = "a decoder-only transformer";
   let description = [{
     ```mlir
-    hflow.model @tiny "llama" {layers = 2, hidden = 64, heads = 4, kv_heads = 2,
-                               ffn = 128, vocab = 256, dtype = f32}
+    hflow.model @tiny "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2,
+                               ffn = 128, vocab = 256, dtype = f32> {params = 106816 : i64}
     ```
     `params` (derived) is the parameter count of the untied Llama layout:
     embedding, per layer two norms, Q/K/V/O and the SwiGLU MLP, final norm and
@@ -57,10 +57,10 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
   let summary = "an RL role played by a model";
   let description = [{
     ```mlir
-    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 2, tp = 1, pp = 1>
-                                   generate #hflow.layout<dp = 1, tp = 2, pp = 1>
-    hflow.role @reward reward_fn "exact_match" train #hflow.layout<dp = 1, tp = 1, pp = 1>
-                                 generate #hflow.layout<dp = 1, tp = 1, pp = 1>
+    hflow.role @actor actor(@tiny) train <dp = 2, tp = 1, pp = 1>
+                                   generate <dp = 1, tp = 2, pp = 1>
+    hflow.role @reward reward_fn "exact_match" train <dp = 1, tp = 1, pp = 1>
+                                 generate <dp = 1, tp = 1, pp = 1>
     ```
     After placement the role carries `ranks`, the global ranks it runs on.
   }];
@@ -118,7 +118,8 @@ def Hflow_CallOp : Hflow_Op<"call", [
   let summary = "call a role's method on batch values";
   let description = [{
     ```mlir
-    %rollout = hflow.call @actor "generate"(%prompts) {max_tokens = 16 : i64}
+    %rollout = hflow.call @actor "generate"(%prompts)
+        {args = {max_tokens = 16 : i64}, name = "rollout"}
         : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
     ```
     The first input's kind and the result's kind must match the method's

@@ -34,12 +34,12 @@ def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
 
     Before:
     ```mlir
-    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 0, tp = 1, pp = 1> ...
+    hflow.role @actor actor(@tiny) train <dp = 0, tp = 1, pp = 1> ...
     hflow.place [@actor] on @local[0 : 2]
     ```
     After:
     ```mlir
-    hflow.role @actor actor(@tiny) train #hflow.layout<dp = 2, tp = 1, pp = 1>
+    hflow.role @actor actor(@tiny) train <dp = 2, tp = 1, pp = 1>
         ... {ranks = array<i64: 0, 1>}
     ```
   }];
