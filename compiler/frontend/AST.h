@@ -37,12 +37,13 @@ struct Arg {
 };
 
 struct Expr {
-  enum class Kind { Name, Int, Float, String, Call, MethodCall, Mul };
+  enum class Kind { Name, Int, Float, String, Quantity, Call, MethodCall, Mul };
   Kind kind;
   SourceLoc loc;
   std::string text;        // Name: identifier; String: unescaped; Call: callee
   int64_t intValue = 0;    // Int
-  double floatValue = 0;   // Float
+  double floatValue = 0;   // Float; Quantity: the number before the unit
+  std::string unit;        // Quantity: "GB", "TB/s", "TFLOPS", ...
   std::string receiver;    // MethodCall: the role name
   SourceLoc receiverLoc;   // MethodCall
   std::vector<Arg> args;   // Call, MethodCall
@@ -57,7 +58,21 @@ struct Property {
   ExprPtr value;
 };
 
-/// `cluster NAME = mesh(DEVICE, nodes: N, per_node: M)`
+/// `device NAME = gpu(memory: 80GB, bf16: 312TFLOPS, fp32: 19.5TFLOPS,
+///                    bandwidth: 2039GB/s)` (or `cpu(...)`)
+struct DeviceDecl {
+  std::string name;
+  SourceLoc loc, nameLoc;
+  ExprPtr ctor;
+  // Resolved by Sema, in base units.
+  std::string kind;              // "gpu" or "cpu"
+  double memoryBytes = 0;        // device memory
+  double bf16Flops = 0;          // peak dense bf16 FLOP/s
+  double fp32Flops = 0;          // peak fp32 FLOP/s
+  double memBandwidth = 0;       // memory bandwidth, bytes/s
+};
+
+/// `cluster NAME = mesh(DEVICE, nodes: N, per_node: M[, intra: BW, inter: BW])`
 struct ClusterDecl {
   std::string name;
   SourceLoc loc, nameLoc;
@@ -65,6 +80,8 @@ struct ClusterDecl {
   // Resolved by Sema.
   std::string device;
   int64_t nodes = 0, perNode = 0;
+  double intraBandwidth = 0;     // bytes/s between devices of a node (0: unknown)
+  double interBandwidth = 0;     // bytes/s between nodes (0: unknown)
 };
 
 enum class DType { F32, BF16, F16 };
@@ -137,9 +154,20 @@ struct FlowDecl {
   std::vector<Stmt> body;
 };
 
+/// `import "PATH"`, resolved by the front end to the file it loaded.
+struct ImportDecl {
+  std::string path;
+  SourceLoc loc;
+  std::string resolved;    // the file loaded, empty if not found
+};
+
+/// A whole program: the main file's declarations and those of every file it
+/// imports (transitively), each declaration keeping its own file in its locs.
 struct Program {
   std::string file;
-  std::string source;      // the whole text, for hashing and diagnostics
+  std::string source;      // the main file's text, for hashing
+  std::vector<ImportDecl> imports; // of every loaded file, in load order
+  std::vector<DeviceDecl> devices;
   std::vector<ClusterDecl> clusters;
   std::vector<ModelDecl> models;
   std::vector<RoleDecl> roles;

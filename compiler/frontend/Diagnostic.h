@@ -37,6 +37,10 @@ public:
   Diagnostic &warning(const ast::SourceLoc &loc, std::string message) {
     return add(Diagnostic::Severity::Warning, loc, std::move(message));
   }
+  /// Adds a diagnostic found elsewhere (e.g. while parsing an import).
+  void add(const Diagnostic &d) {
+    add(d.severity, d.loc, d.message).notes = d.notes;
+  }
   bool hasErrors() const { return errors_ > 0; }
   size_t errorCount() const { return errors_; }
   const std::vector<Diagnostic> &all() const { return diags_; }

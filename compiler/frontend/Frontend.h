@@ -14,19 +14,38 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hflow::frontend {
+
+struct FrontendOptions {
+  /// Searched, in order, for `import "x"` after the importing file's folder.
+  std::vector<std::string> includeDirs;
+  /// Where `import "std/..."` is found; empty disables the standard library.
+  std::string stdlibDir;
+  /// Imports nested deeper than this are refused (a cycle is caught earlier).
+  int maxImportDepth = 64;
+};
+
+/// A source file the front end read, for rendering diagnostics in it.
+struct SourceFile {
+  std::string path;
+  std::string text;
+};
 
 struct FrontendResult {
   std::unique_ptr<ast::Program> program; // null only after a syntax error
   DiagnosticList diags;
+  std::vector<SourceFile> imported;       // every imported file, in load order
   bool ok() const { return program && !diags.hasErrors(); }
 };
 
-/// Parses `source` (the contents of `file`) and runs the semantic checks.
-FrontendResult parseAndCheck(const std::string &file, const std::string &source);
+/// Parses `source` (the contents of `file`), loads its imports, and runs the
+/// semantic checks over the whole program.
+FrontendResult parseAndCheck(const std::string &file, const std::string &source,
+                             const FrontendOptions &options = {});
 
-/// Parses only (no semantic checks). Used by the fuzzer and by tests.
+/// Parses one file only (no imports, no semantic checks).
 FrontendResult parseOnly(const std::string &file, const std::string &source);
 
 } // namespace hflow::frontend

@@ -2,15 +2,24 @@
 // placement, flows of role calls). docs/language.md is the reference.
 grammar Hflow;
 
-program : decl* EOF ;
+program : importDecl* decl* EOF ;
+
+// import "std/devices"          (the standard library)
+// import "models/llama.hflow"   (relative to the importing file, then -I dirs)
+importDecl : 'import' path=STRING ;
 
 decl
-  : clusterDecl
+  : deviceDecl
+  | clusterDecl
   | modelDecl
   | roleDecl
   | placeDecl
   | flowDecl
   ;
+
+// device a100_80g = gpu(memory: 80GB, bf16: 312TFLOPS, fp32: 19.5TFLOPS,
+//                       bandwidth: 2039GB/s)
+deviceDecl : 'device' name=ID '=' ctor=call ;
 
 // cluster local = mesh(cpu, nodes: 1, per_node: 4)
 clusterDecl : 'cluster' name=ID '=' ctor=call ;
@@ -39,6 +48,7 @@ expr
   | recv=ID '.' method=ID '(' argList? ')'      # MethodCallExpr
   | call                                        # CallExpr
   | ID                                          # NameExpr
+  | QUANTITY                                    # QuantityExpr
   | INT                                         # IntExpr
   | FLOAT                                       # FloatExpr
   | STRING                                      # StringExpr
@@ -50,6 +60,8 @@ argList : arg ( ',' arg )* ','? ;
 arg     : ( key=ID ':' )? value=expr ;
 
 ID      : [a-zA-Z_] [a-zA-Z0-9_]* ;
+// A number with a unit: 80GB, 2TB/s, 200Gbps, 312TFLOPS, 19.5TFLOPS.
+QUANTITY : [0-9]+ ( '.' [0-9]+ )? [a-zA-Z]+ ( '/' [a-zA-Z]+ )? ;
 FLOAT   : [0-9]+ '.' [0-9]* ( [eE] [+-]? [0-9]+ )?
         | [0-9]+ [eE] [+-]? [0-9]+ ;
 INT     : [0-9]+ ;

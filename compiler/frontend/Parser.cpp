@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Frontend.h"
+#include "Imports.h"
 #include "Sema.h"
 
 #include "HflowLexer.h"
@@ -83,8 +84,21 @@ public:
   }
 
   void program(HflowParser::ProgramContext *ctx, ast::Program &p) {
+    for (auto *i : ctx->importDecl()) {
+      ast::ImportDecl decl;
+      decl.loc = loc(i->path);
+      decl.path = unescape(i->path->getText());
+      p.imports.push_back(std::move(decl));
+    }
     for (auto *d : ctx->decl()) {
-      if (auto *c = d->clusterDecl()) {
+      if (auto *dev = d->deviceDecl()) {
+        ast::DeviceDecl decl;
+        decl.name = dev->name->getText();
+        decl.loc = loc(dev);
+        decl.nameLoc = loc(dev->name);
+        decl.ctor = call(dev->ctor);
+        p.devices.push_back(std::move(decl));
+      } else if (auto *c = d->clusterDecl()) {
         ast::ClusterDecl decl;
         decl.name = c->name->getText();
         decl.loc = loc(c);
@@ -221,6 +235,15 @@ private:
       e->text = m->ID()->getText();
       return e;
     }
+    if (auto *m = dynamic_cast<HflowParser::QuantityExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Quantity,
+                                           loc(m->QUANTITY()->getSymbol()));
+      e->text = m->QUANTITY()->getText();
+      size_t unitStart = e->text.find_first_not_of("0123456789.");
+      e->floatValue = std::strtod(e->text.substr(0, unitStart).c_str(), nullptr);
+      e->unit = e->text.substr(unitStart);
+      return e;
+    }
     if (auto *m = dynamic_cast<HflowParser::IntExprContext *>(c)) {
       auto e = std::make_unique<ast::Expr>(K::Int, loc(m->INT()->getSymbol()));
       e->intValue = integer(m->INT()->getSymbol());
@@ -354,18 +377,23 @@ FrontendResult hflow::frontend::parseOnly(const std::string &file,
 }
 
 FrontendResult hflow::frontend::parseAndCheck(const std::string &file,
-                                              const std::string &source) {
-  FrontendResult result = parseOnly(file, source);
-  if (!result.program || result.diags.hasErrors())
-    return result;
+                                              const std::string &source,
+                                              const FrontendOptions &options) {
+  FrontendResult result;
   try {
+    result = parseOnly(file, source);
+    if (!result.program || result.diags.hasErrors())
+      return result;
+    loadImports(*result.program, options, result);
+    if (result.diags.hasErrors())
+      return result;
     checkProgram(*result.program, result.diags);
   } catch (const std::exception &e) {
     result.diags.error({file, 1, 1, 1},
-                       std::string("internal error in semantic analysis: ") +
+                       std::string("internal error in the front end: ") +
                            e.what());
   } catch (...) {
-    result.diags.error({file, 1, 1, 1}, "internal error in semantic analysis");
+    result.diags.error({file, 1, 1, 1}, "internal error in the front end");
   }
   return result;
 }

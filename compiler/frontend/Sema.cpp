@@ -3,6 +3,7 @@
 #include "Sema.h"
 #include "Limits.h"
 #include "RoleMethods.h"
+#include "Units.h"
 
 #include <algorithm>
 #include <map>
@@ -41,7 +42,6 @@ static_assert(int(ast::BatchKind::Advantages) == int(methods::Batch::Advantages)
 
 namespace {
 
-const char *kKnownDevices[] = {"cpu", "a100_40g", "a100_80g", "h100_80g", "h200"};
 const char *kKnownArchs[] = {"llama", "qwen2"};
 
 /// "an Actor", "a Critic".
@@ -63,6 +63,8 @@ public:
 
   void run() {
     declareNames();
+    for (auto &d : prog_.devices)
+      checkDevice(d);
     for (auto &c : prog_.clusters)
       checkCluster(c);
     for (auto &m : prog_.models)
@@ -80,7 +82,7 @@ public:
   }
 
 private:
-  enum class Kind { Cluster, Model, Role, Flow };
+  enum class Kind { Device, Cluster, Model, Role, Flow };
   struct Symbol {
     Kind kind;
     ast::SourceLoc loc;
@@ -88,6 +90,7 @@ private:
   };
   static const char *kindName(Kind k) {
     switch (k) {
+    case Kind::Device: return "device";
     case Kind::Cluster: return "cluster";
     case Kind::Model: return "model";
     case Kind::Role: return "role";
@@ -108,6 +111,8 @@ private:
   }
 
   void declareNames() {
+    for (size_t i = 0; i < prog_.devices.size(); ++i)
+      declare(prog_.devices[i].name, Kind::Device, prog_.devices[i].nameLoc, i);
     for (size_t i = 0; i < prog_.clusters.size(); ++i)
       declare(prog_.clusters[i].name, Kind::Cluster, prog_.clusters[i].nameLoc, i);
     for (size_t i = 0; i < prog_.models.size(); ++i)
@@ -177,6 +182,67 @@ private:
     return false;
   }
 
+  /// A positive quantity of unit kind `kind`, e.g. memory: 80GB.
+  bool quantity(const ast::Arg *a, units::Kind kind, double &out,
+                const std::string &what) {
+    const Expr &v = *a->value;
+    if (v.kind == Expr::Kind::Int || v.kind == Expr::Kind::Float) {
+      diags_.error(v.loc, what + " needs a unit: it is " + units::kindName(kind));
+      return false;
+    }
+    if (v.kind != Expr::Kind::Quantity) {
+      diags_.error(v.loc, what + " must be " + units::kindName(kind));
+      return false;
+    }
+    auto unit = units::parseUnit(v.unit);
+    if (!unit) {
+      diags_.error(v.loc, "unknown unit '" + v.unit +
+                              "'; sizes: B, KB, MB, GB, TB, KiB..TiB; "
+                              "bandwidths: GB/s, Gbps, ...; rates: TFLOPS, ...");
+      return false;
+    }
+    if (unit->kind != kind) {
+      diags_.error(v.loc, what + " must be " + units::kindName(kind) + ", but '" +
+                              v.text + "' is " + units::kindName(unit->kind));
+      return false;
+    }
+    if (!(v.floatValue > 0)) {
+      diags_.error(v.loc, what + " must be positive");
+      return false;
+    }
+    out = v.floatValue * unit->factor;
+    return true;
+  }
+
+  void checkDevice(ast::DeviceDecl &d) {
+    const Expr &e = *d.ctor;
+    if (e.text != "gpu" && e.text != "cpu") {
+      diags_.error(e.loc, "unknown device constructor '" + e.text +
+                              "'; expected gpu(...) or cpu(...)");
+      return;
+    }
+    d.kind = e.text;
+    for (const auto &a : e.args)
+      if (a.key.empty())
+        diags_.error(a.value->loc, "device arguments are named, e.g. memory: 80GB");
+    auto kw = keywordArgs(e, {"memory", "bf16", "fp32", "bandwidth"}, e.text + "()");
+    struct Field {
+      const char *key;
+      units::Kind kind;
+      double *out;
+    } fields[] = {{"memory", units::Kind::Bytes, &d.memoryBytes},
+                  {"bf16", units::Kind::Flops, &d.bf16Flops},
+                  {"fp32", units::Kind::Flops, &d.fp32Flops},
+                  {"bandwidth", units::Kind::Bandwidth, &d.memBandwidth}};
+    for (const Field &f : fields) {
+      if (!kw.count(f.key)) {
+        diags_.error(e.loc, e.text + "() needs '" + f.key + ":'");
+        continue;
+      }
+      quantity(kw[f.key], f.kind, *f.out, f.key);
+    }
+  }
+
   void checkCluster(ast::ClusterDecl &c) {
     const Expr &e = *c.ctor;
     if (e.text != "mesh") {
@@ -188,7 +254,8 @@ private:
     for (const auto &a : e.args)
       if (a.key.empty())
         positional.push_back(&a);
-    auto kw = keywordArgs(e, {"device", "nodes", "per_node"}, "mesh()");
+    auto kw = keywordArgs(e, {"device", "nodes", "per_node", "intra", "inter"},
+                          "mesh()");
     const Expr *device = nullptr;
     if (positional.size() > 1)
       diags_.error(positional[1]->value->loc,
@@ -203,17 +270,22 @@ private:
     if (!device) {
       diags_.error(e.loc, "mesh() needs a device, e.g. mesh(cpu, nodes: 1, "
                           "per_node: 4)");
-    } else if (device->kind != Expr::Kind::Name &&
-               device->kind != Expr::Kind::String) {
-      diags_.error(device->loc, "the device must be a name such as cpu or a100_80g");
-    } else {
+    } else if (device->kind != Expr::Kind::Name) {
+      diags_.error(device->loc, "the device must be a name such as cpu or "
+                                "a100_80g (declared with `device`, e.g. by "
+                                "import \"std/devices\")");
+    } else if (!symbols_.count(device->text)) {
+      diags_.error(device->loc, "unknown device '" + device->text + "'")
+          .notes.push_back({device->loc,
+                            "devices are declared with `device NAME = gpu(...)`; "
+                            "the standard ones come with import \"std/devices\""});
+    } else if (lookup(device->text, Kind::Device, device->loc)) {
       c.device = device->text;
-      if (std::find(std::begin(kKnownDevices), std::end(kKnownDevices),
-                    c.device) == std::end(kKnownDevices))
-        diags_.error(device->loc, "unknown device '" + c.device + "'")
-            .notes.push_back({device->loc, "known devices: cpu, a100_40g, "
-                                           "a100_80g, h100_80g, h200"});
     }
+    if (kw.count("intra"))
+      quantity(kw["intra"], units::Kind::Bandwidth, c.intraBandwidth, "intra");
+    if (kw.count("inter"))
+      quantity(kw["inter"], units::Kind::Bandwidth, c.interBandwidth, "inter");
     for (const char *key : {"nodes", "per_node"}) {
       if (!kw.count(key)) {
         diags_.error(e.loc, std::string("mesh() needs '") + key + ":'");

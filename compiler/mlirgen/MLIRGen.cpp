@@ -34,8 +34,21 @@ public:
                        b_.getStringAttr(llvm::toHex(sha, /*LowerCase=*/true)));
     b_.setInsertionPointToEnd(module->getBody());
 
-    for (const auto &c : prog_.clusters)
-      MeshOp::create(b_, loc(c.nameLoc), c.name, c.device, c.nodes, c.perNode);
+    for (const auto &d : prog_.devices)
+      DeviceOp::create(b_, loc(d.nameLoc), b_.getStringAttr(d.name),
+                       b_.getStringAttr(d.kind), b_.getF64FloatAttr(d.memoryBytes),
+                       b_.getF64FloatAttr(d.bf16Flops),
+                       b_.getF64FloatAttr(d.fp32Flops),
+                       b_.getF64FloatAttr(d.memBandwidth));
+    for (const auto &c : prog_.clusters) {
+      auto bw = [&](double v) {
+        return v > 0 ? b_.getF64FloatAttr(v) : FloatAttr();
+      };
+      MeshOp::create(b_, loc(c.nameLoc), b_.getStringAttr(c.name),
+                     b_.getStringAttr(c.device), b_.getI64IntegerAttr(c.nodes),
+                     b_.getI64IntegerAttr(c.perNode), bw(c.intraBandwidth),
+                     bw(c.interBandwidth));
+    }
     for (const auto &m : prog_.models) {
       Type dtype = m.dtype == ::hflow::ast::DType::F32    ? b_.getF32Type()
                    : m.dtype == ::hflow::ast::DType::BF16 ? b_.getBF16Type()

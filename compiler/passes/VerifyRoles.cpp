@@ -4,6 +4,7 @@
 #include "hflow/HflowPasses.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/StringMap.h"
 
 namespace mlir::hflow {
@@ -33,6 +34,15 @@ struct VerifyRolesPass
                                 "so far";
       d.attachNote(meshes[0].getLoc()) << "the first mesh is declared here";
       hadError = true;
+    }
+    for (MeshOp mesh : meshes) {
+      Operation *def = SymbolTable::lookupSymbolIn(module, mesh.getDevice());
+      if (!isa_and_nonnull<DeviceOp>(def)) {
+        mesh.emitError() << "mesh '" << mesh.getSymName() << "' names device '"
+                         << mesh.getDevice()
+                         << "', which is not declared by an hflow.device";
+        hadError = true;
+      }
     }
     if (module.getOps<FlowOp>().empty()) {
       module.emitError() << "the program has no flow";

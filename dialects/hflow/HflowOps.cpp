@@ -19,6 +19,24 @@ static_assert(int(BatchKind::Advantages) ==
               int(::hflow::methods::Batch::Advantages));
 
 //===----------------------------------------------------------------------===//
+// DeviceOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DeviceOp::verify() {
+  if (getKind() != "gpu" && getKind() != "cpu")
+    return emitOpError() << "kind must be \"gpu\" or \"cpu\", got \""
+                         << getKind() << "\"";
+  for (auto [name, value] :
+       {std::pair<StringRef, double>{"memory", getMemory().convertToDouble()},
+        {"bf16", getBf16().convertToDouble()},
+        {"fp32", getFp32().convertToDouble()},
+        {"bandwidth", getBandwidth().convertToDouble()}})
+    if (!(value > 0))
+      return emitOpError() << name << " must be positive, got " << value;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // MeshOp
 //===----------------------------------------------------------------------===//
 
@@ -27,6 +45,9 @@ LogicalResult MeshOp::verify() {
     return emitOpError() << "needs at least one node and one device per node, "
                             "got "
                          << getNodesAttr().getInt() << " x " << getPerNodeAttr().getInt();
+  for (auto bw : {getIntraAttr(), getInterAttr()})
+    if (bw && !(bw.getValueAsDouble() > 0))
+      return emitOpError() << "link bandwidths must be positive";
   if (getNodesAttr().getInt() > ::hflow::limits::kMaxDevices ||
       getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices ||
       getNodesAttr().getInt() * getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices)

@@ -7,6 +7,26 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/OpAsmInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
+def Hflow_DeviceOp : Hflow_Op<"device", [Symbol]> {
+  let summary = "a device kind and its figures";
+  let description = [{
+    ```mlir
+    hflow.device @a100_80g "gpu" <memory = 8.0e+10, bf16 = 3.12e+14,
+                                  fp32 = 1.95e+13, bandwidth = 2.039e+12>
+    ```
+    Base units: memory in bytes, bf16 and fp32 in peak dense FLOP/s,
+    bandwidth (device memory) in bytes/s. The cost model reads these.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$kind,
+                       F64Attr:$memory, F64Attr:$bf16, F64Attr:$fp32,
+                       F64Attr:$bandwidth);
+  let assemblyFormat = [{
+    $sym_name $kind ` ` `<` `memory` `=` $memory `,` `bf16` `=` $bf16 `,`
+    `fp32` `=` $fp32 `,` `bandwidth` `=` $bandwidth `>` attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
 def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
   let summary = "a device mesh: nodes x devices per node";
   let description = [{
@@ -14,10 +34,12 @@ def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
     hflow.mesh @local "cpu" [1 x 4]
     ```
     Devices are numbered node-major: device `n * per_node + i` is device `i`
-    of node `n`.
+    of node `n`. `device` names an `hflow.device`; the optional `intra` and
+    `inter` are the link bandwidths (bytes/s) within a node and between nodes.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$device,
-                       I64Attr:$nodes, I64Attr:$per_node);
+                       I64Attr:$nodes, I64Attr:$per_node,
+                       OptionalAttr<F64Attr>:$intra, OptionalAttr<F64Attr>:$inter);
   let assemblyFormat = "$sym_name $device ` ` `[` $nodes `x` $per_node `]` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{

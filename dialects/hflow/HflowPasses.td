@@ -9,7 +9,8 @@ def HflowVerifyRoles : Pass<"hflow-verify-roles", "::mlir::ModuleOp"> {
   let description = [{
     Whole-program checks that no single op's verifier can make:
 
-    * the module declares exactly one `hflow.mesh` and at least one flow;
+    * the module declares exactly one `hflow.mesh`, whose device is declared
+      by an `hflow.device`, and at least one flow;
     * every role a flow calls is placed by exactly one `hflow.place`
       (a `reward_fn` role, which needs no devices, may stay unplaced);
     * every declared role is used by some flow (a warning otherwise).

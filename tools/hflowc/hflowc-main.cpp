@@ -21,6 +21,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
+#include <cstdlib>
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -58,6 +59,15 @@ cl::opt<std::string> flowName("flow",
                                        "has several"),
                               cl::value_desc("name"), cl::init(""),
                               cl::cat(hflowcCategory));
+cl::list<std::string> includeDirs(
+    "I", cl::desc("Add a folder to search for imported files"),
+    cl::value_desc("dir"), cl::Prefix, cl::cat(hflowcCategory));
+cl::opt<std::string> stdlibDir(
+    "stdlib",
+    cl::desc("The standard library folder for import \"std/...\" (default: "
+             "$HFLOW_STDLIB, else <tools>/../share/hflow/stdlib, else the "
+             "source tree's stdlib/)"),
+    cl::value_desc("dir"), cl::init(""), cl::cat(hflowcCategory));
 cl::opt<bool> printDebugLocs("mlir-print-locations",
                              cl::desc("Print source locations in --emit=mlir*"),
                              cl::init(false), cl::cat(hflowcCategory));
@@ -84,6 +94,22 @@ void report(MLIRContext &ctx, const ::hflow::frontend::DiagnosticList &diags) {
     for (const auto &n : d.notes)
       diag.attachNote(loc(n.loc)) << n.message;
   }
+}
+
+/// The standard library: --stdlib, $HFLOW_STDLIB, next to the installed
+/// tools, or the source tree this hflowc was built from.
+std::string findStdlib(const char *argv0) {
+  if (!stdlibDir.empty())
+    return stdlibDir;
+  if (const char *env = std::getenv("HFLOW_STDLIB"); env && *env)
+    return env;
+  std::string exe = llvm::sys::fs::getMainExecutable(
+      argv0, reinterpret_cast<void *>(&findStdlib));
+  llvm::SmallString<256> installed(llvm::sys::path::parent_path(exe));
+  llvm::sys::path::append(installed, "..", "share", "hflow", "stdlib");
+  if (llvm::sys::fs::is_directory(installed))
+    return std::string(installed);
+  return HFLOW_SOURCE_STDLIB;
 }
 
 std::string defaultPlanPath(llvm::StringRef input) {
@@ -133,8 +159,15 @@ int main(int argc, char **argv) {
     return kExitProgramError;
   };
 
+  ::hflow::frontend::FrontendOptions feOptions;
+  feOptions.includeDirs.assign(includeDirs.begin(), includeDirs.end());
+  feOptions.stdlibDir = findStdlib(argv[0]);
   ::hflow::frontend::FrontendResult fe =
-      ::hflow::frontend::parseAndCheck(inputFile, source);
+      ::hflow::frontend::parseAndCheck(inputFile, source, feOptions);
+  // Diagnostics inside imported files show their source lines too.
+  for (const auto &f : fe.imported)
+    sourceMgr.AddNewSourceBuffer(
+        llvm::MemoryBuffer::getMemBufferCopy(f.text, f.path), llvm::SMLoc());
   report(context, fe.diags);
   if (!fe.ok())
     return finishWithErrors();

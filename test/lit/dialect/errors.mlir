@@ -107,3 +107,13 @@ hflow.place [@a] on @m[-2 : 2]
 
 // expected-error @+1 {{a mesh of 2000000 x 1 devices is larger than hflow supports (1048576)}}
 hflow.mesh @m "cpu" [2000000 x 1]
+
+// -----
+
+// expected-error @+1 {{kind must be "gpu" or "cpu", got "tpu"}}
+hflow.device @d "tpu" <memory = 1.0e+9, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+9>
+
+// -----
+
+// expected-error @+1 {{memory must be positive, got -1}}
+hflow.device @d "gpu" <memory = -1.0, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+9>

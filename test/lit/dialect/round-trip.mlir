@@ -1,6 +1,10 @@
 // Printing and re-parsing hflow IR gives the same IR.
 // RUN: hflow-opt %s | hflow-opt | FileCheck %s
 
+// CHECK: hflow.device @a100_80g "gpu" <memory = 8.000000e+10, bf16 = 3.120000e+14, fp32 = 1.950000e+13, bandwidth = 2.039000e+12>
+hflow.device @a100_80g "gpu" <memory = 8.0e+10, bf16 = 3.12e+14, fp32 = 1.95e+13, bandwidth = 2.039e+12>
+// CHECK: hflow.mesh @cpus "cpu" [1 x 2] {inter = 2.500000e+10 : f64, intra = 6.000000e+11 : f64}
+hflow.mesh @cpus "cpu" [1 x 2] {intra = 6.0e+11 : f64, inter = 2.5e+10 : f64}
 // CHECK: hflow.mesh @gpus "a100_80g" [4 x 8]
 hflow.mesh @gpus "a100_80g" [4 x 8]
 // CHECK: hflow.model @llama7b "llama" <layers = 32, hidden = 4096, heads = 32, kv_heads = 32, ffn = 11008, vocab = 32000, dtype = bf16>

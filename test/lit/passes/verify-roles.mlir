@@ -1,6 +1,7 @@
 // hflow-verify-roles: whole-program checks, all problems in one run.
 // RUN: hflow-opt %s -split-input-file --hflow-verify-roles -verify-diagnostics
 
+hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
 hflow.mesh @local "cpu" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 8, vocab = 16, dtype = f32>
 // expected-error @+1 {{role 'actor' is used but not placed; add `place actor on MESH[a:b]`}}
@@ -18,6 +19,7 @@ hflow.flow @f {
 
 // -----
 
+hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
 // expected-note @+1 {{the first mesh is declared here}}
 hflow.mesh @a "cpu" [1 x 2]
 // expected-error @+1 {{only one device mesh per program is supported so far}}
@@ -28,6 +30,7 @@ hflow.flow @f {
 
 // -----
 
+hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
 hflow.mesh @local "cpu" [1 x 2]
 // expected-warning @+1 {{role 'a' is never called by a flow}}
 hflow.role @a reward_fn "r" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
@@ -44,4 +47,13 @@ hflow.flow @f {
 // expected-error @+2 {{the program declares no device mesh}}
 // expected-error @+1 {{the program has no flow}}
 module {
+}
+
+// -----
+
+// A mesh's device must be declared.
+// expected-error @+1 {{mesh 'local' names device 'tpu', which is not declared by an hflow.device}}
+hflow.mesh @local "tpu" [1 x 2]
+hflow.flow @f {
+^bb0(%p: !hflow.batch<prompts>):
 }
