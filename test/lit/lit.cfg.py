@@ -10,5 +10,5 @@ config.name = "hflow-compiler"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir", ".hflow", ".test"]
 config.test_source_root = os.path.dirname(__file__)
-config.excludes = ["Inputs", "lit.cfg.py"]
+config.excludes = ["Inputs", "lit.cfg.py", "grammar.test.py"]
 hflow_lit.configure(config, lit)
