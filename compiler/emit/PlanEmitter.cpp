@@ -67,8 +67,18 @@ std::string attrString(Attribute a) {
 LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                               std::vector<uint8_t> &out) {
   SmallVector<FlowOp> flows(module.getOps<FlowOp>());
+  SmallVector<TrainOp> trains(module.getOps<TrainOp>());
   FlowOp flow;
-  if (!options.flow.empty()) {
+  int64_t seed = options.seed;
+  if (!trains.empty())
+    seed = trains.front().getSeedAttr().getInt();
+  if (options.flow.empty() && !trains.empty()) {
+    // The train block says which flow the job runs.
+    flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(
+        trains.front(), trains.front().getFlowAttr());
+    if (!flow)
+      return trains.front().emitError() << "names no flow";
+  } else if (!options.flow.empty()) {
     for (FlowOp f : flows)
       if (f.getSymName() == options.flow)
         flow = f;
@@ -82,7 +92,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       names += (names.empty() ? "" : ", ") + f.getSymName().str();
     return module.emitError()
            << "the program has " << flows.size()
-           << " flows; choose one with --flow (" << names << ")";
+           << " flows; choose one with --flow (" << names
+           << ") or add a train block";
   }
   SmallVector<MeshOp> meshes(module.getOps<MeshOp>());
   if (meshes.size() != 1)
@@ -219,7 +230,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       b, b.CreateString(fileAttr ? fileAttr.str() : std::string("<mlir>")),
       b.CreateVector(sha), b.CreateString(options.compilerVersion),
       b.CreateString(flow.getSymName().str()), static_cast<int>(world),
-      options.seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
+      seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
       b.CreateVector(models), b.CreateVector(roles), b.CreateVector(groups),
       b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules));
   b.Finish(planOff);

@@ -37,7 +37,10 @@ struct Arg {
 };
 
 struct Expr {
-  enum class Kind { Name, Int, Float, String, Quantity, Call, MethodCall, Mul };
+  enum class Kind {
+    Name, Int, Float, String, Quantity, Call, MethodCall, Mul,
+    Every // `every N to "dir"`: intValue = N, text = dir
+  };
   Kind kind;
   SourceLoc loc;
   std::string text;        // Name: identifier; String: unescaped; Call: callee
@@ -154,6 +157,24 @@ struct FlowDecl {
   std::vector<Stmt> body;
 };
 
+/// `train FLOW { data: ..., batch: ..., ... }`: how the flow is driven.
+struct TrainDecl {
+  std::string flow;
+  SourceLoc loc, flowLoc;
+  std::vector<Property> props;
+  // Resolved by Sema.
+  std::string data;             // prompt dataset (JSONL)
+  int64_t batch = 0;            // prompts per step
+  int64_t samples = 1;          // n: responses per prompt
+  int64_t steps = 0, epochs = 0;
+  int64_t minibatch = 0;        // prompts per optimizer step (0: = batch)
+  int64_t seed = 1;
+  int64_t checkpointEvery = 0;  // 0: no checkpoints
+  std::string checkpointDir;
+  int64_t logEvery = 1;
+  SourceLoc batchLoc, minibatchLoc;
+};
+
 /// `import "PATH"`, resolved by the front end to the file it loaded.
 struct ImportDecl {
   std::string path;
@@ -173,6 +194,7 @@ struct Program {
   std::vector<RoleDecl> roles;
   std::vector<PlaceDecl> places;
   std::vector<FlowDecl> flows;
+  std::vector<TrainDecl> trains;
 };
 
 const char *roleKindName(RoleKind k);

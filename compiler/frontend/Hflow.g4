@@ -15,6 +15,7 @@ decl
   | roleDecl
   | placeDecl
   | flowDecl
+  | trainDecl
   ;
 
 // device a100_80g = gpu(memory: 80GB, bf16: 312TFLOPS, fp32: 19.5TFLOPS,
@@ -30,7 +31,9 @@ modelDecl : 'model' name=ID '=' ctor=call ;
 // role actor = Actor(tiny) { train: dp(2), generate: tp(2) }
 roleDecl : 'role' name=ID '=' ctor=call roleBody? ;
 roleBody : '{' ( prop ( ',' prop )* ','? )? '}' ;
-prop     : key=ID ':' value=expr ;
+prop     : key=word ':' value=expr ;
+// Keys may be words the grammar also uses as keywords (`train: dp(2)`).
+word     : ID | 'train' | 'every' | 'to' | 'on' | 'model' | 'device' | 'flow' ;
 
 // place actor, ref on local[0:2]
 placeDecl : 'place' roles+=ID ( ',' roles+=ID )* 'on' mesh=ID '[' lo=INT ':' hi=INT ']' ;
@@ -43,8 +46,13 @@ stmt
   | value=expr ';'?                    # ExprStmt
   ;
 
+// train step { data: "prompts.jsonl", batch: 256, n: 8, steps: 1000,
+//              minibatch: 64, seed: 1, checkpoint: every 100 to "ckpt/" }
+trainDecl : 'train' flow=ID '{' ( prop ( ',' prop )* ','? )? '}' ;
+
 expr
   : lhs=expr op='*' rhs=expr                    # MulExpr
+  | 'every' count=INT 'to' dir=STRING           # EveryExpr
   | recv=ID '.' method=ID '(' argList? ')'      # MethodCallExpr
   | call                                        # CallExpr
   | ID                                          # NameExpr
@@ -57,7 +65,7 @@ expr
 
 call    : callee=ID '(' argList? ')' ;
 argList : arg ( ',' arg )* ','? ;
-arg     : ( key=ID ':' )? value=expr ;
+arg     : ( key=word ':' )? value=expr ;
 
 ID      : [a-zA-Z_] [a-zA-Z0-9_]* ;
 // A number with a unit: 80GB, 2TB/s, 200Gbps, 312TFLOPS, 19.5TFLOPS.

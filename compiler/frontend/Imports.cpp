@@ -86,6 +86,7 @@ public:
       append(main.roles, p.roles);
       append(main.places, p.places);
       append(main.flows, p.flows);
+      append(main.trains, p.trains);
     }
   }
 

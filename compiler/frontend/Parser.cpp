@@ -158,6 +158,15 @@ public:
             decl.body.push_back(std::move(stmt));
         }
         p.flows.push_back(std::move(decl));
+      } else if (auto *t = d->trainDecl()) {
+        ast::TrainDecl decl;
+        decl.flow = t->flow->getText();
+        decl.loc = loc(t);
+        decl.flowLoc = loc(t->flow);
+        for (auto *prop : t->prop())
+          decl.props.push_back(
+              {prop->key->getText(), loc(prop->key), expr(prop->value)});
+        p.trains.push_back(std::move(decl));
       }
     }
   }
@@ -216,6 +225,12 @@ private:
       auto e = std::make_unique<ast::Expr>(K::Mul, loc(m->op));
       e->lhs = expr(m->lhs);
       e->rhs = expr(m->rhs);
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::EveryExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Every, loc(m));
+      e->intValue = integer(m->count);
+      e->text = unescape(m->dir->getText());
       return e;
     }
     if (auto *m = dynamic_cast<HflowParser::MethodCallExprContext *>(c)) {

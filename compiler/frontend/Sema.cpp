@@ -79,6 +79,11 @@ public:
                    "Prompts) { ... }`");
     for (auto &f : prog_.flows)
       checkFlow(f);
+    for (auto &t : prog_.trains)
+      checkTrain(t);
+    if (prog_.trains.size() > 1)
+      diags_.error(prog_.trains[1].loc, "a program has at most one train block")
+          .notes.push_back({prog_.trains[0].loc, "the first one is here"});
   }
 
 private:
@@ -584,6 +589,77 @@ private:
     for (auto &[name, b] : scope)
       if (!b.used)
         diags_.warning(b.loc, "value '" + name + "' is never used");
+  }
+
+  void checkTrain(ast::TrainDecl &t) {
+    lookup(t.flow, Kind::Flow, t.flowLoc);
+    std::map<std::string, const ast::Property *> props;
+    static const std::vector<std::string> known = {
+        "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
+        "checkpoint", "log_every"};
+    for (const ast::Property &p : t.props) {
+      if (std::find(known.begin(), known.end(), p.key) == known.end()) {
+        diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
+            .notes.push_back({t.loc, "valid properties: " + joined(known)});
+        continue;
+      }
+      if (!props.emplace(p.key, &p).second)
+        diags_.error(p.keyLoc, "property '" + p.key + "' is given twice");
+    }
+    auto intProp = [&](const char *key, int64_t &out, bool required,
+                       ast::SourceLoc *where = nullptr) {
+      auto it = props.find(key);
+      if (it == props.end()) {
+        if (required)
+          diags_.error(t.loc, std::string("train block needs '") + key + ":'");
+        return;
+      }
+      const Expr &v = *it->second->value;
+      if (where)
+        *where = v.loc;
+      if (v.kind != Expr::Kind::Int)
+        diags_.error(v.loc, std::string(key) + " must be an integer");
+      else if (v.intValue <= 0 && std::string(key) != "seed")
+        diags_.error(v.loc, std::string(key) + " must be positive, got " +
+                                std::to_string(v.intValue));
+      else
+        out = v.intValue;
+    };
+    if (auto it = props.find("data"); it != props.end()) {
+      if (it->second->value->kind != Expr::Kind::String)
+        diags_.error(it->second->value->loc,
+                     "data must be a file name string, e.g. \"prompts.jsonl\"");
+      else
+        t.data = it->second->value->text;
+    } else {
+      diags_.error(t.loc, "train block needs 'data:' (a JSONL prompt file)");
+    }
+    intProp("batch", t.batch, true, &t.batchLoc);
+    intProp("n", t.samples, false);
+    intProp("minibatch", t.minibatch, false, &t.minibatchLoc);
+    intProp("seed", t.seed, false);
+    intProp("log_every", t.logEvery, false);
+    bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
+    if (hasSteps == hasEpochs)
+      diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
+                          "'epochs:'");
+    intProp("steps", t.steps, false);
+    intProp("epochs", t.epochs, false);
+    if (auto it = props.find("checkpoint"); it != props.end()) {
+      const Expr &v = *it->second->value;
+      if (v.kind != Expr::Kind::Every)
+        diags_.error(v.loc, "checkpoint takes `every N to \"dir\"`");
+      else if (v.intValue <= 0)
+        diags_.error(v.loc, "checkpoint interval must be positive");
+      else {
+        t.checkpointEvery = v.intValue;
+        t.checkpointDir = v.text;
+      }
+    }
+    if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
+      diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
+                                       ") does not divide batch (" +
+                                       std::to_string(t.batch) + ")");
   }
 
   ast::Program &prog_;

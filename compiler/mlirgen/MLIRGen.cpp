@@ -78,6 +78,19 @@ public:
     }
     for (const auto &f : prog_.flows)
       flow(f);
+    for (const auto &t : prog_.trains) {
+      auto opt = [&](int64_t v) {
+        return v > 0 ? b_.getI64IntegerAttr(v) : IntegerAttr();
+      };
+      TrainOp::create(
+          b_, loc(t.loc), FlatSymbolRefAttr::get(&ctx_, t.flow),
+          b_.getStringAttr(t.data), b_.getI64IntegerAttr(t.batch),
+          b_.getI64IntegerAttr(t.samples),
+          b_.getI64IntegerAttr(t.minibatch > 0 ? t.minibatch : t.batch),
+          b_.getI64IntegerAttr(t.seed), opt(t.steps), opt(t.epochs),
+          opt(t.checkpointEvery),
+          t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir));
+    }
     return module;
   }
 

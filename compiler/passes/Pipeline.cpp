@@ -7,11 +7,12 @@
 void mlir::hflow::buildHflowPipeline(OpPassManager &pm) {
   pm.addPass(createHflowVerifyRoles());
   pm.addPass(createHflowPlace());
+  pm.addPass(createHflowCheckBatch());
 }
 
 void mlir::hflow::registerHflowPipeline() {
   PassPipelineRegistration<>(
       "hflow-pipeline",
-      "The hflowc pipeline: verify roles, then resolve placement",
+      "The hflowc pipeline: verify roles, resolve placement, check batch sizes",
       [](OpPassManager &pm) { buildHflowPipeline(pm); });
 }

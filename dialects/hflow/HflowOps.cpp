@@ -241,3 +241,26 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbols) {
   }
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// TrainOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult TrainOp::verify() {
+  int64_t batch = getBatchAttr().getInt(), n = getNAttr().getInt(),
+          mb = getMinibatchAttr().getInt();
+  if (batch < 1 || n < 1 || mb < 1)
+    return emitOpError() << "batch, n and minibatch must be positive";
+  if (batch % mb != 0)
+    return emitOpError() << "minibatch (" << mb << ") does not divide batch ("
+                         << batch << ")";
+  if (static_cast<bool>(getStepsAttr()) == static_cast<bool>(getEpochsAttr()))
+    return emitOpError() << "needs exactly one of steps and epochs";
+  return success();
+}
+
+LogicalResult TrainOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (!symbols.lookupNearestSymbolFrom<FlowOp>(*this, getFlowAttr()))
+    return emitOpError() << "names " << getFlowAttr() << ", which is not a flow";
+  return success();
+}

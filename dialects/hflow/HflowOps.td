@@ -160,3 +160,24 @@ def Hflow_CallOp : Hflow_Op<"call", [
 }
 
 #endif // HFLOW_OPS_TD
+
+def Hflow_TrainOp : Hflow_Op<"train", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "how a flow is driven: data, batch sizes, steps, seed";
+  let description = [{
+    ```mlir
+    hflow.train @step {batch = 256 : i64, data = "prompts.jsonl", minibatch = 64 : i64,
+                       n = 8 : i64, seed = 1 : i64, steps = 1000 : i64}
+    ```
+    `batch` and `minibatch` count prompts; each prompt yields `n` responses,
+    so a training call sees `batch * n` sequences. `hflow-check-batch` checks
+    these against every layout of the roles the flow calls.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$flow, StrAttr:$data, I64Attr:$batch,
+                       I64Attr:$n, I64Attr:$minibatch, I64Attr:$seed,
+                       OptionalAttr<I64Attr>:$steps, OptionalAttr<I64Attr>:$epochs,
+                       OptionalAttr<I64Attr>:$checkpoint_every,
+                       OptionalAttr<StrAttr>:$checkpoint_dir);
+  let assemblyFormat = "$flow attr-dict";
+  let hasVerifier = 1;
+}

@@ -15,7 +15,7 @@ namespace mlir::hflow {
 #include "hflow/HflowPasses.h.inc"
 
 /// The pipeline hflowc runs, registered for hflow-opt as `hflow-pipeline`:
-/// verify-roles, then place.
+/// verify-roles, place, check-batch.
 void buildHflowPipeline(OpPassManager &pm);
 void registerHflowPipeline();
 

@@ -49,4 +49,23 @@ def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
   ];
 }
 
+def HflowCheckBatch : Pass<"hflow-check-batch", "::mlir::ModuleOp"> {
+  let summary = "check the train block's batch sizes against every layout";
+  let description = [{
+    For the flow an `hflow.train` drives, every call's batch must split
+    evenly over the data-parallel ranks of the layout it runs in:
+
+    * `generate` takes the step's `batch` prompts in the generate layout;
+    * every other method sees `batch * n` sequences in the train layout;
+    * `update` additionally steps the optimizer on `minibatch * n`
+      sequences at a time, which must also split evenly.
+
+    Runs after `hflow-place` (layouts must be resolved). Reports every
+    violation, with notes at the train block and the role.
+  }];
+  let statistics = [
+    Statistic<"numCalls", "calls-checked", "Number of calls checked">
+  ];
+}
+
 #endif // HFLOW_PASSES_TD

@@ -1,0 +1,70 @@
+//===- CheckBatch.cpp - batch sizes against data-parallel layouts ----------===//
+
+#include "hflow/HflowOps.h"
+#include "hflow/HflowPasses.h"
+
+#include "mlir/IR/SymbolTable.h"
+
+namespace mlir::hflow {
+#define GEN_PASS_DEF_HFLOWCHECKBATCH
+#include "hflow/HflowPasses.h.inc"
+} // namespace mlir::hflow
+
+using namespace mlir;
+using namespace mlir::hflow;
+
+namespace {
+
+struct CheckBatchPass
+    : public mlir::hflow::impl::HflowCheckBatchBase<CheckBatchPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    bool hadError = false;
+    for (TrainOp train : module.getOps<TrainOp>()) {
+      auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(
+          train, train.getFlowAttr());
+      if (!flow)
+        continue; // reported by the train op's verifier
+      const int64_t batch = train.getBatchAttr().getInt();
+      const int64_t n = train.getNAttr().getInt();
+      const int64_t minibatch = train.getMinibatchAttr().getInt();
+      flow.walk([&](CallOp call) {
+        auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
+            call, call.getRoleAttr());
+        if (!role)
+          return;
+        ++numCalls;
+        bool gen = call.getMethod() == "generate";
+        int64_t dp = (gen ? role.getGenerate() : role.getTrain()).getDp();
+        if (dp < 1)
+          return; // unplaced: reported by hflow-verify-roles
+        auto check = [&](int64_t rows, StringRef what) {
+          if (rows % dp == 0)
+            return;
+          InFlightDiagnostic d =
+              call.emitError()
+              << role.getSymName() << "." << call.getMethod() << " splits "
+              << what << " = " << rows << " over the "
+              << (gen ? "generate" : "train") << " layout's dp = " << dp
+              << " ranks, which does not divide it";
+          d.attachNote(train.getLoc()) << "batch sizes are set here (batch = "
+                                       << batch << ", n = " << n
+                                       << ", minibatch = " << minibatch << ")";
+          d.attachNote(role.getLoc()) << "the layout is declared here";
+          hadError = true;
+        };
+        if (gen) {
+          check(batch, "the step's prompts (batch)");
+          return;
+        }
+        check(batch * n, "the step's sequences (batch * n)");
+        if (call.getMethod() == "update" && minibatch != batch)
+          check(minibatch * n, "a minibatch's sequences (minibatch * n)");
+      });
+    }
+    if (hadError)
+      signalPassFailure();
+  }
+};
+
+} // namespace
