@@ -52,6 +52,13 @@ public:
       }
       if (!loaded_.insert(path).second)
         continue; // already loaded through another import
+      constexpr std::uintmax_t kMaxImportBytes = 64u << 20;
+      std::error_code sizeError;
+      if (fs::file_size(path, sizeError) > kMaxImportBytes && !sizeError) {
+        result_.diags.error(imp.loc, "imported file '" + path +
+                                         "' is larger than 64 MiB");
+        continue;
+      }
       std::ifstream in(path, std::ios::binary);
       std::stringstream ss;
       ss << in.rdbuf();
