@@ -15,6 +15,7 @@
 #include "antlr4-runtime.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -184,6 +185,18 @@ private:
     return v;
   }
 
+  /// The value of a decimal literal; one too large for a double is reported.
+  double finite(const std::string &text, const ast::SourceLoc &where) {
+    double v = std::strtod(text.c_str(), nullptr);
+    if (!std::isfinite(v)) {
+      diags_.error(where, "number " + (text.size() > 24 ? text.substr(0, 24) + "..."
+                                                         : text) +
+                              " is too large");
+      return 0;
+    }
+    return v;
+  }
+
   ast::ExprPtr call(HflowParser::CallContext *c) {
     auto e = std::make_unique<ast::Expr>(ast::Expr::Kind::Call, loc(c));
     e->text = c->callee->getText();
@@ -255,7 +268,7 @@ private:
                                            loc(m->QUANTITY()->getSymbol()));
       e->text = m->QUANTITY()->getText();
       size_t unitStart = e->text.find_first_not_of("0123456789.");
-      e->floatValue = std::strtod(e->text.substr(0, unitStart).c_str(), nullptr);
+      e->floatValue = finite(e->text.substr(0, unitStart), e->loc);
       e->unit = e->text.substr(unitStart);
       return e;
     }
@@ -268,7 +281,7 @@ private:
     if (auto *m = dynamic_cast<HflowParser::FloatExprContext *>(c)) {
       auto e = std::make_unique<ast::Expr>(K::Float, loc(m->FLOAT()->getSymbol()));
       e->text = m->FLOAT()->getText();
-      e->floatValue = std::strtod(e->text.c_str(), nullptr);
+      e->floatValue = finite(e->text, e->loc);
       return e;
     }
     if (auto *m = dynamic_cast<HflowParser::StringExprContext *>(c)) {
@@ -287,18 +300,27 @@ private:
   DiagnosticList &diags_;
 };
 
-/// ANTLR's C++ runtime decodes UTF-8 and throws on invalid bytes; report the
-/// first one with its position instead.
+/// ANTLR's C++ runtime decodes UTF-8 and throws on anything that is not
+/// well-formed (overlong forms, surrogates, code points above U+10FFFF);
+/// report the first such byte with its position instead.
 bool checkUtf8(const std::string &file, const std::string &src,
                DiagnosticList &diags) {
   int line = 1, col = 1;
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(src[i]); };
   for (size_t i = 0; i < src.size();) {
-    unsigned char c = src[i];
+    unsigned char c = byte(i);
     size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3
                  : (c >> 3) == 0x1e ? 4 : 0;
     bool ok = len > 0 && i + len <= src.size();
-    for (size_t k = 1; ok && k < len; ++k)
-      ok = (static_cast<unsigned char>(src[i + k]) >> 6) == 0x2;
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (byte(i + k) >> 6) == 0x2;
+      cp = (cp << 6) | (byte(i + k) & 0x3f);
+    }
+    static const uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (ok && len > 1)
+      ok = cp >= kMinForLength[len] && cp <= 0x10ffff &&
+           !(cp >= 0xd800 && cp <= 0xdfff);
     if (!ok) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", c);
@@ -318,38 +340,37 @@ bool checkUtf8(const std::string &file, const std::string &src,
   return true;
 }
 
-/// Refuses pathological nesting before ANTLR's recursion can overflow.
-bool checkNesting(const std::string &file, const std::string &src,
-                  DiagnosticList &diags) {
-  int depth = 0, line = 1, col = 1;
-  bool inString = false, inLineComment = false;
-  for (size_t i = 0; i < src.size(); ++i) {
-    char c = src[i];
-    if (c == '\n') {
-      ++line;
-      col = 1;
-      inLineComment = false;
-      inString = false;
-      continue;
+/// Refuses input whose parse tree would be deep enough to exhaust the stack
+/// (ANTLR's parser, the tree-to-AST conversion and the AST's destructors all
+/// recurse over it): bracket nesting beyond kMaxNesting, and chains of more
+/// than kMaxNesting `*` operators in one expression. Works on the token
+/// stream, so strings and comments cannot hide brackets.
+bool checkDepth(const std::string &file, antlr4::CommonTokenStream &tokens,
+                DiagnosticList &diags) {
+  tokens.fill();
+  int depth = 0, chain = 0;
+  for (antlr4::Token *t : tokens.getTokens()) {
+    const std::string text = t->getType() == antlr4::Token::EOF ? "" : t->getText();
+    if (text == "(" || text == "{" || text == "[")
+      ++depth;
+    else if (text == ")" || text == "}" || text == "]")
+      depth = std::max(0, depth - 1);
+    if (text == "*")
+      ++chain;
+    else if (text == "," || text == "{" || text == "}" || text == ":" ||
+             text == "=" || text == ";")
+      chain = 0;
+    if (depth > kMaxNesting || chain > kMaxNesting) {
+      diags.error({file, static_cast<int>(t->getLine()),
+                   static_cast<int>(t->getCharPositionInLine()) + 1, 1},
+                  depth > kMaxNesting
+                      ? "nesting deeper than " + std::to_string(kMaxNesting) +
+                            " levels is not supported"
+                      : "an expression with more than " +
+                            std::to_string(kMaxNesting) +
+                            " '*' operators is not supported");
+      return false;
     }
-    if (!inString && !inLineComment && c == '/' && i + 1 < src.size() &&
-        src[i + 1] == '/')
-      inLineComment = true;
-    if (!inLineComment) {
-      if (c == '"')
-        inString = !inString;
-      else if (!inString && (c == '(' || c == '{' || c == '['))
-        ++depth;
-      else if (!inString && (c == ')' || c == '}' || c == ']'))
-        depth = std::max(0, depth - 1);
-      if (depth > kMaxNesting) {
-        diags.error({file, line, col, 1},
-                    "nesting deeper than " + std::to_string(kMaxNesting) +
-                        " levels is not supported");
-        return false;
-      }
-    }
-    ++col;
   }
   return true;
 }
@@ -360,8 +381,7 @@ FrontendResult hflow::frontend::parseOnly(const std::string &file,
                                           const std::string &source) {
   FrontendResult result;
   try {
-    if (!checkUtf8(file, source, result.diags) ||
-        !checkNesting(file, source, result.diags))
+    if (!checkUtf8(file, source, result.diags))
       return result;
     antlr4::ANTLRInputStream input(source);
     HflowLexer lexer(&input);
@@ -369,6 +389,8 @@ FrontendResult hflow::frontend::parseOnly(const std::string &file,
     lexer.removeErrorListeners();
     lexer.addErrorListener(&errors);
     antlr4::CommonTokenStream tokens(&lexer);
+    if (!checkDepth(file, tokens, result.diags))
+      return result;
     HflowParser parser(&tokens);
     parser.removeErrorListeners();
     parser.addErrorListener(&errors);

@@ -159,3 +159,50 @@ TEST(Frontend, AbsurdSizesAreRefused) {
 }
 
 } // namespace
+
+namespace {
+
+// Regressions from hand-made inputs beyond the fuzzer's size limit: deep
+// trees hidden from a character scan by strings or comments, long operator
+// chains, malformed UTF-8 that a lenient check let through, huge numbers.
+TEST(Frontend, DepthLimitsCannotBeBypassed) {
+  std::string deep = std::string(300, '(') + "a" + std::string(300, ')');
+  for (const std::string &prefix : {std::string("\"\\\"\", "), std::string("/* \" */ ")}) {
+    auto r = frontend::parseAndCheck(
+        "d.hflow", "flow f(p: Prompts) { let x = a.b(" + prefix + deep + ") }");
+    EXPECT_NE(firstError(r).find("nesting deeper than 200 levels"),
+              std::string::npos)
+        << firstError(r);
+  }
+  std::string chain = "a";
+  for (int i = 0; i < 300; ++i)
+    chain += "*a";
+  auto r = frontend::parseAndCheck("m.hflow",
+                                   "flow f(p: Prompts) { let x = " + chain + " }");
+  EXPECT_NE(firstError(r).find("an expression with more than 200 '*' operators"),
+            std::string::npos)
+      << firstError(r);
+}
+
+TEST(Frontend, MalformedUtf8IsReported) {
+  for (const std::string &bad : {std::string("\xc0\x80"), std::string("\xc1\x86"),
+                                 std::string("\xed\xa0\x80"),
+                                 std::string("\xf4\x90\x80\x80"),
+                                 std::string("\xf5\x80\x80\x80")}) {
+    auto r = frontend::parseAndCheck("u.hflow", "x " + bad + "\n");
+    EXPECT_NE(firstError(r).find("u.hflow:1:3: invalid UTF-8 byte"),
+              std::string::npos)
+        << firstError(r);
+  }
+  // Well-formed multi-byte text (in a comment) is fine.
+  auto ok = frontend::parseOnly("ok.hflow", "// caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n");
+  EXPECT_FALSE(ok.diags.hasErrors()) << firstError(ok);
+}
+
+TEST(Frontend, NumbersBeyondDoubleAreReported) {
+  auto r = frontend::parseOnly(
+      "n.hflow", "flow f(p: Prompts) { a.b(p, t: 1e999) }\n");
+  EXPECT_EQ(firstError(r), "n.hflow:1:32: number 1e999 is too large");
+}
+
+} // namespace
