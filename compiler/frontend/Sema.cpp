@@ -459,7 +459,8 @@ private:
         target = &r.generate;
       if (!target) {
         diags_.error(p.keyLoc,
-                     "unknown property '" + p.key + "' for a " + e.text + " role")
+                     "unknown property '" + p.key + "' for " + article(e.text) +
+                         " role")
             .notes.push_back({r.nameLoc, r.kind == ast::RoleKind::Actor
                                              ? "an Actor takes: train, generate"
                                              : "this role takes: train"});
