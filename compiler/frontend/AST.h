@@ -121,6 +121,12 @@ struct RoleDecl {
   std::string model;       // empty for RewardFn
   std::string rule;        // RewardFn: the named rule
   Layout train, generate;
+  /// Scalar options by name, in base units, for the planner and the runtime:
+  /// optimizer ("adamw"), lr, weight_decay, clip_grad, warmup (roles that
+  /// train); temperature, top_p, top_k (the actor's sampling defaults);
+  /// dtype (compute dtype override). Only what was written is present.
+  std::map<std::string, double> numbers;
+  std::map<std::string, std::string> strings;
 };
 
 /// `place a, b on MESH[lo:hi]`

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <sstream>
 
 using namespace hflow;
 using namespace hflow::frontend;
@@ -457,13 +458,14 @@ private:
         target = &r.train;
       else if (p.key == "generate" && r.kind == ast::RoleKind::Actor)
         target = &r.generate;
+      if (!target && roleOption(r, p))
+        continue;
       if (!target) {
         diags_.error(p.keyLoc,
                      "unknown property '" + p.key + "' for " + article(e.text) +
                          " role")
-            .notes.push_back({r.nameLoc, r.kind == ast::RoleKind::Actor
-                                             ? "an Actor takes: train, generate"
-                                             : "this role takes: train"});
+            .notes.push_back({r.nameLoc, article(e.text) + " takes: " +
+                                             joined(roleProperties(r.kind))});
         continue;
       }
       std::set<std::string> seen;
@@ -471,6 +473,106 @@ private:
       target->loc = p.value->loc;
       layoutExpr(*p.value, *target, seen);
     }
+  }
+
+  static std::vector<std::string> roleProperties(ast::RoleKind k) {
+    std::vector<std::string> props = {"train"};
+    if (k == ast::RoleKind::RewardFn)
+      return props;
+    if (k == ast::RoleKind::Actor)
+      props.push_back("generate");
+    props.push_back("dtype");
+    if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic)
+      props.push_back("optimizer");
+    if (k == ast::RoleKind::Actor)
+      for (const char *s : {"temperature", "top_p", "top_k"})
+        props.push_back(s);
+    return props;
+  }
+
+  /// A number property in [lo, hi] (hi < 0: no upper bound).
+  bool number(const Expr &v, const std::string &what, double lo, double hi,
+              bool integer, double &out) {
+    bool isNum = v.kind == Expr::Kind::Int ||
+                 (!integer && v.kind == Expr::Kind::Float);
+    double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+    if (!isNum) {
+      diags_.error(v.loc, what + (integer ? " must be an integer"
+                                          : " must be a number"));
+      return false;
+    }
+    if (x < lo || (hi >= 0 && x > hi)) {
+      std::ostringstream range;
+      range << what << " must be in [" << lo << ", ";
+      if (hi >= 0)
+        range << hi;
+      else
+        range << "inf";
+      range << "], got " << v.text;
+      diags_.error(v.loc, range.str());
+      return false;
+    }
+    out = x;
+    return true;
+  }
+
+  /// Handles a role property other than the layouts; returns false if the
+  /// property is not one this role kind takes.
+  bool roleOption(ast::RoleDecl &r, const ast::Property &p) {
+    auto allowed = roleProperties(r.kind);
+    if (p.key == "train" || p.key == "generate" ||
+        std::find(allowed.begin(), allowed.end(), p.key) == allowed.end())
+      return false;
+    const Expr &v = *p.value;
+    double x = 0;
+    if (p.key == "dtype") {
+      if (v.kind == Expr::Kind::Name &&
+          (v.text == "f32" || v.text == "bf16" || v.text == "f16"))
+        r.strings["dtype"] = v.text;
+      else
+        diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+    } else if (p.key == "temperature") {
+      if (number(v, "temperature", 0, -1, false, x))
+        r.numbers["temperature"] = x;
+    } else if (p.key == "top_p") {
+      if (number(v, "top_p", 0, 1, false, x)) {
+        if (x == 0)
+          diags_.error(v.loc, "top_p must be in (0, 1], got 0");
+        else
+          r.numbers["top_p"] = x;
+      }
+    } else if (p.key == "top_k") {
+      if (number(v, "top_k", 0, -1, true, x))
+        r.numbers["top_k"] = x;
+    } else if (p.key == "optimizer") {
+      if (v.kind != Expr::Kind::Call || v.text != "adamw") {
+        diags_.error(v.loc, "optimizer must be adamw(lr: ..., weight_decay: "
+                            "..., clip_grad: ..., warmup: ...)");
+        return true;
+      }
+      r.strings["optimizer"] = "adamw";
+      auto kw = keywordArgs(v, {"lr", "weight_decay", "clip_grad", "warmup"},
+                            "adamw()");
+      for (const auto &a : v.args)
+        if (a.key.empty())
+          diags_.error(a.value->loc, "adamw() arguments are named, e.g. lr: 1e-6");
+      if (!kw.count("lr"))
+        diags_.error(v.loc, "adamw() needs 'lr:'");
+      else if (number(*kw["lr"]->value, "lr", 0, -1, false, x) && x == 0)
+        diags_.error(kw["lr"]->value->loc, "lr must be positive");
+      else if (x > 0)
+        r.numbers["lr"] = x;
+      if (kw.count("weight_decay") &&
+          number(*kw["weight_decay"]->value, "weight_decay", 0, -1, false, x))
+        r.numbers["weight_decay"] = x;
+      if (kw.count("clip_grad") &&
+          number(*kw["clip_grad"]->value, "clip_grad", 0, -1, false, x))
+        r.numbers["clip_grad"] = x;
+      if (kw.count("warmup") &&
+          number(*kw["warmup"]->value, "warmup", 0, -1, true, x))
+        r.numbers["warmup"] = x;
+    }
+    return true;
   }
 
   void checkPlace(ast::PlaceDecl &p) {

@@ -64,9 +64,19 @@ public:
           r.model.empty() ? FlatSymbolRefAttr()
                           : FlatSymbolRefAttr::get(&ctx_, r.model);
       StringAttr rule = r.rule.empty() ? StringAttr() : b_.getStringAttr(r.rule);
+      SmallVector<NamedAttribute> options;
+      for (const auto &[key, value] : r.numbers)
+        options.push_back(b_.getNamedAttr(
+            key, key == "top_k" || key == "warmup"
+                     ? Attribute(b_.getI64IntegerAttr(static_cast<int64_t>(value)))
+                     : Attribute(b_.getF64FloatAttr(value))));
+      for (const auto &[key, value] : r.strings)
+        options.push_back(b_.getNamedAttr(key, b_.getStringAttr(value)));
       RoleOp::create(b_, loc(r.nameLoc), b_.getStringAttr(r.name),
                      RoleKindAttr::get(&ctx_, kind), model, rule,
-                     layout(r.train), layout(r.generate), DenseI64ArrayAttr());
+                     layout(r.train), layout(r.generate), DenseI64ArrayAttr(),
+                     options.empty() ? DictionaryAttr()
+                                     : b_.getDictionaryAttr(options));
     }
     for (const auto &p : prog_.places) {
       SmallVector<Attribute> roles;

@@ -85,12 +85,17 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
                                  generate <dp = 1, tp = 1, pp = 1>
     ```
     After placement the role carries `ranks`, the global ranks it runs on.
+    `options` holds what the program set besides layouts: the optimizer
+    (`optimizer = "adamw"`, `lr`, `weight_decay`, `clip_grad`, `warmup`),
+    the actor's sampling defaults (`temperature`, `top_p`, `top_k`) and a
+    compute `dtype`.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, Hflow_RoleKindAttr:$kind,
                        OptionalAttr<FlatSymbolRefAttr>:$model,
                        OptionalAttr<StrAttr>:$rule,
                        Hflow_LayoutAttr:$train, Hflow_LayoutAttr:$generate,
-                       OptionalAttr<DenseI64ArrayAttr>:$ranks);
+                       OptionalAttr<DenseI64ArrayAttr>:$ranks,
+                       OptionalAttr<DictionaryAttr>:$options);
   let assemblyFormat = [{
     $sym_name `` $kind (`(` $model^ `)`)? ($rule^)? `train` $train
     `generate` $generate attr-dict
