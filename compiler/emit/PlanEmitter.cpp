@@ -204,14 +204,14 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     stepRanks.push_back(roleRanks[role]);
   }
 
+  // Steps are visited in order, so each rank's list comes out increasing.
+  std::vector<std::vector<int>> perRank(world);
+  for (size_t s = 0; s < stepRanks.size(); ++s)
+    for (int r : stepRanks[s])
+      perRank[r].push_back(static_cast<int>(s));
   std::vector<flatbuffers::Offset<fb::RankSchedule>> schedules;
-  for (int r = 0; r < world; ++r) {
-    std::vector<int> mine;
-    for (size_t s = 0; s < stepRanks.size(); ++s)
-      if (llvm::is_contained(stepRanks[s], r))
-        mine.push_back(static_cast<int>(s));
-    schedules.push_back(fb::CreateRankSchedule(b, r, b.CreateVector(mine)));
-  }
+  for (int r = 0; r < world; ++r)
+    schedules.push_back(fb::CreateRankSchedule(b, r, b.CreateVector(perRank[r])));
 
   auto shaAttr = module->getAttrOfType<StringAttr>("hflow.source_sha256");
   std::vector<uint8_t> sha(32, 0);

@@ -72,7 +72,8 @@ public:
       return {file_, 0, 0, 1};
     return {file_, static_cast<int>(t->getLine()),
             static_cast<int>(t->getCharPositionInLine()) + 1,
-            std::max<int>(1, static_cast<int>(t->getText().size()))};
+            std::max<int>(1, static_cast<int>(t->getStopIndex() -
+                                              t->getStartIndex() + 1))};
   }
   ast::SourceLoc loc(antlr4::ParserRuleContext *c) const {
     ast::SourceLoc l = loc(c->getStart());
@@ -350,7 +351,12 @@ bool checkDepth(const std::string &file, antlr4::CommonTokenStream &tokens,
   tokens.fill();
   int depth = 0, chain = 0;
   for (antlr4::Token *t : tokens.getTokens()) {
-    const std::string text = t->getType() == antlr4::Token::EOF ? "" : t->getText();
+    // Brackets and separators are one character; skip the text copy
+    // (UTF-32 to UTF-8) for every other token.
+    if (t->getType() == antlr4::Token::EOF ||
+        t->getStopIndex() != t->getStartIndex())
+      continue;
+    const std::string text = t->getText();
     if (text == "(" || text == "{" || text == "[")
       ++depth;
     else if (text == ")" || text == "}" || text == "]")

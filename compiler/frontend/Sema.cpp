@@ -167,25 +167,20 @@ private:
     return out;
   }
 
-  bool positiveInt(const ast::Arg *a, int64_t &out, const std::string &what) {
-    if (a->value->kind != Expr::Kind::Int) {
-      diags_.error(a->value->loc, what + " must be an integer");
+  /// An integer literal > 0 (>= 0 with `allowZero`).
+  bool positiveInt(const Expr &v, int64_t &out, const std::string &what,
+                   bool allowZero = false) {
+    if (v.kind != Expr::Kind::Int) {
+      diags_.error(v.loc, what + " must be an integer");
       return false;
     }
-    if (a->value->intValue <= 0) {
-      diags_.error(a->value->loc, what + " must be positive, got " +
-                                      std::to_string(a->value->intValue));
+    if (v.intValue < (allowZero ? 0 : 1)) {
+      diags_.error(v.loc, what + " must be positive, got " +
+                              std::to_string(v.intValue));
       return false;
     }
-    out = a->value->intValue;
+    out = v.intValue;
     return true;
-  }
-
-  bool expectCall(const Expr &e, const std::string &what) {
-    if (e.kind == Expr::Kind::Call)
-      return true;
-    diags_.error(e.loc, what + " must be a constructor call");
-    return false;
   }
 
   /// A positive quantity of unit kind `kind`, e.g. memory: 80GB.
@@ -297,7 +292,7 @@ private:
         diags_.error(e.loc, std::string("mesh() needs '") + key + ":'");
         continue;
       }
-      positiveInt(kw[key], key == std::string("nodes") ? c.nodes : c.perNode,
+      positiveInt(*kw[key]->value, key == std::string("nodes") ? c.nodes : c.perNode,
                   key);
     }
     if (c.nodes > 0 && c.perNode > 0 &&
@@ -338,7 +333,7 @@ private:
         allOk = false;
         continue;
       }
-      allOk &= positiveInt(kw[d.key], *d.out, d.key);
+      allOk &= positiveInt(*kw[d.key]->value, *d.out, d.key);
     }
     if (kw.count("dtype")) {
       const Expr &v = *kw["dtype"]->value;
@@ -404,7 +399,7 @@ private:
       return false;
     }
     int64_t degree = 0;
-    if (!positiveInt(&e.args[0], degree, e.text + " degree"))
+    if (!positiveInt(*e.args[0].value, degree, e.text + " degree"))
       return false;
     (e.text == "dp" ? l.dp : e.text == "tp" ? l.tp : l.pp) = degree;
     if (e.text == "dp")
@@ -720,13 +715,7 @@ private:
       const Expr &v = *it->second->value;
       if (where)
         *where = v.loc;
-      if (v.kind != Expr::Kind::Int)
-        diags_.error(v.loc, std::string(key) + " must be an integer");
-      else if (v.intValue <= 0 && std::string(key) != "seed")
-        diags_.error(v.loc, std::string(key) + " must be positive, got " +
-                                std::to_string(v.intValue));
-      else
-        out = v.intValue;
+      positiveInt(v, out, key, /*allowZero=*/std::string(key) == "seed");
     };
     if (auto it = props.find("data"); it != props.end()) {
       if (it->second->value->kind != Expr::Kind::String)

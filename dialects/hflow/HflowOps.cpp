@@ -8,6 +8,9 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <limits>
+#include <tuple>
+
 using namespace mlir;
 using namespace mlir::hflow;
 
@@ -76,24 +79,23 @@ int64_t ModelOp::computeParamCount() {
 }
 
 LogicalResult ModelOp::verify() {
-  for (auto [name, value] :
-       {std::pair<StringRef, int64_t>{"layers", getLayersAttr().getInt()},
-        {"hidden", getHiddenAttr().getInt()},
-        {"heads", getHeadsAttr().getInt()},
-        {"kv_heads", getKvHeadsAttr().getInt()},
-        {"ffn", getFfnAttr().getInt()},
-        {"vocab", getVocabAttr().getInt()}})
-    if (value < 1)
-      return emitOpError() << name << " must be positive, got " << value;
+  using ::hflow::limits::kMaxFfn, ::hflow::limits::kMaxHidden,
+      ::hflow::limits::kMaxLayers, ::hflow::limits::kMaxVocab;
+  constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
   for (auto [name, value, max] :
        {std::tuple<StringRef, int64_t, int64_t>{"layers", getLayersAttr().getInt(),
-                                                ::hflow::limits::kMaxLayers},
-        {"hidden", getHiddenAttr().getInt(), ::hflow::limits::kMaxHidden},
-        {"ffn", getFfnAttr().getInt(), ::hflow::limits::kMaxFfn},
-        {"vocab", getVocabAttr().getInt(), ::hflow::limits::kMaxVocab}})
+                                                kMaxLayers},
+        {"hidden", getHiddenAttr().getInt(), kMaxHidden},
+        {"heads", getHeadsAttr().getInt(), kNoMax},
+        {"kv_heads", getKvHeadsAttr().getInt(), kNoMax},
+        {"ffn", getFfnAttr().getInt(), kMaxFfn},
+        {"vocab", getVocabAttr().getInt(), kMaxVocab}}) {
+    if (value < 1)
+      return emitOpError() << name << " must be positive, got " << value;
     if (value > max)
       return emitOpError() << name << " = " << value
                            << " is larger than the supported maximum " << max;
+  }
   if (getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
     return emitOpError() << "hidden (" << getHiddenAttr().getInt()
                          << ") is not divisible by heads (" << getHeadsAttr().getInt() << ")";
