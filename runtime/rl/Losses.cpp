@@ -1,0 +1,74 @@
+//===- Losses.cpp - PPO policy loss and clipped value loss ------------------===//
+#include "Losses.h"
+#include "Check.h"
+#include "Masked.h"
+
+namespace hflow::rl {
+using namespace detail;
+
+PolicyLossOutput compute_policy_loss(const at::Tensor &old_log_prob,
+                                     const at::Tensor &log_prob,
+                                     const at::Tensor &advantages,
+                                     const at::Tensor &response_mask,
+                                     const PolicyLossConfig &config,
+                                     const std::optional<at::Tensor> &rollout_is_weights) {
+  const char *fn = "compute_policy_loss";
+  check_floating(log_prob, fn, "log_prob");
+  check_like(old_log_prob, "old_log_prob", log_prob, "log_prob", fn);
+  check_like(advantages, "advantages", log_prob, "log_prob", fn);
+  at::Tensor m = mask_as(response_mask, "response_mask", log_prob, "log_prob", fn);
+  if (rollout_is_weights)
+    check_like(*rollout_is_weights, "rollout_is_weights", log_prob, "log_prob", fn);
+  if (!(config.clip_ratio_c > 1.0))
+    fail(fn, "clip_ratio_c (the dual-clip lower bound) must be > 1.0, got " +
+                 std::to_string(config.clip_ratio_c));
+  const double lo = config.clip_ratio_low.value_or(config.clip_ratio);
+  const double hi = config.clip_ratio_high.value_or(config.clip_ratio);
+  const at::Tensor &A = advantages;
+
+  at::Tensor d = at::clamp(log_prob - old_log_prob, -20.0, 20.0);
+  at::Tensor ratio = at::exp(d);
+  at::Tensor ppoKl = masked_mean(-d, m);
+
+  at::Tensor negA = -A;
+  at::Tensor l1 = negA * ratio;
+  at::Tensor l2 = negA * at::clamp(ratio, 1.0 - lo, 1.0 + hi);
+  at::Tensor c1 = at::maximum(l1, l2);
+  at::Tensor clipfrac = masked_mean(at::gt(l2, l1).to(A.scalar_type()), m);
+
+  at::Tensor l3 = negA * config.clip_ratio_c;
+  at::Tensor c2 = at::minimum(l3, c1);
+  at::Tensor negative = A < 0;
+  at::Tensor clipfracLower = masked_mean(
+      at::gt(c1, l3).to(A.scalar_type()) * negative.to(A.scalar_type()), m);
+
+  at::Tensor pgLosses = at::where(negative, c2, c1);
+  if (rollout_is_weights)
+    pgLosses = pgLosses * *rollout_is_weights;
+  at::Tensor pgLoss = agg_loss(pgLosses, m, config.loss_agg_mode, config.agg);
+  return {pgLoss, clipfrac, ppoKl, clipfracLower, pgLosses};
+}
+
+ValueLossOutput compute_value_loss(const at::Tensor &vpreds,
+                                   const at::Tensor &returns,
+                                   const at::Tensor &values,
+                                   const at::Tensor &response_mask,
+                                   double cliprange_value,
+                                   LossAggMode loss_agg_mode,
+                                   const AggOptions &agg) {
+  const char *fn = "compute_value_loss";
+  check_floating(vpreds, fn, "vpreds");
+  check_like(returns, "returns", vpreds, "vpreds", fn);
+  check_like(values, "values", vpreds, "vpreds", fn);
+  at::Tensor m = mask_as(response_mask, "response_mask", vpreds, "vpreds", fn);
+
+  at::Tensor clipped = clip_by_value(vpreds, values - cliprange_value,
+                                     values + cliprange_value);
+  at::Tensor e1 = vpreds - returns, e2 = clipped - returns;
+  at::Tensor l1 = e1 * e1, l2 = e2 * e2;
+  at::Tensor loss = 0.5 * agg_loss(at::maximum(l1, l2), m, loss_agg_mode, agg);
+  at::Tensor clipfrac = masked_mean(at::gt(l2, l1).to(vpreds.scalar_type()), m);
+  return {loss, clipfrac};
+}
+
+} // namespace hflow::rl
