@@ -2,9 +2,11 @@
 //
 // The lowering from the flow to per-rank schedules is, for now, direct: each
 // call becomes a Compute step on its role's ranks followed by a
-// CheckAllGather over the role's group, in program order. Values get the
-// indices of their definition order. Later passes (layouts, reshard, overlap)
-// will hand this emitter a scheduled IR instead.
+// CheckAllGather over the role's group, each builtin a Builtin step on the
+// controller (rank 0), in program order; each train block is a phase, its
+// flow's steps after the previous phase's. Values get the indices of their
+// definition order. Later passes (layouts, reshard, overlap) will hand this
+// emitter a scheduled IR instead.
 //
 //===----------------------------------------------------------------------===//
 
@@ -68,24 +70,32 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                               std::vector<uint8_t> &out) {
   SmallVector<FlowOp> flows(module.getOps<FlowOp>());
   SmallVector<TrainOp> trains(module.getOps<TrainOp>());
-  FlowOp flow;
+  // The phases to lower: every train block in order, or the one flow asked
+  // for (or the only one) without a train block.
+  SmallVector<std::pair<FlowOp, TrainOp>> phases;
   int64_t seed = options.seed;
   if (!trains.empty())
     seed = trains.front().getSeedAttr().getInt();
   if (options.flow.empty() && !trains.empty()) {
-    // The train block says which flow the job runs.
-    flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(
-        trains.front(), trains.front().getFlowAttr());
-    if (!flow)
-      return trains.front().emitError() << "names no flow";
+    for (TrainOp t : trains) {
+      auto f = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr());
+      if (!f)
+        return t.emitError() << "names no flow";
+      phases.push_back({f, t});
+    }
   } else if (!options.flow.empty()) {
     for (FlowOp f : flows)
       if (f.getSymName() == options.flow)
-        flow = f;
-    if (!flow)
+        phases.push_back({f, TrainOp()});
+    if (phases.empty())
       return module.emitError() << "no flow named '" << options.flow << "'";
+    for (TrainOp t : trains)
+      if (t.getFlow() == options.flow) {
+        phases.front().second = t;
+        break;
+      }
   } else if (flows.size() == 1) {
-    flow = flows.front();
+    phases.push_back({flows.front(), TrainOp()});
   } else {
     std::string names;
     for (FlowOp f : flows)
@@ -95,6 +105,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
            << " flows; choose one with --flow (" << names
            << ") or add a train block";
   }
+  FlowOp flow = phases.front().first;
   SmallVector<MeshOp> meshes(module.getOps<MeshOp>());
   if (meshes.size() != 1)
     return module.emitError() << "expected exactly one mesh, found "
@@ -116,7 +127,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
         m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
-        m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount()));
+        m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount(),
+        m.getTieEmbeddings(), m.getQkvBias(),
+        m.getRopeThetaAttr() ? m.getRopeThetaAttr().getValueAsDouble() : 10000.0));
   }
 
   // Roles and one communicator group per role.
@@ -134,8 +147,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       if (auto m = SymbolTable::lookupNearestSymbolFrom<ModelOp>(r, ref))
         model = modelIndex.lookup(m);
     auto toLayout = [](LayoutAttr l) {
-      return fb::Layout(static_cast<int>(l.getDp()), static_cast<int>(l.getTp()),
-                        static_cast<int>(l.getPp()));
+      auto i = [](int64_t v) { return static_cast<int>(v); };
+      return fb::Layout(i(l.getDp()), i(l.getTp()), i(l.getPp()), i(l.getFsdp()),
+                        i(l.getSp()), i(l.getCp()));
     };
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
     roleIndex[r.getSymName()] = roles.size();
@@ -147,61 +161,117 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
 
-  // Values and steps, in program order.
+  // Values and steps, phase by phase, in program order.
   llvm::DenseMap<Value, int> valueIndex;
   std::vector<flatbuffers::Offset<fb::Value>> values;
   std::vector<flatbuffers::Offset<fb::Step>> steps;
   std::vector<std::vector<int>> stepRanks;
-  Block &body = flow.getBody().front();
-  auto argNames = flow.getArgNames();
-  for (BlockArgument arg : body.getArguments()) {
-    std::string name =
-        argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
-                 : "arg" + std::to_string(arg.getArgNumber());
-    valueIndex[arg] = values.size();
+  std::vector<flatbuffers::Offset<fb::Phase>> phaseOffs;
+  auto newValue = [&](Value v, const std::string &name, int producer) {
+    valueIndex[v] = values.size();
     values.push_back(fb::CreateValue(
         b, b.CreateString(name),
-        static_cast<fb::BatchKind>(cast<BatchType>(arg.getType()).getKind()), -1));
-  }
-  for (CallOp call : flow.getBody().front().getOps<CallOp>()) {
-    auto it = roleIndex.find(call.getRole());
-    if (it == roleIndex.end())
-      return call.emitError() << "calls unknown role '" << call.getRole() << "'";
-    int role = it->second;
-    if (roleRanks[role].empty())
-      return call.emitError() << "role '" << call.getRole()
-                              << "' has no ranks; run the placement pass first";
-    std::vector<int> inputs, outputs;
-    for (Value v : call.getInputs())
-      inputs.push_back(valueIndex.lookup(v));
-    int computeStep = steps.size();
-    if (Value r = call.getResult()) {
-      valueIndex[r] = values.size();
-      outputs.push_back(values.size());
-      std::string name = call.getNameAttr() ? call.getNameAttr().str()
-                                            : "v" + std::to_string(values.size());
-      values.push_back(fb::CreateValue(
-          b, b.CreateString(name),
-          static_cast<fb::BatchKind>(cast<BatchType>(r.getType()).getKind()),
-          computeStep));
-    }
+        static_cast<fb::BatchKind>(cast<BatchType>(v.getType()).getKind()),
+        producer));
+    return static_cast<int>(values.size() - 1);
+  };
+  auto keyValues = [&](DictionaryAttr args,
+                       ArrayRef<std::pair<std::string, std::string>> extra = {}) {
+    std::vector<std::pair<std::string, std::string>> all;
+    if (args)
+      for (NamedAttribute na : args)
+        all.push_back({na.getName().str(), attrString(na.getValue())});
+    all.insert(all.end(), extra.begin(), extra.end());
+    std::sort(all.begin(), all.end());
     std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
-    if (auto args = call.getArgsAttr())
-      for (NamedAttribute na : args) // DictionaryAttr keeps keys sorted
-        kvs.push_back(fb::CreateKeyValue(b, b.CreateString(na.getName().str()),
-                                         b.CreateString(attrString(na.getValue()))));
-    std::string loc = locString(call.getLoc());
-    steps.push_back(fb::CreateStep(
-        b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
-        b.CreateVector(inputs), b.CreateVector(outputs), -1, -1,
-        b.CreateVector(kvs), b.CreateString(loc)));
-    stepRanks.push_back(roleRanks[role]);
-    steps.push_back(fb::CreateStep(
-        b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
-        b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-        role, computeStep, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-        b.CreateString(loc)));
-    stepRanks.push_back(roleRanks[role]);
+    for (auto &[k, v] : all)
+      kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    return b.CreateVector(kvs);
+  };
+  for (auto &[phaseFlow, train] : phases) {
+    const int firstStep = steps.size();
+    valueIndex.clear();
+    Block &body = phaseFlow.getBody().front();
+    auto argNames = phaseFlow.getArgNames();
+    for (BlockArgument arg : body.getArguments())
+      newValue(arg,
+               argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
+                        : "arg" + std::to_string(arg.getArgNumber()),
+               -1);
+    for (Operation &op : body) {
+      std::string loc = locString(op.getLoc());
+      if (auto bi = dyn_cast<BuiltinOp>(op)) {
+        // The controller (rank 0) computes builtins on the batch values.
+        std::vector<int> inputs, outputs;
+        for (Value v : bi.getInputs())
+          inputs.push_back(valueIndex.lookup(v));
+        int step = steps.size();
+        std::string base = bi.getNameAttr() ? bi.getNameAttr().str()
+                                            : "v" + std::to_string(values.size());
+        for (auto [i, r] : llvm::enumerate(bi.getResults()))
+          outputs.push_back(newValue(r, i == 0 ? base : base + ".returns", step));
+        std::vector<std::pair<std::string, std::string>> extra;
+        if (auto sc = bi.getScalarAttr())
+          extra.push_back({"scalar", attrString(sc)});
+        if (bi.getScalarLhs())
+          extra.push_back({"scalar_lhs", "true"});
+        if (auto sr = bi.getScaleRhsAttr())
+          extra.push_back({"scale_rhs", attrString(sr)});
+        auto kvs = keyValues(bi.getArgsAttr(), extra);
+        steps.push_back(fb::CreateStep(
+            b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
+            b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+            b.CreateString(loc)));
+        stepRanks.push_back({0});
+        continue;
+      }
+      auto call = dyn_cast<CallOp>(op);
+      if (!call)
+        continue;
+      auto it = roleIndex.find(call.getRole());
+      if (it == roleIndex.end())
+        return call.emitError() << "calls unknown role '" << call.getRole() << "'";
+      int role = it->second;
+      if (roleRanks[role].empty())
+        return call.emitError() << "role '" << call.getRole()
+                                << "' has no ranks; run the placement pass first";
+      std::vector<int> inputs, outputs;
+      for (Value v : call.getInputs())
+        inputs.push_back(valueIndex.lookup(v));
+      int computeStep = steps.size();
+      if (Value r = call.getResult())
+        outputs.push_back(newValue(r,
+                                   call.getNameAttr()
+                                       ? call.getNameAttr().str()
+                                       : "v" + std::to_string(values.size()),
+                                   computeStep));
+      auto kvs = keyValues(call.getArgsAttr());
+      steps.push_back(fb::CreateStep(
+          b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
+          b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+          b.CreateString(loc)));
+      stepRanks.push_back(roleRanks[role]);
+      steps.push_back(fb::CreateStep(
+          b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
+          b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
+          role, computeStep, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+          b.CreateString(loc)));
+      stepRanks.push_back(roleRanks[role]);
+    }
+    if (train) {
+      auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
+      phaseOffs.push_back(fb::CreatePhase(
+          b, b.CreateString(phaseFlow.getSymName().str()), firstStep,
+          static_cast<int>(steps.size()) - firstStep,
+          b.CreateString(train.getData().str()),
+          static_cast<int>(train.getBatchAttr().getInt()),
+          static_cast<int>(train.getNAttr().getInt()),
+          static_cast<int>(train.getMinibatchAttr().getInt()),
+          opt(train.getStepsAttr()), opt(train.getEpochsAttr()),
+          opt(train.getCheckpointEveryAttr()),
+          b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
+                                                  : std::string())));
+    }
   }
 
   // Steps are visited in order, so each rank's list comes out increasing.
@@ -232,7 +302,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       b.CreateString(flow.getSymName().str()), static_cast<int>(world),
       seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
       b.CreateVector(models), b.CreateVector(roles), b.CreateVector(groups),
-      b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules));
+      b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules),
+      b.CreateVector(phaseOffs));
   b.Finish(planOff);
 
   flatbuffers::FlatBufferBuilder fileBuilder;

@@ -34,6 +34,9 @@ void layout(llvm::json::OStream &j, llvm::StringRef key, const fb::Layout *l) {
     j.attribute("dp", l->dp());
     j.attribute("tp", l->tp());
     j.attribute("pp", l->pp());
+    j.attribute("fsdp", l->fsdp());
+    j.attribute("sp", l->sp());
+    j.attribute("cp", l->cp());
   });
 }
 
@@ -85,6 +88,9 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("vocab", m->vocab());
             j.attribute("dtype", fb::EnumNameDType(m->dtype()));
             j.attribute("params", m->params());
+            j.attribute("tie_embeddings", m->tie_embeddings());
+            j.attribute("qkv_bias", m->qkv_bias());
+            j.attribute("rope_theta", m->rope_theta());
           });
     });
     j.attributeArray("roles", [&] {
@@ -121,8 +127,9 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
         for (const fb::Step *s : *p.steps())
           j.object([&] {
             j.attribute("kind", fb::EnumNameStepKind(s->kind()));
-            if (s->kind() == fb::StepKind::Compute) {
-              j.attribute("role", s->role());
+            if (s->kind() != fb::StepKind::CheckAllGather) {
+              if (s->kind() == fb::StepKind::Compute)
+                j.attribute("role", s->role());
               j.attribute("method", str(s->method()));
               intArray(j, "inputs", s->inputs());
               intArray(j, "outputs", s->outputs());
@@ -136,6 +143,23 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
               j.attribute("checks", s->checks());
             }
             j.attribute("loc", str(s->loc()));
+          });
+    });
+    j.attributeArray("phases", [&] {
+      if (p.phases())
+        for (const fb::Phase *ph : *p.phases())
+          j.object([&] {
+            j.attribute("flow", str(ph->flow()));
+            j.attribute("first_step", ph->first_step());
+            j.attribute("num_steps", ph->num_steps());
+            j.attribute("data", str(ph->data()));
+            j.attribute("batch", ph->batch());
+            j.attribute("n", ph->n());
+            j.attribute("minibatch", ph->minibatch());
+            j.attribute("train_steps", ph->train_steps());
+            j.attribute("epochs", ph->epochs());
+            j.attribute("checkpoint_every", ph->checkpoint_every());
+            j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
           });
     });
     j.attributeArray("schedules", [&] {

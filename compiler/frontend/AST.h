@@ -38,8 +38,11 @@ struct Arg {
 
 struct Expr {
   enum class Kind {
-    Name, Int, Float, String, Quantity, Call, MethodCall, Mul,
-    Every // `every N to "dir"`: intValue = N, text = dir
+    Name, Int, Float, String, Quantity, Call, MethodCall,
+    Binary, // lhs op rhs, op one of + - * /
+    Neg,    // -lhs (a negated literal is folded into the literal)
+    Field,  // receiver.text, e.g. adv.returns
+    Every   // `every N to "dir"`: intValue = N, text = dir
   };
   Kind kind;
   SourceLoc loc;
@@ -47,10 +50,16 @@ struct Expr {
   int64_t intValue = 0;    // Int
   double floatValue = 0;   // Float; Quantity: the number before the unit
   std::string unit;        // Quantity: "GB", "TB/s", "TFLOPS", ...
-  std::string receiver;    // MethodCall: the role name
-  SourceLoc receiverLoc;   // MethodCall
+  std::string receiver;    // MethodCall: the role name; Field: the value
+  SourceLoc receiverLoc;   // MethodCall, Field
   std::vector<Arg> args;   // Call, MethodCall
-  ExprPtr lhs, rhs;        // Mul
+  ExprPtr lhs, rhs;        // Binary (both), Neg (lhs)
+  char op = 0;             // Binary: '+', '-', '*' or '/'
+
+  // Resolved by Sema inside flows: the batch kind of a batch-valued
+  // expression, or the folded value of a constant one.
+  std::optional<int> batchKind; // an ast::BatchKind
+  std::optional<double> constant;
 
   explicit Expr(Kind k, SourceLoc l) : kind(k), loc(std::move(l)) {}
 };
@@ -98,14 +107,23 @@ struct ModelDecl {
   std::string arch;
   int64_t layers = 0, hidden = 0, heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
   DType dtype = DType::F32;
+  bool tieEmbeddings = false; // the LM head shares the embedding matrix
+  bool qkvBias = false;       // Q, K and V projections have biases (Qwen2)
+  double ropeTheta = 10000;
+  std::string hfDir;          // hf("dir"): the config.json it was read from
 };
 
 enum class RoleKind { Actor, Critic, Reference, RewardModel, RewardFn };
 
-/// A parallel layout: degrees of data, tensor and pipeline parallelism.
+/// A parallel layout: degrees of data, fully sharded data (ZeRO-3), tensor,
+/// pipeline, sequence and context parallelism. `fsdp` alone (no degree)
+/// shards over every device the role has; `auto` leaves the layout to the
+/// planner.
 struct Layout {
-  int64_t dp = 1, tp = 1, pp = 1;
-  bool explicitDp = false; // dp was written (otherwise inferred from devices)
+  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+  bool explicitDp = false;   // dp was written (otherwise inferred from devices)
+  bool fsdpAll = false;      // bare `fsdp`: the degree is inferred like dp
+  bool isAuto = false;       // `auto`
   SourceLoc loc;
   bool written = false;
 };
@@ -129,9 +147,10 @@ struct RoleDecl {
   std::map<std::string, std::string> strings;
 };
 
-/// `place a, b on MESH[lo:hi]`
+/// `place a, b on MESH[lo:hi]`, or `place auto [on MESH]` (isAuto, no roles).
 struct PlaceDecl {
   SourceLoc loc;
+  bool isAuto = false;
   std::vector<std::pair<std::string, SourceLoc>> roles;
   std::string mesh;
   SourceLoc meshLoc;
@@ -139,7 +158,9 @@ struct PlaceDecl {
   SourceLoc rangeLoc;
 };
 
-enum class BatchKind { Prompts, Rollout, LogProbs, Values, Scores, Advantages };
+enum class BatchKind {
+  Prompts, Rollout, LogProbs, Values, Scores, Advantages, Returns, KL
+};
 
 struct Param {
   std::string name, type;

@@ -33,10 +33,15 @@ roleDecl : 'role' name=ID '=' ctor=call roleBody? ;
 roleBody : '{' ( prop ( ',' prop )* ','? )? '}' ;
 prop     : key=word ':' value=expr ;
 // Keys may be words the grammar also uses as keywords (`train: dp(2)`).
-word     : ID | 'train' | 'every' | 'to' | 'on' | 'model' | 'device' | 'flow' ;
+word     : ID | 'train' | 'every' | 'to' | 'on' | 'model' | 'device' | 'flow'
+         | 'auto' ;
 
 // place actor, ref on local[0:2]
-placeDecl : 'place' roles+=ID ( ',' roles+=ID )* 'on' mesh=ID '[' lo=INT ':' hi=INT ']' ;
+// place auto                   (the compiler chooses; `on MESH` if there are several)
+placeDecl
+  : 'place' roles+=ID ( ',' roles+=ID )* 'on' mesh=ID '[' lo=INT ':' hi=INT ']'
+  | 'place' isAuto='auto' ( 'on' mesh=ID )?
+  ;
 
 // flow step(prompts: Prompts) { let r = actor.generate(prompts) ... }
 flowDecl : 'flow' name=ID '(' ( param ( ',' param )* )? ')' '{' stmt* '}' ;
@@ -50,11 +55,16 @@ stmt
 //              minibatch: 64, seed: 1, checkpoint: every 100 to "ckpt/" }
 trainDecl : 'train' flow=ID '{' ( prop ( ',' prop )* ','? )? '}' ;
 
+// Precedence, tightest first: unary minus, * and /, + and - (all left-assoc).
 expr
-  : lhs=expr op='*' rhs=expr                    # MulExpr
+  : op='-' operand=expr                         # NegExpr
+  | lhs=expr op=( '*' | '/' ) rhs=expr          # MulExpr
+  | lhs=expr op=( '+' | '-' ) rhs=expr          # AddExpr
   | 'every' count=INT 'to' dir=STRING           # EveryExpr
   | recv=ID '.' method=ID '(' argList? ')'      # MethodCallExpr
+  | recv=ID '.' field=ID                        # FieldExpr
   | call                                        # CallExpr
+  | 'auto'                                      # AutoExpr
   | ID                                          # NameExpr
   | QUANTITY                                    # QuantityExpr
   | INT                                         # IntExpr

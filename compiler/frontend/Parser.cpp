@@ -128,6 +128,15 @@ public:
       } else if (auto *pl = d->placeDecl()) {
         ast::PlaceDecl decl;
         decl.loc = loc(pl);
+        if (pl->isAuto) {
+          decl.isAuto = true;
+          if (pl->mesh) {
+            decl.mesh = pl->mesh->getText();
+            decl.meshLoc = loc(pl->mesh);
+          }
+          p.places.push_back(std::move(decl));
+          continue;
+        }
         for (antlr4::Token *t : pl->roles)
           decl.roles.push_back({t->getText(), loc(t)});
         decl.mesh = pl->mesh->getText();
@@ -233,12 +242,50 @@ private:
     return out;
   }
 
+  ast::ExprPtr binary(antlr4::Token *op, HflowParser::ExprContext *lhs,
+                      HflowParser::ExprContext *rhs) {
+    auto e = std::make_unique<ast::Expr>(ast::Expr::Kind::Binary, loc(op));
+    e->op = op->getText()[0];
+    e->lhs = expr(lhs);
+    e->rhs = expr(rhs);
+    return e;
+  }
+
   ast::ExprPtr expr(HflowParser::ExprContext *c) {
     using K = ast::Expr::Kind;
-    if (auto *m = dynamic_cast<HflowParser::MulExprContext *>(c)) {
-      auto e = std::make_unique<ast::Expr>(K::Mul, loc(m->op));
-      e->lhs = expr(m->lhs);
-      e->rhs = expr(m->rhs);
+    if (auto *m = dynamic_cast<HflowParser::MulExprContext *>(c))
+      return binary(m->op, m->lhs, m->rhs);
+    if (auto *m = dynamic_cast<HflowParser::AddExprContext *>(c))
+      return binary(m->op, m->lhs, m->rhs);
+    if (auto *m = dynamic_cast<HflowParser::NegExprContext *>(c)) {
+      ast::ExprPtr operand = expr(m->operand);
+      // -2, -1e-3: negative literals.
+      if (operand->kind == K::Int) {
+        operand->intValue = -operand->intValue;
+        operand->text = "-" + operand->text;
+        operand->loc = loc(m->op);
+        return operand;
+      }
+      if (operand->kind == K::Float) {
+        operand->floatValue = -operand->floatValue;
+        operand->text = "-" + operand->text;
+        operand->loc = loc(m->op);
+        return operand;
+      }
+      auto e = std::make_unique<ast::Expr>(K::Neg, loc(m->op));
+      e->lhs = std::move(operand);
+      return e;
+    }
+    if (auto *m = dynamic_cast<HflowParser::FieldExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Field, loc(m->field));
+      e->receiver = m->recv->getText();
+      e->receiverLoc = loc(m->recv);
+      e->text = m->field->getText();
+      return e;
+    }
+    if (dynamic_cast<HflowParser::AutoExprContext *>(c)) {
+      auto e = std::make_unique<ast::Expr>(K::Name, loc(c));
+      e->text = "auto";
       return e;
     }
     if (auto *m = dynamic_cast<HflowParser::EveryExprContext *>(c)) {
@@ -361,7 +408,7 @@ bool checkDepth(const std::string &file, antlr4::CommonTokenStream &tokens,
       ++depth;
     else if (text == ")" || text == "}" || text == "]")
       depth = std::max(0, depth - 1);
-    if (text == "*")
+    if (text == "*" || text == "/" || text == "+" || text == "-")
       ++chain;
     else if (text == "," || text == "{" || text == "}" || text == ":" ||
              text == "=" || text == ";")
@@ -374,7 +421,7 @@ bool checkDepth(const std::string &file, antlr4::CommonTokenStream &tokens,
                             " levels is not supported"
                       : "an expression with more than " +
                             std::to_string(kMaxNesting) +
-                            " '*' operators is not supported");
+                            " operators is not supported");
       return false;
     }
   }

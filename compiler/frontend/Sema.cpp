@@ -1,11 +1,16 @@
 //===- Sema.cpp - semantic checks of the front end -------------------------===//
 
 #include "Sema.h"
+#include "Builtins.h"
 #include "Limits.h"
 #include "RoleMethods.h"
 #include "Units.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -82,9 +87,6 @@ public:
       checkFlow(f);
     for (auto &t : prog_.trains)
       checkTrain(t);
-    if (prog_.trains.size() > 1)
-      diags_.error(prog_.trains[1].loc, "a program has at most one train block")
-          .notes.push_back({prog_.trains[0].loc, "the first one is here"});
   }
 
 private:
@@ -304,12 +306,41 @@ private:
                               std::to_string(limits::kMaxDevices) + ")");
   }
 
+  /// A boolean keyword argument: `true` or `false`.
+  bool boolArg(const Expr &v, const std::string &what, bool &out) {
+    if (v.kind == Expr::Kind::Name && (v.text == "true" || v.text == "false")) {
+      out = v.text == "true";
+      return true;
+    }
+    diags_.error(v.loc, what + " must be true or false");
+    return false;
+  }
+
+  bool dtypeArg(const Expr &v, ast::DType &out) {
+    if (v.kind == Expr::Kind::Name && v.text == "f32")
+      out = ast::DType::F32;
+    else if (v.kind == Expr::Kind::Name && v.text == "bf16")
+      out = ast::DType::BF16;
+    else if (v.kind == Expr::Kind::Name && v.text == "f16")
+      out = ast::DType::F16;
+    else {
+      diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+      return false;
+    }
+    return true;
+  }
+
   void checkModel(ast::ModelDecl &m) {
     const Expr &e = *m.ctor;
+    if (e.text == "hf") {
+      checkHfModel(m);
+      return;
+    }
     if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
         std::end(kKnownArchs)) {
       diags_.error(e.loc, "unknown model architecture '" + e.text +
-                              "'; known: llama, qwen2");
+                              "'; known: llama, qwen2, and hf(\"dir\") for a "
+                              "Hugging Face config.json");
       return;
     }
     m.arch = e.text;
@@ -317,9 +348,24 @@ private:
       if (a.key.empty())
         diags_.error(a.value->loc,
                      "model arguments are named, e.g. layers: 2");
-    auto kw = keywordArgs(
-        e, {"layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype"},
-        e.text + "()");
+    auto kw = keywordArgs(e,
+                          {"layers", "hidden", "heads", "kv_heads", "ffn",
+                           "vocab", "dtype", "tie_embeddings", "qkv_bias",
+                           "rope_theta"},
+                          e.text + "()");
+    // Qwen2 has biases on Q, K and V; Llama has none.
+    m.qkvBias = m.arch == "qwen2";
+    if (kw.count("tie_embeddings"))
+      boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
+    if (kw.count("qkv_bias"))
+      boolArg(*kw["qkv_bias"]->value, "qkv_bias", m.qkvBias);
+    if (kw.count("rope_theta")) {
+      double x = 0;
+      if (number(*kw["rope_theta"]->value, "rope_theta", 0, -1, false, x) && x == 0)
+        diags_.error(kw["rope_theta"]->value->loc, "rope_theta must be positive");
+      else if (x > 0)
+        m.ropeTheta = x;
+    }
     struct Dim {
       const char *key;
       int64_t *out;
@@ -335,19 +381,145 @@ private:
       }
       allOk &= positiveInt(*kw[d.key]->value, *d.out, d.key);
     }
-    if (kw.count("dtype")) {
-      const Expr &v = *kw["dtype"]->value;
-      if (v.kind == Expr::Kind::Name && v.text == "f32")
-        m.dtype = ast::DType::F32;
-      else if (v.kind == Expr::Kind::Name && v.text == "bf16")
-        m.dtype = ast::DType::BF16;
-      else if (v.kind == Expr::Kind::Name && v.text == "f16")
-        m.dtype = ast::DType::F16;
-      else
-        diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
-    }
+    if (kw.count("dtype"))
+      dtypeArg(*kw["dtype"]->value, m.dtype);
     if (!allOk)
       return;
+    checkModelBounds(m, [&](const char *key) { return kw[key]->value->loc; });
+  }
+
+  /// `hf("dir")`: the dimensions come from dir/config.json (a Hugging Face
+  /// model directory), relative to the file that declares the model.
+  void checkHfModel(ast::ModelDecl &m) {
+    const Expr &e = *m.ctor;
+    std::vector<const ast::Arg *> positional;
+    for (const auto &a : e.args)
+      if (a.key.empty())
+        positional.push_back(&a);
+    auto kw = keywordArgs(e, {"dtype"}, "hf()");
+    if (positional.size() != 1 || positional[0]->value->kind != Expr::Kind::String) {
+      diags_.error(e.loc, "hf() takes the model directory as a string, e.g. "
+                          "hf(\"models/Qwen2.5-0.5B\")");
+      return;
+    }
+    const Expr &dirArg = *positional[0]->value;
+    namespace fs = std::filesystem;
+    fs::path dir = dirArg.text;
+    if (dir.is_relative())
+      dir = fs::path(m.loc.file).parent_path() / dir;
+    fs::path config = dir / "config.json";
+    m.hfDir = dir.string();
+    std::ifstream in(config, std::ios::binary);
+    if (!in) {
+      diags_.error(dirArg.loc, "cannot read " + config.string() +
+                                   ": no such file, or not readable");
+      return;
+    }
+    std::string text((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    if (text.size() > (size_t(1) << 24)) {
+      diags_.error(dirArg.loc, config.string() + " is larger than 16 MiB; is "
+                                                 "it a config.json?");
+      return;
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error &err) {
+      // Turn the byte offset into line:col of the JSON file.
+      size_t off = std::min<size_t>(err.byte > 0 ? err.byte - 1 : 0, text.size());
+      int line = 1, col = 1;
+      for (size_t i = 0; i < off; ++i, ++col)
+        if (text[i] == '\n') {
+          ++line;
+          col = 0;
+        }
+      diags_.error(dirArg.loc, config.string() + ":" + std::to_string(line) +
+                                   ":" + std::to_string(col) +
+                                   ": not valid JSON");
+      return;
+    }
+    if (!j.is_object()) {
+      diags_.error(dirArg.loc, config.string() + " is not a JSON object");
+      return;
+    }
+    std::string type = j.value("model_type", std::string());
+    if (j.contains("model_type") && !j["model_type"].is_string())
+      type.clear();
+    if (type != "llama" && type != "qwen2") {
+      diags_.error(dirArg.loc, config.string() + ": model_type '" + type +
+                                   "' is not supported; hflow builds llama and "
+                                   "qwen2 models");
+      return;
+    }
+    m.arch = type;
+    m.qkvBias = type == "qwen2";
+    bool ok = true;
+    auto dim = [&](const char *key, int64_t &out, const char *fallback) {
+      const char *k = key;
+      if (!j.contains(k) && fallback && j.contains(fallback))
+        k = fallback;
+      if (!j.contains(k)) {
+        diags_.error(dirArg.loc, config.string() + " has no '" + key + "'");
+        ok = false;
+        return;
+      }
+      const auto &v = j[k];
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+        diags_.error(dirArg.loc, config.string() + ": '" + k +
+                                     "' must be a positive integer, got " +
+                                     v.dump());
+        ok = false;
+        return;
+      }
+      out = v.get<int64_t>();
+    };
+    dim("num_hidden_layers", m.layers, nullptr);
+    dim("hidden_size", m.hidden, nullptr);
+    dim("num_attention_heads", m.heads, nullptr);
+    dim("num_key_value_heads", m.kvHeads, "num_attention_heads");
+    dim("intermediate_size", m.ffn, nullptr);
+    dim("vocab_size", m.vocab, nullptr);
+    if (j.contains("tie_word_embeddings")) {
+      if (j["tie_word_embeddings"].is_boolean())
+        m.tieEmbeddings = j["tie_word_embeddings"].get<bool>();
+      else {
+        diags_.error(dirArg.loc, config.string() +
+                                     ": 'tie_word_embeddings' must be true or false");
+        ok = false;
+      }
+    }
+    if (j.contains("attention_bias") && j["attention_bias"].is_boolean())
+      m.qkvBias = j["attention_bias"].get<bool>();
+    if (j.contains("rope_theta") && j["rope_theta"].is_number() &&
+        j["rope_theta"].get<double>() > 0)
+      m.ropeTheta = j["rope_theta"].get<double>();
+    std::string dt = j.value("torch_dtype", std::string("float32"));
+    if (j.contains("torch_dtype") && !j["torch_dtype"].is_string())
+      dt.clear();
+    if (dt == "float32")
+      m.dtype = ast::DType::F32;
+    else if (dt == "bfloat16")
+      m.dtype = ast::DType::BF16;
+    else if (dt == "float16")
+      m.dtype = ast::DType::F16;
+    else {
+      diags_.error(dirArg.loc, config.string() + ": torch_dtype '" + dt +
+                                   "' is not one of float32, bfloat16, float16");
+      ok = false;
+    }
+    if (kw.count("dtype"))
+      dtypeArg(*kw["dtype"]->value, m.dtype);
+    if (!ok)
+      return;
+    checkModelBounds(m, [&](const char *) { return dirArg.loc; });
+  }
+
+  /// Bounds and divisibility of a model's dimensions; `where(key)` locates
+  /// the value of a dimension for the message.
+  template <typename Where>
+  void checkModelBounds(ast::ModelDecl &m, Where where) {
+    bool allOk = true;
     struct Bound {
       const char *key;
       int64_t value, max;
@@ -359,7 +531,7 @@ private:
                   {"vocab", m.vocab, limits::kMaxVocab}};
     for (const Bound &b : bounds)
       if (b.value > b.max) {
-        diags_.error(kw[b.key]->value->loc,
+        diags_.error(where(b.key),
                      std::string(b.key) + " = " + std::to_string(b.value) +
                          " is larger than the supported maximum " +
                          std::to_string(b.max));
@@ -368,25 +540,56 @@ private:
     if (!allOk)
       return;
     if (m.hidden % m.heads != 0)
-      diags_.error(kw["heads"]->value->loc,
+      diags_.error(where("heads"),
                    "hidden (" + std::to_string(m.hidden) +
                        ") is not divisible by heads (" +
                        std::to_string(m.heads) + ")");
     if (m.heads % m.kvHeads != 0)
-      diags_.error(kw["kv_heads"]->value->loc,
+      diags_.error(where("kv_heads"),
                    "heads (" + std::to_string(m.heads) +
                        ") is not divisible by kv_heads (" +
                        std::to_string(m.kvHeads) + ")");
   }
 
-  /// Parses `dp(2) * tp(2) * pp(1)` into a layout.
+  /// Parses `tp(2) * dp(4)`, `fsdp`, `fsdp(8) * sp(2)` or `auto` into a
+  /// layout.
   bool layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
-    if (e.kind == Expr::Kind::Mul)
+    static const char *kHelp = "a layout is a product of dp(N), fsdp(N), tp(N), "
+                               "pp(N), sp(N) and cp(N) (e.g. tp(2) * dp(2)), "
+                               "`fsdp` alone, or `auto`";
+    if (e.kind == Expr::Kind::Binary && e.op == '*')
       return layoutExpr(*e.lhs, l, seen) && layoutExpr(*e.rhs, l, seen);
-    if (e.kind != Expr::Kind::Call ||
-        (e.text != "dp" && e.text != "tp" && e.text != "pp")) {
-      diags_.error(e.loc, "a layout is a product of dp(N), tp(N) and pp(N), "
-                          "e.g. tp(2) * dp(2)");
+    if (e.kind == Expr::Kind::Name && e.text == "auto") {
+      if (!seen.empty()) {
+        diags_.error(e.loc, "`auto` is a whole layout; it does not combine "
+                            "with other degrees");
+        return false;
+      }
+      seen.insert("auto");
+      l.isAuto = true;
+      return true;
+    }
+    if (seen.count("auto")) {
+      diags_.error(e.loc, "`auto` is a whole layout; it does not combine "
+                          "with other degrees");
+      return false;
+    }
+    if (e.kind == Expr::Kind::Name && e.text == "fsdp") {
+      if (seen.count("dp")) {
+        diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
+                            "parallelism with sharded weights");
+        return false;
+      }
+      if (!seen.insert("fsdp").second) {
+        diags_.error(e.loc, "fsdp appears twice in one layout");
+        return false;
+      }
+      l.fsdpAll = true;
+      return true;
+    }
+    static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp"};
+    if (e.kind != Expr::Kind::Call || !kDims.count(e.text)) {
+      diags_.error(e.loc, kHelp);
       return false;
     }
     if (!seen.insert(e.text).second) {
@@ -401,9 +604,24 @@ private:
     int64_t degree = 0;
     if (!positiveInt(*e.args[0].value, degree, e.text + " degree"))
       return false;
-    (e.text == "dp" ? l.dp : e.text == "tp" ? l.tp : l.pp) = degree;
+    if (degree > limits::kMaxDevices) {
+      diags_.error(e.args[0].value->loc, e.text + " degree " +
+                                             std::to_string(degree) +
+                                             " is larger than any mesh hflow "
+                                             "supports");
+      return false;
+    }
+    int64_t *slot = e.text == "dp" ? &l.dp : e.text == "fsdp" ? &l.fsdp
+                  : e.text == "tp" ? &l.tp : e.text == "pp" ? &l.pp
+                  : e.text == "sp" ? &l.sp : &l.cp;
+    *slot = degree;
     if (e.text == "dp")
       l.explicitDp = true;
+    if (seen.count("dp") && (seen.count("fsdp"))) {
+      diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
+                          "parallelism with sharded weights");
+      return false;
+    }
     return true;
   }
 
@@ -571,6 +789,21 @@ private:
   }
 
   void checkPlace(ast::PlaceDecl &p) {
+    if (p.isAuto) {
+      if (!p.mesh.empty())
+        lookup(p.mesh, Kind::Cluster, p.meshLoc);
+      else if (prog_.clusters.size() > 1)
+        diags_.error(p.loc, "`place auto` needs `on MESH` when the program "
+                            "has several clusters");
+      for (const auto &q : prog_.places)
+        if (&q != &p && q.isAuto) {
+          if (&q < &p)
+            diags_.error(p.loc, "`place auto` is given twice")
+                .notes.push_back({q.loc, "the first one is here"});
+          break;
+        }
+      return;
+    }
     lookup(p.mesh, Kind::Cluster, p.meshLoc);
     std::set<std::string> seen;
     for (auto &[name, loc] : p.roles) {
@@ -583,13 +816,357 @@ private:
                                    ":" + std::to_string(p.hi) + "]");
   }
 
+  struct Binding {
+    std::optional<ast::BatchKind> kind; // none: a constant
+    double constant = 0;
+    ast::SourceLoc loc;
+    bool used = false;
+    bool hasReturns = false; // an advantage estimator's result
+  };
+  using Scope = std::map<std::string, Binding>;
+
+  /// What an expression in a flow evaluates to.
+  struct Ty {
+    enum { Error, Constant, Batch, Nothing } what = Error;
+    ast::BatchKind kind = ast::BatchKind::Prompts;
+    double value = 0;
+    bool hasReturns = false;
+  };
+  static Ty batchTy(ast::BatchKind k, bool returns = false) {
+    Ty t;
+    t.what = Ty::Batch;
+    t.kind = k;
+    t.hasReturns = returns;
+    return t;
+  }
+  static Ty constTy(double v) {
+    Ty t;
+    t.what = Ty::Constant;
+    t.value = v;
+    return t;
+  }
+  static const char *kindName(ast::BatchKind k) { return ast::batchKindName(k); }
+
+  /// Types `e` and records the result on it (batchKind / constant).
+  Ty typeExpr(Expr &e, Scope &scope) {
+    Ty t = typeExprImpl(e, scope);
+    if (t.what == Ty::Batch)
+      e.batchKind = static_cast<int>(t.kind);
+    else if (t.what == Ty::Constant)
+      e.constant = t.value;
+    return t;
+  }
+
+  Ty typeExprImpl(Expr &e, Scope &scope) {
+    switch (e.kind) {
+    case Expr::Kind::Int: return constTy(double(e.intValue));
+    case Expr::Kind::Float: return constTy(e.floatValue);
+    case Expr::Kind::Name: return typeName(e, scope);
+    case Expr::Kind::Field: return typeField(e, scope);
+    case Expr::Kind::MethodCall: return typeMethodCall(e, scope);
+    case Expr::Kind::Call: return typeBuiltin(e, scope);
+    case Expr::Kind::Neg: {
+      Ty t = typeExpr(*e.lhs, scope);
+      if (t.what == Ty::Constant)
+        return constTy(-t.value);
+      if (t.what == Ty::Batch && !methods::isNumeric(toM(t.kind))) {
+        diags_.error(e.loc, std::string("cannot negate ") + kindName(t.kind));
+        return {};
+      }
+      t.hasReturns = false;
+      return t;
+    }
+    case Expr::Kind::Binary: return typeBinary(e, scope);
+    default:
+      diags_.error(e.loc, "expected a batch value or a number");
+      return {};
+    }
+  }
+
+  static methods::Batch toM(ast::BatchKind k) { return static_cast<methods::Batch>(k); }
+
+  Ty typeName(Expr &e, Scope &scope) {
+    auto it = scope.find(e.text);
+    if (it != scope.end()) {
+      it->second.used = true;
+      if (!it->second.kind)
+        return constTy(it->second.constant);
+      return batchTy(*it->second.kind, it->second.hasReturns);
+    }
+    if (auto s = symbols_.find(e.text); s != symbols_.end()) {
+      diags_.error(e.loc, "'" + e.text + "' is a " + kindName(s->second.kind) +
+                              ", not a value")
+          .notes.push_back({s->second.loc, "'" + e.text + "' is declared here"});
+      return {};
+    }
+    diags_.error(e.loc, "unknown value '" + e.text + "'");
+    return {};
+  }
+
+  Ty typeField(Expr &e, Scope &scope) {
+    auto it = scope.find(e.receiver);
+    if (it == scope.end()) {
+      if (symbols_.count(e.receiver) &&
+          symbols_.at(e.receiver).kind == Kind::Role)
+        diags_.error(e.loc, "'" + e.receiver + "." + e.text +
+                                "' is not a call; write " + e.receiver + "." +
+                                e.text + "(...)");
+      else
+        diags_.error(e.receiverLoc, "unknown value '" + e.receiver + "'");
+      return {};
+    }
+    Binding &b = it->second;
+    b.used = true;
+    if (b.hasReturns && (e.text == "returns" || e.text == "advantages"))
+      return batchTy(e.text == "returns" ? ast::BatchKind::Returns
+                                         : ast::BatchKind::Advantages);
+    auto &d = diags_.error(e.loc, "'" + e.receiver + "' has no field '" + e.text + "'");
+    d.notes.push_back({b.loc, b.hasReturns
+                                  ? "'" + e.receiver +
+                                        "' is an advantage estimate; its fields "
+                                        "are .advantages and .returns"
+                                  : "'" + e.receiver + "' is defined here; only "
+                                        "an advantage estimator's result has "
+                                        "fields (.advantages, .returns)"});
+    return {};
+  }
+
+  /// Positional inputs of a call: each must be a batch value.
+  std::vector<std::pair<Ty, Expr *>> batchInputs(Expr &call, Scope &scope) {
+    std::vector<std::pair<Ty, Expr *>> out;
+    for (ast::Arg &a : call.args) {
+      if (!a.key.empty())
+        continue;
+      Ty t = typeExpr(*a.value, scope);
+      if (t.what == Ty::Constant) {
+        diags_.error(a.value->loc, "expected a batch value, not a number; "
+                                   "constants go in keyword arguments");
+        t = {};
+      } else if (t.what == Ty::Nothing) {
+        diags_.error(a.value->loc, "this call returns nothing");
+        t = {};
+      }
+      out.push_back({t, a.value.get()});
+    }
+    return out;
+  }
+
+  Ty typeMethodCall(Expr &e, Scope &scope) {
+    const Symbol *role = lookup(e.receiver, Kind::Role, e.receiverLoc);
+    if (!role)
+      return {};
+    const ast::RoleDecl &rd = prog_.roles[role->index];
+    auto mrole = static_cast<methods::Role>(rd.kind);
+    const methods::Signature *sig = methods::findMethod(mrole, e.text);
+    if (!sig) {
+      diags_
+          .error(e.loc, article(ast::roleKindName(rd.kind)) + " has no method '" +
+                            e.text + "'")
+          .notes.push_back({rd.nameLoc, "'" + rd.name + "' is " +
+                                            article(ast::roleKindName(rd.kind)) +
+                                            "; its methods: " +
+                                            methods::methodList(mrole)});
+      return {};
+    }
+    for (ast::Arg &a : e.args) {
+      if (a.key.empty())
+        continue;
+      const Expr &v = *a.value;
+      if (v.kind == Expr::Kind::Name && scope.count(v.text) &&
+          scope.at(v.text).kind)
+        diags_.error(v.loc, "keyword arguments take constants; pass batch "
+                            "values positionally");
+      else if (v.kind == Expr::Kind::Name && scope.count(v.text))
+        scope.at(v.text).used = true; // a named constant
+      else if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float &&
+               v.kind != Expr::Kind::String && v.kind != Expr::Kind::Name)
+        diags_.error(v.loc, "argument '" + a.key +
+                                "' must be a number, a string or a name");
+    }
+    auto inputs = batchInputs(e, scope);
+    std::string callName = rd.name + "." + e.text;
+    if (inputs.empty())
+      diags_.error(e.loc, callName + " needs its input (" +
+                              methods::batchName(sig->input) + ")");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto &[t, arg] = inputs[i];
+      if (t.what != Ty::Batch)
+        continue;
+      if (i == 0 && toM(t.kind) != sig->input) {
+        auto &d = diags_.error(arg->loc, callName + " takes " +
+                                             methods::batchName(sig->input) +
+                                             " first, but this is " +
+                                             kindName(t.kind));
+        noteDefinition(d, *arg, scope);
+      } else if (i > 0 && !((sig->extra >> unsigned(t.kind)) & 1)) {
+        auto &d = diags_.error(
+            arg->loc, callName + (sig->extra
+                                      ? " does not take " +
+                                            std::string(kindName(t.kind)) +
+                                            "; after the " +
+                                            methods::batchName(sig->input) +
+                                            " it takes " +
+                                            methods::kindList(sig->extra)
+                                      : " takes one input (" +
+                                            std::string(methods::batchName(
+                                                sig->input)) +
+                                            ")"));
+        noteDefinition(d, *arg, scope);
+      }
+    }
+    if (!sig->result) {
+      Ty t;
+      t.what = Ty::Nothing;
+      return t;
+    }
+    return batchTy(static_cast<ast::BatchKind>(*sig->result));
+  }
+
+  void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
+    const std::string &name =
+        arg.kind == Expr::Kind::Field ? arg.receiver : arg.text;
+    if ((arg.kind == Expr::Kind::Name || arg.kind == Expr::Kind::Field) &&
+        scope.count(name))
+      d.notes.push_back({scope.at(name).loc, "'" + name + "' is defined here"});
+  }
+
+  Ty typeBuiltin(Expr &e, Scope &scope) {
+    const builtins::Builtin *bi = builtins::findBuiltin(e.text);
+    if (!bi) {
+      diags_.error(e.loc, "unknown function '" + e.text + "'")
+          .notes.push_back({e.loc, "a flow can call role methods (role.method(...)) "
+                                   "and the builtins: " +
+                                       builtins::builtinList()});
+      return {};
+    }
+    std::vector<std::string> allowed;
+    for (int k = 0; k < bi->numKeywords; ++k)
+      allowed.emplace_back(bi->keywords[k].name);
+    auto kw = keywordArgs(e, allowed, e.text + "()");
+    for (int k = 0; k < bi->numKeywords; ++k) {
+      const builtins::KeywordArg &ka = bi->keywords[k];
+      auto it = kw.find(std::string(ka.name));
+      if (it == kw.end())
+        continue;
+      Expr &v = *it->second->value;
+      std::string what = std::string(ka.name);
+      double x = 0;
+      switch (ka.type) {
+      case builtins::ArgType::Fraction:
+        number(v, what, 0, 1, false, x);
+        break;
+      case builtins::ArgType::Positive:
+        if (number(v, what, 0, -1, false, x) && x == 0)
+          diags_.error(v.loc, what + " must be positive");
+        break;
+      case builtins::ArgType::Bool:
+        if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
+          diags_.error(v.loc, what + " must be true or false");
+        break;
+      case builtins::ArgType::Choice:
+        if ((v.kind != Expr::Kind::Name && v.kind != Expr::Kind::String) ||
+            !builtins::isChoice(ka, v.text)) {
+          std::string choices(ka.choices);
+          std::replace(choices.begin(), choices.end(), ' ', ',');
+          diags_.error(v.loc, what + " must be one of " + choices);
+        }
+        break;
+      }
+    }
+    auto inputs = batchInputs(e, scope);
+    if (static_cast<int>(inputs.size()) != bi->numInputs) {
+      diags_.error(e.loc, e.text + "() takes " + std::to_string(bi->numInputs) +
+                              " batch input" + (bi->numInputs == 1 ? "" : "s") +
+                              ", got " + std::to_string(inputs.size()));
+      return {};
+    }
+    bool ok = true;
+    for (int i = 0; i < bi->numInputs; ++i) {
+      auto &[t, arg] = inputs[i];
+      if (t.what != Ty::Batch) {
+        ok = false;
+        continue;
+      }
+      methods::Batch want = bi->inputs[i];
+      bool match = want == builtins::kAnyNumeric ? methods::isNumeric(toM(t.kind))
+                                                 : toM(t.kind) == want;
+      if (!match) {
+        ok = false;
+        std::string expected = want == builtins::kAnyNumeric
+                                   ? "a numeric batch (not prompts or a rollout)"
+                                   : methods::batchName(want);
+        auto &d = diags_.error(arg->loc, e.text + "() input " +
+                                             std::to_string(i + 1) + " must be " +
+                                             expected + ", but this is " +
+                                             kindName(t.kind));
+        noteDefinition(d, *arg, scope);
+      }
+    }
+    if (!ok)
+      return {};
+    ast::BatchKind result =
+        bi->result == builtins::kAnyNumeric
+            ? inputs[0].first.kind
+            : static_cast<ast::BatchKind>(bi->result);
+    return batchTy(result, bi->withReturns);
+  }
+
+  Ty typeBinary(Expr &e, Scope &scope) {
+    Ty a = typeExpr(*e.lhs, scope), b = typeExpr(*e.rhs, scope);
+    if (a.what == Ty::Error || b.what == Ty::Error)
+      return {};
+    for (const Ty *t : {&a, &b})
+      if (t->what == Ty::Nothing) {
+        diags_.error(e.loc, "an operand of '" + std::string(1, e.op) +
+                                "' returns nothing");
+        return {};
+      }
+    if (a.what == Ty::Constant && b.what == Ty::Constant) {
+      if (e.op == '/' && b.value == 0) {
+        diags_.error(e.loc, "division by zero");
+        return {};
+      }
+      double v = e.op == '+' ? a.value + b.value
+                 : e.op == '-' ? a.value - b.value
+                 : e.op == '*' ? a.value * b.value
+                               : a.value / b.value;
+      return constTy(v);
+    }
+    const Ty &batch = a.what == Ty::Batch ? a : b;
+    if (!methods::isNumeric(toM(batch.kind))) {
+      diags_.error(e.loc, std::string("arithmetic needs numeric batches, but ") +
+                              (a.what == Ty::Batch ? "the left" : "the right") +
+                              " operand is " + kindName(batch.kind));
+      return {};
+    }
+    if (a.what == Ty::Constant || b.what == Ty::Constant) {
+      if (e.op == '/' && b.what == Ty::Constant && b.value == 0) {
+        diags_.error(e.loc, "division by zero");
+        return {};
+      }
+      return batchTy(batch.kind);
+    }
+    if (!methods::isNumeric(toM(b.kind))) {
+      diags_.error(e.loc, std::string("arithmetic needs numeric batches, but "
+                                      "the right operand is ") +
+                              kindName(b.kind));
+      return {};
+    }
+    auto r = builtins::arithmetic(e.op, toM(a.kind), toM(b.kind));
+    if (!r) {
+      static const char *verbs[] = {"add", "subtract", "multiply", "divide"};
+      int i = e.op == '+' ? 0 : e.op == '-' ? 1 : e.op == '*' ? 2 : 3;
+      diags_.error(e.loc, std::string("cannot ") + verbs[i] + " " +
+                              kindName(a.kind) + " and " + kindName(b.kind))
+          .notes.push_back({e.loc, "arithmetic combines batches of one kind, "
+                                   "or subtracts a kl penalty from scores"});
+      return {};
+    }
+    return batchTy(static_cast<ast::BatchKind>(*r));
+  }
+
   void checkFlow(ast::FlowDecl &f) {
-    struct Binding {
-      ast::BatchKind kind;
-      ast::SourceLoc loc;
-      bool used = false;
-    };
-    std::map<std::string, Binding> scope;
+    Scope scope;
     for (ast::Param &p : f.params) {
       if (p.type != "Prompts") {
         diags_.error(p.typeLoc, "unknown parameter type '" + p.type +
@@ -600,89 +1177,43 @@ private:
       if (symbols_.count(p.name))
         diags_.error(p.loc, "parameter '" + p.name + "' shadows a declaration")
             .notes.push_back({symbols_[p.name].loc, "declared here"});
-      if (!scope.emplace(p.name, Binding{p.kind, p.loc}).second)
+      Binding b;
+      b.kind = p.kind;
+      b.loc = p.loc;
+      if (!scope.emplace(p.name, b).second)
         diags_.error(p.loc, "duplicate parameter '" + p.name + "'");
     }
     for (ast::Stmt &s : f.body) {
       Expr &e = *s.value;
-      if (e.kind != Expr::Kind::MethodCall) {
-        diags_.error(e.loc, "a flow statement must be a role method call, e.g. "
-                            "actor.generate(prompts)");
+      if (s.name.empty() && e.kind != Expr::Kind::MethodCall) {
+        diags_.error(e.loc, "a flow statement must be a role method call or "
+                            "a `let`, e.g. actor.update(rollout, adv)");
         continue;
       }
-      const Symbol *role = lookup(e.receiver, Kind::Role, e.receiverLoc);
-      if (!role)
+      Ty t = typeExpr(e, scope);
+      if (t.what == Ty::Batch)
+        s.resultKind = t.kind;
+      if (s.name.empty() || t.what == Ty::Error)
         continue;
-      const ast::RoleDecl &rd = prog_.roles[role->index];
-      auto mrole = static_cast<methods::Role>(rd.kind);
-      const methods::Signature *sig = methods::findMethod(mrole, e.text);
-      if (!sig) {
-        diags_
-            .error(e.loc, article(ast::roleKindName(rd.kind)) +
-                              " has no method '" + e.text + "'")
-            .notes.push_back({rd.nameLoc, "'" + rd.name + "' is " +
-                                              article(ast::roleKindName(rd.kind)) +
-                                              "; its methods: " +
-                                              methods::methodList(mrole)});
+      if (t.what == Ty::Nothing) {
+        diags_.error(s.nameLoc, e.receiver + "." + e.text +
+                                    " returns nothing to bind");
         continue;
       }
-      int positional = 0;
-      for (ast::Arg &a : e.args) {
-        if (!a.key.empty()) {
-          if (a.value->kind == Expr::Kind::Name && scope.count(a.value->text))
-            diags_.error(a.value->loc, "keyword arguments take constants; pass "
-                                       "batch values positionally");
-          else if (a.value->kind != Expr::Kind::Int &&
-                   a.value->kind != Expr::Kind::Float &&
-                   a.value->kind != Expr::Kind::String &&
-                   a.value->kind != Expr::Kind::Name)
-            diags_.error(a.value->loc, "argument '" + a.key +
-                                           "' must be a number, a string or a "
-                                           "name");
-          continue;
-        }
-        ++positional;
-        if (a.value->kind != Expr::Kind::Name) {
-          diags_.error(a.value->loc, "expected a batch value");
-          continue;
-        }
-        auto it = scope.find(a.value->text);
-        if (it == scope.end()) {
-          diags_.error(a.value->loc, "unknown value '" + a.value->text + "'");
-          continue;
-        }
-        it->second.used = true;
-        if (positional == 1 &&
-            static_cast<methods::Batch>(it->second.kind) != sig->input)
-          diags_
-              .error(a.value->loc,
-                     rd.name + "." + e.text + " takes " +
-                         methods::batchName(sig->input) + ", but '" +
-                         a.value->text + "' is " +
-                         ast::batchKindName(it->second.kind))
-              .notes.push_back({it->second.loc, "'" + a.value->text +
-                                                    "' is defined here"});
-      }
-      if (positional == 0)
-        diags_.error(e.loc, rd.name + "." + e.text + " needs its input (" +
-                                methods::batchName(sig->input) + ")");
-      if (sig->result)
-        s.resultKind = static_cast<ast::BatchKind>(*sig->result);
-      if (!s.name.empty()) {
-        if (!sig->result) {
-          diags_.error(s.nameLoc, rd.name + "." + e.text +
-                                      " returns nothing to bind");
-          continue;
-        }
-        if (symbols_.count(s.name))
-          diags_.error(s.nameLoc, "'" + s.name + "' shadows a declaration")
-              .notes.push_back({symbols_[s.name].loc, "declared here"});
-        auto [it, inserted] =
-            scope.emplace(s.name, Binding{*s.resultKind, s.nameLoc});
-        if (!inserted)
-          diags_.error(s.nameLoc, "redefinition of '" + s.name + "'")
-              .notes.push_back({it->second.loc, "previous definition is here"});
-      }
+      if (symbols_.count(s.name))
+        diags_.error(s.nameLoc, "'" + s.name + "' shadows a declaration")
+            .notes.push_back({symbols_[s.name].loc, "declared here"});
+      Binding b;
+      b.loc = s.nameLoc;
+      b.hasReturns = t.hasReturns;
+      if (t.what == Ty::Batch)
+        b.kind = t.kind;
+      else
+        b.constant = t.value;
+      auto [it, inserted] = scope.emplace(s.name, b);
+      if (!inserted)
+        diags_.error(s.nameLoc, "redefinition of '" + s.name + "'")
+            .notes.push_back({it->second.loc, "previous definition is here"});
     }
     for (auto &[name, b] : scope)
       if (!b.used)

@@ -4,6 +4,8 @@
 
 #include "hflow/HflowOps.h"
 
+#include "Builtins.h"
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Verifier.h"
@@ -55,7 +57,12 @@ public:
                                                           : b_.getF16Type();
       auto op = ModelOp::create(b_, loc(m.nameLoc), m.name, m.arch, m.layers,
                                 m.hidden, m.heads, m.kvHeads, m.ffn, m.vocab,
-                                dtype, IntegerAttr());
+                                dtype, IntegerAttr(), m.tieEmbeddings, m.qkvBias,
+                                m.ropeTheta != 10000
+                                    ? b_.getF64FloatAttr(m.ropeTheta)
+                                    : FloatAttr());
+      if (!m.hfDir.empty())
+        op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
       op.setParams(op.computeParamCount());
     }
     for (const auto &r : prog_.roles) {
@@ -79,6 +86,13 @@ public:
                                      : b_.getDictionaryAttr(options));
     }
     for (const auto &p : prog_.places) {
+      if (p.isAuto) {
+        std::string mesh = p.mesh;
+        if (mesh.empty() && !prog_.clusters.empty())
+          mesh = prog_.clusters.front().name;
+        PlaceAutoOp::create(b_, loc(p.loc), FlatSymbolRefAttr::get(&ctx_, mesh));
+        continue;
+      }
       SmallVector<Attribute> roles;
       for (const auto &[name, l] : p.roles)
         roles.push_back(FlatSymbolRefAttr::get(&ctx_, name));
@@ -109,9 +123,15 @@ private:
     return FileLineColLoc::get(&ctx_, l.file, l.line, l.col);
   }
 
-  /// An unwritten dp is 0: the placement pass infers it from the devices.
+  /// An unwritten dp is 0: the placement pass infers it from the devices
+  /// (or fsdp, for a bare `fsdp`).
   LayoutAttr layout(const ::hflow::ast::Layout &l) {
-    return LayoutAttr::get(&ctx_, l.explicitDp ? l.dp : 0, l.tp, l.pp);
+    if (l.isAuto)
+      return LayoutAttr::getAuto(&ctx_);
+    bool sharded = l.fsdpAll || l.fsdp > 1;
+    int64_t dp = l.explicitDp ? l.dp : sharded ? 1 : 0;
+    return LayoutAttr::get(&ctx_, dp, l.tp, l.pp, l.fsdpAll ? 0 : l.fsdp, l.sp,
+                           l.cp);
   }
 
   Attribute constant(const ::hflow::ast::Expr &e) {
@@ -125,6 +145,118 @@ private:
     }
   }
 
+  using Scope = std::map<std::string, Value>;
+
+  Type batchType(int kind) {
+    return BatchType::get(&ctx_, static_cast<BatchKind>(kind));
+  }
+
+  /// Emits the ops computing a batch-valued expression Sema has typed.
+  Value value(const ::hflow::ast::Expr &e, Scope &scope) {
+    using K = ::hflow::ast::Expr::Kind;
+    switch (e.kind) {
+    case K::Name: return scope.at(e.text);
+    case K::Field:
+      return scope.at(e.text == "returns" ? e.receiver + ".returns" : e.receiver);
+    case K::MethodCall: return methodCall(e, scope, "");
+    case K::Call: return builtin(e, scope, "").front();
+    case K::Neg:
+      return BuiltinOp::create(b_, loc(e.loc), TypeRange{batchType(*e.batchKind)},
+                               "neg", ValueRange{value(*e.lhs, scope)},
+                               DictionaryAttr(), FloatAttr(), false, FloatAttr(),
+                               StringAttr())
+          .getResults()
+          .front();
+    case K::Binary: return binary(e, scope);
+    default: return Value();
+    }
+  }
+
+  /// `a op b`; a constant operand becomes the op's scalar, and `a - c * b`
+  /// folds the constant into `scale_rhs`.
+  Value binary(const ::hflow::ast::Expr &e, Scope &scope) {
+    const char *name = ::hflow::builtins::opName(e.op);
+    Type type = batchType(*e.batchKind);
+    SmallVector<Value> inputs;
+    FloatAttr scalar, scaleRhs;
+    bool scalarLhs = false;
+    if (e.lhs->constant) {
+      scalar = b_.getF64FloatAttr(*e.lhs->constant);
+      scalarLhs = true;
+      inputs.push_back(value(*e.rhs, scope));
+    } else if (e.rhs->constant) {
+      scalar = b_.getF64FloatAttr(*e.rhs->constant);
+      inputs.push_back(value(*e.lhs, scope));
+    } else {
+      inputs.push_back(value(*e.lhs, scope));
+      const ::hflow::ast::Expr &r = *e.rhs;
+      // score - 0.01 * kl: one op, as the runtime computes it.
+      if ((e.op == '+' || e.op == '-') && r.kind == ::hflow::ast::Expr::Kind::Binary &&
+          r.op == '*' && (r.lhs->constant || r.rhs->constant)) {
+        scaleRhs = b_.getF64FloatAttr(r.lhs->constant ? *r.lhs->constant
+                                                      : *r.rhs->constant);
+        inputs.push_back(value(r.lhs->constant ? *r.rhs : *r.lhs, scope));
+      } else {
+        inputs.push_back(value(r, scope));
+      }
+    }
+    return BuiltinOp::create(b_, loc(e.loc), TypeRange{type}, name, inputs,
+                             DictionaryAttr(), scalar, scalarLhs, scaleRhs,
+                             StringAttr())
+        .getResults()
+        .front();
+  }
+
+  DictionaryAttr kwargs(const ::hflow::ast::Expr &e, Scope &scope) {
+    SmallVector<NamedAttribute> kw;
+    for (const auto &a : e.args) {
+      if (a.key.empty())
+        continue;
+      Attribute v = constant(*a.value);
+      // A `let` constant passed by name.
+      if (a.value->kind == ::hflow::ast::Expr::Kind::Name &&
+          constants_.count(a.value->text))
+        v = b_.getF64FloatAttr(constants_.at(a.value->text));
+      kw.push_back(b_.getNamedAttr(a.key, v));
+    }
+    // Sorted, so the plan's attrs are deterministic whatever the source order.
+    return kw.empty() ? DictionaryAttr() : b_.getDictionaryAttr(kw);
+  }
+
+  SmallVector<Value> positional(const ::hflow::ast::Expr &e, Scope &scope) {
+    SmallVector<Value> inputs;
+    for (const auto &a : e.args)
+      if (a.key.empty())
+        inputs.push_back(value(*a.value, scope));
+    return inputs;
+  }
+
+  Value methodCall(const ::hflow::ast::Expr &e, Scope &scope,
+                   const std::string &name) {
+    SmallVector<Value> inputs = positional(e, scope);
+    Type resultType;
+    if (e.batchKind)
+      resultType = batchType(*e.batchKind);
+    auto call = CallOp::create(
+        b_, loc(e.loc), resultType, FlatSymbolRefAttr::get(&ctx_, e.receiver),
+        b_.getStringAttr(e.text), inputs, kwargs(e, scope),
+        name.empty() ? StringAttr() : b_.getStringAttr(name));
+    return call.getResult();
+  }
+
+  ValueRange builtin(const ::hflow::ast::Expr &e, Scope &scope,
+                     const std::string &name) {
+    SmallVector<Value> inputs = positional(e, scope);
+    SmallVector<Type> types{batchType(*e.batchKind)};
+    const auto *bi = ::hflow::builtins::findBuiltin(e.text);
+    if (bi && bi->withReturns)
+      types.push_back(batchType(int(::hflow::ast::BatchKind::Returns)));
+    auto op = BuiltinOp::create(b_, loc(e.loc), types, e.text, inputs,
+                                kwargs(e, scope), FloatAttr(), false, FloatAttr(),
+                                name.empty() ? StringAttr() : b_.getStringAttr(name));
+    return op.getResults();
+  }
+
   void flow(const ::hflow::ast::FlowDecl &f) {
     SmallVector<Attribute> argNames;
     for (const auto &p : f.params)
@@ -133,37 +265,40 @@ private:
                              b_.getArrayAttr(argNames));
     Block *body = new Block();
     op.getBody().push_back(body);
-    std::map<std::string, Value> scope;
+    Scope scope;
+    constants_.clear();
     for (const auto &p : f.params)
       scope[p.name] = body->addArgument(
           BatchType::get(&ctx_, static_cast<BatchKind>(p.kind)), loc(p.loc));
     OpBuilder::InsertionGuard guard(b_);
     b_.setInsertionPointToEnd(body);
+    using K = ::hflow::ast::Expr::Kind;
     for (const auto &s : f.body) {
       const auto &e = *s.value;
-      SmallVector<Value> inputs;
-      SmallVector<NamedAttribute> kwargs;
-      for (const auto &a : e.args) {
-        if (a.key.empty())
-          inputs.push_back(scope.at(a.value->text));
-        else
-          kwargs.push_back(b_.getNamedAttr(a.key, constant(*a.value)));
+      if (e.constant) { // let beta = 0.01
+        constants_[s.name] = *e.constant;
+        continue;
       }
-      Type resultType;
-      if (s.resultKind)
-        resultType = BatchType::get(&ctx_, static_cast<BatchKind>(*s.resultKind));
-      // Sorted, so the plan's attrs are deterministic whatever the source order.
-      DictionaryAttr args =
-          kwargs.empty() ? DictionaryAttr() : b_.getDictionaryAttr(kwargs);
-      auto call = CallOp::create(
-          b_, loc(e.loc), resultType, FlatSymbolRefAttr::get(&ctx_, e.receiver),
-          b_.getStringAttr(e.text), inputs, args,
-          s.name.empty() ? StringAttr() : b_.getStringAttr(s.name));
-      if (!s.name.empty() && call.getResult())
-        scope[s.name] = call.getResult();
+      if (e.kind == K::MethodCall) {
+        if (Value v = methodCall(e, scope, s.name); v && !s.name.empty())
+          scope[s.name] = v;
+        continue;
+      }
+      if (e.kind == K::Call) {
+        ValueRange rs = builtin(e, scope, s.name);
+        scope[s.name] = rs.front();
+        if (rs.size() == 2)
+          scope[s.name + ".returns"] = rs[1];
+        continue;
+      }
+      Value v = value(e, scope);
+      if (Operation *def = v.getDefiningOp(); def && isa<BuiltinOp>(def))
+        cast<BuiltinOp>(def).setNameAttr(b_.getStringAttr(s.name));
+      scope[s.name] = v;
     }
   }
 
+  std::map<std::string, double> constants_; // the flow's `let` constants
   MLIRContext &ctx_;
   const ::hflow::ast::Program &prog_;
   OpBuilder b_;

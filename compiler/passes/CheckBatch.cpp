@@ -35,7 +35,9 @@ struct CheckBatchPass
           return;
         ++numCalls;
         bool gen = call.getMethod() == "generate";
-        int64_t dp = (gen ? role.getGenerate() : role.getTrain()).getDp();
+        LayoutAttr layout = gen ? role.getGenerate() : role.getTrain();
+        // Data-parallel replicas, sharded (fsdp) or not.
+        int64_t dp = layout.getDp() * layout.getFsdp();
         if (dp < 1)
           return; // unplaced: reported by hflow-verify-roles
         auto check = [&](int64_t rows, StringRef what) {

@@ -8,11 +8,13 @@ void mlir::hflow::buildHflowPipeline(OpPassManager &pm) {
   pm.addPass(createHflowVerifyRoles());
   pm.addPass(createHflowPlace());
   pm.addPass(createHflowCheckBatch());
+  pm.addPass(createHflowCheckMemory());
 }
 
 void mlir::hflow::registerHflowPipeline() {
   PassPipelineRegistration<>(
       "hflow-pipeline",
-      "The hflowc pipeline: verify roles, resolve placement, check batch sizes",
+      "The hflowc pipeline: verify roles, resolve placement, check batch sizes "
+      "and memory",
       [](OpPassManager &pm) { buildHflowPipeline(pm); });
 }

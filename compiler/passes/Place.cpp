@@ -1,9 +1,29 @@
-//===- Place.cpp - resolve explicit placement into ranks and layouts -------===//
+//===- Place.cpp - placement: explicit ranges, `place auto`, layouts -------===//
+//
+// Resolves every role's devices and layouts:
+//  * `hflow.place` ranges become the ranks of the roles they list;
+//  * `hflow.place_auto` colocates every role no place names on the devices
+//    no place uses, and is replaced by the `hflow.place` it chose;
+//  * layouts with an inferred degree (dp or fsdp = 0) take what the devices
+//    leave; `auto` layouts take the smallest tensor-parallel degree whose
+//    memory fits (the rest data parallel: fsdp for training, dp for
+//    generation).
+// The exhaustive placement search (HybridFlow's auto-mapping) is the
+// planner's job; this pass only makes `place auto` programs well-formed.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Memory.h"
 
 #include "hflow/HflowOps.h"
 #include "hflow/HflowPasses.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
+
+#include "llvm/ADT/StringSet.h"
+
+#include <algorithm>
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWPLACE
@@ -15,11 +35,28 @@ using namespace mlir::hflow;
 
 namespace {
 
+/// "dp*tp*pp = 3*1*1", with fsdp, sp and cp when they are not 1.
+std::string describe(int64_t dp, LayoutAttr l) {
+  std::string names = "dp", values = std::to_string(dp);
+  auto add = [&](const char *n, int64_t v, bool always) {
+    if (!always && v == 1)
+      return;
+    names += std::string("*") + n;
+    values += "*" + std::to_string(v);
+  };
+  add("fsdp", l.getFsdp(), false);
+  add("tp", l.getTp(), true);
+  add("pp", l.getPp(), true);
+  add("sp", l.getSp(), false);
+  add("cp", l.getCp(), false);
+  return names + " = " + values;
+}
+
 struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     SymbolTable symbols(module);
-    bool hadError = false;
+    workload_ = ::hflow::planner::workloadOf(module);
 
     // Ranges of different place ops must be disjoint.
     SmallVector<PlaceOp> places(module.getOps<PlaceOp>());
@@ -33,7 +70,7 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
                       << "] is outside mesh '" << mesh.getSymName() << "', which has "
                       << mesh.getSize() << " devices (" << mesh.getNodesAttr().getInt()
                       << " x " << mesh.getPerNodeAttr().getInt() << ")";
-        hadError = true;
+        hadError_ = true;
         continue;
       }
       for (size_t j = 0; j < i; ++j) {
@@ -46,24 +83,14 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
                             << q.getEndAttr().getInt() << "]; to colocate roles, list them in "
                             << "one place";
           d.attachNote(q.getLoc()) << "the other range is placed here";
-          hadError = true;
+          hadError_ = true;
         }
       }
-      SmallVector<int64_t> ranks;
-      for (int64_t r = p.getStartAttr().getInt(); r < p.getEndAttr().getInt(); ++r)
-        ranks.push_back(r);
-      for (Attribute a : p.getRoles()) {
-        auto role = symbols.lookup<RoleOp>(cast<SymbolRefAttr>(a).getLeafReference());
-        if (!role)
-          continue;
-        if (failed(resolveLayouts(role, p, ranks.size()))) {
-          hadError = true;
-          continue;
-        }
-        role.setRanks(ranks);
-        ++numPlaced;
-      }
+      placeRoles(p, symbols, mesh);
     }
+    for (PlaceAutoOp a : llvm::make_early_inc_range(module.getOps<PlaceAutoOp>()))
+      placeAuto(a, module, symbols);
+
     // An unplaced reward function runs where the controller lives: rank 0.
     for (RoleOp role : module.getOps<RoleOp>()) {
       if (role.getRanks() || role.getKind() != RoleKind::RewardFn)
@@ -74,48 +101,182 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
       role.setRanks(ArrayRef<int64_t>{0});
       ++numPlaced;
     }
-    if (hadError)
+    if (!hadError_)
+      warnIdleDevices(module, symbols);
+    if (hadError_)
       signalPassFailure();
   }
 
-  /// Infers dp where it is 0 and checks each layout against the devices and
-  /// the model's shape.
-  LogicalResult resolveLayouts(RoleOp role, PlaceOp place, int64_t devices) {
+private:
+  void placeRoles(PlaceOp p, SymbolTable &symbols, MeshOp mesh) {
+    SmallVector<int64_t> ranks;
+    for (int64_t r = p.getStartAttr().getInt(); r < p.getEndAttr().getInt(); ++r)
+      ranks.push_back(r);
+    for (Attribute a : p.getRoles()) {
+      auto role = symbols.lookup<RoleOp>(cast<SymbolRefAttr>(a).getLeafReference());
+      if (!role)
+        continue;
+      if (failed(resolveLayouts(role, p, mesh, ranks.size()))) {
+        hadError_ = true;
+        continue;
+      }
+      role.setRanks(ranks);
+      ++numPlaced;
+    }
+  }
+
+  /// Colocates every role no `hflow.place` names on the devices no place
+  /// uses (all of the mesh when there are no explicit places).
+  void placeAuto(PlaceAutoOp a, ModuleOp module, SymbolTable &symbols) {
+    auto mesh = symbols.lookup<MeshOp>(a.getMesh());
+    if (!mesh) {
+      a.emitError() << "'" << a.getMesh() << "' is not a mesh";
+      hadError_ = true;
+      return;
+    }
+    llvm::StringSet<> placed;
+    std::vector<bool> used(mesh.getSize(), false);
+    for (PlaceOp p : module.getOps<PlaceOp>()) {
+      for (Attribute r : p.getRoles())
+        placed.insert(cast<SymbolRefAttr>(r).getLeafReference());
+      if (p.getMesh() == mesh.getSymName())
+        for (int64_t d = p.getStartAttr().getInt();
+             d < std::min(p.getEndAttr().getInt(), mesh.getSize()); ++d)
+          used[d] = true;
+    }
+    // The longest free range of devices.
+    int64_t bestLo = 0, bestLen = 0;
+    for (int64_t lo = 0; lo < mesh.getSize();) {
+      if (used[lo]) {
+        ++lo;
+        continue;
+      }
+      int64_t hi = lo;
+      while (hi < mesh.getSize() && !used[hi])
+        ++hi;
+      if (hi - lo > bestLen) {
+        bestLo = lo;
+        bestLen = hi - lo;
+      }
+      lo = hi;
+    }
+    SmallVector<Attribute> roles;
+    for (RoleOp role : module.getOps<RoleOp>())
+      if (!placed.contains(role.getSymName()) &&
+          role.getKind() != RoleKind::RewardFn)
+        roles.push_back(FlatSymbolRefAttr::get(role.getSymNameAttr()));
+    if (roles.empty()) {
+      a.emitWarning() << "`place auto` has nothing to place: every role is "
+                         "placed explicitly";
+      a.erase();
+      return;
+    }
+    if (bestLen == 0) {
+      a.emitError() << "`place auto` has no free device: explicit places use "
+                       "all " << mesh.getSize() << " devices of mesh '"
+                    << mesh.getSymName() << "'";
+      hadError_ = true;
+      return;
+    }
+    OpBuilder b(a);
+    auto place = PlaceOp::create(b, a.getLoc(), b.getArrayAttr(roles),
+                                 FlatSymbolRefAttr::get(mesh.getSymNameAttr()),
+                                 b.getI64IntegerAttr(bestLo),
+                                 b.getI64IntegerAttr(bestLo + bestLen));
+    a.erase();
+    placeRoles(place, symbols, mesh);
+  }
+
+  /// An `auto` layout: the smallest tp (dividing heads, kv_heads and at most
+  /// a node's devices) whose memory fits, everything else data parallel.
+  LayoutAttr chooseAuto(RoleOp role, ModelOp model, MeshOp mesh, int64_t devices,
+                        bool gen, LayoutAttr other) {
+    MLIRContext *ctx = role.getContext();
+    auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
+        mesh, StringAttr::get(ctx, mesh.getDevice()));
+    double capacity = device ? device.getMemory().convertToDouble() : 0;
+    LayoutAttr best;
+    for (int64_t tp = 1; tp <= devices; ++tp) {
+      if (devices % tp != 0 || tp > mesh.getPerNodeAttr().getInt())
+        continue;
+      if (model && (model.getHeadsAttr().getInt() % tp != 0 ||
+                    model.getKvHeadsAttr().getInt() % tp != 0))
+        continue;
+      LayoutAttr l = gen ? LayoutAttr::get(ctx, devices / tp, tp, 1)
+                         : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1);
+      if (!best)
+        best = l;
+      LayoutAttr train = gen ? other : l, generate = gen ? l : other;
+      if (train.isAuto())
+        train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1);
+      if (generate.isAuto())
+        generate = LayoutAttr::get(ctx, devices, 1, 1);
+      auto mem = ::hflow::planner::roleMemory(role, model, train, generate, workload_);
+      if (capacity <= 0 || mem.resident() + mem.transient() <= capacity)
+        return l;
+    }
+    return best ? best : LayoutAttr::get(ctx, devices, 1, 1);
+  }
+
+  /// Infers dp or fsdp where it is 0, resolves `auto`, and checks each layout
+  /// against the devices and the model's shape.
+  LogicalResult resolveLayouts(RoleOp role, PlaceOp place, MeshOp mesh,
+                               int64_t devices) {
     ModelOp model;
     if (auto ref = role.getModelAttr())
       model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, ref);
     bool ok = true;
     auto resolve = [&](LayoutAttr l, StringRef phase) -> LayoutAttr {
-      int64_t tpPp = l.getTp() * l.getPp();
-      int64_t dp = l.getDp();
-      if (dp == 0) {
-        if (devices % tpPp != 0) {
-          InFlightDiagnostic d = role.emitError()
-                                 << "the " << phase << " layout (tp = " << l.getTp()
-                                 << ", pp = " << l.getPp() << ") does not divide the "
-                                 << devices << " devices the role is placed on";
+      int64_t dp = l.getDp(), fsdp = l.getFsdp();
+      int64_t fixed = l.getTp() * l.getPp() * l.getSp() * l.getCp() *
+                      (dp ? dp : 1) * (fsdp ? fsdp : 1);
+      if (dp == 0 || fsdp == 0) {
+        if (devices % fixed != 0) {
+          InFlightDiagnostic d = role.emitError();
+          d << "the " << phase << " layout (";
+          std::string sep;
+          for (auto [n, v] : {std::pair<const char *, int64_t>{"fsdp", fsdp},
+                              {"tp", l.getTp()}, {"pp", l.getPp()},
+                              {"sp", l.getSp()}, {"cp", l.getCp()}}) {
+            bool always = std::string(n) == "tp" || std::string(n) == "pp";
+            if (!always && v <= 1)
+              continue;
+            d << sep << n << " = " << v;
+            sep = ", ";
+          }
+          d << ") does not divide the " << devices
+            << " devices the role is placed on";
           d.attachNote(place.getLoc()) << "placed here";
           ok = false;
           return l;
         }
-        dp = devices / tpPp;
+        (dp == 0 ? dp : fsdp) = devices / fixed;
       }
-      if (dp * tpPp != devices) {
+      LayoutAttr r = LayoutAttr::get(l.getContext(), dp, l.getTp(), l.getPp(),
+                                     fsdp, l.getSp(), l.getCp());
+      if (r.size() != devices) {
         InFlightDiagnostic d = role.emitError()
-                               << "the " << phase << " layout dp*tp*pp = " << dp
-                               << "*" << l.getTp() << "*" << l.getPp() << " = "
-                               << dp * tpPp << " does not match the " << devices
-                               << " devices the role is placed on";
+                               << "the " << phase << " layout " << describe(dp, r)
+                               << " = " << r.size() << " does not match the "
+                               << devices << " devices the role is placed on";
         d.attachNote(place.getLoc()) << "placed here";
         ok = false;
       }
       if (model) {
-        if (model.getHeadsAttr().getInt() % l.getTp() != 0 || model.getKvHeadsAttr().getInt() % l.getTp() != 0) {
+        int64_t heads = model.getHeadsAttr().getInt();
+        int64_t kvHeads = model.getKvHeadsAttr().getInt();
+        if (heads % l.getTp() != 0 || kvHeads % l.getTp() != 0) {
           InFlightDiagnostic d = role.emitError()
                                  << "the " << phase << " layout's tp = " << l.getTp()
                                  << " does not divide the model's heads ("
-                                 << model.getHeadsAttr().getInt() << ") and kv_heads ("
-                                 << model.getKvHeadsAttr().getInt() << ")";
+                                 << heads << ") and kv_heads (" << kvHeads << ")";
+          d.attachNote(model.getLoc()) << "model declared here";
+          ok = false;
+        } else if (l.getSp() > 1 && (heads / l.getTp()) % l.getSp() != 0) {
+          InFlightDiagnostic d = role.emitError()
+                                 << "the " << phase << " layout's sp = " << l.getSp()
+                                 << " does not divide the " << heads / l.getTp()
+                                 << " heads each tensor-parallel rank has";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }
@@ -128,16 +289,44 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
           ok = false;
         }
       }
-      return LayoutAttr::get(l.getContext(), dp, l.getTp(), l.getPp());
+      return r;
     };
-    LayoutAttr train = resolve(role.getTrain(), "train");
-    LayoutAttr gen = resolve(role.getGenerate(), "generate");
+    LayoutAttr trainIn = role.getTrain(), genIn = role.getGenerate();
+    if (trainIn.isAuto())
+      trainIn = chooseAuto(role, model, mesh, devices, false, genIn);
+    if (genIn.isAuto())
+      genIn = chooseAuto(role, model, mesh, devices, true, trainIn);
+    LayoutAttr train = resolve(trainIn, "train");
+    LayoutAttr gen = resolve(genIn, "generate");
     if (!ok)
       return failure();
     role.setTrainAttr(train);
     role.setGenerateAttr(gen);
     return success();
   }
+
+  /// Devices of the mesh no role runs on are idle for the whole job.
+  void warnIdleDevices(ModuleOp module, SymbolTable &symbols) {
+    for (MeshOp mesh : module.getOps<MeshOp>()) {
+      std::vector<bool> used(mesh.getSize(), false);
+      for (PlaceOp p : module.getOps<PlaceOp>())
+        if (p.getMesh() == mesh.getSymName())
+          for (int64_t d = p.getStartAttr().getInt();
+               d < std::min(p.getEndAttr().getInt(), mesh.getSize()); ++d)
+            used[d] = true;
+      int64_t idle = std::count(used.begin(), used.end(), false);
+      if (idle == 0 || module.getOps<PlaceOp>().empty())
+        continue;
+      int64_t first = std::find(used.begin(), used.end(), false) - used.begin();
+      mesh.emitWarning() << idle << " of the " << mesh.getSize()
+                         << " devices of mesh '" << mesh.getSymName()
+                         << "' run no role (the first is device " << first
+                         << "); the job still reserves them";
+    }
+  }
+
+  ::hflow::planner::Workload workload_;
+  bool hadError_ = false;
 };
 
 } // namespace

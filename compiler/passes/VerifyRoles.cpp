@@ -78,10 +78,12 @@ struct VerifyRolesPass
         role.emitWarning() << "role '" << name << "' is never called by a flow";
         continue;
       }
-      if (needsDevices && !placedBy.count(name)) {
+      bool autoPlaced = !module.getOps<PlaceAutoOp>().empty();
+      if (needsDevices && !placedBy.count(name) && !autoPlaced) {
         InFlightDiagnostic d = role.emitError()
                                << "role '" << name << "' is used but not placed; "
-                               << "add `place " << name << " on MESH[a:b]`";
+                               << "add `place " << name << " on MESH[a:b]` "
+                               << "or `place auto`";
         d.attachNote(use->second.getLoc()) << "used here";
         hadError = true;
       }

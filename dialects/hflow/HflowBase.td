@@ -47,7 +47,9 @@ def Hflow_BatchKind : I32EnumAttr<"BatchKind", "what a batch value holds", [
     I32EnumAttrCase<"LogProbs", 2, "logprobs">,
     I32EnumAttrCase<"Values", 3, "values">,
     I32EnumAttrCase<"Scores", 4, "scores">,
-    I32EnumAttrCase<"Advantages", 5, "advantages">]> {
+    I32EnumAttrCase<"Advantages", 5, "advantages">,
+    I32EnumAttrCase<"Returns", 6, "returns">,
+    I32EnumAttrCase<"KL", 7, "kl">]> {
   let cppNamespace = "::mlir::hflow";
   let genSpecializedAttr = 0;
 }
@@ -58,17 +60,40 @@ def Hflow_BatchKind : I32EnumAttr<"BatchKind", "what a batch value holds", [
 
 def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
   let mnemonic = "layout";
-  let summary = "a parallel layout: data x tensor x pipeline degrees";
+  let summary = "a parallel layout: data, sharded data, tensor, pipeline, "
+                "sequence and context degrees";
   let description = [{
-    `#hflow.layout<dp = 2, tp = 2, pp = 1>` places a model on dp*tp*pp devices.
-    A degree of 0 for dp means "all devices the role is placed on, divided by
-    tp*pp", resolved by the placement pass.
+    `#hflow.layout<dp = 2, tp = 2, pp = 1>` places a model on dp*tp*pp
+    devices. `fsdp` (fully sharded data parallel: weights, gradients and
+    optimizer state split over its ranks, ZeRO-3), `sp` (sequence parallel)
+    and `cp` (context parallel) default to 1 and are printed only when set;
+    the layout's device count is the product of all six degrees.
+
+    A degree of 0 for dp or fsdp means "all devices the role is placed on,
+    divided by the other degrees", resolved by the placement pass. tp = 0
+    (with dp = 0 and pp = 0) is `auto`: the placement pass chooses the layout.
   }];
-  let parameters = (ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp);
+  let parameters = (ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp,
+                        DefaultValuedParameter<"int64_t", "1">:$fsdp,
+                        DefaultValuedParameter<"int64_t", "1">:$sp,
+                        DefaultValuedParameter<"int64_t", "1">:$cp);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
+  let builders = [
+    AttrBuilder<(ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp), [{
+      return $_get($_ctxt, dp, tp, pp, 1, 1, 1);
+    }]>
+  ];
   let extraClassDeclaration = [{
-    int64_t size() const { return getDp() * getTp() * getPp(); }
+    int64_t size() const {
+      return getDp() * getFsdp() * getTp() * getPp() * getSp() * getCp();
+    }
+    /// The degrees that split one replica of the weights.
+    int64_t shards() const { return getFsdp() * getTp() * getPp(); }
+    bool isAuto() const { return getTp() == 0; }
+    static LayoutAttr getAuto(::mlir::MLIRContext *ctx) {
+      return get(ctx, 0, 0, 0, 1, 1, 1);
+    }
   }];
 }
 

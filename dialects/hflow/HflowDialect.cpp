@@ -36,12 +36,25 @@ void HflowDialect::initialize() {
 
 LogicalResult
 LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dp,
-                   int64_t tp, int64_t pp) {
-  if (dp < 0)
-    return emitError() << "layout dp must be positive, or 0 for 'inferred', got "
-                       << dp;
-  if (tp < 1 || pp < 1)
-    return emitError() << "layout tp and pp must be positive, got tp = " << tp
-                       << ", pp = " << pp;
+                   int64_t tp, int64_t pp, int64_t fsdp, int64_t sp, int64_t cp) {
+  if (tp == 0) {
+    if (dp != 0 || pp != 0 || fsdp != 1 || sp != 1 || cp != 1)
+      return emitError() << "an auto layout (tp = 0) has dp = 0, pp = 0 and "
+                            "no other degrees";
+    return success();
+  }
+  if (dp < 0 || fsdp < 0)
+    return emitError() << "layout dp and fsdp must be positive, or 0 for "
+                          "'inferred', got dp = "
+                       << dp << ", fsdp = " << fsdp;
+  if (dp == 0 && fsdp == 0)
+    return emitError() << "only one of dp and fsdp can be inferred (0)";
+  if (pp < 1 || sp < 1 || cp < 1)
+    return emitError() << "layout tp, pp, sp and cp must be positive, got tp = "
+                       << tp << ", pp = " << pp << ", sp = " << sp
+                       << ", cp = " << cp;
+  for (int64_t d : {dp, tp, pp, fsdp, sp, cp})
+    if (d > (int64_t(1) << 20))
+      return emitError() << "layout degree " << d << " is larger than any mesh";
   return success();
 }

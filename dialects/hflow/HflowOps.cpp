@@ -2,6 +2,7 @@
 
 #include "hflow/HflowOps.h"
 #include "Limits.h"
+#include "Builtins.h"
 #include "RoleMethods.h"
 
 #include "mlir/IR/Builders.h"
@@ -20,6 +21,7 @@ using namespace mlir::hflow;
 static_assert(int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn));
 static_assert(int(BatchKind::Advantages) ==
               int(::hflow::methods::Batch::Advantages));
+static_assert(int(BatchKind::KL) == int(::hflow::methods::Batch::KL));
 
 //===----------------------------------------------------------------------===//
 // DeviceOp
@@ -73,9 +75,11 @@ int64_t ModelOp::computeParamCount() {
                      + 2 * h * kv   // K and V
                      + h * h        // O
                      + 3 * h * f;   // SwiGLU gate, up, down
+  if (getQkvBias())
+    perLayer += h + 2 * kv;         // Q, K and V biases
   return v * h                      // token embedding
          + getLayersAttr().getInt() * perLayer + h // final RMSNorm
-         + h * v;                   // LM head (untied)
+         + (getTieEmbeddings() ? 0 : h * v); // LM head, unless tied
 }
 
 LogicalResult ModelOp::verify() {
@@ -188,7 +192,7 @@ LogicalResult FlowOp::verify() {
     return emitOpError() << "has " << names->size() << " arg_names for "
                          << body.getNumArguments() << " arguments";
   for (Operation &op : body)
-    if (!isa<CallOp>(op))
+    if (!isa<CallOp, BuiltinOp>(op))
       return op.emitOpError() << "is not allowed in a flow body";
   return success();
 }
@@ -231,6 +235,15 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbols) {
                          << ::hflow::methods::batchName(sig->input)
                          << " as its first input, got "
                          << stringifyBatchKind(in.getKind());
+  for (Value extra : getInputs().drop_front()) {
+    auto k = cast<BatchType>(extra.getType()).getKind();
+    if (!((sig->extra >> unsigned(k)) & 1))
+      return emitOpError() << "'" << getMethod() << "' does not take "
+                           << stringifyBatchKind(k) << " inputs"
+                           << (sig->extra ? "; it takes " +
+                                                ::hflow::methods::kindList(sig->extra)
+                                          : std::string());
+  }
   if (sig->result.has_value() != static_cast<bool>(getResult()))
     return emitOpError() << "'" << getMethod()
                          << (sig->result ? "' returns a batch" : "' returns nothing");
@@ -241,6 +254,104 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbols) {
                            << ::hflow::methods::batchName(*sig->result) << ", not "
                            << stringifyBatchKind(out.getKind());
   }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// BuiltinOp
+//===----------------------------------------------------------------------===//
+
+void BuiltinOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  if (getResults().empty() || !getNameAttr())
+    return;
+  setNameFn(getResults().front(), getNameAttr().getValue());
+  if (getResults().size() == 2)
+    setNameFn(getResults()[1], (getNameAttr().getValue() + "_returns").str());
+}
+
+LogicalResult BuiltinOp::verify() {
+  namespace bi = ::hflow::builtins;
+  namespace m = ::hflow::methods;
+  auto kindOf = [](Value v) {
+    return static_cast<m::Batch>(cast<BatchType>(v.getType()).getKind());
+  };
+  StringRef callee = getCallee();
+  if (getResults().empty())
+    return emitOpError() << "'" << callee << "' must have a result";
+  for (Value v : getInputs())
+    if (!m::isNumeric(kindOf(v)))
+      return emitOpError() << "'" << callee << "' takes numeric batches, not "
+                           << m::batchName(kindOf(v));
+  bool arith = callee == "add" || callee == "sub" || callee == "mul" ||
+               callee == "div" || callee == "neg";
+  if (arith) {
+    if (getArgsAttr())
+      return emitOpError() << "arithmetic takes no keyword arguments";
+    if (getResults().size() != 1)
+      return emitOpError() << "arithmetic has one result";
+    m::Batch out = kindOf(getResults()[0]);
+    if (callee == "neg" || getScalarAttr()) {
+      if (getInputs().size() != 1)
+        return emitOpError() << "'" << callee
+                             << (callee == "neg" ? "' takes one batch"
+                                                 : "' with a scalar takes one batch");
+      if (callee == "neg" && getScalarAttr())
+        return emitOpError() << "'neg' takes no scalar";
+      if (out != kindOf(getInputs()[0]))
+        return emitOpError() << "result kind " << m::batchName(out)
+                             << " differs from the input's "
+                             << m::batchName(kindOf(getInputs()[0]));
+      return success();
+    }
+    if (getScalarLhs())
+      return emitOpError() << "'scalar_lhs' needs 'scalar'";
+    if (getInputs().size() != 2)
+      return emitOpError() << "'" << callee << "' takes two batches, or one and a scalar";
+    char op = callee == "add" ? '+' : callee == "sub" ? '-' : callee == "mul" ? '*' : '/';
+    auto r = bi::arithmetic(op, kindOf(getInputs()[0]), kindOf(getInputs()[1]));
+    if (!r)
+      return emitOpError() << "cannot " << callee << " "
+                           << m::batchName(kindOf(getInputs()[0])) << " and "
+                           << m::batchName(kindOf(getInputs()[1]));
+    if (*r != out)
+      return emitOpError() << "result kind must be " << m::batchName(*r);
+    return success();
+  }
+  if (getScalarAttr() || getScalarLhs() || getScaleRhsAttr())
+    return emitOpError() << "'scalar', 'scalar_lhs' and 'scale_rhs' are for "
+                            "arithmetic";
+  const bi::Builtin *b = bi::findBuiltin(callee.str());
+  if (!b)
+    return emitOpError() << "unknown builtin '" << callee
+                         << "'; builtins: " << bi::builtinList()
+                         << ", add, sub, mul, div, neg";
+  if (static_cast<int>(getInputs().size()) != b->numInputs)
+    return emitOpError() << "'" << callee << "' takes " << b->numInputs
+                         << " inputs, got " << getInputs().size();
+  for (int i = 0; i < b->numInputs; ++i)
+    if (b->inputs[i] != bi::kAnyNumeric && kindOf(getInputs()[i]) != b->inputs[i])
+      return emitOpError() << "'" << callee << "' input " << i + 1 << " must be "
+                           << m::batchName(b->inputs[i]) << ", got "
+                           << m::batchName(kindOf(getInputs()[i]));
+  size_t want = b->withReturns ? 2 : 1;
+  if (getResults().size() != want)
+    return emitOpError() << "'" << callee << "' has " << want << " result"
+                         << (want == 1 ? "" : "s");
+  m::Batch out = b->result == bi::kAnyNumeric ? kindOf(getInputs()[0]) : b->result;
+  if (kindOf(getResults()[0]) != out)
+    return emitOpError() << "'" << callee << "' returns " << m::batchName(out);
+  if (want == 2 && kindOf(getResults()[1]) != m::Batch::Returns)
+    return emitOpError() << "'" << callee << "' returns returns second";
+  if (auto args = getArgsAttr())
+    for (NamedAttribute na : args) {
+      const bi::KeywordArg *k = nullptr;
+      for (int i = 0; i < b->numKeywords; ++i)
+        if (b->keywords[i].name == std::string_view(na.getName().strref()))
+          k = &b->keywords[i];
+      if (!k)
+        return emitOpError() << "'" << callee << "' has no argument '"
+                             << na.getName().strref() << "'";
+    }
   return success();
 }
 

@@ -54,14 +54,18 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
     hflow.model @tiny "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2,
                                ffn = 128, vocab = 256, dtype = f32> {params = 106816 : i64}
     ```
-    `params` (derived) is the parameter count of the untied Llama layout:
-    embedding, per layer two norms, Q/K/V/O and the SwiGLU MLP, final norm and
-    the LM head.
+    `params` (derived) is the parameter count: the embedding, per layer two
+    RMSNorms, Q/K/V/O (with Q/K/V biases when `qkv_bias` is set, as in
+    Qwen2) and the SwiGLU MLP, the final norm, and the LM head unless
+    `tie_embeddings` is set (the head then reuses the embedding matrix).
+    `rope_theta` is the rotary base (10000 when absent).
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
                        I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
                        I64Attr:$kv_heads, I64Attr:$ffn, I64Attr:$vocab,
-                       TypeAttr:$dtype, OptionalAttr<I64Attr>:$params);
+                       TypeAttr:$dtype, OptionalAttr<I64Attr>:$params,
+                       UnitAttr:$tie_embeddings, UnitAttr:$qkv_bias,
+                       OptionalAttr<F64Attr>:$rope_theta);
   let assemblyFormat = [{
     $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`
@@ -119,6 +123,19 @@ def Hflow_PlaceOp : Hflow_Op<"place", [
   let hasVerifier = 1;
 }
 
+def Hflow_PlaceAutoOp : Hflow_Op<"place_auto"> {
+  let summary = "let the compiler place the roles no hflow.place names";
+  let description = [{
+    ```mlir
+    hflow.place_auto on @gpus
+    ```
+    `hflow-place` replaces it with the `hflow.place` ops it chooses, and
+    resolves `auto` layouts.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$mesh);
+  let assemblyFormat = "`on` $mesh attr-dict";
+}
+
 def Hflow_FlowOp : Hflow_Op<"flow", [Symbol, IsolatedFromAbove, SingleBlock,
     NoTerminator, DeclareOpInterfaceMethods<OpAsmOpInterface,
         ["getAsmBlockArgumentNames"]>]> {
@@ -165,6 +182,40 @@ def Hflow_CallOp : Hflow_Op<"call", [
 }
 
 #endif // HFLOW_OPS_TD
+
+def Hflow_BuiltinOp : Hflow_Op<"builtin", [Pure,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "an RL builtin or arithmetic on batch values";
+  let description = [{
+    ```mlir
+    %kl = hflow.builtin "kl"(%old_lp, %ref_lp) {args = {kind = "low_var_kl"}}
+        : (!hflow.batch<logprobs>, !hflow.batch<logprobs>) -> !hflow.batch<kl>
+    %r = hflow.builtin "sub"(%score, %kl) {scale_rhs = 1.0e-02 : f64}
+        : (!hflow.batch<scores>, !hflow.batch<kl>) -> !hflow.batch<scores>
+    %adv, %ret = hflow.builtin "gae"(%r, %values) {args = {gamma = 1.0 : f64, lam = 0.95 : f64}}
+        : (!hflow.batch<scores>, !hflow.batch<values>)
+          -> (!hflow.batch<advantages>, !hflow.batch<returns>)
+    ```
+    The builtins (`gae`, `grpo_advantage`, `rloo_advantage`, `reinforce_pp`,
+    `reinforce_pp_baseline`, `remax`, `kl`, `whiten`) take and return the
+    batch kinds the front end's table (Builtins.h) gives them; advantage
+    estimators also return the returns. Arithmetic: `add`, `sub`, `mul`,
+    `div` of two batches, or of one batch and the constant `scalar`
+    (`scalar_lhs` when the constant is the left operand), and `neg`.
+    `scale_rhs` multiplies the second batch first (`a - 0.01 * b`).
+    `name` is the source name of the (first) result.
+  }];
+  let arguments = (ins StrAttr:$callee, Variadic<Hflow_BatchType>:$inputs,
+                       OptionalAttr<DictionaryAttr>:$args,
+                       OptionalAttr<F64Attr>:$scalar, UnitAttr:$scalar_lhs,
+                       OptionalAttr<F64Attr>:$scale_rhs,
+                       OptionalAttr<StrAttr>:$name);
+  let results = (outs Variadic<Hflow_BatchType>:$results);
+  let assemblyFormat = [{
+    $callee `(` $inputs `)` attr-dict `:` functional-type($inputs, results)
+  }];
+  let hasVerifier = 1;
+}
 
 def Hflow_TrainOp : Hflow_Op<"train", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {

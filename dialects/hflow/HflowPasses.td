@@ -23,7 +23,7 @@ def HflowVerifyRoles : Pass<"hflow-verify-roles", "::mlir::ModuleOp"> {
 }
 
 def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
-  let summary = "resolve explicit placement into the global ranks of each role";
+  let summary = "resolve placement (explicit or `place auto`) into ranks and layouts";
   let description = [{
     For every `hflow.place [@a, @b] on @mesh[lo : hi]`, sets `ranks` on the
     placed roles to `lo, lo+1, ..., hi-1` and resolves each role's layouts:
@@ -65,6 +65,26 @@ def HflowCheckBatch : Pass<"hflow-check-batch", "::mlir::ModuleOp"> {
   }];
   let statistics = [
     Statistic<"numCalls", "calls-checked", "Number of calls checked">
+  ];
+}
+
+def HflowCheckMemory : Pass<"hflow-check-memory", "::mlir::ModuleOp"> {
+  let summary = "check that every set of colocated roles fits in device memory";
+  let description = [{
+    For every `hflow.place`, adds up what each role placed there keeps on a
+    device (weights, and for roles that train their gradients and AdamW
+    state, all divided by the layout's fsdp * tp * pp) and the largest
+    transient need of any one phase (a training pass's activations with
+    gradient checkpointing, or the actor's generation shard plus KV cache),
+    and compares the sum with the device's memory. The error gives the
+    figures per role; docs/cost-model.md has the formulas.
+
+    Batch sizes come from the `hflow.train` op (`batch`, `n`, and the
+    optional `prompt_len` and `micro_batch`), response lengths from the
+    generate calls' `max_tokens`. Runs after `hflow-place`.
+  }];
+  let statistics = [
+    Statistic<"numSets", "roles-checked", "Number of placed roles sized">
   ];
 }
 

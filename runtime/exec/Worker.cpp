@@ -110,8 +110,9 @@ public:
   /// "step 3 (actor.generate at ppo.hflow:12:3)".
   std::string describe(int s) const {
     const Step &st = step(s);
-    std::string what = st.kind() == StepKind::Compute
-                           ? callName(s)
+    std::string what = st.kind() == StepKind::Compute ? callName(s)
+                       : st.kind() == StepKind::Builtin
+                           ? "builtin " + str(st.method(), "?")
                            : "check of step " + std::to_string(st.checks()) +
                                  " " + callName(st.checks());
     std::string loc = str(st.loc());
@@ -252,6 +253,7 @@ public:
 private:
   void connect();
   void runSteps();
+  void runBuiltin(int s);
   void finish();
   void printSummary(const at::Tensor &gathered, int64_t totalSteps);
 
@@ -308,6 +310,11 @@ void Worker::connect() {
   }
 }
 
+void Worker::runBuiltin(int s) {
+  throw RunError(pm_.describe(s) + ": this runtime does not execute the "
+                 "builtin '" + str(pm_.step(s).method()) + "' yet");
+}
+
 void Worker::runSteps() {
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   myDigest_.assign(nSteps, std::numeric_limits<double>::quiet_NaN());
@@ -317,7 +324,10 @@ void Worker::runSteps() {
     currentStep_ = s;
     const Step &st = pm_.step(s);
     auto t0 = Clock::now();
-    if (st.kind() == StepKind::Compute) {
+    if (st.kind() == StepKind::Builtin) {
+      runBuiltin(s);
+      computeMs_ += msSince(t0);
+    } else if (st.kind() == StepKind::Compute) {
       int i = pm_.dpIndexOf(s, o_.rank);
       if (i < 0)
         throw RunError("this rank is scheduled for the step but is not one of "

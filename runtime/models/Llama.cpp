@@ -34,9 +34,11 @@ std::string LlamaConfig::validate() const {
 
 int64_t LlamaConfig::paramCount() const {
   const int64_t H = hidden, V = vocab, F = ffn, hd = headDim();
-  const int64_t perLayer = 2 * H + H * (heads * hd) + 2 * H * (kvHeads * hd) +
-                           (heads * hd) * H + 3 * H * F;
-  return V * H + (int64_t)layers * perLayer + H + H * V;
+  int64_t perLayer = 2 * H + H * (heads * hd) + 2 * H * (kvHeads * hd) +
+                     (heads * hd) * H + 3 * H * F;
+  if (qkvBias)
+    perLayer += (heads + 2 * (int64_t)kvHeads) * hd;
+  return V * H + (int64_t)layers * perLayer + H + (tieEmbeddings ? 0 : H * V);
 }
 
 bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
@@ -44,9 +46,9 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   LlamaConfig c;
   c.name = m.name() ? m.name()->str() : "model";
   std::string arch = m.arch() ? m.arch()->str() : "";
-  if (!arch.empty() && arch != "llama") {
+  if (!arch.empty() && arch != "llama" && arch != "qwen2") {
     error = "model " + c.name + ": architecture '" + arch +
-            "' is not supported by this runtime (only 'llama')";
+            "' is not supported by this runtime (only 'llama' and 'qwen2')";
     return false;
   }
   if (m.dtype() != plan::DType::F32) {
@@ -61,6 +63,9 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   c.kvHeads = m.kv_heads();
   c.ffn = m.ffn();
   c.vocab = m.vocab();
+  c.tieEmbeddings = m.tie_embeddings();
+  c.qkvBias = m.qkv_bias();
+  c.ropeTheta = m.rope_theta();
   error = c.validate();
   if (!error.empty())
     return false;
@@ -89,6 +94,7 @@ uint64_t modelSeed(int64_t planSeed, int modelIndex) {
 struct Llama::Weights {
   struct Layer {
     at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
+    at::Tensor bq, bk, bv; // undefined without qkv biases
   };
   at::Tensor embed, finalNorm, head;
   std::vector<Layer> layers;
@@ -99,8 +105,13 @@ struct Llama::Weights {
       for (auto *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm,
                       &l.wGate, &l.wUp, &l.wDown})
         v.push_back(*t);
+    for (auto &l : layers)
+      for (auto *t : {&l.bq, &l.bk, &l.bv})
+        if (t->defined())
+          v.push_back(*t);
     v.push_back(finalNorm);
-    v.push_back(head);
+    if (!head.is_same(embed))
+      v.push_back(head);
     return v;
   }
 };
@@ -131,7 +142,14 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     w_->layers.push_back(std::move(l));
   }
   w_->finalNorm = at::ones({H}, opts);
-  w_->head = mat(V, H);
+  w_->head = c.tieEmbeddings ? w_->embed : mat(V, H);
+  // Biases last, so configs without them draw the same weights as before.
+  if (c.qkvBias)
+    for (auto &l : w_->layers) {
+      l.bq = at::empty({c.heads * hd}, opts).normal_(0.0, 0.02, gen);
+      l.bk = at::empty({c.kvHeads * hd}, opts).normal_(0.0, 0.02, gen);
+      l.bv = at::empty({c.kvHeads * hd}, opts).normal_(0.0, 0.02, gen);
+    }
 }
 
 Llama::~Llama() = default;
@@ -186,9 +204,9 @@ at::Tensor Llama::forward(const at::Tensor &tokens) const {
 
   for (const auto &l : w_->layers) {
     at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
-    at::Tensor q = at::linear(h, l.wq).view({B, T, c.heads, hd}).transpose(1, 2);
-    at::Tensor k = at::linear(h, l.wk).view({B, T, c.kvHeads, hd}).transpose(1, 2);
-    at::Tensor v = at::linear(h, l.wv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
+    at::Tensor q = at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}).transpose(1, 2);
+    at::Tensor k = at::linear(h, l.wk, l.bk).view({B, T, c.kvHeads, hd}).transpose(1, 2);
+    at::Tensor v = at::linear(h, l.wv, l.bv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
     q = q * cos + rotateHalf(q) * sin;
     k = k * cos + rotateHalf(k) * sin;
     if (rep > 1) {

@@ -1,8 +1,8 @@
 //===- Llama.h - a Llama-family decoder on ATen (no torch::nn) --------------===//
 //
 // Embedding, N x [RMSNorm -> attention (RoPE, grouped-query, causal) ->
-// residual -> RMSNorm -> SwiGLU MLP -> residual], final RMSNorm, untied LM
-// head. Weights use the y = x W^T convention of torch.nn.Linear and the
+// residual -> RMSNorm -> SwiGLU MLP -> residual], final RMSNorm, LM head
+// (or the embedding matrix, tied); Qwen2's q/k/v biases when configured. Weights use the y = x W^T convention of torch.nn.Linear and the
 // Hugging Face Llama layout (q/k/v/o, gate/up/down, rotate-half RoPE), so a
 // later safetensors loader can map names 1:1.
 //
@@ -38,7 +38,9 @@ struct LlamaConfig {
   int kvHeads = 4;
   int ffn = 64;
   int vocab = 64;
-  double ropeTheta = 10000.0; ///< not in the plan yet: Llama-2's value
+  double ropeTheta = 10000.0; ///< the rotary base (Llama-2: 1e4, Qwen2.5: 1e6)
+  bool tieEmbeddings = false; ///< the LM head is the embedding matrix
+  bool qkvBias = false;       ///< q, k and v have biases (Qwen2)
   double normEps = 1e-5;      ///< RMSNorm epsilon (Llama-2)
 
   int headDim() const { return heads > 0 ? hidden / heads : 0; }
@@ -52,12 +54,13 @@ struct LlamaConfig {
   ///            + hidden*(heads*hd)                  q
   ///            + 2*hidden*(kvHeads*hd)              k, v
   ///            + (heads*hd)*hidden                  o
-  ///            + 3*hidden*ffn )                     gate, up, down
+  ///            + 3*hidden*ffn                       gate, up, down
+  ///            + [qkvBias] (heads + 2*kvHeads)*hd ) q, k, v biases
   /// + hidden                                        final RMSNorm
-  /// + hidden*vocab                                  LM head (untied)
+  /// + [!tieEmbeddings] hidden*vocab                 LM head
   int64_t paramCount() const;
 
-  /// From a plan's Model table: arch must be "llama" (or empty), dtype F32,
+  /// From a plan's Model table: arch must be "llama", "qwen2" (or empty), dtype F32,
   /// sizes positive, hidden % heads == 0, heads % kv_heads == 0, head dim
   /// even; when the plan's `params` is nonzero it must equal paramCount().
   /// Returns false with a one-line `error` otherwise.

@@ -14,7 +14,7 @@
 namespace hflow::plan {
 
 /// Bumped when an older runtime could misread a newer plan.
-inline constexpr uint32_t kFormatMajor = 1;
+inline constexpr uint32_t kFormatMajor = 2;
 /// Bumped for additions that older runtimes of the same major may ignore.
 inline constexpr uint32_t kFormatMinor = 0;
 

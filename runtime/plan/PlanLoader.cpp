@@ -1,6 +1,8 @@
 //===- PlanLoader.cpp - read and fully verify a plan file ------------------===//
 
 #include "PlanLoader.h"
+
+#include <cmath>
 #include "PlanFormat.h"
 
 #include <cerrno>
@@ -24,6 +26,8 @@ const char *batchKindName(BatchKind k) {
   case BatchKind::Values: return "values";
   case BatchKind::Scores: return "scores";
   case BatchKind::Advantages: return "advantages";
+  case BatchKind::Returns: return "returns";
+  case BatchKind::KL: return "kl";
   }
   return "?";
 }
@@ -107,6 +111,8 @@ bool checkSemantics(const Plan &p, std::string &error) {
                     " is not divisible by kv_heads ", m->kv_heads());
     if (m->params() < 0)
       return c.fail(what, " has a negative parameter count");
+    if (!(m->rope_theta() > 0) || !std::isfinite(m->rope_theta()))
+      return c.fail(what, " has rope_theta ", m->rope_theta(), ", not a positive number");
   }
   for (size_t i = 0; i < nRoles; ++i) {
     const Role *r = p.roles()->Get(i);
@@ -122,11 +128,17 @@ bool checkSemantics(const Plan &p, std::string &error) {
     for (const Layout *l : {r->train(), r->generate()}) {
       if (!l)
         return c.fail(what, " has no layout");
-      if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1)
+      if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1 || l->fsdp() < 1 ||
+          l->sp() < 1 || l->cp() < 1)
         return c.fail(what, " has a non-positive parallel degree");
-      int64_t prod = int64_t(l->dp()) * l->tp() * l->pp();
+      int64_t prod = 1;
+      for (int d : {l->dp(), l->tp(), l->pp(), l->fsdp(), l->sp(), l->cp()}) {
+        prod *= d;
+        if (prod > world)
+          break;
+      }
       if (prod != static_cast<int64_t>(r->ranks()->size()))
-        return c.fail(what, " layout dp*tp*pp = ", prod, " but it has ",
+        return c.fail(what, " layout dp*fsdp*tp*pp*sp*cp = ", prod, " but it has ",
                       r->ranks()->size(), " ranks");
     }
   }
@@ -165,9 +177,24 @@ bool checkSemantics(const Plan &p, std::string &error) {
         return c.fail(what, " checks step ", s->checks(),
                       ", which is not an earlier compute step");
       break;
+    case StepKind::Builtin:
+      if (!s->method() || s->method()->size() == 0)
+        return c.fail(what, " has no builtin name");
+      if (!s->outputs() || s->outputs()->size() == 0)
+        return c.fail(what, " (builtin) has no output");
+      break;
     default:
       return c.fail(what, " has an unknown kind ", static_cast<int>(s->kind()));
     }
+  }
+  for (size_t i = 0; i < len(p.phases()); ++i) {
+    const Phase *ph = p.phases()->Get(i);
+    const std::string what = "phase " + std::to_string(i);
+    int64_t first = ph->first_step(), n = ph->num_steps();
+    if (first < 0 || n < 0 || first + n > static_cast<int64_t>(nSteps))
+      return c.fail(what, " covers steps [", first, ", ", first + n, ") of ", nSteps);
+    if (ph->batch() < 1 || ph->n() < 1 || ph->minibatch() < 1)
+      return c.fail(what, " has a non-positive batch, n or minibatch");
   }
   if (len(p.schedules()) != static_cast<size_t>(world))
     return c.fail("plan has ", len(p.schedules()), " rank schedules for a world of ",

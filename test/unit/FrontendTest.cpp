@@ -188,7 +188,7 @@ TEST(Frontend, DepthLimitsCannotBeBypassed) {
     chain += "*a";
   auto r = frontend::parseAndCheck("m.hflow",
                                    "flow f(p: Prompts) { let x = " + chain + " }");
-  EXPECT_NE(firstError(r).find("an expression with more than 200 '*' operators"),
+  EXPECT_NE(firstError(r).find("an expression with more than 200 operators"),
             std::string::npos)
       << firstError(r);
 }

@@ -63,7 +63,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
                          o.worldSize);
   auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
                            2, 32, 4, 2, 64, 64, DType::F32, 0);
-  Layout train(o.worldSize, 1, 1), gen(o.worldSize, 1, 1);
+  Layout train(o.worldSize, 1, 1, 1, 1, 1), gen(o.worldSize, 1, 1, 1, 1, 1);
   auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
                          b.CreateVector(roleRanks), &train, &gen);
   auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));

@@ -26,8 +26,18 @@ hflow.model @m "llama" <layers = 1, hidden = 8, heads = 2, kv_heads = 2, ffn = 8
 
 // -----
 
-// expected-error @+1 {{layout tp and pp must be positive, got tp = 0, pp = 1}}
+// expected-error @+1 {{an auto layout (tp = 0) has dp = 0, pp = 0 and no other degrees}}
 hflow.role @a reward_fn "r" train <dp = 1, tp = 0, pp = 1> generate <dp = 1, tp = 1, pp = 1>
+
+// -----
+
+// expected-error @+1 {{layout tp, pp, sp and cp must be positive, got tp = 1, pp = 1, sp = 0, cp = 1}}
+hflow.role @a reward_fn "r" train <dp = 1, tp = 1, pp = 1, sp = 0> generate <dp = 1, tp = 1, pp = 1>
+
+// -----
+
+// expected-error @+1 {{only one of dp and fsdp can be inferred (0)}}
+hflow.role @a reward_fn "r" train <dp = 0, tp = 1, pp = 1, fsdp = 0> generate <dp = 1, tp = 1, pp = 1>
 
 // -----
 

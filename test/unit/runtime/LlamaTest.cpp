@@ -45,6 +45,29 @@ TEST(Llama, ParamCountFormula) {
   gqa.layers = 80, gqa.hidden = 8192, gqa.heads = 64, gqa.kvHeads = 8;
   gqa.ffn = 28672;
   EXPECT_EQ(gqa.paramCount(), 68976648192LL); // Llama-2-70B
+
+  // Qwen2.5-0.5B: tied embeddings and q/k/v biases (the published 494M).
+  LlamaConfig qwen;
+  qwen.layers = 24, qwen.hidden = 896, qwen.heads = 14, qwen.kvHeads = 2;
+  qwen.ffn = 4864, qwen.vocab = 151936, qwen.tieEmbeddings = true;
+  qwen.qkvBias = true;
+  EXPECT_EQ(qwen.paramCount(), 494032768LL);
+}
+
+TEST(Llama, TiedAndBiasedWeightsAreCountedAndUsed) {
+  LlamaConfig c = tiny();
+  c.tieEmbeddings = true;
+  c.qkvBias = true;
+  Llama m(c, 1);
+  EXPECT_EQ(m.numParameters(), c.paramCount());
+  // 22688 - 32*64 (no head) + 2 layers * (4 + 2*2) heads * 8 head dim.
+  EXPECT_EQ(c.paramCount(), 22688 - 32 * 64 + 2 * (4 + 2 * 2) * 8);
+  LlamaConfig plain = tiny();
+  plain.tieEmbeddings = true;
+  Llama noBias(plain, 1);
+  at::Tensor tokens = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({1, 6});
+  // Same seed, same weights drawn before the biases: only the biases differ.
+  EXPECT_FALSE(at::allclose(m.forward(tokens), noBias.forward(tokens)));
 }
 
 TEST(Llama, ForwardShapes) {

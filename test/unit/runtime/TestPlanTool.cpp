@@ -44,7 +44,8 @@ static std::vector<uint8_t> buildPpoPlan(int64_t seed) {
                         4, 2, 64, 64, DType::F32, 22688);
   auto m1 = CreateModel(b, b.CreateString("tiny_critic"), b.CreateString("llama"),
                         1, 32, 4, 4, 48, 64, DType::F32, 0);
-  Layout dp2tp2(2, 2, 1), dp4(4, 1, 1), dp2(2, 1, 1), tp2(1, 2, 1), one(1, 1, 1);
+  Layout dp2tp2(2, 2, 1, 1, 1, 1), dp4(4, 1, 1, 1, 1, 1), dp2(2, 1, 1, 1, 1, 1),
+      tp2(1, 2, 1, 1, 1, 1), one(1, 1, 1, 1, 1, 1);
   std::vector<flatbuffers::Offset<Role>> roles{
       CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0, vec({0, 1, 2, 3}),
                  &dp2tp2, &dp4),

@@ -1,0 +1,127 @@
+//===- Builtins.h - the functions a flow can call besides role methods -----===//
+//
+// Advantage estimators, the KL penalty and whitening, and the arithmetic of
+// batch values. One table, used by the front end's checks and by the
+// `hflow.builtin` verifier, like RoleMethods.h. Header-only, dependency-free.
+// The runtime's implementations follow verl's core_algos (docs/rl-algorithms.md).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_FRONTEND_BUILTINS_H
+#define HFLOW_COMPILER_FRONTEND_BUILTINS_H
+
+#include "RoleMethods.h"
+
+#include <iterator>
+#include <string>
+#include <string_view>
+
+namespace hflow::builtins {
+
+using methods::Batch;
+
+/// The type of a keyword argument.
+enum class ArgType {
+  Fraction, // a number in [0, 1]
+  Positive, // a number > 0
+  Bool,     // true or false
+  Choice,   // one of `choices` (a name or a string)
+};
+
+struct KeywordArg {
+  std::string_view name;
+  ArgType type;
+  std::string_view choices = {}; // Choice: space-separated
+};
+
+inline constexpr Batch kAnyNumeric = Batch::Prompts; // marker in `inputs`
+
+struct Builtin {
+  std::string_view name;
+  int numInputs;
+  Batch inputs[2];        // kinds of the positional inputs; kAnyNumeric: any
+  Batch result;           // kAnyNumeric: the kind of the first input
+  bool withReturns;       // a second result, `.returns`
+  KeywordArg keywords[2];
+  int numKeywords;
+  std::string_view summary;
+};
+
+inline constexpr Builtin kBuiltins[] = {
+    {"gae", 2, {Batch::Scores, Batch::Values}, Batch::Advantages, true,
+     {{"gamma", ArgType::Fraction}, {"lam", ArgType::Fraction}}, 2,
+     "generalized advantage estimation from token rewards and values"},
+    {"grpo_advantage", 1, {Batch::Scores}, Batch::Advantages, true,
+     {{"norm_by_std", ArgType::Bool}, {"epsilon", ArgType::Positive}}, 2,
+     "GRPO outcome advantage: the score against its group's mean (and std)"},
+    {"rloo_advantage", 1, {Batch::Scores}, Batch::Advantages, true, {}, 0,
+     "RLOO: the score against the mean of the other samples of its group"},
+    {"reinforce_pp", 1, {Batch::Scores}, Batch::Advantages, true,
+     {{"gamma", ArgType::Fraction}}, 1,
+     "REINFORCE++: discounted returns, whitened over the batch"},
+    {"reinforce_pp_baseline", 1, {Batch::Scores}, Batch::Advantages, true, {}, 0,
+     "REINFORCE++ with the group mean as baseline, whitened over the batch"},
+    {"remax", 2, {Batch::Scores, Batch::Scores}, Batch::Advantages, true, {}, 0,
+     "ReMax: returns minus the greedy response's score"},
+    {"kl", 2, {Batch::LogProbs, Batch::LogProbs}, Batch::KL, false,
+     {{"kind", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"}}, 1,
+     "per-token KL estimate between two log-probabilities"},
+    {"whiten", 1, {kAnyNumeric}, kAnyNumeric, false, {}, 0,
+     "(x - mean) / std over the valid tokens of the batch"},
+};
+
+inline const Builtin *findBuiltin(std::string_view name) {
+  for (const Builtin &b : kBuiltins)
+    if (b.name == name)
+      return &b;
+  return nullptr;
+}
+
+inline std::string builtinList() {
+  std::string out;
+  for (const Builtin &b : kBuiltins)
+    out += (out.empty() ? "" : ", ") + std::string(b.name);
+  return out;
+}
+
+inline bool isChoice(const KeywordArg &k, std::string_view v) {
+  std::string_view c = k.choices;
+  while (!c.empty()) {
+    size_t sp = c.find(' ');
+    if (c.substr(0, sp) == v)
+      return true;
+    if (sp == std::string_view::npos)
+      break;
+    c.remove_prefix(sp + 1);
+  }
+  return false;
+}
+
+/// The kind of `a op b` for two batch values, or nothing if they do not mix:
+/// the same kind gives that kind; a reward minus (or plus) a KL penalty is a
+/// reward. Scaling by a constant keeps the kind (handled by the caller).
+inline std::optional<Batch> arithmetic(char op, Batch a, Batch b) {
+  if (!methods::isNumeric(a) || !methods::isNumeric(b))
+    return std::nullopt;
+  if (a == b)
+    return a;
+  if ((op == '-' || op == '+') && a == Batch::Scores && b == Batch::KL)
+    return Batch::Scores;
+  if (op == '+' && a == Batch::KL && b == Batch::Scores)
+    return Batch::Scores;
+  return std::nullopt;
+}
+
+/// The MLIR/plan name of an arithmetic operator.
+inline const char *opName(char op) {
+  switch (op) {
+  case '+': return "add";
+  case '-': return "sub";
+  case '*': return "mul";
+  case '/': return "div";
+  }
+  return "?";
+}
+
+} // namespace hflow::builtins
+
+#endif // HFLOW_COMPILER_FRONTEND_BUILTINS_H

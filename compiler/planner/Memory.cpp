@@ -1,0 +1,98 @@
+//===- Memory.cpp - memory per device of a role in its layouts -------------===//
+
+#include "Memory.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+#include <cstdio>
+
+using namespace mlir;
+using namespace mlir::hflow;
+
+namespace hflow::planner {
+
+double dtypeBytes(Type t) { return t.isF32() ? 4 : t.isF64() ? 8 : 2; }
+
+std::string formatBytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2f MB", bytes / 1e6);
+  else if (bytes >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.2f KB", bytes / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  return buf;
+}
+
+Workload workloadOf(ModuleOp module) {
+  Workload w;
+  for (TrainOp t : module.getOps<TrainOp>()) {
+    w.batch = t.getBatchAttr().getInt();
+    w.n = t.getNAttr().getInt();
+    if (auto p = t->getAttrOfType<IntegerAttr>("prompt_len"))
+      w.promptLen = p.getInt();
+    if (auto m = t->getAttrOfType<IntegerAttr>("micro_batch"))
+      w.microBatch = m.getInt();
+    w.fromTrainBlock = true;
+    // The longest response any generate call of the trained flow asks for.
+    if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr())) {
+      int64_t longest = 0;
+      flow.walk([&](CallOp call) {
+        if (call.getMethod() != "generate")
+          return;
+        if (auto args = call.getArgsAttr())
+          if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
+            longest = std::max<int64_t>(longest, mt.getInt());
+      });
+      if (longest > 0)
+        w.responseLen = longest;
+    }
+    break; // the first train block sizes the job
+  }
+  return w;
+}
+
+RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
+                      LayoutAttr gen, const Workload &w) {
+  RoleMemory m;
+  if (!model)
+    return m;
+  const double P = static_cast<double>(model.computeParamCount());
+  const double b = dtypeBytes(model.getDtype());
+  const double L = model.getLayersAttr().getInt();
+  const double h = model.getHiddenAttr().getInt();
+  const double V = model.getVocabAttr().getInt();
+  const double headDim = h / model.getHeadsAttr().getInt();
+  const double kvHeads = model.getKvHeadsAttr().getInt();
+  const bool trains =
+      role.getKind() == RoleKind::Actor || role.getKind() == RoleKind::Critic;
+
+  const double S = static_cast<double>(std::max<int64_t>(train.shards(), 1));
+  m.weights = P * b / S;
+  if (trains) {
+    m.grads = P * b / S;
+    m.optimizer = P * (b >= 4 ? 8 : 12) / S;
+  }
+  const double tp = std::max<int64_t>(train.getTp(), 1);
+  const double pp = std::max<int64_t>(train.getPp(), 1);
+  const double tokens = double(w.microBatch) * double(w.seqLen()) /
+                        double(train.getSp() * train.getCp());
+  m.activations = tokens * h * b * 34 / tp + tokens * V * 4 / tp;
+  if (trains)
+    m.activations += tokens * h * b * (L / pp);
+
+  if (role.getKind() == RoleKind::Actor && !gen.isAuto()) {
+    const double tpg = std::max<int64_t>(gen.getTp(), 1);
+    const double ppg = std::max<int64_t>(gen.getPp(), 1);
+    const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
+    m.genWeights = P * b / (tpg * ppg);
+    const double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
+    m.kvCache = 2 * (L / ppg) * std::max(1.0, kvHeads / tpg) * headDim * b *
+                seqs * double(w.seqLen());
+  }
+  return m;
+}
+
+} // namespace hflow::planner

@@ -1,0 +1,77 @@
+//===- Memory.h - memory per device of a role in its layouts ---------------===//
+//
+// The analytic memory model behind the memory-fit check and `place auto`'s
+// layout choice. Formulas (docs/cost-model.md has them with their sources):
+//
+//   P = parameters, w = bytes per element of the model's dtype,
+//   S = fsdp * tp * pp (how many ways one replica of the weights is split)
+//   weights     = P * w / S
+//   gradients   = P * w / S                         (roles that train)
+//   optimizer   = P * (w == 4 ? 8 : 12) / S         (AdamW moments in fp32,
+//                                                    plus an fp32 master copy
+//                                                    for 16-bit weights)
+//   activations = t * h * w * (L / pp)              (layer inputs kept by
+//                                                    gradient checkpointing)
+//               + t * h * w * 34 / tp               (one layer's working set,
+//                                                    Korthikanti et al. 2022)
+//               + t * V * 4 / tp                    (fp32 logits)
+//     with t = micro_batch * seq_len / (sp * cp) tokens per forward
+//   generation  = P * w / (tp_g * pp_g)             (the generation shard)
+//   KV cache    = 2 * (L / pp_g) * (kv_heads / tp_g) * head_dim * w
+//                 * (batch * n / dp_g) * seq_len
+//
+// A device holding several colocated roles needs the sum of their resident
+// state (weights, gradients, optimizer) plus the largest transient need of
+// any one phase (a training pass's activations, or generation).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_PLANNER_MEMORY_H
+#define HFLOW_COMPILER_PLANNER_MEMORY_H
+
+#include "hflow/HflowOps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+
+namespace hflow::planner {
+
+/// What one training step asks of the models.
+struct Workload {
+  int64_t batch = 1;       // prompts per step
+  int64_t n = 1;           // responses per prompt
+  int64_t promptLen = 512; // tokens
+  int64_t responseLen = 512;
+  int64_t microBatch = 1;  // sequences per forward/backward pass on a device
+  bool fromTrainBlock = false;
+  int64_t seqLen() const { return promptLen + responseLen; }
+};
+
+/// The train block's batch sizes and the actor's `max_tokens`; defaults
+/// where the program does not say.
+Workload workloadOf(mlir::ModuleOp module);
+
+struct RoleMemory {
+  double weights = 0, grads = 0, optimizer = 0; // resident
+  double activations = 0;                       // transient: a training pass
+  double genWeights = 0, kvCache = 0;           // transient: generation
+  double resident() const { return weights + grads + optimizer; }
+  double transient() const {
+    return activations > genWeights + kvCache ? activations : genWeights + kvCache;
+  }
+};
+
+/// Bytes per device for `role` with the given (resolved) layouts.
+RoleMemory roleMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,
+                      mlir::hflow::LayoutAttr train, mlir::hflow::LayoutAttr gen,
+                      const Workload &w);
+
+/// Bytes per element of a model dtype (f32: 4, bf16/f16: 2).
+double dtypeBytes(mlir::Type t);
+
+/// "13.48 GB" (decimal units, like the device specs).
+std::string formatBytes(double bytes);
+
+} // namespace hflow::planner
+
+#endif // HFLOW_COMPILER_PLANNER_MEMORY_H
