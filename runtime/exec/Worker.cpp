@@ -1,6 +1,8 @@
 //===- Worker.cpp - run one rank's static schedule -------------------------===//
 #include "Worker.h"
 
+#include "Builtins.h"
+
 #include "Communicator.h"
 #include "GlooCommunicator.h"
 #include "Llama.h"
@@ -254,6 +256,9 @@ private:
   void connect();
   void runSteps();
   void runBuiltin(int s);
+  at::Tensor builtinInput(int v);
+  exec::BuiltinContext builtinCtx_;
+  std::map<int, at::Tensor> builtinValues_;
   void finish();
   void printSummary(const at::Tensor &gathered, int64_t totalSteps);
 
@@ -310,9 +315,85 @@ void Worker::connect() {
   }
 }
 
+/// The tensor of batch value `v` for the controller's builtins: a result
+/// of an earlier builtin, or (for what role calls produce, which this
+/// runtime does not hand to the controller yet) a deterministic synthetic
+/// [rows, response tokens] batch of the value's kind, drawn from the plan
+/// seed and the value index.
+at::Tensor Worker::builtinInput(int v) {
+  if (auto it = builtinValues_.find(v); it != builtinValues_.end())
+    return it->second;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+      mix((uint64_t)p_.seed() ^ 0x6275696c74696eULL, (uint64_t)v));
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const BatchKind kind = p_.values()->Get(v)->kind();
+  at::Tensor t;
+  switch (kind) {
+  case BatchKind::LogProbs:
+    t = -at::empty({kBatchRows, kGenerateTokens}, f64).uniform_(0.0, 3.0, gen);
+    break;
+  case BatchKind::Scores: {
+    // An outcome reward of 0 or 1 on each response's last token.
+    at::Tensor last = builtinCtx_.mask.sum(-1).to(at::kLong) - 1;
+    at::Tensor r = at::empty({kBatchRows}, f64).bernoulli_(0.5, gen);
+    t = at::zeros({kBatchRows, kGenerateTokens}, f64)
+            .scatter_(1, last.clamp_min(0).unsqueeze(1), r.unsqueeze(1));
+    break;
+  }
+  default:
+    t = at::empty({kBatchRows, kGenerateTokens}, f64).normal_(0.0, 1.0, gen);
+  }
+  builtinValues_[v] = t;
+  return t;
+}
+
 void Worker::runBuiltin(int s) {
-  throw RunError(pm_.describe(s) + ": this runtime does not execute the "
-                 "builtin '" + str(pm_.step(s).method()) + "' yet");
+  const Step &st = pm_.step(s);
+  if (!builtinCtx_.mask.defined()) {
+    // Response lengths 2..L per row, and groups of the phase's n samples.
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+        mix((uint64_t)p_.seed(), 0x6d61736bULL));
+    at::Tensor len = at::randint(2, kGenerateTokens + 1, {kBatchRows, 1}, gen,
+                                 at::TensorOptions().dtype(at::kLong));
+    builtinCtx_.mask =
+        at::arange(kGenerateTokens, at::TensorOptions().dtype(at::kLong))
+            .unsqueeze(0)
+            .lt(len)
+            .to(at::kDouble);
+    int n = 1;
+    if (p_.phases() && p_.phases()->size() > 0)
+      n = p_.phases()->Get(0)->n();
+    if (n < 1 || kBatchRows % n != 0)
+      n = 1;
+    builtinCtx_.index =
+        at::arange(kBatchRows, at::TensorOptions().dtype(at::kLong)).div(n, "floor");
+  }
+  std::vector<at::Tensor> inputs;
+  for (int v : ints(st.inputs()))
+    inputs.push_back(builtinInput(v));
+  std::map<std::string, std::string> attrs;
+  if (st.attrs())
+    for (const KeyValue *kv : *st.attrs())
+      attrs[str(kv->key())] = str(kv->value());
+  std::vector<at::Tensor> out;
+  try {
+    out = exec::runBuiltin(str(st.method()), attrs, inputs, builtinCtx_);
+  } catch (const std::exception &e) {
+    throw RunError(pm_.describe(s) + ": " + e.what());
+  }
+  auto outputs = ints(st.outputs());
+  if (out.size() != outputs.size())
+    throw RunError(pm_.describe(s) + ": the builtin returns " +
+                   std::to_string(out.size()) + " values but the plan names " +
+                   std::to_string(outputs.size()));
+  for (size_t i = 0; i < out.size(); ++i)
+    builtinValues_[outputs[i]] = out[i];
+  double d = out[0].sum().item<double>();
+  myDigest_[s] = d;
+  if (o_.verbose)
+    std::printf("[rank %d] %s: %lld x %lld, digest %.6f\n", o_.rank,
+                pm_.describe(s).c_str(), (long long)out[0].size(0),
+                (long long)out[0].size(1), d);
 }
 
 void Worker::runSteps() {
@@ -477,6 +558,10 @@ void Worker::printSummary(const at::Tensor &all, int64_t totalSteps) {
       }
       std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s,
                   pm_.callName(s).c_str(), rankList(ranks).c_str(), sum);
+    } else if (st.kind() == StepKind::Builtin) {
+      std::string what = "builtin " + str(st.method(), "?");
+      std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s, what.c_str(),
+                  rankList(ranks).c_str(), acc[0][5 + s]);
     } else {
       ++nChecks;
       std::string what = "check #" + std::to_string(st.checks()) + " " +

@@ -1,0 +1,38 @@
+//===- Builtins.h - the flow builtins a plan's Builtin steps name ----------===//
+//
+// Maps a Builtin step (its name, its keyword attributes and its input
+// tensors) onto the RL library (runtime/rl, verl's formulas): gae,
+// grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax,
+// kl, whiten, and the arithmetic add/sub/mul/div/neg. Every batch value is a
+// [B, L] tensor over the response tokens; `mask` is the response mask and
+// `index` the group id of each row (the prompt it answers).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_BUILTINS_H
+#define HFLOW_RUNTIME_EXEC_BUILTINS_H
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hflow::exec {
+
+struct BuiltinContext {
+  at::Tensor mask;  ///< [B, L] response mask, same dtype as the values
+  at::Tensor index; ///< [B] int64 group ids
+};
+
+/// Runs builtin `name` and returns its results (two for advantage
+/// estimators: advantages, returns). Throws std::invalid_argument with a
+/// message naming the builtin for an unknown name, a bad attribute value or
+/// inputs of the wrong number or shape.
+std::vector<at::Tensor> runBuiltin(const std::string &name,
+                                   const std::map<std::string, std::string> &attrs,
+                                   const std::vector<at::Tensor> &inputs,
+                                   const BuiltinContext &ctx);
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_BUILTINS_H
