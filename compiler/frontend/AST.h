@@ -199,6 +199,8 @@ struct TrainDecl {
   int64_t checkpointEvery = 0;  // 0: no checkpoints
   std::string checkpointDir;
   int64_t logEvery = 1;
+  int64_t promptLen = 0;        // longest prompt in tokens (0: planner default)
+  int64_t microBatch = 0;       // sequences per forward pass (0: default)
   SourceLoc batchLoc, minibatchLoc;
 };
 

@@ -19,19 +19,8 @@ namespace hflow::builtins {
 
 using methods::Batch;
 
-/// The type of a keyword argument.
-enum class ArgType {
-  Fraction, // a number in [0, 1]
-  Positive, // a number > 0
-  Bool,     // true or false
-  Choice,   // one of `choices` (a name or a string)
-};
-
-struct KeywordArg {
-  std::string_view name;
-  ArgType type;
-  std::string_view choices = {}; // Choice: space-separated
-};
+using methods::ArgType;
+using methods::KeywordArg;
 
 inline constexpr Batch kAnyNumeric = Batch::Prompts; // marker in `inputs`
 
@@ -83,7 +72,7 @@ inline std::string builtinList() {
   return out;
 }
 
-inline bool isChoice(const KeywordArg &k, std::string_view v) {
+inline bool isChoice(const methods::KeywordArg &k, std::string_view v) {
   std::string_view c = k.choices;
   while (!c.empty()) {
     size_t sp = c.find(' ');

@@ -37,30 +37,94 @@ constexpr unsigned kinds(std::initializer_list<Batch> bs) {
   return m;
 }
 
+/// The type of a keyword argument (of a role method or a builtin).
+enum class ArgType {
+  Count,       // an integer >= 1
+  Natural,     // an integer >= 0
+  NonNegative, // a number >= 0
+  Fraction,    // a number in [0, 1]
+  Positive,    // a number > 0
+  Bool,        // true or false
+  Choice,      // one of `choices` (a name or a string)
+  String,      // a string
+};
+
+struct KeywordArg {
+  std::string_view name;
+  ArgType type;
+  std::string_view choices = {}; // Choice: space-separated
+};
+
+struct KeywordList {
+  const KeywordArg *begin_ = nullptr, *end_ = nullptr;
+  const KeywordArg *begin() const { return begin_; }
+  const KeywordArg *end() const { return end_; }
+  const KeywordArg *find(std::string_view name) const {
+    for (const KeywordArg *k = begin_; k != end_; ++k)
+      if (k->name == name)
+        return k;
+    return nullptr;
+  }
+};
+template <size_t N> constexpr KeywordList keywords(const KeywordArg (&a)[N]) {
+  return {a, a + N};
+}
+
+// What the calls take (the runtime reads them from the plan's step attrs).
+inline constexpr KeywordArg kGenerateArgs[] = {
+    {"n", ArgType::Count},           {"max_tokens", ArgType::Count},
+    {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Fraction},
+    {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
+    {"stop", ArgType::String}};
+inline constexpr KeywordArg kForwardArgs[] = {
+    {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative}};
+inline constexpr KeywordArg kScoreArgs[] = {{"micro_batch", ArgType::Count}};
+inline constexpr KeywordArg kActorUpdateArgs[] = {
+    {"minibatch", ArgType::Count},   {"micro_batch", ArgType::Count},
+    {"epochs", ArgType::Count},      {"clip", ArgType::Fraction},
+    {"clip_low", ArgType::Fraction}, {"clip_high", ArgType::Fraction},
+    {"clip_ratio_c", ArgType::Positive},
+    {"kl_coef", ArgType::NonNegative},
+    {"kl", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"},
+    {"entropy_coef", ArgType::NonNegative},
+    {"loss_agg", ArgType::Choice,
+     "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
+inline constexpr KeywordArg kCriticUpdateArgs[] = {
+    {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
+    {"epochs", ArgType::Count},    {"clip_value", ArgType::NonNegative},
+    {"loss_agg", ArgType::Choice,
+     "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
+inline constexpr KeywordArg kSftArgs[] = {
+    {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
+    {"epochs", ArgType::Count}};
+
 struct Signature {
   std::string_view method;
   Batch input;                 // the kind of the first (required) input
   std::optional<Batch> result; // none for methods that only update state
   unsigned extra = 0;          // kinds the further positional inputs may have
+  KeywordList args = {};       // the keyword arguments it takes
 };
 
 inline constexpr Signature kActor[] = {
-    {"generate", Batch::Prompts, Batch::Rollout},
-    {"logprob", Batch::Rollout, Batch::LogProbs},
+    {"generate", Batch::Prompts, Batch::Rollout, 0, keywords(kGenerateArgs)},
+    {"logprob", Batch::Rollout, Batch::LogProbs, 0, keywords(kForwardArgs)},
     {"update", Batch::Rollout, std::nullopt,
-     kinds({Batch::LogProbs, Batch::Advantages, Batch::Scores, Batch::KL})},
+     kinds({Batch::LogProbs, Batch::Advantages, Batch::Scores, Batch::KL}),
+     keywords(kActorUpdateArgs)},
     // Supervised fine-tuning on the dataset's reference responses.
-    {"sft", Batch::Prompts, std::nullopt}};
+    {"sft", Batch::Prompts, std::nullopt, 0, keywords(kSftArgs)}};
 inline constexpr Signature kCritic[] = {
-    {"values", Batch::Rollout, Batch::Values},
+    {"values", Batch::Rollout, Batch::Values, 0, keywords(kForwardArgs)},
     {"update", Batch::Rollout, std::nullopt,
-     kinds({Batch::Values, Batch::Returns, Batch::Advantages, Batch::Scores})}};
+     kinds({Batch::Values, Batch::Returns, Batch::Advantages, Batch::Scores}),
+     keywords(kCriticUpdateArgs)}};
 inline constexpr Signature kReference[] = {
-    {"logprob", Batch::Rollout, Batch::LogProbs}};
+    {"logprob", Batch::Rollout, Batch::LogProbs, 0, keywords(kForwardArgs)}};
 inline constexpr Signature kRewardModel[] = {
-    {"score", Batch::Rollout, Batch::Scores}};
+    {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)}};
 inline constexpr Signature kRewardFn[] = {
-    {"score", Batch::Rollout, Batch::Scores}};
+    {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)}};
 
 struct MethodTable {
   const Signature *begin_, *end_;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -968,21 +969,13 @@ private:
                                             methods::methodList(mrole)});
       return {};
     }
-    for (ast::Arg &a : e.args) {
-      if (a.key.empty())
-        continue;
-      const Expr &v = *a.value;
-      if (v.kind == Expr::Kind::Name && scope.count(v.text) &&
-          scope.at(v.text).kind)
-        diags_.error(v.loc, "keyword arguments take constants; pass batch "
-                            "values positionally");
-      else if (v.kind == Expr::Kind::Name && scope.count(v.text))
-        scope.at(v.text).used = true; // a named constant
-      else if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float &&
-               v.kind != Expr::Kind::String && v.kind != Expr::Kind::Name)
-        diags_.error(v.loc, "argument '" + a.key +
-                                "' must be a number, a string or a name");
-    }
+    std::vector<std::string> allowed;
+    for (const methods::KeywordArg &k : sig->args)
+      allowed.emplace_back(k.name);
+    auto kw = keywordArgs(e, allowed, rd.name + "." + e.text + "()");
+    for (ast::Arg &a : e.args) // in source order
+      if (!a.key.empty() && kw.count(a.key) && kw.at(a.key) == &a)
+        checkKeyword(*a.value, *sig->args.find(a.key), scope);
     auto inputs = batchInputs(e, scope);
     std::string callName = rd.name + "." + e.text;
     if (inputs.empty())
@@ -1030,6 +1023,81 @@ private:
       d.notes.push_back({scope.at(name).loc, "'" + name + "' is defined here"});
   }
 
+  /// Checks a keyword argument's value against its declared type. A number
+  /// may be a `let` constant of the flow.
+  void checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
+    using methods::ArgType;
+    const std::string what(ka.name);
+    if (v.kind == Expr::Kind::Name && scope.count(v.text)) {
+      Binding &b = scope.at(v.text);
+      b.used = true;
+      if (b.kind) {
+        diags_.error(v.loc, "keyword arguments take constants; pass batch "
+                            "values positionally")
+            .notes.push_back({b.loc, "'" + v.text + "' is a batch value"});
+        return;
+      }
+      v.constant = b.constant; // checked below like a literal
+    }
+    double x = v.constant ? *v.constant
+               : v.kind == Expr::Kind::Int ? double(v.intValue)
+                                           : v.floatValue;
+    bool isNumber = v.constant || v.kind == Expr::Kind::Int ||
+                    v.kind == Expr::Kind::Float;
+    bool isInteger = (v.constant && *v.constant == std::floor(*v.constant)) ||
+                     v.kind == Expr::Kind::Int;
+    auto show = [&] {
+      if (v.kind == Expr::Kind::Int || v.kind == Expr::Kind::Float)
+        return v.text;
+      std::ostringstream os;
+      os << x;
+      return os.str();
+    };
+    switch (ka.type) {
+    case ArgType::Count:
+    case ArgType::Natural:
+      if (!isNumber || !isInteger)
+        diags_.error(v.loc, what + " must be an integer");
+      else if (x < (ka.type == ArgType::Count ? 1 : 0))
+        diags_.error(v.loc, what + (ka.type == ArgType::Count
+                                        ? " must be positive, got "
+                                        : " must not be negative, got ") +
+                                show());
+      break;
+    case ArgType::NonNegative:
+    case ArgType::Fraction:
+    case ArgType::Positive:
+      if (!isNumber)
+        diags_.error(v.loc, what + " must be a number");
+      else if (ka.type == ArgType::Positive && !(x > 0))
+        diags_.error(v.loc, what + " must be positive, got " + show());
+      else if (ka.type != ArgType::Positive && x < 0)
+        diags_.error(v.loc, what + " must not be negative, got " + show());
+      else if (ka.type == ArgType::Fraction && x > 1)
+        diags_.error(v.loc, what + " must be in [0, 1], got " + show());
+      break;
+    case ArgType::Bool:
+      if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
+        diags_.error(v.loc, what + " must be true or false");
+      break;
+    case ArgType::Choice:
+      if ((v.kind != Expr::Kind::Name && v.kind != Expr::Kind::String) ||
+          !builtins::isChoice(ka, v.text)) {
+        std::string choices(ka.choices);
+        std::replace(choices.begin(), choices.end(), ' ', ',');
+        for (size_t i = choices.find(','); i != std::string::npos;
+             i = choices.find(',', i + 2))
+          choices.insert(i + 1, " ");
+        diags_.error(v.loc, what + " must be one of " + choices);
+      }
+      break;
+    case ArgType::String:
+      if (v.kind != Expr::Kind::String)
+        diags_.error(v.loc, what + " must be a string");
+      break;
+    }
+  }
+
   Ty typeBuiltin(Expr &e, Scope &scope) {
     const builtins::Builtin *bi = builtins::findBuiltin(e.text);
     if (!bi) {
@@ -1043,36 +1111,11 @@ private:
     for (int k = 0; k < bi->numKeywords; ++k)
       allowed.emplace_back(bi->keywords[k].name);
     auto kw = keywordArgs(e, allowed, e.text + "()");
-    for (int k = 0; k < bi->numKeywords; ++k) {
-      const builtins::KeywordArg &ka = bi->keywords[k];
-      auto it = kw.find(std::string(ka.name));
-      if (it == kw.end())
-        continue;
-      Expr &v = *it->second->value;
-      std::string what = std::string(ka.name);
-      double x = 0;
-      switch (ka.type) {
-      case builtins::ArgType::Fraction:
-        number(v, what, 0, 1, false, x);
-        break;
-      case builtins::ArgType::Positive:
-        if (number(v, what, 0, -1, false, x) && x == 0)
-          diags_.error(v.loc, what + " must be positive");
-        break;
-      case builtins::ArgType::Bool:
-        if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
-          diags_.error(v.loc, what + " must be true or false");
-        break;
-      case builtins::ArgType::Choice:
-        if ((v.kind != Expr::Kind::Name && v.kind != Expr::Kind::String) ||
-            !builtins::isChoice(ka, v.text)) {
-          std::string choices(ka.choices);
-          std::replace(choices.begin(), choices.end(), ' ', ',');
-          diags_.error(v.loc, what + " must be one of " + choices);
-        }
-        break;
-      }
-    }
+    for (ast::Arg &a : e.args) // in source order
+      if (!a.key.empty() && kw.count(a.key) && kw.at(a.key) == &a)
+        for (int k = 0; k < bi->numKeywords; ++k)
+          if (bi->keywords[k].name == a.key)
+            checkKeyword(*a.value, bi->keywords[k], scope);
     auto inputs = batchInputs(e, scope);
     if (static_cast<int>(inputs.size()) != bi->numInputs) {
       diags_.error(e.loc, e.text + "() takes " + std::to_string(bi->numInputs) +
@@ -1220,12 +1263,24 @@ private:
         diags_.warning(b.loc, "value '" + name + "' is never used");
   }
 
+  /// Calls `fn` on every call (method or builtin) in `e`, outermost first.
+  template <typename Fn> static void forEachCall(const Expr &e, Fn fn) {
+    if (e.kind == Expr::Kind::MethodCall || e.kind == Expr::Kind::Call)
+      fn(e);
+    for (const ast::Arg &a : e.args)
+      forEachCall(*a.value, fn);
+    if (e.lhs)
+      forEachCall(*e.lhs, fn);
+    if (e.rhs)
+      forEachCall(*e.rhs, fn);
+  }
+
   void checkTrain(ast::TrainDecl &t) {
     lookup(t.flow, Kind::Flow, t.flowLoc);
     std::map<std::string, const ast::Property *> props;
     static const std::vector<std::string> known = {
         "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
-        "checkpoint", "log_every"};
+        "checkpoint", "log_every", "prompt_len", "micro_batch"};
     for (const ast::Property &p : t.props) {
       if (std::find(known.begin(), known.end(), p.key) == known.end()) {
         diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
@@ -1262,6 +1317,8 @@ private:
     intProp("minibatch", t.minibatch, false, &t.minibatchLoc);
     intProp("seed", t.seed, false);
     intProp("log_every", t.logEvery, false);
+    intProp("prompt_len", t.promptLen, false);
+    intProp("micro_batch", t.microBatch, false);
     bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
     if (hasSteps == hasEpochs)
       diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
@@ -1279,6 +1336,27 @@ private:
         t.checkpointDir = v.text;
       }
     }
+    // Each generate call's `n` is the train block's n (or it is set on one
+    // side only, and that value holds).
+    if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+        f && f->kind == Kind::Flow)
+      for (const ast::Stmt &st : prog_.flows[f->index].body)
+        forEachCall(*st.value, [&](const Expr &call) {
+          if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
+            return;
+          for (const ast::Arg &a : call.args)
+            if (a.key == "n" && a.value->kind == Expr::Kind::Int &&
+                props.count("n") && t.samples > 0 &&
+                a.value->intValue != t.samples)
+              diags_
+                  .error(a.value->loc,
+                         call.receiver + ".generate's n = " +
+                             std::to_string(a.value->intValue) +
+                             " differs from the train block's n = " +
+                             std::to_string(t.samples))
+                  .notes.push_back({props.at("n")->value->loc,
+                                    "the train block sets n here"});
+        });
     if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
       diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                        ") does not divide batch (" +

@@ -113,7 +113,8 @@ public:
           b_.getI64IntegerAttr(t.minibatch > 0 ? t.minibatch : t.batch),
           b_.getI64IntegerAttr(t.seed), opt(t.steps), opt(t.epochs),
           opt(t.checkpointEvery),
-          t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir));
+          t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir),
+          opt(t.promptLen), opt(t.microBatch));
     }
     return module;
   }

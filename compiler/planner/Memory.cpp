@@ -31,9 +31,9 @@ Workload workloadOf(ModuleOp module) {
   for (TrainOp t : module.getOps<TrainOp>()) {
     w.batch = t.getBatchAttr().getInt();
     w.n = t.getNAttr().getInt();
-    if (auto p = t->getAttrOfType<IntegerAttr>("prompt_len"))
+    if (auto p = t.getPromptLenAttr())
       w.promptLen = p.getInt();
-    if (auto m = t->getAttrOfType<IntegerAttr>("micro_batch"))
+    if (auto m = t.getMicroBatchAttr())
       w.microBatch = m.getInt();
     w.fromTrainBlock = true;
     // The longest response any generate call of the trained flow asks for.

@@ -227,13 +227,17 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     ```
     `batch` and `minibatch` count prompts; each prompt yields `n` responses,
     so a training call sees `batch * n` sequences. `hflow-check-batch` checks
-    these against every layout of the roles the flow calls.
+    these against every layout of the roles the flow calls. `prompt_len`
+    (longest prompt, tokens) and `micro_batch` (sequences per forward pass)
+    size activations and the KV cache for `hflow-check-memory`.
   }];
   let arguments = (ins FlatSymbolRefAttr:$flow, StrAttr:$data, I64Attr:$batch,
                        I64Attr:$n, I64Attr:$minibatch, I64Attr:$seed,
                        OptionalAttr<I64Attr>:$steps, OptionalAttr<I64Attr>:$epochs,
                        OptionalAttr<I64Attr>:$checkpoint_every,
-                       OptionalAttr<StrAttr>:$checkpoint_dir);
+                       OptionalAttr<StrAttr>:$checkpoint_dir,
+                       OptionalAttr<I64Attr>:$prompt_len,
+                       OptionalAttr<I64Attr>:$micro_batch);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }
