@@ -74,8 +74,6 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   // for (or the only one) without a train block.
   SmallVector<std::pair<FlowOp, TrainOp>> phases;
   int64_t seed = options.seed;
-  if (!trains.empty())
-    seed = trains.front().getSeedAttr().getInt();
   if (options.flow.empty() && !trains.empty()) {
     for (TrainOp t : trains) {
       auto f = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr());
@@ -106,6 +104,10 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
            << ") or add a train block";
   }
   FlowOp flow = phases.front().first;
+  if (TrainOp t = phases.front().second)
+    seed = t.getSeedAttr().getInt();
+  else if (!trains.empty() && options.flow.empty())
+    seed = trains.front().getSeedAttr().getInt();
   SmallVector<MeshOp> meshes(module.getOps<MeshOp>());
   if (meshes.size() != 1)
     return module.emitError() << "expected exactly one mesh, found "
@@ -270,7 +272,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
           opt(train.getStepsAttr()), opt(train.getEpochsAttr()),
           opt(train.getCheckpointEveryAttr()),
           b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
-                                                  : std::string())));
+                                                  : std::string()),
+          train.getSeedAttr().getInt()));
     }
   }
 

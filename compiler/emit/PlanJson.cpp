@@ -160,6 +160,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("epochs", ph->epochs());
             j.attribute("checkpoint_every", ph->checkpoint_every());
             j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
+            j.attribute("seed", ph->seed());
           });
     });
     j.attributeArray("schedules", [&] {

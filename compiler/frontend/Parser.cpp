@@ -266,7 +266,7 @@ private:
         operand->loc = loc(m->op);
         return operand;
       }
-      if (operand->kind == K::Float) {
+      if (operand->kind == K::Float || operand->kind == K::Quantity) {
         operand->floatValue = -operand->floatValue;
         operand->text = "-" + operand->text;
         operand->loc = loc(m->op);

@@ -161,7 +161,9 @@ private:
       if (std::find(allowed.begin(), allowed.end(), a.key) == allowed.end()) {
         diags_
             .error(a.keyLoc, "unknown argument '" + a.key + "' to " + what)
-            .notes.push_back({call.loc, "valid arguments: " + joined(allowed)});
+            .notes.push_back({call.loc, allowed.empty()
+                                            ? what + " takes no keyword arguments"
+                                            : "valid arguments: " + joined(allowed)});
         continue;
       }
       if (!out.emplace(a.key, &a).second)
@@ -361,10 +363,13 @@ private:
     if (kw.count("qkv_bias"))
       boolArg(*kw["qkv_bias"]->value, "qkv_bias", m.qkvBias);
     if (kw.count("rope_theta")) {
-      double x = 0;
-      if (number(*kw["rope_theta"]->value, "rope_theta", 0, -1, false, x) && x == 0)
-        diags_.error(kw["rope_theta"]->value->loc, "rope_theta must be positive");
-      else if (x > 0)
+      const Expr &v = *kw["rope_theta"]->value;
+      if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+        diags_.error(v.loc, "rope_theta must be a number");
+      else if (double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+               !(x > 0))
+        diags_.error(v.loc, "rope_theta must be positive, got " + v.text);
+      else
         m.ropeTheta = x;
     }
     struct Dim {
@@ -490,11 +495,25 @@ private:
         ok = false;
       }
     }
-    if (j.contains("attention_bias") && j["attention_bias"].is_boolean())
-      m.qkvBias = j["attention_bias"].get<bool>();
-    if (j.contains("rope_theta") && j["rope_theta"].is_number() &&
-        j["rope_theta"].get<double>() > 0)
-      m.ropeTheta = j["rope_theta"].get<double>();
+    if (j.contains("attention_bias")) {
+      if (j["attention_bias"].is_boolean())
+        m.qkvBias = j["attention_bias"].get<bool>();
+      else {
+        diags_.error(dirArg.loc, config.string() +
+                                     ": 'attention_bias' must be true or false");
+        ok = false;
+      }
+    }
+    if (j.contains("rope_theta")) {
+      if (j["rope_theta"].is_number() && j["rope_theta"].get<double>() > 0)
+        m.ropeTheta = j["rope_theta"].get<double>();
+      else {
+        diags_.error(dirArg.loc, config.string() +
+                                     ": 'rope_theta' must be a positive number, got " +
+                                     j["rope_theta"].dump());
+        ok = false;
+      }
+    }
     std::string dt = j.value("torch_dtype", std::string("float32"));
     if (j.contains("torch_dtype") && !j["torch_dtype"].is_string())
       dt.clear();
@@ -715,6 +734,10 @@ private:
                                           : " must be a number"));
       return false;
     }
+    if (lo == 0 && hi < 0 && x < 0) {
+      diags_.error(v.loc, what + " must not be negative, got " + v.text);
+      return false;
+    }
     if (x < lo || (hi >= 0 && x > hi)) {
       std::ostringstream range;
       range << what << " must be in [" << lo << ", ";
@@ -823,6 +846,7 @@ private:
     ast::SourceLoc loc;
     bool used = false;
     bool hasReturns = false; // an advantage estimator's result
+    bool poisoned = false;   // its definition had an error: stay quiet
   };
   using Scope = std::map<std::string, Binding>;
 
@@ -890,6 +914,8 @@ private:
     auto it = scope.find(e.text);
     if (it != scope.end()) {
       it->second.used = true;
+      if (it->second.poisoned)
+        return {};
       if (!it->second.kind)
         return constTy(it->second.constant);
       return batchTy(*it->second.kind, it->second.hasReturns);
@@ -918,6 +944,8 @@ private:
     }
     Binding &b = it->second;
     b.used = true;
+    if (b.poisoned)
+      return {};
     if (b.hasReturns && (e.text == "returns" || e.text == "advantages"))
       return batchTy(e.text == "returns" ? ast::BatchKind::Returns
                                          : ast::BatchKind::Advantages);
@@ -953,6 +981,19 @@ private:
   }
 
   Ty typeMethodCall(Expr &e, Scope &scope) {
+    if (!symbols_.count(e.receiver) && !unknownRoles_.insert(e.receiver).second)
+      return {}; // reported at its first use in this flow
+    if (!symbols_.count(e.receiver) && e.loc.file != prog_.file &&
+        currentFlow_) {
+      // A flow from an imported file (std/ppo, ...) names the roles it
+      // expects; say so rather than just "unknown".
+      diags_.error(e.receiverLoc, "unknown role '" + e.receiver + "'")
+          .notes.push_back({currentFlow_->nameLoc,
+                            "the imported flow '" + currentFlow_->name +
+                                "' expects a role named '" + e.receiver +
+                                "'; declare it in " + prog_.file});
+      return {};
+    }
     const Symbol *role = lookup(e.receiver, Kind::Role, e.receiverLoc);
     if (!role)
       return {};
@@ -1209,6 +1250,8 @@ private:
   }
 
   void checkFlow(ast::FlowDecl &f) {
+    currentFlow_ = &f;
+    unknownRoles_.clear();
     Scope scope;
     for (ast::Param &p : f.params) {
       if (p.type != "Prompts") {
@@ -1229,13 +1272,21 @@ private:
     for (ast::Stmt &s : f.body) {
       Expr &e = *s.value;
       if (s.name.empty() && e.kind != Expr::Kind::MethodCall) {
-        diags_.error(e.loc, "a flow statement must be a role method call or "
+        diags_.error(s.loc, "a flow statement must be a role method call or "
                             "a `let`, e.g. actor.update(rollout, adv)");
         continue;
       }
       Ty t = typeExpr(e, scope);
       if (t.what == Ty::Batch)
         s.resultKind = t.kind;
+      if (!s.name.empty() && t.what == Ty::Error && !scope.count(s.name)) {
+        // Later uses of a value whose definition failed are not errors too.
+        Binding b;
+        b.loc = s.nameLoc;
+        b.used = true;
+        b.poisoned = true;
+        scope.emplace(s.name, b);
+      }
       if (s.name.empty() || t.what == Ty::Error)
         continue;
       if (t.what == Ty::Nothing) {
@@ -1366,6 +1417,8 @@ private:
   ast::Program &prog_;
   DiagnosticList &diags_;
   std::map<std::string, Symbol> symbols_;
+  const ast::FlowDecl *currentFlow_ = nullptr;
+  std::set<std::string> unknownRoles_; // of the current flow, reported once
 };
 
 } // namespace

@@ -12,6 +12,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/SHA256.h"
 
+#include <cmath>
 #include <map>
 
 using namespace mlir;
@@ -216,8 +217,13 @@ private:
       Attribute v = constant(*a.value);
       // A `let` constant passed by name.
       if (a.value->kind == ::hflow::ast::Expr::Kind::Name &&
-          constants_.count(a.value->text))
-        v = b_.getF64FloatAttr(constants_.at(a.value->text));
+          constants_.count(a.value->text)) {
+        double c = constants_.at(a.value->text);
+        // An integral constant stays an integer (max_tokens: len).
+        v = c == std::floor(c) && std::fabs(c) < 9.0e15
+                ? Attribute(b_.getI64IntegerAttr(static_cast<int64_t>(c)))
+                : Attribute(b_.getF64FloatAttr(c));
+      }
       kw.push_back(b_.getNamedAttr(a.key, v));
     }
     // Sorted, so the plan's attrs are deterministic whatever the source order.
@@ -293,8 +299,13 @@ private:
         continue;
       }
       Value v = value(e, scope);
-      if (Operation *def = v.getDefiningOp(); def && isa<BuiltinOp>(def))
-        cast<BuiltinOp>(def).setNameAttr(b_.getStringAttr(s.name));
+      if (e.kind == K::Name || e.kind == K::Field) {
+        // `let a2 = adv`: another name for the same value (and its returns).
+        if (e.kind == K::Name && scope.count(e.text + ".returns"))
+          scope[s.name + ".returns"] = scope.at(e.text + ".returns");
+      } else if (auto def = v.getDefiningOp<BuiltinOp>()) {
+        def.setNameAttr(b_.getStringAttr(s.name)); // the op this let created
+      }
       scope[s.name] = v;
     }
   }

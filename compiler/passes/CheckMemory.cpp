@@ -20,9 +20,52 @@ namespace {
 
 struct CheckMemoryPass
     : public mlir::hflow::impl::HflowCheckMemoryBase<CheckMemoryPass> {
+  struct Estimate {
+    double resident = 0, transient = 0;
+    std::string peakPhase;
+    SmallVector<std::pair<RoleOp, std::string>> lines;
+    double total() const { return resident + transient; }
+  };
+
+  /// What the roles of `place` need per device under workload `w`.
+  Estimate estimate(PlaceOp place, const ::hflow::planner::Workload &w) {
+    Estimate e;
+    for (Attribute a : place.getRoles()) {
+      auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
+          place, cast<FlatSymbolRefAttr>(a));
+      if (!role || !role.getModelAttr())
+        continue;
+      auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+      if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
+        continue;
+      auto m = ::hflow::planner::roleMemory(role, model, role.getTrain(),
+                                            role.getGenerate(), w);
+      e.resident += m.resident();
+      std::string text = role.getSymName().str() + ": weights " +
+                         formatBytes(m.weights);
+      if (m.grads > 0)
+        text += ", gradients " + formatBytes(m.grads) + ", optimizer " +
+                formatBytes(m.optimizer);
+      text += "; activations " + formatBytes(m.activations);
+      if (m.genWeights > 0)
+        text += "; generation: weights " + formatBytes(m.genWeights) +
+                ", KV cache " + formatBytes(m.kvCache);
+      e.lines.push_back({role, text});
+      if (m.activations > e.transient) {
+        e.transient = m.activations;
+        e.peakPhase = role.getSymName().str() + "'s training pass";
+      }
+      if (m.genWeights + m.kvCache > e.transient) {
+        e.transient = m.genWeights + m.kvCache;
+        e.peakPhase = role.getSymName().str() + ".generate";
+      }
+    }
+    return e;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto workload = ::hflow::planner::workloadOf(module);
+    auto workloads = ::hflow::planner::workloadsOf(module);
     bool hadError = false;
     for (PlaceOp place : module.getOps<PlaceOp>()) {
       auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr());
@@ -32,62 +75,39 @@ struct CheckMemoryPass
           mesh, StringAttr::get(&getContext(), mesh.getDevice()));
       if (!device)
         continue;
+      numSets += place.getRoles().size();
       const double capacity = device.getMemory().convertToDouble();
-      double resident = 0, transient = 0;
-      std::string peakPhase;
-      struct Line {
-        RoleOp role;
-        std::string text;
-      };
-      SmallVector<Line> lines;
-      for (Attribute a : place.getRoles()) {
-        auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
-            place, cast<FlatSymbolRefAttr>(a));
-        if (!role || !role.getModelAttr())
-          continue;
-        auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
-        if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
-          continue;
-        auto m = ::hflow::planner::roleMemory(role, model, role.getTrain(),
-                                              role.getGenerate(), workload);
-        ++numSets;
-        resident += m.resident();
-        std::string text = role.getSymName().str() + ": weights " +
-                           formatBytes(m.weights);
-        if (m.grads > 0)
-          text += ", gradients " + formatBytes(m.grads) + ", optimizer " +
-                  formatBytes(m.optimizer);
-        text += "; activations " + formatBytes(m.activations);
-        if (m.genWeights > 0)
-          text += "; generation: weights " + formatBytes(m.genWeights) +
-                  ", KV cache " + formatBytes(m.kvCache);
-        lines.push_back({role, text});
-        if (m.activations > transient) {
-          transient = m.activations;
-          peakPhase = role.getSymName().str() + "'s training pass";
-        }
-        if (m.genWeights + m.kvCache > transient) {
-          transient = m.genWeights + m.kvCache;
-          peakPhase = role.getSymName().str() + ".generate";
+      // Every train block (phase) must fit; report the one that needs most.
+      size_t worst = 0;
+      Estimate e;
+      for (size_t i = 0; i < workloads.size(); ++i) {
+        Estimate cur = estimate(place, workloads[i]);
+        if (i == 0 || cur.total() > e.total()) {
+          e = std::move(cur);
+          worst = i;
         }
       }
-      double total = resident + transient;
-      if (total <= capacity)
+      if (e.total() <= capacity)
         continue;
+      const auto &w = workloads[worst];
       InFlightDiagnostic d =
           place.emitError()
-          << "the roles placed here need " << formatBytes(total)
-          << " per device but a " << mesh.getDevice() << " has "
-          << formatBytes(capacity) << ": " << formatBytes(resident)
+          << "the roles placed here need " << formatBytes(e.total())
+          << " per device but each " << mesh.getDevice() << " has "
+          << formatBytes(capacity) << ": " << formatBytes(e.resident)
           << " resident (weights, gradients, optimizer state) + "
-          << formatBytes(transient) << " at the peak (" << peakPhase << ")";
-      for (Line &l : lines)
-        d.attachNote(l.role.getLoc()) << l.text;
+          << formatBytes(e.transient) << " at the peak (" << e.peakPhase << ")";
+      for (auto &[role, text] : e.lines)
+        d.attachNote(role.getLoc()) << text;
       d.attachNote(place.getLoc())
-          << "sizes assume " << workload.batch << " prompts x " << workload.n
-          << " responses of " << workload.seqLen() << " tokens ("
-          << workload.promptLen << " prompt + " << workload.responseLen
-          << " response), micro-batches of " << workload.microBatch
+          << "sizes assume " << w.batch << " prompts x " << w.n
+          << " responses of " << w.seqLen() << " tokens (" << w.promptLen
+          << " prompt + " << w.responseLen << " response), micro-batches of "
+          << w.microBatch
+          << (workloads.size() > 1
+                  ? " (train block " + std::to_string(worst + 1) + " of " +
+                        std::to_string(workloads.size()) + ")"
+                  : std::string())
           << "; use more devices, larger tp/pp/fsdp degrees, or a smaller batch";
       hadError = true;
     }

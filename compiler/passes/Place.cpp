@@ -56,7 +56,7 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     SymbolTable symbols(module);
-    workload_ = ::hflow::planner::workloadOf(module);
+    workload_ = ::hflow::planner::largest(::hflow::planner::workloadsOf(module));
 
     // Ranges of different place ops must be disjoint.
     SmallVector<PlaceOp> places(module.getOps<PlaceOp>());
@@ -188,7 +188,10 @@ private:
   }
 
   /// An `auto` layout: the smallest tp (dividing heads, kv_heads and at most
-  /// a node's devices) whose memory fits, everything else data parallel.
+  /// a node's devices) whose memory fits, everything else data parallel; if
+  /// none fits, the largest such tp (hflow-check-memory then says by how
+  /// much). Only this role's own memory is counted, not its colocated
+  /// roles' (the planner's search of issue 4 sizes sets as a whole).
   LayoutAttr chooseAuto(RoleOp role, ModelOp model, MeshOp mesh, int64_t devices,
                         bool gen, LayoutAttr other) {
     MLIRContext *ctx = role.getContext();
@@ -204,15 +207,18 @@ private:
         continue;
       LayoutAttr l = gen ? LayoutAttr::get(ctx, devices / tp, tp, 1)
                          : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1);
-      if (!best)
-        best = l;
+      best = l; // if none fits, the smallest footprint (largest tp) is kept
       LayoutAttr train = gen ? other : l, generate = gen ? l : other;
       if (train.isAuto())
         train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1);
       if (generate.isAuto())
         generate = LayoutAttr::get(ctx, devices, 1, 1);
       auto mem = ::hflow::planner::roleMemory(role, model, train, generate, workload_);
-      if (capacity <= 0 || mem.resident() + mem.transient() <= capacity)
+      // Choosing the training layout while generation is still `auto`:
+      // only training counts (generation is sized once it is chosen).
+      double need = !gen && other.isAuto() ? mem.resident() + mem.activations
+                                           : mem.resident() + mem.transient();
+      if (capacity <= 0 || need <= capacity)
         return l;
     }
     return best ? best : LayoutAttr::get(ctx, devices, 1, 1);

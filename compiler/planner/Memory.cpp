@@ -26,9 +26,22 @@ std::string formatBytes(double bytes) {
   return buf;
 }
 
-Workload workloadOf(ModuleOp module) {
-  Workload w;
+Workload largest(const std::vector<Workload> &ws) {
+  Workload out = ws.empty() ? Workload() : ws.front();
+  for (const Workload &w : ws) {
+    out.batch = std::max(out.batch, w.batch);
+    out.n = std::max(out.n, w.n);
+    out.promptLen = std::max(out.promptLen, w.promptLen);
+    out.responseLen = std::max(out.responseLen, w.responseLen);
+    out.microBatch = std::max(out.microBatch, w.microBatch);
+  }
+  return out;
+}
+
+std::vector<Workload> workloadsOf(ModuleOp module) {
+  std::vector<Workload> out;
   for (TrainOp t : module.getOps<TrainOp>()) {
+    Workload w;
     w.batch = t.getBatchAttr().getInt();
     w.n = t.getNAttr().getInt();
     if (auto p = t.getPromptLenAttr())
@@ -49,9 +62,11 @@ Workload workloadOf(ModuleOp module) {
       if (longest > 0)
         w.responseLen = longest;
     }
-    break; // the first train block sizes the job
+    out.push_back(w);
   }
-  return w;
+  if (out.empty())
+    out.push_back(Workload());
+  return out;
 }
 
 RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,

@@ -33,6 +33,7 @@
 #include "mlir/IR/BuiltinOps.h"
 
 #include <string>
+#include <vector>
 
 namespace hflow::planner {
 
@@ -47,9 +48,13 @@ struct Workload {
   int64_t seqLen() const { return promptLen + responseLen; }
 };
 
-/// The train block's batch sizes and the actor's `max_tokens`; defaults
-/// where the program does not say.
-Workload workloadOf(mlir::ModuleOp module);
+/// One workload per train block (its batch sizes and the longest
+/// `max_tokens` of its flow's generate calls), in order; one of defaults for
+/// a program without a train block.
+std::vector<Workload> workloadsOf(mlir::ModuleOp module);
+
+/// The largest of each figure over `ws` (what must fit whichever phase runs).
+Workload largest(const std::vector<Workload> &ws);
 
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident

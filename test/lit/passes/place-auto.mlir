@@ -1,0 +1,50 @@
+// hflow-place on hflow.place_auto: the roles no hflow.place names (reward
+// functions aside) are colocated on the longest free range of the mesh, and
+// auto layouts (tp = 0) take the smallest tp whose memory fits.
+// RUN: hflow-opt %s -split-input-file --hflow-place | FileCheck %s
+
+// An 8 MB device: at tp = 1 a training pass of the tiny model needs 10.5 MB
+// of activations (1024 tokens), at tp = 2 5.5 MB, so the actor trains with
+// tp = 2 and fsdp over the rest; generation fits at tp = 1.
+hflow.device @small "gpu" <memory = 8.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
+hflow.mesh @m "small" [1 x 4]
+hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
+hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
+hflow.role @c critic(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
+hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
+hflow.place_auto on @m
+// CHECK-LABEL: hflow.mesh @m "small" [1 x 4]
+// CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1, fsdp = 2> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
+// CHECK: hflow.role @c critic(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
+// CHECK: hflow.role @r reward_fn "exact_match" train <dp = 1, tp = 1, pp = 1> generate <dp = 1, tp = 1, pp = 1> {ranks = array<i64: 0>}
+// CHECK-NEXT: hflow.place [@a, @c] on @m[0 : 4]
+// CHECK-NOT: place_auto
+
+// -----
+
+// The same on a 16 GB device: tp = 1 fits, fsdp takes all four devices.
+hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
+hflow.mesh @m "cpu" [1 x 4]
+hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
+hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
+hflow.place_auto on @m
+// CHECK-LABEL: hflow.mesh @m "cpu" [1 x 4]
+// CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 4> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
+// CHECK-NEXT: hflow.place [@a] on @m[0 : 4]
+
+// -----
+
+// Next to explicit places, the longest free range: [2:8], not [0:1].
+hflow.mesh @m "cpu" [2 x 4]
+hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
+hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
+hflow.role @b critic(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
+hflow.role @c reference(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
+hflow.place_auto on @m
+hflow.place [@b] on @m[1 : 2]
+// CHECK-LABEL: hflow.mesh @m "cpu" [2 x 4]
+// CHECK: hflow.role @a actor(@t) train <dp = 6, tp = 1, pp = 1> generate <dp = 3, tp = 2, pp = 1> {ranks = array<i64: 2, 3, 4, 5, 6, 7>}
+// CHECK: hflow.role @b critic(@t) train <dp = 1, tp = 1, pp = 1> generate <dp = 1, tp = 1, pp = 1> {ranks = array<i64: 1>}
+// CHECK: hflow.role @c reference(@t) train <dp = 6, tp = 1, pp = 1> generate <dp = 6, tp = 1, pp = 1> {ranks = array<i64: 2, 3, 4, 5, 6, 7>}
+// CHECK-NEXT: hflow.place [@a, @c] on @m[2 : 8]
+// CHECK-NEXT: hflow.place [@b] on @m[1 : 2]
