@@ -8,7 +8,7 @@ examples/tiny.hflow and test/lit/hflowc/*.hflow: one mesh large enough for
 every placed role, many models, many "teams" of roles (an Actor and a
 Reference colocated on 4 devices, a Critic and a RewardModel on 2 devices
 each, a RewardFn on every other team), every placement on its own device
-range, and flows of up to 1,000 method-call statements (PPO-style episodes
+range (no device idle), and flows of up to 1,000 method-call statements (PPO-style episodes
 that cycle through the teams, so every role is called and every value is
 used), and a train block that drives the first flow, step0, with a batch
 that splits over every layout. hflowc compiles it with no error and no
@@ -23,15 +23,17 @@ several flows).
 import argparse
 import sys
 
-# One PPO-style episode: 7 statements, all values used.
+# One PPO-style episode: 8 statements, all values used, with the builtins
+# (a KL-penalised reward and GAE, computed by the controller).
 EPISODE = [
     "  let r{i} = {a}.generate(prompts, max_tokens: 16, temperature: 1.0)",
     "  let olp{i} = {a}.logprob(r{i})",
     "  let rlp{i} = {ref}.logprob(r{i})",
     "  let v{i} = {c}.values(r{i})",
     "  let s{i} = {rw}.score(r{i})",
-    "  {c}.update(r{i}, v{i}, s{i})",
-    "  {a}.update(r{i}, olp{i}, rlp{i}, s{i}, clip: 0.2)",
+    "  let adv{i} = gae(s{i} - 0.01 * kl(olp{i}, rlp{i}), v{i}, gamma: 1.0, lam: 0.95)",
+    "  {c}.update(r{i}, v{i}, adv{i}.returns)",
+    "  {a}.update(r{i}, adv{i}, olp{i}, clip: 0.2)",
 ]
 MAX_FLOW_STATEMENTS = 1000
 DEVICES_PER_TEAM = 8  # actor+ref 4, critic 2, reward model 2
@@ -71,7 +73,10 @@ def generate(lines, with_import=True, with_train=True):
         out.append("role %s = Actor(%s) { train: tp(2) * dp(2), generate: tp(2) }"
                    % (a, m))
         out.append("role %s = Reference(%s)" % (ref, m))
-        out.append("role %s = Critic(%s) { train: dp(2) }" % (c, m))
+        # The critic takes the reward model's devices when the reward is a
+        # rule, so no device of the mesh is idle.
+        out.append("role %s = Critic(%s) { train: dp(%d) }"
+                   % (c, m, 2 if t % 2 == 0 else 4))
         if t % 2 == 0:
             rw = "rm%d" % t
             out.append("role %s = RewardModel(%s)" % (rw, m))
@@ -80,7 +85,8 @@ def generate(lines, with_import=True, with_train=True):
             out.append('role %s = RewardFn("even_tokens")' % rw)
         base = t * DEVICES_PER_TEAM
         out.append("place %s, %s on gpus[%d:%d]" % (a, ref, base, base + 4))
-        out.append("place %s on gpus[%d:%d]" % (c, base + 4, base + 6))
+        out.append("place %s on gpus[%d:%d]"
+                   % (c, base + 4, base + (6 if t % 2 == 0 else 8)))
         if t % 2 == 0:
             out.append("place %s on gpus[%d:%d]" % (rw, base + 6, base + 8))
         team_roles.append({"a": a, "ref": ref, "c": c, "rw": rw})

@@ -12,6 +12,7 @@
 #include "Frontend.h"
 #include "MLIRGen.h"
 #include "PlanEmitter.h"
+#include "PlanFormat.h"
 
 #include "hflow/HflowDialect.h"
 #include "hflow/HflowPasses.h"
@@ -124,7 +125,9 @@ int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
   cl::HideUnrelatedOptions(hflowcCategory);
   cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
-    os << "hflowc " << HFLOW_VERSION << " (plan format 1)\n";
+    os << "hflowc " << HFLOW_VERSION << " (plan format "
+       << ::hflow::plan::kFormatMajor << "." << ::hflow::plan::kFormatMinor
+       << ")\n";
   });
   cl::ParseCommandLineOptions(
       argc, argv,
