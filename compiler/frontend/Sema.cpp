@@ -1387,6 +1387,23 @@ private:
         t.checkpointDir = v.text;
       }
     }
+    // Group-based estimators compare a prompt's n responses with each other.
+    if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+        f && f->kind == Kind::Flow && t.samples < 2)
+      for (const ast::Stmt &st : prog_.flows[f->index].body)
+        forEachCall(*st.value, [&](const Expr &call) {
+          if (call.kind == Expr::Kind::Call &&
+              (call.text == "grpo_advantage" || call.text == "rloo_advantage" ||
+               call.text == "reinforce_pp_baseline"))
+            diags_
+                .error(call.loc, call.text + " compares the n responses of "
+                                             "each prompt, but the train block "
+                                             "has n = " +
+                                             std::to_string(t.samples))
+                .notes.push_back({props.count("n") ? props.at("n")->value->loc
+                                                   : t.loc,
+                                  "set n: 2 or more here"});
+        });
     // Each generate call's `n` is the train block's n (or it is set on one
     // side only, and that value holds).
     if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
