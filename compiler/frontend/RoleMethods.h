@@ -43,6 +43,7 @@ enum class ArgType {
   Natural,     // an integer >= 0
   NonNegative, // a number >= 0
   Fraction,    // a number in [0, 1]
+  Probability, // a number in (0, 1]
   Positive,    // a number > 0
   Bool,        // true or false
   Choice,      // one of `choices` (a name or a string)
@@ -73,7 +74,7 @@ template <size_t N> constexpr KeywordList keywords(const KeywordArg (&a)[N]) {
 // What the calls take (the runtime reads them from the plan's step attrs).
 inline constexpr KeywordArg kGenerateArgs[] = {
     {"n", ArgType::Count},           {"max_tokens", ArgType::Count},
-    {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Fraction},
+    {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Probability},
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
     {"stop", ArgType::String}};
 inline constexpr KeywordArg kForwardArgs[] = {

@@ -180,7 +180,8 @@ private:
       return false;
     }
     if (v.intValue < (allowZero ? 0 : 1)) {
-      diags_.error(v.loc, what + " must be positive, got " +
+      diags_.error(v.loc, what + (allowZero ? " must not be negative, got "
+                                            : " must be positive, got ") +
                               std::to_string(v.intValue));
       return false;
     }
@@ -551,10 +552,16 @@ private:
                   {"vocab", m.vocab, limits::kMaxVocab}};
     for (const Bound &b : bounds)
       if (b.value > b.max) {
-        diags_.error(where(b.key),
-                     std::string(b.key) + " = " + std::to_string(b.value) +
-                         " is larger than the supported maximum " +
-                         std::to_string(b.max));
+        std::string key = b.key;
+        std::string limit = key == "heads"      ? "hidden (" + std::to_string(b.max) + ")"
+                            : key == "kv_heads" ? "heads (" + std::to_string(b.max) + ")"
+                                                : "the supported maximum " +
+                                                      std::to_string(b.max);
+        diags_.error(where(b.key), key + " = " + std::to_string(b.value) +
+                                       (key == "heads" || key == "kv_heads"
+                                            ? " is larger than "
+                                            : " is larger than ") +
+                                       limit);
         allOk = false;
       }
     if (!allOk)
@@ -772,12 +779,13 @@ private:
       if (number(v, "temperature", 0, -1, false, x))
         r.numbers["temperature"] = x;
     } else if (p.key == "top_p") {
-      if (number(v, "top_p", 0, 1, false, x)) {
-        if (x == 0)
-          diags_.error(v.loc, "top_p must be in (0, 1], got 0");
-        else
-          r.numbers["top_p"] = x;
-      }
+      if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+        diags_.error(v.loc, "top_p must be a number");
+      else if (x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+               !(x > 0 && x <= 1))
+        diags_.error(v.loc, "top_p must be in (0, 1], got " + v.text);
+      else
+        r.numbers["top_p"] = x;
     } else if (p.key == "top_k") {
       if (number(v, "top_k", 0, -1, true, x))
         r.numbers["top_k"] = x;
@@ -1069,6 +1077,17 @@ private:
   void checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
     using methods::ArgType;
     const std::string what(ka.name);
+    if (v.kind == Expr::Kind::Binary || v.kind == Expr::Kind::Neg) {
+      // A constant expression (2 * len): folded here, emitted as its value.
+      Ty t = typeExpr(v, scope);
+      if (t.what == Ty::Error)
+        return;
+      if (t.what != Ty::Constant) {
+        diags_.error(v.loc, "keyword arguments take constants; pass batch "
+                            "values positionally");
+        return;
+      }
+    }
     if (v.kind == Expr::Kind::Name && scope.count(v.text)) {
       Binding &b = scope.at(v.text);
       b.used = true;
@@ -1104,6 +1123,12 @@ private:
                                         ? " must be positive, got "
                                         : " must not be negative, got ") +
                                 show());
+      break;
+    case ArgType::Probability:
+      if (!isNumber)
+        diags_.error(v.loc, what + " must be a number");
+      else if (!(x > 0 && x <= 1))
+        diags_.error(v.loc, what + " must be in (0, 1], got " + show());
       break;
     case ArgType::NonNegative:
     case ArgType::Fraction:
@@ -1387,6 +1412,37 @@ private:
         t.checkpointDir = v.text;
       }
     }
+    // Each generate call's `n` is the train block's n (or it is set on one
+    // side only, and that value holds).
+    if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+        f && f->kind == Kind::Flow)
+      for (const ast::Stmt &st : prog_.flows[f->index].body)
+        forEachCall(*st.value, [&](const Expr &call) {
+          if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
+            return;
+          for (const ast::Arg &a : call.args) {
+            if (a.key != "n")
+              continue;
+            std::optional<double> n = a.value->constant;
+            if (a.value->kind == Expr::Kind::Int)
+              n = double(a.value->intValue);
+            if (!n || *n < 1 || *n != std::floor(*n))
+              continue; // reported by the argument's own check
+            if (!props.count("n")) {
+              t.samples = static_cast<int64_t>(*n); // set on one side only
+              continue;
+            }
+            if (t.samples > 0 && *n != double(t.samples))
+              diags_
+                  .error(a.value->loc,
+                         call.receiver + ".generate's n = " +
+                             std::to_string(static_cast<int64_t>(*n)) +
+                             " differs from the train block's n = " +
+                             std::to_string(t.samples))
+                  .notes.push_back({props.at("n")->value->loc,
+                                    "the train block sets n here"});
+          }
+        });
     // Group-based estimators compare a prompt's n responses with each other.
     if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
         f && f->kind == Kind::Flow && t.samples < 2)
@@ -1403,27 +1459,6 @@ private:
                 .notes.push_back({props.count("n") ? props.at("n")->value->loc
                                                    : t.loc,
                                   "set n: 2 or more here"});
-        });
-    // Each generate call's `n` is the train block's n (or it is set on one
-    // side only, and that value holds).
-    if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
-        f && f->kind == Kind::Flow)
-      for (const ast::Stmt &st : prog_.flows[f->index].body)
-        forEachCall(*st.value, [&](const Expr &call) {
-          if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
-            return;
-          for (const ast::Arg &a : call.args)
-            if (a.key == "n" && a.value->kind == Expr::Kind::Int &&
-                props.count("n") && t.samples > 0 &&
-                a.value->intValue != t.samples)
-              diags_
-                  .error(a.value->loc,
-                         call.receiver + ".generate's n = " +
-                             std::to_string(a.value->intValue) +
-                             " differs from the train block's n = " +
-                             std::to_string(t.samples))
-                  .notes.push_back({props.at("n")->value->loc,
-                                    "the train block sets n here"});
         });
     if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
       diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +

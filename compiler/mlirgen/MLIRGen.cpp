@@ -136,8 +136,17 @@ private:
                            l.cp);
   }
 
+  /// A folded constant: an integer when integral (max_tokens: 2 * 8).
+  Attribute folded(double c) {
+    return c == std::floor(c) && std::fabs(c) < 9.0e15
+               ? Attribute(b_.getI64IntegerAttr(static_cast<int64_t>(c)))
+               : Attribute(b_.getF64FloatAttr(c));
+  }
+
   Attribute constant(const ::hflow::ast::Expr &e) {
     using K = ::hflow::ast::Expr::Kind;
+    if ((e.kind == K::Binary || e.kind == K::Neg) && e.constant)
+      return folded(*e.constant);
     switch (e.kind) {
     case K::Int: return b_.getI64IntegerAttr(e.intValue);
     case K::Float: return b_.getF64FloatAttr(e.floatValue);
@@ -218,11 +227,8 @@ private:
       // A `let` constant passed by name.
       if (a.value->kind == ::hflow::ast::Expr::Kind::Name &&
           constants_.count(a.value->text)) {
-        double c = constants_.at(a.value->text);
         // An integral constant stays an integer (max_tokens: len).
-        v = c == std::floor(c) && std::fabs(c) < 9.0e15
-                ? Attribute(b_.getI64IntegerAttr(static_cast<int64_t>(c)))
-                : Attribute(b_.getF64FloatAttr(c));
+        v = folded(constants_.at(a.value->text));
       }
       kw.push_back(b_.getNamedAttr(a.key, v));
     }

@@ -60,8 +60,26 @@ struct CheckBatchPass
           return;
         }
         check(batch * n, "the step's sequences (batch * n)");
-        if (call.getMethod() == "update" && minibatch != batch)
-          check(minibatch * n, "a minibatch's sequences (minibatch * n)");
+        // The call's own minibatch (actor.update(..., minibatch: 64))
+        // overrides the train block's.
+        int64_t mb = minibatch;
+        if (auto args = call.getArgsAttr())
+          if (auto m = args.getAs<IntegerAttr>("minibatch"))
+            mb = m.getInt();
+        if ((call.getMethod() == "update" || call.getMethod() == "sft") &&
+            mb != batch) {
+          if (batch % mb != 0) {
+            InFlightDiagnostic d = call.emitError()
+                                   << role.getSymName() << "." << call.getMethod()
+                                   << "'s minibatch = " << mb
+                                   << " does not divide the train block's batch = "
+                                   << batch;
+            d.attachNote(train.getLoc()) << "batch is set here";
+            hadError = true;
+            return;
+          }
+          check(mb * n, "a minibatch's sequences (minibatch * n)");
+        }
       });
     }
     if (hadError)

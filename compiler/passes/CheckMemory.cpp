@@ -53,7 +53,10 @@ struct CheckMemoryPass
       e.lines.push_back({role, text});
       if (m.activations > e.transient) {
         e.transient = m.activations;
-        e.peakPhase = role.getSymName().str() + "'s training pass";
+        bool trains = role.getKind() == RoleKind::Actor ||
+                      role.getKind() == RoleKind::Critic;
+        e.peakPhase = role.getSymName().str() +
+                      (trains ? "'s training pass" : "'s forward pass");
       }
       if (m.genWeights + m.kvCache > e.transient) {
         e.transient = m.genWeights + m.kvCache;

@@ -9,12 +9,13 @@ void mlir::hflow::buildHflowPipeline(OpPassManager &pm) {
   pm.addPass(createHflowPlace());
   pm.addPass(createHflowCheckBatch());
   pm.addPass(createHflowCheckMemory());
+  pm.addPass(createHflowInsertReshard());
 }
 
 void mlir::hflow::registerHflowPipeline() {
   PassPipelineRegistration<>(
       "hflow-pipeline",
       "The hflowc pipeline: verify roles, resolve placement, check batch sizes "
-      "and memory",
+      "and memory, plan reshards",
       [](OpPassManager &pm) { buildHflowPipeline(pm); });
 }

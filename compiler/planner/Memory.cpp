@@ -75,7 +75,11 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   if (!model)
     return m;
   const double P = static_cast<double>(model.computeParamCount());
-  const double b = dtypeBytes(model.getDtype());
+  double b = dtypeBytes(model.getDtype());
+  // A role's own `dtype` option overrides the model's.
+  if (auto opts = role.getOptionsAttr())
+    if (auto dt = opts.getAs<StringAttr>("dtype"))
+      b = dt.getValue() == "f32" ? 4 : 2;
   const double L = model.getLayersAttr().getInt();
   const double h = model.getHiddenAttr().getInt();
   const double V = model.getVocabAttr().getInt();
@@ -94,7 +98,8 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   const double pp = std::max<int64_t>(train.getPp(), 1);
   const double tokens = double(w.microBatch) * double(w.seqLen()) /
                         double(train.getSp() * train.getCp());
-  m.activations = tokens * h * b * 34 / tp + tokens * V * 4 / tp;
+  // Korthikanti et al.'s 34 s h bytes per layer assume 2-byte activations.
+  m.activations = tokens * h * 34 * (b / 2) / tp + tokens * V * 4 / tp;
   if (trains)
     m.activations += tokens * h * b * (L / pp);
 

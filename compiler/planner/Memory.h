@@ -11,9 +11,12 @@
 //                                                    plus an fp32 master copy
 //                                                    for 16-bit weights)
 //   activations = t * h * w * (L / pp)              (layer inputs kept by
-//                                                    gradient checkpointing)
-//               + t * h * w * 34 / tp               (one layer's working set,
-//                                                    Korthikanti et al. 2022)
+//                                                    gradient checkpointing;
+//                                                    roles that train only)
+//               + 34 * t * h * (w / 2) / tp         (one layer's working set:
+//                                                    Korthikanti et al. 2022
+//                                                    give 34 s h bytes at
+//                                                    2-byte activations)
 //               + t * V * 4 / tp                    (fp32 logits)
 //     with t = micro_batch * seq_len / (sp * cp) tokens per forward
 //   generation  = P * w / (tp_g * pp_g)             (the generation shard)

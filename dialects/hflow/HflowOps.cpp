@@ -192,7 +192,7 @@ LogicalResult FlowOp::verify() {
     return emitOpError() << "has " << names->size() << " arg_names for "
                          << body.getNumArguments() << " arguments";
   for (Operation &op : body)
-    if (!isa<CallOp, BuiltinOp>(op))
+    if (!isa<CallOp, BuiltinOp, ReshardOp>(op))
       return op.emitOpError() << "is not allowed in a flow body";
   return success();
 }
@@ -254,6 +254,22 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbols) {
                            << ::hflow::methods::batchName(*sig->result) << ", not "
                            << stringifyBatchKind(out.getKind());
   }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ReshardOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReshardOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (!symbols.lookupNearestSymbolFrom<RoleOp>(*this, getRoleAttr()))
+    return emitOpError() << "names " << getRoleAttr() << ", which is not a role";
+  for (StringRef s : {getFrom(), getTo()})
+    if (s != "train" && s != "generate")
+      return emitOpError() << "layouts are 'train' or 'generate', not '" << s << "'";
+  if (getBytes() < getLowerBound())
+    return emitOpError() << "bytes (" << getBytes()
+                         << ") below the lower bound (" << getLowerBound() << ")";
   return success();
 }
 

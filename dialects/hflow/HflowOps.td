@@ -181,7 +181,6 @@ def Hflow_CallOp : Hflow_Op<"call", [
   }];
 }
 
-#endif // HFLOW_OPS_TD
 
 def Hflow_BuiltinOp : Hflow_Op<"builtin", [Pure,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
@@ -217,6 +216,29 @@ def Hflow_BuiltinOp : Hflow_Op<"builtin", [Pure,
   let hasVerifier = 1;
 }
 
+def Hflow_ReshardOp : Hflow_Op<"reshard", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "switch a role's weights from one layout to another";
+  let description = [{
+    ```mlir
+    hflow.reshard @actor train -> generate {bytes = 3369074688 : i64,
+        lower_bound = 3369074688 : i64, naive = 202152468480 : i64,
+        max_recv = 210567168 : i64, transfers = 4176 : i64,
+        pattern = "all-gather: 8 groups of 2"}
+    ```
+    Inserted by `hflow-insert-reshard` before a call that runs the role in
+    its other layout (the actor's generate). The attributes summarise the
+    planned transfers (docs/reshard.md): total `bytes` (equal to the
+    `lower_bound` by construction), what a naive full gather moves, the
+    most one rank receives, the transfer count and the collective pattern.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$role, StrAttr:$from, StrAttr:$to,
+                       I64Attr:$bytes, I64Attr:$lower_bound, I64Attr:$naive,
+                       I64Attr:$max_recv, I64Attr:$transfers,
+                       StrAttr:$pattern);
+  let assemblyFormat = "$role $from `->` $to attr-dict";
+}
+
 def Hflow_TrainOp : Hflow_Op<"train", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "how a flow is driven: data, batch sizes, steps, seed";
@@ -241,3 +263,5 @@ def Hflow_TrainOp : Hflow_Op<"train", [
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }
+
+#endif // HFLOW_OPS_TD

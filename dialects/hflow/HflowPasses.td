@@ -88,4 +88,39 @@ def HflowCheckMemory : Pass<"hflow-check-memory", "::mlir::ModuleOp"> {
   ];
 }
 
+def HflowInsertReshard : Pass<"hflow-insert-reshard", "::mlir::ModuleOp"> {
+  let summary = "plan the weight transfers between a role's two layouts";
+  let description = [{
+    For every role whose generation layout holds other bytes than its
+    training layout (the actor), plans the switch with the minimal transfers
+    (docs/reshard.md: box intervals per parameter, an assignment of
+    generation shards to ranks maximising what is already in place, every
+    missing byte fetched exactly once) and inserts `hflow.reshard` before
+    each call that runs in the generation layout, summarising the plan.
+    Runs after `hflow-place`.
+  }];
+  let statistics = [
+    Statistic<"numReshards", "reshards", "Number of hflow.reshard ops inserted">
+  ];
+}
+
+def HflowPrintReshardPlan : Pass<"hflow-print-reshard-plan", "::mlir::ModuleOp"> {
+  let summary = "print every planned reshard with its bytes and estimated time";
+  let description = [{
+    For every `hflow.reshard`: what moves, source and target layouts, the
+    ranks, the collectives and point-to-point transfers chosen, total bytes,
+    the most any rank receives, the lower bound, what a naive full gather
+    (DeepSpeed-Chat) would move, HybridFlow's per-rank formula where it
+    applies, the extra memory per rank, and the estimated time; then totals.
+    `format=json` prints the same as JSON (docs/reshard.md lists the fields).
+    Runs `hflow-insert-reshard`'s planner again for the details, so it needs
+    placed IR. `hflow-opt --print-reshard-plan[=json] prog.hflow` runs the
+    whole pipeline and this pass.
+  }];
+  let options = [
+    Option<"format", "format", "std::string", /*default=*/"\"text\"",
+           "text or json">
+  ];
+}
+
 #endif // HFLOW_PASSES_TD

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Driver.h"
 #include "Frontend.h"
 #include "MLIRGen.h"
 #include "PlanEmitter.h"
@@ -81,38 +82,6 @@ int fail(const llvm::Twine &msg, int code = kExitUsage) {
   return code;
 }
 
-/// Hands the front end's diagnostics to MLIR so they print like every other.
-void report(MLIRContext &ctx, const ::hflow::frontend::DiagnosticList &diags) {
-  auto loc = [&](const ::hflow::ast::SourceLoc &l) -> Location {
-    return FileLineColLoc::get(&ctx, l.file, l.line, l.col);
-  };
-  for (const auto &d : diags.all()) {
-    InFlightDiagnostic diag =
-        d.severity == ::hflow::frontend::Diagnostic::Severity::Error
-            ? emitError(loc(d.loc))
-            : emitWarning(loc(d.loc));
-    diag << d.message;
-    for (const auto &n : d.notes)
-      diag.attachNote(loc(n.loc)) << n.message;
-  }
-}
-
-/// The standard library: --stdlib, $HFLOW_STDLIB, next to the installed
-/// tools, or the source tree this hflowc was built from.
-std::string findStdlib(const char *argv0) {
-  if (!stdlibDir.empty())
-    return stdlibDir;
-  if (const char *env = std::getenv("HFLOW_STDLIB"); env && *env)
-    return env;
-  std::string exe = llvm::sys::fs::getMainExecutable(
-      argv0, reinterpret_cast<void *>(&findStdlib));
-  llvm::SmallString<256> installed(llvm::sys::path::parent_path(exe));
-  llvm::sys::path::append(installed, "..", "share", "hflow", "stdlib");
-  if (llvm::sys::fs::is_directory(installed))
-    return std::string(installed);
-  return HFLOW_SOURCE_STDLIB;
-}
-
 std::string defaultPlanPath(llvm::StringRef input) {
   llvm::SmallString<256> p(llvm::sys::path::filename(input));
   llvm::sys::path::replace_extension(p, "bin");
@@ -129,12 +98,14 @@ int main(int argc, char **argv) {
        << ::hflow::plan::kFormatMajor << "." << ::hflow::plan::kFormatMinor
        << ")\n";
   });
-  cl::ParseCommandLineOptions(
-      argc, argv,
-      "hflowc: compile an hflow RL post-training program into an execution "
-      "plan\n\n"
-      "  hflowc prog.hflow -o plan.bin     check, place, and write the plan\n"
-      "  hflow-run plan.bin                 then run it\n");
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "hflowc: compile an hflow RL post-training program into an execution "
+          "plan\n\n"
+          "  hflowc prog.hflow -o plan.bin     check, place, and write the plan\n"
+          "  hflow-run plan.bin                 then run it\n",
+          &llvm::errs()))
+    return kExitUsage; // a bad command line
 
   std::string readError;
   std::unique_ptr<llvm::MemoryBuffer> input =
@@ -162,20 +133,10 @@ int main(int argc, char **argv) {
     return kExitProgramError;
   };
 
-  ::hflow::frontend::FrontendOptions feOptions;
-  feOptions.includeDirs.assign(includeDirs.begin(), includeDirs.end());
-  feOptions.stdlibDir = findStdlib(argv[0]);
-  ::hflow::frontend::FrontendResult fe =
-      ::hflow::frontend::parseAndCheck(inputFile, source, feOptions);
-  // Diagnostics inside imported files show their source lines too.
-  for (const auto &f : fe.imported)
-    sourceMgr.AddNewSourceBuffer(
-        llvm::MemoryBuffer::getMemBufferCopy(f.text, f.path), llvm::SMLoc());
-  report(context, fe.diags);
-  if (!fe.ok())
-    return finishWithErrors();
-
-  OwningOpRef<ModuleOp> module = ::hflow::mlirGen(context, *fe.program);
+  OwningOpRef<ModuleOp> module = ::hflow::driver::compileToModule(
+      context, sourceMgr, inputFile, source,
+      std::vector<std::string>(includeDirs.begin(), includeDirs.end()),
+      ::hflow::driver::findStdlib(argv[0], stdlibDir));
   if (!module)
     return finishWithErrors();
 

@@ -1,0 +1,81 @@
+//===- InsertReshard.cpp - plan each switch of a role's weights ------------===//
+
+#include "RoleReshard.h"
+
+#include "hflow/HflowOps.h"
+#include "hflow/HflowPasses.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
+
+#include <map>
+
+namespace mlir::hflow {
+#define GEN_PASS_DEF_HFLOWINSERTRESHARD
+#include "hflow/HflowPasses.h.inc"
+} // namespace mlir::hflow
+
+using namespace mlir;
+using namespace mlir::hflow;
+namespace rs = ::hflow::reshard;
+
+namespace {
+
+std::string patternOf(const rs::Plan &plan) {
+  std::string out;
+  for (const rs::Collective &c : plan.collectives) {
+    if (!out.empty())
+      out += "; ";
+    if (c.kind == rs::Collective::AllGather)
+      out += "all-gather: " + std::to_string(c.groups) + " groups of " +
+             std::to_string(c.groupSize);
+    else
+      out += "point-to-point: " + std::to_string(c.transfers) + " transfers";
+  }
+  return out;
+}
+
+struct InsertReshardPass
+    : public mlir::hflow::impl::HflowInsertReshardBase<InsertReshardPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    // One plan per role (the layouts do not change within a program).
+    std::map<Operation *, std::optional<rs::Plan>> plans;
+    auto planFor = [&](RoleOp role) -> const std::optional<rs::Plan> & {
+      auto it = plans.find(role);
+      if (it == plans.end())
+        it = plans.emplace(role, ::hflow::planner::planRoleReshard(role)).first;
+      return it->second;
+    };
+    for (FlowOp flow : module.getOps<FlowOp>()) {
+      // Existing reshard ops are planned again (the pass is idempotent).
+      for (ReshardOp op : llvm::make_early_inc_range(flow.getOps<ReshardOp>()))
+        op.erase();
+      // Every role starts a step in its training layout.
+      std::map<Operation *, bool> inGenerate;
+      for (CallOp call : llvm::make_early_inc_range(flow.getOps<CallOp>())) {
+        auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
+        if (!role)
+          continue;
+        bool gen = call.getMethod() == "generate";
+        bool &state = inGenerate[role];
+        if (gen && !state) {
+          if (const auto &plan = planFor(role)) {
+            OpBuilder b(call);
+            ReshardOp::create(b, call.getLoc(), call.getRole(), "train",
+                              "generate", plan->totalBytes, plan->lowerBound,
+                              plan->naiveBytes, plan->maxRecvPerRank,
+                              static_cast<int64_t>(plan->transfers.size()),
+                              patternOf(*plan));
+            ++numReshards;
+          }
+        }
+        // Back in the training layout the generation shard is dropped: its
+        // training shard never left, so nothing moves.
+        state = gen;
+      }
+    }
+  }
+};
+
+} // namespace

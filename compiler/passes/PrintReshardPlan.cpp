@@ -1,0 +1,269 @@
+//===- PrintReshardPlan.cpp - show every planned transfer of weights -------===//
+
+#include "Memory.h"
+#include "RoleReshard.h"
+
+#include "hflow/HflowOps.h"
+#include "hflow/HflowPasses.h"
+
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <optional>
+
+namespace mlir::hflow {
+#define GEN_PASS_DEF_HFLOWPRINTRESHARDPLAN
+#include "hflow/HflowPasses.h.inc"
+} // namespace mlir::hflow
+
+using namespace mlir;
+using namespace mlir::hflow;
+namespace rs = ::hflow::reshard;
+using ::hflow::planner::formatBytes;
+
+namespace {
+
+std::string locString(Location loc) {
+  if (auto flc = dyn_cast<FileLineColLoc>(loc))
+    return llvm::formatv("{0}:{1}:{2}", flc.getFilename().getValue(),
+                         flc.getLine(), flc.getColumn())
+        .str();
+  return "";
+}
+
+/// "123,456,789 B (123.46 MB)".
+std::string exact(int64_t bytes) {
+  std::string digits = std::to_string(bytes), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out + " B (" + formatBytes(static_cast<double>(bytes)) + ")";
+}
+
+std::string rankRange(ArrayRef<int64_t> ranks) {
+  if (ranks.empty())
+    return "none";
+  bool contiguous = ranks.back() - ranks.front() + 1 == (int64_t)ranks.size();
+  if (contiguous)
+    return ranks.size() == 1 ? std::to_string(ranks.front())
+                             : std::to_string(ranks.front()) + "-" +
+                                   std::to_string(ranks.back());
+  std::string out;
+  for (int64_t r : ranks)
+    out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
+}
+
+struct Entry {
+  ReshardOp op;
+  RoleOp role;
+  ModelOp model;
+  rs::Plan plan;
+  std::optional<double> seconds;
+  int64_t hybridFlow = -1;
+  std::string flow, call;
+};
+
+struct PrintReshardPlanPass
+    : public mlir::hflow::impl::HflowPrintReshardPlanBase<PrintReshardPlanPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (format != "text" && format != "json") {
+      module.emitError() << "hflow-print-reshard-plan: format must be text or "
+                            "json, not '" << format << "'";
+      return signalPassFailure();
+    }
+    std::vector<Entry> entries;
+    for (FlowOp flow : module.getOps<FlowOp>())
+      for (ReshardOp op : flow.getOps<ReshardOp>()) {
+        Entry e;
+        e.op = op;
+        e.role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(op, op.getRoleAttr());
+        if (!e.role)
+          continue;
+        e.model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(e.role,
+                                                              e.role.getModelAttr());
+        auto plan = ::hflow::planner::planRoleReshard(e.role);
+        if (!plan) {
+          op.emitError() << "no reshard plan for role '" << op.getRole()
+                         << "' (is it placed?)";
+          return signalPassFailure();
+        }
+        e.plan = std::move(*plan);
+        e.seconds = ::hflow::planner::estimateSeconds(e.plan, e.role);
+        e.hybridFlow = rs::hybridFlowBytesPerRank(
+            ::hflow::planner::toLayout(e.role.getTrain()),
+            ::hflow::planner::toLayout(e.role.getGenerate()), e.plan.modelBytes);
+        e.flow = flow.getSymName().str();
+        e.call = locString(op.getLoc());
+        entries.push_back(std::move(e));
+      }
+    auto file = module->getAttrOfType<StringAttr>("hflow.source_file");
+    std::string program = file ? file.str() : "<mlir>";
+    if (format == "json")
+      printJson(entries, program);
+    else
+      printText(entries, program);
+    llvm::outs().flush();
+  }
+
+  void printText(std::vector<Entry> &entries, const std::string &program) {
+    auto &os = llvm::outs();
+    os << "hflow reshard plan for " << program << ": " << entries.size()
+       << (entries.size() == 1 ? " reshard" : " reshards") << "\n";
+    int64_t total = 0, naive = 0;
+    double seconds = 0;
+    bool allTimed = true;
+    int n = 0;
+    for (Entry &e : entries) {
+      const rs::Plan &p = e.plan;
+      auto from = ::hflow::planner::toLayout(e.role.getTrain());
+      auto to = ::hflow::planner::toLayout(e.role.getGenerate());
+      os << "\n[" << ++n << "] " << e.op.getRole() << " weights, "
+         << e.op.getFrom() << " -> " << e.op.getTo() << " (flow " << e.flow
+         << ", before the call at " << e.call << ")\n";
+      os << "    layouts      " << from.str() << " -> " << to.str() << " on ranks "
+         << rankRange(*e.role.getRanks()) << "\n";
+      os << "    model        " << exact(p.modelBytes) << ", "
+         << e.model.computeParamCount() << " parameters\n";
+      os << "    transfers    " << p.transfers.size() << ":";
+      for (const rs::Collective &c : p.collectives) {
+        if (c.kind == rs::Collective::AllGather)
+          os << " all-gather in " << c.groups << " groups of " << c.groupSize
+             << " ranks (" << formatBytes(double(c.bytes)) << ")";
+        else
+          os << " point-to-point x" << c.transfers << " ("
+             << formatBytes(double(c.bytes)) << ")";
+      }
+      os << "\n";
+      os << "    total        " << exact(p.totalBytes) << "\n";
+      os << "    per rank     at most " << exact(p.maxRecvPerRank)
+         << " received, " << exact(p.maxSendPerRank) << " sent\n";
+      os << "    across nodes " << exact(p.crossNodeBytes) << "\n";
+      os << "    lower bound  " << exact(p.lowerBound)
+         << (p.totalBytes == p.lowerBound ? " (met)" : " (NOT met)") << "\n";
+      os << "    naive        " << exact(p.naiveBytes)
+         << " (every rank gathers the whole model, as DeepSpeed-Chat)\n";
+      os << "    HybridFlow   ";
+      if (e.hybridFlow >= 0)
+        os << exact(e.hybridFlow)
+           << " per rank ((tp - t_g p_g) / (t_g p_g tp) M)\n";
+      else
+        os << "n/a for these layouts\n";
+      os << "    memory       at most " << exact(p.maxExtraPerRank)
+         << " extra per rank (target shard " << formatBytes(double(p.maxTargetShard))
+         << ")\n";
+      os << "    est. time    ";
+      if (e.seconds)
+        os << llvm::formatv("{0:F2} ms", *e.seconds * 1e3) << "\n";
+      else
+        os << "n/a (the mesh gives no link bandwidths: intra:, inter:)\n";
+      total += p.totalBytes;
+      naive += p.naiveBytes;
+      if (e.seconds)
+        seconds += *e.seconds;
+      else
+        allTimed = false;
+    }
+    os << "\ntotal: " << entries.size()
+       << (entries.size() == 1 ? " reshard, " : " reshards, ") << exact(total)
+       << " moved per step (naive " << formatBytes(double(naive)) << ")";
+    if (!entries.empty() && allTimed)
+      os << llvm::formatv(", est. {0:F2} ms", seconds * 1e3);
+    os << "\n";
+  }
+
+  void printJson(std::vector<Entry> &entries, const std::string &program) {
+    llvm::json::OStream j(llvm::outs(), 2);
+    auto layout = [&](llvm::StringRef key, const rs::Layout &l) {
+      j.attributeObject(key, [&] {
+        j.attribute("dp", l.dp);
+        j.attribute("fsdp", l.fsdp);
+        j.attribute("tp", l.tp);
+        j.attribute("pp", l.pp);
+        j.attribute("sp", l.sp);
+        j.attribute("cp", l.cp);
+      });
+    };
+    int64_t total = 0, naive = 0;
+    double seconds = 0;
+    bool allTimed = true;
+    j.object([&] {
+      j.attribute("program", program);
+      j.attributeArray("reshards", [&] {
+        for (Entry &e : entries) {
+          const rs::Plan &p = e.plan;
+          j.object([&] {
+            j.attribute("role", e.op.getRole().str());
+            j.attribute("what", "weights");
+            j.attribute("flow", e.flow);
+            j.attribute("loc", e.call);
+            j.attribute("from_phase", e.op.getFrom().str());
+            j.attribute("to_phase", e.op.getTo().str());
+            layout("from", ::hflow::planner::toLayout(e.role.getTrain()));
+            layout("to", ::hflow::planner::toLayout(e.role.getGenerate()));
+            j.attributeArray("ranks", [&] {
+              for (int64_t r : *e.role.getRanks())
+                j.value(r);
+            });
+            j.attribute("model_bytes", p.modelBytes);
+            j.attribute("transfers", static_cast<int64_t>(p.transfers.size()));
+            j.attributeArray("collectives", [&] {
+              for (const rs::Collective &c : p.collectives)
+                j.object([&] {
+                  j.attribute("kind", c.kind == rs::Collective::AllGather
+                                          ? "all_gather"
+                                          : "point_to_point");
+                  j.attribute("groups", c.groups);
+                  j.attribute("group_size", c.groupSize);
+                  j.attribute("transfers", c.transfers);
+                  j.attribute("bytes", c.bytes);
+                });
+            });
+            j.attribute("total_bytes", p.totalBytes);
+            j.attribute("max_recv_bytes_per_rank", p.maxRecvPerRank);
+            j.attribute("max_send_bytes_per_rank", p.maxSendPerRank);
+            j.attribute("cross_node_bytes", p.crossNodeBytes);
+            j.attribute("lower_bound_bytes", p.lowerBound);
+            j.attribute("naive_bytes", p.naiveBytes);
+            if (e.hybridFlow >= 0)
+              j.attribute("hybridflow_bytes_per_rank", e.hybridFlow);
+            else
+              j.attribute("hybridflow_bytes_per_rank", nullptr);
+            j.attribute("max_extra_bytes_per_rank", p.maxExtraPerRank);
+            j.attribute("max_target_shard_bytes", p.maxTargetShard);
+            if (e.seconds)
+              j.attribute("estimated_seconds", *e.seconds);
+            else
+              j.attribute("estimated_seconds", nullptr);
+          });
+          total += p.totalBytes;
+          naive += p.naiveBytes;
+          if (e.seconds)
+            seconds += *e.seconds;
+          else
+            allTimed = false;
+        }
+      });
+      j.attributeObject("totals", [&] {
+        j.attribute("reshards", static_cast<int64_t>(entries.size()));
+        j.attribute("bytes", total);
+        j.attribute("naive_bytes", naive);
+        if (allTimed && !entries.empty())
+          j.attribute("estimated_seconds", seconds);
+        else
+          j.attribute("estimated_seconds", nullptr);
+      });
+    });
+    llvm::outs() << "\n";
+  }
+};
+
+} // namespace

@@ -1,0 +1,744 @@
+//===- Reshard.cpp - minimal weight resharding between two layouts --------===//
+//
+// See Reshard.h and docs/reshard.md. Plain C++17: built under LLVM's options
+// (no exceptions), so nothing here throws. Preconditions are asserted (the
+// build keeps assertions on) and, should assertions be off, refused
+// gracefully: an empty Plan, an empty Box or -1.
+//
+//===----------------------------------------------------------------------===//
+#include "Reshard.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstddef>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <tuple>
+#include <utility>
+
+namespace hflow::reshard {
+
+//===----------------------------------------------------------------------===//
+// Boxes
+//===----------------------------------------------------------------------===//
+
+Box intersect(const Box &a, const Box &b) {
+  Box r{std::max(a.r0, b.r0), std::min(a.r1, b.r1), std::max(a.c0, b.c0),
+        std::min(a.c1, b.c1)};
+  return r.empty() ? Box{} : r;
+}
+
+void subtract(const Box &a, const Box &b, std::vector<Box> &out) {
+  if (a.empty())
+    return;
+  Box i = intersect(a, b);
+  if (i.empty()) {
+    out.push_back(a);
+    return;
+  }
+  // Full-width bands above and below the intersection, then the parts left
+  // and right of it within its rows: disjoint, and their union is a \ b.
+  const Box parts[4] = {{a.r0, i.r0, a.c0, a.c1},
+                        {i.r1, a.r1, a.c0, a.c1},
+                        {i.r0, i.r1, a.c0, i.c0},
+                        {i.r0, i.r1, i.c1, a.c1}};
+  for (const Box &p : parts)
+    if (!p.empty())
+      out.push_back(p);
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters
+//===----------------------------------------------------------------------===//
+
+std::vector<Param> llamaParams(const ModelShape &m) {
+  std::vector<Param> ps;
+  bool ok = m.layers >= 1 && m.hidden >= 1 && m.heads >= 1 && m.kvHeads >= 1 &&
+            m.ffn >= 1 && m.vocab >= 1 && m.hidden % m.heads == 0;
+  assert(ok && "llamaParams: dimensions must be positive, hidden divisible "
+               "by heads");
+  if (!ok)
+    return ps;
+  const int64_t h = m.hidden, hd = m.hidden / m.heads;
+  const int64_t qDim = m.heads * hd, kvDim = m.kvHeads * hd;
+  auto add = [&](std::string name, int64_t rows, int64_t cols, Split s,
+                 int64_t layer) {
+    Param p;
+    p.name = std::move(name);
+    p.rows = rows;
+    p.cols = cols;
+    p.tp = s;
+    p.layer = layer;
+    ps.push_back(std::move(p));
+  };
+  add("embed", m.vocab, h, Split::Rows, Param::kFirstStage);
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    add(pre + "attn_norm", 1, h, Split::Replicated, l);
+    add(pre + "attn.q", qDim, h, Split::Rows, l);
+    if (m.qkvBias) // 1-D, split along its length like q's rows
+      add(pre + "attn.q_bias", 1, qDim, Split::Cols, l);
+    add(pre + "attn.k", kvDim, h, Split::Rows, l);
+    if (m.qkvBias)
+      add(pre + "attn.k_bias", 1, kvDim, Split::Cols, l);
+    add(pre + "attn.v", kvDim, h, Split::Rows, l);
+    if (m.qkvBias)
+      add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
+    add(pre + "attn.o", h, qDim, Split::Cols, l);
+    add(pre + "mlp_norm", 1, h, Split::Replicated, l);
+    add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
+    add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
+    add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
+  }
+  add("final_norm", 1, h, Split::Replicated, Param::kLastStage);
+  if (!m.tieEmbeddings)
+    add("lm_head", m.vocab, h, Split::Rows, Param::kLastStage);
+  return ps;
+}
+
+//===----------------------------------------------------------------------===//
+// Layouts
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+bool validLayout(const Layout &l) {
+  return l.dp >= 1 && l.fsdp >= 1 && l.tp >= 1 && l.pp >= 1 && l.sp >= 1 &&
+         l.cp >= 1;
+}
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// [k*chunk, (k+1)*chunk) of [0, n), chunk = ceil(n / parts), clamped.
+std::pair<int64_t, int64_t> chunkOf(int64_t n, int64_t parts, int64_t k) {
+  int64_t chunk = ceilDiv(n, parts);
+  return {std::min(n, k * chunk), std::min(n, (k + 1) * chunk)};
+}
+
+/// The pp stage a parameter lives on.
+int64_t stageOf(const Param &p, int64_t pp, int64_t layers) {
+  if (p.layer == Param::kFirstStage)
+    return 0;
+  if (p.layer == Param::kLastStage)
+    return pp - 1;
+  return p.layer / ceilDiv(layers, pp);
+}
+
+/// The slot with these coordinates (inverse of coordOf).
+int64_t slotOf(const Layout &l, const Coord &c) {
+  return c.tp +
+         l.tp * (c.sp +
+                 l.sp * (c.cp + l.cp * (c.fsdp + l.fsdp * (c.dp + l.dp * c.pp))));
+}
+
+/// Slots whose holdings are identical share a key: holdings depend on the
+/// tp, fsdp and pp coordinates only (dp, sp and cp replicate).
+int64_t keyOf(const Layout &l, int64_t slot) {
+  Coord c = coordOf(l, slot);
+  return (c.pp * l.fsdp + c.fsdp) * l.tp + c.tp;
+}
+int64_t keyCount(const Layout &l) { return l.tp * l.fsdp * l.pp; }
+/// The lowest slot with key k.
+int64_t slotOfKey(const Layout &l, int64_t k) {
+  Coord c;
+  c.tp = k % l.tp;
+  c.fsdp = (k / l.tp) % l.fsdp;
+  c.pp = k / (l.tp * l.fsdp);
+  return slotOf(l, c);
+}
+
+bool validParams(const std::vector<Param> &params, int64_t layers) {
+  if (layers < 1 ||
+      params.size() > size_t(std::numeric_limits<int>::max()))
+    return false;
+  for (const Param &p : params)
+    if (p.rows < 1 || p.cols < 1 ||
+        !(p.layer == Param::kFirstStage || p.layer == Param::kLastStage ||
+          (p.layer >= 0 && p.layer < layers)))
+      return false;
+  return true;
+}
+
+} // namespace
+
+std::string Layout::str() const {
+  std::string s;
+  auto add = [&](const char *n, int64_t v) {
+    if (v == 1)
+      return;
+    if (!s.empty())
+      s += "*";
+    s += n + std::to_string(v);
+  };
+  add("tp", tp);
+  add("pp", pp);
+  add("sp", sp);
+  add("cp", cp);
+  add("fsdp", fsdp);
+  add("dp", dp);
+  return s.empty() ? "dp1" : s;
+}
+
+Coord coordOf(const Layout &l, int64_t slot) {
+  Coord c;
+  bool ok = validLayout(l) && slot >= 0 && slot < l.size();
+  assert(ok && "coordOf: slot outside the layout");
+  if (!ok)
+    return c;
+  c.tp = slot % l.tp;
+  slot /= l.tp;
+  c.sp = slot % l.sp;
+  slot /= l.sp;
+  c.cp = slot % l.cp;
+  slot /= l.cp;
+  c.fsdp = slot % l.fsdp;
+  slot /= l.fsdp;
+  c.dp = slot % l.dp;
+  c.pp = slot / l.dp;
+  return c;
+}
+
+Box holding(const Param &p, const Layout &l, int64_t slot, int64_t layers) {
+  bool ok = validLayout(l) && slot >= 0 && slot < l.size() && layers >= 1 &&
+            p.rows >= 1 && p.cols >= 1;
+  assert(ok && "holding: invalid layout, slot, layer count or parameter");
+  if (!ok)
+    return Box{};
+  Coord c = coordOf(l, slot);
+  if (stageOf(p, l.pp, layers) != c.pp)
+    return Box{};
+  Box b{0, p.rows, 0, p.cols};
+  if (p.tp == Split::Rows)
+    std::tie(b.r0, b.r1) = chunkOf(p.rows, l.tp, c.tp);
+  else if (p.tp == Split::Cols)
+    std::tie(b.c0, b.c1) = chunkOf(p.cols, l.tp, c.tp);
+  if (b.empty())
+    return Box{};
+  if (l.fsdp > 1) {
+    if (p.rows == 1) {
+      // A 1-D parameter (norm, bias): FSDP still shards it, along its length.
+      auto [lo, hi] = chunkOf(b.c1 - b.c0, l.fsdp, c.fsdp);
+      b = Box{b.r0, b.r1, b.c0 + lo, b.c0 + hi};
+    } else {
+      auto [lo, hi] = chunkOf(b.r1 - b.r0, l.fsdp, c.fsdp);
+      b = Box{b.r0 + lo, b.r0 + hi, b.c0, b.c1};
+    }
+  }
+  return b.empty() ? Box{} : b;
+}
+
+//===----------------------------------------------------------------------===//
+// The assignment: Hungarian algorithm
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Minimum-cost perfect matching on an n x n matrix (row-major): the
+/// classic O(n^3) shortest-augmenting-path form with potentials. Returns
+/// the column matched to each row.
+std::vector<int> hungarianMin(const std::vector<int64_t> &cost, int n) {
+  const int64_t inf = std::numeric_limits<int64_t>::max() / 4;
+  std::vector<int64_t> u(n + 1, 0), v(n + 1, 0), minv(n + 1);
+  std::vector<int> p(n + 1, 0), way(n + 1, 0);
+  std::vector<char> used(n + 1);
+  for (int i = 1; i <= n; ++i) {
+    p[0] = i;
+    int j0 = 0;
+    std::fill(minv.begin(), minv.end(), inf);
+    std::fill(used.begin(), used.end(), 0);
+    do {
+      used[j0] = 1;
+      int i0 = p[j0], j1 = 0;
+      int64_t delta = inf;
+      const int64_t *row = &cost[size_t(i0 - 1) * n];
+      const int64_t ui0 = u[i0];
+      for (int j = 1; j <= n; ++j) {
+        if (used[j])
+          continue;
+        int64_t cur = row[j - 1] - ui0 - v[j];
+        if (cur < minv[j]) {
+          minv[j] = cur;
+          way[j] = j0;
+        }
+        if (minv[j] < delta) {
+          delta = minv[j];
+          j1 = j;
+        }
+      }
+      for (int j = 0; j <= n; ++j) {
+        if (used[j]) {
+          u[p[j]] += delta;
+          v[j] -= delta;
+        } else {
+          minv[j] -= delta;
+        }
+      }
+      j0 = j1;
+    } while (p[j0] != 0);
+    do {
+      int j1 = way[j0];
+      p[j0] = p[j1];
+      j0 = j1;
+    } while (j0);
+  }
+  std::vector<int> rowToCol(n, 0);
+  for (int j = 1; j <= n; ++j)
+    if (p[j])
+      rowToCol[p[j] - 1] = j - 1;
+  return rowToCol;
+}
+
+/// Parameters that behave identically in both layouts (same shape, split and
+/// stages) are one class with a multiplicity.
+struct ParamClass {
+  int rep = 0;         // a parameter of the class
+  int64_t count = 0;   // how many
+};
+
+std::vector<ParamClass> classesOf(const std::vector<Param> &params,
+                                  const Layout &from, const Layout &to,
+                                  int64_t layers, std::vector<int> *classOf) {
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, int64_t>, int> index;
+  std::vector<ParamClass> classes;
+  if (classOf)
+    classOf->assign(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param &p = params[i];
+    auto key = std::make_tuple(p.rows, p.cols, int(p.tp),
+                               stageOf(p, from.pp, layers),
+                               stageOf(p, to.pp, layers));
+    auto [it, inserted] = index.emplace(key, int(classes.size()));
+    if (inserted)
+      classes.push_back(ParamClass{int(i), 0});
+    classes[it->second].count++;
+    if (classOf)
+      (*classOf)[i] = it->second;
+  }
+  return classes;
+}
+
+/// The distinct non-empty holdings of one parameter in a layout, with the
+/// slots holding each. They are pairwise disjoint and cover the parameter.
+struct Holders {
+  std::vector<Box> boxes;
+  std::vector<std::vector<int>> slots;
+};
+
+Holders holdersOf(const Param &p, const Layout &l, int64_t layers) {
+  Holders h;
+  for (int64_t s = 0; s < l.size(); ++s) {
+    Box b = holding(p, l, s, layers);
+    if (b.empty())
+      continue;
+    size_t k = 0;
+    while (k < h.boxes.size() && !(h.boxes[k] == b))
+      ++k;
+    if (k == h.boxes.size()) {
+      h.boxes.push_back(b);
+      h.slots.emplace_back();
+    }
+    h.slots[k].push_back(int(s));
+  }
+  return h;
+}
+
+uint64_t mix(uint64_t x) { // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// An order-independent fingerprint of one transfer's content.
+uint64_t fingerprint(const Transfer &t) {
+  uint64_t h = mix(uint64_t(t.param) + 0x9e3779b97f4a7c15ULL);
+  for (int64_t v : {t.box.r0, t.box.r1, t.box.c0, t.box.c1})
+    h = mix(h ^ uint64_t(v));
+  return h;
+}
+
+/// Groups the transfers into collectives. Ranks connected by transfers form
+/// components; a component of k >= 2 ranks in which every ordered pair of
+/// distinct members exchanges the same bytes, and each member sends the
+/// same (parameter, box) list to every peer, is an all-gather group. Groups
+/// of the same size and pair volume make one AllGather entry; everything
+/// else one PointToPoint entry. `ts` must be grouped by destination (as
+/// planWeights emits them).
+std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
+                                          int n) {
+  std::vector<Collective> out;
+  if (ts.empty())
+    return out;
+
+  // Per ordered pair: transfers, bytes and a content fingerprint, in one
+  // pass over the transfers (grouped by destination).
+  struct Pair {
+    int src, dst;
+    int64_t transfers = 0, bytes = 0;
+    uint64_t print = 0;
+  };
+  std::vector<Pair> pairs;
+  std::vector<int> slot(n, -1); // pair index of (src, current dst)
+  std::vector<std::pair<size_t, size_t>> dstRange(n, {0, 0}); // in ts
+  std::vector<char> dstSeen(n, 0);
+  std::vector<int> touched;
+  for (size_t i = 0; i < ts.size();) {
+    const int dst = ts[i].dst;
+    assert(!dstSeen[dst] && "detectCollectives: transfers not grouped by dst");
+    dstSeen[dst] = 1;
+    dstRange[dst].first = i;
+    touched.clear();
+    for (; i < ts.size() && ts[i].dst == dst; ++i) {
+      const Transfer &t = ts[i];
+      if (slot[t.src] < 0) {
+        slot[t.src] = int(pairs.size());
+        pairs.push_back(Pair{t.src, dst});
+        touched.push_back(t.src);
+      }
+      Pair &p = pairs[slot[t.src]];
+      p.transfers++;
+      p.bytes += t.bytes;
+      p.print += fingerprint(t);
+    }
+    dstRange[dst].second = i;
+    for (int s : touched)
+      slot[s] = -1;
+  }
+
+  // Components of the ranks connected by a transfer.
+  std::vector<int> parent(n);
+  std::iota(parent.begin(), parent.end(), 0);
+  auto find = [&](int x) {
+    while (parent[x] != x)
+      x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  for (const Pair &p : pairs)
+    parent[find(p.src)] = find(p.dst);
+  struct Comp {
+    int64_t members = 0, transfers = 0, bytes = 0;
+    std::vector<int> pairs;
+  };
+  std::map<int, Comp> comps;
+  for (int r = 0; r < n; ++r)
+    comps[find(r)].members++;
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    Comp &c = comps[find(pairs[k].src)];
+    c.pairs.push_back(int(k));
+    c.transfers += pairs[k].transfers;
+    c.bytes += pairs[k].bytes;
+  }
+
+  // The exact check, for a component whose counts and fingerprints agree:
+  // each sender's sorted (param, box) list is the same for every receiver.
+  auto sameContent = [&](const Comp &c) {
+    std::vector<char> in(n, 0);
+    std::vector<const Transfer *> mine;
+    for (int k : c.pairs) {
+      int d = pairs[k].dst;
+      if (in[d])
+        continue;
+      in[d] = 1;
+      for (size_t i = dstRange[d].first; i < dstRange[d].second; ++i)
+        mine.push_back(&ts[i]);
+    }
+    auto key = [](const Transfer *t) {
+      return std::make_tuple(t->src, t->dst, t->param, t->box.r0, t->box.r1,
+                             t->box.c0, t->box.c1);
+    };
+    std::sort(mine.begin(), mine.end(), [&](const Transfer *a, const Transfer *b) {
+      return key(a) < key(b);
+    });
+    // Runs of one (src, dst); compare each with the src's first run.
+    size_t first = 0;
+    for (size_t i = 0; i < mine.size();) {
+      size_t j = i;
+      while (j < mine.size() && mine[j]->src == mine[i]->src &&
+             mine[j]->dst == mine[i]->dst)
+        ++j;
+      if (mine[first]->src != mine[i]->src) {
+        first = i;
+      } else if (first != i) {
+        for (size_t q = 0; q < j - i; ++q) {
+          const Transfer *x = mine[first + q], *y = mine[i + q];
+          if (x->param != y->param || !(x->box == y->box))
+            return false;
+        }
+      }
+      i = j;
+    }
+    return true;
+  };
+
+  std::map<std::pair<int, int64_t>, Collective> gathers; // (k, pair bytes)
+  Collective p2p;
+  p2p.kind = Collective::PointToPoint;
+  std::vector<int> firstPairOf(n, -1);
+  for (auto &[root, c] : comps) {
+    (void)root;
+    if (c.pairs.empty())
+      continue; // a rank that neither sends nor receives
+    const int64_t k = c.members;
+    bool gather = k >= 2 && int64_t(c.pairs.size()) == k * (k - 1);
+    const Pair &p0 = pairs[c.pairs[0]];
+    for (int q : c.pairs) {
+      if (!gather)
+        break;
+      const Pair &p = pairs[q];
+      int &f = firstPairOf[p.src];
+      if (f < 0)
+        f = q;
+      gather = p.bytes == p0.bytes && p.transfers == pairs[f].transfers &&
+               p.print == pairs[f].print;
+    }
+    gather = gather && sameContent(c);
+    if (gather) {
+      Collective &g = gathers[{int(k), p0.bytes}];
+      g.kind = Collective::AllGather;
+      g.groups++;
+      g.groupSize = int(k);
+      g.transfers += c.transfers;
+      g.bytes += c.bytes;
+    } else {
+      p2p.transfers += c.transfers;
+      p2p.bytes += c.bytes;
+    }
+  }
+  for (auto &[k, g] : gathers) {
+    (void)k;
+    out.push_back(g);
+  }
+  if (p2p.transfers)
+    out.push_back(p2p);
+  return out;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Planning
+//===----------------------------------------------------------------------===//
+
+Plan planWeights(const std::vector<Param> &params, const Layout &from,
+                 const Layout &to, int64_t layers, const Options &opts) {
+  Plan plan;
+  bool ok = validLayout(from) && validLayout(to) && from.size() == to.size() &&
+            from.size() <= std::numeric_limits<int>::max() &&
+            validParams(params, layers) && opts.bytesPerElement >= 1 &&
+            opts.ranksPerNode >= 1;
+  assert(ok && "planWeights: layouts of different sizes, or an invalid "
+               "layout, parameter, layer count or option");
+  if (!ok)
+    return plan;
+  const int n = int(from.size());
+  const int64_t bpe = opts.bytesPerElement;
+
+  int64_t elems = 0;
+  for (const Param &p : params)
+    elems += p.rows * p.cols;
+  plan.modelBytes = elems * bpe;
+
+  // Overlaps between holding keys, per parameter class.
+  std::vector<int> classOf;
+  std::vector<ParamClass> classes = classesOf(params, from, to, layers, &classOf);
+  const int64_t kf = keyCount(from), kt = keyCount(to);
+  std::vector<int64_t> held(kf, 0), need(kt, 0), overlap(kf * kt, 0);
+  {
+    std::vector<Box> fromBox(kf), toBox(kt);
+    for (const ParamClass &c : classes) {
+      const Param &p = params[c.rep];
+      for (int64_t a = 0; a < kf; ++a) {
+        fromBox[a] = holding(p, from, slotOfKey(from, a), layers);
+        held[a] += c.count * fromBox[a].area();
+      }
+      for (int64_t b = 0; b < kt; ++b) {
+        toBox[b] = holding(p, to, slotOfKey(to, b), layers);
+        need[b] += c.count * toBox[b].area();
+      }
+      for (int64_t a = 0; a < kf; ++a) {
+        if (fromBox[a].empty())
+          continue;
+        for (int64_t b = 0; b < kt; ++b)
+          overlap[a * kt + b] += c.count * intersect(fromBox[a], toBox[b]).area();
+      }
+    }
+  }
+  std::vector<int64_t> fromKey(n), toKey(n);
+  for (int i = 0; i < n; ++i) {
+    fromKey[i] = keyOf(from, i);
+    toKey[i] = keyOf(to, i);
+  }
+  auto O = [&](int i, int j) { return overlap[fromKey[i] * kt + toKey[j]]; };
+
+  // Which rank hosts which generation slot.
+  plan.assignment.resize(n);
+  std::iota(plan.assignment.begin(), plan.assignment.end(), 0);
+  if (opts.optimizeAssignment && n > 1) {
+    // Maximise overlap; among the maxima, keep as many ranks on their own
+    // slot as possible (weight n+1 per element beats n fixed points).
+    const int64_t scale =
+        elems < std::numeric_limits<int64_t>::max() / 4 / (int64_t(n) + 1)
+            ? int64_t(n) + 1
+            : 1;
+    std::vector<int64_t> cost(size_t(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        cost[size_t(i) * n + j] = -(O(i, j) * scale + (scale > 1 && i == j));
+    plan.assignment = hungarianMin(cost, n);
+  }
+
+  // Bounds and the naive figure.
+  for (int r = 0; r < n; ++r) {
+    int j = plan.assignment[r];
+    int64_t extra = (need[toKey[j]] - O(r, j)) * bpe;
+    plan.lowerBound += extra;
+    plan.maxExtraPerRank = std::max(plan.maxExtraPerRank, extra);
+    plan.maxTargetShard = std::max(plan.maxTargetShard, need[toKey[j]] * bpe);
+    plan.naiveBytes += plan.modelBytes - held[fromKey[r]] * bpe;
+  }
+
+  // Every needed box not held, from the holders of its pieces. Ranks that
+  // hold identical shards (the same holder set) are interchangeable sources:
+  // each receiver picks one source per holder set, for all of that set's
+  // bytes (same node first, then the least bytes sent so far, then the
+  // lowest index; the sets it needs most are served first). One sender per
+  // set keeps the messages few and large and lets collectives show.
+  std::vector<Holders> holders(classes.size());
+  std::vector<std::vector<int>> setIdOf(classes.size()), sets;
+  {
+    std::map<std::vector<int>, int> ids;
+    for (size_t c = 0; c < classes.size(); ++c) {
+      holders[c] = holdersOf(params[classes[c].rep], from, layers);
+      for (const std::vector<int> &s : holders[c].slots) {
+        auto [it, inserted] = ids.emplace(s, int(sets.size()));
+        if (inserted)
+          sets.push_back(s);
+        setIdOf[c].push_back(it->second);
+      }
+    }
+  }
+  std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
+  std::vector<int> source(sets.size(), -1), touched;
+  std::vector<Box> missing;
+  const int64_t rpn = opts.ranksPerNode;
+  // Calls f(param, piece, set) for each piece of N_r \ H_r, a piece being
+  // the part of a missing box inside one holder box.
+  auto forEachPiece = [&](int r, auto &&f) {
+    const int64_t slot = plan.assignment[r];
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const Param &p = params[pi];
+      Box needBox = holding(p, to, slot, layers);
+      if (needBox.empty())
+        continue;
+      missing.clear();
+      subtract(needBox, holding(p, from, r, layers), missing);
+      const Holders &h = holders[classOf[pi]];
+      for (const Box &m : missing) {
+        int64_t covered = 0;
+        for (size_t k = 0; k < h.boxes.size(); ++k) {
+          Box x = intersect(m, h.boxes[k]);
+          if (x.empty())
+            continue;
+          covered += x.area();
+          f(int(pi), x, setIdOf[classOf[pi]][k]);
+        }
+        // The holdings of a layout cover every parameter.
+        assert(covered == m.area() && "planWeights: an element has no holder");
+        (void)covered;
+      }
+    }
+  };
+  for (int r = 0; r < n; ++r) {
+    // Bytes this rank needs from each holder set.
+    touched.clear();
+    forEachPiece(r, [&](int, const Box &x, int set) {
+      if (setBytes[set] == 0)
+        touched.push_back(set);
+      setBytes[set] += x.area() * bpe;
+    });
+    std::sort(touched.begin(), touched.end(), [&](int a, int b) {
+      return setBytes[a] != setBytes[b] ? setBytes[a] > setBytes[b] : a < b;
+    });
+    for (int set : touched) {
+      int best = -1;
+      for (int s : sets[set]) { // ascending: ties keep the lower index
+        bool sNear = s / rpn == r / rpn, bNear = best >= 0 && best / rpn == r / rpn;
+        if (best < 0 || (sNear != bNear ? sNear : sent[s] < sent[best]))
+          best = s;
+      }
+      source[set] = best;
+      sent[best] += setBytes[set];
+      recv[r] += setBytes[set];
+      if (best / rpn != r / rpn)
+        plan.crossNodeBytes += setBytes[set];
+      plan.totalBytes += setBytes[set];
+      setBytes[set] = 0;
+    }
+    forEachPiece(r, [&](int pi, const Box &x, int set) {
+      Transfer t;
+      t.param = pi;
+      t.src = source[set];
+      t.dst = r;
+      t.box = x;
+      t.bytes = x.area() * bpe;
+      plan.transfers.push_back(t);
+    });
+  }
+  for (int r = 0; r < n; ++r) {
+    plan.maxSendPerRank = std::max(plan.maxSendPerRank, sent[r]);
+    plan.maxRecvPerRank = std::max(plan.maxRecvPerRank, recv[r]);
+  }
+  plan.collectives = detectCollectives(plan.transfers, n);
+  return plan;
+}
+
+int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
+                               int64_t modelBytes) {
+  if (!validLayout(from) || !validLayout(to) || from.size() != to.size() ||
+      modelBytes < 0)
+    return -1;
+  if (from.fsdp > 1 || from.sp > 1 || from.cp > 1 || to.fsdp > 1 ||
+      to.sp > 1 || to.cp > 1)
+    return -1;
+  const int64_t tp = from.tp * from.pp, g = to.tp * to.pp;
+  if (tp % g != 0)
+    return -1;
+  return int64_t((__int128)modelBytes * (tp - g) / (__int128)(g * tp));
+}
+
+int64_t bruteForceLowerBound(const std::vector<Param> &params,
+                             const Layout &from, const Layout &to,
+                             int64_t layers, const std::vector<int> &assignment,
+                             int64_t bytesPerElement) {
+  bool ok = validLayout(from) && validLayout(to) && from.size() == to.size() &&
+            int64_t(assignment.size()) == from.size() &&
+            validParams(params, layers) && bytesPerElement >= 1;
+  if (ok) {
+    std::vector<char> seen(assignment.size(), 0);
+    for (int a : assignment) {
+      ok = ok && a >= 0 && a < int64_t(assignment.size()) && !seen[a];
+      if (ok)
+        seen[a] = 1;
+    }
+  }
+  assert(ok && "bruteForceLowerBound: invalid inputs or the assignment is "
+               "not a permutation");
+  if (!ok)
+    return -1;
+  auto in = [](const Box &b, int64_t r, int64_t c) {
+    return r >= b.r0 && r < b.r1 && c >= b.c0 && c < b.c1;
+  };
+  int64_t missing = 0;
+  for (int64_t r = 0; r < from.size(); ++r)
+    for (const Param &p : params) {
+      Box h = holding(p, from, r, layers), nb = holding(p, to, assignment[r], layers);
+      for (int64_t i = 0; i < p.rows; ++i)
+        for (int64_t j = 0; j < p.cols; ++j)
+          missing += in(nb, i, j) && !in(h, i, j);
+    }
+  return missing * bytesPerElement;
+}
+
+} // namespace hflow::reshard

@@ -1,0 +1,143 @@
+//===- Reshard.h - minimal weight resharding between two layouts ----------===//
+//
+// The reshard math of docs/reshard.md, independent of MLIR so it can be unit
+// tested exhaustively. A role's weights are a list of 2-D parameters (1-D
+// ones have one row). In a layout, a rank holds of each parameter a box:
+// rows [r0, r1) x cols [c0, c1) (as row-major flat index intervals: one
+// interval per row, or one interval when the box spans every column).
+//
+//  * tp splits a parameter on its `split` dimension (Megatron: column-
+//    parallel q/k/v/gate/up/embedding/LM head on rows, row-parallel o/down
+//    on columns), norms are replicated;
+//  * pp gives each stage a contiguous block of layers (the embedding on the
+//    first stage, the final norm and LM head on the last);
+//  * fsdp splits each parameter's (tp-local) rows into fsdp chunks of
+//    ceil(rows / fsdp) (FSDP2 / DTensor Shard(0) semantics);
+//  * dp, sp and cp replicate.
+// Slot order within a layout: tp fastest, then sp, cp, fsdp, dp, pp.
+//
+// Rank i of the role holds training slot i. For the generation layout the
+// planner chooses which rank hosts which generation slot (an assignment
+// maximising the bytes already in place: Hungarian algorithm), then every
+// byte a rank needs and lacks is fetched exactly once from a holder (same
+// node first, then the least loaded sender). So the planned bytes equal the
+// lower bound sum_r |N_r \ H_r| for the chosen assignment, and the
+// assignment makes that bound as small as any assignment can.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_PLANNER_RESHARD_H
+#define HFLOW_COMPILER_PLANNER_RESHARD_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hflow::reshard {
+
+/// rows [r0, r1) x cols [c0, c1); empty when either range is.
+struct Box {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int64_t area() const { return empty() ? 0 : (r1 - r0) * (c1 - c0); }
+  bool empty() const { return r1 <= r0 || c1 <= c0; }
+  bool operator==(const Box &o) const {
+    return (empty() && o.empty()) ||
+           (r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1);
+  }
+};
+Box intersect(const Box &a, const Box &b);
+/// Appends a \ b as at most 4 disjoint boxes.
+void subtract(const Box &a, const Box &b, std::vector<Box> &out);
+
+enum class Split { Replicated, Rows, Cols };
+
+struct Param {
+  std::string name;   // "layers.3.attn.q", "embed", ...
+  int64_t rows = 1, cols = 1;
+  Split tp = Split::Replicated;
+  /// The layer it belongs to; kFirstStage (embedding) or kLastStage
+  /// (final norm, LM head) for the parameters outside the layers.
+  int64_t layer = 0;
+  static constexpr int64_t kFirstStage = -1, kLastStage = -2;
+};
+
+struct ModelShape {
+  int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
+  bool tieEmbeddings = false, qkvBias = false;
+};
+/// The Llama/Qwen2 parameters in the runtime's order; the element count sums
+/// to the compiler's parameter count.
+std::vector<Param> llamaParams(const ModelShape &m);
+
+struct Layout {
+  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+  int64_t size() const { return dp * fsdp * tp * pp * sp * cp; }
+  std::string str() const; // "tp2*dp4", "fsdp8", ...
+};
+
+struct Coord {
+  int64_t tp = 0, sp = 0, cp = 0, fsdp = 0, dp = 0, pp = 0;
+};
+Coord coordOf(const Layout &l, int64_t slot);
+
+/// What `slot` of layout `l` holds of `p` (empty if p is on another stage).
+/// `layers` is the model's layer count (for the pp stage split).
+Box holding(const Param &p, const Layout &l, int64_t slot, int64_t layers);
+
+struct Transfer {
+  int param = 0;      // index into the parameter list
+  int src = 0, dst = 0; // indices into the role's ranks
+  Box box;
+  int64_t bytes = 0;
+};
+
+/// A regular pattern found among the transfers.
+struct Collective {
+  enum Kind { AllGather, PointToPoint } kind = PointToPoint;
+  int groups = 0;       // AllGather: number of disjoint groups
+  int groupSize = 0;    // AllGather: ranks per group
+  int64_t transfers = 0;
+  int64_t bytes = 0;
+};
+
+struct Options {
+  int64_t bytesPerElement = 2;
+  int64_t ranksPerNode = 8;     // for the same-node preference
+  bool optimizeAssignment = true; // false: rank i hosts generation slot i
+};
+
+struct Plan {
+  std::vector<int> assignment;    // generation slot hosted by rank i
+  std::vector<Transfer> transfers;
+  std::vector<Collective> collectives; // how the transfers group
+  int64_t modelBytes = 0;         // M
+  int64_t totalBytes = 0;         // sum of the transfers' bytes
+  int64_t lowerBound = 0;         // sum_r |N_r \ H_r| for `assignment`
+  int64_t maxRecvPerRank = 0;     // the largest sum of bytes one rank receives
+  int64_t maxSendPerRank = 0;
+  int64_t maxExtraPerRank = 0;    // max_r |N_r \ H_r|: memory beyond its shard
+  int64_t maxTargetShard = 0;     // max_r |N_r|
+  int64_t naiveBytes = 0;         // DS-Chat: every rank gathers all of M
+  int64_t crossNodeBytes = 0;     // bytes between ranks of different nodes
+};
+
+/// Plans the switch of one role's weights from layout `from` (rank i holds
+/// slot i) to layout `to`. Both layouts must have the same size.
+Plan planWeights(const std::vector<Param> &params, const Layout &from,
+                 const Layout &to, int64_t layers, const Options &opts);
+
+/// HybridFlow's per-rank volume (tp - t_g p_g) / (t_g p_g tp) * M for train
+/// (p, t, d) and generation (p_g, t_g) without fsdp/sp/cp; -1 where the
+/// formula does not apply (fsdp, sp or cp > 1, or t_g p_g not dividing t p).
+int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
+                               int64_t modelBytes);
+
+/// Brute force for tests: the element-level lower bound with rank i hosting
+/// generation slot assignment[i]: sum over ranks of needed elements not held.
+int64_t bruteForceLowerBound(const std::vector<Param> &params, const Layout &from,
+                             const Layout &to, int64_t layers,
+                             const std::vector<int> &assignment,
+                             int64_t bytesPerElement);
+
+} // namespace hflow::reshard
+
+#endif // HFLOW_COMPILER_PLANNER_RESHARD_H

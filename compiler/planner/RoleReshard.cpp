@@ -1,0 +1,110 @@
+//===- RoleReshard.cpp - the reshard planner applied to hflow roles -------===//
+
+#include "RoleReshard.h"
+
+#include "Memory.h"
+
+#include "mlir/IR/SymbolTable.h"
+
+#include <map>
+
+using namespace mlir;
+using namespace mlir::hflow;
+namespace rs = ::hflow::reshard;
+
+namespace hflow::planner {
+
+namespace {
+// Per-message latency of a transfer, by link class (NCCL-like figures; the
+// calibration file of issue 4 will replace them).
+constexpr double kAlphaIntra = 5e-6, kAlphaInter = 20e-6;
+constexpr int64_t kBucketBytes = int64_t(64) << 20;
+
+MeshOp meshOf(RoleOp role) {
+  ModuleOp module = role->getParentOfType<ModuleOp>();
+  auto meshes = module.getOps<MeshOp>();
+  return meshes.empty() ? MeshOp() : *meshes.begin();
+}
+} // namespace
+
+rs::Layout toLayout(LayoutAttr l) {
+  rs::Layout out;
+  out.dp = l.getDp();
+  out.fsdp = l.getFsdp();
+  out.tp = l.getTp();
+  out.pp = l.getPp();
+  out.sp = l.getSp();
+  out.cp = l.getCp();
+  return out;
+}
+
+rs::ModelShape toShape(ModelOp m) {
+  rs::ModelShape s;
+  s.layers = m.getLayersAttr().getInt();
+  s.hidden = m.getHiddenAttr().getInt();
+  s.heads = m.getHeadsAttr().getInt();
+  s.kvHeads = m.getKvHeadsAttr().getInt();
+  s.ffn = m.getFfnAttr().getInt();
+  s.vocab = m.getVocabAttr().getInt();
+  s.tieEmbeddings = m.getTieEmbeddings();
+  s.qkvBias = m.getQkvBias();
+  return s;
+}
+
+std::optional<rs::Plan> planRoleReshard(RoleOp role) {
+  if (!role.getModelAttr() || !role.getRanks() || role.getRanks()->empty())
+    return std::nullopt;
+  auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+  if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
+    return std::nullopt;
+  rs::Layout from = toLayout(role.getTrain()), to = toLayout(role.getGenerate());
+  if (from.size() != to.size() ||
+      from.size() != static_cast<int64_t>(role.getRanks()->size()))
+    return std::nullopt;
+  rs::Options opts;
+  opts.bytesPerElement = static_cast<int64_t>(dtypeBytes(model.getDtype()));
+  if (MeshOp mesh = meshOf(role))
+    opts.ranksPerNode = mesh.getPerNodeAttr().getInt();
+  rs::Plan plan = rs::planWeights(rs::llamaParams(toShape(model)), from, to,
+                                  model.getLayersAttr().getInt(), opts);
+  if (plan.totalBytes == 0)
+    return std::nullopt;
+  return plan;
+}
+
+std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role) {
+  MeshOp mesh = meshOf(role);
+  if (!mesh || !mesh.getIntraAttr())
+    return std::nullopt;
+  const double intra = mesh.getIntraAttr().getValueAsDouble();
+  const double inter = mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble()
+                                           : intra;
+  const int64_t perNode = mesh.getPerNodeAttr().getInt();
+  ArrayRef<int64_t> ranks = *role.getRanks();
+  struct Load {
+    double intraBytes = 0, interBytes = 0;
+    int64_t intraMsgs = 0, interMsgs = 0;
+  };
+  // Transfers between one pair of ranks travel in buckets of kBucketBytes.
+  std::map<std::pair<int, int>, int64_t> pairBytes;
+  for (const rs::Transfer &t : plan.transfers)
+    pairBytes[{t.dst, t.src}] += t.bytes;
+  std::map<int, Load> recv;
+  for (auto &[pair, bytes] : pairBytes) {
+    auto [dst, src] = pair;
+    bool sameNode = ranks[src] / perNode == ranks[dst] / perNode;
+    Load &l = recv[dst];
+    (sameNode ? l.intraBytes : l.interBytes) += static_cast<double>(bytes);
+    (sameNode ? l.intraMsgs : l.interMsgs) +=
+        (bytes + kBucketBytes - 1) / kBucketBytes;
+  }
+  double worst = 0;
+  for (auto &[r, l] : recv) {
+    double t = std::max(l.intraBytes / intra + kAlphaIntra * l.intraMsgs,
+                        l.interBytes / inter + kAlphaInter * l.interMsgs);
+    worst = std::max(worst, t);
+  }
+  return worst;
+}
+
+} // namespace hflow::planner
