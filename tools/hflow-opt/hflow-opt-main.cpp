@@ -1,19 +1,141 @@
 //===- hflow-opt-main.cpp - the MLIR opt driver for the hflow dialect ------===//
+//
+// mlir-opt for hflow IR, which also reads `.hflow` programs directly: the
+// front end checks and lowers them first (locations still point into the
+// program), so `hflow-opt --hflow-pipeline prog.hflow` and
+// `hflow-opt --print-reshard-plan prog.hflow` work on what users write.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Driver.h"
 
 #include "hflow/HflowDialect.h"
 #include "hflow/HflowPasses.h"
 
 #include "mlir/IR/DialectRegistry.h"
-#include "mlir/Transforms/Passes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+using namespace mlir;
+namespace cl = llvm::cl;
+
+namespace {
+
+cl::OptionCategory hflowOptCategory("hflow-opt options for .hflow input");
+cl::list<std::string> includeDirs(
+    "I", cl::desc("Add a folder to search for imported files (.hflow input)"),
+    cl::value_desc("dir"), cl::Prefix, cl::cat(hflowOptCategory));
+cl::opt<std::string> stdlibDir(
+    "stdlib",
+    cl::desc("The standard library folder for import \"std/...\" (.hflow "
+             "input; default as for hflowc)"),
+    cl::value_desc("dir"), cl::init(""), cl::cat(hflowOptCategory));
+cl::opt<std::string> printReshardPlan(
+    "print-reshard-plan", cl::ValueOptional,
+    cl::desc("Place the program, plan every reshard and print the plan "
+             "instead of the IR: --print-reshard-plan (text) or "
+             "--print-reshard-plan=json"),
+    cl::value_desc("text|json"), cl::cat(hflowOptCategory));
+
+/// A `.hflow` input as MLIR text (with its locations) for MlirOptMain.
+std::unique_ptr<llvm::MemoryBuffer> lowerHflow(const std::string &path,
+                                               const char *argv0) {
+  std::string err;
+  std::unique_ptr<llvm::MemoryBuffer> file = openInputFile(path, &err);
+  if (!file) {
+    llvm::WithColor::error(llvm::errs(), "hflow-opt")
+        << "cannot read '" << path << "': " << err << "\n";
+    return nullptr;
+  }
+  std::string source = file->getBuffer().str();
+  MLIRContext ctx;
+  ctx.printOpOnDiagnostic(false);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  SourceMgrDiagnosticHandler handler(sourceMgr, &ctx);
+  OwningOpRef<ModuleOp> module = ::hflow::driver::compileToModule(
+      ctx, sourceMgr, path, source,
+      std::vector<std::string>(includeDirs.begin(), includeDirs.end()),
+      ::hflow::driver::findStdlib(argv0, stdlibDir));
+  if (!module)
+    return nullptr;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os, OpPrintingFlags().enableDebugInfo());
+  return llvm::MemoryBuffer::getMemBufferCopy(text, path);
+}
+
+} // namespace
 
 int main(int argc, char **argv) {
-  mlir::DialectRegistry registry;
+  DialectRegistry registry;
   registry.insert<mlir::hflow::HflowDialect>();
   mlir::hflow::registerHflowPasses();
   mlir::hflow::registerHflowPipeline();
   // Generic cleanups (canonicalize, cse, symbol-dce, ...) are useful on hflow IR.
-  mlir::registerTransformsPasses();
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "hflow optimizer driver\n", registry));
+  registerTransformsPasses();
+
+  auto [inputFilename, outputFilename] = registerAndParseCLIOptions(
+      argc, argv,
+      "hflow optimizer driver\n\n"
+      "Reads hflow IR (.mlir) or an hflow program (.hflow). Examples:\n"
+      "  hflow-opt --hflow-pipeline prog.hflow\n"
+      "  hflow-opt --print-reshard-plan prog.hflow\n",
+      registry);
+  MlirOptMainConfig config = MlirOptMainConfig::createFromCLOptions();
+
+  const bool reshard = printReshardPlan.getNumOccurrences() > 0;
+  if (reshard && printReshardPlan != "" && printReshardPlan != "text" &&
+      printReshardPlan != "json") {
+    llvm::WithColor::error(llvm::errs(), "hflow-opt")
+        << "--print-reshard-plan takes 'text' or 'json', not '"
+        << printReshardPlan << "'\n";
+    return 2;
+  }
+
+  std::unique_ptr<llvm::MemoryBuffer> input;
+  if (llvm::StringRef(inputFilename).ends_with(".hflow")) {
+    input = lowerHflow(inputFilename, argv[0]);
+    if (!input)
+      return 1;
+  } else {
+    std::string err;
+    input = openInputFile(inputFilename, &err);
+    if (!input) {
+      llvm::WithColor::error(llvm::errs(), "hflow-opt") << err << "\n";
+      return 1;
+    }
+  }
+
+  if (reshard) {
+    // The reshard planner needs placed IR; printing replaces the IR output.
+    bool json = printReshardPlan == "json";
+    config.setPassPipelineSetupFn([json](PassManager &pm) -> LogicalResult {
+      mlir::hflow::buildHflowPipeline(pm);
+      mlir::hflow::HflowPrintReshardPlanOptions opts;
+      opts.format = json ? "json" : "text";
+      pm.addPass(mlir::hflow::createHflowPrintReshardPlan(opts));
+      return success();
+    });
+    return asMainReturnCode(
+        MlirOptMain(llvm::nulls(), std::move(input), registry, config));
+  }
+
+  std::string err;
+  auto output = openOutputFile(outputFilename, &err);
+  if (!output) {
+    llvm::WithColor::error(llvm::errs(), "hflow-opt") << err << "\n";
+    return 1;
+  }
+  if (failed(MlirOptMain(output->os(), std::move(input), registry, config)))
+    return 1;
+  output->keep();
+  return 0;
 }
