@@ -209,8 +209,9 @@ struct PrintReshardPlanPass
             j.attribute("to_phase", e.op.getTo().str());
             layout("from", ::hflow::planner::toLayout(e.role.getTrain()));
             layout("to", ::hflow::planner::toLayout(e.role.getGenerate()));
+            ArrayRef<int64_t> ranks = *e.role.getRanks();
             j.attributeArray("ranks", [&] {
-              for (int64_t r : *e.role.getRanks())
+              for (int64_t r : ranks)
                 j.value(r);
             });
             j.attribute("model_bytes", p.modelBytes);
@@ -236,13 +237,13 @@ struct PrintReshardPlanPass
             if (e.hybridFlow >= 0)
               j.attribute("hybridflow_bytes_per_rank", e.hybridFlow);
             else
-              j.attribute("hybridflow_bytes_per_rank", nullptr);
+              j.attribute("hybridflow_bytes_per_rank", llvm::json::Value(nullptr));
             j.attribute("max_extra_bytes_per_rank", p.maxExtraPerRank);
             j.attribute("max_target_shard_bytes", p.maxTargetShard);
             if (e.seconds)
               j.attribute("estimated_seconds", *e.seconds);
             else
-              j.attribute("estimated_seconds", nullptr);
+              j.attribute("estimated_seconds", llvm::json::Value(nullptr));
           });
           total += p.totalBytes;
           naive += p.naiveBytes;
@@ -259,7 +260,7 @@ struct PrintReshardPlanPass
         if (allTimed && !entries.empty())
           j.attribute("estimated_seconds", seconds);
         else
-          j.attribute("estimated_seconds", nullptr);
+          j.attribute("estimated_seconds", llvm::json::Value(nullptr));
       });
     });
     llvm::outs() << "\n";

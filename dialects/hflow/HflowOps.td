@@ -221,7 +221,7 @@ def Hflow_ReshardOp : Hflow_Op<"reshard", [
   let summary = "switch a role's weights from one layout to another";
   let description = [{
     ```mlir
-    hflow.reshard @actor train -> generate {bytes = 3369074688 : i64,
+    hflow.reshard @actor "train" -> "generate" {bytes = 3369074688 : i64,
         lower_bound = 3369074688 : i64, naive = 202152468480 : i64,
         max_recv = 210567168 : i64, transfers = 4176 : i64,
         pattern = "all-gather: 8 groups of 2"}
