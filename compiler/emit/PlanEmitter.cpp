@@ -14,6 +14,7 @@
 
 #include "hflow/HflowOps.h"
 #include "PlanFormat.h"
+#include "RoleReshard.h"
 #include "plan_generated.h"
 
 #include "mlir/IR/SymbolTable.h"
@@ -190,6 +191,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
     return b.CreateVector(kvs);
   };
+  std::vector<flatbuffers::Offset<fb::Reshard>> reshardOffs;
   for (auto &[phaseFlow, train] : phases) {
     const int firstStep = steps.size();
     valueIndex.clear();
@@ -202,6 +204,43 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                -1);
     for (Operation &op : body) {
       std::string loc = locString(op.getLoc());
+      if (auto rop = dyn_cast<ReshardOp>(op)) {
+        // The weights move as planned: the same plan the pass summarised and
+        // --print-reshard-plan prints, every transfer with its ranges.
+        auto it = roleIndex.find(rop.getRole());
+        auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(rop, rop.getRoleAttr());
+        if (it == roleIndex.end() || !role)
+          return rop.emitError() << "reshards unknown role '" << rop.getRole() << "'";
+        auto plan = ::hflow::planner::planRoleReshard(role);
+        if (!plan)
+          return rop.emitError() << "no reshard plan for role '" << rop.getRole() << "'";
+        if (plan->totalBytes != rop.getBytes())
+          return rop.emitError() << "the plan moves " << plan->totalBytes
+                                 << " bytes, the op says " << rop.getBytes();
+        auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+        std::vector<flatbuffers::Offset<fb::WeightParam>> params;
+        for (const auto &p : ::hflow::reshard::llamaParams(::hflow::planner::toShape(model)))
+          params.push_back(fb::CreateWeightParam(b, b.CreateString(p.name), p.rows, p.cols));
+        std::vector<fb::WeightTransfer> transfers;
+        transfers.reserve(plan->transfers.size());
+        for (const auto &t : plan->transfers)
+          transfers.emplace_back(t.src, t.dst, t.param, 0, t.box.r0, t.box.r1,
+                                 t.box.c0, t.box.c1);
+        int64_t bpe = plan->modelBytes / std::max<int64_t>(1, model.computeParamCount());
+        reshardOffs.push_back(fb::CreateReshard(
+            b, it->second, b.CreateString(rop.getFrom().str()),
+            b.CreateString(rop.getTo().str()), b.CreateVector(params),
+            b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
+            plan->totalBytes, plan->lowerBound, plan->naiveBytes,
+            static_cast<int>(bpe)));
+        steps.push_back(fb::CreateStep(
+            b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
+            b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
+            -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+            b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1)));
+        stepRanks.push_back(roleRanks[it->second]);
+        continue;
+      }
       if (auto bi = dyn_cast<BuiltinOp>(op)) {
         // The controller (rank 0) computes builtins on the batch values.
         std::vector<int> inputs, outputs;
@@ -306,7 +345,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
       b.CreateVector(models), b.CreateVector(roles), b.CreateVector(groups),
       b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules),
-      b.CreateVector(phaseOffs));
+      b.CreateVector(phaseOffs), b.CreateVector(reshardOffs));
   b.Finish(planOff);
 
   flatbuffers::FlatBufferBuilder fileBuilder;

@@ -128,7 +128,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
           j.object([&] {
             j.attribute("kind", fb::EnumNameStepKind(s->kind()));
             if (s->kind() != fb::StepKind::CheckAllGather) {
-              if (s->kind() == fb::StepKind::Compute)
+              if (s->kind() != fb::StepKind::Builtin)
                 j.attribute("role", s->role());
               j.attribute("method", str(s->method()));
               intArray(j, "inputs", s->inputs());
@@ -143,6 +143,42 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
               j.attribute("checks", s->checks());
             }
             j.attribute("loc", str(s->loc()));
+            if (s->kind() == fb::StepKind::Reshard)
+              j.attribute("reshard", s->reshard());
+          });
+    });
+    j.attributeArray("reshards", [&] {
+      if (p.reshards())
+        for (const fb::Reshard *r : *p.reshards())
+          j.object([&] {
+            j.attribute("role", r->role());
+            j.attribute("from_phase", str(r->from_phase()));
+            j.attribute("to_phase", str(r->to_phase()));
+            j.attribute("bytes", r->bytes());
+            j.attribute("lower_bound", r->lower_bound());
+            j.attribute("naive_bytes", r->naive_bytes());
+            j.attribute("bytes_per_element", r->bytes_per_element());
+            intArray(j, "assignment", r->assignment());
+            j.attributeArray("params", [&] {
+              if (r->params())
+                for (const fb::WeightParam *w : *r->params())
+                  j.object([&] {
+                    j.attribute("name", str(w->name()));
+                    j.attribute("rows", w->rows());
+                    j.attribute("cols", w->cols());
+                  });
+            });
+            // [src, dst, param, row0, row1, col0, col1] per transfer.
+            j.attributeArray("transfers", [&] {
+              if (r->transfers())
+                for (const fb::WeightTransfer *t : *r->transfers())
+                  j.array([&] {
+                    for (int64_t v : {int64_t(t->src()), int64_t(t->dst()),
+                                      int64_t(t->param()), t->row0(), t->row1(),
+                                      t->col0(), t->col1()})
+                      j.value(v);
+                  });
+            });
           });
     });
     j.attributeArray("phases", [&] {

@@ -1414,6 +1414,7 @@ private:
     }
     // Each generate call's `n` is the train block's n (or it is set on one
     // side only, and that value holds).
+    std::optional<double> inferredN;
     if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
         f && f->kind == Kind::Flow)
       for (const ast::Stmt &st : prog_.flows[f->index].body)
@@ -1429,7 +1430,16 @@ private:
             if (!n || *n < 1 || *n != std::floor(*n))
               continue; // reported by the argument's own check
             if (!props.count("n")) {
-              t.samples = static_cast<int64_t>(*n); // set on one side only
+              // Set on one side only: the calls must agree among themselves.
+              if (inferredN && *inferredN != *n)
+                diags_.error(a.value->loc,
+                             call.receiver + ".generate's n = " +
+                                 std::to_string(static_cast<int64_t>(*n)) +
+                                 " differs from an earlier generate's n = " +
+                                 std::to_string(static_cast<int64_t>(*inferredN)) +
+                                 "; set n in the train block");
+              inferredN = *n;
+              t.samples = static_cast<int64_t>(*n);
               continue;
             }
             if (t.samples > 0 && *n != double(t.samples))

@@ -40,6 +40,12 @@ struct CheckBatchPass
         int64_t dp = layout.getDp() * layout.getFsdp();
         if (dp < 1)
           return; // unplaced: reported by hflow-verify-roles
+        // The call's own minibatch (actor.update(..., minibatch: 64))
+        // overrides the train block's.
+        int64_t mb = minibatch;
+        if (auto args = call.getArgsAttr())
+          if (auto m = args.getAs<IntegerAttr>("minibatch"))
+            mb = m.getInt();
         auto check = [&](int64_t rows, StringRef what) {
           if (rows % dp == 0)
             return;
@@ -51,7 +57,11 @@ struct CheckBatchPass
               << " ranks, which does not divide it";
           d.attachNote(train.getLoc()) << "batch sizes are set here (batch = "
                                        << batch << ", n = " << n
-                                       << ", minibatch = " << minibatch << ")";
+                                       << ", minibatch = " << minibatch << ")"
+                                       << (mb != minibatch
+                                               ? "; the call sets minibatch = " +
+                                                     std::to_string(mb)
+                                               : std::string());
           d.attachNote(role.getLoc()) << "the layout is declared here";
           hadError = true;
         };
@@ -60,12 +70,6 @@ struct CheckBatchPass
           return;
         }
         check(batch * n, "the step's sequences (batch * n)");
-        // The call's own minibatch (actor.update(..., minibatch: 64))
-        // overrides the train block's.
-        int64_t mb = minibatch;
-        if (auto args = call.getArgsAttr())
-          if (auto m = args.getAs<IntegerAttr>("minibatch"))
-            mb = m.getInt();
         if ((call.getMethod() == "update" || call.getMethod() == "sft") &&
             mb != batch) {
           if (batch % mb != 0) {

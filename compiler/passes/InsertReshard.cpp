@@ -27,7 +27,8 @@ std::string patternOf(const rs::Plan &plan) {
     if (!out.empty())
       out += "; ";
     if (c.kind == rs::Collective::AllGather)
-      out += "all-gather: " + std::to_string(c.groups) + " groups of " +
+      out += "all-gather: " + std::to_string(c.groups) +
+             (c.groups == 1 ? " group of " : " groups of ") +
              std::to_string(c.groupSize);
     else
       out += "point-to-point: " + std::to_string(c.transfers) + " transfers";

@@ -136,7 +136,8 @@ struct PrintReshardPlanPass
       os << "    transfers    " << p.transfers.size() << ":";
       for (const rs::Collective &c : p.collectives) {
         if (c.kind == rs::Collective::AllGather)
-          os << " all-gather in " << c.groups << " groups of " << c.groupSize
+          os << " all-gather in " << c.groups
+             << (c.groups == 1 ? " group of " : " groups of ") << c.groupSize
              << " ranks (" << formatBytes(double(c.bytes)) << ")";
         else
           os << " point-to-point x" << c.transfers << " ("

@@ -26,6 +26,13 @@ std::string formatBytes(double bytes) {
   return buf;
 }
 
+double roleDtypeBytes(RoleOp role, ModelOp model) {
+  if (auto opts = role.getOptionsAttr())
+    if (auto dt = opts.getAs<StringAttr>("dtype"))
+      return dt.getValue() == "f32" ? 4 : 2;
+  return dtypeBytes(model.getDtype());
+}
+
 Workload largest(const std::vector<Workload> &ws) {
   Workload out = ws.empty() ? Workload() : ws.front();
   for (const Workload &w : ws) {
@@ -75,11 +82,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   if (!model)
     return m;
   const double P = static_cast<double>(model.computeParamCount());
-  double b = dtypeBytes(model.getDtype());
-  // A role's own `dtype` option overrides the model's.
-  if (auto opts = role.getOptionsAttr())
-    if (auto dt = opts.getAs<StringAttr>("dtype"))
-      b = dt.getValue() == "f32" ? 4 : 2;
+  const double b = roleDtypeBytes(role, model);
   const double L = model.getLayersAttr().getInt();
   const double h = model.getHiddenAttr().getInt();
   const double V = model.getVocabAttr().getInt();

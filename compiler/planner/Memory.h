@@ -77,6 +77,9 @@ RoleMemory roleMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,
 /// Bytes per element of a model dtype (f32: 4, bf16/f16: 2).
 double dtypeBytes(mlir::Type t);
 
+/// Bytes per weight element of `role`: its `dtype` option, else its model's.
+double roleDtypeBytes(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);
+
 /// "13.48 GB" (decimal units, like the device specs).
 std::string formatBytes(double bytes);
 

@@ -62,7 +62,7 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
       from.size() != static_cast<int64_t>(role.getRanks()->size()))
     return std::nullopt;
   rs::Options opts;
-  opts.bytesPerElement = static_cast<int64_t>(dtypeBytes(model.getDtype()));
+  opts.bytesPerElement = static_cast<int64_t>(roleDtypeBytes(role, model));
   if (MeshOp mesh = meshOf(role))
     opts.ranksPerNode = mesh.getPerNodeAttr().getInt();
   rs::Plan plan = rs::planWeights(rs::llamaParams(toShape(model)), from, to,

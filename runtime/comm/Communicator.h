@@ -106,6 +106,11 @@ public:
   /// Point-to-point; `peer` is a rank of this group, not a global rank.
   virtual void send(at::Tensor &t, int peer) = 0;
   virtual void recv(at::Tensor &t, int peer) = 0;
+  /// Many point-to-point messages at once: every send and receive is posted
+  /// before any is waited on, so any pattern (pairs sending to each other,
+  /// rings) completes. At most one send and one receive per peer.
+  virtual void exchange(std::vector<std::pair<int, at::Tensor>> &sends,
+                        std::vector<std::pair<int, at::Tensor>> &recvs) = 0;
   virtual void barrier() = 0;
 
   /// A communicator over `globalRanks` (ascending, distinct, containing this

@@ -251,6 +251,41 @@ void GlooCommunicator::recv(at::Tensor &t, int peer) {
   count({0, nbytes(t)});
 }
 
+void GlooCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
+                                std::vector<std::pair<int, at::Tensor>> &recvs) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<at::Tensor>> holders; // kept alive until waited
+  holders.reserve(sends.size() + recvs.size());
+  OpBytes b;
+  auto check = [&](const char *what, std::pair<int, at::Tensor> &m) {
+    requireCpuContiguous(what, impl_->name, m.second);
+    if (m.first < 0 || m.first >= impl_->size || m.first == impl_->rank)
+      throw CommError(impl_->name + " " + what + ": invalid peer " +
+                      std::to_string(m.first));
+  };
+  try {
+    for (auto &m : recvs) {
+      check("exchange (receive)", m);
+      holders.push_back({m.second});
+      works.push_back(impl_->pg->recv(holders.back(), m.first, 1));
+      b.received += nbytes(m.second);
+    }
+    for (auto &m : sends) {
+      check("exchange (send)", m);
+      holders.push_back({m.second});
+      works.push_back(impl_->pg->send(holders.back(), m.first, 1));
+      b.sent += nbytes(m.second);
+    }
+    for (auto &w : works)
+      impl_->wait(w);
+  } catch (const CommError &) {
+    throw;
+  } catch (const std::exception &e) {
+    impl_->fail("exchange", e);
+  }
+  count(b);
+}
+
 void GlooCommunicator::barrier() {
   try {
     c10d::BarrierOptions bo;

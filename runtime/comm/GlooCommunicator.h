@@ -49,6 +49,8 @@ public:
   at::Tensor allGatherFlat(const at::Tensor &in) override;
   void broadcast(at::Tensor &t, int root) override;
   void send(at::Tensor &t, int peer) override;
+  void exchange(std::vector<std::pair<int, at::Tensor>> &sends,
+                std::vector<std::pair<int, at::Tensor>> &recvs) override;
   void recv(at::Tensor &t, int peer) override;
   void barrier() override;
 

@@ -113,6 +113,8 @@ public:
   std::string describe(int s) const {
     const Step &st = step(s);
     std::string what = st.kind() == StepKind::Compute ? callName(s)
+                       : st.kind() == StepKind::Reshard
+                           ? "reshard of " + str(role(st.role()).name(), "?")
                        : st.kind() == StepKind::Builtin
                            ? "builtin " + str(st.method(), "?")
                            : "check of step " + std::to_string(st.checks()) +
@@ -256,6 +258,7 @@ private:
   void connect();
   void runSteps();
   void runBuiltin(int s);
+  void runReshard(int s);
   at::Tensor builtinInput(int v);
   exec::BuiltinContext builtinCtx_;
   std::map<int, at::Tensor> builtinValues_;
@@ -396,6 +399,113 @@ void Worker::runBuiltin(int s) {
                 (long long)out[0].size(1), d);
 }
 
+/// Executes a planned weight reshard: this rank sends and receives exactly
+/// the element ranges the plan lists (one message per peer, all posted at
+/// once), checks every received range bit for bit against its own copy of
+/// the weights (this runtime keeps every weight on every rank of a role, so
+/// the copy is the reference a naive full gather would give), and checks the
+/// bytes the communicator counted against the plan.
+void Worker::runReshard(int s) {
+  using at::indexing::Slice;
+  const Step &st = pm_.step(s);
+  const Reshard &rs = *p_.reshards()->Get(st.reshard());
+  const Role &role = pm_.role(rs.role());
+  const std::string what = str(role.name(), "?") + " " + str(rs.from_phase()) +
+                           " -> " + str(rs.to_phase());
+  auto ranks = ints(role.ranks());
+  int me = (int)(std::find(ranks.begin(), ranks.end(), o_.rank) - ranks.begin());
+  if (me == (int)ranks.size())
+    throw RunError("reshard of " + what + ": this rank is not one of the role's ranks");
+  auto git = groupComm_.find(rs.role());
+  if (git == groupComm_.end())
+    throw RunError("reshard of " + what + ": no communicator for the role's group");
+  Communicator &c = *git->second;
+  if (role.model() < 0)
+    throw RunError("reshard of " + what + ": the role has no model");
+  auto named = pm_.model(role.model()).namedParameters();
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (named.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " +
+                   std::to_string(nParams) + " parameters, the model has " +
+                   std::to_string(named.size()));
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs.params()->Get(k);
+    const at::Tensor &t = named[k].second;
+    if (named[k].first != str(wp->name()) || t.size(0) != wp->rows() ||
+        t.size(1) != wp->cols())
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) +
+                     " [" + std::to_string(wp->rows()) + ", " +
+                     std::to_string(wp->cols()) + "] does not match the model's " +
+                     named[k].first + " [" + std::to_string(t.size(0)) + ", " +
+                     std::to_string(t.size(1)) + "]");
+    if ((int64_t)t.element_size() != rs.bytes_per_element())
+      throw RunError("reshard of " + what + ": the plan counts " +
+                     std::to_string(rs.bytes_per_element()) +
+                     " bytes per element, the model's weights have " +
+                     std::to_string(t.element_size()));
+  }
+  auto piece = [&](const WeightTransfer *t) {
+    return named[t->param()].second.index(
+        {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
+  };
+  std::map<int, std::vector<const WeightTransfer *>> out, in;
+  int64_t plannedIn = 0;
+  if (rs.transfers())
+    for (const WeightTransfer *t : *rs.transfers()) {
+      if (t->src() == me)
+        out[t->dst()].push_back(t);
+      if (t->dst() == me) {
+        in[t->src()].push_back(t);
+        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) *
+                     rs.bytes_per_element();
+      }
+    }
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  for (auto &[peer, ts] : out) {
+    std::vector<at::Tensor> parts;
+    for (const WeightTransfer *t : ts)
+      parts.push_back(piece(t).reshape({-1}));
+    sends.push_back({peer, at::cat(parts).contiguous()});
+  }
+  for (auto &[peer, ts] : in) {
+    int64_t n = 0;
+    for (const WeightTransfer *t : ts)
+      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
+    recvs.push_back({peer, at::empty({n}, named[0].second.options())});
+  }
+  const uint64_t before = c.bytesReceived();
+  auto t0 = Clock::now();
+  c.exchange(sends, recvs);
+  const double ms = msSince(t0);
+  const int64_t measured = (int64_t)(c.bytesReceived() - before);
+  for (auto &[peer, buf] : recvs) {
+    int64_t off = 0;
+    for (const WeightTransfer *t : in[peer]) {
+      at::Tensor want = piece(t);
+      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
+      off += want.numel();
+      if (!at::equal(got, want))
+        throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) +
+                       "-" + std::to_string(t->row1() - 1) + ", cols " +
+                       std::to_string(t->col0()) + "-" + std::to_string(t->col1() - 1) +
+                       " of " + named[t->param()].first + " from rank " +
+                       std::to_string(ranks[peer]) +
+                       " differ from the weights they should be");
+    }
+  }
+  if (measured != plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
+                   " bytes, the plan says " + std::to_string(plannedIn));
+  myDigest_[s] = (double)measured;
+  // One line per transition: the role's total, from its first rank.
+  at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
+  c.allReduceSum(total);
+  if (me == 0 && !o_.quiet)
+    std::printf("[reshard] %s %s in %.1f ms (planned %s)\n", what.c_str(),
+                fmtBytes((double)total.item<int64_t>()).c_str(), ms,
+                fmtBytes((double)rs.bytes()).c_str());
+}
+
 void Worker::runSteps() {
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   myDigest_.assign(nSteps, std::numeric_limits<double>::quiet_NaN());
@@ -408,6 +518,9 @@ void Worker::runSteps() {
     if (st.kind() == StepKind::Builtin) {
       runBuiltin(s);
       computeMs_ += msSince(t0);
+    } else if (st.kind() == StepKind::Reshard) {
+      runReshard(s);
+      checkMs_ += msSince(t0);
     } else if (st.kind() == StepKind::Compute) {
       int i = pm_.dpIndexOf(s, o_.rank);
       if (i < 0)
@@ -558,6 +671,16 @@ void Worker::printSummary(const at::Tensor &all, int64_t totalSteps) {
       }
       std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s,
                   pm_.callName(s).c_str(), rankList(ranks).c_str(), sum);
+    } else if (st.kind() == StepKind::Reshard) {
+      const Reshard &rs = *p_.reshards()->Get(st.reshard());
+      double moved = 0;
+      for (int r : ranks)
+        moved += acc[r][5 + s];
+      std::string what = "reshard " + str(pm_.role(rs.role()).name(), "?");
+      std::printf("  #%-3d %-26s ranks %-7s moved %s (planned %s, naive %s)\n", s,
+                  what.c_str(), rankList(ranks).c_str(), fmtBytes(moved).c_str(),
+                  fmtBytes((double)rs.bytes()).c_str(),
+                  fmtBytes((double)rs.naive_bytes()).c_str());
     } else if (st.kind() == StepKind::Builtin) {
       std::string what = "builtin " + str(st.method(), "?");
       std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s, what.c_str(),

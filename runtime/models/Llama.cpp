@@ -154,6 +154,37 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
 
 Llama::~Llama() = default;
 
+std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto add = [&](std::string name, const at::Tensor &t) {
+    out.emplace_back(std::move(name), t.dim() == 1 ? t.view({1, t.size(0)}) : t);
+  };
+  add("embed", w_->embed);
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const auto &l = w_->layers[i];
+    const std::string pre = "layers." + std::to_string(i) + ".";
+    add(pre + "attn_norm", l.attnNorm);
+    add(pre + "attn.q", l.wq);
+    if (l.bq.defined())
+      add(pre + "attn.q_bias", l.bq);
+    add(pre + "attn.k", l.wk);
+    if (l.bk.defined())
+      add(pre + "attn.k_bias", l.bk);
+    add(pre + "attn.v", l.wv);
+    if (l.bv.defined())
+      add(pre + "attn.v_bias", l.bv);
+    add(pre + "attn.o", l.wo);
+    add(pre + "mlp_norm", l.mlpNorm);
+    add(pre + "mlp.gate", l.wGate);
+    add(pre + "mlp.up", l.wUp);
+    add(pre + "mlp.down", l.wDown);
+  }
+  add("final_norm", w_->finalNorm);
+  if (!w_->head.is_same(w_->embed))
+    add("lm_head", w_->head);
+  return out;
+}
+
 int64_t Llama::numParameters() const {
   int64_t n = 0;
   for (auto &t : w_->all())

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -83,6 +85,13 @@ public:
   const LlamaConfig &config() const { return config_; }
   /// Counted from the weight tensors (equals config().paramCount()).
   int64_t numParameters() const;
+
+  /// Every parameter as a 2-D view (1-D ones as one row), named and ordered
+  /// as the compiler's reshard planner lists them: embed, then per layer
+  /// attn_norm, attn.q[, attn.q_bias], attn.k[, _bias], attn.v[, _bias],
+  /// attn.o, mlp_norm, mlp.gate, mlp.up, mlp.down; final_norm, lm_head
+  /// (absent when tied). Views share the model's storage.
+  std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
 
   /// tokens: int64 [B, T] in [0, vocab). Returns float32 logits [B, T, V].
   at::Tensor forward(const at::Tensor &tokens) const;

@@ -183,9 +183,53 @@ bool checkSemantics(const Plan &p, std::string &error) {
       if (!s->outputs() || s->outputs()->size() == 0)
         return c.fail(what, " (builtin) has no output");
       break;
+    case StepKind::Reshard:
+      if (!inRange(s->reshard(), len(p.reshards())))
+        return c.fail(what, " names reshard ", s->reshard(), " of ",
+                      len(p.reshards()));
+      if (s->role() != p.reshards()->Get(s->reshard())->role())
+        return c.fail(what, " reshards role ", s->role(), " but its plan is for role ",
+                      p.reshards()->Get(s->reshard())->role());
+      break;
     default:
       return c.fail(what, " has an unknown kind ", static_cast<int>(s->kind()));
     }
+  }
+  for (size_t i = 0; i < len(p.reshards()); ++i) {
+    const Reshard *rs = p.reshards()->Get(i);
+    const std::string what = "reshard " + std::to_string(i);
+    if (!inRange(rs->role(), nRoles))
+      return c.fail(what, " names role ", rs->role(), " of ", nRoles);
+    const size_t n = len(p.roles()->Get(rs->role())->ranks());
+    if (len(rs->assignment()) != n)
+      return c.fail(what, " assigns ", len(rs->assignment()), " slots for ", n,
+                    " ranks");
+    if (rs->bytes_per_element() < 1 || rs->bytes_per_element() > 8)
+      return c.fail(what, " has ", rs->bytes_per_element(), " bytes per element");
+    const size_t nParams = len(rs->params());
+    for (size_t k = 0; k < nParams; ++k) {
+      const WeightParam *wp = rs->params()->Get(k);
+      if (wp->rows() < 1 || wp->cols() < 1 || wp->rows() > (int64_t(1) << 40) ||
+          wp->cols() > (int64_t(1) << 40) || !wp->name())
+        return c.fail(what, " parameter ", k, " has a bad name or shape");
+    }
+    int64_t total = 0;
+    for (size_t k = 0; k < len(rs->transfers()); ++k) {
+      const WeightTransfer *t = rs->transfers()->Get(k);
+      if (!inRange(t->src(), n) || !inRange(t->dst(), n) || t->src() == t->dst() ||
+          !inRange(t->param(), nParams))
+        return c.fail(what, " transfer ", k, " names rank ", t->src(), " -> ",
+                      t->dst(), " or parameter ", t->param(), " out of range");
+      const WeightParam *wp = rs->params()->Get(t->param());
+      if (t->row0() < 0 || t->row0() >= t->row1() || t->row1() > wp->rows() ||
+          t->col0() < 0 || t->col0() >= t->col1() || t->col1() > wp->cols())
+        return c.fail(what, " transfer ", k, " range is outside parameter ",
+                      wp->name()->str());
+      total += (t->row1() - t->row0()) * (t->col1() - t->col0()) *
+               rs->bytes_per_element();
+    }
+    if (total != rs->bytes())
+      return c.fail(what, " transfers add up to ", total, " bytes, not ", rs->bytes());
   }
   for (size_t i = 0; i < len(p.phases()); ++i) {
     const Phase *ph = p.phases()->Get(i);

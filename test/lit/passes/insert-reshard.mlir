@@ -22,7 +22,7 @@ hflow.flow @f {
   %r3 = hflow.call @a "generate"(%p) : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
 }
 // CHECK-LABEL: hflow.flow @f
-// CHECK: hflow.reshard @a "train" -> "generate" {bytes = [[B:[0-9]+]] : i64, lower_bound = [[B]] : i64, max_recv = {{[0-9]+}} : i64, naive = {{[0-9]+}} : i64, pattern = "all-gather: 1 groups of 4", transfers = {{[0-9]+}} : i64}
+// CHECK: hflow.reshard @a "train" -> "generate" {bytes = [[B:[0-9]+]] : i64, lower_bound = [[B]] : i64, max_recv = {{[0-9]+}} : i64, naive = {{[0-9]+}} : i64, pattern = "all-gather: 1 group of 4", transfers = {{[0-9]+}} : i64}
 // CHECK-NEXT: hflow.call @a "generate"
 // CHECK-NEXT: hflow.call @a "generate"
 // CHECK-NEXT: hflow.call @a "logprob"
