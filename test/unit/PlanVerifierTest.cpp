@@ -116,12 +116,15 @@ TEST(PlanVerifier, RefusesWrongIdentifier) {
 TEST(PlanVerifier, RefusesOtherMajorVersion) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.major = plan::kFormatMajor + 1}), error));
-  const std::string next = std::to_string(plan::kFormatMajor + 1) + ".0";
+  const std::string minor = "." + std::to_string(plan::kFormatMinor);
+  const std::string next = std::to_string(plan::kFormatMajor + 1) + minor;
   EXPECT_NE(error.find("plan format " + next + " is not supported by this hflow-run"),
             std::string::npos)
       << error;
   EXPECT_FALSE(verify(test::buildTestPlan({.major = 0}), error));
-  EXPECT_NE(error.find("plan format 0.0 is not supported"), std::string::npos);
+  EXPECT_NE(error.find("plan format 0" + minor + " is not supported"),
+            std::string::npos)
+      << error;
 }
 
 TEST(PlanVerifier, RefusesNewerMinorVersion) {
