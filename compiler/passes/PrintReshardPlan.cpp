@@ -69,6 +69,24 @@ struct Entry {
   std::string flow, call;
 };
 
+/// The sums over every reshard of the program.
+struct Totals {
+  int64_t bytes = 0, naive = 0;
+  std::optional<double> seconds = 0.0; // none if any reshard has no estimate
+  explicit Totals(const std::vector<Entry> &entries) {
+    for (const Entry &e : entries) {
+      bytes += e.plan.totalBytes;
+      naive += e.plan.naiveBytes;
+      if (e.seconds && seconds)
+        *seconds += *e.seconds;
+      else
+        seconds.reset();
+    }
+    if (entries.empty())
+      seconds.reset();
+  }
+};
+
 struct PrintReshardPlanPass
     : public mlir::hflow::impl::HflowPrintReshardPlanBase<PrintReshardPlanPass> {
   using Base::Base;
@@ -118,9 +136,6 @@ struct PrintReshardPlanPass
     auto &os = llvm::outs();
     os << "hflow reshard plan for " << program << ": " << entries.size()
        << (entries.size() == 1 ? " reshard" : " reshards") << "\n";
-    int64_t total = 0, naive = 0;
-    double seconds = 0;
-    bool allTimed = true;
     int n = 0;
     for (Entry &e : entries) {
       const rs::Plan &p = e.plan;
@@ -166,18 +181,13 @@ struct PrintReshardPlanPass
         os << llvm::formatv("{0:F2} ms", *e.seconds * 1e3) << "\n";
       else
         os << "n/a (the mesh gives no link bandwidths: intra:, inter:)\n";
-      total += p.totalBytes;
-      naive += p.naiveBytes;
-      if (e.seconds)
-        seconds += *e.seconds;
-      else
-        allTimed = false;
     }
+    Totals t(entries);
     os << "\ntotal: " << entries.size()
-       << (entries.size() == 1 ? " reshard, " : " reshards, ") << exact(total)
-       << " moved per step (naive " << formatBytes(double(naive)) << ")";
-    if (!entries.empty() && allTimed)
-      os << llvm::formatv(", est. {0:F2} ms", seconds * 1e3);
+       << (entries.size() == 1 ? " reshard, " : " reshards, ") << exact(t.bytes)
+       << " moved per step (naive " << formatBytes(double(t.naive)) << ")";
+    if (t.seconds)
+      os << llvm::formatv(", est. {0:F2} ms", *t.seconds * 1e3);
     os << "\n";
   }
 
@@ -193,9 +203,6 @@ struct PrintReshardPlanPass
         j.attribute("cp", l.cp);
       });
     };
-    int64_t total = 0, naive = 0;
-    double seconds = 0;
-    bool allTimed = true;
     j.object([&] {
       j.attribute("program", program);
       j.attributeArray("reshards", [&] {
@@ -246,20 +253,15 @@ struct PrintReshardPlanPass
             else
               j.attribute("estimated_seconds", llvm::json::Value(nullptr));
           });
-          total += p.totalBytes;
-          naive += p.naiveBytes;
-          if (e.seconds)
-            seconds += *e.seconds;
-          else
-            allTimed = false;
         }
       });
+      Totals t(entries);
       j.attributeObject("totals", [&] {
         j.attribute("reshards", static_cast<int64_t>(entries.size()));
-        j.attribute("bytes", total);
-        j.attribute("naive_bytes", naive);
-        if (allTimed && !entries.empty())
-          j.attribute("estimated_seconds", seconds);
+        j.attribute("bytes", t.bytes);
+        j.attribute("naive_bytes", t.naive);
+        if (t.seconds)
+          j.attribute("estimated_seconds", *t.seconds);
         else
           j.attribute("estimated_seconds", llvm::json::Value(nullptr));
       });
