@@ -2,18 +2,20 @@
 //
 // Resolves every role's devices and layouts:
 //  * `hflow.place` ranges become the ranks of the roles they list;
-//  * `hflow.place_auto` colocates every role no place names on the devices
-//    no place uses, and is replaced by the `hflow.place` it chose;
+//  * `hflow.place_auto` with no explicit place searches the whole mesh
+//    (HybridFlow's auto-mapping: groupings, allocations, layouts per phase;
+//    docs/placement.md); next to explicit places it colocates every role no
+//    place names on the largest free range. Either way it is replaced by the
+//    `hflow.place` ops it chose;
 //  * layouts with an inferred degree (dp or fsdp = 0) take what the devices
 //    leave; `auto` layouts take the smallest tensor-parallel degree whose
 //    memory fits (the rest data parallel: fsdp for training, dp for
 //    generation).
-// The exhaustive placement search (HybridFlow's auto-mapping) is the
-// planner's job; this pass only makes `place auto` programs well-formed.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Memory.h"
+#include "RoleSearch.h"
 
 #include "hflow/HflowOps.h"
 #include "hflow/HflowPasses.h"
@@ -160,6 +162,30 @@ private:
       }
       lo = hi;
     }
+    // Nothing placed or laid out by hand: search the whole mesh
+    // (HybridFlow's auto-mapping, docs/placement.md). A layout the program
+    // fixes is kept, so then the simple rule below applies.
+    auto free = [](LayoutAttr l) {
+      return l.isAuto() || (l.getDp() == 0 && l.getTp() == 1 && l.getPp() == 1 &&
+                            l.getFsdp() == 1 && l.getSp() == 1 && l.getCp() == 1);
+    };
+    bool allFree = llvm::all_of(module.getOps<RoleOp>(), [&](RoleOp r) {
+      return r.getKind() == RoleKind::RewardFn ||
+             (free(r.getTrain()) && free(r.getGenerate()));
+    });
+    if (placed.empty() && allFree && !module.getOps<RoleOp>().empty()) {
+      auto found = ::hflow::planner::searchModule(module, mesh, 1);
+      if (found.error.empty()) {
+        if (found.result.candidates.empty()) {
+          a.emitError() << "`place auto` found no placement that fits: "
+                        << found.result.reason;
+          hadError_ = true;
+          return;
+        }
+        applyCandidate(a, mesh, found, symbols);
+        return;
+      }
+    }
     SmallVector<Attribute> roles;
     for (RoleOp role : module.getOps<RoleOp>())
       if (!placed.contains(role.getSymName()) &&
@@ -185,6 +211,35 @@ private:
                                  b.getI64IntegerAttr(bestLo + bestLen));
     a.erase();
     placeRoles(place, symbols, mesh);
+  }
+
+  /// Turns the search's best candidate into place ops and layouts.
+  void applyCandidate(PlaceAutoOp a, MeshOp mesh,
+                      const ::hflow::planner::ModuleSearch &found,
+                      SymbolTable &symbols) {
+    const auto &best = found.result.candidates.front();
+    MLIRContext *ctx = a.getContext();
+    auto toAttr = [&](const ::hflow::reshard::Layout &l) {
+      return LayoutAttr::get(ctx, l.dp, l.tp, l.pp, l.fsdp, l.sp, l.cp);
+    };
+    OpBuilder b(a);
+    for (size_t j = 0; j < best.groups.size(); ++j) {
+      SmallVector<Attribute> roles;
+      for (int r : best.groups[j]) {
+        RoleOp role = found.roleOps[static_cast<size_t>(r)];
+        const auto &plan = best.roles[static_cast<size_t>(r)];
+        role.setTrainAttr(toAttr(plan.train));
+        role.setGenerateAttr(toAttr(plan.hasGen ? plan.gen : plan.train));
+        roles.push_back(FlatSymbolRefAttr::get(role.getSymNameAttr()));
+      }
+      auto place = PlaceOp::create(
+          b, a.getLoc(), b.getArrayAttr(roles),
+          FlatSymbolRefAttr::get(mesh.getSymNameAttr()),
+          b.getI64IntegerAttr(best.firstDevice[j]),
+          b.getI64IntegerAttr(best.firstDevice[j] + best.devices[j]));
+      placeRoles(place, symbols, mesh);
+    }
+    a.erase();
   }
 
   /// An `auto` layout: the smallest tp (dividing heads, kv_heads and at most

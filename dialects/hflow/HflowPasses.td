@@ -88,6 +88,20 @@ def HflowCheckMemory : Pass<"hflow-check-memory", "::mlir::ModuleOp"> {
   ];
 }
 
+def HflowExplainPlacement : Pass<"hflow-explain-placement", "::mlir::ModuleOp"> {
+  let summary = "print the best placements the search finds, with their costs";
+  let description = [{
+    Runs the placement search (docs/placement.md) over every role with a
+    model on the program's mesh and prints the best `k` candidates: the
+    predicted iteration time by stage (generate, prepare, train), each
+    colocated set's devices, memory per device, and each role's layouts.
+    Leaves the IR unchanged. `hflowc --explain-placement[=k]`.
+  }];
+  let options = [
+    Option<"k", "k", "int", /*default=*/"3", "how many candidates to print">
+  ];
+}
+
 def HflowInsertReshard : Pass<"hflow-insert-reshard", "::mlir::ModuleOp"> {
   let summary = "plan the weight transfers between a role's two layouts";
   let description = [{

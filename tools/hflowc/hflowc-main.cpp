@@ -70,6 +70,11 @@ cl::opt<std::string> stdlibDir(
              "$HFLOW_STDLIB, else <tools>/../share/hflow/stdlib, else the "
              "source tree's stdlib/)"),
     cl::value_desc("dir"), cl::init(""), cl::cat(hflowcCategory));
+cl::opt<int> explainPlacement(
+    "explain-placement", cl::ValueOptional,
+    cl::desc("Print the best k placements the search finds (default 3), with "
+             "their predicted time by stage and memory per device"),
+    cl::value_desc("k"), cl::init(0), cl::cat(hflowcCategory));
 cl::opt<bool> printDebugLocs("mlir-print-locations",
                              cl::desc("Print source locations in --emit=mlir*"),
                              cl::init(false), cl::cat(hflowcCategory));
@@ -161,6 +166,14 @@ int main(int argc, char **argv) {
     });
 
   PassManager pm(&context);
+  if (explainPlacement.getNumOccurrences() > 0) {
+    if (explainPlacement < 0)
+      return fail("--explain-placement takes a positive count");
+    mlir::hflow::HflowExplainPlacementOptions opts;
+    opts.k = explainPlacement == 0 ? 3 : explainPlacement.getValue();
+    pm.addPass(mlir::hflow::createHflowVerifyRoles());
+    pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
+  }
   mlir::hflow::buildHflowPipeline(pm);
   if (failed(pm.run(*module)))
     return finishWithErrors();

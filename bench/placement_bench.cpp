@@ -1,0 +1,97 @@
+//===- placement_bench.cpp - wall time of the automatic placement search ---===//
+//
+// hflow-placement-bench [k]: the place-auto search (Search.h) for PPO with
+// an actor, a critic, a reference and a reward model, all Llama-2-7B or all
+// Llama-2-70B, on A100 80GB meshes of 16, 128 and 1024 devices (8 per
+// node, NVLink 600 GB/s, 200 Gbit/s between nodes). HybridFlow's lengths
+// (1024-token prompts, 1024-token responses), 8 prompts per device (128,
+// 1024, 8192 prompts), optimizer steps of a quarter batch. Prints the wall time,
+// the search's counters and the best placement of each case.
+// Targets (docs/placement.md): 128 devices <= 5 s, 1024 devices <= 60 s.
+//
+//===----------------------------------------------------------------------===//
+#include "Search.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+using namespace hflow::placement;
+
+namespace {
+ModelShape llama7b() {
+  ModelShape m;
+  m.layers = 32;
+  m.hidden = 4096;
+  m.heads = 32;
+  m.kvHeads = 32;
+  m.ffn = 11008;
+  m.vocab = 32000;
+  return m;
+}
+ModelShape llama70b() {
+  ModelShape m;
+  m.layers = 80;
+  m.hidden = 8192;
+  m.heads = 64;
+  m.kvHeads = 8;
+  m.ffn = 28672;
+  m.vocab = 32000;
+  return m;
+}
+std::vector<RoleSpec> ppoRoles(const ModelShape &m) {
+  return {{"actor", RoleKind::Actor, m, 2},
+          {"critic", RoleKind::Critic, m, 2},
+          {"ref", RoleKind::Reference, m, 2},
+          {"reward", RoleKind::RewardModel, m, 2}};
+}
+} // namespace
+
+int main(int argc, char **argv) {
+  SearchOptions opts;
+  opts.k = argc > 1 ? std::atoi(argv[1]) : 1;
+  if (opts.k < 1)
+    opts.k = 1;
+  Workload w;
+  w.n = 1;
+  w.promptLen = 1024;
+  w.responseLen = 1024;
+  w.microBatch = 1;
+  Calibration cal;
+  Device dev = Device::a100_80g();
+  struct Case {
+    const char *model;
+    ModelShape shape;
+    int64_t devices;
+  } cases[] = {{"llama2-7b", llama7b(), 16},   {"llama2-7b", llama7b(), 128},
+               {"llama2-7b", llama7b(), 1024}, {"llama2-70b", llama70b(), 16},
+               {"llama2-70b", llama70b(), 128}, {"llama2-70b", llama70b(), 1024}};
+  int failed = 0;
+  for (const Case &c : cases) {
+    Mesh mesh;
+    mesh.perNode = 8;
+    mesh.nodes = c.devices / 8;
+    std::vector<RoleSpec> roles = ppoRoles(c.shape);
+    w.batch = 8 * c.devices;
+    w.miniBatch = w.batch / 4;
+    auto t0 = std::chrono::steady_clock::now();
+    SearchResult r = searchPlacement(roles, dev, mesh, w, cal, opts);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double target = c.devices <= 128 ? 5.0 : 60.0;
+    bool ok = secs <= target;
+    failed += !ok;
+    std::printf("== PPO %s on %lld x a100_80g, %lld prompts (k=%d): search %.3f s (target %.0f s%s)\n",
+                c.model, (long long)c.devices, (long long)w.batch, opts.k, secs, target, ok ? "" : ", MISSED");
+    std::printf("   role options %lld, set options %lld, DP states %lld, bound-pruned %lld, "
+                "planWeights calls %lld\n",
+                (long long)r.stats.roleOptions, (long long)r.stats.setOptions,
+                (long long)r.stats.states, (long long)r.stats.boundPruned,
+                (long long)r.stats.transitions);
+    if (r.candidates.empty())
+      std::printf("   nothing fits: %s\n", r.reason.c_str());
+    for (const Candidate &cand : r.candidates)
+      std::printf("%s", cand.str(roles).c_str());
+    std::fflush(stdout);
+  }
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,216 @@
+//===- CostModel.h - analytic time and memory model for RL placement -------===//
+//
+// Plain C++17 (no MLIR, no LLVM, no exceptions): the analytic cost model
+// behind the automatic placement search (Search.h). docs/placement.md has
+// every formula with its source; the memory terms are the same formulas as
+// compiler/planner/Memory.h (docs/cost-model.md), re-implemented here
+// without the dialect.
+//
+// Units: bytes, seconds, FLOP/s, bytes/s.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_PLANNER_COSTMODEL_H
+#define HFLOW_COMPILER_PLANNER_COSTMODEL_H
+
+#include "Reshard.h"
+
+#include <cstdint>
+#include <string>
+
+namespace hflow::placement {
+
+using ::hflow::reshard::Layout;
+using ::hflow::reshard::ModelShape;
+
+/// One accelerator (std/devices).
+struct Device {
+  std::string name = "a100_80g";
+  double memoryBytes = 80e9;
+  double bf16Flops = 312e12;
+  double fp32Flops = 19.5e12;
+  double memBandwidth = 2039e9;
+  static Device a100_80g() { return Device(); }
+  static Device a100_40g() {
+    Device d;
+    d.name = "a100_40g";
+    d.memoryBytes = 40e9;
+    d.memBandwidth = 1555e9;
+    return d;
+  }
+  static Device h100_80g() {
+    Device d;
+    d.name = "h100_80g";
+    d.bf16Flops = 989e12;
+    d.fp32Flops = 67e12;
+    d.memBandwidth = 3350e9;
+    return d;
+  }
+};
+
+/// nodes x perNode devices; link bandwidths per device, bytes/s.
+struct Mesh {
+  int64_t nodes = 1, perNode = 8;
+  double intraBw = 600e9; // NVLink
+  double interBw = 25e9;  // 200 Gbit/s
+  int64_t size() const { return nodes * perNode; }
+};
+
+/// The calibratable constants (docs/placement.md, "Calibration").
+struct Calibration {
+  double trainFlopsPerParamToken = 8;  // 6 (fwd+bwd) + 2 (recomputation)
+  double forwardFlopsPerParamToken = 2;
+  double trainEfficiency = 0.5;        // achieved / peak FLOP/s, training
+  double forwardEfficiency = 0.5;      // logprob / values / score passes
+  double prefillEfficiency = 0.5;      // generation's prompt pass
+  double decodeComputeEfficiency = 0.5;
+  double decodeBandwidthEfficiency = 0.7; // achieved / peak HBM bandwidth
+  double decodeStepOverhead = 0;       // seconds per decode step (launches)
+  double linkEfficiency = 1.0;         // achieved / nominal link bandwidth
+  double alphaIntra = 5e-6;            // seconds per message, same node
+  double alphaInter = 20e-6;           // seconds per message, across nodes
+  double memoryFraction = 1.0;         // usable share of device memory
+  double epochs = 1;                   // PPO epochs over the batch
+};
+
+/// Parses a flat JSON object {"key": number, ...} whose keys are the field
+/// names above (e.g. {"trainEfficiency": 0.42, "alphaInter": 1.5e-5}).
+/// Keys it does not name keep their value in `out`. Returns false with a
+/// message (and leaves `out` untouched) on malformed text, an unknown key,
+/// a duplicate key, a non-number or a value out of range. Never throws.
+bool loadCalibration(const std::string &jsonText, Calibration &out,
+                     std::string &error);
+
+enum class RoleKind { Actor, Critic, Reference, RewardModel };
+const char *kindName(RoleKind k);
+
+struct RoleSpec {
+  std::string name;
+  RoleKind kind = RoleKind::Actor;
+  ModelShape model;
+  int64_t dtypeBytes = 2; // w: the role's dtype option, else the model's
+  bool trains() const { return kind == RoleKind::Actor || kind == RoleKind::Critic; }
+};
+
+/// Parameter count: the same formula as ModelOp::computeParamCount (and the
+/// element count of reshard::llamaParams).
+int64_t paramCount(const ModelShape &m);
+
+enum class Algorithm { PPO, GRPO };
+
+struct Workload {
+  Algorithm algorithm = Algorithm::PPO;
+  int64_t batch = 1;       // B: prompts per iteration
+  int64_t n = 1;           // responses per prompt
+  int64_t promptLen = 512;
+  int64_t responseLen = 512;
+  int64_t microBatch = 1;  // m: sequences per forward/backward pass
+  int64_t miniBatch = 0;   // prompts per optimizer step; 0: the whole batch
+  int64_t seqLen() const { return promptLen + responseLen; }
+  int64_t sequences() const { return batch * n; }
+  int64_t optimizerSteps() const {
+    int64_t mb = miniBatch > 0 ? miniBatch : batch;
+    return (batch + mb - 1) / mb;
+  }
+};
+
+/// The three dependency stages of the PPO / GRPO dataflow.
+enum Stage { kGenerate = 0, kPrepare = 1, kTrain = 2, kStages = 3 };
+const char *stageName(int s);
+
+//===----------------------------------------------------------------------===//
+// Memory (Memory.h's formulas)
+//===----------------------------------------------------------------------===//
+
+struct RoleMemory {
+  double weights = 0, grads = 0, optimizer = 0; // resident
+  double activations = 0;                       // transient: a pass
+  double genWeights = 0, kvCache = 0;           // transient: generation
+  double resident() const { return weights + grads + optimizer; }
+  double transient() const {
+    return activations > genWeights + kvCache ? activations : genWeights + kvCache;
+  }
+};
+
+/// Bytes per device of `role` in `train` (and, for an actor, `gen`; null:
+/// no generation term).
+RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
+                      const Layout *gen, const Workload &w);
+
+//===----------------------------------------------------------------------===//
+// Collectives (alpha-beta, NCCL ring algorithms)
+//===----------------------------------------------------------------------===//
+
+/// Seconds for a ring collective over `n` ranks of `bytes` (the full buffer
+/// per rank); `inter`: the ring crosses nodes.
+double allReduceSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
+                        const Calibration &cal);
+double allGatherSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
+                        const Calibration &cal);
+double reduceScatterSeconds(double bytes, int64_t n, bool inter,
+                            const Mesh &mesh, const Calibration &cal);
+double p2pSeconds(double bytes, bool inter, const Mesh &mesh,
+                  const Calibration &cal);
+
+/// Whether a group of `span` consecutive ranks of a set of `setDevices`
+/// crosses a node boundary (sets are node aligned: Search.h).
+bool spansNodes(int64_t span, int64_t setDevices, const Mesh &mesh);
+
+//===----------------------------------------------------------------------===//
+// Stage times
+//===----------------------------------------------------------------------===//
+
+struct TimeBreakdown {
+  double compute = 0, comm = 0;
+  double total() const { return compute + comm; }
+};
+
+/// One pass of training over the batch (all optimizer steps and epochs):
+/// compute with the pipeline bubble, TP all-reduces, pp sends, the gradient
+/// all-reduce per optimizer step.
+TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
+                           int64_t setDevices, const Device &dev,
+                           const Mesh &mesh, const Workload &w,
+                           const Calibration &cal);
+
+/// One forward pass over the batch (logprob, values or score).
+TimeBreakdown forwardSeconds(const RoleSpec &role, const Layout &l,
+                             int64_t setDevices, const Device &dev,
+                             const Mesh &mesh, const Workload &w,
+                             const Calibration &cal);
+
+struct GenTime {
+  double prefill = 0, decode = 0;
+  double total() const { return prefill + decode; }
+};
+/// The actor's rollout in its generation layout.
+GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
+                        int64_t setDevices, const Device &dev, const Mesh &mesh,
+                        const Workload &w, const Calibration &cal);
+
+/// The actor's switch from `train` to `gen` on a set of `setDevices`
+/// (node aligned), planned by reshard::planWeights: the slowest receiver's
+/// max(intra bytes / intra bw + alpha_intra * intra peers,
+///     inter bytes / inter bw + alpha_inter * inter peers).
+/// Large sets are planned on the smallest instance with the same per-rank
+/// pattern (docs/placement.md, "Weight transition").
+double transitionSeconds(const RoleSpec &role, const Layout &train,
+                         const Layout &gen, int64_t setDevices,
+                         const Mesh &mesh, const Calibration &cal);
+
+/// The instance transitionSeconds plans: layouts and ranks per node.
+struct TransitionInstance {
+  Layout train, gen;
+  int64_t ranksPerNode = 1;
+};
+TransitionInstance transitionInstance(const Layout &train, const Layout &gen,
+                                      int64_t setDevices, const Mesh &mesh);
+/// transitionSeconds on an explicit instance (no reduction).
+double transitionSecondsOn(const RoleSpec &role, const TransitionInstance &in,
+                           const Mesh &mesh, const Calibration &cal);
+
+/// Peak FLOP/s for w bytes per element (bf16 for 2, fp32 for 4).
+double peakFlops(const Device &dev, int64_t dtypeBytes);
+
+} // namespace hflow::placement
+
+#endif // HFLOW_COMPILER_PLANNER_COSTMODEL_H

@@ -1,0 +1,37 @@
+//===- RoleSearch.h - the placement search applied to an hflow module -----===//
+//
+// Glue between the dialect and Search.h: the module's roles, device, mesh
+// and train block become the search's inputs; a candidate becomes place ops
+// and layouts. Used by hflow-place for `place auto` over every role and by
+// hflow-explain-placement (`hflowc --explain-placement`).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_PLANNER_ROLESEARCH_H
+#define HFLOW_COMPILER_PLANNER_ROLESEARCH_H
+
+#include "Search.h"
+
+#include "hflow/HflowOps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+#include <vector>
+
+namespace hflow::planner {
+
+struct ModuleSearch {
+  std::vector<mlir::hflow::RoleOp> roleOps;         // the searched roles
+  std::vector<::hflow::placement::RoleSpec> roles;  // in the same order
+  ::hflow::placement::SearchResult result;
+  std::string error; // set when the module cannot be searched (and why)
+};
+
+/// Searches placements for every role with a model on `mesh` (all its
+/// devices), sized by the module's first train block (or defaults). At
+/// most 4 roles of kinds Actor, Critic, Reference, RewardModel.
+ModuleSearch searchModule(mlir::ModuleOp module, mlir::hflow::MeshOp mesh, int k);
+
+} // namespace hflow::planner
+
+#endif // HFLOW_COMPILER_PLANNER_ROLESEARCH_H
