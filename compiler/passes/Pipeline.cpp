@@ -10,6 +10,7 @@ void mlir::hflow::buildHflowPipeline(OpPassManager &pm) {
   pm.addPass(createHflowCheckBatch());
   pm.addPass(createHflowCheckMemory());
   pm.addPass(createHflowInsertReshard());
+  pm.addPass(createHflowInsertBatchReshard());
 }
 
 void mlir::hflow::registerHflowPipeline() {

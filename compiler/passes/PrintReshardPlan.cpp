@@ -69,6 +69,27 @@ struct Entry {
   std::string flow, call;
 };
 
+/// The source name of a flow value ("rollout", "adv.returns", ...).
+std::string valueName(Value v) {
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    auto flow = dyn_cast<FlowOp>(arg.getOwner()->getParentOp());
+    if (flow && flow.getArgNames() && arg.getArgNumber() < flow.getArgNames()->size())
+      return cast<StringAttr>((*flow.getArgNames())[arg.getArgNumber()]).str();
+    return "arg" + std::to_string(arg.getArgNumber());
+  }
+  Operation *def = v.getDefiningOp();
+  std::string base;
+  if (auto call = dyn_cast<CallOp>(def); call && call.getNameAttr())
+    base = call.getNameAttr().str();
+  else if (auto b = dyn_cast<BuiltinOp>(def); b && b.getNameAttr())
+    base = b.getNameAttr().str();
+  else
+    base = def->getName().getStringRef().str() + " result";
+  if (cast<OpResult>(v).getResultNumber() == 1)
+    base += ".returns";
+  return base;
+}
+
 /// The sums over every reshard of the program.
 struct Totals {
   int64_t bytes = 0, naive = 0;
@@ -123,6 +144,9 @@ struct PrintReshardPlanPass
         e.call = locString(op.getLoc());
         entries.push_back(std::move(e));
       }
+    for (FlowOp flow : module.getOps<FlowOp>())
+      for (BatchReshardOp op : flow.getOps<BatchReshardOp>())
+        batches_.push_back(op);
     auto file = module->getAttrOfType<StringAttr>("hflow.source_file");
     std::string program = file ? file.str() : "<mlir>";
     if (format == "json")
@@ -131,6 +155,8 @@ struct PrintReshardPlanPass
       printText(entries, program);
     llvm::outs().flush();
   }
+
+  std::vector<BatchReshardOp> batches_;
 
   void printText(std::vector<Entry> &entries, const std::string &program) {
     auto &os = llvm::outs();
@@ -181,6 +207,23 @@ struct PrintReshardPlanPass
         os << llvm::formatv("{0:F2} ms", *e.seconds * 1e3) << "\n";
       else
         os << "n/a (the mesh gives no link bandwidths: intra:, inter:)\n";
+    }
+    int64_t batchBytes = 0, batchNaive = 0;
+    for (BatchReshardOp b : batches_) {
+      batchBytes += b.getBytes();
+      batchNaive += b.getNaive();
+    }
+    os << "\nbatches: " << batches_.size()
+       << (batches_.size() == 1 ? " move, " : " moves, ") << exact(batchBytes)
+       << " per step (naive " << formatBytes(double(batchNaive)) << ")\n";
+    for (BatchReshardOp b : batches_) {
+      os << "  " << valueName(b.getValue()) << " ("
+         << stringifyBatchKind(cast<BatchType>(b.getValue().getType()).getKind())
+         << "): " << b.getFrom() << " -> " << b.getTo() << ": " << exact(b.getBytes())
+         << " in " << b.getTransfers() << (b.getTransfers() == 1 ? " transfer" : " transfers")
+         << ", at most " << formatBytes(double(b.getMaxRecv())) << " per rank"
+         << (b.getBytes() == b.getLowerBound() ? ", lower bound met" : ", ABOVE the lower bound")
+         << ", naive " << formatBytes(double(b.getNaive())) << "\n";
     }
     Totals t(entries);
     os << "\ntotal: " << entries.size()
@@ -255,9 +298,29 @@ struct PrintReshardPlanPass
           });
         }
       });
+      int64_t batchBytes = 0;
+      j.attributeArray("batches", [&] {
+        for (BatchReshardOp b : batches_) {
+          batchBytes += b.getBytes();
+          j.object([&] {
+            j.attribute("value", valueName(b.getValue()));
+            j.attribute("kind", stringifyBatchKind(
+                                    cast<BatchType>(b.getValue().getType()).getKind()));
+            j.attribute("from", b.getFrom().str());
+            j.attribute("to", b.getTo().str());
+            j.attribute("bytes", b.getBytes());
+            j.attribute("lower_bound_bytes", b.getLowerBound());
+            j.attribute("naive_bytes", b.getNaive());
+            j.attribute("max_recv_bytes_per_rank", b.getMaxRecv());
+            j.attribute("transfers", b.getTransfers());
+          });
+        }
+      });
       Totals t(entries);
       j.attributeObject("totals", [&] {
         j.attribute("reshards", static_cast<int64_t>(entries.size()));
+        j.attribute("batch_moves", static_cast<int64_t>(batches_.size()));
+        j.attribute("batch_bytes", batchBytes);
         j.attribute("bytes", t.bytes);
         j.attribute("naive_bytes", t.naive);
         if (t.seconds)

@@ -192,7 +192,7 @@ LogicalResult FlowOp::verify() {
     return emitOpError() << "has " << names->size() << " arg_names for "
                          << body.getNumArguments() << " arguments";
   for (Operation &op : body)
-    if (!isa<CallOp, BuiltinOp, ReshardOp>(op))
+    if (!isa<CallOp, BuiltinOp, ReshardOp, BatchReshardOp>(op))
       return op.emitOpError() << "is not allowed in a flow body";
   return success();
 }

@@ -239,6 +239,26 @@ def Hflow_ReshardOp : Hflow_Op<"reshard", [
   let assemblyFormat = "$role $from `->` $to attr-dict";
 }
 
+def Hflow_BatchReshardOp : Hflow_Op<"batch_reshard"> {
+  let summary = "move a batch value from where it is made to where it is used";
+  let description = [{
+    ```mlir
+    hflow.batch_reshard %rollout from "actor.generate" to "critic.values"
+        {bytes = 8388608 : i64, lower_bound = 8388608 : i64,
+         max_recv = 1048576 : i64, naive = 58720256 : i64, transfers = 8 : i64}
+    ```
+    Inserted by `hflow-insert-batch-reshard` before the first use of a value
+    by ranks (or a layout) that do not hold all of what they need: the
+    rows each data-parallel replica of the consumer needs and lacks, each
+    fetched once (docs/reshard.md). `naive` is every consumer rank receiving
+    the whole value.
+  }];
+  let arguments = (ins Hflow_BatchType:$value, StrAttr:$from, StrAttr:$to,
+                       I64Attr:$bytes, I64Attr:$lower_bound, I64Attr:$naive,
+                       I64Attr:$max_recv, I64Attr:$transfers);
+  let assemblyFormat = "$value `from` $from `to` $to attr-dict `:` type($value)";
+}
+
 def Hflow_TrainOp : Hflow_Op<"train", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "how a flow is driven: data, batch sizes, steps, seed";

@@ -118,6 +118,23 @@ def HflowInsertReshard : Pass<"hflow-insert-reshard", "::mlir::ModuleOp"> {
   ];
 }
 
+def HflowInsertBatchReshard : Pass<"hflow-insert-batch-reshard", "::mlir::ModuleOp"> {
+  let summary = "plan the moves of batch values between producers and consumers";
+  let description = [{
+    For every value of a flow and every placement that uses it (a role's
+    ranks in the call's layout, or the controller for builtins), plans the
+    rows each rank needs and lacks, each fetched once from a holder (the
+    controller holds the prompts it loads and the builtins' results), and
+    inserts `hflow.batch_reshard` before the first such use when anything
+    moves. Sizes come from the train block (rows: batch, or batch * n after
+    generation; bytes per row from prompt_len and max_tokens). Runs after
+    `hflow-place`.
+  }];
+  let statistics = [
+    Statistic<"numReshards", "batch-reshards", "Number of hflow.batch_reshard ops inserted">
+  ];
+}
+
 def HflowPrintReshardPlan : Pass<"hflow-print-reshard-plan", "::mlir::ModuleOp"> {
   let summary = "print every planned reshard with its bytes and estimated time";
   let description = [{
