@@ -45,15 +45,19 @@ cl::opt<std::string> printReshardPlan(
     cl::value_desc("text|json"), cl::cat(hflowOptCategory));
 
 /// A `.hflow` input as MLIR text (with its locations) for MlirOptMain.
+/// On failure `exitCode` is 2 for an unreadable file (a usage error, as in
+/// hflowc) and 1 for a program with errors.
 std::unique_ptr<llvm::MemoryBuffer> lowerHflow(const std::string &path,
-                                               const char *argv0) {
+                                               const char *argv0, int &exitCode) {
   std::string err;
   std::unique_ptr<llvm::MemoryBuffer> file = openInputFile(path, &err);
+  exitCode = 2;
   if (!file) {
     llvm::WithColor::error(llvm::errs(), "hflow-opt")
         << "cannot read '" << path << "': " << err << "\n";
     return nullptr;
   }
+  exitCode = 1;
   std::string source = file->getBuffer().str();
   MLIRContext ctx;
   ctx.printOpOnDiagnostic(false);
@@ -102,15 +106,16 @@ int main(int argc, char **argv) {
 
   std::unique_ptr<llvm::MemoryBuffer> input;
   if (llvm::StringRef(inputFilename).ends_with(".hflow")) {
-    input = lowerHflow(inputFilename, argv[0]);
+    int code = 0;
+    input = lowerHflow(inputFilename, argv[0], code);
     if (!input)
-      return 1;
+      return code;
   } else {
     std::string err;
     input = openInputFile(inputFilename, &err);
     if (!input) {
       llvm::WithColor::error(llvm::errs(), "hflow-opt") << err << "\n";
-      return 1;
+      return 2;
     }
   }
 
