@@ -40,6 +40,7 @@ options:
                        build with CUDA and a GPU)
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
+  --dry-run            verify the plan and print what each rank would do, run nothing
   --version            print the hflow version and exit
   -h, --help           print this help and exit
 
@@ -123,6 +124,10 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       if (!noValue())
         return false;
       o.verbose = true;
+    } else if (a == "--dry-run") {
+      if (!noValue())
+        return false;
+      o.dryRun = true;
     } else if (a == "--master-addr") {
       if (!needValue(o.masterAddr))
         return false;

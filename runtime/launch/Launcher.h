@@ -28,6 +28,7 @@ struct Options {
   double timeoutSeconds = 60.0;
   bool quiet = false;
   bool verbose = false;
+  bool dryRun = false;     ///< print each rank's schedule, run nothing
   std::string comm = "gloo"; ///< "gloo" or "nccl"
   bool help = false;
   bool version = false;

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "Launcher.h"
 #include "PlanFormat.h"
+#include "DryRun.h"
 #include "PlanLoader.h"
 #include "Worker.h"
 
@@ -63,6 +64,10 @@ int main(int argc, char **argv) {
   if (!plan::loadPlanFile(o.planPath, lp, err))
     return error(2, err);
   const int world = lp.plan()->world_size();
+  if (o.dryRun) {
+    exec::printDryRun(lp, stdout);
+    return 0;
+  }
 
   launch::JoinInfo join;
   if (!launch::detectJoin(launch::processEnv(), o, join, err))

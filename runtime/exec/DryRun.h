@@ -1,0 +1,21 @@
+//===- DryRun.h - what each rank of a plan would do ------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_DRYRUN_H
+#define HFLOW_RUNTIME_EXEC_DRYRUN_H
+
+#include <cstdio>
+
+namespace hflow::plan {
+class LoadedPlan;
+}
+
+namespace hflow::exec {
+
+/// Prints, for every rank of a verified plan, the steps it would run in
+/// order: role calls with the rows of the batch it would take, builtins on
+/// the controller, checks with their groups, weight reshards with the bytes
+/// this rank would send and receive. Needs no LibTorch and starts nothing.
+void printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_DRYRUN_H
