@@ -60,6 +60,18 @@ struct InsertReshardPass
           continue;
         bool gen = call.getMethod() == "generate";
         bool &state = inGenerate[role];
+        if (gen && !state && role.getRanks() &&
+            static_cast<int64_t>(role.getRanks()->size()) >
+                ::hflow::planner::kMaxReshardRanks &&
+            role.getTrain() != role.getGenerate()) {
+          call.emitError() << "role '" << role.getSymName() << "' has "
+                           << role.getRanks()->size()
+                           << " ranks; hflow plans weight transfers for up to "
+                           << ::hflow::planner::kMaxReshardRanks
+                           << " ranks per role";
+          signalPassFailure();
+          return;
+        }
         if (gen && !state) {
           if (const auto &plan = planFor(role)) {
             OpBuilder b(call);

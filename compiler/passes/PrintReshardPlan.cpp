@@ -172,6 +172,12 @@ struct PrintReshardPlanPass
          << ", before the call at " << e.call << ")\n";
       os << "    layouts      " << from.str() << " -> " << to.str() << " on ranks "
          << rankRange(*e.role.getRanks()) << "\n";
+      os << "    assignment   "
+         << (static_cast<int64_t>(p.assignment.size()) <=
+                     ::hflow::planner::kMaxOptimalAssignment
+                 ? "optimal (Hungarian over the ranks' overlaps)"
+                 : "identity (more than 8192 ranks: not optimised)")
+         << "\n";
       os << "    model        " << exact(p.modelBytes) << ", "
          << e.model.computeParamCount() << " parameters\n";
       os << "    transfers    " << p.transfers.size() << ":";

@@ -6,7 +6,8 @@
 // replicated within each replica's tp/pp/sp/cp ranks; the controller (rank
 // 0) holds whole values (the prompts it loads, the builtins' results). For a
 // consumer, every rank needs its replica's chunk; what it lacks is fetched
-// exactly once from a holder (same node first, then the least loaded), so
+// exactly once from a holder (same node first, else the holders of those
+// rows in turn), so
 // the bytes moved equal the lower bound sum_r |N_r \ H_r|, as for weights
 // (docs/reshard.md).
 //

@@ -59,10 +59,14 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
     return std::nullopt;
   rs::Layout from = toLayout(role.getTrain()), to = toLayout(role.getGenerate());
   if (from.size() != to.size() ||
-      from.size() != static_cast<int64_t>(role.getRanks()->size()))
+      from.size() != static_cast<int64_t>(role.getRanks()->size()) ||
+      from.size() > kMaxReshardRanks)
     return std::nullopt;
   rs::Options opts;
   opts.bytesPerElement = static_cast<int64_t>(roleDtypeBytes(role, model));
+  // The Hungarian step is cubic: beyond kMaxOptimalAssignment ranks the
+  // identity assignment is planned (still meeting its own lower bound).
+  opts.optimizeAssignment = from.size() <= kMaxOptimalAssignment;
   if (MeshOp mesh = meshOf(role))
     opts.ranksPerNode = mesh.getPerNodeAttr().getInt();
   rs::Plan plan = rs::planWeights(rs::llamaParams(toShape(model)), from, to,

@@ -17,6 +17,13 @@
 
 namespace hflow::planner {
 
+/// Roles with more ranks than this get the identity assignment of
+/// generation shards (rank i hosts slot i) instead of the optimal one.
+inline constexpr int64_t kMaxOptimalAssignment = 8192;
+/// Roles with more ranks than this are not planned (hflow-insert-reshard
+/// says so): the transfer lists would not fit a plan.
+inline constexpr int64_t kMaxReshardRanks = 65536;
+
 ::hflow::reshard::Layout toLayout(mlir::hflow::LayoutAttr l);
 ::hflow::reshard::ModelShape toShape(mlir::hflow::ModelOp m);
 
