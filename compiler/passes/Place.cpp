@@ -173,6 +173,18 @@ private:
       return r.getKind() == RoleKind::RewardFn ||
              (free(r.getTrain()) && free(r.getGenerate()));
     });
+    // The search's time grows with the mesh; past kMaxSearchDevices it
+    // would take minutes, so it is refused with a way out.
+    constexpr int64_t kMaxSearchDevices = 16384;
+    if (placed.empty() && allFree && mesh.getSize() > kMaxSearchDevices) {
+      a.emitError() << "`place auto` searches meshes of up to "
+                    << kMaxSearchDevices << " devices; mesh '"
+                    << mesh.getSymName() << "' has " << mesh.getSize()
+                    << ": place the roles explicitly, or fix a layout to use "
+                       "the simple rule";
+      hadError_ = true;
+      return;
+    }
     if (placed.empty() && allFree && !module.getOps<RoleOp>().empty()) {
       auto found = ::hflow::planner::searchModule(module, mesh, 1);
       if (found.error.empty()) {
