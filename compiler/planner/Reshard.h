@@ -63,6 +63,10 @@ struct Param {
 struct ModelShape {
   int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
   bool tieEmbeddings = false, qkvBias = false;
+  /// The shapes of stdlib/models.hflow's Llama 2 presets (for tests and
+  /// benchmarks).
+  static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
+  static ModelShape llama2_70b() { return {80, 8192, 64, 8, 28672, 32000}; }
 };
 /// The Llama/Qwen2 parameters in the runtime's order; the element count sums
 /// to the compiler's parameter count.

@@ -18,26 +18,8 @@ using namespace hflow::placement;
 
 namespace {
 
-ModelShape llama7b() {
-  ModelShape m;
-  m.layers = 32;
-  m.hidden = 4096;
-  m.heads = 32;
-  m.kvHeads = 32;
-  m.ffn = 11008;
-  m.vocab = 32000;
-  return m;
-}
-
-ModelShape llama70b() {
-  ModelShape m = llama7b();
-  m.layers = 80;
-  m.hidden = 8192;
-  m.heads = 64;
-  m.kvHeads = 8;
-  m.ffn = 28672;
-  return m;
-}
+ModelShape llama7b() { return ModelShape::llama2_7b(); }
+ModelShape llama70b() { return ModelShape::llama2_70b(); }
 
 // A small model: few layouts, cheap reshard plans, so brute force is quick.
 ModelShape small() {
