@@ -1,0 +1,263 @@
+//===- hflow-mkdata: generates prompt datasets for the demos --------------===//
+//
+//   hflow-mkdata arith --seed S --count N --max-a A --max-b B [--op +]
+//                [--exclude other.jsonl] -o out.jsonl
+//
+// Writes N JSONL rows {"prompt": "12+7=", "answer": "19"} with distinct
+// prompts, a in [0, A] and b in [0, B], drawn deterministically from the
+// seed (the same arguments always give the same file). --exclude leaves out
+// every prompt of another JSONL file, so a held-out set can be kept
+// disjoint from a training set. See docs/data.md.
+//
+//===----------------------------------------------------------------------===//
+#include "Dataset.h"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <sys/stat.h>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+const char *kUsage =
+    "usage: hflow-mkdata arith --seed S --count N --max-a A --max-b B\n"
+    "                    [--op +|-|*] [--exclude other.jsonl] -o out.jsonl\n"
+    "\n"
+    "Writes N JSONL rows {\"prompt\": \"12+7=\", \"answer\": \"19\"}: the sum\n"
+    "(difference, product) of a in [0, A] and b in [0, B], every prompt\n"
+    "distinct, drawn deterministically from the seed: the same arguments\n"
+    "always write the same file.\n"
+    "\n"
+    "  --seed S         the seed (an unsigned 64-bit integer)\n"
+    "  --count N        how many rows (at least 1)\n"
+    "  --max-a A        the largest first operand (0 <= A < 10^18)\n"
+    "  --max-b B        the largest second operand (0 <= B < 10^18)\n"
+    "  --op OP          +, - or * (default +)\n"
+    "  --exclude FILE   a JSONL file whose prompts must not appear (e.g. the\n"
+    "                   training set, when writing a held-out set); may be\n"
+    "                   given more than once\n"
+    "  -o FILE          the output file ('-' for standard output)\n"
+    "  -h, --help       this text\n"
+    "\n"
+    "Exit status: 0 on success, 1 when the data cannot be made or written,\n"
+    "2 on bad arguments.\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+uint64_t parseUnsigned(const std::string &opt, const std::string &v,
+                       uint64_t max) {
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+    throw UsageError(opt + " wants a non-negative integer, not '" + v + "'");
+  errno = 0;
+  unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+  if (errno == ERANGE || x > max)
+    throw UsageError(opt + " " + v + " is too large (at most " +
+                     std::to_string(max) + ")");
+  return x;
+}
+
+// The same unbiased draw as hflow::data::Sampler: r = rng() until
+// r >= (2^64 - m) mod m, then r mod m.
+uint64_t uniform(std::mt19937_64 &rng, uint64_t m) {
+  uint64_t threshold = (0 - m) % m;
+  uint64_t r;
+  do
+    r = rng();
+  while (r < threshold);
+  return r % m;
+}
+
+std::string text(__int128 v) {
+  bool neg = v < 0;
+  unsigned __int128 u = neg ? -(unsigned __int128)v : (unsigned __int128)v;
+  std::string s;
+  do {
+    s.insert(s.begin(), char('0' + int(u % 10)));
+    u /= 10;
+  } while (u != 0);
+  return neg ? "-" + s : s;
+}
+
+bool sameFile(const std::string &a, const std::string &b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int run(int argc, char **argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string &a : args)
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+  if (args.empty())
+    throw UsageError("no task given (the one task is 'arith')");
+  if (args[0] != "arith")
+    throw UsageError("unknown task '" + args[0] + "' (the one task is 'arith')");
+
+  bool haveSeed = false, haveCount = false, haveA = false, haveB = false;
+  uint64_t seed = 0, count = 0, maxA = 0, maxB = 0;
+  char op = '+';
+  std::vector<std::string> excludes;
+  std::string out;
+  const uint64_t kMaxOperand = 999999999999999999ULL; // 18 digits
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string opt = args[i], val;
+    bool inlineVal = false;
+    if (opt.rfind("--", 0) == 0 && opt.find('=') != std::string::npos) {
+      val = opt.substr(opt.find('=') + 1);
+      opt = opt.substr(0, opt.find('='));
+      inlineVal = true;
+    }
+    auto value = [&]() -> std::string {
+      if (inlineVal)
+        return val;
+      if (i + 1 >= args.size())
+        throw UsageError(opt + " needs a value");
+      return args[++i];
+    };
+    if (opt == "--seed") {
+      seed = parseUnsigned(opt, value(), UINT64_MAX);
+      haveSeed = true;
+    } else if (opt == "--count") {
+      count = parseUnsigned(opt, value(), 100000000);
+      if (count == 0)
+        throw UsageError("--count must be at least 1");
+      haveCount = true;
+    } else if (opt == "--max-a") {
+      maxA = parseUnsigned(opt, value(), kMaxOperand);
+      haveA = true;
+    } else if (opt == "--max-b") {
+      maxB = parseUnsigned(opt, value(), kMaxOperand);
+      haveB = true;
+    } else if (opt == "--op") {
+      std::string v = value();
+      if (v != "+" && v != "-" && v != "*")
+        throw UsageError("--op must be +, - or *, not '" + v + "'");
+      op = v[0];
+    } else if (opt == "--exclude") {
+      excludes.push_back(value());
+    } else if (opt == "-o" || opt == "--output") {
+      if (!out.empty())
+        throw UsageError("-o given twice");
+      out = value();
+      if (out.empty())
+        throw UsageError("-o needs a file name");
+    } else {
+      throw UsageError("unknown argument '" + args[i] + "'");
+    }
+  }
+  std::string missing;
+  if (!haveSeed) missing += " --seed";
+  if (!haveCount) missing += " --count";
+  if (!haveA) missing += " --max-a";
+  if (!haveB) missing += " --max-b";
+  if (out.empty()) missing += " -o";
+  if (!missing.empty())
+    throw UsageError("missing:" + missing);
+  for (const std::string &ex : excludes)
+    if (out != "-" && sameFile(ex, out))
+      throw UsageError("-o " + out + " is the --exclude file " + ex +
+                       "; it would be overwritten");
+
+  std::unordered_set<std::string> excluded;
+  for (const std::string &ex : excludes) {
+    hflow::data::Dataset d = hflow::data::Dataset::load(ex);
+    for (size_t i = 0; i < d.size(); ++i)
+      if (!d[i].prompt.empty())
+        excluded.insert(d[i].prompt);
+  }
+
+  auto prompt = [&](uint64_t a, uint64_t b) {
+    return std::to_string(a) + op + std::to_string(b) + "=";
+  };
+  const uint64_t nb = maxB + 1;
+  const unsigned __int128 space = (unsigned __int128)(maxA + 1) * nb;
+  std::mt19937_64 rng(hflow::data::splitmix64(seed));
+  std::vector<std::pair<uint64_t, uint64_t>> picked;
+  picked.reserve(count);
+
+  if (space <= 4000000) {
+    // Small space: list the allowed pairs, then a partial Fisher-Yates.
+    std::vector<uint64_t> pool;
+    for (uint64_t k = 0; k < (uint64_t)space; ++k)
+      if (!excluded.count(prompt(k / nb, k % nb)))
+        pool.push_back(k);
+    if (pool.size() < count)
+      throw std::runtime_error(
+          "only " + std::to_string(pool.size()) + " distinct prompts exist for "
+          "a in [0, " + std::to_string(maxA) + "], b in [0, " +
+          std::to_string(maxB) + "]" + (excluded.empty() ? "" : " outside the "
+          "--exclude files") + "; --count " + std::to_string(count) +
+          " asks for more");
+    for (uint64_t i = 0; i < count; ++i) {
+      uint64_t j = i + uniform(rng, pool.size() - i);
+      std::swap(pool[i], pool[j]);
+      picked.emplace_back(pool[i] / nb, pool[i] % nb);
+    }
+  } else {
+    // Large space: draw pairs, skipping repeats and excluded prompts.
+    if ((unsigned __int128)count + excluded.size() > space / 2)
+      throw std::runtime_error("--count " + std::to_string(count) +
+                               " is too close to the number of prompts");
+    std::unordered_set<std::string> seen;
+    while (picked.size() < count) {
+      uint64_t a = uniform(rng, maxA + 1), b = uniform(rng, nb);
+      std::string p = prompt(a, b);
+      if (excluded.count(p) || !seen.insert(p).second)
+        continue;
+      picked.emplace_back(a, b);
+    }
+  }
+
+  std::string body;
+  for (auto [a, b] : picked) {
+    __int128 r = op == '+'   ? (__int128)a + b
+                 : op == '-' ? (__int128)a - (__int128)b
+                             : (__int128)a * b;
+    body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) +
+            "\"}\n";
+  }
+  if (out == "-") {
+    std::cout << body << std::flush;
+    if (!std::cout)
+      throw std::runtime_error("cannot write to standard output");
+    return 0;
+  }
+  std::FILE *f = std::fopen(out.c_str(), "wb");
+  if (!f)
+    throw std::runtime_error("cannot open '" + out + "' for writing: " +
+                             std::strerror(errno));
+  size_t n = std::fwrite(body.data(), 1, body.size(), f);
+  int err = n != body.size() ? (errno ? errno : EIO) : 0;
+  if (std::fclose(f) != 0 && !err)
+    err = errno ? errno : EIO;
+  if (err)
+    throw std::runtime_error("cannot write '" + out + "': " + std::strerror(err));
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError &e) {
+    std::cerr << "hflow-mkdata: error: " << e.what() << "\n"
+              << "Run 'hflow-mkdata --help' for the usage.\n";
+    return 2;
+  } catch (const std::exception &e) {
+    std::cerr << "hflow-mkdata: error: " << e.what() << "\n";
+    return 1;
+  }
+}
