@@ -120,7 +120,7 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     : config_(c), w_(std::make_unique<Weights>()) {
   if (std::string e = c.validate(); !e.empty())
     throw std::invalid_argument(e);
-  c10::InferenceMode guard;
+  at::NoGradGuard noGrad; // plain tensors (not inference tensors): trainable later
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto opts = at::TensorOptions().dtype(at::kFloat);
   const int64_t H = c.hidden, V = c.vocab, F = c.ffn, hd = c.headDim();
@@ -192,6 +192,25 @@ int64_t Llama::numParameters() const {
   return n;
 }
 
+std::vector<at::Tensor> Llama::parameters() const { return w_->all(); }
+
+void Llama::setTrainable(bool trainable) {
+  for (at::Tensor &t : w_->all())
+    t.requires_grad_(trainable);
+}
+
+void Llama::copyFrom(const Llama &other) {
+  auto mine = w_->all(), theirs = other.w_->all();
+  if (mine.size() != theirs.size())
+    throw std::invalid_argument("Llama::copyFrom: models differ in structure");
+  at::NoGradGuard noGrad;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (!mine[i].sizes().equals(theirs[i].sizes()))
+      throw std::invalid_argument("Llama::copyFrom: models differ in shape");
+    mine[i].copy_(theirs[i]);
+  }
+}
+
 static at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
   return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
 }
@@ -201,50 +220,78 @@ static at::Tensor rotateHalf(const at::Tensor &x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-at::Tensor Llama::forward(const at::Tensor &tokens) const {
-  c10::InferenceMode guard;
+at::Tensor positionsFromMask(const at::Tensor &mask) {
+  return (mask.ne(0).to(at::kLong).cumsum(-1) - 1).clamp_min(0);
+}
+
+at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                         const at::Tensor &keyMask, KVCache *cache) const {
   const auto &c = config_;
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
-    throw std::invalid_argument("Llama::forward: tokens must be int64 [B, T]");
+    throw std::invalid_argument("Llama: tokens must be int64 [B, T]");
   const int64_t B = tokens.size(0), T = tokens.size(1), hd = c.headDim();
   if (T == 0)
-    throw std::invalid_argument("Llama::forward: empty sequence");
+    throw std::invalid_argument("Llama: empty sequence");
   if (tokens.numel() > 0) {
     int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
     if (lo < 0 || hi >= c.vocab)
-      throw std::invalid_argument("Llama::forward: token id out of [0, " +
+      throw std::invalid_argument("Llama: token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
   auto fopts = at::TensorOptions().dtype(at::kFloat);
-
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
 
-  // RoPE tables, rotate-half convention: [1, 1, T, hd].
+  // RoPE (rotate-half convention) at each token's own position: [B, 1, T, hd].
   at::Tensor invFreq =
       at::pow(c.ropeTheta, at::arange(0, hd, 2, fopts.dtype(at::kDouble)) / hd)
           .reciprocal();
-  at::Tensor pos = at::arange(T, fopts.dtype(at::kDouble));
-  at::Tensor freqs = at::outer(pos, invFreq);           // [T, hd/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1);         // [T, hd]
-  at::Tensor cos = emb.cos().to(at::kFloat).view({1, 1, T, hd});
-  at::Tensor sin = emb.sin().to(at::kFloat).view({1, 1, T, hd});
-  at::Tensor mask =
-      at::full({T, T}, -std::numeric_limits<float>::infinity(), fopts).triu(1);
+  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  at::Tensor cos = emb.cos().to(at::kFloat).unsqueeze(1);
+  at::Tensor sin = emb.sin().to(at::kFloat).unsqueeze(1);
+
+  // Keys: the cached ones, then these. Query i (absolute index past + i)
+  // sees key j when j <= past + i and the key is real, or j is itself.
+  const int64_t past = cache ? cache->len : 0, K = past + T;
+  at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
+                                         : at::ones({B, T}, fopts.dtype(at::kBool));
+  if (cache)
+    keyReal = cache->len > 0 ? at::cat({cache->keyMask, keyReal}, 1) : keyReal;
+  at::Tensor qIdx = at::arange(past, K, fopts.dtype(at::kLong)).view({T, 1});
+  at::Tensor kIdx = at::arange(K, fopts.dtype(at::kLong)).view({1, K});
+  at::Tensor allowed = (kIdx.le(qIdx).unsqueeze(0) & keyReal.unsqueeze(1)) |
+                       kIdx.eq(qIdx).unsqueeze(0); // [B, T, K]
+  at::Tensor bias = at::zeros({B, 1, T, K}, fopts)
+                        .masked_fill(allowed.logical_not().unsqueeze(1),
+                                     -std::numeric_limits<float>::infinity());
   const double scale = 1.0 / std::sqrt((double)hd);
   const int64_t rep = c.heads / c.kvHeads;
 
-  for (const auto &l : w_->layers) {
+  for (size_t li = 0; li < w_->layers.size(); ++li) {
+    const auto &l = w_->layers[li];
     at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
     at::Tensor q = at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}).transpose(1, 2);
     at::Tensor k = at::linear(h, l.wk, l.bk).view({B, T, c.kvHeads, hd}).transpose(1, 2);
     at::Tensor v = at::linear(h, l.wv, l.bv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
     q = q * cos + rotateHalf(q) * sin;
     k = k * cos + rotateHalf(k) * sin;
+    if (cache) {
+      if (cache->k.size() < w_->layers.size()) {
+        cache->k.resize(w_->layers.size());
+        cache->v.resize(w_->layers.size());
+      }
+      if (cache->len > 0) {
+        k = at::cat({cache->k[li], k}, 2);
+        v = at::cat({cache->v[li], v}, 2);
+      }
+      cache->k[li] = k;
+      cache->v[li] = v;
+    }
     if (rep > 1) {
       k = k.repeat_interleave(rep, 1);
       v = v.repeat_interleave(rep, 1);
     }
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale + mask;
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale + bias;
     att = at::softmax(att, -1);
     at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, c.heads * hd});
     x = x + at::linear(o, l.wo);
@@ -252,38 +299,121 @@ at::Tensor Llama::forward(const at::Tensor &tokens) const {
     x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp),
                        l.wDown);
   }
-  x = rmsNorm(x, w_->finalNorm, c.normEps);
-  return at::linear(x, w_->head); // [B, T, V]
-}
-
-void Llama::generate(const at::Tensor &prompts, int newTokens,
-                     at::Tensor &tokens, at::Tensor &lastLogits) const {
-  c10::InferenceMode guard;
-  if (newTokens < 0)
-    throw std::invalid_argument("Llama::generate: negative token count");
-  at::Tensor seq = prompts.contiguous();
-  at::Tensor last;
-  for (int i = 0; i < newTokens; ++i) {
-    at::Tensor logits = forward(seq);
-    last = logits.select(1, logits.size(1) - 1); // [B, V]
-    at::Tensor next = last.argmax(-1, /*keepdim=*/true);
-    seq = at::cat({seq, next}, 1);
+  if (cache) {
+    cache->keyMask = keyReal;
+    cache->len = K;
+    cache->nextPos = positions.select(1, T - 1) + 1;
   }
-  if (newTokens == 0)
-    last = forward(seq).select(1, seq.size(1) - 1);
-  tokens = seq;
-  lastLogits = last.contiguous();
+  return rmsNorm(x, w_->finalNorm, c.normEps);
 }
 
-double Llama::sequenceLogprobSum(const at::Tensor &tokens) const {
+at::Tensor Llama::logits(const at::Tensor &h) const { return at::linear(h, w_->head); }
+
+at::Tensor Llama::forward(const at::Tensor &tokens) const {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument("Llama::forward: tokens must be int64 [B, T]");
+  at::Tensor pos = at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand(
+      {tokens.size(0), tokens.size(1)});
+  return logits(hidden(tokens, pos, at::Tensor()));
+}
+
+at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                         double temperature) {
+  at::Tensor l = temperature > 0 && temperature != 1.0 ? logits / temperature : logits;
+  return at::log_softmax(l.to(at::kFloat), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+}
+
+at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) {
+  at::Tensor l = temperature > 0 && temperature != 1.0 ? logits / temperature : logits;
+  at::Tensor lp = at::log_softmax(l.to(at::kFloat), -1);
+  return -(lp.exp() * lp).sum(-1);
+}
+
+/// One token per row from [B, V] logits.
+static at::Tensor sampleNext(const at::Tensor &logits, const SamplingOptions &o,
+                             at::Generator &gen) {
+  if (o.greedy || o.temperature <= 0)
+    return logits.argmax(-1);
+  at::Tensor l = logits / o.temperature;
+  const int64_t V = l.size(-1);
+  if (o.topK > 0 && o.topK < V) {
+    at::Tensor kth = std::get<0>(l.topk(o.topK, -1)).narrow(-1, o.topK - 1, 1);
+    l = l.masked_fill(l.lt(kth), -std::numeric_limits<float>::infinity());
+  }
+  if (o.topP < 1.0) {
+    auto [sorted, idx] = l.sort(-1, /*descending=*/true);
+    at::Tensor probs = at::softmax(sorted, -1);
+    // Drop a token when the mass before it already reaches top_p (the most
+    // likely token is always kept).
+    at::Tensor before = probs.cumsum(-1) - probs;
+    at::Tensor drop = before.ge(o.topP);
+    sorted = sorted.masked_fill(drop, -std::numeric_limits<float>::infinity());
+    l = at::full_like(l, -std::numeric_limits<float>::infinity()).scatter(-1, idx, sorted);
+  }
+  return at::multinomial(at::softmax(l, -1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &promptMask,
+                               const SamplingOptions &o, at::Generator &gen,
+                               bool useCache) const {
   c10::InferenceMode guard;
-  if (tokens.size(1) < 2)
-    return 0.0;
-  at::Tensor logits = forward(tokens);
-  const int64_t T = tokens.size(1);
-  at::Tensor lp = at::log_softmax(logits.narrow(1, 0, T - 1), -1);
-  at::Tensor next = tokens.narrow(1, 1, T - 1).unsqueeze(-1);
-  return lp.gather(-1, next).to(at::kDouble).sum().item<double>();
+  if (prompts.dim() != 2 || prompts.scalar_type() != at::kLong)
+    throw std::invalid_argument("Llama::generate: prompts must be int64 [B, P]");
+  if (o.maxTokens < 0)
+    throw std::invalid_argument("Llama::generate: negative max tokens");
+  const int64_t B = prompts.size(0), R = o.maxTokens;
+  const double temp = (o.greedy || o.temperature <= 0) ? 1.0 : o.temperature;
+  at::Tensor pmask = promptMask.defined() ? promptMask.ne(0)
+                                          : at::ones_like(prompts, at::kBool);
+  Generation g;
+  g.tokens = at::full({B, R}, o.padToken, prompts.options());
+  g.mask = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
+  g.logprobs = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
+  if (R == 0)
+    return g;
+  at::Tensor done = at::zeros({B}, at::TensorOptions().dtype(at::kBool));
+  KVCache cache;
+  at::Tensor seq = prompts, seqMask = pmask;
+  at::Tensor last = logits(hidden(prompts, positionsFromMask(pmask), pmask,
+                                  useCache ? &cache : nullptr))
+                        .select(1, prompts.size(1) - 1);
+  for (int64_t t = 0; t < R; ++t) {
+    at::Tensor next = sampleNext(last, o, gen);
+    next = at::where(done, at::full_like(next, o.padToken), next);
+    at::Tensor live = done.logical_not();
+    g.tokens.select(1, t).copy_(next);
+    g.mask.select(1, t).copy_(live.to(at::kFloat));
+    g.logprobs.select(1, t).copy_(
+        at::where(live, tokenLogprobs(last, next, temp), at::zeros_like(last.select(1, 0))));
+    if (o.stopToken >= 0)
+      done = done | next.eq(o.stopToken);
+    if (t + 1 == R || done.all().item<bool>())
+      break;
+    at::Tensor nextCol = next.unsqueeze(1);
+    if (useCache) {
+      at::Tensor pos = cache.nextPos.unsqueeze(1);
+      last = logits(hidden(nextCol, pos, at::ones({B, 1}, pmask.options()), &cache))
+                 .select(1, 0);
+    } else {
+      seq = at::cat({seq, nextCol}, 1);
+      seqMask = at::cat({seqMask, at::ones({B, 1}, pmask.options())}, 1);
+      last = logits(hidden(seq, positionsFromMask(seqMask), seqMask))
+                 .select(1, seq.size(1) - 1);
+    }
+  }
+  return g;
+}
+
+Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                           const SamplingOptions &opts, at::Generator &gen) const {
+  return generateImpl(prompts, promptMask, opts, gen, /*useCache=*/true);
+}
+
+Generation Llama::generateNoCache(const at::Tensor &prompts,
+                                  const at::Tensor &promptMask,
+                                  const SamplingOptions &opts,
+                                  at::Generator &gen) const {
+  return generateImpl(prompts, promptMask, opts, gen, /*useCache=*/false);
 }
 
 } // namespace hflow::models

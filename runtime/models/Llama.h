@@ -11,7 +11,9 @@
 // weights are ones. Two Llama objects built from the same config and seed are
 // bit-identical, in any process.
 //
-// Inference only for now (InferenceMode inside); float32 only.
+// Weights are autograd leaves: setTrainable(true) makes forward() record
+// the graph for training; frozen models (the default) run without it.
+// generate() runs under InferenceMode itself. float32 only.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_LLAMA_H
@@ -23,9 +25,8 @@
 #include <utility>
 #include <vector>
 
-namespace at {
-class Tensor;
-}
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 namespace hflow::plan {
 struct Model;
 }
@@ -74,6 +75,35 @@ struct LlamaConfig {
 /// (splitmix64 of both): equal on every rank.
 uint64_t modelSeed(int64_t planSeed, int modelIndex);
 
+/// Keys and values of the tokens a Llama has already seen, per layer, for
+/// incremental decoding. `keyMask` [B, len] marks real tokens (1) against
+/// left padding (0); `nextPos` [B] is each row's next RoPE position.
+struct KVCache {
+  std::vector<at::Tensor> k, v; ///< per layer [B, kvHeads, len, headDim]
+  at::Tensor keyMask;           ///< bool [B, len]
+  at::Tensor nextPos;           ///< int64 [B]
+  int64_t len = 0;
+};
+
+/// How generate() samples. temperature 0 (or greedy) takes the argmax.
+struct SamplingOptions {
+  int maxTokens = 16;
+  double temperature = 1.0;
+  int topK = 0;         ///< 0: no top-k cut
+  double topP = 1.0;    ///< 1: no nucleus cut
+  bool greedy = false;
+  int64_t stopToken = -1; ///< generation of a row ends after this token
+  int64_t padToken = 0;   ///< fills a row's response after it stopped
+};
+
+/// What generate() returns for B prompts (R = maxTokens).
+struct Generation {
+  at::Tensor tokens;   ///< int64 [B, R], padToken after the stop
+  at::Tensor mask;     ///< float32 [B, R], 1 for generated tokens (stop included)
+  at::Tensor logprobs; ///< float32 [B, R], log p of each token under the
+                       ///< temperature-scaled distribution (0 where masked)
+};
+
 class Llama {
 public:
   /// Throws std::invalid_argument when config.validate() fails.
@@ -92,24 +122,60 @@ public:
   /// attn.o, mlp_norm, mlp.gate, mlp.up, mlp.down; final_norm, lm_head
   /// (absent when tied). Views share the model's storage.
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
+  /// The leaf tensors (tied weights once), in namedParameters() order: what
+  /// an optimizer steps.
+  std::vector<at::Tensor> parameters() const;
+  /// Turns gradient tracking of every parameter on or off (off at
+  /// construction: a frozen model).
+  void setTrainable(bool trainable);
+  /// Copies every weight from `other` (same config), bit for bit.
+  void copyFrom(const Llama &other);
 
-  /// tokens: int64 [B, T] in [0, vocab). Returns float32 logits [B, T, V].
+  /// tokens: int64 [B, T] in [0, vocab). Returns float32 logits [B, T, V],
+  /// positions 0..T-1, no padding. Records autograd when trainable.
   at::Tensor forward(const at::Tensor &tokens) const;
 
-  /// Greedy decoding without a KV cache (the whole sequence is re-run for
-  /// every new token). `tokens` receives [B, T0 + newTokens]; `lastLogits`
-  /// the [B, V] logits that chose the last token.
-  void generate(const at::Tensor &prompts, int newTokens, at::Tensor &tokens,
-                at::Tensor &lastLogits) const;
+  /// The final hidden states [B, T, H] (after the last RMSNorm).
+  /// `positions` int64 [B, T] are the RoPE positions; `keyMask` bool [B, T]
+  /// marks real tokens (undefined: all real). Each token attends to the
+  /// real tokens at or before it, and always to itself (so a padding
+  /// position stays finite). With a `cache`, the tokens continue the cached
+  /// sequence and their keys/values are appended to it.
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask, KVCache *cache = nullptr) const;
+  /// The LM head on hidden states: [.., H] -> [.., V].
+  at::Tensor logits(const at::Tensor &hidden) const;
 
-  /// Sum over the batch of log p(token[t+1] | tokens[..t]) for t < T-1.
-  double sequenceLogprobSum(const at::Tensor &tokens) const;
+  /// Samples responses to left-padded prompts ([B, P] int64 with a [B, P]
+  /// mask of real tokens) with a KV cache: one prefill, then one token per
+  /// step for every row until all rows stopped or maxTokens. `gen` makes
+  /// the sampling reproducible.
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const;
+  /// The same without a KV cache (the whole sequence is re-run for every
+  /// new token): the reference the cache is tested and benchmarked against.
+  Generation generateNoCache(const at::Tensor &prompts, const at::Tensor &promptMask,
+                             const SamplingOptions &opts, at::Generator &gen) const;
 
 private:
+  Generation generateImpl(const at::Tensor &prompts, const at::Tensor &promptMask,
+                          const SamplingOptions &opts, at::Generator &gen,
+                          bool useCache) const;
   struct Weights;
   LlamaConfig config_;
   std::unique_ptr<Weights> w_;
 };
+
+/// Positions for left-padded rows: the cumulative count of real tokens
+/// minus one, clamped at 0. mask: [B, T] (any dtype, nonzero = real).
+at::Tensor positionsFromMask(const at::Tensor &mask);
+
+/// Log-probabilities of `tokens` [B, R] given logits [B, R, V] scaled by
+/// 1/temperature, as float32 [B, R] (log-softmax then gather).
+at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                         double temperature = 1.0);
+/// Entropy of the temperature-scaled distribution per position: [B, R].
+at::Tensor tokenEntropy(const at::Tensor &logits, double temperature = 1.0);
 
 } // namespace hflow::models
 

@@ -129,39 +129,131 @@ TEST(Llama, GroupedQueryAttentionVariants) {
   }
 }
 
-TEST(Llama, GenerateIsGreedy) {
+using hflow::models::Generation;
+using hflow::models::SamplingOptions;
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+TEST(Llama, GreedyGenerationWithAndWithoutCacheAgree) {
   Llama m(tiny(), 5);
-  at::Tensor prompts = randomTokens(2, 6, 64, 8);
-  at::Tensor tokens, last;
-  m.generate(prompts, 4, tokens, last);
-  ASSERT_EQ(tokens.size(0), 2);
-  ASSERT_EQ(tokens.size(1), 10);
-  EXPECT_TRUE(at::equal(tokens.narrow(1, 0, 6), prompts));
-  EXPECT_EQ(last.size(0), 2);
-  EXPECT_EQ(last.size(1), 64);
-  // Each new token is the argmax of a forward over the sequence before it.
-  for (int i = 0; i < 4; ++i) {
-    at::Tensor prefix = tokens.narrow(1, 0, 6 + i);
-    at::Tensor want = m.forward(prefix).select(1, 6 + i - 1).argmax(-1);
-    EXPECT_TRUE(at::equal(tokens.select(1, 6 + i), want)) << "token " << i;
-  }
-  at::Tensor again, last2;
-  m.generate(prompts, 4, again, last2);
-  EXPECT_TRUE(at::equal(tokens, again));
-  EXPECT_TRUE(at::equal(last, last2));
+  at::Tensor prompts = randomTokens(3, 6, 64, 8);
+  SamplingOptions o;
+  o.maxTokens = 12;
+  o.greedy = true;
+  auto g1 = gen(1), g2 = gen(1);
+  Generation a = m.generate(prompts, at::Tensor(), o, g1);
+  Generation b = m.generateNoCache(prompts, at::Tensor(), o, g2);
+  ASSERT_EQ(a.tokens.size(1), 12);
+  EXPECT_TRUE(at::equal(a.tokens, b.tokens));
+  EXPECT_TRUE(at::allclose(a.logprobs, b.logprobs, 1e-4, 1e-5));
+  EXPECT_EQ(a.mask.sum().item<float>(), 36.0f);
+  // Each new token is the argmax of a full forward over what precedes it.
+  at::Tensor seq = at::cat({prompts, a.tokens}, 1);
+  at::Tensor logits = m.forward(seq);
+  for (int i = 0; i < 12; ++i)
+    EXPECT_TRUE(at::equal(a.tokens.select(1, i), logits.select(1, 5 + i).argmax(-1)))
+        << "token " << i;
 }
 
-TEST(Llama, LogprobSum) {
-  Llama m(tiny(), 5);
-  at::Tensor x = randomTokens(2, 7, 64, 4);
-  double s = m.sequenceLogprobSum(x);
-  at::Tensor lp = at::log_softmax(m.forward(x), -1);
-  double want = 0;
-  for (int b = 0; b < 2; ++b)
-    for (int t = 0; t + 1 < 7; ++t)
-      want += lp[b][t][x[b][t + 1].item<int64_t>()].item<float>();
-  EXPECT_NEAR(s, want, 1e-4);
-  EXPECT_LT(s, 0);
+TEST(Llama, SampledGenerationLogprobsEqualRecomputation) {
+  // What generation reports for each sampled token must equal what a
+  // training-time forward over prompt + response computes (the PPO ratio
+  // starts at exactly 1): left-padded prompts of different lengths, a
+  // temperature, top-k and top-p, and a stop token.
+  Llama m(tiny(), 6);
+  at::Tensor prompts = randomTokens(4, 7, 64, 9);
+  at::Tensor pmask = at::ones({4, 7}, at::TensorOptions().dtype(at::kFloat));
+  pmask[1].narrow(0, 0, 3).zero_(); // row 1: 4 real tokens, left padded
+  pmask[3].narrow(0, 0, 5).zero_();
+  prompts.masked_fill_(pmask.eq(0), 0);
+  SamplingOptions o;
+  o.maxTokens = 10;
+  o.temperature = 0.7;
+  o.topK = 20;
+  o.topP = 0.9;
+  o.stopToken = 3;
+  auto g = gen(7);
+  Generation out = m.generate(prompts, pmask, o, g);
+  at::Tensor seq = at::cat({prompts, out.tokens}, 1);
+  at::Tensor mask = at::cat({pmask, out.mask}, 1);
+  at::Tensor h = m.hidden(seq, hflow::models::positionsFromMask(mask), mask);
+  at::Tensor lg = m.logits(h).narrow(1, 6, 10);
+  at::Tensor lp = hflow::models::tokenLogprobs(lg, out.tokens, 0.7) * out.mask;
+  EXPECT_TRUE(at::allclose(lp, out.logprobs, 1e-4, 1e-5))
+      << (lp - out.logprobs).abs().max().item<float>();
+  // A row stops after its stop token: nothing is generated after it.
+  for (int b = 0; b < 4; ++b) {
+    bool stopped = false;
+    for (int t = 0; t < 10; ++t) {
+      if (stopped)
+        EXPECT_EQ(out.mask[b][t].item<float>(), 0.0f);
+      if (out.mask[b][t].item<float>() > 0 && out.tokens[b][t].item<int64_t>() == 3)
+        stopped = true;
+    }
+  }
+  // The same generator seed gives the same samples.
+  auto g2 = gen(7);
+  EXPECT_TRUE(at::equal(m.generate(prompts, pmask, o, g2).tokens, out.tokens));
+}
+
+TEST(Llama, LeftPaddingDoesNotChangeARow) {
+  Llama m(tiny(), 4);
+  at::Tensor p = randomTokens(1, 5, 64, 2);
+  at::Tensor padded = at::cat({at::zeros({1, 3}, p.options()), p}, 1);
+  at::Tensor mask = at::cat({at::zeros({1, 3}), at::ones({1, 5})}, 1);
+  SamplingOptions o;
+  o.maxTokens = 6;
+  o.greedy = true;
+  auto g1 = gen(1), g2 = gen(1);
+  Generation a = m.generate(p, at::Tensor(), o, g1);
+  Generation b = m.generate(padded, mask, o, g2);
+  EXPECT_TRUE(at::equal(a.tokens, b.tokens));
+  EXPECT_TRUE(at::allclose(a.logprobs, b.logprobs, 1e-4, 1e-5));
+}
+
+TEST(Llama, TopKOneIsGreedy) {
+  Llama m(tiny(), 3);
+  at::Tensor prompts = randomTokens(2, 4, 64, 5);
+  SamplingOptions greedy, top1;
+  greedy.maxTokens = top1.maxTokens = 8;
+  greedy.greedy = true;
+  top1.topK = 1;
+  top1.temperature = 1.3;
+  auto g1 = gen(3), g2 = gen(4);
+  EXPECT_TRUE(at::equal(m.generate(prompts, at::Tensor(), greedy, g1).tokens,
+                        m.generate(prompts, at::Tensor(), top1, g2).tokens));
+}
+
+TEST(Llama, TrainsWithAutograd) {
+  // Frozen by default; trainable parameters get gradients, and a few plain
+  // gradient steps on one batch lower its loss.
+  Llama m(tiny(), 2);
+  at::Tensor x = randomTokens(4, 9, 64, 12);
+  EXPECT_FALSE(m.forward(x).requires_grad());
+  m.setTrainable(true);
+  auto params = m.parameters();
+  EXPECT_EQ((int64_t)params.size(), (int64_t)m.namedParameters().size());
+  auto loss = [&]() {
+    at::Tensor lg = m.forward(x.narrow(1, 0, 8));
+    return -hflow::models::tokenLogprobs(lg, x.narrow(1, 1, 8)).mean();
+  };
+  double first = loss().item<double>();
+  for (int i = 0; i < 20; ++i) {
+    at::Tensor l = loss();
+    l.backward();
+    at::NoGradGuard ng;
+    for (auto &p : params) {
+      ASSERT_TRUE(p.grad().defined());
+      p.sub_(p.grad() * 0.5);
+      p.mutable_grad().zero_();
+    }
+  }
+  EXPECT_LT(loss().item<double>(), first - 0.5);
+  // copyFrom gives a bit-identical model.
+  Llama other(tiny(), 99);
+  other.copyFrom(m);
+  at::NoGradGuard ng;
+  EXPECT_TRUE(at::equal(other.forward(x), m.forward(x)));
 }
 
 TEST(Llama, RejectsBadConfigs) {

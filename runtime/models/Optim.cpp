@@ -1,0 +1,115 @@
+//===- Optim.cpp - AdamW, gradient clipping, learning-rate schedules -------===//
+#include "Optim.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+namespace hflow::models {
+
+double scheduledLr(const AdamWOptions &o, int64_t step) {
+  if (o.warmup > 0 && step < o.warmup)
+    return o.lr * (double)(step + 1) / (double)o.warmup;
+  if (!o.cosine || o.totalSteps <= o.warmup)
+    return o.lr;
+  double progress = std::min(1.0, (double)(step - o.warmup) /
+                                      (double)(o.totalSteps - o.warmup));
+  double minLr = o.lr * o.minLrRatio;
+  return minLr + (o.lr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o)
+    : params_(std::move(params)), o_(o) {
+  at::NoGradGuard ng;
+  for (auto &p : params_) {
+    m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  }
+}
+
+double AdamW::localGradNormSquared() const {
+  double s = 0;
+  for (const auto &p : params_)
+    if (p.grad().defined())
+      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  return s;
+}
+
+double AdamW::clip(double globalNorm) {
+  if (o_.clipGrad <= 0 || !std::isfinite(globalNorm))
+    return 1.0;
+  double f = o_.clipGrad / (globalNorm + 1e-6);
+  if (f >= 1.0)
+    return 1.0;
+  at::NoGradGuard ng;
+  for (auto &p : params_)
+    if (p.grad().defined())
+      p.mutable_grad().mul_(f);
+  return f;
+}
+
+double AdamW::step() {
+  at::NoGradGuard ng;
+  const double lr = scheduledLr(o_, t_);
+  ++t_;
+  const double bc1 = 1.0 - std::pow(o_.beta1, (double)t_);
+  const double bc2 = 1.0 - std::pow(o_.beta2, (double)t_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor &p = params_[i];
+    if (!p.grad().defined())
+      continue;
+    const at::Tensor &g = p.grad();
+    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
+    if (o_.weightDecay != 0)
+      p.mul_(1.0 - lr * o_.weightDecay);
+    at::Tensor denom = (v_[i] / bc2).sqrt_().add_(o_.eps);
+    p.addcdiv_(m_[i], denom, -lr / bc1);
+  }
+  zeroGrad();
+  return lr;
+}
+
+void AdamW::zeroGrad() {
+  at::NoGradGuard ng;
+  for (auto &p : params_)
+    if (p.grad().defined())
+      p.mutable_grad().zero_();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> s;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    s.emplace_back("m." + std::to_string(i), m_[i]);
+    s.emplace_back("v." + std::to_string(i), v_[i]);
+  }
+  s.emplace_back("step", at::full({1}, t_, at::TensorOptions().dtype(at::kLong)));
+  return s;
+}
+
+void AdamW::loadState(const std::vector<std::pair<std::string, at::Tensor>> &s) {
+  std::map<std::string, at::Tensor> byName(s.begin(), s.end());
+  at::NoGradGuard ng;
+  auto take = [&](const std::string &name, at::Tensor &dst) {
+    auto it = byName.find(name);
+    if (it == byName.end())
+      throw std::runtime_error("optimizer state: no tensor '" + name + "'");
+    if (!it->second.sizes().equals(dst.sizes()))
+      throw std::runtime_error("optimizer state: tensor '" + name + "' has shape " +
+                               c10::str(it->second.sizes()) + ", expected " +
+                               c10::str(dst.sizes()));
+    dst.copy_(it->second);
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    take("m." + std::to_string(i), m_[i]);
+    take("v." + std::to_string(i), v_[i]);
+  }
+  auto it = byName.find("step");
+  if (it == byName.end())
+    throw std::runtime_error("optimizer state: no tensor 'step'");
+  t_ = it->second.item<int64_t>();
+}
+
+} // namespace hflow::models

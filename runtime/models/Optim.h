@@ -1,0 +1,76 @@
+//===- Optim.h - AdamW, gradient clipping, learning-rate schedules ---------===//
+//
+// The optimizer the runtime steps a role's parameters with. It works on any
+// list of tensors a rank owns (whole parameters, or the shards of a sharded
+// form), so the state it keeps is exactly as sharded as the parameters.
+//
+// AdamW (Loshchilov & Hutter; torch.optim.AdamW's update, amsgrad off):
+//   m = b1 m + (1-b1) g            v = b2 v + (1-b2) g^2
+//   p = p (1 - lr wd)              (decoupled weight decay)
+//   p = p - lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// Clipping by global norm (torch.nn.utils.clip_grad_norm_): with
+//   n = sqrt(sum_i |g_i|^2) (over every rank's part: the caller all-reduces
+//   the squared sum), every g is scaled by min(1, max_norm / (n + 1e-6)).
+// Schedule: linear warm-up from 0 over `warmup` steps, then constant or
+// cosine decay to `minLrRatio * lr` at `totalSteps`.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_OPTIM_H
+#define HFLOW_RUNTIME_MODELS_OPTIM_H
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hflow::models {
+
+struct AdamWOptions {
+  double lr = 1e-5;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weightDecay = 0.01;
+  double clipGrad = 1.0;  ///< max global gradient norm; 0 = no clipping
+  int64_t warmup = 0;     ///< linear warm-up steps
+  bool cosine = false;    ///< cosine decay after warm-up (else constant)
+  int64_t totalSteps = 0; ///< cosine horizon
+  double minLrRatio = 0.0;
+};
+
+/// The learning rate at optimizer step `step` (0-based) under `o`'s schedule.
+double scheduledLr(const AdamWOptions &o, int64_t step);
+
+class AdamW {
+public:
+  AdamW(std::vector<at::Tensor> params, AdamWOptions o);
+
+  const AdamWOptions &options() const { return o_; }
+  /// Optimizer steps taken so far.
+  int64_t steps() const { return t_; }
+
+  /// The squared L2 norm of this rank's gradients (float64); parameters
+  /// without a gradient count as zero.
+  double localGradNormSquared() const;
+  /// Scales the gradients so the global norm `globalNorm` becomes at most
+  /// clipGrad; returns the factor applied (1 when not clipped).
+  double clip(double globalNorm);
+  /// One AdamW update with the scheduled learning rate; zeroes the grads.
+  /// Returns the learning rate used.
+  double step();
+  void zeroGrad();
+
+  /// The state as named tensors (m.i, v.i, and "step"), for checkpoints.
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  /// Restores what state() returned; throws std::runtime_error naming the
+  /// tensor on a shape mismatch.
+  void loadState(const std::vector<std::pair<std::string, at::Tensor>> &s);
+
+private:
+  std::vector<at::Tensor> params_, m_, v_;
+  AdamWOptions o_;
+  int64_t t_ = 0;
+};
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_OPTIM_H
