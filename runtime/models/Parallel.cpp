@@ -1,0 +1,974 @@
+//===- Parallel.cpp - tensor-parallel, FSDP and data-parallel Llama --------===//
+#include "Parallel.h"
+
+#include "Communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <stdexcept>
+
+namespace hflow::models {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+//===----------------------------------------------------------------------===//
+// Collectives with gradients
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void saveComm(AutogradContext *ctx, comm::Communicator *c) {
+  ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+}
+
+comm::Communicator &savedComm(AutogradContext *ctx) {
+  return *reinterpret_cast<comm::Communicator *>(
+      (intptr_t)ctx->saved_data.at("comm").toInt());
+}
+
+/// Gloo completes a collective on its own threads, which are not in
+/// InferenceMode, so every buffer it writes must be a normal tensor: the
+/// collectives here run with InferenceMode off (and without recording);
+/// their results are normal tensors, usable in InferenceMode too.
+struct CommScope {
+  c10::InferenceMode notInference{false};
+  at::NoGradGuard noGrad;
+};
+
+/// A fresh contiguous copy (the communicator works in place on it).
+at::Tensor contiguousCopy(const at::Tensor &t) {
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
+/// Megatron's f: identity forward, all-reduce backward.
+struct CopyToTPFn : torch::autograd::Function<CopyToTPFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
+                            comm::Communicator *c) {
+    saveComm(ctx, c);
+    return x;
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    CommScope scope;
+    at::Tensor s = contiguousCopy(g[0]);
+    savedComm(ctx).allReduceSum(s);
+    return {s, at::Tensor()};
+  }
+};
+
+/// Megatron's g: all-reduce forward, identity backward.
+struct ReduceFromTPFn : torch::autograd::Function<ReduceFromTPFn> {
+  static at::Tensor forward(AutogradContext *, const at::Tensor &x,
+                            comm::Communicator *c) {
+    CommScope scope;
+    at::Tensor s = contiguousCopy(x);
+    c->allReduceSum(s);
+    return s;
+  }
+  static variable_list backward(AutogradContext *, variable_list g) {
+    return {g[0], at::Tensor()};
+  }
+};
+
+/// All-gather along the last dimension; backward keeps this member's slice.
+struct GatherLastDimFn : torch::autograd::Function<GatherLastDimFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
+                            comm::Communicator *c) {
+    ctx->saved_data["n"] = (int64_t)x.size(-1);
+    ctx->saved_data["r"] = (int64_t)c->rank();
+    CommScope scope;
+    std::vector<at::Tensor> parts;
+    c->allGather(x.contiguous(), parts);
+    return at::cat(parts, -1);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    int64_t n = ctx->saved_data.at("n").toInt(), r = ctx->saved_data.at("r").toInt();
+    return {g[0].narrow(-1, r * n, n).contiguous(), at::Tensor()};
+  }
+};
+
+/// A tensor replicated on runs of `reps` consecutive members (a kv head
+/// shared by several members' q heads): identity forward; backward sums the
+/// gradient over the run, so each replica gets the full gradient.
+struct SumOverReplicasFn : torch::autograd::Function<SumOverReplicasFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
+                            comm::Communicator *c, int64_t reps) {
+    saveComm(ctx, c);
+    ctx->saved_data["reps"] = reps;
+    return x;
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    comm::Communicator &c = savedComm(ctx);
+    CommScope scope;
+    int64_t reps = ctx->saved_data.at("reps").toInt();
+    at::Tensor all = c.allGatherFlat(g[0].contiguous()); // [t, numel]
+    int64_t first = (c.rank() / reps) * reps;
+    at::Tensor s = all.narrow(0, first, reps).sum(0).view(g[0].sizes());
+    return {s, at::Tensor(), at::Tensor()};
+  }
+};
+
+} // namespace
+
+at::Tensor copyToTP(const at::Tensor &x, comm::Communicator &tp) {
+  return tp.size() == 1 ? x : CopyToTPFn::apply(x, &tp);
+}
+
+at::Tensor reduceFromTP(const at::Tensor &x, comm::Communicator &tp) {
+  return tp.size() == 1 ? x : ReduceFromTPFn::apply(x, &tp);
+}
+
+at::Tensor gatherLastDim(const at::Tensor &x, comm::Communicator &tp) {
+  return tp.size() == 1 ? x : GatherLastDimFn::apply(x, &tp);
+}
+
+at::Tensor allReduceMax(const at::Tensor &x, comm::Communicator &group) {
+  CommScope scope;
+  if (group.size() == 1)
+    return x.detach();
+  return std::get<0>(group.allGatherFlat(x.detach().contiguous()).max(0))
+      .view(x.sizes());
+}
+
+static at::Tensor sumOverReplicas(const at::Tensor &x, comm::Communicator &c,
+                                  int64_t reps) {
+  return reps <= 1 ? x : SumOverReplicasFn::apply(x, &c, reps);
+}
+
+//===----------------------------------------------------------------------===//
+// Data parallelism
+//===----------------------------------------------------------------------===//
+
+void allReduceGradients(const std::vector<at::Tensor> &params,
+                        comm::Communicator &dp) {
+  if (dp.size() == 1 || params.empty())
+    return;
+  CommScope scope;
+  const int64_t n = (int64_t)params.size();
+  int64_t total = 0;
+  for (const auto &p : params)
+    total += p.numel();
+  // The gradients, then one "had a gradient" flag per parameter.
+  at::Tensor flat = at::zeros({total + n}, params[0].options().requires_grad(false));
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor &p = params[i];
+    if (p.grad().defined()) {
+      flat.narrow(0, off, p.numel()).copy_(p.grad().reshape({-1}));
+      flat[total + i].fill_(1.0);
+    }
+    off += p.numel();
+  }
+  dp.allReduceSum(flat);
+  flat.narrow(0, 0, total).div_((double)dp.size());
+  at::Tensor had = flat.narrow(0, total, n).gt(0);
+  off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor p = params[i];
+    at::Tensor avg = flat.narrow(0, off, p.numel()).view(p.sizes());
+    off += p.numel();
+    if (p.grad().defined())
+      p.mutable_grad().copy_(avg);
+    else if (had[i].item<bool>())
+      p.mutable_grad() = avg.clone();
+  }
+}
+
+NamedTensors namedGradients(const Llama &model) {
+  std::vector<at::Tensor> leaves = model.parameters();
+  NamedTensors out;
+  for (const auto &[name, view] : model.namedParameters()) {
+    at::Tensor g;
+    for (const auto &leaf : leaves)
+      if (leaf.data_ptr() == view.data_ptr() && leaf.numel() == view.numel()) {
+        if (leaf.grad().defined())
+          g = leaf.grad().detach().reshape(view.sizes()).clone();
+        break;
+      }
+    if (!g.defined())
+      g = at::zeros(view.sizes(), view.options().requires_grad(false));
+    out.emplace_back(name, g);
+  }
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// The decoder, shared by the forms
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct LayerWeights {
+  at::Tensor attnNorm, wq, bq, wk, bk, wv, bv, wo, mlpNorm, gate, up, down;
+
+  /// The slot of a parameter named "<suffix>" inside "layers.<i>.".
+  at::Tensor *slot(const std::string &suffix) {
+    static const std::map<std::string, at::Tensor LayerWeights::*> slots = {
+        {"attn_norm", &LayerWeights::attnNorm}, {"attn.q", &LayerWeights::wq},
+        {"attn.q_bias", &LayerWeights::bq},     {"attn.k", &LayerWeights::wk},
+        {"attn.k_bias", &LayerWeights::bk},     {"attn.v", &LayerWeights::wv},
+        {"attn.v_bias", &LayerWeights::bv},     {"attn.o", &LayerWeights::wo},
+        {"mlp_norm", &LayerWeights::mlpNorm},   {"mlp.gate", &LayerWeights::gate},
+        {"mlp.up", &LayerWeights::up},          {"mlp.down", &LayerWeights::down}};
+    auto it = slots.find(suffix);
+    return it == slots.end() ? nullptr : &(this->*(it->second));
+  }
+};
+
+/// Splits "layers.<i>.<suffix>"; returns -1 for other names.
+int layerOf(const std::string &name, std::string &suffix) {
+  if (name.rfind("layers.", 0) != 0)
+    return -1;
+  size_t dot = name.find('.', 7);
+  if (dot == std::string::npos)
+    return -1;
+  suffix = name.substr(dot + 1);
+  return std::stoi(name.substr(7, dot - 7));
+}
+
+/// Norm weights and biases are 1-D (namedParameters shows them as [1, n]).
+bool isVector(const std::string &name) {
+  auto ends = [&](const char *s) {
+    std::string t(s);
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  return ends("norm") || ends("_bias");
+}
+
+at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
+  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
+}
+
+at::Tensor rotateHalf(const at::Tensor &x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+/// What every layer's attention shares: RoPE tables and the mask.
+struct AttnContext {
+  at::Tensor cos, sin; ///< [B, 1, T, hd]
+  at::Tensor bias;     ///< [B, 1, T, T], 0 or -inf
+  int64_t B = 0, T = 0, hd = 0;
+  double scale = 1.0;
+};
+
+AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
+                        const at::Tensor &positions, const at::Tensor &keyMask,
+                        const char *who) {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
+  AttnContext a;
+  a.B = tokens.size(0), a.T = tokens.size(1), a.hd = c.headDim();
+  if (a.T == 0)
+    throw std::invalid_argument(std::string(who) + ": empty sequence");
+  if (tokens.numel() > 0) {
+    int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
+    if (lo < 0 || hi >= c.vocab)
+      throw std::invalid_argument(std::string(who) + ": token id out of [0, " +
+                                  std::to_string(c.vocab) + ")");
+  }
+  auto fopts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor invFreq =
+      at::pow(c.ropeTheta, at::arange(0, a.hd, 2, fopts.dtype(at::kDouble)) / a.hd)
+          .reciprocal();
+  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq;
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  a.cos = emb.cos().to(at::kFloat).unsqueeze(1);
+  a.sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
+                                         : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
+  at::Tensor idx = at::arange(a.T, fopts.dtype(at::kLong));
+  at::Tensor q = idx.view({a.T, 1}), k = idx.view({1, a.T});
+  at::Tensor allowed = (k.le(q).unsqueeze(0) & keyReal.unsqueeze(1)) | k.eq(q).unsqueeze(0);
+  a.bias = at::zeros({a.B, 1, a.T, a.T}, fopts)
+               .masked_fill(allowed.logical_not().unsqueeze(1),
+                            -std::numeric_limits<float>::infinity());
+  a.scale = 1.0 / std::sqrt((double)a.hd);
+  return a;
+}
+
+/// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
+/// weights are this member's shards: the normed input goes through f and
+/// the row-parallel outputs through g.
+at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
+                        const AttnContext &a, int64_t nq, int64_t nkv, double eps,
+                        comm::Communicator *tp) {
+  const int64_t B = a.B, T = a.T, hd = a.hd;
+  at::Tensor x = xIn;
+  at::Tensor h = rmsNorm(x, w.attnNorm, eps);
+  if (tp)
+    h = copyToTP(h, *tp);
+  at::Tensor q = at::linear(h, w.wq, w.bq).view({B, T, nq, hd}).transpose(1, 2);
+  at::Tensor k = at::linear(h, w.wk, w.bk).view({B, T, nkv, hd}).transpose(1, 2);
+  at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
+  q = q * a.cos + rotateHalf(q) * a.sin;
+  k = k * a.cos + rotateHalf(k) * a.sin;
+  if (nq > nkv) {
+    k = k.repeat_interleave(nq / nkv, 1);
+    v = v.repeat_interleave(nq / nkv, 1);
+  }
+  at::Tensor att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * a.scale + a.bias, -1);
+  at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, nq * hd});
+  at::Tensor y = at::linear(o, w.wo);
+  if (tp)
+    y = reduceFromTP(y, *tp);
+  x = x + y;
+  h = rmsNorm(x, w.mlpNorm, eps);
+  if (tp)
+    h = copyToTP(h, *tp);
+  y = at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);
+  if (tp)
+    y = reduceFromTP(y, *tp);
+  return x + y;
+}
+
+at::Tensor scaled(const at::Tensor &logits, double temperature) {
+  at::Tensor l = logits.to(at::kFloat);
+  return temperature > 0 && temperature != 1.0 ? l / temperature : l;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// TPLlama
+//===----------------------------------------------------------------------===//
+
+struct TPLlama::Impl {
+  LlamaConfig c;
+  comm::Communicator *tp = nullptr;
+  int t = 1, r = 0;
+  int64_t nq = 0, nkv = 0, kvParts = 0, vStart = 0, vShard = 0;
+  at::Tensor embed, finalNorm, head;
+  std::vector<LayerWeights> layers;
+
+  /// One leaf: split along `dim` into `parts` distinct pieces (member r
+  /// holds piece r / (t / parts)); dim -1: replicated.
+  struct Entry {
+    std::string name;
+    at::Tensor leaf;
+    int dim = -1;
+    int64_t parts = 1;
+    std::vector<int64_t> fullShape; ///< as in Llama::namedParameters()
+  };
+  std::vector<Entry> entries;
+
+  /// How `name` is split.
+  void spec(const std::string &name, int &dim, int64_t &parts) const {
+    std::string suffix;
+    int layer = layerOf(name, suffix);
+    dim = 0, parts = t;
+    if (layer < 0) {
+      if (name == "final_norm")
+        dim = -1;
+      return; // embed, lm_head: vocab rows
+    }
+    if (suffix == "attn_norm" || suffix == "mlp_norm")
+      dim = -1;
+    else if (suffix == "attn.o" || suffix == "mlp.down")
+      dim = 1;
+    else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
+      parts = kvParts;
+  }
+
+  /// Member r's piece of the full 2-D view `full` (natural shape, fresh).
+  at::Tensor piece(const std::string &name, const at::Tensor &full, int dim,
+                   int64_t parts) const {
+    at::Tensor f = isVector(name) ? full.reshape({-1}) : full;
+    if (dim < 0)
+      return f.detach().clone();
+    int64_t idx = r / (t / parts), len = f.size(dim) / parts;
+    return f.detach().narrow(dim, idx * len, len).clone(at::MemoryFormat::Contiguous);
+  }
+
+  /// The full tensor from every member's piece `mine`. Collective.
+  at::Tensor gather(const Entry &e, const at::Tensor &mine) const {
+    CommScope scope;
+    if (e.dim < 0 || t == 1)
+      return mine.detach().clone();
+    std::vector<at::Tensor> all;
+    tp->allGather(mine.detach().contiguous(), all);
+    std::vector<at::Tensor> distinct;
+    for (int64_t k = 0; k < e.parts; ++k)
+      distinct.push_back(all[k * (t / e.parts)]);
+    return at::cat(distinct, e.dim);
+  }
+
+  /// The weights of layer i as the forward uses them: replicated kv heads
+  /// sum their gradients over their replicas.
+  LayerWeights layerForForward(size_t i) const {
+    LayerWeights w = layers[i];
+    int64_t reps = t / kvParts;
+    if (reps > 1)
+      for (at::Tensor *p : {&w.wk, &w.wv, &w.bk, &w.bv})
+        if (p->defined())
+          *p = sumOverReplicas(*p, *tp, reps);
+    return w;
+  }
+};
+
+std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (std::string e = c.validate(); !e.empty())
+    return e;
+  if (t < 1)
+    return "tensor parallelism: group size " + s(t) + " is not positive";
+  if (c.heads % t != 0)
+    return "tensor parallelism: heads " + s(c.heads) + " are not divisible by " + s(t);
+  if (c.kvHeads % t != 0 && t % c.kvHeads != 0)
+    return "tensor parallelism: kv heads " + s(c.kvHeads) + " and group size " + s(t) +
+           " do not divide one another";
+  if (c.ffn % t != 0)
+    return "tensor parallelism: ffn " + s(c.ffn) + " is not divisible by " + s(t);
+  if (c.vocab % t != 0)
+    return "tensor parallelism: vocab " + s(c.vocab) + " is not divisible by " + s(t);
+  return "";
+}
+
+TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
+    : p_(std::make_unique<Impl>()) {
+  Impl &p = *p_;
+  p.c = full.config();
+  p.tp = &tp;
+  p.t = tp.size();
+  p.r = tp.rank();
+  if (std::string e = checkConfig(p.c, p.t); !e.empty())
+    throw std::invalid_argument(e);
+  p.nq = p.c.heads / p.t;
+  p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
+  p.nkv = p.c.kvHeads / p.kvParts;
+  p.vShard = p.c.vocab / p.t;
+  p.vStart = p.r * p.vShard;
+  p.layers.resize(p.c.layers);
+  for (const auto &[name, view] : full.namedParameters()) {
+    Impl::Entry e;
+    e.name = name;
+    p.spec(name, e.dim, e.parts);
+    e.leaf = p.piece(name, view, e.dim, e.parts);
+    e.fullShape = view.sizes().vec();
+    std::string suffix;
+    int layer = layerOf(name, suffix);
+    at::Tensor *slot = nullptr;
+    if (layer >= 0)
+      slot = p.layers.at(layer).slot(suffix);
+    else if (name == "embed")
+      slot = &p.embed;
+    else if (name == "final_norm")
+      slot = &p.finalNorm;
+    else if (name == "lm_head")
+      slot = &p.head;
+    if (!slot)
+      throw std::invalid_argument("TPLlama: unknown parameter " + name);
+    *slot = e.leaf;
+    p.entries.push_back(std::move(e));
+  }
+  if (!p.head.defined())
+    p.head = p.embed; // tied
+}
+
+TPLlama::~TPLlama() = default;
+
+const LlamaConfig &TPLlama::config() const { return p_->c; }
+comm::Communicator &TPLlama::comm() const { return *p_->tp; }
+int TPLlama::localHeads() const { return (int)p_->nq; }
+int TPLlama::localKvHeads() const { return (int)p_->nkv; }
+int64_t TPLlama::vocabStart() const { return p_->vStart; }
+int64_t TPLlama::vocabShard() const { return p_->vShard; }
+
+at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                           const at::Tensor &keyMask) const {
+  const Impl &p = *p_;
+  AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama");
+  // Vocab-parallel embedding: look up the rows this member owns, zeros for
+  // the others; the all-reduce completes every row.
+  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
+  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor x = at::embedding(p.embed, local) * mine.unsqueeze(-1).to(at::kFloat);
+  x = reduceFromTP(x, *p.tp);
+  for (size_t i = 0; i < p.layers.size(); ++i)
+    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp);
+  return rmsNorm(x, p.finalNorm, p.c.normEps);
+}
+
+at::Tensor TPLlama::logitsShard(const at::Tensor &h) const {
+  return at::linear(copyToTP(h, *p_->tp), p_->head);
+}
+
+at::Tensor TPLlama::logits(const at::Tensor &h) const {
+  return gatherLastDim(logitsShard(h), *p_->tp);
+}
+
+at::Tensor TPLlama::forward(const at::Tensor &tokens) const {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument("TPLlama::forward: tokens must be int64 [B, T]");
+  at::Tensor pos = at::arange(tokens.size(1), tokens.options())
+                       .unsqueeze(0)
+                       .expand({tokens.size(0), tokens.size(1)});
+  return logits(hidden(tokens, pos, at::Tensor()));
+}
+
+at::Tensor TPLlama::tokenLogprobs(const at::Tensor &shard, const at::Tensor &tokens,
+                                  double temperature) const {
+  const Impl &p = *p_;
+  at::Tensor l = scaled(shard, temperature);                  // [.., V/t]
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp); // [.., 1]
+  at::Tensor sumExp = reduceFromTP(at::exp(l - m).sum(-1), *p.tp);
+  at::Tensor lse = m.squeeze(-1) + at::log(sumExp);
+  // The target's logit: from its owner, zero on the others, summed.
+  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
+  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor target = l.gather(-1, local.unsqueeze(-1)).squeeze(-1);
+  target = reduceFromTP(at::where(mine, target, at::zeros_like(target)), *p.tp);
+  return target - lse;
+}
+
+at::Tensor TPLlama::tokenEntropy(const at::Tensor &shard, double temperature) const {
+  const Impl &p = *p_;
+  at::Tensor l = scaled(shard, temperature);
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp);
+  at::Tensor e = at::exp(l - m);
+  at::Tensor sumExp = reduceFromTP(e.sum(-1), *p.tp);
+  at::Tensor sumExpL = reduceFromTP((e * l).sum(-1), *p.tp);
+  // H = log Z - E_p[l] with Z = sum exp(l).
+  return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
+}
+
+NamedTensors TPLlama::namedShards() const {
+  NamedTensors out;
+  for (const auto &e : p_->entries)
+    out.emplace_back(e.name, e.leaf);
+  return out;
+}
+
+std::vector<at::Tensor> TPLlama::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &e : p_->entries)
+    out.push_back(e.leaf);
+  return out;
+}
+
+void TPLlama::setTrainable(bool trainable) {
+  for (auto &e : p_->entries)
+    e.leaf.requires_grad_(trainable);
+}
+
+void TPLlama::loadFrom(const Llama &full) {
+  Impl &p = *p_;
+  auto named = full.namedParameters();
+  if (named.size() != p.entries.size())
+    throw std::invalid_argument("TPLlama::loadFrom: the model differs in structure");
+  at::NoGradGuard noGrad;
+  for (size_t i = 0; i < named.size(); ++i) {
+    Impl::Entry &e = p.entries[i];
+    if (named[i].first != e.name || !named[i].second.sizes().equals(e.fullShape))
+      throw std::invalid_argument("TPLlama::loadFrom: parameter " + named[i].first +
+                                  " differs");
+    e.leaf.copy_(p.piece(e.name, named[i].second, e.dim, e.parts));
+  }
+}
+
+void TPLlama::gatherInto(Llama &dst) const {
+  const Impl &p = *p_;
+  auto named = dst.namedParameters();
+  if (named.size() != p.entries.size())
+    throw std::invalid_argument("TPLlama::gatherInto: the model differs in structure");
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Impl::Entry &e = p.entries[i];
+    at::Tensor full = p.gather(e, e.leaf);
+    at::NoGradGuard noGrad;
+    named[i].second.copy_(full.view(named[i].second.sizes()));
+  }
+}
+
+NamedTensors TPLlama::gatherGradients() const {
+  const Impl &p = *p_;
+  at::NoGradGuard noGrad;
+  NamedTensors out;
+  for (const auto &e : p.entries) {
+    at::Tensor g = e.leaf.grad().defined() ? e.leaf.grad() : at::zeros_like(e.leaf);
+    out.emplace_back(e.name, p.gather(e, g).reshape(e.fullShape));
+  }
+  return out;
+}
+
+double TPLlama::gradNormSquared() const {
+  const Impl &p = *p_;
+  CommScope scope;
+  double replicated = 0, sharded = 0;
+  for (const auto &e : p.entries) {
+    if (!e.leaf.grad().defined())
+      continue;
+    double s = e.leaf.grad().to(at::kDouble).pow(2).sum().item<double>();
+    if (e.dim < 0)
+      replicated += s;
+    else if (p.r % (p.t / e.parts) == 0) // the first replica of its piece
+      sharded += s;
+  }
+  at::Tensor total = at::full({1}, sharded, at::TensorOptions().dtype(at::kDouble));
+  if (p.t > 1)
+    p.tp->allReduceSum(total);
+  return total.item<double>() + replicated;
+}
+
+//===----------------------------------------------------------------------===//
+// FSDPLlama
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The computation of one unit on its full flat weights.
+using UnitFn = std::function<at::Tensor(const at::Tensor &x, const at::Tensor &flat)>;
+
+struct FlatUnit {
+  std::string name;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> fullShapes; ///< as in namedParameters()
+  std::vector<std::vector<int64_t>> shapes;     ///< natural (1-D vectors)
+  std::vector<int64_t> offsets, numels;
+  int64_t n = 0, S = 0;
+  at::Tensor shard; ///< [S], the leaf
+};
+
+} // namespace
+
+namespace fsdp_detail {
+
+/// Everything an FSDPLlama holds (FSDPLlama::Impl is this).
+struct Core {
+  LlamaConfig c;
+  comm::Communicator *g = nullptr;
+  int f = 1, r = 0;
+  double scale = 1.0;
+  std::vector<FlatUnit> units;
+  int embedUnit = 0, normUnit = 0, headUnit = 0; ///< headUnit == embedUnit: tied
+
+  /// The unit's full flat weights [n] (fresh, no gradient). Collective.
+  at::Tensor gatherFull(int u) const {
+    const FlatUnit &U = units[u];
+    CommScope scope;
+    if (f == 1)
+      return U.shard.detach().narrow(0, 0, U.n).clone();
+    return g->allGatherFlat(U.shard.detach()).view({-1}).narrow(0, 0, U.n);
+  }
+
+  /// Sums `fullGrad` [n] over the group; returns this member's slice [S].
+  /// One exchange: each member sends every other member that member's
+  /// slice (the (f-1)/f of the bytes a ring reduce-scatter moves).
+  at::Tensor reduceScatter(int u, const at::Tensor &fullGrad) const {
+    const FlatUnit &U = units[u];
+    CommScope scope;
+    at::Tensor padded = at::zeros({U.S * f}, fullGrad.options());
+    padded.narrow(0, 0, U.n).copy_(fullGrad.reshape({-1}));
+    if (f == 1)
+      return padded;
+    std::vector<std::pair<int, at::Tensor>> sends, recvs;
+    for (int q = 0; q < f; ++q)
+      if (q != r) {
+        sends.emplace_back(q, padded.narrow(0, q * U.S, U.S));
+        recvs.emplace_back(q, at::empty({U.S}, fullGrad.options()));
+      }
+    g->exchange(sends, recvs);
+    at::Tensor out = padded.narrow(0, r * U.S, U.S).clone();
+    for (auto &[q, part] : recvs)
+      out.add_(part);
+    return out;
+  }
+
+  /// The unit's parameters as views of `flat`, in natural shapes.
+  std::vector<at::Tensor> views(int u, const at::Tensor &flat) const {
+    const FlatUnit &U = units[u];
+    std::vector<at::Tensor> out;
+    for (size_t j = 0; j < U.names.size(); ++j)
+      out.push_back(flat.narrow(0, U.offsets[j], U.numels[j]).view(U.shapes[j]));
+    return out;
+  }
+
+  LayerWeights layerWeights(int u, const at::Tensor &flat) const {
+    const FlatUnit &U = units[u];
+    std::vector<at::Tensor> v = views(u, flat);
+    LayerWeights w;
+    for (size_t j = 0; j < U.names.size(); ++j) {
+      std::string suffix;
+      layerOf(U.names[j], suffix);
+      *w.slot(suffix) = v[j];
+    }
+    return w;
+  }
+
+  /// This member's slice of each unit from full tensors named like
+  /// Llama::namedParameters().
+  std::vector<at::Tensor> slices(const NamedTensors &full) const {
+    std::map<std::string, at::Tensor> byName(full.begin(), full.end());
+    std::vector<at::Tensor> out;
+    for (const FlatUnit &U : units) {
+      at::Tensor flat = at::zeros({U.S * f}, at::TensorOptions().dtype(at::kFloat));
+      for (size_t j = 0; j < U.names.size(); ++j) {
+        auto it = byName.find(U.names[j]);
+        if (it == byName.end() || it->second.numel() != U.numels[j])
+          throw std::invalid_argument("FSDPLlama: no tensor " + U.names[j] +
+                                      " of the expected size");
+        flat.narrow(0, U.offsets[j], U.numels[j]).copy_(it->second.detach().reshape({-1}));
+      }
+      out.push_back(flat.narrow(0, r * U.S, U.S).clone());
+    }
+    return out;
+  }
+};
+
+} // namespace fsdp_detail
+
+struct FSDPLlama::Impl : fsdp_detail::Core {};
+
+namespace {
+
+/// What one unit node needs in backward.
+struct UnitCall : torch::CustomClassHolder {
+  const fsdp_detail::Core *impl = nullptr;
+  int unit = 0;
+  UnitFn fn;
+};
+
+/// One unit as one autograd node: forward gathers the unit, runs it without
+/// recording and drops the full weights; backward re-gathers, recomputes
+/// with recording, back-propagates, and reduce-scatters the weight gradient.
+struct FSDPUnitFn : torch::autograd::Function<FSDPUnitFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
+                            const at::Tensor &shard, c10::intrusive_ptr<UnitCall> call) {
+    (void)shard;
+    at::Tensor y = call->fn(x, call->impl->gatherFull(call->unit));
+    ctx->save_for_backward({x});
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
+    return y;
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list gy);
+};
+
+} // namespace
+
+variable_list FSDPUnitFn::backward(AutogradContext *ctx, variable_list gy) {
+  auto holder = ctx->saved_data.at("call").toCapsule();
+  const UnitCall *call = static_cast<const UnitCall *>(holder.get());
+  const fsdp_detail::Core &impl = *call->impl;
+  at::Tensor x = ctx->get_saved_variables()[0];
+  const bool needX = ctx->needs_input_grad(0), needW = ctx->needs_input_grad(1);
+  at::Tensor full = impl.gatherFull(call->unit).detach();
+  at::Tensor xd = x.detach();
+  variable_list inputs;
+  if (needX)
+    inputs.push_back(xd.requires_grad_(true));
+  if (needW)
+    inputs.push_back(full.requires_grad_(true));
+  at::Tensor gx, gw;
+  if (!inputs.empty()) {
+    at::Tensor y;
+    {
+      at::AutoGradMode record(true);
+      y = call->fn(xd, full);
+    }
+    variable_list grads = torch::autograd::grad({y}, inputs, {gy[0]},
+                                                /*retain_graph=*/false,
+                                                /*create_graph=*/false,
+                                                /*allow_unused=*/true);
+    size_t i = 0;
+    if (needX)
+      gx = grads[i++];
+    if (needW) {
+      at::Tensor gfull = grads[i].defined() ? grads[i] : at::zeros_like(full);
+      gw = impl.reduceScatter(call->unit, gfull).mul_(impl.scale);
+    }
+  }
+  return {gx, gw, at::Tensor()};
+}
+
+namespace {
+
+/// Runs unit `u` on `x`: as one autograd node when gradients are wanted.
+at::Tensor runUnit(const fsdp_detail::Core &core, int u, UnitFn fn,
+                   const at::Tensor &x) {
+  const at::Tensor &shard = core.units[u].shard;
+  if (at::GradMode::is_enabled() && (shard.requires_grad() || x.requires_grad())) {
+    auto call = c10::make_intrusive<UnitCall>();
+    call->impl = &core;
+    call->unit = u;
+    call->fn = std::move(fn);
+    return FSDPUnitFn::apply(x, shard, call);
+  }
+  return fn(x, core.gatherFull(u));
+}
+
+} // namespace
+
+FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
+    : p_(std::make_unique<Impl>()) {
+  Impl &p = *p_;
+  p.c = full.config();
+  p.g = &group;
+  p.f = group.size();
+  p.r = group.rank();
+  p.scale = 1.0 / p.f;
+  std::map<std::string, int> unitIndex;
+  NamedTensors named = full.namedParameters();
+  for (const auto &[name, view] : named) {
+    std::string suffix;
+    int layer = layerOf(name, suffix);
+    std::string unit = layer >= 0 ? "layers." + std::to_string(layer) : name;
+    auto it = unitIndex.find(unit);
+    if (it == unitIndex.end()) {
+      it = unitIndex.emplace(unit, (int)p.units.size()).first;
+      p.units.emplace_back();
+      p.units.back().name = unit;
+    }
+    FlatUnit &U = p.units[it->second];
+    U.names.push_back(name);
+    U.fullShapes.push_back(view.sizes().vec());
+    U.shapes.push_back(isVector(name) ? std::vector<int64_t>{view.numel()}
+                                      : view.sizes().vec());
+    U.offsets.push_back(U.n);
+    U.numels.push_back(view.numel());
+    U.n += view.numel();
+  }
+  for (FlatUnit &U : p.units)
+    U.S = (U.n + p.f - 1) / p.f;
+  p.embedUnit = unitIndex.at("embed");
+  p.normUnit = unitIndex.at("final_norm");
+  auto head = unitIndex.find("lm_head");
+  p.headUnit = head == unitIndex.end() ? p.embedUnit : head->second;
+  std::vector<at::Tensor> mine = p.slices(named);
+  for (size_t u = 0; u < p.units.size(); ++u)
+    p.units[u].shard = mine[u];
+}
+
+FSDPLlama::~FSDPLlama() = default;
+
+const LlamaConfig &FSDPLlama::config() const { return p_->c; }
+comm::Communicator &FSDPLlama::comm() const { return *p_->g; }
+int FSDPLlama::numUnits() const { return (int)p_->units.size(); }
+const std::string &FSDPLlama::unitName(int u) const { return p_->units.at(u).name; }
+int64_t FSDPLlama::unitNumel(int u) const { return p_->units.at(u).n; }
+int64_t FSDPLlama::shardSize(int u) const { return p_->units.at(u).S; }
+double FSDPLlama::gradScale() const { return p_->scale; }
+void FSDPLlama::setGradScale(double s) { p_->scale = s; }
+
+at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                             const at::Tensor &keyMask) const {
+  const Impl &p = *p_;
+  AttnContext a = attnContext(p.c, tokens, positions, keyMask, "FSDPLlama");
+  const int eu = p.embedUnit;
+  at::Tensor x = runUnit(p, 
+      eu,
+      [ip = &p, eu](const at::Tensor &tok, const at::Tensor &flat) {
+        return at::embedding(ip->views(eu, flat)[0], tok);
+      },
+      tokens);
+  for (int i = 0; i < p.c.layers; ++i) {
+    const int u = eu + 1 + i;
+    x = runUnit(p, 
+        u,
+        [ip = &p, u, a](const at::Tensor &in, const at::Tensor &flat) {
+          return decoderLayer(in, ip->layerWeights(u, flat), a, ip->c.heads,
+                              ip->c.kvHeads, ip->c.normEps, nullptr);
+        },
+        x);
+  }
+  const int nu = p.normUnit;
+  return runUnit(p, 
+      nu,
+      [ip = &p, nu](const at::Tensor &in, const at::Tensor &flat) {
+        return rmsNorm(in, ip->views(nu, flat)[0], ip->c.normEps);
+      },
+      x);
+}
+
+at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
+  const Impl &p = *p_;
+  const int hu = p.headUnit;
+  return runUnit(p, 
+      hu,
+      [ip = &p, hu](const at::Tensor &in, const at::Tensor &flat) {
+        return at::linear(in, ip->views(hu, flat)[0]);
+      },
+      h);
+}
+
+at::Tensor FSDPLlama::forward(const at::Tensor &tokens) const {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument("FSDPLlama::forward: tokens must be int64 [B, T]");
+  at::Tensor pos = at::arange(tokens.size(1), tokens.options())
+                       .unsqueeze(0)
+                       .expand({tokens.size(0), tokens.size(1)});
+  return logits(hidden(tokens, pos, at::Tensor()));
+}
+
+at::Tensor FSDPLlama::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                    double temperature) {
+  return models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor FSDPLlama::tokenEntropy(const at::Tensor &logits, double temperature) {
+  return models::tokenEntropy(logits, temperature);
+}
+
+std::vector<at::Tensor> FSDPLlama::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &U : p_->units)
+    out.push_back(U.shard);
+  return out;
+}
+
+void FSDPLlama::setTrainable(bool trainable) {
+  for (auto &U : p_->units)
+    U.shard.requires_grad_(trainable);
+}
+
+void FSDPLlama::loadFrom(const Llama &full) {
+  std::vector<at::Tensor> mine = p_->slices(full.namedParameters());
+  at::NoGradGuard noGrad;
+  for (size_t u = 0; u < mine.size(); ++u)
+    p_->units[u].shard.copy_(mine[u]);
+}
+
+std::vector<at::Tensor> FSDPLlama::slicesOf(const NamedTensors &full) const {
+  return p_->slices(full);
+}
+
+void FSDPLlama::gatherInto(Llama &dst) const {
+  const Impl &p = *p_;
+  NamedTensors named = dst.namedParameters();
+  std::map<std::string, at::Tensor> byName(named.begin(), named.end());
+  for (int u = 0; u < (int)p.units.size(); ++u) {
+    at::Tensor full = p.gatherFull(u);
+    const FlatUnit &U = p.units[u];
+    at::NoGradGuard noGrad;
+    for (size_t j = 0; j < U.names.size(); ++j) {
+      auto it = byName.find(U.names[j]);
+      if (it == byName.end() || it->second.numel() != U.numels[j])
+        throw std::invalid_argument("FSDPLlama::gatherInto: the model differs at " +
+                                    U.names[j]);
+      it->second.copy_(
+          full.narrow(0, U.offsets[j], U.numels[j]).view(it->second.sizes()));
+    }
+  }
+}
+
+double FSDPLlama::gradNormSquared() const {
+  CommScope scope;
+  double s = 0;
+  for (const auto &U : p_->units)
+    if (U.shard.grad().defined())
+      s += U.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
+  at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  if (p_->f > 1)
+    p_->g->allReduceSum(total);
+  return total.item<double>();
+}
+
+} // namespace hflow::models

@@ -1,0 +1,231 @@
+//===- Parallel.h - tensor-parallel, FSDP and data-parallel Llama ----------===//
+//
+// Parallel forms of the runtime's Llama (Llama.h) over comm::Communicator
+// groups (blocking CPU collectives; every member calls every collective in
+// the same order). See docs/parallel.md for the layouts and the maths.
+//
+//  * Autograd-correct collectives (custom autograd functions): copyToTP
+//    (Megatron's f), reduceFromTP (Megatron's g), gatherLastDim.
+//  * TPLlama: Megatron-style tensor parallelism over a group of size t.
+//    q/k/v and gate/up are column-parallel (q/k/v split by heads), o and
+//    down row-parallel, the embedding and the LM head vocab-parallel, the
+//    RMSNorm weights replicated. Log-probabilities and entropies are
+//    computed on the vocab shards without gathering the full vocabulary.
+//  * FSDPLlama: ZeRO-3 over a group of size f. Each unit (the embedding,
+//    each decoder layer, the final norm, the LM head) is one flat vector of
+//    which each rank owns a 1/f slice (zero-padded); a unit's full weights
+//    exist only while the unit runs, and backward re-gathers them and
+//    reduce-scatters the gradient (averaged over the group).
+//  * allReduceGradients: plain data parallelism (averaged gradients).
+//
+// Convention shared by all forms: the loss is a mean over the local batch
+// rows; a TP group computes the same (replicated) loss on every member and
+// calls backward() on every member; DP/FSDP gradients are averaged over the
+// group, so with equal local batch sizes they are the gradient of the mean
+// loss over the global batch.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_PARALLEL_H
+#define HFLOW_RUNTIME_MODELS_PARALLEL_H
+
+#include "Llama.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hflow::comm {
+class Communicator;
+}
+
+namespace hflow::models {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+//===-- collectives with gradients ----------------------------------------===//
+// Every tensor may be non-contiguous (a contiguous copy is sent). With a
+// group of size 1 each is the identity.
+
+/// Forward: identity. Backward: all-reduce (sum) of the gradient over `tp`.
+/// Put in front of a column-parallel layer whose input is replicated.
+at::Tensor copyToTP(const at::Tensor &x, comm::Communicator &tp);
+/// Forward: all-reduce (sum) over `tp`. Backward: identity. Sums the partial
+/// outputs of a row-parallel layer.
+at::Tensor reduceFromTP(const at::Tensor &x, comm::Communicator &tp);
+/// Forward: all-gather along the last dimension (member i's part i-th; all
+/// parts the same shape). Backward: this member's slice of the gradient.
+at::Tensor gatherLastDim(const at::Tensor &x, comm::Communicator &tp);
+/// The element-wise maximum over the group, without gradient (a constant).
+at::Tensor allReduceMax(const at::Tensor &x, comm::Communicator &group);
+
+//===-- data parallelism --------------------------------------------------===//
+
+/// Averages the gradients of `params` over `dp` through one flat buffer
+/// (one all-reduce). A parameter without a gradient contributes zeros and,
+/// if any member had one, receives the average. Identity for size 1.
+void allReduceGradients(const std::vector<at::Tensor> &params,
+                        comm::Communicator &dp);
+
+/// A Llama's gradients named and shaped as its namedParameters() (2-D;
+/// zeros where a parameter has no gradient): what the parallel forms are
+/// compared against.
+NamedTensors namedGradients(const Llama &model);
+
+//===-- tensor parallelism ------------------------------------------------===//
+
+/// Megatron-style tensor-parallel Llama: this object holds only member r's
+/// shards of a group of t members.
+///
+/// Requirements (checkConfig): heads, ffn and vocab divisible by t; kvHeads
+/// divisible by t, or (GQA with fewer kv heads than members) t divisible by
+/// kvHeads: then each kv head is replicated on t/kvHeads consecutive members
+/// (those whose q heads use it) and its gradient is summed over them in
+/// backward, so every replica holds the full gradient.
+///
+/// Shards of member r (rows of the y = x W^T weights):
+///   q, q_bias       heads [r h/t, (r+1) h/t)           (column-parallel)
+///   k, v, biases    kv heads [r kv/t, ..) or the replicated one
+///   o               columns of those q heads            (row-parallel)
+///   gate, up        rows [r F/t, (r+1) F/t)             (column-parallel)
+///   down            those columns                       (row-parallel)
+///   embed, lm_head  rows [r V/t, (r+1) V/t)             (vocab-parallel)
+///   norms           replicated
+/// With tied embeddings the embedding shard is the LM head shard (one leaf).
+class TPLlama {
+public:
+  /// Takes member tp.rank()'s shards of `full` (copied; `full` may be freed
+  /// afterwards). The parameters start frozen, like a new Llama. Throws
+  /// std::invalid_argument when checkConfig fails.
+  TPLlama(const Llama &full, comm::Communicator &tp);
+  ~TPLlama();
+  TPLlama(const TPLlama &) = delete;
+  TPLlama &operator=(const TPLlama &) = delete;
+
+  /// Empty when `c` can be split over `tpSize` members, else why not.
+  static std::string checkConfig(const LlamaConfig &c, int tpSize);
+
+  const LlamaConfig &config() const;
+  comm::Communicator &comm() const;
+  int localHeads() const;
+  int localKvHeads() const;
+  int64_t vocabStart() const; ///< first vocabulary row of this member
+  int64_t vocabShard() const; ///< V / t
+
+  /// Same semantics as Llama::hidden (no KV cache): the final hidden states
+  /// [B, T, H], replicated on every member. Collective.
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const;
+  /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
+  at::Tensor logitsShard(const at::Tensor &hidden) const;
+  /// The full logits [.., V] (all-gather of the shards). Collective.
+  at::Tensor logits(const at::Tensor &hidden) const;
+  /// Positions 0..T-1, no padding: the gathered logits [B, T, V].
+  at::Tensor forward(const at::Tensor &tokens) const;
+
+  /// log p(tokens) under softmax(logits / temperature), from this member's
+  /// logits shard [B, R, V/t] and the tokens [B, R]; [B, R], replicated.
+  /// Never gathers the vocabulary: a max all-reduce (no gradient), an
+  /// all-reduce of the sum of exponentials and of the target logit (owned
+  /// by one member, zero elsewhere). Differentiable. Collective.
+  at::Tensor tokenLogprobs(const at::Tensor &logitsShard, const at::Tensor &tokens,
+                           double temperature = 1.0) const;
+  /// The entropy of that distribution per position, [B, R]; replicated.
+  at::Tensor tokenEntropy(const at::Tensor &logitsShard,
+                          double temperature = 1.0) const;
+
+  /// The shards in Llama::namedParameters() order and names (natural
+  /// shapes: 1-D norms and biases). Tied: no lm_head entry.
+  NamedTensors namedShards() const;
+  /// The leaf shards an optimizer steps (each once).
+  std::vector<at::Tensor> parameters() const;
+  void setTrainable(bool trainable);
+  /// Re-takes this member's shards from `full` (same config).
+  void loadFrom(const Llama &full);
+  /// Writes the gathered full weights into `dst` (same config). Collective.
+  void gatherInto(Llama &dst) const;
+  /// The gathered full gradients, named and shaped as
+  /// Llama::namedParameters() (zeros where none). Collective.
+  NamedTensors gatherGradients() const;
+  /// The squared global L2 norm of the gradients: sharded ones summed over
+  /// the group, replicated ones (norms, replicated kv heads) counted once.
+  /// Equals the unsharded model's. Collective.
+  double gradNormSquared() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+//===-- FSDP (ZeRO-3) -----------------------------------------------------===//
+
+/// ZeRO-3 sharded Llama over a group of f members. Units, in order:
+/// "embed", "layers.<i>", "final_norm", and "lm_head" (absent when tied:
+/// the LM head then re-gathers the "embed" unit). A unit's parameters are
+/// concatenated, flattened, in Llama::namedParameters() order into n
+/// numbers, zero-padded to f*S with S = ceil(n / f); member r owns the flat
+/// slice [r S, (r+1) S): parameters() are these slices, one per unit, so an
+/// optimizer over them keeps sharded state.
+///
+/// Forward gathers a unit (all-gather) just before it runs and drops the
+/// full weights right after. With gradients, each unit is one autograd node
+/// that keeps only its input: backward re-gathers the unit, recomputes its
+/// forward (activation checkpointing per unit), back-propagates through it
+/// and reduce-scatters the weight gradient: member r receives the
+/// gradient of its own slice, summed over the group and multiplied by
+/// gradScale() (default 1/f: the average of the members' gradients, i.e.
+/// the gradient of the global mean loss when every member's loss is the
+/// mean over equally many rows).
+class FSDPLlama {
+public:
+  /// Takes this member's slices of `full` (copied). Parameters start frozen.
+  FSDPLlama(const Llama &full, comm::Communicator &group);
+  ~FSDPLlama();
+  FSDPLlama(const FSDPLlama &) = delete;
+  FSDPLlama &operator=(const FSDPLlama &) = delete;
+
+  const LlamaConfig &config() const;
+  comm::Communicator &comm() const;
+  int numUnits() const;
+  const std::string &unitName(int unit) const;
+  int64_t unitNumel(int unit) const; ///< n, without padding
+  int64_t shardSize(int unit) const; ///< S
+
+  double gradScale() const;
+  void setGradScale(double scale);
+
+  /// As Llama::hidden, on this member's rows. Collective.
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const;
+  /// The LM head: [.., H] -> [.., V] (full vocabulary). Collective.
+  at::Tensor logits(const at::Tensor &hidden) const;
+  at::Tensor forward(const at::Tensor &tokens) const;
+  /// The local rows' logits are complete: these are Llama's free functions.
+  static at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                  double temperature = 1.0);
+  static at::Tensor tokenEntropy(const at::Tensor &logits, double temperature = 1.0);
+
+  /// This member's flat slices, one per unit (autograd leaves).
+  std::vector<at::Tensor> parameters() const;
+  void setTrainable(bool trainable);
+  /// Re-takes this member's slices from `full`.
+  void loadFrom(const Llama &full);
+  /// This member's slices of any full named tensors laid out like
+  /// Llama::namedParameters() (e.g. namedGradients(full)), one per unit.
+  std::vector<at::Tensor> slicesOf(const NamedTensors &full) const;
+  /// Writes the gathered full weights into `dst`. Collective.
+  void gatherInto(Llama &dst) const;
+  /// Squared global L2 norm of the slices' gradients. Collective.
+  double gradNormSquared() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_PARALLEL_H

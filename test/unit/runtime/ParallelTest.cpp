@@ -1,0 +1,625 @@
+//===- ParallelTest.cpp - TP, FSDP and DP Llama against the 1-process one ---===//
+//
+// Each multi-process test re-executes this binary once per rank (only that
+// test, via --gtest_filter) with HFLOW_PAR_TEST_{RANK,WORLD,PORT} set; the
+// ranks meet through a rendezvous and a GlooCommunicator world. Every rank
+// also builds the unsharded Llama from the same seed and runs the whole
+// batch through it: the reference. The parallel forms must match it within
+// atol 1e-5 + rtol 1e-4 * |reference| (float32) element-wise. Each rank
+// prints "[maxerr] <quantity> <max abs error>"; the parent prints the
+// maximum over ranks.
+//
+//===----------------------------------------------------------------------===//
+#include "Communicator.h"
+#include "GlooCommunicator.h"
+#include "Launcher.h"
+#include "Llama.h"
+#include "Optim.h"
+#include "Parallel.h"
+#include "Rendezvous.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+using namespace hflow::models;
+using hflow::comm::Communicator;
+using hflow::comm::GlooCommunicator;
+
+namespace {
+
+//===-- running a test as several processes -------------------------------===//
+
+struct Rank {
+  int rank = -1, world = 0, port = 0;
+  bool child() const { return rank >= 0; }
+};
+
+Rank thisRank() {
+  Rank r;
+  if (const char *s = std::getenv("HFLOW_PAR_TEST_RANK")) {
+    r.rank = std::atoi(s);
+    r.world = std::atoi(std::getenv("HFLOW_PAR_TEST_WORLD"));
+    r.port = std::atoi(std::getenv("HFLOW_PAR_TEST_PORT"));
+  }
+  return r;
+}
+
+std::string testFilter() {
+  auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
+}
+
+/// Spawns `world` copies of this binary running only the current test;
+/// waits (killing them after `timeoutSec`), removes their logs. Returns ""
+/// when all passed, else the failing ranks' output. Prints the maximum over
+/// ranks of every "[maxerr] key value" line.
+std::string spawnRanks(int world, int timeoutSec = 60) {
+  int port = hflow::launch::pickFreePort("127.0.0.1");
+  if (port < 0)
+    return "no free port";
+  std::string filter = testFilter();
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env;
+    for (char **e = environ; *e; ++e)
+      if (std::string(*e).rfind("GTEST_", 0) != 0)
+        env.push_back(*e);
+    env.push_back("HFLOW_PAR_TEST_RANK=" + std::to_string(r));
+    env.push_back("HFLOW_PAR_TEST_WORLD=" + std::to_string(world));
+    env.push_back("HFLOW_PAR_TEST_PORT=" + std::to_string(port));
+    std::vector<char *> envp;
+    for (auto &s : env)
+      envp.push_back(s.data());
+    envp.push_back(nullptr);
+    char exe[] = "/proc/self/exe";
+    std::vector<char *> argv{exe, filter.data(), nullptr};
+    logs.push_back("/tmp/hflow-partest-" + std::to_string(getpid()) + "-" +
+                   std::to_string(r) + ".log");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      for (pid_t p : pids) {
+        kill(p, SIGKILL);
+        waitpid(p, nullptr, 0);
+      }
+      return "posix_spawn failed";
+    }
+    pids.push_back(pid);
+  }
+  std::string failures;
+  std::map<std::string, double> maxErr;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSec);
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    bool killed = false;
+    for (;;) {
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r])
+        break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        killed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream in(logs[r]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::remove(logs[r].c_str());
+    std::string line;
+    std::istringstream lines(ss.str());
+    while (std::getline(lines, line))
+      if (line.rfind("[maxerr] ", 0) == 0) {
+        std::istringstream f(line.substr(9));
+        std::string key;
+        double v = 0;
+        if (f >> key >> v)
+          maxErr[key] = std::max(maxErr[key], v);
+      }
+    bool passed = ss.str().find("[  PASSED  ] 1 test") != std::string::npos;
+    if (killed || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !passed)
+      failures += "--- rank " + std::to_string(r) + (killed ? " timed out" : " failed") +
+                  ":\n" + ss.str();
+  }
+  for (auto &[k, v] : maxErr)
+    std::cout << "[maxerr] " << k << " " << v << "\n";
+  return failures;
+}
+
+struct Group {
+  std::unique_ptr<hflow::comm::Rendezvous> rv;
+  std::unique_ptr<Communicator> world;
+};
+
+Group joinWorld(const Rank &e) {
+  hflow::comm::RendezvousOptions o;
+  o.masterAddr = "127.0.0.1";
+  o.masterPort = e.port;
+  o.rank = e.rank;
+  o.worldSize = e.world;
+  o.timeout = std::chrono::seconds(20);
+  o.planHash = 0x9a2a11e1;
+  o.version = "test";
+  Group g;
+  g.rv = hflow::comm::Rendezvous::join(o);
+  hflow::comm::GlooOptions go;
+  go.host = "127.0.0.1";
+  go.timeout = std::chrono::seconds(20);
+  g.world = GlooCommunicator::createWorld(*g.rv, go);
+  at::set_num_threads(1); // up to 4 ranks share the machine's cores
+  return g;
+}
+
+/// The parent's side of a multi-process test.
+#define RUN_AS_RANKS(world)                                                    \
+  do {                                                                         \
+    if (!thisRank().child()) {                                                 \
+      std::string failures = spawnRanks(world);                                \
+      EXPECT_TRUE(failures.empty()) << failures;                               \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+
+//===-- the models, the batch, the loss -----------------------------------===//
+
+constexpr uint64_t kSeed = 1234;
+constexpr double kTemp = 0.7;
+constexpr double kAtol = 1e-5, kRtol = 1e-4, kScaleRtol = 1e-3;
+
+LlamaConfig gqa() {
+  LlamaConfig c;
+  c.name = "gqa";
+  c.layers = 2, c.hidden = 32, c.heads = 4, c.kvHeads = 2, c.ffn = 64, c.vocab = 64;
+  return c;
+}
+
+LlamaConfig biasTied() {
+  LlamaConfig c = gqa();
+  c.name = "bias_tied";
+  c.qkvBias = true;
+  c.tieEmbeddings = true;
+  return c;
+}
+
+LlamaConfig mha() {
+  LlamaConfig c = gqa();
+  c.name = "mha";
+  c.kvHeads = 4;
+  return c;
+}
+
+/// Four left-padded rows (row b has b % 4 padding tokens) of length 7.
+struct Batch {
+  at::Tensor tokens, mask, positions;
+  int64_t B = 0, T = 0;
+
+  Batch rows(int64_t first, int64_t count) const {
+    Batch b;
+    b.tokens = tokens.narrow(0, first, count).contiguous();
+    b.mask = mask.narrow(0, first, count).contiguous();
+    b.positions = positions.narrow(0, first, count).contiguous();
+    b.B = count, b.T = T;
+    return b;
+  }
+  /// Next-token targets [B, T-1] and their mask (float).
+  at::Tensor targets() const { return tokens.narrow(1, 1, T - 1); }
+  at::Tensor targetMask() const { return mask.narrow(1, 1, T - 1).to(at::kFloat); }
+};
+
+Batch makeBatch(int64_t vocab) {
+  Batch b;
+  b.B = 4, b.T = 7;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+  b.tokens = at::randint(1, vocab, {b.B, b.T}, gen, at::TensorOptions().dtype(at::kLong));
+  b.mask = at::ones({b.B, b.T}, at::TensorOptions().dtype(at::kBool));
+  for (int64_t r = 0; r < b.B; ++r) {
+    int64_t pad = r % 4;
+    if (pad > 0) {
+      b.mask[r].narrow(0, 0, pad).fill_(false);
+      b.tokens[r].narrow(0, 0, pad).fill_(0);
+    }
+  }
+  b.positions = positionsFromMask(b.mask);
+  return b;
+}
+
+/// The mean over the local [B, T-1] positions of mask * (-logp - 0.1 H):
+/// the average over members of equally sized local means is the global mean.
+at::Tensor lossOf(const at::Tensor &lp, const at::Tensor &ent, const at::Tensor &m) {
+  return ((-lp - 0.1 * ent) * m).mean();
+}
+
+/// The 1-process reference on the whole batch.
+struct Reference {
+  std::unique_ptr<Llama> model;
+  at::Tensor logits, lp, ent, loss;
+  NamedTensors grads;
+  double gradNormSq = 0;
+};
+
+Reference reference(const LlamaConfig &c, const Batch &b) {
+  Reference ref;
+  ref.model = std::make_unique<Llama>(c, kSeed);
+  ref.model->setTrainable(true);
+  at::Tensor h = ref.model->hidden(b.tokens, b.positions, b.mask);
+  ref.logits = ref.model->logits(h);
+  at::Tensor l = ref.logits.narrow(1, 0, b.T - 1);
+  ref.lp = tokenLogprobs(l, b.targets(), kTemp);
+  ref.ent = tokenEntropy(l, kTemp);
+  ref.loss = lossOf(ref.lp, ref.ent, b.targetMask());
+  ref.loss.backward();
+  ref.grads = namedGradients(*ref.model);
+  for (auto &[n, g] : ref.grads)
+    ref.gradNormSq += g.to(at::kDouble).pow(2).sum().item<double>();
+  return ref;
+}
+
+//===-- comparisons --------------------------------------------------------===//
+
+/// Largest absolute error per quantity, printed at the end of a rank.
+struct Errors {
+  std::map<std::string, double> max;
+  ~Errors() {
+    for (auto &[k, v] : max)
+      std::cout << "[maxerr] " << k << " " << v << "\n";
+  }
+};
+
+void expectClose(Errors &errs, const std::string &key, const std::string &what,
+                 const at::Tensor &got, const at::Tensor &want) {
+  ASSERT_TRUE(got.sizes().equals(want.sizes()))
+      << what << ": shape " << got.sizes() << " vs " << want.sizes();
+  at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  at::Tensor diff = (g - w).abs();
+  double maxDiff = diff.numel() ? diff.max().item<double>() : 0.0;
+  double scale = w.numel() ? w.abs().max().item<double>() : 0.0;
+  errs.max[key] = std::max(errs.max[key], maxDiff);
+  errs.max[key + ".rel"] = std::max(errs.max[key + ".rel"], maxDiff / std::max(scale, 1e-30));
+  bool ok = diff.le(kAtol + kRtol * w.abs()).all().item<bool>();
+  EXPECT_TRUE(ok) << what << ": max abs error " << maxDiff;
+  // Some gradients are ~1e-4 in size: also bound the error by the tensor's
+  // own scale, so atol alone cannot hide a wrong one.
+  EXPECT_LE(maxDiff, kScaleRtol * scale) << what << ": max abs error " << maxDiff
+                                         << " against a largest |value| of " << scale;
+}
+
+void expectCloseScalar(Errors &errs, const std::string &key, const std::string &what,
+                       double got, double want) {
+  double d = std::abs(got - want);
+  errs.max[key] = std::max(errs.max[key], d);
+  EXPECT_LE(d, kAtol + kRtol * std::abs(want)) << what << ": " << got << " vs " << want;
+}
+
+void expectSameWeights(Errors &errs, const std::string &key, const Llama &got,
+                       const Llama &want) {
+  auto a = got.namedParameters(), b = want.namedParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    expectClose(errs, key, a[i].first, a[i].second, b[i].second);
+}
+
+void expectGrads(Errors &errs, const std::string &key, const NamedTensors &got,
+                 const NamedTensors &want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first);
+    expectClose(errs, key, "grad " + got[i].first, got[i].second, want[i].second);
+  }
+}
+
+//===-- the bodies ---------------------------------------------------------===//
+
+/// Tensor parallelism over `tp` against the reference, for one config.
+void checkTP(Errors &errs, Communicator &tp, const LlamaConfig &c) {
+  SCOPED_TRACE(c.name + " on " + std::to_string(tp.size()) + " members");
+  ASSERT_EQ(TPLlama::checkConfig(c, tp.size()), "");
+  Batch b = makeBatch(c.vocab);
+  Reference ref = reference(c, b);
+
+  Llama source(c, kSeed);
+  TPLlama m(source, tp);
+  m.setTrainable(true);
+  EXPECT_EQ(m.vocabShard(), c.vocab / tp.size());
+  at::Tensor h = m.hidden(b.tokens, b.positions, b.mask);
+  at::Tensor shard = m.logitsShard(h);
+  EXPECT_EQ(shard.size(-1), c.vocab / tp.size());
+  expectClose(errs, "tp.logits", "logits shard", shard,
+              ref.logits.narrow(-1, m.vocabStart(), m.vocabShard()));
+  expectClose(errs, "tp.logits", "gathered logits", m.logits(h), ref.logits);
+  at::Tensor l = shard.narrow(1, 0, b.T - 1);
+  at::Tensor lp = m.tokenLogprobs(l, b.targets(), kTemp);
+  at::Tensor ent = m.tokenEntropy(l, kTemp);
+  expectClose(errs, "tp.logprobs", "logprobs", lp, ref.lp);
+  expectClose(errs, "tp.entropy", "entropy", ent, ref.ent);
+  at::Tensor loss = lossOf(lp, ent, b.targetMask());
+  expectClose(errs, "tp.loss", "loss", loss, ref.loss);
+  loss.backward();
+  expectGrads(errs, "tp.grads", m.gatherGradients(), ref.grads);
+  expectCloseScalar(errs, "tp.gradnorm2", "squared gradient norm", m.gradNormSquared(),
+                    ref.gradNormSq);
+
+  // The same loss through the gathered logits (gatherLastDim's backward).
+  for (auto &p : m.parameters())
+    p.mutable_grad().zero_();
+  at::Tensor full = m.logits(m.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
+  lossOf(tokenLogprobs(full, b.targets(), kTemp), tokenEntropy(full, kTemp), b.targetMask())
+      .backward();
+  expectGrads(errs, "tp.grads", m.gatherGradients(), ref.grads);
+
+  // Generation-style forward (no autograd) and the weights written back.
+  {
+    c10::InferenceMode guard;
+    expectClose(errs, "tp.logits", "inference logits",
+                m.logits(m.hidden(b.tokens, b.positions, b.mask)), ref.logits);
+  }
+  Llama back(c, kSeed + 1);
+  m.gatherInto(back);
+  expectSameWeights(errs, "tp.weights", back, *ref.model);
+}
+
+/// Each member's rows of the batch: [r B/n, (r+1) B/n).
+Batch myRows(const Batch &b, int r, int n) { return b.rows(r * b.B / n, b.B / n); }
+
+void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
+  SCOPED_TRACE(c.name + " on " + std::to_string(g.size()) + " members");
+  Batch all = makeBatch(c.vocab);
+  Reference ref = reference(c, all);
+  Batch b = myRows(all, g.rank(), g.size());
+  at::Tensor refRows = ref.logits.narrow(0, g.rank() * all.B / g.size(), b.B);
+
+  Llama source(c, kSeed);
+  FSDPLlama m(source, g);
+  m.setTrainable(true);
+  int64_t held = 0;
+  for (auto &p : m.parameters())
+    held += p.numel();
+  for (int u = 0; u < m.numUnits(); ++u)
+    EXPECT_EQ(m.shardSize(u), (m.unitNumel(u) + g.size() - 1) / g.size());
+  EXPECT_LE(held * g.size(), c.paramCount() + (int64_t)m.numUnits() * g.size());
+  EXPECT_EQ(m.numUnits(), c.layers + (c.tieEmbeddings ? 2 : 3));
+
+  // One all-gather per unit call (the head re-gathers the embedding when
+  // tied), each sending (f-1) S floats.
+  const int calls = c.layers + 3;
+  auto unitBytes = [&](int u) { return (uint64_t)(g.size() - 1) * m.shardSize(u) * 4; };
+  uint64_t gatherBytes = 0;
+  for (int u = 0; u < m.numUnits(); ++u)
+    gatherBytes += unitBytes(u);
+  if (c.tieEmbeddings)
+    gatherBytes += unitBytes(0);
+  const hflow::comm::CommStats before = g.stats();
+  at::Tensor logits = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+  if (g.size() > 1) {
+    EXPECT_EQ(g.stats().ops - before.ops, (uint64_t)calls);
+    EXPECT_EQ(g.bytesSent() - before.bytesSent, gatherBytes);
+  }
+  expectClose(errs, "fsdp.logits", "logits", logits, refRows);
+  at::Tensor l = logits.narrow(1, 0, b.T - 1);
+  at::Tensor lp = FSDPLlama::tokenLogprobs(l, b.targets(), kTemp);
+  at::Tensor ent = FSDPLlama::tokenEntropy(l, kTemp);
+  at::Tensor loss = lossOf(lp, ent, b.targetMask());
+  int64_t first = g.rank() * all.B / g.size();
+  expectClose(errs, "fsdp.loss", "local loss", loss,
+              lossOf(ref.lp.narrow(0, first, b.B), ref.ent.narrow(0, first, b.B),
+                     b.targetMask()));
+  // The global loss: the mean of the members' local means.
+  at::Tensor global = loss.detach().clone().view({1});
+  g.allReduceSum(global);
+  expectClose(errs, "fsdp.loss", "global loss", global / g.size(), ref.loss.view({1}));
+  const hflow::comm::CommStats beforeBackward = g.stats();
+  loss.backward();
+  if (g.size() > 1) {
+    // Backward: per unit call a re-gather and a reduce-scatter (one
+    // exchange sending (f-1) S floats).
+    EXPECT_EQ(g.stats().ops - beforeBackward.ops, 2u * calls);
+    EXPECT_EQ(g.bytesSent() - beforeBackward.bytesSent, 2 * gatherBytes);
+  }
+  std::vector<at::Tensor> want = m.slicesOf(ref.grads);
+  std::vector<at::Tensor> params = m.parameters();
+  ASSERT_EQ(want.size(), params.size());
+  for (size_t u = 0; u < params.size(); ++u) {
+    ASSERT_TRUE(params[u].grad().defined()) << m.unitName((int)u);
+    expectClose(errs, "fsdp.grads", "grad of slice " + m.unitName((int)u),
+                params[u].grad(), want[u]);
+  }
+  double normSq = m.gradNormSquared();
+  expectCloseScalar(errs, "fsdp.gradnorm2", "squared gradient norm", normSq,
+                    ref.gradNormSq);
+
+  // One AdamW step (with clipping by the global norm) on the slices against
+  // the same step on the full parameters.
+  AdamWOptions o;
+  o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
+  Llama initial(c, kSeed);
+  AdamW shardOpt(params, o), fullOpt(ref.model->parameters(), o);
+  EXPECT_LT(shardOpt.clip(std::sqrt(normSq)), 1.0);
+  fullOpt.clip(std::sqrt(ref.gradNormSq));
+  shardOpt.step();
+  fullOpt.step();
+  Llama stepped(c, kSeed + 2);
+  m.gatherInto(stepped);
+  expectSameWeights(errs, "fsdp.adamw_weights", stepped, *ref.model);
+  double moved = 0;
+  for (size_t i = 0; i < stepped.parameters().size(); ++i)
+    moved = std::max(moved, (stepped.parameters()[i] - initial.parameters()[i])
+                                .abs().max().item<double>());
+  EXPECT_GT(moved, 5e-4); // the step did move the weights (lr 1e-3)
+
+  // Forward without autograd after the step, against the stepped reference.
+  at::NoGradGuard noGrad;
+  at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+  expectClose(errs, "fsdp.logits", "logits after the step", after,
+              ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
+}
+
+void checkDP(Errors &errs, Communicator &dp, const LlamaConfig &c) {
+  SCOPED_TRACE(c.name + " on " + std::to_string(dp.size()) + " members");
+  Batch all = makeBatch(c.vocab);
+  Reference ref = reference(c, all);
+  Batch b = myRows(all, dp.rank(), dp.size());
+  Llama replica(c, kSeed);
+  replica.setTrainable(true);
+  at::Tensor l = replica.logits(replica.hidden(b.tokens, b.positions, b.mask))
+                     .narrow(1, 0, b.T - 1);
+  lossOf(tokenLogprobs(l, b.targets(), kTemp), tokenEntropy(l, kTemp), b.targetMask())
+      .backward();
+  allReduceGradients(replica.parameters(), dp);
+  expectGrads(errs, "dp.grads", namedGradients(replica), ref.grads);
+}
+
+/// TP inside pairs {0,1}, {2,3}; DP across them: {0,2}, {1,3}.
+void checkTPxDP(Errors &errs, Communicator &world, const LlamaConfig &c) {
+  SCOPED_TRACE(c.name);
+  const int r = world.rank(), pair = r / 2;
+  auto tp = world.makeSubgroup(c.name + ".tp" + std::to_string(pair),
+                               {2 * pair, 2 * pair + 1});
+  auto dp = world.makeSubgroup(c.name + ".dp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+  ASSERT_EQ(tp->rank(), r % 2);
+  ASSERT_EQ(dp->rank(), pair);
+  Batch all = makeBatch(c.vocab);
+  Reference ref = reference(c, all);
+  Batch b = myRows(all, dp->rank(), dp->size());
+  at::Tensor refRows = ref.logits.narrow(0, dp->rank() * b.B, b.B);
+
+  Llama source(c, kSeed);
+  TPLlama m(source, *tp);
+  // Generation-style: no autograd, the last position's logits and the
+  // greedy next token of each local row.
+  {
+    c10::InferenceMode guard;
+    at::Tensor logits = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+    expectClose(errs, "tpxdp.logits", "inference logits", logits, refRows);
+    EXPECT_TRUE(at::equal(logits.select(1, b.T - 1).argmax(-1),
+                          refRows.select(1, b.T - 1).argmax(-1)));
+  }
+  // Training: the local rows' loss, TP backward, DP average.
+  m.setTrainable(true);
+  at::Tensor l = m.logitsShard(m.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
+  at::Tensor loss = lossOf(m.tokenLogprobs(l, b.targets(), kTemp),
+                           m.tokenEntropy(l, kTemp), b.targetMask());
+  at::Tensor global = loss.detach().clone().view({1});
+  dp->allReduceSum(global);
+  expectClose(errs, "tpxdp.loss", "global loss", global / dp->size(), ref.loss.view({1}));
+  loss.backward();
+  allReduceGradients(m.parameters(), *dp);
+  expectGrads(errs, "tpxdp.grads", m.gatherGradients(), ref.grads);
+  expectCloseScalar(errs, "tpxdp.gradnorm2", "squared gradient norm",
+                    m.gradNormSquared(), ref.gradNormSq);
+}
+
+} // namespace
+
+//===-- single-process checks ----------------------------------------------===//
+
+TEST(ParallelConfig, TensorParallelDivisibility) {
+  EXPECT_EQ(TPLlama::checkConfig(gqa(), 1), "");
+  EXPECT_EQ(TPLlama::checkConfig(gqa(), 2), "");
+  EXPECT_EQ(TPLlama::checkConfig(gqa(), 4), ""); // kv heads replicated in pairs
+  EXPECT_NE(TPLlama::checkConfig(gqa(), 3).find("heads 4 are not divisible by 3"),
+            std::string::npos);
+  LlamaConfig c = gqa();
+  c.heads = 8, c.kvHeads = 4, c.hidden = 64;
+  EXPECT_EQ(TPLlama::checkConfig(c, 8), "");
+  c.kvHeads = 8; // fine
+  EXPECT_EQ(TPLlama::checkConfig(c, 4), "");
+  c = gqa();
+  c.heads = 12, c.kvHeads = 3, c.hidden = 48; // 3 kv heads on 4 members
+  EXPECT_NE(TPLlama::checkConfig(c, 4).find("do not divide"), std::string::npos);
+  c = gqa();
+  c.vocab = 66;
+  EXPECT_NE(TPLlama::checkConfig(c, 4).find("vocab 66"), std::string::npos);
+}
+
+//===-- multi-process checks -----------------------------------------------===//
+
+TEST(ParallelTP, OneRankIsTheLlama) {
+  RUN_AS_RANKS(1);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  checkTP(errs, *g.world, gqa());
+  checkFSDP(errs, *g.world, biasTied());
+}
+
+TEST(ParallelTP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
+    checkTP(errs, *g.world, c);
+}
+
+TEST(ParallelTP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  // gqa and biasTied have 2 kv heads: each is replicated on 2 members.
+  for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
+    checkTP(errs, *g.world, c);
+}
+
+TEST(ParallelFSDP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    checkFSDP(errs, *g.world, c);
+}
+
+TEST(ParallelFSDP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    checkFSDP(errs, *g.world, c);
+}
+
+TEST(ParallelDP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    checkDP(errs, *g.world, c);
+}
+
+TEST(ParallelDP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    checkDP(errs, *g.world, c);
+}
+
+TEST(ParallelTPxDP, TwoByTwo) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    checkTPxDP(errs, *g.world, c);
+}
