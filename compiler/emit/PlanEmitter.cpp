@@ -159,8 +159,20 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     roleRanks.push_back(ranks);
     auto name = b.CreateString(r.getSymName().str());
     auto rankVec = b.CreateVector(ranks);
+    flatbuffers::Offset<flatbuffers::String> rule;
+    if (auto ru = r.getRuleAttr())
+      rule = b.CreateString(ru.getValue().str());
+    std::vector<std::pair<std::string, std::string>> opts;
+    if (auto d = r.getOptionsAttr())
+      for (NamedAttribute na : d)
+        opts.push_back({na.getName().str(), attrString(na.getValue())});
+    std::sort(opts.begin(), opts.end());
+    std::vector<flatbuffers::Offset<fb::KeyValue>> optKvs;
+    for (auto &[k, v] : opts)
+      optKvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    auto optVec = b.CreateVector(optKvs);
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
-                                   model, rankVec, &train, &gen));
+                                   model, rankVec, &train, &gen, rule, optVec));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
 

@@ -88,16 +88,18 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"kl_coef", ArgType::NonNegative},
     {"kl", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"},
     {"entropy_coef", ArgType::NonNegative},
+    {"lr", ArgType::Positive},
     {"loss_agg", ArgType::Choice,
      "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
 inline constexpr KeywordArg kCriticUpdateArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
     {"epochs", ArgType::Count},    {"clip_value", ArgType::NonNegative},
+    {"lr", ArgType::Positive},
     {"loss_agg", ArgType::Choice,
      "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
 inline constexpr KeywordArg kSftArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
-    {"epochs", ArgType::Count}};
+    {"epochs", ArgType::Count},    {"lr", ArgType::Positive}};
 
 struct Signature {
   std::string_view method;

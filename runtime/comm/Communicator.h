@@ -113,6 +113,15 @@ public:
                         std::vector<std::pair<int, at::Tensor>> &recvs) = 0;
   virtual void barrier() = 0;
 
+  /// A send that returns at once: the message goes out while this rank
+  /// carries on; waitSends() blocks until every posted send completed (the
+  /// tensor must stay unchanged until then, it is kept alive here). `tag`
+  /// (>= 16; smaller tags are reserved) matches it with recvTagged on the
+  /// peer. Counted when posted.
+  virtual void postSend(const at::Tensor &t, int peer, int tag) = 0;
+  virtual void recvTagged(at::Tensor &t, int peer, int tag) = 0;
+  virtual void waitSends() = 0;
+
   /// A communicator over `globalRanks` (ascending, distinct, containing this
   /// process's global rank). Called only by the members, all in the same
   /// order of group creation. `name` must be unique for the job: it keys

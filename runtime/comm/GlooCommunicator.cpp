@@ -77,6 +77,9 @@ struct GlooCommunicator::Impl {
   std::vector<int> globalRanks;
   int rank = 0, size = 1;
   int globalRank = 0;
+  // Posted sends not yet waited on, with the tensors they read.
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<at::Tensor>>> pending;
+  std::vector<int> pendingPeers;
 
   [[noreturn]] void fail(const char *op, const std::exception &e) const {
     std::string m = oneLineError(e);
@@ -295,6 +298,50 @@ void GlooCommunicator::barrier() {
     impl_->fail("barrier", e);
   }
   count({});
+}
+
+void GlooCommunicator::postSend(const at::Tensor &t, int peer, int tag) {
+  requireCpuContiguous("send", impl_->name, t);
+  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
+    throw CommError(impl_->name + " send: invalid peer " + std::to_string(peer));
+  if (tag < 16)
+    throw CommError(impl_->name + " send: tag " + std::to_string(tag) + " is reserved");
+  try {
+    std::vector<at::Tensor> v{t};
+    auto w = impl_->pg->send(v, peer, tag);
+    impl_->pending.emplace_back(std::move(w), std::move(v));
+    impl_->pendingPeers.push_back(peer);
+  } catch (const std::exception &e) {
+    impl_->fail(("send to " + std::to_string(peer)).c_str(), e);
+  }
+  count({nbytes(t), 0});
+}
+
+void GlooCommunicator::recvTagged(at::Tensor &t, int peer, int tag) {
+  requireCpuContiguous("recv", impl_->name, t);
+  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
+    throw CommError(impl_->name + " recv: invalid peer " + std::to_string(peer));
+  try {
+    std::vector<at::Tensor> v{t};
+    impl_->wait(impl_->pg->recv(v, peer, tag));
+  } catch (const std::exception &e) {
+    impl_->fail(("receive from rank " + std::to_string(impl_->globalRanks[peer])).c_str(), e);
+  }
+  count({0, nbytes(t)});
+}
+
+void GlooCommunicator::waitSends() {
+  auto pending = std::move(impl_->pending);
+  auto peers = std::move(impl_->pendingPeers);
+  impl_->pending.clear();
+  impl_->pendingPeers.clear();
+  for (size_t i = 0; i < pending.size(); ++i) {
+    try {
+      impl_->wait(pending[i].first);
+    } catch (const std::exception &e) {
+      impl_->fail(("send to rank " + std::to_string(impl_->globalRanks[peers[i]])).c_str(), e);
+    }
+  }
 }
 
 } // namespace hflow::comm

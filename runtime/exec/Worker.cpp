@@ -1,13 +1,33 @@
-//===- Worker.cpp - run one rank's static schedule -------------------------===//
+//===- Worker.cpp - one rank of a training job ------------------------------===//
+//
+// See Worker.h and docs/runtime.md. In short: every rank walks the plan's
+// steps in their global order, iteration after iteration of each train
+// phase. Before a step it sends and receives the batch rows the step's ranks
+// need (a transfer schedule every rank derives from the plan alone, so no
+// coordinator is asked anything), then runs the step if it is in its own
+// schedule: a role's method on its model, an RL builtin (rank 0), a weight
+// reshard, or a check. At the end of an iteration the ranks gather their
+// metrics to rank 0, which prints progress and writes the metrics file.
+//
+//===----------------------------------------------------------------------===//
 #include "Worker.h"
 
 #include "Builtins.h"
 
+#include "Checkpoint.h"
+
+#include "Aggregate.h"
 #include "Communicator.h"
+#include "Dataset.h"
 #include "GlooCommunicator.h"
+#include "KL.h"
 #include "Llama.h"
+#include "Losses.h"
+#include "Optim.h"
 #include "PlanLoader.h"
 #include "Rendezvous.h"
+#include "Rewards.h"
+#include "Tokenizer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,11 +39,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <stdexcept>
+#include <sys/stat.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace hflow::exec {
@@ -88,156 +113,6 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 31);
 }
 
-/// Everything a rank derives from the plan alone: batches, models, shards,
-/// digests. Deterministic, so any rank can recompute any other rank's digest.
-class PlanModel {
-public:
-  explicit PlanModel(const Plan &p) : p_(p) {
-    batchVocab_ = std::numeric_limits<int>::max();
-    if (p.models())
-      for (const Model *m : *p.models())
-        batchVocab_ = std::min(batchVocab_, m->vocab());
-    if (batchVocab_ == std::numeric_limits<int>::max())
-      batchVocab_ = 256; // no model: token ids for rule-based rewards only
-  }
-
-  const Step &step(int s) const { return *p_.steps()->Get(s); }
-  const Role &role(int r) const { return *p_.roles()->Get(r); }
-
-  /// "actor.generate".
-  std::string callName(int s) const {
-    const Step &st = step(s);
-    return str(role(st.role()).name(), "?") + "." + str(st.method(), "?");
-  }
-  /// "step 3 (actor.generate at ppo.hflow:12:3)".
-  std::string describe(int s) const {
-    const Step &st = step(s);
-    std::string what = st.kind() == StepKind::Compute ? callName(s)
-                       : st.kind() == StepKind::Reshard
-                           ? "reshard of " + str(role(st.role()).name(), "?")
-                       : st.kind() == StepKind::Builtin
-                           ? "builtin " + str(st.method(), "?")
-                           : "check of step " + std::to_string(st.checks()) +
-                                 " " + callName(st.checks());
-    std::string loc = str(st.loc());
-    return "step " + std::to_string(s) + " (" + what +
-           (loc.empty() ? "" : " at " + loc) + ")";
-  }
-
-  const Layout &layoutOf(int s) const {
-    const Step &st = step(s);
-    const Role &r = role(st.role());
-    return str(st.method()) == "generate" ? *r.generate() : *r.train();
-  }
-
-  /// The data-parallel index of `globalRank` for compute step `s`, or -1
-  /// when the rank is not placed on the step's role. TP and PP ranks of one
-  /// DP replica share the shard (they replicate the work in this
-  /// foundation).
-  int dpIndexOf(int s, int globalRank) const {
-    const Role &r = role(step(s).role());
-    auto rs = ints(r.ranks());
-    auto it = std::find(rs.begin(), rs.end(), globalRank);
-    if (it == rs.end())
-      return -1;
-    const Layout &l = layoutOf(s);
-    return (int)(it - rs.begin()) / (l.tp() * l.pp());
-  }
-
-  /// Rows [lo, hi) of the batch that DP replica `i` of step `s` works on.
-  std::pair<int, int> rowsOf(int s, int i) const {
-    int dp = layoutOf(s).dp();
-    if (dp <= 0 || kBatchRows % dp != 0)
-      throw RunError("role " + str(role(step(s).role()).name(), "?") + "'s " +
-                     (str(step(s).method()) == "generate" ? "generate" : "train") +
-                     " layout has dp " + std::to_string(dp) +
-                     ", which does not divide the batch of " +
-                     std::to_string(kBatchRows) + " sequences");
-    return {i * kBatchRows / dp, (i + 1) * kBatchRows / dp};
-  }
-
-  /// The step's batch key: its first input value, else its first output.
-  int64_t batchKey(int s) const {
-    const Step &st = step(s);
-    if (st.inputs() && st.inputs()->size() > 0)
-      return st.inputs()->Get(0);
-    if (st.outputs() && st.outputs()->size() > 0)
-      return st.outputs()->Get(0);
-    return (int64_t)1 << 32 | (uint32_t)s; // a step without values
-  }
-
-  /// B x T token ids in [0, batchVocab) drawn from (plan seed, key).
-  const at::Tensor &batch(int64_t key) {
-    auto it = batches_.find(key);
-    if (it != batches_.end())
-      return it->second;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
-        mix((uint64_t)p_.seed(), (uint64_t)key));
-    at::Tensor t = at::randint(batchVocab_, {kBatchRows, kBatchTokens}, gen,
-                               at::TensorOptions().dtype(at::kLong));
-    return batches_.emplace(key, t).first->second;
-  }
-
-  const models::Llama &model(int idx) {
-    auto it = models_.find(idx);
-    if (it != models_.end())
-      return *it->second;
-    models::LlamaConfig cfg;
-    std::string err;
-    if (!models::LlamaConfig::fromPlan(*p_.models()->Get(idx), cfg, err))
-      throw RunError(err);
-    auto m = std::make_unique<models::Llama>(cfg, models::modelSeed(p_.seed(), idx));
-    return *models_.emplace(idx, std::move(m)).first->second;
-  }
-
-  /// The digest DP replica `i` of compute step `s` produces (cached).
-  double digest(int s, int i) {
-    auto key = std::make_pair(s, i);
-    auto it = digests_.find(key);
-    if (it != digests_.end())
-      return it->second;
-    const Step &st = step(s);
-    const Role &r = role(st.role());
-    auto [lo, hi] = rowsOf(s, i);
-    at::Tensor shard = batch(batchKey(s)).narrow(0, lo, hi - lo);
-    double d = 0;
-    c10::InferenceMode guard;
-    if (r.model() < 0) {
-      // A rule-based reward: count the even token ids.
-      d = (double)shard.remainder(2).eq(0).sum().item<int64_t>();
-    } else {
-      const models::Llama &m = model(r.model());
-      if (str(st.method()) == "generate") {
-        at::Tensor tokens, last;
-        m.generate(shard, kGenerateTokens, tokens, last);
-        at::Tensor gen = tokens.narrow(1, kBatchTokens, kGenerateTokens);
-        at::Tensor weight =
-            at::arange(1, kGenerateTokens + 1, at::TensorOptions().dtype(at::kLong));
-        d = (double)(gen * weight).sum().item<int64_t>() +
-            last.to(at::kDouble).sum().item<double>();
-      } else {
-        d = m.sequenceLogprobSum(shard);
-      }
-    }
-    digests_.emplace(key, d);
-    return d;
-  }
-
-private:
-  const Plan &p_;
-  int batchVocab_;
-  std::map<int64_t, at::Tensor> batches_;
-  std::map<int, std::unique_ptr<models::Llama>> models_;
-  std::map<std::pair<int, int>, double> digests_;
-};
-
-bool digestsAgree(double a, double b) {
-  // The same binary on the same CPU with the same thread count is bitwise
-  // deterministic; the tolerance only absorbs printing/rounding noise.
-  const double rtol = 1e-9;
-  return std::fabs(a - b) <= rtol * std::max({1.0, std::fabs(a), std::fabs(b)});
-}
-
 int envInt(const char *name, int dflt) {
   const char *v = std::getenv(name);
   if (!v || !*v)
@@ -247,38 +122,759 @@ int envInt(const char *name, int dflt) {
   return *end ? dflt : (int)x;
 }
 
+bool fileExists(const std::string &p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string dirOf(const std::string &p) {
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+using Attrs = std::map<std::string, std::string>;
+
+Attrs attrsOf(const flatbuffers::Vector<flatbuffers::Offset<KeyValue>> *kvs) {
+  Attrs a;
+  if (kvs)
+    for (const KeyValue *kv : *kvs)
+      a[str(kv->key())] = str(kv->value());
+  return a;
+}
+
+double attrNum(const Attrs &a, const std::string &k, double dflt) {
+  auto it = a.find(k);
+  if (it == a.end())
+    return dflt;
+  char *end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end)
+    throw RunError(k + " = '" + it->second + "' is not a number");
+  return v;
+}
+
+std::string attrStr(const Attrs &a, const std::string &k, const std::string &dflt) {
+  auto it = a.find(k);
+  return it == a.end() ? dflt : it->second;
+}
+
+bool attrBool(const Attrs &a, const std::string &k, bool dflt) {
+  auto it = a.find(k);
+  return it == a.end() ? dflt : it->second == "true" || it->second == "1";
+}
+
+// --- batch values -------------------------------------------------------
+
+/// One named part of a batch value: a tensor with one row per sequence
+/// (`width` 0: one element per row).
+struct Field {
+  const char *name;
+  at::ScalarType dtype;
+  int64_t width;
+};
+
+/// The fields of a batch value of kind `k` (P prompt tokens, R response
+/// tokens per row).
+std::vector<Field> schemaOf(BatchKind k, int64_t P, int64_t R) {
+  switch (k) {
+  case BatchKind::Prompts:
+    return {{"ptoks", at::kLong, P}, {"ids", at::kLong, 0}, {"pmask", at::kFloat, P}};
+  case BatchKind::Rollout:
+    return {{"ptoks", at::kLong, P}, {"rtoks", at::kLong, R}, {"ids", at::kLong, 0},
+            {"group", at::kLong, 0}, {"pmask", at::kFloat, P},
+            {"rmask", at::kFloat, R}, {"lp", at::kFloat, R}};
+  default:
+    return {{"x", at::kFloat, R}};
+  }
+}
+
+/// A batch value on this rank: full-size tensors of which only the rows this
+/// rank produced or received are meaningful.
+struct Val {
+  BatchKind kind = BatchKind::Prompts;
+  int64_t rows = 0;
+  std::map<std::string, at::Tensor> f;
+
+  at::Tensor &operator[](const std::string &name) {
+    auto it = f.find(name);
+    if (it == f.end())
+      throw RunError(std::string("internal: batch value has no field ") + name);
+    return it->second;
+  }
+  at::Tensor x() { return (*this)["x"]; }
+};
+
+Val makeVal(BatchKind k, int64_t rows, int64_t P, int64_t R) {
+  Val v;
+  v.kind = k;
+  v.rows = rows;
+  for (const Field &fd : schemaOf(k, P, R)) {
+    auto opts = at::TensorOptions().dtype(fd.dtype);
+    v.f[fd.name] = fd.width ? at::zeros({rows, fd.width}, opts) : at::zeros({rows}, opts);
+  }
+  return v;
+}
+
+/// Rows [lo, hi) of every field, as one byte buffer (schema order).
+at::Tensor packRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi) {
+  std::vector<at::Tensor> parts;
+  for (const Field &fd : schemaOf(v.kind, P, R))
+    parts.push_back(v[fd.name].narrow(0, lo, hi - lo).contiguous().reshape({-1}).view(at::kByte));
+  return at::cat(parts).contiguous();
+}
+
+int64_t packedBytes(BatchKind k, int64_t P, int64_t R, int64_t rows) {
+  int64_t n = 0;
+  for (const Field &fd : schemaOf(k, P, R))
+    n += rows * std::max<int64_t>(1, fd.width) * (int64_t)c10::elementSize(fd.dtype);
+  return n;
+}
+
+void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi,
+                const at::Tensor &buf) {
+  int64_t off = 0;
+  for (const Field &fd : schemaOf(v.kind, P, R)) {
+    at::Tensor dst = v[fd.name].narrow(0, lo, hi - lo);
+    int64_t n = dst.numel() * (int64_t)c10::elementSize(fd.dtype);
+    dst.copy_(buf.narrow(0, off, n).clone().view(fd.dtype).view(dst.sizes()));
+    off += n;
+  }
+}
+
+// --- metrics --------------------------------------------------------------
+
+/// What every rank contributes to an iteration's metrics: sums and counts,
+/// added over ranks by rank 0.
+enum Metric : int {
+  MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
+  MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
+  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MNumMetrics
+};
+
+struct Span {
+  int64_t lo, hi;
+};
+
+/// A batch move every rank derives from the plan: rows [lo, hi) of value
+/// `value` from global rank `src` to global rank `dst`, before step `before`.
+struct Xfer {
+  int value;
+  int64_t lo, hi;
+  int src, dst;
+  int before;
+  int tag;
+};
+
+/// What a phase needs at run time.
+struct PhaseRt {
+  const Phase *ph = nullptr; // null: a plan without a train block
+  std::string name;
+  int first = 0, count = 0;
+  int64_t batch = 8, n = 1, P = 1, R = 1, iterations = 1;
+  uint64_t seed = 0;
+  std::optional<data::Dataset> dataset;
+  std::unique_ptr<data::Sampler> sampler;
+  std::vector<Xfer> xfers;
+  double rolloutTemp = 1.0;
+  int rolloutValue = -1; // the value the phase's generate produces
+};
+
+/// Per role on this rank: its model, heads and optimizer.
+struct RoleRt {
+  int index = -1;
+  std::unique_ptr<models::Llama> model;
+  at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
+  std::unique_ptr<models::AdamW> optim;
+  std::unique_ptr<Communicator> ownComm; // unused: groups own comms
+  Communicator *comm = nullptr;          // the role's group
+  int pos = -1;                          // this rank's index in the role
+};
+
 class Worker {
 public:
   Worker(const LoadedPlan &lp, const WorkerOptions &o)
-      : lp_(lp), p_(*lp.plan()), o_(o), pm_(p_) {}
+      : lp_(lp), p_(*lp.plan()), o_(o) {}
 
   int run();
 
 private:
+  // setup
+  void prepare();
   void connect();
-  void runSteps();
-  void runBuiltin(int s);
+  void buildRoles();
+  void planTransfers(PhaseRt &ph);
+  std::string resolveData(const std::string &path) const;
+
+  // plan queries
+  const Step &step(int s) const { return *p_.steps()->Get(s); }
+  const Role &role(int r) const { return *p_.roles()->Get(r); }
+  std::string callName(int s) const;
+  std::string describe(int s) const;
+  const Layout &layoutOf(int s) const;
+  int dpIndexOf(int s, int globalRank) const;
+  bool isLeader(int s, int globalRank) const;
+  int64_t rowsOfValue(const PhaseRt &ph, int v) const;
+  Span rowsFor(const PhaseRt &ph, int s, int v, int globalRank) const;
+  std::vector<int> ranksOfStep(int s) const;
+  bool inMySchedule(int s) const { return mySteps_.count(s) > 0; }
+  Attrs roleOptions(int r) const { return attrsOf(role(r).options()); }
+
+  // running
+  void runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter);
+  void runIteration(PhaseRt &ph, int64_t it);
+  void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
+  void moveRows(PhaseRt &ph, int s);
+  void runCompute(PhaseRt &ph, int s, int64_t it);
+  void runBuiltin(PhaseRt &ph, int s);
   void runReshard(int s);
-  at::Tensor builtinInput(int v);
-  exec::BuiltinContext builtinCtx_;
-  std::map<int, at::Tensor> builtinValues_;
+  void runCheck(int s);
+  double digestOf(int s);
+  void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
+  void evaluate(const std::string &when, int64_t it);
+  void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
+  void syncReference(int phaseIndex);
   void finish();
-  void printSummary(const at::Tensor &gathered, int64_t totalSteps);
+
+  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_t P);
 
   const LoadedPlan &lp_;
   const Plan &p_;
   WorkerOptions o_;
-  PlanModel pm_;
   std::unique_ptr<comm::Rendezvous> rv_;
   std::unique_ptr<Communicator> world_;
   std::map<int, std::unique_ptr<Communicator>> groups_; // plan group -> comm
   std::map<int, Communicator *> groupComm_;
-  std::vector<double> myDigest_;  // per plan step; NaN when not run
-  int stepsRun_ = 0;
+  std::set<int> mySteps_;
+  std::vector<PhaseRt> phases_;
+  std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
+  std::unique_ptr<data::Tokenizer> tok_;
+  data::RewardRule rule_;
+  std::string ruleName_;
+  std::optional<data::Dataset> evalSet_;
+  int64_t evalR_ = 16;
+  bool hasData_ = false;    // some phase reads a data set
+  int64_t synthVocab_ = 256; // token ids of synthetic prompts are below this
+  std::map<int, Val> vals_;
+  std::vector<double> metrics_;
+  std::vector<double> stepMs_;
+  std::map<int, double> digests_;
+  std::FILE *metricsOut_ = nullptr;
   int currentStep_ = -1;
-  double computeMs_ = 0, checkMs_ = 0;
+  std::string currentPhase_;
+  int64_t currentIter_ = -1;
   int corruptRank_ = -1;
+  int64_t stepsRun_ = 0;
+  int64_t plannedSteps_ = 0; // what every rank's schedule adds up to so far
+  double reshardBytes_ = 0, reshardPlanned_ = 0;
+  int reshardCount_ = 0;
+  Clock::time_point start_ = Clock::now();
+  std::vector<std::pair<std::string, double>> evalCurve_;
+  // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
+  // (written by rank 0 once every rank saved step N) names the last
+  // complete one. Steps count iterations over all phases.
+  std::string ckDir_;
+  int64_t ckEvery_ = 0;
+  int64_t globalIter_ = 0;   // iterations completed, all phases
+  size_t resumePhase_ = 0;
+  int64_t resumeIter_ = 0;
+  std::string rankDir() const { return ckDir_ + "/rank-" + std::to_string(o_.rank); }
+  void saveState();
+  void loadState();
 };
+
+// --- plan queries -----------------------------------------------------------
+
+std::string Worker::callName(int s) const {
+  const Step &st = step(s);
+  return str(role(st.role()).name(), "?") + "." + str(st.method(), "?");
+}
+
+std::string Worker::describe(int s) const {
+  const Step &st = step(s);
+  std::string what = st.kind() == StepKind::Compute ? callName(s)
+                     : st.kind() == StepKind::Reshard
+                         ? "reshard of " + str(role(st.role()).name(), "?")
+                     : st.kind() == StepKind::Builtin
+                         ? "builtin " + str(st.method(), "?")
+                         : "check of step " + std::to_string(st.checks()) + " " +
+                               callName(st.checks());
+  std::string loc = str(st.loc());
+  std::string out = "step " + std::to_string(s) + " (" + what +
+                    (loc.empty() ? "" : " at " + loc) + ")";
+  if (currentIter_ >= 0)
+    out = (currentPhase_.empty() ? "" : currentPhase_ + " ") + "iteration " +
+          std::to_string(currentIter_ + 1) + ": " + out;
+  return out;
+}
+
+const Layout &Worker::layoutOf(int s) const {
+  const Step &st = step(s);
+  const Role &r = role(st.role());
+  return str(st.method()) == "generate" ? *r.generate() : *r.train();
+}
+
+/// The data-parallel replica of `globalRank` for compute step `s` (-1 when
+/// the rank is not on the step's role). The ranks of one replica (its TP,
+/// PP, SP and CP ranks) run the same rows; FSDP ranks are data parallel.
+int Worker::dpIndexOf(int s, int globalRank) const {
+  const Role &r = role(step(s).role());
+  auto rs = ints(r.ranks());
+  auto it = std::find(rs.begin(), rs.end(), globalRank);
+  if (it == rs.end())
+    return -1;
+  const Layout &l = layoutOf(s);
+  int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+  return (int)(it - rs.begin()) / per;
+}
+
+bool Worker::isLeader(int s, int globalRank) const {
+  const Role &r = role(step(s).role());
+  auto rs = ints(r.ranks());
+  auto it = std::find(rs.begin(), rs.end(), globalRank);
+  if (it == rs.end())
+    return false;
+  const Layout &l = layoutOf(s);
+  int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+  return (it - rs.begin()) % per == 0;
+}
+
+int64_t Worker::rowsOfValue(const PhaseRt &ph, int v) const {
+  return p_.values()->Get(v)->kind() == BatchKind::Prompts ? ph.batch
+                                                           : ph.batch * ph.n;
+}
+
+/// The rows of value `v` that `globalRank` needs (or makes) for step `s`:
+/// its replica's share, or every row for a builtin.
+Span Worker::rowsFor(const PhaseRt &ph, int s, int v, int globalRank) const {
+  const int64_t N = rowsOfValue(ph, v);
+  if (step(s).kind() != StepKind::Compute)
+    return {0, N};
+  const int dp = std::max(1, layoutOf(s).dp() * std::max(1, layoutOf(s).fsdp()));
+  int i = dpIndexOf(s, globalRank);
+  if (N % dp != 0)
+    throw RunError(describe(s) + ": " + std::to_string(N) +
+                   " rows do not split over " + std::to_string(dp) + " replicas");
+  return {i * N / dp, (i + 1) * N / dp};
+}
+
+std::vector<int> Worker::ranksOfStep(int s) const {
+  std::vector<int> out;
+  for (int r = 0; r < p_.world_size(); ++r) {
+    auto sch = ints(p_.schedules()->Get(r)->steps());
+    if (std::binary_search(sch.begin(), sch.end(), s))
+      out.push_back(r);
+  }
+  return out;
+}
+
+// --- setup --------------------------------------------------------------------
+
+std::string Worker::resolveData(const std::string &path) const {
+  if (path.empty())
+    throw RunError("the train block names no data file");
+  std::vector<std::string> tried;
+  if (path[0] == '/')
+    tried.push_back(path);
+  else {
+    if (!o_.dataDir.empty())
+      tried.push_back(o_.dataDir + "/" + path);
+    tried.push_back(path);
+    tried.push_back(dirOf(str(p_.program())) + "/" + path);
+  }
+  for (auto &t : tried)
+    if (fileExists(t))
+      return t;
+  std::string list;
+  for (auto &t : tried)
+    list += (list.empty() ? "" : ", ") + t;
+  throw RunError("data file '" + path + "' not found (looked for " + list + ")");
+}
+
+/// Everything that can fail without talking to anyone: data files,
+/// tokenizer, reward rule, models. Runs before the rendezvous, so a bad
+/// input stops the job before any work.
+void Worker::prepare() {
+  tok_ = data::makeTokenizer(o_.tokenizer);
+  const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
+  for (int s : ints(p_.schedules()->Get(o_.rank)->steps()))
+    mySteps_.insert(s);
+
+  // The reward rule of the first RewardFn role (the program names it).
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r)
+    if (role(r).kind() == RoleKind::RewardFn && ruleName_.empty()) {
+      ruleName_ = str(role(r).rule(), "even_tokens");
+      rule_ = data::rewardRule(ruleName_);
+    }
+
+  if (p_.phases() && p_.phases()->size() > 0) {
+    for (const Phase *ph : *p_.phases()) {
+      PhaseRt rt;
+      rt.ph = ph;
+      rt.name = str(ph->flow(), "?");
+      rt.first = ph->first_step();
+      rt.count = ph->num_steps();
+      rt.batch = ph->batch();
+      rt.n = std::max(1, ph->n());
+      rt.seed = (uint64_t)ph->seed();
+      std::string path = resolveData(str(ph->data()));
+      try {
+        rt.dataset = data::Dataset::load(path);
+      } catch (const std::exception &e) {
+        throw RunError(e.what());
+      }
+      rt.sampler = std::make_unique<data::Sampler>(rt.dataset->size(), rt.seed, true);
+      int64_t perEpoch = (int64_t)((rt.dataset->size() + rt.batch - 1) / rt.batch);
+      rt.iterations = ph->train_steps() > 0 ? ph->train_steps()
+                                            : std::max<int64_t>(1, ph->epochs()) * perEpoch;
+      phases_.push_back(std::move(rt));
+    }
+  } else {
+    // No train block: one iteration of the plan's flow on synthetic prompts.
+    PhaseRt rt;
+    rt.name = str(p_.flow(), "flow");
+    rt.first = 0;
+    rt.count = nSteps;
+    rt.seed = (uint64_t)p_.seed();
+    phases_.push_back(std::move(rt));
+  }
+  for (auto &ph : phases_)
+    hasData_ = hasData_ || ph.dataset.has_value();
+  if (p_.models())
+    for (const Model *m : *p_.models())
+      synthVocab_ = std::min<int64_t>(synthVocab_, std::max(2, m->vocab()));
+  if (o_.steps >= 0)
+    for (auto &ph : phases_)
+      ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
+
+  for (auto &ph : phases_) {
+    // Prompt width: the longest prompt of the data set.
+    if (ph.dataset) {
+      int64_t P = 1;
+      for (size_t i = 0; i < ph.dataset->size(); ++i) {
+        const auto &ex = (*ph.dataset)[i];
+        P = std::max<int64_t>(P, ex.promptIds.empty()
+                                     ? (int64_t)tok_->encode(ex.prompt).size()
+                                     : (int64_t)ex.promptIds.size());
+      }
+      ph.P = P;
+    } else {
+      ph.P = 8;
+    }
+    // Response width and sampling temperature: the phase's generate call.
+    for (int s = ph.first; s < ph.first + ph.count; ++s) {
+      const Step &st = step(s);
+      if (st.kind() == StepKind::Compute && str(st.method()) == "generate") {
+        Attrs a = attrsOf(st.attrs());
+        Attrs ro = roleOptions(st.role());
+        ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(a, "max_tokens", 16));
+        ph.rolloutTemp = attrNum(a, "temperature", attrNum(ro, "temperature", 1.0));
+        if (attrBool(a, "greedy", false))
+          ph.rolloutTemp = 1.0;
+        if (st.outputs() && st.outputs()->size() > 0)
+          ph.rolloutValue = st.outputs()->Get(0);
+        int64_t nAttr = (int64_t)attrNum(a, "n", 0);
+        if (nAttr > 0)
+          ph.n = nAttr;
+      }
+    }
+    evalR_ = std::max(evalR_, ph.R);
+    planTransfers(ph);
+  }
+  if (!o_.evalFile.empty()) {
+    if (!rule_)
+      throw RunError("--eval needs a RewardFn role to score the responses");
+    try {
+      evalSet_ = data::Dataset::load(resolveData(o_.evalFile));
+    } catch (const RunError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw RunError(e.what());
+    }
+  }
+  if (!o_.metricsFile.empty() && o_.rank == 0) {
+    metricsOut_ = std::fopen(o_.metricsFile.c_str(), "w");
+    if (!metricsOut_)
+      throw RunError("cannot write the metrics file '" + o_.metricsFile +
+                     "': " + std::strerror(errno));
+  }
+  // Checkpoints: the command line wins over the train block.
+  ckDir_ = o_.checkpointDir;
+  if (ckDir_.empty())
+    for (auto &ph : phases_)
+      if (ph.ph && ph.ph->checkpoint_dir() && ckDir_.empty())
+        ckDir_ = str(ph.ph->checkpoint_dir());
+  ckEvery_ = o_.checkpointEvery;
+  if (ckEvery_ < 0) {
+    ckEvery_ = 0;
+    for (auto &ph : phases_)
+      if (ph.ph && ph.ph->checkpoint_every() > 0 && ckEvery_ == 0)
+        ckEvery_ = ph.ph->checkpoint_every();
+  }
+  if (ckEvery_ > 0 && ckDir_.empty())
+    throw RunError("checkpoints every " + std::to_string(ckEvery_) +
+                   " iterations need a directory (--checkpoint-dir or the train "
+                   "block's checkpoint_dir)");
+  if (o_.resume && ckDir_.empty())
+    throw RunError("--resume needs the checkpoint directory (--checkpoint-dir or the "
+                   "train block's checkpoint_dir)");
+  if (o_.resume && !fileExists(ckDir_ + "/latest"))
+    throw RunError("--resume: no complete checkpoint in '" + ckDir_ + "'");
+  if (ckEvery_ > 0) {
+    try {
+      models::checkWritable(rankDir());
+    } catch (const std::exception &e) {
+      throw RunError(e.what());
+    }
+  }
+  buildRoles();
+}
+
+/// Every role's weights, heads and optimizer state on this rank, plus
+/// where the run is: the next checkpoint a resumed run continues from.
+void Worker::saveState() {
+  models::CheckpointState st;
+  st.step = globalIter_;
+  for (auto &[r, rr] : roles_) {
+    const std::string pre = "role/" + str(role(r).name()) + "/";
+    if (rr.model)
+      for (auto &[name, t] : rr.model->namedParameters())
+        st.tensors[pre + name] = t.detach();
+    if (rr.head.defined())
+      st.tensors[pre + "head"] = rr.head.detach();
+    if (rr.optim)
+      for (auto &[name, t] : rr.optim->state())
+        st.tensors[pre + "optim/" + name] = t;
+  }
+  nlohmann::json samplers = nlohmann::json::array();
+  for (auto &ph : phases_)
+    samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
+  st.meta = {{"global_iteration", globalIter_},
+             {"plan", comm::hashHex(lp_.fileHash())},
+             {"rank", o_.rank},
+             {"samplers", samplers}};
+  try {
+    models::saveCheckpoint(rankDir(), st);
+  } catch (const std::exception &e) {
+    throw RunError(std::string("saving the checkpoint: ") + e.what());
+  }
+  world_->barrier(); // every rank has step N on disk
+  if (o_.rank == 0) {
+    try {
+      models::writeFileAtomic(ckDir_ + "/latest", std::to_string(globalIter_) + "\n");
+    } catch (const std::exception &e) {
+      throw RunError(std::string("saving the checkpoint: ") + e.what());
+    }
+    if (!o_.quiet)
+      std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)globalIter_,
+                  ckDir_.c_str());
+  }
+  world_->barrier();
+}
+
+void Worker::loadState() {
+  // Rank 0 reads which step is complete and tells everyone.
+  at::Tensor step = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
+  if (o_.rank == 0) {
+    std::ifstream in(ckDir_ + "/latest");
+    long long n = -1;
+    if (!(in >> n) || n < 0)
+      throw RunError("--resume: '" + ckDir_ + "/latest' does not name a checkpoint");
+    step[0] = (int64_t)n;
+  }
+  world_->broadcast(step, 0);
+  const int64_t n = step[0].item<int64_t>();
+  models::CheckpointState st;
+  try {
+    st = models::loadCheckpoint(rankDir(), n);
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--resume: ") + e.what());
+  }
+  if (st.meta.value("plan", std::string()) != comm::hashHex(lp_.fileHash()))
+    throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+                   "' was written by another plan (" + st.meta.value("plan", std::string("?")) +
+                   ", this plan is " + comm::hashHex(lp_.fileHash()) + ")");
+  at::NoGradGuard ng;
+  try {
+    for (auto &[r, rr] : roles_) {
+      const std::string pre = "role/" + str(role(r).name()) + "/";
+      if (rr.model)
+        for (auto &[name, t] : rr.model->namedParameters()) {
+          at::Tensor dst = t.detach();
+          models::restoreInto(st, pre + name, dst);
+        }
+      if (rr.head.defined()) {
+        at::Tensor dst = rr.head.detach();
+        models::restoreInto(st, pre + "head", dst);
+      }
+      if (rr.optim) {
+        std::vector<std::pair<std::string, at::Tensor>> os;
+        for (auto &[name, t] : st.tensors)
+          if (name.rfind(pre + "optim/", 0) == 0)
+            os.push_back({name.substr(pre.size() + 6), t});
+        rr.optim->loadState(os);
+      }
+    }
+  } catch (const RunError &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--resume: ") + e.what());
+  }
+  globalIter_ = n;
+  auto samplers = st.meta.value("samplers", nlohmann::json::array());
+  for (size_t i = 0; i < phases_.size() && i < samplers.size(); ++i)
+    if (phases_[i].sampler)
+      phases_[i].sampler->setPosition(samplers[i].get<uint64_t>());
+  // Which phase and iteration come next.
+  int64_t left = n;
+  resumePhase_ = phases_.size();
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    if (left < phases_[i].iterations) {
+      resumePhase_ = i;
+      resumeIter_ = left;
+      break;
+    }
+    left -= phases_[i].iterations;
+  }
+  if (o_.rank == 0 && !o_.quiet)
+    std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
+                ckDir_.c_str());
+}
+
+void Worker::buildRoles() {
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    const Role &ro = role(r);
+    auto rs = ints(ro.ranks());
+    auto it = std::find(rs.begin(), rs.end(), o_.rank);
+    if (it == rs.end())
+      continue;
+    RoleRt rt;
+    rt.index = r;
+    rt.pos = (int)(it - rs.begin());
+    if (ro.model() >= 0) {
+      models::LlamaConfig cfg;
+      std::string err;
+      if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err))
+        throw RunError(err);
+      if (hasData_ && cfg.vocab < tok_->vocabSize())
+        throw RunError("model " + cfg.name + " has a vocabulary of " +
+                       std::to_string(cfg.vocab) + " but the " + tok_->name() +
+                       " tokenizer needs " + std::to_string(tok_->vocabSize()));
+      // Every role of a model starts from the same weights (the reference
+      // is the initial actor); a critic or reward model adds a zero head.
+      rt.model = std::make_unique<models::Llama>(
+          cfg, models::modelSeed(p_.seed(), ro.model()));
+      if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
+        rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
+      if (ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) {
+        rt.model->setTrainable(true);
+        std::vector<at::Tensor> params = rt.model->parameters();
+        if (rt.head.defined()) {
+          rt.head.requires_grad_(true);
+          params.push_back(rt.head);
+        }
+        Attrs a = roleOptions(r);
+        models::AdamWOptions ao;
+        ao.lr = attrNum(a, "lr", ro.kind() == RoleKind::Critic ? 1e-5 : 1e-6);
+        ao.weightDecay = attrNum(a, "weight_decay", 0.01);
+        ao.clipGrad = attrNum(a, "clip_grad", 1.0);
+        ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+        rt.optim = std::make_unique<models::AdamW>(params, ao);
+      }
+    }
+    roles_[r] = std::move(rt);
+  }
+}
+
+/// The batch moves of one phase iteration. Every rank simulates which rows
+/// of which value every rank holds, step by step in plan order, and for
+/// each step the rows its ranks need but do not hold become transfers from
+/// a holder (spread over the holders). Prompts are made locally everywhere.
+void Worker::planTransfers(PhaseRt &ph) {
+  const int W = p_.world_size();
+  // held[value][rank] = row spans
+  std::map<int, std::vector<std::vector<Span>>> held;
+  auto holds = [&](int v) -> std::vector<std::vector<Span>> & {
+    auto &h = held[v];
+    if (h.empty())
+      h.resize(W);
+    return h;
+  };
+  auto missing = [](const std::vector<Span> &have, Span want) {
+    std::vector<Span> out{want};
+    for (const Span &h : have) {
+      std::vector<Span> next;
+      for (const Span &m : out) {
+        if (h.hi <= m.lo || h.lo >= m.hi) {
+          next.push_back(m);
+          continue;
+        }
+        if (m.lo < h.lo)
+          next.push_back({m.lo, h.lo});
+        if (h.hi < m.hi)
+          next.push_back({h.hi, m.hi});
+      }
+      out = next;
+    }
+    return out;
+  };
+  int tag = 16;
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute && st.kind() != StepKind::Builtin)
+      continue;
+    std::vector<int> inputs = ints(st.inputs());
+    if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0)
+      inputs.push_back(ph.rolloutValue); // the mask and the groups
+    for (int r : ranksOfStep(s)) {
+      for (int v : inputs) {
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+          continue;
+        auto &h = holds(v);
+        for (Span m : missing(h[r], rowsFor(ph, s, v, r))) {
+          // Elementary pieces between every holder's boundaries.
+          std::set<int64_t> cuts{m.lo, m.hi};
+          for (int q = 0; q < W; ++q)
+            for (const Span &x : h[q]) {
+              if (x.lo > m.lo && x.lo < m.hi)
+                cuts.insert(x.lo);
+              if (x.hi > m.lo && x.hi < m.hi)
+                cuts.insert(x.hi);
+            }
+          std::vector<int64_t> c(cuts.begin(), cuts.end());
+          for (size_t k = 0; k + 1 < c.size(); ++k) {
+            std::vector<int> holders;
+            for (int q = 0; q < W; ++q)
+              for (const Span &x : h[q])
+                if (x.lo <= c[k] && x.hi >= c[k + 1] && q != r) {
+                  holders.push_back(q);
+                  break;
+                }
+            if (holders.empty())
+              throw RunError(describe(s) + ": no rank holds rows " +
+                             std::to_string(c[k]) + "-" + std::to_string(c[k + 1] - 1) +
+                             " of " + str(p_.values()->Get(v)->name(), "a value") +
+                             " (the plan's schedule is inconsistent)");
+            int src = holders[(size_t)(r + k) % holders.size()];
+            if (!ph.xfers.empty()) {
+              Xfer &b = ph.xfers.back();
+              if (b.value == v && b.src == src && b.dst == r && b.before == s &&
+                  b.hi == c[k]) {
+                b.hi = c[k + 1];
+                continue;
+              }
+            }
+            ph.xfers.push_back({v, c[k], c[k + 1], src, r, s, tag++});
+          }
+          h[r].push_back(m);
+        }
+      }
+    }
+    // Outputs: each rank of the step holds its share.
+    for (int r : ranksOfStep(s))
+      for (int v : ints(st.outputs()))
+        holds(v)[r].push_back(rowsFor(ph, s, v, r));
+  }
+}
 
 void Worker::connect() {
   comm::RendezvousOptions ro;
@@ -301,151 +897,480 @@ void Worker::connect() {
   // Every group this rank belongs to, in plan order (the same order on every
   // member, so group creation cannot deadlock). A group of the whole world
   // reuses the world communicator.
-  if (!p_.groups())
-    return;
-  for (size_t g = 0; g < p_.groups()->size(); ++g) {
-    const Group *grp = p_.groups()->Get(g);
-    auto rs = ints(grp->ranks());
-    if (std::find(rs.begin(), rs.end(), o_.rank) == rs.end())
-      continue;
-    if ((int)rs.size() == o_.worldSize) {
-      groupComm_[(int)g] = world_.get();
-      continue;
+  if (p_.groups())
+    for (size_t g = 0; g < p_.groups()->size(); ++g) {
+      const Group *grp = p_.groups()->Get(g);
+      auto rs = ints(grp->ranks());
+      if (std::find(rs.begin(), rs.end(), o_.rank) == rs.end())
+        continue;
+      if ((int)rs.size() == o_.worldSize) {
+        groupComm_[(int)g] = world_.get();
+        continue;
+      }
+      std::string name = "g" + std::to_string(g) + "-" + str(grp->name());
+      groups_[(int)g] = world_->makeSubgroup(name, rs);
+      groupComm_[(int)g] = groups_[(int)g].get();
     }
-    std::string name = "g" + std::to_string(g) + "-" + str(grp->name());
-    groups_[(int)g] = world_->makeSubgroup(name, rs);
-    groupComm_[(int)g] = groups_[(int)g].get();
+  // Role r's group is plan group r (the emitter writes one per role first).
+  for (auto &[r, rr] : roles_) {
+    auto it = groupComm_.find(r);
+    if (it == groupComm_.end())
+      throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
+    rr.comm = it->second;
   }
 }
 
-/// The tensor of batch value `v` for the controller's builtins: a result
-/// of an earlier builtin, or (for what role calls produce, which this
-/// runtime does not hand to the controller yet) a deterministic synthetic
-/// [rows, response tokens] batch of the value's kind, drawn from the plan
-/// seed and the value index.
-at::Tensor Worker::builtinInput(int v) {
-  if (auto it = builtinValues_.find(v); it != builtinValues_.end())
-    return it->second;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
-      mix((uint64_t)p_.seed() ^ 0x6275696c74696eULL, (uint64_t)v));
-  auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const BatchKind kind = p_.values()->Get(v)->kind();
-  at::Tensor t;
-  switch (kind) {
-  case BatchKind::LogProbs:
-    t = -at::empty({kBatchRows, kGenerateTokens}, f64).uniform_(0.0, 3.0, gen);
-    break;
-  case BatchKind::Scores: {
-    // An outcome reward of 0 or 1 on each response's last token.
-    at::Tensor last = builtinCtx_.mask.sum(-1).to(at::kLong) - 1;
-    at::Tensor r = at::empty({kBatchRows}, f64).bernoulli_(0.5, gen);
-    t = at::zeros({kBatchRows, kGenerateTokens}, f64)
-            .scatter_(1, last.clamp_min(0).unsqueeze(1), r.unsqueeze(1));
-    break;
-  }
-  default:
-    t = at::empty({kBatchRows, kGenerateTokens}, f64).normal_(0.0, 1.0, gen);
-  }
-  builtinValues_[v] = t;
-  return t;
-}
+// --- one iteration ------------------------------------------------------------
 
-void Worker::runBuiltin(int s) {
-  const Step &st = pm_.step(s);
-  if (!builtinCtx_.mask.defined()) {
-    // Response lengths 2..L per row, and groups of the phase's n samples.
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
-        mix((uint64_t)p_.seed(), 0x6d61736bULL));
-    at::Tensor len = at::randint(2, kGenerateTokens + 1, {kBatchRows, 1}, gen,
+void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out) {
+  const int64_t B = (int64_t)ids.size(), P = ph.P;
+  out = makeVal(BatchKind::Prompts, B, P, ph.R);
+  auto toks = out["ptoks"].accessor<int64_t, 2>();
+  auto mask = out["pmask"].accessor<float, 2>();
+  auto idv = out["ids"].accessor<int64_t, 1>();
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> t;
+    if (ph.dataset) {
+      const auto &ex = (*ph.dataset)[(size_t)ids[b]];
+      t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+    } else {
+      // Synthetic prompts of a plan without data: P random tokens.
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(mix(ph.seed, ids[b]));
+      at::Tensor r = at::randint(1, synthVocab_, {P}, g,
                                  at::TensorOptions().dtype(at::kLong));
-    builtinCtx_.mask =
-        at::arange(kGenerateTokens, at::TensorOptions().dtype(at::kLong))
-            .unsqueeze(0)
-            .lt(len)
-            .to(at::kDouble);
-    int n = 1;
-    if (p_.phases() && p_.phases()->size() > 0)
-      n = p_.phases()->Get(0)->n();
-    if (n < 1 || kBatchRows % n != 0)
-      n = 1;
-    builtinCtx_.index =
-        at::arange(kBatchRows, at::TensorOptions().dtype(at::kLong)).div(n, "floor");
+      t.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + P);
+    }
+    idv[b] = ids[b];
+    const int64_t pad = P - (int64_t)t.size(); // left padding
+    for (int64_t j = 0; j < P; ++j) {
+      toks[b][j] = j < pad ? tok_->padId() : t[j - pad];
+      mask[b][j] = j < pad ? 0.0f : 1.0f;
+    }
+  }
+}
+
+/// Sends and receives the batch rows step `s`'s ranks need. Sends are
+/// posted without waiting; receives block until the rows arrive.
+void Worker::moveRows(PhaseRt &ph, int s) {
+  for (const Xfer &x : ph.xfers) {
+    if (x.before != s || x.src != o_.rank)
+      continue;
+    auto it = vals_.find(x.value);
+    if (it == vals_.end())
+      throw RunError(describe(s) + ": this rank should send rows of a value it does not have");
+    world_->postSend(packRows(it->second, ph.P, ph.R, x.lo, x.hi), x.dst, x.tag);
+  }
+  for (const Xfer &x : ph.xfers) {
+    if (x.before != s || x.dst != o_.rank)
+      continue;
+    BatchKind k = p_.values()->Get(x.value)->kind();
+    auto it = vals_.find(x.value);
+    if (it == vals_.end())
+      it = vals_.emplace(x.value, makeVal(k, rowsOfValue(ph, x.value), ph.P, ph.R)).first;
+    at::Tensor buf = at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
+                               at::TensorOptions().dtype(at::kByte));
+    world_->recvTagged(buf, x.src, x.tag);
+    unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, buf);
+  }
+}
+
+at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_t P) {
+  at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, hi - lo),
+                            ro["rtoks"].narrow(0, lo, hi - lo)}, 1);
+  at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, hi - lo),
+                             ro["rmask"].narrow(0, lo, hi - lo)}, 1);
+  (void)P;
+  return rr.model->hidden(seq, models::positionsFromMask(mask), mask);
+}
+
+/// Averages the gradients over the role's ranks (one all-reduce of all of
+/// them), clips by global norm and steps the optimizer.
+void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
+  loss.backward();
+  std::vector<at::Tensor> params = rr.model->parameters();
+  if (rr.head.defined())
+    params.push_back(rr.head);
+  std::vector<at::Tensor> grads;
+  for (auto &p : params)
+    grads.push_back(p.grad().defined() ? p.grad().reshape({-1})
+                                       : at::zeros({p.numel()}, p.options()));
+  at::Tensor flat = at::cat(grads).contiguous();
+  if (rr.comm->size() > 1) {
+    rr.comm->allReduceSum(flat);
+    flat.div_(rr.comm->size());
+  }
+  int64_t off = 0;
+  {
+    at::NoGradGuard ng;
+    for (auto &p : params) {
+      at::Tensor g = flat.narrow(0, off, p.numel()).view(p.sizes());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(g);
+      else
+        p.mutable_grad() = g.clone();
+      off += p.numel();
+    }
+  }
+  double norm = std::sqrt(rr.optim->localGradNormSquared());
+  rr.optim->clip(norm);
+  const double baseLr = rr.optim->options().lr;
+  if (lrOverride > 0)
+    rr.optim->setLr(lrOverride);
+  double lr = rr.optim->step();
+  rr.optim->setLr(baseLr);
+  metrics_[MGradNorm] += norm;
+  metrics_[MLr] = lr;
+}
+
+void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
+  const Step &st = step(s);
+  const std::string method = str(st.method());
+  auto rit = roles_.find(st.role());
+  if (rit == roles_.end())
+    throw RunError("this rank is scheduled for the step but is not one of role " +
+                   str(role(st.role()).name()) + "'s ranks");
+  RoleRt &rr = rit->second;
+  const Role &ro = role(st.role());
+  const Attrs a = attrsOf(st.attrs());
+  const Attrs opts = roleOptions(st.role());
+  std::vector<int> in = ints(st.inputs()), out = ints(st.outputs());
+  auto input = [&](int k) -> Val & {
+    auto f = vals_.find(in.at(k));
+    if (f == vals_.end())
+      throw RunError("input " + str(p_.values()->Get(in[k])->name(), "?") +
+                     " has not reached this rank");
+    return f->second;
+  };
+  auto byKind = [&](BatchKind k, int nth = 0) -> Val * {
+    for (size_t i = 0; i < in.size(); ++i)
+      if (p_.values()->Get(in[i])->kind() == k && nth-- == 0)
+        return &vals_.at(in[i]);
+    return nullptr;
+  };
+  const bool leader = isLeader(s, o_.rank);
+  const int64_t P = ph.P, R = ph.R;
+
+  if (method == "generate") {
+    Val &pr = input(0);
+    Span sp = rowsFor(ph, s, in[0], o_.rank);
+    Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, P, R);
+    models::SamplingOptions so;
+    so.maxTokens = (int)attrNum(a, "max_tokens", 16);
+    so.temperature = attrNum(a, "temperature", attrNum(opts, "temperature", 1.0));
+    so.topP = attrNum(a, "top_p", attrNum(opts, "top_p", 1.0));
+    so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
+    so.greedy = attrBool(a, "greedy", false);
+    so.stopToken = tok_->eosId();
+    so.padToken = tok_->padId();
+    const int64_t b = sp.hi - sp.lo, n = ph.n;
+    at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
+    at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(
+        mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
+    models::Generation gen = rr.model->generate(ptoks, pmask, so, g);
+    const int64_t lo = sp.lo * n, hi = sp.hi * n;
+    ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
+    ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
+    ro_["rtoks"].narrow(0, lo, hi - lo).narrow(1, 0, gen.tokens.size(1)).copy_(gen.tokens);
+    ro_["rmask"].narrow(0, lo, hi - lo).narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
+    ro_["lp"].narrow(0, lo, hi - lo).narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
+    ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
+    ro_["group"].narrow(0, lo, hi - lo).copy_(
+        at::arange(sp.lo, sp.hi, at::TensorOptions().dtype(at::kLong)).repeat_interleave(n, 0));
+    if (leader) {
+      metrics_[MLenSum] += gen.mask.sum().item<double>();
+      metrics_[MLenN] += (double)(hi - lo);
+      metrics_[MTokens] += gen.mask.sum().item<double>();
+    }
+    digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
+    vals_[out.at(0)] = std::move(ro_);
+    return;
+  }
+
+  Val *rollout = byKind(BatchKind::Rollout);
+  if (method == "sft") {
+    Val &pr = input(0);
+    Span sp = rowsFor(ph, s, in[0], o_.rank);
+    if (!ph.dataset)
+      throw RunError("sft needs a data set with answers");
+    // prompt + answer + stop token, right padded; loss on the answer.
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> starts;
+    int64_t L = 0;
+    for (int64_t b = sp.lo; b < sp.hi; ++b) {
+      const auto &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
+      std::vector<int64_t> t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+      starts.push_back((int64_t)t.size());
+      std::vector<int64_t> ans = tok_->encode(ex.answer);
+      t.insert(t.end(), ans.begin(), ans.end());
+      t.push_back(tok_->eosId());
+      L = std::max<int64_t>(L, (int64_t)t.size());
+      seqs.push_back(std::move(t));
+    }
+    const int64_t B = (int64_t)seqs.size();
+    at::Tensor toks = at::full({B, L}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+    at::Tensor lossMask = at::zeros({B, L - 1});
+    at::Tensor mask = at::zeros({B, L});
+    for (int64_t b = 0; b < B; ++b) {
+      for (size_t j = 0; j < seqs[b].size(); ++j) {
+        toks[b][(int64_t)j] = seqs[b][j];
+        mask[b][(int64_t)j] = 1.0f;
+      }
+      lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
+    }
+    at::Tensor h = rr.model->hidden(toks, models::positionsFromMask(mask), mask);
+    at::Tensor lp = models::tokenLogprobs(rr.model->logits(h.narrow(1, 0, L - 1)),
+                                          toks.narrow(1, 1, L - 1));
+    at::Tensor loss = -(lp * lossMask).sum() / lossMask.sum().clamp_min(1.0);
+    if (leader) {
+      metrics_[MSftLoss] += loss.item<double>();
+      metrics_[MSftN] += 1;
+    }
+    trainStep(rr, loss, attrNum(a, "lr", 0));
+    digests_[s] = loss.item<double>();
+    return;
+  }
+  if (!rollout)
+    throw RunError("the call has no rollout input");
+  Span sp = rowsFor(ph, s, ph.rolloutValue >= 0 ? ph.rolloutValue : in[0], o_.rank);
+  for (int v : in)
+    if (p_.values()->Get(v)->kind() == BatchKind::Rollout)
+      sp = rowsFor(ph, s, v, o_.rank);
+  const int64_t lo = sp.lo, hi = sp.hi, b = hi - lo;
+  at::Tensor rmask = (*rollout)["rmask"].narrow(0, lo, b);
+  at::Tensor rtoks = (*rollout)["rtoks"].narrow(0, lo, b);
+
+  auto store = [&](const at::Tensor &x) {
+    Val v = makeVal(p_.values()->Get(out.at(0))->kind(), ph.batch * ph.n, P, R);
+    v.x().narrow(0, lo, b).copy_(x);
+    digests_[s] = x.to(at::kDouble).sum().item<double>();
+    vals_[out.at(0)] = std::move(v);
+  };
+
+  if (method == "logprob") {
+    at::NoGradGuard guard;
+    at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
+    at::Tensor lp = models::tokenLogprobs(rr.model->logits(h.narrow(1, P - 1, R)), rtoks,
+                                          ph.rolloutTemp) * rmask;
+    store(lp);
+    return;
+  }
+  if (method == "values") {
+    at::NoGradGuard guard;
+    at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
+    store(at::linear(h.narrow(1, P - 1, R), rr.head).squeeze(-1) * rmask);
+    return;
+  }
+  if (method == "score") {
+    at::Tensor scores = at::zeros({b, R});
+    at::Tensor len = rmask.sum(1).to(at::kLong);
+    if (ro.kind() == RoleKind::RewardFn) {
+      if (!ph.dataset && ruleName_ != "even_tokens")
+        throw RunError("reward rule '" + ruleName_ + "' needs a data set");
+      auto acc = rtoks.accessor<int64_t, 2>();
+      for (int64_t i = 0; i < b; ++i) {
+        std::vector<int64_t> ids;
+        for (int64_t t = 0; t < len[i].item<int64_t>(); ++t)
+          if (acc[i][t] != tok_->eosId())
+            ids.push_back(acc[i][t]);
+        data::Example ex;
+        if (ph.dataset)
+          ex = (*ph.dataset)[(size_t)(*rollout)["ids"][lo + i].item<int64_t>()];
+        double r = rule_(tok_->decode(ids), ex);
+        scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
+      }
+    } else {
+      at::NoGradGuard guard;
+      at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
+      at::Tensor last = (P - 1 + len).clamp_min(0);
+      at::Tensor hl = h.gather(1, last.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
+      at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+      scores.scatter_(1, (len - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+    }
+    if (leader) {
+      at::Tensor per = scores.sum(1).to(at::kDouble);
+      metrics_[MRewardSum] += per.sum().item<double>();
+      metrics_[MRewardSq] += per.pow(2).sum().item<double>();
+      metrics_[MRewardN] += (double)b;
+    }
+    store(scores);
+    return;
+  }
+  if (method == "update") {
+    const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
+    const int64_t dp = ph.batch * ph.n / std::max<int64_t>(1, b);
+    int64_t mbPrompts = (int64_t)attrNum(a, "minibatch",
+                                         ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch()
+                                                                         : ph.batch);
+    int64_t mbRows = mbPrompts * ph.n / dp; // this replica's rows per optimizer step
+    if (mbRows <= 0 || b % mbRows != 0)
+      mbRows = b;
+    const std::string agg = attrStr(a, "loss_agg", "token-mean");
+    rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
+    for (int64_t e = 0; e < epochs; ++e)
+      for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
+        const int64_t mlo = lo + m0, mhi = mlo + mbRows;
+        at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, mbRows);
+        at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, mbRows);
+        at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, P).narrow(1, P - 1, R);
+        if (ro.kind() == RoleKind::Critic) {
+          Val *vals = byKind(BatchKind::Values);
+          Val *rets = byKind(BatchKind::Returns);
+          if (!rets)
+            throw RunError("a critic update needs the returns (e.g. adv.returns)");
+          at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
+          // Without the rollout's values the clipped loss has nothing to
+          // clip against: it is the plain squared error.
+          at::Tensor oldv = vals ? vals->x().narrow(0, mlo, mbRows) : vpred.detach();
+          auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, mbRows), oldv, mask,
+                                           attrNum(a, "clip_value", 0.5), mode);
+          if (leader) {
+            metrics_[MVfLoss] += vl.vf_loss.item<double>();
+            metrics_[MVfClip] += vl.vf_clipfrac.item<double>();
+            metrics_[MCriticN] += 1;
+          }
+          trainStep(rr, vl.vf_loss, attrNum(a, "lr", 0));
+          continue;
+        }
+        // Advantages, else the scores themselves (REINFORCE on the raw
+        // reward); the old log-probs, else the ones generation reported
+        // (equal to a recomputation on the same weights).
+        Val *adv = byKind(BatchKind::Advantages);
+        if (!adv)
+          adv = byKind(BatchKind::Scores);
+        Val *old = byKind(BatchKind::LogProbs, 0);
+        Val *ref = byKind(BatchKind::LogProbs, 1);
+        if (!adv)
+          throw RunError("an actor update needs advantages or scores");
+        at::Tensor oldLp = old ? old->x().narrow(0, mlo, mbRows)
+                               : (*rollout)["lp"].narrow(0, mlo, mbRows);
+        at::Tensor logits = rr.model->logits(h);
+        at::Tensor lp = models::tokenLogprobs(logits, toks, ph.rolloutTemp);
+        rl::PolicyLossConfig pc;
+        pc.clip_ratio = attrNum(a, "clip", 0.2);
+        if (a.count("clip_low"))
+          pc.clip_ratio_low = attrNum(a, "clip_low", 0.2);
+        if (a.count("clip_high"))
+          pc.clip_ratio_high = attrNum(a, "clip_high", 0.2);
+        pc.clip_ratio_c = attrNum(a, "clip_ratio_c", 3.0);
+        pc.loss_agg_mode = mode;
+        auto pl = rl::compute_policy_loss(oldLp, lp,
+                                          adv->x().narrow(0, mlo, mbRows), mask, pc);
+        at::Tensor loss = pl.pg_loss;
+        double klv = 0;
+        if (ref) {
+          at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, mbRows), mask,
+                                              rl::parse_kl_penalty(attrStr(a, "kl", "low_var_kl")),
+                                              mode);
+          loss = loss + kl * attrNum(a, "kl_coef", 0.001);
+          klv = kl.item<double>();
+        }
+        double entCoef = attrNum(a, "entropy_coef", 0.0);
+        at::Tensor ent;
+        {
+          at::Tensor e = models::tokenEntropy(entCoef > 0 ? logits : logits.detach(),
+                                              ph.rolloutTemp);
+          ent = rl::agg_loss(e, mask, mode);
+        }
+        if (entCoef > 0)
+          loss = loss - ent * entCoef;
+        if (leader) {
+          metrics_[MPgLoss] += pl.pg_loss.item<double>();
+          metrics_[MPgClip] += pl.pg_clipfrac.item<double>();
+          metrics_[MPpoKl] += pl.ppo_kl.item<double>();
+          metrics_[MKlLoss] += klv;
+          metrics_[MEntropy] += ent.item<double>();
+          metrics_[MActorN] += 1;
+        }
+        trainStep(rr, loss, attrNum(a, "lr", 0));
+      }
+    digests_[s] = 0;
+    for (auto &p : rr.model->parameters())
+      digests_[s] += p.detach().to(at::kDouble).sum().item<double>();
+    return;
+  }
+  throw RunError("method '" + method + "' is not supported by this runtime");
+}
+
+void Worker::runBuiltin(PhaseRt &ph, int s) {
+  const Step &st = step(s);
+  BuiltinContext ctx;
+  if (ph.rolloutValue >= 0 && vals_.count(ph.rolloutValue)) {
+    Val &ro = vals_.at(ph.rolloutValue);
+    ctx.mask = ro["rmask"].to(at::kDouble);
+    ctx.index = ro["group"].clone();
+  } else {
+    ctx.mask = at::ones({ph.batch * ph.n, ph.R}, at::TensorOptions().dtype(at::kDouble));
+    ctx.index = at::arange(ph.batch * ph.n, at::TensorOptions().dtype(at::kLong)).div(ph.n, "floor");
   }
   std::vector<at::Tensor> inputs;
-  for (int v : ints(st.inputs()))
-    inputs.push_back(builtinInput(v));
-  std::map<std::string, std::string> attrs;
-  if (st.attrs())
-    for (const KeyValue *kv : *st.attrs())
-      attrs[str(kv->key())] = str(kv->value());
+  for (int v : ints(st.inputs())) {
+    auto it = vals_.find(v);
+    if (it == vals_.end())
+      throw RunError("input " + str(p_.values()->Get(v)->name(), "?") +
+                     " has not reached the controller");
+    inputs.push_back(it->second.x().to(at::kDouble));
+  }
   std::vector<at::Tensor> out;
   try {
-    out = exec::runBuiltin(str(st.method()), attrs, inputs, builtinCtx_);
+    out = exec::runBuiltin(str(st.method()), attrsOf(st.attrs()), inputs, ctx);
   } catch (const std::exception &e) {
-    throw RunError(pm_.describe(s) + ": " + e.what());
+    throw RunError(e.what());
   }
   auto outputs = ints(st.outputs());
   if (out.size() != outputs.size())
-    throw RunError(pm_.describe(s) + ": the builtin returns " +
-                   std::to_string(out.size()) + " values but the plan names " +
-                   std::to_string(outputs.size()));
-  for (size_t i = 0; i < out.size(); ++i)
-    builtinValues_[outputs[i]] = out[i];
-  double d = out[0].sum().item<double>();
-  myDigest_[s] = d;
-  if (o_.verbose)
-    std::printf("[rank %d] %s: %lld x %lld, digest %.6f\n", o_.rank,
-                pm_.describe(s).c_str(), (long long)out[0].size(0),
-                (long long)out[0].size(1), d);
+    throw RunError("the builtin returns " + std::to_string(out.size()) +
+                   " values but the plan names " + std::to_string(outputs.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    Val v = makeVal(p_.values()->Get(outputs[i])->kind(), ph.batch * ph.n, ph.P, ph.R);
+    v.x().copy_(out[i].to(at::kFloat));
+    vals_[outputs[i]] = std::move(v);
+  }
+  digests_[s] = out.empty() ? 0 : out[0].sum().item<double>();
 }
 
 /// Executes a planned weight reshard: this rank sends and receives exactly
 /// the element ranges the plan lists (one message per peer, all posted at
 /// once), checks every received range bit for bit against its own copy of
 /// the weights (this runtime keeps every weight on every rank of a role, so
-/// the copy is the reference a naive full gather would give), and checks the
-/// bytes the communicator counted against the plan.
+/// the copy is what a naive full gather would give), and checks the bytes
+/// the communicator counted against the plan.
 void Worker::runReshard(int s) {
   using at::indexing::Slice;
-  const Step &st = pm_.step(s);
+  const Step &st = step(s);
   const Reshard &rs = *p_.reshards()->Get(st.reshard());
-  const Role &role = pm_.role(rs.role());
-  const std::string what = str(role.name(), "?") + " " + str(rs.from_phase()) +
-                           " -> " + str(rs.to_phase());
-  auto ranks = ints(role.ranks());
-  int me = (int)(std::find(ranks.begin(), ranks.end(), o_.rank) - ranks.begin());
-  if (me == (int)ranks.size())
-    throw RunError("reshard of " + what + ": this rank is not one of the role's ranks");
-  auto git = groupComm_.find(rs.role());
-  if (git == groupComm_.end())
-    throw RunError("reshard of " + what + ": no communicator for the role's group");
-  Communicator &c = *git->second;
-  if (role.model() < 0)
-    throw RunError("reshard of " + what + ": the role has no model");
-  auto named = pm_.model(role.model()).namedParameters();
+  const Role &ro = role(rs.role());
+  const std::string what = str(ro.name(), "?") + " " + str(rs.from_phase()) + " -> " +
+                           str(rs.to_phase());
+  auto rit = roles_.find(rs.role());
+  if (rit == roles_.end() || !rit->second.model)
+    throw RunError("reshard of " + what + ": this rank holds no model of the role");
+  RoleRt &rr = rit->second;
+  Communicator &c = *rr.comm;
+  const int me = rr.pos;
+  auto named = rr.model->namedParameters();
   const size_t nParams = rs.params() ? rs.params()->size() : 0;
   if (named.size() != nParams)
-    throw RunError("reshard of " + what + ": the plan lists " +
-                   std::to_string(nParams) + " parameters, the model has " +
-                   std::to_string(named.size()));
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, the model has " + std::to_string(named.size()));
   for (size_t k = 0; k < nParams; ++k) {
     const WeightParam *wp = rs.params()->Get(k);
     const at::Tensor &t = named[k].second;
     if (named[k].first != str(wp->name()) || t.size(0) != wp->rows() ||
         t.size(1) != wp->cols())
-      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) +
-                     " [" + std::to_string(wp->rows()) + ", " +
-                     std::to_string(wp->cols()) + "] does not match the model's " +
-                     named[k].first + " [" + std::to_string(t.size(0)) + ", " +
-                     std::to_string(t.size(1)) + "]");
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) + " [" +
+                     std::to_string(wp->rows()) + ", " + std::to_string(wp->cols()) +
+                     "] does not match the model's " + named[k].first + " [" +
+                     std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + "]");
     if ((int64_t)t.element_size() != rs.bytes_per_element())
       throw RunError("reshard of " + what + ": the plan counts " +
                      std::to_string(rs.bytes_per_element()) +
                      " bytes per element, the model's weights have " +
                      std::to_string(t.element_size()));
   }
+  at::NoGradGuard ng;
   auto piece = [&](const WeightTransfer *t) {
-    return named[t->param()].second.index(
+    return named[t->param()].second.detach().index(
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
   std::map<int, std::vector<const WeightTransfer *>> out, in;
@@ -471,13 +1396,14 @@ void Worker::runReshard(int s) {
     int64_t n = 0;
     for (const WeightTransfer *t : ts)
       n += (t->row1() - t->row0()) * (t->col1() - t->col0());
-    recvs.push_back({peer, at::empty({n}, named[0].second.options())});
+    recvs.push_back({peer, at::empty({n}, at::TensorOptions().dtype(at::kFloat))});
   }
   const uint64_t before = c.bytesReceived();
   auto t0 = Clock::now();
   c.exchange(sends, recvs);
   const double ms = msSince(t0);
   const int64_t measured = (int64_t)(c.bytesReceived() - before);
+  auto ranks = ints(ro.ranks());
   for (auto &[peer, buf] : recvs) {
     int64_t off = 0;
     for (const WeightTransfer *t : in[peer]) {
@@ -485,8 +1411,8 @@ void Worker::runReshard(int s) {
       at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
       off += want.numel();
       if (!at::equal(got, want))
-        throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) +
-                       "-" + std::to_string(t->row1() - 1) + ", cols " +
+        throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) + "-" +
+                       std::to_string(t->row1() - 1) + ", cols " +
                        std::to_string(t->col0()) + "-" + std::to_string(t->col1() - 1) +
                        " of " + named[t->param()].first + " from rank " +
                        std::to_string(ranks[peer]) +
@@ -496,133 +1422,372 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
-  myDigest_[s] = (double)measured;
-  // One line per transition: the role's total, from its first rank.
+  digests_[s] = (double)measured;
   at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
   c.allReduceSum(total);
-  if (me == 0 && !o_.quiet)
-    std::printf("[reshard] %s %s in %.1f ms (planned %s)\n", what.c_str(),
-                fmtBytes((double)total.item<int64_t>()).c_str(), ms,
-                fmtBytes((double)rs.bytes()).c_str());
-}
-
-void Worker::runSteps() {
-  const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
-  myDigest_.assign(nSteps, std::numeric_limits<double>::quiet_NaN());
-  const RankSchedule *sched = p_.schedules()->Get(o_.rank);
-  auto steps = ints(sched->steps());
-  for (int s : steps) {
-    currentStep_ = s;
-    const Step &st = pm_.step(s);
-    auto t0 = Clock::now();
-    if (st.kind() == StepKind::Builtin) {
-      runBuiltin(s);
-      computeMs_ += msSince(t0);
-    } else if (st.kind() == StepKind::Reshard) {
-      runReshard(s);
-      checkMs_ += msSince(t0);
-    } else if (st.kind() == StepKind::Compute) {
-      int i = pm_.dpIndexOf(s, o_.rank);
-      if (i < 0)
-        throw RunError("this rank is scheduled for the step but is not one of "
-                       "role " + str(pm_.role(st.role()).name()) + "'s ranks");
-      double d = pm_.digest(s, i);
-      if (o_.rank == corruptRank_)
-        d += 1.0; // fault injection for tests
-      myDigest_[s] = d;
-      computeMs_ += msSince(t0);
-      if (o_.verbose) {
-        auto [lo, hi] = pm_.rowsOf(s, i);
-        std::printf("[rank %d] %s: rows %d-%d digest %.6f (%.1f ms)\n", o_.rank,
-                    pm_.describe(s).c_str(), lo, hi - 1, d, msSince(t0));
-      }
-    } else {
-      int checked = st.checks();
-      auto it = groupComm_.find(st.group());
-      if (it == groupComm_.end())
-        throw RunError("this rank is scheduled for the check but is not a "
-                       "member of group " +
-                       str(p_.groups()->Get(st.group())->name()));
-      Communicator &c = *it->second;
-      if (std::isnan(myDigest_[checked]))
-        throw RunError("this rank did not run step " + std::to_string(checked) +
-                       ", which it must contribute to the check");
-      at::Tensor mine = at::full({1}, myDigest_[checked],
-                                 at::TensorOptions().dtype(at::kDouble));
-      at::Tensor all = c.allGatherFlat(mine); // [size, 1]
-      auto members = c.globalRanks();
-      for (size_t m = 0; m < members.size(); ++m) {
-        int peer = members[m];
-        if (peer == o_.rank)
-          continue;
-        int i = pm_.dpIndexOf(checked, peer);
-        if (i < 0)
-          throw RunError("group member rank " + std::to_string(peer) +
-                         " is not placed on role " +
-                         str(pm_.role(pm_.step(checked).role()).name()) +
-                         ", so it has no result of step " +
-                         std::to_string(checked) + " to check");
-        double got = all[(int64_t)m][0].item<double>();
-        double want = pm_.digest(checked, i);
-        if (!digestsAgree(got, want)) {
-          auto [lo, hi] = pm_.rowsOf(checked, i);
-          char buf[256];
-          std::snprintf(buf, sizeof buf,
-                        "rank %d reported digest %.17g but its shard (rows "
-                        "%d-%d) recomputed here gives %.17g",
-                        peer, got, lo, hi - 1, want);
-          throw RunError(std::string("check failed: ") + buf);
-        }
-      }
-      checkMs_ += msSince(t0);
-      if (o_.verbose)
-        std::printf("[rank %d] %s: %d ranks agree (%.1f ms)\n", o_.rank,
-                    pm_.describe(s).c_str(), c.size(), msSince(t0));
-    }
-    ++stepsRun_;
+  if (me == 0) {
+    reshardBytes_ += (double)total.item<int64_t>();
+    reshardPlanned_ += (double)rs.bytes();
+    ++reshardCount_;
+    if (!o_.quiet)
+      std::printf("[reshard] %s %s in %.1f ms (planned %s)\n", what.c_str(),
+                  fmtBytes((double)total.item<int64_t>()).c_str(), ms,
+                  fmtBytes((double)rs.bytes()).c_str());
+    if (total.item<int64_t>() != rs.bytes())
+      throw RunError("reshard of " + what + ": the role's ranks received " +
+                     std::to_string(total.item<int64_t>()) + " bytes, the plan says " +
+                     std::to_string(rs.bytes()));
   }
-  currentStep_ = -1;
 }
 
-void Worker::finish() {
-  const int nSteps = (int)myDigest_.size();
-  // 1. Every rank ran its whole schedule: the world sum must match the plan.
-  int64_t planned = 0;
-  for (const RankSchedule *s : *p_.schedules())
-    planned += s->steps() ? s->steps()->size() : 0;
-  at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
-  world_->allReduceSum(n);
-  int64_t total = n.item<int64_t>();
-  if (total != planned)
-    throw RunError("the ranks ran " + std::to_string(total) +
-                   " steps in total but the plan schedules " +
-                   std::to_string(planned));
+/// The ranks of one replica ran the same rows with the same weights: their
+/// results must be identical. Each member contributes (replica, digest).
+void Worker::runCheck(int s) {
+  const Step &st = step(s);
+  int checked = st.checks();
+  auto it = groupComm_.find(st.group());
+  if (it == groupComm_.end())
+    throw RunError("this rank is scheduled for the check but is not a member of group " +
+                   str(p_.groups()->Get(st.group())->name()));
+  Communicator &c = *it->second;
+  auto d = digests_.find(checked);
+  if (d == digests_.end())
+    throw RunError("this rank did not run step " + std::to_string(checked) +
+                   ", which it must contribute to the check");
+  double mine = d->second;
+  if (o_.rank == corruptRank_)
+    mine += 1.0; // fault injection for tests
+  at::Tensor v = at::tensor({(double)dpIndexOf(checked, o_.rank), mine},
+                            at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = c.allGatherFlat(v);
+  auto members = c.globalRanks();
+  for (size_t m = 0; m < members.size(); ++m) {
+    if (members[m] == o_.rank)
+      continue;
+    double rep = all[(int64_t)m][0].item<double>(), got = all[(int64_t)m][1].item<double>();
+    if (rep == v[0].item<double>() && got != mine) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "rank %d computed %.17g for replica %d of step %d but this rank "
+                    "computed %.17g: the ranks of one replica disagree",
+                    members[m], got, (int)rep, checked, mine);
+      throw RunError(std::string("check failed: ") + buf);
+    }
+  }
+}
 
-  // 2. Per-rank stats (bytes up to this point) and digests, to rank 0.
+/// Greedy responses to the held-out prompts on the actor's generation
+/// replicas, scored by the reward rule; (sum, count) go to the metrics.
+void Worker::evaluate(const std::string &when, int64_t it) {
+  (void)when;
+  (void)it;
+  if (!evalSet_)
+    return;
+  int gen = -1;
+  for (auto &[r, rr] : roles_)
+    if (role(r).kind() == RoleKind::Actor && rr.model)
+      gen = r;
+  if (gen < 0)
+    return;
+  const Role &ro = role(gen);
+  const Layout &l = *ro.generate();
+  const int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+  const RoleRt &rr = roles_.at(gen);
+  if (rr.pos % per != 0)
+    return; // one rank per replica scores
+  const int dp = std::max(1, (int)ints(ro.ranks()).size() / per);
+  const int replica = rr.pos / per;
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, evalSet_->size())
+                                     : (int64_t)evalSet_->size();
+  const int64_t lo = replica * N / dp, hi = (replica + 1) * N / dp;
+  const int64_t chunk = 64;
+  for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
+    const int64_t c1 = std::min(hi, c0 + chunk);
+    std::vector<std::vector<int64_t>> ps;
+    int64_t P = 1;
+    for (int64_t i = c0; i < c1; ++i) {
+      const auto &ex = (*evalSet_)[(size_t)i];
+      ps.push_back(ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds);
+      P = std::max<int64_t>(P, (int64_t)ps.back().size());
+    }
+    const int64_t B = c1 - c0;
+    at::Tensor toks = at::full({B, P}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+    at::Tensor mask = at::zeros({B, P});
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t j = 0; j < ps[b].size(); ++j) {
+        toks[b][P - (int64_t)ps[b].size() + (int64_t)j] = ps[b][j];
+        mask[b][P - (int64_t)ps[b].size() + (int64_t)j] = 1.0f;
+      }
+    models::SamplingOptions so;
+    so.maxTokens = (int)evalR_;
+    so.greedy = true;
+    so.stopToken = tok_->eosId();
+    so.padToken = tok_->padId();
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1);
+    models::Generation out = rr.model->generate(toks, mask, so, g);
+    auto acc = out.tokens.accessor<int64_t, 2>();
+    auto m = out.mask.accessor<float, 2>();
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int64_t> ids;
+      for (int64_t t = 0; t < out.tokens.size(1); ++t)
+        if (m[b][t] > 0 && acc[b][t] != tok_->eosId())
+          ids.push_back(acc[b][t]);
+      metrics_[MEvalSum] += rule_(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
+      metrics_[MEvalN] += 1;
+    }
+  }
+}
+
+/// At the start of a phase after the first, a reference model that shares
+/// an actor's model and devices takes the actor's current weights (the
+/// reference of RL after a warm-up is the warmed-up policy).
+void Worker::syncReference(int phaseIndex) {
+  if (phaseIndex == 0)
+    return;
+  for (auto &[r, rr] : roles_) {
+    if (role(r).kind() != RoleKind::Reference || !rr.model)
+      continue;
+    for (auto &[a, ar] : roles_)
+      if (role(a).kind() == RoleKind::Actor && ar.model &&
+          role(a).model() == role(r).model()) {
+        rr.model->copyFrom(*ar.model);
+        if (rr.pos == 0 && !o_.quiet)
+          std::printf("[%s] %s starts from %s's current weights\n",
+                      phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
+                      str(role(a).name()).c_str());
+      }
+  }
+}
+
+/// Sums every rank's metrics on rank 0, which prints and records them.
+void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   comm::CommStats cs = world_->stats();
   for (auto &[g, c] : groups_)
     cs += c->stats();
-  std::vector<double> row{(double)stepsRun_, computeMs_, checkMs_,
-                          (double)cs.bytesSent, (double)cs.bytesReceived};
-  row.insert(row.end(), myDigest_.begin(), myDigest_.end());
+  std::vector<double> row = metrics_;
+  row.push_back((double)cs.bytesSent);
+  row.push_back((double)cs.bytesReceived);
+  row.push_back(ms);
+  row.insert(row.end(), stepMs_.begin(), stepMs_.end());
   at::Tensor mine = at::from_blob(row.data(), {(int64_t)row.size()},
-                                  at::TensorOptions().dtype(at::kDouble))
-                        .clone();
-  at::Tensor all = world_->allGatherFlat(mine); // [world, 5 + nSteps]
-  (void)nSteps;
-  world_->barrier();
-  if (o_.rank == 0 && !o_.quiet)
-    printSummary(all, total);
+                                  at::TensorOptions().dtype(at::kDouble)).clone();
+  at::Tensor all = world_->allGatherFlat(mine);
+  if (o_.rank != 0)
+    return;
+  at::Tensor sum = all.sum(0);
+  auto S = [&](int k) { return sum[k].item<double>(); };
+  auto mean = [&](int num, int den) { return S(den) > 0 ? S(num) / S(den) : NAN; };
+  const double rN = S(MRewardN);
+  const double rMean = rN > 0 ? S(MRewardSum) / rN : NAN;
+  const double rStd = rN > 1 ? std::sqrt(std::max(0.0, (S(MRewardSq) - rN * rMean * rMean) / (rN - 1)))
+                             : 0.0;
+  const double lr = all.select(1, MLr).max().item<double>();
+  const double bytes = all.select(1, MNumMetrics).sum().item<double>();
+  const double itMs = all.select(1, MNumMetrics + 2).max().item<double>();
+  const double evalR = mean(MEvalSum, MEvalN);
+  if (evalRan)
+    evalCurve_.push_back({it < 0 ? std::string("start")
+                                 : ph.name + " " + std::to_string(it + 1),
+                          evalR});
+  const double elapsed = msSince(start_) / 1000.0;
+  if (metricsOut_) {
+    std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
+                       std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
+    auto add = [&](const char *k, double v) {
+      if (std::isfinite(v)) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%.9g", v);
+        line += std::string(", \"") + k + "\": " + b;
+      }
+    };
+    add("reward_mean", rMean);
+    add("reward_std", rN > 0 ? rStd : NAN);
+    add("response_length", mean(MLenSum, MLenN));
+    add("pg_loss", mean(MPgLoss, MActorN));
+    add("pg_clipfrac", mean(MPgClip, MActorN));
+    add("ppo_kl", mean(MPpoKl, MActorN));
+    add("kl_loss", mean(MKlLoss, MActorN));
+    add("entropy", mean(MEntropy, MActorN));
+    add("vf_loss", mean(MVfLoss, MCriticN));
+    add("vf_clipfrac", mean(MVfClip, MCriticN));
+    add("sft_loss", mean(MSftLoss, MSftN));
+    add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) > 0
+                         ? S(MGradNorm) / std::max(1.0, (double)o_.worldSize)
+                         : NAN);
+    add("lr", lr > 0 ? lr : NAN);
+    add("eval_reward", evalR);
+    add("tokens_per_s", itMs > 0 ? S(MTokens) / (itMs / 1000.0) : NAN);
+    add("iteration_ms", itMs);
+    add("bytes_moved", bytes);
+    // The actor's weights after the iteration, to 17 digits: two runs that
+    // print the same value trained the same weights (resume tests).
+    for (auto &[r, rr] : roles_)
+      if (role(r).kind() == RoleKind::Actor && rr.model) {
+        double sum = 0;
+        for (auto &p : rr.model->parameters())
+          sum += p.detach().to(at::kDouble).sum().item<double>();
+        char b[64];
+        std::snprintf(b, sizeof b, "%.17g", sum);
+        line += std::string(", \"actor_weight_sum\": ") + b;
+        break;
+      }
+    for (int k = 0; k < ph.count; ++k) {
+      double m = all.select(1, MNumMetrics + 3 + k).max().item<double>();
+      if (m > 0)
+        add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
+    }
+    line += "}\n";
+    std::fputs(line.c_str(), metricsOut_);
+    std::fflush(metricsOut_);
+  }
+  if (o_.quiet)
+    return;
+  if (it < 0) {
+    std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)S(MEvalN));
+    std::fflush(stdout);
+    return;
+  }
+  int every = o_.logEvery > 0 ? o_.logEvery
+                              : (int)std::max<int64_t>(1, ph.iterations / 20);
+  bool last = it + 1 == ph.iterations;
+  if ((it + 1) % every == 0 || last || it == 0 || evalRan) {
+    std::string line = "[" + ph.name + " " + std::to_string(it + 1) + "/" +
+                       std::to_string(ph.iterations) + "]";
+    char b[96];
+    if (rN > 0) {
+      std::snprintf(b, sizeof b, " reward %.3f ± %.3f", rMean, rStd);
+      line += b;
+    }
+    if (S(MSftN) > 0) {
+      std::snprintf(b, sizeof b, " sft_loss %.4f", mean(MSftLoss, MSftN));
+      line += b;
+    }
+    if (S(MActorN) > 0) {
+      std::snprintf(b, sizeof b, " pg_loss %.4f kl %.4f entropy %.3f", mean(MPgLoss, MActorN),
+                    mean(MKlLoss, MActorN), mean(MEntropy, MActorN));
+      line += b;
+    }
+    if (S(MCriticN) > 0) {
+      std::snprintf(b, sizeof b, " vf_loss %.4f", mean(MVfLoss, MCriticN));
+      line += b;
+    }
+    if (S(MLenN) > 0) {
+      std::snprintf(b, sizeof b, " len %.1f", mean(MLenSum, MLenN));
+      line += b;
+    }
+    if (evalRan) {
+      std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)", evalR,
+                    (int)S(MEvalN));
+      line += b;
+    }
+    std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
+    line += b;
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
 }
 
-void Worker::printSummary(const at::Tensor &all, int64_t totalSteps) {
-  const int nSteps = (int)myDigest_.size();
-  auto acc = all.accessor<double, 2>();
-  std::printf("hflow-run: plan %s, flow %s, world size %d, seed %" PRId64
-              " (plan %s, format %u.%u, compiler %s)\n",
-              str(p_.program(), "?").c_str(), str(p_.flow(), "?").c_str(),
-              p_.world_size(), (int64_t)p_.seed(), comm::hashHex(lp_.fileHash()).c_str(),
-              lp_.formatMajor(), lp_.formatMinor(),
+void Worker::runIteration(PhaseRt &ph, int64_t it) {
+  currentIter_ = it;
+  vals_.clear();
+  digests_.clear();
+  metrics_.assign(MNumMetrics, 0.0);
+  stepMs_.assign(ph.count, 0.0);
+  auto t0 = Clock::now();
+  for (int r = 0; r < p_.world_size(); ++r)
+    for (int s : ints(p_.schedules()->Get(r)->steps()))
+      if (s >= ph.first && s < ph.first + ph.count)
+        ++plannedSteps_;
+  // The prompts: the same indices on every rank (seeded sampler).
+  std::vector<int64_t> ids;
+  if (ph.sampler)
+    ids = ph.sampler->next((size_t)ph.batch);
+  else
+    for (int64_t i = 0; i < ph.batch; ++i)
+      ids.push_back(i);
+  for (int s = ph.first; s < ph.first + ph.count; ++s)
+    for (int v : ints(step(s).inputs()))
+      if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
+        makePrompts(ph, ids, vals_[v]);
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    currentStep_ = s;
+    auto ts = Clock::now();
+    moveRows(ph, s);
+    if (inMySchedule(s)) {
+      const Step &st = step(s);
+      switch (st.kind()) {
+      case StepKind::Compute:
+        runCompute(ph, s, it);
+        break;
+      case StepKind::Builtin:
+        runBuiltin(ph, s);
+        break;
+      case StepKind::Reshard:
+        runReshard(s);
+        break;
+      case StepKind::CheckAllGather:
+        runCheck(s);
+        break;
+      }
+      ++stepsRun_;
+      if (o_.verbose)
+        std::printf("[rank %d] %s: %.1f ms\n", o_.rank, describe(s).c_str(), msSince(ts));
+    }
+    stepMs_[s - ph.first] = msSince(ts);
+  }
+  currentStep_ = -1;
+  world_->waitSends();
+  bool evalNow = evalSet_ && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
+  bool lastIt = it + 1 == ph.iterations;
+  if (evalSet_ && lastIt)
+    evalNow = true;
+  if (evalNow)
+    evaluate(ph.name, it);
+  gatherMetrics(ph, it, msSince(t0), evalNow);
+  ++globalIter_;
+  if (o_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
+      globalIter_ == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
+    std::abort(); // fault injection for tests: a worker dies mid-run
+  if (ckEvery_ > 0 && globalIter_ % ckEvery_ == 0)
+    saveState();
+}
+
+void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
+  currentPhase_ = ph.name;
+  if (firstIter == 0)
+    syncReference(phaseIndex);
+  for (int64_t it = firstIter; it < ph.iterations; ++it)
+    runIteration(ph, it);
+  currentIter_ = -1;
+}
+
+void Worker::finish() {
+  // Every rank ran its whole schedule, every iteration: the world sum must
+  // match the plan.
+  const int64_t planned = plannedSteps_;
+  at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
+  world_->allReduceSum(n);
+  if (n.item<int64_t>() != planned)
+    throw RunError("the ranks ran " + std::to_string(n.item<int64_t>()) +
+                   " steps in total but the plan schedules " + std::to_string(planned));
+  comm::CommStats cs = world_->stats();
+  for (auto &[g, c] : groups_)
+    cs += c->stats();
+  at::Tensor mine = at::tensor({(double)stepsRun_, (double)cs.bytesSent,
+                                (double)cs.bytesReceived},
+                               at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = world_->allGatherFlat(mine);
+  world_->barrier();
+  if (o_.rank != 0 || o_.quiet)
+    return;
+  int64_t its = 0;
+  for (auto &ph : phases_)
+    its += ph.iterations;
+  std::printf("hflow-run: %s done: %" PRId64 " iteration%s of %zu phase%s on %d ranks in %.1f s "
+              "(plan %s, format %u.%u, compiler %s)\n",
+              str(p_.program(), "?").c_str(), its, its == 1 ? "" : "s", phases_.size(),
+              phases_.size() == 1 ? "" : "s", p_.world_size(), msSince(start_) / 1000.0,
+              comm::hashHex(lp_.fileHash()).c_str(), lp_.formatMajor(), lp_.formatMinor(),
               str(p_.compiler_version(), "?").c_str());
   std::printf("roles:\n");
   if (p_.roles())
@@ -632,75 +1797,39 @@ void Worker::printSummary(const at::Tensor &all, int64_t totalSteps) {
         const Model *m = p_.models()->Get(r->model());
         models::LlamaConfig cfg;
         std::string err;
-        int64_t params = models::LlamaConfig::fromPlan(*m, cfg, err)
-                             ? cfg.paramCount()
-                             : m->params();
-        model = "model " + str(m->name(), "?") + " (" + std::to_string(params) +
-                " params)";
+        int64_t params = models::LlamaConfig::fromPlan(*m, cfg, err) ? cfg.paramCount()
+                                                                      : m->params();
+        model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params)";
+      } else if (r->kind() == RoleKind::RewardFn) {
+        model = "rule " + str(r->rule(), "even_tokens");
       }
       auto lay = [](const Layout *l) {
-        return "dp" + std::to_string(l->dp()) + " tp" + std::to_string(l->tp()) +
-               " pp" + std::to_string(l->pp());
+        std::string s = "dp" + std::to_string(l->dp()) + " tp" + std::to_string(l->tp()) +
+                        " pp" + std::to_string(l->pp());
+        if (l->fsdp() > 1)
+          s += " fsdp" + std::to_string(l->fsdp());
+        return s;
       };
       std::printf("  %-10s %-11s ranks %-7s train %s, generate %s, %s\n",
                   str(r->name(), "?").c_str(), roleKindName(r->kind()),
                   rankList(ints(r->ranks())).c_str(), lay(r->train()).c_str(),
                   lay(r->generate()).c_str(), model.c_str());
     }
-  std::printf("steps:\n");
-  int nChecks = 0;
-  for (int s = 0; s < nSteps; ++s) {
-    const Step &st = pm_.step(s);
-    std::vector<int> ranks;
-    for (int r = 0; r < p_.world_size(); ++r) {
-      auto sch = ints(p_.schedules()->Get(r)->steps());
-      if (std::find(sch.begin(), sch.end(), s) != sch.end())
-        ranks.push_back(r);
-    }
-    if (st.kind() == StepKind::Compute) {
-      // The full batch's digest: the sum over one rank per DP replica.
-      const Layout &l = pm_.layoutOf(s);
-      std::vector<bool> seen(l.dp(), false);
-      double sum = 0;
-      for (int r : ranks) {
-        int i = pm_.dpIndexOf(s, r);
-        if (i >= 0 && i < l.dp() && !seen[i]) {
-          seen[i] = true;
-          sum += acc[r][5 + s];
-        }
-      }
-      std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s,
-                  pm_.callName(s).c_str(), rankList(ranks).c_str(), sum);
-    } else if (st.kind() == StepKind::Reshard) {
-      const Reshard &rs = *p_.reshards()->Get(st.reshard());
-      double moved = 0;
-      for (int r : ranks)
-        moved += acc[r][5 + s];
-      std::string what = "reshard " + str(pm_.role(rs.role()).name(), "?");
-      std::printf("  #%-3d %-26s ranks %-7s moved %s (planned %s, naive %s)\n", s,
-                  what.c_str(), rankList(ranks).c_str(), fmtBytes(moved).c_str(),
-                  fmtBytes((double)rs.bytes()).c_str(),
-                  fmtBytes((double)rs.naive_bytes()).c_str());
-    } else if (st.kind() == StepKind::Builtin) {
-      std::string what = "builtin " + str(st.method(), "?");
-      std::printf("  #%-3d %-26s ranks %-7s digest %.6f\n", s, what.c_str(),
-                  rankList(ranks).c_str(), acc[0][5 + s]);
-    } else {
-      ++nChecks;
-      std::string what = "check #" + std::to_string(st.checks()) + " " +
-                         pm_.callName(st.checks());
-      std::printf("  #%-3d %-26s ranks %-7s ok\n", s, what.c_str(),
-                  rankList(ranks).c_str());
-    }
-  }
   std::printf("ranks:\n");
   for (int r = 0; r < p_.world_size(); ++r)
-    std::printf("  rank %-3d %3.0f steps  compute %8.1f ms  checks %7.1f ms  "
-                "sent %-10s received %s\n",
-                r, acc[r][0], acc[r][1], acc[r][2], fmtBytes(acc[r][3]).c_str(),
-                fmtBytes(acc[r][4]).c_str());
-  std::printf("all %d checks passed (%" PRId64 " steps run on %d ranks)\n",
-              nChecks, totalSteps, p_.world_size());
+    std::printf("  rank %-3d %6.0f steps  sent %-10s received %s\n", r,
+                all[r][0].item<double>(), fmtBytes(all[r][1].item<double>()).c_str(),
+                fmtBytes(all[r][2].item<double>()).c_str());
+  if (reshardCount_ > 0)
+    std::printf("weight reshards: %d, moved %s, planned %s (every one equal to the plan)\n",
+                reshardCount_, fmtBytes(reshardBytes_).c_str(),
+                fmtBytes(reshardPlanned_).c_str());
+  if (!evalCurve_.empty()) {
+    std::printf("held-out reward:");
+    for (auto &[when, r] : evalCurve_)
+      std::printf(" %s: %.3f;", when.c_str(), r);
+    std::printf("\n");
+  }
   std::fflush(stdout);
 }
 
@@ -718,10 +1847,15 @@ int Worker::run() {
   };
   const std::string who = "rank " + std::to_string(o_.rank) + ": ";
   auto where = [&]() {
-    return currentStep_ >= 0 ? pm_.describe(currentStep_) + ": "
-                             : std::string("finishing: ");
+    return currentStep_ >= 0 ? describe(currentStep_) + ": " : std::string("");
   };
   corruptRank_ = envInt("HFLOW_TEST_CORRUPT_DIGEST", -1);
+  try {
+    prepare();
+  } catch (const std::exception &e) {
+    // Every rank finds the same problem: in a local run, let rank 0 say it.
+    return fail(who + "before starting: " + e.what(), o_.rank != 0);
+  }
   try {
     connect();
   } catch (const RendezvousError &e) {
@@ -736,7 +1870,22 @@ int Worker::run() {
       std::abort(); // fault injection for tests: a worker that dies
     if (o_.rank == envInt("HFLOW_TEST_HANG_RANK", -1))
       std::this_thread::sleep_for(std::chrono::hours(1)); // ... or hangs
-    runSteps();
+    start_ = Clock::now();
+    if (o_.resume)
+      loadState();
+    if (evalSet_ && !o_.resume) {
+      // Before any training: the starting point of the curve.
+      metrics_.assign(MNumMetrics, 0.0);
+      stepMs_.assign(phases_[0].count, 0.0);
+      evaluate("start", -1);
+      PhaseRt &ph0 = phases_[0];
+      std::string keep = ph0.name;
+      ph0.name = "start";
+      gatherMetrics(ph0, -1, 0, true);
+      ph0.name = keep;
+    }
+    for (size_t i = o_.resume ? resumePhase_ : 0; i < phases_.size(); ++i)
+      runPhase(phases_[i], (int)i, o_.resume && i == resumePhase_ ? resumeIter_ : 0);
     finish();
   } catch (const RunError &e) {
     return fail(who + where() + e.what(), false);
@@ -745,6 +1894,8 @@ int Worker::run() {
   } catch (const std::exception &e) {
     return fail(who + where() + comm::oneLineError(e), false);
   }
+  if (metricsOut_)
+    std::fclose(metricsOut_);
   return 0;
 }
 

@@ -39,6 +39,13 @@ struct WorkerOptions {
   bool localChild = false;
   /// Reported at rendezvous; every rank must agree.
   std::string version;
+  // Training (see launch::Options).
+  std::string dataDir, evalFile, metricsFile, tokenizer = "byte";
+  int evalEvery = 0, evalCount = 0, logEvery = 0;
+  long steps = -1;
+  std::string checkpointDir;
+  long checkpointEvery = -1;
+  bool resume = false;
 };
 
 /// Runs this rank to completion. Returns the process exit code (0 or 1);

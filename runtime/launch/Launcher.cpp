@@ -1,6 +1,7 @@
 //===- Launcher.cpp - command line, join detection, local process launch ---===//
 #include "Launcher.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
 #include <chrono>
@@ -38,6 +39,26 @@ options:
                        (default 60)
   --comm gloo|nccl     communication backend (default gloo; nccl needs a
                        build with CUDA and a GPU)
+  --data-dir DIR       look up the program's relative data paths in DIR first
+                       (then the current directory, then the program's own)
+  --steps N            run at most N iterations of each train phase
+  --eval FILE          held-out prompts (JSONL): greedy responses scored by the
+                       program's RewardFn, before training, every --eval-every
+                       iterations and at the end of each phase
+  --eval-every N       evaluate every N iterations (default: only at the start
+                       and at the end of each phase)
+  --eval-count N       use the first N held-out prompts (default: all)
+  --metrics FILE       write one JSON line of metrics per iteration (rank 0)
+  --tokenizer SPEC     "byte" (default: one token per byte, newline ends a
+                       response) or a SentencePiece .model file
+  --log-every N        print a progress line every N iterations (default:
+                       about 20 lines per phase)
+  --checkpoint-dir DIR where checkpoints go (default: the train block's
+                       checkpoint_dir)
+  --checkpoint-every N save the whole training state every N iterations
+                       (default: the train block's checkpoint_every; 0: never)
+  --resume             continue from the last complete checkpoint in the
+                       checkpoint directory
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
   --dry-run            verify the plan and print what each rank would do, run nothing
@@ -163,6 +184,59 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         error = "--comm '" + o.comm + "' is not one of: gloo, nccl";
         return false;
       }
+    } else if (a == "--resume") {
+      if (!noValue())
+        return false;
+      o.resume = true;
+    } else if (a == "--checkpoint-dir") {
+      if (!needValue(o.checkpointDir))
+        return false;
+      if (o.checkpointDir.empty()) {
+        error = "--checkpoint-dir needs a non-empty value";
+        return false;
+      }
+    } else if (a == "--checkpoint-every") {
+      std::string v;
+      long n;
+      if (!needValue(v))
+        return false;
+      if (!parseInt(v, 0, 1L << 40, n)) {
+        error = "--checkpoint-every '" + v + "' is not a non-negative integer";
+        return false;
+      }
+      o.checkpointEvery = n;
+    } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
+               a == "--tokenizer") {
+      std::string v;
+      if (!needValue(v))
+        return false;
+      if (v.empty()) {
+        error = a + " needs a non-empty value";
+        return false;
+      }
+      (a == "--data-dir" ? o.dataDir
+       : a == "--eval"   ? o.evalFile
+       : a == "--metrics" ? o.metricsFile
+                         : o.tokenizer) = v;
+    } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||
+               a == "--log-every") {
+      std::string v;
+      long n;
+      if (!needValue(v))
+        return false;
+      if (!parseInt(v, a == "--steps" ? 0 : 1, 1L << 40, n)) {
+        error = a + " '" + v + "' is not " +
+                (a == "--steps" ? "a non-negative" : "a positive") + " integer";
+        return false;
+      }
+      if (a == "--steps")
+        o.steps = n;
+      else if (a == "--eval-every")
+        o.evalEvery = (int)std::min(n, 1L << 30);
+      else if (a == "--eval-count")
+        o.evalCount = (int)std::min(n, 1L << 30);
+      else
+        o.logEvery = (int)std::min(n, 1L << 30);
     } else if (a == "--") {
       for (++i; i < args.size(); ++i)
         positional.push_back(args[i]);

@@ -32,6 +32,18 @@ struct Options {
   std::string comm = "gloo"; ///< "gloo" or "nccl"
   bool help = false;
   bool version = false;
+  // Training (docs/runtime.md).
+  std::string dataDir;     ///< where relative data paths are looked up first
+  std::string evalFile;    ///< held-out prompts scored with greedy decoding
+  int evalEvery = 0;       ///< evaluate every N iterations (0: start and end)
+  int evalCount = 0;       ///< held-out prompts used (0: all)
+  std::string metricsFile; ///< JSONL, one line per iteration (rank 0)
+  std::string tokenizer = "byte"; ///< "byte" or a SentencePiece .model file
+  long steps = -1;         ///< cap on every phase's iterations (-1: the plan's)
+  int logEvery = 0;        ///< progress line every N iterations (0: auto)
+  std::string checkpointDir; ///< overrides the train block's checkpoint_dir
+  long checkpointEvery = -1; ///< overrides checkpoint_every (-1: the plan's)
+  bool resume = false;       ///< continue from the last complete checkpoint
 };
 
 /// Parses argv[1..]. Returns false with a one-line `error` for usage errors

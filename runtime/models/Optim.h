@@ -45,6 +45,8 @@ public:
   AdamW(std::vector<at::Tensor> params, AdamWOptions o);
 
   const AdamWOptions &options() const { return o_; }
+  /// Changes the base learning rate (the schedule scales this one).
+  void setLr(double lr) { o_.lr = lr; }
   /// Optimizer steps taken so far.
   int64_t steps() const { return t_; }
 

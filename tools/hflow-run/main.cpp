@@ -106,6 +106,17 @@ int main(int argc, char **argv) {
     wo.verbose = o.verbose;
     wo.localChild = join.source == launch::JoinSource::LocalChild;
     wo.version = HFLOW_VERSION;
+    wo.dataDir = o.dataDir;
+    wo.evalFile = o.evalFile;
+    wo.metricsFile = o.metricsFile;
+    wo.tokenizer = o.tokenizer;
+    wo.evalEvery = o.evalEvery;
+    wo.evalCount = o.evalCount;
+    wo.logEvery = o.logEvery;
+    wo.steps = o.steps;
+    wo.checkpointDir = o.checkpointDir;
+    wo.checkpointEvery = o.checkpointEvery;
+    wo.resume = o.resume;
     return exec::runWorker(lp, wo);
   }
 
