@@ -369,6 +369,21 @@ private:
   int reshardCount_ = 0;
   Clock::time_point start_ = Clock::now();
   std::vector<std::pair<std::string, double>> evalCurve_;
+  // --trace: complete events (microseconds since start_) per stream.
+  struct TraceEvent {
+    std::string name;
+    int stream; // 0 compute, 1 communication
+    double ts, dur;
+  };
+  std::vector<TraceEvent> trace_;
+  void traceSpan(const std::string &name, int stream, Clock::time_point t0) {
+    if (o_.traceFile.empty())
+      return;
+    double ts = std::chrono::duration<double, std::micro>(t0 - start_).count();
+    double dur = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    trace_.push_back({name, stream, ts, dur});
+  }
+  void writeTrace();
   // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
   // (written by rank 0 once every rank saved step N) names the last
   // complete one. Steps count iterations over all phases.
@@ -1373,6 +1388,41 @@ void Worker::runReshard(int s) {
     return named[t->param()].second.detach().index(
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
+  if (o_.reshard == "naive") {
+    // DeepSpeed-Chat's way, the baseline: every rank gathers the whole
+    // model (each contributes an equal slice of the flat weights), then
+    // keeps what it needs.
+    std::vector<at::Tensor> flatParts;
+    for (auto &[name, t] : named)
+      flatParts.push_back(t.detach().reshape({-1}));
+    at::Tensor flat = at::cat(flatParts);
+    const int64_t M = flat.numel(), n = c.size(), chunk = (M + n - 1) / n;
+    at::Tensor padded = at::zeros({chunk * n}, flat.options());
+    padded.narrow(0, 0, M).copy_(flat);
+    const uint64_t before = c.bytesReceived();
+    auto t0 = Clock::now();
+    at::Tensor all = c.allGatherFlat(padded.narrow(0, me * chunk, chunk).contiguous());
+    const double ms = msSince(t0);
+    const int64_t measured = (int64_t)(c.bytesReceived() - before);
+    if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
+      throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
+                     "this rank's");
+    digests_[s] = (double)measured;
+    at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
+    c.allReduceSum(total);
+    if (me == 0) {
+      reshardBytes_ += (double)total.item<int64_t>();
+      reshardPlanned_ += (double)rs.naive_bytes();
+      ++reshardCount_;
+      if (!o_.quiet)
+        std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
+                    "planned %s)\n",
+                    what.c_str(), fmtBytes((double)total.item<int64_t>()).c_str(), ms,
+                    fmtBytes((double)rs.naive_bytes()).c_str(),
+                    fmtBytes((double)rs.bytes()).c_str());
+    }
+    return;
+  }
   std::map<int, std::vector<const WeightTransfer *>> out, in;
   int64_t plannedIn = 0;
   if (rs.transfers())
@@ -1713,8 +1763,10 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     currentStep_ = s;
     auto ts = Clock::now();
     moveRows(ph, s);
+    traceSpan("rows for step " + std::to_string(s), 1, ts);
     if (inMySchedule(s)) {
       const Step &st = step(s);
+      auto tc = Clock::now();
       switch (st.kind()) {
       case StepKind::Compute:
         runCompute(ph, s, it);
@@ -1730,9 +1782,17 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
         break;
       }
       ++stepsRun_;
+      std::string label = st.kind() == StepKind::Compute ? callName(s)
+                          : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
+                          : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
+                                                           : "check " + callName(st.checks());
+      traceSpan(label, st.kind() == StepKind::Reshard || st.kind() == StepKind::CheckAllGather
+                           ? 1 : 0, tc);
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", o_.rank, describe(s).c_str(), msSince(ts));
     }
+    if (o_.serialize)
+      world_->barrier();
     stepMs_[s - ph.first] = msSince(ts);
   }
   currentStep_ = -1;
@@ -1765,6 +1825,8 @@ void Worker::finish() {
   // Every rank ran its whole schedule, every iteration: the world sum must
   // match the plan.
   const int64_t planned = plannedSteps_;
+  if (!o_.traceFile.empty())
+    writeTrace();
   at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
   world_->allReduceSum(n);
   if (n.item<int64_t>() != planned)
@@ -1821,7 +1883,11 @@ void Worker::finish() {
                 all[r][0].item<double>(), fmtBytes(all[r][1].item<double>()).c_str(),
                 fmtBytes(all[r][2].item<double>()).c_str());
   if (reshardCount_ > 0)
-    std::printf("weight reshards: %d, moved %s, planned %s (every one equal to the plan)\n",
+    std::printf(o_.reshard == "naive"
+                    ? "weight reshards: %d, moved %s by naive gathers (the plan's naive "
+                      "figure %s)\n"
+                    : "weight reshards: %d, moved %s, planned %s (every one equal to the "
+                      "plan)\n",
                 reshardCount_, fmtBytes(reshardBytes_).c_str(),
                 fmtBytes(reshardPlanned_).c_str());
   if (!evalCurve_.empty()) {
@@ -1831,6 +1897,51 @@ void Worker::finish() {
     std::printf("\n");
   }
   std::fflush(stdout);
+}
+
+/// Every rank writes its events next to the trace file; rank 0 merges them
+/// into one Chrome trace (pid = rank, tid = stream) and removes the parts.
+void Worker::writeTrace() {
+  const std::string part = o_.traceFile + ".rank" + std::to_string(o_.rank);
+  {
+    std::ofstream out(part);
+    if (!out)
+      throw RunError("cannot write the trace part '" + part + "'");
+    for (const TraceEvent &e : trace_) {
+      std::string name;
+      for (char ch : e.name)
+        name += (ch == '"' || ch == '\\') ? ' ' : ch;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "\"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f",
+                    o_.rank, e.stream, e.ts, e.dur);
+      out << "{\"name\": \"" << name << "\", " << buf << "},\n";
+    }
+  }
+  world_->barrier();
+  if (o_.rank == 0) {
+    std::ofstream out(o_.traceFile);
+    if (!out)
+      throw RunError("cannot write the trace file '" + o_.traceFile + "'");
+    out << "{\"traceEvents\": [\n";
+    for (int r = 0; r < p_.world_size(); ++r) {
+      for (int t = 0; t < 2; ++t)
+        out << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << r
+            << ", \"tid\": " << t << ", \"args\": {\"name\": \""
+            << (t == 0 ? "compute" : "communication") << "\"}},\n";
+      out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << r
+          << ", \"args\": {\"name\": \"rank " << r << "\"}},\n";
+      std::string pr = o_.traceFile + ".rank" + std::to_string(r);
+      std::ifstream in(pr);
+      if (!in)
+        continue; // another node's part (a multi-node run): not on this file system
+      out << in.rdbuf();
+      std::remove(pr.c_str());
+    }
+    out << "{\"name\": \"end\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": 0, \"s\": \"g\"}\n]}\n";
+    if (!o_.quiet)
+      std::printf("trace: %s (chrome://tracing or ui.perfetto.dev)\n", o_.traceFile.c_str());
+  }
+  world_->barrier();
 }
 
 int Worker::run() {

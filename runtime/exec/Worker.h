@@ -46,6 +46,8 @@ struct WorkerOptions {
   std::string checkpointDir;
   long checkpointEvery = -1;
   bool resume = false;
+  std::string reshard = "planned", traceFile;
+  bool serialize = false;
 };
 
 /// Runs this rank to completion. Returns the process exit code (0 or 1);

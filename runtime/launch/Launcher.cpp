@@ -59,6 +59,14 @@ options:
                        (default: the train block's checkpoint_every; 0: never)
   --resume             continue from the last complete checkpoint in the
                        checkpoint directory
+  --reshard planned|naive
+                       how the actor's weights switch layouts: the compiler's
+                       transfers (default) or DeepSpeed-Chat's gather of the
+                       whole model on every rank (a baseline)
+  --serialize          a barrier of all ranks after every step: nothing
+                       overlaps (the baseline of the overlap benchmark)
+  --trace FILE         write a Chrome/Perfetto trace (one track per rank and
+                       stream: compute, communication)
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
   --dry-run            verify the plan and print what each rank would do, run nothing
@@ -182,6 +190,24 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       if (o.comm != "gloo" && o.comm != "nccl") {
         error = "--comm '" + o.comm + "' is not one of: gloo, nccl";
+        return false;
+      }
+    } else if (a == "--serialize") {
+      if (!noValue())
+        return false;
+      o.serialize = true;
+    } else if (a == "--reshard") {
+      if (!needValue(o.reshard))
+        return false;
+      if (o.reshard != "planned" && o.reshard != "naive") {
+        error = "--reshard '" + o.reshard + "' is not one of: planned, naive";
+        return false;
+      }
+    } else if (a == "--trace") {
+      if (!needValue(o.traceFile))
+        return false;
+      if (o.traceFile.empty()) {
+        error = "--trace needs a file name";
         return false;
       }
     } else if (a == "--resume") {

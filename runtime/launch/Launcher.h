@@ -44,6 +44,9 @@ struct Options {
   std::string checkpointDir; ///< overrides the train block's checkpoint_dir
   long checkpointEvery = -1; ///< overrides checkpoint_every (-1: the plan's)
   bool resume = false;       ///< continue from the last complete checkpoint
+  std::string reshard = "planned"; ///< "planned" or "naive" (gather everything)
+  bool serialize = false;    ///< a world barrier after every step (baseline)
+  std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
 };
 
 /// Parses argv[1..]. Returns false with a one-line `error` for usage errors

@@ -117,6 +117,9 @@ int main(int argc, char **argv) {
     wo.checkpointDir = o.checkpointDir;
     wo.checkpointEvery = o.checkpointEvery;
     wo.resume = o.resume;
+    wo.reshard = o.reshard;
+    wo.serialize = o.serialize;
+    wo.traceFile = o.traceFile;
     return exec::runWorker(lp, wo);
   }
 
