@@ -127,12 +127,16 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   std::vector<flatbuffers::Offset<fb::Model>> models;
   for (ModelOp m : module.getOps<ModelOp>()) {
     modelIndex[m] = models.size();
+    flatbuffers::Offset<flatbuffers::String> weights;
+    if (auto dir = m->getAttrOfType<StringAttr>("hf_dir"))
+      weights = b.CreateString(dir.getValue().str());
     models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
         m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
         m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount(),
         m.getTieEmbeddings(), m.getQkvBias(),
-        m.getRopeThetaAttr() ? m.getRopeThetaAttr().getValueAsDouble() : 10000.0));
+        m.getRopeThetaAttr() ? m.getRopeThetaAttr().getValueAsDouble() : 10000.0,
+        weights));
   }
 
   // Roles and one communicator group per role.

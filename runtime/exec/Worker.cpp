@@ -26,6 +26,7 @@
 #include "Optim.h"
 #include "PlanLoader.h"
 #include "Rendezvous.h"
+#include "Safetensors.h"
 #include "Rewards.h"
 #include "Tokenizer.h"
 
@@ -353,6 +354,7 @@ private:
   std::optional<data::Dataset> evalSet_;
   int64_t evalR_ = 16;
   bool hasData_ = false;    // some phase reads a data set
+  std::map<int, std::string> loadedFrom_; // model index -> HF directory
   int64_t synthVocab_ = 256; // token ids of synthetic prompts are below this
   std::map<int, Val> vals_;
   std::vector<double> metrics_;
@@ -634,6 +636,13 @@ void Worker::prepare() {
                    "train block's checkpoint_dir)");
   if (o_.resume && !fileExists(ckDir_ + "/latest"))
     throw RunError("--resume: no complete checkpoint in '" + ckDir_ + "'");
+  if (!o_.exportHf.empty()) {
+    try {
+      models::checkWritable(o_.exportHf);
+    } catch (const std::exception &e) {
+      throw RunError(std::string("--export-hf: ") + e.what());
+    }
+  }
   if (ckEvery_ > 0) {
     try {
       models::checkWritable(rankDir());
@@ -778,6 +787,17 @@ void Worker::buildRoles() {
       // is the initial actor); a critic or reward model adds a zero head.
       rt.model = std::make_unique<models::Llama>(
           cfg, models::modelSeed(p_.seed(), ro.model()));
+      // hf("dir") with safetensors in it: start from those weights.
+      const std::string wdir = str(p_.models()->Get(ro.model())->weights());
+      if (!wdir.empty() && (fileExists(wdir + "/model.safetensors") ||
+                            fileExists(wdir + "/model.safetensors.index.json"))) {
+        try {
+          models::loadHfIntoLlama(wdir, *rt.model);
+        } catch (const std::exception &e) {
+          throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
+        }
+        loadedFrom_[ro.model()] = wdir;
+      }
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       if (ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) {
@@ -1825,6 +1845,21 @@ void Worker::finish() {
   // Every rank ran its whole schedule, every iteration: the world sum must
   // match the plan.
   const int64_t planned = plannedSteps_;
+  if (!o_.exportHf.empty()) {
+    // The actor's first rank holds every weight (this runtime replicates).
+    for (auto &[r, rr] : roles_)
+      if (role(r).kind() == RoleKind::Actor && rr.model && rr.pos == 0) {
+        try {
+          models::exportHf(o_.exportHf, *rr.model);
+        } catch (const std::exception &e) {
+          throw RunError(std::string("--export-hf: ") + e.what());
+        }
+        if (!o_.quiet)
+          std::printf("[export] %s's weights written to %s (Hugging Face format)\n",
+                      str(role(r).name()).c_str(), o_.exportHf.c_str());
+        break;
+      }
+  }
   if (!o_.traceFile.empty())
     writeTrace();
   at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
@@ -1861,7 +1896,10 @@ void Worker::finish() {
         std::string err;
         int64_t params = models::LlamaConfig::fromPlan(*m, cfg, err) ? cfg.paramCount()
                                                                       : m->params();
-        model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params)";
+        model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
+        if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
+          model += ", weights from " + it->second;
+        model += ")";
       } else if (r->kind() == RoleKind::RewardFn) {
         model = "rule " + str(r->rule(), "even_tokens");
       }

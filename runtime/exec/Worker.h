@@ -46,7 +46,7 @@ struct WorkerOptions {
   std::string checkpointDir;
   long checkpointEvery = -1;
   bool resume = false;
-  std::string reshard = "planned", traceFile;
+  std::string reshard = "planned", traceFile, exportHf;
   bool serialize = false;
 };
 

@@ -67,6 +67,9 @@ options:
                        overlaps (the baseline of the overlap benchmark)
   --trace FILE         write a Chrome/Perfetto trace (one track per rank and
                        stream: compute, communication)
+  --export-hf DIR      at the end, write the actor's weights as a Hugging Face
+                       checkpoint (config.json + model.safetensors); a program
+                       can start from it with model m = hf("DIR")
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
   --dry-run            verify the plan and print what each rank would do, run nothing
@@ -201,6 +204,13 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       if (o.reshard != "planned" && o.reshard != "naive") {
         error = "--reshard '" + o.reshard + "' is not one of: planned, naive";
+        return false;
+      }
+    } else if (a == "--export-hf") {
+      if (!needValue(o.exportHf))
+        return false;
+      if (o.exportHf.empty()) {
+        error = "--export-hf needs a directory";
         return false;
       }
     } else if (a == "--trace") {

@@ -47,6 +47,7 @@ struct Options {
   std::string reshard = "planned"; ///< "planned" or "naive" (gather everything)
   bool serialize = false;    ///< a world barrier after every step (baseline)
   std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
+  std::string exportHf;      ///< write the trained actor as an HF checkpoint
 };
 
 /// Parses argv[1..]. Returns false with a one-line `error` for usage errors

@@ -120,6 +120,7 @@ int main(int argc, char **argv) {
     wo.reshard = o.reshard;
     wo.serialize = o.serialize;
     wo.traceFile = o.traceFile;
+    wo.exportHf = o.exportHf;
     return exec::runWorker(lp, wo);
   }
 
