@@ -91,6 +91,8 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("tie_embeddings", m->tie_embeddings());
             j.attribute("qkv_bias", m->qkv_bias());
             j.attribute("rope_theta", m->rope_theta());
+            if (m->weights())
+              j.attribute("weights", str(m->weights()));
           });
     });
     j.attributeArray("roles", [&] {
@@ -103,6 +105,13 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             intArray(j, "ranks", r->ranks());
             layout(j, "train", r->train());
             layout(j, "generate", r->generate());
+            if (r->rule())
+              j.attribute("rule", str(r->rule()));
+            j.attributeObject("options", [&] {
+              if (r->options())
+                for (const fb::KeyValue *kv : *r->options())
+                  j.attribute(str(kv->key()), str(kv->value()));
+            });
           });
     });
     j.attributeArray("groups", [&] {
