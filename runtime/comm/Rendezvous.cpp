@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <cstdio>
 #include <sstream>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -251,6 +252,83 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
   if (!mismatch.empty())
     throw RendezvousError(K::Mismatch, at + mismatch);
   return rv;
+}
+
+struct Rendezvous::Heartbeat {
+  c10::intrusive_ptr<c10d::TCPStore> store; // its own connection
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  ~Heartbeat() {
+    stop = true;
+    if (thread.joinable())
+      thread.join();
+  }
+};
+
+static c10::intrusive_ptr<c10d::TCPStore> clientStore(const RendezvousOptions &o) {
+  c10d::TCPStoreOptions so;
+  so.port = (uint16_t)o.masterPort;
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::milliseconds(3000);
+  return c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+}
+
+void Rendezvous::startHeartbeat(std::chrono::milliseconds period) {
+  auto hb = std::make_shared<Heartbeat>();
+  try {
+    hb->store = clientStore(opts_);
+  } catch (const std::exception &) {
+    return; // no heartbeat: failures are still reported, only less precisely
+  }
+  const std::string key = "hflow/hb/" + std::to_string(opts_.rank);
+  Heartbeat *raw = hb.get();
+  hb->thread = std::thread([raw, key, period] {
+    uint64_t n = 0;
+    while (!raw->stop) {
+      try {
+        std::string v = std::to_string(++n);
+        raw->store->set(key, std::vector<uint8_t>(v.begin(), v.end()));
+      } catch (const std::exception &) {
+        return; // the store is gone (rank 0 ended): nothing to report to
+      }
+      for (auto t = std::chrono::milliseconds(0); t < period && !raw->stop;
+           t += std::chrono::milliseconds(50))
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  heartbeat_ = hb;
+}
+
+std::vector<int> Rendezvous::silentRanks(std::chrono::milliseconds window) const {
+  if (!heartbeat_)
+    return {};
+  c10::intrusive_ptr<c10d::TCPStore> s;
+  try {
+    s = clientStore(opts_);
+  } catch (const std::exception &) {
+    return {0};
+  }
+  auto read = [&](int r) -> std::string {
+    std::string key = "hflow/hb/" + std::to_string(r);
+    if (!s->check({key}))
+      return "";
+    auto v = s->get(key);
+    return std::string(v.begin(), v.end());
+  };
+  try {
+    std::vector<std::string> before(opts_.worldSize);
+    for (int r = 0; r < opts_.worldSize; ++r)
+      before[r] = read(r);
+    std::this_thread::sleep_for(window);
+    std::vector<int> silent;
+    for (int r = 0; r < opts_.worldSize; ++r)
+      if (r != opts_.rank && (before[r].empty() || read(r) == before[r]))
+        silent.push_back(r);
+    return silent;
+  } catch (const std::exception &) {
+    return {0};
+  }
 }
 
 } // namespace hflow::comm

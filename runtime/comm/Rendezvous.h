@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -61,6 +62,15 @@ public:
   int worldSize() const { return opts_.worldSize; }
   /// The job's store (keys of hflow use the prefix "hflow/").
   const c10::intrusive_ptr<c10d::Store> &store() const { return store_; }
+
+  /// Starts a background thread that bumps this rank's heartbeat key in the
+  /// store every `period` (over its own store connection), so that a rank
+  /// whose communication fails can tell which peer died.
+  void startHeartbeat(std::chrono::milliseconds period = std::chrono::milliseconds(300));
+  /// The ranks whose heartbeat did not advance during `window` (or cannot be
+  /// read); {0} when the store itself (hosted by rank 0) is gone. Empty when
+  /// every rank is alive or no heartbeat runs.
+  std::vector<int> silentRanks(std::chrono::milliseconds window) const;
   /// "ADDR:PORT", for messages.
   std::string where() const;
 
@@ -68,6 +78,8 @@ private:
   explicit Rendezvous(const RendezvousOptions &o);
   RendezvousOptions opts_;
   c10::intrusive_ptr<c10d::Store> store_;
+  struct Heartbeat;
+  std::shared_ptr<Heartbeat> heartbeat_;
 };
 
 /// Formats a duration for messages: "10 s", "2.5 s".

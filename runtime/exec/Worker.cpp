@@ -923,6 +923,7 @@ void Worker::connect() {
   if (const char *v = std::getenv("HFLOW_TEST_FAKE_VERSION"); v && *v)
     ro.version = v;
   rv_ = comm::Rendezvous::join(ro);
+  rv_->startHeartbeat();
 
   comm::GlooOptions go;
   go.host = comm::glooHostFor(o_.masterAddr);
@@ -2039,7 +2040,17 @@ int Worker::run() {
   } catch (const RunError &e) {
     return fail(who + where() + e.what(), false);
   } catch (const CommError &e) {
-    return fail(who + where() + e.what(), true);
+    // Which peer is gone? The ranks whose heartbeat stopped.
+    std::string why;
+    if (rv_) {
+      auto silent = rv_->silentRanks(std::chrono::milliseconds(1200));
+      for (size_t i = 0; i < silent.size(); ++i)
+        why += (i ? ", " : "") + std::to_string(silent[i]);
+      if (!why.empty())
+        why = " [rank" + std::string(silent.size() > 1 ? "s " : " ") + why +
+              (silent.size() > 1 ? " stopped" : " stopped") + " responding]";
+    }
+    return fail(who + where() + e.what() + why, true);
   } catch (const std::exception &e) {
     return fail(who + where() + comm::oneLineError(e), false);
   }
