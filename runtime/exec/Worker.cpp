@@ -24,6 +24,7 @@
 #include "Llama.h"
 #include "Losses.h"
 #include "Optim.h"
+#include "Parallel.h"
 #include "PlanLoader.h"
 #include "Rendezvous.h"
 #include "Safetensors.h"
@@ -286,9 +287,13 @@ struct RoleRt {
   std::unique_ptr<models::Llama> model;
   at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
   std::unique_ptr<models::AdamW> optim;
-  std::unique_ptr<Communicator> ownComm; // unused: groups own comms
   Communicator *comm = nullptr;          // the role's group
   int pos = -1;                          // this rank's index in the role
+  // An actor whose training layout is pure tensor parallel trains its own
+  // shards (TPLlama over the role's group); `model` is then its generation
+  // copy, rebuilt by every train -> generate reshard.
+  int tpSize = 1;
+  std::unique_ptr<models::TPLlama> tp;
 };
 
 class Worker {
@@ -332,6 +337,7 @@ private:
   double digestOf(int s);
   void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
   void evaluate(const std::string &when, int64_t it);
+  void refreshGenerationCopies();
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void syncReference(int phaseIndex);
   void finish();
@@ -660,7 +666,10 @@ void Worker::saveState() {
   st.step = globalIter_;
   for (auto &[r, rr] : roles_) {
     const std::string pre = "role/" + str(role(r).name()) + "/";
-    if (rr.model)
+    if (rr.tp)
+      for (auto &[name, t] : rr.tp->namedShards())
+        st.tensors[pre + "shard/" + name] = t.detach();
+    else if (rr.model)
       for (auto &[name, t] : rr.model->namedParameters())
         st.tensors[pre + name] = t.detach();
     if (rr.head.defined())
@@ -721,7 +730,12 @@ void Worker::loadState() {
   try {
     for (auto &[r, rr] : roles_) {
       const std::string pre = "role/" + str(role(r).name()) + "/";
-      if (rr.model)
+      if (rr.tp)
+        for (auto &[name, t] : rr.tp->namedShards()) {
+          at::Tensor dst = t.detach();
+          models::restoreInto(st, pre + "shard/" + name, dst);
+        }
+      else if (rr.model)
         for (auto &[name, t] : rr.model->namedParameters()) {
           at::Tensor dst = t.detach();
           models::restoreInto(st, pre + name, dst);
@@ -800,7 +814,15 @@ void Worker::buildRoles() {
       }
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
-      if (ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) {
+      const Layout &tl = *ro.train();
+      // HFLOW_REPLICATED_TP=1 keeps whole weights on every rank instead
+      // (the reference the TP form is compared with in the tests).
+      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_REPLICATED_TP", 0) == 0 &&
+          tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
+          tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() &&
+          models::TPLlama::checkConfig(cfg, tl.tp()).empty())
+        rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
+      if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1) {
         rt.model->setTrainable(true);
         std::vector<at::Tensor> params = rt.model->parameters();
         if (rt.head.defined()) {
@@ -953,6 +975,18 @@ void Worker::connect() {
     if (it == groupComm_.end())
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
     rr.comm = it->second;
+    if (rr.tpSize > 1) {
+      // Tensor-parallel training: this rank keeps its shards only.
+      rr.tp = std::make_unique<models::TPLlama>(*rr.model, *rr.comm);
+      rr.tp->setTrainable(true);
+      Attrs a = roleOptions(r);
+      models::AdamWOptions ao;
+      ao.lr = attrNum(a, "lr", 1e-6);
+      ao.weightDecay = attrNum(a, "weight_decay", 0.01);
+      ao.clipGrad = attrNum(a, "clip_grad", 1.0);
+      ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+      rr.optim = std::make_unique<models::AdamW>(rr.tp->parameters(), ao);
+    }
   }
 }
 
@@ -1016,6 +1050,8 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_
   at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, hi - lo),
                              ro["rmask"].narrow(0, lo, hi - lo)}, 1);
   (void)P;
+  if (rr.tp)
+    return rr.tp->hidden(seq, models::positionsFromMask(mask), mask);
   return rr.model->hidden(seq, models::positionsFromMask(mask), mask);
 }
 
@@ -1023,6 +1059,20 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_
 /// them), clips by global norm and steps the optimizer.
 void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
   loss.backward();
+  if (rr.tp) {
+    // One replica (dp 1): the shards' gradients are complete; the norm is
+    // the unsharded model's (TPLlama counts replicated weights once).
+    double norm = std::sqrt(rr.tp->gradNormSquared());
+    rr.optim->clip(norm);
+    const double baseLr = rr.optim->options().lr;
+    if (lrOverride > 0)
+      rr.optim->setLr(lrOverride);
+    double lr = rr.optim->step();
+    rr.optim->setLr(baseLr);
+    metrics_[MGradNorm] += norm;
+    metrics_[MLr] = lr;
+    return;
+  }
   std::vector<at::Tensor> params = rr.model->parameters();
   if (rr.head.defined())
     params.push_back(rr.head);
@@ -1085,6 +1135,21 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   };
   const bool leader = isLeader(s, o_.rank);
   const int64_t P = ph.P, R = ph.R;
+  // The training forms: the role's whole model, or its TP shards.
+  auto hiddenOf = [&](const at::Tensor &toks, const at::Tensor &mask) {
+    at::Tensor pos = models::positionsFromMask(mask);
+    return rr.tp ? rr.tp->hidden(toks, pos, mask) : rr.model->hidden(toks, pos, mask);
+  };
+  auto logitsOf = [&](const at::Tensor &h) {
+    return rr.tp ? rr.tp->logitsShard(h) : rr.model->logits(h);
+  };
+  auto logprobsOf = [&](const at::Tensor &logits, const at::Tensor &toks, double temp) {
+    return rr.tp ? rr.tp->tokenLogprobs(logits, toks, temp)
+                 : models::tokenLogprobs(logits, toks, temp);
+  };
+  auto entropyOf = [&](const at::Tensor &logits, double temp) {
+    return rr.tp ? rr.tp->tokenEntropy(logits, temp) : models::tokenEntropy(logits, temp);
+  };
 
   if (method == "generate") {
     Val &pr = input(0);
@@ -1154,9 +1219,8 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
       }
       lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
     }
-    at::Tensor h = rr.model->hidden(toks, models::positionsFromMask(mask), mask);
-    at::Tensor lp = models::tokenLogprobs(rr.model->logits(h.narrow(1, 0, L - 1)),
-                                          toks.narrow(1, 1, L - 1));
+    at::Tensor h = hiddenOf(toks, mask);
+    at::Tensor lp = logprobsOf(logitsOf(h.narrow(1, 0, L - 1)), toks.narrow(1, 1, L - 1), 1.0);
     at::Tensor loss = -(lp * lossMask).sum() / lossMask.sum().clamp_min(1.0);
     if (leader) {
       metrics_[MSftLoss] += loss.item<double>();
@@ -1186,8 +1250,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   if (method == "logprob") {
     at::NoGradGuard guard;
     at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
-    at::Tensor lp = models::tokenLogprobs(rr.model->logits(h.narrow(1, P - 1, R)), rtoks,
-                                          ph.rolloutTemp) * rmask;
+    at::Tensor lp = logprobsOf(logitsOf(h.narrow(1, P - 1, R)), rtoks, ph.rolloutTemp) * rmask;
     store(lp);
     return;
   }
@@ -1243,6 +1306,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
       mbRows = b;
     const std::string agg = attrStr(a, "loss_agg", "token-mean");
     rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
+    double lastLoss = 0;
     for (int64_t e = 0; e < epochs; ++e)
       for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
         const int64_t mlo = lo + m0, mhi = mlo + mbRows;
@@ -1280,8 +1344,8 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
           throw RunError("an actor update needs advantages or scores");
         at::Tensor oldLp = old ? old->x().narrow(0, mlo, mbRows)
                                : (*rollout)["lp"].narrow(0, mlo, mbRows);
-        at::Tensor logits = rr.model->logits(h);
-        at::Tensor lp = models::tokenLogprobs(logits, toks, ph.rolloutTemp);
+        at::Tensor logits = logitsOf(h);
+        at::Tensor lp = logprobsOf(logits, toks, ph.rolloutTemp);
         rl::PolicyLossConfig pc;
         pc.clip_ratio = attrNum(a, "clip", 0.2);
         if (a.count("clip_low"))
@@ -1304,12 +1368,13 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         double entCoef = attrNum(a, "entropy_coef", 0.0);
         at::Tensor ent;
         {
-          at::Tensor e = models::tokenEntropy(entCoef > 0 ? logits : logits.detach(),
-                                              ph.rolloutTemp);
+          at::Tensor e = entCoef > 0 ? entropyOf(logits, ph.rolloutTemp)
+                                     : at::Tensor(entropyOf(logits.detach(), ph.rolloutTemp));
           ent = rl::agg_loss(e, mask, mode);
         }
         if (entCoef > 0)
           loss = loss - ent * entCoef;
+        lastLoss += loss.item<double>();
         if (leader) {
           metrics_[MPgLoss] += pl.pg_loss.item<double>();
           metrics_[MPgClip] += pl.pg_clipfrac.item<double>();
@@ -1321,8 +1386,11 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         trainStep(rr, loss, attrNum(a, "lr", 0));
       }
     digests_[s] = 0;
-    for (auto &p : rr.model->parameters())
-      digests_[s] += p.detach().to(at::kDouble).sum().item<double>();
+    if (rr.tp) // shards differ between TP ranks; their updated log-probs agree
+      digests_[s] = lastLoss;
+    else
+      for (auto &p : rr.model->parameters())
+        digests_[s] += p.detach().to(at::kDouble).sum().item<double>();
     return;
   }
   throw RunError("method '" + method + "' is not supported by this runtime");
@@ -1405,6 +1473,24 @@ void Worker::runReshard(int s) {
                      std::to_string(t.element_size()));
   }
   at::NoGradGuard ng;
+  if (rr.tp) {
+    // Tensor-parallel training: this rank's shards go into its generation
+    // copy first (they are the boxes the plan says it holds and sends);
+    // the boxes it receives complete the copy.
+    auto shards = rr.tp->namedShards();
+    if (shards.size() != named.size())
+      throw RunError("reshard of " + what + ": the TP shards do not list every parameter");
+    const int64_t t = rr.pos % rr.tpSize;
+    for (size_t k = 0; k < named.size(); ++k) {
+      at::Tensor full = named[k].second.detach();
+      at::Tensor sh = shards[k].second.detach();
+      if (sh.dim() == 1)
+        sh = sh.view({1, sh.size(0)});
+      int64_t r0 = sh.size(0) == full.size(0) ? 0 : t * sh.size(0);
+      int64_t c0 = sh.size(1) == full.size(1) ? 0 : t * sh.size(1);
+      full.narrow(0, r0, sh.size(0)).narrow(1, c0, sh.size(1)).copy_(sh);
+    }
+  }
   auto piece = [&](const WeightTransfer *t) {
     return named[t->param()].second.detach().index(
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
@@ -1481,6 +1567,11 @@ void Worker::runReshard(int s) {
       at::Tensor want = piece(t);
       at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
       off += want.numel();
+      if (rr.tp) {
+        named[t->param()].second.detach().index_put_(
+            {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())}, got);
+        continue;
+      }
       if (!at::equal(got, want))
         throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) + "-" +
                        std::to_string(t->row1() - 1) + ", cols " +
@@ -1493,6 +1584,19 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
+  if (rr.tp) {
+    // Every rank assembled its generation copy from different pieces: the
+    // copies must be identical.
+    double sum = 0;
+    for (auto &[name, w] : named)
+      sum += w.detach().to(at::kDouble).sum().item<double>();
+    at::Tensor mine = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+    at::Tensor all = c.allGatherFlat(mine);
+    for (int64_t i = 0; i < all.size(0); ++i)
+      if (all[i][0].item<double>() != sum)
+        throw RunError("reshard of " + what + ": the weights assembled on rank " +
+                       std::to_string(ranks[i]) + " differ from this rank's");
+  }
   digests_[s] = (double)measured;
   at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
   c.allReduceSum(total);
@@ -1549,11 +1653,20 @@ void Worker::runCheck(int s) {
 
 /// Greedy responses to the held-out prompts on the actor's generation
 /// replicas, scored by the reward rule; (sum, count) go to the metrics.
+/// A TP-trained actor's generation copy from the current shards (an
+/// all-gather on the role's ranks; every one of them calls this).
+void Worker::refreshGenerationCopies() {
+  for (auto &[r, rr] : roles_)
+    if (rr.tp)
+      rr.tp->gatherInto(*rr.model);
+}
+
 void Worker::evaluate(const std::string &when, int64_t it) {
   (void)when;
   (void)it;
   if (!evalSet_)
     return;
+  refreshGenerationCopies();
   int gen = -1;
   for (auto &[r, rr] : roles_)
     if (role(r).kind() == RoleKind::Actor && rr.model)
@@ -1615,6 +1728,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
 void Worker::syncReference(int phaseIndex) {
   if (phaseIndex == 0)
     return;
+  refreshGenerationCopies();
   for (auto &[r, rr] : roles_) {
     if (role(r).kind() != RoleKind::Reference || !rr.model)
       continue;
@@ -1695,7 +1809,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     for (auto &[r, rr] : roles_)
       if (role(r).kind() == RoleKind::Actor && rr.model) {
         double sum = 0;
-        for (auto &p : rr.model->parameters())
+        for (auto &p : rr.tp ? rr.tp->parameters() : rr.model->parameters())
           sum += p.detach().to(at::kDouble).sum().item<double>();
         char b[64];
         std::snprintf(b, sizeof b, "%.17g", sum);
@@ -1847,7 +1961,8 @@ void Worker::finish() {
   // match the plan.
   const int64_t planned = plannedSteps_;
   if (!o_.exportHf.empty()) {
-    // The actor's first rank holds every weight (this runtime replicates).
+    refreshGenerationCopies();
+    // The actor's first rank has every weight (its generation copy).
     for (auto &[r, rr] : roles_)
       if (role(r).kind() == RoleKind::Actor && rr.model && rr.pos == 0) {
         try {
@@ -1900,6 +2015,9 @@ void Worker::finish() {
         model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
         if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
           model += ", weights from " + it->second;
+        for (auto &[ri, rr] : roles_)
+          if (rr.tp && p_.roles()->Get(ri) == r)
+            model += ", trains tp" + std::to_string(rr.tpSize) + " shards";
         model += ")";
       } else if (r->kind() == RoleKind::RewardFn) {
         model = "rule " + str(r->rule(), "even_tokens");
