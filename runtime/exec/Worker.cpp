@@ -294,6 +294,9 @@ struct RoleRt {
   // copy, rebuilt by every train -> generate reshard.
   int tpSize = 1;
   std::unique_ptr<models::TPLlama> tp;
+  // With data parallelism on top (tp x dp): the rank's TP group (its
+  // replica) and its DP group (the ranks holding the same shards).
+  std::unique_ptr<Communicator> tpComm, dpComm;
 };
 
 class Worker {
@@ -819,7 +822,7 @@ void Worker::buildRoles() {
       // (the reference the TP form is compared with in the tests).
       if (ro.kind() == RoleKind::Actor && envInt("HFLOW_REPLICATED_TP", 0) == 0 &&
           tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
-          tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() &&
+          tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
           models::TPLlama::checkConfig(cfg, tl.tp()).empty())
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
       if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1) {
@@ -882,6 +885,9 @@ void Worker::planTransfers(PhaseRt &ph) {
     std::vector<int> inputs = ints(st.inputs());
     if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0)
       inputs.push_back(ph.rolloutValue); // the mask and the groups
+    // Sources are ranks that hold the rows before this step: a rank that
+    // receives rows for this step cannot forward them in the same step.
+    std::vector<std::pair<int, std::pair<int, Span>>> received; // (value, (rank, rows))
     for (int r : ranksOfStep(s)) {
       for (int v : inputs) {
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
@@ -922,10 +928,12 @@ void Worker::planTransfers(PhaseRt &ph) {
             }
             ph.xfers.push_back({v, c[k], c[k + 1], src, r, s, tag++});
           }
-          h[r].push_back(m);
+          received.push_back({v, {r, m}});
         }
       }
     }
+    for (auto &[v, rm] : received)
+      holds(v)[rm.first].push_back(rm.second);
     // Outputs: each rank of the step holds its share.
     for (int r : ranksOfStep(s))
       for (int v : ints(st.outputs()))
@@ -976,8 +984,24 @@ void Worker::connect() {
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
     rr.comm = it->second;
     if (rr.tpSize > 1) {
-      // Tensor-parallel training: this rank keeps its shards only.
-      rr.tp = std::make_unique<models::TPLlama>(*rr.model, *rr.comm);
+      // Tensor-parallel training: this rank keeps its shards only. With
+      // dp > 1 the TP group is the rank's replica (tp is the fastest
+      // coordinate: consecutive role ranks) and the DP group the ranks of
+      // the same TP index; members create them in role, then group order.
+      Communicator *tpc = rr.comm;
+      auto rs = ints(role(r).ranks());
+      const int tps = rr.tpSize, dps = (int)rs.size() / tps;
+      if (dps > 1) {
+        const int base = rr.pos / tps * tps, t = rr.pos % tps;
+        std::vector<int> tpRanks(rs.begin() + base, rs.begin() + base + tps), dpRanks;
+        for (int d = 0; d < dps; ++d)
+          dpRanks.push_back(rs[d * tps + t]);
+        const std::string rn = str(role(r).name());
+        rr.tpComm = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
+        rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
+        tpc = rr.tpComm.get();
+      }
+      rr.tp = std::make_unique<models::TPLlama>(*rr.model, *tpc);
       rr.tp->setTrainable(true);
       Attrs a = roleOptions(r);
       models::AdamWOptions ao;
@@ -1060,8 +1084,10 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_
 void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
   loss.backward();
   if (rr.tp) {
-    // One replica (dp 1): the shards' gradients are complete; the norm is
-    // the unsharded model's (TPLlama counts replicated weights once).
+    // The shards' gradients, averaged over the replicas (tp x dp); the norm
+    // is the unsharded model's (TPLlama counts replicated weights once).
+    if (rr.dpComm)
+      models::allReduceGradients(rr.tp->parameters(), *rr.dpComm);
     double norm = std::sqrt(rr.tp->gradNormSquared());
     rr.optim->clip(norm);
     const double baseLr = rr.optim->options().lr;
@@ -1480,7 +1506,7 @@ void Worker::runReshard(int s) {
     auto shards = rr.tp->namedShards();
     if (shards.size() != named.size())
       throw RunError("reshard of " + what + ": the TP shards do not list every parameter");
-    const int64_t t = rr.pos % rr.tpSize;
+    const int64_t t = rr.pos % rr.tpSize; // tp is the fastest coordinate
     for (size_t k = 0; k < named.size(); ++k) {
       at::Tensor full = named[k].second.detach();
       at::Tensor sh = shards[k].second.detach();

@@ -623,19 +623,52 @@ double TPLlama::gradNormSquared() const {
 // FSDPLlama
 //===----------------------------------------------------------------------===//
 
+Box FSDPLlama::boxOf(int64_t rows, int64_t cols, int f, int k) {
+  if (rows < 1 || cols < 1 || f < 1 || k < 0 || k >= f)
+    throw std::invalid_argument(
+        "FSDPLlama::boxOf: need rows, cols, f >= 1 and 0 <= k < f (got rows " +
+        std::to_string(rows) + ", cols " + std::to_string(cols) + ", f " +
+        std::to_string(f) + ", k " + std::to_string(k) + ")");
+  // The planner's chunkOf: chunks of ceil(n / f), clamped to n.
+  auto chunk = [&](int64_t n, int64_t &lo, int64_t &hi) {
+    const int64_t c = (n + f - 1) / f;
+    lo = std::min(n, (int64_t)k * c);
+    hi = std::min(n, (int64_t)(k + 1) * c);
+  };
+  Box b{0, rows, 0, cols};
+  if (rows == 1)
+    chunk(cols, b.c0, b.c1);
+  else
+    chunk(rows, b.r0, b.r1);
+  return b;
+}
+
 namespace {
 
-/// The computation of one unit on its full flat weights.
-using UnitFn = std::function<at::Tensor(const at::Tensor &x, const at::Tensor &flat)>;
+/// The computation of one unit on its full parameters (natural shapes: 1-D
+/// norms and biases), in the unit's Llama::namedParameters() order.
+using UnitFn =
+    std::function<at::Tensor(const at::Tensor &x, const std::vector<at::Tensor> &w)>;
 
-struct FlatUnit {
+/// One parameter of an FSDPLlama and this member's shard of it.
+struct ShardedParam {
   std::string name;
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> fullShapes; ///< as in namedParameters()
-  std::vector<std::vector<int64_t>> shapes;     ///< natural (1-D vectors)
-  std::vector<int64_t> offsets, numels;
-  int64_t n = 0, S = 0;
-  at::Tensor shard; ///< [S], the leaf
+  int unit = 0;
+  int64_t rows = 0, cols = 0;   ///< the full 2-D view (namedParameters())
+  std::vector<int64_t> natural; ///< the full natural shape
+  /// Numbers per member in the unit's packed buffer: the chunk, padded
+  /// (ceil(rows / f) * cols, or ceil(cols / f) for a one-row parameter).
+  int64_t chunk = 0;
+  int64_t offset = 0; ///< of the chunk inside the unit's per-member buffer
+  Box box;            ///< this member's
+  at::Tensor shard;   ///< the leaf [box.rows(), box.cols()]
+};
+
+struct FSDPUnit {
+  std::string name;
+  std::vector<int> params; ///< indices into Core::params, in order
+  int64_t n = 0;           ///< parameter count
+  int64_t S = 0;           ///< per-member packed buffer: the sum of the chunks
 };
 
 } // namespace
@@ -648,77 +681,116 @@ struct Core {
   comm::Communicator *g = nullptr;
   int f = 1, r = 0;
   double scale = 1.0;
-  std::vector<FlatUnit> units;
+  std::vector<ShardedParam> params; ///< namedParameters() order
+  std::vector<FSDPUnit> units;
+  std::map<std::string, int> index; ///< parameter name -> params index
   int embedUnit = 0, normUnit = 0, headUnit = 0; ///< headUnit == embedUnit: tied
 
-  /// The unit's full flat weights [n] (fresh, no gradient). Collective.
-  at::Tensor gatherFull(int u) const {
-    const FlatUnit &U = units[u];
-    CommScope scope;
-    if (f == 1)
-      return U.shard.detach().narrow(0, 0, U.n).clone();
-    return g->allGatherFlat(U.shard.detach()).view({-1}).narrow(0, 0, U.n);
+  static at::TensorOptions floatOpts() {
+    return at::TensorOptions().dtype(at::kFloat);
   }
 
-  /// Sums `fullGrad` [n] over the group; returns this member's slice [S].
-  /// One exchange: each member sends every other member that member's
-  /// slice (the (f-1)/f of the bytes a ring reduce-scatter moves).
-  at::Tensor reduceScatter(int u, const at::Tensor &fullGrad) const {
-    const FlatUnit &U = units[u];
-    CommScope scope;
-    at::Tensor padded = at::zeros({U.S * f}, fullGrad.options());
-    padded.narrow(0, 0, U.n).copy_(fullGrad.reshape({-1}));
-    if (f == 1)
-      return padded;
-    std::vector<std::pair<int, at::Tensor>> sends, recvs;
-    for (int q = 0; q < f; ++q)
-      if (q != r) {
-        sends.emplace_back(q, padded.narrow(0, q * U.S, U.S));
-        recvs.emplace_back(q, at::empty({U.S}, fullGrad.options()));
-      }
-    g->exchange(sends, recvs);
-    at::Tensor out = padded.narrow(0, r * U.S, U.S).clone();
-    for (auto &[q, part] : recvs)
-      out.add_(part);
-    return out;
+  /// This member's box of `full` (P's numel, any shape), 2-D (a view).
+  static at::Tensor boxView(const ShardedParam &P, const at::Tensor &full) {
+    return full.detach()
+        .reshape({P.rows, P.cols})
+        .narrow(0, P.box.r0, P.box.rows())
+        .narrow(1, P.box.c0, P.box.cols());
   }
 
-  /// The unit's parameters as views of `flat`, in natural shapes.
-  std::vector<at::Tensor> views(int u, const at::Tensor &flat) const {
-    const FlatUnit &U = units[u];
+  /// The unit's full parameters in natural shapes (fresh, no gradient) out
+  /// of the gathered [f, S] buffer: parameter P is the concatenation of
+  /// the members' padded chunks, i.e. its numbers then the padding.
+  std::vector<at::Tensor> unpack(const FSDPUnit &U, const at::Tensor &all) const {
     std::vector<at::Tensor> out;
-    for (size_t j = 0; j < U.names.size(); ++j)
-      out.push_back(flat.narrow(0, U.offsets[j], U.numels[j]).view(U.shapes[j]));
+    for (int j : U.params) {
+      const ShardedParam &P = params[j];
+      out.push_back(all.narrow(1, P.offset, P.chunk)
+                        .reshape({-1})
+                        .narrow(0, 0, P.rows * P.cols)
+                        .view(P.natural));
+    }
     return out;
   }
 
-  LayerWeights layerWeights(int u, const at::Tensor &flat) const {
-    const FlatUnit &U = units[u];
-    std::vector<at::Tensor> v = views(u, flat);
-    LayerWeights w;
-    for (size_t j = 0; j < U.names.size(); ++j) {
-      std::string suffix;
-      layerOf(U.names[j], suffix);
-      *w.slot(suffix) = v[j];
+  /// The unit's full parameters (natural shapes, fresh, no gradient).
+  /// Collective: one all-gather of shardSize numbers per member.
+  std::vector<at::Tensor> gatherFull(int u) const {
+    const FSDPUnit &U = units[u];
+    CommScope scope;
+    at::Tensor mine = at::zeros({U.S}, floatOpts());
+    for (int j : U.params) {
+      const ShardedParam &P = params[j];
+      if (P.box.numel() > 0)
+        mine.narrow(0, P.offset, P.box.numel()).copy_(P.shard.detach().reshape({-1}));
     }
-    return w;
+    if (f == 1)
+      return unpack(U, mine.view({1, U.S}));
+    return unpack(U, g->allGatherFlat(mine));
   }
 
-  /// This member's slice of each unit from full tensors named like
-  /// Llama::namedParameters().
-  std::vector<at::Tensor> slices(const NamedTensors &full) const {
+  /// Sums the unit's full weight gradients `grads` (natural shapes, in the
+  /// unit's order) over the group, times `scale`; returns this member's box
+  /// of each, shaped like its shard. One exchange: the gradients are packed
+  /// like gatherFull's buffer ([f, S], row q the chunks member q owns) and
+  /// member r sends row q to member q, then adds the rows it receives (the
+  /// (f-1)/f of the bytes a ring reduce-scatter moves).
+  std::vector<at::Tensor> reduceScatter(int u, const std::vector<at::Tensor> &grads) const {
+    const FSDPUnit &U = units[u];
+    CommScope scope;
+    at::Tensor packed = at::zeros({f, U.S}, floatOpts());
+    for (size_t i = 0; i < U.params.size(); ++i) {
+      const ShardedParam &P = params[U.params[i]];
+      at::Tensor padded = at::zeros({f * P.chunk}, floatOpts());
+      padded.narrow(0, 0, P.rows * P.cols).copy_(grads[i].reshape({-1}));
+      packed.narrow(1, P.offset, P.chunk).copy_(padded.view({f, P.chunk}));
+    }
+    at::Tensor mine = packed.select(0, r);
+    if (f > 1) {
+      std::vector<std::pair<int, at::Tensor>> sends, recvs;
+      for (int q = 0; q < f; ++q)
+        if (q != r) {
+          sends.emplace_back(q, packed.select(0, q));
+          recvs.emplace_back(q, at::empty({U.S}, floatOpts()));
+        }
+      g->exchange(sends, recvs);
+      for (auto &[q, part] : recvs)
+        mine.add_(part);
+    }
+    mine.mul_(scale);
+    std::vector<at::Tensor> out;
+    for (int j : U.params) {
+      const ShardedParam &P = params[j];
+      out.push_back(mine.narrow(0, P.offset, P.box.numel())
+                        .view({P.box.rows(), P.box.cols()})
+                        .clone());
+    }
+    return out;
+  }
+
+  LayerWeights layerWeights(int u, const std::vector<at::Tensor> &w) const {
+    const FSDPUnit &U = units[u];
+    LayerWeights lw;
+    for (size_t i = 0; i < U.params.size(); ++i) {
+      std::string suffix;
+      layerOf(params[U.params[i]].name, suffix);
+      *lw.slot(suffix) = w[i];
+    }
+    return lw;
+  }
+
+  /// This member's box of each parameter out of full tensors named like
+  /// Llama::namedParameters() (fresh, contiguous, in params order).
+  std::vector<at::Tensor> slices(const NamedTensors &full, const char *who) const {
     std::map<std::string, at::Tensor> byName(full.begin(), full.end());
     std::vector<at::Tensor> out;
-    for (const FlatUnit &U : units) {
-      at::Tensor flat = at::zeros({U.S * f}, at::TensorOptions().dtype(at::kFloat));
-      for (size_t j = 0; j < U.names.size(); ++j) {
-        auto it = byName.find(U.names[j]);
-        if (it == byName.end() || it->second.numel() != U.numels[j])
-          throw std::invalid_argument("FSDPLlama: no tensor " + U.names[j] +
-                                      " of the expected size");
-        flat.narrow(0, U.offsets[j], U.numels[j]).copy_(it->second.detach().reshape({-1}));
-      }
-      out.push_back(flat.narrow(0, r * U.S, U.S).clone());
+    for (const ShardedParam &P : params) {
+      auto it = byName.find(P.name);
+      if (it == byName.end() || it->second.numel() != P.rows * P.cols)
+        throw std::invalid_argument(std::string(who) + ": no tensor " + P.name +
+                                    " of " + std::to_string(P.rows * P.cols) +
+                                    " elements");
+      out.push_back(boxView(P, it->second).clone(at::MemoryFormat::Contiguous));
     }
     return out;
   }
@@ -737,13 +809,14 @@ struct UnitCall : torch::CustomClassHolder {
   UnitFn fn;
 };
 
-/// One unit as one autograd node: forward gathers the unit, runs it without
-/// recording and drops the full weights; backward re-gathers, recomputes
-/// with recording, back-propagates, and reduce-scatters the weight gradient.
+/// One unit as one autograd node whose inputs are the unit's input and the
+/// unit's shards: forward gathers the unit, runs it without recording and
+/// drops the full weights; backward re-gathers, recomputes with recording,
+/// back-propagates, and reduce-scatters the weight gradients to the shards.
 struct FSDPUnitFn : torch::autograd::Function<FSDPUnitFn> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
-                            const at::Tensor &shard, c10::intrusive_ptr<UnitCall> call) {
-    (void)shard;
+                            at::TensorList shards, c10::intrusive_ptr<UnitCall> call) {
+    (void)shards; // the same leaves gatherFull reads
     at::Tensor y = call->fn(x, call->impl->gatherFull(call->unit));
     ctx->save_for_backward({x});
     ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
@@ -758,35 +831,48 @@ variable_list FSDPUnitFn::backward(AutogradContext *ctx, variable_list gy) {
   auto holder = ctx->saved_data.at("call").toCapsule();
   const UnitCall *call = static_cast<const UnitCall *>(holder.get());
   const fsdp_detail::Core &impl = *call->impl;
+  const size_t np = impl.units[call->unit].params.size();
   at::Tensor x = ctx->get_saved_variables()[0];
-  const bool needX = ctx->needs_input_grad(0), needW = ctx->needs_input_grad(1);
-  at::Tensor full = impl.gatherFull(call->unit).detach();
+  const bool needX = ctx->needs_input_grad(0);
+  bool needW = false;
+  for (size_t i = 0; i < np; ++i)
+    needW = needW || ctx->needs_input_grad(1 + i);
+  // The inputs' gradients: x, each shard, none for the call.
+  variable_list out(np + 2);
+  std::vector<at::Tensor> full = impl.gatherFull(call->unit);
   at::Tensor xd = x.detach();
   variable_list inputs;
   if (needX)
     inputs.push_back(xd.requires_grad_(true));
   if (needW)
-    inputs.push_back(full.requires_grad_(true));
-  at::Tensor gx, gw;
-  if (!inputs.empty()) {
-    at::Tensor y;
-    {
-      at::AutoGradMode record(true);
-      y = call->fn(xd, full);
+    for (at::Tensor &w : full) {
+      w = w.detach().requires_grad_(true);
+      inputs.push_back(w);
     }
-    variable_list grads = torch::autograd::grad({y}, inputs, {gy[0]},
-                                                /*retain_graph=*/false,
-                                                /*create_graph=*/false,
-                                                /*allow_unused=*/true);
-    size_t i = 0;
-    if (needX)
-      gx = grads[i++];
-    if (needW) {
-      at::Tensor gfull = grads[i].defined() ? grads[i] : at::zeros_like(full);
-      gw = impl.reduceScatter(call->unit, gfull).mul_(impl.scale);
-    }
+  if (inputs.empty())
+    return out;
+  at::Tensor y;
+  {
+    at::AutoGradMode record(true);
+    y = call->fn(xd, full);
   }
-  return {gx, gw, at::Tensor()};
+  variable_list grads = torch::autograd::grad({y}, inputs, {gy[0]},
+                                              /*retain_graph=*/false,
+                                              /*create_graph=*/false,
+                                              /*allow_unused=*/true);
+  size_t i = 0;
+  if (needX)
+    out[0] = grads[i++];
+  if (needW) {
+    std::vector<at::Tensor> gfull;
+    for (size_t j = 0; j < np; ++j, ++i)
+      gfull.push_back(grads[i].defined() ? grads[i] : at::zeros_like(full[j]));
+    std::vector<at::Tensor> mine = impl.reduceScatter(call->unit, gfull);
+    for (size_t j = 0; j < np; ++j)
+      if (ctx->needs_input_grad(1 + j))
+        out[1 + j] = mine[j];
+  }
+  return out;
 }
 
 namespace {
@@ -794,13 +880,18 @@ namespace {
 /// Runs unit `u` on `x`: as one autograd node when gradients are wanted.
 at::Tensor runUnit(const fsdp_detail::Core &core, int u, UnitFn fn,
                    const at::Tensor &x) {
-  const at::Tensor &shard = core.units[u].shard;
-  if (at::GradMode::is_enabled() && (shard.requires_grad() || x.requires_grad())) {
+  std::vector<at::Tensor> shards;
+  bool wantGrad = x.requires_grad();
+  for (int j : core.units[u].params) {
+    shards.push_back(core.params[j].shard);
+    wantGrad = wantGrad || shards.back().requires_grad();
+  }
+  if (at::GradMode::is_enabled() && wantGrad) {
     auto call = c10::make_intrusive<UnitCall>();
     call->impl = &core;
     call->unit = u;
     call->fn = std::move(fn);
-    return FSDPUnitFn::apply(x, shard, call);
+    return FSDPUnitFn::apply(x, at::TensorList(shards), call);
   }
   return fn(x, core.gatherFull(u));
 }
@@ -827,24 +918,27 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
       p.units.emplace_back();
       p.units.back().name = unit;
     }
-    FlatUnit &U = p.units[it->second];
-    U.names.push_back(name);
-    U.fullShapes.push_back(view.sizes().vec());
-    U.shapes.push_back(isVector(name) ? std::vector<int64_t>{view.numel()}
-                                      : view.sizes().vec());
-    U.offsets.push_back(U.n);
-    U.numels.push_back(view.numel());
-    U.n += view.numel();
+    FSDPUnit &U = p.units[it->second];
+    ShardedParam P;
+    P.name = name;
+    P.unit = it->second;
+    P.rows = view.size(0);
+    P.cols = view.size(1);
+    P.natural = isVector(name) ? std::vector<int64_t>{view.numel()} : view.sizes().vec();
+    P.chunk = P.rows == 1 ? (P.cols + p.f - 1) / p.f : (P.rows + p.f - 1) / p.f * P.cols;
+    P.offset = U.S;
+    P.box = boxOf(P.rows, P.cols, p.f, p.r);
+    P.shard = Impl::boxView(P, view).clone(at::MemoryFormat::Contiguous);
+    U.S += P.chunk;
+    U.n += P.rows * P.cols;
+    U.params.push_back((int)p.params.size());
+    p.index[name] = (int)p.params.size();
+    p.params.push_back(std::move(P));
   }
-  for (FlatUnit &U : p.units)
-    U.S = (U.n + p.f - 1) / p.f;
   p.embedUnit = unitIndex.at("embed");
   p.normUnit = unitIndex.at("final_norm");
   auto head = unitIndex.find("lm_head");
   p.headUnit = head == unitIndex.end() ? p.embedUnit : head->second;
-  std::vector<at::Tensor> mine = p.slices(named);
-  for (size_t u = 0; u < p.units.size(); ++u)
-    p.units[u].shard = mine[u];
 }
 
 FSDPLlama::~FSDPLlama() = default;
@@ -862,39 +956,35 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
                              const at::Tensor &keyMask) const {
   const Impl &p = *p_;
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "FSDPLlama");
-  const int eu = p.embedUnit;
-  at::Tensor x = runUnit(p, 
-      eu,
-      [ip = &p, eu](const at::Tensor &tok, const at::Tensor &flat) {
-        return at::embedding(ip->views(eu, flat)[0], tok);
+  at::Tensor x = runUnit(
+      p, p.embedUnit,
+      [](const at::Tensor &tok, const std::vector<at::Tensor> &w) {
+        return at::embedding(w[0], tok);
       },
       tokens);
   for (int i = 0; i < p.c.layers; ++i) {
-    const int u = eu + 1 + i;
-    x = runUnit(p, 
-        u,
-        [ip = &p, u, a](const at::Tensor &in, const at::Tensor &flat) {
-          return decoderLayer(in, ip->layerWeights(u, flat), a, ip->c.heads,
-                              ip->c.kvHeads, ip->c.normEps, nullptr);
+    const int u = p.embedUnit + 1 + i;
+    x = runUnit(
+        p, u,
+        [ip = &p, u, a](const at::Tensor &in, const std::vector<at::Tensor> &w) {
+          return decoderLayer(in, ip->layerWeights(u, w), a, ip->c.heads, ip->c.kvHeads,
+                              ip->c.normEps, nullptr);
         },
         x);
   }
-  const int nu = p.normUnit;
-  return runUnit(p, 
-      nu,
-      [ip = &p, nu](const at::Tensor &in, const at::Tensor &flat) {
-        return rmsNorm(in, ip->views(nu, flat)[0], ip->c.normEps);
+  return runUnit(
+      p, p.normUnit,
+      [eps = p.c.normEps](const at::Tensor &in, const std::vector<at::Tensor> &w) {
+        return rmsNorm(in, w[0], eps);
       },
       x);
 }
 
 at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
-  const Impl &p = *p_;
-  const int hu = p.headUnit;
-  return runUnit(p, 
-      hu,
-      [ip = &p, hu](const at::Tensor &in, const at::Tensor &flat) {
-        return at::linear(in, ip->views(hu, flat)[0]);
+  return runUnit(
+      *p_, p_->headUnit,
+      [](const at::Tensor &in, const std::vector<at::Tensor> &w) {
+        return at::linear(in, w[0]);
       },
       h);
 }
@@ -917,44 +1007,67 @@ at::Tensor FSDPLlama::tokenEntropy(const at::Tensor &logits, double temperature)
   return models::tokenEntropy(logits, temperature);
 }
 
+NamedTensors FSDPLlama::namedShards() const {
+  NamedTensors out;
+  for (const auto &P : p_->params)
+    out.emplace_back(P.name, P.shard);
+  return out;
+}
+
+std::vector<std::pair<std::string, Box>> FSDPLlama::namedBoxes() const {
+  std::vector<std::pair<std::string, Box>> out;
+  for (const auto &P : p_->params)
+    out.emplace_back(P.name, P.box);
+  return out;
+}
+
+Box FSDPLlama::shardBox(const std::string &name) const {
+  auto it = p_->index.find(name);
+  if (it == p_->index.end())
+    throw std::invalid_argument("FSDPLlama::shardBox: no parameter " + name);
+  return p_->params[it->second].box;
+}
+
 std::vector<at::Tensor> FSDPLlama::parameters() const {
   std::vector<at::Tensor> out;
-  for (const auto &U : p_->units)
-    out.push_back(U.shard);
+  for (const auto &P : p_->params)
+    out.push_back(P.shard);
   return out;
 }
 
 void FSDPLlama::setTrainable(bool trainable) {
-  for (auto &U : p_->units)
-    U.shard.requires_grad_(trainable);
+  for (auto &P : p_->params)
+    P.shard.requires_grad_(trainable);
 }
 
 void FSDPLlama::loadFrom(const Llama &full) {
-  std::vector<at::Tensor> mine = p_->slices(full.namedParameters());
+  std::vector<at::Tensor> mine = p_->slices(full.namedParameters(), "FSDPLlama::loadFrom");
   at::NoGradGuard noGrad;
-  for (size_t u = 0; u < mine.size(); ++u)
-    p_->units[u].shard.copy_(mine[u]);
+  for (size_t i = 0; i < mine.size(); ++i)
+    p_->params[i].shard.copy_(mine[i]);
 }
 
 std::vector<at::Tensor> FSDPLlama::slicesOf(const NamedTensors &full) const {
-  return p_->slices(full);
+  return p_->slices(full, "FSDPLlama::slicesOf");
 }
 
 void FSDPLlama::gatherInto(Llama &dst) const {
   const Impl &p = *p_;
   NamedTensors named = dst.namedParameters();
   std::map<std::string, at::Tensor> byName(named.begin(), named.end());
+  // Check everything before the first collective.
+  for (const ShardedParam &P : p.params) {
+    auto it = byName.find(P.name);
+    if (it == byName.end() || it->second.numel() != P.rows * P.cols)
+      throw std::invalid_argument("FSDPLlama::gatherInto: the model differs at " + P.name);
+  }
   for (int u = 0; u < (int)p.units.size(); ++u) {
-    at::Tensor full = p.gatherFull(u);
-    const FlatUnit &U = p.units[u];
+    std::vector<at::Tensor> full = p.gatherFull(u);
+    const FSDPUnit &U = p.units[u];
     at::NoGradGuard noGrad;
-    for (size_t j = 0; j < U.names.size(); ++j) {
-      auto it = byName.find(U.names[j]);
-      if (it == byName.end() || it->second.numel() != U.numels[j])
-        throw std::invalid_argument("FSDPLlama::gatherInto: the model differs at " +
-                                    U.names[j]);
-      it->second.copy_(
-          full.narrow(0, U.offsets[j], U.numels[j]).view(it->second.sizes()));
+    for (size_t i = 0; i < U.params.size(); ++i) {
+      at::Tensor &d = byName.at(p.params[U.params[i]].name);
+      d.copy_(full[i].reshape(d.sizes()));
     }
   }
 }
@@ -962,9 +1075,9 @@ void FSDPLlama::gatherInto(Llama &dst) const {
 double FSDPLlama::gradNormSquared() const {
   CommScope scope;
   double s = 0;
-  for (const auto &U : p_->units)
-    if (U.shard.grad().defined())
-      s += U.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
+  for (const auto &P : p_->params)
+    if (P.shard.grad().defined())
+      s += P.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
   at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
   if (p_->f > 1)
     p_->g->allReduceSum(total);

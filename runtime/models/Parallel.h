@@ -11,11 +11,14 @@
 //    down row-parallel, the embedding and the LM head vocab-parallel, the
 //    RMSNorm weights replicated. Log-probabilities and entropies are
 //    computed on the vocab shards without gathering the full vocabulary.
-//  * FSDPLlama: ZeRO-3 over a group of size f. Each unit (the embedding,
-//    each decoder layer, the final norm, the LM head) is one flat vector of
-//    which each rank owns a 1/f slice (zero-padded); a unit's full weights
-//    exist only while the unit runs, and backward re-gathers them and
-//    reduce-scatters the gradient (averaged over the group).
+//  * FSDPLlama: ZeRO-3 over a group of size f in FSDP2's per-parameter
+//    layout (Shard(0): each rank holds a chunk of every parameter's rows,
+//    or of its columns for a norm or bias; the reshard planner's FSDP
+//    holding).
+//    Parameters are gathered per unit (the embedding, each decoder layer,
+//    the final norm, the LM head) just before the unit runs, one
+//    all-gather per unit; backward re-gathers them and reduce-scatters the
+//    gradient (averaged over the group).
 //  * allReduceGradients: plain data parallelism (averaged gradients).
 //
 // Convention shared by all forms: the loss is a mean over the local batch
@@ -160,39 +163,78 @@ private:
   std::unique_ptr<Impl> p_;
 };
 
-//===-- FSDP (ZeRO-3) -----------------------------------------------------===//
+//===-- FSDP (ZeRO-3, FSDP2 layout) ---------------------------------------===//
 
-/// ZeRO-3 sharded Llama over a group of f members. Units, in order:
-/// "embed", "layers.<i>", "final_norm", and "lm_head" (absent when tied:
-/// the LM head then re-gathers the "embed" unit). A unit's parameters are
-/// concatenated, flattened, in Llama::namedParameters() order into n
-/// numbers, zero-padded to f*S with S = ceil(n / f); member r owns the flat
-/// slice [r S, (r+1) S): parameters() are these slices, one per unit, so an
-/// optimizer over them keeps sharded state.
+/// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
+/// Llama::namedParameters() shows it): the reshard planner's Box
+/// (compiler/planner/Reshard.h), field for field. Empty when r0 == r1 or
+/// c0 == c1; an empty box returned by FSDPLlama::boxOf keeps its clamped
+/// position (r0 == r1 == rows, or c0 == c1 == cols) where the planner's
+/// holding() returns Box{} instead.
+struct Box {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int64_t rows() const { return r1 > r0 ? r1 - r0 : 0; }
+  int64_t cols() const { return c1 > c0 ? c1 - c0 : 0; }
+  int64_t numel() const { return rows() * cols(); }
+  bool empty() const { return r1 <= r0 || c1 <= c0; }
+  bool operator==(const Box &o) const {
+    return r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1;
+  }
+  bool operator!=(const Box &o) const { return !(*this == o); }
+};
+
+/// ZeRO-3 sharded Llama over a group of f members, in FSDP2's layout
+/// (DTensor Shard(0) per parameter), which is the reshard planner's FSDP
+/// holding (docs/reshard.md section 2, with tp = 1): member k holds, of
+/// every parameter viewed 2-D as [rows, cols] (Llama::namedParameters()),
+/// exactly the box boxOf(rows, cols, f, k), as its own autograd leaf of
+/// shape [box rows, box cols]. With tied embeddings there is no lm_head
+/// parameter (the head uses the embedding).
 ///
-/// Forward gathers a unit (all-gather) just before it runs and drops the
-/// full weights right after. With gradients, each unit is one autograd node
-/// that keeps only its input: backward re-gathers the unit, recomputes its
-/// forward (activation checkpointing per unit), back-propagates through it
-/// and reduce-scatters the weight gradient: member r receives the
-/// gradient of its own slice, summed over the group and multiplied by
+/// Units, in order: "embed", "layers.<i>", "final_norm", and "lm_head"
+/// (absent when tied: the LM head then re-gathers "embed"). Forward gathers
+/// a unit just before it runs with ONE all-gather: each member packs its
+/// shards of the unit's parameters, each zero-padded to the parameter's
+/// chunk size (chunk rows x cols, or the column chunk of a one-row
+/// parameter), into one buffer of shardSize(unit) numbers; the gathered
+/// [f, shardSize] buffer is unpacked into the full parameters (padding
+/// trimmed) and dropped after the unit ran. With gradients, each unit is
+/// one autograd node that keeps only its input: backward re-gathers the
+/// unit, recomputes its forward (activation checkpointing per unit),
+/// back-propagates through it and reduce-scatters the full weight
+/// gradients with ONE exchange (the same padded packing): member k receives
+/// the gradient of its boxes, summed over the group and multiplied by
 /// gradScale() (default 1/f: the average of the members' gradients, i.e.
 /// the gradient of the global mean loss when every member's loss is the
 /// mean over equally many rows).
 class FSDPLlama {
 public:
-  /// Takes this member's slices of `full` (copied). Parameters start frozen.
+  /// Takes this member's boxes of `full` (copied). Parameters start frozen.
   FSDPLlama(const Llama &full, comm::Communicator &group);
   ~FSDPLlama();
   FSDPLlama(const FSDPLlama &) = delete;
   FSDPLlama &operator=(const FSDPLlama &) = delete;
 
+  /// The box member k of f holds of a parameter whose 2-D view is
+  /// [rows, cols] (FSDP2 Shard(0)): with c = ceil(rows / f), rows
+  /// [min(k c, rows), min((k+1) c, rows)) x all columns; a one-row
+  /// parameter (rows == 1: norms, biases) is chunked along its columns
+  /// instead, c = ceil(cols / f). The last chunks are shorter, or empty,
+  /// when f does not divide; the boxes of k = 0..f-1 partition the
+  /// parameter. f == 1 gives the whole parameter. Throws
+  /// std::invalid_argument unless rows, cols, f >= 1 and 0 <= k < f.
+  static Box boxOf(int64_t rows, int64_t cols, int f, int k);
+
   const LlamaConfig &config() const;
   comm::Communicator &comm() const;
   int numUnits() const;
   const std::string &unitName(int unit) const;
-  int64_t unitNumel(int unit) const; ///< n, without padding
-  int64_t shardSize(int unit) const; ///< S
+  /// The unit's parameter count n (without padding).
+  int64_t unitNumel(int unit) const;
+  /// The numbers each member contributes to the unit's all-gather (and
+  /// receives from each peer in its reduce-scatter): the sum over the
+  /// unit's parameters of their padded chunk sizes (>= ceil(n / f)).
+  int64_t shardSize(int unit) const;
 
   double gradScale() const;
   void setGradScale(double scale);
@@ -208,17 +250,33 @@ public:
                                   double temperature = 1.0);
   static at::Tensor tokenEntropy(const at::Tensor &logits, double temperature = 1.0);
 
-  /// This member's flat slices, one per unit (autograd leaves).
+  /// This member's shards in Llama::namedParameters() order and names (no
+  /// lm_head when tied): each the autograd leaf holding shardBox(name) of
+  /// the parameter's 2-D view, shaped [box rows, box cols] (2-D, one-row
+  /// parameters [1, box cols]; 0 rows or columns for an empty box).
+  NamedTensors namedShards() const;
+  /// This member's box of every parameter, in namedShards() order.
+  std::vector<std::pair<std::string, Box>> namedBoxes() const;
+  /// This member's box of the parameter `name` (in the coordinates of its
+  /// full 2-D view). Throws std::invalid_argument for an unknown name.
+  Box shardBox(const std::string &name) const;
+  /// The leaf shards, in namedShards() order: what an optimizer steps.
   std::vector<at::Tensor> parameters() const;
   void setTrainable(bool trainable);
-  /// Re-takes this member's slices from `full`.
+  /// Re-takes this member's boxes from `full` (same config).
   void loadFrom(const Llama &full);
-  /// This member's slices of any full named tensors laid out like
-  /// Llama::namedParameters() (e.g. namedGradients(full)), one per unit.
+  /// This member's box of each of `full` (tensors named and sized like
+  /// Llama::namedParameters(), in any order, e.g. namedGradients(full)),
+  /// shaped like the shards and in namedShards() order (fresh copies).
+  /// Throws std::invalid_argument when a parameter is missing or differs
+  /// in size.
   std::vector<at::Tensor> slicesOf(const NamedTensors &full) const;
-  /// Writes the gathered full weights into `dst`. Collective.
+  /// Writes the gathered full weights into `dst` (one all-gather per
+  /// unit). Collective.
   void gatherInto(Llama &dst) const;
-  /// Squared global L2 norm of the slices' gradients. Collective.
+  /// Squared global L2 norm of the gradients: the shards' squared norms
+  /// summed over the group (the boxes partition every parameter, so this
+  /// equals the unsharded model's). Collective.
   double gradNormSquared() const;
 
 private:

@@ -215,7 +215,19 @@ LlamaConfig mha() {
   return c;
 }
 
-/// Four left-padded rows (row b has b % 4 padding tokens) of length 7.
+/// Dimensions FSDP over 4 does not divide, with empty chunks: k/v are
+/// [6, 24] (rows in chunks of 2: 2, 2, 2, 0), their biases [1, 6] (columns
+/// 2, 2, 2, 0), the embedding and the head 66 rows (17, 17, 17, 15).
+LlamaConfig odd() {
+  LlamaConfig c;
+  c.name = "odd";
+  c.layers = 2, c.hidden = 24, c.heads = 4, c.kvHeads = 1, c.ffn = 36, c.vocab = 66;
+  c.qkvBias = true;
+  return c;
+}
+
+/// B (default 4) left-padded rows (row b has b % 4 padding tokens) of
+/// length 7.
 struct Batch {
   at::Tensor tokens, mask, positions;
   int64_t B = 0, T = 0;
@@ -233,9 +245,9 @@ struct Batch {
   at::Tensor targetMask() const { return mask.narrow(1, 1, T - 1).to(at::kFloat); }
 };
 
-Batch makeBatch(int64_t vocab) {
+Batch makeBatch(int64_t vocab, int64_t B = 4) {
   Batch b;
-  b.B = 4, b.T = 7;
+  b.B = B, b.T = 7;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
   b.tokens = at::randint(1, vocab, {b.B, b.T}, gen, at::TensorOptions().dtype(at::kLong));
   b.mask = at::ones({b.B, b.T}, at::TensorOptions().dtype(at::kBool));
@@ -387,9 +399,70 @@ void checkTP(Errors &errs, Communicator &tp, const LlamaConfig &c) {
 /// Each member's rows of the batch: [r B/n, (r+1) B/n).
 Batch myRows(const Batch &b, int r, int n) { return b.rows(r * b.B / n, b.B / n); }
 
+/// FSDPLlama's layout: every parameter's box is the planner's FSDP holding
+/// (boxOf), each shard holds exactly that box of the source weights, and
+/// the shards of the group hold every parameter once.
+void checkFSDPLayout(Communicator &g, const LlamaConfig &c, const Llama &source,
+                     const FSDPLlama &m) {
+  const int f = g.size(), k = g.rank();
+  NamedTensors full = source.namedParameters(), shards = m.namedShards();
+  auto boxes = m.namedBoxes();
+  std::vector<at::Tensor> params = m.parameters(), mine = m.slicesOf(full);
+  ASSERT_EQ(shards.size(), full.size());
+  ASSERT_EQ(boxes.size(), full.size());
+  ASSERT_EQ(params.size(), full.size());
+  ASSERT_EQ(mine.size(), full.size());
+  int64_t held = 0, empty = 0;
+  std::map<std::string, int64_t> chunks; // unit -> expected shardSize
+  for (size_t i = 0; i < full.size(); ++i) {
+    const std::string &name = full[i].first;
+    const at::Tensor &w = full[i].second;
+    SCOPED_TRACE(name);
+    ASSERT_EQ(shards[i].first, name);
+    ASSERT_EQ(boxes[i].first, name);
+    const Box want = FSDPLlama::boxOf(w.size(0), w.size(1), f, k);
+    EXPECT_TRUE(boxes[i].second == want);
+    EXPECT_TRUE(m.shardBox(name) == want);
+    const at::Tensor &s = shards[i].second;
+    EXPECT_TRUE(s.is_same(params[i])); // parameters() are the shards
+    ASSERT_EQ(s.dim(), 2);
+    EXPECT_EQ(s.size(0), want.rows());
+    EXPECT_EQ(s.size(1), want.cols());
+    // Exactly the box of the source weights (bit for bit), and slicesOf
+    // cuts the same box.
+    at::Tensor box = w.narrow(0, want.r0, want.rows()).narrow(1, want.c0, want.cols());
+    EXPECT_TRUE(at::equal(s.detach(), box));
+    EXPECT_TRUE(at::equal(mine[i], box));
+    held += s.numel();
+    empty += s.numel() == 0;
+    std::string suffix = name.rfind("layers.", 0) == 0
+                             ? name.substr(0, name.find('.', 7))
+                             : name;
+    chunks[suffix] += FSDPLlama::boxOf(w.size(0), w.size(1), f, 0).numel();
+  }
+  EXPECT_THROW(m.shardBox("no.such.parameter"), std::invalid_argument);
+  // The packed per-member buffer of a unit: every parameter's first (full)
+  // chunk.
+  for (int u = 0; u < m.numUnits(); ++u) {
+    EXPECT_EQ(m.shardSize(u), chunks.at(m.unitName(u))) << m.unitName(u);
+    EXPECT_GE(m.shardSize(u) * f, m.unitNumel(u)) << m.unitName(u);
+  }
+  // Held once over the group.
+  at::Tensor total = at::full({2}, 0.0, at::TensorOptions().dtype(at::kDouble));
+  total[0] = (double)held;
+  total[1] = (double)empty;
+  g.allReduceSum(total);
+  EXPECT_EQ((int64_t)total[0].item<double>(), c.paramCount());
+  if (c.name == "odd" && f == 4) // k, v and their biases on rank 3
+    EXPECT_EQ((int64_t)total[1].item<double>(), 4 * c.layers);
+  std::cout << c.name << " on " << f << ": rank " << k << " holds " << held << " of "
+            << c.paramCount() << " parameters (" << empty << " empty shards)\n";
+}
+
 void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   SCOPED_TRACE(c.name + " on " + std::to_string(g.size()) + " members");
-  Batch all = makeBatch(c.vocab);
+  // A batch every member gets equally many rows of.
+  Batch all = makeBatch(c.vocab, 4 % g.size() == 0 ? 4 : 2 * g.size());
   Reference ref = reference(c, all);
   Batch b = myRows(all, g.rank(), g.size());
   at::Tensor refRows = ref.logits.narrow(0, g.rank() * all.B / g.size(), b.B);
@@ -397,13 +470,8 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   Llama source(c, kSeed);
   FSDPLlama m(source, g);
   m.setTrainable(true);
-  int64_t held = 0;
-  for (auto &p : m.parameters())
-    held += p.numel();
-  for (int u = 0; u < m.numUnits(); ++u)
-    EXPECT_EQ(m.shardSize(u), (m.unitNumel(u) + g.size() - 1) / g.size());
-  EXPECT_LE(held * g.size(), c.paramCount() + (int64_t)m.numUnits() * g.size());
   EXPECT_EQ(m.numUnits(), c.layers + (c.tieEmbeddings ? 2 : 3));
+  checkFSDPLayout(g, c, source, m);
 
   // One all-gather per unit call (the head re-gathers the embedding when
   // tied), each sending (f-1) S floats.
@@ -441,20 +509,23 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
     EXPECT_EQ(g.stats().ops - beforeBackward.ops, 2u * calls);
     EXPECT_EQ(g.bytesSent() - beforeBackward.bytesSent, 2 * gatherBytes);
   }
+  // Each shard's gradient is its box of the reference gradient of the
+  // global mean loss.
   std::vector<at::Tensor> want = m.slicesOf(ref.grads);
+  NamedTensors shards = m.namedShards();
   std::vector<at::Tensor> params = m.parameters();
-  ASSERT_EQ(want.size(), params.size());
-  for (size_t u = 0; u < params.size(); ++u) {
-    ASSERT_TRUE(params[u].grad().defined()) << m.unitName((int)u);
-    expectClose(errs, "fsdp.grads", "grad of slice " + m.unitName((int)u),
-                params[u].grad(), want[u]);
+  ASSERT_EQ(want.size(), shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    ASSERT_TRUE(shards[i].second.grad().defined()) << shards[i].first;
+    expectClose(errs, "fsdp.grads", "grad of shard " + shards[i].first,
+                shards[i].second.grad(), want[i]);
   }
   double normSq = m.gradNormSquared();
   expectCloseScalar(errs, "fsdp.gradnorm2", "squared gradient norm", normSq,
                     ref.gradNormSq);
 
-  // One AdamW step (with clipping by the global norm) on the slices against
-  // the same step on the full parameters.
+  // One AdamW step (with clipping by the global norm) on the shards
+  // against the same step on the full parameters.
   AdamWOptions o;
   o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
   Llama initial(c, kSeed);
@@ -466,6 +537,11 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   Llama stepped(c, kSeed + 2);
   m.gatherInto(stepped);
   expectSameWeights(errs, "fsdp.adamw_weights", stepped, *ref.model);
+  // The shards themselves against the boxes of the stepped reference.
+  std::vector<at::Tensor> steppedBoxes = m.slicesOf(ref.model->namedParameters());
+  for (size_t i = 0; i < shards.size(); ++i)
+    expectClose(errs, "fsdp.adamw_weights", "shard " + shards[i].first,
+                shards[i].second, steppedBoxes[i]);
   double moved = 0;
   for (size_t i = 0; i < stepped.parameters().size(); ++i)
     moved = std::max(moved, (stepped.parameters()[i] - initial.parameters()[i])
@@ -473,10 +549,21 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   EXPECT_GT(moved, 5e-4); // the step did move the weights (lr 1e-3)
 
   // Forward without autograd after the step, against the stepped reference.
-  at::NoGradGuard noGrad;
-  at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
-  expectClose(errs, "fsdp.logits", "logits after the step", after,
-              ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
+  {
+    at::NoGradGuard noGrad;
+    at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+    expectClose(errs, "fsdp.logits", "logits after the step", after,
+                ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
+  }
+  // loadFrom re-takes the boxes (bit for bit); the forward is the initial
+  // model's again.
+  m.loadFrom(initial);
+  std::vector<at::Tensor> initialBoxes = m.slicesOf(initial.namedParameters());
+  for (size_t i = 0; i < shards.size(); ++i)
+    EXPECT_TRUE(at::equal(shards[i].second.detach(), initialBoxes[i])) << shards[i].first;
+  c10::InferenceMode guard;
+  expectClose(errs, "fsdp.logits", "inference logits after loadFrom",
+              m.logits(m.hidden(b.tokens, b.positions, b.mask)), refRows);
 }
 
 void checkDP(Errors &errs, Communicator &dp, const LlamaConfig &c) {
@@ -557,6 +644,62 @@ TEST(ParallelConfig, TensorParallelDivisibility) {
   EXPECT_NE(TPLlama::checkConfig(c, 4).find("vocab 66"), std::string::npos);
 }
 
+TEST(ParallelFSDP, BoxesPartitionEachParameter) {
+  // The chunks of a few shapes written out: rows 5 over 4 (2, 2, 1, 0),
+  // a one-row parameter split along its columns (6 over 4: 2, 2, 2, 0).
+  const Box r5[4] = {{0, 2, 0, 7}, {2, 4, 0, 7}, {4, 5, 0, 7}, {5, 5, 0, 7}};
+  const Box c6[4] = {{0, 1, 0, 2}, {0, 1, 2, 4}, {0, 1, 4, 6}, {0, 1, 6, 6}};
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_TRUE(FSDPLlama::boxOf(5, 7, 4, k) == r5[k]) << k;
+    EXPECT_TRUE(FSDPLlama::boxOf(1, 6, 4, k) == c6[k]) << k;
+  }
+  EXPECT_TRUE(FSDPLlama::boxOf(5, 7, 4, 3).empty());
+  EXPECT_EQ(FSDPLlama::boxOf(5, 7, 4, 3).numel(), 0);
+  EXPECT_TRUE(FSDPLlama::boxOf(32, 32, 1, 0) == (Box{0, 32, 0, 32}));
+  EXPECT_TRUE(FSDPLlama::boxOf(1, 32, 3, 2) == (Box{0, 1, 22, 32}));
+  EXPECT_TRUE(FSDPLlama::boxOf(32, 64, 3, 1) == (Box{11, 22, 0, 64}));
+  EXPECT_THROW(FSDPLlama::boxOf(0, 4, 2, 0), std::invalid_argument);
+  EXPECT_THROW(FSDPLlama::boxOf(4, 4, 2, 2), std::invalid_argument);
+  EXPECT_THROW(FSDPLlama::boxOf(4, 4, 0, 0), std::invalid_argument);
+
+  // Over k = 0..f-1 the boxes cover every element exactly once, in order
+  // (rows, or columns of one-row parameters, in consecutive chunks of
+  // ceil(n / f): every non-empty chunk but the last is full).
+  struct Shape {
+    int64_t rows, cols;
+    int f;
+  };
+  const Shape shapes[] = {{5, 7, 4},   {1, 32, 3}, {1, 6, 4},   {1, 3, 4},  {1, 1, 2},
+                          {32, 32, 3}, {64, 32, 4}, {66, 24, 4}, {2, 5, 4}, {3, 4, 4},
+                          {9, 2, 4},   {7, 3, 1},   {16, 32, 3}, {1, 16, 3}, {36, 24, 8}};
+  for (const Shape &sh : shapes) {
+    SCOPED_TRACE(std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " over " +
+                 std::to_string(sh.f));
+    at::Tensor count = at::zeros({sh.rows, sh.cols}, at::TensorOptions().dtype(at::kInt));
+    const bool byCols = sh.rows == 1;
+    const int64_t n = byCols ? sh.cols : sh.rows, c = (n + sh.f - 1) / sh.f;
+    int64_t next = 0, total = 0;
+    for (int k = 0; k < sh.f; ++k) {
+      Box b = FSDPLlama::boxOf(sh.rows, sh.cols, sh.f, k);
+      ASSERT_TRUE(b.r0 >= 0 && b.r0 <= b.r1 && b.r1 <= sh.rows);
+      ASSERT_TRUE(b.c0 >= 0 && b.c0 <= b.c1 && b.c1 <= sh.cols);
+      const int64_t lo = byCols ? b.c0 : b.r0, hi = byCols ? b.c1 : b.r1;
+      EXPECT_EQ(lo, next) << k; // consecutive
+      EXPECT_EQ(hi - lo, std::min(c, n - lo)) << k;
+      if (byCols)
+        EXPECT_TRUE(b.r0 == 0 && b.r1 == 1) << k;
+      else
+        EXPECT_TRUE(b.c0 == 0 && b.c1 == sh.cols) << k;
+      next = hi;
+      total += b.numel();
+      count.narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols()).add_(1);
+    }
+    EXPECT_EQ(next, n);
+    EXPECT_EQ(total, sh.rows * sh.cols);
+    EXPECT_TRUE(count.eq(1).all().item<bool>());
+  }
+}
+
 //===-- multi-process checks -----------------------------------------------===//
 
 TEST(ParallelTP, OneRankIsTheLlama) {
@@ -588,15 +731,27 @@ TEST(ParallelFSDP, TwoRanks) {
   RUN_AS_RANKS(2);
   Group g = joinWorld(thisRank());
   Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied(), odd()})
+    checkFSDP(errs, *g.world, c);
+}
+
+// 3 divides none of hidden 32, ffn 64, vocab 64, kv rows 16: every
+// parameter's last chunk is shorter (rows 11, 11, 10; norms' columns too).
+TEST(ParallelFSDP, ThreeRanks) {
+  RUN_AS_RANKS(3);
+  Group g = joinWorld(thisRank());
+  Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkFSDP(errs, *g.world, c);
 }
 
+// odd: uneven chunks and empty shards (rank 3 holds nothing of k, v and
+// their biases).
 TEST(ParallelFSDP, FourRanks) {
   RUN_AS_RANKS(4);
   Group g = joinWorld(thisRank());
   Errors errs;
-  for (const LlamaConfig &c : {gqa(), biasTied()})
+  for (const LlamaConfig &c : {gqa(), biasTied(), odd()})
     checkFSDP(errs, *g.world, c);
 }
 
