@@ -461,6 +461,7 @@ void checkFSDPLayout(Communicator &g, const LlamaConfig &c, const Llama &source,
 
 void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   SCOPED_TRACE(c.name + " on " + std::to_string(g.size()) + " members");
+  const std::string key = "fsdp." + c.name + "."; // errors per config
   // A batch every member gets equally many rows of.
   Batch all = makeBatch(c.vocab, 4 % g.size() == 0 ? 4 : 2 * g.size());
   Reference ref = reference(c, all);
@@ -488,19 +489,19 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
     EXPECT_EQ(g.stats().ops - before.ops, (uint64_t)calls);
     EXPECT_EQ(g.bytesSent() - before.bytesSent, gatherBytes);
   }
-  expectClose(errs, "fsdp.logits", "logits", logits, refRows);
+  expectClose(errs, key + "logits", "logits", logits, refRows);
   at::Tensor l = logits.narrow(1, 0, b.T - 1);
   at::Tensor lp = FSDPLlama::tokenLogprobs(l, b.targets(), kTemp);
   at::Tensor ent = FSDPLlama::tokenEntropy(l, kTemp);
   at::Tensor loss = lossOf(lp, ent, b.targetMask());
   int64_t first = g.rank() * all.B / g.size();
-  expectClose(errs, "fsdp.loss", "local loss", loss,
+  expectClose(errs, key + "loss", "local loss", loss,
               lossOf(ref.lp.narrow(0, first, b.B), ref.ent.narrow(0, first, b.B),
                      b.targetMask()));
   // The global loss: the mean of the members' local means.
   at::Tensor global = loss.detach().clone().view({1});
   g.allReduceSum(global);
-  expectClose(errs, "fsdp.loss", "global loss", global / g.size(), ref.loss.view({1}));
+  expectClose(errs, key + "loss", "global loss", global / g.size(), ref.loss.view({1}));
   const hflow::comm::CommStats beforeBackward = g.stats();
   loss.backward();
   if (g.size() > 1) {
@@ -517,11 +518,11 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   ASSERT_EQ(want.size(), shards.size());
   for (size_t i = 0; i < shards.size(); ++i) {
     ASSERT_TRUE(shards[i].second.grad().defined()) << shards[i].first;
-    expectClose(errs, "fsdp.grads", "grad of shard " + shards[i].first,
+    expectClose(errs, key + "grads", "grad of shard " + shards[i].first,
                 shards[i].second.grad(), want[i]);
   }
   double normSq = m.gradNormSquared();
-  expectCloseScalar(errs, "fsdp.gradnorm2", "squared gradient norm", normSq,
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", normSq,
                     ref.gradNormSq);
 
   // One AdamW step (with clipping by the global norm) on the shards
@@ -536,11 +537,11 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   fullOpt.step();
   Llama stepped(c, kSeed + 2);
   m.gatherInto(stepped);
-  expectSameWeights(errs, "fsdp.adamw_weights", stepped, *ref.model);
+  expectSameWeights(errs, key + "adamw_weights", stepped, *ref.model);
   // The shards themselves against the boxes of the stepped reference.
   std::vector<at::Tensor> steppedBoxes = m.slicesOf(ref.model->namedParameters());
   for (size_t i = 0; i < shards.size(); ++i)
-    expectClose(errs, "fsdp.adamw_weights", "shard " + shards[i].first,
+    expectClose(errs, key + "adamw_weights", "shard " + shards[i].first,
                 shards[i].second, steppedBoxes[i]);
   double moved = 0;
   for (size_t i = 0; i < stepped.parameters().size(); ++i)
@@ -552,7 +553,7 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   {
     at::NoGradGuard noGrad;
     at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
-    expectClose(errs, "fsdp.logits", "logits after the step", after,
+    expectClose(errs, key + "logits_after_step", "logits after the step", after,
                 ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
   }
   // loadFrom re-takes the boxes (bit for bit); the forward is the initial
@@ -562,7 +563,7 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   for (size_t i = 0; i < shards.size(); ++i)
     EXPECT_TRUE(at::equal(shards[i].second.detach(), initialBoxes[i])) << shards[i].first;
   c10::InferenceMode guard;
-  expectClose(errs, "fsdp.logits", "inference logits after loadFrom",
+  expectClose(errs, key + "logits", "inference logits after loadFrom",
               m.logits(m.hidden(b.tokens, b.positions, b.mask)), refRows);
 }
 
