@@ -297,6 +297,11 @@ struct RoleRt {
   // With data parallelism on top (tp x dp): the rank's TP group (its
   // replica) and its DP group (the ranks holding the same shards).
   std::unique_ptr<Communicator> tpComm, dpComm;
+  // An actor trained fully sharded (fsdp(k) on its k ranks): its shards
+  // (FSDP2 Shard(0) boxes, FSDPLlama); `model` is the generation copy.
+  int fsdpSize = 1;
+  std::unique_ptr<models::FSDPLlama> fsdp;
+  bool sharded() const { return tp || fsdp; }
 };
 
 class Worker {
@@ -339,6 +344,7 @@ private:
   void runCheck(int s);
   double digestOf(int s);
   void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
+  void clipAndStep(RoleRt &rr, double norm, double lrOverride);
   void evaluate(const std::string &when, int64_t it);
   void refreshGenerationCopies();
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
@@ -669,8 +675,8 @@ void Worker::saveState() {
   st.step = globalIter_;
   for (auto &[r, rr] : roles_) {
     const std::string pre = "role/" + str(role(r).name()) + "/";
-    if (rr.tp)
-      for (auto &[name, t] : rr.tp->namedShards())
+    if (rr.sharded())
+      for (auto &[name, t] : rr.tp ? rr.tp->namedShards() : rr.fsdp->namedShards())
         st.tensors[pre + "shard/" + name] = t.detach();
     else if (rr.model)
       for (auto &[name, t] : rr.model->namedParameters())
@@ -733,8 +739,8 @@ void Worker::loadState() {
   try {
     for (auto &[r, rr] : roles_) {
       const std::string pre = "role/" + str(role(r).name()) + "/";
-      if (rr.tp)
-        for (auto &[name, t] : rr.tp->namedShards()) {
+      if (rr.sharded())
+        for (auto &[name, t] : rr.tp ? rr.tp->namedShards() : rr.fsdp->namedShards()) {
           at::Tensor dst = t.detach();
           models::restoreInto(st, pre + "shard/" + name, dst);
         }
@@ -818,14 +824,19 @@ void Worker::buildRoles() {
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       const Layout &tl = *ro.train();
-      // HFLOW_REPLICATED_TP=1 keeps whole weights on every rank instead
+      // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
       // (the reference the TP form is compared with in the tests).
-      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_REPLICATED_TP", 0) == 0 &&
+      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
           tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
           tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
           models::TPLlama::checkConfig(cfg, tl.tp()).empty())
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
-      if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1) {
+      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
+          tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
+          (int)rs.size() == tl.fsdp())
+        rt.fsdpSize = tl.fsdp();
+      if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1 &&
+          rt.fsdpSize == 1) {
         rt.model->setTrainable(true);
         std::vector<at::Tensor> params = rt.model->parameters();
         if (rt.head.defined()) {
@@ -1003,13 +1014,20 @@ void Worker::connect() {
       }
       rr.tp = std::make_unique<models::TPLlama>(*rr.model, *tpc);
       rr.tp->setTrainable(true);
+    }
+    if (rr.fsdpSize > 1) {
+      rr.fsdp = std::make_unique<models::FSDPLlama>(*rr.model, *rr.comm);
+      rr.fsdp->setTrainable(true);
+    }
+    if (rr.sharded()) {
       Attrs a = roleOptions(r);
       models::AdamWOptions ao;
       ao.lr = attrNum(a, "lr", 1e-6);
       ao.weightDecay = attrNum(a, "weight_decay", 0.01);
       ao.clipGrad = attrNum(a, "clip_grad", 1.0);
       ao.warmup = (int64_t)attrNum(a, "warmup", 0);
-      rr.optim = std::make_unique<models::AdamW>(rr.tp->parameters(), ao);
+      rr.optim = std::make_unique<models::AdamW>(
+          rr.tp ? rr.tp->parameters() : rr.fsdp->parameters(), ao);
     }
   }
 }
@@ -1076,6 +1094,8 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_
   (void)P;
   if (rr.tp)
     return rr.tp->hidden(seq, models::positionsFromMask(mask), mask);
+  if (rr.fsdp)
+    return rr.fsdp->hidden(seq, models::positionsFromMask(mask), mask);
   return rr.model->hidden(seq, models::positionsFromMask(mask), mask);
 }
 
@@ -1088,15 +1108,12 @@ void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
     // is the unsharded model's (TPLlama counts replicated weights once).
     if (rr.dpComm)
       models::allReduceGradients(rr.tp->parameters(), *rr.dpComm);
-    double norm = std::sqrt(rr.tp->gradNormSquared());
-    rr.optim->clip(norm);
-    const double baseLr = rr.optim->options().lr;
-    if (lrOverride > 0)
-      rr.optim->setLr(lrOverride);
-    double lr = rr.optim->step();
-    rr.optim->setLr(baseLr);
-    metrics_[MGradNorm] += norm;
-    metrics_[MLr] = lr;
+    clipAndStep(rr, std::sqrt(rr.tp->gradNormSquared()), lrOverride);
+    return;
+  }
+  if (rr.fsdp) {
+    // Backward reduce-scattered the mean gradient into each rank's shards.
+    clipAndStep(rr, std::sqrt(rr.fsdp->gradNormSquared()), lrOverride);
     return;
   }
   std::vector<at::Tensor> params = rr.model->parameters();
@@ -1123,7 +1140,12 @@ void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
       off += p.numel();
     }
   }
-  double norm = std::sqrt(rr.optim->localGradNormSquared());
+  clipAndStep(rr, std::sqrt(rr.optim->localGradNormSquared()), lrOverride);
+}
+
+/// Clips the gradients to the optimizer's global norm and takes one AdamW
+/// step (at `lrOverride` when it is positive: a call's own `lr:`).
+void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
   rr.optim->clip(norm);
   const double baseLr = rr.optim->options().lr;
   if (lrOverride > 0)
@@ -1164,10 +1186,12 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   // The training forms: the role's whole model, or its TP shards.
   auto hiddenOf = [&](const at::Tensor &toks, const at::Tensor &mask) {
     at::Tensor pos = models::positionsFromMask(mask);
-    return rr.tp ? rr.tp->hidden(toks, pos, mask) : rr.model->hidden(toks, pos, mask);
+    return rr.tp     ? rr.tp->hidden(toks, pos, mask)
+           : rr.fsdp ? rr.fsdp->hidden(toks, pos, mask)
+                     : rr.model->hidden(toks, pos, mask);
   };
   auto logitsOf = [&](const at::Tensor &h) {
-    return rr.tp ? rr.tp->logitsShard(h) : rr.model->logits(h);
+    return rr.tp ? rr.tp->logitsShard(h) : rr.fsdp ? rr.fsdp->logits(h) : rr.model->logits(h);
   };
   auto logprobsOf = [&](const at::Tensor &logits, const at::Tensor &toks, double temp) {
     return rr.tp ? rr.tp->tokenLogprobs(logits, toks, temp)
@@ -1412,7 +1436,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         trainStep(rr, loss, attrNum(a, "lr", 0));
       }
     digests_[s] = 0;
-    if (rr.tp) // shards differ between TP ranks; their updated log-probs agree
+    if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
       digests_[s] = lastLoss;
     else
       for (auto &p : rr.model->parameters())
@@ -1499,6 +1523,20 @@ void Worker::runReshard(int s) {
                      std::to_string(t.element_size()));
   }
   at::NoGradGuard ng;
+  if (rr.fsdp) {
+    // Fully sharded training: this rank's boxes into its generation copy.
+    auto shards = rr.fsdp->namedShards();
+    auto boxes = rr.fsdp->namedBoxes();
+    if (shards.size() != named.size())
+      throw RunError("reshard of " + what + ": the FSDP shards do not list every parameter");
+    for (size_t k = 0; k < named.size(); ++k) {
+      const models::Box &b = boxes[k].second;
+      if (b.empty())
+        continue;
+      named[k].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
+          .copy_(shards[k].second.detach());
+    }
+  }
   if (rr.tp) {
     // Tensor-parallel training: this rank's shards go into its generation
     // copy first (they are the boxes the plan says it holds and sends);
@@ -1593,7 +1631,7 @@ void Worker::runReshard(int s) {
       at::Tensor want = piece(t);
       at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
       off += want.numel();
-      if (rr.tp) {
+      if (rr.sharded()) {
         named[t->param()].second.detach().index_put_(
             {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())}, got);
         continue;
@@ -1610,7 +1648,7 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
-  if (rr.tp) {
+  if (rr.sharded()) {
     // Every rank assembled its generation copy from different pieces: the
     // copies must be identical.
     double sum = 0;
@@ -1682,9 +1720,12 @@ void Worker::runCheck(int s) {
 /// A TP-trained actor's generation copy from the current shards (an
 /// all-gather on the role's ranks; every one of them calls this).
 void Worker::refreshGenerationCopies() {
-  for (auto &[r, rr] : roles_)
+  for (auto &[r, rr] : roles_) {
     if (rr.tp)
       rr.tp->gatherInto(*rr.model);
+    if (rr.fsdp)
+      rr.fsdp->gatherInto(*rr.model);
+  }
 }
 
 void Worker::evaluate(const std::string &when, int64_t it) {
@@ -1835,7 +1876,9 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     for (auto &[r, rr] : roles_)
       if (role(r).kind() == RoleKind::Actor && rr.model) {
         double sum = 0;
-        for (auto &p : rr.tp ? rr.tp->parameters() : rr.model->parameters())
+        for (auto &p : rr.tp     ? rr.tp->parameters()
+                       : rr.fsdp ? rr.fsdp->parameters()
+                                 : rr.model->parameters())
           sum += p.detach().to(at::kDouble).sum().item<double>();
         char b[64];
         std::snprintf(b, sizeof b, "%.17g", sum);
@@ -2042,8 +2085,9 @@ void Worker::finish() {
         if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
           model += ", weights from " + it->second;
         for (auto &[ri, rr] : roles_)
-          if (rr.tp && p_.roles()->Get(ri) == r)
-            model += ", trains tp" + std::to_string(rr.tpSize) + " shards";
+          if (rr.sharded() && p_.roles()->Get(ri) == r)
+            model += rr.tp ? ", trains tp" + std::to_string(rr.tpSize) + " shards"
+                           : ", trains fsdp" + std::to_string(rr.fsdpSize) + " shards";
         model += ")";
       } else if (r->kind() == RoleKind::RewardFn) {
         model = "rule " + str(r->rule(), "even_tokens");
