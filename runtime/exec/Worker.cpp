@@ -385,6 +385,8 @@ private:
   double reshardBytes_ = 0, reshardPlanned_ = 0;
   int reshardCount_ = 0;
   Clock::time_point start_ = Clock::now();
+  Clock::time_point phaseStart_ = Clock::now();
+  int64_t phaseFirstIt_ = 0;
   std::vector<std::pair<std::string, double>> evalCurve_;
   // --trace: complete events (microseconds since start_) per stream.
   struct TraceEvent {
@@ -1936,6 +1938,21 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     }
     std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
     line += b;
+    // ETA: this phase's remaining iterations and the later phases', at the
+    // phase's average pace so far.
+    if (!last) {
+      double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
+      double left = (double)(ph.iterations - it - 1);
+      bool after = false;
+      for (auto &q : phases_) {
+        if (after)
+          left += (double)q.iterations;
+        if (&q == &ph)
+          after = true;
+      }
+      std::snprintf(b, sizeof b, ", ETA %.0f s", perIt * left);
+      line += b;
+    }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -2018,6 +2035,8 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
 
 void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   currentPhase_ = ph.name;
+  phaseStart_ = Clock::now();
+  phaseFirstIt_ = firstIter;
   if (firstIter == 0)
     syncReference(phaseIndex);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
