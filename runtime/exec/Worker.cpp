@@ -826,15 +826,21 @@ void Worker::buildRoles() {
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       const Layout &tl = *ro.train();
+      // Sharded training needs whole weights for generation (the planned
+      // transfers then complete each rank's copy); generation itself is
+      // not sharded in this runtime.
+      const Layout &gl = *ro.generate();
+      const bool wholeGeneration = gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
+                                   gl.sp() <= 1 && gl.cp() <= 1;
       // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
       // (the reference the TP form is compared with in the tests).
       if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
-          tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
+          wholeGeneration && tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
           tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
           models::TPLlama::checkConfig(cfg, tl.tp()).empty())
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
       if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
-          tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
+          wholeGeneration && tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
           (int)rs.size() == tl.fsdp())
         rt.fsdpSize = tl.fsdp();
       if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1 &&
@@ -1561,6 +1567,30 @@ void Worker::runReshard(int s) {
     return named[t->param()].second.detach().index(
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
+  if (o_.reshard == "naive" && rr.sharded()) {
+    // DeepSpeed-Chat's way out of sharded training: all-gather every
+    // shard, so every rank holds the whole model.
+    Communicator &g = rr.tpComm ? *rr.tpComm : *rr.comm;
+    const uint64_t before = g.bytesReceived();
+    auto t0 = Clock::now();
+    refreshGenerationCopies();
+    const double ms = msSince(t0);
+    const int64_t measured = (int64_t)(g.bytesReceived() - before);
+    digests_[s] = (double)measured;
+    at::Tensor total = at::full({1}, measured, at::TensorOptions().dtype(at::kLong));
+    c.allReduceSum(total);
+    if (me == 0) {
+      reshardBytes_ += (double)total.item<int64_t>();
+      reshardPlanned_ += (double)rs.naive_bytes();
+      ++reshardCount_;
+      if (!o_.quiet)
+        std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
+                    "planned %s)\n",
+                    what.c_str(), fmtBytes((double)total.item<int64_t>()).c_str(), ms,
+                    fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
+    }
+    return;
+  }
   if (o_.reshard == "naive") {
     // DeepSpeed-Chat's way, the baseline: every rank gathers the whole
     // model (each contributes an equal slice of the flat weights), then
@@ -2227,6 +2257,8 @@ int Worker::run() {
       std::abort(); // fault injection for tests: a worker that dies
     if (o_.rank == envInt("HFLOW_TEST_HANG_RANK", -1))
       std::this_thread::sleep_for(std::chrono::hours(1)); // ... or hangs
+    if (!o_.traceFile.empty())
+      world_->barrier(); // one time origin for every rank's trace
     start_ = Clock::now();
     if (o_.resume)
       loadState();

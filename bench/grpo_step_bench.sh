@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# grpo_step_bench.sh: one GRPO step on one process, hflow against PyTorch eager.
+#
+#   bench/grpo_step_bench.sh [BIN_DIR]     (default: build/bin)
+#
+# hflow: hflow-run on bench/programs/grpo_step.hflow (one rank: a tiny
+# Llama actor and its reference; every iteration generates n = 8 responses
+# of at most 16 tokens to 8 prompts with the KV cache, the actor's and the
+# reference's log-probs, the even_tokens reward, GRPO advantages, one
+# PPO-clip update with the low_var_kl loss and AdamW), with --metrics.
+# Baseline: bench/grpo_step_eager.py, the same step hand-written in PyTorch
+# eager with Debian's python3-torch (/usr/bin/python3, the same LibTorch
+# build). Both read the same prompts (hflow-mkdata arith), both run one
+# intra-op thread (HFLOW_NUM_THREADS=1, torch.set_num_threads(1)).
+#
+# The two alternate, GRPO_ROUNDS times (default 3), each GRPO_STEPS
+# iterations (default 25); the first GRPO_WARMUP iterations of every run
+# (default 5) are dropped. Reports the medians of the per-iteration
+# wall time and of the generated tokens per second, and the ratio
+# eager/hflow (the speed-up of hflow; target >= 2), also per part of the
+# step (bench/grpo_step_report.py: generate, the two log-probs, reward and
+# advantage, update; hflow's from --metrics' ms_step_N).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:-$ROOT/build/bin}"
+STEPS="${GRPO_STEPS:-25}"
+WARMUP="${GRPO_WARMUP:-5}"
+ROUNDS="${GRPO_ROUNDS:-3}"
+PY=/usr/bin/python3
+
+for t in hflowc hflow-run hflow-mkdata; do
+  [ -x "$BIN/$t" ] || { echo "grpo_step_bench: $BIN/$t not found; build first" >&2; exit 1; }
+done
+"$PY" -c 'import torch' 2>/dev/null ||
+  { echo "grpo_step_bench: $PY cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+[ "$STEPS" -gt "$WARMUP" ] || { echo "grpo_step_bench: GRPO_STEPS must exceed GRPO_WARMUP" >&2; exit 1; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$BIN/hflow-mkdata" arith --seed 1 --count 512 --max-a 49 --max-b 49 \
+  -o "$work/grpo_prompts.jsonl" >/dev/null
+"$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" -o "$work/grpo_step.bin"
+
+echo "grpo_step_bench: $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager), first $WARMUP of each run dropped"
+for ((r = 1; r <= ROUNDS; r++)); do
+  HFLOW_NUM_THREADS=1 "$BIN/hflow-run" --quiet --data-dir "$work" --steps "$STEPS" \
+    --metrics "$work/hflow.$r.jsonl" "$work/grpo_step.bin"
+  "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
+    --steps "$STEPS" --batch 8 --n 8 --max-tokens 16 --threads 1 \
+    --metrics "$work/eager.$r.jsonl"
+done
+
+"$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" --emit=plan-json >"$work/plan.json"
+python3 "$ROOT/bench/grpo_step_report.py" "$work" "$ROUNDS" "$WARMUP"

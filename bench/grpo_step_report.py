@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""grpo_step_report.py WORK ROUNDS WARMUP: the table of bench/grpo_step_bench.sh.
+
+Reads WORK/plan.json (hflowc --emit=plan-json of the program),
+WORK/hflow.R.jsonl (hflow-run --metrics) and WORK/eager.R.jsonl
+(bench/grpo_step_eager.py) for R = 1..ROUNDS, drops the first WARMUP
+iterations of each run, and prints the medians of the whole step and of its
+parts for both, and the ratios eager/hflow.
+"""
+import json
+import statistics
+import sys
+
+work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+med = statistics.median
+
+# hflow's steps by part of the GRPO step: the plan's compute calls and
+# builtins; the replica checks and everything between steps are "other".
+plan = json.load(open(f"{work}/plan.json"))
+roles = [r["name"] for r in plan["roles"]]
+part_of = {}
+for i, st in enumerate(plan["steps"]):
+    m = st.get("method", "")
+    who = roles[st["role"]] if st.get("kind") == "Compute" else ""
+    part_of[i] = ("generate" if m == "generate" else
+                  f"{who} logprob" if m == "logprob" else
+                  "reward + advantage" if m in ("score", "grpo_advantage") else
+                  "update" if m == "update" else "other")
+PARTS = ["generate", "actor logprob", "ref logprob", "reward + advantage", "update", "other"]
+EAGER = {"generate": "ms_generate", "actor logprob": "ms_actor_logprob",
+         "ref logprob": "ms_ref_logprob", "reward + advantage": "ms_reward_advantage",
+         "update": "ms_update"}
+
+
+def runs(kind):
+    return [[json.loads(l) for l in open(f"{work}/{kind}.{r}.jsonl") if l.strip()][warmup:]
+            for r in range(1, rounds + 1)]
+
+
+def parts(row, kind):
+    p = dict.fromkeys(PARTS, 0.0)
+    if kind == "hflow":
+        for k, v in row.items():
+            if k.startswith("ms_step_"):
+                p[part_of.get(int(k[len("ms_step_"):]), "other")] += v
+    else:
+        for name, key in EAGER.items():
+            p[name] = row[key]
+    p["other"] += row["iteration_ms"] - sum(p.values())
+    return p
+
+
+hr, er = runs("hflow"), runs("eager")
+h = [x for r in hr for x in r]
+e = [x for r in er for x in r]
+h_ms, e_ms = med(x["iteration_ms"] for x in h), med(x["iteration_ms"] for x in e)
+h_tps, e_tps = med(x["tokens_per_s"] for x in h), med(x["tokens_per_s"] for x in e)
+hp = [parts(x, "hflow") for x in h]
+ep = [parts(x, "eager") for x in e]
+print(f"{'median ms':22} {'hflow-run':>10} {'eager':>10} {'eager/hflow':>12}")
+for name in PARTS:
+    a, b = med(x[name] for x in hp), med(x[name] for x in ep)
+    ratio = f"{b / a:12.2f}" if a > 0.05 else f"{'-':>12}"
+    print(f"{'  ' + name:22} {a:10.1f} {b:10.1f} {ratio}")
+print(f"{'step':22} {h_ms:10.1f} {e_ms:10.1f} {e_ms / h_ms:12.2f}")
+print(f"{'generated tokens/s':22} {h_tps:10.0f} {e_tps:10.0f} {h_tps / e_tps:12.2f}")
+print(f"{'iterations':22} {len(h):10d} {len(e):10d}")
+print("per-round medians (ms): hflow " +
+      " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in hr) +
+      "; eager " + " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in er))
+ratio = e_ms / h_ms
+print(f"figures: hflow {h_ms:.1f} ms/step, {h_tps:.0f} tok/s; eager {e_ms:.1f} ms/step, "
+      f"{e_tps:.0f} tok/s; hflow speed-up {ratio:.2f}x (eager ms / hflow ms; target >= 2x"
+      f"{'' if ratio >= 2 else ': NOT met'})")

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# reshard_bench.sh: the actor's weight transition (train -> generate layout)
+# on 4 local CPU workers, the compiler's planned transfers against a naive
+# gather of the whole model on every rank (DeepSpeed-Chat's way).
+#
+#   bench/reshard_bench.sh [BIN_DIR]     (default: build/bin)
+#
+# For each program bench/programs/reshard_*.hflow (a 19.1M-parameter Llama,
+# 76.6 MB in f32; the actor trains with one layout and generates with
+# another; a small rollout and update every iteration):
+#   - the exact bytes of the transition, planned and naive, from
+#     hflow-opt --print-reshard-plan=json;
+#   - hflow-run --steps RESHARD_STEPS (default 5) with --reshard planned and
+#     with --reshard naive, alternating, RESHARD_ROUNDS times (default 2); the
+#     "[reshard] ... in X ms" line of every iteration (rank 0's wall time of
+#     the transfer; hflow-run checks that exactly the planned bytes, or the
+#     whole model, arrived) but the first of each run gives the samples.
+# Prints per pair the bytes, the median ms of each, and the time ratio
+# planned/naive. Target: <= 0.35 where the planned bytes are at most a third
+# of the naive ones.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:-$ROOT/build/bin}"
+STEPS="${RESHARD_STEPS:-5}"
+ROUNDS="${RESHARD_ROUNDS:-2}"
+
+for t in hflowc hflow-opt hflow-run hflow-mkdata; do
+  [ -x "$BIN/$t" ] || { echo "reshard_bench: $BIN/$t not found; build first" >&2; exit 1; }
+done
+[ "$STEPS" -ge 2 ] || { echo "reshard_bench: RESHARD_STEPS must be at least 2" >&2; exit 1; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$BIN/hflow-mkdata" arith --seed 1 --count 64 --max-a 49 --max-b 49 \
+  -o "$work/reshard_prompts.jsonl" >/dev/null
+
+echo "reshard_bench: 4 CPU workers, $ROUNDS rounds x $STEPS iterations per mode (planned, naive alternating); the first transition of each run dropped"
+pairs=()
+for prog in "$ROOT"/bench/programs/reshard_*.hflow; do
+  name="$(basename "$prog" .hflow)"
+  name="${name#reshard_}"
+  pairs+=("$name")
+  "$BIN/hflow-opt" --print-reshard-plan=json "$prog" >"$work/$name.plan.json"
+  "$BIN/hflowc" "$prog" -o "$work/$name.bin"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for mode in planned naive; do
+      # A failed run is reported in the table (with hflow-run's first error)
+      # and the other pairs still run; the script then exits 1.
+      "$BIN/hflow-run" --data-dir "$work" --steps "$STEPS" --reshard "$mode" \
+        "$work/$name.bin" >"$work/$name.$mode.$r.log" 2>&1 ||
+        { echo "$name $mode" >>"$work/failed"; break 2; }
+    done
+  done
+done
+
+python3 - "$work" "$ROUNDS" "${pairs[@]}" <<'EOF'
+import json, os, re, statistics, sys
+work, rounds, pairs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+failed = {}
+if os.path.exists(f"{work}/failed"):
+    for l in open(f"{work}/failed"):
+        name, mode = l.split()
+        failed[name] = mode
+line = re.compile(r"^\[reshard\] .*? in ([0-9.]+) ms")
+def samples(name, mode):
+    out = []
+    for r in range(1, rounds + 1):
+        ms = [float(m.group(1)) for l in open(f"{work}/{name}.{mode}.{r}.log")
+              if (m := line.match(l))]
+        out += ms[1:]  # the first transition of a run is the warm-up
+    return out
+def layouts(name):
+    d = json.load(open(f"{work}/{name}.plan.json"))
+    rs = [r for r in d["reshards"] if r.get("what") == "weights"]
+    return rs[0]
+def mb(b):
+    return f"{b / 1e6:.2f} MB"
+print(f"{'train -> generate':22} {'planned':>10} {'naive':>10} {'bytes':>6} | {'planned ms':>10} {'naive ms':>9} {'time':>6} | {'n':>3} | target")
+figs, missed = [], []
+for name in pairs:
+    r = layouts(name)
+    pb, nb = r["total_bytes"], r["naive_bytes"]
+    label = name.replace("_", " -> ", 1).replace("tp2dp2", "tp2*dp2")
+    if name in failed:
+        mode = failed[name]
+        logs = sorted(f for f in os.listdir(work) if f.startswith(f"{name}.{mode}."))
+        err = [l.strip() for l in open(f"{work}/{logs[-1]}") if "error" in l]
+        print(f"{label:22} {mb(pb):>10} {mb(nb):>10} {pb / nb:6.3f} | hflow-run --reshard {mode} FAILED: "
+              f"{err[0] if err else 'no error line'}")
+        figs.append(f"{label}: FAILED (--reshard {mode})")
+        missed.append(label)
+        continue
+    p, n = samples(name, "planned"), samples(name, "naive")
+    if not p or not n:
+        sys.exit(f"reshard_bench: no [reshard] lines for {name}")
+    pm, nm = statistics.median(p), statistics.median(n)
+    br, tr = pb / nb, pm / nm
+    if br <= 1 / 3 + 1e-3:
+        ok = tr <= 0.35
+        target = "<= 0.35: " + ("met" if ok else "NOT met")
+        if not ok:
+            missed.append(label)
+    else:
+        target = "n/a (bytes equal)" if pb == nb else "n/a"
+    print(f"{label:22} {mb(pb):>10} {mb(nb):>10} {br:6.3f} | {pm:10.1f} {nm:9.1f} {tr:6.3f} | {len(p):3d} | {target}")
+    figs.append(f"{label}: {mb(pb)} vs {mb(nb)} ({br:.3f}), {pm:.1f} vs {nm:.1f} ms ({tr:.3f})")
+print("figures: " + "; ".join(figs))
+if missed:
+    print("failed or time ratio above 0.35: " + ", ".join(missed))
+sys.exit(1 if failed else 0)
+EOF
