@@ -345,6 +345,7 @@ private:
   double digestOf(int s);
   void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
   void clipAndStep(RoleRt &rr, double norm, double lrOverride);
+  void applyGradients(RoleRt &rr, double lrOverride);
   void evaluate(const std::string &when, int64_t it);
   void refreshGenerationCopies();
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
@@ -1111,6 +1112,12 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_
 /// them), clips by global norm and steps the optimizer.
 void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
   loss.backward();
+  applyGradients(rr, lrOverride);
+}
+
+/// After the backward passes of a minibatch: the gradients of the role's
+/// ranks combined, clipped, and one optimizer step.
+void Worker::applyGradients(RoleRt &rr, double lrOverride) {
   if (rr.tp) {
     // The shards' gradients, averaged over the replicas (tp x dp); the norm
     // is the unsharded model's (TPLlama counts replicated weights once).
@@ -1305,17 +1312,29 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     vals_[out.at(0)] = std::move(v);
   };
 
+  // micro_batch: at most that many sequences per forward pass.
+  const int64_t micro = std::max<int64_t>(1, (int64_t)attrNum(a, "micro_batch", (double)b));
   if (method == "logprob") {
     at::NoGradGuard guard;
-    at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
-    at::Tensor lp = logprobsOf(logitsOf(h.narrow(1, P - 1, R)), rtoks, ph.rolloutTemp) * rmask;
-    store(lp);
+    std::vector<at::Tensor> parts;
+    for (int64_t u = lo; u < hi; u += micro) {
+      const int64_t e = std::min(hi, u + micro);
+      at::Tensor h = seqHidden(rr, *rollout, u, e, P);
+      parts.push_back(logprobsOf(logitsOf(h.narrow(1, P - 1, R)),
+                                 (*rollout)["rtoks"].narrow(0, u, e - u), ph.rolloutTemp));
+    }
+    store(at::cat(parts) * rmask);
     return;
   }
   if (method == "values") {
     at::NoGradGuard guard;
-    at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
-    store(at::linear(h.narrow(1, P - 1, R), rr.head).squeeze(-1) * rmask);
+    std::vector<at::Tensor> parts;
+    for (int64_t u = lo; u < hi; u += micro) {
+      const int64_t e = std::min(hi, u + micro);
+      at::Tensor h = seqHidden(rr, *rollout, u, e, P);
+      parts.push_back(at::linear(h.narrow(1, P - 1, R), rr.head).squeeze(-1));
+    }
+    store(at::cat(parts) * rmask);
     return;
   }
   if (method == "score") {
@@ -1365,11 +1384,20 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     const std::string agg = attrStr(a, "loss_agg", "token-mean");
     rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
     double lastLoss = 0;
+    // micro_batch: sequences per forward/backward pass; their gradients
+    // accumulate (each loss weighted by its share of the minibatch, as
+    // verl does) into one optimizer step per minibatch.
+    const int64_t micro = std::min<int64_t>(
+        mbRows, std::max<int64_t>(1, (int64_t)attrNum(a, "micro_batch", (double)mbRows)));
+    const double lrOver = attrNum(a, "lr", 0);
     for (int64_t e = 0; e < epochs; ++e)
       for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
-        const int64_t mlo = lo + m0, mhi = mlo + mbRows;
-        at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, mbRows);
-        at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, mbRows);
+       for (int64_t u0 = 0; u0 < mbRows; u0 += micro) {
+        const int64_t cnt = std::min(micro, mbRows - u0);
+        const double share = (double)cnt / (double)mbRows;
+        const int64_t mlo = lo + m0 + u0, mhi = mlo + cnt;
+        at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
+        at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
         at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, P).narrow(1, P - 1, R);
         if (ro.kind() == RoleKind::Critic) {
           Val *vals = byKind(BatchKind::Values);
@@ -1379,15 +1407,15 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
           at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
           // Without the rollout's values the clipped loss has nothing to
           // clip against: it is the plain squared error.
-          at::Tensor oldv = vals ? vals->x().narrow(0, mlo, mbRows) : vpred.detach();
-          auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, mbRows), oldv, mask,
+          at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
+          auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
                                            attrNum(a, "clip_value", 0.5), mode);
           if (leader) {
             metrics_[MVfLoss] += vl.vf_loss.item<double>();
             metrics_[MVfClip] += vl.vf_clipfrac.item<double>();
             metrics_[MCriticN] += 1;
           }
-          trainStep(rr, vl.vf_loss, attrNum(a, "lr", 0));
+          (vl.vf_loss * share).backward();
           continue;
         }
         // Advantages, else the scores themselves (REINFORCE on the raw
@@ -1400,8 +1428,8 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         Val *ref = byKind(BatchKind::LogProbs, 1);
         if (!adv)
           throw RunError("an actor update needs advantages or scores");
-        at::Tensor oldLp = old ? old->x().narrow(0, mlo, mbRows)
-                               : (*rollout)["lp"].narrow(0, mlo, mbRows);
+        at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt)
+                               : (*rollout)["lp"].narrow(0, mlo, cnt);
         at::Tensor logits = logitsOf(h);
         at::Tensor lp = logprobsOf(logits, toks, ph.rolloutTemp);
         rl::PolicyLossConfig pc;
@@ -1413,11 +1441,11 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         pc.clip_ratio_c = attrNum(a, "clip_ratio_c", 3.0);
         pc.loss_agg_mode = mode;
         auto pl = rl::compute_policy_loss(oldLp, lp,
-                                          adv->x().narrow(0, mlo, mbRows), mask, pc);
+                                          adv->x().narrow(0, mlo, cnt), mask, pc);
         at::Tensor loss = pl.pg_loss;
         double klv = 0;
         if (ref) {
-          at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, mbRows), mask,
+          at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
                                               rl::parse_kl_penalty(attrStr(a, "kl", "low_var_kl")),
                                               mode);
           loss = loss + kl * attrNum(a, "kl_coef", 0.001);
@@ -1432,7 +1460,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         }
         if (entCoef > 0)
           loss = loss - ent * entCoef;
-        lastLoss += loss.item<double>();
+        lastLoss += loss.item<double>() * share;
         if (leader) {
           metrics_[MPgLoss] += pl.pg_loss.item<double>();
           metrics_[MPgClip] += pl.pg_clipfrac.item<double>();
@@ -1441,7 +1469,9 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
           metrics_[MEntropy] += ent.item<double>();
           metrics_[MActorN] += 1;
         }
-        trainStep(rr, loss, attrNum(a, "lr", 0));
+        (loss * share).backward();
+       }
+        applyGradients(rr, lrOver);
       }
     digests_[s] = 0;
     if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
