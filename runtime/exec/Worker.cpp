@@ -341,6 +341,8 @@ private:
   void runCompute(PhaseRt &ph, int s, int64_t it);
   void runBuiltin(PhaseRt &ph, int s);
   void runReshard(int s);
+  void reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
+                     int64_t measured, double ms, bool naive);
   void runCheck(int s);
   double digestOf(int s);
   void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
@@ -352,7 +354,7 @@ private:
   void syncReference(int phaseIndex);
   void finish();
 
-  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_t P);
+  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi);
 
   const LoadedPlan &lp_;
   const Plan &p_;
@@ -1095,12 +1097,11 @@ void Worker::moveRows(PhaseRt &ph, int s) {
   }
 }
 
-at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, int64_t P) {
+at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi) {
   at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, hi - lo),
                             ro["rtoks"].narrow(0, lo, hi - lo)}, 1);
   at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, hi - lo),
                              ro["rmask"].narrow(0, lo, hi - lo)}, 1);
-  (void)P;
   if (rr.tp)
     return rr.tp->hidden(seq, models::positionsFromMask(mask), mask);
   if (rr.fsdp)
@@ -1319,7 +1320,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     std::vector<at::Tensor> parts;
     for (int64_t u = lo; u < hi; u += micro) {
       const int64_t e = std::min(hi, u + micro);
-      at::Tensor h = seqHidden(rr, *rollout, u, e, P);
+      at::Tensor h = seqHidden(rr, *rollout, u, e);
       parts.push_back(logprobsOf(logitsOf(h.narrow(1, P - 1, R)),
                                  (*rollout)["rtoks"].narrow(0, u, e - u), ph.rolloutTemp));
     }
@@ -1331,7 +1332,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     std::vector<at::Tensor> parts;
     for (int64_t u = lo; u < hi; u += micro) {
       const int64_t e = std::min(hi, u + micro);
-      at::Tensor h = seqHidden(rr, *rollout, u, e, P);
+      at::Tensor h = seqHidden(rr, *rollout, u, e);
       parts.push_back(at::linear(h.narrow(1, P - 1, R), rr.head).squeeze(-1));
     }
     store(at::cat(parts) * rmask);
@@ -1357,7 +1358,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
       }
     } else {
       at::NoGradGuard guard;
-      at::Tensor h = seqHidden(rr, *rollout, lo, hi, P);
+      at::Tensor h = seqHidden(rr, *rollout, lo, hi);
       at::Tensor last = (P - 1 + len).clamp_min(0);
       at::Tensor hl = h.gather(1, last.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
       at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
@@ -1398,7 +1399,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         const int64_t mlo = lo + m0 + u0, mhi = mlo + cnt;
         at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
         at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
-        at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, P).narrow(1, P - 1, R);
+        at::Tensor h = seqHidden(rr, *rollout, mlo, mhi).narrow(1, P - 1, R);
         if (ro.kind() == RoleKind::Critic) {
           Val *vals = byKind(BatchKind::Values);
           Val *rets = byKind(BatchKind::Returns);
@@ -1605,20 +1606,7 @@ void Worker::runReshard(int s) {
     auto t0 = Clock::now();
     refreshGenerationCopies();
     const double ms = msSince(t0);
-    const int64_t measured = (int64_t)(g.bytesReceived() - before);
-    digests_[s] = (double)measured;
-    at::Tensor total = at::full({1}, measured, at::TensorOptions().dtype(at::kLong));
-    c.allReduceSum(total);
-    if (me == 0) {
-      reshardBytes_ += (double)total.item<int64_t>();
-      reshardPlanned_ += (double)rs.naive_bytes();
-      ++reshardCount_;
-      if (!o_.quiet)
-        std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
-                    "planned %s)\n",
-                    what.c_str(), fmtBytes((double)total.item<int64_t>()).c_str(), ms,
-                    fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
-    }
+    reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
     return;
   }
   if (o_.reshard == "naive") {
@@ -1640,20 +1628,7 @@ void Worker::runReshard(int s) {
     if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
       throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
                      "this rank's");
-    digests_[s] = (double)measured;
-    at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
-    c.allReduceSum(total);
-    if (me == 0) {
-      reshardBytes_ += (double)total.item<int64_t>();
-      reshardPlanned_ += (double)rs.naive_bytes();
-      ++reshardCount_;
-      if (!o_.quiet)
-        std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
-                    "planned %s)\n",
-                    what.c_str(), fmtBytes((double)total.item<int64_t>()).c_str(), ms,
-                    fmtBytes((double)rs.naive_bytes()).c_str(),
-                    fmtBytes((double)rs.bytes()).c_str());
-    }
+    reportReshard(s, rs, c, what, measured, ms, true);
     return;
   }
   std::map<int, std::vector<const WeightTransfer *>> out, in;
@@ -1723,22 +1698,36 @@ void Worker::runReshard(int s) {
         throw RunError("reshard of " + what + ": the weights assembled on rank " +
                        std::to_string(ranks[i]) + " differ from this rank's");
   }
+  reportReshard(s, rs, c, what, measured, ms, false);
+}
+
+/// Sums a transition's bytes over the role's ranks; its first rank counts
+/// it, prints the one line per transition and, for planned transfers,
+/// checks the total against the plan.
+void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
+                           int64_t measured, double ms, bool naive) {
   digests_[s] = (double)measured;
-  at::Tensor total = at::full({1}, (int64_t)measured, at::TensorOptions().dtype(at::kLong));
-  c.allReduceSum(total);
-  if (me == 0) {
-    reshardBytes_ += (double)total.item<int64_t>();
-    reshardPlanned_ += (double)rs.bytes();
-    ++reshardCount_;
-    if (!o_.quiet)
+  at::Tensor t = at::full({1}, measured, at::TensorOptions().dtype(at::kLong));
+  c.allReduceSum(t);
+  if (c.rank() != 0)
+    return;
+  const int64_t total = t.item<int64_t>();
+  reshardBytes_ += (double)total;
+  reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
+  ++reshardCount_;
+  if (!o_.quiet) {
+    if (naive)
+      std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
+                  "planned %s)\n",
+                  what.c_str(), fmtBytes((double)total).c_str(), ms,
+                  fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
+    else
       std::printf("[reshard] %s %s in %.1f ms (planned %s)\n", what.c_str(),
-                  fmtBytes((double)total.item<int64_t>()).c_str(), ms,
-                  fmtBytes((double)rs.bytes()).c_str());
-    if (total.item<int64_t>() != rs.bytes())
-      throw RunError("reshard of " + what + ": the role's ranks received " +
-                     std::to_string(total.item<int64_t>()) + " bytes, the plan says " +
-                     std::to_string(rs.bytes()));
+                  fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str());
   }
+  if (!naive && total != rs.bytes())
+    throw RunError("reshard of " + what + ": the role's ranks received " +
+                   std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
 }
 
 /// The ranks of one replica ran the same rows with the same weights: their
