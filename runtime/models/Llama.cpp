@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -353,29 +354,22 @@ static at::Tensor sampleNext(const at::Tensor &logits, const SamplingOptions &o,
   return at::multinomial(at::softmax(l, -1), 1, /*replacement=*/false, gen).squeeze(-1);
 }
 
-Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &promptMask,
-                               const SamplingOptions &o, at::Generator &gen,
-                               bool useCache) const {
-  c10::InferenceMode guard;
-  if (prompts.dim() != 2 || prompts.scalar_type() != at::kLong)
-    throw std::invalid_argument("Llama::generate: prompts must be int64 [B, P]");
-  if (o.maxTokens < 0)
-    throw std::invalid_argument("Llama::generate: negative max tokens");
+/// One batch of rows through the sampling loop (no token budget).
+static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
+                               const at::Tensor &pmask, const SamplingOptions &o,
+                               at::Generator &gen, bool useCache) {
   const int64_t B = prompts.size(0), R = o.maxTokens;
   const double temp = (o.greedy || o.temperature <= 0) ? 1.0 : o.temperature;
-  at::Tensor pmask = promptMask.defined() ? promptMask.ne(0)
-                                          : at::ones_like(prompts, at::kBool);
   Generation g;
   g.tokens = at::full({B, R}, o.padToken, prompts.options());
   g.mask = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
   g.logprobs = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
-  if (R == 0)
+  if (R == 0 || B == 0)
     return g;
   at::Tensor done = at::zeros({B}, at::TensorOptions().dtype(at::kBool));
   KVCache cache;
   at::Tensor seq = prompts, seqMask = pmask;
-  at::Tensor last = logits(hidden(prompts, positionsFromMask(pmask), pmask,
-                                  useCache ? &cache : nullptr))
+  at::Tensor last = step(prompts, positionsFromMask(pmask), pmask, useCache ? &cache : nullptr)
                         .select(1, prompts.size(1) - 1);
   for (int64_t t = 0; t < R; ++t) {
     at::Tensor next = sampleNext(last, o, gen);
@@ -392,16 +386,69 @@ Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &prom
     at::Tensor nextCol = next.unsqueeze(1);
     if (useCache) {
       at::Tensor pos = cache.nextPos.unsqueeze(1);
-      last = logits(hidden(nextCol, pos, at::ones({B, 1}, pmask.options()), &cache))
-                 .select(1, 0);
+      last = step(nextCol, pos, at::ones({B, 1}, pmask.options()), &cache).select(1, 0);
     } else {
       seq = at::cat({seq, nextCol}, 1);
       seqMask = at::cat({seqMask, at::ones({B, 1}, pmask.options())}, 1);
-      last = logits(hidden(seq, positionsFromMask(seqMask), seqMask))
+      last = step(seq, positionsFromMask(seqMask), seqMask, nullptr)
                  .select(1, seq.size(1) - 1);
     }
   }
   return g;
+}
+
+int64_t batchRowsFor(int64_t maxBatchTokens, int64_t promptLen, int64_t maxTokens,
+                     int64_t rows) {
+  if (maxBatchTokens <= 0)
+    return rows;
+  const int64_t perRow = std::max<int64_t>(1, promptLen + maxTokens);
+  if (maxBatchTokens < perRow)
+    throw std::invalid_argument(
+        "generate: max_batch_tokens " + std::to_string(maxBatchTokens) +
+        " is smaller than one row (prompt " + std::to_string(promptLen) + " + " +
+        std::to_string(maxTokens) + " new tokens = " + std::to_string(perRow) + ")");
+  return std::max<int64_t>(1, std::min(rows, maxBatchTokens / perRow));
+}
+
+Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
+                        const at::Tensor &promptMask, const SamplingOptions &o,
+                        at::Generator &gen, bool useCache) {
+  c10::InferenceMode guard;
+  if (prompts.dim() != 2 || prompts.scalar_type() != at::kLong)
+    throw std::invalid_argument("generate: prompts must be int64 [B, P]");
+  if (o.maxTokens < 0)
+    throw std::invalid_argument("generate: negative max tokens");
+  at::Tensor pmask = promptMask.defined() ? promptMask.ne(0)
+                                          : at::ones_like(prompts, at::kBool);
+  const int64_t B = prompts.size(0);
+  const int64_t rows = batchRowsFor(o.maxBatchTokens, prompts.size(1), o.maxTokens, B);
+  if (rows >= B)
+    return generateRows(step, prompts, pmask, o, gen, useCache);
+  // A token budget: batches of `rows` rows, one after the other, each with
+  // its own KV cache; the sampler's stream continues across them.
+  Generation g;
+  g.tokens = at::full({B, o.maxTokens}, o.padToken, prompts.options());
+  g.mask = at::zeros({B, o.maxTokens}, at::TensorOptions().dtype(at::kFloat));
+  g.logprobs = at::zeros({B, o.maxTokens}, at::TensorOptions().dtype(at::kFloat));
+  for (int64_t r0 = 0; r0 < B; r0 += rows) {
+    const int64_t n = std::min(rows, B - r0);
+    Generation part = generateRows(step, prompts.narrow(0, r0, n), pmask.narrow(0, r0, n), o,
+                                   gen, useCache);
+    g.tokens.narrow(0, r0, n).copy_(part.tokens);
+    g.mask.narrow(0, r0, n).copy_(part.mask);
+    g.logprobs.narrow(0, r0, n).copy_(part.logprobs);
+  }
+  return g;
+}
+
+Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &promptMask,
+                               const SamplingOptions &o, at::Generator &gen,
+                               bool useCache) const {
+  LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
+                         const at::Tensor &mask, KVCache *cache) {
+    return logits(hidden(toks, pos, mask, cache));
+  };
+  return generateWith(step, prompts, promptMask, o, gen, useCache);
 }
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,

@@ -20,6 +20,7 @@
 #define HFLOW_RUNTIME_MODELS_LLAMA_H
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -94,6 +95,12 @@ struct SamplingOptions {
   bool greedy = false;
   int64_t stopToken = -1; ///< generation of a row ends after this token
   int64_t padToken = 0;   ///< fills a row's response after it stopped
+  /// A token budget per generation batch (0: none): at most this many
+  /// tokens (every row counted at its padded prompt length + maxTokens) in
+  /// the KV cache at once. The rows are generated in batches of
+  /// batchRowsFor(...) rows, one after the other, the sampler's random
+  /// stream continuing across them (greedy results equal one big batch).
+  int64_t maxBatchTokens = 0;
 };
 
 /// What generate() returns for B prompts (R = maxTokens).
@@ -165,6 +172,28 @@ private:
   LlamaConfig config_;
   std::unique_ptr<Weights> w_;
 };
+
+/// A model step for the sampling loop: the full-vocabulary logits [B, T, V]
+/// of `tokens` [B, T] at RoPE `positions`, with `keyMask` marking real
+/// tokens; with a `cache` the tokens continue the cached sequence (and are
+/// appended to it).
+using LogitsFn = std::function<at::Tensor(const at::Tensor &tokens, const at::Tensor &positions,
+                                          const at::Tensor &keyMask, KVCache *cache)>;
+
+/// The sampling loop behind Llama::generate, for any model form (the
+/// tensor-parallel one calls it with its gathered logits): prefill, then
+/// one token per step for every row until all stopped or maxTokens;
+/// `useCache` false re-runs the whole sequence each step. Runs under
+/// InferenceMode. Honours opts.maxBatchTokens.
+Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
+                        const at::Tensor &promptMask, const SamplingOptions &opts,
+                        at::Generator &gen, bool useCache = true);
+
+/// Rows per generation batch under a token budget: floor(budget / (P + R))
+/// clamped to [1, rows]; `rows` when the budget is 0. Throws
+/// std::invalid_argument when the budget cannot hold a single row.
+int64_t batchRowsFor(int64_t maxBatchTokens, int64_t promptLen, int64_t maxTokens,
+                     int64_t rows);
 
 /// Positions for left-padded rows: the cumulative count of real tokens
 /// minus one, clamped at 0. mask: [B, T] (any dtype, nonzero = real).

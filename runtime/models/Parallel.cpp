@@ -257,14 +257,15 @@ at::Tensor rotateHalf(const at::Tensor &x) {
 /// What every layer's attention shares: RoPE tables and the mask.
 struct AttnContext {
   at::Tensor cos, sin; ///< [B, 1, T, hd]
-  at::Tensor bias;     ///< [B, 1, T, T], 0 or -inf
+  at::Tensor bias;     ///< [B, 1, T, past + T], 0 or -inf
+  at::Tensor keyReal;  ///< bool [B, past + T]: the real keys
   int64_t B = 0, T = 0, hd = 0;
   double scale = 1.0;
 };
 
 AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                         const at::Tensor &positions, const at::Tensor &keyMask,
-                        const char *who) {
+                        const char *who, const KVCache *cache = nullptr) {
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
   AttnContext a;
@@ -287,10 +288,17 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   a.sin = emb.sin().to(at::kFloat).unsqueeze(1);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
-  at::Tensor idx = at::arange(a.T, fopts.dtype(at::kLong));
-  at::Tensor q = idx.view({a.T, 1}), k = idx.view({1, a.T});
+  // With a KV cache the keys are the cached ones, then these: query i
+  // (absolute index past + i) sees key j when j <= past + i and the key is
+  // real, or j is itself (Llama::hidden's rule).
+  const int64_t past = cache ? cache->len : 0, K = past + a.T;
+  if (past > 0)
+    keyReal = at::cat({cache->keyMask, keyReal}, 1);
+  a.keyReal = keyReal;
+  at::Tensor q = at::arange(past, K, fopts.dtype(at::kLong)).view({a.T, 1});
+  at::Tensor k = at::arange(K, fopts.dtype(at::kLong)).view({1, K});
   at::Tensor allowed = (k.le(q).unsqueeze(0) & keyReal.unsqueeze(1)) | k.eq(q).unsqueeze(0);
-  a.bias = at::zeros({a.B, 1, a.T, a.T}, fopts)
+  a.bias = at::zeros({a.B, 1, a.T, K}, fopts)
                .masked_fill(allowed.logical_not().unsqueeze(1),
                             -std::numeric_limits<float>::infinity());
   a.scale = 1.0 / std::sqrt((double)a.hd);
@@ -302,7 +310,7 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
 /// the row-parallel outputs through g.
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
                         const AttnContext &a, int64_t nq, int64_t nkv, double eps,
-                        comm::Communicator *tp) {
+                        comm::Communicator *tp, KVCache *cache = nullptr, size_t li = 0) {
   const int64_t B = a.B, T = a.T, hd = a.hd;
   at::Tensor x = xIn;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
@@ -313,6 +321,18 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
   q = q * a.cos + rotateHalf(q) * a.sin;
   k = k * a.cos + rotateHalf(k) * a.sin;
+  if (cache) {
+    if (cache->k.size() <= li) {
+      cache->k.resize(li + 1);
+      cache->v.resize(li + 1);
+    }
+    if (cache->len > 0) {
+      k = at::cat({cache->k[li], k}, 2);
+      v = at::cat({cache->v[li], v}, 2);
+    }
+    cache->k[li] = k;
+    cache->v[li] = v;
+  }
   if (nq > nkv) {
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);
@@ -485,9 +505,9 @@ int64_t TPLlama::vocabStart() const { return p_->vStart; }
 int64_t TPLlama::vocabShard() const { return p_->vShard; }
 
 at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                           const at::Tensor &keyMask) const {
+                           const at::Tensor &keyMask, KVCache *cache) const {
   const Impl &p = *p_;
-  AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama");
+  AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
   // Vocab-parallel embedding: look up the rows this member owns, zeros for
   // the others; the all-reduce completes every row.
   at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
@@ -495,8 +515,24 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
   at::Tensor x = at::embedding(p.embed, local) * mine.unsqueeze(-1).to(at::kFloat);
   x = reduceFromTP(x, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
-    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp);
+    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i);
+  if (cache) {
+    cache->keyMask = a.keyReal;
+    cache->len = a.keyReal.size(1);
+    cache->nextPos = positions.select(1, a.T - 1) + 1;
+  }
   return rmsNorm(x, p.finalNorm, p.c.normEps);
+}
+
+Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                             const SamplingOptions &opts, at::Generator &gen) const {
+  // Every member samples from the same gathered logits with the same
+  // generator state, so all draw the same tokens and stop together.
+  LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
+                         const at::Tensor &mask, KVCache *cache) {
+    return logits(hidden(toks, pos, mask, cache));
+  };
+  return generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);
 }
 
 at::Tensor TPLlama::logitsShard(const at::Tensor &h) const {

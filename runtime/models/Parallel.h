@@ -118,16 +118,24 @@ public:
   int64_t vocabStart() const; ///< first vocabulary row of this member
   int64_t vocabShard() const; ///< V / t
 
-  /// Same semantics as Llama::hidden (no KV cache): the final hidden states
-  /// [B, T, H], replicated on every member. Collective.
+  /// Same semantics as Llama::hidden: the final hidden states [B, T, H],
+  /// replicated on every member. With a `cache` (this member's kv heads
+  /// only) the tokens continue the cached sequence. Collective.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask) const;
+                    const at::Tensor &keyMask, KVCache *cache = nullptr) const;
   /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
   at::Tensor logitsShard(const at::Tensor &hidden) const;
   /// The full logits [.., V] (all-gather of the shards). Collective.
   at::Tensor logits(const at::Tensor &hidden) const;
   /// Positions 0..T-1, no padding: the gathered logits [B, T, V].
   at::Tensor forward(const at::Tensor &tokens) const;
+  /// Llama::generate on the shards: a KV cache of this member's kv heads,
+  /// the vocabulary gathered for sampling each step; every member returns
+  /// the same tokens (same logits, same generator state), and equal tokens
+  /// and log-probs to Llama::generate up to float32 rounding. Collective:
+  /// every member calls it with the same prompts and generator state.
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const;
 
   /// log p(tokens) under softmax(logits / temperature), from this member's
   /// logits shard [B, R, V/t] and the tokens [B, R]; [B, R], replicated.

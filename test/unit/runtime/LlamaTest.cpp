@@ -211,6 +211,51 @@ TEST(Llama, LeftPaddingDoesNotChangeARow) {
   EXPECT_TRUE(at::allclose(a.logprobs, b.logprobs, 1e-4, 1e-5));
 }
 
+TEST(Llama, TokenBudgetBatchesTheRows) {
+  // max_batch_tokens: rows of P + R tokens go into batches of
+  // floor(budget / (P + R)) rows. Greedy results equal one big batch, row
+  // for row; a budget below one row is refused, 0 means no budget.
+  EXPECT_EQ(hflow::models::batchRowsFor(0, 6, 10, 7), 7);
+  EXPECT_EQ(hflow::models::batchRowsFor(48, 6, 10, 7), 3);
+  EXPECT_EQ(hflow::models::batchRowsFor(16, 6, 10, 7), 1);
+  EXPECT_EQ(hflow::models::batchRowsFor(1000, 6, 10, 7), 7);
+  EXPECT_THROW(hflow::models::batchRowsFor(15, 6, 10, 7), std::invalid_argument);
+  Llama m(tiny(), 8);
+  at::Tensor prompts = randomTokens(7, 6, 64, 12);
+  at::Tensor pmask = at::ones({7, 6});
+  pmask[2].narrow(0, 0, 4).zero_();
+  prompts.masked_fill_(pmask.eq(0), 0);
+  SamplingOptions o;
+  o.maxTokens = 10;
+  o.greedy = true;
+  o.stopToken = 3;
+  auto g1 = gen(1), g2 = gen(1);
+  Generation whole = m.generate(prompts, pmask, o, g1);
+  o.maxBatchTokens = 48; // 3 + 3 + 1 rows
+  Generation parts = m.generate(prompts, pmask, o, g2);
+  EXPECT_TRUE(at::equal(whole.tokens, parts.tokens));
+  EXPECT_TRUE(at::equal(whole.mask, parts.mask));
+  EXPECT_TRUE(at::allclose(whole.logprobs, parts.logprobs, 1e-5, 1e-6));
+  o.maxBatchTokens = 15;
+  auto g3 = gen(1);
+  EXPECT_THROW(m.generate(prompts, pmask, o, g3), std::invalid_argument);
+  // Sampled with a budget: reproducible from the seed, and each batch's
+  // rows are a valid sample (log-probs equal a recomputation).
+  SamplingOptions s;
+  s.maxTokens = 10;
+  s.temperature = 0.8;
+  s.maxBatchTokens = 32; // 2 rows per batch
+  auto g4 = gen(9), g5 = gen(9);
+  Generation a = m.generate(prompts, pmask, s, g4);
+  EXPECT_TRUE(at::equal(a.tokens, m.generate(prompts, pmask, s, g5).tokens));
+  at::Tensor seq = at::cat({prompts, a.tokens}, 1);
+  at::Tensor mask = at::cat({pmask, a.mask}, 1);
+  at::Tensor lg = m.logits(m.hidden(seq, hflow::models::positionsFromMask(mask), mask))
+                      .narrow(1, 5, 10);
+  EXPECT_TRUE(at::allclose(hflow::models::tokenLogprobs(lg, a.tokens, 0.8) * a.mask,
+                           a.logprobs, 1e-4, 1e-5));
+}
+
 TEST(Llama, TopKOneIsGreedy) {
   Llama m(tiny(), 3);
   at::Tensor prompts = randomTokens(2, 4, 64, 5);

@@ -622,6 +622,60 @@ void checkTPxDP(Errors &errs, Communicator &world, const LlamaConfig &c) {
                     m.gradNormSquared(), ref.gradNormSq);
 }
 
+/// Left-padded prompts [4, 6] (rows of 6, 4, 5 and 2 real tokens).
+std::pair<at::Tensor, at::Tensor> paddedPrompts(int64_t vocab) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(11);
+  at::Tensor toks = at::randint(1, vocab, {4, 6}, g, at::TensorOptions().dtype(at::kLong));
+  at::Tensor mask = at::ones({4, 6});
+  const int64_t pad[4] = {0, 2, 1, 4};
+  for (int64_t b = 0; b < 4; ++b)
+    if (pad[b] > 0) {
+      mask[b].narrow(0, 0, pad[b]).zero_();
+      toks[b].narrow(0, 0, pad[b]).zero_();
+    }
+  return {toks, mask};
+}
+
+/// TPLlama::generate (KV cache of the member's kv heads, vocabulary
+/// gathered for sampling) against Llama::generate on the same weights:
+/// greedy and sampled, with and without a token budget; every member
+/// returns the same tokens.
+void checkTPGeneration(Errors &errs, Communicator &tp, const LlamaConfig &c,
+                       const at::Tensor &prompts, const at::Tensor &mask) {
+  SCOPED_TRACE(c.name + " generating on " + std::to_string(tp.size()) + " members");
+  Llama source(c, kSeed);
+  TPLlama m(source, tp);
+  SamplingOptions greedy;
+  greedy.maxTokens = 12;
+  greedy.greedy = true;
+  greedy.stopToken = 3;
+  SamplingOptions sampled;
+  sampled.maxTokens = 12;
+  sampled.temperature = 0.9;
+  sampled.topK = 20;
+  sampled.topP = 0.95;
+  for (const SamplingOptions &base : {greedy, sampled})
+    for (int64_t budget : {int64_t(0), int64_t(40)}) { // 40: two rows per batch
+      SamplingOptions o = base;
+      o.maxBatchTokens = budget;
+      const std::string what = std::string(o.greedy ? "greedy" : "sampled") +
+                               (budget ? " with a token budget" : "");
+      at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(5);
+      at::Generator g2 = at::make_generator<at::CPUGeneratorImpl>(5);
+      Generation want = source.generate(prompts, mask, o, g1);
+      Generation got = m.generate(prompts, mask, o, g2);
+      EXPECT_TRUE(at::equal(got.tokens, want.tokens)) << what << ": tokens differ";
+      EXPECT_TRUE(at::equal(got.mask, want.mask)) << what << ": masks differ";
+      expectClose(errs, "tp.generate.logprobs", what + " logprobs", got.logprobs,
+                  want.logprobs);
+      // The members agree exactly.
+      std::vector<at::Tensor> all;
+      tp.allGather(got.tokens.contiguous(), all);
+      for (auto &t : all)
+        EXPECT_TRUE(at::equal(t, got.tokens)) << what << ": members sampled differently";
+    }
+}
+
 } // namespace
 
 //===-- single-process checks ----------------------------------------------===//
@@ -770,6 +824,29 @@ TEST(ParallelDP, FourRanks) {
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkDP(errs, *g.world, c);
+}
+
+TEST(ParallelTP, GenerateTwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied(), mha()}) {
+    auto [toks, mask] = paddedPrompts(c.vocab);
+    checkTPGeneration(errs, *g.world, c, toks, mask);
+  }
+}
+
+// TP x DP generation: two TP pairs, each generating its half of the rows
+// (the engine's generate(tp(2) * dp(2))).
+TEST(ParallelTPxDP, GenerateTwoByTwo) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  const int r = g.world->rank(), pair = r / 2;
+  LlamaConfig c = mha();
+  auto tp = g.world->makeSubgroup("gen.tp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
+  auto [toks, mask] = paddedPrompts(c.vocab);
+  checkTPGeneration(errs, *tp, c, toks.narrow(0, 2 * pair, 2), mask.narrow(0, 2 * pair, 2));
 }
 
 TEST(ParallelTPxDP, TwoByTwo) {
