@@ -76,7 +76,7 @@ inline constexpr KeywordArg kGenerateArgs[] = {
     {"n", ArgType::Count},           {"max_tokens", ArgType::Count},
     {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Probability},
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
-    {"stop", ArgType::String}};
+    {"stop", ArgType::String},       {"max_batch_tokens", ArgType::Count}};
 inline constexpr KeywordArg kForwardArgs[] = {
     {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative}};
 inline constexpr KeywordArg kScoreArgs[] = {{"micro_batch", ArgType::Count}};

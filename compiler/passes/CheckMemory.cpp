@@ -66,10 +66,43 @@ struct CheckMemoryPass
     return e;
   }
 
+  /// A generate call's token budget must hold one sequence of the train
+  /// block's prompt_len + the call's max_tokens (checked where the block
+  /// states prompt_len; the runtime checks the data's actual length).
+  bool checkTokenBudgets(ModuleOp module) {
+    bool bad = false;
+    for (TrainOp t : module.getOps<TrainOp>()) {
+      auto promptLen = t.getPromptLenAttr();
+      auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr());
+      if (!promptLen || !flow)
+        continue;
+      flow.walk([&](CallOp call) {
+        auto args = call.getArgsAttr();
+        if (call.getMethod() != "generate" || !args)
+          return;
+        auto budget = args.getAs<IntegerAttr>("max_batch_tokens");
+        if (!budget)
+          return;
+        int64_t r = 16; // the runtime's default max_tokens
+        if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
+          r = mt.getInt();
+        const int64_t need = promptLen.getInt() + r;
+        if (budget.getInt() < need) {
+          call.emitError() << "max_batch_tokens " << budget.getInt()
+                           << " cannot hold one sequence of " << need
+                           << " tokens (prompt_len " << promptLen.getInt()
+                           << " + max_tokens " << r << ")";
+          bad = true;
+        }
+      });
+    }
+    return !bad;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto workloads = ::hflow::planner::workloadsOf(module);
-    bool hadError = false;
+    bool hadError = !checkTokenBudgets(module);
     for (PlaceOp place : module.getOps<PlaceOp>()) {
       auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr());
       if (!mesh)
@@ -107,6 +140,10 @@ struct CheckMemoryPass
           << " responses of " << w.seqLen() << " tokens (" << w.promptLen
           << " prompt + " << w.responseLen << " response), micro-batches of "
           << w.microBatch
+          << (w.genBatchTokens > 0
+                  ? ", generation batches of at most " + std::to_string(w.genBatchTokens) +
+                        " tokens"
+                  : std::string())
           << (workloads.size() > 1
                   ? " (train block " + std::to_string(worst + 1) + " of " +
                         std::to_string(workloads.size()) + ")"

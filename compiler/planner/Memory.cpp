@@ -41,6 +41,10 @@ Workload largest(const std::vector<Workload> &ws) {
     out.promptLen = std::max(out.promptLen, w.promptLen);
     out.responseLen = std::max(out.responseLen, w.responseLen);
     out.microBatch = std::max(out.microBatch, w.microBatch);
+    // No budget in one phase means none for the worst case.
+    out.genBatchTokens = (out.genBatchTokens == 0 || w.genBatchTokens == 0)
+                             ? 0
+                             : std::max(out.genBatchTokens, w.genBatchTokens);
   }
   return out;
 }
@@ -58,16 +62,27 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
     w.fromTrainBlock = true;
     // The longest response any generate call of the trained flow asks for.
     if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr())) {
-      int64_t longest = 0;
+      int64_t longest = 0, budget = 0;
+      bool everyBudgeted = true, anyGenerate = false;
       flow.walk([&](CallOp call) {
         if (call.getMethod() != "generate")
           return;
-        if (auto args = call.getArgsAttr())
+        anyGenerate = true;
+        IntegerAttr mbt;
+        if (auto args = call.getArgsAttr()) {
           if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
             longest = std::max<int64_t>(longest, mt.getInt());
+          mbt = args.getAs<IntegerAttr>("max_batch_tokens");
+        }
+        if (mbt)
+          budget = std::max<int64_t>(budget, mbt.getInt());
+        else
+          everyBudgeted = false;
       });
       if (longest > 0)
         w.responseLen = longest;
+      if (anyGenerate && everyBudgeted)
+        w.genBatchTokens = budget;
     }
     out.push_back(w);
   }
@@ -111,7 +126,12 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double ppg = std::max<int64_t>(gen.getPp(), 1);
     const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
     m.genWeights = P * b / (tpg * ppg);
-    const double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
+    double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
+    // A token budget keeps floor(budget / seqLen) sequences (at least one)
+    // in the cache at once (the runtime's batchRowsFor).
+    if (w.genBatchTokens > 0)
+      seqs = std::min(seqs, std::max(1.0, std::floor(double(w.genBatchTokens) /
+                                                     double(w.seqLen()))));
     m.kvCache = 2 * (L / ppg) * std::max(1.0, kvHeads / tpg) * headDim * b *
                 seqs * double(w.seqLen());
   }

@@ -47,6 +47,10 @@ struct Workload {
   int64_t promptLen = 512; // tokens
   int64_t responseLen = 512;
   int64_t microBatch = 1;  // sequences per forward/backward pass on a device
+  /// Generation's token budget per batch (`max_batch_tokens`, when every
+  /// generate call of the flow sets one: the largest); 0 = none, the KV
+  /// cache holds every sequence of the device at once.
+  int64_t genBatchTokens = 0;
   bool fromTrainBlock = false;
   int64_t seqLen() const { return promptLen + responseLen; }
 };

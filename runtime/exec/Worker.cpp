@@ -302,6 +302,13 @@ struct RoleRt {
   int fsdpSize = 1;
   std::unique_ptr<models::FSDPLlama> fsdp;
   bool sharded() const { return tp || fsdp; }
+  // An actor generating tensor parallel (generate: tp(t) or tp(t) * dp(d),
+  // with a planned train -> generate reshard): its generation shards
+  // (TPLlama over the ranks hosting the same generation replica), filled
+  // by every reshard; `model` is then the staging copy the planned boxes
+  // land in.
+  std::unique_ptr<models::TPLlama> gen;
+  std::unique_ptr<Communicator> genComm;
 };
 
 class Worker {
@@ -364,6 +371,11 @@ private:
   std::map<int, std::unique_ptr<Communicator>> groups_; // plan group -> comm
   std::map<int, Communicator *> groupComm_;
   std::set<int> mySteps_;
+  // Roles generating on TP shards: role -> the generation slot each of its
+  // ranks hosts (the reshard's assignment). The same on every rank, so
+  // every rank derives the same row schedule.
+  std::map<int, std::vector<int>> genSlots_;
+  void planShardedGeneration();
   std::vector<PhaseRt> phases_;
   std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
   std::unique_ptr<data::Tokenizer> tok_;
@@ -461,7 +473,11 @@ int Worker::dpIndexOf(int s, int globalRank) const {
     return -1;
   const Layout &l = layoutOf(s);
   int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
-  return (int)(it - rs.begin()) / per;
+  int pos = (int)(it - rs.begin());
+  auto g = genSlots_.find(step(s).role());
+  if (g != genSlots_.end() && str(step(s).method()) == "generate")
+    pos = g->second[pos]; // the generation slot the rank hosts
+  return pos / per;
 }
 
 bool Worker::isLeader(int s, int globalRank) const {
@@ -472,7 +488,11 @@ bool Worker::isLeader(int s, int globalRank) const {
     return false;
   const Layout &l = layoutOf(s);
   int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
-  return (it - rs.begin()) % per == 0;
+  int pos = (int)(it - rs.begin());
+  auto g = genSlots_.find(step(s).role());
+  if (g != genSlots_.end() && str(step(s).method()) == "generate")
+    pos = g->second[pos];
+  return pos % per == 0;
 }
 
 int64_t Worker::rowsOfValue(const PhaseRt &ph, int v) const {
@@ -543,6 +563,7 @@ void Worker::prepare() {
       rule_ = data::rewardRule(ruleName_);
     }
 
+  planShardedGeneration();
   if (p_.phases() && p_.phases()->size() > 0) {
     for (const Phase *ph : *p_.phases()) {
       PhaseRt rt;
@@ -612,6 +633,20 @@ void Worker::prepare() {
         int64_t nAttr = (int64_t)attrNum(a, "n", 0);
         if (nAttr > 0)
           ph.n = nAttr;
+      }
+    }
+    // A generate call's token budget must hold one row of this phase's
+    // data: refused here, before any work.
+    for (int s = ph.first; s < ph.first + ph.count; ++s) {
+      const Step &st = step(s);
+      if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
+        continue;
+      Attrs a = attrsOf(st.attrs());
+      try {
+        models::batchRowsFor((int64_t)attrNum(a, "max_batch_tokens", 0), ph.P,
+                             (int64_t)attrNum(a, "max_tokens", 16), 1);
+      } catch (const std::invalid_argument &e) {
+        throw RunError(describe(s) + ": " + e.what() + " in phase " + ph.name);
       }
     }
     evalR_ = std::max(evalR_, ph.R);
@@ -792,6 +827,54 @@ void Worker::loadState() {
                 ckDir_.c_str());
 }
 
+/// The actors that generate on tensor-parallel shards, and the generation
+/// slot each of their ranks hosts: an actor whose generation layout is
+/// tp(t) or tp(t) * dp(d) and whose weights the plan reshards from its
+/// training layout. The planner splits k and v by rows over t, so the
+/// TPLlama shards match its boxes only when every member holds whole kv
+/// heads (kv_heads divisible by t); the members of a generation replica
+/// form a group ordered by global rank, so they must host its slots in TP
+/// order. Otherwise (or with HFLOW_WHOLE_WEIGHTS=1) the actor generates on
+/// whole weights, as before. Decided from the plan alone: every rank, on
+/// the role or not, derives the same row schedule from it.
+void Worker::planShardedGeneration() {
+  if (envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0 || !p_.reshards())
+    return;
+  for (const Reshard *rs : *p_.reshards()) {
+    const int r = rs->role();
+    const Role &ro = role(r);
+    if (str(rs->to_phase()) != "generate" || ro.kind() != RoleKind::Actor || ro.model() < 0)
+      continue;
+    const Layout &gl = *ro.generate();
+    const int t = gl.tp();
+    if (t <= 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
+      continue;
+    models::LlamaConfig cfg;
+    std::string err;
+    if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) ||
+        !models::TPLlama::checkConfig(cfg, t).empty() || cfg.kvHeads % t != 0)
+      continue;
+    auto ranks = ints(ro.ranks());
+    std::vector<int> slots = ints(rs->assignment());
+    if (slots.empty())
+      for (size_t i = 0; i < ranks.size(); ++i)
+        slots.push_back((int)i);
+    if (slots.size() != ranks.size())
+      continue;
+    bool ordered = true;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      for (size_t j = 0; j < ranks.size(); ++j)
+        if (slots[i] / t == slots[j] / t && ranks[i] < ranks[j] && slots[i] > slots[j])
+          ordered = false;
+    if (ordered)
+      genSlots_[r] = slots;
+    else if (o_.rank == 0 && !o_.quiet)
+      std::printf("[reshard] %s generates on whole weights: the planned assignment "
+                  "orders a generation replica's ranks against their TP order\n",
+                  str(ro.name()).c_str());
+  }
+}
+
 void Worker::buildRoles() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     const Role &ro = role(r);
@@ -833,14 +916,17 @@ void Worker::buildRoles() {
       // transfers then complete each rank's copy); generation itself is
       // not sharded in this runtime.
       const Layout &gl = *ro.generate();
-      const bool wholeGeneration = gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
-                                   gl.sp() <= 1 && gl.cp() <= 1;
+      const bool wholeGeneration = (gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
+                                    gl.sp() <= 1 && gl.cp() <= 1) ||
+                                   genSlots_.count(r) > 0; // or on TP shards
+
       // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
       // (the reference the TP form is compared with in the tests).
       if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
           wholeGeneration && tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
           tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
-          models::TPLlama::checkConfig(cfg, tl.tp()).empty())
+          models::TPLlama::checkConfig(cfg, tl.tp()).empty() &&
+          cfg.kvHeads % tl.tp() == 0) // whole kv heads (hflowc requires it)
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
       if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
           wholeGeneration && tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
@@ -1029,6 +1115,21 @@ void Worker::connect() {
     if (rr.fsdpSize > 1) {
       rr.fsdp = std::make_unique<models::FSDPLlama>(*rr.model, *rr.comm);
       rr.fsdp->setTrainable(true);
+    }
+    if (auto g = genSlots_.find(r); g != genSlots_.end()) {
+      // Tensor-parallel generation: the ranks hosting the slots of this
+      // rank's generation replica, ascending (= TP order, checked).
+      auto rs = ints(role(r).ranks());
+      const int t = role(r).generate()->tp();
+      const int replica = g->second[rr.pos] / t;
+      std::vector<int> members;
+      for (size_t i = 0; i < rs.size(); ++i)
+        if (g->second[i] / t == replica)
+          members.push_back(rs[i]);
+      std::sort(members.begin(), members.end());
+      rr.genComm = world_->makeSubgroup(
+          "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+      rr.gen = std::make_unique<models::TPLlama>(*rr.model, *rr.genComm);
     }
     if (rr.sharded()) {
       Attrs a = roleOptions(r);
@@ -1234,7 +1335,13 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
     at::Generator g = at::make_generator<at::CPUGeneratorImpl>(
         mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
-    models::Generation gen = rr.model->generate(ptoks, pmask, so, g);
+    so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
+    models::Generation gen;
+    try {
+      gen = rr.gen ? rr.gen->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
+    } catch (const std::invalid_argument &e) {
+      throw RunError(e.what());
+    }
     const int64_t lo = sp.lo * n, hi = sp.hi * n;
     ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
     ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
@@ -1628,6 +1735,8 @@ void Worker::runReshard(int s) {
     if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
       throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
                      "this rank's");
+    if (rr.gen)
+      rr.gen->loadFrom(*rr.model);
     reportReshard(s, rs, c, what, measured, ms, true);
     return;
   }
@@ -1685,7 +1794,27 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
-  if (rr.sharded()) {
+  if (rr.gen) {
+    // Generation on TP shards: the boxes of this rank's generation slot
+    // are in place (held or received); they become its TPLlama shards.
+    // The ranks hosting the same TP index of different replicas must hold
+    // identical shards.
+    rr.gen->loadFrom(*rr.model);
+    double sum = 0;
+    for (auto &[name, w] : rr.gen->namedShards())
+      sum += w.detach().to(at::kDouble).sum().item<double>();
+    const int t = ro.generate()->tp();
+    const auto &slots = genSlots_.at(rs.role());
+    at::Tensor mine = at::tensor({(double)(slots[me] % t), sum},
+                                 at::TensorOptions().dtype(at::kDouble));
+    at::Tensor all = c.allGatherFlat(mine);
+    for (int64_t i = 0; i < all.size(0); ++i)
+      if (all[i][0].item<double>() == (double)(slots[me] % t) &&
+          all[i][1].item<double>() != sum)
+        throw RunError("reshard of " + what + ": the generation shard " +
+                       std::to_string(slots[me] % t) + " assembled on rank " +
+                       std::to_string(ranks[i]) + " differs from this rank's");
+  } else if (rr.sharded()) {
     // Every rank assembled its generation copy from different pieces: the
     // copies must be identical.
     double sum = 0;
@@ -1776,6 +1905,8 @@ void Worker::refreshGenerationCopies() {
       rr.tp->gatherInto(*rr.model);
     if (rr.fsdp)
       rr.fsdp->gatherInto(*rr.model);
+    if (rr.gen)
+      rr.gen->loadFrom(*rr.model);
   }
 }
 
@@ -2152,10 +2283,15 @@ void Worker::finish() {
         model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
         if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
           model += ", weights from " + it->second;
-        for (auto &[ri, rr] : roles_)
-          if (rr.sharded() && p_.roles()->Get(ri) == r)
+        for (auto &[ri, rr] : roles_) {
+          if (p_.roles()->Get(ri) != r)
+            continue;
+          if (rr.sharded())
             model += rr.tp ? ", trains tp" + std::to_string(rr.tpSize) + " shards"
                            : ", trains fsdp" + std::to_string(rr.fsdpSize) + " shards";
+          if (rr.gen)
+            model += ", generates on tp" + std::to_string(rr.gen->comm().size()) + " shards";
+        }
         model += ")";
       } else if (r->kind() == RoleKind::RewardFn) {
         model = "rule " + str(r->rule(), "even_tokens");
