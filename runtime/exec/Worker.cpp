@@ -898,17 +898,6 @@ void Worker::buildRoles() {
       // is the initial actor); a critic or reward model adds a zero head.
       rt.model = std::make_unique<models::Llama>(
           cfg, models::modelSeed(p_.seed(), ro.model()));
-      // hf("dir") with safetensors in it: start from those weights.
-      const std::string wdir = str(p_.models()->Get(ro.model())->weights());
-      if (!wdir.empty() && (fileExists(wdir + "/model.safetensors") ||
-                            fileExists(wdir + "/model.safetensors.index.json"))) {
-        try {
-          models::loadHfIntoLlama(wdir, *rt.model);
-        } catch (const std::exception &e) {
-          throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
-        }
-        loadedFrom_[ro.model()] = wdir;
-      }
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       const Layout &tl = *ro.train();
@@ -932,6 +921,21 @@ void Worker::buildRoles() {
           wholeGeneration && tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
           (int)rs.size() == tl.fsdp())
         rt.fsdpSize = tl.fsdp();
+      // hf("dir") with safetensors in it: start from those weights. A
+      // sharded actor reads only its shard's bytes, once its shards exist
+      // (connect()); every other role reads the whole model.
+      const std::string wdir = str(p_.models()->Get(ro.model())->weights());
+      if (!wdir.empty() && (fileExists(wdir + "/model.safetensors") ||
+                            fileExists(wdir + "/model.safetensors.index.json"))) {
+        if (rt.tpSize == 1 && rt.fsdpSize == 1) {
+          try {
+            models::loadHfIntoLlama(wdir, *rt.model);
+          } catch (const std::exception &e) {
+            throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
+          }
+        }
+        loadedFrom_[ro.model()] = wdir;
+      }
       if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1 &&
           rt.fsdpSize == 1) {
         rt.model->setTrainable(true);
@@ -1115,6 +1119,36 @@ void Worker::connect() {
     if (rr.fsdpSize > 1) {
       rr.fsdp = std::make_unique<models::FSDPLlama>(*rr.model, *rr.comm);
       rr.fsdp->setTrainable(true);
+    }
+    if (rr.sharded() && loadedFrom_.count(role(r).model())) {
+      // Each rank reads its own shard's boxes from the files, nothing else.
+      const std::string &dir = loadedFrom_.at(role(r).model());
+      uint64_t bytes = 0;
+      try {
+        bytes = rr.tp ? models::loadHfShards(dir, rr.model->config(), rr.tp->namedShards(),
+                                             rr.tp->namedBoxes())
+                      : models::loadHfShards(dir, rr.model->config(), rr.fsdp->namedShards(),
+                                             rr.fsdp->namedBoxes());
+      } catch (const std::exception &e) {
+        throw RunError("loading the weights of model " + rr.model->config().name + ": " +
+                       e.what());
+      }
+      // The generation copy is assembled by the first reshard (or gathered
+      // from the shards when something needs it whole before that).
+      rr.tp ? rr.tp->gatherInto(*rr.model) : rr.fsdp->gatherInto(*rr.model);
+      at::Tensor mine = at::full({1}, (double)bytes, at::TensorOptions().dtype(at::kDouble));
+      at::Tensor all = rr.comm->allGatherFlat(mine);
+      if (rr.pos == 0 && !o_.quiet) {
+        std::string per;
+        for (int64_t i = 0; i < all.size(0); ++i)
+          per += (i ? ", " : "") + fmtBytes(all[i][0].item<double>());
+        std::printf("[load] %s: each rank read only its %s shard from %s: %s (model %s)\n",
+                    str(role(r).name()).c_str(),
+                    rr.tp ? ("tp" + std::to_string(rr.tpSize)).c_str()
+                          : ("fsdp" + std::to_string(rr.fsdpSize)).c_str(),
+                    dir.c_str(), per.c_str(),
+                    fmtBytes(4.0 * (double)rr.model->config().paramCount()).c_str());
+      }
     }
     if (auto g = genSlots_.find(r); g != genSlots_.end()) {
       // Tensor-parallel generation: the ranks hosting the slots of this

@@ -186,6 +186,38 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>>
+llamaParameterShapes(const LlamaConfig &c) {
+  const int64_t H = c.hidden, V = c.vocab, F = c.ffn, hd = c.headDim();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  auto add = [&](std::string name, int64_t rows, int64_t cols) {
+    out.push_back({std::move(name), {rows, cols}});
+  };
+  add("embed", V, H);
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string pre = "layers." + std::to_string(i) + ".";
+    add(pre + "attn_norm", 1, H);
+    add(pre + "attn.q", c.heads * hd, H);
+    if (c.qkvBias)
+      add(pre + "attn.q_bias", 1, c.heads * hd);
+    add(pre + "attn.k", c.kvHeads * hd, H);
+    if (c.qkvBias)
+      add(pre + "attn.k_bias", 1, c.kvHeads * hd);
+    add(pre + "attn.v", c.kvHeads * hd, H);
+    if (c.qkvBias)
+      add(pre + "attn.v_bias", 1, c.kvHeads * hd);
+    add(pre + "attn.o", H, c.heads * hd);
+    add(pre + "mlp_norm", 1, H);
+    add(pre + "mlp.gate", F, H);
+    add(pre + "mlp.up", F, H);
+    add(pre + "mlp.down", H, F);
+  }
+  add("final_norm", 1, H);
+  if (!c.tieEmbeddings)
+    add("lm_head", V, H);
+  return out;
+}
+
 int64_t Llama::numParameters() const {
   int64_t n = 0;
   for (auto &t : w_->all())

@@ -111,6 +111,24 @@ struct Generation {
                        ///< temperature-scaled distribution (0 where masked)
 };
 
+/// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
+/// Llama::namedParameters() shows it): the reshard planner's Box
+/// (compiler/planner/Reshard.h), field for field. Empty when r0 == r1 or
+/// c0 == c1; an empty box returned by FSDPLlama::boxOf keeps its clamped
+/// position (r0 == r1 == rows, or c0 == c1 == cols) where the planner's
+/// holding() returns Box{} instead.
+struct Box {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int64_t rows() const { return r1 > r0 ? r1 - r0 : 0; }
+  int64_t cols() const { return c1 > c0 ? c1 - c0 : 0; }
+  int64_t numel() const { return rows() * cols(); }
+  bool empty() const { return r1 <= r0 || c1 <= c0; }
+  bool operator==(const Box &o) const {
+    return r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1;
+  }
+  bool operator!=(const Box &o) const { return !(*this == o); }
+};
+
 class Llama {
 public:
   /// Throws std::invalid_argument when config.validate() fails.
@@ -194,6 +212,11 @@ Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
 /// std::invalid_argument when the budget cannot hold a single row.
 int64_t batchRowsFor(int64_t maxBatchTokens, int64_t promptLen, int64_t maxTokens,
                      int64_t rows);
+
+/// The names and 2-D shapes of Llama::namedParameters() for `config`,
+/// without allocating a model.
+std::vector<std::pair<std::string, std::vector<int64_t>>>
+llamaParameterShapes(const LlamaConfig &config);
 
 /// Positions for left-padded rows: the cumulative count of real tokens
 /// minus one, clamped at 0. mask: [B, T] (any dtype, nonzero = real).

@@ -585,6 +585,27 @@ NamedTensors TPLlama::namedShards() const {
   return out;
 }
 
+std::vector<std::pair<std::string, Box>> TPLlama::namedBoxes() const {
+  const Impl &p = *p_;
+  std::vector<std::pair<std::string, Box>> out;
+  for (const auto &e : p.entries) {
+    const int64_t rows = e.fullShape[0], cols = e.fullShape[1];
+    Box b{0, rows, 0, cols};
+    if (e.dim >= 0) {
+      // A bias is split along its length: the columns of its [1, n] view.
+      const int dim = isVector(e.name) ? 1 : e.dim;
+      const int64_t idx = p.r / (p.t / e.parts);
+      const int64_t len = (dim == 0 ? rows : cols) / e.parts;
+      if (dim == 0)
+        b.r0 = idx * len, b.r1 = (idx + 1) * len;
+      else
+        b.c0 = idx * len, b.c1 = (idx + 1) * len;
+    }
+    out.emplace_back(e.name, b);
+  }
+  return out;
+}
+
 std::vector<at::Tensor> TPLlama::parameters() const {
   std::vector<at::Tensor> out;
   for (const auto &e : p_->entries)

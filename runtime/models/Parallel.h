@@ -151,6 +151,11 @@ public:
   /// The shards in Llama::namedParameters() order and names (natural
   /// shapes: 1-D norms and biases). Tied: no lm_head entry.
   NamedTensors namedShards() const;
+  /// This member's box of every parameter's 2-D view (namedShards()
+  /// order): rows of a column-parallel or vocab-parallel one, columns of a
+  /// row-parallel one, the whole of a replicated one (norms; a kv head
+  /// shared by several members is the box of its head).
+  std::vector<std::pair<std::string, Box>> namedBoxes() const;
   /// The leaf shards an optimizer steps (each once).
   std::vector<at::Tensor> parameters() const;
   void setTrainable(bool trainable);
@@ -172,24 +177,6 @@ private:
 };
 
 //===-- FSDP (ZeRO-3, FSDP2 layout) ---------------------------------------===//
-
-/// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
-/// Llama::namedParameters() shows it): the reshard planner's Box
-/// (compiler/planner/Reshard.h), field for field. Empty when r0 == r1 or
-/// c0 == c1; an empty box returned by FSDPLlama::boxOf keeps its clamped
-/// position (r0 == r1 == rows, or c0 == c1 == cols) where the planner's
-/// holding() returns Box{} instead.
-struct Box {
-  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
-  int64_t rows() const { return r1 > r0 ? r1 - r0 : 0; }
-  int64_t cols() const { return c1 > c0 ? c1 - c0 : 0; }
-  int64_t numel() const { return rows() * cols(); }
-  bool empty() const { return r1 <= r0 || c1 <= c0; }
-  bool operator==(const Box &o) const {
-    return r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1;
-  }
-  bool operator!=(const Box &o) const { return !(*this == o); }
-};
 
 /// ZeRO-3 sharded Llama over a group of f members, in FSDP2's layout
 /// (DTensor Shard(0) per parameter), which is the reshard planner's FSDP

@@ -244,6 +244,8 @@ void SafetensorsFile::readAt(uint64_t offset, void *dst, uint64_t n,
     p += r;
     offset += static_cast<uint64_t>(r);
     n -= static_cast<uint64_t>(r);
+    if (dataStart_ > 0 && offset - static_cast<uint64_t>(r) >= dataStart_)
+      bytesRead_ += static_cast<uint64_t>(r); // data, not the header
   }
 }
 
@@ -286,6 +288,38 @@ at::Tensor SafetensorsFile::readRows(const std::string &name, int64_t r0,
   readAt(dataStart_ + ti.begin + rowBytes * static_cast<uint64_t>(r0),
          t.data_ptr(), rowBytes * static_cast<uint64_t>(r1 - r0),
          "tensor '" + name + "'");
+  return convertForMode(std::move(t), mode);
+}
+
+at::Tensor SafetensorsFile::readBox(const std::string &name, int64_t r0, int64_t r1,
+                                    int64_t c0, int64_t c1, ReadMode mode) const {
+  const auto &ti = info(name);
+  if (ti.shape.empty() || ti.shape.size() > 2)
+    fail("tensor '" + name + "': a box needs a 1-D or 2-D tensor, it has shape " +
+         shapeStr(ti.shape));
+  const int64_t rows = ti.shape.size() == 2 ? ti.shape[0] : 1;
+  const int64_t cols = ti.shape.back();
+  if (r0 < 0 || r1 < r0 || r1 > rows || c0 < 0 || c1 < c0 || c1 > cols)
+    fail("tensor '" + name + "': box rows [" + std::to_string(r0) + ", " +
+         std::to_string(r1) + ") x cols [" + std::to_string(c0) + ", " +
+         std::to_string(c1) + ") is outside its shape " + shapeStr(ti.shape));
+  const uint64_t es = elemSize(ti.scalarType);
+  at::Tensor t = at::empty({r1 - r0, c1 - c0}, at::TensorOptions().dtype(ti.scalarType));
+  const std::string what = "tensor '" + name + "'";
+  if (t.numel() > 0) {
+    const uint64_t rowBytes = es * static_cast<uint64_t>(cols);
+    const uint64_t base = dataStart_ + ti.begin;
+    if (c0 == 0 && c1 == cols) {
+      readAt(base + rowBytes * static_cast<uint64_t>(r0), t.data_ptr(),
+             rowBytes * static_cast<uint64_t>(r1 - r0), what);
+    } else {
+      auto *dst = static_cast<char *>(t.data_ptr());
+      const uint64_t seg = es * static_cast<uint64_t>(c1 - c0);
+      for (int64_t r = r0; r < r1; ++r, dst += seg)
+        readAt(base + rowBytes * static_cast<uint64_t>(r) + es * static_cast<uint64_t>(c0),
+               dst, seg, what);
+    }
+  }
   return convertForMode(std::move(t), mode);
 }
 
@@ -551,6 +585,18 @@ at::Tensor HfWeights::readRows(const std::string &hfName, int64_t r0,
   return floatTo32(fileOf(hfName).readRows(hfName, r0, r1));
 }
 
+at::Tensor HfWeights::readBox(const std::string &hfName, int64_t r0, int64_t r1,
+                              int64_t c0, int64_t c1) const {
+  return floatTo32(fileOf(hfName).readBox(hfName, r0, r1, c0, c1));
+}
+
+uint64_t HfWeights::bytesRead() const {
+  uint64_t n = 0;
+  for (const auto &[path, f] : open_)
+    n += f->bytesRead();
+  return n;
+}
+
 std::string hfParameterName(const std::string &n) {
   if (n == "embed")
     return "model.embed_tokens.weight";
@@ -597,6 +643,61 @@ bool hfParameterIs1D(const std::string &n) {
 at::Tensor readHfRows(const std::string &dir, const std::string &hfName,
                       int64_t r0, int64_t r1) {
   return HfWeights(dir).readRows(hfName, r0, r1);
+}
+
+uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
+                      const std::vector<std::pair<std::string, at::Tensor>> &shards,
+                      const std::vector<std::pair<std::string, Box>> &boxes) {
+  HfWeights w(dir);
+  auto shapes = llamaParameterShapes(config);
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> byName;
+  for (const auto &[name, shape] : shapes) {
+    std::string hf = hfParameterName(name);
+    std::vector<int64_t> expected =
+        hfParameterIs1D(name) ? std::vector<int64_t>{shape[1]} : shape;
+    if (!w.has(hf))
+      throw std::runtime_error("hf weights " + dir + ": tensor '" + hf +
+                               "' is missing (expected shape " + shapeStr(expected) +
+                               ", for parameter '" + name + "')");
+    const SafetensorsFile &f = w.fileOf(hf);
+    const auto &ti = f.info(hf);
+    if (ti.shape != expected)
+      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
+                               "' has shape " + shapeStr(ti.shape) + ", expected " +
+                               shapeStr(expected) +
+                               " (the model config does not match these weights)");
+    if (!at::isFloatingType(ti.scalarType))
+      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
+                               "' has dtype " + ti.dtype +
+                               ", expected a floating-point dtype (F32, BF16, F16 or F64)");
+    byName[name] = {hf, shape};
+  }
+  if (shards.size() != boxes.size())
+    throw std::invalid_argument("loadHfShards: " + std::to_string(shards.size()) +
+                                " shards but " + std::to_string(boxes.size()) + " boxes");
+  std::vector<at::Tensor> read;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto &[name, dst] = shards[i];
+    const Box &b = boxes[i].second;
+    auto it = byName.find(name);
+    if (it == byName.end() || boxes[i].first != name)
+      throw std::invalid_argument("loadHfShards: parameter '" + name +
+                                  "' is not one of the model's or its box is missing");
+    if (dst.numel() != b.numel())
+      throw std::invalid_argument("loadHfShards: parameter '" + name + "' holds " +
+                                  std::to_string(dst.numel()) + " numbers, its box " +
+                                  std::to_string(b.numel()));
+    if (b.empty()) {
+      read.emplace_back();
+      continue;
+    }
+    read.push_back(w.readBox(it->second.first, b.r0, b.r1, b.c0, b.c1));
+  }
+  at::NoGradGuard noGrad;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (read[i].defined())
+      shards[i].second.copy_(read[i].view(shards[i].second.sizes()));
+  return w.bytesRead();
 }
 
 void loadHfIntoLlama(const std::string &dir, Llama &model) {

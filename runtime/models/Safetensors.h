@@ -89,6 +89,14 @@ public:
   /// [r1 - r0, rest...]. Reads only those bytes.
   at::Tensor readRows(const std::string &name, int64_t r0, int64_t r1,
                       ReadMode mode = ReadMode::HalfToFloat32) const;
+  /// Rows [r0, r1) x columns [c0, c1) of a 2-D tensor (a 1-D tensor is one
+  /// row: r0 = 0, r1 = 1, elements [c0, c1)): shape [r1 - r0, c1 - c0].
+  /// Reads only those bytes (one read per row when the columns are a part
+  /// of the row, one read in all otherwise).
+  at::Tensor readBox(const std::string &name, int64_t r0, int64_t r1, int64_t c0,
+                     int64_t c1, ReadMode mode = ReadMode::HalfToFloat32) const;
+  /// Bytes read from the file so far (header excluded).
+  uint64_t bytesRead() const { return bytesRead_; }
   /// Every tensor (Exact), reading the data buffer once front to back and
   /// checking it against the checksum in the metadata (which must exist).
   std::map<std::string, at::Tensor> readAllVerified() const;
@@ -108,6 +116,7 @@ private:
   std::vector<SafetensorsTensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  mutable uint64_t bytesRead_ = 0;
 };
 
 struct SafetensorsWriteOptions {
@@ -151,6 +160,11 @@ public:
   }
   at::Tensor read(const std::string &hfName) const;
   at::Tensor readRows(const std::string &hfName, int64_t r0, int64_t r1) const;
+  /// SafetensorsFile::readBox as float32.
+  at::Tensor readBox(const std::string &hfName, int64_t r0, int64_t r1, int64_t c0,
+                     int64_t c1) const;
+  /// Data bytes read so far from every shard opened.
+  uint64_t bytesRead() const;
 
 private:
   std::string dir_;
@@ -179,6 +193,18 @@ at::Tensor readHfRows(const std::string &dir, const std::string &hfName,
 /// ignored (as transformers does). Tensors the model does not use are
 /// ignored.
 void loadHfIntoLlama(const std::string &dir, Llama &model);
+
+/// Loads a sharded model's own part from `dir`: each of `shards` (named as
+/// Llama::namedParameters(), shaped like its box; natural 1-D shapes
+/// allowed) receives box `boxes[i]` of the parameter's 2-D view, read
+/// straight from the files (only those bytes: a rank of a TP or FSDP group
+/// reads its shard, not the model). Checks every tensor of the model
+/// `config` describes first (present, shape, floating dtype; errors as
+/// loadHfIntoLlama's), so a failed load leaves the shards untouched.
+/// Returns the data bytes read.
+uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
+                      const std::vector<std::pair<std::string, at::Tensor>> &shards,
+                      const std::vector<std::pair<std::string, Box>> &boxes);
 
 /// dir/config.json -> LlamaConfig. model_type must be "llama" or "qwen2";
 /// num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,

@@ -1,6 +1,7 @@
 //===- SafetensorsTest.cpp - safetensors files, HF export and import -------===//
 #include "Checkpoint.h"
 #include "Llama.h"
+#include "Parallel.h"
 #include "Safetensors.h"
 
 #include <ATen/ATen.h>
@@ -327,6 +328,108 @@ TEST(Safetensors, RowRangeReadsEqualSlicesOfTheFullRead) {
               {p, "tensor 'm': rows [3, 8) are outside its shape [7, 5]"});
   expectError([&] { f.readRows("m", 4, 3); }, {p, "tensor 'm': rows [4, 3)"});
   expectError([&] { f.read("nope"); }, {p, "no tensor 'nope'"});
+}
+
+TEST(Safetensors, BoxReadsOnlyTheBoxBytes) {
+  TempDir dir;
+  const std::string p = dir / "box.safetensors";
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"m", randomTensor({7, 5}, 1)},
+      {"bf", randomTensor({6, 4}, 2).to(at::kBFloat16)},
+      {"vec", randomTensor({9}, 3)},
+  };
+  writeSafetensors(p, tensors);
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.bytesRead(), 0u);
+  for (const auto &[name, t] : tensors) {
+    at::Tensor full = f.read(name).view({t.dim() == 1 ? 1 : t.size(0), -1});
+    const int64_t rows = full.size(0), cols = full.size(1);
+    for (int64_t r0 = 0; r0 < rows; ++r0)
+      for (int64_t r1 = r0; r1 <= rows; ++r1)
+        for (int64_t c0 = 0; c0 <= cols; c0 += 2)
+          for (int64_t c1 = c0; c1 <= cols; ++c1) {
+            SCOPED_TRACE(name + " rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                         ") cols [" + std::to_string(c0) + ", " + std::to_string(c1) + ")");
+            const uint64_t before = f.bytesRead();
+            at::Tensor box = f.readBox(name, r0, r1, c0, c1);
+            EXPECT_TRUE(at::equal(box, full.slice(0, r0, r1).slice(1, c0, c1)));
+            // Exactly the box's bytes in the stored dtype.
+            EXPECT_EQ(f.bytesRead() - before,
+                      (uint64_t)((r1 - r0) * (c1 - c0) * t.element_size()));
+          }
+  }
+  expectError([&] { f.readBox("m", 0, 8, 0, 5); },
+              {p, "tensor 'm': box rows [0, 8) x cols [0, 5) is outside its shape [7, 5]"});
+  expectError([&] { f.readBox("vec", 0, 1, 3, 10); }, {p, "outside its shape [9]"});
+}
+
+TEST(Safetensors, HfShardLoadReadsEachRanksBoxes) {
+  // Each rank of an FSDP or TP group reads its own boxes from an exported
+  // (sharded) HF directory: the shards equal the slices of the model, and
+  // the bytes read are exactly the boxes' (4 bytes per number).
+  LlamaConfig cfg = tinyConfig();
+  cfg.qkvBias = true;
+  TempDir dir;
+  Llama src(cfg, 3);
+  exportHf(dir.path, src, /*maxShardBytes=*/20000);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  auto named = src.namedParameters();
+  auto shapes = llamaParameterShapes(cfg);
+  ASSERT_EQ(shapes.size(), named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_EQ(shapes[i].first, named[i].first);
+    EXPECT_EQ(shapes[i].second, named[i].second.sizes().vec());
+  }
+  int64_t total = 0;
+  for (auto &[name, t] : named)
+    total += t.numel();
+  for (int f : {1, 2, 3}) {
+    int64_t sum = 0;
+    for (int k = 0; k < f; ++k) {
+      SCOPED_TRACE("fsdp " + std::to_string(k) + " of " + std::to_string(f));
+      std::vector<std::pair<std::string, at::Tensor>> shards;
+      std::vector<std::pair<std::string, Box>> boxes;
+      int64_t numbers = 0;
+      for (auto &[name, t] : named) {
+        Box b = FSDPLlama::boxOf(t.size(0), t.size(1), f, k);
+        boxes.push_back({name, b});
+        shards.push_back({name, at::zeros({b.rows(), b.cols()})});
+        numbers += b.numel();
+      }
+      uint64_t bytes = loadHfShards(dir.path, cfg, shards, boxes);
+      EXPECT_EQ(bytes, (uint64_t)numbers * 4);
+      sum += numbers;
+      for (size_t i = 0; i < named.size(); ++i) {
+        const Box &b = boxes[i].second;
+        EXPECT_TRUE(at::equal(shards[i].second, named[i].second.slice(0, b.r0, b.r1)
+                                                    .slice(1, b.c0, b.c1)))
+            << named[i].first;
+      }
+    }
+    EXPECT_EQ(sum, total); // the ranks' boxes partition the model
+  }
+  // Column boxes (a row-parallel weight's TP shard), read row by row.
+  std::vector<std::pair<std::string, at::Tensor>> one = {
+      {"layers.1.attn.o", at::zeros({cfg.hidden, cfg.hidden / 2})}};
+  std::vector<std::pair<std::string, Box>> oneBox = {
+      {"layers.1.attn.o", Box{0, cfg.hidden, cfg.hidden / 2, cfg.hidden}}};
+  EXPECT_EQ(loadHfShards(dir.path, cfg, one, oneBox),
+            (uint64_t)(cfg.hidden * cfg.hidden / 2 * 4));
+  at::Tensor o;
+  for (auto &[n, t] : named)
+    if (n == "layers.1.attn.o")
+      o = t;
+  ASSERT_TRUE(o.defined());
+  EXPECT_TRUE(at::equal(one[0].second, o.slice(1, cfg.hidden / 2, cfg.hidden)));
+  // A config that does not match the files: nothing is written.
+  LlamaConfig wrong = cfg;
+  wrong.ffn = cfg.ffn * 2;
+  at::Tensor untouched = at::full({1, cfg.hidden}, 7.0f);
+  std::vector<std::pair<std::string, at::Tensor>> norm = {{"final_norm", untouched}};
+  std::vector<std::pair<std::string, Box>> normBox = {{"final_norm", Box{0, 1, 0, cfg.hidden}}};
+  expectError([&] { loadHfShards(dir.path, wrong, norm, normBox); },
+              {"mlp.gate_proj.weight", "expected"});
+  EXPECT_TRUE(untouched.eq(7.0f).all().item<bool>());
 }
 
 //===----------------------------------------------------------------------===//
