@@ -12,6 +12,7 @@
 
 #include "PlanEmitter.h"
 
+#include "CostModel.h"
 #include "hflow/HflowOps.h"
 #include "PlanFormat.h"
 #include "RoleReshard.h"
@@ -242,13 +243,30 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         for (const auto &t : plan->transfers)
           transfers.emplace_back(t.src, t.dst, t.param, 0, t.box.r0, t.box.r1,
                                  t.box.c0, t.box.c1);
-        int64_t bpe = plan->modelBytes / std::max<int64_t>(1, model.computeParamCount());
+        // The plan counts wire bytes (format 2.3): bytes_per_element is the
+        // weights' own size, wire_bytes_per_element what travels.
+        auto wire = ::hflow::planner::wireTypeOf(role, model);
+        if (plan->modelBytes != wire.wireBytes * model.computeParamCount())
+          return rop.emitError() << "the plan counts " << plan->modelBytes
+                                 << " bytes for the model, not "
+                                 << model.computeParamCount() << " x "
+                                 << wire.wireBytes;
+        std::string opWire = rop.getWireDtype() ? rop.getWireDtype()->str() : "";
+        if (opWire != (wire.compressed() ? wire.wire : std::string()))
+          return rop.emitError() << "the op's wire_dtype '" << opWire
+                                 << "' is not the role's ('"
+                                 << (wire.compressed() ? wire.wire : std::string())
+                                 << "')";
+        flatbuffers::Offset<flatbuffers::String> wireName;
+        if (wire.compressed())
+          wireName = b.CreateString(wire.wire);
         reshardOffs.push_back(fb::CreateReshard(
             b, it->second, b.CreateString(rop.getFrom().str()),
             b.CreateString(rop.getTo().str()), b.CreateVector(params),
             b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
             plan->totalBytes, plan->lowerBound, plan->naiveBytes,
-            static_cast<int>(bpe)));
+            static_cast<int>(wire.weightsBytes), static_cast<int>(wire.wireBytes),
+            wireName));
         steps.push_back(fb::CreateStep(
             b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
             b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
@@ -351,9 +369,26 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   }
   auto fileAttr = module->getAttrOfType<StringAttr>("hflow.source_file");
 
+  // The nominal figures the cost model uses (format 2.3): what
+  // `hflow-run --calibrate` measures efficiencies against.
+  double devMemory = 0, devBf16 = 0, devFp32 = 0, devBandwidth = 0;
+  if (auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
+          mesh, StringAttr::get(module.getContext(), mesh.getDevice()))) {
+    devMemory = device.getMemory().convertToDouble();
+    devBf16 = device.getBf16().convertToDouble();
+    devFp32 = device.getFp32().convertToDouble();
+    devBandwidth = device.getBandwidth().convertToDouble();
+  }
+  const bool intraGiven = static_cast<bool>(mesh.getIntraAttr());
+  const double intraBw = intraGiven ? mesh.getIntraAttr().getValueAsDouble()
+                                    : ::hflow::placement::Mesh().intraBw;
+  const double interBw =
+      mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble() : intraBw;
   auto meshOff = fb::CreateMesh(b, b.CreateString(mesh.getSymName().str()),
                                 b.CreateString(mesh.getDevice().str()),
-                                mesh.getNodesAttr().getInt(), mesh.getPerNodeAttr().getInt());
+                                mesh.getNodesAttr().getInt(), mesh.getPerNodeAttr().getInt(),
+                                devMemory, devBf16, devFp32, devBandwidth, intraBw,
+                                interBw, intraGiven);
   auto planOff = fb::CreatePlan(
       b, b.CreateString(fileAttr ? fileAttr.str() : std::string("<mlir>")),
       b.CreateVector(sha), b.CreateString(options.compilerVersion),

@@ -72,6 +72,13 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
           j.attribute("device", str(m->device()));
           j.attribute("nodes", m->nodes());
           j.attribute("per_node", m->per_node());
+          j.attribute("device_memory", m->device_memory());
+          j.attribute("device_bf16_flops", m->device_bf16_flops());
+          j.attribute("device_fp32_flops", m->device_fp32_flops());
+          j.attribute("device_bandwidth", m->device_bandwidth());
+          j.attribute("intra_bandwidth", m->intra_bandwidth());
+          j.attribute("inter_bandwidth", m->inter_bandwidth());
+          j.attribute("intra_given", m->intra_given());
         });
     });
     j.attributeArray("models", [&] {
@@ -167,6 +174,10 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("lower_bound", r->lower_bound());
             j.attribute("naive_bytes", r->naive_bytes());
             j.attribute("bytes_per_element", r->bytes_per_element());
+            j.attribute("wire_bytes_per_element", r->wire_bytes_per_element()
+                                                      ? r->wire_bytes_per_element()
+                                                      : r->bytes_per_element());
+            j.attribute("wire_dtype", str(r->wire_dtype()));
             intArray(j, "assignment", r->assignment());
             j.attributeArray("params", [&] {
               if (r->params())

@@ -142,7 +142,9 @@ struct RoleDecl {
   /// Scalar options by name, in base units, for the planner and the runtime:
   /// optimizer ("adamw"), lr, weight_decay, clip_grad, warmup (roles that
   /// train); temperature, top_p, top_k (the actor's sampling defaults);
-  /// dtype (compute dtype override). Only what was written is present.
+  /// dtype (compute dtype override); transfer_dtype (an Actor's weights on
+  /// the wire between its layouts; dropped when it has no effect). Only what
+  /// was written is present.
   std::map<std::string, double> numbers;
   std::map<std::string, std::string> strings;
 };

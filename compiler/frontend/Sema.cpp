@@ -713,6 +713,46 @@ private:
       target->loc = p.value->loc;
       layoutExpr(*p.value, *target, seen);
     }
+    checkTransferDtype(r);
+  }
+
+  /// `transfer_dtype:` (Actor): the element type of the weights on the wire
+  /// when they switch from the training to the generation layout. bf16
+  /// halves the bytes of f32 weights; the weights' own dtype is a no-op.
+  /// Anything else would widen the transfer or change it without saving a
+  /// byte (f16 weights as bf16: a warning, and the option is dropped).
+  void checkTransferDtype(ast::RoleDecl &r) {
+    auto it = r.strings.find("transfer_dtype");
+    if (it == r.strings.end())
+      return;
+    const ast::Property *prop = nullptr;
+    for (const ast::Property &p : r.props)
+      if (p.key == "transfer_dtype")
+        prop = &p;
+    std::string weights;
+    if (auto d = r.strings.find("dtype"); d != r.strings.end())
+      weights = d->second;
+    else if (auto s = symbols_.find(r.model);
+             !r.model.empty() && s != symbols_.end() && s->second.kind == Kind::Model)
+      weights = ast::dtypeName(prog_.models[s->second.index].dtype);
+    if (weights.empty() || !prop)
+      return; // the model is unknown: reported already
+    const std::string &wire = it->second;
+    if (wire == weights)
+      return; // a no-op, recorded as written
+    if (wire == "bf16" && weights == "f32")
+      return; // compressed: half the bytes
+    if (wire == "bf16") {
+      diags_.warning(prop->value->loc,
+                     "transfer_dtype: bf16 has no effect: role '" + r.name +
+                         "' has " + weights +
+                         " weights (2 bytes already); they move as " + weights);
+    } else {
+      diags_.error(prop->value->loc,
+                   "transfer_dtype must be bf16 or the weights' own dtype (" +
+                       weights + "), got " + wire);
+    }
+    r.strings.erase(it);
   }
 
   static std::vector<std::string> roleProperties(ast::RoleKind k) {
@@ -725,7 +765,7 @@ private:
     if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic)
       props.push_back("optimizer");
     if (k == ast::RoleKind::Actor)
-      for (const char *s : {"temperature", "top_p", "top_k"})
+      for (const char *s : {"temperature", "top_p", "top_k", "transfer_dtype"})
         props.push_back(s);
     return props;
   }
@@ -775,6 +815,17 @@ private:
         r.strings["dtype"] = v.text;
       else
         diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+    } else if (p.key == "transfer_dtype") {
+      // Checked against the weights' dtype once every property is read
+      // (checkTransferDtype): `dtype:` may come after it.
+      if (v.kind == Expr::Kind::Name &&
+          (v.text == "f32" || v.text == "bf16" || v.text == "f16"))
+        r.strings["transfer_dtype"] = v.text;
+      else
+        diags_.error(v.loc, "transfer_dtype must be bf16 or the weights' own "
+                            "dtype (f32, bf16 or f16)" +
+                                (v.kind == Expr::Kind::Name ? ", got " + v.text
+                                                            : std::string()));
     } else if (p.key == "temperature") {
       if (number(v, "temperature", 0, -1, false, x))
         r.numbers["temperature"] = x;

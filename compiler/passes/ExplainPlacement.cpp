@@ -1,5 +1,6 @@
 //===- ExplainPlacement.cpp - show the placement search's best candidates --===//
 
+#include "RoleReshard.h"
 #include "RoleSearch.h"
 
 #include "hflow/HflowOps.h"
@@ -33,7 +34,13 @@ struct ExplainPlacementPass
       module.emitError() << "hflow-explain-placement: k must be positive";
       return signalPassFailure();
     }
-    auto found = ::hflow::planner::searchModule(module, mesh, k);
+    ::hflow::placement::Calibration cal;
+    std::string calError;
+    if (!::hflow::planner::calibrationFromOption(calibration, cal, calError)) {
+      module.emitError() << "hflow-explain-placement: " << calError;
+      return signalPassFailure();
+    }
+    auto found = ::hflow::planner::searchModule(module, mesh, k, cal);
     auto &os = llvm::outs();
     if (!found.error.empty()) {
       module.emitError() << "hflow-explain-placement: " << found.error;

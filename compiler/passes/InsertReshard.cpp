@@ -9,6 +9,7 @@
 #include "mlir/IR/SymbolTable.h"
 
 #include <map>
+#include <set>
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWINSERTRESHARD
@@ -42,6 +43,7 @@ struct InsertReshardPass
     ModuleOp module = getOperation();
     // One plan per role (the layouts do not change within a program).
     std::map<Operation *, std::optional<rs::Plan>> plans;
+    std::set<Operation *> resharded, generates;
     auto planFor = [&](RoleOp role) -> const std::optional<rs::Plan> & {
       auto it = plans.find(role);
       if (it == plans.end())
@@ -59,6 +61,8 @@ struct InsertReshardPass
         if (!role)
           continue;
         bool gen = call.getMethod() == "generate";
+        if (gen)
+          generates.insert(role);
         bool &state = inGenerate[role];
         if (gen && !state && role.getRanks() &&
             static_cast<int64_t>(role.getRanks()->size()) >
@@ -75,18 +79,55 @@ struct InsertReshardPass
         if (gen && !state) {
           if (const auto &plan = planFor(role)) {
             OpBuilder b(call);
+            StringAttr wire;
+            if (auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(
+                    role, role.getModelAttr())) {
+              auto w = ::hflow::planner::wireTypeOf(role, model);
+              if (w.compressed())
+                wire = b.getStringAttr(w.wire);
+            }
             ReshardOp::create(b, call.getLoc(), call.getRole(), "train",
                               "generate", plan->totalBytes, plan->lowerBound,
                               plan->naiveBytes, plan->maxRecvPerRank,
                               static_cast<int64_t>(plan->transfers.size()),
-                              patternOf(*plan));
+                              patternOf(*plan), wire);
             ++numReshards;
+            resharded.insert(role);
           }
         }
         // Back in the training layout the generation shard is dropped: its
         // training shard never left, so nothing moves.
         state = gen;
       }
+    }
+    warnUnusedTransferDtype(module, resharded, generates);
+  }
+
+  /// A `transfer_dtype` that changes what travels, on a role whose weights
+  /// never move, is worth a word: the program asked for something that
+  /// cannot happen (a warning: the program is still right).
+  void warnUnusedTransferDtype(ModuleOp module, const std::set<Operation *> &resharded,
+                               const std::set<Operation *> &generates) {
+    for (RoleOp role : module.getOps<RoleOp>()) {
+      auto opts = role.getOptionsAttr();
+      auto option = opts ? opts.getAs<StringAttr>("transfer_dtype") : StringAttr();
+      if (!option || resharded.count(role) || !role.getRanks() ||
+          role.getRanks()->empty())
+        continue;
+      auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+      if (!model || !::hflow::planner::wireTypeOf(role, model).compressed())
+        continue;
+      InFlightDiagnostic d = role.emitWarning()
+                             << "transfer_dtype: " << option.getValue()
+                             << " has no effect: role '" << role.getSymName()
+                             << "' never moves its weights (";
+      if (!generates.count(role))
+        d << "no flow calls " << role.getSymName() << ".generate";
+      else
+        d << "every rank already holds its generation shard: train "
+          << ::hflow::planner::toLayout(role.getTrain()).str() << ", generate "
+          << ::hflow::planner::toLayout(role.getGenerate()).str();
+      d << ")";
     }
   }
 };

@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Memory.h"
+#include "RoleReshard.h"
 #include "RoleSearch.h"
 
 #include "hflow/HflowOps.h"
@@ -55,8 +56,15 @@ std::string describe(int64_t dp, LayoutAttr l) {
 }
 
 struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
+  using Base::Base;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    std::string calError;
+    if (!::hflow::planner::calibrationFromOption(calibration, calibration_, calError)) {
+      module.emitError() << "hflow-place: " << calError;
+      return signalPassFailure();
+    }
     SymbolTable symbols(module);
     workload_ = ::hflow::planner::largest(::hflow::planner::workloadsOf(module));
 
@@ -186,7 +194,7 @@ private:
       return;
     }
     if (placed.empty() && allFree && !module.getOps<RoleOp>().empty()) {
-      auto found = ::hflow::planner::searchModule(module, mesh, 1);
+      auto found = ::hflow::planner::searchModule(module, mesh, 1, calibration_);
       if (found.error.empty()) {
         if (found.result.candidates.empty()) {
           a.emitError() << "`place auto` found no placement that fits: "
@@ -399,6 +407,7 @@ private:
   }
 
   ::hflow::planner::Workload workload_;
+  ::hflow::placement::Calibration calibration_;
   bool hadError_ = false;
 };
 

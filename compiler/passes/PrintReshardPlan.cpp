@@ -63,7 +63,8 @@ struct Entry {
   ReshardOp op;
   RoleOp role;
   ModelOp model;
-  rs::Plan plan;
+  rs::Plan plan; // wire bytes
+  ::hflow::planner::WireType wire;
   std::optional<double> seconds;
   int64_t hybridFlow = -1;
   std::string flow, call;
@@ -90,14 +91,16 @@ std::string valueName(Value v) {
   return base;
 }
 
-/// The sums over every reshard of the program.
+/// The sums over every reshard of the program (wire bytes; `uncompressed`
+/// in the weights' own types).
 struct Totals {
-  int64_t bytes = 0, naive = 0;
+  int64_t bytes = 0, naive = 0, uncompressed = 0;
   std::optional<double> seconds = 0.0; // none if any reshard has no estimate
   explicit Totals(const std::vector<Entry> &entries) {
     for (const Entry &e : entries) {
       bytes += e.plan.totalBytes;
       naive += e.plan.naiveBytes;
+      uncompressed += e.wire.uncompressed(e.plan.totalBytes);
       if (e.seconds && seconds)
         *seconds += *e.seconds;
       else
@@ -119,6 +122,12 @@ struct PrintReshardPlanPass
                             "json, not '" << format << "'";
       return signalPassFailure();
     }
+    ::hflow::placement::Calibration cal;
+    std::string calError;
+    if (!::hflow::planner::calibrationFromOption(calibration, cal, calError)) {
+      module.emitError() << "hflow-print-reshard-plan: " << calError;
+      return signalPassFailure();
+    }
     std::vector<Entry> entries;
     for (FlowOp flow : module.getOps<FlowOp>())
       for (ReshardOp op : flow.getOps<ReshardOp>()) {
@@ -136,7 +145,8 @@ struct PrintReshardPlanPass
           return signalPassFailure();
         }
         e.plan = std::move(*plan);
-        e.seconds = ::hflow::planner::estimateSeconds(e.plan, e.role);
+        e.wire = ::hflow::planner::wireTypeOf(e.role, e.model);
+        e.seconds = ::hflow::planner::estimateSeconds(e.plan, e.role, cal);
         e.hybridFlow = rs::hybridFlowBytesPerRank(
             ::hflow::planner::toLayout(e.role.getTrain()),
             ::hflow::planner::toLayout(e.role.getGenerate()), e.plan.modelBytes);
@@ -178,8 +188,18 @@ struct PrintReshardPlanPass
                  ? "optimal (Hungarian over the ranks' overlaps)"
                  : "identity (more than 8192 ranks: not optimised)")
          << "\n";
-      os << "    model        " << exact(p.modelBytes) << ", "
+      // The model and the memory in the weights' own type; everything that
+      // travels in the wire type.
+      const auto &w = e.wire;
+      os << "    model        " << exact(w.uncompressed(p.modelBytes)) << ", "
          << e.model.computeParamCount() << " parameters\n";
+      os << "    wire         " << w.wire;
+      if (w.compressed())
+        os << " (compressed from " << w.weights << ": "
+           << formatBytes(double(p.totalBytes)) << " instead of "
+           << formatBytes(double(w.uncompressed(p.totalBytes))) << ")\n";
+      else
+        os << " (the weights' own dtype)\n";
       os << "    transfers    " << p.transfers.size() << ":";
       for (const rs::Collective &c : p.collectives) {
         if (c.kind == rs::Collective::AllGather)
@@ -205,9 +225,9 @@ struct PrintReshardPlanPass
            << " per rank ((tp - t_g p_g) / (t_g p_g tp) M)\n";
       else
         os << "n/a for these layouts\n";
-      os << "    memory       at most " << exact(p.maxExtraPerRank)
-         << " extra per rank (target shard " << formatBytes(double(p.maxTargetShard))
-         << ")\n";
+      os << "    memory       at most " << exact(w.uncompressed(p.maxExtraPerRank))
+         << " extra per rank (target shard "
+         << formatBytes(double(w.uncompressed(p.maxTargetShard))) << ")\n";
       os << "    est. time    ";
       if (e.seconds)
         os << llvm::formatv("{0:F2} ms", *e.seconds * 1e3) << "\n";
@@ -234,7 +254,10 @@ struct PrintReshardPlanPass
     Totals t(entries);
     os << "\ntotal: " << entries.size()
        << (entries.size() == 1 ? " reshard, " : " reshards, ") << exact(t.bytes)
-       << " moved per step (naive " << formatBytes(double(t.naive)) << ")";
+       << " moved per step (naive " << formatBytes(double(t.naive));
+    if (t.uncompressed != t.bytes)
+      os << ", uncompressed " << formatBytes(double(t.uncompressed));
+    os << ")";
     if (t.seconds)
       os << llvm::formatv(", est. {0:F2} ms", *t.seconds * 1e3);
     os << "\n";
@@ -271,7 +294,12 @@ struct PrintReshardPlanPass
               for (int64_t r : ranks)
                 j.value(r);
             });
-            j.attribute("model_bytes", p.modelBytes);
+            j.attribute("model_bytes", e.wire.uncompressed(p.modelBytes));
+            j.attribute("dtype", e.wire.weights);
+            j.attribute("bytes_per_element", e.wire.weightsBytes);
+            j.attribute("wire_dtype", e.wire.wire);
+            j.attribute("wire_bytes_per_element", e.wire.wireBytes);
+            j.attribute("uncompressed_bytes", e.wire.uncompressed(p.totalBytes));
             j.attribute("transfers", static_cast<int64_t>(p.transfers.size()));
             j.attributeArray("collectives", [&] {
               for (const rs::Collective &c : p.collectives)
@@ -295,8 +323,9 @@ struct PrintReshardPlanPass
               j.attribute("hybridflow_bytes_per_rank", e.hybridFlow);
             else
               j.attribute("hybridflow_bytes_per_rank", llvm::json::Value(nullptr));
-            j.attribute("max_extra_bytes_per_rank", p.maxExtraPerRank);
-            j.attribute("max_target_shard_bytes", p.maxTargetShard);
+            j.attribute("max_extra_bytes_per_rank",
+                        e.wire.uncompressed(p.maxExtraPerRank));
+            j.attribute("max_target_shard_bytes", e.wire.uncompressed(p.maxTargetShard));
             if (e.seconds)
               j.attribute("estimated_seconds", *e.seconds);
             else
@@ -329,6 +358,7 @@ struct PrintReshardPlanPass
         j.attribute("batch_bytes", batchBytes);
         j.attribute("bytes", t.bytes);
         j.attribute("naive_bytes", t.naive);
+        j.attribute("uncompressed_bytes", t.uncompressed);
         if (t.seconds)
           j.attribute("estimated_seconds", *t.seconds);
         else

@@ -7,8 +7,11 @@
 #include "CostModel.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <vector>
@@ -55,12 +58,7 @@ double peakFlops(const Device &dev, int64_t dtypeBytes) {
 //===----------------------------------------------------------------------===//
 
 namespace {
-struct CalField {
-  const char *name;
-  double Calibration::*field;
-  double min, max; // accepted range, inclusive
-};
-const CalField kCalFields[] = {
+const CalibrationKey kCalFields[] = {
     {"trainFlopsPerParamToken", &Calibration::trainFlopsPerParamToken, 1e-9, 1e3},
     {"forwardFlopsPerParamToken", &Calibration::forwardFlopsPerParamToken, 1e-9, 1e3},
     {"trainEfficiency", &Calibration::trainEfficiency, 1e-9, 1},
@@ -75,6 +73,19 @@ const CalField kCalFields[] = {
     {"memoryFraction", &Calibration::memoryFraction, 1e-9, 1},
     {"epochs", &Calibration::epochs, 1, 1e6},
 };
+/// The key of the raw measurements' sub-object.
+const char kMeasuredKey[] = "measured";
+
+std::string shortNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+/// "(0, 1]" for the keys that must be positive, "[0, 1000]" otherwise.
+std::string rangeText(const CalibrationKey &k) {
+  return (k.min == 1e-9 ? std::string("(0") : "[" + shortNumber(k.min)) + ", " +
+         shortNumber(k.max) + "]";
+}
 
 struct JsonReader {
   const std::string &s;
@@ -162,8 +173,89 @@ struct JsonReader {
       return fail("number out of range");
     return true;
   }
+  /// The "measured" object: {"name": number, ...}, any names, each once.
+  bool measured() {
+    std::set<std::string> names;
+    if (!expect('{'))
+      return false;
+    ws();
+    if (i < s.size() && s[i] == '}') {
+      ++i;
+      return true;
+    }
+    for (;;) {
+      std::string key;
+      double v = 0;
+      ws();
+      size_t at = i;
+      if (!str(key) || !expect(':'))
+        return false;
+      if (!names.insert(key).second) {
+        i = at;
+        return fail("duplicate key \"measured." + key + "\"");
+      }
+      if (!number(v))
+        return false;
+      ws();
+      if (i < s.size() && s[i] == ',') {
+        ++i;
+        continue;
+      }
+      return expect('}');
+    }
+  }
 };
 } // namespace
+
+const CalibrationKey *calibrationKeys(size_t &count) {
+  count = sizeof(kCalFields) / sizeof(kCalFields[0]);
+  return kCalFields;
+}
+
+const CalibrationKey *findCalibrationKey(const std::string &name) {
+  for (const CalibrationKey &k : kCalFields)
+    if (name == k.name)
+      return &k;
+  return nullptr;
+}
+
+bool loadCalibrationFile(const std::string &path, Calibration &out,
+                         std::string &error) {
+  const std::string who = "calibration " + path + ": ";
+  std::FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    error = who + "cannot read: " + std::strerror(errno);
+    return false;
+  }
+  std::string text;
+  char buf[4096];
+  size_t n;
+  // Calibration files are a few hundred bytes; refuse anything huge.
+  constexpr size_t kMaxBytes = size_t(1) << 20;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() <= kMaxBytes)
+    text.append(buf, n);
+  const bool readError = std::ferror(f) != 0;
+  const int readErrno = errno;
+  std::fclose(f);
+  if (readError) {
+    error = who + "cannot read: " + std::strerror(readErrno);
+    return false;
+  }
+  if (text.size() > kMaxBytes) {
+    error = who + "larger than 1 MiB: not a calibration file";
+    return false;
+  }
+  std::string err;
+  if (!loadCalibration(text, out, err)) {
+    const std::string prefix = "calibration: ";
+    error = who + (err.compare(0, prefix.size(), prefix) == 0
+                       ? err.substr(prefix.size())
+                       : err);
+    return false;
+  }
+  error.clear();
+  return true;
+}
 
 bool loadCalibration(const std::string &jsonText, Calibration &out,
                      std::string &error) {
@@ -190,18 +282,33 @@ bool loadCalibration(const std::string &jsonText, Calibration &out,
       double v = 0;
       if (!r.str(key) || !r.expect(':'))
         return done(false);
+      r.ws();
       size_t at = r.i;
-      if (!r.number(v))
-        return done(false);
-      const CalField *f = nullptr;
-      for (const CalField &cf : kCalFields)
-        if (key == cf.name)
-          f = &cf;
+      if (key == kMeasuredKey) {
+        if (!seen.insert(key).second) {
+          r.i = at;
+          r.fail("duplicate key \"" + key + "\"");
+          return done(false);
+        }
+        if (!r.measured())
+          return done(false);
+        r.ws();
+        if (r.i < jsonText.size() && jsonText[r.i] == ',') {
+          ++r.i;
+          continue;
+        }
+        if (!r.expect('}'))
+          return done(false);
+        break;
+      }
+      const CalibrationKey *f = findCalibrationKey(key);
       if (!f) {
         r.i = at;
         r.fail("unknown key \"" + key + "\"");
         return done(false);
       }
+      if (!r.number(v))
+        return done(false);
       if (!seen.insert(key).second) {
         r.i = at;
         r.fail("duplicate key \"" + key + "\"");
@@ -209,8 +316,8 @@ bool loadCalibration(const std::string &jsonText, Calibration &out,
       }
       if (v < f->min || v > f->max) {
         r.i = at;
-        r.fail("\"" + key + "\" = " + std::to_string(v) + " is outside [" +
-               std::to_string(f->min) + ", " + std::to_string(f->max) + "]");
+        r.fail("\"" + key + "\" = " + shortNumber(v) + " is outside " +
+               rangeText(*f));
         return done(false);
       }
       c.*(f->field) = v;
@@ -484,7 +591,7 @@ double transitionSecondsOn(const RoleSpec &role, const TransitionInstance &in,
       a.cp == b.cp && a.dp == b.dp)
     return 0;
   rs::Options opts;
-  opts.bytesPerElement = role.dtypeBytes;
+  opts.bytesPerElement = role.wireBytes > 0 ? role.wireBytes : role.dtypeBytes;
   opts.ranksPerNode = in.ranksPerNode;
   rs::Plan plan = rs::planWeights(rs::llamaParams(role.model), a, b,
                                   role.model.layers, opts);

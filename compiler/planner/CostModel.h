@@ -14,6 +14,7 @@
 
 #include "Reshard.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -74,11 +75,34 @@ struct Calibration {
 
 /// Parses a flat JSON object {"key": number, ...} whose keys are the field
 /// names above (e.g. {"trainEfficiency": 0.42, "alphaInter": 1.5e-5}).
-/// Keys it does not name keep their value in `out`. Returns false with a
-/// message (and leaves `out` untouched) on malformed text, an unknown key,
-/// a duplicate key, a non-number or a value out of range. Never throws.
+/// Keys it does not name keep their value in `out`. One more key is
+/// allowed: "measured", an object of any keys with number values (the raw
+/// figures `hflow-run --calibrate` derived the constants from); it is
+/// checked for syntax and otherwise ignored. Returns false with a message
+/// (and leaves `out` untouched) on malformed text, an unknown key, a
+/// duplicate key, a non-number or a value out of range. Never throws.
 bool loadCalibration(const std::string &jsonText, Calibration &out,
                      std::string &error);
+
+/// loadCalibration on the contents of the file `path`. Every message
+/// starts "calibration PATH: " (e.g. "calibration cal.json: unknown key
+/// \"nope\" at offset 2", "calibration x.json: cannot read: No such file or
+/// directory"). Never throws.
+bool loadCalibrationFile(const std::string &path, Calibration &out,
+                         std::string &error);
+
+/// One key of the calibration file: its Calibration field and the range
+/// loadCalibration accepts (inclusive).
+struct CalibrationKey {
+  const char *name;
+  double Calibration::*field;
+  double min, max;
+};
+/// Every key loadCalibration accepts (besides "measured"), in the order of
+/// the struct; `count` receives how many.
+const CalibrationKey *calibrationKeys(size_t &count);
+/// The key named `name`, or null.
+const CalibrationKey *findCalibrationKey(const std::string &name);
 
 enum class RoleKind { Actor, Critic, Reference, RewardModel };
 const char *kindName(RoleKind k);
@@ -88,6 +112,9 @@ struct RoleSpec {
   RoleKind kind = RoleKind::Actor;
   ModelShape model;
   int64_t dtypeBytes = 2; // w: the role's dtype option, else the model's
+  /// Bytes per element of the weights on the wire between the actor's
+  /// layouts (its transfer_dtype: 2 for bf16 of f32 weights); 0: dtypeBytes.
+  int64_t wireBytes = 0;
   bool trains() const { return kind == RoleKind::Actor || kind == RoleKind::Critic; }
 };
 

@@ -15,9 +15,8 @@ namespace rs = ::hflow::reshard;
 namespace hflow::planner {
 
 namespace {
-// Per-message latency of a transfer, by link class (NCCL-like figures; the
-// calibration file of issue 4 will replace them).
-constexpr double kAlphaIntra = 5e-6, kAlphaInter = 20e-6;
+// Transfers between two ranks travel in buckets of this size; each costs
+// one per-message latency (Calibration::alphaIntra / alphaInter).
 constexpr int64_t kBucketBytes = int64_t(64) << 20;
 
 MeshOp meshOf(RoleOp role) {
@@ -51,6 +50,32 @@ rs::ModelShape toShape(ModelOp m) {
   return s;
 }
 
+WireType wireTypeOf(RoleOp role, ModelOp model) {
+  WireType w;
+  w.weightsBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
+  StringAttr dtypeOption, transferOption;
+  if (auto opts = role.getOptionsAttr()) {
+    dtypeOption = opts.getAs<StringAttr>("dtype");
+    transferOption = opts.getAs<StringAttr>("transfer_dtype");
+  }
+  if (dtypeOption) {
+    w.weights = dtypeOption.getValue().str();
+  } else {
+    Type t = model.getDtype();
+    w.weights = t.isF32() ? "f32" : t.isBF16() ? "bf16" : t.isF16() ? "f16"
+              : t.isF64() ? "f64" : "?";
+  }
+  w.wire = w.weights;
+  w.wireBytes = w.weightsBytes;
+  // bf16 is the one compression (the front end accepts nothing else); on
+  // 2-byte weights it changes nothing.
+  if (transferOption && transferOption.getValue() == "bf16" && w.weightsBytes > 2) {
+    w.wire = "bf16";
+    w.wireBytes = 2;
+  }
+  return w;
+}
+
 std::optional<rs::Plan> planRoleReshard(RoleOp role) {
   if (!role.getModelAttr() || !role.getRanks() || role.getRanks()->empty())
     return std::nullopt;
@@ -63,7 +88,8 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
       from.size() > kMaxReshardRanks)
     return std::nullopt;
   rs::Options opts;
-  opts.bytesPerElement = static_cast<int64_t>(roleDtypeBytes(role, model));
+  // Every figure of the plan counts the bytes on the wire.
+  opts.bytesPerElement = wireTypeOf(role, model).wireBytes;
   // The Hungarian step is cubic: beyond kMaxOptimalAssignment ranks the
   // identity assignment is planned (still meeting its own lower bound).
   opts.optimizeAssignment = from.size() <= kMaxOptimalAssignment;
@@ -76,13 +102,24 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
   return plan;
 }
 
-std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role) {
+bool calibrationFromOption(const std::string &path,
+                           ::hflow::placement::Calibration &out,
+                           std::string &error) {
+  out = ::hflow::placement::Calibration();
+  if (path.empty())
+    return true;
+  return ::hflow::placement::loadCalibrationFile(path, out, error);
+}
+
+std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role,
+                                      const ::hflow::placement::Calibration &cal) {
   MeshOp mesh = meshOf(role);
   if (!mesh || !mesh.getIntraAttr())
     return std::nullopt;
-  const double intra = mesh.getIntraAttr().getValueAsDouble();
-  const double inter = mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble()
-                                           : intra;
+  const double intra = mesh.getIntraAttr().getValueAsDouble() * cal.linkEfficiency;
+  const double inter = (mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble()
+                                            : mesh.getIntraAttr().getValueAsDouble()) *
+                       cal.linkEfficiency;
   const int64_t perNode = mesh.getPerNodeAttr().getInt();
   ArrayRef<int64_t> ranks = *role.getRanks();
   struct Load {
@@ -104,8 +141,8 @@ std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role) {
   }
   double worst = 0;
   for (auto &[r, l] : recv) {
-    double t = std::max(l.intraBytes / intra + kAlphaIntra * l.intraMsgs,
-                        l.interBytes / inter + kAlphaInter * l.interMsgs);
+    double t = std::max(l.intraBytes / intra + cal.alphaIntra * double(l.intraMsgs),
+                        l.interBytes / inter + cal.alphaInter * double(l.interMsgs));
     worst = std::max(worst, t);
   }
   return worst;

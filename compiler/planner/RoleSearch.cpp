@@ -13,7 +13,8 @@ namespace pl = ::hflow::placement;
 
 namespace hflow::planner {
 
-ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k) {
+ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
+                          const pl::Calibration &cal) {
   ModuleSearch out;
   auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
       mesh, StringAttr::get(module.getContext(), mesh.getDevice()));
@@ -39,6 +40,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k) {
     }
     spec.model = toShape(model);
     spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
+    spec.wireBytes = wireTypeOf(role, model).wireBytes;
     out.roles.push_back(spec);
     out.roleOps.push_back(role);
   }
@@ -75,7 +77,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k) {
   }
   pl::SearchOptions opts;
   opts.k = k;
-  out.result = pl::searchPlacement(out.roles, dev, m, pw, pl::Calibration(), opts);
+  out.result = pl::searchPlacement(out.roles, dev, m, pw, cal, opts);
   return out;
 }
 

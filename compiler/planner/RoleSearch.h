@@ -30,7 +30,10 @@ struct ModuleSearch {
 /// Searches placements for every role with a model on `mesh` (all its
 /// devices), sized by the module's first train block (or defaults). At
 /// most 4 roles of kinds Actor, Critic, Reference, RewardModel.
-ModuleSearch searchModule(mlir::ModuleOp module, mlir::hflow::MeshOp mesh, int k);
+/// `cal`: the cost model's constants (hflowc --calibration).
+ModuleSearch searchModule(mlir::ModuleOp module, mlir::hflow::MeshOp mesh, int k,
+                          const ::hflow::placement::Calibration &cal =
+                              ::hflow::placement::Calibration());
 
 } // namespace hflow::planner
 

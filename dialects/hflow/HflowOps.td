@@ -91,8 +91,9 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
     After placement the role carries `ranks`, the global ranks it runs on.
     `options` holds what the program set besides layouts: the optimizer
     (`optimizer = "adamw"`, `lr`, `weight_decay`, `clip_grad`, `warmup`),
-    the actor's sampling defaults (`temperature`, `top_p`, `top_k`) and a
-    compute `dtype`.
+    the actor's sampling defaults (`temperature`, `top_p`, `top_k`), a
+    compute `dtype` and the actor's `transfer_dtype` (the element type its
+    weights travel in between its layouts: `"bf16"` compresses f32 weights).
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, Hflow_RoleKindAttr:$kind,
                        OptionalAttr<FlatSymbolRefAttr>:$model,
@@ -231,11 +232,14 @@ def Hflow_ReshardOp : Hflow_Op<"reshard", [
     planned transfers (docs/reshard.md): total `bytes` (equal to the
     `lower_bound` by construction), what a naive full gather moves, the
     most one rank receives, the transfer count and the collective pattern.
+    `wire_dtype` is present when the weights travel in another element type
+    than their own (the role's `transfer_dtype`: `"bf16"` for f32 weights);
+    the byte figures then count those wire bytes (half of f32's).
   }];
   let arguments = (ins FlatSymbolRefAttr:$role, StrAttr:$from, StrAttr:$to,
                        I64Attr:$bytes, I64Attr:$lower_bound, I64Attr:$naive,
                        I64Attr:$max_recv, I64Attr:$transfers,
-                       StrAttr:$pattern);
+                       StrAttr:$pattern, OptionalAttr<StrAttr>:$wire_dtype);
   let assemblyFormat = "$role $from `->` $to attr-dict";
 }
 

@@ -6,6 +6,8 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 
+#include <string>
+
 namespace mlir::hflow {
 
 #define GEN_PASS_DECL
@@ -14,9 +16,12 @@ namespace mlir::hflow {
 #define GEN_PASS_REGISTRATION
 #include "hflow/HflowPasses.h.inc"
 
-/// The pipeline hflowc runs, registered for hflow-opt as `hflow-pipeline`:
-/// verify-roles, place, check-batch.
-void buildHflowPipeline(OpPassManager &pm);
+/// The pipeline hflowc runs, registered for hflow-opt as `hflow-pipeline`
+/// (`--hflow-pipeline='calibration=FILE'`): verify-roles, place,
+/// check-batch, check-memory, insert-reshard, insert-batch-reshard.
+/// `calibration`: the cost model's constants for `place auto` (a file
+/// loadCalibrationFile reads; empty: the defaults).
+void buildHflowPipeline(OpPassManager &pm, const std::string &calibration = "");
 void registerHflowPipeline();
 
 } // namespace mlir::hflow

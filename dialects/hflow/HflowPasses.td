@@ -31,7 +31,10 @@ def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
     range lies inside the mesh, that ranges of different place ops are
     disjoint (colocation is only by listing roles in one place), and that
     each layout covers exactly the role's devices and splits its model
-    (heads and kv_heads by tp, layers by pp).
+    (heads and kv_heads by tp, layers by pp). `place auto` over every role
+    runs the placement search, whose predicted times use the cost model's
+    constants from the file the `calibration` option names (default: the
+    built-in ones; docs/placement.md, Calibration).
 
     Before:
     ```mlir
@@ -44,6 +47,11 @@ def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
         ... {ranks = array<i64: 0, 1>}
     ```
   }];
+  let options = [
+    Option<"calibration", "calibration", "std::string", /*default=*/"\"\"",
+           "a calibration file of the cost model's constants (JSON; "
+           "docs/placement.md, Calibration); empty: the defaults">
+  ];
   let statistics = [
     Statistic<"numPlaced", "placed-roles", "Number of roles given ranks">
   ];
@@ -95,10 +103,15 @@ def HflowExplainPlacement : Pass<"hflow-explain-placement", "::mlir::ModuleOp"> 
     model on the program's mesh and prints the best `k` candidates: the
     predicted iteration time by stage (generate, prepare, train), each
     colocated set's devices, memory per device, and each role's layouts.
-    Leaves the IR unchanged. `hflowc --explain-placement[=k]`.
+    Leaves the IR unchanged. `hflowc --explain-placement[=k]`; the
+    `calibration` option (hflowc --calibration) names the cost model's
+    constants.
   }];
   let options = [
-    Option<"k", "k", "int", /*default=*/"3", "how many candidates to print">
+    Option<"k", "k", "int", /*default=*/"3", "how many candidates to print">,
+    Option<"calibration", "calibration", "std::string", /*default=*/"\"\"",
+           "a calibration file of the cost model's constants (JSON; "
+           "docs/placement.md, Calibration); empty: the defaults">
   ];
 }
 
@@ -111,7 +124,9 @@ def HflowInsertReshard : Pass<"hflow-insert-reshard", "::mlir::ModuleOp"> {
     generation shards to ranks maximising what is already in place, every
     missing byte fetched exactly once) and inserts `hflow.reshard` before
     each call that runs in the generation layout, summarising the plan.
-    Runs after `hflow-place`.
+    With the role's `transfer_dtype` (bf16 for f32 weights) the bytes are
+    the wire bytes and the op records `wire_dtype`; a `transfer_dtype` on a
+    role whose weights never move gets a warning. Runs after `hflow-place`.
   }];
   let statistics = [
     Statistic<"numReshards", "reshards", "Number of hflow.reshard ops inserted">
@@ -144,13 +159,18 @@ def HflowPrintReshardPlan : Pass<"hflow-print-reshard-plan", "::mlir::ModuleOp">
     (DeepSpeed-Chat) would move, HybridFlow's per-rank formula where it
     applies, the extra memory per rank, and the estimated time; then totals.
     `format=json` prints the same as JSON (docs/reshard.md lists the fields).
+    The estimated time uses the link efficiency and per-message latencies
+    of the file the `calibration` option names (default: the built-in ones).
     Runs `hflow-insert-reshard`'s planner again for the details, so it needs
     placed IR. `hflow-opt --print-reshard-plan[=json] prog.hflow` runs the
     whole pipeline and this pass.
   }];
   let options = [
     Option<"format", "format", "std::string", /*default=*/"\"text\"",
-           "text or json">
+           "text or json">,
+    Option<"calibration", "calibration", "std::string", /*default=*/"\"\"",
+           "a calibration file of the cost model's constants (JSON; "
+           "docs/placement.md, Calibration); empty: the defaults">
   ];
 }
 

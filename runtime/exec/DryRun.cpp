@@ -83,10 +83,12 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
             me = (int)i;
         int64_t sent = 0, recv = 0;
         std::map<int, bool> peers;
+        // Wire bytes (format 2.3: bf16 pieces of f32 weights are 2 bytes).
+        const int64_t wireBpe = r.wire_bytes_per_element() ? r.wire_bytes_per_element()
+                                                           : r.bytes_per_element();
         if (r.transfers())
           for (const WeightTransfer *t : *r.transfers()) {
-            int64_t b = (t->row1() - t->row0()) * (t->col1() - t->col0()) *
-                        r.bytes_per_element();
+            int64_t b = (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
             if (t->src() == me) {
               sent += b;
               peers[t->dst()] = true;
@@ -99,7 +101,10 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
         what = "reshard " + roleName(r.role()) + " " + str(r.from_phase()) + " -> " +
                str(r.to_phase()) + ": send " + bytes(sent) + ", receive " +
                bytes(recv) + " with " + std::to_string(peers.size()) +
-               (peers.size() == 1 ? " peer" : " peers");
+               (peers.size() == 1 ? " peer" : " peers") +
+               (r.wire_dtype() && r.wire_dtype()->size()
+                    ? " (as " + r.wire_dtype()->str() + ")"
+                    : std::string());
         break;
       }
       default:

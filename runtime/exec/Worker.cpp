@@ -1774,6 +1774,15 @@ void Worker::runReshard(int s) {
     reportReshard(s, rs, c, what, measured, ms, true);
     return;
   }
+  // transfer_dtype: bf16: the pieces travel as bfloat16 (rounded to
+  // nearest even) and are widened on arrival; the plan counts wire bytes.
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  auto wire = [&](const at::Tensor &t) { return bf16Wire ? t.to(at::kBFloat16) : t; };
+  auto rounded = [&](const at::Tensor &t) {
+    return bf16Wire ? t.to(at::kBFloat16).to(at::kFloat) : t;
+  };
   std::map<int, std::vector<const WeightTransfer *>> out, in;
   int64_t plannedIn = 0;
   if (rs.transfers())
@@ -1782,8 +1791,7 @@ void Worker::runReshard(int s) {
         out[t->dst()].push_back(t);
       if (t->dst() == me) {
         in[t->src()].push_back(t);
-        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) *
-                     rs.bytes_per_element();
+        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
       }
     }
   std::vector<std::pair<int, at::Tensor>> sends, recvs;
@@ -1791,13 +1799,14 @@ void Worker::runReshard(int s) {
     std::vector<at::Tensor> parts;
     for (const WeightTransfer *t : ts)
       parts.push_back(piece(t).reshape({-1}));
-    sends.push_back({peer, at::cat(parts).contiguous()});
+    sends.push_back({peer, wire(at::cat(parts)).contiguous()});
   }
   for (auto &[peer, ts] : in) {
     int64_t n = 0;
     for (const WeightTransfer *t : ts)
       n += (t->row1() - t->row0()) * (t->col1() - t->col0());
-    recvs.push_back({peer, at::empty({n}, at::TensorOptions().dtype(at::kFloat))});
+    recvs.push_back(
+        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
   }
   const uint64_t before = c.bytesReceived();
   auto t0 = Clock::now();
@@ -1809,14 +1818,14 @@ void Worker::runReshard(int s) {
     int64_t off = 0;
     for (const WeightTransfer *t : in[peer]) {
       at::Tensor want = piece(t);
-      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
+      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes()).to(at::kFloat);
       off += want.numel();
       if (rr.sharded()) {
         named[t->param()].second.detach().index_put_(
             {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())}, got);
         continue;
       }
-      if (!at::equal(got, want))
+      if (!at::equal(got, rounded(want)))
         throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) + "-" +
                        std::to_string(t->row1() - 1) + ", cols " +
                        std::to_string(t->col0()) + "-" + std::to_string(t->col1() - 1) +
@@ -1828,12 +1837,21 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
+  if (bf16Wire && rr.sharded() && !rr.gen)
+    // The generation copy: what the rank held itself is rounded like what
+    // it received (the training shards stay exact float32).
+    for (auto &[name, w] : named)
+      w.detach().copy_(rounded(w.detach()));
   if (rr.gen) {
     // Generation on TP shards: the boxes of this rank's generation slot
-    // are in place (held or received); they become its TPLlama shards.
+    // are in place (held or received); they become its TPLlama shards
+    // (rounded to bfloat16 with a bf16 wire, like what travelled).
     // The ranks hosting the same TP index of different replicas must hold
     // identical shards.
     rr.gen->loadFrom(*rr.model);
+    if (bf16Wire)
+      for (auto &[name, w] : rr.gen->namedShards())
+        w.detach().copy_(rounded(w.detach()));
     double sum = 0;
     for (auto &[name, w] : rr.gen->namedShards())
       sum += w.detach().to(at::kDouble).sum().item<double>();
@@ -1885,8 +1903,9 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
                   what.c_str(), fmtBytes((double)total).c_str(), ms,
                   fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
     else
-      std::printf("[reshard] %s %s in %.1f ms (planned %s)\n", what.c_str(),
-                  fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str());
+      std::printf("[reshard] %s %s in %.1f ms (planned %s)%s\n", what.c_str(),
+                  fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str(),
+                  rs.wire_dtype() && str(rs.wire_dtype()) == "bf16" ? " as bf16" : "");
   }
   if (!naive && total != rs.bytes())
     throw RunError("reshard of " + what + ": the role's ranks received " +

@@ -25,6 +25,7 @@ namespace hflow::launch {
 
 std::string usage() {
   return R"(usage: hflow-run [options] PLAN.bin
+       hflow-run --calibrate OUT.json PLAN.bin
 
 Runs an execution plan compiled by hflowc. Without a launcher environment it
 starts the plan's world size as local processes (one per rank) on this
@@ -70,6 +71,14 @@ options:
   --export-hf DIR      at the end, write the actor's weights as a Hugging Face
                        checkpoint (config.json + model.safetensors); a program
                        can start from it with model m = hf("DIR")
+  --calibrate FILE     instead of running the plan, measure this machine and
+                       write the compiler's cost-model constants to FILE (JSON)
+                       for 'hflowc --calibration FILE': a small Llama's
+                       training, forward, prefill and decode steps, and Gloo
+                       messages between 2 local worker processes, as
+                       efficiencies of the nominal figures of PLAN's mesh
+                       (device FLOP/s and memory bandwidth, intra-node link);
+                       prints what it measured (about 10 s)
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
   --dry-run            verify the plan and print what each rank would do, run nothing
@@ -213,6 +222,13 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         error = "--export-hf needs a directory";
         return false;
       }
+    } else if (a == "--calibrate") {
+      if (!needValue(o.calibrateOut))
+        return false;
+      if (o.calibrateOut.empty()) {
+        error = "--calibrate needs a file name";
+        return false;
+      }
     } else if (a == "--trace") {
       if (!needValue(o.traceFile))
         return false;
@@ -286,7 +302,14 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
   if (o.help || o.version)
     return true;
   if (positional.empty()) {
-    error = "missing the plan file argument";
+    error = o.calibrateOut.empty()
+                ? "missing the plan file argument"
+                : "--calibrate needs a plan file: its mesh gives the nominal "
+                  "device and link figures the measurements are compared with";
+    return false;
+  }
+  if (!o.calibrateOut.empty() && o.dryRun) {
+    error = "--calibrate and --dry-run exclude each other";
     return false;
   }
   if (positional.size() > 1) {

@@ -48,6 +48,10 @@ struct Options {
   bool serialize = false;    ///< a world barrier after every step (baseline)
   std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
   std::string exportHf;      ///< write the trained actor as an HF checkpoint
+  /// --calibrate FILE: measure this machine on 2 local processes and write
+  /// the cost model's calibration file (runtime/exec/Calibrate.h) instead
+  /// of running the plan.
+  std::string calibrateOut;
 };
 
 /// Parses argv[1..]. Returns false with a one-line `error` for usage errors

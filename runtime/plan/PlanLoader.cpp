@@ -96,6 +96,12 @@ bool checkSemantics(const Plan &p, std::string &error) {
     if (m->nodes() < 1 || m->per_node() < 1)
       return c.fail("mesh ", i, " has ", m->nodes(), " nodes x ", m->per_node(),
                     " devices");
+    // The nominal figures (format 2.3; 0 when an older compiler wrote the
+    // plan) are finite and non-negative.
+    for (double v : {m->device_memory(), m->device_bf16_flops(), m->device_fp32_flops(),
+                     m->device_bandwidth(), m->intra_bandwidth(), m->inter_bandwidth()})
+      if (!std::isfinite(v) || v < 0)
+        return c.fail("mesh ", i, " has a negative or non-finite device or link figure");
   }
   for (size_t i = 0; i < nModels; ++i) {
     const Model *m = p.models()->Get(i);
@@ -206,6 +212,21 @@ bool checkSemantics(const Plan &p, std::string &error) {
                     " ranks");
     if (rs->bytes_per_element() < 1 || rs->bytes_per_element() > 8)
       return c.fail(what, " has ", rs->bytes_per_element(), " bytes per element");
+    // Format 2.3: the wire element size (0: the weights' own), either the
+    // weights' own or 2 (bf16, named by wire_dtype, when that is narrower).
+    const int64_t wireBpe = rs->wire_bytes_per_element() ? rs->wire_bytes_per_element()
+                                                          : rs->bytes_per_element();
+    if ((wireBpe != rs->bytes_per_element() && wireBpe != 2) ||
+        wireBpe > rs->bytes_per_element())
+      return c.fail(what, " sends ", rs->wire_bytes_per_element(),
+                    " bytes per element for weights of ", rs->bytes_per_element(),
+                    " (only bf16, 2, or the weights' own size)");
+    const std::string wireDtype = rs->wire_dtype() ? rs->wire_dtype()->str() : "";
+    if (!wireDtype.empty() && wireDtype != "bf16")
+      return c.fail(what, " has the unknown wire dtype '", wireDtype, "'");
+    if (wireDtype == "bf16" ? wireBpe != 2 : wireBpe != rs->bytes_per_element())
+      return c.fail(what, " has wire dtype '", wireDtype, "' with ", wireBpe,
+                    " bytes per element");
     const size_t nParams = len(rs->params());
     for (size_t k = 0; k < nParams; ++k) {
       const WeightParam *wp = rs->params()->Get(k);
@@ -225,8 +246,7 @@ bool checkSemantics(const Plan &p, std::string &error) {
           t->col0() < 0 || t->col0() >= t->col1() || t->col1() > wp->cols())
         return c.fail(what, " transfer ", k, " range is outside parameter ",
                       wp->name()->str());
-      total += (t->row1() - t->row0()) * (t->col1() - t->col0()) *
-               rs->bytes_per_element();
+      total += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
     }
     if (total != rs->bytes())
       return c.fail(what, " transfers add up to ", total, " bytes, not ", rs->bytes());

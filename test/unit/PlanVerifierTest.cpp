@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <tuple>
 
 using namespace hflow;
 
@@ -149,11 +151,102 @@ TEST(PlanVerifier, RefusesMissingSchedule) {
   EXPECT_EQ(error, "invalid plan: plan has 1 rank schedules for a world of 2");
 }
 
+TEST(PlanVerifier, MeshNominalFigures) {
+  std::string error;
+  ASSERT_TRUE(verify(test::buildTestPlan({.meshDeviceBandwidth = 2e10}), error)) << error;
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_FALSE(verify(test::buildTestPlan({.meshDeviceBandwidth = bad}), error)) << bad;
+    EXPECT_NE(error.find("mesh 0 has a negative or non-finite device or link figure"),
+              std::string::npos)
+        << error;
+  }
+}
+
 TEST(PlanVerifier, RefusesCheckOfLaterStep) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.checkNamesLaterStep = true}), error));
   EXPECT_EQ(error, "invalid plan: step 1 checks step 1, which is not an earlier "
                    "compute step");
+}
+
+// Format 2.3: a reshard's wire element size. Absent (0) or the weights' own
+// size moves the weights as they are; 2 with the name "bf16" compresses f32
+// weights, and the transfers then count 2 bytes per element.
+TEST(PlanVerifier, ReshardWireElementSize) {
+  std::string error;
+  auto reshardOf = [](const std::vector<uint8_t> &bytes) {
+    plan::LoadedPlan loaded;
+    std::string e;
+    EXPECT_TRUE(plan::verifyPlanBuffer(bytes, loaded, e)) << e;
+    const std::vector<uint8_t> body = bodyOf(bytes);
+    const auto *p = flatbuffers::GetRoot<plan::Plan>(body.data());
+    return std::make_tuple(p->reshards()->Get(0)->bytes(),
+                           p->reshards()->Get(0)->bytes_per_element(),
+                           p->reshards()->Get(0)->wire_bytes_per_element());
+  };
+  // As a 2.2 plan: no wire fields, 6 elements x 4 bytes.
+  EXPECT_TRUE(verify(test::buildTestPlan({.withReshard = true}), error)) << error;
+  EXPECT_EQ(reshardOf(test::buildTestPlan({.withReshard = true})),
+            std::make_tuple(int64_t(24), 4, 0));
+  // Explicitly the weights' own size.
+  EXPECT_TRUE(verify(test::buildTestPlan({.withReshard = true,
+                                          .reshardWireBytesPerElement = 4}),
+                     error))
+      << error;
+  // bf16 on the wire: 6 x 2 bytes.
+  auto bf16 = test::buildTestPlan({.withReshard = true,
+                                   .reshardWireBytesPerElement = 2,
+                                   .reshardWireDtype = "bf16"});
+  EXPECT_TRUE(verify(bf16, error)) << error;
+  EXPECT_EQ(reshardOf(bf16), std::make_tuple(int64_t(12), 4, 2));
+  // bf16 weights named bf16 on the wire: the same size, accepted.
+  EXPECT_TRUE(verify(test::buildTestPlan({.withReshard = true,
+                                          .reshardBytesPerElement = 2,
+                                          .reshardWireBytesPerElement = 2,
+                                          .reshardWireDtype = "bf16"}),
+                     error))
+      << error;
+
+  // The bytes must count the wire size, not the weights'.
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireBytesPerElement = 2,
+                                           .reshardWireDtype = "bf16",
+                                           .reshardBytes = 24}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 transfers add up to 12 bytes, not 24");
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true, .reshardBytes = 12}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 transfers add up to 24 bytes, not 12");
+  // Only 2 or the weights' own size.
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireBytesPerElement = 1}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 sends 1 bytes per element for weights "
+                   "of 4 (only bf16, 2, or the weights' own size)");
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardBytesPerElement = 2,
+                                           .reshardWireBytesPerElement = 4}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 sends 4 bytes per element for weights "
+                   "of 2 (only bf16, 2, or the weights' own size)");
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireBytesPerElement = -2}),
+                      error));
+  // A narrower wire must say what it is, and only bf16 is known.
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireBytesPerElement = 2}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 has wire dtype '' with 2 bytes per element");
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireBytesPerElement = 2,
+                                           .reshardWireDtype = "f16"}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 has the unknown wire dtype 'f16'");
+  EXPECT_FALSE(verify(test::buildTestPlan({.withReshard = true,
+                                           .reshardWireDtype = "bf16"}),
+                      error));
+  EXPECT_EQ(error, "invalid plan: reshard 0 has wire dtype 'bf16' with 4 bytes per element");
 }
 
 TEST(PlanLoader, MissingFileNamesThePath) {

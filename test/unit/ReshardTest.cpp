@@ -568,6 +568,96 @@ TEST(ReshardPlan, RandomTinyModelsAgainstBruteForce) {
               cases, pairs.size(), permutationChecked, withTransfers, improved);
 }
 
+// Compressed transfers (an actor's transfer_dtype: bf16 on f32 weights):
+// the planner counts wire bytes by planning with the wire element size. The
+// plan must be the same plan, element for element, with every byte figure
+// scaled exactly by wire / weights, and still meet the element-level lower
+// bound at the wire size.
+static void expectScaledPlan(const std::vector<Param> &ps, const Layout &from,
+                      const Layout &to, int64_t layers, Options opts) {
+  SCOPED_TRACE(from.str() + " -> " + to.str());
+  opts.bytesPerElement = 4;
+  Plan f32 = planWeights(ps, from, to, layers, opts);
+  opts.bytesPerElement = 2;
+  Plan bf16 = planWeights(ps, from, to, layers, opts);
+  ASSERT_EQ(bf16.assignment, f32.assignment);
+  ASSERT_EQ(bf16.transfers.size(), f32.transfers.size());
+  for (size_t i = 0; i < f32.transfers.size(); ++i) {
+    const Transfer &a = f32.transfers[i], &b = bf16.transfers[i];
+    ASSERT_TRUE(a.param == b.param && a.src == b.src && a.dst == b.dst &&
+                a.box == b.box)
+        << "transfer " << i << " differs";
+    ASSERT_EQ(a.bytes, 2 * b.bytes);
+    ASSERT_EQ(b.bytes, b.box.area() * 2);
+  }
+  ASSERT_EQ(bf16.collectives.size(), f32.collectives.size());
+  for (size_t i = 0; i < f32.collectives.size(); ++i) {
+    EXPECT_EQ(bf16.collectives[i].kind, f32.collectives[i].kind);
+    EXPECT_EQ(bf16.collectives[i].groups, f32.collectives[i].groups);
+    EXPECT_EQ(bf16.collectives[i].groupSize, f32.collectives[i].groupSize);
+    EXPECT_EQ(bf16.collectives[i].transfers, f32.collectives[i].transfers);
+    EXPECT_EQ(2 * bf16.collectives[i].bytes, f32.collectives[i].bytes);
+  }
+  EXPECT_EQ(2 * bf16.modelBytes, f32.modelBytes);
+  EXPECT_EQ(2 * bf16.totalBytes, f32.totalBytes);
+  EXPECT_EQ(2 * bf16.lowerBound, f32.lowerBound);
+  EXPECT_EQ(2 * bf16.maxRecvPerRank, f32.maxRecvPerRank);
+  EXPECT_EQ(2 * bf16.maxSendPerRank, f32.maxSendPerRank);
+  EXPECT_EQ(2 * bf16.maxExtraPerRank, f32.maxExtraPerRank);
+  EXPECT_EQ(2 * bf16.maxTargetShard, f32.maxTargetShard);
+  EXPECT_EQ(2 * bf16.naiveBytes, f32.naiveBytes);
+  EXPECT_EQ(2 * bf16.crossNodeBytes, f32.crossNodeBytes);
+  // Planned == lower bound at both sizes, and the lower bound is the
+  // element count times the wire size.
+  EXPECT_EQ(bf16.totalBytes, bf16.lowerBound);
+  EXPECT_EQ(f32.totalBytes, f32.lowerBound);
+  if (elements(ps) <= 1000000) { // element by element: small models only
+    EXPECT_EQ(bruteForceLowerBound(ps, from, to, layers, bf16.assignment, 2),
+              bf16.lowerBound);
+    EXPECT_EQ(bruteForceLowerBound(ps, from, to, layers, f32.assignment, 4),
+              f32.lowerBound);
+    EXPECT_EQ(2 * bruteForceLowerBound(ps, from, to, layers, f32.assignment, 1),
+              bf16.lowerBound);
+  }
+}
+
+TEST(ReshardPlan, WireElementSizeScalesEveryFigureExactly) {
+  // The demo's actor (arith_grpo.hflow): fsdp(2) -> dp(2), and the
+  // tiny.hflow pattern tp(2) -> dp(2), on the 361k-parameter Llama.
+  const ModelShape demo = shape(2, 64, 4, 2, 128, 256);
+  std::vector<Param> ps = llamaParams(demo);
+  Options o;
+  for (auto [from, to] : {std::pair{L(1, 2, 1, 1), L(2, 1, 1, 1)},
+                          std::pair{L(1, 1, 2, 1), L(2, 1, 1, 1)},
+                          std::pair{L(1, 1, 4, 1), L(1, 2, 1, 2)},
+                          std::pair{L(2, 1, 2, 2), L(1, 1, 4, 2)},
+                          std::pair{L(1, 1, 2, 2, 2), L(4, 1, 2, 1)}})
+    expectScaledPlan(ps, from, to, demo.layers, o);
+  // Random tiny models and layout pairs, several nodes.
+  std::mt19937 rng(4242);
+  int cases = 0;
+  for (int it = 0; it < 150; ++it) {
+    int64_t hidden = 4 * (1 + rng() % 4);
+    std::vector<int64_t> hs = divisors(hidden);
+    int64_t heads = hs[rng() % hs.size()];
+    ModelShape m = shape(1 + rng() % 4, hidden, heads, heads, 4 * (1 + rng() % 6),
+                         8 + 4 * (rng() % 7), rng() % 2, rng() % 2);
+    std::vector<Layout> ls = layoutsOf(1 + rng() % 8, m);
+    Options opts;
+    opts.ranksPerNode = 1 + rng() % 4;
+    opts.optimizeAssignment = rng() % 4 != 0;
+    expectScaledPlan(llamaParams(m), ls[rng() % ls.size()], ls[rng() % ls.size()],
+                     m.layers, opts);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 150);
+  // Llama-2-7B, README's case: tp4*dp4 -> tp2*dp8 on 16 ranks of 8 per node.
+  Options big;
+  big.ranksPerNode = 8;
+  expectScaledPlan(llamaParams(kLlama7B), L(4, 1, 4, 1), L(8, 1, 2, 1),
+                   kLlama7B.layers, big);
+}
+
 TEST(ReshardPlan, IdenticalLayoutsMoveNothing) {
   std::vector<Param> ps = llamaParams(shape(4, 16, 4, 2, 24, 32));
   for (Layout l : {L(8, 1, 1, 1), L(1, 8, 1, 1), L(2, 1, 2, 2), L(1, 2, 2, 1, 2),

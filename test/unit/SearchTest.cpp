@@ -223,6 +223,26 @@ TEST(CostModel, TransitionFromReshardPlanner) {
   std::printf("tp4*pp2*dp4 -> tp4*dp8 on 32: full %.4f s, reduced %.4f s\n", full, reduced);
 }
 
+// An f32 actor's transition costs twice a bf16 one's bandwidth term; with
+// transfer_dtype: bf16 (wireBytes 2) it costs exactly what bf16 weights do.
+TEST(CostModel, TransitionAtTheWireElementSize) {
+  Mesh m = mesh(4);
+  Calibration c;
+  RoleSpec bf16 = role("actor", RoleKind::Actor, llama7b());
+  RoleSpec f32 = bf16;
+  f32.dtypeBytes = 4;
+  RoleSpec wire = f32;
+  wire.wireBytes = 2;
+  const double P = 6738415616.0;
+  double t32 = transitionSeconds(f32, L(4, 1, 4), L(2, 1, 8), 16, m, c);
+  double t16 = transitionSeconds(bf16, L(4, 1, 4), L(2, 1, 8), 16, m, c);
+  double tw = transitionSeconds(wire, L(4, 1, 4), L(2, 1, 8), 16, m, c);
+  EXPECT_NEAR(t32, P * 4 / 4 / 600e9 + 5e-6, 1e-6);
+  EXPECT_NEAR(t16, P * 2 / 4 / 600e9 + 5e-6, 1e-6);
+  EXPECT_DOUBLE_EQ(tw, t16);
+  EXPECT_LT(tw, t32);
+}
+
 //===----------------------------------------------------------------------===//
 // Memory: the figures hflowc prints (compiler/planner/Memory.h)
 //===----------------------------------------------------------------------===//
@@ -345,6 +365,96 @@ TEST(Calibration, Refuses) {
     EXPECT_FALSE(err.empty()) << bad;
     EXPECT_DOUBLE_EQ(c.trainEfficiency, 0.3) << bad; // untouched
   }
+}
+
+TEST(Calibration, MeasuredObjectIsCheckedAndIgnored) {
+  Calibration c;
+  std::string err;
+  ASSERT_TRUE(loadCalibration(
+      "{\"measured\": {\"train_seconds\": 0.25, \"params\": 361088, "
+      "\"anything\": -1e-3}, \"alphaIntra\": 3e-5}",
+      c, err))
+      << err;
+  EXPECT_DOUBLE_EQ(c.alphaIntra, 3e-5);
+  EXPECT_DOUBLE_EQ(c.trainEfficiency, 0.5); // "measured" sets nothing
+  ASSERT_TRUE(loadCalibration("{\"measured\": {}}", c, err)) << err;
+  for (const char *bad :
+       {"{\"measured\": 1}", "{\"measured\": {\"a\": \"x\"}}",
+        "{\"measured\": {\"a\": {\"b\": 1}}}", "{\"measured\": {\"a\": 1,}}",
+        "{\"measured\": {\"a\": 1, \"a\": 2}}",
+        "{\"measured\": {}, \"measured\": {}}", "{\"measured\": {\"a\": 1}"}) {
+    Calibration d;
+    d.trainEfficiency = 0.3;
+    EXPECT_FALSE(loadCalibration(bad, d, err)) << bad;
+    EXPECT_FALSE(err.empty()) << bad;
+    EXPECT_DOUBLE_EQ(d.trainEfficiency, 0.3) << bad;
+  }
+}
+
+TEST(Calibration, Messages) {
+  Calibration c;
+  std::string err;
+  EXPECT_FALSE(loadCalibration("{\"trainEfficency\": 0.5}", c, err));
+  EXPECT_EQ(err, "calibration: unknown key \"trainEfficency\" at offset 19");
+  // An unknown key is named even when its value is not a number.
+  EXPECT_FALSE(loadCalibration("{\"nope\": \"x\"}", c, err));
+  EXPECT_EQ(err, "calibration: unknown key \"nope\" at offset 9");
+  EXPECT_FALSE(loadCalibration("{\"trainEfficiency\": 1.5}", c, err));
+  EXPECT_EQ(err, "calibration: \"trainEfficiency\" = 1.5 is outside (0, 1] at offset 20");
+  EXPECT_FALSE(loadCalibration("{\"alphaIntra\": 2000}", c, err));
+  EXPECT_EQ(err, "calibration: \"alphaIntra\" = 2000 is outside [0, 1000] at offset 15");
+  EXPECT_FALSE(loadCalibration("{\"epochs\": 0.5}", c, err));
+  EXPECT_EQ(err, "calibration: \"epochs\" = 0.5 is outside [1, 1e+06] at offset 11");
+}
+
+TEST(Calibration, Keys) {
+  size_t n = 0;
+  const CalibrationKey *keys = calibrationKeys(n);
+  ASSERT_EQ(n, 13u);
+  // Every key reads back into its own field, at both ends of its range.
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(findCalibrationKey(keys[i].name), &keys[i]);
+    for (double v : {keys[i].min, keys[i].max}) {
+      Calibration c;
+      std::string err;
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "{\"%s\": %.17g}", keys[i].name, v);
+      ASSERT_TRUE(loadCalibration(buf, c, err)) << buf << ": " << err;
+      EXPECT_DOUBLE_EQ(c.*(keys[i].field), v) << buf;
+    }
+  }
+  EXPECT_EQ(findCalibrationKey("measured"), nullptr);
+  EXPECT_EQ(findCalibrationKey("nope"), nullptr);
+}
+
+TEST(Calibration, File) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/hflow-calibration-test.json";
+  {
+    std::FILE *f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"linkEfficiency\": 0.25,\n \"measured\": {\"p2p_seconds\": 0.01}}\n", f);
+    std::fclose(f);
+  }
+  Calibration c;
+  std::string err;
+  ASSERT_TRUE(loadCalibrationFile(path, c, err)) << err;
+  EXPECT_DOUBLE_EQ(c.linkEfficiency, 0.25);
+  {
+    std::FILE *f = std::fopen(path.c_str(), "w");
+    std::fputs("{\"linkEfficiency\": 0}", f);
+    std::fclose(f);
+  }
+  Calibration d;
+  EXPECT_FALSE(loadCalibrationFile(path, d, err));
+  EXPECT_EQ(err, "calibration " + path +
+                     ": \"linkEfficiency\" = 0 is outside (0, 1] at offset 19");
+  EXPECT_DOUBLE_EQ(d.linkEfficiency, 1.0);
+  std::remove(path.c_str());
+  EXPECT_FALSE(loadCalibrationFile(path, d, err));
+  EXPECT_EQ(err, "calibration " + path + ": cannot read: No such file or directory");
+  EXPECT_FALSE(loadCalibrationFile(dir, d, err));
+  EXPECT_EQ(err, "calibration " + dir + ": cannot read: Is a directory");
 }
 
 //===----------------------------------------------------------------------===//

@@ -26,6 +26,17 @@ struct TestPlanOptions {
   bool roleRankOutOfWorld = false;
   bool missingSchedule = false;
   bool checkNamesLaterStep = false;
+  // The mesh's nominal device memory bandwidth (format 2.3; 0: absent).
+  double meshDeviceBandwidth = 0;
+  // A Reshard of the actor (not scheduled): rank 0 sends rank 1 rows 0-1,
+  // cols 0-2 of one 64 x 32 parameter, 6 elements, with these element
+  // sizes (wire 0: the field left at its default, as in a 2.2 plan) and
+  // `reshardBytes` (-1: what the transfer counts, 6 x the wire size).
+  bool withReshard = false;
+  int reshardBytesPerElement = 4;
+  int reshardWireBytesPerElement = 0;
+  std::string reshardWireDtype;
+  int64_t reshardBytes = -1;
 };
 
 /// Wraps a finished Plan buffer into a plan file as the compiler does:
@@ -60,7 +71,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   if (o.roleRankOutOfWorld)
     roleRanks.back() = o.worldSize;
   auto mesh = CreateMesh(b, b.CreateString("local"), b.CreateString("cpu"), 1,
-                         o.worldSize);
+                         o.worldSize, 0, 0, 0, o.meshDeviceBandwidth);
   auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
                            2, 32, 4, 2, 64, 64, DType::F32, 0);
   Layout train(o.worldSize, 1, 1, 1, 1, 1), gen(o.worldSize, 1, 1, 1, 1, 1);
@@ -80,6 +91,20 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   std::vector<flatbuffers::Offset<RankSchedule>> scheds;
   for (int r = 0; r < o.worldSize - (o.missingSchedule ? 1 : 0); ++r)
     scheds.push_back(CreateRankSchedule(b, r, b.CreateVector(std::vector<int>{0, 1})));
+  std::vector<flatbuffers::Offset<Reshard>> reshards;
+  if (o.withReshard) {
+    const int wire = o.reshardWireBytesPerElement ? o.reshardWireBytesPerElement
+                                                  : o.reshardBytesPerElement;
+    std::vector<flatbuffers::Offset<WeightParam>> params{
+        CreateWeightParam(b, b.CreateString("embed"), 64, 32)};
+    std::vector<WeightTransfer> transfers{WeightTransfer(0, 1, 0, 0, 0, 2, 0, 3)};
+    const int64_t bytes = o.reshardBytes >= 0 ? o.reshardBytes : 6 * int64_t(wire);
+    reshards.push_back(CreateReshard(
+        b, 0, b.CreateString("train"), b.CreateString("generate"),
+        b.CreateVector(params), b.CreateVector(all), b.CreateVectorOfStructs(transfers),
+        bytes, bytes, bytes, o.reshardBytesPerElement, o.reshardWireBytesPerElement,
+        o.reshardWireDtype.empty() ? 0 : b.CreateString(o.reshardWireDtype)));
+  }
   std::vector<uint8_t> sha(32, 0xab);
   auto planOff = CreatePlan(
       b, b.CreateString("test.hflow"), b.CreateVector(sha),
@@ -90,7 +115,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
       b.CreateVector(std::vector<flatbuffers::Offset<Group>>{group}),
       b.CreateVector(std::vector<flatbuffers::Offset<Value>>{v0, v1}),
       b.CreateVector(std::vector<flatbuffers::Offset<Step>>{s0, s1}),
-      b.CreateVector(scheds));
+      b.CreateVector(scheds), 0, b.CreateVector(reshards));
   b.Finish(planOff);
   std::vector<uint8_t> body(b.GetBufferPointer(),
                             b.GetBufferPointer() + b.GetSize());

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "CostModel.h"
 #include "Driver.h"
 
 #include "hflow/HflowDialect.h"
@@ -43,6 +44,13 @@ cl::opt<std::string> printReshardPlan(
              "instead of the IR: --print-reshard-plan (text) or "
              "--print-reshard-plan=json"),
     cl::value_desc("text|json"), cl::cat(hflowOptCategory));
+cl::opt<std::string> calibrationFile(
+    "calibration",
+    cl::desc("With --print-reshard-plan: read the cost model's constants "
+             "(link efficiency, per-message latencies; `place auto`'s) from "
+             "a calibration file. For other pipelines use the passes' "
+             "option: --hflow-pipeline='calibration=FILE'"),
+    cl::value_desc("file"), cl::init(""), cl::cat(hflowOptCategory));
 
 /// A `.hflow` input as MLIR text (with its locations) for MlirOptMain.
 /// On failure `exitCode` is 2 for an unreadable file (a usage error, as in
@@ -104,6 +112,23 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if (calibrationFile.getNumOccurrences() > 0) {
+    auto usage = [](const llvm::Twine &msg) {
+      llvm::WithColor::error(llvm::errs(), "hflow-opt") << msg << "\n";
+      return 2;
+    };
+    if (!reshard)
+      return usage("--calibration applies to --print-reshard-plan; for a pass "
+                   "pipeline give it to the passes: "
+                   "--hflow-pipeline='calibration=FILE'");
+    if (calibrationFile.empty())
+      return usage("--calibration needs a file name");
+    ::hflow::placement::Calibration cal;
+    std::string calError;
+    if (!::hflow::placement::loadCalibrationFile(calibrationFile, cal, calError))
+      return usage(calError);
+  }
+
   std::unique_ptr<llvm::MemoryBuffer> input;
   if (llvm::StringRef(inputFilename).ends_with(".hflow")) {
     int code = 0;
@@ -122,10 +147,12 @@ int main(int argc, char **argv) {
   if (reshard) {
     // The reshard planner needs placed IR; printing replaces the IR output.
     bool json = printReshardPlan == "json";
-    config.setPassPipelineSetupFn([json](PassManager &pm) -> LogicalResult {
-      mlir::hflow::buildHflowPipeline(pm);
+    std::string cal = calibrationFile;
+    config.setPassPipelineSetupFn([json, cal](PassManager &pm) -> LogicalResult {
+      mlir::hflow::buildHflowPipeline(pm, cal);
       mlir::hflow::HflowPrintReshardPlanOptions opts;
       opts.format = json ? "json" : "text";
+      opts.calibration = cal;
       pm.addPass(mlir::hflow::createHflowPrintReshardPlan(opts));
       return success();
     });

@@ -2,11 +2,13 @@
 //
 // Local mode (no launcher environment): verify the plan, choose the master
 // port, start the plan's world size as child processes of this binary and
-// supervise them. Join mode (torchrun/srun/mpirun environment, or a local
+// supervise them. --calibrate: the same with 2 children that measure this
+// machine instead (runtime/exec/Calibrate.h). Join mode (torchrun/srun/mpirun environment, or a local
 // child): run one rank. Exit status: 0 success, 2 usage or invalid plan,
 // 1 runtime failure.
 //
 //===----------------------------------------------------------------------===//
+#include "Calibrate.h"
 #include "Launcher.h"
 #include "PlanFormat.h"
 #include "DryRun.h"
@@ -17,9 +19,12 @@
 #include "NcclCommunicator.h"
 #endif
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -33,6 +38,62 @@ int error(int code, const std::string &msg) {
   std::fflush(stdout);
   std::fprintf(stderr, "hflow-run: error: %s\n", msg.c_str());
   return code;
+}
+
+/// --calibrate: 2 local worker processes measure this machine; rank 0
+/// writes the calibration file (runtime/exec/Calibrate.h).
+int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o,
+              const std::vector<std::string> &args, const char *argv0) {
+  using namespace hflow;
+  if (std::string problem = exec::calibrationPlanProblem(lp); !problem.empty())
+    return error(2, "--calibrate: " + o.planPath + ": " + problem);
+  std::string err;
+  launch::JoinInfo join;
+  if (!launch::detectJoin(launch::processEnv(), o, join, err))
+    return error(2, err);
+  auto timeout = std::chrono::milliseconds(
+      (long long)std::llround(o.timeoutSeconds * 1000.0));
+  if (join.source == launch::JoinSource::LocalChild) {
+    exec::CalibrateOptions co;
+    co.outPath = o.calibrateOut;
+    co.rank = join.rank;
+    co.worldSize = join.worldSize;
+    co.masterAddr = join.masterAddr;
+    co.masterPort = join.masterPort;
+    co.timeout = timeout;
+    co.version = HFLOW_VERSION;
+    co.quiet = o.quiet;
+    co.verbose = o.verbose;
+    return exec::runCalibrationWorker(lp, co);
+  }
+  if (join.source != launch::JoinSource::None)
+    return error(2, std::string("--calibrate measures this machine with its own ") +
+                        std::to_string(exec::kCalibrationRanks) +
+                        " local processes; it does not join a " +
+                        launch::joinSourceName(join.source) + " job");
+  // The file is written by rank 0 at the end: refuse a directory that cannot
+  // take it before measuring anything.
+  std::string dir = o.calibrateOut;
+  size_t slash = dir.find_last_of('/');
+  dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : dir.substr(0, slash));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return error(2, "--calibrate: cannot write '" + o.calibrateOut + "': " +
+                        std::strerror(errno));
+  const std::string addr = o.masterAddr.empty() ? "127.0.0.1" : o.masterAddr;
+  int port = o.masterPort;
+  if (port > 0) {
+    if (launch::portInUse(addr, port))
+      return error(1, "--master-port " + std::to_string(port) + " is in use on " +
+                          addr + " (choose another or omit it)");
+  } else {
+    port = launch::pickFreePort(addr);
+    if (port < 0)
+      return error(1, "cannot find a free port on " + addr + " for the rendezvous");
+  }
+  std::vector<std::string> childArgv;
+  childArgv.push_back(argv0);
+  childArgv.insert(childArgv.end(), args.begin(), args.end());
+  return launch::runLocal(exec::kCalibrationRanks, addr, port, childArgv);
 }
 
 } // namespace
@@ -64,6 +125,8 @@ int main(int argc, char **argv) {
   if (!plan::loadPlanFile(o.planPath, lp, err))
     return error(2, err);
   const int world = lp.plan()->world_size();
+  if (!o.calibrateOut.empty())
+    return calibrate(lp, o, args, argv[0]);
   if (o.dryRun) {
     exec::printDryRun(lp, stdout);
     return 0;

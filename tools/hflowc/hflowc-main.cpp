@@ -4,11 +4,14 @@
 //   hflowc prog.hflow --emit=mlir        the hflow IR as generated
 //   hflowc prog.hflow --emit=mlir-placed the IR after the pass pipeline
 //   hflowc prog.hflow --emit=plan-json   the plan, decoded, as JSON
+//   hflowc prog.hflow --calibration cal.json --explain-placement
+//                                        predicted times from measured constants
 //
 // Exit codes: 0 success, 1 the program has errors, 2 usage or I/O errors.
 //
 //===----------------------------------------------------------------------===//
 
+#include "CostModel.h"
 #include "Driver.h"
 #include "Frontend.h"
 #include "MLIRGen.h"
@@ -75,6 +78,12 @@ cl::opt<int> explainPlacement(
     cl::desc("Print the best k placements the search finds (default 3), with "
              "their predicted time by stage and memory per device"),
     cl::value_desc("k"), cl::init(0), cl::cat(hflowcCategory));
+cl::opt<std::string> calibrationFile(
+    "calibration",
+    cl::desc("Read the cost model's constants from a calibration file (JSON, "
+             "e.g. written by 'hflow-run --calibrate'); used by `place auto` "
+             "and --explain-placement"),
+    cl::value_desc("file"), cl::init(""), cl::cat(hflowcCategory));
 cl::opt<bool> printDebugLocs("mlir-print-locations",
                              cl::desc("Print source locations in --emit=mlir*"),
                              cl::init(false), cl::cat(hflowcCategory));
@@ -111,6 +120,17 @@ int main(int argc, char **argv) {
           "  hflow-run plan.bin                 then run it\n",
           &llvm::errs()))
     return kExitUsage; // a bad command line
+
+  // The calibration file is checked before the program: a bad file is one
+  // line, and nothing is compiled or written.
+  if (calibrationFile.getNumOccurrences() > 0) {
+    if (calibrationFile.empty())
+      return fail("--calibration needs a file name");
+    ::hflow::placement::Calibration cal;
+    std::string calError;
+    if (!::hflow::placement::loadCalibrationFile(calibrationFile, cal, calError))
+      return fail(calError);
+  }
 
   std::string readError;
   std::unique_ptr<llvm::MemoryBuffer> input =
@@ -171,10 +191,11 @@ int main(int argc, char **argv) {
       return fail("--explain-placement takes a positive count");
     mlir::hflow::HflowExplainPlacementOptions opts;
     opts.k = explainPlacement == 0 ? 3 : explainPlacement.getValue();
+    opts.calibration = calibrationFile.getValue();
     pm.addPass(mlir::hflow::createHflowVerifyRoles());
     pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
   }
-  mlir::hflow::buildHflowPipeline(pm);
+  mlir::hflow::buildHflowPipeline(pm, calibrationFile);
   if (failed(pm.run(*module)))
     return finishWithErrors();
 

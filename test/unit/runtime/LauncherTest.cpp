@@ -49,6 +49,26 @@ TEST(LauncherArgs, PlanAndFlags) {
   EXPECT_TRUE(o.verbose);
 }
 
+TEST(LauncherArgs, Calibrate) {
+  Options o;
+  std::string err;
+  ASSERT_TRUE(parse({"--calibrate", "cal.json", "p.bin"}, o, err)) << err;
+  EXPECT_EQ(o.calibrateOut, "cal.json");
+  EXPECT_EQ(o.planPath, "p.bin");
+  ASSERT_TRUE(parse({"--calibrate=out/c.json", "p.bin"}, o, err)) << err;
+  EXPECT_EQ(o.calibrateOut, "out/c.json");
+  EXPECT_FALSE(parse({"--calibrate", "cal.json"}, o, err));
+  EXPECT_EQ(err, "--calibrate needs a plan file: its mesh gives the nominal device "
+                 "and link figures the measurements are compared with");
+  EXPECT_FALSE(parse({"--calibrate=", "p.bin"}, o, err));
+  EXPECT_EQ(err, "--calibrate needs a file name");
+  EXPECT_FALSE(parse({"--calibrate"}, o, err));
+  EXPECT_EQ(err, "option --calibrate needs a value");
+  EXPECT_FALSE(parse({"--calibrate", "c.json", "--dry-run", "p.bin"}, o, err));
+  EXPECT_EQ(err, "--calibrate and --dry-run exclude each other");
+  EXPECT_NE(usage().find("--calibrate FILE"), std::string::npos);
+}
+
 TEST(LauncherArgs, HelpAndVersionNeedNoPlan) {
   Options o;
   std::string err;
