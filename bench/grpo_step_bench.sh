@@ -42,14 +42,28 @@ trap 'rm -rf "$work"' EXIT
   -o "$work/grpo_prompts.jsonl" >/dev/null
 "$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" -o "$work/grpo_step.bin"
 
-echo "grpo_step_bench: $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager), first $WARMUP of each run dropped"
+# hflow-run picks OpenBLAS's kernels for the CPU when OpenBLAS does not know
+# it (runtime/launch/Blas.h); eager runs as Debian ships it. A third run per
+# round gives eager the same kernels (OPENBLAS_CORETYPE), like for like.
+version="$("$BIN/hflow-run" --version)"
+core=""
+case "$version" in
+  *"kernels, chosen for this CPU"*) core="$(sed -n 's/.*OpenBLAS \([A-Za-z0-9]*\) kernels, chosen.*/\1/p' <<<"$version")" ;;
+esac
+echo "grpo_step_bench: $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager${core:+, then eager with OPENBLAS_CORETYPE=$core}), first $WARMUP of each run dropped"
+echo "grpo_step_bench: $version"
 for ((r = 1; r <= ROUNDS; r++)); do
   HFLOW_NUM_THREADS=1 "$BIN/hflow-run" --quiet --data-dir "$work" --steps "$STEPS" \
     --metrics "$work/hflow.$r.jsonl" "$work/grpo_step.bin"
   "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
     --steps "$STEPS" --batch 8 --n 8 --max-tokens 16 --threads 1 \
     --metrics "$work/eager.$r.jsonl"
+  if [ -n "$core" ]; then
+    OPENBLAS_CORETYPE="$core" "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
+      --steps "$STEPS" --batch 8 --n 8 --max-tokens 16 --threads 1 \
+      --metrics "$work/eagersame.$r.jsonl"
+  fi
 done
 
 "$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" --emit=plan-json >"$work/plan.json"
-python3 "$ROOT/bench/grpo_step_report.py" "$work" "$ROUNDS" "$WARMUP"
+python3 "$ROOT/bench/grpo_step_report.py" "$work" "$ROUNDS" "$WARMUP" "$core"

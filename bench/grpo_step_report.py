@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""grpo_step_report.py WORK ROUNDS WARMUP: the table of bench/grpo_step_bench.sh.
+"""grpo_step_report.py WORK ROUNDS WARMUP [CORE]: the table of bench/grpo_step_bench.sh.
 
 Reads WORK/plan.json (hflowc --emit=plan-json of the program),
 WORK/hflow.R.jsonl (hflow-run --metrics) and WORK/eager.R.jsonl
 (bench/grpo_step_eager.py) for R = 1..ROUNDS, drops the first WARMUP
 iterations of each run, and prints the medians of the whole step and of its
-parts for both, and the ratios eager/hflow.
+parts for both, and the ratios eager/hflow. With CORE (the OpenBLAS kernels
+hflow-run chose for this CPU), also WORK/eagersame.R.jsonl: eager run with
+OPENBLAS_CORETYPE=CORE, the like-for-like comparison.
 """
 import json
 import statistics
 import sys
 
 work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+core = sys.argv[4] if len(sys.argv) > 4 else ""
 med = statistics.median
 
 # hflow's steps by part of the GRPO step: the plan's compute calls and
@@ -72,3 +75,16 @@ ratio = e_ms / h_ms
 print(f"figures: hflow {h_ms:.1f} ms/step, {h_tps:.0f} tok/s; eager {e_ms:.1f} ms/step, "
       f"{e_tps:.0f} tok/s; hflow speed-up {ratio:.2f}x (eager ms / hflow ms; target >= 2x"
       f"{'' if ratio >= 2 else ': NOT met'})")
+if core:
+    sr = runs("eagersame")
+    s_ = [x for r in sr for x in r]
+    s_ms, s_tps = med(x["iteration_ms"] for x in s_), med(x["tokens_per_s"] for x in s_)
+    sp = [parts(x, "eager") for x in s_]
+    print(f"like for like (eager with OPENBLAS_CORETYPE={core}, hflow-run's kernels):")
+    for name in PARTS:
+        a, b = med(x[name] for x in hp), med(x[name] for x in sp)
+        r_ = f"{b / a:12.2f}" if a > 0.05 else f"{'-':>12}"
+        print(f"{'  ' + name:22} {a:10.1f} {b:10.1f} {r_}")
+    print(f"figures, like for like: eager {s_ms:.1f} ms/step, {s_tps:.0f} tok/s; hflow speed-up "
+          f"{s_ms / h_ms:.2f}x (target >= 2x{'' if s_ms / h_ms >= 2 else ': NOT met'}); per-round "
+          "eager medians " + " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in sr))

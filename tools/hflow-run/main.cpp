@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Calibrate.h"
+#include "Blas.h"
 #include "Launcher.h"
 #include "PlanFormat.h"
 #include "DryRun.h"
@@ -100,6 +101,7 @@ int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o
 
 int main(int argc, char **argv) {
   using namespace hflow;
+  launch::chooseBlasKernels(argv); // may re-execute with OPENBLAS_CORETYPE set
   std::vector<std::string> args(argv + 1, argv + argc);
   launch::Options o;
   std::string err;
@@ -117,6 +119,12 @@ int main(int argc, char **argv) {
 #else
     std::printf("; gloo");
 #endif
+    const std::string core = launch::blasCoreName();
+    if (!core.empty())
+      std::printf("; OpenBLAS %s kernels%s", core.c_str(),
+                  std::getenv("HFLOW_BLAS_CHOSEN")    ? ", chosen for this CPU"
+                  : std::getenv("OPENBLAS_CORETYPE") ? ", from OPENBLAS_CORETYPE"
+                                                      : "");
     std::printf(")\n");
     return 0;
   }

@@ -1,4 +1,5 @@
 //===- LauncherTest.cpp - command line and join-environment parsing --------===//
+#include "Blas.h"
 #include "Launcher.h"
 
 #include <gtest/gtest.h>
@@ -226,4 +227,14 @@ TEST(LauncherPorts, InUseAndFree) {
   EXPECT_TRUE(portInUse("127.0.0.1", port));
   close(fd);
   EXPECT_FALSE(portInUse("127.0.0.1", port));
+}
+
+TEST(LauncherBlas, BetterCoreOnlyForPrescottWithWiderVectors) {
+  using hflow::launch::betterBlasCore;
+  EXPECT_EQ(betterBlasCore("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(betterBlasCore("prescott", false, true), "Haswell");
+  EXPECT_EQ(betterBlasCore("Prescott", false, false), "");
+  EXPECT_EQ(betterBlasCore("SkylakeX", true, true), "");
+  EXPECT_EQ(betterBlasCore("Haswell", true, true), ""); // OpenBLAS knew the CPU
+  EXPECT_EQ(betterBlasCore("", true, true), "");        // not OpenBLAS
 }
