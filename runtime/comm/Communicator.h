@@ -82,6 +82,15 @@ std::string oneLine(const std::string &msg);
 /// one line of its own, so those logs are off unless `verbose`.
 void setLibraryLogging(bool verbose);
 
+/// An all-gather in flight (Communicator::allGatherFlatAsync).
+class PendingGather {
+public:
+  virtual ~PendingGather() = default;
+  /// Blocks until the gather completed; allGatherFlat's result, [size, n].
+  /// Throws CommError like allGatherFlat. Call once.
+  virtual at::Tensor wait() = 0;
+};
+
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -101,6 +110,13 @@ public:
   virtual void allGather(const at::Tensor &in, std::vector<at::Tensor> &out) = 0;
   /// Flat variant: returns one tensor of shape [size(), in.numel()].
   virtual at::Tensor allGatherFlat(const at::Tensor &in) = 0;
+  /// allGatherFlat started now and completed by the result's wait(), so
+  /// this rank computes while the bytes move (FSDP prefetches the next
+  /// unit's weights this way). It takes its place among the member's
+  /// collectives when it is started: every member starts it at the same
+  /// point of its sequence of collectives. `in` must not change until
+  /// wait() returned. Counted when started. The default runs it at once.
+  virtual std::unique_ptr<PendingGather> allGatherFlatAsync(const at::Tensor &in);
   /// `t` is overwritten on every member with the value of member `root`.
   virtual void broadcast(at::Tensor &t, int root) = 0;
   /// Point-to-point; `peer` is a rank of this group, not a global rank.

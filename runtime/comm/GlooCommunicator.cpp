@@ -211,6 +211,46 @@ at::Tensor GlooCommunicator::allGatherFlat(const at::Tensor &in) {
   return flat;
 }
 
+std::unique_ptr<PendingGather> GlooCommunicator::allGatherFlatAsync(const at::Tensor &inRaw) {
+  at::Tensor in = inRaw.reshape({-1});
+  requireCpuContiguous("allGather", impl_->name, in);
+  // The work runs on c10d's Gloo threads; wait() joins it.
+  class GlooGather : public PendingGather {
+  public:
+    const Impl *impl = nullptr;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<std::vector<at::Tensor>> outs;
+    std::vector<at::Tensor> ins;
+    at::Tensor wait() override {
+      try {
+        impl->wait(work);
+      } catch (const std::exception &e) {
+        impl->fail("allGather", e);
+      }
+      const int64_t n = ins[0].numel();
+      at::Tensor flat = at::empty({(int64_t)outs[0].size(), n}, ins[0].options());
+      for (size_t i = 0; i < outs[0].size(); ++i)
+        flat.select(0, (int64_t)i).copy_(outs[0][i]);
+      return flat;
+    }
+  };
+  auto g = std::make_unique<GlooGather>();
+  g->impl = impl_.get();
+  g->ins = {in};
+  g->outs.resize(1);
+  for (int i = 0; i < impl_->size; ++i)
+    g->outs[0].push_back(at::empty_like(in));
+  try {
+    c10d::AllgatherOptions ao;
+    ao.timeout = impl_->opts.timeout;
+    g->work = impl_->pg->allgather(g->outs, g->ins, ao);
+  } catch (const std::exception &e) {
+    impl_->fail("allGather", e);
+  }
+  count(allGatherBytes(nbytes(in), impl_->size));
+  return g;
+}
+
 void GlooCommunicator::broadcast(at::Tensor &t, int root) {
   requireCpuContiguous("broadcast", impl_->name, t);
   if (root < 0 || root >= impl_->size)

@@ -47,6 +47,7 @@ public:
   void allReduceSum(at::Tensor &t) override;
   void allGather(const at::Tensor &in, std::vector<at::Tensor> &out) override;
   at::Tensor allGatherFlat(const at::Tensor &in) override;
+  std::unique_ptr<PendingGather> allGatherFlatAsync(const at::Tensor &in) override;
   void broadcast(at::Tensor &t, int root) override;
   void send(at::Tensor &t, int peer) override;
   void exchange(std::vector<std::pair<int, at::Tensor>> &sends,

@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
 
 namespace hflow::models {
@@ -742,6 +744,13 @@ struct Core {
   std::vector<FSDPUnit> units;
   std::map<std::string, int> index; ///< parameter name -> params index
   int embedUnit = 0, normUnit = 0, headUnit = 0; ///< headUnit == embedUnit: tied
+  /// Gathers started ahead of their unit (prefetch), by unit; gatherFull
+  /// consumes them. Only units certain to run next in the same pass are
+  /// prefetched, so none outlives its pass (and none sees an optimizer
+  /// step between its start and its use).
+  bool prefetchOn = true;
+  mutable std::map<int, std::unique_ptr<comm::PendingGather>> prefetched;
+  mutable int64_t prefetchUsed = 0; ///< gathers consumed after a prefetch
 
   static at::TensorOptions floatOpts() {
     return at::TensorOptions().dtype(at::kFloat);
@@ -770,17 +779,51 @@ struct Core {
     return out;
   }
 
-  /// The unit's full parameters (natural shapes, fresh, no gradient).
-  /// Collective: one all-gather of shardSize numbers per member.
-  std::vector<at::Tensor> gatherFull(int u) const {
+  /// This member's packed part of unit u's all-gather buffer.
+  at::Tensor packMine(int u) const {
     const FSDPUnit &U = units[u];
-    CommScope scope;
     at::Tensor mine = at::zeros({U.S}, floatOpts());
     for (int j : U.params) {
       const ShardedParam &P = params[j];
       if (P.box.numel() > 0)
         mine.narrow(0, P.offset, P.box.numel()).copy_(P.shard.detach().reshape({-1}));
     }
+    return mine;
+  }
+
+  /// Starts unit u's all-gather now, to be consumed by the next
+  /// gatherFull(u): the bytes move while the current unit computes. Every
+  /// member prefetches at the same points. No-op when off, f == 1, or
+  /// already started.
+  void prefetch(int u) const {
+    if (!prefetchOn || f == 1 || u < 0 || u >= (int)units.size() || prefetched.count(u))
+      return;
+    CommScope scope;
+    prefetched[u] = g->allGatherFlatAsync(packMine(u));
+  }
+
+  /// Waits for (and drops) gathers nobody consumed, keeping the members'
+  /// collectives in step; their weights may be stale.
+  void dropPrefetched() const {
+    for (auto &[u, pg] : prefetched)
+      pg->wait();
+    prefetched.clear();
+  }
+
+  /// The unit's full parameters (natural shapes, fresh, no gradient).
+  /// Collective: one all-gather of shardSize numbers per member (started
+  /// earlier by prefetch(u), or now).
+  std::vector<at::Tensor> gatherFull(int u) const {
+    const FSDPUnit &U = units[u];
+    CommScope scope;
+    auto it = prefetched.find(u);
+    if (it != prefetched.end()) {
+      at::Tensor all = it->second->wait();
+      prefetched.erase(it);
+      ++prefetchUsed;
+      return unpack(U, all);
+    }
+    at::Tensor mine = packMine(u);
     if (f == 1)
       return unpack(U, mine.view({1, U.S}));
     return unpack(U, g->allGatherFlat(mine));
@@ -896,6 +939,11 @@ variable_list FSDPUnitFn::backward(AutogradContext *ctx, variable_list gy) {
     needW = needW || ctx->needs_input_grad(1 + i);
   // The inputs' gradients: x, each shard, none for the call.
   variable_list out(np + 2);
+  // Backward runs the units in reverse: when x needs a gradient, the unit
+  // before this one is a node too and its backward comes next, so its
+  // weights can start moving now.
+  if (needX && call->unit > 0)
+    impl.prefetch(call->unit - 1);
   std::vector<at::Tensor> full = impl.gatherFull(call->unit);
   at::Tensor xd = x.detach();
   variable_list inputs;
@@ -963,6 +1011,8 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
   p.f = group.size();
   p.r = group.rank();
   p.scale = 1.0 / p.f;
+  if (const char *v = std::getenv("HFLOW_FSDP_PREFETCH"); v && std::string(v) == "0")
+    p.prefetchOn = false;
   std::map<std::string, int> unitIndex;
   NamedTensors named = full.namedParameters();
   for (const auto &[name, view] : named) {
@@ -1007,12 +1057,17 @@ const std::string &FSDPLlama::unitName(int u) const { return p_->units.at(u).nam
 int64_t FSDPLlama::unitNumel(int u) const { return p_->units.at(u).n; }
 int64_t FSDPLlama::shardSize(int u) const { return p_->units.at(u).S; }
 double FSDPLlama::gradScale() const { return p_->scale; }
+void FSDPLlama::setPrefetch(bool on) { p_->prefetchOn = on; }
+int64_t FSDPLlama::prefetchedGathers() const { return p_->prefetchUsed; }
 void FSDPLlama::setGradScale(double s) { p_->scale = s; }
 
 at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                              const at::Tensor &keyMask) const {
   const Impl &p = *p_;
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "FSDPLlama");
+  p.dropPrefetched(); // none expected: every prefetch is used in its pass
+  // Each unit's weights start moving while the unit before it computes.
+  p.prefetch(p.embedUnit + 1);
   at::Tensor x = runUnit(
       p, p.embedUnit,
       [](const at::Tensor &tok, const std::vector<at::Tensor> &w) {
@@ -1021,6 +1076,7 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
       tokens);
   for (int i = 0; i < p.c.layers; ++i) {
     const int u = p.embedUnit + 1 + i;
+    p.prefetch(u + 1); // the next layer, or the final norm
     x = runUnit(
         p, u,
         [ip = &p, u, a](const at::Tensor &in, const std::vector<at::Tensor> &w) {

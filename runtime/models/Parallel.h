@@ -234,6 +234,15 @@ public:
   double gradScale() const;
   void setGradScale(double scale);
 
+  /// Prefetch (on by default; HFLOW_FSDP_PREFETCH=0 turns it off): a
+  /// unit's all-gather starts while the unit before it computes (forward:
+  /// the next layer or the final norm; backward, when the input needs a
+  /// gradient: the unit before), through Communicator::allGatherFlatAsync.
+  /// The same bytes arrive, so results are bit-identical either way.
+  void setPrefetch(bool on);
+  /// Gathers that were started ahead of their unit and used (for tests).
+  int64_t prefetchedGathers() const;
+
   /// As Llama::hidden, on this member's rows. Collective.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const;

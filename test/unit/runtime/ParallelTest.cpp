@@ -524,6 +524,27 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   double normSq = m.gradNormSquared();
   expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", normSq,
                     ref.gradNormSq);
+  if (g.size() > 1) {
+    // Prefetch: forward started the gathers of every layer and the final
+    // norm ahead (L + 1), backward those of the unit before each unit whose
+    // input needs a gradient (the norm and the layers, the head when
+    // untied: L + 1 or L + 2). Without it the same bytes arrive in the
+    // same order: gradients bit for bit equal.
+    EXPECT_EQ(m.prefetchedGathers(), 2 * c.layers + (c.tieEmbeddings ? 2 : 3));
+    FSDPLlama plain(source, g);
+    plain.setPrefetch(false);
+    plain.setTrainable(true);
+    at::Tensor pl = plain.logits(plain.hidden(b.tokens, b.positions, b.mask))
+                        .narrow(1, 0, b.T - 1);
+    lossOf(FSDPLlama::tokenLogprobs(pl, b.targets(), kTemp),
+           FSDPLlama::tokenEntropy(pl, kTemp), b.targetMask())
+        .backward();
+    EXPECT_EQ(plain.prefetchedGathers(), 0);
+    NamedTensors plainShards = plain.namedShards();
+    for (size_t i = 0; i < shards.size(); ++i)
+      EXPECT_TRUE(at::equal(plainShards[i].second.grad(), shards[i].second.grad()))
+          << "prefetch changed the gradient of " << shards[i].first;
+  }
 
   // One AdamW step (with clipping by the global norm) on the shards
   // against the same step on the full parameters.
