@@ -41,6 +41,24 @@ int error(int code, const std::string &msg) {
   return code;
 }
 
+/// The local rendezvous port: --master-port if free, else a free one.
+/// Returns why not, or "".
+std::string rendezvousPort(const hflow::launch::Options &o, const std::string &addr,
+                           int &port) {
+  using namespace hflow;
+  port = o.masterPort;
+  if (port > 0) {
+    if (launch::portInUse(addr, port))
+      return "--master-port " + std::to_string(port) + " is in use on " + addr +
+             " (choose another or omit it)";
+    return "";
+  }
+  port = launch::pickFreePort(addr);
+  if (port < 0)
+    return "cannot find a free port on " + addr + " for the rendezvous (is the address local?)";
+  return "";
+}
+
 /// --calibrate: 2 local worker processes measure this machine; rank 0
 /// writes the calibration file (runtime/exec/Calibrate.h).
 int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o,
@@ -81,16 +99,9 @@ int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o
     return error(2, "--calibrate: cannot write '" + o.calibrateOut + "': " +
                         std::strerror(errno));
   const std::string addr = o.masterAddr.empty() ? "127.0.0.1" : o.masterAddr;
-  int port = o.masterPort;
-  if (port > 0) {
-    if (launch::portInUse(addr, port))
-      return error(1, "--master-port " + std::to_string(port) + " is in use on " +
-                          addr + " (choose another or omit it)");
-  } else {
-    port = launch::pickFreePort(addr);
-    if (port < 0)
-      return error(1, "cannot find a free port on " + addr + " for the rendezvous");
-  }
+  int port = 0;
+  if (std::string why = rendezvousPort(o, addr, port); !why.empty())
+    return error(1, why);
   std::vector<std::string> childArgv;
   childArgv.push_back(argv0);
   childArgv.insert(childArgv.end(), args.begin(), args.end());
@@ -197,17 +208,9 @@ int main(int argc, char **argv) {
 
   // Local mode.
   const std::string addr = o.masterAddr.empty() ? "127.0.0.1" : o.masterAddr;
-  int port = o.masterPort;
-  if (port > 0) {
-    if (launch::portInUse(addr, port))
-      return error(1, "--master-port " + std::to_string(port) + " is in use on " +
-                          addr + " (choose another or omit it)");
-  } else {
-    port = launch::pickFreePort(addr);
-    if (port < 0)
-      return error(1, "cannot find a free port on " + addr +
-                          " for the rendezvous (is the address local?)");
-  }
+  int port = 0;
+  if (std::string why = rendezvousPort(o, addr, port); !why.empty())
+    return error(1, why);
   std::vector<std::string> childArgv;
   childArgv.push_back(argv[0]);
   childArgv.insert(childArgv.end(), args.begin(), args.end());
