@@ -55,7 +55,7 @@ struct ExplainPlacementPass
     if (res.candidates.empty())
       os << "nothing fits: " << res.reason << "\n";
     for (size_t i = 0; i < res.candidates.size(); ++i)
-      os << "\n#" << i + 1 << " " << res.candidates[i].str(found.roles);
+      os << "\n#" << i + 1 << " " << res.candidates[i].str(found.roles, mesh.getSymName().str());
     os.flush();
   }
 };

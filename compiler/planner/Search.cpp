@@ -869,7 +869,7 @@ SearchResult bruteForcePlacement(const std::vector<RoleSpec> &roles,
 // Printing
 //===----------------------------------------------------------------------===//
 
-std::string Candidate::str(const std::vector<RoleSpec> &rs) const {
+std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &mesh) const {
   std::string out;
   char buf[256];
   std::snprintf(buf, sizeof buf,
@@ -881,9 +881,9 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs) const {
     for (int r : groups[j])
       names += (names.empty() ? "" : ", ") + rs[size_t(r)].name;
     std::snprintf(buf, sizeof buf,
-                  "  place %s on gpus[%lld:%lld]  (%lld devices, %s per device; "
+                  "  place %s on %s[%lld:%lld]  (%lld devices, %s per device; "
                   "stages %.3f / %.3f / %.3f s)\n",
-                  names.c_str(), (long long)firstDevice[j],
+                  names.c_str(), mesh.c_str(), (long long)firstDevice[j],
                   (long long)(firstDevice[j] + devices[j]), (long long)devices[j],
                   fmtBytes(memoryPerDevice[j]).c_str(), setStage[j][0],
                   setStage[j][1], setStage[j][2]);

@@ -64,7 +64,10 @@ struct Candidate {
   double seconds = 0;                   // Σ stage
   int partition = 0;                    // index in setPartitions order
   std::vector<int> key;                 // the tie-break key (see above)
-  std::string str(const std::vector<RoleSpec> &roles) const;
+  /// The candidate as --explain-placement prints it; `mesh` names the
+  /// devices in its place lines (mesh[first:end]).
+  std::string str(const std::vector<RoleSpec> &roles,
+                  const std::string &mesh = "mesh") const;
   bool operator==(const Candidate &o) const {
     return seconds == o.seconds && partition == o.partition && key == o.key;
   }

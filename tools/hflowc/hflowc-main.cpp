@@ -26,7 +26,6 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
-#include <cstdlib>
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -34,6 +33,8 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
+
+#include <cstdlib>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -73,11 +74,13 @@ cl::opt<std::string> stdlibDir(
              "$HFLOW_STDLIB, else <tools>/../share/hflow/stdlib, else the "
              "source tree's stdlib/)"),
     cl::value_desc("dir"), cl::init(""), cl::cat(hflowcCategory));
-cl::opt<int> explainPlacement(
+// A string, so that a bare --explain-placement (no =k) parses: LLVM's
+// integer parser refuses the empty value.
+cl::opt<std::string> explainPlacement(
     "explain-placement", cl::ValueOptional,
     cl::desc("Print the best k placements the search finds (default 3), with "
              "their predicted time by stage and memory per device"),
-    cl::value_desc("k"), cl::init(0), cl::cat(hflowcCategory));
+    cl::value_desc("k"), cl::init(""), cl::cat(hflowcCategory));
 cl::opt<std::string> calibrationFile(
     "calibration",
     cl::desc("Read the cost model's constants from a calibration file (JSON, "
@@ -187,10 +190,17 @@ int main(int argc, char **argv) {
 
   PassManager pm(&context);
   if (explainPlacement.getNumOccurrences() > 0) {
-    if (explainPlacement < 0)
-      return fail("--explain-placement takes a positive count");
+    int k = 3;
+    if (!explainPlacement.empty()) {
+      const std::string &v = explainPlacement.getValue();
+      char *end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000000)
+        return fail("--explain-placement takes a positive count, not '" + v + "'");
+      k = (int)n;
+    }
     mlir::hflow::HflowExplainPlacementOptions opts;
-    opts.k = explainPlacement == 0 ? 3 : explainPlacement.getValue();
+    opts.k = k;
     opts.calibration = calibrationFile.getValue();
     pm.addPass(mlir::hflow::createHflowVerifyRoles());
     pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
