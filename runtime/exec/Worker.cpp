@@ -309,6 +309,13 @@ struct RoleRt {
   // land in.
   std::unique_ptr<models::TPLlama> gen;
   std::unique_ptr<Communicator> genComm;
+  // Sharded training and sharded generation: the rank keeps its training
+  // shards and its generation shards only. `model` is then null except
+  // while something needs the whole weights (evaluation, the reference's
+  // start, export, the naive baseline), built from the shards on demand.
+  bool lean = false;
+  models::LlamaConfig cfg;
+  uint64_t seed = 0;
 };
 
 class Worker {
@@ -357,6 +364,9 @@ private:
   void applyGradients(RoleRt &rr, double lrOverride);
   void evaluate(const std::string &when, int64_t it);
   void refreshGenerationCopies();
+  void dropWholeCopies();
+  void checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what);
+  void runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void syncReference(int phaseIndex);
   void finish();
@@ -1164,6 +1174,13 @@ void Worker::connect() {
       rr.genComm = world_->makeSubgroup(
           "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
       rr.gen = std::make_unique<models::TPLlama>(*rr.model, *rr.genComm);
+      if (rr.sharded()) {
+        // Training and generation shards are all this rank keeps.
+        rr.lean = true;
+        rr.cfg = rr.model->config();
+        rr.seed = models::modelSeed(p_.seed(), role(r).model());
+        rr.model.reset();
+      }
     }
     if (rr.sharded()) {
       Attrs a = roleOptions(r);
@@ -1677,9 +1694,13 @@ void Worker::runReshard(int s) {
   const std::string what = str(ro.name(), "?") + " " + str(rs.from_phase()) + " -> " +
                            str(rs.to_phase());
   auto rit = roles_.find(rs.role());
-  if (rit == roles_.end() || !rit->second.model)
+  if (rit == roles_.end() || (!rit->second.model && !rit->second.lean))
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
+  if (rr.lean && o_.reshard != "naive")
+    return runReshardLean(s, rs, rr, what);
+  if (rr.lean)
+    refreshGenerationCopies(); // the naive baseline works on whole copies
   Communicator &c = *rr.comm;
   const int me = rr.pos;
   auto named = rr.model->namedParameters();
@@ -1748,6 +1769,7 @@ void Worker::runReshard(int s) {
     refreshGenerationCopies();
     const double ms = msSince(t0);
     reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
+    dropWholeCopies();
     return;
   }
   if (o_.reshard == "naive") {
@@ -1852,20 +1874,7 @@ void Worker::runReshard(int s) {
     if (bf16Wire)
       for (auto &[name, w] : rr.gen->namedShards())
         w.detach().copy_(rounded(w.detach()));
-    double sum = 0;
-    for (auto &[name, w] : rr.gen->namedShards())
-      sum += w.detach().to(at::kDouble).sum().item<double>();
-    const int t = ro.generate()->tp();
-    const auto &slots = genSlots_.at(rs.role());
-    at::Tensor mine = at::tensor({(double)(slots[me] % t), sum},
-                                 at::TensorOptions().dtype(at::kDouble));
-    at::Tensor all = c.allGatherFlat(mine);
-    for (int64_t i = 0; i < all.size(0); ++i)
-      if (all[i][0].item<double>() == (double)(slots[me] % t) &&
-          all[i][1].item<double>() != sum)
-        throw RunError("reshard of " + what + ": the generation shard " +
-                       std::to_string(slots[me] % t) + " assembled on rank " +
-                       std::to_string(ranks[i]) + " differs from this rank's");
+    checkGenerationShards(rs, rr, what);
   } else if (rr.sharded()) {
     // Every rank assembled its generation copy from different pieces: the
     // copies must be identical.
@@ -1879,6 +1888,149 @@ void Worker::runReshard(int s) {
         throw RunError("reshard of " + what + ": the weights assembled on rank " +
                        std::to_string(ranks[i]) + " differ from this rank's");
   }
+  reportReshard(s, rs, c, what, measured, ms, false);
+}
+
+/// Ranks hosting the same TP index of different generation replicas must
+/// hold identical generation shards (each assembled them from other pieces).
+void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what) {
+  double sum = 0;
+  for (auto &[name, w] : rr.gen->namedShards())
+    sum += w.detach().to(at::kDouble).sum().item<double>();
+  const int t = role(rs.role()).generate()->tp();
+  const auto &slots = genSlots_.at(rs.role());
+  const auto ranks = ints(role(rs.role()).ranks());
+  at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
+                               at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = rr.comm->allGatherFlat(mine);
+  for (int64_t i = 0; i < all.size(0); ++i)
+    if (all[i][0].item<double>() == (double)(slots[rr.pos] % t) &&
+        all[i][1].item<double>() != sum)
+      throw RunError("reshard of " + what + ": the generation shard " +
+                     std::to_string(slots[rr.pos] % t) + " assembled on rank " +
+                     std::to_string(ranks[i]) + " differs from this rank's");
+}
+
+/// The planned reshard of a lean actor: straight from its training shards
+/// into its generation shards, no whole copy. Each sent piece is cut from
+/// the training shard that holds it; the generation shard is filled from
+/// the overlap of the two shards and the received pieces, which must cover
+/// it exactly (checked by counting).
+void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+  using at::indexing::Slice;
+  Communicator &c = *rr.comm;
+  const int me = rr.pos;
+  const auto shapes = models::llamaParameterShapes(rr.cfg);
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (shapes.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, the model has " + std::to_string(shapes.size()));
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs.params()->Get(k);
+    if (shapes[k].first != str(wp->name()) || shapes[k].second[0] != wp->rows() ||
+        shapes[k].second[1] != wp->cols())
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) +
+                     " does not match the model's " + shapes[k].first);
+  }
+  if (rs.bytes_per_element() != 4)
+    throw RunError("reshard of " + what + ": the plan counts " +
+                   std::to_string(rs.bytes_per_element()) +
+                   " bytes per element, the model's weights have 4");
+  at::NoGradGuard ng;
+  const auto train = rr.tp ? rr.tp->namedShards() : rr.fsdp->namedShards();
+  const auto trainBoxes = rr.tp ? rr.tp->namedBoxes() : rr.fsdp->namedBoxes();
+  const auto gen = rr.gen->namedShards();
+  const auto genBoxes = rr.gen->namedBoxes();
+  auto as2d = [](const at::Tensor &t, const models::Box &b) {
+    return t.detach().view({b.rows(), b.cols()});
+  };
+  auto inside = [](const WeightTransfer *t, const models::Box &b) {
+    return t->row0() >= b.r0 && t->row1() <= b.r1 && t->col0() >= b.c0 && t->col1() <= b.c1;
+  };
+  auto region = [](const at::Tensor &t2d, const models::Box &origin, int64_t r0, int64_t r1,
+                   int64_t c0, int64_t c1) {
+    return t2d.index({Slice(r0 - origin.r0, r1 - origin.r0), Slice(c0 - origin.c0, c1 - origin.c0)});
+  };
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  // What this rank already holds of its generation shard.
+  std::vector<int64_t> filled(nParams, 0);
+  for (size_t k = 0; k < nParams; ++k) {
+    const models::Box &tb = trainBoxes[k].second, &gb = genBoxes[k].second;
+    models::Box i{std::max(tb.r0, gb.r0), std::min(tb.r1, gb.r1), std::max(tb.c0, gb.c0),
+                  std::min(tb.c1, gb.c1)};
+    if (i.empty() || tb.empty())
+      continue;
+    region(as2d(gen[k].second, gb), gb, i.r0, i.r1, i.c0, i.c1)
+        .copy_(region(as2d(train[k].second, tb), tb, i.r0, i.r1, i.c0, i.c1));
+    filled[k] += i.numel();
+  }
+  std::map<int, std::vector<const WeightTransfer *>> out, in;
+  int64_t plannedIn = 0;
+  if (rs.transfers())
+    for (const WeightTransfer *t : *rs.transfers()) {
+      if (t->src() == me)
+        out[t->dst()].push_back(t);
+      if (t->dst() == me) {
+        in[t->src()].push_back(t);
+        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
+      }
+    }
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  for (auto &[peer, ts] : out) {
+    std::vector<at::Tensor> parts;
+    for (const WeightTransfer *t : ts) {
+      const models::Box &tb = trainBoxes[t->param()].second;
+      if (!inside(t, tb))
+        throw RunError("reshard of " + what + ": the plan has this rank send a piece of " +
+                       shapes[t->param()].first + " its training shard does not hold");
+      parts.push_back(region(as2d(train[t->param()].second, tb), tb, t->row0(), t->row1(),
+                             t->col0(), t->col1())
+                          .reshape({-1}));
+    }
+    at::Tensor buf = at::cat(parts);
+    sends.push_back({peer, (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
+  }
+  for (auto &[peer, ts] : in) {
+    int64_t n = 0;
+    for (const WeightTransfer *t : ts)
+      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
+    recvs.push_back(
+        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
+  }
+  const uint64_t before = c.bytesReceived();
+  auto t0 = Clock::now();
+  c.exchange(sends, recvs);
+  const double ms = msSince(t0);
+  const int64_t measured = (int64_t)(c.bytesReceived() - before);
+  for (auto &[peer, buf] : recvs) {
+    int64_t off = 0;
+    for (const WeightTransfer *t : in[peer]) {
+      const models::Box &gb = genBoxes[t->param()].second;
+      if (!inside(t, gb))
+        throw RunError("reshard of " + what + ": the plan sends this rank a piece of " +
+                       shapes[t->param()].first + " outside its generation shard");
+      at::Tensor dst = region(as2d(gen[t->param()].second, gb), gb, t->row0(), t->row1(),
+                              t->col0(), t->col1());
+      dst.copy_(buf.narrow(0, off, dst.numel()).view(dst.sizes()).to(at::kFloat));
+      off += dst.numel();
+      filled[t->param()] += dst.numel();
+    }
+  }
+  if (measured != plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
+                   " bytes, the plan says " + std::to_string(plannedIn));
+  for (size_t k = 0; k < nParams; ++k)
+    if (filled[k] != genBoxes[k].second.numel())
+      throw RunError("reshard of " + what + ": " + std::to_string(filled[k]) + " of the " +
+                     std::to_string(genBoxes[k].second.numel()) + " numbers of this rank's " +
+                     "generation shard of " + shapes[k].first +
+                     " arrived or were held (the plan must cover it exactly once)");
+  if (bf16Wire)
+    for (auto &[name, w] : gen)
+      w.detach().copy_(w.detach().to(at::kBFloat16).to(at::kFloat));
+  checkGenerationShards(rs, rr, what);
   reportReshard(s, rs, c, what, measured, ms, false);
 }
 
@@ -1954,6 +2106,8 @@ void Worker::runCheck(int s) {
 /// all-gather on the role's ranks; every one of them calls this).
 void Worker::refreshGenerationCopies() {
   for (auto &[r, rr] : roles_) {
+    if (rr.lean && !rr.model)
+      rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed); // gathered below
     if (rr.tp)
       rr.tp->gatherInto(*rr.model);
     if (rr.fsdp)
@@ -1963,12 +2117,23 @@ void Worker::refreshGenerationCopies() {
   }
 }
 
+/// Frees the whole copies lean actors built for a moment.
+void Worker::dropWholeCopies() {
+  for (auto &[r, rr] : roles_)
+    if (rr.lean)
+      rr.model.reset();
+}
+
 void Worker::evaluate(const std::string &when, int64_t it) {
   (void)when;
   (void)it;
   if (!evalSet_)
     return;
   refreshGenerationCopies();
+  struct Drop { // lean actors free their whole copy again, however this ends
+    Worker *w;
+    ~Drop() { w->dropWholeCopies(); }
+  } drop{this};
   int gen = -1;
   for (auto &[r, rr] : roles_)
     if (role(r).kind() == RoleKind::Actor && rr.model)
@@ -2044,6 +2209,7 @@ void Worker::syncReference(int phaseIndex) {
                       str(role(a).name()).c_str());
       }
   }
+  dropWholeCopies();
 }
 
 /// Sums every rank's metrics on rank 0, which prints and records them.
@@ -2109,7 +2275,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     // The actor's weights after the iteration, to 17 digits: two runs that
     // print the same value trained the same weights (resume tests).
     for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && rr.model) {
+      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.lean)) {
         double sum = 0;
         for (auto &p : rr.tp     ? rr.tp->parameters()
                        : rr.fsdp ? rr.fsdp->parameters()
@@ -2344,6 +2510,8 @@ void Worker::finish() {
                            : ", trains fsdp" + std::to_string(rr.fsdpSize) + " shards";
           if (rr.gen)
             model += ", generates on tp" + std::to_string(rr.gen->comm().size()) + " shards";
+          if (rr.lean)
+            model += ", no whole copy";
         }
         model += ")";
       } else if (r->kind() == RoleKind::RewardFn) {
