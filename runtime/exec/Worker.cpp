@@ -42,6 +42,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1680,12 +1681,62 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
   digests_[s] = out.empty() ? 0 : out[0].sum().item<double>();
 }
 
+/// One reshard's planned transfers as this rank takes part in them: the
+/// pieces it sends (cut by `piece`, as bfloat16 on a bf16 wire) and
+/// receives, exchanged with every peer at once. `recvs` holds, per source,
+/// the received numbers (widened to float32) in the order of `in[source]`.
+struct PieceExchange {
+  std::map<int, std::vector<const WeightTransfer *>> in;
+  std::vector<std::pair<int, at::Tensor>> recvs;
+  int64_t plannedIn = 0, measured = 0;
+  double ms = 0;
+};
+
+PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf16Wire,
+                             int64_t wireBytes,
+                             const std::function<at::Tensor(const WeightTransfer *)> &piece) {
+  PieceExchange x;
+  std::map<int, std::vector<const WeightTransfer *>> out;
+  if (rs.transfers())
+    for (const WeightTransfer *t : *rs.transfers()) {
+      if (t->src() == me)
+        out[t->dst()].push_back(t);
+      if (t->dst() == me) {
+        x.in[t->src()].push_back(t);
+        x.plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
+      }
+    }
+  std::vector<std::pair<int, at::Tensor>> sends;
+  for (auto &[peer, ts] : out) {
+    std::vector<at::Tensor> parts;
+    for (const WeightTransfer *t : ts)
+      parts.push_back(piece(t).reshape({-1}));
+    at::Tensor buf = at::cat(parts);
+    sends.push_back({peer, (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
+  }
+  for (auto &[peer, ts] : x.in) {
+    int64_t n = 0;
+    for (const WeightTransfer *t : ts)
+      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
+    x.recvs.push_back(
+        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
+  }
+  const uint64_t before = c.bytesReceived();
+  auto t0 = Clock::now();
+  c.exchange(sends, x.recvs);
+  x.ms = msSince(t0);
+  x.measured = (int64_t)(c.bytesReceived() - before);
+  for (auto &[peer, buf] : x.recvs)
+    buf = buf.to(at::kFloat);
+  return x;
+}
+
 /// Executes a planned weight reshard: this rank sends and receives exactly
 /// the element ranges the plan lists (one message per peer, all posted at
-/// once), checks every received range bit for bit against its own copy of
-/// the weights (this runtime keeps every weight on every rank of a role, so
-/// the copy is what a naive full gather would give), and checks the bytes
-/// the communicator counted against the plan.
+/// once). With whole weights it checks every received range bit for bit
+/// against its own copy; out of training shards it assembles its generation
+/// copy (or, lean, its generation shard: runReshardLean). Either way the
+/// bytes the communicator counted must equal the plan's.
 void Worker::runReshard(int s) {
   using at::indexing::Slice;
   const Step &st = step(s);
@@ -1801,46 +1852,19 @@ void Worker::runReshard(int s) {
   const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
   const int64_t wireBytes =
       rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
-  auto wire = [&](const at::Tensor &t) { return bf16Wire ? t.to(at::kBFloat16) : t; };
   auto rounded = [&](const at::Tensor &t) {
     return bf16Wire ? t.to(at::kBFloat16).to(at::kFloat) : t;
   };
-  std::map<int, std::vector<const WeightTransfer *>> out, in;
-  int64_t plannedIn = 0;
-  if (rs.transfers())
-    for (const WeightTransfer *t : *rs.transfers()) {
-      if (t->src() == me)
-        out[t->dst()].push_back(t);
-      if (t->dst() == me) {
-        in[t->src()].push_back(t);
-        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
-      }
-    }
-  std::vector<std::pair<int, at::Tensor>> sends, recvs;
-  for (auto &[peer, ts] : out) {
-    std::vector<at::Tensor> parts;
-    for (const WeightTransfer *t : ts)
-      parts.push_back(piece(t).reshape({-1}));
-    sends.push_back({peer, wire(at::cat(parts)).contiguous()});
-  }
-  for (auto &[peer, ts] : in) {
-    int64_t n = 0;
-    for (const WeightTransfer *t : ts)
-      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
-    recvs.push_back(
-        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
-  }
-  const uint64_t before = c.bytesReceived();
-  auto t0 = Clock::now();
-  c.exchange(sends, recvs);
-  const double ms = msSince(t0);
-  const int64_t measured = (int64_t)(c.bytesReceived() - before);
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, piece);
+  const int64_t measured = x.measured, plannedIn = x.plannedIn;
+  const double ms = x.ms;
+  auto &in = x.in;
   auto ranks = ints(ro.ranks());
-  for (auto &[peer, buf] : recvs) {
+  for (auto &[peer, buf] : x.recvs) {
     int64_t off = 0;
     for (const WeightTransfer *t : in[peer]) {
       at::Tensor want = piece(t);
-      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes()).to(at::kFloat);
+      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
       off += want.numel();
       if (rr.sharded()) {
         named[t->param()].second.detach().index_put_(
@@ -1966,54 +1990,26 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
         .copy_(region(as2d(train[k].second, tb), tb, i.r0, i.r1, i.c0, i.c1));
     filled[k] += i.numel();
   }
-  std::map<int, std::vector<const WeightTransfer *>> out, in;
-  int64_t plannedIn = 0;
-  if (rs.transfers())
-    for (const WeightTransfer *t : *rs.transfers()) {
-      if (t->src() == me)
-        out[t->dst()].push_back(t);
-      if (t->dst() == me) {
-        in[t->src()].push_back(t);
-        plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
-      }
-    }
-  std::vector<std::pair<int, at::Tensor>> sends, recvs;
-  for (auto &[peer, ts] : out) {
-    std::vector<at::Tensor> parts;
-    for (const WeightTransfer *t : ts) {
-      const models::Box &tb = trainBoxes[t->param()].second;
-      if (!inside(t, tb))
-        throw RunError("reshard of " + what + ": the plan has this rank send a piece of " +
-                       shapes[t->param()].first + " its training shard does not hold");
-      parts.push_back(region(as2d(train[t->param()].second, tb), tb, t->row0(), t->row1(),
-                             t->col0(), t->col1())
-                          .reshape({-1}));
-    }
-    at::Tensor buf = at::cat(parts);
-    sends.push_back({peer, (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
-  }
-  for (auto &[peer, ts] : in) {
-    int64_t n = 0;
-    for (const WeightTransfer *t : ts)
-      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
-    recvs.push_back(
-        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
-  }
-  const uint64_t before = c.bytesReceived();
-  auto t0 = Clock::now();
-  c.exchange(sends, recvs);
-  const double ms = msSince(t0);
-  const int64_t measured = (int64_t)(c.bytesReceived() - before);
-  for (auto &[peer, buf] : recvs) {
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, [&](const WeightTransfer *t) {
+    const models::Box &tb = trainBoxes[t->param()].second;
+    if (!inside(t, tb))
+      throw RunError("reshard of " + what + ": the plan has this rank send a piece of " +
+                     shapes[t->param()].first + " its training shard does not hold");
+    return region(as2d(train[t->param()].second, tb), tb, t->row0(), t->row1(), t->col0(),
+                  t->col1());
+  });
+  const int64_t measured = x.measured, plannedIn = x.plannedIn;
+  const double ms = x.ms;
+  for (auto &[peer, buf] : x.recvs) {
     int64_t off = 0;
-    for (const WeightTransfer *t : in[peer]) {
+    for (const WeightTransfer *t : x.in[peer]) {
       const models::Box &gb = genBoxes[t->param()].second;
       if (!inside(t, gb))
         throw RunError("reshard of " + what + ": the plan sends this rank a piece of " +
                        shapes[t->param()].first + " outside its generation shard");
       at::Tensor dst = region(as2d(gen[t->param()].second, gb), gb, t->row0(), t->row1(),
                               t->col0(), t->col1());
-      dst.copy_(buf.narrow(0, off, dst.numel()).view(dst.sizes()).to(at::kFloat));
+      dst.copy_(buf.narrow(0, off, dst.numel()).view(dst.sizes()));
       off += dst.numel();
       filled[t->param()] += dst.numel();
     }
