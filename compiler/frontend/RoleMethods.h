@@ -78,10 +78,12 @@ inline constexpr KeywordArg kGenerateArgs[] = {
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
     {"stop", ArgType::String},       {"max_batch_tokens", ArgType::Count}};
 inline constexpr KeywordArg kForwardArgs[] = {
-    {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative}};
+    {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative},
+    {"max_batch_tokens", ArgType::Count}};
 inline constexpr KeywordArg kScoreArgs[] = {{"micro_batch", ArgType::Count}};
 inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"minibatch", ArgType::Count},   {"micro_batch", ArgType::Count},
+    {"max_batch_tokens", ArgType::Count},
     {"epochs", ArgType::Count},      {"clip", ArgType::Fraction},
     {"clip_low", ArgType::Fraction}, {"clip_high", ArgType::Fraction},
     {"clip_ratio_c", ArgType::Positive},
@@ -93,6 +95,7 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
      "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
 inline constexpr KeywordArg kCriticUpdateArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
+    {"max_batch_tokens", ArgType::Count},
     {"epochs", ArgType::Count},    {"clip_value", ArgType::NonNegative},
     {"lr", ArgType::Positive},
     {"loss_agg", ArgType::Choice,

@@ -51,6 +51,7 @@
 #include <stdexcept>
 #include <sys/stat.h>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -372,7 +373,11 @@ private:
   void syncReference(int phaseIndex);
   void finish();
 
-  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi);
+  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim = false);
+  std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
+                                                      int64_t micro, int64_t budget,
+                                                      const std::string &where,
+                                                      Communicator *equalize);
 
   const LoadedPlan &lp_;
   const Plan &p_;
@@ -1250,16 +1255,95 @@ void Worker::moveRows(PhaseRt &ph, int s) {
   }
 }
 
-at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi) {
-  at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, hi - lo),
-                            ro["rtoks"].narrow(0, lo, hi - lo)}, 1);
-  at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, hi - lo),
-                             ro["rmask"].narrow(0, lo, hi - lo)}, 1);
-  if (rr.tp)
-    return rr.tp->hidden(seq, models::positionsFromMask(mask), mask);
-  if (rr.fsdp)
-    return rr.fsdp->hidden(seq, models::positionsFromMask(mask), mask);
-  return rr.model->hidden(seq, models::positionsFromMask(mask), mask);
+/// The real width of rows [lo, hi) of a rollout: the longest prompt (left
+/// padded) and the longest response (right padded, at least 1).
+static std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
+  const int64_t p = ro["pmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  return {std::max<int64_t>(1, p), std::max<int64_t>(1, r)};
+}
+
+/// The final hidden states of rows [lo, hi) of a rollout, [b, P + R, H].
+/// With `trim` the forward runs only over the columns some row uses (the
+/// longest prompt and response of these rows) and the rest is zeros: the
+/// same values at real positions, up to float rounding (the masked keys
+/// contributed nothing anyway).
+at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim) {
+  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1), b = hi - lo;
+  int64_t p = P, r = R;
+  if (trim)
+    std::tie(p, r) = realWidth(ro, lo, hi);
+  at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, b).narrow(1, P - p, p),
+                            ro["rtoks"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
+                             ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  at::Tensor pos = models::positionsFromMask(mask);
+  at::Tensor h = rr.tp     ? rr.tp->hidden(seq, pos, mask)
+                 : rr.fsdp ? rr.fsdp->hidden(seq, pos, mask)
+                           : rr.model->hidden(seq, pos, mask);
+  if (p == P && r == R)
+    return h;
+  const int64_t H = h.size(2);
+  return at::cat({at::zeros({b, P - p, H}, h.options()), h,
+                  at::zeros({b, R - r, H}, h.options())}, 1);
+}
+
+/// Rows [lo, hi) in consecutive batches for forward passes: `micro` rows
+/// each, or with a token budget (max_batch_tokens) as many rows as keep
+/// rows x (longest prompt + longest response among them) within it (verl's
+/// dynamic batch size). With `equalize` (an FSDP group, whose members run
+/// collectives in every pass) every member ends with as many batches as
+/// the member with the most: the others split their largest batches, as
+/// verl evens out its micro-batch counts over data-parallel ranks.
+std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo, int64_t hi,
+                                                           int64_t micro, int64_t budget,
+                                                           const std::string &where,
+                                                           Communicator *equalize) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (budget <= 0) {
+    for (int64_t u = lo; u < hi; u += micro)
+      out.push_back({u, std::min(hi, u + micro)});
+    return out;
+  }
+  auto pm = ro["pmask"].sum(1), rm = ro["rmask"].sum(1);
+  auto pa = pm.accessor<float, 1>(), ra = rm.accessor<float, 1>();
+  int64_t u = lo;
+  while (u < hi) {
+    int64_t e = u, maxP = 0, maxR = 0;
+    while (e < hi) {
+      const int64_t np = std::max<int64_t>(maxP, std::max<int64_t>(1, (int64_t)pa[e]));
+      const int64_t nr = std::max<int64_t>(maxR, std::max<int64_t>(1, (int64_t)ra[e]));
+      if ((e - u + 1) * (np + nr) > budget)
+        break;
+      maxP = np, maxR = nr, ++e;
+    }
+    if (e == u)
+      throw RunError(where + ": max_batch_tokens " + std::to_string(budget) +
+                     " is smaller than row " + std::to_string(u) + " (" +
+                     std::to_string((int64_t)pa[u] + std::max<int64_t>(1, (int64_t)ra[u])) +
+                     " real tokens)");
+    out.push_back({u, e});
+    u = e;
+  }
+  if (equalize && equalize->size() > 1) {
+    at::Tensor n = at::full({1}, (double)out.size(), at::TensorOptions().dtype(at::kDouble));
+    const int64_t target = (int64_t)equalize->allGatherFlat(n).max().item<double>();
+    while ((int64_t)out.size() < target) {
+      // Every member has the same number of rows, so one with fewer
+      // batches than another has a batch of two rows or more to split.
+      auto big = std::max_element(out.begin(), out.end(), [](const auto &a, const auto &b) {
+        return a.second - a.first < b.second - b.first;
+      });
+      if (big->second - big->first < 2)
+        throw RunError(where + ": cannot split " + std::to_string(hi - lo) + " rows into " +
+                       std::to_string(target) + " batches");
+      const int64_t mid = big->first + (big->second - big->first) / 2;
+      const auto second = std::make_pair(mid, big->second);
+      big->second = mid;
+      out.insert(big + 1, second);
+    }
+  }
+  return out;
 }
 
 /// Averages the gradients over the role's ranks (one all-reduce of all of
@@ -1474,12 +1558,13 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
 
   // micro_batch: at most that many sequences per forward pass.
   const int64_t micro = std::max<int64_t>(1, (int64_t)attrNum(a, "micro_batch", (double)b));
+  const int64_t budget = (int64_t)attrNum(a, "max_batch_tokens", 0);
   if (method == "logprob") {
     at::NoGradGuard guard;
     std::vector<at::Tensor> parts;
-    for (int64_t u = lo; u < hi; u += micro) {
-      const int64_t e = std::min(hi, u + micro);
-      at::Tensor h = seqHidden(rr, *rollout, u, e);
+    for (auto [u, e] : rowBatches(*rollout, lo, hi, micro, budget, describe(s),
+                                         budget > 0 && rr.fsdp ? rr.comm : nullptr)) {
+      at::Tensor h = seqHidden(rr, *rollout, u, e, budget > 0);
       parts.push_back(logprobsOf(logitsOf(h.narrow(1, P - 1, R)),
                                  (*rollout)["rtoks"].narrow(0, u, e - u), ph.rolloutTemp));
     }
@@ -1489,9 +1574,9 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   if (method == "values") {
     at::NoGradGuard guard;
     std::vector<at::Tensor> parts;
-    for (int64_t u = lo; u < hi; u += micro) {
-      const int64_t e = std::min(hi, u + micro);
-      at::Tensor h = seqHidden(rr, *rollout, u, e);
+    for (auto [u, e] : rowBatches(*rollout, lo, hi, micro, budget, describe(s),
+                                         budget > 0 && rr.fsdp ? rr.comm : nullptr)) {
+      at::Tensor h = seqHidden(rr, *rollout, u, e, budget > 0);
       parts.push_back(at::linear(h.narrow(1, P - 1, R), rr.head).squeeze(-1));
     }
     store(at::cat(parts) * rmask);
@@ -1552,13 +1637,16 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
     const double lrOver = attrNum(a, "lr", 0);
     for (int64_t e = 0; e < epochs; ++e)
       for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
-       for (int64_t u0 = 0; u0 < mbRows; u0 += micro) {
-        const int64_t cnt = std::min(micro, mbRows - u0);
+       // max_batch_tokens: micro-batches by a token budget instead (each
+       // still weighted by its share of the minibatch's rows, as verl's
+       // dynamic batch size does).
+       for (auto [mlo, mhi] : rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
+                                         describe(s), budget > 0 && rr.fsdp ? rr.comm : nullptr)) {
+        const int64_t cnt = mhi - mlo;
         const double share = (double)cnt / (double)mbRows;
-        const int64_t mlo = lo + m0 + u0, mhi = mlo + cnt;
         at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
         at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
-        at::Tensor h = seqHidden(rr, *rollout, mlo, mhi).narrow(1, P - 1, R);
+        at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R);
         if (ro.kind() == RoleKind::Critic) {
           Val *vals = byKind(BatchKind::Values);
           Val *rets = byKind(BatchKind::Returns);
@@ -1570,10 +1658,10 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
           at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
           auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
                                            attrNum(a, "clip_value", 0.5), mode);
-          if (leader) {
-            metrics_[MVfLoss] += vl.vf_loss.item<double>();
-            metrics_[MVfClip] += vl.vf_clipfrac.item<double>();
-            metrics_[MCriticN] += 1;
+          if (leader) { // weighted by the micro-batch's share of the minibatch
+            metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
+            metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * share;
+            metrics_[MCriticN] += share;
           }
           (vl.vf_loss * share).backward();
           continue;
@@ -1621,13 +1709,13 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
         if (entCoef > 0)
           loss = loss - ent * entCoef;
         lastLoss += loss.item<double>() * share;
-        if (leader) {
-          metrics_[MPgLoss] += pl.pg_loss.item<double>();
-          metrics_[MPgClip] += pl.pg_clipfrac.item<double>();
-          metrics_[MPpoKl] += pl.ppo_kl.item<double>();
-          metrics_[MKlLoss] += klv;
-          metrics_[MEntropy] += ent.item<double>();
-          metrics_[MActorN] += 1;
+        if (leader) { // weighted by the micro-batch's share of the minibatch
+          metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
+          metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * share;
+          metrics_[MPpoKl] += pl.ppo_kl.item<double>() * share;
+          metrics_[MKlLoss] += klv * share;
+          metrics_[MEntropy] += ent.item<double>() * share;
+          metrics_[MActorN] += share;
         }
         (loss * share).backward();
        }
