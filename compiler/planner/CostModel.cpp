@@ -292,35 +292,28 @@ bool loadCalibration(const std::string &jsonText, Calibration &out,
         }
         if (!r.measured())
           return done(false);
-        r.ws();
-        if (r.i < jsonText.size() && jsonText[r.i] == ',') {
-          ++r.i;
-          continue;
-        }
-        if (!r.expect('}'))
+      } else {
+        const CalibrationKey *f = findCalibrationKey(key);
+        if (!f) {
+          r.i = at;
+          r.fail("unknown key \"" + key + "\"");
           return done(false);
-        break;
+        }
+        if (!r.number(v))
+          return done(false);
+        if (!seen.insert(key).second) {
+          r.i = at;
+          r.fail("duplicate key \"" + key + "\"");
+          return done(false);
+        }
+        if (v < f->min || v > f->max) {
+          r.i = at;
+          r.fail("\"" + key + "\" = " + shortNumber(v) + " is outside " +
+                 rangeText(*f));
+          return done(false);
+        }
+        c.*(f->field) = v;
       }
-      const CalibrationKey *f = findCalibrationKey(key);
-      if (!f) {
-        r.i = at;
-        r.fail("unknown key \"" + key + "\"");
-        return done(false);
-      }
-      if (!r.number(v))
-        return done(false);
-      if (!seen.insert(key).second) {
-        r.i = at;
-        r.fail("duplicate key \"" + key + "\"");
-        return done(false);
-      }
-      if (v < f->min || v > f->max) {
-        r.i = at;
-        r.fail("\"" + key + "\" = " + shortNumber(v) + " is outside " +
-               rangeText(*f));
-        return done(false);
-      }
-      c.*(f->field) = v;
       r.ws();
       if (r.i < jsonText.size() && jsonText[r.i] == ',') {
         ++r.i;

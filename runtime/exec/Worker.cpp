@@ -367,6 +367,7 @@ private:
   void evaluate(const std::string &when, int64_t it);
   void refreshGenerationCopies();
   void dropWholeCopies();
+  void allocateWholeCopy(RoleRt &rr);
   void checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what);
   void runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
@@ -1839,7 +1840,7 @@ void Worker::runReshard(int s) {
   if (rr.lean && o_.reshard != "naive")
     return runReshardLean(s, rs, rr, what);
   if (rr.lean)
-    refreshGenerationCopies(); // the naive baseline works on whole copies
+    allocateWholeCopy(rr); // the naive baseline gathers into a whole copy
   Communicator &c = *rr.comm;
   const int me = rr.pos;
   auto named = rr.model->namedParameters();
@@ -1863,36 +1864,20 @@ void Worker::runReshard(int s) {
                      std::to_string(t.element_size()));
   }
   at::NoGradGuard ng;
-  if (rr.fsdp) {
-    // Fully sharded training: this rank's boxes into its generation copy.
-    auto shards = rr.fsdp->namedShards();
-    auto boxes = rr.fsdp->namedBoxes();
+  if (rr.sharded()) {
+    // Training on TP or FSDP shards: this rank's boxes go into its
+    // generation copy first (they are what the plan says it holds and
+    // sends); the boxes it receives complete the copy.
+    auto shards = rr.tp ? rr.tp->namedShards() : rr.fsdp->namedShards();
+    auto boxes = rr.tp ? rr.tp->namedBoxes() : rr.fsdp->namedBoxes();
     if (shards.size() != named.size())
-      throw RunError("reshard of " + what + ": the FSDP shards do not list every parameter");
+      throw RunError("reshard of " + what + ": the training shards do not list every parameter");
     for (size_t k = 0; k < named.size(); ++k) {
       const models::Box &b = boxes[k].second;
       if (b.empty())
         continue;
       named[k].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
-          .copy_(shards[k].second.detach());
-    }
-  }
-  if (rr.tp) {
-    // Tensor-parallel training: this rank's shards go into its generation
-    // copy first (they are the boxes the plan says it holds and sends);
-    // the boxes it receives complete the copy.
-    auto shards = rr.tp->namedShards();
-    if (shards.size() != named.size())
-      throw RunError("reshard of " + what + ": the TP shards do not list every parameter");
-    const int64_t t = rr.pos % rr.tpSize; // tp is the fastest coordinate
-    for (size_t k = 0; k < named.size(); ++k) {
-      at::Tensor full = named[k].second.detach();
-      at::Tensor sh = shards[k].second.detach();
-      if (sh.dim() == 1)
-        sh = sh.view({1, sh.size(0)});
-      int64_t r0 = sh.size(0) == full.size(0) ? 0 : t * sh.size(0);
-      int64_t c0 = sh.size(1) == full.size(1) ? 0 : t * sh.size(1);
-      full.narrow(0, r0, sh.size(0)).narrow(1, c0, sh.size(1)).copy_(sh);
+          .copy_(shards[k].second.detach().view({b.rows(), b.cols()}));
     }
   }
   auto piece = [&](const WeightTransfer *t) {
@@ -2184,14 +2169,12 @@ void Worker::runCheck(int s) {
   }
 }
 
-/// Greedy responses to the held-out prompts on the actor's generation
-/// replicas, scored by the reward rule; (sum, count) go to the metrics.
-/// A TP-trained actor's generation copy from the current shards (an
-/// all-gather on the role's ranks; every one of them calls this).
+/// Sharded actors' whole copies from their current shards (an all-gather
+/// on the role's ranks; every one of them calls this), and the generation
+/// shards from those.
 void Worker::refreshGenerationCopies() {
   for (auto &[r, rr] : roles_) {
-    if (rr.lean && !rr.model)
-      rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed); // gathered below
+    allocateWholeCopy(rr); // a lean actor's, gathered below
     if (rr.tp)
       rr.tp->gatherInto(*rr.model);
     if (rr.fsdp)
@@ -2201,6 +2184,13 @@ void Worker::refreshGenerationCopies() {
   }
 }
 
+/// A lean actor's whole copy, allocated (its values are gathered by the
+/// caller); nothing for any other role.
+void Worker::allocateWholeCopy(RoleRt &rr) {
+  if (rr.lean && !rr.model)
+    rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
+}
+
 /// Frees the whole copies lean actors built for a moment.
 void Worker::dropWholeCopies() {
   for (auto &[r, rr] : roles_)
@@ -2208,6 +2198,8 @@ void Worker::dropWholeCopies() {
       rr.model.reset();
 }
 
+/// Greedy responses to the held-out prompts on the actor's generation
+/// replicas, scored by the reward rule; (sum, count) go to the metrics.
 void Worker::evaluate(const std::string &when, int64_t it) {
   (void)when;
   (void)it;
