@@ -144,12 +144,17 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   llvm::StringMap<int> roleIndex;
   std::vector<flatbuffers::Offset<fb::Role>> roles;
   std::vector<flatbuffers::Offset<fb::Group>> groups;
-  std::vector<std::vector<int>> roleRanks;
+  std::vector<std::vector<int>> roleRanks, roleGenRanks;
+  std::vector<std::pair<std::string, std::vector<int>>> extraGroups;
+  std::map<int, int> genGroup, reshardGroup; // role -> group index (apart actors)
   for (RoleOp r : module.getOps<RoleOp>()) {
-    std::vector<int> ranks;
+    std::vector<int> ranks, genRanks;
     if (auto rk = r.getRanks())
       for (int64_t x : *rk)
         ranks.push_back(static_cast<int>(x));
+    if (auto gk = r.getGenerateRanks())
+      for (int64_t x : *gk)
+        genRanks.push_back(static_cast<int>(x));
     int model = -1;
     if (auto ref = r.getModelAttr())
       if (auto m = SymbolTable::lookupNearestSymbolFrom<ModelOp>(r, ref))
@@ -162,6 +167,16 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
     roleIndex[r.getSymName()] = roles.size();
     roleRanks.push_back(ranks);
+    roleGenRanks.push_back(genRanks);
+    if (!genRanks.empty()) {
+      // Two more groups (after the one per role): the generation ranks, and
+      // training plus generation ranks for the reshard between them.
+      std::vector<int> both = ranks;
+      both.insert(both.end(), genRanks.begin(), genRanks.end());
+      std::sort(both.begin(), both.end());
+      extraGroups.push_back({r.getSymName().str() + ".generate", genRanks});
+      extraGroups.push_back({r.getSymName().str() + ".reshard", both});
+    }
     auto name = b.CreateString(r.getSymName().str());
     auto rankVec = b.CreateVector(ranks);
     flatbuffers::Offset<flatbuffers::String> rule;
@@ -177,8 +192,15 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       optKvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
     auto optVec = b.CreateVector(optKvs);
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
-                                   model, rankVec, &train, &gen, rule, optVec));
+                                   model, rankVec, &train, &gen, rule, optVec,
+                                   b.CreateVector(genRanks)));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
+  }
+  for (auto &[name, ranks] : extraGroups) {
+    const int role = roleIndex.lookup(name.substr(0, name.rfind('.')));
+    (name.compare(name.size() - 9, 9, ".generate") == 0 ? genGroup : reshardGroup)[role] =
+        static_cast<int>(groups.size());
+    groups.push_back(fb::CreateGroup(b, b.CreateString(name), b.CreateVector(ranks)));
   }
 
   // Values and steps, phase by phase, in program order.
@@ -260,19 +282,35 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         flatbuffers::Offset<flatbuffers::String> wireName;
         if (wire.compressed())
           wireName = b.CreateString(wire.wire);
+        // Format 2.4: a reshard to generation ranks apart lists the ranks it
+        // indexes (training ranks, then generation ranks).
+        std::vector<int> indexed;
+        if (!roleGenRanks[it->second].empty()) {
+          indexed = roleRanks[it->second];
+          indexed.insert(indexed.end(), roleGenRanks[it->second].begin(),
+                         roleGenRanks[it->second].end());
+        }
         reshardOffs.push_back(fb::CreateReshard(
             b, it->second, b.CreateString(rop.getFrom().str()),
             b.CreateString(rop.getTo().str()), b.CreateVector(params),
             b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
             plan->totalBytes, plan->lowerBound, plan->naiveBytes,
             static_cast<int>(wire.weightsBytes), static_cast<int>(wire.wireBytes),
-            wireName));
+            wireName, b.CreateVector(indexed)));
         steps.push_back(fb::CreateStep(
             b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
             b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
             -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
             b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1)));
-        stepRanks.push_back(roleRanks[it->second]);
+        if (!roleGenRanks[it->second].empty()) {
+          std::vector<int> both = roleRanks[it->second];
+          both.insert(both.end(), roleGenRanks[it->second].begin(),
+                      roleGenRanks[it->second].end());
+          std::sort(both.begin(), both.end());
+          stepRanks.push_back(both);
+        } else {
+          stepRanks.push_back(roleRanks[it->second]);
+        }
         continue;
       }
       if (auto bi = dyn_cast<BuiltinOp>(op)) {
@@ -321,17 +359,21 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                                        : "v" + std::to_string(values.size()),
                                    computeStep));
       auto kvs = keyValues(call.getArgsAttr());
+      // An actor generating apart generates on its generation ranks.
+      const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
+      const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
           b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
           b.CreateString(loc)));
-      stepRanks.push_back(roleRanks[role]);
+      stepRanks.push_back(ranksHere);
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
           b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-          role, computeStep, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+          apart ? genGroup.at(role) : role, computeStep,
+          b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
           b.CreateString(loc)));
-      stepRanks.push_back(roleRanks[role]);
+      stepRanks.push_back(ranksHere);
     }
     if (train) {
       auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
@@ -346,7 +388,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
           opt(train.getCheckpointEveryAttr()),
           b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
                                                   : std::string()),
-          train.getSeedAttr().getInt()));
+          train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr()))));
     }
   }
 

@@ -110,6 +110,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("kind", fb::roleKindName(r->kind()));
             j.attribute("model", r->model());
             intArray(j, "ranks", r->ranks());
+            intArray(j, "generate_ranks", r->generate_ranks());
             layout(j, "train", r->train());
             layout(j, "generate", r->generate());
             if (r->rule())
@@ -179,6 +180,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
                                                       : r->bytes_per_element());
             j.attribute("wire_dtype", str(r->wire_dtype()));
             intArray(j, "assignment", r->assignment());
+            intArray(j, "ranks", r->ranks());
             j.attributeArray("params", [&] {
               if (r->params())
                 for (const fb::WeightParam *w : *r->params())
@@ -217,6 +219,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("checkpoint_every", ph->checkpoint_every());
             j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
             j.attribute("seed", ph->seed());
+            j.attribute("off_policy", ph->off_policy());
           });
     });
     j.attributeArray("schedules", [&] {

@@ -149,11 +149,15 @@ struct RoleDecl {
   std::map<std::string, std::string> strings;
 };
 
-/// `place a, b on MESH[lo:hi]`, or `place auto [on MESH]` (isAuto, no roles).
+/// `place a, b on MESH[lo:hi]`, or `place auto [on MESH]` (isAuto, no roles),
+/// or `place actor.generate on MESH[lo:hi]` (one role; phase "generate": the
+/// actor's rollout devices, apart from its training devices).
 struct PlaceDecl {
   SourceLoc loc;
   bool isAuto = false;
   std::vector<std::pair<std::string, SourceLoc>> roles;
+  std::string phase;       // "" or what follows the role's dot
+  SourceLoc phaseLoc;
   std::string mesh;
   SourceLoc meshLoc;
   int64_t lo = 0, hi = 0;
@@ -203,7 +207,8 @@ struct TrainDecl {
   int64_t logEvery = 1;
   int64_t promptLen = 0;        // longest prompt in tokens (0: planner default)
   int64_t microBatch = 0;       // sequences per forward pass (0: default)
-  SourceLoc batchLoc, minibatchLoc;
+  int64_t offPolicy = 0;        // 1: rollout k+1 overlaps training on k
+  SourceLoc batchLoc, minibatchLoc, offPolicyLoc;
 };
 
 /// `import "PATH"`, resolved by the front end to the file it loaded.

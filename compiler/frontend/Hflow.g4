@@ -38,8 +38,10 @@ word     : ID | 'train' | 'every' | 'to' | 'on' | 'model' | 'device' | 'flow'
 
 // place actor, ref on local[0:2]
 // place auto                   (the compiler chooses; `on MESH` if there are several)
+// place actor.generate on local[2:4]   (the actor's rollout devices, apart from training)
 placeDecl
   : 'place' roles+=ID ( ',' roles+=ID )* 'on' mesh=ID '[' lo=INT ':' hi=INT ']'
+  | 'place' genRole=ID '.' phase=ID 'on' mesh=ID '[' lo=INT ':' hi=INT ']'
   | 'place' isAuto='auto' ( 'on' mesh=ID )?
   ;
 

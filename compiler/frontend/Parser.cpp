@@ -139,6 +139,11 @@ public:
         }
         for (antlr4::Token *t : pl->roles)
           decl.roles.push_back({t->getText(), loc(t)});
+        if (pl->genRole) {
+          decl.roles.push_back({pl->genRole->getText(), loc(pl->genRole)});
+          decl.phase = pl->phase->getText();
+          decl.phaseLoc = loc(pl->phase);
+        }
         decl.mesh = pl->mesh->getText();
         decl.meshLoc = loc(pl->mesh);
         decl.lo = integer(pl->lo);

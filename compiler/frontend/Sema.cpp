@@ -888,6 +888,32 @@ private:
       return;
     }
     lookup(p.mesh, Kind::Cluster, p.meshLoc);
+    if (!p.phase.empty() && p.roles.size() == 1) {
+      // place actor.generate on MESH[a:b]: the actor's rollout devices.
+      const std::string &name = p.roles[0].first;
+      if (p.phase != "generate")
+        diags_.error(p.phaseLoc, "only an actor's generation can be placed on "
+                                 "devices of its own (`place " + name +
+                                     ".generate on MESH[a:b]`), not '" + p.phase + "'");
+      else if (auto it = symbols_.find(name);
+               it != symbols_.end() && it->second.kind == Kind::Role &&
+               prog_.roles[it->second.index].kind != ast::RoleKind::Actor)
+        diags_.error(p.roles[0].second, "role '" + name + "' is not an Actor: only an "
+                                        "actor generates, so only an actor's "
+                                        "generation can be placed apart")
+            .notes.push_back({prog_.roles[it->second.index].nameLoc, "declared here"});
+      else {
+        bool trained = false;
+        for (const auto &q : prog_.places)
+          if (q.phase.empty() && !q.isAuto)
+            for (const auto &r : q.roles)
+              trained |= r.first == name;
+        if (!trained)
+          diags_.error(p.loc, "`place " + name + ".generate` places only the actor's "
+                              "generation; place the actor itself too (`place " +
+                              name + " on MESH[a:b]`), where it trains");
+      }
+    }
     std::set<std::string> seen;
     for (auto &[name, loc] : p.roles) {
       lookup(name, Kind::Role, loc);
@@ -1407,7 +1433,7 @@ private:
     std::map<std::string, const ast::Property *> props;
     static const std::vector<std::string> known = {
         "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
-        "checkpoint", "log_every", "prompt_len", "micro_batch"};
+        "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy"};
     for (const ast::Property &p : t.props) {
       if (std::find(known.begin(), known.end(), p.key) == known.end()) {
         diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
@@ -1446,6 +1472,18 @@ private:
     intProp("log_every", t.logEvery, false);
     intProp("prompt_len", t.promptLen, false);
     intProp("micro_batch", t.microBatch, false);
+    if (auto it = props.find("off_policy"); it != props.end()) {
+      const Expr &v = *it->second->value;
+      t.offPolicyLoc = v.loc;
+      if (v.kind != Expr::Kind::Int || v.intValue > 1)
+        diags_.error(v.loc, "off_policy takes 0 (every rollout uses the latest "
+                            "weights) or 1 (the rollout of step k+1 runs while step k "
+                            "trains, one update behind)");
+      else
+        t.offPolicy = v.intValue;
+    }
+    if (t.offPolicy > 0)
+      checkOffPolicy(t);
     bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
     if (hasSteps == hasEpochs)
       diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
@@ -1525,6 +1563,52 @@ private:
       diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                        ") does not divide batch (" +
                                        std::to_string(t.batch) + ")");
+  }
+
+  /// off_policy: 1 overlaps the rollout of step k+1 with training on step k.
+  /// That takes one actor.generate, whose prompts nothing else reads, and
+  /// an actor generating on devices of its own (colocated, the two could
+  /// not run at once).
+  void checkOffPolicy(const ast::TrainDecl &t) {
+    const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+    if (!f || f->kind != Kind::Flow)
+      return;
+    const ast::FlowDecl &flow = prog_.flows[f->index];
+    std::vector<const Expr *> gens;
+    std::map<std::string, int> promptUses;
+    for (const ast::Stmt &st : flow.body)
+      forEachCall(*st.value, [&](const Expr &call) {
+        if (call.kind == Expr::Kind::MethodCall && call.text == "generate")
+          gens.push_back(&call);
+        for (const ast::Arg &a : call.args)
+          if (a.value->kind == Expr::Kind::Name)
+            for (const ast::Param &p : flow.params)
+              if (p.name == a.value->text)
+                ++promptUses[p.name];
+      });
+    if (gens.size() != 1) {
+      diags_.error(t.offPolicyLoc, "off_policy: 1 needs exactly one generate call in flow '" +
+                                       t.flow + "', which has " + std::to_string(gens.size()));
+      return;
+    }
+    const Expr &gen = *gens[0];
+    for (auto &[name, uses] : promptUses)
+      if (uses > 1)
+        diags_.error(t.offPolicyLoc, "off_policy: 1 runs " + gen.receiver +
+                                         ".generate one step ahead, so it must be the only "
+                                         "call that reads '" + name + "' (read " +
+                                         std::to_string(uses) + " times)")
+            .notes.push_back({gen.loc, "the generate call"});
+    bool apart = false;
+    for (const auto &q : prog_.places)
+      if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == gen.receiver)
+        apart = true;
+    if (!apart)
+      diags_.error(t.offPolicyLoc, "off_policy: 1 overlaps " + gen.receiver +
+                                       "'s rollout with its training, which needs the "
+                                       "rollout on devices of its own: add `place " +
+                                       gen.receiver + ".generate on MESH[a:b]`")
+          .notes.push_back({gen.loc, "the generate call"});
   }
 
   ast::Program &prog_;

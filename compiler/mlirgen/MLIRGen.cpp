@@ -84,7 +84,8 @@ public:
                      RoleKindAttr::get(&ctx_, kind), model, rule,
                      layout(r.train), layout(r.generate), DenseI64ArrayAttr(),
                      options.empty() ? DictionaryAttr()
-                                     : b_.getDictionaryAttr(options));
+                                     : b_.getDictionaryAttr(options),
+                     DenseI64ArrayAttr());
     }
     for (const auto &p : prog_.places) {
       if (p.isAuto) {
@@ -99,7 +100,8 @@ public:
         roles.push_back(FlatSymbolRefAttr::get(&ctx_, name));
       PlaceOp::create(b_, loc(p.loc), b_.getArrayAttr(roles),
                       FlatSymbolRefAttr::get(&ctx_, p.mesh),
-                      b_.getI64IntegerAttr(p.lo), b_.getI64IntegerAttr(p.hi));
+                      b_.getI64IntegerAttr(p.lo), b_.getI64IntegerAttr(p.hi),
+                      p.phase.empty() ? StringAttr() : b_.getStringAttr(p.phase));
     }
     for (const auto &f : prog_.flows)
       flow(f);
@@ -115,7 +117,7 @@ public:
           b_.getI64IntegerAttr(t.seed), opt(t.steps), opt(t.epochs),
           opt(t.checkpointEvery),
           t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir),
-          opt(t.promptLen), opt(t.microBatch));
+          opt(t.promptLen), opt(t.microBatch), opt(t.offPolicy));
     }
     return module;
   }

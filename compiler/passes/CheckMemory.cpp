@@ -40,6 +40,21 @@ struct CheckMemoryPass
         continue;
       auto m = ::hflow::planner::roleMemory(role, model, role.getTrain(),
                                             role.getGenerate(), w);
+      if (place.getPhase()) {
+        // An actor's generation devices: its generation shard (kept
+        // between rollouts) and the KV cache, nothing of training.
+        e.resident += m.genWeights;
+        e.lines.push_back({role, role.getSymName().str() + ".generate (apart): weights " +
+                                     formatBytes(m.genWeights) + ", KV cache " +
+                                     formatBytes(m.kvCache)});
+        if (m.kvCache > e.transient) {
+          e.transient = m.kvCache;
+          e.peakPhase = role.getSymName().str() + ".generate";
+        }
+        continue;
+      }
+      if (role.getGenerateRanks())
+        m.genWeights = m.kvCache = 0; // it generates on other devices
       e.resident += m.resident();
       std::string text = role.getSymName().str() + ": weights " +
                          formatBytes(m.weights);

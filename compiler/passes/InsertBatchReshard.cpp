@@ -48,8 +48,9 @@ struct InsertBatchReshardPass
       // Who holds a value: a role's ranks in the call's layout, or the
       // controller (the flow's inputs, the builtins' results).
       auto placement = [&](Operation *op, bool &controller, RoleOp &role,
-                           LayoutAttr &layout) {
+                           LayoutAttr &layout, bool &gen) {
         controller = true;
+        gen = false;
         auto call = dyn_cast_or_null<CallOp>(op);
         if (!call)
           return;
@@ -57,13 +58,18 @@ struct InsertBatchReshardPass
         if (!role || !role.getRanks())
           return;
         controller = false;
-        layout = call.getMethod() == "generate" ? role.getGenerate() : role.getTrain();
+        gen = call.getMethod() == "generate";
+        layout = gen ? role.getGenerate() : role.getTrain();
       };
-      auto rowMap = [&](bool controller, RoleOp role, LayoutAttr layout,
+      auto rowMap = [&](bool controller, RoleOp role, LayoutAttr layout, bool gen,
                         int64_t rows, int64_t rowBytes) {
         if (controller)
           return rs::allRowsOn(0, rows, rowBytes);
-        std::vector<int64_t> ranks(role.getRanks()->begin(), role.getRanks()->end());
+        // An actor generating apart generates on its generate_ranks.
+        auto rk = gen && role.getGenerateRanks()
+                      ? *role.getGenerateRanks()
+                      : *role.getRanks();
+        std::vector<int64_t> ranks(rk.begin(), rk.end());
         return rs::rowsOf(ranks, ::hflow::planner::toLayout(layout), rows, rowBytes);
       };
       auto describe = [](Operation *op) -> std::string {
@@ -83,8 +89,9 @@ struct InsertBatchReshardPass
         bool fromCtl;
         RoleOp fromRole;
         LayoutAttr fromLayout;
-        placement(v.getDefiningOp(), fromCtl, fromRole, fromLayout);
-        rs::RowMap held = rowMap(fromCtl, fromRole, fromLayout, rows, rowBytes);
+        bool fromGen;
+        placement(v.getDefiningOp(), fromCtl, fromRole, fromLayout, fromGen);
+        rs::RowMap held = rowMap(fromCtl, fromRole, fromLayout, fromGen, rows, rowBytes);
         std::set<std::string> done; // one move per destination placement
         // Uses in program order.
         std::vector<Operation *> users(v.getUsers().begin(), v.getUsers().end());
@@ -95,7 +102,8 @@ struct InsertBatchReshardPass
           bool toCtl;
           RoleOp toRole;
           LayoutAttr toLayout;
-          placement(user, toCtl, toRole, toLayout);
+          bool toGen;
+          placement(user, toCtl, toRole, toLayout, toGen);
           std::string key = toCtl ? "controller"
                                   : toRole.getSymName().str() + "/" +
                                         (isa<CallOp>(user) &&
@@ -104,8 +112,17 @@ struct InsertBatchReshardPass
                                              : "train");
           if (!done.insert(key).second)
             continue;
-          rs::RowMap needed = rowMap(toCtl, toRole, toLayout, rows, rowBytes);
+          rs::RowMap needed = rowMap(toCtl, toRole, toLayout, toGen, rows, rowBytes);
           rs::BatchPlan plan = rs::planBatch(held, needed, perNode);
+          // What a rank received it holds for later uses (the runtime keeps
+          // it too): a rank's rows are one range here, so a received range
+          // is kept where it contains what the rank held.
+          for (auto &[rank, box] : needed) {
+            auto h = held.find(rank);
+            if (h == held.end() || h->second.empty() ||
+                rs::intersect(h->second, box).area() == h->second.area())
+              held[rank] = box;
+          }
           if (plan.bytes == 0)
             continue;
           OpBuilder b(user);

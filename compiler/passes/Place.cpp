@@ -87,6 +87,23 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
         PlaceOp q = places[j];
         if (q.getMesh() == p.getMesh() && p.getStartAttr().getInt() < q.getEndAttr().getInt() &&
             q.getStartAttr().getInt() < p.getEndAttr().getInt()) {
+          if (p.getPhase() || q.getPhase()) {
+            PlaceOp g = p.getPhase() ? p : q, other = p.getPhase() ? q : p;
+            InFlightDiagnostic d =
+                p.emitError() << "device range [" << p.getStartAttr().getInt() << ":"
+                              << p.getEndAttr().getInt() << "] overlaps ["
+                              << q.getStartAttr().getInt() << ":" << q.getEndAttr().getInt()
+                              << "]; the generation of "
+                              << cast<SymbolRefAttr>(g.getRoles()[0]).getLeafReference().getValue()
+                              << " goes on devices of its own (to generate where it "
+                                 "trains, leave out `place "
+                              << cast<SymbolRefAttr>(g.getRoles()[0]).getLeafReference().getValue()
+                              << ".generate`)";
+            d.attachNote(q.getLoc()) << "the other range is placed here";
+            (void)other;
+            hadError_ = true;
+            continue;
+          }
           InFlightDiagnostic d =
               p.emitError() << "device range [" << p.getStartAttr().getInt() << ":"
                             << p.getEndAttr().getInt() << "] overlaps [" << q.getStartAttr().getInt() << ":"
@@ -96,8 +113,14 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
           hadError_ = true;
         }
       }
-      placeRoles(p, symbols, mesh);
+      if (!p.getPhase())
+        placeRoles(p, symbols, mesh);
     }
+    // Generation ranges after every role has its training range.
+    for (PlaceOp p : places)
+      if (p.getPhase() && symbols.lookup<MeshOp>(p.getMesh()) &&
+          p.getEndAttr().getInt() <= symbols.lookup<MeshOp>(p.getMesh()).getSize())
+        placeGeneration(p, symbols, symbols.lookup<MeshOp>(p.getMesh()));
     for (PlaceAutoOp a : llvm::make_early_inc_range(module.getOps<PlaceAutoOp>()))
       placeAuto(a, module, symbols);
 
@@ -118,6 +141,48 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
   }
 
 private:
+  /// The `place ROLE.generate` op of `role`, if any.
+  static PlaceOp generationPlaceOf(RoleOp role) {
+    auto module = role->getParentOfType<ModuleOp>();
+    for (PlaceOp p : module.getOps<PlaceOp>())
+      if (p.getPhase() && !p.getRoles().empty() &&
+          cast<SymbolRefAttr>(p.getRoles()[0]).getLeafReference() == role.getSymName())
+        return p;
+    return PlaceOp();
+  }
+
+  /// `place actor.generate on MESH[a:b]`: the generation layout was resolved
+  /// against this range (resolveLayouts); its ranks are the role's
+  /// generate_ranks. Only an actor trained on its own range qualifies.
+  void placeGeneration(PlaceOp p, SymbolTable &symbols, MeshOp mesh) {
+    auto role = symbols.lookup<RoleOp>(cast<SymbolRefAttr>(p.getRoles()[0]).getLeafReference());
+    if (!role)
+      return;
+    if (role.getKind() != RoleKind::Actor) {
+      p.emitError() << "role '" << role.getSymName()
+                    << "' is not an actor: only an actor's generation can be placed apart";
+      hadError_ = true;
+      return;
+    }
+    if (!role.getRanks()) {
+      // Placed where it trains, but that failed (reported there).
+      for (PlaceOp q : role->getParentOfType<ModuleOp>().getOps<PlaceOp>())
+        if (!q.getPhase() && llvm::any_of(q.getRoles(), [&](Attribute a) {
+              return cast<SymbolRefAttr>(a).getLeafReference() == role.getSymName();
+            }))
+          return;
+      p.emitError() << "`place " << role.getSymName()
+                    << ".generate` needs the actor placed where it trains too (`place "
+                    << role.getSymName() << " on MESH[a:b]`)";
+      hadError_ = true;
+      return;
+    }
+    SmallVector<int64_t> ranks;
+    for (int64_t r = p.getStartAttr().getInt(); r < p.getEndAttr().getInt(); ++r)
+      ranks.push_back(r);
+    role.setGenerateRanks(ranks);
+  }
+
   void placeRoles(PlaceOp p, SymbolTable &symbols, MeshOp mesh) {
     SmallVector<int64_t> ranks;
     for (int64_t r = p.getStartAttr().getInt(); r < p.getEndAttr().getInt(); ++r)
@@ -228,7 +293,7 @@ private:
     auto place = PlaceOp::create(b, a.getLoc(), b.getArrayAttr(roles),
                                  FlatSymbolRefAttr::get(mesh.getSymNameAttr()),
                                  b.getI64IntegerAttr(bestLo),
-                                 b.getI64IntegerAttr(bestLo + bestLen));
+                                 b.getI64IntegerAttr(bestLo + bestLen), StringAttr());
     a.erase();
     placeRoles(place, symbols, mesh);
   }
@@ -256,7 +321,7 @@ private:
           b, a.getLoc(), b.getArrayAttr(roles),
           FlatSymbolRefAttr::get(mesh.getSymNameAttr()),
           b.getI64IntegerAttr(best.firstDevice[j]),
-          b.getI64IntegerAttr(best.firstDevice[j] + best.devices[j]));
+          b.getI64IntegerAttr(best.firstDevice[j] + best.devices[j]), StringAttr());
       placeRoles(place, symbols, mesh);
     }
     a.erase();
@@ -375,10 +440,25 @@ private:
     LayoutAttr trainIn = role.getTrain(), genIn = role.getGenerate();
     if (trainIn.isAuto())
       trainIn = chooseAuto(role, model, mesh, devices, false, genIn);
+    PlaceOp apart = role.getKind() == RoleKind::Actor ? generationPlaceOf(role) : PlaceOp();
     if (genIn.isAuto())
-      genIn = chooseAuto(role, model, mesh, devices, true, trainIn);
+      genIn = chooseAuto(role, model, mesh,
+                         apart ? apart.getEndAttr().getInt() - apart.getStartAttr().getInt()
+                               : devices,
+                         true, trainIn);
     LayoutAttr train = resolve(trainIn, "train");
-    LayoutAttr gen = resolve(genIn, "generate");
+    // An actor generating on devices of its own resolves its generation
+    // layout against that range.
+    LayoutAttr gen;
+    if (PlaceOp g = apart) {
+      const int64_t trainDevices = devices;
+      devices = g.getEndAttr().getInt() - g.getStartAttr().getInt();
+      place = g;
+      gen = resolve(genIn, "generate");
+      devices = trainDevices;
+    } else {
+      gen = resolve(genIn, "generate");
+    }
     if (!ok)
       return failure();
     role.setTrainAttr(train);

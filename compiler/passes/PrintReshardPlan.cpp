@@ -147,9 +147,14 @@ struct PrintReshardPlanPass
         e.plan = std::move(*plan);
         e.wire = ::hflow::planner::wireTypeOf(e.role, e.model);
         e.seconds = ::hflow::planner::estimateSeconds(e.plan, e.role, cal);
-        e.hybridFlow = rs::hybridFlowBytesPerRank(
-            ::hflow::planner::toLayout(e.role.getTrain()),
-            ::hflow::planner::toLayout(e.role.getGenerate()), e.plan.modelBytes);
+        // HybridFlow's formula is for an actor switching layouts on its own
+        // devices, not for one generating apart.
+        e.hybridFlow = e.role.getGenerateRanks()
+                           ? -1
+                           : rs::hybridFlowBytesPerRank(
+                                 ::hflow::planner::toLayout(e.role.getTrain()),
+                                 ::hflow::planner::toLayout(e.role.getGenerate()),
+                                 e.plan.modelBytes);
         e.flow = flow.getSymName().str();
         e.call = locString(op.getLoc());
         entries.push_back(std::move(e));
@@ -180,14 +185,23 @@ struct PrintReshardPlanPass
       os << "\n[" << ++n << "] " << e.op.getRole() << " weights, "
          << e.op.getFrom() << " -> " << e.op.getTo() << " (flow " << e.flow
          << ", before the call at " << e.call << ")\n";
-      os << "    layouts      " << from.str() << " -> " << to.str() << " on ranks "
-         << rankRange(*e.role.getRanks()) << "\n";
-      os << "    assignment   "
-         << (static_cast<int64_t>(p.assignment.size()) <=
-                     ::hflow::planner::kMaxOptimalAssignment
-                 ? "optimal (Hungarian over the ranks' overlaps)"
-                 : "identity (more than 8192 ranks: not optimised)")
-         << "\n";
+      const bool apart = static_cast<bool>(e.role.getGenerateRanks());
+      if (apart) {
+        os << "    layouts      " << from.str() << " on ranks "
+           << rankRange(*e.role.getRanks()) << " -> " << to.str() << " on ranks "
+           << rankRange(*e.role.getGenerateRanks()) << " (generation apart)\n";
+        os << "    assignment   none to choose (the generation ranks hold nothing "
+              "beforehand)\n";
+      } else {
+        os << "    layouts      " << from.str() << " -> " << to.str() << " on ranks "
+           << rankRange(*e.role.getRanks()) << "\n";
+        os << "    assignment   "
+           << (static_cast<int64_t>(p.assignment.size()) <=
+                       ::hflow::planner::kMaxOptimalAssignment
+                   ? "optimal (Hungarian over the ranks' overlaps)"
+                   : "identity (more than 8192 ranks: not optimised)")
+           << "\n";
+      }
       // The model and the memory in the weights' own type; everything that
       // travels in the wire type.
       const auto &w = e.wire;
@@ -218,7 +232,8 @@ struct PrintReshardPlanPass
       os << "    lower bound  " << exact(p.lowerBound)
          << (p.totalBytes == p.lowerBound ? " (met)" : " (NOT met)") << "\n";
       os << "    naive        " << exact(p.naiveBytes)
-         << " (every rank gathers the whole model, as DeepSpeed-Chat)\n";
+         << (apart ? " (every generation rank receives the whole model)\n"
+                   : " (every rank gathers the whole model, as DeepSpeed-Chat)\n");
       os << "    HybridFlow   ";
       if (e.hybridFlow >= 0)
         os << exact(e.hybridFlow)
@@ -293,6 +308,11 @@ struct PrintReshardPlanPass
             j.attributeArray("ranks", [&] {
               for (int64_t r : ranks)
                 j.value(r);
+            });
+            j.attributeArray("generate_ranks", [&] {
+              if (auto g = e.role.getGenerateRanks())
+                for (int64_t r : *g)
+                  j.value(r);
             });
             j.attribute("model_bytes", e.wire.uncompressed(p.modelBytes));
             j.attribute("dtype", e.wire.weights);

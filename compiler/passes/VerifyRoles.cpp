@@ -52,7 +52,9 @@ struct VerifyRolesPass
     llvm::StringMap<PlaceOp> placedBy;
     for (PlaceOp place : module.getOps<PlaceOp>()) {
       for (Attribute a : place.getRoles()) {
-        StringRef name = cast<SymbolRefAttr>(a).getLeafReference();
+        std::string name = cast<SymbolRefAttr>(a).getLeafReference().str();
+        if (place.getPhase())
+          name += "." + place.getPhase()->str();
         auto [it, inserted] = placedBy.try_emplace(name, place);
         if (!inserted) {
           InFlightDiagnostic d = place.emitError()

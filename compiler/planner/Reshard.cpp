@@ -694,6 +694,117 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   return plan;
 }
 
+Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
+                       const Layout &to, int64_t layers, const Options &opts,
+                       const std::vector<int64_t> &nodeOf) {
+  Plan plan;
+  const int64_t nf = from.size(), nt = to.size();
+  bool ok = validLayout(from) && validLayout(to) &&
+            nf + nt <= std::numeric_limits<int>::max() && validParams(params, layers) &&
+            opts.bytesPerElement >= 1 && opts.ranksPerNode >= 1 &&
+            (nodeOf.empty() || int64_t(nodeOf.size()) == nf + nt);
+  assert(ok && "planWeightsAcross: an invalid layout, parameter, layer count or option");
+  if (!ok)
+    return plan;
+  const int n = int(nf + nt);
+  const int64_t bpe = opts.bytesPerElement;
+  auto node = [&](int i) { return nodeOf.empty() ? i / opts.ranksPerNode : nodeOf[i]; };
+  int64_t elems = 0;
+  for (const Param &p : params)
+    elems += p.rows * p.cols;
+  plan.modelBytes = elems * bpe;
+  plan.assignment.assign(size_t(n), -1);
+  for (int64_t j = 0; j < nt; ++j)
+    plan.assignment[size_t(nf + j)] = int(j);
+  // Holder sets (training ranks with identical boxes) are interchangeable
+  // sources. Each generation rank takes all its bytes of one set from one
+  // member (same node first, then the least loaded, then the lowest index;
+  // the sets it needs most first), as planWeights does: few, large messages
+  // and an even load.
+  std::vector<Holders> holders;
+  std::vector<std::vector<int>> setIdOf(params.size()), sets;
+  {
+    std::map<std::vector<int>, int> ids;
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      holders.push_back(holdersOf(params[pi], from, layers));
+      for (const std::vector<int> &h : holders.back().slots) {
+        auto [it, inserted] = ids.emplace(h, int(sets.size()));
+        if (inserted)
+          sets.push_back(h);
+        setIdOf[pi].push_back(it->second);
+      }
+    }
+  }
+  std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
+  std::vector<int> source(sets.size(), -1), touched;
+  for (int64_t j = 0; j < nt; ++j) {
+    const int r = int(nf + j);
+    auto forEachPiece = [&](auto &&f) {
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        Box want = holding(params[pi], to, j, layers);
+        if (want.empty())
+          continue;
+        const Holders &h = holders[pi];
+        int64_t covered = 0;
+        for (size_t k = 0; k < h.boxes.size(); ++k) {
+          Box x = intersect(want, h.boxes[k]);
+          if (x.empty())
+            continue;
+          covered += x.area();
+          f(int(pi), x, setIdOf[pi][k]);
+        }
+        assert(covered == want.area() && "planWeightsAcross: an element has no holder");
+        (void)covered;
+      }
+    };
+    touched.clear();
+    int64_t need = 0;
+    forEachPiece([&](int, const Box &x, int set) {
+      if (setBytes[set] == 0)
+        touched.push_back(set);
+      setBytes[set] += x.area() * bpe;
+      need += x.area();
+    });
+    std::sort(touched.begin(), touched.end(), [&](int a, int b) {
+      return setBytes[a] != setBytes[b] ? setBytes[a] > setBytes[b] : a < b;
+    });
+    for (int set : touched) {
+      int best = -1;
+      for (int s : sets[set]) { // ascending: ties keep the lower index
+        bool sNear = node(s) == node(r), bNear = best >= 0 && node(best) == node(r);
+        if (best < 0 || (sNear != bNear ? sNear : sent[s] < sent[best]))
+          best = s;
+      }
+      source[set] = best;
+      sent[best] += setBytes[set];
+      recv[r] += setBytes[set];
+      plan.totalBytes += setBytes[set];
+      if (node(best) != node(r))
+        plan.crossNodeBytes += setBytes[set];
+      setBytes[set] = 0;
+    }
+    forEachPiece([&](int pi, const Box &x, int set) {
+      Transfer t;
+      t.param = pi;
+      t.src = source[set];
+      t.dst = r;
+      t.box = x;
+      t.bytes = x.area() * bpe;
+      plan.transfers.push_back(t);
+    });
+    plan.lowerBound += need * bpe;
+    plan.maxExtraPerRank = std::max(plan.maxExtraPerRank, need * bpe);
+    plan.maxTargetShard = std::max(plan.maxTargetShard, need * bpe);
+    plan.naiveBytes += plan.modelBytes;
+  }
+  for (int r = 0; r < n; ++r) {
+    plan.maxSendPerRank = std::max(plan.maxSendPerRank, sent[r]);
+    plan.maxRecvPerRank = std::max(plan.maxRecvPerRank, recv[r]);
+  }
+  plan.collectives = detectCollectives(plan.transfers, n);
+  return plan;
+}
+
 int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
                                int64_t modelBytes) {
   if (!validLayout(from) || !validLayout(to) || from.size() != to.size() ||

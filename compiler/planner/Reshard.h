@@ -129,6 +129,21 @@ struct Plan {
 Plan planWeights(const std::vector<Param> &params, const Layout &from,
                  const Layout &to, int64_t layers, const Options &opts);
 
+/// Plans the switch of an actor's weights from its training layout `from`
+/// on one set of ranks to its generation layout `to` on another, disjoint
+/// set (`place actor.generate on ...`: a rollout placement). Rank indices:
+/// 0 .. |from|-1 train (rank i holds slot i of `from`), |from| .. |from| +
+/// |to| - 1 generate (rank |from| + j hosts slot j of `to`; `assignment`
+/// lists -1 for the training ranks). A generation rank holds nothing
+/// beforehand, so the lower bound is the sum of the generation shards and
+/// every element of each is fetched exactly once, from a training rank that
+/// holds it (same node first, then the least loaded sender). The naive
+/// figure is every generation rank receiving the whole model. `nodeOf`, if
+/// given (one entry per rank index), overrides index / ranksPerNode.
+Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
+                       const Layout &to, int64_t layers, const Options &opts,
+                       const std::vector<int64_t> &nodeOf = {});
+
 /// HybridFlow's per-rank volume (tp - t_g p_g) / (t_g p_g tp) * M for train
 /// (p, t, d) and generation (p_g, t_g) without fsdp/sp/cp; -1 where the
 /// formula does not apply (fsdp, sp or cp > 1, or t_g p_g not dividing t p).

@@ -76,6 +76,15 @@ WireType wireTypeOf(RoleOp role, ModelOp model) {
   return w;
 }
 
+std::vector<int64_t> reshardRanks(RoleOp role) {
+  std::vector<int64_t> out;
+  if (auto r = role.getRanks())
+    out.assign(r->begin(), r->end());
+  if (auto g = role.getGenerateRanks())
+    out.insert(out.end(), g->begin(), g->end());
+  return out;
+}
+
 std::optional<rs::Plan> planRoleReshard(RoleOp role) {
   if (!role.getModelAttr() || !role.getRanks() || role.getRanks()->empty())
     return std::nullopt;
@@ -83,6 +92,23 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
   if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
     return std::nullopt;
   rs::Layout from = toLayout(role.getTrain()), to = toLayout(role.getGenerate());
+  if (auto gen = role.getGenerateRanks()) {
+    // Generation on devices of its own: every generation shard crosses.
+    if (from.size() != static_cast<int64_t>(role.getRanks()->size()) ||
+        to.size() != static_cast<int64_t>(gen->size()) ||
+        from.size() + to.size() > kMaxReshardRanks)
+      return std::nullopt;
+    rs::Options opts;
+    opts.bytesPerElement = wireTypeOf(role, model).wireBytes;
+    std::vector<int64_t> nodeOf;
+    MeshOp mesh = meshOf(role);
+    const int64_t perNode = mesh ? mesh.getPerNodeAttr().getInt() : 1;
+    for (int64_t r : reshardRanks(role))
+      nodeOf.push_back(r / perNode);
+    opts.ranksPerNode = perNode;
+    return rs::planWeightsAcross(rs::llamaParams(toShape(model)), from, to,
+                                 model.getLayersAttr().getInt(), opts, nodeOf);
+  }
   if (from.size() != to.size() ||
       from.size() != static_cast<int64_t>(role.getRanks()->size()) ||
       from.size() > kMaxReshardRanks)
@@ -121,7 +147,7 @@ std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role,
                                             : mesh.getIntraAttr().getValueAsDouble()) *
                        cal.linkEfficiency;
   const int64_t perNode = mesh.getPerNodeAttr().getInt();
-  ArrayRef<int64_t> ranks = *role.getRanks();
+  const std::vector<int64_t> ranks = reshardRanks(role);
   struct Load {
     double intraBytes = 0, interBytes = 0;
     int64_t intraMsgs = 0, interMsgs = 0;

@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace hflow::planner {
 
@@ -51,6 +52,10 @@ WireType wireTypeOf(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);
 /// model bytes, lower bound, naive) count wire bytes: wireTypeOf(...).wireBytes
 /// per element.
 std::optional<::hflow::reshard::Plan> planRoleReshard(mlir::hflow::RoleOp role);
+
+/// The global ranks a role's reshard plan indexes: its ranks, then (an actor
+/// generating apart) its generate_ranks.
+std::vector<int64_t> reshardRanks(mlir::hflow::RoleOp role);
 
 /// Seconds the plan's transfers take under an alpha-beta model: every rank
 /// receives its bytes over intra- and inter-node links in parallel; the

@@ -139,6 +139,18 @@ LogicalResult RoleOp::verify() {
       prev = r;
     }
   }
+  if (auto gen = getGenerateRanks()) {
+    if (getKind() != RoleKind::Actor)
+      return emitOpError() << "only an actor has generate_ranks";
+    int64_t prev = -1;
+    for (int64_t r : *gen) {
+      if (r <= prev)
+        return emitOpError() << "generate_ranks must be ascending and distinct";
+      prev = r;
+      if (auto ranks = getRanks(); ranks && llvm::is_contained(*ranks, r))
+        return emitOpError() << "rank " << r << " is in both ranks and generate_ranks";
+    }
+  }
   return success();
 }
 
@@ -159,6 +171,12 @@ LogicalResult PlaceOp::verify() {
   if (getStartAttr().getInt() < 0 || getStartAttr().getInt() >= getEndAttr().getInt())
     return emitOpError() << "has an empty or negative device range ["
                          << getStartAttr().getInt() << " : " << getEndAttr().getInt() << "]";
+  if (auto phase = getPhase()) {
+    if (*phase != "generate")
+      return emitOpError() << "phase must be \"generate\", not \"" << *phase << "\"";
+    if (getRoles().size() != 1)
+      return emitOpError() << "with a phase places exactly one role";
+  }
   llvm::StringSet<> seen;
   for (Attribute a : getRoles())
     if (!seen.insert(cast<SymbolRefAttr>(a).getLeafReference()).second)

@@ -88,7 +88,11 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
     hflow.role @reward reward_fn "exact_match" train <dp = 1, tp = 1, pp = 1>
                                  generate <dp = 1, tp = 1, pp = 1>
     ```
-    After placement the role carries `ranks`, the global ranks it runs on.
+    After placement the role carries `ranks`, the global ranks it runs on,
+    and, for an actor whose generation is placed apart (`place
+    actor.generate on ...`), `generate_ranks`: the ranks of its generation
+    layout (disjoint from `ranks`, which then hold only its training
+    layout).
     `options` holds what the program set besides layouts: the optimizer
     (`optimizer = "adamw"`, `lr`, `weight_decay`, `clip_grad`, `warmup`),
     the actor's sampling defaults (`temperature`, `top_p`, `top_k`), a
@@ -100,7 +104,8 @@ def Hflow_RoleOp : Hflow_Op<"role", [Symbol,
                        OptionalAttr<StrAttr>:$rule,
                        Hflow_LayoutAttr:$train, Hflow_LayoutAttr:$generate,
                        OptionalAttr<DenseI64ArrayAttr>:$ranks,
-                       OptionalAttr<DictionaryAttr>:$options);
+                       OptionalAttr<DictionaryAttr>:$options,
+                       OptionalAttr<DenseI64ArrayAttr>:$generate_ranks);
   let assemblyFormat = [{
     $sym_name `` $kind (`(` $model^ `)`)? ($rule^)? `train` $train
     `generate` $generate attr-dict
@@ -117,9 +122,14 @@ def Hflow_PlaceOp : Hflow_Op<"place", [
     ```
     Roles placed by one `hflow.place` are colocated: they share the devices
     in time. Ranges of different `hflow.place` ops must not overlap.
+
+    With `phase = "generate"` (one actor, `place actor.generate on ...`)
+    the range holds only the actor's generation layout: its rollout devices,
+    apart from the devices it trains on.
   }];
   let arguments = (ins SymbolRefArrayAttr:$roles, FlatSymbolRefAttr:$mesh,
-                       I64Attr:$start, I64Attr:$end);
+                       I64Attr:$start, I64Attr:$end,
+                       OptionalAttr<StrAttr>:$phase);
   let assemblyFormat = "$roles `on` $mesh `[` $start `:` $end `]` attr-dict";
   let hasVerifier = 1;
 }
@@ -276,6 +286,8 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     these against every layout of the roles the flow calls. `prompt_len`
     (longest prompt, tokens) and `micro_batch` (sequences per forward pass)
     size activations and the KV cache for `hflow-check-memory`.
+    `off_policy = 1` runs the rollout of step k+1 on the actor's generation
+    devices while step k trains (one-step off-policy pipelining).
   }];
   let arguments = (ins FlatSymbolRefAttr:$flow, StrAttr:$data, I64Attr:$batch,
                        I64Attr:$n, I64Attr:$minibatch, I64Attr:$seed,
@@ -283,7 +295,8 @@ def Hflow_TrainOp : Hflow_Op<"train", [
                        OptionalAttr<I64Attr>:$checkpoint_every,
                        OptionalAttr<StrAttr>:$checkpoint_dir,
                        OptionalAttr<I64Attr>:$prompt_len,
-                       OptionalAttr<I64Attr>:$micro_batch);
+                       OptionalAttr<I64Attr>:$micro_batch,
+                       OptionalAttr<I64Attr>:$off_policy);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }

@@ -5,7 +5,9 @@
 #include <cmath>
 #include "PlanFormat.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <vector>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -131,6 +133,17 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail(what, " (", roleKindName(r->kind()), ") has no model");
     if (!checkRankList(c, r->ranks(), world, what))
       return false;
+    const bool apart = len(r->generate_ranks()) > 0;
+    if (apart) {
+      if (r->kind() != RoleKind::Actor)
+        return c.fail(what, " (", roleKindName(r->kind()), ") has generate_ranks");
+      if (!checkRankList(c, r->generate_ranks(), world, what + " generate_ranks"))
+        return false;
+      for (int g : *r->generate_ranks())
+        for (int t : *r->ranks())
+          if (g == t)
+            return c.fail(what, " generates on rank ", g, ", which also trains");
+    }
     for (const Layout *l : {r->train(), r->generate()}) {
       if (!l)
         return c.fail(what, " has no layout");
@@ -143,9 +156,11 @@ bool checkSemantics(const Plan &p, std::string &error) {
         if (prod > world)
           break;
       }
-      if (prod != static_cast<int64_t>(r->ranks()->size()))
+      const auto *ranks = apart && l == r->generate() ? r->generate_ranks() : r->ranks();
+      if (prod != static_cast<int64_t>(ranks->size()))
         return c.fail(what, " layout dp*fsdp*tp*pp*sp*cp = ", prod, " but it has ",
-                      r->ranks()->size(), " ranks");
+                      ranks->size(), apart && l == r->generate() ? " generation" : "",
+                      " ranks");
     }
   }
   for (size_t i = 0; i < nGroups; ++i)
@@ -206,7 +221,20 @@ bool checkSemantics(const Plan &p, std::string &error) {
     const std::string what = "reshard " + std::to_string(i);
     if (!inRange(rs->role(), nRoles))
       return c.fail(what, " names role ", rs->role(), " of ", nRoles);
-    const size_t n = len(p.roles()->Get(rs->role())->ranks());
+    const Role *ro = p.roles()->Get(rs->role());
+    size_t n = len(ro->ranks());
+    if (len(rs->ranks()) > 0) {
+      // Format 2.4: the role's ranks, then its generate_ranks.
+      std::vector<int> want(ro->ranks()->begin(), ro->ranks()->end());
+      if (ro->generate_ranks())
+        want.insert(want.end(), ro->generate_ranks()->begin(), ro->generate_ranks()->end());
+      if (!std::equal(want.begin(), want.end(), rs->ranks()->begin(), rs->ranks()->end()))
+        return c.fail(what, " indexes ranks that are not its role's ranks then its "
+                            "generate_ranks");
+      n = want.size();
+    } else if (len(ro->generate_ranks()) > 0) {
+      return c.fail(what, " lists no ranks for a role that generates apart");
+    }
     if (len(rs->assignment()) != n)
       return c.fail(what, " assigns ", len(rs->assignment()), " slots for ", n,
                     " ranks");
@@ -259,6 +287,8 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail(what, " covers steps [", first, ", ", first + n, ") of ", nSteps);
     if (ph->batch() < 1 || ph->n() < 1 || ph->minibatch() < 1)
       return c.fail(what, " has a non-positive batch, n or minibatch");
+    if (ph->off_policy() < 0 || ph->off_policy() > 1)
+      return c.fail(what, " has off_policy ", ph->off_policy(), " (0 or 1)");
   }
   if (len(p.schedules()) != static_cast<size_t>(world))
     return c.fail("plan has ", len(p.schedules()), " rank schedules for a world of ",

@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 
 using namespace hflow::reshard;
 
@@ -674,6 +675,81 @@ TEST(ReshardPlan, IdenticalLayoutsMoveNothing) {
       EXPECT_EQ(p.assignment, identity(l.size())) << l.str();
     }
   }
+}
+
+// An actor generating on devices of its own (`place actor.generate on
+// ...`): every element of every generation shard arrives exactly once, from
+// a training rank that holds it; the total is the sum of the generation
+// shards (nothing is held beforehand), which is the lower bound; the
+// senders share the load as evenly as their holdings allow.
+TEST(ReshardPlan, AcrossDisjointRanksAgainstElements) {
+  std::mt19937 rng(20261122);
+  int cases = 0;
+  for (int it = 0; it < 200; ++it) {
+    int64_t hidden = 4 + rng() % 13;
+    std::vector<int64_t> hs = divisors(hidden);
+    int64_t heads = hs[rng() % hs.size()];
+    std::vector<int64_t> ks = divisors(heads);
+    int64_t kv = rng() % 2 ? heads : ks[rng() % ks.size()];
+    ModelShape m = shape(1 + rng() % 4, hidden, heads, kv, 4 * (1 + rng() % 6),
+                         8 + 4 * (rng() % 7), rng() % 2, rng() % 2);
+    std::vector<Param> ps = llamaParams(m);
+    std::vector<Layout> fs = layoutsOf(1 + rng() % 6, m), ts = layoutsOf(1 + rng() % 6, m);
+    Layout from = fs[rng() % fs.size()], to = ts[rng() % ts.size()];
+    Options opts;
+    opts.bytesPerElement = int64_t(1) << (rng() % 3);
+    const int64_t nf = from.size(), nt = to.size(), bpe = opts.bytesPerElement;
+    SCOPED_TRACE(from.str() + " -> " + to.str() + " iteration " + std::to_string(it));
+    Plan p = planWeightsAcross(ps, from, to, m.layers, opts);
+    ASSERT_EQ(int64_t(p.assignment.size()), nf + nt);
+    for (int64_t i = 0; i < nf + nt; ++i)
+      EXPECT_EQ(p.assignment[size_t(i)], i < nf ? -1 : int(i - nf));
+    // Element counts per (generation rank, parameter, element).
+    std::map<std::tuple<int, int, int64_t, int64_t>, int> got;
+    int64_t total = 0;
+    std::vector<int64_t> sent(size_t(nf + nt), 0);
+    for (const Transfer &t : p.transfers) {
+      ASSERT_GE(t.src, 0);
+      ASSERT_LT(t.src, nf) << "a generation rank sends";
+      ASSERT_GE(t.dst, nf) << "a training rank receives";
+      ASSERT_LT(t.dst, nf + nt);
+      const Param &q = ps[size_t(t.param)];
+      Box held = holding(q, from, t.src, m.layers);
+      EXPECT_EQ(intersect(held, t.box).area(), t.box.area()) << "the sender lacks the piece";
+      EXPECT_EQ(t.bytes, t.box.area() * bpe);
+      total += t.bytes;
+      sent[size_t(t.src)] += t.bytes;
+      for (int64_t r = t.box.r0; r < t.box.r1; ++r)
+        for (int64_t c = t.box.c0; c < t.box.c1; ++c)
+          ++got[{t.dst, t.param, r, c}];
+    }
+    int64_t need = 0;
+    for (int64_t j = 0; j < nt; ++j)
+      for (size_t pi = 0; pi < ps.size(); ++pi) {
+        Box b = holding(ps[pi], to, j, m.layers);
+        need += b.area();
+        for (int64_t r = b.r0; r < b.r1; ++r)
+          for (int64_t c = b.c0; c < b.c1; ++c) {
+            auto g = got.find({int(nf + j), int(pi), r, c});
+            ASSERT_TRUE(g != got.end() && g->second == 1)
+                << "element (" << r << "," << c << ") of " << ps[pi].name
+                << " reaches generation slot " << j << " "
+                << (g == got.end() ? 0 : g->second) << " times";
+          }
+      }
+    EXPECT_EQ(int64_t(got.size()) * bpe, total) << "an element outside a generation shard";
+    EXPECT_EQ(p.totalBytes, total);
+    EXPECT_EQ(p.lowerBound, need * bpe);
+    EXPECT_EQ(p.totalBytes, p.lowerBound);
+    EXPECT_EQ(p.naiveBytes, nt * p.modelBytes);
+    EXPECT_EQ(p.maxSendPerRank, *std::max_element(sent.begin(), sent.end()));
+    // Whole replicas on every training rank (dp only): the load is even
+    // to within one generation rank's share.
+    if (from.size() == from.dp && to.size() == to.dp)
+      EXPECT_LE(p.maxSendPerRank, ((nt + nf - 1) / nf) * p.modelBytes);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 200);
 }
 
 #ifndef NDEBUG
