@@ -252,7 +252,7 @@ void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi,
 enum Metric : int {
   MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
-  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MNumMetrics
+  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MNumMetrics
 };
 
 struct Span {
@@ -267,6 +267,9 @@ struct Xfer {
   int src, dst;
   int before;
   int tag;
+  // off_policy: rows of the carried rollout that leave its generation ranks:
+  // posted when the iteration starts, not before the step that needs them.
+  bool early = false;
 };
 
 /// What a phase needs at run time.
@@ -281,6 +284,12 @@ struct PhaseRt {
   std::vector<Xfer> xfers;
   double rolloutTemp = 1.0;
   int rolloutValue = -1; // the value the phase's generate produces
+  // off_policy: 1 (one-step off-policy pipelining): the generate step, the
+  // reshard before it and its check run one iteration ahead; `carry` is
+  // the rollout they made for the next iteration (on the generation ranks).
+  int offPolicy = 0;
+  int genStep = -1, genCheckStep = -1, reshardStep = -1;
+  std::optional<Val> carry;
 };
 
 /// Per role on this rank: its model, heads and optimizer.
@@ -318,6 +327,13 @@ struct RoleRt {
   bool lean = false;
   models::LlamaConfig cfg;
   uint64_t seed = 0;
+  // An actor generating on ranks of its own (`place actor.generate on
+  // ...`). On its generation ranks the rank only generates (`genOnly`:
+  // `model` is its generation copy, `pos` its index among the generation
+  // ranks, `comm` their group); on its training ranks it only trains.
+  // `xcomm`: training and generation ranks, for the reshard between them.
+  bool apart = false, genOnly = false;
+  Communicator *xcomm = nullptr;
 };
 
 class Worker {
@@ -370,6 +386,10 @@ private:
   void allocateWholeCopy(RoleRt &rr);
   void checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what);
   void runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
+  void runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
+  void runRolloutAhead(PhaseRt &ph);
+  std::vector<int> stepRoleRanks(int s) const;
+  int64_t plannedOf(const std::set<int> &steps) const;
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void syncReference(int phaseIndex);
   void finish();
@@ -483,8 +503,7 @@ const Layout &Worker::layoutOf(int s) const {
 /// the rank is not on the step's role). The ranks of one replica (its TP,
 /// PP, SP and CP ranks) run the same rows; FSDP ranks are data parallel.
 int Worker::dpIndexOf(int s, int globalRank) const {
-  const Role &r = role(step(s).role());
-  auto rs = ints(r.ranks());
+  auto rs = stepRoleRanks(s);
   auto it = std::find(rs.begin(), rs.end(), globalRank);
   if (it == rs.end())
     return -1;
@@ -498,8 +517,7 @@ int Worker::dpIndexOf(int s, int globalRank) const {
 }
 
 bool Worker::isLeader(int s, int globalRank) const {
-  const Role &r = role(step(s).role());
-  auto rs = ints(r.ranks());
+  auto rs = stepRoleRanks(s);
   auto it = std::find(rs.begin(), rs.end(), globalRank);
   if (it == rs.end())
     return false;
@@ -529,6 +547,26 @@ Span Worker::rowsFor(const PhaseRt &ph, int s, int v, int globalRank) const {
     throw RunError(describe(s) + ": " + std::to_string(N) +
                    " rows do not split over " + std::to_string(dp) + " replicas");
   return {i * N / dp, (i + 1) * N / dp};
+}
+
+/// The ranks of step `s`'s role that run it: an actor generating apart
+/// generates on its generate_ranks; everything else runs on the role's ranks.
+std::vector<int> Worker::stepRoleRanks(int s) const {
+  const Step &st = step(s);
+  const Role &r = role(st.role());
+  if (st.kind() == StepKind::Compute && str(st.method()) == "generate" &&
+      r.generate_ranks() && r.generate_ranks()->size() > 0)
+    return ints(r.generate_ranks());
+  return ints(r.ranks());
+}
+
+/// How many (rank, step) pairs of every rank's schedule fall in `steps`.
+int64_t Worker::plannedOf(const std::set<int> &steps) const {
+  int64_t n = 0;
+  for (int r = 0; r < p_.world_size(); ++r)
+    for (int s : ints(p_.schedules()->Get(r)->steps()))
+      n += steps.count(s);
+  return n;
 }
 
 std::vector<int> Worker::ranksOfStep(int s) const {
@@ -667,7 +705,50 @@ void Worker::prepare() {
       }
     }
     evalR_ = std::max(evalR_, ph.R);
+    if (ph.ph && ph.ph->off_policy() > 0) {
+      // One-step off-policy: the phase's one generate (of an actor
+      // generating apart), the reshard that feeds it and its check run an
+      // iteration ahead.
+      ph.offPolicy = ph.ph->off_policy();
+      for (int s = ph.first; s < ph.first + ph.count; ++s) {
+        const Step &st = step(s);
+        if (st.kind() == StepKind::Compute && str(st.method()) == "generate") {
+          if (ph.genStep >= 0)
+            throw RunError("phase " + ph.name + " has off_policy " +
+                           std::to_string(ph.offPolicy) + " and more than one generate step");
+          ph.genStep = s;
+        }
+      }
+      if (ph.genStep < 0)
+        throw RunError("phase " + ph.name + " has off_policy " +
+                       std::to_string(ph.offPolicy) + " but no generate step");
+      const Role &gr = role(step(ph.genStep).role());
+      if (!gr.generate_ranks() || gr.generate_ranks()->size() == 0)
+        throw RunError("phase " + ph.name + " has off_policy " +
+                       std::to_string(ph.offPolicy) + " but actor " + str(gr.name()) +
+                       " generates on its training ranks");
+      for (int s = ph.first; s < ph.first + ph.count; ++s) {
+        const Step &st = step(s);
+        if (st.kind() == StepKind::Reshard && st.role() == step(ph.genStep).role() &&
+            s < ph.genStep)
+          ph.reshardStep = s;
+        if (st.kind() == StepKind::CheckAllGather && st.checks() == ph.genStep)
+          ph.genCheckStep = s;
+        if (s != ph.genStep && st.inputs())
+          for (int v : *st.inputs())
+            if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+              throw RunError("phase " + ph.name + " has off_policy " +
+                             std::to_string(ph.offPolicy) + ": " + describe(s) +
+                             " reads the prompts, which only the generate step may");
+      }
+    }
     planTransfers(ph);
+    if (ph.offPolicy > 0) {
+      auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
+      for (Xfer &x : ph.xfers)
+        x.early = x.value == ph.rolloutValue &&
+                  std::find(genRanks.begin(), genRanks.end(), x.src) != genRanks.end();
+    }
   }
   if (!o_.evalFile.empty()) {
     if (!rule_)
@@ -744,6 +825,13 @@ void Worker::saveState() {
       for (auto &[name, t] : rr.optim->state())
         st.tensors[pre + "optim/" + name] = t;
   }
+  // off_policy: the rollout made ahead for the next iteration (on the
+  // generation ranks) is part of the state: it came from weights this
+  // checkpoint no longer has.
+  for (size_t i = 0; i < phases_.size(); ++i)
+    if (phases_[i].carry)
+      for (auto &[name, t] : phases_[i].carry->f)
+        st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
   nlohmann::json samplers = nlohmann::json::array();
   for (auto &ph : phases_)
     samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
@@ -823,6 +911,22 @@ void Worker::loadState() {
   } catch (const std::exception &e) {
     throw RunError(std::string("--resume: ") + e.what());
   }
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const std::string pre = "carry/" + std::to_string(i) + "/";
+    Val v;
+    v.kind = BatchKind::Rollout;
+    for (auto &[name, t] : st.tensors)
+      if (name.rfind(pre, 0) == 0)
+        v.f[name.substr(pre.size())] = t.clone();
+    if (v.f.empty())
+      continue;
+    for (const Field &fd : schemaOf(BatchKind::Rollout, 1, 1))
+      if (!v.f.count(fd.name))
+        throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
+                       " has no field " + fd.name);
+    v.rows = v.f.at("ptoks").size(0);
+    phases_[i].carry = std::move(v);
+  }
   globalIter_ = n;
   auto samplers = st.meta.value("samplers", nlohmann::json::array());
   for (size_t i = 0; i < phases_.size() && i < samplers.size(); ++i)
@@ -838,6 +942,13 @@ void Worker::loadState() {
       break;
     }
     left -= phases_[i].iterations;
+  }
+  if (resumePhase_ < phases_.size() && resumeIter_ > 0 && phases_[resumePhase_].offPolicy > 0) {
+    const PhaseRt &ph = phases_[resumePhase_];
+    if (inMySchedule(ph.genStep) && !ph.carry)
+      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+                     "' holds no rollout made ahead for phase " + ph.name +
+                     " (off_policy), which this generation rank needs");
   }
   if (o_.rank == 0 && !o_.quiet)
     std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
@@ -862,6 +973,8 @@ void Worker::planShardedGeneration() {
     const Role &ro = role(r);
     if (str(rs->to_phase()) != "generate" || ro.kind() != RoleKind::Actor || ro.model() < 0)
       continue;
+    if (ro.generate_ranks() && ro.generate_ranks()->size() > 0)
+      continue; // generating apart: on whole weights (runReshardAcross)
     const Layout &gl = *ro.generate();
     const int t = gl.tp();
     if (t <= 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
@@ -897,11 +1010,47 @@ void Worker::buildRoles() {
     const Role &ro = role(r);
     auto rs = ints(ro.ranks());
     auto it = std::find(rs.begin(), rs.end(), o_.rank);
+    const bool apart = ro.generate_ranks() && ro.generate_ranks()->size() > 0;
+    if (apart) {
+      // Generating apart: whole weights on every generation rank (the
+      // planned pieces complete them); sharded generation there is not
+      // built yet, and is refused before any work.
+      const Layout &gl = *ro.generate();
+      if (gl.tp() > 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
+        throw RunError("actor " + str(ro.name()) +
+                       " generates apart on a sharded layout (tp " + std::to_string(gl.tp()) +
+                       ", pp " + std::to_string(gl.pp()) +
+                       "); hflow-run generates apart on whole weights only "
+                       "(generate: dp(N) on the generation devices)");
+      auto gs = ints(ro.generate_ranks());
+      auto g = std::find(gs.begin(), gs.end(), o_.rank);
+      if (g != gs.end()) {
+        models::LlamaConfig cfg;
+        std::string err;
+        if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err))
+          throw RunError(err);
+        if (hasData_ && cfg.vocab < tok_->vocabSize())
+          throw RunError("model " + cfg.name + " has a vocabulary of " +
+                         std::to_string(cfg.vocab) + " but the " + tok_->name() +
+                         " tokenizer needs " + std::to_string(tok_->vocabSize()));
+        RoleRt rt;
+        rt.index = r;
+        rt.pos = (int)(g - gs.begin());
+        rt.apart = rt.genOnly = true;
+        // The first reshard overwrites every weight; the same start as
+        // the training ranks keeps a run without one reproducible.
+        rt.model = std::make_unique<models::Llama>(cfg,
+                                                   models::modelSeed(p_.seed(), ro.model()));
+        roles_[r] = std::move(rt);
+        continue;
+      }
+    }
     if (it == rs.end())
       continue;
     RoleRt rt;
     rt.index = r;
     rt.pos = (int)(it - rs.begin());
+    rt.apart = apart;
     if (ro.model() >= 0) {
       models::LlamaConfig cfg;
       std::string err;
@@ -924,7 +1073,8 @@ void Worker::buildRoles() {
       const Layout &gl = *ro.generate();
       const bool wholeGeneration = (gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
                                     gl.sp() <= 1 && gl.cp() <= 1) ||
-                                   genSlots_.count(r) > 0; // or on TP shards
+                                   genSlots_.count(r) > 0 || // or on TP shards
+                                   apart;                    // or on other ranks
 
       // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
       // (the reference the TP form is compared with in the tests).
@@ -1106,8 +1256,32 @@ void Worker::connect() {
       groups_[(int)g] = world_->makeSubgroup(name, rs);
       groupComm_[(int)g] = groups_[(int)g].get();
     }
-  // Role r's group is plan group r (the emitter writes one per role first).
+  // Role r's group is plan group r (the emitter writes one per role first);
+  // an actor generating apart has two more, by name: its generation ranks
+  // ("<role>.generate") and both sides ("<role>.reshard").
+  auto groupNamed = [&](const std::string &name) -> Communicator * {
+    if (p_.groups())
+      for (size_t g = 0; g < p_.groups()->size(); ++g)
+        if (str(p_.groups()->Get(g)->name()) == name) {
+          auto it = groupComm_.find((int)g);
+          return it == groupComm_.end() ? nullptr : it->second;
+        }
+    return nullptr;
+  };
   for (auto &[r, rr] : roles_) {
+    if (rr.apart) {
+      rr.xcomm = groupNamed(str(role(r).name()) + ".reshard");
+      if (!rr.xcomm)
+        throw RunError("no communicator for actor " + str(role(r).name()) +
+                       "'s reshard group (training and generation ranks)");
+    }
+    if (rr.genOnly) {
+      rr.comm = groupNamed(str(role(r).name()) + ".generate");
+      if (!rr.comm)
+        throw RunError("no communicator for actor " + str(role(r).name()) +
+                       "'s generation ranks");
+      continue;
+    }
     auto it = groupComm_.find(r);
     if (it == groupComm_.end())
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
@@ -1235,7 +1409,7 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
 /// posted without waiting; receives block until the rows arrive.
 void Worker::moveRows(PhaseRt &ph, int s) {
   for (const Xfer &x : ph.xfers) {
-    if (x.before != s || x.src != o_.rank)
+    if (x.before != s || x.src != o_.rank || (x.early && ph.offPolicy > 0))
       continue;
     auto it = vals_.find(x.value);
     if (it == vals_.end())
@@ -1569,7 +1743,16 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
       parts.push_back(logprobsOf(logitsOf(h.narrow(1, P - 1, R)),
                                  (*rollout)["rtoks"].narrow(0, u, e - u), ph.rolloutTemp));
     }
-    store(at::cat(parts) * rmask);
+    at::Tensor lp = at::cat(parts) * rmask;
+    if (leader && ro.kind() == RoleKind::Actor) {
+      // How far the policy that sampled the rollout is from the one
+      // training on it: |behaviour log-prob - current| per response token
+      // (0 up to rounding on policy; one update's drift with off_policy).
+      metrics_[MLpGap] +=
+          ((lp - (*rollout)["lp"].narrow(0, lo, b)).abs() * rmask).sum().item<double>();
+      metrics_[MLpGapN] += rmask.sum().item<double>();
+    }
+    store(lp);
     return;
   }
   if (method == "values") {
@@ -1783,7 +1966,8 @@ struct PieceExchange {
 
 PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf16Wire,
                              int64_t wireBytes,
-                             const std::function<at::Tensor(const WeightTransfer *)> &piece) {
+                             const std::function<at::Tensor(const WeightTransfer *)> &piece,
+                             const std::function<int(int)> &peerOf = nullptr) {
   PieceExchange x;
   std::map<int, std::vector<const WeightTransfer *>> out;
   if (rs.transfers())
@@ -1801,7 +1985,8 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
     for (const WeightTransfer *t : ts)
       parts.push_back(piece(t).reshape({-1}));
     at::Tensor buf = at::cat(parts);
-    sends.push_back({peer, (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
+    sends.push_back({peerOf ? peerOf(peer) : peer,
+                     (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
   }
   for (auto &[peer, ts] : x.in) {
     int64_t n = 0;
@@ -1812,7 +1997,16 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
   }
   const uint64_t before = c.bytesReceived();
   auto t0 = Clock::now();
-  c.exchange(sends, x.recvs);
+  if (peerOf) {
+    // The plan's rank indices are not the communicator's: exchange under
+    // the communicator's, keep the plan's for the caller.
+    std::vector<std::pair<int, at::Tensor>> recvs;
+    for (auto &[peer, buf] : x.recvs)
+      recvs.push_back({peerOf(peer), buf});
+    c.exchange(sends, recvs);
+  } else {
+    c.exchange(sends, x.recvs);
+  }
   x.ms = msSince(t0);
   x.measured = (int64_t)(c.bytesReceived() - before);
   for (auto &[peer, buf] : x.recvs)
@@ -1837,6 +2031,8 @@ void Worker::runReshard(int s) {
   if (rit == roles_.end() || (!rit->second.model && !rit->second.lean))
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
+  if (rr.apart)
+    return runReshardAcross(s, rs, rr, what);
   if (rr.lean && o_.reshard != "naive")
     return runReshardLean(s, rs, rr, what);
   if (rr.lean)
@@ -2106,6 +2302,96 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
 /// Sums a transition's bytes over the role's ranks; its first rank counts
 /// it, prints the one line per transition and, for planned transfers,
 /// checks the total against the plan.
+/// An actor generating on ranks of its own: its training ranks send every
+/// planned piece (cut from their whole weights or their shards) and its
+/// generation ranks, which hold nothing of their own, assemble their whole
+/// generation copy from the pieces; each element must arrive exactly once
+/// and the replicas must end up identical. The plan indexes training ranks,
+/// then generation ranks (Reshard.ranks); the exchange runs on their group.
+void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+  using at::indexing::Slice;
+  (void)s;
+  const auto idx = ints(rs.ranks());
+  const auto me = std::find(idx.begin(), idx.end(), o_.rank);
+  if (me == idx.end() || !rr.xcomm)
+    throw RunError("reshard of " + what + ": this rank is on neither side of the plan");
+  // The plan's index -> the position in the reshard group (ascending ranks).
+  std::vector<int> sorted = idx;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> peer(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i)
+    peer[i] = (int)(std::lower_bound(sorted.begin(), sorted.end(), idx[i]) - sorted.begin());
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  at::NoGradGuard ng;
+  // What this rank holds: a generation rank nothing; a training rank its
+  // whole weights, or each parameter's shard box.
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::vector<std::pair<std::string, models::Box>> boxes;
+  if (rr.sharded()) {
+    named = rr.tp ? rr.tp->namedShards() : rr.fsdp->namedShards();
+    boxes = rr.tp ? rr.tp->namedBoxes() : rr.fsdp->namedBoxes();
+  } else if (rr.model) {
+    named = rr.model->namedParameters();
+  }
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (named.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, this rank holds " + std::to_string(named.size()));
+  auto piece = [&](const WeightTransfer *t) -> at::Tensor {
+    const at::Tensor w = named[t->param()].second.detach();
+    if (boxes.empty())
+      return w.index({Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
+    const models::Box &b = boxes[t->param()].second;
+    if (t->row0() < b.r0 || t->row1() > b.r0 + b.rows() || t->col0() < b.c0 ||
+        t->col1() > b.c0 + b.cols())
+      throw RunError("reshard of " + what + ": the plan has this rank send rows " +
+                     std::to_string(t->row0()) + "-" + std::to_string(t->row1() - 1) +
+                     " of " + named[t->param()].first + ", which its shard does not hold");
+    return w.view({b.rows(), b.cols()})
+        .index({Slice(t->row0() - b.r0, t->row1() - b.r0),
+                Slice(t->col0() - b.c0, t->col1() - b.c0)});
+  };
+  PieceExchange x = exchangePieces(rs, *rr.xcomm, (int)(me - idx.begin()), bf16Wire,
+                                   wireBytes, piece, [&](int i) { return peer.at((size_t)i); });
+  if (rr.genOnly) {
+    auto dst = rr.model->namedParameters();
+    int64_t elems = 0, want = 0;
+    for (auto &[name, w] : dst)
+      want += w.numel();
+    for (auto &[from, buf] : x.recvs) {
+      int64_t off = 0;
+      for (const WeightTransfer *t : x.in[from]) {
+        const int64_t n = (t->row1() - t->row0()) * (t->col1() - t->col0());
+        dst[t->param()].second.detach().index_put_(
+            {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())},
+            buf.narrow(0, off, n).view({t->row1() - t->row0(), t->col1() - t->col0()}));
+        off += n;
+        elems += n;
+      }
+    }
+    if (elems != want)
+      throw RunError("reshard of " + what + ": this generation rank received " +
+                     std::to_string(elems) + " weights of its " + std::to_string(want));
+    // Every replica assembled its copy from other pieces: they must agree.
+    double sum = 0;
+    for (auto &[name, w] : dst)
+      sum += w.detach().to(at::kDouble).sum().item<double>();
+    at::Tensor all = rr.comm->allGatherFlat(
+        at::full({1}, sum, at::TensorOptions().dtype(at::kDouble)));
+    for (int64_t i = 0; i < all.size(0); ++i)
+      if (all[i][0].item<double>() != sum)
+        throw RunError("reshard of " + what + ": the weights assembled on generation rank " +
+                       std::to_string(ints(role(rr.index).generate_ranks())[(size_t)i]) +
+                       " differ from this rank's");
+  }
+  if (x.measured != x.plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
+                   " bytes, the plan says " + std::to_string(x.plannedIn));
+  reportReshard(s, rs, *rr.xcomm, what, x.measured, x.ms, false);
+}
+
 void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
                            int64_t measured, double ms, bool naive) {
   digests_[s] = (double)measured;
@@ -2212,14 +2498,14 @@ void Worker::evaluate(const std::string &when, int64_t it) {
   } drop{this};
   int gen = -1;
   for (auto &[r, rr] : roles_)
-    if (role(r).kind() == RoleKind::Actor && rr.model)
-      gen = r;
+    if (role(r).kind() == RoleKind::Actor && rr.model && !rr.genOnly)
+      gen = r; // an actor generating apart is evaluated where it trains
   if (gen < 0)
     return;
   const Role &ro = role(gen);
-  const Layout &l = *ro.generate();
-  const int per = std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
   const RoleRt &rr = roles_.at(gen);
+  const Layout &l = rr.apart ? *ro.train() : *ro.generate();
+  const int per = rr.apart ? 1 : std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
   if (rr.pos % per != 0)
     return; // one rank per replica scores
   const int dp = std::max(1, (int)ints(ro.ranks()).size() / per);
@@ -2345,13 +2631,14 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
                          : NAN);
     add("lr", lr > 0 ? lr : NAN);
     add("eval_reward", evalR);
+    add("rollout_lp_gap", mean(MLpGap, MLpGapN));
     add("tokens_per_s", itMs > 0 ? S(MTokens) / (itMs / 1000.0) : NAN);
     add("iteration_ms", itMs);
     add("bytes_moved", bytes);
     // The actor's weights after the iteration, to 17 digits: two runs that
     // print the same value trained the same weights (resume tests).
     for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.lean)) {
+      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.lean) && !rr.genOnly) {
         double sum = 0;
         for (auto &p : rr.tp     ? rr.tp->parameters()
                        : rr.fsdp ? rr.fsdp->parameters()
@@ -2406,6 +2693,10 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       std::snprintf(b, sizeof b, " len %.1f", mean(MLenSum, MLenN));
       line += b;
     }
+    if (ph.offPolicy > 0 && S(MLpGapN) > 0) {
+      std::snprintf(b, sizeof b, " lp gap %.4f", mean(MLpGap, MLpGapN));
+      line += b;
+    }
     if (evalRan) {
       std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)", evalR,
                     (int)S(MEvalN));
@@ -2444,19 +2735,52 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     for (int s : ints(p_.schedules()->Get(r)->steps()))
       if (s >= ph.first && s < ph.first + ph.count)
         ++plannedSteps_;
+  // off_policy: the rollout this iteration trains on was made the
+  // iteration before (or by runRolloutAhead); the generate step makes the
+  // next iteration's from the next prompts, with the weights the reshard
+  // brings now (one update behind), while the rest of the flow trains. The
+  // last iteration makes none.
+  const bool ahead = ph.offPolicy > 0;
+  const bool makeNext = !ahead || it + 1 < ph.iterations;
+  if (ahead) {
+    if (ph.carry) {
+      vals_[ph.rolloutValue] = std::move(*ph.carry);
+      ph.carry.reset();
+    }
+    // Its rows leave the generation ranks at once: the training ranks need
+    // them while this rank generates the next rollout.
+    for (const Xfer &x : ph.xfers)
+      if (x.early && x.src == o_.rank) {
+        auto v = vals_.find(x.value);
+        if (v == vals_.end())
+          throw RunError(ph.name + " iteration " + std::to_string(it + 1) +
+                         ": this rank should send rows of the rollout made one iteration "
+                         "ahead, but has none");
+        world_->postSend(packRows(v->second, ph.P, ph.R, x.lo, x.hi), x.dst, x.tag);
+      }
+    if (!makeNext)
+      plannedSteps_ -= plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  }
   // The prompts: the same indices on every rank (seeded sampler).
   std::vector<int64_t> ids;
-  if (ph.sampler)
-    ids = ph.sampler->next((size_t)ph.batch);
-  else
-    for (int64_t i = 0; i < ph.batch; ++i)
-      ids.push_back(i);
-  for (int s = ph.first; s < ph.first + ph.count; ++s)
-    for (int v : ints(step(s).inputs()))
-      if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
-        makePrompts(ph, ids, vals_[v]);
+  if (makeNext) {
+    if (ph.sampler)
+      ids = ph.sampler->next((size_t)ph.batch);
+    else
+      for (int64_t i = 0; i < ph.batch; ++i)
+        ids.push_back(i);
+    for (int s = ph.first; s < ph.first + ph.count; ++s)
+      for (int v : ints(step(s).inputs()))
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
+          makePrompts(ph, ids, vals_[v]);
+  }
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
     currentStep_ = s;
+    if (ahead && (s == ph.reshardStep || s == ph.genStep || s == ph.genCheckStep) &&
+        !makeNext) {
+      stepMs_[s - ph.first] = 0;
+      continue;
+    }
     auto ts = Clock::now();
     moveRows(ph, s);
     traceSpan("rows for step " + std::to_string(s), 1, ts);
@@ -2465,6 +2789,20 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
       auto tc = Clock::now();
       switch (st.kind()) {
       case StepKind::Compute:
+        if (ahead && s == ph.genStep) {
+          // The next iteration's rollout; this one's stays in place.
+          std::optional<Val> current;
+          if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
+            current = std::move(v->second);
+            vals_.erase(v);
+          }
+          runCompute(ph, s, it + 1);
+          ph.carry = std::move(vals_.at(ph.rolloutValue));
+          vals_.erase(ph.rolloutValue);
+          if (current)
+            vals_[ph.rolloutValue] = std::move(*current);
+          break;
+        }
         runCompute(ph, s, it);
         break;
       case StepKind::Builtin:
@@ -2508,12 +2846,60 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     saveState();
 }
 
+/// off_policy: the first rollout of a phase, before its first iteration:
+/// the reshard, the generate step and its check, on the first prompts.
+void Worker::runRolloutAhead(PhaseRt &ph) {
+  currentIter_ = 0;
+  vals_.clear();
+  digests_.clear();
+  metrics_.assign(MNumMetrics, 0.0);
+  plannedSteps_ += plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  std::vector<int64_t> ids;
+  if (ph.sampler)
+    ids = ph.sampler->next((size_t)ph.batch);
+  else
+    for (int64_t i = 0; i < ph.batch; ++i)
+      ids.push_back(i);
+  for (int v : ints(step(ph.genStep).inputs()))
+    if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+      makePrompts(ph, ids, vals_[v]);
+  auto t0 = Clock::now();
+  for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
+    if (s < 0 || !inMySchedule(s))
+      continue;
+    currentStep_ = s;
+    auto tc = Clock::now();
+    const StepKind k = step(s).kind();
+    if (k == StepKind::Reshard)
+      runReshard(s);
+    else if (k == StepKind::Compute)
+      runCompute(ph, s, 0);
+    else
+      runCheck(s);
+    ++stepsRun_;
+    traceSpan(k == StepKind::Compute ? callName(s) + " (ahead)"
+              : k == StepKind::Reshard ? "reshard " + str(role(step(s).role()).name()) + " (ahead)"
+                                       : "check " + callName(step(s).checks()) + " (ahead)",
+              k == StepKind::Compute ? 0 : 1, tc);
+  }
+  currentStep_ = -1;
+  if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
+    ph.carry = std::move(v->second);
+  vals_.clear();
+  if (o_.rank == 0 && !o_.quiet)
+    std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
+                "each rollout is generated while the iteration before trains\n",
+                ph.name.c_str(), ph.offPolicy, msSince(t0));
+}
+
 void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   currentPhase_ = ph.name;
   phaseStart_ = Clock::now();
   phaseFirstIt_ = firstIter;
   if (firstIter == 0)
     syncReference(phaseIndex);
+  if (ph.offPolicy > 0 && firstIter == 0)
+    runRolloutAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
     runIteration(ph, it);
   currentIter_ = -1;
@@ -2527,7 +2913,7 @@ void Worker::finish() {
     refreshGenerationCopies();
     // The actor's first rank has every weight (its generation copy).
     for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && rr.model && rr.pos == 0) {
+      if (role(r).kind() == RoleKind::Actor && rr.model && rr.pos == 0 && !rr.genOnly) {
         try {
           models::exportHf(o_.exportHf, *rr.model);
         } catch (const std::exception &e) {
@@ -2600,10 +2986,13 @@ void Worker::finish() {
           s += " fsdp" + std::to_string(l->fsdp());
         return s;
       };
+      std::string gen = lay(r->generate());
+      if (r->generate_ranks() && r->generate_ranks()->size() > 0)
+        gen += " on ranks " + rankList(ints(r->generate_ranks()));
       std::printf("  %-10s %-11s ranks %-7s train %s, generate %s, %s\n",
                   str(r->name(), "?").c_str(), roleKindName(r->kind()),
-                  rankList(ints(r->ranks())).c_str(), lay(r->train()).c_str(),
-                  lay(r->generate()).c_str(), model.c_str());
+                  rankList(ints(r->ranks())).c_str(), lay(r->train()).c_str(), gen.c_str(),
+                  model.c_str());
     }
   std::printf("ranks:\n");
   for (int r = 0; r < p_.world_size(); ++r)
