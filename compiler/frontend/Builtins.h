@@ -56,6 +56,8 @@ inline constexpr Builtin kBuiltins[] = {
      "per-token KL estimate between two log-probabilities"},
     {"whiten", 1, {kAnyNumeric}, kAnyNumeric, false, {}, 0,
      "(x - mean) / std over the valid tokens of the batch"},
+    {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, false, {}, 0,
+     "the log-probs the rollout was sampled with (the behaviour policy's)"},
 };
 
 inline const Builtin *findBuiltin(std::string_view name) {

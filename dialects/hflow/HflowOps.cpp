@@ -312,10 +312,12 @@ LogicalResult BuiltinOp::verify() {
   StringRef callee = getCallee();
   if (getResults().empty())
     return emitOpError() << "'" << callee << "' must have a result";
-  for (Value v : getInputs())
-    if (!m::isNumeric(kindOf(v)))
-      return emitOpError() << "'" << callee << "' takes numeric batches, not "
-                           << m::batchName(kindOf(v));
+  // rollout_logprobs reads a rollout (checked against its signature below).
+  if (callee != "rollout_logprobs")
+    for (Value v : getInputs())
+      if (!m::isNumeric(kindOf(v)))
+        return emitOpError() << "'" << callee << "' takes numeric batches, not "
+                             << m::batchName(kindOf(v));
   bool arith = callee == "add" || callee == "sub" || callee == "mul" ||
                callee == "div" || callee == "neg";
   if (arith) {

@@ -1933,6 +1933,18 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
     if (it == vals_.end())
       throw RunError("input " + str(p_.values()->Get(v)->name(), "?") +
                      " has not reached the controller");
+    if (str(st.method()) == "rollout_logprobs") {
+      // The log-probs the generator recorded while sampling, per response
+      // token (zero past the response), as a logprobs value.
+      if (it->second.kind != BatchKind::Rollout || ints(st.outputs()).size() != 1)
+        throw RunError(describe(s) + ": rollout_logprobs takes one rollout");
+      Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n, ph.P,
+                        ph.R);
+      out.x().copy_(it->second["lp"] * it->second["rmask"]);
+      digests_[s] = out.x().to(at::kDouble).sum().item<double>();
+      vals_[st.outputs()->Get(0)] = std::move(out);
+      return;
+    }
     inputs.push_back(it->second.x().to(at::kDouble));
   }
   std::vector<at::Tensor> out;

@@ -9,7 +9,13 @@ the same program on the same devices (argv[1]), phase argv[3]:
   own up to rounding (the gap stays below 1e-5) in every iteration;
 * off policy, from the second iteration on, the rollout comes from weights
   one update behind: the gap is at least 100 times the largest on-policy
-  one in every such iteration."""
+  one in every such iteration.
+
+With argv[4], the off-policy run of the same program taking the rollout's
+own log-probs as the old ones (rollout_logprobs) instead of recomputing
+them (argv[2]): the first iteration agrees within 1e-5 (on policy the two
+are equal up to rounding), and later the PPO ratio's KL is positive where
+the recomputing run's is 0 (a ratio of 1 on its one optimizer step)."""
 import json
 import sys
 
@@ -40,3 +46,24 @@ if min(behind) < 100 * on:
 print(f"{phase} 1 equal (actor weights {first_o['actor_weight_sum']}); log-prob gap "
       f"on policy at most {on:.1e}, one update behind at least {min(behind):.1e} "
       f"over {len(behind)} iterations")
+
+if len(sys.argv) > 4:
+    beh = load(sys.argv[4], phase)
+    if len(beh) != len(off):
+        sys.exit(f"{len(beh)} behaviour-log-prob iterations against {len(off)}")
+    worst = 0.0
+    for k in ("reward_mean", "pg_loss", "kl_loss", "entropy", "grad_norm", "response_length",
+              "actor_weight_sum"):
+        a, b = beh[0][k], off[0][k]
+        d = abs(a - b) / max(1.0, abs(b))
+        worst = max(worst, d)
+        if d > 1e-5:
+            sys.exit(f"{phase} 1: {k} is {a} with behaviour log-probs, {b} recomputed")
+    kls = [m["ppo_kl"] for m in beh[1:]]
+    if any(m["ppo_kl"] != 0 for m in off[1:]):
+        sys.exit("recomputed old log-probs should give ppo_kl 0 on one optimizer step")
+    if min(abs(x) for x in kls) < 1e-7:
+        sys.exit(f"behaviour log-probs one update behind should give a ppo_kl, got {kls}")
+    print(f"behaviour log-probs: {phase} 1 within 1e-05 of recomputed ones (largest relative "
+          f"difference {worst:.1e}); ppo_kl {min(kls):.2e} to {max(kls):.2e} in {phase} "
+          f"2-{len(beh)} (recomputed: 0)")

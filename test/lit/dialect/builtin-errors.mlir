@@ -27,6 +27,18 @@ hflow.builtin "whiten"(%s) : (!hflow.batch<scores>) -> ()
 
 // -----
 
+%l = builtin.unrealized_conversion_cast to !hflow.batch<logprobs>
+// expected-error @+1 {{'rollout_logprobs' input 1 must be rollout, got logprobs}}
+%x = hflow.builtin "rollout_logprobs"(%l) : (!hflow.batch<logprobs>) -> !hflow.batch<logprobs>
+
+// -----
+
+%r = builtin.unrealized_conversion_cast to !hflow.batch<rollout>
+// expected-error @+1 {{'rollout_logprobs' returns logprobs}}
+%x = hflow.builtin "rollout_logprobs"(%r) : (!hflow.batch<rollout>) -> !hflow.batch<scores>
+
+// -----
+
 %s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
 // expected-error @+1 {{arithmetic takes no keyword arguments}}
 %x = hflow.builtin "neg"(%s) {args = {gamma = 1.0 : f64}} : (!hflow.batch<scores>) -> !hflow.batch<scores>
@@ -96,7 +108,7 @@ hflow.builtin "whiten"(%s) : (!hflow.batch<scores>) -> ()
 // -----
 
 %s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
-// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, add, sub, mul, div, neg}}
+// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, rollout_logprobs, add, sub, mul, div, neg}}
 %x = hflow.builtin "softmax"(%s) : (!hflow.batch<scores>) -> !hflow.batch<scores>
 
 // -----
