@@ -55,12 +55,14 @@ def med(k):
 def last_eval(k):
     ev = [x["eval_reward"] for x in rows(k, rounds) if "eval_reward" in x]
     return ev[-1] if ev else float("nan")
-def gap(k):
-    g = [x["rollout_lp_gap"] for x in rows(k, rounds) if x["phase"] == "grpo" and "rollout_lp_gap" in x]
+def kl(k):
+    # The PPO ratio's KL on the update's first step: 0 on policy, one
+    # update's drift when the old log-probs are the rollout's own.
+    g = [abs(x["ppo_kl"]) for x in rows(k, rounds) if x["phase"] == "grpo" and "ppo_kl" in x]
     return statistics.mean(g[1:]) if len(g) > 1 else float("nan")
 a, b = med(0), med(1)
 print(f"{'':26} {'synchronous':>12} {'off_policy 1':>12}")
 print(f"{'median GRPO ms/iteration':26} {a:12.1f} {b:12.1f}   speedup {a / b:.2f}x")
 print(f"{'held-out reward (last)':26} {last_eval(0):12.3f} {last_eval(1):12.3f}")
-print(f"{'mean rollout lp gap':26} {gap(0):12.2e} {gap(1):12.2e}")
+print(f"{'mean |ppo_kl|':26} {kl(0):12.2e} {kl(1):12.2e}")
 PY
