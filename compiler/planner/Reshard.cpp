@@ -521,6 +521,65 @@ std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
 // Planning
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// Holder sets of layout `from`: ranks whose boxes of a parameter are
+/// identical, interchangeable as sources. One entry per parameter of
+/// `reps` (indices into `params`).
+struct HolderSets {
+  std::vector<Holders> holders;          // per entry of reps
+  std::vector<std::vector<int>> setIdOf; // per entry, per holder box: its set
+  std::vector<std::vector<int>> sets;    // the distinct sets, ascending ranks
+};
+
+HolderSets holderSets(const std::vector<Param> &params, const std::vector<size_t> &reps,
+                      const Layout &from, int64_t layers) {
+  HolderSets h;
+  std::map<std::vector<int>, int> ids;
+  for (size_t rep : reps) {
+    h.holders.push_back(holdersOf(params[rep], from, layers));
+    h.setIdOf.emplace_back();
+    for (const std::vector<int> &slots : h.holders.back().slots) {
+      auto [it, inserted] = ids.emplace(slots, int(h.sets.size()));
+      if (inserted)
+        h.sets.push_back(slots);
+      h.setIdOf.back().push_back(it->second);
+    }
+  }
+  return h;
+}
+
+/// Receiver r takes all its bytes of each set it touches (setBytes[set],
+/// reset here) from one member: same node first, then the least bytes sent
+/// so far, then the lowest index; the sets it needs most are served first.
+/// Records the choice in `source` and the bytes in the plan's counters.
+template <class NodeOf>
+void chooseSources(int r, std::vector<int> &touched, std::vector<int64_t> &setBytes,
+                   const std::vector<std::vector<int>> &sets, const NodeOf &node,
+                   std::vector<int64_t> &sent, std::vector<int64_t> &recv,
+                   std::vector<int> &source, Plan &plan) {
+  std::sort(touched.begin(), touched.end(), [&](int a, int b) {
+    return setBytes[a] != setBytes[b] ? setBytes[a] > setBytes[b] : a < b;
+  });
+  for (int set : touched) {
+    int best = -1;
+    for (int s : sets[set]) { // ascending: ties keep the lower index
+      bool sNear = node(s) == node(r), bNear = best >= 0 && node(best) == node(r);
+      if (best < 0 || (sNear != bNear ? sNear : sent[s] < sent[best]))
+        best = s;
+    }
+    source[set] = best;
+    sent[best] += setBytes[set];
+    recv[r] += setBytes[set];
+    if (node(best) != node(r))
+      plan.crossNodeBytes += setBytes[set];
+    plan.totalBytes += setBytes[set];
+    setBytes[set] = 0;
+  }
+}
+
+} // namespace
+
 Plan planWeights(const std::vector<Param> &params, const Layout &from,
                  const Layout &to, int64_t layers, const Options &opts) {
   Plan plan;
@@ -605,24 +664,18 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   // bytes (same node first, then the least bytes sent so far, then the
   // lowest index; the sets it needs most are served first). One sender per
   // set keeps the messages few and large and lets collectives show.
-  std::vector<Holders> holders(classes.size());
-  std::vector<std::vector<int>> setIdOf(classes.size()), sets;
-  {
-    std::map<std::vector<int>, int> ids;
-    for (size_t c = 0; c < classes.size(); ++c) {
-      holders[c] = holdersOf(params[classes[c].rep], from, layers);
-      for (const std::vector<int> &s : holders[c].slots) {
-        auto [it, inserted] = ids.emplace(s, int(sets.size()));
-        if (inserted)
-          sets.push_back(s);
-        setIdOf[c].push_back(it->second);
-      }
-    }
-  }
+  std::vector<size_t> reps;
+  for (const ParamClass &c : classes)
+    reps.push_back(size_t(c.rep));
+  const HolderSets hs = holderSets(params, reps, from, layers);
+  const auto &holders = hs.holders;
+  const auto &setIdOf = hs.setIdOf;
+  const auto &sets = hs.sets;
   std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
   std::vector<int> source(sets.size(), -1), touched;
   std::vector<Box> missing;
   const int64_t rpn = opts.ranksPerNode;
+  auto node = [&](int i) { return i / rpn; };
   // Calls f(param, piece, set) for each piece of N_r \ H_r, a piece being
   // the part of a missing box inside one holder box.
   auto forEachPiece = [&](int r, auto &&f) {
@@ -658,24 +711,7 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
         touched.push_back(set);
       setBytes[set] += x.area() * bpe;
     });
-    std::sort(touched.begin(), touched.end(), [&](int a, int b) {
-      return setBytes[a] != setBytes[b] ? setBytes[a] > setBytes[b] : a < b;
-    });
-    for (int set : touched) {
-      int best = -1;
-      for (int s : sets[set]) { // ascending: ties keep the lower index
-        bool sNear = s / rpn == r / rpn, bNear = best >= 0 && best / rpn == r / rpn;
-        if (best < 0 || (sNear != bNear ? sNear : sent[s] < sent[best]))
-          best = s;
-      }
-      source[set] = best;
-      sent[best] += setBytes[set];
-      recv[r] += setBytes[set];
-      if (best / rpn != r / rpn)
-        plan.crossNodeBytes += setBytes[set];
-      plan.totalBytes += setBytes[set];
-      setBytes[set] = 0;
-    }
+    chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
     forEachPiece(r, [&](int pi, const Box &x, int set) {
       Transfer t;
       t.param = pi;
@@ -721,20 +757,12 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
   // member (same node first, then the least loaded, then the lowest index;
   // the sets it needs most first), as planWeights does: few, large messages
   // and an even load.
-  std::vector<Holders> holders;
-  std::vector<std::vector<int>> setIdOf(params.size()), sets;
-  {
-    std::map<std::vector<int>, int> ids;
-    for (size_t pi = 0; pi < params.size(); ++pi) {
-      holders.push_back(holdersOf(params[pi], from, layers));
-      for (const std::vector<int> &h : holders.back().slots) {
-        auto [it, inserted] = ids.emplace(h, int(sets.size()));
-        if (inserted)
-          sets.push_back(h);
-        setIdOf[pi].push_back(it->second);
-      }
-    }
-  }
+  std::vector<size_t> all(params.size());
+  std::iota(all.begin(), all.end(), size_t(0));
+  const HolderSets hs = holderSets(params, all, from, layers);
+  const auto &holders = hs.holders;
+  const auto &setIdOf = hs.setIdOf;
+  const auto &sets = hs.sets;
   std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
   std::vector<int> source(sets.size(), -1), touched;
   for (int64_t j = 0; j < nt; ++j) {
@@ -765,24 +793,7 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
       setBytes[set] += x.area() * bpe;
       need += x.area();
     });
-    std::sort(touched.begin(), touched.end(), [&](int a, int b) {
-      return setBytes[a] != setBytes[b] ? setBytes[a] > setBytes[b] : a < b;
-    });
-    for (int set : touched) {
-      int best = -1;
-      for (int s : sets[set]) { // ascending: ties keep the lower index
-        bool sNear = node(s) == node(r), bNear = best >= 0 && node(best) == node(r);
-        if (best < 0 || (sNear != bNear ? sNear : sent[s] < sent[best]))
-          best = s;
-      }
-      source[set] = best;
-      sent[best] += setBytes[set];
-      recv[r] += setBytes[set];
-      plan.totalBytes += setBytes[set];
-      if (node(best) != node(r))
-        plan.crossNodeBytes += setBytes[set];
-      setBytes[set] = 0;
-    }
+    chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
     forEachPiece([&](int pi, const Box &x, int set) {
       Transfer t;
       t.param = pi;

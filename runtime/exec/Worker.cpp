@@ -390,6 +390,7 @@ private:
   void runRolloutAhead(PhaseRt &ph);
   std::vector<int> stepRoleRanks(int s) const;
   int64_t plannedOf(const std::set<int> &steps) const;
+  models::LlamaConfig modelConfig(int m) const;
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void syncReference(int phaseIndex);
   void finish();
@@ -1005,6 +1006,19 @@ void Worker::planShardedGeneration() {
   }
 }
 
+/// Plan model `m`'s configuration, checked against the tokenizer.
+models::LlamaConfig Worker::modelConfig(int m) const {
+  models::LlamaConfig cfg;
+  std::string err;
+  if (!models::LlamaConfig::fromPlan(*p_.models()->Get(m), cfg, err))
+    throw RunError(err);
+  if (hasData_ && cfg.vocab < tok_->vocabSize())
+    throw RunError("model " + cfg.name + " has a vocabulary of " +
+                   std::to_string(cfg.vocab) + " but the " + tok_->name() +
+                   " tokenizer needs " + std::to_string(tok_->vocabSize()));
+  return cfg;
+}
+
 void Worker::buildRoles() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     const Role &ro = role(r);
@@ -1025,14 +1039,7 @@ void Worker::buildRoles() {
       auto gs = ints(ro.generate_ranks());
       auto g = std::find(gs.begin(), gs.end(), o_.rank);
       if (g != gs.end()) {
-        models::LlamaConfig cfg;
-        std::string err;
-        if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err))
-          throw RunError(err);
-        if (hasData_ && cfg.vocab < tok_->vocabSize())
-          throw RunError("model " + cfg.name + " has a vocabulary of " +
-                         std::to_string(cfg.vocab) + " but the " + tok_->name() +
-                         " tokenizer needs " + std::to_string(tok_->vocabSize()));
+        const models::LlamaConfig cfg = modelConfig(ro.model());
         RoleRt rt;
         rt.index = r;
         rt.pos = (int)(g - gs.begin());
@@ -1052,14 +1059,7 @@ void Worker::buildRoles() {
     rt.pos = (int)(it - rs.begin());
     rt.apart = apart;
     if (ro.model() >= 0) {
-      models::LlamaConfig cfg;
-      std::string err;
-      if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err))
-        throw RunError(err);
-      if (hasData_ && cfg.vocab < tok_->vocabSize())
-        throw RunError("model " + cfg.name + " has a vocabulary of " +
-                       std::to_string(cfg.vocab) + " but the " + tok_->name() +
-                       " tokenizer needs " + std::to_string(tok_->vocabSize()));
+      const models::LlamaConfig cfg = modelConfig(ro.model());
       // Every role of a model starts from the same weights (the reference
       // is the initial actor); a critic or reward model adds a zero head.
       rt.model = std::make_unique<models::Llama>(
