@@ -252,7 +252,7 @@ void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi,
 enum Metric : int {
   MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
-  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MNumMetrics
+  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank, MNumMetrics
 };
 
 struct Span {
@@ -974,8 +974,6 @@ void Worker::planShardedGeneration() {
     const Role &ro = role(r);
     if (str(rs->to_phase()) != "generate" || ro.kind() != RoleKind::Actor || ro.model() < 0)
       continue;
-    if (ro.generate_ranks() && ro.generate_ranks()->size() > 0)
-      continue; // generating apart: on whole weights (runReshardAcross)
     const Layout &gl = *ro.generate();
     const int t = gl.tp();
     if (t <= 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
@@ -985,6 +983,14 @@ void Worker::planShardedGeneration() {
     if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) ||
         !models::TPLlama::checkConfig(cfg, t).empty() || cfg.kvHeads % t != 0)
       continue;
+    if (ro.generate_ranks() && ro.generate_ranks()->size() > 0) {
+      // Generating apart: generation rank i hosts slot i (nothing to
+      // choose), ascending ranks in TP order.
+      std::vector<int> slots(ro.generate_ranks()->size());
+      std::iota(slots.begin(), slots.end(), 0);
+      genSlots_[r] = slots;
+      continue;
+    }
     auto ranks = ints(ro.ranks());
     std::vector<int> slots = ints(rs->assignment());
     if (slots.empty())
@@ -1030,12 +1036,13 @@ void Worker::buildRoles() {
       // planned pieces complete them); sharded generation there is not
       // built yet, and is refused before any work.
       const Layout &gl = *ro.generate();
-      if (gl.tp() > 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
-        throw RunError("actor " + str(ro.name()) +
-                       " generates apart on a sharded layout (tp " + std::to_string(gl.tp()) +
-                       ", pp " + std::to_string(gl.pp()) +
-                       "); hflow-run generates apart on whole weights only "
-                       "(generate: dp(N) on the generation devices)");
+      const bool tpOnly = gl.pp() <= 1 && gl.fsdp() <= 1 && gl.sp() <= 1 && gl.cp() <= 1;
+      if (!tpOnly || (gl.tp() > 1 && !genSlots_.count(r)))
+        throw RunError("actor " + str(ro.name()) + " generates apart on layout tp " +
+                       std::to_string(gl.tp()) + ", pp " + std::to_string(gl.pp()) +
+                       ", fsdp " + std::to_string(gl.fsdp()) +
+                       "; hflow-run generates apart on whole copies (dp(N)) or tensor-"
+                       "parallel shards (tp(t) * dp(d), kv_heads divisible by t)");
       auto gs = ints(ro.generate_ranks());
       auto g = std::find(gs.begin(), gs.end(), o_.rank);
       if (g != gs.end()) {
@@ -1280,6 +1287,16 @@ void Worker::connect() {
       if (!rr.comm)
         throw RunError("no communicator for actor " + str(role(r).name()) +
                        "'s generation ranks");
+      if (genSlots_.count(r)) {
+        // Tensor-parallel generation apart: replica = consecutive
+        // generation ranks; `model` is the staging copy the pieces land in.
+        auto gs = ints(role(r).generate_ranks());
+        const int t = role(r).generate()->tp(), replica = rr.pos / t;
+        std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
+        rr.genComm = world_->makeSubgroup(
+            "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+        rr.gen = std::make_unique<models::TPLlama>(*rr.model, *rr.genComm);
+      }
       continue;
     }
     auto it = groupComm_.find(r);
@@ -1341,7 +1358,7 @@ void Worker::connect() {
                     fmtBytes(4.0 * (double)rr.model->config().paramCount()).c_str());
       }
     }
-    if (auto g = genSlots_.find(r); g != genSlots_.end()) {
+    if (auto g = genSlots_.find(r); g != genSlots_.end() && !rr.apart) {
       // Tensor-parallel generation: the ranks hosting the slots of this
       // rank's generation replica, ascending (= TP order, checked).
       auto rs = ints(role(r).ranks());
@@ -1581,6 +1598,7 @@ void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
   double lr = rr.optim->step();
   rr.optim->setLr(baseLr);
   metrics_[MGradNorm] += norm;
+  metrics_[MGradRank] = 1; // this rank stepped: it counts in the mean over ranks
   metrics_[MLr] = lr;
 }
 
@@ -2204,7 +2222,7 @@ void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::str
     sum += w.detach().to(at::kDouble).sum().item<double>();
   const int t = role(rs.role()).generate()->tp();
   const auto &slots = genSlots_.at(rs.role());
-  const auto ranks = ints(role(rs.role()).ranks());
+  const auto ranks = ints(rr.genOnly ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
   at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
                                at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = rr.comm->allGatherFlat(mine);
@@ -2370,8 +2388,12 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   if (rr.genOnly) {
     auto dst = rr.model->namedParameters();
     int64_t elems = 0, want = 0;
-    for (auto &[name, w] : dst)
-      want += w.numel();
+    if (rr.gen) // only this rank's generation shards arrive
+      for (auto &[name, w] : rr.gen->namedShards())
+        want += w.numel();
+    else
+      for (auto &[name, w] : dst)
+        want += w.numel();
     for (auto &[from, buf] : x.recvs) {
       int64_t off = 0;
       for (const WeightTransfer *t : x.in[from]) {
@@ -2386,17 +2408,24 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
     if (elems != want)
       throw RunError("reshard of " + what + ": this generation rank received " +
                      std::to_string(elems) + " weights of its " + std::to_string(want));
-    // Every replica assembled its copy from other pieces: they must agree.
-    double sum = 0;
-    for (auto &[name, w] : dst)
-      sum += w.detach().to(at::kDouble).sum().item<double>();
-    at::Tensor all = rr.comm->allGatherFlat(
-        at::full({1}, sum, at::TensorOptions().dtype(at::kDouble)));
-    for (int64_t i = 0; i < all.size(0); ++i)
-      if (all[i][0].item<double>() != sum)
-        throw RunError("reshard of " + what + ": the weights assembled on generation rank " +
-                       std::to_string(ints(role(rr.index).generate_ranks())[(size_t)i]) +
-                       " differ from this rank's");
+    if (rr.gen) {
+      // The received boxes are this rank's TP shards; ranks of the same TP
+      // index in other replicas must hold identical ones.
+      rr.gen->loadFrom(*rr.model);
+      checkGenerationShards(rs, rr, what);
+    } else {
+      // Every replica assembled its copy from other pieces: they must agree.
+      double sum = 0;
+      for (auto &[name, w] : dst)
+        sum += w.detach().to(at::kDouble).sum().item<double>();
+      at::Tensor all = rr.comm->allGatherFlat(
+          at::full({1}, sum, at::TensorOptions().dtype(at::kDouble)));
+      for (int64_t i = 0; i < all.size(0); ++i)
+        if (all[i][0].item<double>() != sum)
+          throw RunError("reshard of " + what + ": the weights assembled on generation rank " +
+                         std::to_string(ints(role(rr.index).generate_ranks())[(size_t)i]) +
+                         " differ from this rank's");
+    }
   }
   if (x.measured != x.plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
@@ -2639,7 +2668,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     add("vf_clipfrac", mean(MVfClip, MCriticN));
     add("sft_loss", mean(MSftLoss, MSftN));
     add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) > 0
-                         ? S(MGradNorm) / std::max(1.0, (double)o_.worldSize)
+                         ? S(MGradNorm) / std::max(1.0, S(MGradRank))
                          : NAN);
     add("lr", lr > 0 ? lr : NAN);
     add("eval_reward", evalR);
