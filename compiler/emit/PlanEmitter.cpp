@@ -145,8 +145,15 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   std::vector<flatbuffers::Offset<fb::Role>> roles;
   std::vector<flatbuffers::Offset<fb::Group>> groups;
   std::vector<std::vector<int>> roleRanks, roleGenRanks;
-  std::vector<std::pair<std::string, std::vector<int>>> extraGroups;
-  std::map<int, int> genGroup, reshardGroup; // role -> group index (apart actors)
+  // An actor generating apart: its generation ranks, and both sides sorted
+  // (the reshard's ranks), per role index.
+  struct Apart {
+    int role;
+    std::string name;
+    std::vector<int> genRanks, both;
+  };
+  std::vector<Apart> aparts;
+  std::map<int, int> genGroup; // role -> group index of its generation ranks
   for (RoleOp r : module.getOps<RoleOp>()) {
     std::vector<int> ranks, genRanks;
     if (auto rk = r.getRanks())
@@ -165,17 +172,13 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                         i(l.getSp()), i(l.getCp()));
     };
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
-    roleIndex[r.getSymName()] = roles.size();
     roleRanks.push_back(ranks);
     roleGenRanks.push_back(genRanks);
     if (!genRanks.empty()) {
-      // Two more groups (after the one per role): the generation ranks, and
-      // training plus generation ranks for the reshard between them.
       std::vector<int> both = ranks;
       both.insert(both.end(), genRanks.begin(), genRanks.end());
       std::sort(both.begin(), both.end());
-      extraGroups.push_back({r.getSymName().str() + ".generate", genRanks});
-      extraGroups.push_back({r.getSymName().str() + ".reshard", both});
+      aparts.push_back({static_cast<int>(roles.size()), r.getSymName().str(), genRanks, both});
     }
     auto name = b.CreateString(r.getSymName().str());
     auto rankVec = b.CreateVector(ranks);
@@ -191,16 +194,23 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     for (auto &[k, v] : opts)
       optKvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
     auto optVec = b.CreateVector(optKvs);
+    roleIndex[r.getSymName()] = roles.size();
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
                                    model, rankVec, &train, &gen, rule, optVec,
                                    b.CreateVector(genRanks)));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
-  for (auto &[name, ranks] : extraGroups) {
-    const int role = roleIndex.lookup(name.substr(0, name.rfind('.')));
-    (name.compare(name.size() - 9, 9, ".generate") == 0 ? genGroup : reshardGroup)[role] =
-        static_cast<int>(groups.size());
-    groups.push_back(fb::CreateGroup(b, b.CreateString(name), b.CreateVector(ranks)));
+  // Two more groups per actor generating apart (after the one per role,
+  // found by name at run time): "<actor>.generate", its generation ranks,
+  // and "<actor>.reshard", both sides, for the reshard between them.
+  std::map<int, std::vector<int>> reshardRanks; // role -> both sides, sorted
+  for (const Apart &a : aparts) {
+    genGroup[a.role] = static_cast<int>(groups.size());
+    groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".generate"),
+                                     b.CreateVector(a.genRanks)));
+    groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".reshard"),
+                                     b.CreateVector(a.both)));
+    reshardRanks[a.role] = a.both;
   }
 
   // Values and steps, phase by phase, in program order.
@@ -302,15 +312,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
             b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
             -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
             b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1)));
-        if (!roleGenRanks[it->second].empty()) {
-          std::vector<int> both = roleRanks[it->second];
-          both.insert(both.end(), roleGenRanks[it->second].begin(),
-                      roleGenRanks[it->second].end());
-          std::sort(both.begin(), both.end());
-          stepRanks.push_back(both);
-        } else {
-          stepRanks.push_back(roleRanks[it->second]);
-        }
+        auto both = reshardRanks.find(it->second);
+        stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
         continue;
       }
       if (auto bi = dyn_cast<BuiltinOp>(op)) {

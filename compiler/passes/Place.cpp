@@ -88,7 +88,7 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
         if (q.getMesh() == p.getMesh() && p.getStartAttr().getInt() < q.getEndAttr().getInt() &&
             q.getStartAttr().getInt() < p.getEndAttr().getInt()) {
           if (p.getPhase() || q.getPhase()) {
-            PlaceOp g = p.getPhase() ? p : q, other = p.getPhase() ? q : p;
+            PlaceOp g = p.getPhase() ? p : q;
             InFlightDiagnostic d =
                 p.emitError() << "device range [" << p.getStartAttr().getInt() << ":"
                               << p.getEndAttr().getInt() << "] overlaps ["
@@ -100,7 +100,6 @@ struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
                               << cast<SymbolRefAttr>(g.getRoles()[0]).getLeafReference().getValue()
                               << ".generate`)";
             d.attachNote(q.getLoc()) << "the other range is placed here";
-            (void)other;
             hadError_ = true;
             continue;
           }

@@ -388,6 +388,8 @@ private:
   void runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
   void runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what);
   void runRolloutAhead(PhaseRt &ph);
+  void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);
+  std::vector<int64_t> nextPrompts(PhaseRt &ph);
   std::vector<int> stepRoleRanks(int s) const;
   int64_t plannedOf(const std::set<int> &steps) const;
   models::LlamaConfig modelConfig(int m) const;
@@ -2340,7 +2342,6 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
 /// then generation ranks (Reshard.ranks); the exchange runs on their group.
 void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
   using at::indexing::Slice;
-  (void)s;
   const auto idx = ints(rs.ranks());
   const auto me = std::find(idx.begin(), idx.end(), o_.rank);
   if (me == idx.end() || !rr.xcomm)
@@ -2802,14 +2803,8 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     if (!makeNext)
       plannedSteps_ -= plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   }
-  // The prompts: the same indices on every rank (seeded sampler).
-  std::vector<int64_t> ids;
   if (makeNext) {
-    if (ph.sampler)
-      ids = ph.sampler->next((size_t)ph.batch);
-    else
-      for (int64_t i = 0; i < ph.batch; ++i)
-        ids.push_back(i);
+    const std::vector<int64_t> ids = nextPrompts(ph);
     for (int s = ph.first; s < ph.first + ph.count; ++s)
       for (int v : ints(step(s).inputs()))
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
@@ -2826,43 +2821,21 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     moveRows(ph, s);
     traceSpan("rows for step " + std::to_string(s), 1, ts);
     if (inMySchedule(s)) {
-      const Step &st = step(s);
-      auto tc = Clock::now();
-      switch (st.kind()) {
-      case StepKind::Compute:
-        if (ahead && s == ph.genStep) {
-          // The next iteration's rollout; this one's stays in place.
-          std::optional<Val> current;
-          if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
-            current = std::move(v->second);
-            vals_.erase(v);
-          }
-          runCompute(ph, s, it + 1);
-          ph.carry = std::move(vals_.at(ph.rolloutValue));
-          vals_.erase(ph.rolloutValue);
-          if (current)
-            vals_[ph.rolloutValue] = std::move(*current);
-          break;
+      if (ahead && s == ph.genStep) {
+        // The next iteration's rollout; this one's stays in place.
+        std::optional<Val> current;
+        if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
+          current = std::move(v->second);
+          vals_.erase(v);
         }
-        runCompute(ph, s, it);
-        break;
-      case StepKind::Builtin:
-        runBuiltin(ph, s);
-        break;
-      case StepKind::Reshard:
-        runReshard(s);
-        break;
-      case StepKind::CheckAllGather:
-        runCheck(s);
-        break;
+        runStep(ph, s, it + 1, " (ahead)");
+        ph.carry = std::move(vals_.at(ph.rolloutValue));
+        vals_.erase(ph.rolloutValue);
+        if (current)
+          vals_[ph.rolloutValue] = std::move(*current);
+      } else {
+        runStep(ph, s, it, "");
       }
-      ++stepsRun_;
-      std::string label = st.kind() == StepKind::Compute ? callName(s)
-                          : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
-                          : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
-                                                           : "check " + callName(st.checks());
-      traceSpan(label, st.kind() == StepKind::Reshard || st.kind() == StepKind::CheckAllGather
-                           ? 1 : 0, tc);
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", o_.rank, describe(s).c_str(), msSince(ts));
     }
@@ -2887,6 +2860,44 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     saveState();
 }
 
+/// The next batch of prompt indices: the same on every rank (seeded sampler).
+std::vector<int64_t> Worker::nextPrompts(PhaseRt &ph) {
+  if (ph.sampler)
+    return ph.sampler->next((size_t)ph.batch);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < ph.batch; ++i)
+    ids.push_back(i);
+  return ids;
+}
+
+/// Runs step `s` of this rank's schedule (its rows already moved), with
+/// iteration `it`'s sampling seed, and traces it (`suffix` after the name).
+void Worker::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
+  const Step &st = step(s);
+  auto tc = Clock::now();
+  switch (st.kind()) {
+  case StepKind::Compute:
+    runCompute(ph, s, it);
+    break;
+  case StepKind::Builtin:
+    runBuiltin(ph, s);
+    break;
+  case StepKind::Reshard:
+    runReshard(s);
+    break;
+  case StepKind::CheckAllGather:
+    runCheck(s);
+    break;
+  }
+  ++stepsRun_;
+  std::string label = st.kind() == StepKind::Compute ? callName(s)
+                      : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
+                      : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
+                                                       : "check " + callName(st.checks());
+  traceSpan(label + suffix,
+            st.kind() == StepKind::Reshard || st.kind() == StepKind::CheckAllGather ? 1 : 0, tc);
+}
+
 /// off_policy: the first rollout of a phase, before its first iteration:
 /// the reshard, the generate step and its check, on the first prompts.
 void Worker::runRolloutAhead(PhaseRt &ph) {
@@ -2895,12 +2906,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   digests_.clear();
   metrics_.assign(MNumMetrics, 0.0);
   plannedSteps_ += plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
-  std::vector<int64_t> ids;
-  if (ph.sampler)
-    ids = ph.sampler->next((size_t)ph.batch);
-  else
-    for (int64_t i = 0; i < ph.batch; ++i)
-      ids.push_back(i);
+  const std::vector<int64_t> ids = nextPrompts(ph);
   for (int v : ints(step(ph.genStep).inputs()))
     if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
       makePrompts(ph, ids, vals_[v]);
@@ -2909,19 +2915,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
     if (s < 0 || !inMySchedule(s))
       continue;
     currentStep_ = s;
-    auto tc = Clock::now();
-    const StepKind k = step(s).kind();
-    if (k == StepKind::Reshard)
-      runReshard(s);
-    else if (k == StepKind::Compute)
-      runCompute(ph, s, 0);
-    else
-      runCheck(s);
-    ++stepsRun_;
-    traceSpan(k == StepKind::Compute ? callName(s) + " (ahead)"
-              : k == StepKind::Reshard ? "reshard " + str(role(step(s).role()).name()) + " (ahead)"
-                                       : "check " + callName(step(s).checks()) + " (ahead)",
-              k == StepKind::Compute ? 0 : 1, tc);
+    runStep(ph, s, 0, " (ahead)");
   }
   currentStep_ = -1;
   if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
