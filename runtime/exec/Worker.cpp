@@ -1428,7 +1428,7 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
 /// posted without waiting; receives block until the rows arrive.
 void Worker::moveRows(PhaseRt &ph, int s) {
   for (const Xfer &x : ph.xfers) {
-    if (x.before != s || x.src != o_.rank || (x.early && ph.offPolicy > 0))
+    if (x.before != s || x.src != o_.rank || x.early)
       continue;
     auto it = vals_.find(x.value);
     if (it == vals_.end())
