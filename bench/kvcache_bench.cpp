@@ -15,7 +15,7 @@
 // Exit status: 0 when every case produced identical tokens, 1 otherwise.
 //
 //===----------------------------------------------------------------------===//
-#include "Llama.h"
+#include "runtime/models/Llama.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -10,7 +10,7 @@
 // Targets (docs/placement.md): 128 devices <= 5 s, 1024 devices <= 60 s.
 //
 //===----------------------------------------------------------------------===//
-#include "Search.h"
+#include "compiler/planner/Search.h"
 
 #include <chrono>
 #include <cstdio>

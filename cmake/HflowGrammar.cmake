@@ -18,7 +18,8 @@ find_program(HFLOW_ANTLR4 antlr4 REQUIRED)
 
 function(hflow_add_grammar target grammar)
   get_filename_component(grammar "${grammar}" ABSOLUTE)
-  set(out ${CMAKE_CURRENT_BINARY_DIR}/grammar)
+  # Under the build tree's include root: "compiler/frontend/grammar/HflowParser.h".
+  set(out ${CMAKE_BINARY_DIR}/compiler/frontend/grammar)
   set(sources ${out}/HflowLexer.cpp ${out}/HflowParser.cpp)
   add_custom_command(
     OUTPUT ${sources} ${out}/HflowLexer.h ${out}/HflowParser.h
@@ -29,7 +30,7 @@ function(hflow_add_grammar target grammar)
     COMMENT "antlr4: generating the hflow parser")
 
   add_library(${target} STATIC ${sources})
-  target_include_directories(${target} PUBLIC ${out} ${ANTLR4_INCLUDE_DIR})
+  target_include_directories(${target} PUBLIC ${CMAKE_BINARY_DIR} ${ANTLR4_INCLUDE_DIR})
   target_link_libraries(${target} PUBLIC antlr4_shared)
   # Generated code: its warnings are ANTLR's, not ours.
   target_compile_options(${target} PRIVATE -w)

@@ -10,13 +10,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "PlanEmitter.h"
+#include "compiler/emit/PlanEmitter.h"
 
-#include "CostModel.h"
-#include "hflow/HflowOps.h"
-#include "PlanFormat.h"
-#include "RoleReshard.h"
-#include "plan_generated.h"
+#include "compiler/planner/CostModel.h"
+#include "dialects/hflow/HflowOps.h"
+#include "runtime/schema/PlanFormat.h"
+#include "compiler/planner/RoleReshard.h"
+#include "runtime/schema/plan_generated.h"
 
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseMap.h"

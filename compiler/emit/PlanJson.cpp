@@ -6,9 +6,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "PlanEmitter.h"
+#include "compiler/emit/PlanEmitter.h"
 
-#include "PlanLoader.h"
+#include "runtime/plan/PlanLoader.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/JSON.h"

@@ -8,7 +8,7 @@
 #ifndef HFLOW_COMPILER_FRONTEND_DIAGNOSTIC_H
 #define HFLOW_COMPILER_FRONTEND_DIAGNOSTIC_H
 
-#include "AST.h"
+#include "compiler/frontend/AST.h"
 
 #include <string>
 #include <vector>

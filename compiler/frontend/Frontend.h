@@ -9,8 +9,8 @@
 #ifndef HFLOW_COMPILER_FRONTEND_FRONTEND_H
 #define HFLOW_COMPILER_FRONTEND_FRONTEND_H
 
-#include "AST.h"
-#include "Diagnostic.h"
+#include "compiler/frontend/AST.h"
+#include "compiler/frontend/Diagnostic.h"
 
 #include <memory>
 #include <string>

@@ -1,6 +1,6 @@
 //===- Imports.cpp - load the files a program imports ----------------------===//
 
-#include "Imports.h"
+#include "compiler/frontend/Imports.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -2,7 +2,7 @@
 #ifndef HFLOW_COMPILER_FRONTEND_IMPORTS_H
 #define HFLOW_COMPILER_FRONTEND_IMPORTS_H
 
-#include "Frontend.h"
+#include "compiler/frontend/Frontend.h"
 
 namespace hflow::frontend {
 

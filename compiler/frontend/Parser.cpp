@@ -6,13 +6,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Frontend.h"
-#include "Imports.h"
-#include "Sema.h"
+#include "compiler/frontend/Frontend.h"
+#include "compiler/frontend/Imports.h"
+#include "compiler/frontend/Sema.h"
 
-#include "HflowLexer.h"
-#include "HflowParser.h"
-#include "antlr4-runtime.h"
+#include "compiler/frontend/grammar/HflowLexer.h"
+#include "compiler/frontend/grammar/HflowParser.h"
+#include <antlr4-runtime.h>
 
 #include <cerrno>
 #include <cmath>

@@ -1,10 +1,10 @@
 //===- Sema.cpp - semantic checks of the front end -------------------------===//
 
-#include "Sema.h"
-#include "Builtins.h"
-#include "Limits.h"
-#include "RoleMethods.h"
-#include "Units.h"
+#include "compiler/frontend/Sema.h"
+#include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/Limits.h"
+#include "runtime/schema/RoleMethods.h"
+#include "compiler/frontend/Units.h"
 
 #include <nlohmann/json.hpp>
 

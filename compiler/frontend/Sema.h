@@ -9,8 +9,8 @@
 #ifndef HFLOW_COMPILER_FRONTEND_SEMA_H
 #define HFLOW_COMPILER_FRONTEND_SEMA_H
 
-#include "AST.h"
-#include "Diagnostic.h"
+#include "compiler/frontend/AST.h"
+#include "compiler/frontend/Diagnostic.h"
 
 namespace hflow::frontend {
 

@@ -1,10 +1,10 @@
 //===- MLIRGen.cpp - AST to the hflow dialect ------------------------------===//
 
-#include "MLIRGen.h"
+#include "compiler/mlirgen/MLIRGen.h"
 
-#include "hflow/HflowOps.h"
+#include "dialects/hflow/HflowOps.h"
 
-#include "Builtins.h"
+#include "runtime/schema/BuiltinTable.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"

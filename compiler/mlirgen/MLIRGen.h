@@ -2,7 +2,7 @@
 #ifndef HFLOW_COMPILER_MLIRGEN_MLIRGEN_H
 #define HFLOW_COMPILER_MLIRGEN_MLIRGEN_H
 
-#include "AST.h"
+#include "compiler/frontend/AST.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"

@@ -1,13 +1,13 @@
 //===- CheckBatch.cpp - batch sizes against data-parallel layouts ----------===//
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/SymbolTable.h"
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWCHECKBATCH
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

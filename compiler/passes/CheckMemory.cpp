@@ -1,15 +1,15 @@
 //===- CheckMemory.cpp - does every colocated set of roles fit? ------------===//
 
-#include "Memory.h"
+#include "compiler/planner/Memory.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/SymbolTable.h"
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWCHECKMEMORY
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

@@ -1,16 +1,16 @@
 //===- ExplainPlacement.cpp - show the placement search's best candidates --===//
 
-#include "RoleReshard.h"
-#include "RoleSearch.h"
+#include "compiler/planner/RoleReshard.h"
+#include "compiler/planner/RoleSearch.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "llvm/Support/raw_ostream.h"
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWEXPLAINPLACEMENT
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

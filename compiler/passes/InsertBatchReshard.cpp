@@ -1,11 +1,11 @@
 //===- InsertBatchReshard.cpp - plan the moves of batch values -------------===//
 
-#include "BatchReshard.h"
-#include "Memory.h"
-#include "RoleReshard.h"
+#include "compiler/planner/BatchReshard.h"
+#include "compiler/planner/Memory.h"
+#include "compiler/planner/RoleReshard.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
@@ -15,7 +15,7 @@
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWINSERTBATCHRESHARD
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

@@ -1,9 +1,9 @@
 //===- InsertReshard.cpp - plan each switch of a role's weights ------------===//
 
-#include "RoleReshard.h"
+#include "compiler/planner/RoleReshard.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
@@ -13,7 +13,7 @@
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWINSERTRESHARD
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

@@ -1,6 +1,6 @@
 //===- Pipeline.cpp - the pass pipeline hflowc runs ------------------------===//
 
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/Pass/PassOptions.h"
 #include "mlir/Pass/PassRegistry.h"

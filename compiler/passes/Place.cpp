@@ -14,12 +14,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Memory.h"
-#include "RoleReshard.h"
-#include "RoleSearch.h"
+#include "compiler/planner/Memory.h"
+#include "compiler/planner/RoleReshard.h"
+#include "compiler/planner/RoleSearch.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
@@ -30,7 +30,7 @@
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWPLACE
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

@@ -1,10 +1,10 @@
 //===- PrintReshardPlan.cpp - show every planned transfer of weights -------===//
 
-#include "Memory.h"
-#include "RoleReshard.h"
+#include "compiler/planner/Memory.h"
+#include "compiler/planner/RoleReshard.h"
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/StringExtras.h"
@@ -16,7 +16,7 @@
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWPRINTRESHARDPLAN
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

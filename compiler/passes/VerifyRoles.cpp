@@ -1,7 +1,7 @@
 //===- VerifyRoles.cpp - whole-program checks of roles and flows -----------===//
 
-#include "hflow/HflowOps.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "mlir/IR/SymbolTable.h"
@@ -9,7 +9,7 @@
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWVERIFYROLES
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 } // namespace mlir::hflow
 
 using namespace mlir;

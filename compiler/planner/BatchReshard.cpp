@@ -1,6 +1,6 @@
 //===- BatchReshard.cpp - moving batch values between layouts -------------===//
 
-#include "BatchReshard.h"
+#include "compiler/planner/BatchReshard.h"
 
 #include <algorithm>
 #include <tuple>

@@ -15,7 +15,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_BATCHRESHARD_H
 #define HFLOW_COMPILER_PLANNER_BATCHRESHARD_H
 
-#include "Reshard.h"
+#include "compiler/planner/Reshard.h"
 
 #include <cstdint>
 #include <map>

@@ -1,6 +1,6 @@
 //===- Memory.cpp - memory per device of a role in its layouts -------------===//
 
-#include "Memory.h"
+#include "compiler/planner/Memory.h"
 
 #include "llvm/ADT/StringExtras.h"
 

@@ -31,7 +31,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_MEMORY_H
 #define HFLOW_COMPILER_PLANNER_MEMORY_H
 
-#include "hflow/HflowOps.h"
+#include "dialects/hflow/HflowOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 

@@ -6,7 +6,7 @@
 // gracefully: an empty Plan, an empty Box or -1.
 //
 //===----------------------------------------------------------------------===//
-#include "Reshard.h"
+#include "compiler/planner/Reshard.h"
 
 #include <algorithm>
 #include <cassert>
@@ -46,55 +46,6 @@ void subtract(const Box &a, const Box &b, std::vector<Box> &out) {
   for (const Box &p : parts)
     if (!p.empty())
       out.push_back(p);
-}
-
-//===----------------------------------------------------------------------===//
-// Parameters
-//===----------------------------------------------------------------------===//
-
-std::vector<Param> llamaParams(const ModelShape &m) {
-  std::vector<Param> ps;
-  bool ok = m.layers >= 1 && m.hidden >= 1 && m.heads >= 1 && m.kvHeads >= 1 &&
-            m.ffn >= 1 && m.vocab >= 1 && m.hidden % m.heads == 0;
-  assert(ok && "llamaParams: dimensions must be positive, hidden divisible "
-               "by heads");
-  if (!ok)
-    return ps;
-  const int64_t h = m.hidden, hd = m.hidden / m.heads;
-  const int64_t qDim = m.heads * hd, kvDim = m.kvHeads * hd;
-  auto add = [&](std::string name, int64_t rows, int64_t cols, Split s,
-                 int64_t layer) {
-    Param p;
-    p.name = std::move(name);
-    p.rows = rows;
-    p.cols = cols;
-    p.tp = s;
-    p.layer = layer;
-    ps.push_back(std::move(p));
-  };
-  add("embed", m.vocab, h, Split::Rows, Param::kFirstStage);
-  for (int64_t l = 0; l < m.layers; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    add(pre + "attn_norm", 1, h, Split::Replicated, l);
-    add(pre + "attn.q", qDim, h, Split::Rows, l);
-    if (m.qkvBias) // 1-D, split along its length like q's rows
-      add(pre + "attn.q_bias", 1, qDim, Split::Cols, l);
-    add(pre + "attn.k", kvDim, h, Split::Rows, l);
-    if (m.qkvBias)
-      add(pre + "attn.k_bias", 1, kvDim, Split::Cols, l);
-    add(pre + "attn.v", kvDim, h, Split::Rows, l);
-    if (m.qkvBias)
-      add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
-    add(pre + "attn.o", h, qDim, Split::Cols, l);
-    add(pre + "mlp_norm", 1, h, Split::Replicated, l);
-    add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
-    add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
-    add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
-  }
-  add("final_norm", 1, h, Split::Replicated, Param::kLastStage);
-  if (!m.tieEmbeddings)
-    add("lm_head", m.vocab, h, Split::Rows, Param::kLastStage);
-  return ps;
 }
 
 //===----------------------------------------------------------------------===//

@@ -28,49 +28,25 @@
 #ifndef HFLOW_COMPILER_PLANNER_RESHARD_H
 #define HFLOW_COMPILER_PLANNER_RESHARD_H
 
+#include "runtime/schema/ModelShape.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace hflow::reshard {
 
-/// rows [r0, r1) x cols [c0, c1); empty when either range is.
-struct Box {
-  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
-  int64_t area() const { return empty() ? 0 : (r1 - r0) * (c1 - c0); }
-  bool empty() const { return r1 <= r0 || c1 <= c0; }
-  bool operator==(const Box &o) const {
-    return (empty() && o.empty()) ||
-           (r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1);
-  }
-};
+// Parameters, their shapes and boxes are the model's facts
+// (runtime/schema/ModelShape.h), shared with the runtime.
+using ::hflow::shape::Box;
+using ::hflow::shape::llamaParams;
+using ::hflow::shape::ModelShape;
+using ::hflow::shape::Param;
+using ::hflow::shape::Split;
+
 Box intersect(const Box &a, const Box &b);
 /// Appends a \ b as at most 4 disjoint boxes.
 void subtract(const Box &a, const Box &b, std::vector<Box> &out);
-
-enum class Split { Replicated, Rows, Cols };
-
-struct Param {
-  std::string name;   // "layers.3.attn.q", "embed", ...
-  int64_t rows = 1, cols = 1;
-  Split tp = Split::Replicated;
-  /// The layer it belongs to; kFirstStage (embedding) or kLastStage
-  /// (final norm, LM head) for the parameters outside the layers.
-  int64_t layer = 0;
-  static constexpr int64_t kFirstStage = -1, kLastStage = -2;
-};
-
-struct ModelShape {
-  int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
-  bool tieEmbeddings = false, qkvBias = false;
-  /// The shapes of stdlib/models.hflow's Llama 2 presets (for tests and
-  /// benchmarks).
-  static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
-  static ModelShape llama2_70b() { return {80, 8192, 64, 8, 28672, 32000}; }
-};
-/// The Llama/Qwen2 parameters in the runtime's order; the element count sums
-/// to the compiler's parameter count.
-std::vector<Param> llamaParams(const ModelShape &m);
 
 struct Layout {
   int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;

@@ -1,8 +1,8 @@
 //===- RoleReshard.cpp - the reshard planner applied to hflow roles -------===//
 
-#include "RoleReshard.h"
+#include "compiler/planner/RoleReshard.h"
 
-#include "Memory.h"
+#include "compiler/planner/Memory.h"
 
 #include "mlir/IR/SymbolTable.h"
 

@@ -9,10 +9,10 @@
 #ifndef HFLOW_COMPILER_PLANNER_ROLERESHARD_H
 #define HFLOW_COMPILER_PLANNER_ROLERESHARD_H
 
-#include "CostModel.h"
-#include "Reshard.h"
+#include "compiler/planner/CostModel.h"
+#include "compiler/planner/Reshard.h"
 
-#include "hflow/HflowOps.h"
+#include "dialects/hflow/HflowOps.h"
 
 #include <optional>
 #include <string>

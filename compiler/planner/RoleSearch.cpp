@@ -1,9 +1,9 @@
 //===- RoleSearch.cpp - the placement search applied to an hflow module ---===//
 
-#include "RoleSearch.h"
+#include "compiler/planner/RoleSearch.h"
 
-#include "Memory.h"
-#include "RoleReshard.h"
+#include "compiler/planner/Memory.h"
+#include "compiler/planner/RoleReshard.h"
 
 #include "mlir/IR/SymbolTable.h"
 

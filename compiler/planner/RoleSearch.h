@@ -9,9 +9,9 @@
 #ifndef HFLOW_COMPILER_PLANNER_ROLESEARCH_H
 #define HFLOW_COMPILER_PLANNER_ROLESEARCH_H
 
-#include "Search.h"
+#include "compiler/planner/Search.h"
 
-#include "hflow/HflowOps.h"
+#include "dialects/hflow/HflowOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 

@@ -4,7 +4,7 @@
 // keeps the k best placements. Never throws.
 //
 //===----------------------------------------------------------------------===//
-#include "Search.h"
+#include "compiler/planner/Search.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -31,7 +31,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_SEARCH_H
 #define HFLOW_COMPILER_PLANNER_SEARCH_H
 
-#include "CostModel.h"
+#include "compiler/planner/CostModel.h"
 
 #include <array>
 #include <string>

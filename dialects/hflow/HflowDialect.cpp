@@ -1,7 +1,7 @@
 //===- HflowDialect.cpp - the hflow dialect --------------------------------===//
 
-#include "hflow/HflowDialect.h"
-#include "hflow/HflowOps.h"
+#include "dialects/hflow/HflowDialect.h"
+#include "dialects/hflow/HflowOps.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -10,27 +10,27 @@
 using namespace mlir;
 using namespace mlir::hflow;
 
-#include "hflow/HflowOpsDialect.cpp.inc"
-#include "hflow/HflowOpsEnums.cpp.inc"
+#include "dialects/hflow/HflowOpsDialect.cpp.inc"
+#include "dialects/hflow/HflowOpsEnums.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
-#include "hflow/HflowOpsAttributes.cpp.inc"
+#include "dialects/hflow/HflowOpsAttributes.cpp.inc"
 
 #define GET_TYPEDEF_CLASSES
-#include "hflow/HflowOpsTypes.cpp.inc"
+#include "dialects/hflow/HflowOpsTypes.cpp.inc"
 
 void HflowDialect::initialize() {
   addAttributes<
 #define GET_ATTRDEF_LIST
-#include "hflow/HflowOpsAttributes.cpp.inc"
+#include "dialects/hflow/HflowOpsAttributes.cpp.inc"
       >();
   addTypes<
 #define GET_TYPEDEF_LIST
-#include "hflow/HflowOpsTypes.cpp.inc"
+#include "dialects/hflow/HflowOpsTypes.cpp.inc"
       >();
   addOperations<
 #define GET_OP_LIST
-#include "hflow/HflowOps.cpp.inc"
+#include "dialects/hflow/HflowOps.cpp.inc"
       >();
 }
 

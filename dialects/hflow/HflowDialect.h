@@ -4,6 +4,6 @@
 
 #include "mlir/IR/Dialect.h"
 
-#include "hflow/HflowOpsDialect.h.inc"
+#include "dialects/hflow/HflowOpsDialect.h.inc"
 
 #endif // HFLOW_DIALECT_HFLOWDIALECT_H

@@ -1,9 +1,9 @@
 //===- HflowOps.cpp - verifiers and interfaces of the hflow ops ------------===//
 
-#include "hflow/HflowOps.h"
-#include "Limits.h"
-#include "Builtins.h"
-#include "RoleMethods.h"
+#include "dialects/hflow/HflowOps.h"
+#include "runtime/schema/Limits.h"
+#include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/RoleMethods.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -16,7 +16,7 @@ using namespace mlir;
 using namespace mlir::hflow;
 
 #define GET_OP_CLASSES
-#include "hflow/HflowOps.cpp.inc"
+#include "dialects/hflow/HflowOps.cpp.inc"
 
 static_assert(int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn));
 static_assert(int(BatchKind::Advantages) ==
@@ -67,19 +67,16 @@ LogicalResult MeshOp::verify() {
 //===----------------------------------------------------------------------===//
 
 int64_t ModelOp::computeParamCount() {
-  int64_t h = getHiddenAttr().getInt(), v = getVocabAttr().getInt(), f = getFfnAttr().getInt();
-  int64_t headDim = h / getHeadsAttr().getInt();
-  int64_t kv = getKvHeadsAttr().getInt() * headDim;
-  int64_t perLayer = 2 * h          // attention and MLP RMSNorm weights
-                     + h * h        // Q
-                     + 2 * h * kv   // K and V
-                     + h * h        // O
-                     + 3 * h * f;   // SwiGLU gate, up, down
-  if (getQkvBias())
-    perLayer += h + 2 * kv;         // Q, K and V biases
-  return v * h                      // token embedding
-         + getLayersAttr().getInt() * perLayer + h // final RMSNorm
-         + (getTieEmbeddings() ? 0 : h * v); // LM head, unless tied
+  ::hflow::shape::ModelShape m;
+  m.layers = getLayersAttr().getInt();
+  m.hidden = getHiddenAttr().getInt();
+  m.heads = getHeadsAttr().getInt();
+  m.kvHeads = getKvHeadsAttr().getInt();
+  m.ffn = getFfnAttr().getInt();
+  m.vocab = getVocabAttr().getInt();
+  m.qkvBias = getQkvBias();
+  m.tieEmbeddings = getTieEmbeddings();
+  return ::hflow::shape::paramCount(m);
 }
 
 LogicalResult ModelOp::verify() {

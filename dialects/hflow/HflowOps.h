@@ -2,7 +2,7 @@
 #ifndef HFLOW_DIALECT_HFLOWOPS_H
 #define HFLOW_DIALECT_HFLOWOPS_H
 
-#include "hflow/HflowDialect.h"
+#include "dialects/hflow/HflowDialect.h"
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -12,15 +12,15 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
-#include "hflow/HflowOpsEnums.h.inc"
+#include "dialects/hflow/HflowOpsEnums.h.inc"
 
 #define GET_ATTRDEF_CLASSES
-#include "hflow/HflowOpsAttributes.h.inc"
+#include "dialects/hflow/HflowOpsAttributes.h.inc"
 
 #define GET_TYPEDEF_CLASSES
-#include "hflow/HflowOpsTypes.h.inc"
+#include "dialects/hflow/HflowOpsTypes.h.inc"
 
 #define GET_OP_CLASSES
-#include "hflow/HflowOps.h.inc"
+#include "dialects/hflow/HflowOps.h.inc"
 
 #endif // HFLOW_DIALECT_HFLOWOPS_H

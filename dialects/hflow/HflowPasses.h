@@ -11,10 +11,10 @@
 namespace mlir::hflow {
 
 #define GEN_PASS_DECL
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 
 #define GEN_PASS_REGISTRATION
-#include "hflow/HflowPasses.h.inc"
+#include "dialects/hflow/HflowPasses.h.inc"
 
 /// The pipeline hflowc runs, registered for hflow-opt as `hflow-pipeline`
 /// (`--hflow-pipeline='calibration=FILE'`): verify-roles, place,

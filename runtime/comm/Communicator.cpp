@@ -1,5 +1,5 @@
 //===- Communicator.cpp - byte conventions and error cleanup ---------------===//
-#include "Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -1,6 +1,6 @@
 //===- GlooCommunicator.cpp - Communicator over c10d::ProcessGroupGloo -----===//
-#include "GlooCommunicator.h"
-#include "Rendezvous.h"
+#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/Rendezvous.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

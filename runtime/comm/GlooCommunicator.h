@@ -8,7 +8,7 @@
 #ifndef HFLOW_RUNTIME_COMM_GLOOCOMMUNICATOR_H
 #define HFLOW_RUNTIME_COMM_GLOOCOMMUNICATOR_H
 
-#include "Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <chrono>
 #include <memory>

@@ -1,6 +1,6 @@
 //===- NcclCommunicator.cpp - raw-buffer collectives over NCCL -------------===//
-#include "NcclCommunicator.h"
-#include "Rendezvous.h"
+#include "runtime/comm/NcclCommunicator.h"
+#include "runtime/comm/Rendezvous.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -16,7 +16,7 @@
 #ifndef HFLOW_RUNTIME_COMM_NCCLCOMMUNICATOR_H
 #define HFLOW_RUNTIME_COMM_NCCLCOMMUNICATOR_H
 
-#include "Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <c10/util/intrusive_ptr.h>
 

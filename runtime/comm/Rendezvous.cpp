@@ -1,6 +1,6 @@
 //===- Rendezvous.cpp - TCPStore rendezvous with plan/version agreement ----===//
-#include "Rendezvous.h"
-#include "Communicator.h"
+#include "runtime/comm/Rendezvous.h"
+#include "runtime/comm/Communicator.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 

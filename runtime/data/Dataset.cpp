@@ -1,5 +1,5 @@
 //===- Dataset.cpp - JSONL datasets, the epoch sampler, DP sharding -------===//
-#include "Dataset.h"
+#include "runtime/data/Dataset.h"
 
 #include <nlohmann/json.hpp>
 

@@ -4,7 +4,7 @@
 // per character and can overflow the stack on a long response.
 //
 //===----------------------------------------------------------------------===//
-#include "Rewards.h"
+#include "runtime/data/Rewards.h"
 
 #include <algorithm>
 #include <map>

@@ -51,7 +51,7 @@
 #ifndef HFLOW_RUNTIME_DATA_REWARDS_H
 #define HFLOW_RUNTIME_DATA_REWARDS_H
 
-#include "Dataset.h"
+#include "runtime/data/Dataset.h"
 
 #include <functional>
 #include <string>

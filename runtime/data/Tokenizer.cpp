@@ -1,5 +1,5 @@
 //===- Tokenizer.cpp - byte and SentencePiece tokenizers ------------------===//
-#include "Tokenizer.h"
+#include "runtime/data/Tokenizer.h"
 
 #include <dlfcn.h>
 #include <unistd.h>

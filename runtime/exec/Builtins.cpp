@@ -1,10 +1,10 @@
 //===- Builtins.cpp - the flow builtins on the RL library ------------------===//
 
-#include "Builtins.h"
+#include "runtime/exec/Builtins.h"
 
-#include "Advantages.h"
-#include "KL.h"
-#include "Masked.h"
+#include "runtime/rl/Advantages.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Masked.h"
 
 #include <cerrno>
 #include <cmath>

@@ -24,13 +24,13 @@
 // the model predicts the measured times exactly for these shapes.
 //
 //===----------------------------------------------------------------------===//
-#include "Calibrate.h"
+#include "runtime/exec/Calibrate.h"
 
-#include "CostModel.h"
-#include "Communicator.h"
-#include "GlooCommunicator.h"
-#include "Llama.h"
-#include "Rendezvous.h"
+#include "runtime/schema/CalibrationFile.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/models/Llama.h"
+#include "runtime/comm/Rendezvous.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

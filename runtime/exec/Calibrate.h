@@ -16,7 +16,7 @@
 #ifndef HFLOW_RUNTIME_EXEC_CALIBRATE_H
 #define HFLOW_RUNTIME_EXEC_CALIBRATE_H
 
-#include "PlanLoader.h"
+#include "runtime/plan/PlanLoader.h"
 
 #include <chrono>
 #include <string>

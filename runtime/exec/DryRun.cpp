@@ -1,8 +1,8 @@
 //===- DryRun.cpp - what each rank of a plan would do ----------------------===//
 
-#include "DryRun.h"
+#include "runtime/exec/DryRun.h"
 
-#include "PlanLoader.h"
+#include "runtime/plan/PlanLoader.h"
 
 #include <algorithm>
 #include <cinttypes>

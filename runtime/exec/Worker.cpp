@@ -10,26 +10,26 @@
 // metrics to rank 0, which prints progress and writes the metrics file.
 //
 //===----------------------------------------------------------------------===//
-#include "Worker.h"
+#include "runtime/exec/Worker.h"
 
-#include "Builtins.h"
+#include "runtime/exec/Builtins.h"
 
-#include "Checkpoint.h"
+#include "runtime/models/Checkpoint.h"
 
-#include "Aggregate.h"
-#include "Communicator.h"
-#include "Dataset.h"
-#include "GlooCommunicator.h"
-#include "KL.h"
-#include "Llama.h"
-#include "Losses.h"
-#include "Optim.h"
-#include "Parallel.h"
-#include "PlanLoader.h"
-#include "Rendezvous.h"
-#include "Safetensors.h"
-#include "Rewards.h"
-#include "Tokenizer.h"
+#include "runtime/rl/Aggregate.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/data/Dataset.h"
+#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/rl/KL.h"
+#include "runtime/models/Llama.h"
+#include "runtime/rl/Losses.h"
+#include "runtime/models/Optim.h"
+#include "runtime/models/Parallel.h"
+#include "runtime/plan/PlanLoader.h"
+#include "runtime/comm/Rendezvous.h"
+#include "runtime/models/Safetensors.h"
+#include "runtime/data/Rewards.h"
+#include "runtime/data/Tokenizer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,5 +1,5 @@
 //===- Blas.cpp - choosing OpenBLAS's kernels for the CPU -------------------===//
-#include "Blas.h"
+#include "runtime/launch/Blas.h"
 
 #include <cstdlib>
 #include <cstring>

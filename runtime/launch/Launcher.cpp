@@ -1,5 +1,5 @@
 //===- Launcher.cpp - command line, join detection, local process launch ---===//
-#include "Launcher.h"
+#include "runtime/launch/Launcher.h"
 
 #include <algorithm>
 #include <arpa/inet.h>

@@ -1,6 +1,6 @@
 //===- Checkpoint.cpp - atomic files and training-state checkpoints --------===//
-#include "Checkpoint.h"
-#include "Safetensors.h"
+#include "runtime/models/Checkpoint.h"
+#include "runtime/models/Safetensors.h"
 
 #include <ATen/ATen.h>
 
@@ -100,15 +100,6 @@ struct TreeRemover {
 //===----------------------------------------------------------------------===//
 // Atomic files
 //===----------------------------------------------------------------------===//
-
-uint64_t fnv1a64(const void *data, size_t n, uint64_t h) {
-  const auto *p = static_cast<const unsigned char *>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)),

@@ -32,6 +32,8 @@
 #ifndef HFLOW_RUNTIME_MODELS_CHECKPOINT_H
 #define HFLOW_RUNTIME_MODELS_CHECKPOINT_H
 
+#include "runtime/schema/Fnv1a.h"
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -89,9 +91,9 @@ void fsyncDirectory(const std::string &dir);
 /// saying what failed ("checkpoint directory '<dir>' ...: <reason>").
 void checkWritable(const std::string &dir, uint64_t minFreeBytes = 0);
 
-/// FNV-1a 64-bit over bytes, continuing from `h` (start: kFnv1a64Offset).
-constexpr uint64_t kFnv1a64Offset = 14695981039346656037ULL;
-uint64_t fnv1a64(const void *data, size_t n, uint64_t h = kFnv1a64Offset);
+/// The checksum: FNV-1a 64 (runtime/schema/Fnv1a.h, shared with the plan).
+using ::hflow::fnv1a64;
+using ::hflow::kFnv1a64Offset;
 
 //===----------------------------------------------------------------------===//
 // Training-state checkpoints

@@ -1,7 +1,8 @@
 //===- Llama.cpp - a Llama-family decoder on ATen ---------------------------===//
-#include "Llama.h"
+#include "runtime/models/Llama.h"
+#include "runtime/models/Layers.h"
 
-#include "plan_generated.h"
+#include "runtime/schema/plan_generated.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -33,14 +34,20 @@ std::string LlamaConfig::validate() const {
   return "";
 }
 
-int64_t LlamaConfig::paramCount() const {
-  const int64_t H = hidden, V = vocab, F = ffn, hd = headDim();
-  int64_t perLayer = 2 * H + H * (heads * hd) + 2 * H * (kvHeads * hd) +
-                     (heads * hd) * H + 3 * H * F;
-  if (qkvBias)
-    perLayer += (heads + 2 * (int64_t)kvHeads) * hd;
-  return V * H + (int64_t)layers * perLayer + H + (tieEmbeddings ? 0 : H * V);
+shape::ModelShape LlamaConfig::shape() const {
+  shape::ModelShape m;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kvHeads = kvHeads;
+  m.ffn = ffn;
+  m.vocab = vocab;
+  m.tieEmbeddings = tieEmbeddings;
+  m.qkvBias = qkvBias;
+  return m;
 }
+
+int64_t LlamaConfig::paramCount() const { return shape::paramCount(shape()); }
 
 bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
                            std::string &error) {
@@ -188,33 +195,9 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>>
 llamaParameterShapes(const LlamaConfig &c) {
-  const int64_t H = c.hidden, V = c.vocab, F = c.ffn, hd = c.headDim();
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  auto add = [&](std::string name, int64_t rows, int64_t cols) {
-    out.push_back({std::move(name), {rows, cols}});
-  };
-  add("embed", V, H);
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string pre = "layers." + std::to_string(i) + ".";
-    add(pre + "attn_norm", 1, H);
-    add(pre + "attn.q", c.heads * hd, H);
-    if (c.qkvBias)
-      add(pre + "attn.q_bias", 1, c.heads * hd);
-    add(pre + "attn.k", c.kvHeads * hd, H);
-    if (c.qkvBias)
-      add(pre + "attn.k_bias", 1, c.kvHeads * hd);
-    add(pre + "attn.v", c.kvHeads * hd, H);
-    if (c.qkvBias)
-      add(pre + "attn.v_bias", 1, c.kvHeads * hd);
-    add(pre + "attn.o", H, c.heads * hd);
-    add(pre + "mlp_norm", 1, H);
-    add(pre + "mlp.gate", F, H);
-    add(pre + "mlp.up", F, H);
-    add(pre + "mlp.down", H, F);
-  }
-  add("final_norm", 1, H);
-  if (!c.tieEmbeddings)
-    add("lm_head", V, H);
+  for (const shape::Param &p : shape::llamaParams(c.shape()))
+    out.push_back({p.name, {p.rows, p.cols}});
   return out;
 }
 
@@ -244,11 +227,11 @@ void Llama::copyFrom(const Llama &other) {
   }
 }
 
-static at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
+at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
   return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
 }
 
-static at::Tensor rotateHalf(const at::Tensor &x) {
+at::Tensor rotateHalf(const at::Tensor &x) {
   int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }

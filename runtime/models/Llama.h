@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/schema/ModelShape.h"
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 namespace hflow::plan {
@@ -52,16 +54,9 @@ struct LlamaConfig {
   /// Empty when the config is usable; otherwise one line saying why.
   std::string validate() const;
 
-  /// The exact parameter count (hd = hidden / heads):
-  ///   vocab*hidden                                  embedding
-  /// + layers * ( 2*hidden                           two RMSNorm weights
-  ///            + hidden*(heads*hd)                  q
-  ///            + 2*hidden*(kvHeads*hd)              k, v
-  ///            + (heads*hd)*hidden                  o
-  ///            + 3*hidden*ffn                       gate, up, down
-  ///            + [qkvBias] (heads + 2*kvHeads)*hd ) q, k, v biases
-  /// + hidden                                        final RMSNorm
-  /// + [!tieEmbeddings] hidden*vocab                 LM head
+  /// The dimensions that decide the parameters (runtime/schema/ModelShape.h).
+  shape::ModelShape shape() const;
+  /// The exact parameter count: shape::paramCount(shape()).
   int64_t paramCount() const;
 
   /// From a plan's Model table: arch must be "llama", "qwen2" (or empty), dtype F32,
@@ -112,22 +107,11 @@ struct Generation {
 };
 
 /// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
-/// Llama::namedParameters() shows it): the reshard planner's Box
-/// (compiler/planner/Reshard.h), field for field. Empty when r0 == r1 or
-/// c0 == c1; an empty box returned by FSDPLlama::boxOf keeps its clamped
-/// position (r0 == r1 == rows, or c0 == c1 == cols) where the planner's
-/// holding() returns Box{} instead.
-struct Box {
-  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
-  int64_t rows() const { return r1 > r0 ? r1 - r0 : 0; }
-  int64_t cols() const { return c1 > c0 ? c1 - c0 : 0; }
-  int64_t numel() const { return rows() * cols(); }
-  bool empty() const { return r1 <= r0 || c1 <= c0; }
-  bool operator==(const Box &o) const {
-    return r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1;
-  }
-  bool operator!=(const Box &o) const { return !(*this == o); }
-};
+/// Llama::namedParameters() shows it): the reshard planner's Box, one
+/// definition (runtime/schema/ModelShape.h). An empty box returned by
+/// FSDPLlama::boxOf keeps its clamped position (r0 == r1 == rows, or
+/// c0 == c1 == cols); all empty boxes compare equal.
+using ::hflow::shape::Box;
 
 class Llama {
 public:

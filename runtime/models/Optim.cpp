@@ -1,5 +1,5 @@
 //===- Optim.cpp - AdamW, gradient clipping, learning-rate schedules -------===//
-#include "Optim.h"
+#include "runtime/models/Optim.h"
 
 #include <ATen/ATen.h>
 

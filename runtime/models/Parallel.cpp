@@ -1,7 +1,8 @@
 //===- Parallel.cpp - tensor-parallel, FSDP and data-parallel Llama --------===//
-#include "Parallel.h"
+#include "runtime/models/Parallel.h"
+#include "runtime/models/Layers.h"
 
-#include "Communicator.h"
+#include "runtime/comm/Communicator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -245,15 +246,6 @@ bool isVector(const std::string &name) {
     return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
   };
   return ends("norm") || ends("_bias");
-}
-
-at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
-  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
-}
-
-at::Tensor rotateHalf(const at::Tensor &x) {
-  int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
 /// What every layer's attention shares: RoPE tables and the mask.

@@ -31,7 +31,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_PARALLEL_H
 #define HFLOW_RUNTIME_MODELS_PARALLEL_H
 
-#include "Llama.h"
+#include "runtime/models/Llama.h"
 
 #include <ATen/core/Tensor.h>
 

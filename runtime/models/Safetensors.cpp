@@ -1,6 +1,6 @@
 //===- Safetensors.cpp - safetensors files and Hugging Face model dirs -----===//
-#include "Safetensors.h"
-#include "Checkpoint.h"
+#include "runtime/models/Safetensors.h"
+#include "runtime/models/Checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

@@ -24,7 +24,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_SAFETENSORS_H
 #define HFLOW_RUNTIME_MODELS_SAFETENSORS_H
 
-#include "Llama.h"
+#include "runtime/models/Llama.h"
 
 #include <ATen/ATen.h>
 

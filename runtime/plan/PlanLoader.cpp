@@ -1,14 +1,16 @@
 //===- PlanLoader.cpp - read and fully verify a plan file ------------------===//
 
-#include "PlanLoader.h"
+#include "runtime/plan/PlanLoader.h"
 
-#include <cmath>
-#include "PlanFormat.h"
+#include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/PlanFormat.h"
+#include "runtime/schema/RoleMethods.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <vector>
+#include <cmath>
 #include <cstdio>
+#include <vector>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -35,6 +37,29 @@ const char *batchKindName(BatchKind k) {
 }
 
 namespace {
+
+// The plan's role kinds are the tables' (runtime/schema/RoleMethods.h).
+static_assert(int(RoleKind::Actor) == int(methods::Role::Actor) &&
+              int(RoleKind::Critic) == int(methods::Role::Critic) &&
+              int(RoleKind::Reference) == int(methods::Role::Reference) &&
+              int(RoleKind::RewardModel) == int(methods::Role::RewardModel) &&
+              int(RoleKind::RewardFn) == int(methods::Role::RewardFn),
+              "plan.fbs RoleKind and methods::Role disagree");
+
+/// A builtin step's name: one of the table's builtins, or an arithmetic op.
+bool knownBuiltin(std::string_view name) {
+  if (builtins::findBuiltin(name))
+    return true;
+  for (char op : {'+', '-', '*', '/'})
+    if (name == builtins::opName(op))
+      return true;
+  return name == "neg";
+}
+
+/// " (at FILE:LINE:COL)" when the step has a source location.
+std::string at(const Step *s) {
+  return s->loc() && s->loc()->size() > 0 ? " (at " + s->loc()->str() + ")" : "";
+}
 
 /// Collects the first semantic error; later checks are skipped once one fails.
 class Checker {
@@ -189,6 +214,12 @@ bool checkSemantics(const Plan &p, std::string &error) {
         return c.fail(what, " names role ", s->role(), " of ", nRoles);
       if (!s->method() || s->method()->size() == 0)
         return c.fail(what, " has no method");
+      if (const Role *r = p.roles()->Get(s->role());
+          !methods::findMethod(methods::Role(int(r->kind())), s->method()->str()))
+        return c.fail(what, at(s), " calls ", roleKindName(r->kind()), " method '",
+                      s->method()->str(), "', which this runtime does not execute (",
+                      roleKindName(r->kind()), " methods: ",
+                      methods::methodList(methods::Role(int(r->kind()))), ")");
       break;
     case StepKind::CheckAllGather:
       if (!inRange(s->group(), nGroups))
@@ -201,6 +232,10 @@ bool checkSemantics(const Plan &p, std::string &error) {
     case StepKind::Builtin:
       if (!s->method() || s->method()->size() == 0)
         return c.fail(what, " has no builtin name");
+      if (!knownBuiltin(s->method()->str()))
+        return c.fail(what, at(s), " calls builtin '", s->method()->str(),
+                      "', which this runtime does not execute (builtins: ",
+                      builtins::builtinList(), ", neg, add, sub, mul, div)");
       if (!s->outputs() || s->outputs()->size() == 0)
         return c.fail(what, " (builtin) has no output");
       break;

@@ -10,7 +10,7 @@
 #ifndef HFLOW_RUNTIME_PLAN_PLANLOADER_H
 #define HFLOW_RUNTIME_PLAN_PLANLOADER_H
 
-#include "plan_generated.h"
+#include "runtime/schema/plan_generated.h"
 
 #include <cstdint>
 #include <string>

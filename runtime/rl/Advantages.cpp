@@ -1,7 +1,7 @@
 //===- Advantages.cpp - advantage estimators --------------------------------===//
-#include "Advantages.h"
-#include "Check.h"
-#include "Masked.h"
+#include "runtime/rl/Advantages.h"
+#include "runtime/rl/Check.h"
+#include "runtime/rl/Masked.h"
 
 #include <tuple>
 #include <vector>

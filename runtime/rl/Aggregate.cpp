@@ -1,7 +1,7 @@
 //===- Aggregate.cpp - loss aggregation ------------------------------------===//
-#include "Aggregate.h"
-#include "Check.h"
-#include "Masked.h"
+#include "runtime/rl/Aggregate.h"
+#include "runtime/rl/Check.h"
+#include "runtime/rl/Masked.h"
 
 namespace hflow::rl {
 using namespace detail;

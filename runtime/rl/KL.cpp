@@ -1,7 +1,7 @@
 //===- KL.cpp - KL penalties, KL controllers, entropy -----------------------===//
-#include "KL.h"
-#include "Check.h"
-#include "Masked.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Check.h"
+#include "runtime/rl/Masked.h"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 #ifndef HFLOW_RUNTIME_RL_KL_H
 #define HFLOW_RUNTIME_RL_KL_H
 
-#include "Aggregate.h"
+#include "runtime/rl/Aggregate.h"
 
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
 //===- Losses.cpp - PPO policy loss and clipped value loss ------------------===//
-#include "Losses.h"
-#include "Check.h"
-#include "Masked.h"
+#include "runtime/rl/Losses.h"
+#include "runtime/rl/Check.h"
+#include "runtime/rl/Masked.h"
 
 namespace hflow::rl {
 using namespace detail;

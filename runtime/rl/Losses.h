@@ -7,7 +7,7 @@
 #ifndef HFLOW_RUNTIME_RL_LOSSES_H
 #define HFLOW_RUNTIME_RL_LOSSES_H
 
-#include "Aggregate.h"
+#include "runtime/rl/Aggregate.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 //===- Masked.cpp - masked reductions, clip helpers, argument checks ------===//
-#include "Masked.h"
-#include "Check.h"
+#include "runtime/rl/Masked.h"
+#include "runtime/rl/Check.h"
 
 #include <sstream>
 #include <stdexcept>

@@ -18,7 +18,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Frontend.h"
+#include "compiler/frontend/Frontend.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 //===- FrontendTest.cpp - the front end never crashes and reports well -----===//
 
-#include "Frontend.h"
+#include "compiler/frontend/Frontend.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 //===- PlanVerifierTest.cpp - the runtime refuses every corrupt plan -------===//
 
-#include "PlanLoader.h"
-#include "TestPlanBuilder.h"
+#include "runtime/plan/PlanLoader.h"
+#include "test/unit/TestPlanBuilder.h"
 
 #include <gtest/gtest.h>
 
@@ -149,6 +149,31 @@ TEST(PlanVerifier, RefusesMissingSchedule) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.missingSchedule = true}), error));
   EXPECT_EQ(error, "invalid plan: plan has 1 rank schedules for a world of 2");
+}
+
+// Method and builtin names: the runtime's tables (runtime/schema) decide,
+// when the plan loads, not a worker after the rendezvous.
+TEST(PlanVerifier, RefusesUnknownMethod) {
+  std::string error;
+  ASSERT_TRUE(verify(test::buildTestPlan({.builtin = "grpo_advantage"}), error)) << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.computeMethod = "generat"}), error));
+  EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) calls Actor method 'generat', "
+                   "which this runtime does not execute (Actor methods: generate, logprob, "
+                   "update, sft)");
+  // A method of another role kind is refused as well.
+  EXPECT_FALSE(verify(test::buildTestPlan({.computeMethod = "values"}), error));
+  EXPECT_NE(error.find("calls Actor method 'values'"), std::string::npos) << error;
+}
+
+TEST(PlanVerifier, RefusesUnknownBuiltin) {
+  std::string error;
+  for (const char *ok : {"gae", "whiten", "rollout_logprobs", "add", "neg", "div"})
+    EXPECT_TRUE(verify(test::buildTestPlan({.builtin = ok}), error)) << ok << ": " << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.builtin = "grpo_advantages"}), error));
+  EXPECT_NE(error.find("invalid plan: step 2 (at test.hflow:2:13) calls builtin "
+                       "'grpo_advantages', which this runtime does not execute (builtins: gae, "),
+            std::string::npos)
+      << error;
 }
 
 TEST(PlanVerifier, MeshNominalFigures) {

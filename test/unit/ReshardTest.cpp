@@ -6,8 +6,8 @@
 // timings.
 //
 //===----------------------------------------------------------------------===//
-#include "BatchReshard.h"
-#include "Reshard.h"
+#include "compiler/planner/BatchReshard.h"
+#include "compiler/planner/Reshard.h"
 
 #include <gtest/gtest.h>
 

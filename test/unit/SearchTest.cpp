@@ -7,7 +7,7 @@
 // A100 80GB.
 //
 //===----------------------------------------------------------------------===//
-#include "Search.h"
+#include "compiler/planner/Search.h"
 
 #include <gtest/gtest.h>
 

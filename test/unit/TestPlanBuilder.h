@@ -7,8 +7,8 @@
 #ifndef HFLOW_TEST_UNIT_TESTPLANBUILDER_H
 #define HFLOW_TEST_UNIT_TESTPLANBUILDER_H
 
-#include "PlanFormat.h"
-#include "plan_generated.h"
+#include "runtime/schema/PlanFormat.h"
+#include "runtime/schema/plan_generated.h"
 
 #include <cstdint>
 #include <string>
@@ -26,6 +26,10 @@ struct TestPlanOptions {
   bool roleRankOutOfWorld = false;
   bool missingSchedule = false;
   bool checkNamesLaterStep = false;
+  // The compute step's method, and (non-empty) a builtin step after the
+  // check on rank 0: names the loader checks against runtime/schema's tables.
+  std::string computeMethod = "generate";
+  std::string builtin;
   // The mesh's nominal device memory bandwidth (format 2.3; 0: absent).
   double meshDeviceBandwidth = 0;
   // A Reshard of the actor (not scheduled): rank 0 sends rank 1 rows 0-1,
@@ -81,16 +85,27 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   auto v0 = CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1);
   auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
   std::vector<int> in{0}, out{1}, none;
-  auto s0 = CreateStep(b, StepKind::Compute, 0, b.CreateString("generate"),
+  auto s0 = CreateStep(b, StepKind::Compute, 0, b.CreateString(o.computeMethod),
                        b.CreateVector(in), b.CreateVector(out), -1, -1, 0,
                        b.CreateString("test.hflow:1:1"));
   auto s1 = CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
                        b.CreateVector(none), b.CreateVector(none), 0,
                        o.checkNamesLaterStep ? 1 : 0, 0,
                        b.CreateString("test.hflow:1:1"));
+  std::vector<flatbuffers::Offset<Step>> steps{s0, s1};
+  std::vector<flatbuffers::Offset<Value>> values{v0, v1};
+  if (!o.builtin.empty()) {
+    values.push_back(CreateValue(b, b.CreateString("adv"), BatchKind::Advantages, 2));
+    steps.push_back(CreateStep(b, StepKind::Builtin, -1, b.CreateString(o.builtin),
+                               b.CreateVector(std::vector<int>{1}),
+                               b.CreateVector(std::vector<int>{2}), -1, -1, 0,
+                               b.CreateString("test.hflow:2:13")));
+  }
   std::vector<flatbuffers::Offset<RankSchedule>> scheds;
   for (int r = 0; r < o.worldSize - (o.missingSchedule ? 1 : 0); ++r)
-    scheds.push_back(CreateRankSchedule(b, r, b.CreateVector(std::vector<int>{0, 1})));
+    scheds.push_back(CreateRankSchedule(
+        b, r, b.CreateVector(r == 0 && !o.builtin.empty() ? std::vector<int>{0, 1, 2}
+                                                           : std::vector<int>{0, 1})));
   std::vector<flatbuffers::Offset<Reshard>> reshards;
   if (o.withReshard) {
     const int wire = o.reshardWireBytesPerElement ? o.reshardWireBytesPerElement
@@ -113,8 +128,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
       b.CreateVector(std::vector<flatbuffers::Offset<Model>>{model}),
       b.CreateVector(std::vector<flatbuffers::Offset<Role>>{role}),
       b.CreateVector(std::vector<flatbuffers::Offset<Group>>{group}),
-      b.CreateVector(std::vector<flatbuffers::Offset<Value>>{v0, v1}),
-      b.CreateVector(std::vector<flatbuffers::Offset<Step>>{s0, s1}),
+      b.CreateVector(values), b.CreateVector(steps),
       b.CreateVector(scheds), 0, b.CreateVector(reshards));
   b.Finish(planOff);
   std::vector<uint8_t> body(b.GetBufferPointer(),

@@ -1,10 +1,10 @@
 //===- Driver.cpp - what hflowc and hflow-opt share ------------------------===//
 
-#include "Driver.h"
+#include "tools/common/Driver.h"
 
-#include "MLIRGen.h"
+#include "compiler/mlirgen/MLIRGen.h"
 
-#include "hflow/HflowDialect.h"
+#include "dialects/hflow/HflowDialect.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "llvm/Support/FileSystem.h"

@@ -8,7 +8,7 @@
 #ifndef HFLOW_TOOLS_COMMON_DRIVER_H
 #define HFLOW_TOOLS_COMMON_DRIVER_H
 
-#include "Frontend.h"
+#include "compiler/frontend/Frontend.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"

@@ -10,7 +10,7 @@
 // disjoint from a training set. See docs/data.md.
 //
 //===----------------------------------------------------------------------===//
-#include "Dataset.h"
+#include "runtime/data/Dataset.h"
 
 #include <cerrno>
 #include <cstdint>

@@ -7,11 +7,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CostModel.h"
-#include "Driver.h"
+#include "compiler/planner/CostModel.h"
+#include "tools/common/Driver.h"
 
-#include "hflow/HflowDialect.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowDialect.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/Diagnostics.h"

@@ -8,16 +8,16 @@
 // 1 runtime failure.
 //
 //===----------------------------------------------------------------------===//
-#include "Calibrate.h"
-#include "Blas.h"
-#include "Launcher.h"
-#include "PlanFormat.h"
-#include "DryRun.h"
-#include "PlanLoader.h"
-#include "Worker.h"
+#include "runtime/exec/Calibrate.h"
+#include "runtime/launch/Blas.h"
+#include "runtime/launch/Launcher.h"
+#include "runtime/schema/PlanFormat.h"
+#include "runtime/exec/DryRun.h"
+#include "runtime/plan/PlanLoader.h"
+#include "runtime/exec/Worker.h"
 
 #ifdef HFLOW_HAVE_NCCL
-#include "NcclCommunicator.h"
+#include "runtime/comm/NcclCommunicator.h"
 #endif
 
 #include <cerrno>

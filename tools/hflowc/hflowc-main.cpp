@@ -11,15 +11,15 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CostModel.h"
-#include "Driver.h"
-#include "Frontend.h"
-#include "MLIRGen.h"
-#include "PlanEmitter.h"
-#include "PlanFormat.h"
+#include "compiler/planner/CostModel.h"
+#include "tools/common/Driver.h"
+#include "compiler/frontend/Frontend.h"
+#include "compiler/mlirgen/MLIRGen.h"
+#include "compiler/emit/PlanEmitter.h"
+#include "runtime/schema/PlanFormat.h"
 
-#include "hflow/HflowDialect.h"
-#include "hflow/HflowPasses.h"
+#include "dialects/hflow/HflowDialect.h"
+#include "dialects/hflow/HflowPasses.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"

@@ -1,9 +1,9 @@
 // The runtime's flow builtins: each name maps onto the RL library with the
 // plan's attributes, and arithmetic honours scalar / scalar_lhs / scale_rhs.
-#include "Advantages.h"
-#include "Builtins.h"
-#include "KL.h"
-#include "Masked.h"
+#include "runtime/rl/Advantages.h"
+#include "runtime/exec/Builtins.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Masked.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 //===- CalibrateTest.cpp - hflow-run --calibrate: derived constants, the file ===//
-#include "Calibrate.h"
-#include "CostModel.h"
+#include "runtime/exec/Calibrate.h"
+#include "runtime/schema/CalibrationFile.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 //===- CheckpointTest.cpp - atomic files and training-state checkpoints ----===//
-#include "Checkpoint.h"
-#include "Llama.h"
-#include "Safetensors.h"
+#include "runtime/models/Checkpoint.h"
+#include "runtime/models/Llama.h"
+#include "runtime/models/Safetensors.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

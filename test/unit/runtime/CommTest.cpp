@@ -6,10 +6,10 @@
 // A rank's output is shown only when it fails.
 //
 //===----------------------------------------------------------------------===//
-#include "Communicator.h"
-#include "GlooCommunicator.h"
-#include "Launcher.h"
-#include "Rendezvous.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/launch/Launcher.h"
+#include "runtime/comm/Rendezvous.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 //===- DataTest.cpp - runtime/data: datasets, tokenizers, sampler, rewards -===//
-#include "Dataset.h"
-#include "Rewards.h"
-#include "Tokenizer.h"
+#include "runtime/data/Dataset.h"
+#include "runtime/data/Rewards.h"
+#include "runtime/data/Tokenizer.h"
 
 #include <sentencepiece_trainer.h>
 

@@ -1,6 +1,6 @@
 //===- LauncherTest.cpp - command line and join-environment parsing --------===//
-#include "Blas.h"
-#include "Launcher.h"
+#include "runtime/launch/Blas.h"
+#include "runtime/launch/Launcher.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 //===- LlamaTest.cpp - the ATen Llama: shapes, causality, determinism ------===//
-#include "Llama.h"
-#include "TestPlanBuilder.h"
+#include "runtime/models/Llama.h"
+#include "test/unit/TestPlanBuilder.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -10,13 +10,13 @@
 // maximum over ranks.
 //
 //===----------------------------------------------------------------------===//
-#include "Communicator.h"
-#include "GlooCommunicator.h"
-#include "Launcher.h"
-#include "Llama.h"
-#include "Optim.h"
-#include "Parallel.h"
-#include "Rendezvous.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/launch/Launcher.h"
+#include "runtime/models/Llama.h"
+#include "runtime/models/Optim.h"
+#include "runtime/models/Parallel.h"
+#include "runtime/comm/Rendezvous.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -11,11 +11,11 @@
 //  - hand-worked small cases, gradients, and the error paths.
 //
 //===----------------------------------------------------------------------===//
-#include "Advantages.h"
-#include "Aggregate.h"
-#include "KL.h"
-#include "Losses.h"
-#include "Masked.h"
+#include "runtime/rl/Advantages.h"
+#include "runtime/rl/Aggregate.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Losses.h"
+#include "runtime/rl/Masked.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

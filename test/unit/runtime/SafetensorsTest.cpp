@@ -1,8 +1,8 @@
 //===- SafetensorsTest.cpp - safetensors files, HF export and import -------===//
-#include "Checkpoint.h"
-#include "Llama.h"
-#include "Parallel.h"
-#include "Safetensors.h"
+#include "runtime/models/Checkpoint.h"
+#include "runtime/models/Llama.h"
+#include "runtime/models/Parallel.h"
+#include "runtime/models/Safetensors.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

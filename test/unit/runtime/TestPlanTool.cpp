@@ -3,6 +3,9 @@
 // Stands in for hflowc in the runtime's integration tests:
 //   hflow-testplan --world-size 4 [--seed N] [--bad-major] [--bad-checksum] -o plan.bin
 //   hflow-testplan --ppo -o plan.bin        a 4-rank PPO-shaped plan (see below)
+//   hflow-testplan --method NAME / --builtin NAME -o plan.bin
+//                                           the compute step calls NAME / a builtin
+//                                           step NAME follows (the loader's tables)
 // and helps shell RUN lines with ports:
 //   hflow-testplan --free-port              prints a free TCP port of 127.0.0.1
 //   hflow-testplan --hold-port P SECONDS    listens on 127.0.0.1:P in a background
@@ -10,7 +13,7 @@
 //                                           prints its pid once it listens
 //
 //===----------------------------------------------------------------------===//
-#include "TestPlanBuilder.h"
+#include "test/unit/TestPlanBuilder.h"
 
 #include <arpa/inet.h>
 #include <csignal>
@@ -27,7 +30,7 @@ static int usage(const char *msg) {
     std::fprintf(stderr, "hflow-testplan: error: %s\n", msg);
   std::fprintf(msg ? stderr : stdout,
                "usage: hflow-testplan [--world-size N] [--seed N] "
-               "[--bad-major] [--bad-checksum] [--ppo] -o FILE\n");
+               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--ppo] -o FILE\n");
   return msg ? 2 : 0;
 }
 
@@ -170,6 +173,11 @@ int main(int argc, char **argv) {
       o.major = hflow::plan::kFormatMajor + 1;
     } else if (a == "--bad-checksum") {
       o.corruptChecksum = true;
+    } else if (a == "--method" || a == "--builtin") {
+      const char *v = value();
+      if (!v)
+        return usage((a + " needs a name").c_str());
+      (a == "--method" ? o.computeMethod : o.builtin) = v;
     } else if (a == "-o") {
       const char *v = value();
       if (!v)

@@ -5,8 +5,8 @@
 // rules. Header-only and dependency-free.
 //
 //===----------------------------------------------------------------------===//
-#ifndef HFLOW_COMPILER_FRONTEND_ROLEMETHODS_H
-#define HFLOW_COMPILER_FRONTEND_ROLEMETHODS_H
+#ifndef HFLOW_RUNTIME_SCHEMA_ROLEMETHODS_H
+#define HFLOW_RUNTIME_SCHEMA_ROLEMETHODS_H
 
 #include <initializer_list>
 #include <optional>
@@ -200,4 +200,4 @@ inline std::string kindList(unsigned mask) {
 
 } // namespace hflow::methods
 
-#endif // HFLOW_COMPILER_FRONTEND_ROLEMETHODS_H
+#endif // HFLOW_RUNTIME_SCHEMA_ROLEMETHODS_H

@@ -6,10 +6,10 @@
 // The runtime's implementations follow verl's core_algos (docs/rl-algorithms.md).
 //
 //===----------------------------------------------------------------------===//
-#ifndef HFLOW_COMPILER_FRONTEND_BUILTINS_H
-#define HFLOW_COMPILER_FRONTEND_BUILTINS_H
+#ifndef HFLOW_RUNTIME_SCHEMA_BUILTINTABLE_H
+#define HFLOW_RUNTIME_SCHEMA_BUILTINTABLE_H
 
-#include "RoleMethods.h"
+#include "runtime/schema/RoleMethods.h"
 
 #include <iterator>
 #include <string>
@@ -115,4 +115,4 @@ inline const char *opName(char op) {
 
 } // namespace hflow::builtins
 
-#endif // HFLOW_COMPILER_FRONTEND_BUILTINS_H
+#endif // HFLOW_RUNTIME_SCHEMA_BUILTINTABLE_H

@@ -5,8 +5,10 @@
 // on the checksum by construction.
 //
 //===----------------------------------------------------------------------===//
-#ifndef HFLOW_RUNTIME_PLAN_PLANFORMAT_H
-#define HFLOW_RUNTIME_PLAN_PLANFORMAT_H
+#ifndef HFLOW_RUNTIME_SCHEMA_PLANFORMAT_H
+#define HFLOW_RUNTIME_SCHEMA_PLANFORMAT_H
+
+#include "runtime/schema/Fnv1a.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -20,15 +22,8 @@ inline constexpr uint32_t kFormatMinor = 4;
 
 /// FNV-1a, 64 bit, over the nested plan body. Not a cryptographic hash: it
 /// detects corruption (truncation, flipped bits), not tampering.
-inline uint64_t checksum(const uint8_t *data, size_t size) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < size; ++i) {
-    h ^= data[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
+inline uint64_t checksum(const uint8_t *data, size_t size) { return fnv1a64(data, size); }
 
 } // namespace hflow::plan
 
-#endif // HFLOW_RUNTIME_PLAN_PLANFORMAT_H
+#endif // HFLOW_RUNTIME_SCHEMA_PLANFORMAT_H

@@ -5,8 +5,8 @@
 // (parameter counts, byte sizes) inside int64 arithmetic.
 //
 //===----------------------------------------------------------------------===//
-#ifndef HFLOW_COMPILER_FRONTEND_LIMITS_H
-#define HFLOW_COMPILER_FRONTEND_LIMITS_H
+#ifndef HFLOW_RUNTIME_SCHEMA_LIMITS_H
+#define HFLOW_RUNTIME_SCHEMA_LIMITS_H
 
 #include <cstdint>
 
@@ -20,4 +20,4 @@ inline constexpr int64_t kMaxVocab = int64_t(1) << 24;
 
 } // namespace hflow::limits
 
-#endif // HFLOW_COMPILER_FRONTEND_LIMITS_H
+#endif // HFLOW_RUNTIME_SCHEMA_LIMITS_H

@@ -1,0 +1,57 @@
+//===- ModelShape.cpp - a Llama-family model's parameters -----------------===//
+#include "runtime/schema/ModelShape.h"
+
+#include <utility>
+
+namespace hflow::shape {
+
+std::vector<Param> llamaParams(const ModelShape &m) {
+  std::vector<Param> ps;
+  if (!m.valid())
+    return ps;
+  const int64_t h = m.hidden, hd = m.headDim();
+  const int64_t qDim = m.heads * hd, kvDim = m.kvHeads * hd;
+  auto add = [&](std::string name, int64_t rows, int64_t cols, Split s, int64_t layer) {
+    Param p;
+    p.name = std::move(name);
+    p.rows = rows;
+    p.cols = cols;
+    p.tp = s;
+    p.layer = layer;
+    ps.push_back(std::move(p));
+  };
+  add("embed", m.vocab, h, Split::Rows, Param::kFirstStage);
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    add(pre + "attn_norm", 1, h, Split::Replicated, l);
+    add(pre + "attn.q", qDim, h, Split::Rows, l);
+    if (m.qkvBias) // 1-D, split along its length like q's rows
+      add(pre + "attn.q_bias", 1, qDim, Split::Cols, l);
+    add(pre + "attn.k", kvDim, h, Split::Rows, l);
+    if (m.qkvBias)
+      add(pre + "attn.k_bias", 1, kvDim, Split::Cols, l);
+    add(pre + "attn.v", kvDim, h, Split::Rows, l);
+    if (m.qkvBias)
+      add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
+    add(pre + "attn.o", h, qDim, Split::Cols, l);
+    add(pre + "mlp_norm", 1, h, Split::Replicated, l);
+    add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
+    add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
+    add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
+  }
+  add("final_norm", 1, h, Split::Replicated, Param::kLastStage);
+  if (!m.tieEmbeddings)
+    add("lm_head", m.vocab, h, Split::Rows, Param::kLastStage);
+  return ps;
+}
+
+int64_t paramCount(const ModelShape &m) {
+  const int64_t h = m.hidden, hd = m.headDim();
+  const int64_t q = m.heads * hd, kv = m.kvHeads * hd;
+  int64_t perLayer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * m.ffn;
+  if (m.qkvBias)
+    perLayer += q + 2 * kv;
+  return m.vocab * h + m.layers * perLayer + h + (m.tieEmbeddings ? 0 : h * m.vocab);
+}
+
+} // namespace hflow::shape

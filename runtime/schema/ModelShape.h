@@ -1,0 +1,93 @@
+//===- ModelShape.h - a Llama-family model's parameters, counted once -----===//
+//
+// The one definition of what a model's weights are: the parameter list (names,
+// 2-D shapes, tensor-parallel split, pipeline stage) and the parameter count
+// derived from it. The compiler's verifier, memory model and reshard planner
+// and the runtime's Llama, its parallel forms and the HF loader all read it
+// here, so a parameter added to the architecture changes every side at once.
+//
+// Plain C++17 and header-light: no LibTorch, MLIR or LLVM. Never throws
+// (it is built into libraries compiled without exceptions).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_SCHEMA_MODELSHAPE_H
+#define HFLOW_RUNTIME_SCHEMA_MODELSHAPE_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hflow::shape {
+
+/// Rows [r0, r1) x cols [c0, c1) of a parameter's 2-D view. Empty when either
+/// range is; all empty boxes compare equal.
+struct Box {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  bool empty() const { return r1 <= r0 || c1 <= c0; }
+  int64_t rows() const { return r1 > r0 ? r1 - r0 : 0; }
+  int64_t cols() const { return c1 > c0 ? c1 - c0 : 0; }
+  int64_t numel() const { return rows() * cols(); }
+  int64_t area() const { return numel(); }
+  bool operator==(const Box &o) const {
+    return (empty() && o.empty()) ||
+           (r0 == o.r0 && r1 == o.r1 && c0 == o.c0 && c1 == o.c1);
+  }
+  bool operator!=(const Box &o) const { return !(*this == o); }
+};
+
+/// How tensor parallelism splits a parameter's 2-D view (Megatron):
+/// column-parallel weights (q, k, v, gate, up, the embedding, the LM head)
+/// by rows, row-parallel ones (o, down) and the biases by columns; norms are
+/// replicated.
+enum class Split { Replicated, Rows, Cols };
+
+struct Param {
+  std::string name; ///< "embed", "layers.3.attn.q", "final_norm", ...
+  int64_t rows = 1, cols = 1;
+  Split tp = Split::Replicated;
+  /// The layer it belongs to; kFirstStage (embedding) or kLastStage (final
+  /// norm, LM head) for the parameters outside the layers.
+  int64_t layer = 0;
+  static constexpr int64_t kFirstStage = -1, kLastStage = -2;
+  int64_t numel() const { return rows * cols; }
+};
+
+/// The dimensions that decide a Llama/Qwen2 model's parameters.
+struct ModelShape {
+  int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
+  bool tieEmbeddings = false, qkvBias = false;
+
+  int64_t headDim() const { return heads > 0 ? hidden / heads : 0; }
+  /// Positive sizes, hidden divisible by heads: what llamaParams needs.
+  bool valid() const {
+    return layers >= 1 && hidden >= 1 && heads >= 1 && kvHeads >= 1 && ffn >= 1 &&
+           vocab >= 1 && hidden % heads == 0;
+  }
+  /// The shapes of stdlib/models.hflow's Llama 2 presets (tests, benchmarks).
+  static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
+  static ModelShape llama2_70b() { return {80, 8192, 64, 8, 28672, 32000}; }
+};
+
+/// Every parameter as a 2-D view (1-D ones as one row), in the order the
+/// runtime's Llama lists them and the reshard planner indexes them: embed;
+/// per layer attn_norm, attn.q[, attn.q_bias], attn.k[, _bias],
+/// attn.v[, _bias], attn.o, mlp_norm, mlp.gate, mlp.up, mlp.down;
+/// final_norm; lm_head (absent when tied). Empty when !m.valid().
+std::vector<Param> llamaParams(const ModelShape &m);
+
+/// The exact parameter count: the sum of llamaParams(m)'s sizes, without
+/// building the list (hd = hidden / heads):
+///   vocab*hidden                                  embedding
+/// + layers * ( 2*hidden                           two RMSNorm weights
+///            + hidden*(heads*hd)                  q
+///            + 2*hidden*(kvHeads*hd)              k, v
+///            + (heads*hd)*hidden                  o
+///            + 3*hidden*ffn                       gate, up, down
+///            + [qkvBias] (heads + 2*kvHeads)*hd ) q, k, v biases
+/// + hidden                                        final RMSNorm
+/// + [!tieEmbeddings] hidden*vocab                 LM head
+int64_t paramCount(const ModelShape &m);
+
+} // namespace hflow::shape
+
+#endif // HFLOW_RUNTIME_SCHEMA_MODELSHAPE_H

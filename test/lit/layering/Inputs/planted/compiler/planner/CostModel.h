@@ -1,0 +1,1 @@
+#include "runtime/schema/Shape.h"

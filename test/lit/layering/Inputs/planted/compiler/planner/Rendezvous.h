@@ -1,0 +1,1 @@
+// Planted: a second header named Rendezvous.h.

@@ -1,0 +1,2 @@
+// Planted: the leaf layer depending on LibTorch.
+#include <ATen/core/Tensor.h>
