@@ -3,6 +3,7 @@
 #include "dialects/hflow/HflowOps.h"
 #include "runtime/schema/Limits.h"
 #include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/ModelShape.h"
 #include "runtime/schema/RoleMethods.h"
 
 #include "mlir/IR/Builders.h"

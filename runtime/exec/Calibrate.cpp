@@ -25,6 +25,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/Calibrate.h"
+#include "runtime/exec/Connect.h"
 
 #include "runtime/schema/CalibrationFile.h"
 #include "runtime/comm/Communicator.h"
@@ -408,11 +409,12 @@ std::string calibrationJson(const CalibrationMeasurement &m,
   return s;
 }
 
-int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) {
+int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
+                         const RunOptions &o, const std::string &outPath) {
   comm::setLibraryLogging(o.verbose);
   const int threads = std::max(1, envInt("HFLOW_NUM_THREADS", 1));
   at::set_num_threads(threads);
-  const std::string who = "hflow-run: error: rank " + std::to_string(o.rank) +
+  const std::string who = "hflow-run: error: rank " + std::to_string(j.rank) +
                           ": calibration: ";
   auto fail = [&](const std::string &msg) {
     std::fflush(stdout);
@@ -424,20 +426,9 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
   if (std::string problem = calibrationPlanProblem(lp); !problem.empty())
     return fail(problem);
   try {
-    comm::RendezvousOptions ro;
-    ro.masterAddr = o.masterAddr;
-    ro.masterPort = o.masterPort;
-    ro.rank = o.rank;
-    ro.worldSize = o.worldSize;
-    ro.timeout = o.timeout;
-    ro.planHash = lp.fileHash();
-    ro.version = o.version;
-    auto rv = comm::Rendezvous::join(ro);
-    comm::GlooOptions go;
-    go.host = comm::glooHostFor(o.masterAddr);
-    go.timeout = o.timeout;
-    auto world = comm::GlooCommunicator::createWorld(*rv, go);
-    const bool talk = o.rank == 0 && !o.quiet;
+    auto rv = joinJob(j, lp.fileHash());
+    auto world = createWorld(*rv, j);
+    const bool talk = j.rank == 0 && !o.quiet;
 
     std::string which;
     const models::LlamaConfig cfg = calibrationModel(p, which);
@@ -445,7 +436,7 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
       std::printf("hflow-run: calibrating on %d local worker processes (%d "
                   "thread%s each) against mesh '%s' (%s): %s fp32, %s "
                   "memory, %s intra-node link%s\n",
-                  o.worldSize, threads, threads == 1 ? "" : "s",
+                  j.worldSize, threads, threads == 1 ? "" : "s",
                   mesh.name() ? mesh.name()->c_str() : "?",
                   mesh.device() ? mesh.device()->c_str() : "?",
                   human(mesh.device_fp32_flops(), "FLOP/s").c_str(),
@@ -462,7 +453,7 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
 
     // Compute: every rank at once, as in a job; the figures are averaged.
     world->barrier();
-    ComputeFigures cf = measureCompute(cfg, 1234 + (uint64_t)o.rank);
+    ComputeFigures cf = measureCompute(cfg, 1234 + (uint64_t)j.rank);
     at::Tensor sums = at::tensor({cf.trainSeconds, cf.forwardSeconds, cf.prefillSeconds,
                                   cf.decodeSeconds, cf.decodeNullSeconds,
                                   cf.decodeComputeSeconds},
@@ -473,7 +464,7 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
     world->barrier();
     CommFigures mf = measureComm(*world);
     world->barrier();
-    if (o.rank != 0)
+    if (j.rank != 0)
       return 0;
 
     CalibrationMeasurement m;
@@ -506,7 +497,7 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
     std::string err;
     if (!placement::loadCalibration(json, check, err))
       return fail("internal error: the calibration written does not load: " + err);
-    if (!writeAtomically(o.outPath, json, err))
+    if (!writeAtomically(outPath, json, err))
       return fail(err);
 
     if (talk) {
@@ -560,8 +551,8 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const CalibrateOptions &o) 
       }
       std::printf("  not measured: alphaInter (needs two nodes), memoryFraction and "
                   "epochs (not machine figures): the defaults apply\n");
-      std::printf("hflow-run: wrote %s (hflowc --calibration %s)\n", o.outPath.c_str(),
-                  o.outPath.c_str());
+      std::printf("hflow-run: wrote %s (hflowc --calibration %s)\n", outPath.c_str(),
+                  outPath.c_str());
       std::fflush(stdout);
     }
     return 0;

@@ -16,6 +16,7 @@
 #ifndef HFLOW_RUNTIME_EXEC_CALIBRATE_H
 #define HFLOW_RUNTIME_EXEC_CALIBRATE_H
 
+#include "runtime/exec/RunOptions.h"
 #include "runtime/plan/PlanLoader.h"
 
 #include <chrono>
@@ -27,18 +28,6 @@ namespace hflow::exec {
 /// The ranks calibration runs on: two local processes (one link to measure).
 inline constexpr int kCalibrationRanks = 2;
 
-struct CalibrateOptions {
-  std::string outPath; ///< the calibration file rank 0 writes
-  int rank = 0;
-  int worldSize = kCalibrationRanks;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 0;
-  std::chrono::milliseconds timeout{60000};
-  std::string version;
-  bool quiet = false;
-  bool verbose = false;
-};
-
 /// Empty when `plan` records the nominal figures calibration measures
 /// against (its first mesh's device FLOP/s and bandwidth, format 2.3);
 /// otherwise one line saying why not.
@@ -47,7 +36,8 @@ std::string calibrationPlanProblem(const plan::LoadedPlan &plan);
 /// One rank of a calibration run. Rank 0 prints the table (unless quiet)
 /// and writes `outPath` through a temporary file and a rename. Returns the
 /// process exit code: 0, or 1 after printing one error line.
-int runCalibrationWorker(const plan::LoadedPlan &plan, const CalibrateOptions &o);
+int runCalibrationWorker(const plan::LoadedPlan &plan, const JoinOptions &join,
+                         const RunOptions &run, const std::string &outPath);
 
 /// The figures a calibration run measured (per rank, averaged over ranks)
 /// and what they make of the cost model's constants: exposed for tests.

@@ -1,23 +1,20 @@
-//===- Worker.h - run one rank's static schedule ----------------------------===//
+//===- Worker.h - run one rank of a plan -------------------------------------===//
 //
-// A worker joins the rendezvous, builds the world communicator and one
-// sub-communicator per plan group it belongs to, then runs its RankSchedule
-// step by step: Compute steps run the role's model on this rank's shard of a
-// deterministic batch and produce a digest; CheckAllGather steps all-gather
-// the digests of a compute step over a group and verify each member's against
-// a local recomputation. At the end the ranks agree on the number of steps
-// run and rank 0 prints a summary.
-//
-// This foundation replicates tensor/pipeline parallel ranks (tp and pp only
-// select which ranks share a data-parallel shard); real TP/FSDP come later.
+// A worker checks everything it can alone (data, tokenizer, reward rule,
+// models: before any rank talks to another), joins the rendezvous, builds
+// the world communicator, one sub-communicator per plan group it is in and
+// its roles' model forms, then runs its schedule phase by phase, iteration
+// by iteration: before each step it moves the batch rows the step's ranks
+// need (the row schedule, derived from the plan alone), then runs the step if
+// it is its own: a role method, an RL builtin (rank 0), a planned weight
+// reshard or a check between the ranks of a replica. docs/runtime.md says
+// more; docs/architecture.md names the file of each part.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_WORKER_H
 #define HFLOW_RUNTIME_EXEC_WORKER_H
 
-#include <chrono>
-#include <cstdint>
-#include <string>
+#include "runtime/exec/RunOptions.h"
 
 namespace hflow::plan {
 class LoadedPlan;
@@ -25,39 +22,9 @@ class LoadedPlan;
 
 namespace hflow::exec {
 
-struct WorkerOptions {
-  int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;
-  std::chrono::milliseconds timeout{60000};
-  std::string comm = "gloo";
-  bool quiet = false;
-  bool verbose = false;
-  /// Started by a local hflow-run parent (which reports failing children).
-  bool localChild = false;
-  /// Reported at rendezvous; every rank must agree.
-  std::string version;
-  // Training (see launch::Options).
-  std::string dataDir, evalFile, metricsFile, tokenizer = "byte";
-  int evalEvery = 0, evalCount = 0, logEvery = 0;
-  long steps = -1;
-  std::string checkpointDir;
-  long checkpointEvery = -1;
-  bool resume = false;
-  std::string reshard = "planned", traceFile, exportHf;
-  bool serialize = false;
-};
-
 /// Runs this rank to completion. Returns the process exit code (0 or 1);
 /// errors are printed to stderr as one line "hflow-run: error: rank R: ...".
-int runWorker(const plan::LoadedPlan &plan, const WorkerOptions &opts);
-
-/// The batch geometry of this foundation: B sequences of T tokens per value.
-constexpr int kBatchRows = 8;
-constexpr int kBatchTokens = 16;
-constexpr int kGenerateTokens = 4;
+int runWorker(const plan::LoadedPlan &plan, const JoinOptions &join, const RunOptions &run);
 
 } // namespace hflow::exec
 

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -160,11 +161,11 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
     } else if (a == "--quiet" || a == "-q") {
       if (!noValue())
         return false;
-      o.quiet = true;
+      o.run.quiet = true;
     } else if (a == "--verbose" || a == "-v") {
       if (!noValue())
         return false;
-      o.verbose = true;
+      o.run.verbose = true;
     } else if (a == "--dry-run") {
       if (!noValue())
         return false;
@@ -198,27 +199,27 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       }
       o.timeoutSeconds = t;
     } else if (a == "--comm") {
-      if (!needValue(o.comm))
+      if (!needValue(o.run.comm))
         return false;
-      if (o.comm != "gloo" && o.comm != "nccl") {
-        error = "--comm '" + o.comm + "' is not one of: gloo, nccl";
+      if (o.run.comm != "gloo" && o.run.comm != "nccl") {
+        error = "--comm '" + o.run.comm + "' is not one of: gloo, nccl";
         return false;
       }
     } else if (a == "--serialize") {
       if (!noValue())
         return false;
-      o.serialize = true;
+      o.run.serialize = true;
     } else if (a == "--reshard") {
-      if (!needValue(o.reshard))
+      if (!needValue(o.run.reshard))
         return false;
-      if (o.reshard != "planned" && o.reshard != "naive") {
-        error = "--reshard '" + o.reshard + "' is not one of: planned, naive";
+      if (o.run.reshard != "planned" && o.run.reshard != "naive") {
+        error = "--reshard '" + o.run.reshard + "' is not one of: planned, naive";
         return false;
       }
     } else if (a == "--export-hf") {
-      if (!needValue(o.exportHf))
+      if (!needValue(o.run.exportHf))
         return false;
-      if (o.exportHf.empty()) {
+      if (o.run.exportHf.empty()) {
         error = "--export-hf needs a directory";
         return false;
       }
@@ -230,20 +231,20 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       }
     } else if (a == "--trace") {
-      if (!needValue(o.traceFile))
+      if (!needValue(o.run.traceFile))
         return false;
-      if (o.traceFile.empty()) {
+      if (o.run.traceFile.empty()) {
         error = "--trace needs a file name";
         return false;
       }
     } else if (a == "--resume") {
       if (!noValue())
         return false;
-      o.resume = true;
+      o.run.resume = true;
     } else if (a == "--checkpoint-dir") {
-      if (!needValue(o.checkpointDir))
+      if (!needValue(o.run.checkpointDir))
         return false;
-      if (o.checkpointDir.empty()) {
+      if (o.run.checkpointDir.empty()) {
         error = "--checkpoint-dir needs a non-empty value";
         return false;
       }
@@ -256,7 +257,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         error = "--checkpoint-every '" + v + "' is not a non-negative integer";
         return false;
       }
-      o.checkpointEvery = n;
+      o.run.checkpointEvery = n;
     } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
                a == "--tokenizer") {
       std::string v;
@@ -266,10 +267,10 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         error = a + " needs a non-empty value";
         return false;
       }
-      (a == "--data-dir" ? o.dataDir
-       : a == "--eval"   ? o.evalFile
-       : a == "--metrics" ? o.metricsFile
-                         : o.tokenizer) = v;
+      (a == "--data-dir" ? o.run.dataDir
+       : a == "--eval"   ? o.run.evalFile
+       : a == "--metrics" ? o.run.metricsFile
+                         : o.run.tokenizer) = v;
     } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||
                a == "--log-every") {
       std::string v;
@@ -282,13 +283,13 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       }
       if (a == "--steps")
-        o.steps = n;
+        o.run.steps = n;
       else if (a == "--eval-every")
-        o.evalEvery = (int)std::min(n, 1L << 30);
+        o.run.evalEvery = (int)std::min(n, 1L << 30);
       else if (a == "--eval-count")
-        o.evalCount = (int)std::min(n, 1L << 30);
+        o.run.evalCount = (int)std::min(n, 1L << 30);
       else
-        o.logEvery = (int)std::min(n, 1L << 30);
+        o.run.logEvery = (int)std::min(n, 1L << 30);
     } else if (a == "--") {
       for (++i; i < args.size(); ++i)
         positional.push_back(args[i]);
@@ -444,6 +445,20 @@ static int bindSocket(const std::string &addr, int port, int &boundPort) {
   getsockname(fd, (sockaddr *)&sa, &len);
   boundPort = ntohs(sa.sin_port);
   return fd;
+}
+
+exec::JoinOptions joinOptions(const JoinInfo &join, const Options &opts,
+                              const std::string &version) {
+  exec::JoinOptions j;
+  j.rank = join.rank;
+  j.worldSize = join.worldSize;
+  j.localRank = join.localRank;
+  j.masterAddr = join.masterAddr;
+  j.masterPort = join.masterPort;
+  j.timeout = std::chrono::milliseconds((long long)std::llround(opts.timeoutSeconds * 1000.0));
+  j.localChild = join.source == JoinSource::LocalChild;
+  j.version = version;
+  return j;
 }
 
 bool portInUse(const std::string &addr, int port) {

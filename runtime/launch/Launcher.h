@@ -15,6 +15,8 @@
 #ifndef HFLOW_RUNTIME_LAUNCH_LAUNCHER_H
 #define HFLOW_RUNTIME_LAUNCH_LAUNCHER_H
 
+#include "runtime/exec/RunOptions.h"
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,32 +28,16 @@ struct Options {
   std::string masterAddr; ///< empty: not given on the command line
   int masterPort = -1;    ///< -1: not given on the command line
   double timeoutSeconds = 60.0;
-  bool quiet = false;
-  bool verbose = false;
   bool dryRun = false;     ///< print each rank's schedule, run nothing
-  std::string comm = "gloo"; ///< "gloo" or "nccl"
   bool help = false;
   bool version = false;
-  // Training (docs/runtime.md).
-  std::string dataDir;     ///< where relative data paths are looked up first
-  std::string evalFile;    ///< held-out prompts scored with greedy decoding
-  int evalEvery = 0;       ///< evaluate every N iterations (0: start and end)
-  int evalCount = 0;       ///< held-out prompts used (0: all)
-  std::string metricsFile; ///< JSONL, one line per iteration (rank 0)
-  std::string tokenizer = "byte"; ///< "byte" or a SentencePiece .model file
-  long steps = -1;         ///< cap on every phase's iterations (-1: the plan's)
-  int logEvery = 0;        ///< progress line every N iterations (0: auto)
-  std::string checkpointDir; ///< overrides the train block's checkpoint_dir
-  long checkpointEvery = -1; ///< overrides checkpoint_every (-1: the plan's)
-  bool resume = false;       ///< continue from the last complete checkpoint
-  std::string reshard = "planned"; ///< "planned" or "naive" (gather everything)
-  bool serialize = false;    ///< a world barrier after every step (baseline)
-  std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
-  std::string exportHf;      ///< write the trained actor as an HF checkpoint
   /// --calibrate FILE: measure this machine on 2 local processes and write
   /// the cost model's calibration file (runtime/exec/Calibrate.h) instead
   /// of running the plan.
   std::string calibrateOut;
+  /// What the run does: the runtime's own options, bound to flags here
+  /// (docs/runtime.md).
+  exec::RunOptions run;
 };
 
 /// Parses argv[1..]. Returns false with a one-line `error` for usage errors
@@ -93,6 +79,11 @@ GetEnv processEnv();
 /// `out.source` stays None when there is nothing to join (local mode).
 bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
                 std::string &error);
+
+/// How this rank joins its job: the join detected, the --timeout, and hflow's
+/// `version` (checked at rendezvous).
+exec::JoinOptions joinOptions(const JoinInfo &join, const Options &opts,
+                              const std::string &version);
 
 /// True when `port` cannot be bound for listening on `addr` (checked with
 /// SO_REUSEADDR, like c10d's TCPStore server).

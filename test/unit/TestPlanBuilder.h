@@ -137,6 +137,79 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   return wrapPlanBody(body, o);
 }
 
+/// A PPO-shaped plan on 4 ranks (hflow-testplan --ppo) exercising what the
+/// small test plan does not: several roles and models, sub-groups, tp > 1 replicas, a different
+/// generate layout, a rule-based reward role, a one-rank group.
+inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1) {
+  using namespace hflow::plan;
+  flatbuffers::FlatBufferBuilder b;
+  b.ForceDefaults(true);
+  auto vec = [&](std::vector<int> v) { return b.CreateVector(v); };
+  auto mesh = CreateMesh(b, b.CreateString("local"), b.CreateString("cpu"), 1, 4);
+  auto m0 = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"), 2, 32,
+                        4, 2, 64, 64, DType::F32, 22688);
+  auto m1 = CreateModel(b, b.CreateString("tiny_critic"), b.CreateString("llama"),
+                        1, 32, 4, 4, 48, 64, DType::F32, 0);
+  Layout dp2tp2(2, 2, 1, 1, 1, 1), dp4(4, 1, 1, 1, 1, 1), dp2(2, 1, 1, 1, 1, 1),
+      tp2(1, 2, 1, 1, 1, 1), one(1, 1, 1, 1, 1, 1);
+  std::vector<flatbuffers::Offset<Role>> roles{
+      CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0, vec({0, 1, 2, 3}),
+                 &dp2tp2, &dp4),
+      CreateRole(b, b.CreateString("ref"), RoleKind::Reference, 0, vec({0, 1}),
+                 &dp2, &dp2),
+      CreateRole(b, b.CreateString("critic"), RoleKind::Critic, 1, vec({2, 3}),
+                 &tp2, &dp2),
+      CreateRole(b, b.CreateString("reward"), RoleKind::RewardFn, -1, vec({3}),
+                 &one, &one)};
+  std::vector<flatbuffers::Offset<Group>> groups{
+      CreateGroup(b, b.CreateString("actor"), vec({0, 1, 2, 3})),
+      CreateGroup(b, b.CreateString("ref"), vec({0, 1})),
+      CreateGroup(b, b.CreateString("critic"), vec({2, 3})),
+      CreateGroup(b, b.CreateString("reward"), vec({3}))};
+  std::vector<flatbuffers::Offset<Value>> values{
+      CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1),
+      CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0),
+      CreateValue(b, b.CreateString("old_lp"), BatchKind::LogProbs, 2),
+      CreateValue(b, b.CreateString("ref_lp"), BatchKind::LogProbs, 4),
+      CreateValue(b, b.CreateString("values"), BatchKind::Values, 6),
+      CreateValue(b, b.CreateString("score"), BatchKind::Scores, 8)};
+  std::vector<flatbuffers::Offset<Step>> steps;
+  auto compute = [&](int role, const char *method, std::vector<int> in,
+                     std::vector<int> out, const char *loc) {
+    steps.push_back(CreateStep(b, StepKind::Compute, role, b.CreateString(method),
+                               vec(in), vec(out), -1, -1, 0, b.CreateString(loc)));
+    int checked = (int)steps.size() - 1;
+    steps.push_back(CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
+                               vec({}), vec({}), role, checked, 0,
+                               b.CreateString(loc)));
+  };
+  compute(0, "generate", {0}, {1}, "ppo.hflow:3:17");  // steps 0, 1
+  compute(0, "logprob", {1}, {2}, "ppo.hflow:4:17");   // 2, 3
+  compute(1, "logprob", {1}, {3}, "ppo.hflow:5:17");   // 4, 5
+  compute(2, "values", {1}, {4}, "ppo.hflow:6:17");    // 6, 7
+  compute(3, "score", {1}, {5}, "ppo.hflow:7:17");     // 8, 9
+  compute(0, "update", {1, 2, 5}, {}, "ppo.hflow:9:3"); // 10, 11
+  std::vector<std::vector<int>> per{{0, 1, 2, 3, 4, 5, 10, 11},
+                                    {0, 1, 2, 3, 4, 5, 10, 11},
+                                    {0, 1, 2, 3, 6, 7, 10, 11},
+                                    {0, 1, 2, 3, 6, 7, 8, 9, 10, 11}};
+  std::vector<flatbuffers::Offset<RankSchedule>> scheds;
+  for (int r = 0; r < 4; ++r)
+    scheds.push_back(CreateRankSchedule(b, r, vec(per[r])));
+  std::vector<uint8_t> sha(32, 0xcd);
+  auto planOff = CreatePlan(
+      b, b.CreateString("ppo.hflow"), b.CreateVector(sha), b.CreateString("test"),
+      b.CreateString("step"), 4, seed,
+      b.CreateVector(std::vector<flatbuffers::Offset<Mesh>>{mesh}),
+      b.CreateVector(std::vector<flatbuffers::Offset<Model>>{m0, m1}),
+      b.CreateVector(roles), b.CreateVector(groups), b.CreateVector(values),
+      b.CreateVector(steps), b.CreateVector(scheds));
+  b.Finish(planOff);
+  std::vector<uint8_t> body(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  return wrapPlanBody(body, {});
+}
+
+
 } // namespace hflow::test
 
 #endif // HFLOW_TEST_UNIT_TESTPLANBUILDER_H

@@ -70,21 +70,9 @@ int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o
   launch::JoinInfo join;
   if (!launch::detectJoin(launch::processEnv(), o, join, err))
     return error(2, err);
-  auto timeout = std::chrono::milliseconds(
-      (long long)std::llround(o.timeoutSeconds * 1000.0));
-  if (join.source == launch::JoinSource::LocalChild) {
-    exec::CalibrateOptions co;
-    co.outPath = o.calibrateOut;
-    co.rank = join.rank;
-    co.worldSize = join.worldSize;
-    co.masterAddr = join.masterAddr;
-    co.masterPort = join.masterPort;
-    co.timeout = timeout;
-    co.version = HFLOW_VERSION;
-    co.quiet = o.quiet;
-    co.verbose = o.verbose;
-    return exec::runCalibrationWorker(lp, co);
-  }
+  if (join.source == launch::JoinSource::LocalChild)
+    return exec::runCalibrationWorker(lp, launch::joinOptions(join, o, HFLOW_VERSION), o.run,
+                                      o.calibrateOut);
   if (join.source != launch::JoinSource::None)
     return error(2, std::string("--calibrate measures this machine with its own ") +
                         std::to_string(exec::kCalibrationRanks) +
@@ -155,7 +143,7 @@ int main(int argc, char **argv) {
   if (!launch::detectJoin(launch::processEnv(), o, join, err))
     return error(2, err);
 
-  if (o.comm == "nccl") {
+  if (o.run.comm == "nccl") {
 #ifdef HFLOW_HAVE_NCCL
     if (comm::NcclCommunicator::deviceCount() == 0)
       return error(1, "--comm=nccl: no CUDA device (cudaGetDeviceCount returned 0)");
@@ -166,9 +154,6 @@ int main(int argc, char **argv) {
 #endif
   }
 
-  auto timeout = std::chrono::milliseconds(
-      (long long)std::llround(o.timeoutSeconds * 1000.0));
-
   if (join.source != launch::JoinSource::None) {
     if (join.worldSize != world)
       return error(2, std::string(launch::joinSourceName(join.source)) +
@@ -176,34 +161,7 @@ int main(int argc, char **argv) {
                           std::to_string(join.worldSize) + " but plan " +
                           o.planPath + " needs a world size of " +
                           std::to_string(world));
-    exec::WorkerOptions wo;
-    wo.rank = join.rank;
-    wo.worldSize = join.worldSize;
-    wo.localRank = join.localRank;
-    wo.masterAddr = join.masterAddr;
-    wo.masterPort = join.masterPort;
-    wo.timeout = timeout;
-    wo.comm = o.comm;
-    wo.quiet = o.quiet;
-    wo.verbose = o.verbose;
-    wo.localChild = join.source == launch::JoinSource::LocalChild;
-    wo.version = HFLOW_VERSION;
-    wo.dataDir = o.dataDir;
-    wo.evalFile = o.evalFile;
-    wo.metricsFile = o.metricsFile;
-    wo.tokenizer = o.tokenizer;
-    wo.evalEvery = o.evalEvery;
-    wo.evalCount = o.evalCount;
-    wo.logEvery = o.logEvery;
-    wo.steps = o.steps;
-    wo.checkpointDir = o.checkpointDir;
-    wo.checkpointEvery = o.checkpointEvery;
-    wo.resume = o.resume;
-    wo.reshard = o.reshard;
-    wo.serialize = o.serialize;
-    wo.traceFile = o.traceFile;
-    wo.exportHf = o.exportHf;
-    return exec::runWorker(lp, wo);
+    return exec::runWorker(lp, launch::joinOptions(join, o, HFLOW_VERSION), o.run);
   }
 
   // Local mode.

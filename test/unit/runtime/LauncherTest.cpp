@@ -42,12 +42,12 @@ TEST(LauncherArgs, PlanAndFlags) {
       << err;
   EXPECT_EQ(o.masterPort, 29501);
   EXPECT_DOUBLE_EQ(o.timeoutSeconds, 2.5);
-  EXPECT_TRUE(o.quiet);
+  EXPECT_TRUE(o.run.quiet);
   EXPECT_EQ(o.masterAddr, "10.0.0.1");
   EXPECT_EQ(o.planPath, "p.bin");
   ASSERT_TRUE(parse({"--verbose", "--", "-odd-name.bin"}, o, err)) << err;
   EXPECT_EQ(o.planPath, "-odd-name.bin");
-  EXPECT_TRUE(o.verbose);
+  EXPECT_TRUE(o.run.verbose);
 }
 
 TEST(LauncherArgs, Calibrate) {

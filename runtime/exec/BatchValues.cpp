@@ -1,0 +1,70 @@
+//===- BatchValues.cpp - the batches a flow passes between its steps -------===//
+#include "runtime/exec/BatchValues.h"
+
+#include "runtime/exec/EngineSupport.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace hflow::exec {
+
+using plan::BatchKind;
+
+at::Tensor &Val::operator[](const std::string &name) {
+  auto it = f.find(name);
+  if (it == f.end())
+    throw RunError(std::string("internal: batch value has no field ") + name);
+  return it->second;
+}
+
+std::vector<Field> schemaOf(BatchKind k, int64_t P, int64_t R) {
+  switch (k) {
+  case BatchKind::Prompts:
+    return {{"ptoks", at::kLong, P}, {"ids", at::kLong, 0}, {"pmask", at::kFloat, P}};
+  case BatchKind::Rollout:
+    return {{"ptoks", at::kLong, P}, {"rtoks", at::kLong, R}, {"ids", at::kLong, 0},
+            {"group", at::kLong, 0}, {"pmask", at::kFloat, P},
+            {"rmask", at::kFloat, R}, {"lp", at::kFloat, R}};
+  default:
+    return {{"x", at::kFloat, R}};
+  }
+}
+
+Val makeVal(BatchKind k, int64_t rows, int64_t P, int64_t R) {
+  Val v;
+  v.kind = k;
+  v.rows = rows;
+  for (const Field &fd : schemaOf(k, P, R)) {
+    auto opts = at::TensorOptions().dtype(fd.dtype);
+    v.f[fd.name] = fd.width ? at::zeros({rows, fd.width}, opts) : at::zeros({rows}, opts);
+  }
+  return v;
+}
+
+at::Tensor packRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi) {
+  std::vector<at::Tensor> parts;
+  for (const Field &fd : schemaOf(v.kind, P, R))
+    parts.push_back(v[fd.name].narrow(0, lo, hi - lo).contiguous().reshape({-1}).view(at::kByte));
+  return at::cat(parts).contiguous();
+}
+
+int64_t packedBytes(BatchKind k, int64_t P, int64_t R, int64_t rows) {
+  int64_t n = 0;
+  for (const Field &fd : schemaOf(k, P, R))
+    n += rows * std::max<int64_t>(1, fd.width) * (int64_t)c10::elementSize(fd.dtype);
+  return n;
+}
+
+void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi,
+                const at::Tensor &buf) {
+  int64_t off = 0;
+  for (const Field &fd : schemaOf(v.kind, P, R)) {
+    at::Tensor dst = v[fd.name].narrow(0, lo, hi - lo);
+    int64_t n = dst.numel() * (int64_t)c10::elementSize(fd.dtype);
+    dst.copy_(buf.narrow(0, off, n).clone().view(fd.dtype).view(dst.sizes()));
+    off += n;
+  }
+}
+
+} // namespace hflow::exec

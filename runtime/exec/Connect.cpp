@@ -1,0 +1,32 @@
+//===- Connect.cpp - a rank joins its job -------------------------------------===//
+#include "runtime/exec/Connect.h"
+
+#include "runtime/comm/GlooCommunicator.h"
+
+#include <cstdlib>
+
+namespace hflow::exec {
+
+std::unique_ptr<comm::Rendezvous> joinJob(const JoinOptions &j, uint64_t planHash) {
+  comm::RendezvousOptions ro;
+  ro.masterAddr = j.masterAddr;
+  ro.masterPort = j.masterPort;
+  ro.rank = j.rank;
+  ro.worldSize = j.worldSize;
+  ro.timeout = j.timeout;
+  ro.planHash = planHash;
+  ro.version = j.version;
+  if (const char *v = std::getenv("HFLOW_TEST_FAKE_VERSION"); v && *v)
+    ro.version = v;
+  return comm::Rendezvous::join(ro);
+}
+
+std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
+                                                const JoinOptions &j) {
+  comm::GlooOptions go;
+  go.host = comm::glooHostFor(j.masterAddr);
+  go.timeout = j.timeout;
+  return comm::GlooCommunicator::createWorld(rv, go);
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,29 @@
+//===- Connect.h - a rank joins its job ---------------------------------------===//
+//
+// The rendezvous (c10d::TCPStore; every rank's plan hash and version
+// checked) and the world communicator (Gloo) from a rank's JoinOptions:
+// shared by training workers and calibration workers.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_CONNECT_H
+#define HFLOW_RUNTIME_EXEC_CONNECT_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/Rendezvous.h"
+#include "runtime/exec/RunOptions.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace hflow::exec {
+
+/// Joins the job's rendezvous. HFLOW_TEST_FAKE_VERSION replaces the version
+/// (tests of the mismatch). Throws comm::RendezvousError.
+std::unique_ptr<comm::Rendezvous> joinJob(const JoinOptions &j, uint64_t planHash);
+/// The world communicator over the rendezvous' store. Throws CommError.
+std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
+                                                const JoinOptions &j);
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_CONNECT_H

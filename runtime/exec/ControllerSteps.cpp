@@ -1,0 +1,105 @@
+//===- ControllerSteps.cpp - builtins and checks between replicas ---------===//
+//
+// The steps that are not role methods: an RL builtin (advantage estimators,
+// KL, whitening, arithmetic: Builtins.h) runs on the controller, rank 0, on
+// every row; a check all-gathers a compute step's digest over a group, and the
+// ranks of one replica must agree.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include "runtime/exec/Builtins.h"
+
+#include <ATen/ATen.h>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+
+void Worker::runBuiltin(PhaseRt &ph, int s) {
+  const Step &st = step(s);
+  BuiltinContext ctx;
+  if (ph.rolloutValue >= 0 && vals_.count(ph.rolloutValue)) {
+    Val &ro = vals_.at(ph.rolloutValue);
+    ctx.mask = ro["rmask"].to(at::kDouble);
+    ctx.index = ro["group"].clone();
+  } else {
+    ctx.mask = at::ones({ph.batch * ph.n, ph.R}, at::TensorOptions().dtype(at::kDouble));
+    ctx.index = at::arange(ph.batch * ph.n, at::TensorOptions().dtype(at::kLong)).div(ph.n, "floor");
+  }
+  std::vector<at::Tensor> inputs;
+  for (int v : ints(st.inputs())) {
+    auto it = vals_.find(v);
+    if (it == vals_.end())
+      throw RunError("input " + str(p_.values()->Get(v)->name(), "?") +
+                     " has not reached the controller");
+    if (str(st.method()) == "rollout_logprobs") {
+      // The log-probs the generator recorded while sampling, per response
+      // token (zero past the response), as a logprobs value.
+      if (it->second.kind != BatchKind::Rollout || ints(st.outputs()).size() != 1)
+        throw RunError(describe(s) + ": rollout_logprobs takes one rollout");
+      Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n, ph.P,
+                        ph.R);
+      out.x().copy_(it->second["lp"] * it->second["rmask"]);
+      digests_[s] = out.x().to(at::kDouble).sum().item<double>();
+      vals_[st.outputs()->Get(0)] = std::move(out);
+      return;
+    }
+    inputs.push_back(it->second.x().to(at::kDouble));
+  }
+  std::vector<at::Tensor> out;
+  try {
+    out = exec::runBuiltin(str(st.method()), attrsOf(st.attrs()), inputs, ctx);
+  } catch (const std::exception &e) {
+    throw RunError(e.what());
+  }
+  auto outputs = ints(st.outputs());
+  if (out.size() != outputs.size())
+    throw RunError("the builtin returns " + std::to_string(out.size()) +
+                   " values but the plan names " + std::to_string(outputs.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    Val v = makeVal(p_.values()->Get(outputs[i])->kind(), ph.batch * ph.n, ph.P, ph.R);
+    v.x().copy_(out[i].to(at::kFloat));
+    vals_[outputs[i]] = std::move(v);
+  }
+  digests_[s] = out.empty() ? 0 : out[0].sum().item<double>();
+}
+
+/// The ranks of one replica ran the same rows with the same weights: their
+/// results must be identical. Each member contributes (replica, digest).
+void Worker::runCheck(int s) {
+  const Step &st = step(s);
+  int checked = st.checks();
+  auto it = groupComm_.find(st.group());
+  if (it == groupComm_.end())
+    throw RunError("this rank is scheduled for the check but is not a member of group " +
+                   str(p_.groups()->Get(st.group())->name()));
+  Communicator &c = *it->second;
+  auto d = digests_.find(checked);
+  if (d == digests_.end())
+    throw RunError("this rank did not run step " + std::to_string(checked) +
+                   ", which it must contribute to the check");
+  double mine = d->second;
+  if (j_.rank == corruptRank_)
+    mine += 1.0; // fault injection for tests
+  at::Tensor v = at::tensor({(double)rows_->dpIndexOf(checked, j_.rank), mine},
+                            at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = c.allGatherFlat(v);
+  auto members = c.globalRanks();
+  for (size_t m = 0; m < members.size(); ++m) {
+    if (members[m] == j_.rank)
+      continue;
+    double rep = all[(int64_t)m][0].item<double>(), got = all[(int64_t)m][1].item<double>();
+    if (rep == v[0].item<double>() && got != mine) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "rank %d computed %.17g for replica %d of step %d but this rank "
+                    "computed %.17g: the ranks of one replica disagree",
+                    members[m], got, (int)rep, checked, mine);
+      throw RunError(std::string("check failed: ") + buf);
+    }
+  }
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,106 @@
+//===- EngineSupport.cpp - small helpers every part of the engine uses -----===//
+#include "runtime/exec/EngineSupport.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sys/stat.h>
+
+namespace hflow::exec {
+
+using plan::KeyValue;
+
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::string str(const flatbuffers::String *s, const char *dflt) {
+  return s ? s->str() : std::string(dflt);
+}
+
+std::vector<int> ints(const flatbuffers::Vector<int32_t> *v) {
+  return v ? std::vector<int>(v->begin(), v->end()) : std::vector<int>();
+}
+
+std::string rankList(const std::vector<int> &rs) {
+  std::string out;
+  for (size_t i = 0; i < rs.size();) {
+    size_t j = i;
+    while (j + 1 < rs.size() && rs[j + 1] == rs[j] + 1)
+      ++j;
+    if (!out.empty())
+      out += ",";
+    out += std::to_string(rs[i]);
+    if (j > i)
+      out += "-" + std::to_string(rs[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "-" : out;
+}
+
+std::string fmtBytes(double b) {
+  char buf[32];
+  if (b < 1024)
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  else if (b < 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  return buf;
+}
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+int envInt(const char *name, int dflt) {
+  const char *v = std::getenv(name);
+  if (!v || !*v)
+    return dflt;
+  char *end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return *end ? dflt : (int)x;
+}
+
+bool fileExists(const std::string &p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string dirOf(const std::string &p) {
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+Attrs attrsOf(const flatbuffers::Vector<flatbuffers::Offset<KeyValue>> *kvs) {
+  Attrs a;
+  if (kvs)
+    for (const KeyValue *kv : *kvs)
+      a[str(kv->key())] = str(kv->value());
+  return a;
+}
+
+double attrNum(const Attrs &a, const std::string &k, double dflt) {
+  auto it = a.find(k);
+  if (it == a.end())
+    return dflt;
+  char *end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end)
+    throw RunError(k + " = '" + it->second + "' is not a number");
+  return v;
+}
+
+std::string attrStr(const Attrs &a, const std::string &k, const std::string &dflt) {
+  auto it = a.find(k);
+  return it == a.end() ? dflt : it->second;
+}
+
+bool attrBool(const Attrs &a, const std::string &k, bool dflt) {
+  auto it = a.find(k);
+  return it == a.end() ? dflt : it->second == "true" || it->second == "1";
+}
+
+} // namespace hflow::exec

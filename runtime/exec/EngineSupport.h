@@ -1,0 +1,57 @@
+//===- EngineSupport.h - small helpers every part of the engine uses -------===//
+//
+// The error type of messages already phrased for the user, the clock, byte
+// formatting, the plan's FlatBuffers accessors, and a step's attributes
+// (keyword arguments, as strings in the plan).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_ENGINESUPPORT_H
+#define HFLOW_RUNTIME_EXEC_ENGINESUPPORT_H
+
+#include "runtime/schema/plan_generated.h"
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hflow::exec {
+
+/// A failure that is already phrased for the user (without the "rank R: ").
+struct RunError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t);
+
+/// A plan string, or `dflt` when absent.
+std::string str(const flatbuffers::String *s, const char *dflt = "");
+/// A plan int vector (empty when absent).
+std::vector<int> ints(const flatbuffers::Vector<int32_t> *v);
+/// "0-3", "0,2,5-7" ("-" when empty).
+std::string rankList(const std::vector<int> &rs);
+/// "512 B", "1.5 KiB", "3.2 MiB".
+std::string fmtBytes(double b);
+/// A 64-bit mix of two seeds (splitmix64 finaliser).
+uint64_t mix(uint64_t a, uint64_t b);
+/// An integer environment variable, or `dflt` when unset or malformed.
+int envInt(const char *name, int dflt);
+/// A regular file exists at `p`.
+bool fileExists(const std::string &p);
+/// The directory part of `p` ("." when none).
+std::string dirOf(const std::string &p);
+
+/// A step's or role's attributes (keyword arguments and options).
+using Attrs = std::map<std::string, std::string>;
+Attrs attrsOf(const flatbuffers::Vector<flatbuffers::Offset<plan::KeyValue>> *kvs);
+/// The number `k`, or `dflt` when absent; a RunError when it is no number.
+double attrNum(const Attrs &a, const std::string &k, double dflt);
+std::string attrStr(const Attrs &a, const std::string &k, const std::string &dflt);
+bool attrBool(const Attrs &a, const std::string &k, bool dflt);
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_ENGINESUPPORT_H

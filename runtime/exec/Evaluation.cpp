@@ -1,0 +1,107 @@
+//===- Evaluation.cpp - held-out evaluation, the reference's start --------===//
+//
+// Greedy responses to the held-out prompts (--eval) on the actor's replicas,
+// scored by the reward rule; and at a phase after the first, the reference
+// model takes the actor's current weights.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+/// Greedy responses to the held-out prompts on the actor's generation
+/// replicas, scored by the reward rule; (sum, count) go to the metrics.
+void Worker::evaluate(const std::string &when, int64_t it) {
+  (void)when;
+  (void)it;
+  if (!evalSet_)
+    return;
+  refreshGenerationCopies();
+  struct Drop { // lean actors free their whole copy again, however this ends
+    Worker *w;
+    ~Drop() { w->dropWholeCopies(); }
+  } drop{this};
+  int gen = -1;
+  for (auto &[r, rr] : roles_)
+    if (role(r).kind() == RoleKind::Actor && rr.model && !rr.genOnly)
+      gen = r; // an actor generating apart is evaluated where it trains
+  if (gen < 0)
+    return;
+  const Role &ro = role(gen);
+  const RoleRt &rr = roles_.at(gen);
+  const Layout &l = rr.apart ? *ro.train() : *ro.generate();
+  const int per = rr.apart ? 1 : std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+  if (rr.pos % per != 0)
+    return; // one rank per replica scores
+  const int dp = std::max(1, (int)ints(ro.ranks()).size() / per);
+  const int replica = rr.pos / per;
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, evalSet_->size())
+                                     : (int64_t)evalSet_->size();
+  const int64_t lo = replica * N / dp, hi = (replica + 1) * N / dp;
+  const int64_t chunk = 64;
+  for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
+    const int64_t c1 = std::min(hi, c0 + chunk);
+    std::vector<std::vector<int64_t>> ps;
+    int64_t P = 1;
+    for (int64_t i = c0; i < c1; ++i) {
+      const auto &ex = (*evalSet_)[(size_t)i];
+      ps.push_back(ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds);
+      P = std::max<int64_t>(P, (int64_t)ps.back().size());
+    }
+    const int64_t B = c1 - c0;
+    at::Tensor toks = at::full({B, P}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+    at::Tensor mask = at::zeros({B, P});
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t j = 0; j < ps[b].size(); ++j) {
+        toks[b][P - (int64_t)ps[b].size() + (int64_t)j] = ps[b][j];
+        mask[b][P - (int64_t)ps[b].size() + (int64_t)j] = 1.0f;
+      }
+    models::SamplingOptions so;
+    so.maxTokens = (int)evalR_;
+    so.greedy = true;
+    so.stopToken = tok_->eosId();
+    so.padToken = tok_->padId();
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1);
+    models::Generation out = rr.model->generate(toks, mask, so, g);
+    auto acc = out.tokens.accessor<int64_t, 2>();
+    auto m = out.mask.accessor<float, 2>();
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int64_t> ids;
+      for (int64_t t = 0; t < out.tokens.size(1); ++t)
+        if (m[b][t] > 0 && acc[b][t] != tok_->eosId())
+          ids.push_back(acc[b][t]);
+      metrics_[MEvalSum] += rule_(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
+      metrics_[MEvalN] += 1;
+    }
+  }
+}
+
+/// At the start of a phase after the first, a reference model that shares
+/// an actor's model and devices takes the actor's current weights (the
+/// reference of RL after a warm-up is the warmed-up policy).
+void Worker::syncReference(int phaseIndex) {
+  if (phaseIndex == 0)
+    return;
+  refreshGenerationCopies();
+  for (auto &[r, rr] : roles_) {
+    if (role(r).kind() != RoleKind::Reference || !rr.model)
+      continue;
+    for (auto &[a, ar] : roles_)
+      if (role(a).kind() == RoleKind::Actor && ar.model &&
+          role(a).model() == role(r).model()) {
+        rr.model->copyFrom(*ar.model);
+        if (rr.pos == 0 && !o_.quiet)
+          std::printf("[%s] %s starts from %s's current weights\n",
+                      phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
+                      str(role(a).name()).c_str());
+      }
+  }
+  dropWholeCopies();
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,558 @@
+//===- Methods.cpp - the role methods, one function each --------------------===//
+//
+// A compute step runs its role's method on the rows of this rank's data-
+// parallel replica, through the role's model form (CausalLM): generate,
+// logprob, values, score, update and sft, dispatched by name from one table
+// (the table runtime/schema/RoleMethods.h declares, checked by the plan
+// loader; MethodsTest checks every declared method has an executor here).
+// The losses and estimators are verl's (runtime/rl, docs/rl-algorithms.md).
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include "runtime/exec/Methods.h"
+#include "runtime/rl/Aggregate.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Losses.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <tuple>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+namespace {
+
+/// The real width of rows [lo, hi) of a rollout: the longest prompt (left
+/// padded) and the longest response (right padded, at least 1).
+std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
+  const int64_t p = ro["pmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  return {std::max<int64_t>(1, p), std::max<int64_t>(1, r)};
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Dispatch
+//===----------------------------------------------------------------------===//
+
+Worker::MethodFn Worker::findMethod(std::string_view name) {
+  struct Entry {
+    std::string_view name;
+    MethodFn fn;
+  };
+  static const Entry kTable[] = {
+      {"generate", &Worker::runGenerate}, {"logprob", &Worker::runLogprob},
+      {"values", &Worker::runValues},     {"score", &Worker::runScore},
+      {"update", &Worker::runUpdate},     {"sft", &Worker::runSft}};
+  for (const Entry &e : kTable)
+    if (e.name == name)
+      return e.fn;
+  return nullptr;
+}
+
+bool executesMethod(std::string_view name) { return Worker::findMethod(name) != nullptr; }
+
+void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
+  const Step &st = step(s);
+  const std::string method = str(st.method());
+  auto rit = roles_.find(st.role());
+  if (rit == roles_.end())
+    throw RunError("this rank is scheduled for the step but is not one of role " +
+                   str(role(st.role()).name()) + "'s ranks");
+  MethodFn fn = findMethod(method);
+  if (!fn) // the plan loader refuses such a plan; a defence in depth
+    throw RunError("method '" + method + "' is not supported by this runtime");
+  MethodCall c{ph,
+               s,
+               it,
+               rit->second,
+               role(st.role()),
+               attrsOf(st.attrs()),
+               roleOptions(st.role()),
+               ints(st.inputs()),
+               ints(st.outputs()),
+               rows_->isLeader(s, j_.rank)};
+  (this->*fn)(c);
+}
+
+Val &Worker::input(MethodCall &c, int k) {
+  auto f = vals_.find(c.in.at(k));
+  if (f == vals_.end())
+    throw RunError("input " + str(p_.values()->Get(c.in[k])->name(), "?") +
+                   " has not reached this rank");
+  return f->second;
+}
+
+/// The `nth` input of kind `k`, or null.
+Val *Worker::inputOfKind(MethodCall &c, BatchKind k, int nth) {
+  for (size_t i = 0; i < c.in.size(); ++i)
+    if (p_.values()->Get(c.in[i])->kind() == k && nth-- == 0)
+      return &vals_.at(c.in[i]);
+  return nullptr;
+}
+
+/// The call's rollout and the rows of it this rank works on.
+Val &Worker::rolloutOf(MethodCall &c, Span &rows) {
+  Val *rollout = inputOfKind(c, BatchKind::Rollout);
+  if (!rollout)
+    throw RunError("the call has no rollout input");
+  rows = rows_->rowsFor(c.ph, c.s, c.ph.rolloutValue >= 0 ? c.ph.rolloutValue : c.in[0], j_.rank);
+  for (int v : c.in)
+    if (p_.values()->Get(v)->kind() == BatchKind::Rollout)
+      rows = rows_->rowsFor(c.ph, c.s, v, j_.rank);
+  return *rollout;
+}
+
+/// The call's output: `x` in rows `rows` of a new value.
+void Worker::store(MethodCall &c, Span rows, const at::Tensor &x) {
+  Val v = makeVal(p_.values()->Get(c.out.at(0))->kind(), c.ph.batch * c.ph.n, c.ph.P, c.ph.R);
+  v.x().narrow(0, rows.lo, rows.hi - rows.lo).copy_(x);
+  digests_[c.s] = x.to(at::kDouble).sum().item<double>();
+  vals_[c.out.at(0)] = std::move(v);
+}
+
+//===----------------------------------------------------------------------===//
+// Forward passes and optimizer steps
+//===----------------------------------------------------------------------===//
+
+/// The final hidden states of rows [lo, hi) of a rollout, [b, P + R, H].
+/// With `trim` the forward runs only over the columns some row uses (the
+/// longest prompt and response of these rows) and the rest is zeros: the
+/// same values at real positions, up to float rounding (the masked keys
+/// contributed nothing anyway).
+at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim) {
+  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1), b = hi - lo;
+  int64_t p = P, r = R;
+  if (trim)
+    std::tie(p, r) = realWidth(ro, lo, hi);
+  at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, b).narrow(1, P - p, p),
+                            ro["rtoks"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
+                             ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  at::Tensor pos = models::positionsFromMask(mask);
+  at::Tensor h = rr.lm->hidden(seq, pos, mask);
+  if (p == P && r == R)
+    return h;
+  const int64_t H = h.size(2);
+  return at::cat({at::zeros({b, P - p, H}, h.options()), h,
+                  at::zeros({b, R - r, H}, h.options())}, 1);
+}
+/// Rows [lo, hi) in consecutive batches for forward passes: `micro` rows
+/// each, or with a token budget (max_batch_tokens) as many rows as keep
+/// rows x (longest prompt + longest response among them) within it (verl's
+/// dynamic batch size). With `equalize` (an FSDP group, whose members run
+/// collectives in every pass) every member ends with as many batches as
+/// the member with the most: the others split their largest batches, as
+/// verl evens out its micro-batch counts over data-parallel ranks.
+std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo, int64_t hi,
+                                                           int64_t micro, int64_t budget,
+                                                           const std::string &where,
+                                                           Communicator *equalize) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (budget <= 0) {
+    for (int64_t u = lo; u < hi; u += micro)
+      out.push_back({u, std::min(hi, u + micro)});
+    return out;
+  }
+  auto pm = ro["pmask"].sum(1), rm = ro["rmask"].sum(1);
+  auto pa = pm.accessor<float, 1>(), ra = rm.accessor<float, 1>();
+  int64_t u = lo;
+  while (u < hi) {
+    int64_t e = u, maxP = 0, maxR = 0;
+    while (e < hi) {
+      const int64_t np = std::max<int64_t>(maxP, std::max<int64_t>(1, (int64_t)pa[e]));
+      const int64_t nr = std::max<int64_t>(maxR, std::max<int64_t>(1, (int64_t)ra[e]));
+      if ((e - u + 1) * (np + nr) > budget)
+        break;
+      maxP = np, maxR = nr, ++e;
+    }
+    if (e == u)
+      throw RunError(where + ": max_batch_tokens " + std::to_string(budget) +
+                     " is smaller than row " + std::to_string(u) + " (" +
+                     std::to_string((int64_t)pa[u] + std::max<int64_t>(1, (int64_t)ra[u])) +
+                     " real tokens)");
+    out.push_back({u, e});
+    u = e;
+  }
+  if (equalize && equalize->size() > 1) {
+    at::Tensor n = at::full({1}, (double)out.size(), at::TensorOptions().dtype(at::kDouble));
+    const int64_t target = (int64_t)equalize->allGatherFlat(n).max().item<double>();
+    while ((int64_t)out.size() < target) {
+      // Every member has the same number of rows, so one with fewer
+      // batches than another has a batch of two rows or more to split.
+      auto big = std::max_element(out.begin(), out.end(), [](const auto &a, const auto &b) {
+        return a.second - a.first < b.second - b.first;
+      });
+      if (big->second - big->first < 2)
+        throw RunError(where + ": cannot split " + std::to_string(hi - lo) + " rows into " +
+                       std::to_string(target) + " batches");
+      const int64_t mid = big->first + (big->second - big->first) / 2;
+      const auto second = std::make_pair(mid, big->second);
+      big->second = mid;
+      out.insert(big + 1, second);
+    }
+  }
+  return out;
+}
+/// Averages the gradients over the role's ranks (one all-reduce of all of
+/// them), clips by global norm and steps the optimizer.
+void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
+  loss.backward();
+  applyGradients(rr, lrOverride);
+}
+/// After the backward passes of a minibatch: the gradients of the role's
+/// ranks combined (the model form knows how: an all-reduce over the data-
+/// parallel ranks, or nothing after FSDP's reduce-scatter), clipped by the
+/// global norm, and one optimizer step.
+void Worker::applyGradients(RoleRt &rr, double lrOverride) {
+  rr.lm->reduceGradients(rr.extra());
+  clipAndStep(rr, std::sqrt(rr.lm->gradNormSquared(rr.extra())), lrOverride);
+}
+
+/// Clips the gradients to the optimizer's global norm and takes one AdamW
+/// step (at `lrOverride` when it is positive: a call's own `lr:`).
+void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
+  rr.optim->clip(norm);
+  const double baseLr = rr.optim->options().lr;
+  if (lrOverride > 0)
+    rr.optim->setLr(lrOverride);
+  double lr = rr.optim->step();
+  rr.optim->setLr(baseLr);
+  metrics_[MGradNorm] += norm;
+  metrics_[MGradRank] = 1; // this rank stepped: it counts in the mean over ranks
+  metrics_[MLr] = lr;
+}
+
+/// A forward-only pass over the response positions of rows `rows`: in
+/// batches of `micro_batch` rows (or by max_batch_tokens), `head` maps each
+/// batch's hidden states at the response positions [b, R, H] to [b, R].
+at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
+                                    const std::function<at::Tensor(const at::Tensor &, int64_t,
+                                                                   int64_t)> &head) {
+  at::NoGradGuard guard;
+  const int64_t b = rows.hi - rows.lo;
+  const int64_t micro = std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", (double)b));
+  const int64_t budget = (int64_t)attrNum(c.a, "max_batch_tokens", 0);
+  std::vector<at::Tensor> parts;
+  for (auto [u, e] : rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
+                                budget > 0 ? c.rr.lm->lockstepGroup() : nullptr)) {
+    at::Tensor h = seqHidden(c.rr, rollout, u, e, budget > 0);
+    parts.push_back(head(h.narrow(1, c.ph.P - 1, c.ph.R), u, e));
+  }
+  return at::cat(parts);
+}
+
+//===----------------------------------------------------------------------===//
+// The methods
+//===----------------------------------------------------------------------===//
+
+/// generate: n samples of each of this replica's prompts.
+void Worker::runGenerate(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Attrs &a = c.a, &opts = c.opts;
+  const int s = c.s;
+  const int64_t it = c.it, P = ph.P, R = ph.R;
+  Val &pr = input(c, 0);
+  Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
+  Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, P, R);
+  models::SamplingOptions so;
+  so.maxTokens = (int)attrNum(a, "max_tokens", 16);
+  so.temperature = attrNum(a, "temperature", attrNum(opts, "temperature", 1.0));
+  so.topP = attrNum(a, "top_p", attrNum(opts, "top_p", 1.0));
+  so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
+  so.greedy = attrBool(a, "greedy", false);
+  so.stopToken = tok_->eosId();
+  so.padToken = tok_->padId();
+  const int64_t b = sp.hi - sp.lo, n = ph.n;
+  at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
+  at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(
+      mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
+  so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  models::Generation gen;
+  try {
+    gen = rr.gen ? rr.gen->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
+  } catch (const std::invalid_argument &e) {
+    throw RunError(e.what());
+  }
+  const int64_t lo = sp.lo * n, hi = sp.hi * n;
+  ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
+  ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
+  ro_["rtoks"].narrow(0, lo, hi - lo).narrow(1, 0, gen.tokens.size(1)).copy_(gen.tokens);
+  ro_["rmask"].narrow(0, lo, hi - lo).narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
+  ro_["lp"].narrow(0, lo, hi - lo).narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
+  ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
+  ro_["group"].narrow(0, lo, hi - lo).copy_(
+      at::arange(sp.lo, sp.hi, at::TensorOptions().dtype(at::kLong)).repeat_interleave(n, 0));
+  if (c.leader) {
+    metrics_[MLenSum] += gen.mask.sum().item<double>();
+    metrics_[MLenN] += (double)(hi - lo);
+    metrics_[MTokens] += gen.mask.sum().item<double>();
+  }
+  digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
+  vals_[c.out.at(0)] = std::move(ro_);
+}
+
+/// sft: supervised fine-tuning on the data set's answers (prompt + answer +
+/// stop token, right padded; the loss on the answer).
+void Worker::runSft(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Attrs &a = c.a;
+  const int s = c.s;
+  Val &pr = input(c, 0);
+  Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
+  if (!ph.dataset)
+    throw RunError("sft needs a data set with answers");
+  // prompt + answer + stop token, right padded; loss on the answer.
+  std::vector<std::vector<int64_t>> seqs;
+  std::vector<int64_t> starts;
+  int64_t L = 0;
+  for (int64_t b = sp.lo; b < sp.hi; ++b) {
+    const auto &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
+    std::vector<int64_t> t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+    starts.push_back((int64_t)t.size());
+    std::vector<int64_t> ans = tok_->encode(ex.answer);
+    t.insert(t.end(), ans.begin(), ans.end());
+    t.push_back(tok_->eosId());
+    L = std::max<int64_t>(L, (int64_t)t.size());
+    seqs.push_back(std::move(t));
+  }
+  const int64_t B = (int64_t)seqs.size();
+  at::Tensor toks = at::full({B, L}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+  at::Tensor lossMask = at::zeros({B, L - 1});
+  at::Tensor mask = at::zeros({B, L});
+  for (int64_t b = 0; b < B; ++b) {
+    for (size_t j = 0; j < seqs[b].size(); ++j) {
+      toks[b][(int64_t)j] = seqs[b][j];
+      mask[b][(int64_t)j] = 1.0f;
+    }
+    lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
+  }
+  at::Tensor h = rr.lm->hidden(toks, models::positionsFromMask(mask), mask);
+  at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, L - 1)),
+                                       toks.narrow(1, 1, L - 1), 1.0);
+  at::Tensor loss = -(lp * lossMask).sum() / lossMask.sum().clamp_min(1.0);
+  if (c.leader) {
+    metrics_[MSftLoss] += loss.item<double>();
+    metrics_[MSftN] += 1;
+  }
+  trainStep(rr, loss, attrNum(a, "lr", 0));
+  digests_[s] = loss.item<double>();
+}
+
+/// logprob: the log-probabilities of the response tokens.
+void Worker::runLogprob(MethodCall &c) {
+  Span rows;
+  Val &rollout = rolloutOf(c, rows);
+  const int64_t b = rows.hi - rows.lo;
+  at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, b);
+  const models::CausalLM &lm = *c.rr.lm;
+  at::Tensor lp = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t u, int64_t e) {
+                    return lm.tokenLogprobs(lm.localLogits(h), rollout["rtoks"].narrow(0, u, e - u),
+                                            c.ph.rolloutTemp);
+                  }) *
+                  rmask;
+  if (c.leader && c.ro.kind() == RoleKind::Actor) {
+    // How far the policy that sampled the rollout is from the one training
+    // on it: |behaviour log-prob - current| per response token (0 up to
+    // rounding on policy; one update's drift with off_policy).
+    metrics_[MLpGap] +=
+        ((lp - rollout["lp"].narrow(0, rows.lo, b)).abs() * rmask).sum().item<double>();
+    metrics_[MLpGapN] += rmask.sum().item<double>();
+  }
+  store(c, rows, lp);
+}
+
+/// values: the critic's value head on every response position.
+void Worker::runValues(MethodCall &c) {
+  Span rows;
+  Val &rollout = rolloutOf(c, rows);
+  at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, rows.hi - rows.lo);
+  at::Tensor v = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t, int64_t) {
+    return at::linear(h, c.rr.head).squeeze(-1);
+  });
+  store(c, rows, v * rmask);
+}
+
+/// score: a reward rule on the decoded response (RewardFn), or the reward
+/// model's head at the response's last token; the score sits on that token.
+void Worker::runScore(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Role &ro = c.ro;
+  const int64_t P = ph.P, R = ph.R;
+  Span rows;
+  Val *rollout = &rolloutOf(c, rows);
+  const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
+  at::Tensor rmask = (*rollout)["rmask"].narrow(0, lo, b);
+  at::Tensor rtoks = (*rollout)["rtoks"].narrow(0, lo, b);
+  at::Tensor scores = at::zeros({b, R});
+  at::Tensor len = rmask.sum(1).to(at::kLong);
+  if (ro.kind() == RoleKind::RewardFn) {
+    if (!ph.dataset && ruleName_ != "even_tokens")
+      throw RunError("reward rule '" + ruleName_ + "' needs a data set");
+    auto acc = rtoks.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < b; ++i) {
+      std::vector<int64_t> ids;
+      for (int64_t t = 0; t < len[i].item<int64_t>(); ++t)
+        if (acc[i][t] != tok_->eosId())
+          ids.push_back(acc[i][t]);
+      data::Example ex;
+      if (ph.dataset)
+        ex = (*ph.dataset)[(size_t)(*rollout)["ids"][lo + i].item<int64_t>()];
+      double r = rule_(tok_->decode(ids), ex);
+      scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
+    }
+  } else {
+    at::NoGradGuard guard;
+    at::Tensor h = seqHidden(rr, *rollout, lo, hi);
+    at::Tensor last = (P - 1 + len).clamp_min(0);
+    at::Tensor hl = h.gather(1, last.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
+    at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+    scores.scatter_(1, (len - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+  }
+  if (c.leader) {
+    at::Tensor per = scores.sum(1).to(at::kDouble);
+    metrics_[MRewardSum] += per.sum().item<double>();
+    metrics_[MRewardSq] += per.pow(2).sum().item<double>();
+    metrics_[MRewardN] += (double)b;
+  }
+  store(c, rows, scores);
+}
+
+/// update: PPO epochs over minibatches (one optimizer step each) of the
+/// actor's clipped policy loss with optional KL and entropy terms, or the
+/// critic's clipped value loss.
+void Worker::runUpdate(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Role &ro = c.ro;
+  const Attrs &a = c.a;
+  const int s = c.s;
+  const int64_t P = ph.P, R = ph.R;
+  Span rows;
+  Val *rollout = &rolloutOf(c, rows);
+  const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
+  const int64_t budget = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
+  const int64_t dp = ph.batch * ph.n / std::max<int64_t>(1, b);
+  int64_t mbPrompts = (int64_t)attrNum(a, "minibatch",
+                                       ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch()
+                                                                       : ph.batch);
+  int64_t mbRows = mbPrompts * ph.n / dp; // this replica's rows per optimizer step
+  if (mbRows <= 0 || b % mbRows != 0)
+    mbRows = b;
+  const std::string agg = attrStr(a, "loss_agg", "token-mean");
+  rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
+  double lastLoss = 0;
+  // micro_batch: sequences per forward/backward pass; their gradients
+  // accumulate (each loss weighted by its share of the minibatch, as
+  // verl does) into one optimizer step per minibatch.
+  const int64_t micro = std::min<int64_t>(
+      mbRows, std::max<int64_t>(1, (int64_t)attrNum(a, "micro_batch", (double)mbRows)));
+  const double lrOver = attrNum(a, "lr", 0);
+  for (int64_t e = 0; e < epochs; ++e)
+    for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
+     // max_batch_tokens: micro-batches by a token budget instead (each
+     // still weighted by its share of the minibatch's rows, as verl's
+     // dynamic batch size does).
+     for (auto [mlo, mhi] : rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
+                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr)) {
+      const int64_t cnt = mhi - mlo;
+      const double share = (double)cnt / (double)mbRows;
+      at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
+      at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
+      at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R);
+      if (ro.kind() == RoleKind::Critic) {
+        Val *vals = inputOfKind(c, BatchKind::Values);
+        Val *rets = inputOfKind(c, BatchKind::Returns);
+        if (!rets)
+          throw RunError("a critic update needs the returns (e.g. adv.returns)");
+        at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
+        // Without the rollout's values the clipped loss has nothing to
+        // clip against: it is the plain squared error.
+        at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
+        auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
+                                         attrNum(a, "clip_value", 0.5), mode);
+        if (c.leader) { // weighted by the micro-batch's share of the minibatch
+          metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
+          metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * share;
+          metrics_[MCriticN] += share;
+        }
+        (vl.vf_loss * share).backward();
+        continue;
+      }
+      // Advantages, else the scores themselves (REINFORCE on the raw
+      // reward); the old log-probs, else the ones generation reported
+      // (equal to a recomputation on the same weights).
+      Val *adv = inputOfKind(c, BatchKind::Advantages);
+      if (!adv)
+        adv = inputOfKind(c, BatchKind::Scores);
+      Val *old = inputOfKind(c, BatchKind::LogProbs, 0);
+      Val *ref = inputOfKind(c, BatchKind::LogProbs, 1);
+      if (!adv)
+        throw RunError("an actor update needs advantages or scores");
+      at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt)
+                             : (*rollout)["lp"].narrow(0, mlo, cnt);
+      at::Tensor logits = rr.lm->localLogits(h);
+      at::Tensor lp = rr.lm->tokenLogprobs(logits, toks, ph.rolloutTemp);
+      rl::PolicyLossConfig pc;
+      pc.clip_ratio = attrNum(a, "clip", 0.2);
+      if (a.count("clip_low"))
+        pc.clip_ratio_low = attrNum(a, "clip_low", 0.2);
+      if (a.count("clip_high"))
+        pc.clip_ratio_high = attrNum(a, "clip_high", 0.2);
+      pc.clip_ratio_c = attrNum(a, "clip_ratio_c", 3.0);
+      pc.loss_agg_mode = mode;
+      auto pl = rl::compute_policy_loss(oldLp, lp,
+                                        adv->x().narrow(0, mlo, cnt), mask, pc);
+      at::Tensor loss = pl.pg_loss;
+      double klv = 0;
+      if (ref) {
+        at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
+                                            rl::parse_kl_penalty(attrStr(a, "kl", "low_var_kl")),
+                                            mode);
+        loss = loss + kl * attrNum(a, "kl_coef", 0.001);
+        klv = kl.item<double>();
+      }
+      double entCoef = attrNum(a, "entropy_coef", 0.0);
+      at::Tensor ent;
+      {
+        at::Tensor e = entCoef > 0 ? rr.lm->tokenEntropy(logits, ph.rolloutTemp)
+                                   : rr.lm->tokenEntropy(logits.detach(), ph.rolloutTemp);
+        ent = rl::agg_loss(e, mask, mode);
+      }
+      if (entCoef > 0)
+        loss = loss - ent * entCoef;
+      lastLoss += loss.item<double>() * share;
+      if (c.leader) { // weighted by the micro-batch's share of the minibatch
+        metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
+        metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * share;
+        metrics_[MPpoKl] += pl.ppo_kl.item<double>() * share;
+        metrics_[MKlLoss] += klv * share;
+        metrics_[MEntropy] += ent.item<double>() * share;
+        metrics_[MActorN] += share;
+      }
+      (loss * share).backward();
+     }
+      applyGradients(rr, lrOver);
+    }
+  digests_[s] = 0;
+  if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
+    digests_[s] = lastLoss;
+  else
+    for (auto &p : rr.lm->parameters())
+      digests_[s] += p.detach().to(at::kDouble).sum().item<double>();
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,244 @@
+//===- Metrics.cpp - per-iteration metrics and the run summary ------------===//
+//
+// Every rank's sums and counts (Metric) are gathered on rank 0, which prints
+// the progress line and writes the metrics file (one JSON object per
+// iteration); at the end rank 0 prints the run summary.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include <ATen/ATen.h>
+
+#include <cinttypes>
+#include <cmath>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+/// Sums every rank's metrics on rank 0, which prints and records them.
+void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
+  comm::CommStats cs = world_->stats();
+  for (auto &[g, c] : groups_)
+    cs += c->stats();
+  std::vector<double> row = metrics_;
+  row.push_back((double)cs.bytesSent);
+  row.push_back((double)cs.bytesReceived);
+  row.push_back(ms);
+  row.insert(row.end(), stepMs_.begin(), stepMs_.end());
+  at::Tensor mine = at::from_blob(row.data(), {(int64_t)row.size()},
+                                  at::TensorOptions().dtype(at::kDouble)).clone();
+  at::Tensor all = world_->allGatherFlat(mine);
+  if (j_.rank != 0)
+    return;
+  at::Tensor sum = all.sum(0);
+  auto S = [&](int k) { return sum[k].item<double>(); };
+  auto mean = [&](int num, int den) { return S(den) > 0 ? S(num) / S(den) : NAN; };
+  const double rN = S(MRewardN);
+  const double rMean = rN > 0 ? S(MRewardSum) / rN : NAN;
+  const double rStd = rN > 1 ? std::sqrt(std::max(0.0, (S(MRewardSq) - rN * rMean * rMean) / (rN - 1)))
+                             : 0.0;
+  const double lr = all.select(1, MLr).max().item<double>();
+  const double bytes = all.select(1, MNumMetrics).sum().item<double>();
+  const double itMs = all.select(1, MNumMetrics + 2).max().item<double>();
+  const double evalR = mean(MEvalSum, MEvalN);
+  if (evalRan)
+    evalCurve_.push_back({it < 0 ? std::string("start")
+                                 : ph.name + " " + std::to_string(it + 1),
+                          evalR});
+  const double elapsed = msSince(start_) / 1000.0;
+  if (metricsOut_) {
+    std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
+                       std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
+    auto add = [&](const char *k, double v) {
+      if (std::isfinite(v)) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%.9g", v);
+        line += std::string(", \"") + k + "\": " + b;
+      }
+    };
+    add("reward_mean", rMean);
+    add("reward_std", rN > 0 ? rStd : NAN);
+    add("response_length", mean(MLenSum, MLenN));
+    add("pg_loss", mean(MPgLoss, MActorN));
+    add("pg_clipfrac", mean(MPgClip, MActorN));
+    add("ppo_kl", mean(MPpoKl, MActorN));
+    add("kl_loss", mean(MKlLoss, MActorN));
+    add("entropy", mean(MEntropy, MActorN));
+    add("vf_loss", mean(MVfLoss, MCriticN));
+    add("vf_clipfrac", mean(MVfClip, MCriticN));
+    add("sft_loss", mean(MSftLoss, MSftN));
+    add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) > 0
+                         ? S(MGradNorm) / std::max(1.0, S(MGradRank))
+                         : NAN);
+    add("lr", lr > 0 ? lr : NAN);
+    add("eval_reward", evalR);
+    add("rollout_lp_gap", mean(MLpGap, MLpGapN));
+    add("tokens_per_s", itMs > 0 ? S(MTokens) / (itMs / 1000.0) : NAN);
+    add("iteration_ms", itMs);
+    add("bytes_moved", bytes);
+    // The actor's weights after the iteration, to 17 digits: two runs that
+    // print the same value trained the same weights (resume tests).
+    for (auto &[r, rr] : roles_)
+      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.lean) && !rr.genOnly) {
+        double sum = 0;
+        for (auto &p : rr.lm->parameters())
+          sum += p.detach().to(at::kDouble).sum().item<double>();
+        char b[64];
+        std::snprintf(b, sizeof b, "%.17g", sum);
+        line += std::string(", \"actor_weight_sum\": ") + b;
+        break;
+      }
+    for (int k = 0; k < ph.count; ++k) {
+      double m = all.select(1, MNumMetrics + 3 + k).max().item<double>();
+      if (m > 0)
+        add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
+    }
+    line += "}\n";
+    std::fputs(line.c_str(), metricsOut_);
+    std::fflush(metricsOut_);
+  }
+  if (o_.quiet)
+    return;
+  if (it < 0) {
+    std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)S(MEvalN));
+    std::fflush(stdout);
+    return;
+  }
+  int every = o_.logEvery > 0 ? o_.logEvery
+                              : (int)std::max<int64_t>(1, ph.iterations / 20);
+  bool last = it + 1 == ph.iterations;
+  if ((it + 1) % every == 0 || last || it == 0 || evalRan) {
+    std::string line = "[" + ph.name + " " + std::to_string(it + 1) + "/" +
+                       std::to_string(ph.iterations) + "]";
+    char b[96];
+    if (rN > 0) {
+      std::snprintf(b, sizeof b, " reward %.3f ± %.3f", rMean, rStd);
+      line += b;
+    }
+    if (S(MSftN) > 0) {
+      std::snprintf(b, sizeof b, " sft_loss %.4f", mean(MSftLoss, MSftN));
+      line += b;
+    }
+    if (S(MActorN) > 0) {
+      std::snprintf(b, sizeof b, " pg_loss %.4f kl %.4f entropy %.3f", mean(MPgLoss, MActorN),
+                    mean(MKlLoss, MActorN), mean(MEntropy, MActorN));
+      line += b;
+    }
+    if (S(MCriticN) > 0) {
+      std::snprintf(b, sizeof b, " vf_loss %.4f", mean(MVfLoss, MCriticN));
+      line += b;
+    }
+    if (S(MLenN) > 0) {
+      std::snprintf(b, sizeof b, " len %.1f", mean(MLenSum, MLenN));
+      line += b;
+    }
+    if (ph.offPolicy > 0 && S(MLpGapN) > 0) {
+      std::snprintf(b, sizeof b, " lp gap %.4f", mean(MLpGap, MLpGapN));
+      line += b;
+    }
+    if (evalRan) {
+      std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)", evalR,
+                    (int)S(MEvalN));
+      line += b;
+    }
+    std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
+    line += b;
+    // ETA: this phase's remaining iterations and the later phases', at the
+    // phase's average pace so far.
+    if (!last) {
+      double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
+      double left = (double)(ph.iterations - it - 1);
+      bool after = false;
+      for (auto &q : phases_) {
+        if (after)
+          left += (double)q.iterations;
+        if (&q == &ph)
+          after = true;
+      }
+      std::snprintf(b, sizeof b, ", ETA %.0f s", perIt * left);
+      line += b;
+    }
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+}
+
+/// Rank 0's summary of a finished run: roles and their forms, each rank's
+/// steps and bytes (`perRank`: [world, 3] steps, sent, received), the weight
+/// reshards against the plan, the held-out curve.
+void Worker::printSummary(const at::Tensor &all) {
+  int64_t its = 0;
+  for (auto &ph : phases_)
+    its += ph.iterations;
+  std::printf("hflow-run: %s done: %" PRId64 " iteration%s of %zu phase%s on %d ranks in %.1f s "
+              "(plan %s, format %u.%u, compiler %s)\n",
+              str(p_.program(), "?").c_str(), its, its == 1 ? "" : "s", phases_.size(),
+              phases_.size() == 1 ? "" : "s", p_.world_size(), msSince(start_) / 1000.0,
+              comm::hashHex(lp_.fileHash()).c_str(), lp_.formatMajor(), lp_.formatMinor(),
+              str(p_.compiler_version(), "?").c_str());
+  std::printf("roles:\n");
+  if (p_.roles())
+    for (const Role *r : *p_.roles()) {
+      std::string model = "no model";
+      if (r->model() >= 0) {
+        const Model *m = p_.models()->Get(r->model());
+        models::LlamaConfig cfg;
+        std::string err;
+        int64_t params = models::LlamaConfig::fromPlan(*m, cfg, err) ? cfg.paramCount()
+                                                                      : m->params();
+        model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
+        if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
+          model += ", weights from " + it->second;
+        for (auto &[ri, rr] : roles_) {
+          if (p_.roles()->Get(ri) != r)
+            continue;
+          if (rr.sharded())
+            model += ", trains " + rr.lm->form() + " shards";
+          if (rr.gen)
+            model += ", generates on " + rr.gen->form() + " shards";
+          if (rr.lean)
+            model += ", no whole copy";
+        }
+        model += ")";
+      } else if (r->kind() == RoleKind::RewardFn) {
+        model = "rule " + str(r->rule(), "even_tokens");
+      }
+      auto lay = [](const Layout *l) {
+        std::string s = "dp" + std::to_string(l->dp()) + " tp" + std::to_string(l->tp()) +
+                        " pp" + std::to_string(l->pp());
+        if (l->fsdp() > 1)
+          s += " fsdp" + std::to_string(l->fsdp());
+        return s;
+      };
+      std::string gen = lay(r->generate());
+      if (r->generate_ranks() && r->generate_ranks()->size() > 0)
+        gen += " on ranks " + rankList(ints(r->generate_ranks()));
+      std::printf("  %-10s %-11s ranks %-7s train %s, generate %s, %s\n",
+                  str(r->name(), "?").c_str(), roleKindName(r->kind()),
+                  rankList(ints(r->ranks())).c_str(), lay(r->train()).c_str(), gen.c_str(),
+                  model.c_str());
+    }
+  std::printf("ranks:\n");
+  for (int r = 0; r < p_.world_size(); ++r)
+    std::printf("  rank %-3d %6.0f steps  sent %-10s received %s\n", r,
+                all[r][0].item<double>(), fmtBytes(all[r][1].item<double>()).c_str(),
+                fmtBytes(all[r][2].item<double>()).c_str());
+  if (reshardCount_ > 0)
+    std::printf(o_.reshard == "naive"
+                    ? "weight reshards: %d, moved %s by naive gathers (the plan's naive "
+                      "figure %s)\n"
+                    : "weight reshards: %d, moved %s, planned %s (every one equal to the "
+                      "plan)\n",
+                reshardCount_, fmtBytes(reshardBytes_).c_str(),
+                fmtBytes(reshardPlanned_).c_str());
+  if (!evalCurve_.empty()) {
+    std::printf("held-out reward:");
+    for (auto &[when, r] : evalCurve_)
+      std::printf(" %s: %.3f;", when.c_str(), r);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,279 @@
+//===- RoleSetup.cpp - each role's model forms on this rank ---------------===//
+//
+// Which roles this rank is on, and for each its model (the plan's shape,
+// checked against the tokenizer; a Hugging Face checkpoint when the model
+// names one), head, optimizer and model form (CausalLM): whole weights,
+// tensor-parallel or FSDP shards, with its generation shards when it
+// generates tensor parallel. Every role of a model starts from the same
+// weights (the reference is the initial actor).
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include "runtime/models/ModelForms.h"
+#include "runtime/models/Safetensors.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+/// Plan model `m`'s configuration, checked against the tokenizer.
+models::LlamaConfig Worker::modelConfig(int m) const {
+  models::LlamaConfig cfg;
+  std::string err;
+  if (!models::LlamaConfig::fromPlan(*p_.models()->Get(m), cfg, err))
+    throw RunError(err);
+  if (hasData_ && cfg.vocab < tok_->vocabSize())
+    throw RunError("model " + cfg.name + " has a vocabulary of " +
+                   std::to_string(cfg.vocab) + " but the " + tok_->name() +
+                   " tokenizer needs " + std::to_string(tok_->vocabSize()));
+  return cfg;
+}
+
+
+void Worker::buildRoles() {
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    const Role &ro = role(r);
+    auto rs = ints(ro.ranks());
+    auto it = std::find(rs.begin(), rs.end(), j_.rank);
+    const bool apart = ro.generate_ranks() && ro.generate_ranks()->size() > 0;
+    if (apart) {
+      // Generating apart: whole weights on every generation rank (the
+      // planned pieces complete them); sharded generation there is not
+      // built yet, and is refused before any work.
+      const Layout &gl = *ro.generate();
+      const bool tpOnly = gl.pp() <= 1 && gl.fsdp() <= 1 && gl.sp() <= 1 && gl.cp() <= 1;
+      if (!tpOnly || (gl.tp() > 1 && !rows_->genSlots().count(r)))
+        throw RunError("actor " + str(ro.name()) + " generates apart on layout tp " +
+                       std::to_string(gl.tp()) + ", pp " + std::to_string(gl.pp()) +
+                       ", fsdp " + std::to_string(gl.fsdp()) +
+                       "; hflow-run generates apart on whole copies (dp(N)) or tensor-"
+                       "parallel shards (tp(t) * dp(d), kv_heads divisible by t)");
+      auto gs = ints(ro.generate_ranks());
+      auto g = std::find(gs.begin(), gs.end(), j_.rank);
+      if (g != gs.end()) {
+        const models::LlamaConfig cfg = modelConfig(ro.model());
+        RoleRt rt;
+        rt.index = r;
+        rt.pos = (int)(g - gs.begin());
+        rt.apart = rt.genOnly = true;
+        // The first reshard overwrites every weight; the same start as
+        // the training ranks keeps a run without one reproducible.
+        rt.model = std::make_unique<models::Llama>(cfg,
+                                                   models::modelSeed(p_.seed(), ro.model()));
+        roles_[r] = std::move(rt);
+        continue;
+      }
+    }
+    if (it == rs.end())
+      continue;
+    RoleRt rt;
+    rt.index = r;
+    rt.pos = (int)(it - rs.begin());
+    rt.apart = apart;
+    if (ro.model() >= 0) {
+      const models::LlamaConfig cfg = modelConfig(ro.model());
+      // Every role of a model starts from the same weights (the reference
+      // is the initial actor); a critic or reward model adds a zero head.
+      rt.model = std::make_unique<models::Llama>(
+          cfg, models::modelSeed(p_.seed(), ro.model()));
+      if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
+        rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
+      const Layout &tl = *ro.train();
+      // Sharded training needs whole weights for generation (the planned
+      // transfers then complete each rank's copy); generation itself is
+      // not sharded in this runtime.
+      const Layout &gl = *ro.generate();
+      const bool wholeGeneration = (gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
+                                    gl.sp() <= 1 && gl.cp() <= 1) ||
+                                   rows_->genSlots().count(r) > 0 || // or on TP shards
+                                   apart;                    // or on other ranks
+
+      // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
+      // (the reference the TP form is compared with in the tests).
+      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
+          wholeGeneration && tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
+          tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
+          models::TPLlama::checkConfig(cfg, tl.tp()).empty() &&
+          cfg.kvHeads % tl.tp() == 0) // whole kv heads (hflowc requires it)
+        rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
+      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
+          wholeGeneration && tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
+          (int)rs.size() == tl.fsdp())
+        rt.fsdpSize = tl.fsdp();
+      // hf("dir") with safetensors in it: start from those weights. A
+      // sharded actor reads only its shard's bytes, once its shards exist
+      // (connect()); every other role reads the whole model.
+      const std::string wdir = str(p_.models()->Get(ro.model())->weights());
+      if (!wdir.empty() && (fileExists(wdir + "/model.safetensors") ||
+                            fileExists(wdir + "/model.safetensors.index.json"))) {
+        if (rt.tpSize == 1 && rt.fsdpSize == 1) {
+          try {
+            models::loadHfIntoLlama(wdir, *rt.model);
+          } catch (const std::exception &e) {
+            throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
+          }
+        }
+        loadedFrom_[ro.model()] = wdir;
+      }
+      if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1 &&
+          rt.fsdpSize == 1) {
+        rt.model->setTrainable(true);
+        std::vector<at::Tensor> params = rt.model->parameters();
+        if (rt.head.defined()) {
+          rt.head.requires_grad_(true);
+          params.push_back(rt.head);
+        }
+        Attrs a = roleOptions(r);
+        models::AdamWOptions ao;
+        ao.lr = attrNum(a, "lr", ro.kind() == RoleKind::Critic ? 1e-5 : 1e-6);
+        ao.weightDecay = attrNum(a, "weight_decay", 0.01);
+        ao.clipGrad = attrNum(a, "clip_grad", 1.0);
+        ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+        rt.optim = std::make_unique<models::AdamW>(params, ao);
+      }
+    }
+    roles_[r] = std::move(rt);
+  }
+}
+
+/// Each role's communicators and model forms on this rank: whole weights
+/// over the role's group, TP shards (with a DP group for tp x dp) or FSDP
+/// shards; an actor's generation shards and the groups of an actor
+/// generating apart; the sharded forms' weights from a Hugging Face
+/// directory (each rank reads only its shard) and their optimizers.
+void Worker::connectRoles() {
+  // Role r's group is plan group r (the emitter writes one per role first);
+  // an actor generating apart has two more, by name: its generation ranks
+  // ("<role>.generate") and both sides ("<role>.reshard").
+  auto groupNamed = [&](const std::string &name) -> Communicator * {
+    if (p_.groups())
+      for (size_t g = 0; g < p_.groups()->size(); ++g)
+        if (str(p_.groups()->Get(g)->name()) == name) {
+          auto it = groupComm_.find((int)g);
+          return it == groupComm_.end() ? nullptr : it->second;
+        }
+    return nullptr;
+  };
+  for (auto &[r, rr] : roles_) {
+    if (rr.apart) {
+      rr.xcomm = groupNamed(str(role(r).name()) + ".reshard");
+      if (!rr.xcomm)
+        throw RunError("no communicator for actor " + str(role(r).name()) +
+                       "'s reshard group (training and generation ranks)");
+    }
+    if (rr.genOnly) {
+      rr.comm = groupNamed(str(role(r).name()) + ".generate");
+      if (!rr.comm)
+        throw RunError("no communicator for actor " + str(role(r).name()) +
+                       "'s generation ranks");
+      if (rows_->genSlots().count(r)) {
+        // Tensor-parallel generation apart: replica = consecutive
+        // generation ranks; `model` is the staging copy the pieces land in.
+        auto gs = ints(role(r).generate_ranks());
+        const int t = role(r).generate()->tp(), replica = rr.pos / t;
+        std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
+        rr.genComm = world_->makeSubgroup(
+            "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+        rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
+      }
+      continue;
+    }
+    auto it = groupComm_.find(r);
+    if (it == groupComm_.end())
+      throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
+    rr.comm = it->second;
+    if (rr.tpSize > 1) {
+      // Tensor-parallel training: this rank keeps its shards only. With
+      // dp > 1 the TP group is the rank's replica (tp is the fastest
+      // coordinate: consecutive role ranks) and the DP group the ranks of
+      // the same TP index; members create them in role, then group order.
+      Communicator *tpc = rr.comm;
+      auto rs = ints(role(r).ranks());
+      const int tps = rr.tpSize, dps = (int)rs.size() / tps;
+      if (dps > 1) {
+        const int base = rr.pos / tps * tps, t = rr.pos % tps;
+        std::vector<int> tpRanks(rs.begin() + base, rs.begin() + base + tps), dpRanks;
+        for (int d = 0; d < dps; ++d)
+          dpRanks.push_back(rs[d * tps + t]);
+        const std::string rn = str(role(r).name());
+        rr.tpComm = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
+        rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
+        tpc = rr.tpComm.get();
+      }
+      rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc, rr.dpComm.get());
+      rr.lm->setTrainable(true);
+    }
+    if (rr.fsdpSize > 1) {
+      rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
+      rr.lm->setTrainable(true);
+    }
+    if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks
+      rr.lm = std::make_unique<models::WholeModel>(*rr.model, *rr.comm);
+    if (rr.sharded() && loadedFrom_.count(role(r).model())) {
+      // Each rank reads its own shard's boxes from the files, nothing else.
+      const std::string &dir = loadedFrom_.at(role(r).model());
+      uint64_t bytes = 0;
+      try {
+        bytes = rr.lm->loadHf(dir);
+      } catch (const std::exception &e) {
+        throw RunError("loading the weights of model " + rr.model->config().name + ": " +
+                       e.what());
+      }
+      // The generation copy is assembled by the first reshard (or gathered
+      // from the shards when something needs it whole before that).
+      rr.lm->gatherInto(*rr.model);
+      at::Tensor mine = at::full({1}, (double)bytes, at::TensorOptions().dtype(at::kDouble));
+      at::Tensor all = rr.comm->allGatherFlat(mine);
+      if (rr.pos == 0 && !o_.quiet) {
+        std::string per;
+        for (int64_t i = 0; i < all.size(0); ++i)
+          per += (i ? ", " : "") + fmtBytes(all[i][0].item<double>());
+        std::printf("[load] %s: each rank read only its %s shard from %s: %s (model %s)\n",
+                    str(role(r).name()).c_str(),
+                    rr.lm->form().c_str(),
+                    dir.c_str(), per.c_str(),
+                    fmtBytes(4.0 * (double)rr.model->config().paramCount()).c_str());
+      }
+    }
+    if (auto g = rows_->genSlots().find(r); g != rows_->genSlots().end() && !rr.apart) {
+      // Tensor-parallel generation: the ranks hosting the slots of this
+      // rank's generation replica, ascending (= TP order, checked).
+      auto rs = ints(role(r).ranks());
+      const int t = role(r).generate()->tp();
+      const int replica = g->second[rr.pos] / t;
+      std::vector<int> members;
+      for (size_t i = 0; i < rs.size(); ++i)
+        if (g->second[i] / t == replica)
+          members.push_back(rs[i]);
+      std::sort(members.begin(), members.end());
+      rr.genComm = world_->makeSubgroup(
+          "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+      rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
+      if (rr.sharded()) {
+        // Training and generation shards are all this rank keeps.
+        rr.lean = true;
+        rr.cfg = rr.model->config();
+        rr.seed = models::modelSeed(p_.seed(), role(r).model());
+        rr.model.reset();
+      }
+    }
+    if (rr.sharded()) {
+      Attrs a = roleOptions(r);
+      models::AdamWOptions ao;
+      ao.lr = attrNum(a, "lr", 1e-6);
+      ao.weightDecay = attrNum(a, "weight_decay", 0.01);
+      ao.clipGrad = attrNum(a, "clip_grad", 1.0);
+      ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+      rr.optim = std::make_unique<models::AdamW>(rr.lm->parameters(), ao);
+    }
+  }
+}
+
+// --- one iteration ------------------------------------------------------------
+
+} // namespace hflow::exec

@@ -1,0 +1,256 @@
+//===- RowSchedule.cpp - which rank sends which batch rows to whom ----------===//
+#include "runtime/exec/RowSchedule.h"
+
+#include "runtime/exec/EngineSupport.h"
+#include "runtime/models/Llama.h"
+#include "runtime/models/Parallel.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+RowSchedule::RowSchedule(const Plan &plan, std::map<int, std::vector<int>> genSlots)
+    : p_(plan), genSlots_(std::move(genSlots)) {}
+
+std::map<int, std::vector<int>>
+RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered) {
+  std::map<int, std::vector<int>> genSlots_;
+  auto role = [&](int r) -> const Role & { return *p_.roles()->Get(r); };
+  if (envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0 || !p_.reshards())
+    return genSlots_;
+  for (const Reshard *rs : *p_.reshards()) {
+    const int r = rs->role();
+    const Role &ro = role(r);
+    if (str(rs->to_phase()) != "generate" || ro.kind() != RoleKind::Actor || ro.model() < 0)
+      continue;
+    const Layout &gl = *ro.generate();
+    const int t = gl.tp();
+    if (t <= 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
+      continue;
+    models::LlamaConfig cfg;
+    std::string err;
+    if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) ||
+        !models::TPLlama::checkConfig(cfg, t).empty() || cfg.kvHeads % t != 0)
+      continue;
+    if (ro.generate_ranks() && ro.generate_ranks()->size() > 0) {
+      // Generating apart: generation rank i hosts slot i (nothing to
+      // choose), ascending ranks in TP order.
+      std::vector<int> slots(ro.generate_ranks()->size());
+      std::iota(slots.begin(), slots.end(), 0);
+      genSlots_[r] = slots;
+      continue;
+    }
+    auto ranks = ints(ro.ranks());
+    std::vector<int> slots = ints(rs->assignment());
+    if (slots.empty())
+      for (size_t i = 0; i < ranks.size(); ++i)
+        slots.push_back((int)i);
+    if (slots.size() != ranks.size())
+      continue;
+    bool ordered = true;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      for (size_t j = 0; j < ranks.size(); ++j)
+        if (slots[i] / t == slots[j] / t && ranks[i] < ranks[j] && slots[i] > slots[j])
+          ordered = false;
+    if (ordered)
+      genSlots_[r] = slots;
+    else if (unordered)
+      unordered->push_back(str(ro.name()));
+  }
+  return genSlots_;
+}
+
+
+std::string RowSchedule::callName(int s) const {
+  const Step &st = step(s);
+  return str(role(st.role()).name(), "?") + "." + str(st.method(), "?");
+}
+
+std::string RowSchedule::describe(int s) const {
+  const Step &st = step(s);
+  std::string what = st.kind() == StepKind::Compute ? callName(s)
+                     : st.kind() == StepKind::Reshard
+                         ? "reshard of " + str(role(st.role()).name(), "?")
+                     : st.kind() == StepKind::Builtin
+                         ? "builtin " + str(st.method(), "?")
+                         : "check of step " + std::to_string(st.checks()) + " " +
+                               callName(st.checks());
+  std::string loc = str(st.loc());
+  return "step " + std::to_string(s) + " (" + what + (loc.empty() ? "" : " at " + loc) + ")";
+}
+
+const Layout &RowSchedule::layoutOf(int s) const {
+  const Step &st = step(s);
+  const Role &r = role(st.role());
+  return str(st.method()) == "generate" ? *r.generate() : *r.train();
+}
+
+std::vector<int> RowSchedule::stepRoleRanks(int s) const {
+  const Step &st = step(s);
+  const Role &r = role(st.role());
+  if (st.kind() == StepKind::Compute && str(st.method()) == "generate" &&
+      r.generate_ranks() && r.generate_ranks()->size() > 0)
+    return ints(r.generate_ranks());
+  return ints(r.ranks());
+}
+
+int RowSchedule::slotOf(int s, int globalRank) const {
+  auto rs = stepRoleRanks(s);
+  auto it = std::find(rs.begin(), rs.end(), globalRank);
+  if (it == rs.end())
+    return -1;
+  int pos = (int)(it - rs.begin());
+  auto g = genSlots_.find(step(s).role());
+  if (g != genSlots_.end() && str(step(s).method()) == "generate")
+    pos = g->second[pos]; // the generation slot the rank hosts
+  return pos;
+}
+
+int RowSchedule::dpIndexOf(int s, int globalRank) const {
+  const int pos = slotOf(s, globalRank);
+  if (pos < 0)
+    return -1;
+  const Layout &l = layoutOf(s);
+  return pos / std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+}
+
+bool RowSchedule::isLeader(int s, int globalRank) const {
+  const int pos = slotOf(s, globalRank);
+  if (pos < 0)
+    return false;
+  const Layout &l = layoutOf(s);
+  return pos % std::max(1, l.tp() * l.pp() * l.sp() * l.cp()) == 0;
+}
+
+int64_t RowSchedule::rowsOfValue(const PhaseShape &ph, int v) const {
+  return p_.values()->Get(v)->kind() == BatchKind::Prompts ? ph.batch : ph.batch * ph.n;
+}
+
+Span RowSchedule::rowsFor(const PhaseShape &ph, int s, int v, int globalRank) const {
+  const int64_t N = rowsOfValue(ph, v);
+  if (step(s).kind() != StepKind::Compute)
+    return {0, N};
+  const int dp = std::max(1, layoutOf(s).dp() * std::max(1, layoutOf(s).fsdp()));
+  int i = dpIndexOf(s, globalRank);
+  if (N % dp != 0)
+    throw RunError(describe(s) + ": " + std::to_string(N) + " rows do not split over " +
+                   std::to_string(dp) + " replicas");
+  return {i * N / dp, (i + 1) * N / dp};
+}
+
+std::vector<int> RowSchedule::ranksOfStep(int s) const {
+  std::vector<int> out;
+  for (int r = 0; r < p_.world_size(); ++r) {
+    auto sch = ints(p_.schedules()->Get(r)->steps());
+    if (std::binary_search(sch.begin(), sch.end(), s))
+      out.push_back(r);
+  }
+  return out;
+}
+
+int64_t RowSchedule::plannedOf(const std::set<int> &steps) const {
+  int64_t n = 0;
+  for (int r = 0; r < p_.world_size(); ++r)
+    for (int s : ints(p_.schedules()->Get(r)->steps()))
+      n += steps.count(s);
+  return n;
+}
+
+std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
+  std::vector<Xfer> xfers;
+  const int W = p_.world_size();
+  // held[value][rank] = row spans
+  std::map<int, std::vector<std::vector<Span>>> held;
+  auto holds = [&](int v) -> std::vector<std::vector<Span>> & {
+    auto &h = held[v];
+    if (h.empty())
+      h.resize(W);
+    return h;
+  };
+  auto missing = [](const std::vector<Span> &have, Span want) {
+    std::vector<Span> out{want};
+    for (const Span &h : have) {
+      std::vector<Span> next;
+      for (const Span &m : out) {
+        if (h.hi <= m.lo || h.lo >= m.hi) {
+          next.push_back(m);
+          continue;
+        }
+        if (m.lo < h.lo)
+          next.push_back({m.lo, h.lo});
+        if (h.hi < m.hi)
+          next.push_back({h.hi, m.hi});
+      }
+      out = next;
+    }
+    return out;
+  };
+  int tag = 16;
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute && st.kind() != StepKind::Builtin)
+      continue;
+    std::vector<int> inputs = ints(st.inputs());
+    if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0)
+      inputs.push_back(ph.rolloutValue); // the mask and the groups
+    // Sources are ranks that hold the rows before this step: a rank that
+    // receives rows for this step cannot forward them in the same step.
+    std::vector<std::pair<int, std::pair<int, Span>>> received; // (value, (rank, rows))
+    for (int r : ranksOfStep(s)) {
+      for (int v : inputs) {
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+          continue;
+        auto &h = holds(v);
+        for (Span m : missing(h[r], rowsFor(ph, s, v, r))) {
+          // Elementary pieces between every holder's boundaries.
+          std::set<int64_t> cuts{m.lo, m.hi};
+          for (int q = 0; q < W; ++q)
+            for (const Span &x : h[q]) {
+              if (x.lo > m.lo && x.lo < m.hi)
+                cuts.insert(x.lo);
+              if (x.hi > m.lo && x.hi < m.hi)
+                cuts.insert(x.hi);
+            }
+          std::vector<int64_t> c(cuts.begin(), cuts.end());
+          for (size_t k = 0; k + 1 < c.size(); ++k) {
+            std::vector<int> holders;
+            for (int q = 0; q < W; ++q)
+              for (const Span &x : h[q])
+                if (x.lo <= c[k] && x.hi >= c[k + 1] && q != r) {
+                  holders.push_back(q);
+                  break;
+                }
+            if (holders.empty())
+              throw RunError(describe(s) + ": no rank holds rows " +
+                             std::to_string(c[k]) + "-" + std::to_string(c[k + 1] - 1) +
+                             " of " + str(p_.values()->Get(v)->name(), "a value") +
+                             " (the plan's schedule is inconsistent)");
+            int src = holders[(size_t)(r + k) % holders.size()];
+            if (!xfers.empty()) {
+              Xfer &b = xfers.back();
+              if (b.value == v && b.src == src && b.dst == r && b.before == s &&
+                  b.hi == c[k]) {
+                b.hi = c[k + 1];
+                continue;
+              }
+            }
+            xfers.push_back({v, c[k], c[k + 1], src, r, s, tag++});
+          }
+          received.push_back({v, {r, m}});
+        }
+      }
+    }
+    for (auto &[v, rm] : received)
+      holds(v)[rm.first].push_back(rm.second);
+    // Outputs: each rank of the step holds its share.
+    for (int r : ranksOfStep(s))
+      for (int v : ints(st.outputs()))
+        holds(v)[r].push_back(rowsFor(ph, s, v, r));
+  }
+  return xfers;
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,171 @@
+//===- TrainingState.cpp - checkpoint save and resume ---------------------===//
+//
+// Every role's weights (whole, or this rank's shards), heads and optimizer
+// state, the rollout an off-policy phase made ahead, and where the run is
+// (global iteration, sampler positions), per rank, through
+// models/Checkpoint.h's atomic, checksummed files (docs/checkpoints.md).
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include "runtime/models/Checkpoint.h"
+
+#include <ATen/ATen.h>
+
+#include <fstream>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+/// Every role's weights, heads and optimizer state on this rank, plus
+/// where the run is: the next checkpoint a resumed run continues from.
+void Worker::saveState() {
+  models::CheckpointState st;
+  st.step = globalIter_;
+  for (auto &[r, rr] : roles_) {
+    const std::string pre = "role/" + str(role(r).name()) + "/";
+    if (rr.sharded())
+      for (auto &[name, t] : rr.lm->namedWeights())
+        st.tensors[pre + "shard/" + name] = t.detach();
+    else if (rr.model)
+      for (auto &[name, t] : rr.model->namedParameters())
+        st.tensors[pre + name] = t.detach();
+    if (rr.head.defined())
+      st.tensors[pre + "head"] = rr.head.detach();
+    if (rr.optim)
+      for (auto &[name, t] : rr.optim->state())
+        st.tensors[pre + "optim/" + name] = t;
+  }
+  // off_policy: the rollout made ahead for the next iteration (on the
+  // generation ranks) is part of the state: it came from weights this
+  // checkpoint no longer has.
+  for (size_t i = 0; i < phases_.size(); ++i)
+    if (phases_[i].carry)
+      for (auto &[name, t] : phases_[i].carry->f)
+        st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
+  nlohmann::json samplers = nlohmann::json::array();
+  for (auto &ph : phases_)
+    samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
+  st.meta = {{"global_iteration", globalIter_},
+             {"plan", comm::hashHex(lp_.fileHash())},
+             {"rank", j_.rank},
+             {"samplers", samplers}};
+  try {
+    models::saveCheckpoint(rankDir(), st);
+  } catch (const std::exception &e) {
+    throw RunError(std::string("saving the checkpoint: ") + e.what());
+  }
+  world_->barrier(); // every rank has step N on disk
+  if (j_.rank == 0) {
+    try {
+      models::writeFileAtomic(ckDir_ + "/latest", std::to_string(globalIter_) + "\n");
+    } catch (const std::exception &e) {
+      throw RunError(std::string("saving the checkpoint: ") + e.what());
+    }
+    if (!o_.quiet)
+      std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)globalIter_,
+                  ckDir_.c_str());
+  }
+  world_->barrier();
+}
+
+
+void Worker::loadState() {
+  // Rank 0 reads which step is complete and tells everyone.
+  at::Tensor step = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
+  if (j_.rank == 0) {
+    std::ifstream in(ckDir_ + "/latest");
+    long long n = -1;
+    if (!(in >> n) || n < 0)
+      throw RunError("--resume: '" + ckDir_ + "/latest' does not name a checkpoint");
+    step[0] = (int64_t)n;
+  }
+  world_->broadcast(step, 0);
+  const int64_t n = step[0].item<int64_t>();
+  models::CheckpointState st;
+  try {
+    st = models::loadCheckpoint(rankDir(), n);
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--resume: ") + e.what());
+  }
+  if (st.meta.value("plan", std::string()) != comm::hashHex(lp_.fileHash()))
+    throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+                   "' was written by another plan (" + st.meta.value("plan", std::string("?")) +
+                   ", this plan is " + comm::hashHex(lp_.fileHash()) + ")");
+  at::NoGradGuard ng;
+  try {
+    for (auto &[r, rr] : roles_) {
+      const std::string pre = "role/" + str(role(r).name()) + "/";
+      if (rr.sharded())
+        for (auto &[name, t] : rr.lm->namedWeights()) {
+          at::Tensor dst = t.detach();
+          models::restoreInto(st, pre + "shard/" + name, dst);
+        }
+      else if (rr.model)
+        for (auto &[name, t] : rr.model->namedParameters()) {
+          at::Tensor dst = t.detach();
+          models::restoreInto(st, pre + name, dst);
+        }
+      if (rr.head.defined()) {
+        at::Tensor dst = rr.head.detach();
+        models::restoreInto(st, pre + "head", dst);
+      }
+      if (rr.optim) {
+        std::vector<std::pair<std::string, at::Tensor>> os;
+        for (auto &[name, t] : st.tensors)
+          if (name.rfind(pre + "optim/", 0) == 0)
+            os.push_back({name.substr(pre.size() + 6), t});
+        rr.optim->loadState(os);
+      }
+    }
+  } catch (const RunError &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--resume: ") + e.what());
+  }
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const std::string pre = "carry/" + std::to_string(i) + "/";
+    Val v;
+    v.kind = BatchKind::Rollout;
+    for (auto &[name, t] : st.tensors)
+      if (name.rfind(pre, 0) == 0)
+        v.f[name.substr(pre.size())] = t.clone();
+    if (v.f.empty())
+      continue;
+    for (const Field &fd : schemaOf(BatchKind::Rollout, 1, 1))
+      if (!v.f.count(fd.name))
+        throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
+                       " has no field " + fd.name);
+    v.rows = v.f.at("ptoks").size(0);
+    phases_[i].carry = std::move(v);
+  }
+  globalIter_ = n;
+  auto samplers = st.meta.value("samplers", nlohmann::json::array());
+  for (size_t i = 0; i < phases_.size() && i < samplers.size(); ++i)
+    if (phases_[i].sampler)
+      phases_[i].sampler->setPosition(samplers[i].get<uint64_t>());
+  // Which phase and iteration come next.
+  int64_t left = n;
+  resumePhase_ = phases_.size();
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    if (left < phases_[i].iterations) {
+      resumePhase_ = i;
+      resumeIter_ = left;
+      break;
+    }
+    left -= phases_[i].iterations;
+  }
+  if (resumePhase_ < phases_.size() && resumeIter_ > 0 && phases_[resumePhase_].offPolicy > 0) {
+    const PhaseRt &ph = phases_[resumePhase_];
+    if (inMySchedule(ph.genStep) && !ph.carry)
+      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+                     "' holds no rollout made ahead for phase " + ph.name +
+                     " (off_policy), which this generation rank needs");
+  }
+  if (j_.rank == 0 && !o_.quiet)
+    std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
+                ckDir_.c_str());
+}
+
+} // namespace hflow::exec

@@ -1,0 +1,534 @@
+//===- WeightReshard.cpp - the planned weight reshard ---------------------===//
+//
+// The hybrid engine's transition of an actor from its training layout to its
+// generation layout, exactly as the plan lists it (docs/reshard.md): every
+// rank sends and receives the planned element ranges (one message per peer),
+// cut from its whole weights or its shards, into its generation copy or its
+// generation shards; the bytes the communicator counted must equal the
+// plan's. Also the whole copies a sharded actor builds for a moment.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <functional>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+namespace {
+
+/// One reshard's planned transfers as this rank takes part in them: the
+/// pieces it sends (cut by `piece`, as bfloat16 on a bf16 wire) and
+/// receives, exchanged with every peer at once. `recvs` holds, per source,
+/// the received numbers (widened to float32) in the order of `in[source]`.
+struct PieceExchange {
+  std::map<int, std::vector<const WeightTransfer *>> in;
+  std::vector<std::pair<int, at::Tensor>> recvs;
+  int64_t plannedIn = 0, measured = 0;
+  double ms = 0;
+};
+
+
+PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf16Wire,
+                             int64_t wireBytes,
+                             const std::function<at::Tensor(const WeightTransfer *)> &piece,
+                             const std::function<int(int)> &peerOf = nullptr) {
+  PieceExchange x;
+  std::map<int, std::vector<const WeightTransfer *>> out;
+  if (rs.transfers())
+    for (const WeightTransfer *t : *rs.transfers()) {
+      if (t->src() == me)
+        out[t->dst()].push_back(t);
+      if (t->dst() == me) {
+        x.in[t->src()].push_back(t);
+        x.plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
+      }
+    }
+  std::vector<std::pair<int, at::Tensor>> sends;
+  for (auto &[peer, ts] : out) {
+    std::vector<at::Tensor> parts;
+    for (const WeightTransfer *t : ts)
+      parts.push_back(piece(t).reshape({-1}));
+    at::Tensor buf = at::cat(parts);
+    sends.push_back({peerOf ? peerOf(peer) : peer,
+                     (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
+  }
+  for (auto &[peer, ts] : x.in) {
+    int64_t n = 0;
+    for (const WeightTransfer *t : ts)
+      n += (t->row1() - t->row0()) * (t->col1() - t->col0());
+    x.recvs.push_back(
+        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
+  }
+  const uint64_t before = c.bytesReceived();
+  auto t0 = Clock::now();
+  if (peerOf) {
+    // The plan's rank indices are not the communicator's: exchange under
+    // the communicator's, keep the plan's for the caller.
+    std::vector<std::pair<int, at::Tensor>> recvs;
+    for (auto &[peer, buf] : x.recvs)
+      recvs.push_back({peerOf(peer), buf});
+    c.exchange(sends, recvs);
+  } else {
+    c.exchange(sends, x.recvs);
+  }
+  x.ms = msSince(t0);
+  x.measured = (int64_t)(c.bytesReceived() - before);
+  for (auto &[peer, buf] : x.recvs)
+    buf = buf.to(at::kFloat);
+  return x;
+}
+
+} // namespace
+
+/// Executes a planned weight reshard: this rank sends and receives exactly
+/// the element ranges the plan lists (one message per peer, all posted at
+/// once). With whole weights it checks every received range bit for bit
+/// against its own copy; out of training shards it assembles its generation
+/// copy (or, lean, its generation shard: runReshardLean). Either way the
+/// bytes the communicator counted must equal the plan's.
+void Worker::runReshard(int s) {
+  using at::indexing::Slice;
+  const Step &st = step(s);
+  const Reshard &rs = *p_.reshards()->Get(st.reshard());
+  const Role &ro = role(rs.role());
+  const std::string what = str(ro.name(), "?") + " " + str(rs.from_phase()) + " -> " +
+                           str(rs.to_phase());
+  auto rit = roles_.find(rs.role());
+  if (rit == roles_.end() || (!rit->second.model && !rit->second.lean))
+    throw RunError("reshard of " + what + ": this rank holds no model of the role");
+  RoleRt &rr = rit->second;
+  if (rr.apart)
+    return runReshardAcross(s, rs, rr, what);
+  if (rr.lean && o_.reshard != "naive")
+    return runReshardLean(s, rs, rr, what);
+  if (rr.lean)
+    allocateWholeCopy(rr); // the naive baseline gathers into a whole copy
+  Communicator &c = *rr.comm;
+  const int me = rr.pos;
+  auto named = rr.model->namedParameters();
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (named.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, the model has " + std::to_string(named.size()));
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs.params()->Get(k);
+    const at::Tensor &t = named[k].second;
+    if (named[k].first != str(wp->name()) || t.size(0) != wp->rows() ||
+        t.size(1) != wp->cols())
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) + " [" +
+                     std::to_string(wp->rows()) + ", " + std::to_string(wp->cols()) +
+                     "] does not match the model's " + named[k].first + " [" +
+                     std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + "]");
+    if ((int64_t)t.element_size() != rs.bytes_per_element())
+      throw RunError("reshard of " + what + ": the plan counts " +
+                     std::to_string(rs.bytes_per_element()) +
+                     " bytes per element, the model's weights have " +
+                     std::to_string(t.element_size()));
+  }
+  at::NoGradGuard ng;
+  if (rr.sharded()) {
+    // Training on TP or FSDP shards: this rank's boxes go into its
+    // generation copy first (they are what the plan says it holds and
+    // sends); the boxes it receives complete the copy.
+    auto shards = rr.lm->namedWeights();
+    auto boxes = rr.lm->namedBoxes();
+    if (shards.size() != named.size())
+      throw RunError("reshard of " + what + ": the training shards do not list every parameter");
+    for (size_t k = 0; k < named.size(); ++k) {
+      const models::Box &b = boxes[k].second;
+      if (b.empty())
+        continue;
+      named[k].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
+          .copy_(shards[k].second.detach().view({b.rows(), b.cols()}));
+    }
+  }
+  auto piece = [&](const WeightTransfer *t) {
+    return named[t->param()].second.detach().index(
+        {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
+  };
+  if (o_.reshard == "naive" && rr.sharded()) {
+    // DeepSpeed-Chat's way out of sharded training: all-gather every
+    // shard, so every rank holds the whole model.
+    Communicator &g = rr.lm->group(); // where the whole weights are gathered
+    const uint64_t before = g.bytesReceived();
+    auto t0 = Clock::now();
+    refreshGenerationCopies();
+    const double ms = msSince(t0);
+    reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
+    dropWholeCopies();
+    return;
+  }
+  if (o_.reshard == "naive") {
+    // DeepSpeed-Chat's way, the baseline: every rank gathers the whole
+    // model (each contributes an equal slice of the flat weights), then
+    // keeps what it needs.
+    std::vector<at::Tensor> flatParts;
+    for (auto &[name, t] : named)
+      flatParts.push_back(t.detach().reshape({-1}));
+    at::Tensor flat = at::cat(flatParts);
+    const int64_t M = flat.numel(), n = c.size(), chunk = (M + n - 1) / n;
+    at::Tensor padded = at::zeros({chunk * n}, flat.options());
+    padded.narrow(0, 0, M).copy_(flat);
+    const uint64_t before = c.bytesReceived();
+    auto t0 = Clock::now();
+    at::Tensor all = c.allGatherFlat(padded.narrow(0, me * chunk, chunk).contiguous());
+    const double ms = msSince(t0);
+    const int64_t measured = (int64_t)(c.bytesReceived() - before);
+    if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
+      throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
+                     "this rank's");
+    if (rr.gen)
+      rr.gen->loadFrom(*rr.model);
+    reportReshard(s, rs, c, what, measured, ms, true);
+    return;
+  }
+  // transfer_dtype: bf16: the pieces travel as bfloat16 (rounded to
+  // nearest even) and are widened on arrival; the plan counts wire bytes.
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  auto rounded = [&](const at::Tensor &t) {
+    return bf16Wire ? t.to(at::kBFloat16).to(at::kFloat) : t;
+  };
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, piece);
+  const int64_t measured = x.measured, plannedIn = x.plannedIn;
+  const double ms = x.ms;
+  auto &in = x.in;
+  auto ranks = ints(ro.ranks());
+  for (auto &[peer, buf] : x.recvs) {
+    int64_t off = 0;
+    for (const WeightTransfer *t : in[peer]) {
+      at::Tensor want = piece(t);
+      at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
+      off += want.numel();
+      if (rr.sharded()) {
+        named[t->param()].second.detach().index_put_(
+            {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())}, got);
+        continue;
+      }
+      if (!at::equal(got, rounded(want)))
+        throw RunError("reshard of " + what + ": rows " + std::to_string(t->row0()) + "-" +
+                       std::to_string(t->row1() - 1) + ", cols " +
+                       std::to_string(t->col0()) + "-" + std::to_string(t->col1() - 1) +
+                       " of " + named[t->param()].first + " from rank " +
+                       std::to_string(ranks[peer]) +
+                       " differ from the weights they should be");
+    }
+  }
+  if (measured != plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
+                   " bytes, the plan says " + std::to_string(plannedIn));
+  if (bf16Wire && rr.sharded() && !rr.gen)
+    // The generation copy: what the rank held itself is rounded like what
+    // it received (the training shards stay exact float32).
+    for (auto &[name, w] : named)
+      w.detach().copy_(rounded(w.detach()));
+  if (rr.gen) {
+    // Generation on TP shards: the boxes of this rank's generation slot
+    // are in place (held or received); they become its TPLlama shards
+    // (rounded to bfloat16 with a bf16 wire, like what travelled).
+    // The ranks hosting the same TP index of different replicas must hold
+    // identical shards.
+    rr.gen->loadFrom(*rr.model);
+    if (bf16Wire)
+      for (auto &[name, w] : rr.gen->namedWeights())
+        w.detach().copy_(rounded(w.detach()));
+    checkGenerationShards(rs, rr, what);
+  } else if (rr.sharded()) {
+    // Every rank assembled its generation copy from different pieces: the
+    // copies must be identical.
+    double sum = 0;
+    for (auto &[name, w] : named)
+      sum += w.detach().to(at::kDouble).sum().item<double>();
+    at::Tensor mine = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+    at::Tensor all = c.allGatherFlat(mine);
+    for (int64_t i = 0; i < all.size(0); ++i)
+      if (all[i][0].item<double>() != sum)
+        throw RunError("reshard of " + what + ": the weights assembled on rank " +
+                       std::to_string(ranks[i]) + " differ from this rank's");
+  }
+  reportReshard(s, rs, c, what, measured, ms, false);
+}
+
+/// Ranks hosting the same TP index of different generation replicas must
+/// hold identical generation shards (each assembled them from other pieces).
+void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what) {
+  double sum = 0;
+  for (auto &[name, w] : rr.gen->namedWeights())
+    sum += w.detach().to(at::kDouble).sum().item<double>();
+  const int t = role(rs.role()).generate()->tp();
+  const auto &slots = rows_->genSlots().at(rs.role());
+  const auto ranks = ints(rr.genOnly ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
+  at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
+                               at::TensorOptions().dtype(at::kDouble));
+  at::Tensor all = rr.comm->allGatherFlat(mine);
+  for (int64_t i = 0; i < all.size(0); ++i)
+    if (all[i][0].item<double>() == (double)(slots[rr.pos] % t) &&
+        all[i][1].item<double>() != sum)
+      throw RunError("reshard of " + what + ": the generation shard " +
+                     std::to_string(slots[rr.pos] % t) + " assembled on rank " +
+                     std::to_string(ranks[i]) + " differs from this rank's");
+}
+
+/// The planned reshard of a lean actor: straight from its training shards
+/// into its generation shards, no whole copy. Each sent piece is cut from
+/// the training shard that holds it; the generation shard is filled from
+/// the overlap of the two shards and the received pieces, which must cover
+/// it exactly (checked by counting).
+void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+  using at::indexing::Slice;
+  Communicator &c = *rr.comm;
+  const int me = rr.pos;
+  const auto shapes = models::llamaParameterShapes(rr.cfg);
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (shapes.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, the model has " + std::to_string(shapes.size()));
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs.params()->Get(k);
+    if (shapes[k].first != str(wp->name()) || shapes[k].second[0] != wp->rows() ||
+        shapes[k].second[1] != wp->cols())
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) +
+                     " does not match the model's " + shapes[k].first);
+  }
+  if (rs.bytes_per_element() != 4)
+    throw RunError("reshard of " + what + ": the plan counts " +
+                   std::to_string(rs.bytes_per_element()) +
+                   " bytes per element, the model's weights have 4");
+  at::NoGradGuard ng;
+  const auto train = rr.lm->namedWeights();
+  const auto trainBoxes = rr.lm->namedBoxes();
+  const auto gen = rr.gen->namedWeights();
+  const auto genBoxes = rr.gen->namedBoxes();
+  auto as2d = [](const at::Tensor &t, const models::Box &b) {
+    return t.detach().view({b.rows(), b.cols()});
+  };
+  auto inside = [](const WeightTransfer *t, const models::Box &b) {
+    return t->row0() >= b.r0 && t->row1() <= b.r1 && t->col0() >= b.c0 && t->col1() <= b.c1;
+  };
+  auto region = [](const at::Tensor &t2d, const models::Box &origin, int64_t r0, int64_t r1,
+                   int64_t c0, int64_t c1) {
+    return t2d.index({Slice(r0 - origin.r0, r1 - origin.r0), Slice(c0 - origin.c0, c1 - origin.c0)});
+  };
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  // What this rank already holds of its generation shard.
+  std::vector<int64_t> filled(nParams, 0);
+  for (size_t k = 0; k < nParams; ++k) {
+    const models::Box &tb = trainBoxes[k].second, &gb = genBoxes[k].second;
+    models::Box i{std::max(tb.r0, gb.r0), std::min(tb.r1, gb.r1), std::max(tb.c0, gb.c0),
+                  std::min(tb.c1, gb.c1)};
+    if (i.empty() || tb.empty())
+      continue;
+    region(as2d(gen[k].second, gb), gb, i.r0, i.r1, i.c0, i.c1)
+        .copy_(region(as2d(train[k].second, tb), tb, i.r0, i.r1, i.c0, i.c1));
+    filled[k] += i.numel();
+  }
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, [&](const WeightTransfer *t) {
+    const models::Box &tb = trainBoxes[t->param()].second;
+    if (!inside(t, tb))
+      throw RunError("reshard of " + what + ": the plan has this rank send a piece of " +
+                     shapes[t->param()].first + " its training shard does not hold");
+    return region(as2d(train[t->param()].second, tb), tb, t->row0(), t->row1(), t->col0(),
+                  t->col1());
+  });
+  const int64_t measured = x.measured, plannedIn = x.plannedIn;
+  const double ms = x.ms;
+  for (auto &[peer, buf] : x.recvs) {
+    int64_t off = 0;
+    for (const WeightTransfer *t : x.in[peer]) {
+      const models::Box &gb = genBoxes[t->param()].second;
+      if (!inside(t, gb))
+        throw RunError("reshard of " + what + ": the plan sends this rank a piece of " +
+                       shapes[t->param()].first + " outside its generation shard");
+      at::Tensor dst = region(as2d(gen[t->param()].second, gb), gb, t->row0(), t->row1(),
+                              t->col0(), t->col1());
+      dst.copy_(buf.narrow(0, off, dst.numel()).view(dst.sizes()));
+      off += dst.numel();
+      filled[t->param()] += dst.numel();
+    }
+  }
+  if (measured != plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
+                   " bytes, the plan says " + std::to_string(plannedIn));
+  for (size_t k = 0; k < nParams; ++k)
+    if (filled[k] != genBoxes[k].second.numel())
+      throw RunError("reshard of " + what + ": " + std::to_string(filled[k]) + " of the " +
+                     std::to_string(genBoxes[k].second.numel()) + " numbers of this rank's " +
+                     "generation shard of " + shapes[k].first +
+                     " arrived or were held (the plan must cover it exactly once)");
+  if (bf16Wire)
+    for (auto &[name, w] : gen)
+      w.detach().copy_(w.detach().to(at::kBFloat16).to(at::kFloat));
+  checkGenerationShards(rs, rr, what);
+  reportReshard(s, rs, c, what, measured, ms, false);
+}
+
+/// Sums a transition's bytes over the role's ranks; its first rank counts
+/// it, prints the one line per transition and, for planned transfers,
+/// checks the total against the plan.
+
+/// An actor generating on ranks of its own: its training ranks send every
+/// planned piece (cut from their whole weights or their shards) and its
+/// generation ranks, which hold nothing of their own, assemble their whole
+/// generation copy from the pieces; each element must arrive exactly once
+/// and the replicas must end up identical. The plan indexes training ranks,
+/// then generation ranks (Reshard.ranks); the exchange runs on their group.
+void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+  using at::indexing::Slice;
+  const auto idx = ints(rs.ranks());
+  const auto me = std::find(idx.begin(), idx.end(), j_.rank);
+  if (me == idx.end() || !rr.xcomm)
+    throw RunError("reshard of " + what + ": this rank is on neither side of the plan");
+  // The plan's index -> the position in the reshard group (ascending ranks).
+  std::vector<int> sorted = idx;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> peer(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i)
+    peer[i] = (int)(std::lower_bound(sorted.begin(), sorted.end(), idx[i]) - sorted.begin());
+  const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
+  const int64_t wireBytes =
+      rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
+  at::NoGradGuard ng;
+  // What this rank holds: a generation rank nothing; a training rank its
+  // whole weights, or each parameter's shard box.
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::vector<std::pair<std::string, models::Box>> boxes;
+  if (rr.sharded()) {
+    named = rr.lm->namedWeights();
+    boxes = rr.lm->namedBoxes();
+  } else if (rr.model) {
+    named = rr.model->namedParameters();
+  }
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  if (named.size() != nParams)
+    throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
+                   " parameters, this rank holds " + std::to_string(named.size()));
+  auto piece = [&](const WeightTransfer *t) -> at::Tensor {
+    const at::Tensor w = named[t->param()].second.detach();
+    if (boxes.empty())
+      return w.index({Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
+    const models::Box &b = boxes[t->param()].second;
+    if (t->row0() < b.r0 || t->row1() > b.r0 + b.rows() || t->col0() < b.c0 ||
+        t->col1() > b.c0 + b.cols())
+      throw RunError("reshard of " + what + ": the plan has this rank send rows " +
+                     std::to_string(t->row0()) + "-" + std::to_string(t->row1() - 1) +
+                     " of " + named[t->param()].first + ", which its shard does not hold");
+    return w.view({b.rows(), b.cols()})
+        .index({Slice(t->row0() - b.r0, t->row1() - b.r0),
+                Slice(t->col0() - b.c0, t->col1() - b.c0)});
+  };
+  PieceExchange x = exchangePieces(rs, *rr.xcomm, (int)(me - idx.begin()), bf16Wire,
+                                   wireBytes, piece, [&](int i) { return peer.at((size_t)i); });
+  if (rr.genOnly) {
+    auto dst = rr.model->namedParameters();
+    int64_t elems = 0, want = 0;
+    if (rr.gen) // only this rank's generation shards arrive
+      for (auto &[name, w] : rr.gen->namedWeights())
+        want += w.numel();
+    else
+      for (auto &[name, w] : dst)
+        want += w.numel();
+    for (auto &[from, buf] : x.recvs) {
+      int64_t off = 0;
+      for (const WeightTransfer *t : x.in[from]) {
+        const int64_t n = (t->row1() - t->row0()) * (t->col1() - t->col0());
+        dst[t->param()].second.detach().index_put_(
+            {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())},
+            buf.narrow(0, off, n).view({t->row1() - t->row0(), t->col1() - t->col0()}));
+        off += n;
+        elems += n;
+      }
+    }
+    if (elems != want)
+      throw RunError("reshard of " + what + ": this generation rank received " +
+                     std::to_string(elems) + " weights of its " + std::to_string(want));
+    if (rr.gen) {
+      // The received boxes are this rank's TP shards; ranks of the same TP
+      // index in other replicas must hold identical ones.
+      rr.gen->loadFrom(*rr.model);
+      checkGenerationShards(rs, rr, what);
+    } else {
+      // Every replica assembled its copy from other pieces: they must agree.
+      double sum = 0;
+      for (auto &[name, w] : dst)
+        sum += w.detach().to(at::kDouble).sum().item<double>();
+      at::Tensor all = rr.comm->allGatherFlat(
+          at::full({1}, sum, at::TensorOptions().dtype(at::kDouble)));
+      for (int64_t i = 0; i < all.size(0); ++i)
+        if (all[i][0].item<double>() != sum)
+          throw RunError("reshard of " + what + ": the weights assembled on generation rank " +
+                         std::to_string(ints(role(rr.index).generate_ranks())[(size_t)i]) +
+                         " differ from this rank's");
+    }
+  }
+  if (x.measured != x.plannedIn)
+    throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
+                   " bytes, the plan says " + std::to_string(x.plannedIn));
+  reportReshard(s, rs, *rr.xcomm, what, x.measured, x.ms, false);
+}
+
+/// Sums a transition's bytes over the role's ranks; its first rank counts
+/// it, prints the one line per transition and, for planned transfers,
+/// checks the total against the plan.
+void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
+                           int64_t measured, double ms, bool naive) {
+  digests_[s] = (double)measured;
+  at::Tensor t = at::full({1}, measured, at::TensorOptions().dtype(at::kLong));
+  c.allReduceSum(t);
+  if (c.rank() != 0)
+    return;
+  const int64_t total = t.item<int64_t>();
+  reshardBytes_ += (double)total;
+  reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
+  ++reshardCount_;
+  if (!o_.quiet) {
+    if (naive)
+      std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "
+                  "planned %s)\n",
+                  what.c_str(), fmtBytes((double)total).c_str(), ms,
+                  fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
+    else
+      std::printf("[reshard] %s %s in %.1f ms (planned %s)%s\n", what.c_str(),
+                  fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str(),
+                  rs.wire_dtype() && str(rs.wire_dtype()) == "bf16" ? " as bf16" : "");
+  }
+  if (!naive && total != rs.bytes())
+    throw RunError("reshard of " + what + ": the role's ranks received " +
+                   std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
+}
+
+/// Sharded actors' whole copies from their current shards (an all-gather
+/// on the role's ranks; every one of them calls this), and the generation
+/// shards from those.
+void Worker::refreshGenerationCopies() {
+  for (auto &[r, rr] : roles_) {
+    allocateWholeCopy(rr); // a lean actor's, gathered below
+    if (rr.sharded())
+      rr.lm->gatherInto(*rr.model);
+    if (rr.gen)
+      rr.gen->loadFrom(*rr.model);
+  }
+}
+
+/// A lean actor's whole copy, allocated (its values are gathered by the
+/// caller); nothing for any other role.
+void Worker::allocateWholeCopy(RoleRt &rr) {
+  if (rr.lean && !rr.model)
+    rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
+}
+
+/// Frees the whole copies lean actors built for a moment.
+void Worker::dropWholeCopies() {
+  for (auto &[r, rr] : roles_)
+    if (rr.lean)
+      rr.model.reset();
+}
+
+} // namespace hflow::exec

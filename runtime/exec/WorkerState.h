@@ -1,0 +1,276 @@
+//===- WorkerState.h - one rank's state, shared by the engine's files ------===//
+//
+// Private to runtime/exec. The Worker is one rank of a job; its member
+// functions live in the file of their concern:
+//
+//   Worker.cpp          setup before the rendezvous, connect, the phase loop
+//   RoleSetup.cpp       each role's model forms, heads and optimizer
+//   Methods.cpp         the role methods (generate, logprob, values, score,
+//                       update, sft), one function each, from a table
+//   ControllerSteps.cpp builtins on the controller, checks between replicas
+//   WeightReshard.cpp   the planned weight reshard and generation copies
+//   TrainingState.cpp   checkpoint save and resume
+//   Evaluation.cpp      held-out evaluation, the reference's start
+//   Metrics.cpp         per-iteration metrics and the run summary
+// and the parts with no rank state are components of their own: the row
+// schedule (RowSchedule.h), batch values (BatchValues.h), the trace
+// (Trace.h), the helpers (EngineSupport.h).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_WORKERSTATE_H
+#define HFLOW_RUNTIME_EXEC_WORKERSTATE_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/Rendezvous.h"
+#include "runtime/data/Dataset.h"
+#include "runtime/data/Rewards.h"
+#include "runtime/data/Tokenizer.h"
+#include "runtime/exec/BatchValues.h"
+#include "runtime/exec/EngineSupport.h"
+#include "runtime/exec/RowSchedule.h"
+#include "runtime/exec/RunOptions.h"
+#include "runtime/exec/Trace.h"
+#include "runtime/models/CausalLM.h"
+#include "runtime/models/Optim.h"
+#include "runtime/plan/PlanLoader.h"
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hflow::exec {
+
+using comm::Communicator;
+
+/// What every rank contributes to an iteration's metrics: sums and counts,
+/// added over ranks by rank 0.
+enum Metric : int {
+  MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
+  MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
+  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank, MNumMetrics
+};
+
+/// What a phase (a train block) needs at run time.
+struct PhaseRt : PhaseShape {
+  const plan::Phase *ph = nullptr; // null: a plan without a train block
+  std::string name;
+  int64_t P = 1, R = 1, iterations = 1; // prompt and response widths
+  uint64_t seed = 0;
+  std::optional<data::Dataset> dataset;
+  std::unique_ptr<data::Sampler> sampler;
+  std::vector<Xfer> xfers;
+  double rolloutTemp = 1.0;
+  // off_policy: 1 (one-step off-policy pipelining): the generate step, the
+  // reshard before it and its check run one iteration ahead; `carry` is
+  // the rollout they made for the next iteration (on the generation ranks).
+  int offPolicy = 0;
+  int genStep = -1, genCheckStep = -1, reshardStep = -1;
+  std::optional<Val> carry;
+};
+
+/// Per role on this rank: its model forms, head and optimizer.
+struct RoleRt {
+  int index = -1;
+  /// Whole weights: a replicated role's model (`lm` computes with it), or a
+  /// sharded actor's generation copy, which the planned reshard fills. Null
+  /// on a lean actor except while something needs the weights whole.
+  std::unique_ptr<models::Llama> model;
+  at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
+  std::unique_ptr<models::AdamW> optim;
+  Communicator *comm = nullptr; // the role's group
+  int pos = -1;                 // this rank's index in the role
+  // The training layout's shards buildRoles chose (1, 1: whole weights):
+  // tp(k) or tp(k) * dp(d) (TP group = a replica), or fsdp(k).
+  int tpSize = 1, fsdpSize = 1;
+  std::unique_ptr<Communicator> tpComm, dpComm; // tp x dp: replica, same shard
+  /// What the role computes and trains with: whole weights over its group,
+  /// TP or FSDP shards. Null on a generation-only rank.
+  std::unique_ptr<models::CausalLM> lm;
+  bool sharded() const { return lm && lm->sharded(); }
+  // An actor generating tensor parallel (generate: tp(t) or tp(t) * dp(d),
+  // with a planned train -> generate reshard): its generation shards over
+  // the ranks hosting the same generation replica, filled by every reshard;
+  // `model` is then the staging copy the planned boxes land in.
+  std::unique_ptr<Communicator> genComm;
+  std::unique_ptr<models::CausalLM> gen;
+  // Sharded training and sharded generation: the rank keeps its training
+  // shards and its generation shards only (`model` built on demand from
+  // cfg and seed).
+  bool lean = false;
+  models::LlamaConfig cfg;
+  uint64_t seed = 0;
+  // An actor generating on ranks of its own (`place actor.generate on
+  // ...`). On its generation ranks the rank only generates (`genOnly`:
+  // `model` is its generation copy, `pos` its index among the generation
+  // ranks, `comm` their group); on its training ranks it only trains.
+  // `xcomm`: training and generation ranks, for the reshard between them.
+  bool apart = false, genOnly = false;
+  Communicator *xcomm = nullptr;
+
+  /// The head's parameters, trained with the model (none for an actor).
+  std::vector<at::Tensor> extra() const {
+    return head.defined() ? std::vector<at::Tensor>{head} : std::vector<at::Tensor>{};
+  }
+};
+
+/// One call of a role method: the step, its role and its inputs.
+struct MethodCall {
+  PhaseRt &ph;
+  int s;          // the step
+  int64_t it;     // the iteration whose sampling seed it uses
+  RoleRt &rr;
+  const plan::Role &ro;
+  Attrs a;        // the call's keyword arguments
+  Attrs opts;     // the role's options
+  std::vector<int> in, out;
+  bool leader;    // this rank reports its replica's metrics
+};
+
+class Worker {
+public:
+  Worker(const plan::LoadedPlan &lp, const JoinOptions &j, const RunOptions &o)
+      : lp_(lp), p_(*lp.plan()), j_(j), o_(o), trace_(o.traceFile) {}
+
+  int run();
+
+  /// A role method's executor; null when the runtime has none.
+  using MethodFn = void (Worker::*)(MethodCall &);
+  static MethodFn findMethod(std::string_view name);
+
+private:
+  //===-- setup (Worker.cpp, RoleSetup.cpp) ---------------------------------===//
+  void prepare();
+  void preparePhases();
+  void connect();
+  void buildRoles();
+  void connectRoles();
+  models::LlamaConfig modelConfig(int m) const;
+  std::string resolveData(const std::string &path) const;
+
+  //===-- plan queries --------------------------------------------------------===//
+  const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
+  const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
+  /// RowSchedule::describe with the phase and iteration in front.
+  std::string describe(int s) const;
+  bool inMySchedule(int s) const { return mySteps_.count(s) > 0; }
+  Attrs roleOptions(int r) const { return attrsOf(role(r).options()); }
+
+  //===-- the phase loop (Worker.cpp) -----------------------------------------===//
+  void runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter);
+  void runIteration(PhaseRt &ph, int64_t it);
+  void runRolloutAhead(PhaseRt &ph);
+  void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);
+  std::vector<int64_t> nextPrompts(PhaseRt &ph);
+  void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
+  void moveRows(PhaseRt &ph, int s);
+  void finish();
+
+  //===-- role methods (Methods.cpp) ------------------------------------------===//
+  void runCompute(PhaseRt &ph, int s, int64_t it);
+  void runGenerate(MethodCall &c);
+  void runSft(MethodCall &c);
+  void runLogprob(MethodCall &c);
+  void runValues(MethodCall &c);
+  void runScore(MethodCall &c);
+  void runUpdate(MethodCall &c);
+  Val &input(MethodCall &c, int k);
+  Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
+  Val &rolloutOf(MethodCall &c, Span &rows);
+  void store(MethodCall &c, Span rows, const at::Tensor &x);
+  at::Tensor forwardResponses(
+      MethodCall &c, Val &rollout, Span rows,
+      const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head);
+  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim = false);
+  std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
+                                                      int64_t micro, int64_t budget,
+                                                      const std::string &where,
+                                                      Communicator *equalize);
+  void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
+  void applyGradients(RoleRt &rr, double lrOverride);
+  void clipAndStep(RoleRt &rr, double norm, double lrOverride);
+
+  //===-- builtins and checks (ControllerSteps.cpp) ---------------------------===//
+  void runBuiltin(PhaseRt &ph, int s);
+  void runCheck(int s);
+
+  //===-- weight reshard and generation copies (WeightReshard.cpp) -------------===//
+  void runReshard(int s);
+  void runReshardLean(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  void runReshardAcross(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  void checkGenerationShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  void reportReshard(int s, const plan::Reshard &rs, Communicator &c, const std::string &what,
+                     int64_t measured, double ms, bool naive);
+  void refreshGenerationCopies();
+  void allocateWholeCopy(RoleRt &rr);
+  void dropWholeCopies();
+
+  //===-- training state (TrainingState.cpp) ----------------------------------===//
+  std::string rankDir() const { return ckDir_ + "/rank-" + std::to_string(j_.rank); }
+  void saveState();
+  void loadState();
+
+  //===-- evaluation (Evaluation.cpp) -----------------------------------------===//
+  void evaluate(const std::string &when, int64_t it);
+  void syncReference(int phaseIndex);
+
+  //===-- metrics (Metrics.cpp) -----------------------------------------------===//
+  void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
+  void printSummary(const at::Tensor &perRank);
+
+  const plan::LoadedPlan &lp_;
+  const plan::Plan &p_;
+  JoinOptions j_;
+  RunOptions o_;
+  std::optional<RowSchedule> rows_; // from the plan, in prepare()
+  std::unique_ptr<comm::Rendezvous> rv_;
+  std::unique_ptr<Communicator> world_;
+  std::map<int, std::unique_ptr<Communicator>> groups_; // plan group -> comm
+  std::map<int, Communicator *> groupComm_;
+  std::set<int> mySteps_;
+  std::vector<PhaseRt> phases_;
+  std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
+  std::unique_ptr<data::Tokenizer> tok_;
+  data::RewardRule rule_;
+  std::string ruleName_;
+  std::optional<data::Dataset> evalSet_;
+  int64_t evalR_ = 16;
+  bool hasData_ = false;                   // some phase reads a data set
+  std::map<int, std::string> loadedFrom_;  // model index -> HF directory
+  int64_t synthVocab_ = 256; // token ids of synthetic prompts are below this
+  std::map<int, Val> vals_;
+  std::vector<double> metrics_;
+  std::vector<double> stepMs_;
+  std::map<int, double> digests_;
+  std::FILE *metricsOut_ = nullptr;
+  int currentStep_ = -1;
+  std::string currentPhase_;
+  int64_t currentIter_ = -1;
+  int corruptRank_ = -1;
+  int64_t stepsRun_ = 0;
+  int64_t plannedSteps_ = 0; // what every rank's schedule adds up to so far
+  double reshardBytes_ = 0, reshardPlanned_ = 0;
+  int reshardCount_ = 0;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point phaseStart_ = Clock::now();
+  int64_t phaseFirstIt_ = 0;
+  std::vector<std::pair<std::string, double>> evalCurve_;
+  TraceRecorder trace_;
+  // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
+  // (written by rank 0 once every rank saved step N) names the last
+  // complete one. Steps count iterations over all phases.
+  std::string ckDir_;
+  int64_t ckEvery_ = 0;
+  int64_t globalIter_ = 0; // iterations completed, all phases
+  size_t resumePhase_ = 0;
+  int64_t resumeIter_ = 0;
+};
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_WORKERSTATE_H

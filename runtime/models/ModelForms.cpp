@@ -1,0 +1,232 @@
+//===- ModelForms.cpp - the model forms behind CausalLM --------------------===//
+#include "runtime/models/ModelForms.h"
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/models/Safetensors.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace hflow::models {
+
+namespace {
+/// A head's parameters are the engine's, not a form's: only the replicated
+/// form trains one so far.
+void noHead(const std::vector<at::Tensor> &extra, const char *form) {
+  if (!extra.empty())
+    throw std::logic_error(std::string(form) + " shards cannot train a head yet");
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// WholeModel
+//===----------------------------------------------------------------------===//
+
+WholeModel::WholeModel(Llama &model, comm::Communicator &dp) : m_(model), dp_(dp) {}
+
+at::Tensor WholeModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                              const at::Tensor &keyMask) const {
+  return m_.hidden(tokens, positions, keyMask);
+}
+
+at::Tensor WholeModel::localLogits(const at::Tensor &hidden) const { return m_.logits(hidden); }
+
+at::Tensor WholeModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                     double temperature) const {
+  return models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor WholeModel::tokenEntropy(const at::Tensor &logits, double temperature) const {
+  return models::tokenEntropy(logits, temperature);
+}
+
+Generation WholeModel::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                                const SamplingOptions &opts, at::Generator &gen) const {
+  return m_.generate(prompts, promptMask, opts, gen);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> WholeModel::namedWeights() const {
+  return m_.namedParameters();
+}
+
+std::vector<std::pair<std::string, Box>> WholeModel::namedBoxes() const {
+  std::vector<std::pair<std::string, Box>> out;
+  for (auto &[name, t] : m_.namedParameters())
+    out.push_back({name, Box{0, t.size(0), 0, t.size(1)}});
+  return out;
+}
+
+void WholeModel::loadFrom(const Llama &whole) {
+  if (&whole != &m_)
+    m_.copyFrom(whole);
+}
+
+void WholeModel::gatherInto(Llama &dst) const {
+  if (&dst != &m_)
+    dst.copyFrom(m_);
+}
+
+uint64_t WholeModel::loadHf(const std::string &dir) {
+  loadHfIntoLlama(dir, m_);
+  return 4 * (uint64_t)m_.numParameters();
+}
+
+void WholeModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  std::vector<at::Tensor> params = m_.parameters();
+  params.insert(params.end(), extra.begin(), extra.end());
+  std::vector<at::Tensor> grads;
+  for (auto &p : params)
+    grads.push_back(p.grad().defined() ? p.grad().reshape({-1})
+                                       : at::zeros({p.numel()}, p.options()));
+  at::Tensor flat = at::cat(grads).contiguous();
+  if (dp_.size() > 1) {
+    dp_.allReduceSum(flat);
+    flat.div_(dp_.size());
+  }
+  int64_t off = 0;
+  at::NoGradGuard ng;
+  for (auto &p : params) {
+    at::Tensor g = flat.narrow(0, off, p.numel()).view(p.sizes());
+    if (p.grad().defined())
+      p.mutable_grad().copy_(g);
+    else
+      p.mutable_grad() = g.clone();
+    off += p.numel();
+  }
+}
+
+double WholeModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  // Every rank holds the same averaged gradients: the local sum is global.
+  double s = 0;
+  auto add = [&](const at::Tensor &p) {
+    if (p.grad().defined())
+      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  };
+  for (const at::Tensor &p : m_.parameters())
+    add(p);
+  for (const at::Tensor &p : extra)
+    add(p);
+  return s;
+}
+
+//===----------------------------------------------------------------------===//
+// TensorParallelModel
+//===----------------------------------------------------------------------===//
+
+TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator &tp,
+                                         comm::Communicator *dp)
+    : m_(whole, tp), dp_(dp) {}
+
+std::string TensorParallelModel::form() const {
+  return "tp" + std::to_string(m_.comm().size()); // the shards; dp only replicates them
+}
+
+at::Tensor TensorParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                                       const at::Tensor &keyMask) const {
+  return m_.hidden(tokens, positions, keyMask);
+}
+
+at::Tensor TensorParallelModel::localLogits(const at::Tensor &hidden) const {
+  return m_.logitsShard(hidden);
+}
+
+at::Tensor TensorParallelModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                              double temperature) const {
+  return m_.tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor TensorParallelModel::tokenEntropy(const at::Tensor &logits,
+                                             double temperature) const {
+  return m_.tokenEntropy(logits, temperature);
+}
+
+Generation TensorParallelModel::generate(const at::Tensor &prompts,
+                                         const at::Tensor &promptMask,
+                                         const SamplingOptions &opts,
+                                         at::Generator &gen) const {
+  return m_.generate(prompts, promptMask, opts, gen);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TensorParallelModel::namedWeights() const {
+  return m_.namedShards();
+}
+
+std::vector<std::pair<std::string, Box>> TensorParallelModel::namedBoxes() const {
+  return m_.namedBoxes();
+}
+
+uint64_t TensorParallelModel::loadHf(const std::string &dir) {
+  return loadHfShards(dir, m_.config(), m_.namedShards(), m_.namedBoxes());
+}
+
+void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  noHead(extra, "tensor-parallel");
+  // The shards' gradients, averaged over the replicas (tp x dp).
+  if (dp_)
+    allReduceGradients(m_.parameters(), *dp_);
+}
+
+double TensorParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  noHead(extra, "tensor-parallel");
+  return m_.gradNormSquared(); // replicated weights counted once
+}
+
+//===----------------------------------------------------------------------===//
+// FullyShardedModel
+//===----------------------------------------------------------------------===//
+
+FullyShardedModel::FullyShardedModel(const Llama &whole, comm::Communicator &group)
+    : m_(whole, group) {}
+
+std::string FullyShardedModel::form() const {
+  return "fsdp" + std::to_string(m_.comm().size());
+}
+
+at::Tensor FullyShardedModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                                     const at::Tensor &keyMask) const {
+  return m_.hidden(tokens, positions, keyMask);
+}
+
+at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {
+  return m_.logits(hidden);
+}
+
+at::Tensor FullyShardedModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                            double temperature) const {
+  return models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor FullyShardedModel::tokenEntropy(const at::Tensor &logits, double temperature) const {
+  return models::tokenEntropy(logits, temperature);
+}
+
+Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,
+                                       const SamplingOptions &, at::Generator &) const {
+  throw std::logic_error("FSDP shards do not generate: generation runs on a whole or "
+                         "tensor-parallel copy the planned reshard fills");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedModel::namedWeights() const {
+  return m_.namedShards();
+}
+
+std::vector<std::pair<std::string, Box>> FullyShardedModel::namedBoxes() const {
+  return m_.namedBoxes();
+}
+
+uint64_t FullyShardedModel::loadHf(const std::string &dir) {
+  return loadHfShards(dir, m_.config(), m_.namedShards(), m_.namedBoxes());
+}
+
+void FullyShardedModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  noHead(extra, "FSDP");
+  // Backward reduce-scattered the mean gradient into each rank's shards.
+}
+
+double FullyShardedModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  noHead(extra, "FSDP");
+  return m_.gradNormSquared();
+}
+
+} // namespace hflow::models

@@ -1,0 +1,128 @@
+//===- ModelForms.h - the model forms behind CausalLM ----------------------===//
+//
+// Each form adapts one of the runtime's models (Llama.h, Parallel.h) to the
+// CausalLM interface, with the data-parallel group its gradients are
+// averaged over. See docs/parallel.md for the layouts and their maths.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_MODELFORMS_H
+#define HFLOW_RUNTIME_MODELS_MODELFORMS_H
+
+#include "runtime/models/CausalLM.h"
+#include "runtime/models/Parallel.h"
+
+#include <memory>
+
+namespace hflow::models {
+
+/// Whole weights on every rank of a data-parallel group (`dp`, size 1 for a
+/// single replica). Does not own the Llama: the role keeps it, and it is
+/// also the role's generation copy.
+class WholeModel final : public CausalLM {
+public:
+  WholeModel(Llama &model, comm::Communicator &dp);
+
+  const LlamaConfig &config() const override { return m_.config(); }
+  std::string form() const override { return "whole"; }
+  bool sharded() const override { return false; }
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override;
+  comm::Communicator *lockstepGroup() const override { return nullptr; }
+  comm::Communicator &group() const override { return dp_; }
+  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override;
+  void gatherInto(Llama &dst) const override;
+  uint64_t loadHf(const std::string &dir) override;
+  /// The gradients of parameters() and `extra`, flattened into one buffer,
+  /// all-reduced (mean) over the group and written back; a tensor without a
+  /// gradient gets the mean (zeros on a single replica).
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+private:
+  Llama &m_;
+  comm::Communicator &dp_;
+};
+
+/// Megatron tensor-parallel shards (TPLlama) over `tp`; with `dp` (tp x dp)
+/// the replicas' gradients are averaged over it. No head yet.
+class TensorParallelModel final : public CausalLM {
+public:
+  /// Takes this member's shards of `whole` (copied).
+  TensorParallelModel(const Llama &whole, comm::Communicator &tp,
+                      comm::Communicator *dp = nullptr);
+
+  const LlamaConfig &config() const override { return m_.config(); }
+  std::string form() const override;
+  bool sharded() const override { return true; }
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override;
+  comm::Communicator *lockstepGroup() const override { return nullptr; }
+  comm::Communicator &group() const override { return m_.comm(); }
+  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
+  void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
+  uint64_t loadHf(const std::string &dir) override;
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+private:
+  TPLlama m_;
+  comm::Communicator *dp_;
+};
+
+/// ZeRO-3 shards (FSDPLlama) over `group`: backward reduce-scatters the
+/// gradients, so reduceGradients has nothing left to do. Does not generate.
+class FullyShardedModel final : public CausalLM {
+public:
+  /// Takes this member's boxes of `whole` (copied).
+  FullyShardedModel(const Llama &whole, comm::Communicator &group);
+
+  const LlamaConfig &config() const override { return m_.config(); }
+  std::string form() const override;
+  bool sharded() const override { return true; }
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override;
+  comm::Communicator *lockstepGroup() const override { return &m_.comm(); }
+  comm::Communicator &group() const override { return m_.comm(); }
+  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
+  void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
+  uint64_t loadHf(const std::string &dir) override;
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+private:
+  FSDPLlama m_;
+};
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_MODELFORMS_H
