@@ -1,4 +1,4 @@
-//===- Safetensors.cpp - safetensors files and Hugging Face model dirs -----===//
+//===- Safetensors.cpp - the safetensors file format: read and write ------===//
 #include "runtime/models/Safetensors.h"
 #include "runtime/models/Checkpoint.h"
 
@@ -45,13 +45,6 @@ const DtypeEntry kDtypes[] = {
     {"BOOL", at::kBool},
 };
 
-std::string shapeStr(at::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
@@ -64,6 +57,13 @@ std::string errnoStr() { return std::strerror(errno); }
 uint64_t elemSize(at::ScalarType t) { return c10::elementSize(t); }
 
 } // namespace
+
+std::string shapeString(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 std::string safetensorsDtypeName(at::ScalarType t) {
   for (const auto &d : kDtypes)
@@ -191,7 +191,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
         bad(offs + " run past the end of the data buffer (" +
             std::to_string(dataLen_) + " bytes); is the file truncated?");
       if (need != (unsigned __int128)(info.end - info.begin))
-        bad("shape " + shapeStr(info.shape) + " of " + info.dtype + " needs " +
+        bad("shape " + shapeString(info.shape) + " of " + info.dtype + " needs " +
             (need > fileSize_ ? std::string("more bytes than the file has")
                               : std::to_string((uint64_t)need) + " bytes") +
             ", but " + offs + " hold " + std::to_string(info.end - info.begin));
@@ -278,7 +278,7 @@ at::Tensor SafetensorsFile::readRows(const std::string &name, int64_t r0,
     fail("tensor '" + name + "': a scalar has no rows to read");
   if (r0 < 0 || r1 < r0 || r1 > ti.shape[0])
     fail("tensor '" + name + "': rows [" + std::to_string(r0) + ", " +
-         std::to_string(r1) + ") are outside its shape " + shapeStr(ti.shape));
+         std::to_string(r1) + ") are outside its shape " + shapeString(ti.shape));
   std::vector<int64_t> shape = ti.shape;
   shape[0] = r1 - r0;
   uint64_t rowBytes = elemSize(ti.scalarType);
@@ -296,13 +296,13 @@ at::Tensor SafetensorsFile::readBox(const std::string &name, int64_t r0, int64_t
   const auto &ti = info(name);
   if (ti.shape.empty() || ti.shape.size() > 2)
     fail("tensor '" + name + "': a box needs a 1-D or 2-D tensor, it has shape " +
-         shapeStr(ti.shape));
+         shapeString(ti.shape));
   const int64_t rows = ti.shape.size() == 2 ? ti.shape[0] : 1;
   const int64_t cols = ti.shape.back();
   if (r0 < 0 || r1 < r0 || r1 > rows || c0 < 0 || c1 < c0 || c1 > cols)
     fail("tensor '" + name + "': box rows [" + std::to_string(r0) + ", " +
          std::to_string(r1) + ") x cols [" + std::to_string(c0) + ", " +
-         std::to_string(c1) + ") is outside its shape " + shapeStr(ti.shape));
+         std::to_string(c1) + ") is outside its shape " + shapeString(ti.shape));
   const uint64_t es = elemSize(ti.scalarType);
   at::Tensor t = at::empty({r1 - r0, c1 - c0}, at::TensorOptions().dtype(ti.scalarType));
   const std::string what = "tensor '" + name + "'";
@@ -458,466 +458,6 @@ uint64_t writeSafetensors(
       w.write(t.data_ptr(), t.numel() * t.element_size());
   w.commit();
   return w.bytesWritten();
-}
-
-//===----------------------------------------------------------------------===//
-// Hugging Face model directories
-//===----------------------------------------------------------------------===//
-
-namespace {
-
-constexpr const char *kSingleFile = "model.safetensors";
-constexpr const char *kIndexFile = "model.safetensors.index.json";
-
-/// Reads a whole (small) text file; throws naming it.
-std::string readSmallFile(const std::string &path, uint64_t maxBytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw std::runtime_error("cannot read " + path + ": no such file, or not readable");
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  if (in.bad())
-    throw std::runtime_error("cannot read " + path + ": I/O error");
-  if (text.size() > maxBytes)
-    throw std::runtime_error(path + " is larger than " + std::to_string(maxBytes) +
-                             " bytes");
-  return text;
-}
-
-json parseJsonFile(const std::string &path, uint64_t maxBytes) {
-  std::string text = readSmallFile(path, maxBytes);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error &e) {
-    throw std::runtime_error(path + ": not valid JSON (at byte " +
-                             std::to_string(e.byte) + ")");
-  }
-}
-
-bool isShardName(const std::string &name) {
-  // model-00001-of-00002.safetensors
-  if (name.size() != std::strlen("model-00001-of-00002.safetensors"))
-    return false;
-  auto digits = [&](size_t at) {
-    for (size_t i = at; i < at + 5; ++i)
-      if (name[i] < '0' || name[i] > '9')
-        return false;
-    return true;
-  };
-  return name.compare(0, 6, "model-") == 0 && digits(6) &&
-         name.compare(11, 4, "-of-") == 0 && digits(15) &&
-         name.compare(20, std::string::npos, ".safetensors") == 0;
-}
-
-} // namespace
-
-HfWeights::HfWeights(const std::string &dir) : dir_(dir) {
-  fs::path single = fs::path(dir) / kSingleFile;
-  fs::path index = fs::path(dir) / kIndexFile;
-  std::error_code ec;
-  if (fs::exists(single, ec)) {
-    auto f = std::make_unique<SafetensorsFile>(single.string());
-    for (const auto &t : f->tensors())
-      weightMap_[t.name] = kSingleFile;
-    open_[kSingleFile] = std::move(f);
-    return;
-  }
-  if (!fs::exists(index, ec))
-    throw std::runtime_error("hf weights " + dir + ": neither " + kSingleFile +
-                             " nor " + kIndexFile + " exists");
-  sharded_ = true;
-  json j = parseJsonFile(index.string(), 1ULL << 28);
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    throw std::runtime_error(index.string() + ": no \"weight_map\" object");
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string())
-      throw std::runtime_error(index.string() + ": weight_map entry of '" +
-                               it.key() + "' is not a file name");
-    std::string file = it.value().get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." ||
-        file == "..")
-      throw std::runtime_error(index.string() + ": weight_map puts '" +
-                               it.key() + "' in '" + file +
-                               "', which is not a file name in the directory");
-    weightMap_[it.key()] = file;
-  }
-}
-
-HfWeights::~HfWeights() = default;
-
-std::vector<std::string> HfWeights::names() const {
-  std::vector<std::string> out;
-  for (const auto &[name, file] : weightMap_)
-    out.push_back(name);
-  return out;
-}
-
-bool HfWeights::has(const std::string &hfName) const {
-  return weightMap_.count(hfName) != 0;
-}
-
-const SafetensorsFile &HfWeights::fileOf(const std::string &hfName) const {
-  auto it = weightMap_.find(hfName);
-  if (it == weightMap_.end())
-    throw std::runtime_error("hf weights " + dir_ + ": no tensor '" + hfName + "'");
-  auto &f = open_[it->second];
-  if (!f)
-    f = std::make_unique<SafetensorsFile>((fs::path(dir_) / it->second).string());
-  if (!f->has(hfName))
-    throw std::runtime_error((fs::path(dir_) / kIndexFile).string() +
-                             ": weight_map puts '" + hfName + "' in " +
-                             it->second + ", which has no such tensor");
-  return *f;
-}
-
-static at::Tensor floatTo32(at::Tensor t) {
-  return at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kFloat
-             ? t.to(at::kFloat)
-             : t;
-}
-
-at::Tensor HfWeights::read(const std::string &hfName) const {
-  return floatTo32(fileOf(hfName).read(hfName));
-}
-
-at::Tensor HfWeights::readRows(const std::string &hfName, int64_t r0,
-                               int64_t r1) const {
-  return floatTo32(fileOf(hfName).readRows(hfName, r0, r1));
-}
-
-at::Tensor HfWeights::readBox(const std::string &hfName, int64_t r0, int64_t r1,
-                              int64_t c0, int64_t c1) const {
-  return floatTo32(fileOf(hfName).readBox(hfName, r0, r1, c0, c1));
-}
-
-uint64_t HfWeights::bytesRead() const {
-  uint64_t n = 0;
-  for (const auto &[path, f] : open_)
-    n += f->bytesRead();
-  return n;
-}
-
-std::string hfParameterName(const std::string &n) {
-  if (n == "embed")
-    return "model.embed_tokens.weight";
-  if (n == "final_norm")
-    return "model.norm.weight";
-  if (n == "lm_head")
-    return "lm_head.weight";
-  static const std::pair<const char *, const char *> kLayer[] = {
-      {"attn_norm", "input_layernorm.weight"},
-      {"attn.q", "self_attn.q_proj.weight"},
-      {"attn.q_bias", "self_attn.q_proj.bias"},
-      {"attn.k", "self_attn.k_proj.weight"},
-      {"attn.k_bias", "self_attn.k_proj.bias"},
-      {"attn.v", "self_attn.v_proj.weight"},
-      {"attn.v_bias", "self_attn.v_proj.bias"},
-      {"attn.o", "self_attn.o_proj.weight"},
-      {"mlp_norm", "post_attention_layernorm.weight"},
-      {"mlp.gate", "mlp.gate_proj.weight"},
-      {"mlp.up", "mlp.up_proj.weight"},
-      {"mlp.down", "mlp.down_proj.weight"},
-  };
-  if (n.compare(0, 7, "layers.") == 0) {
-    size_t dot = n.find('.', 7);
-    std::string idx = n.substr(7, dot == std::string::npos ? dot : dot - 7);
-    if (dot != std::string::npos && !idx.empty() &&
-        idx.find_first_not_of("0123456789") == std::string::npos) {
-      std::string rest = n.substr(dot + 1);
-      for (const auto &[ours, theirs] : kLayer)
-        if (rest == ours)
-          return "model.layers." + idx + "." + theirs;
-    }
-  }
-  throw std::invalid_argument("no Hugging Face name for parameter '" + n + "'");
-}
-
-bool hfParameterIs1D(const std::string &n) {
-  auto endsWith = [&](const char *s) {
-    size_t k = std::strlen(s);
-    return n.size() >= k && n.compare(n.size() - k, k, s) == 0;
-  };
-  return endsWith("norm") || endsWith("_bias");
-}
-
-at::Tensor readHfRows(const std::string &dir, const std::string &hfName,
-                      int64_t r0, int64_t r1) {
-  return HfWeights(dir).readRows(hfName, r0, r1);
-}
-
-uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
-                      const std::vector<std::pair<std::string, at::Tensor>> &shards,
-                      const std::vector<std::pair<std::string, Box>> &boxes) {
-  HfWeights w(dir);
-  auto shapes = llamaParameterShapes(config);
-  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> byName;
-  for (const auto &[name, shape] : shapes) {
-    std::string hf = hfParameterName(name);
-    std::vector<int64_t> expected =
-        hfParameterIs1D(name) ? std::vector<int64_t>{shape[1]} : shape;
-    if (!w.has(hf))
-      throw std::runtime_error("hf weights " + dir + ": tensor '" + hf +
-                               "' is missing (expected shape " + shapeStr(expected) +
-                               ", for parameter '" + name + "')");
-    const SafetensorsFile &f = w.fileOf(hf);
-    const auto &ti = f.info(hf);
-    if (ti.shape != expected)
-      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
-                               "' has shape " + shapeStr(ti.shape) + ", expected " +
-                               shapeStr(expected) +
-                               " (the model config does not match these weights)");
-    if (!at::isFloatingType(ti.scalarType))
-      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
-                               "' has dtype " + ti.dtype +
-                               ", expected a floating-point dtype (F32, BF16, F16 or F64)");
-    byName[name] = {hf, shape};
-  }
-  if (shards.size() != boxes.size())
-    throw std::invalid_argument("loadHfShards: " + std::to_string(shards.size()) +
-                                " shards but " + std::to_string(boxes.size()) + " boxes");
-  std::vector<at::Tensor> read;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto &[name, dst] = shards[i];
-    const Box &b = boxes[i].second;
-    auto it = byName.find(name);
-    if (it == byName.end() || boxes[i].first != name)
-      throw std::invalid_argument("loadHfShards: parameter '" + name +
-                                  "' is not one of the model's or its box is missing");
-    if (dst.numel() != b.numel())
-      throw std::invalid_argument("loadHfShards: parameter '" + name + "' holds " +
-                                  std::to_string(dst.numel()) + " numbers, its box " +
-                                  std::to_string(b.numel()));
-    if (b.empty()) {
-      read.emplace_back();
-      continue;
-    }
-    read.push_back(w.readBox(it->second.first, b.r0, b.r1, b.c0, b.c1));
-  }
-  at::NoGradGuard noGrad;
-  for (size_t i = 0; i < shards.size(); ++i)
-    if (read[i].defined())
-      shards[i].second.copy_(read[i].view(shards[i].second.sizes()));
-  return w.bytesRead();
-}
-
-void loadHfIntoLlama(const std::string &dir, Llama &model) {
-  HfWeights w(dir);
-  auto named = model.namedParameters();
-  // Check every tensor before touching the model: a failed load leaves it
-  // as it was.
-  std::vector<std::string> hfNames;
-  for (const auto &[name, view] : named) {
-    std::string hf = hfParameterName(name);
-    std::vector<int64_t> expected =
-        hfParameterIs1D(name) ? std::vector<int64_t>{view.size(1)} : view.sizes().vec();
-    if (!w.has(hf))
-      throw std::runtime_error("hf weights " + dir + ": tensor '" + hf +
-                               "' is missing (expected shape " +
-                               shapeStr(expected) + ", for parameter '" + name +
-                               "')");
-    const SafetensorsFile &f = w.fileOf(hf);
-    const auto &ti = f.info(hf);
-    if (ti.shape != expected)
-      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
-                               "' has shape " + shapeStr(ti.shape) +
-                               ", expected " + shapeStr(expected) +
-                               " (the model config does not match these weights)");
-    if (!at::isFloatingType(ti.scalarType))
-      throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf +
-                               "' has dtype " + ti.dtype +
-                               ", expected a floating-point dtype (F32, BF16, "
-                               "F16 or F64)");
-    hfNames.push_back(std::move(hf));
-  }
-  at::NoGradGuard noGrad;
-  for (size_t i = 0; i < named.size(); ++i) {
-    at::Tensor &dst = named[i].second;
-    dst.copy_(w.read(hfNames[i]).view(dst.sizes()));
-  }
-}
-
-//===----------------------------------------------------------------------===//
-// config.json
-//===----------------------------------------------------------------------===//
-
-std::string hfConfigJson(const LlamaConfig &cfg) {
-  nlohmann::ordered_json j;
-  bool qwen = cfg.qkvBias;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen2" : "llama";
-  j["hidden_size"] = cfg.hidden;
-  j["intermediate_size"] = cfg.ffn;
-  j["num_attention_heads"] = cfg.heads;
-  j["num_key_value_heads"] = cfg.kvHeads;
-  j["num_hidden_layers"] = cfg.layers;
-  j["vocab_size"] = cfg.vocab;
-  j["rope_theta"] = cfg.ropeTheta;
-  j["rms_norm_eps"] = cfg.normEps;
-  j["tie_word_embeddings"] = cfg.tieEmbeddings;
-  j["hidden_act"] = "silu";
-  if (!qwen)
-    j["attention_bias"] = false; // transformers' Llama would also bias o_proj
-  else
-    j["use_sliding_window"] = false;
-  j["torch_dtype"] = "float32";
-  return j.dump(2) + "\n";
-}
-
-LlamaConfig hfConfigFromJson(const std::string &pathArg) {
-  fs::path path = pathArg;
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    path /= "config.json";
-  const std::string file = path.string();
-  json j = parseJsonFile(file, 1ULL << 24);
-  if (!j.is_object())
-    throw std::runtime_error(file + " is not a JSON object");
-  auto err = [&](const std::string &what) {
-    return std::runtime_error(file + ": " + what);
-  };
-  LlamaConfig c;
-  std::string type =
-      j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
-  if (!j.contains("model_type"))
-    throw err("has no 'model_type'");
-  if (type != "llama" && type != "qwen2")
-    throw err("model_type '" + (type.empty() ? j["model_type"].dump() : type) +
-              "' is not supported; hflow builds llama and qwen2 models");
-  fs::path dir = path.parent_path();
-  c.name = dir.filename().string();
-  if (c.name.empty() || c.name == ".")
-    c.name = type;
-  c.qkvBias = type == "qwen2";
-  auto dim = [&](const char *key, int &out, const char *fallback) {
-    const char *k = key;
-    if (!j.contains(k) && fallback && j.contains(fallback))
-      k = fallback;
-    if (!j.contains(k))
-      throw err(std::string("has no '") + key + "'");
-    const json &v = j[k];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
-        v.get<int64_t>() > INT32_MAX)
-      throw err(std::string("'") + k + "' must be a positive integer, got " + v.dump());
-    out = static_cast<int>(v.get<int64_t>());
-  };
-  dim("num_hidden_layers", c.layers, nullptr);
-  dim("hidden_size", c.hidden, nullptr);
-  dim("num_attention_heads", c.heads, nullptr);
-  dim("num_key_value_heads", c.kvHeads, "num_attention_heads");
-  dim("intermediate_size", c.ffn, nullptr);
-  dim("vocab_size", c.vocab, nullptr);
-  auto flag = [&](const char *key, bool &out) {
-    if (!j.contains(key))
-      return;
-    if (!j[key].is_boolean())
-      throw err(std::string("'") + key + "' must be true or false");
-    out = j[key].get<bool>();
-  };
-  flag("tie_word_embeddings", c.tieEmbeddings);
-  flag("attention_bias", c.qkvBias);
-  auto positive = [&](const char *key, double &out, double dflt) {
-    out = dflt;
-    if (!j.contains(key))
-      return;
-    if (!j[key].is_number() || !(j[key].get<double>() > 0))
-      throw err(std::string("'") + key + "' must be a positive number, got " +
-                j[key].dump());
-    out = j[key].get<double>();
-  };
-  positive("rope_theta", c.ropeTheta, 10000.0);
-  positive("rms_norm_eps", c.normEps, 1e-6);
-  std::string why = c.validate();
-  if (!why.empty())
-    throw err(why);
-  return c;
-}
-
-std::unique_ptr<Llama> loadHfLlama(const std::string &dir) {
-  auto model = std::make_unique<Llama>(hfConfigFromJson(dir), /*seed=*/0);
-  loadHfIntoLlama(dir, *model);
-  return model;
-}
-
-//===----------------------------------------------------------------------===//
-// Export
-//===----------------------------------------------------------------------===//
-
-std::vector<std::string> exportHf(const std::string &dir, const Llama &model,
-                                  uint64_t maxShardBytes) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw std::runtime_error("hf export: cannot create directory '" + dir +
-                             "'" + (ec ? ": " + ec.message() : ""));
-  std::vector<std::pair<std::string, at::Tensor>> all;
-  uint64_t total = 0;
-  for (const auto &[name, view] : model.namedParameters()) {
-    at::Tensor t = hfParameterIs1D(name) ? view.reshape({-1}) : view;
-    t = t.detach().to(at::kCPU, at::kFloat).contiguous();
-    total += t.numel() * t.element_size();
-    all.emplace_back(hfParameterName(name), std::move(t));
-  }
-  writeFileAtomic((fs::path(dir) / "config.json").string(),
-                  hfConfigJson(model.config()));
-  const std::map<std::string, std::string> meta = {{"format", "pt"}};
-
-  std::vector<std::string> written;
-  if (total <= maxShardBytes) {
-    written.push_back((fs::path(dir) / kSingleFile).string());
-    writeSafetensors(written.back(), all, meta);
-  } else {
-    // Greedy, in parameter order; a tensor larger than the limit gets a
-    // shard of its own.
-    std::vector<std::vector<size_t>> shards;
-    uint64_t cur = 0;
-    for (size_t i = 0; i < all.size(); ++i) {
-      uint64_t n = all[i].second.numel() * all[i].second.element_size();
-      if (shards.empty() || (cur + n > maxShardBytes && cur > 0)) {
-        shards.emplace_back();
-        cur = 0;
-      }
-      shards.back().push_back(i);
-      cur += n;
-    }
-    if (shards.size() > 99999)
-      throw std::runtime_error("hf export: " + std::to_string(shards.size()) +
-                               " shards is more than 99999; raise maxShardBytes");
-    nlohmann::ordered_json index;
-    index["metadata"] = {{"total_size", total}};
-    nlohmann::ordered_json weightMap = nlohmann::ordered_json::object();
-    for (size_t s = 0; s < shards.size(); ++s) {
-      char name[64];
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1,
-                    shards.size());
-      std::vector<std::pair<std::string, at::Tensor>> part;
-      for (size_t i : shards[s]) {
-        part.push_back(all[i]);
-        weightMap[all[i].first] = name;
-      }
-      written.push_back((fs::path(dir) / name).string());
-      writeSafetensors(written.back(), part, meta);
-    }
-    index["weight_map"] = weightMap;
-    writeFileAtomic((fs::path(dir) / kIndexFile).string(), index.dump(2) + "\n");
-  }
-  // The new layout is complete; remove what belongs to an older one (a
-  // loader prefers model.safetensors over the index).
-  std::set<std::string> keep;
-  for (const auto &p : written)
-    keep.insert(fs::path(p).filename().string());
-  std::vector<fs::path> stale;
-  for (const auto &e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (!keep.count(name) &&
-        (name == kSingleFile || isShardName(name) ||
-         (name == kIndexFile && total <= maxShardBytes)))
-      stale.push_back(e.path());
-  }
-  for (const auto &p : stale)
-    fs::remove(p, ec);
-  if (!stale.empty())
-    fsyncDirectory(dir);
-  return written;
 }
 
 } // namespace hflow::models

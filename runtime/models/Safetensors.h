@@ -38,6 +38,9 @@
 
 namespace hflow::models {
 
+/// "[2, 3]": a shape as the loaders' messages print it.
+std::string shapeString(at::IntArrayRef shape);
+
 /// The safetensors dtype name ("F32", "BF16", "I64", ...) of an ATen dtype;
 /// throws for dtypes safetensors cannot hold here (complex, quantized).
 std::string safetensorsDtypeName(at::ScalarType t);

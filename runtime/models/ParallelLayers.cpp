@@ -1,0 +1,151 @@
+//===- ParallelLayers.cpp - the decoder layer the parallel forms share ------===//
+#include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Layers.h"
+
+#include "runtime/comm/Communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+namespace hflow::models {
+
+using namespace detail;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+//===----------------------------------------------------------------------===//
+// The decoder, shared by the forms
+//===----------------------------------------------------------------------===//
+
+namespace detail {
+/// Splits "layers.<i>.<suffix>"; returns -1 for other names.
+int layerOf(const std::string &name, std::string &suffix) {
+  if (name.rfind("layers.", 0) != 0)
+    return -1;
+  size_t dot = name.find('.', 7);
+  if (dot == std::string::npos)
+    return -1;
+  suffix = name.substr(dot + 1);
+  return std::stoi(name.substr(7, dot - 7));
+}
+
+/// Norm weights and biases are 1-D (namedParameters shows them as [1, n]).
+bool isVector(const std::string &name) {
+  auto ends = [&](const char *s) {
+    std::string t(s);
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  return ends("norm") || ends("_bias");
+}
+
+
+AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
+                        const at::Tensor &positions, const at::Tensor &keyMask,
+                        const char *who, const KVCache *cache) {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
+  AttnContext a;
+  a.B = tokens.size(0), a.T = tokens.size(1), a.hd = c.headDim();
+  if (a.T == 0)
+    throw std::invalid_argument(std::string(who) + ": empty sequence");
+  if (tokens.numel() > 0) {
+    int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
+    if (lo < 0 || hi >= c.vocab)
+      throw std::invalid_argument(std::string(who) + ": token id out of [0, " +
+                                  std::to_string(c.vocab) + ")");
+  }
+  auto fopts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor invFreq =
+      at::pow(c.ropeTheta, at::arange(0, a.hd, 2, fopts.dtype(at::kDouble)) / a.hd)
+          .reciprocal();
+  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq;
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  a.cos = emb.cos().to(at::kFloat).unsqueeze(1);
+  a.sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
+                                         : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
+  // With a KV cache the keys are the cached ones, then these: query i
+  // (absolute index past + i) sees key j when j <= past + i and the key is
+  // real, or j is itself (Llama::hidden's rule).
+  const int64_t past = cache ? cache->len : 0, K = past + a.T;
+  if (past > 0)
+    keyReal = at::cat({cache->keyMask, keyReal}, 1);
+  a.keyReal = keyReal;
+  at::Tensor q = at::arange(past, K, fopts.dtype(at::kLong)).view({a.T, 1});
+  at::Tensor k = at::arange(K, fopts.dtype(at::kLong)).view({1, K});
+  at::Tensor allowed = (k.le(q).unsqueeze(0) & keyReal.unsqueeze(1)) | k.eq(q).unsqueeze(0);
+  a.bias = at::zeros({a.B, 1, a.T, K}, fopts)
+               .masked_fill(allowed.logical_not().unsqueeze(1),
+                            -std::numeric_limits<float>::infinity());
+  a.scale = 1.0 / std::sqrt((double)a.hd);
+  return a;
+}
+
+/// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
+/// weights are this member's shards: the normed input goes through f and
+/// the row-parallel outputs through g.
+at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
+                        const AttnContext &a, int64_t nq, int64_t nkv, double eps,
+                        comm::Communicator *tp, KVCache *cache, size_t li) {
+  const int64_t B = a.B, T = a.T, hd = a.hd;
+  at::Tensor x = xIn;
+  at::Tensor h = rmsNorm(x, w.attnNorm, eps);
+  if (tp)
+    h = copyToTP(h, *tp);
+  at::Tensor q = at::linear(h, w.wq, w.bq).view({B, T, nq, hd}).transpose(1, 2);
+  at::Tensor k = at::linear(h, w.wk, w.bk).view({B, T, nkv, hd}).transpose(1, 2);
+  at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
+  q = q * a.cos + rotateHalf(q) * a.sin;
+  k = k * a.cos + rotateHalf(k) * a.sin;
+  if (cache) {
+    if (cache->k.size() <= li) {
+      cache->k.resize(li + 1);
+      cache->v.resize(li + 1);
+    }
+    if (cache->len > 0) {
+      k = at::cat({cache->k[li], k}, 2);
+      v = at::cat({cache->v[li], v}, 2);
+    }
+    cache->k[li] = k;
+    cache->v[li] = v;
+  }
+  if (nq > nkv) {
+    k = k.repeat_interleave(nq / nkv, 1);
+    v = v.repeat_interleave(nq / nkv, 1);
+  }
+  at::Tensor att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * a.scale + a.bias, -1);
+  at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, nq * hd});
+  at::Tensor y = at::linear(o, w.wo);
+  if (tp)
+    y = reduceFromTP(y, *tp);
+  x = x + y;
+  h = rmsNorm(x, w.mlpNorm, eps);
+  if (tp)
+    h = copyToTP(h, *tp);
+  y = at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);
+  if (tp)
+    y = reduceFromTP(y, *tp);
+  return x + y;
+}
+
+at::Tensor scaled(const at::Tensor &logits, double temperature) {
+  at::Tensor l = logits.to(at::kFloat);
+  return temperature > 0 && temperature != 1.0 ? l / temperature : l;
+}
+
+} // namespace detail
+
+} // namespace hflow::models

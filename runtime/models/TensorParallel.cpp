@@ -1,0 +1,346 @@
+//===- TensorParallel.cpp - the tensor-parallel Llama (TPLlama) -------------===//
+#include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Layers.h"
+
+#include "runtime/comm/Communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+namespace hflow::models {
+
+using namespace detail;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+//===----------------------------------------------------------------------===//
+// TPLlama
+//===----------------------------------------------------------------------===//
+
+struct TPLlama::Impl {
+  LlamaConfig c;
+  comm::Communicator *tp = nullptr;
+  int t = 1, r = 0;
+  int64_t nq = 0, nkv = 0, kvParts = 0, vStart = 0, vShard = 0;
+  at::Tensor embed, finalNorm, head;
+  std::vector<LayerWeights> layers;
+
+  /// One leaf: split along `dim` into `parts` distinct pieces (member r
+  /// holds piece r / (t / parts)); dim -1: replicated.
+  struct Entry {
+    std::string name;
+    at::Tensor leaf;
+    int dim = -1;
+    int64_t parts = 1;
+    std::vector<int64_t> fullShape; ///< as in Llama::namedParameters()
+  };
+  std::vector<Entry> entries;
+
+  /// How `name` is split.
+  void spec(const std::string &name, int &dim, int64_t &parts) const {
+    std::string suffix;
+    int layer = layerOf(name, suffix);
+    dim = 0, parts = t;
+    if (layer < 0) {
+      if (name == "final_norm")
+        dim = -1;
+      return; // embed, lm_head: vocab rows
+    }
+    if (suffix == "attn_norm" || suffix == "mlp_norm")
+      dim = -1;
+    else if (suffix == "attn.o" || suffix == "mlp.down")
+      dim = 1;
+    else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
+      parts = kvParts;
+  }
+
+  /// Member r's piece of the full 2-D view `full` (natural shape, fresh).
+  at::Tensor piece(const std::string &name, const at::Tensor &full, int dim,
+                   int64_t parts) const {
+    at::Tensor f = isVector(name) ? full.reshape({-1}) : full;
+    if (dim < 0)
+      return f.detach().clone();
+    int64_t idx = r / (t / parts), len = f.size(dim) / parts;
+    return f.detach().narrow(dim, idx * len, len).clone(at::MemoryFormat::Contiguous);
+  }
+
+  /// The full tensor from every member's piece `mine`. Collective.
+  at::Tensor gather(const Entry &e, const at::Tensor &mine) const {
+    CommScope scope;
+    if (e.dim < 0 || t == 1)
+      return mine.detach().clone();
+    std::vector<at::Tensor> all;
+    tp->allGather(mine.detach().contiguous(), all);
+    std::vector<at::Tensor> distinct;
+    for (int64_t k = 0; k < e.parts; ++k)
+      distinct.push_back(all[k * (t / e.parts)]);
+    return at::cat(distinct, e.dim);
+  }
+
+  /// The weights of layer i as the forward uses them: replicated kv heads
+  /// sum their gradients over their replicas.
+  LayerWeights layerForForward(size_t i) const {
+    LayerWeights w = layers[i];
+    int64_t reps = t / kvParts;
+    if (reps > 1)
+      for (at::Tensor *p : {&w.wk, &w.wv, &w.bk, &w.bv})
+        if (p->defined())
+          *p = sumOverReplicas(*p, *tp, reps);
+    return w;
+  }
+};
+
+std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (std::string e = c.validate(); !e.empty())
+    return e;
+  if (t < 1)
+    return "tensor parallelism: group size " + s(t) + " is not positive";
+  if (c.heads % t != 0)
+    return "tensor parallelism: heads " + s(c.heads) + " are not divisible by " + s(t);
+  if (c.kvHeads % t != 0 && t % c.kvHeads != 0)
+    return "tensor parallelism: kv heads " + s(c.kvHeads) + " and group size " + s(t) +
+           " do not divide one another";
+  if (c.ffn % t != 0)
+    return "tensor parallelism: ffn " + s(c.ffn) + " is not divisible by " + s(t);
+  if (c.vocab % t != 0)
+    return "tensor parallelism: vocab " + s(c.vocab) + " is not divisible by " + s(t);
+  return "";
+}
+
+TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
+    : p_(std::make_unique<Impl>()) {
+  Impl &p = *p_;
+  p.c = full.config();
+  p.tp = &tp;
+  p.t = tp.size();
+  p.r = tp.rank();
+  if (std::string e = checkConfig(p.c, p.t); !e.empty())
+    throw std::invalid_argument(e);
+  p.nq = p.c.heads / p.t;
+  p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
+  p.nkv = p.c.kvHeads / p.kvParts;
+  p.vShard = p.c.vocab / p.t;
+  p.vStart = p.r * p.vShard;
+  p.layers.resize(p.c.layers);
+  for (const auto &[name, view] : full.namedParameters()) {
+    Impl::Entry e;
+    e.name = name;
+    p.spec(name, e.dim, e.parts);
+    e.leaf = p.piece(name, view, e.dim, e.parts);
+    e.fullShape = view.sizes().vec();
+    std::string suffix;
+    int layer = layerOf(name, suffix);
+    at::Tensor *slot = nullptr;
+    if (layer >= 0)
+      slot = p.layers.at(layer).slot(suffix);
+    else if (name == "embed")
+      slot = &p.embed;
+    else if (name == "final_norm")
+      slot = &p.finalNorm;
+    else if (name == "lm_head")
+      slot = &p.head;
+    if (!slot)
+      throw std::invalid_argument("TPLlama: unknown parameter " + name);
+    *slot = e.leaf;
+    p.entries.push_back(std::move(e));
+  }
+  if (!p.head.defined())
+    p.head = p.embed; // tied
+}
+
+TPLlama::~TPLlama() = default;
+
+const LlamaConfig &TPLlama::config() const { return p_->c; }
+comm::Communicator &TPLlama::comm() const { return *p_->tp; }
+int TPLlama::localHeads() const { return (int)p_->nq; }
+int TPLlama::localKvHeads() const { return (int)p_->nkv; }
+int64_t TPLlama::vocabStart() const { return p_->vStart; }
+int64_t TPLlama::vocabShard() const { return p_->vShard; }
+
+at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                           const at::Tensor &keyMask, KVCache *cache) const {
+  const Impl &p = *p_;
+  AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
+  // Vocab-parallel embedding: look up the rows this member owns, zeros for
+  // the others; the all-reduce completes every row.
+  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
+  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor x = at::embedding(p.embed, local) * mine.unsqueeze(-1).to(at::kFloat);
+  x = reduceFromTP(x, *p.tp);
+  for (size_t i = 0; i < p.layers.size(); ++i)
+    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i);
+  if (cache) {
+    cache->keyMask = a.keyReal;
+    cache->len = a.keyReal.size(1);
+    cache->nextPos = positions.select(1, a.T - 1) + 1;
+  }
+  return rmsNorm(x, p.finalNorm, p.c.normEps);
+}
+
+Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                             const SamplingOptions &opts, at::Generator &gen) const {
+  // Every member samples from the same gathered logits with the same
+  // generator state, so all draw the same tokens and stop together.
+  LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
+                         const at::Tensor &mask, KVCache *cache) {
+    return logits(hidden(toks, pos, mask, cache));
+  };
+  return generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);
+}
+
+at::Tensor TPLlama::logitsShard(const at::Tensor &h) const {
+  return at::linear(copyToTP(h, *p_->tp), p_->head);
+}
+
+at::Tensor TPLlama::logits(const at::Tensor &h) const {
+  return gatherLastDim(logitsShard(h), *p_->tp);
+}
+
+at::Tensor TPLlama::forward(const at::Tensor &tokens) const {
+  if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
+    throw std::invalid_argument("TPLlama::forward: tokens must be int64 [B, T]");
+  at::Tensor pos = at::arange(tokens.size(1), tokens.options())
+                       .unsqueeze(0)
+                       .expand({tokens.size(0), tokens.size(1)});
+  return logits(hidden(tokens, pos, at::Tensor()));
+}
+
+at::Tensor TPLlama::tokenLogprobs(const at::Tensor &shard, const at::Tensor &tokens,
+                                  double temperature) const {
+  const Impl &p = *p_;
+  at::Tensor l = scaled(shard, temperature);                  // [.., V/t]
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp); // [.., 1]
+  at::Tensor sumExp = reduceFromTP(at::exp(l - m).sum(-1), *p.tp);
+  at::Tensor lse = m.squeeze(-1) + at::log(sumExp);
+  // The target's logit: from its owner, zero on the others, summed.
+  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
+  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor target = l.gather(-1, local.unsqueeze(-1)).squeeze(-1);
+  target = reduceFromTP(at::where(mine, target, at::zeros_like(target)), *p.tp);
+  return target - lse;
+}
+
+at::Tensor TPLlama::tokenEntropy(const at::Tensor &shard, double temperature) const {
+  const Impl &p = *p_;
+  at::Tensor l = scaled(shard, temperature);
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp);
+  at::Tensor e = at::exp(l - m);
+  at::Tensor sumExp = reduceFromTP(e.sum(-1), *p.tp);
+  at::Tensor sumExpL = reduceFromTP((e * l).sum(-1), *p.tp);
+  // H = log Z - E_p[l] with Z = sum exp(l).
+  return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
+}
+
+NamedTensors TPLlama::namedShards() const {
+  NamedTensors out;
+  for (const auto &e : p_->entries)
+    out.emplace_back(e.name, e.leaf);
+  return out;
+}
+
+std::vector<std::pair<std::string, Box>> TPLlama::namedBoxes() const {
+  const Impl &p = *p_;
+  std::vector<std::pair<std::string, Box>> out;
+  for (const auto &e : p.entries) {
+    const int64_t rows = e.fullShape[0], cols = e.fullShape[1];
+    Box b{0, rows, 0, cols};
+    if (e.dim >= 0) {
+      // A bias is split along its length: the columns of its [1, n] view.
+      const int dim = isVector(e.name) ? 1 : e.dim;
+      const int64_t idx = p.r / (p.t / e.parts);
+      const int64_t len = (dim == 0 ? rows : cols) / e.parts;
+      if (dim == 0)
+        b.r0 = idx * len, b.r1 = (idx + 1) * len;
+      else
+        b.c0 = idx * len, b.c1 = (idx + 1) * len;
+    }
+    out.emplace_back(e.name, b);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> TPLlama::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &e : p_->entries)
+    out.push_back(e.leaf);
+  return out;
+}
+
+void TPLlama::setTrainable(bool trainable) {
+  for (auto &e : p_->entries)
+    e.leaf.requires_grad_(trainable);
+}
+
+void TPLlama::loadFrom(const Llama &full) {
+  Impl &p = *p_;
+  auto named = full.namedParameters();
+  if (named.size() != p.entries.size())
+    throw std::invalid_argument("TPLlama::loadFrom: the model differs in structure");
+  at::NoGradGuard noGrad;
+  for (size_t i = 0; i < named.size(); ++i) {
+    Impl::Entry &e = p.entries[i];
+    if (named[i].first != e.name || !named[i].second.sizes().equals(e.fullShape))
+      throw std::invalid_argument("TPLlama::loadFrom: parameter " + named[i].first +
+                                  " differs");
+    e.leaf.copy_(p.piece(e.name, named[i].second, e.dim, e.parts));
+  }
+}
+
+void TPLlama::gatherInto(Llama &dst) const {
+  const Impl &p = *p_;
+  auto named = dst.namedParameters();
+  if (named.size() != p.entries.size())
+    throw std::invalid_argument("TPLlama::gatherInto: the model differs in structure");
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Impl::Entry &e = p.entries[i];
+    at::Tensor full = p.gather(e, e.leaf);
+    at::NoGradGuard noGrad;
+    named[i].second.copy_(full.view(named[i].second.sizes()));
+  }
+}
+
+NamedTensors TPLlama::gatherGradients() const {
+  const Impl &p = *p_;
+  at::NoGradGuard noGrad;
+  NamedTensors out;
+  for (const auto &e : p.entries) {
+    at::Tensor g = e.leaf.grad().defined() ? e.leaf.grad() : at::zeros_like(e.leaf);
+    out.emplace_back(e.name, p.gather(e, g).reshape(e.fullShape));
+  }
+  return out;
+}
+
+double TPLlama::gradNormSquared() const {
+  const Impl &p = *p_;
+  CommScope scope;
+  double replicated = 0, sharded = 0;
+  for (const auto &e : p.entries) {
+    if (!e.leaf.grad().defined())
+      continue;
+    double s = e.leaf.grad().to(at::kDouble).pow(2).sum().item<double>();
+    if (e.dim < 0)
+      replicated += s;
+    else if (p.r % (p.t / e.parts) == 0) // the first replica of its piece
+      sharded += s;
+  }
+  at::Tensor total = at::full({1}, sharded, at::TensorOptions().dtype(at::kDouble));
+  if (p.t > 1)
+    p.tp->allReduceSum(total);
+  return total.item<double>() + replicated;
+}
+
+} // namespace hflow::models
