@@ -26,6 +26,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/Calibrate.h"
 #include "runtime/exec/Connect.h"
+#include "runtime/exec/EngineSupport.h"
 
 #include "runtime/schema/CalibrationFile.h"
 #include "runtime/comm/Communicator.h"
@@ -82,14 +83,6 @@ double medianSeconds(const std::function<void()> &f, int minReps, int maxReps,
   return median(ts);
 }
 
-int envInt(const char *name, int dflt) {
-  const char *v = std::getenv(name);
-  if (!v || !*v)
-    return dflt;
-  char *end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return (*end || n < 1 || n > 4096) ? dflt : (int)n;
-}
 
 /// The model measured: the plan's first model the runtime can build, when
 /// it is small enough to time in a few seconds, else a fixed small Llama.
@@ -412,7 +405,7 @@ std::string calibrationJson(const CalibrationMeasurement &m,
 int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
                          const RunOptions &o, const std::string &outPath) {
   comm::setLibraryLogging(o.verbose);
-  const int threads = std::max(1, envInt("HFLOW_NUM_THREADS", 1));
+  const int threads = threadCount();
   at::set_num_threads(threads);
   const std::string who = "hflow-run: error: rank " + std::to_string(j.rank) +
                           ": calibration: ";

@@ -64,6 +64,11 @@ int envInt(const char *name, int dflt) {
   return *end ? dflt : (int)x;
 }
 
+int threadCount() {
+  const int n = envInt("HFLOW_NUM_THREADS", 1);
+  return n < 1 || n > 4096 ? 1 : n;
+}
+
 bool fileExists(const std::string &p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);

@@ -39,6 +39,9 @@ std::string fmtBytes(double b);
 uint64_t mix(uint64_t a, uint64_t b);
 /// An integer environment variable, or `dflt` when unset or malformed.
 int envInt(const char *name, int dflt);
+/// The intra-op threads of a worker: HFLOW_NUM_THREADS in [1, 4096], else 1
+/// (one process per rank: threads would compete for the same cores).
+int threadCount();
 /// A regular file exists at `p`.
 bool fileExists(const std::string &p);
 /// The directory part of `p` ("." when none).

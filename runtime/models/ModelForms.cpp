@@ -13,9 +13,9 @@ namespace hflow::models {
 namespace {
 /// A head's parameters are the engine's, not a form's: only the replicated
 /// form trains one so far.
-void noHead(const std::vector<at::Tensor> &extra, const char *form) {
+void noHead(const std::vector<at::Tensor> &extra, const std::string &form) {
   if (!extra.empty())
-    throw std::logic_error(std::string(form) + " shards cannot train a head yet");
+    throw std::logic_error(form + " shards cannot train a head yet");
 }
 } // namespace
 
@@ -111,20 +111,44 @@ double WholeModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
 }
 
 //===----------------------------------------------------------------------===//
+// ShardedForm
+//===----------------------------------------------------------------------===//
+
+template <class M>
+at::Tensor ShardedForm<M>::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                                  const at::Tensor &keyMask) const {
+  return m_.hidden(tokens, positions, keyMask);
+}
+
+template <class M>
+std::vector<std::pair<std::string, at::Tensor>> ShardedForm<M>::namedWeights() const {
+  return m_.namedShards();
+}
+
+template <class M>
+std::vector<std::pair<std::string, Box>> ShardedForm<M>::namedBoxes() const {
+  return m_.namedBoxes();
+}
+
+template <class M> uint64_t ShardedForm<M>::loadHf(const std::string &dir) {
+  return loadHfShards(dir, m_.config(), m_.namedShards(), m_.namedBoxes());
+}
+
+template <class M>
+double ShardedForm<M>::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  noHead(extra, form().c_str());
+  return m_.gradNormSquared();
+}
+
+template class ShardedForm<TPLlama>;
+template class ShardedForm<FSDPLlama>;
+
+//===----------------------------------------------------------------------===//
 // TensorParallelModel
 //===----------------------------------------------------------------------===//
 
-TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator &tp,
-                                         comm::Communicator *dp)
-    : m_(whole, tp), dp_(dp) {}
-
 std::string TensorParallelModel::form() const {
   return "tp" + std::to_string(m_.comm().size()); // the shards; dp only replicates them
-}
-
-at::Tensor TensorParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                                       const at::Tensor &keyMask) const {
-  return m_.hidden(tokens, positions, keyMask);
 }
 
 at::Tensor TensorParallelModel::localLogits(const at::Tensor &hidden) const {
@@ -148,18 +172,6 @@ Generation TensorParallelModel::generate(const at::Tensor &prompts,
   return m_.generate(prompts, promptMask, opts, gen);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> TensorParallelModel::namedWeights() const {
-  return m_.namedShards();
-}
-
-std::vector<std::pair<std::string, Box>> TensorParallelModel::namedBoxes() const {
-  return m_.namedBoxes();
-}
-
-uint64_t TensorParallelModel::loadHf(const std::string &dir) {
-  return loadHfShards(dir, m_.config(), m_.namedShards(), m_.namedBoxes());
-}
-
 void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   noHead(extra, "tensor-parallel");
   // The shards' gradients, averaged over the replicas (tp x dp).
@@ -167,25 +179,12 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
     allReduceGradients(m_.parameters(), *dp_);
 }
 
-double TensorParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
-  noHead(extra, "tensor-parallel");
-  return m_.gradNormSquared(); // replicated weights counted once
-}
-
 //===----------------------------------------------------------------------===//
 // FullyShardedModel
 //===----------------------------------------------------------------------===//
 
-FullyShardedModel::FullyShardedModel(const Llama &whole, comm::Communicator &group)
-    : m_(whole, group) {}
-
 std::string FullyShardedModel::form() const {
   return "fsdp" + std::to_string(m_.comm().size());
-}
-
-at::Tensor FullyShardedModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                                     const at::Tensor &keyMask) const {
-  return m_.hidden(tokens, positions, keyMask);
 }
 
 at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {
@@ -207,26 +206,9 @@ Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,
                          "tensor-parallel copy the planned reshard fills");
 }
 
-std::vector<std::pair<std::string, at::Tensor>> FullyShardedModel::namedWeights() const {
-  return m_.namedShards();
-}
-
-std::vector<std::pair<std::string, Box>> FullyShardedModel::namedBoxes() const {
-  return m_.namedBoxes();
-}
-
-uint64_t FullyShardedModel::loadHf(const std::string &dir) {
-  return loadHfShards(dir, m_.config(), m_.namedShards(), m_.namedBoxes());
-}
-
 void FullyShardedModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   noHead(extra, "FSDP");
   // Backward reduce-scattered the mean gradient into each rank's shards.
-}
-
-double FullyShardedModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
-  noHead(extra, "FSDP");
-  return m_.gradNormSquared();
 }
 
 } // namespace hflow::models

@@ -53,19 +53,42 @@ private:
   comm::Communicator &dp_;
 };
 
-/// Megatron tensor-parallel shards (TPLlama) over `tp`; with `dp` (tp x dp)
-/// the replicas' gradients are averaged over it. No head yet.
-class TensorParallelModel final : public CausalLM {
+/// What the sharded forms share: each delegates to its model `M` (TPLlama
+/// or FSDPLlama), which holds this rank's shards. Defined in ModelForms.cpp
+/// for those two.
+template <class M> class ShardedForm : public CausalLM {
 public:
-  /// Takes this member's shards of `whole` (copied).
-  TensorParallelModel(const Llama &whole, comm::Communicator &tp,
-                      comm::Communicator *dp = nullptr);
-
   const LlamaConfig &config() const override { return m_.config(); }
-  std::string form() const override;
   bool sharded() const override { return true; }
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const override;
+  comm::Communicator &group() const override { return m_.comm(); }
+  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
+  void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
+  uint64_t loadHf(const std::string &dir) override;
+  /// The unsharded model's norm (replicated weights counted once). No head.
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+protected:
+  /// Takes this member's shards of `whole` (copied).
+  ShardedForm(const Llama &whole, comm::Communicator &group) : m_(whole, group) {}
+  M m_;
+};
+
+/// Megatron tensor-parallel shards (TPLlama) over `tp`; with `dp` (tp x dp)
+/// the replicas' gradients are averaged over it. Logits are vocabulary
+/// shards, never gathered to train. No head yet.
+class TensorParallelModel final : public ShardedForm<TPLlama> {
+public:
+  TensorParallelModel(const Llama &whole, comm::Communicator &tp,
+                      comm::Communicator *dp = nullptr)
+      : ShardedForm(whole, tp), dp_(dp) {}
+
+  std::string form() const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;
   at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                            double temperature) const override;
@@ -73,34 +96,20 @@ public:
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return nullptr; }
-  comm::Communicator &group() const override { return m_.comm(); }
-  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
-  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
-  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
-  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
-  void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
-  void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
-  uint64_t loadHf(const std::string &dir) override;
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
-  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
 
 private:
-  TPLlama m_;
   comm::Communicator *dp_;
 };
 
 /// ZeRO-3 shards (FSDPLlama) over `group`: backward reduce-scatters the
 /// gradients, so reduceGradients has nothing left to do. Does not generate.
-class FullyShardedModel final : public CausalLM {
+class FullyShardedModel final : public ShardedForm<FSDPLlama> {
 public:
-  /// Takes this member's boxes of `whole` (copied).
-  FullyShardedModel(const Llama &whole, comm::Communicator &group);
+  FullyShardedModel(const Llama &whole, comm::Communicator &group)
+      : ShardedForm(whole, group) {}
 
-  const LlamaConfig &config() const override { return m_.config(); }
   std::string form() const override;
-  bool sharded() const override { return true; }
-  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask) const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;
   at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                            double temperature) const override;
@@ -108,20 +117,11 @@ public:
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return &m_.comm(); }
-  comm::Communicator &group() const override { return m_.comm(); }
-  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
-  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
-  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
-  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
-  void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
-  void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
-  uint64_t loadHf(const std::string &dir) override;
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
-  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
-
-private:
-  FSDPLlama m_;
 };
+
+extern template class ShardedForm<TPLlama>;
+extern template class ShardedForm<FSDPLlama>;
 
 } // namespace hflow::models
 

@@ -1,0 +1,707 @@
+//===- SemaDecls.cpp - checks of the declarations ---------------------------===//
+//
+// Devices, meshes, models (with hf("dir") configs), roles and their layouts
+// and options, placement.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/frontend/SemaImpl.h"
+
+namespace hflow::frontend::detail {
+
+bool Sema::positiveInt(const Expr &v, int64_t &out, const std::string &what,
+               bool allowZero) {
+  if (v.kind != Expr::Kind::Int) {
+    diags_.error(v.loc, what + " must be an integer");
+    return false;
+  }
+  if (v.intValue < (allowZero ? 0 : 1)) {
+    diags_.error(v.loc, what + (allowZero ? " must not be negative, got "
+                                          : " must be positive, got ") +
+                            std::to_string(v.intValue));
+    return false;
+  }
+  out = v.intValue;
+  return true;
+}
+
+bool Sema::quantity(const ast::Arg *a, units::Kind kind, double &out,
+            const std::string &what) {
+  const Expr &v = *a->value;
+  if (v.kind == Expr::Kind::Int || v.kind == Expr::Kind::Float) {
+    diags_.error(v.loc, what + " needs a unit: it is " + units::kindName(kind));
+    return false;
+  }
+  if (v.kind != Expr::Kind::Quantity) {
+    diags_.error(v.loc, what + " must be " + units::kindName(kind));
+    return false;
+  }
+  auto unit = units::parseUnit(v.unit);
+  if (!unit) {
+    diags_.error(v.loc, "unknown unit '" + v.unit +
+                            "'; sizes: B, KB, MB, GB, TB, KiB..TiB; "
+                            "bandwidths: GB/s, Gbps, ...; rates: TFLOPS, ...");
+    return false;
+  }
+  if (unit->kind != kind) {
+    diags_.error(v.loc, what + " must be " + units::kindName(kind) + ", but '" +
+                            v.text + "' is " + units::kindName(unit->kind));
+    return false;
+  }
+  if (!(v.floatValue > 0)) {
+    diags_.error(v.loc, what + " must be positive");
+    return false;
+  }
+  out = v.floatValue * unit->factor;
+  return true;
+}
+
+void Sema::checkDevice(ast::DeviceDecl &d) {
+  const Expr &e = *d.ctor;
+  if (e.text != "gpu" && e.text != "cpu") {
+    diags_.error(e.loc, "unknown device constructor '" + e.text +
+                            "'; expected gpu(...) or cpu(...)");
+    return;
+  }
+  d.kind = e.text;
+  for (const auto &a : e.args)
+    if (a.key.empty())
+      diags_.error(a.value->loc, "device arguments are named, e.g. memory: 80GB");
+  auto kw = keywordArgs(e, {"memory", "bf16", "fp32", "bandwidth"}, e.text + "()");
+  struct Field {
+    const char *key;
+    units::Kind kind;
+    double *out;
+  } fields[] = {{"memory", units::Kind::Bytes, &d.memoryBytes},
+                {"bf16", units::Kind::Flops, &d.bf16Flops},
+                {"fp32", units::Kind::Flops, &d.fp32Flops},
+                {"bandwidth", units::Kind::Bandwidth, &d.memBandwidth}};
+  for (const Field &f : fields) {
+    if (!kw.count(f.key)) {
+      diags_.error(e.loc, e.text + "() needs '" + f.key + ":'");
+      continue;
+    }
+    quantity(kw[f.key], f.kind, *f.out, f.key);
+  }
+}
+
+void Sema::checkCluster(ast::ClusterDecl &c) {
+  const Expr &e = *c.ctor;
+  if (e.text != "mesh") {
+    diags_.error(e.loc, "unknown cluster constructor '" + e.text +
+                            "'; expected mesh(DEVICE, nodes: N, per_node: M)");
+    return;
+  }
+  std::vector<const ast::Arg *> positional;
+  for (const auto &a : e.args)
+    if (a.key.empty())
+      positional.push_back(&a);
+  auto kw = keywordArgs(e, {"device", "nodes", "per_node", "intra", "inter"},
+                        "mesh()");
+  const Expr *device = nullptr;
+  if (positional.size() > 1)
+    diags_.error(positional[1]->value->loc,
+                 "mesh() takes one positional argument, the device");
+  if (!positional.empty())
+    device = positional[0]->value.get();
+  if (kw.count("device")) {
+    if (device)
+      diags_.error(kw["device"]->keyLoc, "device is given twice");
+    device = kw["device"]->value.get();
+  }
+  if (!device) {
+    diags_.error(e.loc, "mesh() needs a device, e.g. mesh(cpu, nodes: 1, "
+                        "per_node: 4)");
+  } else if (device->kind != Expr::Kind::Name) {
+    diags_.error(device->loc, "the device must be a name such as cpu or "
+                              "a100_80g (declared with `device`, e.g. by "
+                              "import \"std/devices\")");
+  } else if (!symbols_.count(device->text)) {
+    diags_.error(device->loc, "unknown device '" + device->text + "'")
+        .notes.push_back({device->loc,
+                          "devices are declared with `device NAME = gpu(...)`; "
+                          "the standard ones come with import \"std/devices\""});
+  } else if (lookup(device->text, Kind::Device, device->loc)) {
+    c.device = device->text;
+  }
+  if (kw.count("intra"))
+    quantity(kw["intra"], units::Kind::Bandwidth, c.intraBandwidth, "intra");
+  if (kw.count("inter"))
+    quantity(kw["inter"], units::Kind::Bandwidth, c.interBandwidth, "inter");
+  for (const char *key : {"nodes", "per_node"}) {
+    if (!kw.count(key)) {
+      diags_.error(e.loc, std::string("mesh() needs '") + key + ":'");
+      continue;
+    }
+    positiveInt(*kw[key]->value, key == std::string("nodes") ? c.nodes : c.perNode,
+                key);
+  }
+  if (c.nodes > 0 && c.perNode > 0 &&
+      (c.nodes > limits::kMaxDevices || c.perNode > limits::kMaxDevices ||
+       c.nodes * c.perNode > limits::kMaxDevices))
+    diags_.error(e.loc, "a mesh of " + std::to_string(c.nodes) + " x " +
+                            std::to_string(c.perNode) +
+                            " devices is larger than hflow supports (" +
+                            std::to_string(limits::kMaxDevices) + ")");
+}
+
+bool Sema::boolArg(const Expr &v, const std::string &what, bool &out) {
+  if (v.kind == Expr::Kind::Name && (v.text == "true" || v.text == "false")) {
+    out = v.text == "true";
+    return true;
+  }
+  diags_.error(v.loc, what + " must be true or false");
+  return false;
+}
+
+bool Sema::dtypeArg(const Expr &v, ast::DType &out) {
+  if (v.kind == Expr::Kind::Name && v.text == "f32")
+    out = ast::DType::F32;
+  else if (v.kind == Expr::Kind::Name && v.text == "bf16")
+    out = ast::DType::BF16;
+  else if (v.kind == Expr::Kind::Name && v.text == "f16")
+    out = ast::DType::F16;
+  else {
+    diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+    return false;
+  }
+  return true;
+}
+
+void Sema::checkModel(ast::ModelDecl &m) {
+  const Expr &e = *m.ctor;
+  if (e.text == "hf") {
+    checkHfModel(m);
+    return;
+  }
+  if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
+      std::end(kKnownArchs)) {
+    diags_.error(e.loc, "unknown model architecture '" + e.text +
+                            "'; known: llama, qwen2, and hf(\"dir\") for a "
+                            "Hugging Face config.json");
+    return;
+  }
+  m.arch = e.text;
+  for (const auto &a : e.args)
+    if (a.key.empty())
+      diags_.error(a.value->loc,
+                   "model arguments are named, e.g. layers: 2");
+  auto kw = keywordArgs(e,
+                        {"layers", "hidden", "heads", "kv_heads", "ffn",
+                         "vocab", "dtype", "tie_embeddings", "qkv_bias",
+                         "rope_theta"},
+                        e.text + "()");
+  // Qwen2 has biases on Q, K and V; Llama has none.
+  m.qkvBias = m.arch == "qwen2";
+  if (kw.count("tie_embeddings"))
+    boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
+  if (kw.count("qkv_bias"))
+    boolArg(*kw["qkv_bias"]->value, "qkv_bias", m.qkvBias);
+  if (kw.count("rope_theta")) {
+    const Expr &v = *kw["rope_theta"]->value;
+    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+      diags_.error(v.loc, "rope_theta must be a number");
+    else if (double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+             !(x > 0))
+      diags_.error(v.loc, "rope_theta must be positive, got " + v.text);
+    else
+      m.ropeTheta = x;
+  }
+  struct Dim {
+    const char *key;
+    int64_t *out;
+  } dims[] = {{"layers", &m.layers}, {"hidden", &m.hidden},
+              {"heads", &m.heads},   {"kv_heads", &m.kvHeads},
+              {"ffn", &m.ffn},       {"vocab", &m.vocab}};
+  bool allOk = true;
+  for (const Dim &d : dims) {
+    if (!kw.count(d.key)) {
+      diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
+      allOk = false;
+      continue;
+    }
+    allOk &= positiveInt(*kw[d.key]->value, *d.out, d.key);
+  }
+  if (kw.count("dtype"))
+    dtypeArg(*kw["dtype"]->value, m.dtype);
+  if (!allOk)
+    return;
+  checkModelBounds(m, [&](const char *key) { return kw[key]->value->loc; });
+}
+
+void Sema::checkHfModel(ast::ModelDecl &m) {
+  const Expr &e = *m.ctor;
+  std::vector<const ast::Arg *> positional;
+  for (const auto &a : e.args)
+    if (a.key.empty())
+      positional.push_back(&a);
+  auto kw = keywordArgs(e, {"dtype"}, "hf()");
+  if (positional.size() != 1 || positional[0]->value->kind != Expr::Kind::String) {
+    diags_.error(e.loc, "hf() takes the model directory as a string, e.g. "
+                        "hf(\"models/Qwen2.5-0.5B\")");
+    return;
+  }
+  const Expr &dirArg = *positional[0]->value;
+  namespace fs = std::filesystem;
+  fs::path dir = dirArg.text;
+  if (dir.is_relative())
+    dir = fs::path(m.loc.file).parent_path() / dir;
+  fs::path config = dir / "config.json";
+  m.hfDir = dir.string();
+  std::ifstream in(config, std::ios::binary);
+  if (!in) {
+    diags_.error(dirArg.loc, "cannot read " + config.string() +
+                                 ": no such file, or not readable");
+    return;
+  }
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  if (text.size() > (size_t(1) << 24)) {
+    diags_.error(dirArg.loc, config.string() + " is larger than 16 MiB; is "
+                                               "it a config.json?");
+    return;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error &err) {
+    // Turn the byte offset into line:col of the JSON file.
+    size_t off = std::min<size_t>(err.byte > 0 ? err.byte - 1 : 0, text.size());
+    int line = 1, col = 1;
+    for (size_t i = 0; i < off; ++i, ++col)
+      if (text[i] == '\n') {
+        ++line;
+        col = 0;
+      }
+    diags_.error(dirArg.loc, config.string() + ":" + std::to_string(line) +
+                                 ":" + std::to_string(col) +
+                                 ": not valid JSON");
+    return;
+  }
+  if (!j.is_object()) {
+    diags_.error(dirArg.loc, config.string() + " is not a JSON object");
+    return;
+  }
+  std::string type = j.value("model_type", std::string());
+  if (j.contains("model_type") && !j["model_type"].is_string())
+    type.clear();
+  if (type != "llama" && type != "qwen2") {
+    diags_.error(dirArg.loc, config.string() + ": model_type '" + type +
+                                 "' is not supported; hflow builds llama and "
+                                 "qwen2 models");
+    return;
+  }
+  m.arch = type;
+  m.qkvBias = type == "qwen2";
+  bool ok = true;
+  auto dim = [&](const char *key, int64_t &out, const char *fallback) {
+    const char *k = key;
+    if (!j.contains(k) && fallback && j.contains(fallback))
+      k = fallback;
+    if (!j.contains(k)) {
+      diags_.error(dirArg.loc, config.string() + " has no '" + key + "'");
+      ok = false;
+      return;
+    }
+    const auto &v = j[k];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+      diags_.error(dirArg.loc, config.string() + ": '" + k +
+                                   "' must be a positive integer, got " +
+                                   v.dump());
+      ok = false;
+      return;
+    }
+    out = v.get<int64_t>();
+  };
+  dim("num_hidden_layers", m.layers, nullptr);
+  dim("hidden_size", m.hidden, nullptr);
+  dim("num_attention_heads", m.heads, nullptr);
+  dim("num_key_value_heads", m.kvHeads, "num_attention_heads");
+  dim("intermediate_size", m.ffn, nullptr);
+  dim("vocab_size", m.vocab, nullptr);
+  if (j.contains("tie_word_embeddings")) {
+    if (j["tie_word_embeddings"].is_boolean())
+      m.tieEmbeddings = j["tie_word_embeddings"].get<bool>();
+    else {
+      diags_.error(dirArg.loc, config.string() +
+                                   ": 'tie_word_embeddings' must be true or false");
+      ok = false;
+    }
+  }
+  if (j.contains("attention_bias")) {
+    if (j["attention_bias"].is_boolean())
+      m.qkvBias = j["attention_bias"].get<bool>();
+    else {
+      diags_.error(dirArg.loc, config.string() +
+                                   ": 'attention_bias' must be true or false");
+      ok = false;
+    }
+  }
+  if (j.contains("rope_theta")) {
+    if (j["rope_theta"].is_number() && j["rope_theta"].get<double>() > 0)
+      m.ropeTheta = j["rope_theta"].get<double>();
+    else {
+      diags_.error(dirArg.loc, config.string() +
+                                   ": 'rope_theta' must be a positive number, got " +
+                                   j["rope_theta"].dump());
+      ok = false;
+    }
+  }
+  std::string dt = j.value("torch_dtype", std::string("float32"));
+  if (j.contains("torch_dtype") && !j["torch_dtype"].is_string())
+    dt.clear();
+  if (dt == "float32")
+    m.dtype = ast::DType::F32;
+  else if (dt == "bfloat16")
+    m.dtype = ast::DType::BF16;
+  else if (dt == "float16")
+    m.dtype = ast::DType::F16;
+  else {
+    diags_.error(dirArg.loc, config.string() + ": torch_dtype '" + dt +
+                                 "' is not one of float32, bfloat16, float16");
+    ok = false;
+  }
+  if (kw.count("dtype"))
+    dtypeArg(*kw["dtype"]->value, m.dtype);
+  if (!ok)
+    return;
+  checkModelBounds(m, [&](const char *) { return dirArg.loc; });
+}
+
+bool Sema::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
+  static const char *kHelp = "a layout is a product of dp(N), fsdp(N), tp(N), "
+                             "pp(N), sp(N) and cp(N) (e.g. tp(2) * dp(2)), "
+                             "`fsdp` alone, or `auto`";
+  if (e.kind == Expr::Kind::Binary && e.op == '*')
+    return layoutExpr(*e.lhs, l, seen) && layoutExpr(*e.rhs, l, seen);
+  if (e.kind == Expr::Kind::Name && e.text == "auto") {
+    if (!seen.empty()) {
+      diags_.error(e.loc, "`auto` is a whole layout; it does not combine "
+                          "with other degrees");
+      return false;
+    }
+    seen.insert("auto");
+    l.isAuto = true;
+    return true;
+  }
+  if (seen.count("auto")) {
+    diags_.error(e.loc, "`auto` is a whole layout; it does not combine "
+                        "with other degrees");
+    return false;
+  }
+  if (e.kind == Expr::Kind::Name && e.text == "fsdp") {
+    if (seen.count("dp")) {
+      diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
+                          "parallelism with sharded weights");
+      return false;
+    }
+    if (!seen.insert("fsdp").second) {
+      diags_.error(e.loc, "fsdp appears twice in one layout");
+      return false;
+    }
+    l.fsdpAll = true;
+    return true;
+  }
+  static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp"};
+  if (e.kind != Expr::Kind::Call || !kDims.count(e.text)) {
+    diags_.error(e.loc, kHelp);
+    return false;
+  }
+  if (!seen.insert(e.text).second) {
+    diags_.error(e.loc, e.text + " appears twice in one layout");
+    return false;
+  }
+  if (e.args.size() != 1 || !e.args[0].key.empty()) {
+    diags_.error(e.loc, e.text + "() takes one positional degree, e.g. " +
+                            e.text + "(2)");
+    return false;
+  }
+  int64_t degree = 0;
+  if (!positiveInt(*e.args[0].value, degree, e.text + " degree"))
+    return false;
+  if (degree > limits::kMaxDevices) {
+    diags_.error(e.args[0].value->loc, e.text + " degree " +
+                                           std::to_string(degree) +
+                                           " is larger than any mesh hflow "
+                                           "supports");
+    return false;
+  }
+  int64_t *slot = e.text == "dp" ? &l.dp : e.text == "fsdp" ? &l.fsdp
+                : e.text == "tp" ? &l.tp : e.text == "pp" ? &l.pp
+                : e.text == "sp" ? &l.sp : &l.cp;
+  *slot = degree;
+  if (e.text == "dp")
+    l.explicitDp = true;
+  if (seen.count("dp") && (seen.count("fsdp"))) {
+    diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
+                        "parallelism with sharded weights");
+    return false;
+  }
+  return true;
+}
+
+void Sema::checkRole(ast::RoleDecl &r) {
+  const Expr &e = *r.ctor;
+  static const std::map<std::string, ast::RoleKind> kinds = {
+      {"Actor", ast::RoleKind::Actor},
+      {"Critic", ast::RoleKind::Critic},
+      {"Reference", ast::RoleKind::Reference},
+      {"RewardModel", ast::RoleKind::RewardModel},
+      {"RewardFn", ast::RoleKind::RewardFn}};
+  auto k = kinds.find(e.text);
+  if (k == kinds.end()) {
+    diags_.error(e.loc, "unknown role kind '" + e.text +
+                            "'; known: Actor, Critic, Reference, "
+                            "RewardModel, RewardFn");
+    return;
+  }
+  r.kind = k->second;
+  if (e.args.size() != 1 || !e.args[0].key.empty()) {
+    diags_.error(e.loc, e.text + (r.kind == ast::RoleKind::RewardFn
+                                      ? "() takes the rule name, e.g. "
+                                        "RewardFn(\"exact_match\")"
+                                      : "() takes the model, e.g. " + e.text +
+                                            "(tiny)"));
+    return;
+  }
+  const Expr &arg = *e.args[0].value;
+  if (r.kind == ast::RoleKind::RewardFn) {
+    if (arg.kind != Expr::Kind::String)
+      diags_.error(arg.loc, "RewardFn takes the rule name as a string");
+    else
+      r.rule = arg.text;
+  } else if (arg.kind != Expr::Kind::Name) {
+    diags_.error(arg.loc, "expected a model name");
+  } else if (lookup(arg.text, Kind::Model, arg.loc)) {
+    r.model = arg.text;
+  }
+  std::set<std::string> seenProps;
+  for (const ast::Property &p : r.props) {
+    if (!seenProps.insert(p.key).second) {
+      diags_.error(p.keyLoc, "property '" + p.key + "' is given twice");
+      continue;
+    }
+    ast::Layout *target = nullptr;
+    if (p.key == "train")
+      target = &r.train;
+    else if (p.key == "generate" && r.kind == ast::RoleKind::Actor)
+      target = &r.generate;
+    if (!target && roleOption(r, p))
+      continue;
+    if (!target) {
+      diags_.error(p.keyLoc,
+                   "unknown property '" + p.key + "' for " + article(e.text) +
+                       " role")
+          .notes.push_back({r.nameLoc, article(e.text) + " takes: " +
+                                           joined(roleProperties(r.kind))});
+      continue;
+    }
+    std::set<std::string> seen;
+    target->written = true;
+    target->loc = p.value->loc;
+    layoutExpr(*p.value, *target, seen);
+  }
+  checkTransferDtype(r);
+}
+
+void Sema::checkTransferDtype(ast::RoleDecl &r) {
+  auto it = r.strings.find("transfer_dtype");
+  if (it == r.strings.end())
+    return;
+  const ast::Property *prop = nullptr;
+  for (const ast::Property &p : r.props)
+    if (p.key == "transfer_dtype")
+      prop = &p;
+  std::string weights;
+  if (auto d = r.strings.find("dtype"); d != r.strings.end())
+    weights = d->second;
+  else if (auto s = symbols_.find(r.model);
+           !r.model.empty() && s != symbols_.end() && s->second.kind == Kind::Model)
+    weights = ast::dtypeName(prog_.models[s->second.index].dtype);
+  if (weights.empty() || !prop)
+    return; // the model is unknown: reported already
+  const std::string &wire = it->second;
+  if (wire == weights)
+    return; // a no-op, recorded as written
+  if (wire == "bf16" && weights == "f32")
+    return; // compressed: half the bytes
+  if (wire == "bf16") {
+    diags_.warning(prop->value->loc,
+                   "transfer_dtype: bf16 has no effect: role '" + r.name +
+                       "' has " + weights +
+                       " weights (2 bytes already); they move as " + weights);
+  } else {
+    diags_.error(prop->value->loc,
+                 "transfer_dtype must be bf16 or the weights' own dtype (" +
+                     weights + "), got " + wire);
+  }
+  r.strings.erase(it);
+}
+
+std::vector<std::string> Sema::roleProperties(ast::RoleKind k) {
+  std::vector<std::string> props = {"train"};
+  if (k == ast::RoleKind::RewardFn)
+    return props;
+  if (k == ast::RoleKind::Actor)
+    props.push_back("generate");
+  props.push_back("dtype");
+  if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic)
+    props.push_back("optimizer");
+  if (k == ast::RoleKind::Actor)
+    for (const char *s : {"temperature", "top_p", "top_k", "transfer_dtype"})
+      props.push_back(s);
+  return props;
+}
+
+bool Sema::number(const Expr &v, const std::string &what, double lo, double hi,
+          bool integer, double &out) {
+  bool isNum = v.kind == Expr::Kind::Int ||
+               (!integer && v.kind == Expr::Kind::Float);
+  double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+  if (!isNum) {
+    diags_.error(v.loc, what + (integer ? " must be an integer"
+                                        : " must be a number"));
+    return false;
+  }
+  if (lo == 0 && hi < 0 && x < 0) {
+    diags_.error(v.loc, what + " must not be negative, got " + v.text);
+    return false;
+  }
+  if (x < lo || (hi >= 0 && x > hi)) {
+    std::ostringstream range;
+    range << what << " must be in [" << lo << ", ";
+    if (hi >= 0)
+      range << hi;
+    else
+      range << "inf";
+    range << "], got " << v.text;
+    diags_.error(v.loc, range.str());
+    return false;
+  }
+  out = x;
+  return true;
+}
+
+bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
+  auto allowed = roleProperties(r.kind);
+  if (p.key == "train" || p.key == "generate" ||
+      std::find(allowed.begin(), allowed.end(), p.key) == allowed.end())
+    return false;
+  const Expr &v = *p.value;
+  double x = 0;
+  if (p.key == "dtype") {
+    if (v.kind == Expr::Kind::Name &&
+        (v.text == "f32" || v.text == "bf16" || v.text == "f16"))
+      r.strings["dtype"] = v.text;
+    else
+      diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
+  } else if (p.key == "transfer_dtype") {
+    // Checked against the weights' dtype once every property is read
+    // (checkTransferDtype): `dtype:` may come after it.
+    if (v.kind == Expr::Kind::Name &&
+        (v.text == "f32" || v.text == "bf16" || v.text == "f16"))
+      r.strings["transfer_dtype"] = v.text;
+    else
+      diags_.error(v.loc, "transfer_dtype must be bf16 or the weights' own "
+                          "dtype (f32, bf16 or f16)" +
+                              (v.kind == Expr::Kind::Name ? ", got " + v.text
+                                                          : std::string()));
+  } else if (p.key == "temperature") {
+    if (number(v, "temperature", 0, -1, false, x))
+      r.numbers["temperature"] = x;
+  } else if (p.key == "top_p") {
+    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+      diags_.error(v.loc, "top_p must be a number");
+    else if (x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+             !(x > 0 && x <= 1))
+      diags_.error(v.loc, "top_p must be in (0, 1], got " + v.text);
+    else
+      r.numbers["top_p"] = x;
+  } else if (p.key == "top_k") {
+    if (number(v, "top_k", 0, -1, true, x))
+      r.numbers["top_k"] = x;
+  } else if (p.key == "optimizer") {
+    if (v.kind != Expr::Kind::Call || v.text != "adamw") {
+      diags_.error(v.loc, "optimizer must be adamw(lr: ..., weight_decay: "
+                          "..., clip_grad: ..., warmup: ...)");
+      return true;
+    }
+    r.strings["optimizer"] = "adamw";
+    auto kw = keywordArgs(v, {"lr", "weight_decay", "clip_grad", "warmup"},
+                          "adamw()");
+    for (const auto &a : v.args)
+      if (a.key.empty())
+        diags_.error(a.value->loc, "adamw() arguments are named, e.g. lr: 1e-6");
+    if (!kw.count("lr"))
+      diags_.error(v.loc, "adamw() needs 'lr:'");
+    else if (number(*kw["lr"]->value, "lr", 0, -1, false, x) && x == 0)
+      diags_.error(kw["lr"]->value->loc, "lr must be positive");
+    else if (x > 0)
+      r.numbers["lr"] = x;
+    if (kw.count("weight_decay") &&
+        number(*kw["weight_decay"]->value, "weight_decay", 0, -1, false, x))
+      r.numbers["weight_decay"] = x;
+    if (kw.count("clip_grad") &&
+        number(*kw["clip_grad"]->value, "clip_grad", 0, -1, false, x))
+      r.numbers["clip_grad"] = x;
+    if (kw.count("warmup") &&
+        number(*kw["warmup"]->value, "warmup", 0, -1, true, x))
+      r.numbers["warmup"] = x;
+  }
+  return true;
+}
+
+void Sema::checkPlace(ast::PlaceDecl &p) {
+  if (p.isAuto) {
+    if (!p.mesh.empty())
+      lookup(p.mesh, Kind::Cluster, p.meshLoc);
+    else if (prog_.clusters.size() > 1)
+      diags_.error(p.loc, "`place auto` needs `on MESH` when the program "
+                          "has several clusters");
+    for (const auto &q : prog_.places)
+      if (&q != &p && q.isAuto) {
+        if (&q < &p)
+          diags_.error(p.loc, "`place auto` is given twice")
+              .notes.push_back({q.loc, "the first one is here"});
+        break;
+      }
+    return;
+  }
+  lookup(p.mesh, Kind::Cluster, p.meshLoc);
+  if (!p.phase.empty() && p.roles.size() == 1) {
+    // place actor.generate on MESH[a:b]: the actor's rollout devices.
+    const std::string &name = p.roles[0].first;
+    if (p.phase != "generate")
+      diags_.error(p.phaseLoc, "only an actor's generation can be placed on "
+                               "devices of its own (`place " + name +
+                                   ".generate on MESH[a:b]`), not '" + p.phase + "'");
+    else if (auto it = symbols_.find(name);
+             it != symbols_.end() && it->second.kind == Kind::Role &&
+             prog_.roles[it->second.index].kind != ast::RoleKind::Actor)
+      diags_.error(p.roles[0].second, "role '" + name + "' is not an Actor: only an "
+                                      "actor generates, so only an actor's "
+                                      "generation can be placed apart")
+          .notes.push_back({prog_.roles[it->second.index].nameLoc, "declared here"});
+    else {
+      bool trained = false;
+      for (const auto &q : prog_.places)
+        if (q.phase.empty() && !q.isAuto)
+          for (const auto &r : q.roles)
+            trained |= r.first == name;
+      if (!trained)
+        diags_.error(p.loc, "`place " + name + ".generate` places only the actor's "
+                            "generation; place the actor itself too (`place " +
+                            name + " on MESH[a:b]`), where it trains");
+    }
+  }
+  std::set<std::string> seen;
+  for (auto &[name, loc] : p.roles) {
+    lookup(name, Kind::Role, loc);
+    if (!seen.insert(name).second)
+      diags_.error(loc, "role '" + name + "' is listed twice");
+  }
+  if (p.lo >= p.hi)
+    diags_.error(p.rangeLoc, "empty device range [" + std::to_string(p.lo) +
+                                 ":" + std::to_string(p.hi) + "]");
+}
+
+} // namespace hflow::frontend::detail

@@ -1,0 +1,479 @@
+//===- SemaFlow.cpp - checks of the flows -----------------------------------===//
+//
+// The kind of every value of a flow, role method calls with their inputs
+// and keyword arguments, builtins, arithmetic, unused values.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/frontend/SemaImpl.h"
+
+namespace hflow::frontend::detail {
+
+Sema::Ty Sema::batchTy(ast::BatchKind k, bool returns) {
+  Ty t;
+  t.what = Ty::Batch;
+  t.kind = k;
+  t.hasReturns = returns;
+  return t;
+}
+
+Sema::Ty Sema::constTy(double v) {
+  Ty t;
+  t.what = Ty::Constant;
+  t.value = v;
+  return t;
+}
+
+Sema::Ty Sema::typeExpr(Expr &e, Scope &scope) {
+  Ty t = typeExprImpl(e, scope);
+  if (t.what == Ty::Batch)
+    e.batchKind = static_cast<int>(t.kind);
+  else if (t.what == Ty::Constant)
+    e.constant = t.value;
+  return t;
+}
+
+Sema::Ty Sema::typeExprImpl(Expr &e, Scope &scope) {
+  switch (e.kind) {
+  case Expr::Kind::Int: return constTy(double(e.intValue));
+  case Expr::Kind::Float: return constTy(e.floatValue);
+  case Expr::Kind::Name: return typeName(e, scope);
+  case Expr::Kind::Field: return typeField(e, scope);
+  case Expr::Kind::MethodCall: return typeMethodCall(e, scope);
+  case Expr::Kind::Call: return typeBuiltin(e, scope);
+  case Expr::Kind::Neg: {
+    Ty t = typeExpr(*e.lhs, scope);
+    if (t.what == Ty::Constant)
+      return constTy(-t.value);
+    if (t.what == Ty::Batch && !methods::isNumeric(toM(t.kind))) {
+      diags_.error(e.loc, std::string("cannot negate ") + kindName(t.kind));
+      return {};
+    }
+    t.hasReturns = false;
+    return t;
+  }
+  case Expr::Kind::Binary: return typeBinary(e, scope);
+  default:
+    diags_.error(e.loc, "expected a batch value or a number");
+    return {};
+  }
+}
+
+Sema::Ty Sema::typeName(Expr &e, Scope &scope) {
+  auto it = scope.find(e.text);
+  if (it != scope.end()) {
+    it->second.used = true;
+    if (it->second.poisoned)
+      return {};
+    if (!it->second.kind)
+      return constTy(it->second.constant);
+    return batchTy(*it->second.kind, it->second.hasReturns);
+  }
+  if (auto s = symbols_.find(e.text); s != symbols_.end()) {
+    diags_.error(e.loc, "'" + e.text + "' is a " + kindName(s->second.kind) +
+                            ", not a value")
+        .notes.push_back({s->second.loc, "'" + e.text + "' is declared here"});
+    return {};
+  }
+  diags_.error(e.loc, "unknown value '" + e.text + "'");
+  return {};
+}
+
+Sema::Ty Sema::typeField(Expr &e, Scope &scope) {
+  auto it = scope.find(e.receiver);
+  if (it == scope.end()) {
+    if (symbols_.count(e.receiver) &&
+        symbols_.at(e.receiver).kind == Kind::Role)
+      diags_.error(e.loc, "'" + e.receiver + "." + e.text +
+                              "' is not a call; write " + e.receiver + "." +
+                              e.text + "(...)");
+    else
+      diags_.error(e.receiverLoc, "unknown value '" + e.receiver + "'");
+    return {};
+  }
+  Binding &b = it->second;
+  b.used = true;
+  if (b.poisoned)
+    return {};
+  if (b.hasReturns && (e.text == "returns" || e.text == "advantages"))
+    return batchTy(e.text == "returns" ? ast::BatchKind::Returns
+                                       : ast::BatchKind::Advantages);
+  auto &d = diags_.error(e.loc, "'" + e.receiver + "' has no field '" + e.text + "'");
+  d.notes.push_back({b.loc, b.hasReturns
+                                ? "'" + e.receiver +
+                                      "' is an advantage estimate; its fields "
+                                      "are .advantages and .returns"
+                                : "'" + e.receiver + "' is defined here; only "
+                                      "an advantage estimator's result has "
+                                      "fields (.advantages, .returns)"});
+  return {};
+}
+
+std::vector<std::pair<Sema::Ty, Expr *>> Sema::batchInputs(Expr &call, Scope &scope) {
+  std::vector<std::pair<Ty, Expr *>> out;
+  for (ast::Arg &a : call.args) {
+    if (!a.key.empty())
+      continue;
+    Ty t = typeExpr(*a.value, scope);
+    if (t.what == Ty::Constant) {
+      diags_.error(a.value->loc, "expected a batch value, not a number; "
+                                 "constants go in keyword arguments");
+      t = {};
+    } else if (t.what == Ty::Nothing) {
+      diags_.error(a.value->loc, "this call returns nothing");
+      t = {};
+    }
+    out.push_back({t, a.value.get()});
+  }
+  return out;
+}
+
+Sema::Ty Sema::typeMethodCall(Expr &e, Scope &scope) {
+  if (!symbols_.count(e.receiver) && !unknownRoles_.insert(e.receiver).second)
+    return {}; // reported at its first use in this flow
+  if (!symbols_.count(e.receiver) && e.loc.file != prog_.file &&
+      currentFlow_) {
+    // A flow from an imported file (std/ppo, ...) names the roles it
+    // expects; say so rather than just "unknown".
+    diags_.error(e.receiverLoc, "unknown role '" + e.receiver + "'")
+        .notes.push_back({currentFlow_->nameLoc,
+                          "the imported flow '" + currentFlow_->name +
+                              "' expects a role named '" + e.receiver +
+                              "'; declare it in " + prog_.file});
+    return {};
+  }
+  const Symbol *role = lookup(e.receiver, Kind::Role, e.receiverLoc);
+  if (!role)
+    return {};
+  const ast::RoleDecl &rd = prog_.roles[role->index];
+  auto mrole = static_cast<methods::Role>(rd.kind);
+  const methods::Signature *sig = methods::findMethod(mrole, e.text);
+  if (!sig) {
+    diags_
+        .error(e.loc, article(ast::roleKindName(rd.kind)) + " has no method '" +
+                          e.text + "'")
+        .notes.push_back({rd.nameLoc, "'" + rd.name + "' is " +
+                                          article(ast::roleKindName(rd.kind)) +
+                                          "; its methods: " +
+                                          methods::methodList(mrole)});
+    return {};
+  }
+  std::vector<std::string> allowed;
+  for (const methods::KeywordArg &k : sig->args)
+    allowed.emplace_back(k.name);
+  auto kw = keywordArgs(e, allowed, rd.name + "." + e.text + "()");
+  for (ast::Arg &a : e.args) // in source order
+    if (!a.key.empty() && kw.count(a.key) && kw.at(a.key) == &a)
+      checkKeyword(*a.value, *sig->args.find(a.key), scope);
+  auto inputs = batchInputs(e, scope);
+  std::string callName = rd.name + "." + e.text;
+  if (inputs.empty())
+    diags_.error(e.loc, callName + " needs its input (" +
+                            methods::batchName(sig->input) + ")");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto &[t, arg] = inputs[i];
+    if (t.what != Ty::Batch)
+      continue;
+    if (i == 0 && toM(t.kind) != sig->input) {
+      auto &d = diags_.error(arg->loc, callName + " takes " +
+                                           methods::batchName(sig->input) +
+                                           " first, but this is " +
+                                           kindName(t.kind));
+      noteDefinition(d, *arg, scope);
+    } else if (i > 0 && !((sig->extra >> unsigned(t.kind)) & 1)) {
+      auto &d = diags_.error(
+          arg->loc, callName + (sig->extra
+                                    ? " does not take " +
+                                          std::string(kindName(t.kind)) +
+                                          "; after the " +
+                                          methods::batchName(sig->input) +
+                                          " it takes " +
+                                          methods::kindList(sig->extra)
+                                    : " takes one input (" +
+                                          std::string(methods::batchName(
+                                              sig->input)) +
+                                          ")"));
+      noteDefinition(d, *arg, scope);
+    }
+  }
+  if (!sig->result) {
+    Ty t;
+    t.what = Ty::Nothing;
+    return t;
+  }
+  return batchTy(static_cast<ast::BatchKind>(*sig->result));
+}
+
+void Sema::noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
+  const std::string &name =
+      arg.kind == Expr::Kind::Field ? arg.receiver : arg.text;
+  if ((arg.kind == Expr::Kind::Name || arg.kind == Expr::Kind::Field) &&
+      scope.count(name))
+    d.notes.push_back({scope.at(name).loc, "'" + name + "' is defined here"});
+}
+
+void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
+  using methods::ArgType;
+  const std::string what(ka.name);
+  if (v.kind == Expr::Kind::Binary || v.kind == Expr::Kind::Neg) {
+    // A constant expression (2 * len): folded here, emitted as its value.
+    Ty t = typeExpr(v, scope);
+    if (t.what == Ty::Error)
+      return;
+    if (t.what != Ty::Constant) {
+      diags_.error(v.loc, "keyword arguments take constants; pass batch "
+                          "values positionally");
+      return;
+    }
+  }
+  if (v.kind == Expr::Kind::Name && scope.count(v.text)) {
+    Binding &b = scope.at(v.text);
+    b.used = true;
+    if (b.kind) {
+      diags_.error(v.loc, "keyword arguments take constants; pass batch "
+                          "values positionally")
+          .notes.push_back({b.loc, "'" + v.text + "' is a batch value"});
+      return;
+    }
+    v.constant = b.constant; // checked below like a literal
+  }
+  double x = v.constant ? *v.constant
+             : v.kind == Expr::Kind::Int ? double(v.intValue)
+                                         : v.floatValue;
+  bool isNumber = v.constant || v.kind == Expr::Kind::Int ||
+                  v.kind == Expr::Kind::Float;
+  bool isInteger = (v.constant && *v.constant == std::floor(*v.constant)) ||
+                   v.kind == Expr::Kind::Int;
+  auto show = [&] {
+    if (v.kind == Expr::Kind::Int || v.kind == Expr::Kind::Float)
+      return v.text;
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  switch (ka.type) {
+  case ArgType::Count:
+  case ArgType::Natural:
+    if (!isNumber || !isInteger)
+      diags_.error(v.loc, what + " must be an integer");
+    else if (x < (ka.type == ArgType::Count ? 1 : 0))
+      diags_.error(v.loc, what + (ka.type == ArgType::Count
+                                      ? " must be positive, got "
+                                      : " must not be negative, got ") +
+                              show());
+    break;
+  case ArgType::Probability:
+    if (!isNumber)
+      diags_.error(v.loc, what + " must be a number");
+    else if (!(x > 0 && x <= 1))
+      diags_.error(v.loc, what + " must be in (0, 1], got " + show());
+    break;
+  case ArgType::NonNegative:
+  case ArgType::Fraction:
+  case ArgType::Positive:
+    if (!isNumber)
+      diags_.error(v.loc, what + " must be a number");
+    else if (ka.type == ArgType::Positive && !(x > 0))
+      diags_.error(v.loc, what + " must be positive, got " + show());
+    else if (ka.type != ArgType::Positive && x < 0)
+      diags_.error(v.loc, what + " must not be negative, got " + show());
+    else if (ka.type == ArgType::Fraction && x > 1)
+      diags_.error(v.loc, what + " must be in [0, 1], got " + show());
+    break;
+  case ArgType::Bool:
+    if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
+      diags_.error(v.loc, what + " must be true or false");
+    break;
+  case ArgType::Choice:
+    if ((v.kind != Expr::Kind::Name && v.kind != Expr::Kind::String) ||
+        !builtins::isChoice(ka, v.text)) {
+      std::string choices(ka.choices);
+      std::replace(choices.begin(), choices.end(), ' ', ',');
+      for (size_t i = choices.find(','); i != std::string::npos;
+           i = choices.find(',', i + 2))
+        choices.insert(i + 1, " ");
+      diags_.error(v.loc, what + " must be one of " + choices);
+    }
+    break;
+  case ArgType::String:
+    if (v.kind != Expr::Kind::String)
+      diags_.error(v.loc, what + " must be a string");
+    break;
+  }
+}
+
+Sema::Ty Sema::typeBuiltin(Expr &e, Scope &scope) {
+  const builtins::Builtin *bi = builtins::findBuiltin(e.text);
+  if (!bi) {
+    diags_.error(e.loc, "unknown function '" + e.text + "'")
+        .notes.push_back({e.loc, "a flow can call role methods (role.method(...)) "
+                                 "and the builtins: " +
+                                     builtins::builtinList()});
+    return {};
+  }
+  std::vector<std::string> allowed;
+  for (int k = 0; k < bi->numKeywords; ++k)
+    allowed.emplace_back(bi->keywords[k].name);
+  auto kw = keywordArgs(e, allowed, e.text + "()");
+  for (ast::Arg &a : e.args) // in source order
+    if (!a.key.empty() && kw.count(a.key) && kw.at(a.key) == &a)
+      for (int k = 0; k < bi->numKeywords; ++k)
+        if (bi->keywords[k].name == a.key)
+          checkKeyword(*a.value, bi->keywords[k], scope);
+  auto inputs = batchInputs(e, scope);
+  if (static_cast<int>(inputs.size()) != bi->numInputs) {
+    diags_.error(e.loc, e.text + "() takes " + std::to_string(bi->numInputs) +
+                            " batch input" + (bi->numInputs == 1 ? "" : "s") +
+                            ", got " + std::to_string(inputs.size()));
+    return {};
+  }
+  bool ok = true;
+  for (int i = 0; i < bi->numInputs; ++i) {
+    auto &[t, arg] = inputs[i];
+    if (t.what != Ty::Batch) {
+      ok = false;
+      continue;
+    }
+    methods::Batch want = bi->inputs[i];
+    bool match = want == builtins::kAnyNumeric ? methods::isNumeric(toM(t.kind))
+                                               : toM(t.kind) == want;
+    if (!match) {
+      ok = false;
+      std::string expected = want == builtins::kAnyNumeric
+                                 ? "a numeric batch (not prompts or a rollout)"
+                                 : methods::batchName(want);
+      auto &d = diags_.error(arg->loc, e.text + "() input " +
+                                           std::to_string(i + 1) + " must be " +
+                                           expected + ", but this is " +
+                                           kindName(t.kind));
+      noteDefinition(d, *arg, scope);
+    }
+  }
+  if (!ok)
+    return {};
+  ast::BatchKind result =
+      bi->result == builtins::kAnyNumeric
+          ? inputs[0].first.kind
+          : static_cast<ast::BatchKind>(bi->result);
+  return batchTy(result, bi->withReturns);
+}
+
+Sema::Ty Sema::typeBinary(Expr &e, Scope &scope) {
+  Ty a = typeExpr(*e.lhs, scope), b = typeExpr(*e.rhs, scope);
+  if (a.what == Ty::Error || b.what == Ty::Error)
+    return {};
+  for (const Ty *t : {&a, &b})
+    if (t->what == Ty::Nothing) {
+      diags_.error(e.loc, "an operand of '" + std::string(1, e.op) +
+                              "' returns nothing");
+      return {};
+    }
+  if (a.what == Ty::Constant && b.what == Ty::Constant) {
+    if (e.op == '/' && b.value == 0) {
+      diags_.error(e.loc, "division by zero");
+      return {};
+    }
+    double v = e.op == '+' ? a.value + b.value
+               : e.op == '-' ? a.value - b.value
+               : e.op == '*' ? a.value * b.value
+                             : a.value / b.value;
+    return constTy(v);
+  }
+  const Ty &batch = a.what == Ty::Batch ? a : b;
+  if (!methods::isNumeric(toM(batch.kind))) {
+    diags_.error(e.loc, std::string("arithmetic needs numeric batches, but ") +
+                            (a.what == Ty::Batch ? "the left" : "the right") +
+                            " operand is " + kindName(batch.kind));
+    return {};
+  }
+  if (a.what == Ty::Constant || b.what == Ty::Constant) {
+    if (e.op == '/' && b.what == Ty::Constant && b.value == 0) {
+      diags_.error(e.loc, "division by zero");
+      return {};
+    }
+    return batchTy(batch.kind);
+  }
+  if (!methods::isNumeric(toM(b.kind))) {
+    diags_.error(e.loc, std::string("arithmetic needs numeric batches, but "
+                                    "the right operand is ") +
+                            kindName(b.kind));
+    return {};
+  }
+  auto r = builtins::arithmetic(e.op, toM(a.kind), toM(b.kind));
+  if (!r) {
+    static const char *verbs[] = {"add", "subtract", "multiply", "divide"};
+    int i = e.op == '+' ? 0 : e.op == '-' ? 1 : e.op == '*' ? 2 : 3;
+    diags_.error(e.loc, std::string("cannot ") + verbs[i] + " " +
+                            kindName(a.kind) + " and " + kindName(b.kind))
+        .notes.push_back({e.loc, "arithmetic combines batches of one kind, "
+                                 "or subtracts a kl penalty from scores"});
+    return {};
+  }
+  return batchTy(static_cast<ast::BatchKind>(*r));
+}
+
+void Sema::checkFlow(ast::FlowDecl &f) {
+  currentFlow_ = &f;
+  unknownRoles_.clear();
+  Scope scope;
+  for (ast::Param &p : f.params) {
+    if (p.type != "Prompts") {
+      diags_.error(p.typeLoc, "unknown parameter type '" + p.type +
+                                  "'; a flow takes Prompts");
+      continue;
+    }
+    p.kind = ast::BatchKind::Prompts;
+    if (symbols_.count(p.name))
+      diags_.error(p.loc, "parameter '" + p.name + "' shadows a declaration")
+          .notes.push_back({symbols_[p.name].loc, "declared here"});
+    Binding b;
+    b.kind = p.kind;
+    b.loc = p.loc;
+    if (!scope.emplace(p.name, b).second)
+      diags_.error(p.loc, "duplicate parameter '" + p.name + "'");
+  }
+  for (ast::Stmt &s : f.body) {
+    Expr &e = *s.value;
+    if (s.name.empty() && e.kind != Expr::Kind::MethodCall) {
+      diags_.error(s.loc, "a flow statement must be a role method call or "
+                          "a `let`, e.g. actor.update(rollout, adv)");
+      continue;
+    }
+    Ty t = typeExpr(e, scope);
+    if (t.what == Ty::Batch)
+      s.resultKind = t.kind;
+    if (!s.name.empty() && t.what == Ty::Error && !scope.count(s.name)) {
+      // Later uses of a value whose definition failed are not errors too.
+      Binding b;
+      b.loc = s.nameLoc;
+      b.used = true;
+      b.poisoned = true;
+      scope.emplace(s.name, b);
+    }
+    if (s.name.empty() || t.what == Ty::Error)
+      continue;
+    if (t.what == Ty::Nothing) {
+      diags_.error(s.nameLoc, e.receiver + "." + e.text +
+                                  " returns nothing to bind");
+      continue;
+    }
+    if (symbols_.count(s.name))
+      diags_.error(s.nameLoc, "'" + s.name + "' shadows a declaration")
+          .notes.push_back({symbols_[s.name].loc, "declared here"});
+    Binding b;
+    b.loc = s.nameLoc;
+    b.hasReturns = t.hasReturns;
+    if (t.what == Ty::Batch)
+      b.kind = t.kind;
+    else
+      b.constant = t.value;
+    auto [it, inserted] = scope.emplace(s.name, b);
+    if (!inserted)
+      diags_.error(s.nameLoc, "redefinition of '" + s.name + "'")
+          .notes.push_back({it->second.loc, "previous definition is here"});
+  }
+  for (auto &[name, b] : scope)
+    if (!b.used)
+      diags_.warning(b.loc, "value '" + name + "' is never used");
+}
+
+} // namespace hflow::frontend::detail

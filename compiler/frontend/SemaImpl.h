@@ -1,0 +1,280 @@
+//===- SemaImpl.h - the semantic checker's state ----------------------------===//
+//
+// Private to compiler/frontend: the checker class whose member functions
+// live in the file of their concern:
+//   Sema.cpp       names: declarations, redefinitions, lookups, the driver
+//   SemaDecls.cpp  devices, meshes, models (hf("dir") configs), roles,
+//                  layouts, options, placement
+//   SemaFlow.cpp   flows: the kind of every value, method calls, keyword
+//                  arguments, builtins, arithmetic
+//   SemaTrain.cpp  train blocks: data, batch sizes against the flow,
+//                  phases, off-policy pipelining
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_COMPILER_FRONTEND_SEMAIMPL_H
+#define HFLOW_COMPILER_FRONTEND_SEMAIMPL_H
+
+#include "compiler/frontend/Sema.h"
+#include "compiler/frontend/Units.h"
+#include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/Limits.h"
+#include "runtime/schema/RoleMethods.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace hflow::frontend::detail {
+
+using ast::Expr;
+
+inline const char *const kKnownArchs[] = {"llama", "qwen2"};
+
+/// "an Actor", "a Critic".
+inline std::string article(const std::string &noun) {
+  bool vowel = !noun.empty() && std::string("AEIOUaeiou").find(noun[0]) != std::string::npos;
+  return (vowel ? "an " : "a ") + noun;
+}
+
+inline std::string joined(const std::vector<std::string> &v) {
+  std::string out;
+  for (const auto &s : v)
+    out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+class Sema {
+public:
+  Sema(ast::Program &p, DiagnosticList &d) : prog_(p), diags_(d) {}
+
+  void run() {
+    declareNames();
+    for (auto &d : prog_.devices)
+      checkDevice(d);
+    for (auto &c : prog_.clusters)
+      checkCluster(c);
+    for (auto &m : prog_.models)
+      checkModel(m);
+    for (auto &r : prog_.roles)
+      checkRole(r);
+    for (auto &p : prog_.places)
+      checkPlace(p);
+    if (prog_.flows.empty())
+      diags_.error({prog_.file, 1, 1, 1},
+                   "program has no flow: declare one with `flow NAME(prompts: "
+                   "Prompts) { ... }`");
+    for (auto &f : prog_.flows)
+      checkFlow(f);
+    for (auto &t : prog_.trains)
+      checkTrain(t);
+  }
+
+private:
+  enum class Kind { Device, Cluster, Model, Role, Flow };
+  struct Symbol {
+    Kind kind;
+    ast::SourceLoc loc;
+    size_t index;
+  };
+  static const char *kindName(Kind k) {
+    switch (k) {
+    case Kind::Device: return "device";
+    case Kind::Cluster: return "cluster";
+    case Kind::Model: return "model";
+    case Kind::Role: return "role";
+    case Kind::Flow: return "flow";
+    }
+    return "?";
+  }
+
+  void declare(const std::string &name, Kind kind, const ast::SourceLoc &loc,
+               size_t index);
+
+  void declareNames();
+
+  /// Looks up `name` and requires it to be of `kind`; reports otherwise.
+  const Symbol *lookup(const std::string &name, Kind kind,
+                       const ast::SourceLoc &loc);
+
+  /// Checks keyword arguments against `allowed`; returns them by key.
+  std::map<std::string, const ast::Arg *>
+  keywordArgs(const Expr &call, const std::vector<std::string> &allowed,
+              const std::string &what);
+
+  /// An integer literal > 0 (>= 0 with `allowZero`).
+  bool positiveInt(const Expr &v, int64_t &out, const std::string &what,
+                   bool allowZero = false);
+
+  /// A positive quantity of unit kind `kind`, e.g. memory: 80GB.
+  bool quantity(const ast::Arg *a, units::Kind kind, double &out,
+                const std::string &what);
+
+  void checkDevice(ast::DeviceDecl &d);
+
+  void checkCluster(ast::ClusterDecl &c);
+
+  /// A boolean keyword argument: `true` or `false`.
+  bool boolArg(const Expr &v, const std::string &what, bool &out);
+
+  bool dtypeArg(const Expr &v, ast::DType &out);
+
+  void checkModel(ast::ModelDecl &m);
+
+  /// `hf("dir")`: the dimensions come from dir/config.json (a Hugging Face
+  /// model directory), relative to the file that declares the model.
+  void checkHfModel(ast::ModelDecl &m);
+
+  /// Bounds and divisibility of a model's dimensions; `where(key)` locates
+  /// the value of a dimension for the message.
+  template <typename Where>
+  void checkModelBounds(ast::ModelDecl &m, Where where) {
+    bool allOk = true;
+    struct Bound {
+      const char *key;
+      int64_t value, max;
+    } bounds[] = {{"layers", m.layers, limits::kMaxLayers},
+                  {"hidden", m.hidden, limits::kMaxHidden},
+                  {"heads", m.heads, m.hidden},
+                  {"kv_heads", m.kvHeads, m.heads},
+                  {"ffn", m.ffn, limits::kMaxFfn},
+                  {"vocab", m.vocab, limits::kMaxVocab}};
+    for (const Bound &b : bounds)
+      if (b.value > b.max) {
+        std::string key = b.key;
+        std::string limit = key == "heads"      ? "hidden (" + std::to_string(b.max) + ")"
+                            : key == "kv_heads" ? "heads (" + std::to_string(b.max) + ")"
+                                                : "the supported maximum " +
+                                                      std::to_string(b.max);
+        diags_.error(where(b.key), key + " = " + std::to_string(b.value) +
+                                       (key == "heads" || key == "kv_heads"
+                                            ? " is larger than "
+                                            : " is larger than ") +
+                                       limit);
+        allOk = false;
+      }
+    if (!allOk)
+      return;
+    if (m.hidden % m.heads != 0)
+      diags_.error(where("heads"),
+                   "hidden (" + std::to_string(m.hidden) +
+                       ") is not divisible by heads (" +
+                       std::to_string(m.heads) + ")");
+    if (m.heads % m.kvHeads != 0)
+      diags_.error(where("kv_heads"),
+                   "heads (" + std::to_string(m.heads) +
+                       ") is not divisible by kv_heads (" +
+                       std::to_string(m.kvHeads) + ")");
+  }
+
+  /// Parses `tp(2) * dp(4)`, `fsdp`, `fsdp(8) * sp(2)` or `auto` into a
+  /// layout.
+  bool layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen);
+
+  void checkRole(ast::RoleDecl &r);
+
+  /// `transfer_dtype:` (Actor): the element type of the weights on the wire
+  /// when they switch from the training to the generation layout. bf16
+  /// halves the bytes of f32 weights; the weights' own dtype is a no-op.
+  /// Anything else would widen the transfer or change it without saving a
+  /// byte (f16 weights as bf16: a warning, and the option is dropped).
+  void checkTransferDtype(ast::RoleDecl &r);
+
+  static std::vector<std::string> roleProperties(ast::RoleKind k);
+
+  /// A number property in [lo, hi] (hi < 0: no upper bound).
+  bool number(const Expr &v, const std::string &what, double lo, double hi,
+              bool integer, double &out);
+
+  /// Handles a role property other than the layouts; returns false if the
+  /// property is not one this role kind takes.
+  bool roleOption(ast::RoleDecl &r, const ast::Property &p);
+
+  void checkPlace(ast::PlaceDecl &p);
+
+  struct Binding {
+    std::optional<ast::BatchKind> kind; // none: a constant
+    double constant = 0;
+    ast::SourceLoc loc;
+    bool used = false;
+    bool hasReturns = false; // an advantage estimator's result
+    bool poisoned = false;   // its definition had an error: stay quiet
+  };
+  using Scope = std::map<std::string, Binding>;
+
+  /// What an expression in a flow evaluates to.
+  struct Ty {
+    enum { Error, Constant, Batch, Nothing } what = Error;
+    ast::BatchKind kind = ast::BatchKind::Prompts;
+    double value = 0;
+    bool hasReturns = false;
+  };
+  static Ty batchTy(ast::BatchKind k, bool returns = false);
+  static Ty constTy(double v);
+  static const char *kindName(ast::BatchKind k) { return ast::batchKindName(k); }
+
+  /// Types `e` and records the result on it (batchKind / constant).
+  Ty typeExpr(Expr &e, Scope &scope);
+
+  Ty typeExprImpl(Expr &e, Scope &scope);
+
+  static methods::Batch toM(ast::BatchKind k) { return static_cast<methods::Batch>(k); }
+
+  Ty typeName(Expr &e, Scope &scope);
+
+  Ty typeField(Expr &e, Scope &scope);
+
+  /// Positional inputs of a call: each must be a batch value.
+  std::vector<std::pair<Ty, Expr *>> batchInputs(Expr &call, Scope &scope);
+
+  Ty typeMethodCall(Expr &e, Scope &scope);
+
+  void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope);
+
+  /// Checks a keyword argument's value against its declared type. A number
+  /// may be a `let` constant of the flow.
+  void checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope);
+
+  Ty typeBuiltin(Expr &e, Scope &scope);
+
+  Ty typeBinary(Expr &e, Scope &scope);
+
+  void checkFlow(ast::FlowDecl &f);
+
+  /// Calls `fn` on every call (method or builtin) in `e`, outermost first.
+  template <typename Fn> static void forEachCall(const Expr &e, Fn fn) {
+    if (e.kind == Expr::Kind::MethodCall || e.kind == Expr::Kind::Call)
+      fn(e);
+    for (const ast::Arg &a : e.args)
+      forEachCall(*a.value, fn);
+    if (e.lhs)
+      forEachCall(*e.lhs, fn);
+    if (e.rhs)
+      forEachCall(*e.rhs, fn);
+  }
+
+  void checkTrain(ast::TrainDecl &t);
+
+  /// off_policy: 1 overlaps the rollout of step k+1 with training on step k.
+  /// That takes one actor.generate, whose prompts nothing else reads, and
+  /// an actor generating on devices of its own (colocated, the two could
+  /// not run at once).
+  void checkOffPolicy(const ast::TrainDecl &t);
+
+  ast::Program &prog_;
+  DiagnosticList &diags_;
+  std::map<std::string, Symbol> symbols_;
+  const ast::FlowDecl *currentFlow_ = nullptr;
+  std::set<std::string> unknownRoles_; // of the current flow, reported once
+};
+
+} // namespace hflow::frontend::detail
+
+#endif // HFLOW_COMPILER_FRONTEND_SEMAIMPL_H

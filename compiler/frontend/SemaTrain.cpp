@@ -1,0 +1,190 @@
+//===- SemaTrain.cpp - checks of the train blocks ---------------------------===//
+//
+// Train blocks: data, steps or epochs, batch sizes against the flow's calls,
+// the group estimators' n, checkpoints, off-policy pipelining.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/frontend/SemaImpl.h"
+
+namespace hflow::frontend::detail {
+
+void Sema::checkTrain(ast::TrainDecl &t) {
+  lookup(t.flow, Kind::Flow, t.flowLoc);
+  std::map<std::string, const ast::Property *> props;
+  static const std::vector<std::string> known = {
+      "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
+      "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy"};
+  for (const ast::Property &p : t.props) {
+    if (std::find(known.begin(), known.end(), p.key) == known.end()) {
+      diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
+          .notes.push_back({t.loc, "valid properties: " + joined(known)});
+      continue;
+    }
+    if (!props.emplace(p.key, &p).second)
+      diags_.error(p.keyLoc, "property '" + p.key + "' is given twice");
+  }
+  auto intProp = [&](const char *key, int64_t &out, bool required,
+                     ast::SourceLoc *where = nullptr) {
+    auto it = props.find(key);
+    if (it == props.end()) {
+      if (required)
+        diags_.error(t.loc, std::string("train block needs '") + key + ":'");
+      return;
+    }
+    const Expr &v = *it->second->value;
+    if (where)
+      *where = v.loc;
+    positiveInt(v, out, key, /*allowZero=*/std::string(key) == "seed");
+  };
+  if (auto it = props.find("data"); it != props.end()) {
+    if (it->second->value->kind != Expr::Kind::String)
+      diags_.error(it->second->value->loc,
+                   "data must be a file name string, e.g. \"prompts.jsonl\"");
+    else
+      t.data = it->second->value->text;
+  } else {
+    diags_.error(t.loc, "train block needs 'data:' (a JSONL prompt file)");
+  }
+  intProp("batch", t.batch, true, &t.batchLoc);
+  intProp("n", t.samples, false);
+  intProp("minibatch", t.minibatch, false, &t.minibatchLoc);
+  intProp("seed", t.seed, false);
+  intProp("log_every", t.logEvery, false);
+  intProp("prompt_len", t.promptLen, false);
+  intProp("micro_batch", t.microBatch, false);
+  if (auto it = props.find("off_policy"); it != props.end()) {
+    const Expr &v = *it->second->value;
+    t.offPolicyLoc = v.loc;
+    if (v.kind != Expr::Kind::Int || v.intValue > 1)
+      diags_.error(v.loc, "off_policy takes 0 (every rollout uses the latest "
+                          "weights) or 1 (the rollout of step k+1 runs while step k "
+                          "trains, one update behind)");
+    else
+      t.offPolicy = v.intValue;
+  }
+  if (t.offPolicy > 0)
+    checkOffPolicy(t);
+  bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
+  if (hasSteps == hasEpochs)
+    diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
+                        "'epochs:'");
+  intProp("steps", t.steps, false);
+  intProp("epochs", t.epochs, false);
+  if (auto it = props.find("checkpoint"); it != props.end()) {
+    const Expr &v = *it->second->value;
+    if (v.kind != Expr::Kind::Every)
+      diags_.error(v.loc, "checkpoint takes `every N to \"dir\"`");
+    else if (v.intValue <= 0)
+      diags_.error(v.loc, "checkpoint interval must be positive");
+    else {
+      t.checkpointEvery = v.intValue;
+      t.checkpointDir = v.text;
+    }
+  }
+  // Each generate call's `n` is the train block's n (or it is set on one
+  // side only, and that value holds).
+  std::optional<double> inferredN;
+  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+      f && f->kind == Kind::Flow)
+    for (const ast::Stmt &st : prog_.flows[f->index].body)
+      forEachCall(*st.value, [&](const Expr &call) {
+        if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
+          return;
+        for (const ast::Arg &a : call.args) {
+          if (a.key != "n")
+            continue;
+          std::optional<double> n = a.value->constant;
+          if (a.value->kind == Expr::Kind::Int)
+            n = double(a.value->intValue);
+          if (!n || *n < 1 || *n != std::floor(*n))
+            continue; // reported by the argument's own check
+          if (!props.count("n")) {
+            // Set on one side only: the calls must agree among themselves.
+            if (inferredN && *inferredN != *n)
+              diags_.error(a.value->loc,
+                           call.receiver + ".generate's n = " +
+                               std::to_string(static_cast<int64_t>(*n)) +
+                               " differs from an earlier generate's n = " +
+                               std::to_string(static_cast<int64_t>(*inferredN)) +
+                               "; set n in the train block");
+            inferredN = *n;
+            t.samples = static_cast<int64_t>(*n);
+            continue;
+          }
+          if (t.samples > 0 && *n != double(t.samples))
+            diags_
+                .error(a.value->loc,
+                       call.receiver + ".generate's n = " +
+                           std::to_string(static_cast<int64_t>(*n)) +
+                           " differs from the train block's n = " +
+                           std::to_string(t.samples))
+                .notes.push_back({props.at("n")->value->loc,
+                                  "the train block sets n here"});
+        }
+      });
+  // Group-based estimators compare a prompt's n responses with each other.
+  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+      f && f->kind == Kind::Flow && t.samples < 2)
+    for (const ast::Stmt &st : prog_.flows[f->index].body)
+      forEachCall(*st.value, [&](const Expr &call) {
+        if (call.kind == Expr::Kind::Call &&
+            (call.text == "grpo_advantage" || call.text == "rloo_advantage" ||
+             call.text == "reinforce_pp_baseline"))
+          diags_
+              .error(call.loc, call.text + " compares the n responses of "
+                                           "each prompt, but the train block "
+                                           "has n = " +
+                                           std::to_string(t.samples))
+              .notes.push_back({props.count("n") ? props.at("n")->value->loc
+                                                 : t.loc,
+                                "set n: 2 or more here"});
+      });
+  if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
+    diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
+                                     ") does not divide batch (" +
+                                     std::to_string(t.batch) + ")");
+}
+
+void Sema::checkOffPolicy(const ast::TrainDecl &t) {
+  const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+  if (!f || f->kind != Kind::Flow)
+    return;
+  const ast::FlowDecl &flow = prog_.flows[f->index];
+  std::vector<const Expr *> gens;
+  std::map<std::string, int> promptUses;
+  for (const ast::Stmt &st : flow.body)
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::MethodCall && call.text == "generate")
+        gens.push_back(&call);
+      for (const ast::Arg &a : call.args)
+        if (a.value->kind == Expr::Kind::Name)
+          for (const ast::Param &p : flow.params)
+            if (p.name == a.value->text)
+              ++promptUses[p.name];
+    });
+  if (gens.size() != 1) {
+    diags_.error(t.offPolicyLoc, "off_policy: 1 needs exactly one generate call in flow '" +
+                                     t.flow + "', which has " + std::to_string(gens.size()));
+    return;
+  }
+  const Expr &gen = *gens[0];
+  for (auto &[name, uses] : promptUses)
+    if (uses > 1)
+      diags_.error(t.offPolicyLoc, "off_policy: 1 runs " + gen.receiver +
+                                       ".generate one step ahead, so it must be the only "
+                                       "call that reads '" + name + "' (read " +
+                                       std::to_string(uses) + " times)")
+          .notes.push_back({gen.loc, "the generate call"});
+  bool apart = false;
+  for (const auto &q : prog_.places)
+    if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == gen.receiver)
+      apart = true;
+  if (!apart)
+    diags_.error(t.offPolicyLoc, "off_policy: 1 overlaps " + gen.receiver +
+                                     "'s rollout with its training, which needs the "
+                                     "rollout on devices of its own: add `place " +
+                                     gen.receiver + ".generate on MESH[a:b]`")
+        .notes.push_back({gen.loc, "the generate call"});
+}
+
+} // namespace hflow::frontend::detail
