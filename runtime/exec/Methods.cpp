@@ -399,8 +399,10 @@ void Worker::runScore(MethodCall &c) {
   at::Tensor scores = at::zeros({b, R});
   at::Tensor len = rmask.sum(1).to(at::kLong);
   if (ro.kind() == RoleKind::RewardFn) {
-    if (!ph.dataset && ruleName_ != "even_tokens")
-      throw RunError("reward rule '" + ruleName_ + "' needs a data set");
+    // This role's own rule: a program may declare several.
+    const RuleRt &rule = rules_.at(step(c.s).role());
+    if (!ph.dataset && rule.name != "even_tokens")
+      throw RunError("reward rule '" + rule.name + "' needs a data set");
     auto acc = rtoks.accessor<int64_t, 2>();
     for (int64_t i = 0; i < b; ++i) {
       std::vector<int64_t> ids;
@@ -410,7 +412,7 @@ void Worker::runScore(MethodCall &c) {
       data::Example ex;
       if (ph.dataset)
         ex = (*ph.dataset)[(size_t)(*rollout)["ids"][lo + i].item<int64_t>()];
-      double r = rule_(tok_->decode(ids), ex);
+      double r = rule.fn(tok_->decode(ids), ex);
       scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
     }
   } else {

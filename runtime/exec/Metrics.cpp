@@ -84,6 +84,10 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
         double sum = 0;
         for (auto &p : rr.lm->parameters())
           sum += p.detach().to(at::kDouble).sum().item<double>();
+        if (!std::isfinite(sum))
+          throw RunError("after " + ph.name + " iteration " + std::to_string(it + 1) +
+                         " the weights of " + str(role(r).name()) +
+                         " are not finite (NaN or infinity): training diverged");
         char b[64];
         std::snprintf(b, sizeof b, "%.17g", sum);
         line += std::string(", \"actor_weight_sum\": ") + b;

@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sys/stat.h>
 #include <thread>
+#include <unistd.h>
 
 namespace hflow::exec {
 
@@ -42,39 +44,94 @@ std::string Worker::describe(int s) const {
 std::string Worker::resolveData(const std::string &path) const {
   if (path.empty())
     throw RunError("the train block names no data file");
+  // With --data-dir, a relative path means a file there and nowhere else:
+  // a run never reads another file of the same name by accident.
   std::vector<std::string> tried;
   if (path[0] == '/')
     tried.push_back(path);
+  else if (!o_.dataDir.empty())
+    tried.push_back(o_.dataDir + "/" + path);
   else {
-    if (!o_.dataDir.empty())
-      tried.push_back(o_.dataDir + "/" + path);
     tried.push_back(path);
     tried.push_back(dirOf(str(p_.program())) + "/" + path);
   }
-  for (auto &t : tried)
-    if (fileExists(t))
-      return t;
+  for (auto &t : tried) {
+    struct stat st;
+    if (::stat(t.c_str(), &st) != 0)
+      continue;
+    if (!S_ISREG(st.st_mode))
+      throw RunError("data file '" + t + "' is " +
+                     (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                     ", not a JSONL file");
+    return t;
+  }
   std::string list;
   for (auto &t : tried)
     list += (list.empty() ? "" : ", ") + t;
   throw RunError("data file '" + path + "' not found (looked for " + list + ")");
 }
 
+/// The rule held-out prompts are scored with (--eval): the one rule the
+/// phases' flows score with, or the one RewardFn role's when no flow calls
+/// one. Several is an error: which one the user meant is theirs to say.
+const RuleRt *Worker::chooseEvalRule() const {
+  std::map<std::string, std::string> called; // rule -> its role
+  for (int s = 0; s < (int)(p_.steps() ? p_.steps()->size() : 0); ++s)
+    if (step(s).kind() == StepKind::Compute && rules_.count(step(s).role()))
+      called[rules_.at(step(s).role()).name] = str(role(step(s).role()).name());
+  if (called.empty())
+    for (auto &[r, rule] : rules_)
+      called[rule.name] = str(role(r).name());
+  if (called.empty())
+    throw RunError("--eval scores the held-out responses with a RewardFn role's rule, and "
+                   "this plan has no RewardFn role");
+  if (called.size() > 1) {
+    std::string list;
+    for (auto &[rule, roleName] : called)
+      list += (list.empty() ? "" : ", ") + roleName + ": " + rule;
+    throw RunError("--eval scores the held-out responses with one reward rule, but the "
+                   "flows score with " + std::to_string(called.size()) + " (" + list + ")");
+  }
+  for (auto &[r, rule] : rules_)
+    if (rule.name == called.begin()->first)
+      return &rule;
+  return nullptr;
+}
+
 /// Everything that can fail without talking to anyone: data files,
 /// tokenizer, reward rule, models. Runs before the rendezvous, so a bad
 /// input stops the job before any work.
 void Worker::prepare() {
+  if (!o_.dataDir.empty()) {
+    struct stat st;
+    if (::stat(o_.dataDir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw RunError("--data-dir '" + o_.dataDir + "' is not a directory");
+  }
+  if (trace_.enabled()) {
+    // Each rank writes its part next to the file at the end: refuse a
+    // place that cannot take it now, not after the training.
+    const std::string dir = dirOf(o_.traceFile);
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw RunError("--trace: cannot write '" + o_.traceFile + "': " + std::strerror(errno));
+  }
   tok_ = data::makeTokenizer(o_.tokenizer);
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
     mySteps_.insert(s);
 
-  // The reward rule of the first RewardFn role (the program names it).
-  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r)
-    if (role(r).kind() == RoleKind::RewardFn && ruleName_.empty()) {
-      ruleName_ = str(role(r).rule(), "even_tokens");
-      rule_ = data::rewardRule(ruleName_);
+  // Each RewardFn role scores with its own rule (the program names it).
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    if (role(r).kind() != RoleKind::RewardFn)
+      continue;
+    const std::string name = str(role(r).rule());
+    if (name.empty())
+      throw RunError("RewardFn role " + str(role(r).name()) + " names no reward rule");
+    try {
+      rules_[r] = {name, data::rewardRule(name)};
+    } catch (const std::exception &e) {
+      throw RunError("RewardFn role " + str(role(r).name()) + ": " + e.what());
     }
+  }
 
   std::vector<std::string> unordered;
   rows_.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
@@ -215,8 +272,7 @@ void Worker::prepare() {
     }
   }
   if (!o_.evalFile.empty()) {
-    if (!rule_)
-      throw RunError("--eval needs a RewardFn role to score the responses");
+    evalRule_ = chooseEvalRule();
     try {
       evalSet_ = data::Dataset::load(resolveData(o_.evalFile));
     } catch (const RunError &) {
@@ -650,7 +706,7 @@ int Worker::run() {
 
 int runWorker(const LoadedPlan &plan, const JoinOptions &join, const RunOptions &run) {
   comm::setLibraryLogging(run.verbose);
-  at::set_num_threads(std::max(1, envInt("HFLOW_NUM_THREADS", 1)));
+  at::set_num_threads(threadCount());
   Worker w(plan, join, run);
   return w.run();
 }

@@ -119,6 +119,12 @@ struct RoleRt {
   }
 };
 
+/// A RewardFn role's rule.
+struct RuleRt {
+  std::string name; // as the program names it: RewardFn("name")
+  data::RewardRule fn;
+};
+
 /// One call of a role method: the step, its role and its inputs.
 struct MethodCall {
   PhaseRt &ph;
@@ -152,6 +158,7 @@ private:
   void connectRoles();
   models::LlamaConfig modelConfig(int m) const;
   std::string resolveData(const std::string &path) const;
+  const RuleRt *chooseEvalRule() const;
 
   //===-- plan queries --------------------------------------------------------===//
   const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
@@ -236,8 +243,8 @@ private:
   std::vector<PhaseRt> phases_;
   std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
   std::unique_ptr<data::Tokenizer> tok_;
-  data::RewardRule rule_;
-  std::string ruleName_;
+  std::map<int, RuleRt> rules_;      // RewardFn role -> its rule
+  const RuleRt *evalRule_ = nullptr; // the rule --eval scores with
   std::optional<data::Dataset> evalSet_;
   int64_t evalR_ = 16;
   bool hasData_ = false;                   // some phase reads a data set

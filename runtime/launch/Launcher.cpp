@@ -41,8 +41,9 @@ options:
                        (default 60)
   --comm gloo|nccl     communication backend (default gloo; nccl needs a
                        build with CUDA and a GPU)
-  --data-dir DIR       look up the program's relative data paths in DIR first
-                       (then the current directory, then the program's own)
+  --data-dir DIR       read the program's relative data paths from DIR, and
+                       only there (without it: the current directory, then
+                       the program's own)
   --steps N            run at most N iterations of each train phase
   --eval FILE          held-out prompts (JSONL): greedy responses scored by the
                        program's RewardFn, before training, every --eval-every

@@ -35,6 +35,21 @@ namespace hflow::models {
 
 namespace {
 
+/// Weights must be finite numbers: a NaN or an infinity in a checkpoint would
+/// otherwise surface far later, as replicas that disagree or a non-finite
+/// loss. Names the tensor and the first bad element.
+void checkFinite(const at::Tensor &t, const std::string &dir, const std::string &hf) {
+  at::Tensor bad = at::isfinite(t).logical_not().reshape({-1});
+  if (!bad.any().item<bool>())
+    return;
+  const int64_t at = bad.nonzero()[0][0].item<int64_t>();
+  throw std::runtime_error("hf weights " + dir + ": tensor '" + hf + "' holds " +
+                           std::to_string(bad.sum().item<int64_t>()) +
+                           " non-finite number(s), the first at flat index " +
+                           std::to_string(at) + " (" +
+                           std::to_string(t.reshape({-1})[at].item<double>()) + ")");
+}
+
 constexpr const char *kSingleFile = "model.safetensors";
 constexpr const char *kIndexFile = "model.safetensors.index.json";
 
@@ -261,6 +276,7 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
       continue;
     }
     read.push_back(w.readBox(it->second.first, b.r0, b.r1, b.c0, b.c1));
+    checkFinite(read.back(), dir, it->second.first);
   }
   at::NoGradGuard noGrad;
   for (size_t i = 0; i < shards.size(); ++i)
@@ -298,10 +314,17 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
                                "F16 or F64)");
     hfNames.push_back(std::move(hf));
   }
+  // Read and check every tensor, then copy: a bad one leaves the model as
+  // it was.
+  std::vector<at::Tensor> read;
+  for (const std::string &hf : hfNames) {
+    read.push_back(w.read(hf));
+    checkFinite(read.back(), dir, hf);
+  }
   at::NoGradGuard noGrad;
   for (size_t i = 0; i < named.size(); ++i) {
     at::Tensor &dst = named[i].second;
-    dst.copy_(w.read(hfNames[i]).view(dst.sizes()));
+    dst.copy_(read[i].view(dst.sizes()));
   }
 }
 
