@@ -467,6 +467,9 @@ void Sema::checkRole(ast::RoleDecl &r) {
   if (r.kind == ast::RoleKind::RewardFn) {
     if (arg.kind != Expr::Kind::String)
       diags_.error(arg.loc, "RewardFn takes the rule name as a string");
+    else if (!rules::findRule(arg.text))
+      diags_.error(arg.loc, "unknown reward rule '" + arg.text +
+                                "'; hflow-run knows: " + rules::ruleList());
     else
       r.rule = arg.text;
   } else if (arg.kind != Expr::Kind::Name) {

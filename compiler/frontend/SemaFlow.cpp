@@ -279,6 +279,16 @@ void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
     else if (ka.type == ArgType::Fraction && x > 1)
       diags_.error(v.loc, what + " must be in [0, 1], got " + show());
     break;
+  case ArgType::AboveOne:
+    if (!isNumber)
+      diags_.error(v.loc, what + " must be a number");
+    else if (!(x > 1))
+      diags_.error(v.loc, what + " must be greater than 1, got " + show());
+    break;
+  case ArgType::NotYet:
+    diags_.error(v.loc, what + ": is not supported by hflow-run yet (" +
+                            std::string(ka.choices) + "); remove it");
+    break;
   case ArgType::Bool:
     if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
       diags_.error(v.loc, what + " must be true or false");

@@ -18,6 +18,7 @@
 #include "compiler/frontend/Units.h"
 #include "runtime/schema/BuiltinTable.h"
 #include "runtime/schema/Limits.h"
+#include "runtime/schema/RewardRules.h"
 #include "runtime/schema/RoleMethods.h"
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,8 @@
 //===- EngineSupport.cpp - small helpers every part of the engine uses -----===//
 #include "runtime/exec/EngineSupport.h"
 
+#include "runtime/schema/Fnv1a.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
@@ -67,6 +69,24 @@ int envInt(const char *name, int dflt) {
 int threadCount() {
   const int n = envInt("HFLOW_NUM_THREADS", 1);
   return n < 1 || n > 4096 ? 1 : n;
+}
+
+std::string fileHash(const std::string &path) {
+  std::FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f)
+    throw RunError("cannot read '" + path + "'");
+  uint64_t h = kFnv1a64Offset;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
+    h = fnv1a64(buf, n, h);
+  const bool bad = std::ferror(f);
+  std::fclose(f);
+  if (bad)
+    throw RunError("cannot read '" + path + "'");
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return hex;
 }
 
 bool fileExists(const std::string &p) {

@@ -42,6 +42,9 @@ int envInt(const char *name, int dflt);
 /// The intra-op threads of a worker: HFLOW_NUM_THREADS in [1, 4096], else 1
 /// (one process per rank: threads would compete for the same cores).
 int threadCount();
+/// FNV-1a 64 of a file's bytes, as 16 hex digits. Throws RunError when it
+/// cannot be read.
+std::string fileHash(const std::string &path);
 /// A regular file exists at `p`.
 bool fileExists(const std::string &p);
 /// The directory part of `p` ("." when none).

@@ -14,6 +14,7 @@
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Losses.h"
+#include "runtime/schema/RewardRules.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -401,7 +402,7 @@ void Worker::runScore(MethodCall &c) {
   if (ro.kind() == RoleKind::RewardFn) {
     // This role's own rule: a program may declare several.
     const RuleRt &rule = rules_.at(step(c.s).role());
-    if (!ph.dataset && rule.name != "even_tokens")
+    if (!ph.dataset && rules::findRule(rule.name)->needsData)
       throw RunError("reward rule '" + rule.name + "' needs a data set");
     auto acc = rtoks.accessor<int64_t, 2>();
     for (int64_t i = 0; i < b; ++i) {

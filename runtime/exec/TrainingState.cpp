@@ -47,9 +47,18 @@ void Worker::saveState() {
   nlohmann::json samplers = nlohmann::json::array();
   for (auto &ph : phases_)
     samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
+  // What determines the meaning of the state: compared on resume.
+  nlohmann::json iterations = nlohmann::json::array(), data = nlohmann::json::array();
+  for (auto &ph : phases_) {
+    iterations.push_back(ph.iterations);
+    data.push_back(ph.dataHash);
+  }
   st.meta = {{"global_iteration", globalIter_},
              {"plan", comm::hashHex(lp_.fileHash())},
              {"rank", j_.rank},
+             {"world_size", j_.worldSize},
+             {"phase_iterations", iterations},
+             {"data", data},
              {"samplers", samplers}};
   try {
     models::saveCheckpoint(rankDir(), st);
@@ -70,6 +79,40 @@ void Worker::saveState() {
   world_->barrier();
 }
 
+
+/// A checkpoint means what it says only in the run that wrote it: this
+/// rank's, with the same phases (their lengths decide which phase an
+/// iteration number falls in) over the same data. Refused with what differs.
+void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const {
+  const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" + rankDir() +
+                            "'";
+  for (const char *key : {"rank", "world_size", "phase_iterations", "data"})
+    if (!st.meta.contains(key))
+      throw RunError(where + " does not record its " + key +
+                     " (written by an older hflow-run): it cannot be checked against this run");
+  if (st.meta["rank"] != j_.rank)
+    throw RunError(where + " was written by rank " + st.meta["rank"].dump() +
+                   ", not this rank (" + std::to_string(j_.rank) + ")");
+  if (st.meta["world_size"] != j_.worldSize)
+    throw RunError(where + " was written by a job of " + st.meta["world_size"].dump() +
+                   " ranks, this one has " + std::to_string(j_.worldSize));
+  nlohmann::json iterations = nlohmann::json::array(), data = nlohmann::json::array();
+  std::string mine;
+  for (auto &ph : phases_) {
+    iterations.push_back(ph.iterations);
+    data.push_back(ph.dataHash);
+    mine += (mine.empty() ? "" : ", ") + ph.name + " " + std::to_string(ph.iterations);
+  }
+  if (st.meta["phase_iterations"] != iterations)
+    throw RunError(where + " was written by a run whose phases have " +
+                   st.meta["phase_iterations"].dump() + " iterations; this run has " + mine +
+                   " (a different --steps, or another train block)");
+  for (size_t i = 0; i < phases_.size(); ++i)
+    if (st.meta["data"][i] != data[i])
+      throw RunError(where + " was written over other data for phase " + phases_[i].name +
+                     " (FNV-1a " + st.meta["data"][i].get<std::string>() + ", this run reads " +
+                     data[i].get<std::string>() + ")");
+}
 
 void Worker::loadState() {
   // Rank 0 reads which step is complete and tells everyone.
@@ -93,6 +136,7 @@ void Worker::loadState() {
     throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
                    "' was written by another plan (" + st.meta.value("plan", std::string("?")) +
                    ", this plan is " + comm::hashHex(lp_.fileHash()) + ")");
+  checkResumable(st, n);
   at::NoGradGuard ng;
   try {
     for (auto &[r, rr] : roles_) {

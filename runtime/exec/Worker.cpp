@@ -156,6 +156,10 @@ void Worker::prepare() {
       } catch (const std::exception &e) {
         throw RunError(e.what());
       }
+      rt.dataHash = fileHash(path);
+      if (j_.rank == 0 && !o_.quiet)
+        std::printf("[data] %s reads %s (%zu examples, FNV-1a %s)\n", rt.name.c_str(),
+                    path.c_str(), rt.dataset->size(), rt.dataHash.c_str());
       rt.sampler = std::make_unique<data::Sampler>(rt.dataset->size(), rt.seed, true);
       int64_t perEpoch = (int64_t)((rt.dataset->size() + rt.batch - 1) / rt.batch);
       rt.iterations = ph->train_steps() > 0 ? ph->train_steps()

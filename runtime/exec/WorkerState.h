@@ -31,6 +31,7 @@
 #include "runtime/exec/RunOptions.h"
 #include "runtime/exec/Trace.h"
 #include "runtime/models/CausalLM.h"
+#include "runtime/models/Checkpoint.h"
 #include "runtime/models/Optim.h"
 #include "runtime/plan/PlanLoader.h"
 
@@ -63,6 +64,7 @@ struct PhaseRt : PhaseShape {
   int64_t P = 1, R = 1, iterations = 1; // prompt and response widths
   uint64_t seed = 0;
   std::optional<data::Dataset> dataset;
+  std::string dataHash; // FNV-1a of the data file's bytes (empty: synthetic prompts)
   std::unique_ptr<data::Sampler> sampler;
   std::vector<Xfer> xfers;
   double rolloutTemp = 1.0;
@@ -221,6 +223,7 @@ private:
   std::string rankDir() const { return ckDir_ + "/rank-" + std::to_string(j_.rank); }
   void saveState();
   void loadState();
+  void checkResumable(const models::CheckpointState &st, int64_t n) const;
 
   //===-- evaluation (Evaluation.cpp) -----------------------------------------===//
   void evaluate(const std::string &when, int64_t it);

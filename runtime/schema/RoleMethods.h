@@ -45,15 +45,18 @@ enum class ArgType {
   Fraction,    // a number in [0, 1]
   Probability, // a number in (0, 1]
   Positive,    // a number > 0
+  AboveOne,    // a number > 1
   Bool,        // true or false
   Choice,      // one of `choices` (a name or a string)
   String,      // a string
+  NotYet,      // part of the language, not executed by hflow-run yet:
+               // refused where it is written, `choices` says why
 };
 
 struct KeywordArg {
   std::string_view name;
   ArgType type;
-  std::string_view choices = {}; // Choice: space-separated
+  std::string_view choices = {}; // Choice: space-separated; NotYet: why
 };
 
 struct KeywordList {
@@ -76,7 +79,9 @@ inline constexpr KeywordArg kGenerateArgs[] = {
     {"n", ArgType::Count},           {"max_tokens", ArgType::Count},
     {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Probability},
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
-    {"stop", ArgType::String},       {"max_batch_tokens", ArgType::Count}};
+    {"stop", ArgType::NotYet,
+     "stop strings need the rollout engine; generation stops at the tokenizer's "
+     "end-of-sequence token and at max_tokens"},       {"max_batch_tokens", ArgType::Count}};
 inline constexpr KeywordArg kForwardArgs[] = {
     {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative},
     {"max_batch_tokens", ArgType::Count}};
@@ -86,7 +91,7 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"max_batch_tokens", ArgType::Count},
     {"epochs", ArgType::Count},      {"clip", ArgType::Fraction},
     {"clip_low", ArgType::Fraction}, {"clip_high", ArgType::Fraction},
-    {"clip_ratio_c", ArgType::Positive},
+    {"clip_ratio_c", ArgType::AboveOne}, // dual-clip bound: verl requires > 1
     {"kl_coef", ArgType::NonNegative},
     {"kl", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"},
     {"entropy_coef", ArgType::NonNegative},

@@ -160,7 +160,7 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1) {
       CreateRole(b, b.CreateString("critic"), RoleKind::Critic, 1, vec({2, 3}),
                  &tp2, &dp2),
       CreateRole(b, b.CreateString("reward"), RoleKind::RewardFn, -1, vec({3}),
-                 &one, &one)};
+                 &one, &one, b.CreateString("even_tokens"))};
   std::vector<flatbuffers::Offset<Group>> groups{
       CreateGroup(b, b.CreateString("actor"), vec({0, 1, 2, 3})),
       CreateGroup(b, b.CreateString("ref"), vec({0, 1})),

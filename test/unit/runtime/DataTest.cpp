@@ -2,6 +2,7 @@
 #include "runtime/data/Dataset.h"
 #include "runtime/data/Rewards.h"
 #include "runtime/data/Tokenizer.h"
+#include "runtime/schema/RewardRules.h"
 
 #include <sentencepiece_trainer.h>
 
@@ -455,6 +456,12 @@ TEST(DataRewards, Names) {
                "exact_match, final_number, format_number, gsm8k");
   for (const std::string &n : names)
     EXPECT_TRUE(static_cast<bool>(rewardRule(n)));
+  // The names the compiler accepts (runtime/schema/RewardRules.h) are
+  // exactly the rules the runtime has.
+  std::vector<std::string> schema;
+  for (const hflow::rules::RuleInfo &r : hflow::rules::kRules)
+    schema.emplace_back(r.name);
+  EXPECT_EQ(schema, names);
 }
 
 TEST(DataRewards, ExactMatch) {
