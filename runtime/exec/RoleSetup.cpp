@@ -109,8 +109,12 @@ void Worker::buildRoles() {
       // sharded actor reads only its shard's bytes, once its shards exist
       // (connect()); every other role reads the whole model.
       const std::string wdir = str(p_.models()->Get(ro.model())->weights());
-      if (!wdir.empty() && (fileExists(wdir + "/model.safetensors") ||
-                            fileExists(wdir + "/model.safetensors.index.json"))) {
+      if (!wdir.empty() && !fileExists(wdir + "/model.safetensors") &&
+          !fileExists(wdir + "/model.safetensors.index.json"))
+        throw RunError("model " + cfg.name + " is hf(\"" + wdir + "\"), which holds no "
+                       "model.safetensors (nor model.safetensors.index.json): hflow-run "
+                       "does not start a Hugging Face model from random weights");
+      if (!wdir.empty()) {
         if (rt.tpSize == 1 && rt.fsdpSize == 1) {
           try {
             models::loadHfIntoLlama(wdir, *rt.model);

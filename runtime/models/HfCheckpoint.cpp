@@ -35,6 +35,22 @@ namespace hflow::models {
 
 namespace {
 
+/// The files must hold no layer the config lacks: a config with fewer layers
+/// than the checkpoint would otherwise drop the rest without a word.
+void checkNoExtraLayers(const HfWeights &w, const std::string &dir, int layers) {
+  const std::string pre = "model.layers.";
+  for (const std::string &name : w.names()) {
+    if (name.compare(0, pre.size(), pre) != 0)
+      continue;
+    const int layer = std::atoi(name.c_str() + pre.size());
+    if (layer >= layers)
+      throw std::runtime_error("hf weights " + dir + ": tensor '" + name + "' is of layer " +
+                               std::to_string(layer) + ", but the config has " +
+                               std::to_string(layers) +
+                               " layers: the config does not describe these weights");
+  }
+}
+
 /// Weights must be finite numbers: a NaN or an infinity in a checkpoint would
 /// otherwise surface far later, as replicas that disagree or a non-finite
 /// loss. Names the tensor and the first bad element.
@@ -233,6 +249,7 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
                       const std::vector<std::pair<std::string, at::Tensor>> &shards,
                       const std::vector<std::pair<std::string, Box>> &boxes) {
   HfWeights w(dir);
+  checkNoExtraLayers(w, dir, config.layers);
   auto shapes = llamaParameterShapes(config);
   std::map<std::string, std::pair<std::string, std::vector<int64_t>>> byName;
   for (const auto &[name, shape] : shapes) {
@@ -288,6 +305,7 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
 void loadHfIntoLlama(const std::string &dir, Llama &model) {
   HfWeights w(dir);
   auto named = model.namedParameters();
+  checkNoExtraLayers(w, dir, model.config().layers);
   // Check every tensor before touching the model: a failed load leaves it
   // as it was.
   std::vector<std::string> hfNames;
@@ -314,6 +332,14 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
                                "F16 or F64)");
     hfNames.push_back(std::move(hf));
   }
+  // A file hflow exported carries its checksum: verified before it is read
+  // (a sharded load reads only its boxes and cannot; it checks finiteness).
+  std::set<const SafetensorsFile *> files;
+  for (const std::string &hf : hfNames)
+    files.insert(&w.fileOf(hf));
+  for (const SafetensorsFile *f : files)
+    if (f->metadata().count(kSafetensorsChecksumKey))
+      f->verifyChecksum();
   // Read and check every tensor, then copy: a bad one leaves the model as
   // it was.
   std::vector<at::Tensor> read;
