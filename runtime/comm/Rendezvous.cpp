@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <sstream>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -303,32 +305,51 @@ void Rendezvous::startHeartbeat(std::chrono::milliseconds period) {
 std::vector<int> Rendezvous::silentRanks(std::chrono::milliseconds window) const {
   if (!heartbeat_)
     return {};
-  c10::intrusive_ptr<c10d::TCPStore> s;
-  try {
-    s = clientStore(opts_);
-  } catch (const std::exception &) {
-    return {0};
-  }
-  auto read = [&](int r) -> std::string {
-    std::string key = "hflow/hb/" + std::to_string(r);
-    if (!s->check({key}))
-      return "";
-    auto v = s->get(key);
-    return std::string(v.begin(), v.end());
-  };
-  try {
-    std::vector<std::string> before(opts_.worldSize);
-    for (int r = 0; r < opts_.worldSize; ++r)
-      before[r] = read(r);
-    std::this_thread::sleep_for(window);
+  // The store's reads block without a deadline when its host is alive on
+  // the network but does not run (rank 0 stopped, frozen): ask on a thread
+  // of its own and give it the window plus a grace period. A thread that
+  // never returns is left behind (storeUnresponsive() tells the caller that
+  // this process cannot shut down in order).
+  struct Query {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
     std::vector<int> silent;
-    for (int r = 0; r < opts_.worldSize; ++r)
-      if (r != opts_.rank && (before[r].empty() || read(r) == before[r]))
-        silent.push_back(r);
-    return silent;
-  } catch (const std::exception &) {
+  };
+  auto q = std::make_shared<Query>();
+  const RendezvousOptions opts = opts_;
+  std::thread([q, opts, window] {
+    std::vector<int> silent;
+    try {
+      c10::intrusive_ptr<c10d::TCPStore> s = clientStore(opts);
+      auto read = [&](int r) -> std::string {
+        std::string key = "hflow/hb/" + std::to_string(r);
+        if (!s->check({key}))
+          return "";
+        auto v = s->get(key);
+        return std::string(v.begin(), v.end());
+      };
+      std::vector<std::string> before(opts.worldSize);
+      for (int r = 0; r < opts.worldSize; ++r)
+        before[r] = read(r);
+      std::this_thread::sleep_for(window);
+      for (int r = 0; r < opts.worldSize; ++r)
+        if (r != opts.rank && (before[r].empty() || read(r) == before[r]))
+          silent.push_back(r);
+    } catch (const std::exception &) {
+      silent = {0}; // the store (hosted by rank 0) is gone
+    }
+    std::lock_guard<std::mutex> lock(q->m);
+    q->silent = std::move(silent);
+    q->done = true;
+    q->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(q->m);
+  if (!q->cv.wait_for(lock, window + std::chrono::seconds(3), [&] { return q->done; })) {
+    storeUnresponsive_ = true;
     return {0};
   }
+  return q->silent;
 }
 
 } // namespace hflow::comm

@@ -68,9 +68,15 @@ public:
   /// whose communication fails can tell which peer died.
   void startHeartbeat(std::chrono::milliseconds period = std::chrono::milliseconds(300));
   /// The ranks whose heartbeat did not advance during `window` (or cannot be
-  /// read); {0} when the store itself (hosted by rank 0) is gone. Empty when
-  /// every rank is alive or no heartbeat runs.
+  /// read); {0} when the store itself (hosted by rank 0) is gone or does not
+  /// answer within the window and 3 s more. Empty when every rank is alive
+  /// or no heartbeat runs. Never blocks longer than that.
   std::vector<int> silentRanks(std::chrono::milliseconds window) const;
+  /// True once silentRanks found the store not answering (rank 0 alive on
+  /// the network but not running: stopped, frozen). Its connections may then
+  /// block forever, so this process must not wait for them to close: end it
+  /// without destructors (std::_Exit).
+  bool storeUnresponsive() const { return storeUnresponsive_; }
   /// "ADDR:PORT", for messages.
   std::string where() const;
 
@@ -80,6 +86,7 @@ private:
   c10::intrusive_ptr<c10d::Store> store_;
   struct Heartbeat;
   std::shared_ptr<Heartbeat> heartbeat_;
+  mutable bool storeUnresponsive_ = false;
 };
 
 /// Formats a duration for messages: "10 s", "2.5 s".

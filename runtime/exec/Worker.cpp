@@ -695,11 +695,16 @@ int Worker::run() {
       auto silent = rv_->silentRanks(std::chrono::milliseconds(1200));
       for (size_t i = 0; i < silent.size(); ++i)
         why += (i ? ", " : "") + std::to_string(silent[i]);
-      if (!why.empty())
+      if (rv_->storeUnresponsive())
+        why = " [rank 0 stopped responding: the rendezvous store it hosts does not answer]";
+      else if (!why.empty())
         why = " [rank" + std::string(silent.size() > 1 ? "s " : " ") + why +
-              (silent.size() > 1 ? " stopped" : " stopped") + " responding]";
+              " stopped responding]";
     }
-    return fail(who + where() + e.what() + why, true);
+    const int code = fail(who + where() + e.what() + why, true);
+    if (rv_ && rv_->storeUnresponsive())
+      std::_Exit(code); // threads blocked on the frozen store would never join
+    return code;
   } catch (const std::exception &e) {
     return fail(who + where() + comm::oneLineError(e), false);
   }
