@@ -9,6 +9,9 @@
 #include "runtime/exec/WorkerState.h"
 
 #include "runtime/exec/Builtins.h"
+#include "runtime/models/Safetensors.h"
+
+#include <filesystem>
 
 #include <ATen/ATen.h>
 
@@ -64,6 +67,32 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
     vals_[outputs[i]] = std::move(v);
   }
   digests_[s] = out.empty() ? 0 : out[0].sum().item<double>();
+  if (!o_.dumpValues.empty())
+    dumpBuiltin(ph, s, inputs, out, ctx);
+}
+
+/// --dump-values DIR: a builtin's inputs, outputs, mask and groups as
+/// DIR/<phase>-<iteration>/step-<s>-<builtin>.safetensors (float64; "in0",
+/// "in1", "out0", "out1", "mask", "group"), for checking a flow's
+/// arithmetic from outside the runtime.
+void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
+                         const std::vector<at::Tensor> &out, const BuiltinContext &ctx) {
+  std::vector<std::pair<std::string, at::Tensor>> ts;
+  for (size_t i = 0; i < in.size(); ++i)
+    ts.push_back({"in" + std::to_string(i), in[i]});
+  for (size_t i = 0; i < out.size(); ++i)
+    ts.push_back({"out" + std::to_string(i), out[i].to(at::kDouble)});
+  ts.push_back({"mask", ctx.mask});
+  ts.push_back({"group", ctx.index});
+  const std::string dir = o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1);
+  try {
+    std::filesystem::create_directories(dir);
+    models::writeSafetensors(dir + "/step-" + std::to_string(s) + "-" + str(step(s).method()) +
+                                 ".safetensors",
+                             ts, {{"step", describe(s)}});
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--dump-values: ") + e.what());
+  }
 }
 
 /// The ranks of one replica ran the same rows with the same weights: their

@@ -295,8 +295,10 @@ void Worker::runGenerate(MethodCall &c) {
   ro_["group"].narrow(0, lo, hi - lo).copy_(
       at::arange(sp.lo, sp.hi, at::TensorOptions().dtype(at::kLong)).repeat_interleave(n, 0));
   if (c.leader) {
-    metrics_[MLenSum] += gen.mask.sum().item<double>();
-    metrics_[MLenN] += (double)(hi - lo);
+    if (c.out.at(0) == ph.rolloutValue) { // not a baseline's (ReMax's greedy)
+      metrics_[MLenSum] += gen.mask.sum().item<double>();
+      metrics_[MLenN] += (double)(hi - lo);
+    }
     metrics_[MTokens] += gen.mask.sum().item<double>();
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
@@ -424,7 +426,8 @@ void Worker::runScore(MethodCall &c) {
     at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
     scores.scatter_(1, (len - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
   }
-  if (c.leader) {
+  if (c.leader && (c.in.at(0) == ph.rolloutValue || ph.rolloutValue < 0)) {
+    // The reward of the rollout the phase trains on, not of a baseline.
     at::Tensor per = scores.sum(1).to(at::kDouble);
     metrics_[MRewardSum] += per.sum().item<double>();
     metrics_[MRewardSq] += per.pow(2).sum().item<double>();

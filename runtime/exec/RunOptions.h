@@ -50,6 +50,7 @@ struct RunOptions {
   bool serialize = false;    ///< a world barrier after every step (baseline)
   std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
   std::string exportHf;      ///< write the trained actor as an HF checkpoint
+  std::string dumpValues;    ///< the builtins' inputs and outputs, per iteration
 };
 
 } // namespace hflow::exec

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
@@ -114,6 +115,13 @@ void Worker::prepare() {
     if (::access(dir.c_str(), W_OK | X_OK) != 0)
       throw RunError("--trace: cannot write '" + o_.traceFile + "': " + std::strerror(errno));
   }
+  if (!o_.dumpValues.empty() && j_.rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(o_.dumpValues, ec);
+    if (ec || ::access(o_.dumpValues.c_str(), W_OK | X_OK) != 0)
+      throw RunError("--dump-values: cannot write into '" + o_.dumpValues + "'" +
+                     (ec ? ": " + ec.message() : ""));
+  }
   tok_ = data::makeTokenizer(o_.tokenizer);
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
@@ -198,22 +206,39 @@ void Worker::prepare() {
     } else {
       ph.P = 8;
     }
-    // Response width and sampling temperature: the phase's generate call.
+    // The phase's rollout: the one its update trains on (ReMax generates a
+    // greedy baseline too), else its first generate's. Its mask and groups
+    // are the builtins', its sampling temperature the log-probs'; the
+    // response width holds every generate's.
+    std::map<int, int> generated; // rollout value -> its generate step
     for (int s = ph.first; s < ph.first + ph.count; ++s) {
       const Step &st = step(s);
-      if (st.kind() == StepKind::Compute && str(st.method()) == "generate") {
-        Attrs a = attrsOf(st.attrs());
-        Attrs ro = roleOptions(st.role());
-        ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(a, "max_tokens", 16));
-        ph.rolloutTemp = attrNum(a, "temperature", attrNum(ro, "temperature", 1.0));
-        if (attrBool(a, "greedy", false))
-          ph.rolloutTemp = 1.0;
-        if (st.outputs() && st.outputs()->size() > 0)
+      if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
+        continue;
+      ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(attrsOf(st.attrs()), "max_tokens", 16));
+      if (st.outputs() && st.outputs()->size() > 0) {
+        generated.emplace(st.outputs()->Get(0), s);
+        if (ph.rolloutValue < 0)
           ph.rolloutValue = st.outputs()->Get(0);
-        int64_t nAttr = (int64_t)attrNum(a, "n", 0);
-        if (nAttr > 0)
-          ph.n = nAttr;
       }
+    }
+    for (int s = ph.first; s < ph.first + ph.count && generated.size() > 1; ++s) {
+      const Step &st = step(s);
+      if (st.kind() == StepKind::Compute && str(st.method()) == "update" && st.inputs() &&
+          st.inputs()->size() > 0 && generated.count(st.inputs()->Get(0))) {
+        ph.rolloutValue = st.inputs()->Get(0);
+        break;
+      }
+    }
+    if (ph.rolloutValue >= 0) {
+      const Step &gen = step(generated.at(ph.rolloutValue));
+      Attrs a = attrsOf(gen.attrs());
+      ph.rolloutTemp = attrBool(a, "greedy", false)
+                           ? 1.0
+                           : attrNum(a, "temperature", attrNum(roleOptions(gen.role()),
+                                                               "temperature", 1.0));
+      if (int64_t nAttr = (int64_t)attrNum(a, "n", 0); nAttr > 0)
+        ph.n = nAttr;
     }
     // A generate call's token budget must hold one row of this phase's
     // data: refused here, before any work.

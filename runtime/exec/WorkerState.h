@@ -26,6 +26,7 @@
 #include "runtime/data/Rewards.h"
 #include "runtime/data/Tokenizer.h"
 #include "runtime/exec/BatchValues.h"
+#include "runtime/exec/Builtins.h"
 #include "runtime/exec/EngineSupport.h"
 #include "runtime/exec/RowSchedule.h"
 #include "runtime/exec/RunOptions.h"
@@ -206,6 +207,8 @@ private:
 
   //===-- builtins and checks (ControllerSteps.cpp) ---------------------------===//
   void runBuiltin(PhaseRt &ph, int s);
+  void dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
+                   const std::vector<at::Tensor> &out, const BuiltinContext &ctx);
   void runCheck(int s);
 
   //===-- weight reshard and generation copies (WeightReshard.cpp) -------------===//

@@ -70,6 +70,9 @@ options:
                        overlaps (the baseline of the overlap benchmark)
   --trace FILE         write a Chrome/Perfetto trace (one track per rank and
                        stream: compute, communication)
+  --dump-values DIR    write every builtin's inputs, outputs, mask and groups
+                       (rank 0) to DIR/<phase>-<iteration>/step-<s>-<name>
+                       .safetensors, to check a flow's arithmetic
   --export-hf DIR      at the end, write the actor's weights as a Hugging Face
                        checkpoint (config.json + model.safetensors); a program
                        can start from it with model m = hf("DIR")
@@ -236,6 +239,13 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       if (o.run.traceFile.empty()) {
         error = "--trace needs a file name";
+        return false;
+      }
+    } else if (a == "--dump-values") {
+      if (!needValue(o.run.dumpValues))
+        return false;
+      if (o.run.dumpValues.empty()) {
+        error = "--dump-values needs a directory";
         return false;
       }
     } else if (a == "--resume") {
