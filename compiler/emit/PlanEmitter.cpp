@@ -14,6 +14,7 @@
 
 #include "compiler/planner/CostModel.h"
 #include "dialects/hflow/HflowOps.h"
+#include "runtime/schema/Defaults.h"
 #include "runtime/schema/PlanFormat.h"
 #include "compiler/planner/RoleReshard.h"
 #include "runtime/schema/plan_generated.h"
@@ -361,7 +362,13 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                                        ? call.getNameAttr().str()
                                        : "v" + std::to_string(values.size()),
                                    computeStep));
-      auto kvs = keyValues(call.getArgsAttr());
+      // A generate call without max_tokens samples hflow's default, written
+      // into the plan: the runtime never chooses one of its own.
+      std::vector<std::pair<std::string, std::string>> implied;
+      if (call.getMethod() == "generate" &&
+          !(call.getArgsAttr() && call.getArgsAttr().get("max_tokens")))
+        implied.push_back({"max_tokens", std::to_string(defaults::kMaxTokens)});
+      auto kvs = keyValues(call.getArgsAttr(), implied);
       // An actor generating apart generates on its generation ranks.
       const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
       const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
@@ -391,7 +398,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
           opt(train.getCheckpointEveryAttr()),
           b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
                                                   : std::string()),
-          train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr()))));
+          train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr())),
+          static_cast<int>(train.getPromptLenAttr() ? train.getPromptLenAttr().getInt()
+                                                    : defaults::kPromptLen)));
     }
   }
 

@@ -32,6 +32,7 @@
 #define HFLOW_COMPILER_PLANNER_MEMORY_H
 
 #include "dialects/hflow/HflowOps.h"
+#include "runtime/schema/Defaults.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -44,8 +45,8 @@ namespace hflow::planner {
 struct Workload {
   int64_t batch = 1;       // prompts per step
   int64_t n = 1;           // responses per prompt
-  int64_t promptLen = 512; // tokens
-  int64_t responseLen = 512;
+  int64_t promptLen = defaults::kPromptLen; // tokens
+  int64_t responseLen = defaults::kMaxTokens;
   int64_t microBatch = 1;  // sequences per forward/backward pass on a device
   /// Generation's token budget per batch (`max_batch_tokens`, when every
   /// generate call of the flow sets one: the largest); 0 = none, the KV

@@ -165,6 +165,7 @@ void Worker::prepare() {
         throw RunError(e.what());
       }
       rt.dataHash = fileHash(path);
+      rt.dataPath = path;
       if (j_.rank == 0 && !o_.quiet)
         std::printf("[data] %s reads %s (%zu examples, FNV-1a %s)\n", rt.name.c_str(),
                     path.c_str(), rt.dataset->size(), rt.dataHash.c_str());
@@ -193,14 +194,24 @@ void Worker::prepare() {
       ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
 
   for (auto &ph : phases_) {
-    // Prompt width: the longest prompt of the data set.
+    // Prompt width: the longest prompt of the data set, which must fit the
+    // phase's prompt_len (the plan's memory counts on it): a longer one is
+    // refused here, with its row, before any work.
     if (ph.dataset) {
+      const int64_t limit = ph.ph ? ph.ph->prompt_len() : 0;
       int64_t P = 1;
       for (size_t i = 0; i < ph.dataset->size(); ++i) {
         const auto &ex = (*ph.dataset)[i];
-        P = std::max<int64_t>(P, ex.promptIds.empty()
-                                     ? (int64_t)tok_->encode(ex.prompt).size()
-                                     : (int64_t)ex.promptIds.size());
+        const int64_t len = ex.promptIds.empty() ? (int64_t)tok_->encode(ex.prompt).size()
+                                                 : (int64_t)ex.promptIds.size();
+        if (limit > 0 && len > limit)
+          throw RunError("phase " + ph.name + ": the prompt of row " +
+                         std::to_string(ex.index + 1) + " of " + ph.dataPath + " has " +
+                         std::to_string(len) + " tokens, more than prompt_len " +
+                         std::to_string(limit) +
+                         " (the train block's, else hflow's default; the plan's memory "
+                         "counts on it): raise prompt_len or shorten the prompt");
+        P = std::max<int64_t>(P, len);
       }
       ph.P = P;
     } else {

@@ -65,6 +65,7 @@ struct PhaseRt : PhaseShape {
   int64_t P = 1, R = 1, iterations = 1; // prompt and response widths
   uint64_t seed = 0;
   std::optional<data::Dataset> dataset;
+  std::string dataPath; // the file it reads
   std::string dataHash; // FNV-1a of the data file's bytes (empty: synthetic prompts)
   std::unique_ptr<data::Sampler> sampler;
   std::vector<Xfer> xfers;

@@ -5,11 +5,12 @@
 // mesh, and auto layouts (tp = 0) take the smallest tp whose memory fits.
 // RUN: hflow-opt %s -split-input-file --hflow-place | FileCheck %s
 
-// A 5 MB device: at tp = 1 a training pass of the tiny model needs 6.03 MB
-// of activations (1024 tokens: 34*t*h*(4/2) + t*V*4 + t*h*4*L), at tp = 2
-// 3.28 MB, so the actor trains with tp = 2 and fsdp over the rest;
+// A 3 MB device: at tp = 1 a training pass of the tiny model needs 3.11 MB
+// of activations (528 tokens: the default prompt_len 512 and max_tokens 16
+// of runtime/schema/Defaults.h; 34*t*h*(4/2) + t*V*4 + t*h*4*L), at tp = 2
+// about 1.7 MB, so the actor trains with tp = 2 and fsdp over the rest;
 // generation fits at tp = 1. (The critic's layout is fixed, so no search.)
-hflow.device @small "gpu" <memory = 5.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
+hflow.device @small "gpu" <memory = 3.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
