@@ -138,7 +138,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount(),
         m.getTieEmbeddings(), m.getQkvBias(),
         m.getRopeThetaAttr() ? m.getRopeThetaAttr().getValueAsDouble() : 10000.0,
-        weights));
+        weights,
+        m.getRmsNormEpsAttr() ? m.getRmsNormEpsAttr().getValueAsDouble() : 1e-5));
   }
 
   // Roles and one communicator group per role.

@@ -98,6 +98,7 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("tie_embeddings", m->tie_embeddings());
             j.attribute("qkv_bias", m->qkv_bias());
             j.attribute("rope_theta", m->rope_theta());
+            j.attribute("norm_eps", m->norm_eps());
             if (m->weights())
               j.attribute("weights", str(m->weights()));
           });

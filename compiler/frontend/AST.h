@@ -110,6 +110,7 @@ struct ModelDecl {
   bool tieEmbeddings = false; // the LM head shares the embedding matrix
   bool qkvBias = false;       // Q, K and V projections have biases (Qwen2)
   double ropeTheta = 10000;
+  double normEps = 1e-5; // RMSNorm epsilon (Llama-2's; config.json's rms_norm_eps)
   std::string hfDir;          // hf("dir"): the config.json it was read from
 };
 

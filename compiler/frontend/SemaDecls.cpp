@@ -188,7 +188,7 @@ void Sema::checkModel(ast::ModelDecl &m) {
   auto kw = keywordArgs(e,
                         {"layers", "hidden", "heads", "kv_heads", "ffn",
                          "vocab", "dtype", "tie_embeddings", "qkv_bias",
-                         "rope_theta"},
+                         "rope_theta", "rms_norm_eps"},
                         e.text + "()");
   // Qwen2 has biases on Q, K and V; Llama has none.
   m.qkvBias = m.arch == "qwen2";
@@ -196,6 +196,16 @@ void Sema::checkModel(ast::ModelDecl &m) {
     boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
   if (kw.count("qkv_bias"))
     boolArg(*kw["qkv_bias"]->value, "qkv_bias", m.qkvBias);
+  if (kw.count("rms_norm_eps")) {
+    const Expr &v = *kw["rms_norm_eps"]->value;
+    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+      diags_.error(v.loc, "rms_norm_eps must be a number");
+    else if (double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+             !(x > 0 && x < 1))
+      diags_.error(v.loc, "rms_norm_eps must be in (0, 1), got " + v.text);
+    else
+      m.normEps = x;
+  }
   if (kw.count("rope_theta")) {
     const Expr &v = *kw["rope_theta"]->value;
     if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
@@ -333,6 +343,19 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
     else {
       diags_.error(dirArg.loc, config.string() +
                                    ": 'attention_bias' must be true or false");
+      ok = false;
+    }
+  }
+  // transformers' LlamaConfig and Qwen2Config default rms_norm_eps to 1e-6.
+  m.normEps = 1e-6;
+  if (j.contains("rms_norm_eps")) {
+    if (j["rms_norm_eps"].is_number() && j["rms_norm_eps"].get<double>() > 0 &&
+        j["rms_norm_eps"].get<double>() < 1)
+      m.normEps = j["rms_norm_eps"].get<double>();
+    else {
+      diags_.error(dirArg.loc, config.string() +
+                                   ": 'rms_norm_eps' must be a number in (0, 1), got " +
+                                   j["rms_norm_eps"].dump());
       ok = false;
     }
   }

@@ -61,7 +61,9 @@ public:
                                 dtype, IntegerAttr(), m.tieEmbeddings, m.qkvBias,
                                 m.ropeTheta != 10000
                                     ? b_.getF64FloatAttr(m.ropeTheta)
-                                    : FloatAttr());
+                                    : FloatAttr(),
+                                m.normEps != 1e-5 ? b_.getF64FloatAttr(m.normEps)
+                                                  : FloatAttr());
       if (!m.hfDir.empty())
         op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
       op.setParams(op.computeParamCount());

@@ -58,14 +58,16 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
     RMSNorms, Q/K/V/O (with Q/K/V biases when `qkv_bias` is set, as in
     Qwen2) and the SwiGLU MLP, the final norm, and the LM head unless
     `tie_embeddings` is set (the head then reuses the embedding matrix).
-    `rope_theta` is the rotary base (10000 when absent).
+    `rope_theta` is the rotary base (10000 when absent), `rms_norm_eps` the
+    RMSNorm epsilon (1e-5 when absent).
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
                        I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
                        I64Attr:$kv_heads, I64Attr:$ffn, I64Attr:$vocab,
                        TypeAttr:$dtype, OptionalAttr<I64Attr>:$params,
                        UnitAttr:$tie_embeddings, UnitAttr:$qkv_bias,
-                       OptionalAttr<F64Attr>:$rope_theta);
+                       OptionalAttr<F64Attr>:$rope_theta,
+                       OptionalAttr<F64Attr>:$rms_norm_eps);
   let assemblyFormat = [{
     $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`

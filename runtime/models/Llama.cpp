@@ -74,6 +74,7 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   c.tieEmbeddings = m.tie_embeddings();
   c.qkvBias = m.qkv_bias();
   c.ropeTheta = m.rope_theta();
+  c.normEps = m.norm_eps();
   error = c.validate();
   if (!error.empty())
     return false;

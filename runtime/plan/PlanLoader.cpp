@@ -146,6 +146,8 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail(what, " has a negative parameter count");
     if (!(m->rope_theta() > 0) || !std::isfinite(m->rope_theta()))
       return c.fail(what, " has rope_theta ", m->rope_theta(), ", not a positive number");
+    if (!(m->norm_eps() > 0 && m->norm_eps() < 1))
+      return c.fail(what, " has norm_eps ", m->norm_eps(), ", not a number in (0, 1)");
   }
   for (size_t i = 0; i < nRoles; ++i) {
     const Role *r = p.roles()->Get(i);
