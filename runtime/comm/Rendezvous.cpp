@@ -96,14 +96,25 @@ static bool probeConnect(const std::string &host, int port, milliseconds timeout
 }
 
 namespace {
+/// What a rank publishes: "HASH VERSION", then one "NAME\tVALUE" line per
+/// fact that must agree.
 struct Entry {
   std::string hash, version;
+  std::vector<std::pair<std::string, std::string>> facts;
 };
 Entry parseEntry(const std::string &s) {
   Entry e;
-  auto sp = s.find(' ');
-  e.hash = s.substr(0, sp);
-  e.version = sp == std::string::npos ? "" : s.substr(sp + 1);
+  std::istringstream in(s);
+  std::string line;
+  std::getline(in, line);
+  auto sp = line.find(' ');
+  e.hash = line.substr(0, sp);
+  e.version = sp == std::string::npos ? "" : line.substr(sp + 1);
+  while (std::getline(in, line)) {
+    auto tab = line.find('\t');
+    e.facts.push_back({line.substr(0, tab),
+                       tab == std::string::npos ? "" : line.substr(tab + 1)});
+  }
   return e;
 }
 } // namespace
@@ -175,7 +186,9 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
 
   auto keyOf = [](int r) { return "hflow/rank/" + std::to_string(r); };
   auto readKeyOf = [](int r) { return "hflow/read/" + std::to_string(r); };
-  const std::string mine = hashHex(o.planHash) + " " + o.version;
+  std::string mine = hashHex(o.planHash) + " " + o.version;
+  for (auto &[name, value] : o.agree)
+    mine += "\n" + name + "\t" + value;
   std::string lostMaster = at + "rank " + std::to_string(o.rank) +
                            " lost the connection to the master (rank 0): ";
 
@@ -183,6 +196,13 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
   //    missing.
   std::vector<Entry> entries(o.worldSize);
   try {
+    // One process per rank: a second one joining as the same rank (another
+    // job started on the same port, a rank launched twice) is refused
+    // before it can publish anything.
+    if (tcp->add("hflow/joined/" + std::to_string(o.rank), 1) > 1)
+      throw RendezvousError(K::Mismatch, at + "another process already joined this job as "
+                                              "rank " + std::to_string(o.rank) +
+                                              " (a second job on the same port?)");
     tcp->set(keyOf(o.rank), bytes(mine));
     std::vector<bool> seen(o.worldSize, false);
     int nSeen = 0;
@@ -233,6 +253,17 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
       mismatch = "rank " + std::to_string(r) + " runs hflow " +
                  entries[r].version + " but rank 0 runs hflow " +
                  entries[0].version;
+    else
+      for (size_t f = 0; f < entries[0].facts.size() && mismatch.empty(); ++f) {
+        const auto &[name, want] = entries[0].facts[f];
+        std::string got = "(nothing)";
+        for (const auto &[n, v] : entries[r].facts)
+          if (n == name)
+            got = v;
+        if (got != want)
+          mismatch = "rank " + std::to_string(r) + " runs with " + name + " " + got +
+                     " but rank 0 with " + want + " (every rank of a job must agree)";
+      }
   }
 
   // 4. Rank 0 hosts the store: it must not go away (e.g. to report the

@@ -48,6 +48,11 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{60000};
   uint64_t planHash = 0;
   std::string version;
+  /// Further facts every rank must agree on, by name (options that change
+  /// the schedule, the data's identity, the job's identity): a rank whose
+  /// value differs from rank 0's is refused, naming the fact and both values.
+  /// Names and values must not contain tabs or newlines.
+  std::vector<std::pair<std::string, std::string>> agree;
 };
 
 class Rendezvous {

@@ -7,7 +7,9 @@
 
 namespace hflow::exec {
 
-std::unique_ptr<comm::Rendezvous> joinJob(const JoinOptions &j, uint64_t planHash) {
+std::unique_ptr<comm::Rendezvous>
+joinJob(const JoinOptions &j, uint64_t planHash,
+        std::vector<std::pair<std::string, std::string>> agree) {
   comm::RendezvousOptions ro;
   ro.masterAddr = j.masterAddr;
   ro.masterPort = j.masterPort;
@@ -16,6 +18,7 @@ std::unique_ptr<comm::Rendezvous> joinJob(const JoinOptions &j, uint64_t planHas
   ro.timeout = j.timeout;
   ro.planHash = planHash;
   ro.version = j.version;
+  ro.agree = std::move(agree);
   if (const char *v = std::getenv("HFLOW_TEST_FAKE_VERSION"); v && *v)
     ro.version = v;
   return comm::Rendezvous::join(ro);

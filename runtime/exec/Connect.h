@@ -14,12 +14,19 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace hflow::exec {
 
-/// Joins the job's rendezvous. HFLOW_TEST_FAKE_VERSION replaces the version
-/// (tests of the mismatch). Throws comm::RendezvousError.
-std::unique_ptr<comm::Rendezvous> joinJob(const JoinOptions &j, uint64_t planHash);
+/// Joins the job's rendezvous; every rank must run the same plan and hflow
+/// version and agree on `agree` (named facts: options, data, job identity).
+/// HFLOW_TEST_FAKE_VERSION replaces the version (tests of the mismatch).
+/// Throws comm::RendezvousError.
+std::unique_ptr<comm::Rendezvous>
+joinJob(const JoinOptions &j, uint64_t planHash,
+        std::vector<std::pair<std::string, std::string>> agree = {});
 /// The world communicator over the rendezvous' store. Throws CommError.
 std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
                                                 const JoinOptions &j);

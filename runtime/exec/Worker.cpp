@@ -72,6 +72,35 @@ std::string Worker::resolveData(const std::string &path) const {
   throw RunError("data file '" + path + "' not found (looked for " + list + ")");
 }
 
+/// What every rank of the job must agree on besides the plan (checked at the
+/// rendezvous, naming the difference): the options that change what a rank
+/// does or when, the identity of the data every phase reads, and the job's
+/// identity when the launcher gives one.
+std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
+  std::vector<std::pair<std::string, std::string>> f = {
+      {"--steps", std::to_string(o_.steps)},
+      {"--tokenizer", o_.tokenizer},
+      {"--eval-every", std::to_string(o_.evalEvery)},
+      {"--eval-count", std::to_string(o_.evalCount)},
+      {"--checkpoint-every", std::to_string(o_.checkpointEvery)},
+      {"--resume", o_.resume ? "yes" : "no"},
+      {"--reshard", o_.reshard},
+      {"--serialize", o_.serialize ? "yes" : "no"},
+      {"--comm", o_.comm}};
+  for (const PhaseRt &ph : phases_)
+    if (ph.dataset)
+      f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
+  f.push_back({"--eval data", evalSet_ ? "FNV-1a " + evalHash_ : "none"});
+  // The job: a local parent's id, torchrun's run id, Slurm's or Open MPI's.
+  for (const char *var : {"HFLOW_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                          "OMPI_MCA_ess_base_jobid"})
+    if (const char *v = std::getenv(var); v && *v) {
+      f.push_back({std::string("job (") + var + ")", v});
+      break;
+    }
+  return f;
+}
+
 /// The rule held-out prompts are scored with (--eval): the one rule the
 /// phases' flows score with, or the one RewardFn role's when no flow calls
 /// one. Several is an error: which one the user meant is theirs to say.
@@ -314,7 +343,9 @@ void Worker::prepare() {
   if (!o_.evalFile.empty()) {
     evalRule_ = chooseEvalRule();
     try {
-      evalSet_ = data::Dataset::load(resolveData(o_.evalFile));
+      const std::string path = resolveData(o_.evalFile);
+      evalSet_ = data::Dataset::load(path);
+      evalHash_ = fileHash(path);
     } catch (const RunError &) {
       throw;
     } catch (const std::exception &e) {
@@ -368,7 +399,7 @@ void Worker::prepare() {
 
 
 void Worker::connect() {
-  rv_ = joinJob(j_, lp_.fileHash());
+  rv_ = joinJob(j_, lp_.fileHash(), agreedFacts());
   rv_->startHeartbeat();
   world_ = createWorld(*rv_, j_);
 

@@ -163,6 +163,7 @@ private:
   models::LlamaConfig modelConfig(int m) const;
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
+  std::vector<std::pair<std::string, std::string>> agreedFacts() const;
 
   //===-- plan queries --------------------------------------------------------===//
   const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
@@ -253,6 +254,7 @@ private:
   std::map<int, RuleRt> rules_;      // RewardFn role -> its rule
   const RuleRt *evalRule_ = nullptr; // the rule --eval scores with
   std::optional<data::Dataset> evalSet_;
+  std::string evalHash_; // FNV-1a of the --eval file
   int64_t evalR_ = 16;
   bool hasData_ = false;                   // some phase reads a data set
   std::map<int, std::string> loadedFrom_;  // model index -> HF directory

@@ -103,6 +103,10 @@ environment (join mode; command-line flags take precedence):
                                   the interface that routes to the master)
   HFLOW_NUM_THREADS               intra-op threads per rank (default 1)
   HFLOW_LOCAL_CHILD               set by hflow-run for its local children
+  HFLOW_JOB_ID                    a job's identity, which every rank must share
+                                  (set for local children; else torchrun's
+                                  TORCHELASTIC_RUN_ID, SLURM_JOB_ID or Open
+                                  MPI's job id when present)
 
 exit status: 0 success; 2 bad usage or an invalid plan; 1 any runtime
 failure (rendezvous, a worker that died, a failed check, a port in use).
@@ -525,7 +529,12 @@ int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
   // async-signal-safe calls are made.
   static const char *const kOwned[] = {
       "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=",
-      "MASTER_PORT=", "HFLOW_LOCAL_CHILD=", "GROUP_RANK=", "ROLE_RANK="};
+      "MASTER_PORT=", "HFLOW_LOCAL_CHILD=", "GROUP_RANK=", "ROLE_RANK=", "HFLOW_JOB_ID="};
+  // The job's identity, which every child must share at the rendezvous: a
+  // process of another job on the same port is refused.
+  char jobId[64];
+  std::snprintf(jobId, sizeof jobId, "HFLOW_JOB_ID=%d-%lld", (int)::getpid(),
+                (long long)std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<std::string> baseEnv;
   for (char **e = environ; e && *e; ++e) {
     bool owned = false;
@@ -544,6 +553,7 @@ int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
     envs[r].push_back("MASTER_ADDR=" + masterAddr);
     envs[r].push_back("MASTER_PORT=" + std::to_string(masterPort));
     envs[r].push_back("HFLOW_LOCAL_CHILD=1");
+    envs[r].push_back(jobId);
   }
   std::vector<std::vector<char *>> envps(worldSize);
   for (int r = 0; r < worldSize; ++r) {
