@@ -57,7 +57,10 @@ void stage(const std::string &name) {
 }
 
 constexpr const char *kFormat = "hflow-checkpoint";
-constexpr int kVersion = 1;
+// 2: meta.json's "integrity_fnv1a64" covers what gives the numbers their
+// meaning (meta.json itself and every tensor's name, dtype, shape and
+// offsets), besides the data buffer's own checksum.
+constexpr int kVersion = 2;
 constexpr const char *kStateFile = "state.safetensors";
 constexpr const char *kMetaFile = "meta.json";
 constexpr const char *kLatestFile = "latest";
@@ -96,6 +99,24 @@ struct TreeRemover {
 };
 
 } // namespace
+
+/// FNV-1a over meta.json without its own integrity field (nlohmann's dump:
+/// keys sorted) and every tensor's header entry of the state file.
+static std::string integrityOf(const json &meta, const SafetensorsFile &file) {
+  json m = meta;
+  m.erase("integrity_fnv1a64");
+  std::string text = m.dump();
+  for (const SafetensorsTensorInfo &t : file.tensors()) {
+    text += "\n" + t.name + " " + t.dtype + " [";
+    for (int64_t d : t.shape)
+      text += std::to_string(d) + ",";
+    text += "] " + std::to_string(t.begin) + "-" + std::to_string(t.end);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                (unsigned long long)fnv1a64(text.data(), text.size()));
+  return hex;
+}
 
 //===----------------------------------------------------------------------===//
 // Atomic files
@@ -260,6 +281,10 @@ std::string saveCheckpoint(const std::string &dir, const CheckpointState &state)
                  {"tensors", state.tensors.size()},
                  {"state_fnv1a64", checksum},
                  {"meta", state.meta}};
+    {
+      SafetensorsFile written(stateFile);
+      meta["integrity_fnv1a64"] = integrityOf(meta, written);
+    }
     writeFileAtomic((fs::path(tmpDir) / kMetaFile).string(), meta.dump(2) + "\n");
     stage("meta-written");
     fsyncDirectory(tmpDir);
@@ -407,6 +432,14 @@ CheckpointState loadCheckpoint(const std::string &dir, int64_t step) {
                              " differs from " + metaPath + "'s " +
                              meta["state_fnv1a64"].get<std::string>() +
                              "; the files do not belong together");
+  if (!meta.contains("integrity_fnv1a64") || !meta["integrity_fnv1a64"].is_string())
+    throw bad("incomplete (needs integrity_fnv1a64)");
+  if (const std::string want = meta["integrity_fnv1a64"].get<std::string>(),
+      got = integrityOf(meta, file);
+      want != got)
+    throw bad("the integrity checksum " + want + " does not match what the checkpoint now "
+              "holds (" + got + "): its description or its tensors' headers (names, dtypes, "
+              "shapes, offsets) changed since it was written; the checkpoint is corrupt");
   CheckpointState out;
   out.step = step;
   out.meta = meta["meta"];

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -364,4 +365,45 @@ TEST(Checkpoint, AtomicFileWriter) {
   EXPECT_EQ(fnv1a64("", 0), kFnv1a64Offset);
   EXPECT_EQ(fnv1a64("a", 1), 0xaf63dc4c8601ec8cULL); // the published test vector
   EXPECT_EQ(fnv1a64("foobar", 6), 0x85944171f73967e8ULL);
+}
+
+// What gives the numbers their meaning is covered by the integrity checksum:
+// two tensors' offsets swapped in the state file's header (the data buffer,
+// and so its own checksum, unchanged) and an edited meta.json are refused.
+TEST(Checkpoint, HeadersAndMetaAreCovered) {
+  TempDir d;
+  CheckpointState st;
+  st.step = 3;
+  st.tensors["a"] = at::full({4}, 1.0f);
+  st.tensors["b"] = at::full({4}, 2.0f);
+  st.meta = {{"rank", 0}};
+  saveCheckpoint(d.path, st);
+  EXPECT_EQ(loadCheckpoint(d.path, 3).tensors.at("b")[0].item<float>(), 2.0f);
+
+  const std::string state = d / "step-3/state.safetensors";
+  std::string blob = slurp(state);
+  uint64_t n = 0;
+  std::memcpy(&n, blob.data(), 8);
+  nlohmann::json h = nlohmann::json::parse(blob.substr(8, n));
+  std::swap(h["a"]["data_offsets"], h["b"]["data_offsets"]);
+  std::string text = h.dump();
+  ASSERT_LE(text.size(), n);
+  text.append(n - text.size(), ' ');
+  {
+    std::ofstream out(state, std::ios::binary | std::ios::trunc);
+    out << blob.substr(0, 8) << text << blob.substr(8 + n);
+  }
+  expectError([&] { loadCheckpoint(d.path, 3); },
+              {"step-3/meta.json: the integrity checksum", "the checkpoint is corrupt"});
+
+  saveCheckpoint(d.path, st); // a good one again, then edit its meta.json
+  const std::string metaPath = d / "step-3/meta.json";
+  nlohmann::json meta = nlohmann::json::parse(slurp(metaPath));
+  meta["meta"]["rank"] = 1;
+  {
+    std::ofstream out(metaPath, std::ios::trunc);
+    out << meta.dump(2) << "\n";
+  }
+  expectError([&] { loadCheckpoint(d.path, 3); },
+              {"step-3/meta.json: the integrity checksum", "changed since it was written"});
 }
