@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <netdb.h>
 #include <poll.h>
+#include <csignal>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <cstdio>
@@ -117,6 +119,57 @@ Entry parseEntry(const std::string &s) {
   }
   return e;
 }
+/// Asks the program listening on the master's port one store question, from
+/// a child process that may block or die without harm to this rank: a
+/// program other than hflow's store there (silent, or answering what c10d's
+/// client cannot read, which can abort it) is named instead of hanging or
+/// crashing the rank. Returns why it is not a store, or "" when it answered.
+std::string probeStore(const RendezvousOptions &o, Clock::time_point deadline) {
+  const std::string where = o.masterAddr + ":" + std::to_string(o.masterPort);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    return ""; // cannot probe: c10d's client will have to do
+  if (pid == 0) {
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = (uint16_t)o.masterPort;
+      so.isServer = false;
+      so.waitWorkers = false;
+      so.timeout = std::max(
+          std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1000));
+      auto s = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+      s->check({"hflow/probe"});
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return "";
+      if (WIFSIGNALED(status))
+        return "the program listening on " + where +
+               " is not hflow's rendezvous store: asking it a store question made c10d's "
+               "client die (signal " + std::to_string(WTERMSIG(status)) +
+               "); is another program using MASTER_PORT?";
+      return "the program listening on " + where +
+             " is not hflow's rendezvous store: it answered what c10d's client cannot "
+             "read; is another program using MASTER_PORT?";
+    }
+    if (Clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return "the program listening on " + where +
+             " accepts connections but did not answer as hflow's rendezvous store "
+             "within the timeout; is another program using MASTER_PORT?";
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
 } // namespace
 
 std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
@@ -157,6 +210,9 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
       std::this_thread::sleep_for(milliseconds(100));
     }
   }
+  if (o.rank != 0)
+    if (std::string why = probeStore(o, deadline); !why.empty())
+      throw RendezvousError(K::Other, at + "rank " + std::to_string(o.rank) + ": " + why);
   so.timeout = std::max(o.timeout, milliseconds(5000));
   c10::intrusive_ptr<c10d::TCPStore> tcp;
   try {
