@@ -4,6 +4,7 @@
 // functions live in the file of their concern:
 //
 //   Worker.cpp          setup before the rendezvous, connect, the phase loop
+//   Preflight.cpp       data paths, the --eval rule, the facts ranks agree on
 //   RoleSetup.cpp       each role's model forms, heads and optimizer
 //   Methods.cpp         the role methods (generate, logprob, values, score,
 //                       update, sft), one function each, from a table

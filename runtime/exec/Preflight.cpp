@@ -1,0 +1,103 @@
+//===- Preflight.cpp - what a rank settles before it talks to anyone --------===//
+//
+// The facts prepare() decides alone (Worker.cpp): which data file a path
+// means, which reward rule --eval scores with, and what every rank must
+// agree on at the rendezvous.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include <cstdlib>
+#include <sys/stat.h>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+std::string Worker::resolveData(const std::string &path) const {
+  if (path.empty())
+    throw RunError("the train block names no data file");
+  // With --data-dir, a relative path means a file there and nowhere else:
+  // a run never reads another file of the same name by accident.
+  std::vector<std::string> tried;
+  if (path[0] == '/')
+    tried.push_back(path);
+  else if (!o_.dataDir.empty())
+    tried.push_back(o_.dataDir + "/" + path);
+  else {
+    tried.push_back(path);
+    tried.push_back(dirOf(str(p_.program())) + "/" + path);
+  }
+  for (auto &t : tried) {
+    struct stat st;
+    if (::stat(t.c_str(), &st) != 0)
+      continue;
+    if (!S_ISREG(st.st_mode))
+      throw RunError("data file '" + t + "' is " +
+                     (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                     ", not a JSONL file");
+    return t;
+  }
+  std::string list;
+  for (auto &t : tried)
+    list += (list.empty() ? "" : ", ") + t;
+  throw RunError("data file '" + path + "' not found (looked for " + list + ")");
+}
+
+/// The rule held-out prompts are scored with (--eval): the one rule the
+/// phases' flows score with, or the one RewardFn role's when no flow calls
+/// one. Several is an error: which one the user meant is theirs to say.
+const RuleRt *Worker::chooseEvalRule() const {
+  std::map<std::string, std::string> called; // rule -> its role
+  for (int s = 0; s < (int)(p_.steps() ? p_.steps()->size() : 0); ++s)
+    if (step(s).kind() == StepKind::Compute && rules_.count(step(s).role()))
+      called[rules_.at(step(s).role()).name] = str(role(step(s).role()).name());
+  if (called.empty())
+    for (auto &[r, rule] : rules_)
+      called[rule.name] = str(role(r).name());
+  if (called.empty())
+    throw RunError("--eval scores the held-out responses with a RewardFn role's rule, and "
+                   "this plan has no RewardFn role");
+  if (called.size() > 1) {
+    std::string list;
+    for (auto &[rule, roleName] : called)
+      list += (list.empty() ? "" : ", ") + roleName + ": " + rule;
+    throw RunError("--eval scores the held-out responses with one reward rule, but the "
+                   "flows score with " + std::to_string(called.size()) + " (" + list + ")");
+  }
+  for (auto &[r, rule] : rules_)
+    if (rule.name == called.begin()->first)
+      return &rule;
+  return nullptr;
+}
+
+/// What every rank of the job must agree on besides the plan (checked at the
+/// rendezvous, naming the difference): the options that change what a rank
+/// does or when, the identity of the data every phase reads, and the job's
+/// identity when the launcher gives one.
+std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
+  std::vector<std::pair<std::string, std::string>> f = {
+      {"--steps", std::to_string(o_.steps)},
+      {"--tokenizer", o_.tokenizer},
+      {"--eval-every", std::to_string(o_.evalEvery)},
+      {"--eval-count", std::to_string(o_.evalCount)},
+      {"--checkpoint-every", std::to_string(o_.checkpointEvery)},
+      {"--resume", o_.resume ? "yes" : "no"},
+      {"--reshard", o_.reshard},
+      {"--serialize", o_.serialize ? "yes" : "no"},
+      {"--comm", o_.comm}};
+  for (const PhaseRt &ph : phases_)
+    if (ph.dataset)
+      f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
+  f.push_back({"--eval data", evalSet_ ? "FNV-1a " + evalHash_ : "none"});
+  // The job: a local parent's id, torchrun's run id, Slurm's or Open MPI's.
+  for (const char *var : {"HFLOW_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                          "OMPI_MCA_ess_base_jobid"})
+    if (const char *v = std::getenv(var); v && *v) {
+      f.push_back({std::string("job (") + var + ")", v});
+      break;
+    }
+  return f;
+}
+
+} // namespace hflow::exec
