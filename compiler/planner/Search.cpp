@@ -187,7 +187,7 @@ struct Ctx {
       L.train = trainLayouts(roles[size_t(r)], sizes[size_t(a)], mesh, w);
       if (roles[size_t(r)].kind == RoleKind::Actor)
         for (const Layout &t : L.train)
-          L.gen.push_back(genLayouts(roles[size_t(r)], t, sizes[size_t(a)], mesh, opts));
+          L.gen.push_back(genLayouts(roles[size_t(r)], t, sizes[size_t(a)], mesh, w, opts));
     }
     return L;
   }
@@ -608,7 +608,10 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
       if (devices % (tp * pp) != 0)
         continue;
       int64_t dp = devices / (tp * pp);
-      if (w.sequences() % dp != 0)
+      // The batch check's rules (hflow-check-batch): the batch's sequences
+      // and an optimizer step's (minibatch x n) split over the replicas.
+      const int64_t mb = w.miniBatch > 0 ? w.miniBatch : w.batch;
+      if (w.sequences() % dp != 0 || (mb * w.n) % dp != 0)
         continue;
       Layout l;
       l.tp = tp;
@@ -621,7 +624,7 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
 }
 
 std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
-                               int64_t devices, const Mesh &mesh,
+                               int64_t devices, const Mesh &mesh, const Workload &w,
                                const SearchOptions &opts) {
   std::vector<Layout> out;
   const ModelShape &m = role.model;
@@ -632,6 +635,9 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
       if (devices % (tp * pp) != 0)
         continue;
       if (opts.genDividesTrain && (train.tp * train.pp) % (tp * pp) != 0)
+        continue;
+      // The batch check: the prompts split over the generation replicas.
+      if (w.batch % (devices / (tp * pp)) != 0)
         continue;
       Layout l;
       l.tp = tp;

@@ -114,13 +114,15 @@ std::vector<std::vector<std::vector<int>>> setPartitions(int n);
 
 /// Training layouts (tp, pp, dp) of `role` on `devices`: tp divides heads,
 /// kv_heads and perNode; pp divides layers; dp = devices / (tp pp) divides
-/// the sequences of the batch. Ordered by tp, then pp.
+/// the sequences of the batch and of an optimizer step (minibatch x n), as
+/// hflow-check-batch requires. Ordered by tp, then pp.
 std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
                                  const Mesh &mesh, const Workload &w);
-/// Generation layouts of an actor trained in `train` (same rules, no batch
-/// divisibility; with genDividesTrain, t_g p_g divides t p).
+/// Generation layouts of an actor trained in `train` (tp and pp as above;
+/// dp divides the batch's prompts, as hflow-check-batch requires; with
+/// genDividesTrain, t_g p_g divides t p).
 std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
-                               int64_t devices, const Mesh &mesh,
+                               int64_t devices, const Mesh &mesh, const Workload &w,
                                const SearchOptions &opts);
 
 } // namespace hflow::placement

@@ -480,9 +480,43 @@ TEST(Search, Enumeration) {
   EXPECT_EQ(ls.back().tp, 4);
   EXPECT_EQ(ls.back().pp, 2);
   SearchOptions o;
-  auto gs = genLayouts(role("a", RoleKind::Actor, small()), L(2, 2, 2), 8, mesh(1), o);
+  auto gs = genLayouts(role("a", RoleKind::Actor, small()), L(2, 2, 2), 8, mesh(1), w, o);
   // t_g p_g divides 4: (1,1), (1,2), (1,4), (2,1), (2,2), (4,1).
   EXPECT_EQ(gs.size(), 6u);
+  // The batch check's rules bound dp: 4 prompts cannot split over 8
+  // generation replicas, nor 4 sequences (n = 1) over 8 training ones.
+  w.batch = 4;
+  for (const Layout &g : genLayouts(role("a", RoleKind::Actor, small()), L(2, 2, 2), 8, mesh(1), w, o))
+    EXPECT_EQ(4 % g.dp, 0) << "generation dp " << g.dp;
+  for (const Layout &t : trainLayouts(role("a", RoleKind::Actor, small()), 8, mesh(1), w))
+    EXPECT_EQ(4 % t.dp, 0) << "training dp " << t.dp;
+}
+
+// place auto proposes only what the program's own batch check accepts: 96
+// devices and a batch of 1024 once gave a generation dp of 20 (the issue's
+// 13B PPO on 96 A100s); every candidate's dp must now divide the prompts,
+// the sequences and a minibatch's sequences.
+TEST(Search, CandidatesPassTheBatchCheck) {
+  ModelShape l13{40, 5120, 40, 40, 13824, 32000}; // Llama-2-13B
+  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, l13),
+                                 role("critic", RoleKind::Critic, l13),
+                                 role("ref", RoleKind::Reference, l13),
+                                 role("reward", RoleKind::RewardModel, l13)};
+  Workload w;
+  w.batch = 1024;
+  w.promptLen = 1024;
+  w.responseLen = 1024;
+  SearchOptions o;
+  o.k = 5;
+  SearchResult r = searchPlacement(roles, Device::a100_80g(), mesh(12), w, Calibration(), o);
+  ASSERT_FALSE(r.candidates.empty()) << r.reason;
+  for (const Candidate &c : r.candidates)
+    for (const RolePlan &p : c.roles) {
+      EXPECT_EQ(w.batch * w.n % p.train.dp, 0) << c.str(roles);
+      EXPECT_EQ(w.batch * w.n % p.train.dp, 0) << c.str(roles);
+      if (p.hasGen)
+        EXPECT_EQ(w.batch % p.gen.dp, 0) << c.str(roles);
+    }
 }
 
 //===----------------------------------------------------------------------===//

@@ -28,14 +28,16 @@ hflow.place_auto on @m
 
 // The same alone and unconstrained on a 16 GB device: the search chooses.
 // For a model this small, latency outweighs compute, so it uses two of the
-// four devices (training tp = 2, generation dp = 2).
+// four devices (training tp = 2). Without a train block the workload is one
+// prompt, and the batch check's rule (the prompts split over the generation
+// replicas) leaves generation one replica: pp = 2.
 hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
 hflow.mesh @m "cpu" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
 hflow.place_auto on @m
 // CHECK-LABEL: hflow.mesh @m "cpu" [1 x 4]
-// CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1> generate <dp = 2, tp = 1, pp = 1> {ranks = array<i64: 0, 1>}
+// CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1> generate <dp = 1, tp = 1, pp = 2> {ranks = array<i64: 0, 1>}
 // CHECK-NEXT: hflow.place [@a] on @m[0 : 2]
 
 // -----
