@@ -401,7 +401,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                                                   : std::string()),
           train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr())),
           static_cast<int>(train.getPromptLenAttr() ? train.getPromptLenAttr().getInt()
-                                                    : defaults::kPromptLen)));
+                                                    : defaults::kPromptLen),
+          static_cast<int>(opt(train.getMicroBatchAttr()))));
     }
   }
 

@@ -221,6 +221,8 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
             j.attribute("seed", ph->seed());
             j.attribute("off_policy", ph->off_policy());
+            j.attribute("prompt_len", ph->prompt_len());
+            j.attribute("micro_batch", ph->micro_batch());
           });
     });
     j.attributeArray("schedules", [&] {

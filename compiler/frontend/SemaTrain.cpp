@@ -50,6 +50,10 @@ void Sema::checkTrain(ast::TrainDecl &t) {
   intProp("minibatch", t.minibatch, false, &t.minibatchLoc);
   intProp("seed", t.seed, false);
   intProp("log_every", t.logEvery, false);
+  if (auto it = props.find("log_every"); it != props.end())
+    diags_.error(it->second->keyLoc,
+                 "log_every is not supported yet: the plan does not record it; "
+                 "hflow-run --log-every N sets the progress line interval");
   intProp("prompt_len", t.promptLen, false);
   intProp("micro_batch", t.microBatch, false);
   if (auto it = props.find("off_policy"); it != props.end()) {

@@ -40,7 +40,7 @@ struct ExplainPlacementPass
       module.emitError() << "hflow-explain-placement: " << calError;
       return signalPassFailure();
     }
-    auto found = ::hflow::planner::searchModule(module, mesh, k, cal);
+    auto found = ::hflow::planner::searchModule(module, mesh, k, cal, executable);
     auto &os = llvm::outs();
     if (!found.error.empty()) {
       module.emitError() << "hflow-explain-placement: " << found.error;

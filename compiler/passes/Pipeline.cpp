@@ -6,11 +6,15 @@
 #include "mlir/Pass/PassRegistry.h"
 
 void mlir::hflow::buildHflowPipeline(OpPassManager &pm,
-                                     const std::string &calibration) {
+                                     const std::string &calibration,
+                                     bool executable) {
   pm.addPass(createHflowVerifyRoles());
   HflowPlaceOptions place;
   place.calibration = calibration;
+  place.executable = executable;
   pm.addPass(createHflowPlace(place));
+  if (executable)
+    pm.addPass(createHflowCheckExecutable());
   pm.addPass(createHflowCheckBatch());
   pm.addPass(createHflowCheckMemory());
   pm.addPass(createHflowInsertReshard());
@@ -24,6 +28,12 @@ struct PipelineOptions : public mlir::PassPipelineOptions<PipelineOptions> {
       llvm::cl::desc("a calibration file of the cost model's constants "
                      "(docs/placement.md, Calibration)"),
       llvm::cl::init("")};
+  Option<bool> executable{
+      *this, "executable",
+      llvm::cl::desc("what hflowc runs before writing a plan: place auto proposes "
+                     "only what hflow-run executes, and hflow-check-executable "
+                     "refuses the rest"),
+      llvm::cl::init(false)};
 };
 } // namespace
 
@@ -33,6 +43,6 @@ void mlir::hflow::registerHflowPipeline() {
       "The hflowc pipeline: verify roles, resolve placement, check batch sizes "
       "and memory, plan reshards",
       [](OpPassManager &pm, const PipelineOptions &o) {
-        buildHflowPipeline(pm, o.calibration);
+        buildHflowPipeline(pm, o.calibration, o.executable);
       });
 }

@@ -258,11 +258,17 @@ private:
       return;
     }
     if (placed.empty() && allFree && !module.getOps<RoleOp>().empty()) {
-      auto found = ::hflow::planner::searchModule(module, mesh, 1, calibration_);
+      auto found = ::hflow::planner::searchModule(module, mesh, 1, calibration_, executable);
       if (found.error.empty()) {
         if (found.result.candidates.empty()) {
-          a.emitError() << "`place auto` found no placement that fits: "
-                        << found.result.reason;
+          InFlightDiagnostic d = a.emitError()
+                                 << "`place auto` found no placement that fits: "
+                                 << found.result.reason;
+          if (executable)
+            d.attachNote() << "before writing a plan, the search proposes only what "
+                              "hflow-run executes: no pp, and tp or fsdp for the Actor "
+                              "only (docs/language.md, \"What hflow-run executes\"); "
+                              "--emit=mlir-placed shows the unrestricted search";
           hadError_ = true;
           return;
         }

@@ -14,7 +14,7 @@ namespace pl = ::hflow::placement;
 namespace hflow::planner {
 
 ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
-                          const pl::Calibration &cal) {
+                          const pl::Calibration &cal, bool executable) {
   ModuleSearch out;
   auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
       mesh, StringAttr::get(module.getContext(), mesh.getDevice()));
@@ -77,6 +77,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
   }
   pl::SearchOptions opts;
   opts.k = k;
+  opts.executable = executable;
   out.result = pl::searchPlacement(out.roles, dev, m, pw, cal, opts);
   return out;
 }

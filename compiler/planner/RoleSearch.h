@@ -31,9 +31,12 @@ struct ModuleSearch {
 /// devices), sized by the module's first train block (or defaults). At
 /// most 4 roles of kinds Actor, Critic, Reference, RewardModel.
 /// `cal`: the cost model's constants (hflowc --calibration).
+/// `executable`: propose only what hflow-run executes (hflowc, before it
+/// writes a plan).
 ModuleSearch searchModule(mlir::ModuleOp module, mlir::hflow::MeshOp mesh, int k,
                           const ::hflow::placement::Calibration &cal =
-                              ::hflow::placement::Calibration());
+                              ::hflow::placement::Calibration(),
+                          bool executable = false);
 
 } // namespace hflow::planner
 

@@ -6,6 +6,8 @@
 //===----------------------------------------------------------------------===//
 #include "compiler/planner/Search.h"
 
+#include "runtime/schema/Executes.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -184,7 +186,7 @@ struct Ctx {
     Layouts &L = layouts[size_t(r)][size_t(a)];
     if (!L.done) {
       L.done = true;
-      L.train = trainLayouts(roles[size_t(r)], sizes[size_t(a)], mesh, w);
+      L.train = trainLayouts(roles[size_t(r)], sizes[size_t(a)], mesh, w, opts);
       if (roles[size_t(r)].kind == RoleKind::Actor)
         for (const Layout &t : L.train)
           L.gen.push_back(genLayouts(roles[size_t(r)], t, sizes[size_t(a)], mesh, w, opts));
@@ -597,15 +599,35 @@ std::vector<std::vector<std::vector<int>>> setPartitions(int n) {
   return out;
 }
 
+/// hflow-run's tensor-parallel shards of degree tp for this role
+/// (runtime/schema/Executes.h): the Actor only, split evenly.
+static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
+  if (tp <= 1)
+    return true;
+  if (role.kind != RoleKind::Actor)
+    return false;
+  ::hflow::executes::Dims d;
+  d.heads = role.model.heads;
+  d.kvHeads = role.model.kvHeads;
+  d.ffn = role.model.ffn;
+  d.vocab = role.model.vocab;
+  return ::hflow::executes::tensorParallelProblem(d, tp).empty();
+}
+
 std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
-                                 const Mesh &mesh, const Workload &w) {
+                                 const Mesh &mesh, const Workload &w,
+                                 const SearchOptions &opts) {
   std::vector<Layout> out;
   const ModelShape &m = role.model;
   for (int64_t tp : divisorsUpTo(mesh.perNode, devices)) {
     if (m.heads % tp != 0 || m.kvHeads % tp != 0)
       continue;
+    if (opts.executable && !executesTensorParallel(role, tp))
+      continue;
     for (int64_t pp : divisorsUpTo(m.layers, devices / tp)) {
       if (devices % (tp * pp) != 0)
+        continue;
+      if (opts.executable && pp > 1)
         continue;
       int64_t dp = devices / (tp * pp);
       // The batch check's rules (hflow-check-batch): the batch's sequences
@@ -631,8 +653,12 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
   for (int64_t tp : divisorsUpTo(mesh.perNode, devices)) {
     if (m.heads % tp != 0 || m.kvHeads % tp != 0)
       continue;
+    if (opts.executable && !executesTensorParallel(role, tp))
+      continue;
     for (int64_t pp : divisorsUpTo(m.layers, devices / tp)) {
       if (devices % (tp * pp) != 0)
+        continue;
+      if (opts.executable && pp > 1)
         continue;
       if (opts.genDividesTrain && (train.tp * train.pp) % (tp * pp) != 0)
         continue;

@@ -42,6 +42,10 @@ namespace hflow::placement {
 struct SearchOptions {
   int k = 1;                   // how many of the best candidates to return
   bool genDividesTrain = true; // HybridFlow: t_g * p_g divides t * p
+  /// Only layouts hflow-run executes (runtime/schema/Executes.h): no pp, tp
+  /// for the Actor only and only where its shards split the model evenly.
+  /// hflowc sets it before writing a plan.
+  bool executable = false;
 };
 
 struct RolePlan {
@@ -115,9 +119,11 @@ std::vector<std::vector<std::vector<int>>> setPartitions(int n);
 /// Training layouts (tp, pp, dp) of `role` on `devices`: tp divides heads,
 /// kv_heads and perNode; pp divides layers; dp = devices / (tp pp) divides
 /// the sequences of the batch and of an optimizer step (minibatch x n), as
-/// hflow-check-batch requires. Ordered by tp, then pp.
+/// hflow-check-batch requires; with opts.executable, only what hflow-run
+/// executes. Ordered by tp, then pp.
 std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
-                                 const Mesh &mesh, const Workload &w);
+                                 const Mesh &mesh, const Workload &w,
+                                 const SearchOptions &opts = SearchOptions());
 /// Generation layouts of an actor trained in `train` (tp and pp as above;
 /// dp divides the batch's prompts, as hflow-check-batch requires; with
 /// genDividesTrain, t_g p_g divides t p).

@@ -20,8 +20,11 @@ namespace mlir::hflow {
 /// (`--hflow-pipeline='calibration=FILE'`): verify-roles, place,
 /// check-batch, check-memory, insert-reshard, insert-batch-reshard.
 /// `calibration`: the cost model's constants for `place auto` (a file
-/// loadCalibrationFile reads; empty: the defaults).
-void buildHflowPipeline(OpPassManager &pm, const std::string &calibration = "");
+/// loadCalibrationFile reads; empty: the defaults). `executable` (hflowc
+/// before writing a plan): place auto proposes only what hflow-run
+/// executes, and hflow-check-executable runs after placement.
+void buildHflowPipeline(OpPassManager &pm, const std::string &calibration = "",
+                        bool executable = false);
 void registerHflowPipeline();
 
 } // namespace mlir::hflow

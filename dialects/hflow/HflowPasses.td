@@ -50,10 +50,31 @@ def HflowPlace : Pass<"hflow-place", "::mlir::ModuleOp"> {
   let options = [
     Option<"calibration", "calibration", "std::string", /*default=*/"\"\"",
            "a calibration file of the cost model's constants (JSON; "
-           "docs/placement.md, Calibration); empty: the defaults">
+           "docs/placement.md, Calibration); empty: the defaults">,
+    Option<"executable", "executable", "bool", /*default=*/"false",
+           "propose only layouts hflow-run executes (runtime/schema/Executes.h); "
+           "hflowc sets it before writing a plan">
   ];
   let statistics = [
     Statistic<"numPlaced", "placed-roles", "Number of roles given ranks">
+  ];
+}
+
+def HflowCheckExecutable : Pass<"hflow-check-executable", "::mlir::ModuleOp"> {
+  let summary = "refuse what hflow-run does not execute yet, at the role";
+  let description = [{
+    The plan is a contract: what hflowc writes, hflow-run executes as
+    written. After placement, every role's layouts and compute type are
+    checked against the runtime's table (runtime/schema/Executes.h): a
+    layout hflow-run would not run as planned (pp, sp and cp; tp or fsdp on
+    a role other than the Actor; fsdp * tp; tensor-parallel shards that do
+    not split the model evenly) or a dtype other than f32 is an error at
+    the role's declaration, saying what is not supported yet. hflowc runs
+    it before writing a plan; analyses (`--emit=mlir-placed`, hflow-opt)
+    do not.
+  }];
+  let statistics = [
+    Statistic<"numChecked", "roles", "Number of roles checked">
   ];
 }
 
@@ -111,7 +132,9 @@ def HflowExplainPlacement : Pass<"hflow-explain-placement", "::mlir::ModuleOp"> 
     Option<"k", "k", "int", /*default=*/"3", "how many candidates to print">,
     Option<"calibration", "calibration", "std::string", /*default=*/"\"\"",
            "a calibration file of the cost model's constants (JSON; "
-           "docs/placement.md, Calibration); empty: the defaults">
+           "docs/placement.md, Calibration); empty: the defaults">,
+    Option<"executable", "executable", "bool", /*default=*/"false",
+           "only layouts hflow-run executes (as hflowc places before writing a plan)">
   ];
 }
 

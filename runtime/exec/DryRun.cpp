@@ -3,6 +3,7 @@
 #include "runtime/exec/DryRun.h"
 
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/plan/RoleForms.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -32,9 +33,28 @@ std::string bytes(int64_t b) {
   return buf;
 }
 
+/// "tensor-parallel shard 1 of 2, replica 0 of 4": what rank `pos` of a
+/// layout holds in form `f`.
+std::string holding(executes::Form f, const Layout &l, int pos, int size) {
+  using executes::Form;
+  const int t = std::max(1, l.tp());
+  switch (f) {
+  case Form::None:
+    return "rule, rows of replica " + std::to_string(pos) + " of " + std::to_string(size);
+  case Form::Whole:
+    return "whole weights, replica " + std::to_string(pos) + " of " + std::to_string(size);
+  case Form::TensorParallel:
+    return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
+           ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
+  case Form::FullyShard:
+    return "fully sharded shard " + std::to_string(pos) + " of " + std::to_string(size);
+  }
+  return "?";
+}
+
 } // namespace
 
-void printDryRun(const LoadedPlan &lp, std::FILE *out) {
+bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
   const Plan &p = *lp.plan();
   std::fprintf(out, "hflow-run --dry-run: plan %s, flow %s, world size %d, %u steps\n",
                str(p.program(), "?").c_str(), str(p.flow(), "?").c_str(),
@@ -44,6 +64,31 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
                ? str(p.roles()->Get(r)->name(), "?")
                : std::string("?");
   };
+  // Each role's model forms, from the table hflowc checked the program
+  // against (runtime/schema/Executes.h).
+  bool executable = true;
+  std::map<int, executes::Verdict> forms;
+  for (int r = 0; p.roles() && r < (int)p.roles()->size(); ++r) {
+    const Role &ro = *p.roles()->Get(r);
+    executes::Verdict v = roleForms(p, r);
+    forms[r] = v;
+    std::string line = "role " + roleName(r) + ": ";
+    if (!v.executed()) {
+      executable = false;
+      line += "NOT EXECUTED: " + v.refusal;
+    } else if (ro.model() < 0) {
+      line += "rule " + str(ro.rule(), "?") + " on " + degreesOf(*ro.train()).str();
+    } else {
+      line += "train " + degreesOf(*ro.train()).str() + " (" + executes::formName(v.train) +
+              ")";
+      if (ro.kind() == RoleKind::Actor)
+        line += ", generate " + degreesOf(*ro.generate()).str() + " (" +
+                executes::formName(v.generate) + ")" +
+                (ro.generate_ranks() && ro.generate_ranks()->size() ? " on ranks of its own"
+                                                                     : "");
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
   for (const RankSchedule *s : *p.schedules()) {
     const int rank = s->rank();
     std::fprintf(out, "rank %d: %u steps\n", rank, s->steps() ? s->steps()->size() : 0u);
@@ -55,16 +100,19 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
       switch (st.kind()) {
       case StepKind::Compute: {
         const Role &role = *p.roles()->Get(st.role());
-        auto rs = role.ranks();
+        const bool gen = str(st.method()) == "generate";
+        const bool apartGen = gen && role.generate_ranks() && role.generate_ranks()->size();
+        auto rs = apartGen ? role.generate_ranks() : role.ranks();
         int pos = 0;
         for (size_t i = 0; rs && i < rs->size(); ++i)
           if (rs->Get(i) == rank)
             pos = (int)i;
-        const Layout &l = str(st.method()) == "generate" ? *role.generate() : *role.train();
-        int replicas = std::max(1, l.dp() * l.fsdp());
-        int per = std::max(1, (int)(rs ? rs->size() : 1) / replicas);
-        what = roleName(st.role()) + "." + str(st.method()) + " (data-parallel replica " +
-               std::to_string(pos / per) + " of " + std::to_string(replicas) + ")";
+        const Layout &l = gen ? *role.generate() : *role.train();
+        const executes::Verdict &v = forms[st.role()];
+        what = roleName(st.role()) + "." + str(st.method()) + " on " +
+               (v.executed() ? holding(gen ? v.generate : v.train, l, pos,
+                                       (int)(rs ? rs->size() : 1))
+                             : std::string("a layout hflow-run does not execute"));
         break;
       }
       case StepKind::CheckAllGather:
@@ -115,6 +163,7 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
                    str(st.loc()).c_str());
     }
   }
+  return executable;
 }
 
 } // namespace hflow::exec

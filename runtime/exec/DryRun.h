@@ -14,7 +14,7 @@ namespace hflow::exec {
 /// order: role calls with the rows of the batch it would take, builtins on
 /// the controller, checks with their groups, weight reshards with the bytes
 /// this rank would send and receive. Needs no LibTorch and starts nothing.
-void printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
+bool printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
 
 } // namespace hflow::exec
 

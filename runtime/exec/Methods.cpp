@@ -235,12 +235,20 @@ void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
 /// A forward-only pass over the response positions of rows `rows`: in
 /// batches of `micro_batch` rows (or by max_batch_tokens), `head` maps each
 /// batch's hidden states at the response positions [b, R, H] to [b, R].
+/// Sequences per forward (and backward) pass of call `c`: its own
+/// micro_batch, else its phase's (the train block's), else `whole`.
+int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
+  const int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
+  const double dflt = phase > 0 ? (double)phase : (double)whole;
+  return std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", dflt));
+}
+
 at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head) {
   at::NoGradGuard guard;
   const int64_t b = rows.hi - rows.lo;
-  const int64_t micro = std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", (double)b));
+  const int64_t micro = microBatch(c, b);
   const int64_t budget = (int64_t)attrNum(c.a, "max_batch_tokens", 0);
   std::vector<at::Tensor> parts;
   for (auto [u, e] : rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
@@ -281,7 +289,9 @@ void Worker::runGenerate(MethodCall &c) {
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
   models::Generation gen;
   try {
-    gen = rr.gen ? rr.gen->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
+    gen = rr.gen          ? rr.gen->generate(ptoks, pmask, so, g)
+          : rr.genOnTrain ? rr.lm->generate(ptoks, pmask, so, g)
+                          : rr.model->generate(ptoks, pmask, so, g);
   } catch (const std::invalid_argument &e) {
     throw RunError(e.what());
   }
@@ -341,16 +351,42 @@ void Worker::runSft(MethodCall &c) {
     }
     lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
   }
-  at::Tensor h = rr.lm->hidden(toks, models::positionsFromMask(mask), mask);
-  at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, L - 1)),
-                                       toks.narrow(1, 1, L - 1), 1.0);
-  at::Tensor loss = -(lp * lossMask).sum() / lossMask.sum().clamp_min(1.0);
-  if (c.leader) {
-    metrics_[MSftLoss] += loss.item<double>();
-    metrics_[MSftN] += 1;
-  }
-  trainStep(rr, loss, attrNum(a, "lr", 0));
-  digests_[s] = loss.item<double>();
+  // epochs x minibatches (one optimizer step each; `minibatch:` counts
+  // prompts over all replicas, as for update) x micro-batches of
+  // `micro_batch` sequences whose gradients accumulate. Each micro-batch's
+  // loss is its answer tokens' summed log-loss over the minibatch's answer
+  // tokens: the minibatch's token mean, however it is cut.
+  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
+  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, B));
+  const int64_t mbPrompts = (int64_t)attrNum(
+      a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
+  int64_t mbRows = mbPrompts * ph.n / dp;
+  if (mbRows <= 0 || B % mbRows != 0)
+    mbRows = B;
+  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
+  double lastLoss = 0;
+  for (int64_t e = 0; e < epochs; ++e)
+    for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
+      const at::Tensor mbTokens = lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
+      double mbLoss = 0;
+      for (int64_t u = m0; u < m0 + mbRows; u += micro) {
+        const int64_t cnt = std::min(micro, m0 + mbRows - u);
+        at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
+        at::Tensor h = rr.lm->hidden(t, models::positionsFromMask(mk), mk);
+        at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, L - 1)),
+                                             t.narrow(1, 1, L - 1), 1.0);
+        at::Tensor loss = -(lp * lossMask.narrow(0, u, cnt)).sum() / mbTokens;
+        mbLoss += loss.item<double>();
+        loss.backward();
+      }
+      if (c.leader) {
+        metrics_[MSftLoss] += mbLoss;
+        metrics_[MSftN] += 1;
+      }
+      applyGradients(rr, attrNum(a, "lr", 0));
+      lastLoss = mbLoss;
+    }
+  digests_[s] = lastLoss;
 }
 
 /// logprob: the log-probabilities of the response tokens.
@@ -360,9 +396,11 @@ void Worker::runLogprob(MethodCall &c) {
   const int64_t b = rows.hi - rows.lo;
   at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, b);
   const models::CausalLM &lm = *c.rr.lm;
+  // The call's own temperature, else the one the rollout was sampled at.
+  const double temp = attrNum(c.a, "temperature", c.ph.rolloutTemp);
   at::Tensor lp = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t u, int64_t e) {
                     return lm.tokenLogprobs(lm.localLogits(h), rollout["rtoks"].narrow(0, u, e - u),
-                                            c.ph.rolloutTemp);
+                                            temp);
                   }) *
                   rmask;
   if (c.leader && c.ro.kind() == RoleKind::Actor) {
@@ -419,12 +457,18 @@ void Worker::runScore(MethodCall &c) {
       scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
     }
   } else {
+    // The head at each response's last token, `micro_batch` rows a pass.
     at::NoGradGuard guard;
-    at::Tensor h = seqHidden(rr, *rollout, lo, hi);
-    at::Tensor last = (P - 1 + len).clamp_min(0);
-    at::Tensor hl = h.gather(1, last.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
-    at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
-    scores.scatter_(1, (len - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+    const int64_t micro = microBatch(c, b);
+    for (int64_t u = 0; u < b; u += micro) {
+      const int64_t e = std::min(b, u + micro), m = e - u;
+      at::Tensor h = seqHidden(rr, *rollout, lo + u, lo + e);
+      at::Tensor ln = len.narrow(0, u, m);
+      at::Tensor last = (P - 1 + ln).clamp_min(0);
+      at::Tensor hl = h.gather(1, last.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
+      at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+      scores.narrow(0, u, m).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+    }
   }
   if (c.leader && (c.in.at(0) == ph.rolloutValue || ph.rolloutValue < 0)) {
     // The reward of the rollout the phase trains on, not of a baseline.
@@ -464,8 +508,7 @@ void Worker::runUpdate(MethodCall &c) {
   // micro_batch: sequences per forward/backward pass; their gradients
   // accumulate (each loss weighted by its share of the minibatch, as
   // verl does) into one optimizer step per minibatch.
-  const int64_t micro = std::min<int64_t>(
-      mbRows, std::max<int64_t>(1, (int64_t)attrNum(a, "micro_batch", (double)mbRows)));
+  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
   const double lrOver = attrNum(a, "lr", 0);
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < b; m0 += mbRows) {

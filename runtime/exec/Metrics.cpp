@@ -201,6 +201,8 @@ void Worker::printSummary(const at::Tensor &all) {
             model += ", trains " + rr.lm->form() + " shards";
           if (rr.gen)
             model += ", generates on " + rr.gen->form() + " shards";
+          if (rr.genOnTrain)
+            model += ", generates on them";
           if (rr.lean)
             model += ", no whole copy";
         }

@@ -12,6 +12,7 @@
 
 #include "runtime/models/ModelForms.h"
 #include "runtime/models/Safetensors.h"
+#include "runtime/plan/RoleForms.h"
 
 #include <ATen/ATen.h>
 
@@ -35,9 +36,19 @@ models::LlamaConfig Worker::modelConfig(int m) const {
 }
 
 
+/// Role `r`'s forms by the table hflowc checks programs against.
+executes::Verdict Worker::formsOf(int r) const { return plan::roleForms(p_, r); }
+
 void Worker::buildRoles() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     const Role &ro = role(r);
+    // The forms come from the table hflowc checked the program against
+    // (runtime/schema/Executes.h): what it does not execute is refused
+    // here too, never run on replicated whole weights instead.
+    const executes::Verdict forms = formsOf(r);
+    if (!forms.executed())
+      throw RunError("role " + str(ro.name()) + ": " + forms.refusal +
+                     " (hflowc refuses such a program; this plan was not checked by it)");
     auto rs = ints(ro.ranks());
     auto it = std::find(rs.begin(), rs.end(), j_.rank);
     const bool apart = ro.generate_ranks() && ro.generate_ranks()->size() > 0;
@@ -46,13 +57,10 @@ void Worker::buildRoles() {
       // planned pieces complete them); sharded generation there is not
       // built yet, and is refused before any work.
       const Layout &gl = *ro.generate();
-      const bool tpOnly = gl.pp() <= 1 && gl.fsdp() <= 1 && gl.sp() <= 1 && gl.cp() <= 1;
-      if (!tpOnly || (gl.tp() > 1 && !rows_->genSlots().count(r)))
-        throw RunError("actor " + str(ro.name()) + " generates apart on layout tp " +
-                       std::to_string(gl.tp()) + ", pp " + std::to_string(gl.pp()) +
-                       ", fsdp " + std::to_string(gl.fsdp()) +
-                       "; hflow-run generates apart on whole copies (dp(N)) or tensor-"
-                       "parallel shards (tp(t) * dp(d), kv_heads divisible by t)");
+      if (gl.tp() > 1 && !rows_->genSlots().count(r))
+        throw RunError("actor " + str(ro.name()) + " generates apart on " +
+                       degreesOf(gl).str() + ", which no planned reshard fills: the "
+                       "plan has no train -> generate reshard for it");
       auto gs = ints(ro.generate_ranks());
       auto g = std::find(gs.begin(), gs.end(), j_.rank);
       if (g != gs.end()) {
@@ -84,27 +92,32 @@ void Worker::buildRoles() {
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       const Layout &tl = *ro.train();
-      // Sharded training needs whole weights for generation (the planned
-      // transfers then complete each rank's copy); generation itself is
-      // not sharded in this runtime.
+      // Where a sharded actor generates: on a whole copy the planned
+      // transfers complete (generate: dp(N)), on generation shards a
+      // planned reshard fills (tensor parallel, here or apart), or on its
+      // own tensor-parallel training shards when both layouts are the same
+      // (nothing moves). HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every
+      // rank instead: the reference the sharded forms are compared with in
+      // the tests, asked for by name.
       const Layout &gl = *ro.generate();
-      const bool wholeGeneration = (gl.tp() <= 1 && gl.pp() <= 1 && gl.fsdp() <= 1 &&
-                                    gl.sp() <= 1 && gl.cp() <= 1) ||
-                                   rows_->genSlots().count(r) > 0 || // or on TP shards
-                                   apart;                    // or on other ranks
-
-      // HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every rank instead
-      // (the reference the TP form is compared with in the tests).
-      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
-          wholeGeneration && tl.tp() > 1 && tl.pp() <= 1 && tl.fsdp() <= 1 &&
-          tl.sp() <= 1 && tl.cp() <= 1 && (int)rs.size() == tl.tp() * tl.dp() &&
-          models::TPLlama::checkConfig(cfg, tl.tp()).empty() &&
-          cfg.kvHeads % tl.tp() == 0) // whole kv heads (hflowc requires it)
+      const bool wholeWeights = envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0;
+      const bool sameLayouts = degreesOf(gl) == degreesOf(tl);
+      if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
+          (int)rs.size() == tl.tp() * tl.dp()) {
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
-      if (ro.kind() == RoleKind::Actor && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
-          wholeGeneration && tl.fsdp() > 1 && tl.tp() <= 1 && tl.pp() <= 1 && tl.sp() <= 1 && tl.cp() <= 1 &&
+        rt.genOnTrain = !apart && sameLayouts;
+      }
+      if (!wholeWeights && forms.train == executes::Form::FullyShard &&
           (int)rs.size() == tl.fsdp())
         rt.fsdpSize = tl.fsdp();
+      if (rt.tpSize > 1 || rt.fsdpSize > 1) {
+        const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
+                               forms.generate == executes::Form::Whole;
+        if (!generates)
+          throw RunError("actor " + str(ro.name()) + " trains on " + degreesOf(tl).str() +
+                         " and generates on " + degreesOf(gl).str() +
+                         ", but the plan has no reshard between them");
+      }
       // hf("dir") with safetensors in it: start from those weights. A
       // sharded actor reads only its shard's bytes, once its shards exist
       // (connect()); every other role reads the whole model.
@@ -265,6 +278,13 @@ void Worker::connectRoles() {
         rr.seed = models::modelSeed(p_.seed(), role(r).model());
         rr.model.reset();
       }
+    }
+    if (rr.genOnTrain && rr.sharded() && !rr.lean) {
+      // It generates on its training shards: no whole copy to keep.
+      rr.lean = true;
+      rr.cfg = rr.model->config();
+      rr.seed = models::modelSeed(p_.seed(), role(r).model());
+      rr.model.reset();
     }
     if (rr.sharded()) {
       Attrs a = roleOptions(r);

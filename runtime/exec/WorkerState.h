@@ -36,6 +36,7 @@
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/Optim.h"
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/schema/Executes.h"
 
 #include <cstdio>
 #include <functional>
@@ -108,6 +109,9 @@ struct RoleRt {
   // shards and its generation shards only (`model` built on demand from
   // cfg and seed).
   bool lean = false;
+  // An actor whose generate layout is its tensor-parallel train layout: it
+  // generates on its training shards (`lm`), and nothing moves between.
+  bool genOnTrain = false;
   models::LlamaConfig cfg;
   uint64_t seed = 0;
   // An actor generating on ranks of its own (`place actor.generate on
@@ -162,6 +166,8 @@ private:
   void buildRoles();
   void connectRoles();
   models::LlamaConfig modelConfig(int m) const;
+  /// Role `r`'s model forms by runtime/schema/Executes.h, or why not.
+  executes::Verdict formsOf(int r) const;
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::vector<std::pair<std::string, std::string>> agreedFacts() const;
@@ -195,6 +201,7 @@ private:
   Val &input(MethodCall &c, int k);
   Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
   Val &rolloutOf(MethodCall &c, Span &rows);
+  int64_t microBatch(const MethodCall &c, int64_t whole) const;
   void store(MethodCall &c, Span rows, const at::Tensor &x);
   at::Tensor forwardResponses(
       MethodCall &c, Val &rollout, Span rows,

@@ -326,6 +326,8 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail(what, " has a non-positive batch, n or minibatch");
     if (ph->off_policy() < 0 || ph->off_policy() > 1)
       return c.fail(what, " has off_policy ", ph->off_policy(), " (0 or 1)");
+    if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
+      return c.fail(what, " has a negative prompt_len or micro_batch");
   }
   if (len(p.schedules()) != static_cast<size_t>(world))
     return c.fail("plan has ", len(p.schedules()), " rank schedules for a world of ",

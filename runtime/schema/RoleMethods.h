@@ -85,6 +85,8 @@ inline constexpr KeywordArg kGenerateArgs[] = {
 inline constexpr KeywordArg kForwardArgs[] = {
     {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative},
     {"max_batch_tokens", ArgType::Count}};
+inline constexpr KeywordArg kValuesArgs[] = {
+    {"micro_batch", ArgType::Count}, {"max_batch_tokens", ArgType::Count}};
 inline constexpr KeywordArg kScoreArgs[] = {{"micro_batch", ArgType::Count}};
 inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"minibatch", ArgType::Count},   {"micro_batch", ArgType::Count},
@@ -126,7 +128,7 @@ inline constexpr Signature kActor[] = {
     // Supervised fine-tuning on the dataset's reference responses.
     {"sft", Batch::Prompts, std::nullopt, 0, keywords(kSftArgs)}};
 inline constexpr Signature kCritic[] = {
-    {"values", Batch::Rollout, Batch::Values, 0, keywords(kForwardArgs)},
+    {"values", Batch::Rollout, Batch::Values, 0, keywords(kValuesArgs)},
     {"update", Batch::Rollout, std::nullopt,
      kinds({Batch::Values, Batch::Returns, Batch::Advantages, Batch::Scores}),
      keywords(kCriticUpdateArgs)}};
@@ -134,8 +136,8 @@ inline constexpr Signature kReference[] = {
     {"logprob", Batch::Rollout, Batch::LogProbs, 0, keywords(kForwardArgs)}};
 inline constexpr Signature kRewardModel[] = {
     {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)}};
-inline constexpr Signature kRewardFn[] = {
-    {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)}};
+// A rule scores one decoded response at a time: it takes no keywords.
+inline constexpr Signature kRewardFn[] = {{"score", Batch::Rollout, Batch::Scores, 0}};
 
 struct MethodTable {
   const Signature *begin_, *end_;

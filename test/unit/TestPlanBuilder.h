@@ -139,8 +139,10 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
 
 /// A PPO-shaped plan on 4 ranks (hflow-testplan --ppo) exercising what the
 /// small test plan does not: several roles and models, sub-groups, tp > 1 replicas, a different
-/// generate layout, a rule-based reward role, a one-rank group.
-inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1) {
+/// generate layout, a rule-based reward role, a one-rank group. The critic
+/// runs dp(2); `criticTp2` lays it out tp(2) instead, which hflow-run does
+/// not execute (hflowc refuses such a program; hflow-run refuses the plan).
+inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = false) {
   using namespace hflow::plan;
   flatbuffers::FlatBufferBuilder b;
   b.ForceDefaults(true);
@@ -158,7 +160,7 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1) {
       CreateRole(b, b.CreateString("ref"), RoleKind::Reference, 0, vec({0, 1}),
                  &dp2, &dp2),
       CreateRole(b, b.CreateString("critic"), RoleKind::Critic, 1, vec({2, 3}),
-                 &tp2, &dp2),
+                 criticTp2 ? &tp2 : &dp2, &dp2),
       CreateRole(b, b.CreateString("reward"), RoleKind::RewardFn, -1, vec({3}),
                  &one, &one, b.CreateString("even_tokens"))};
   std::vector<flatbuffers::Offset<Group>> groups{

@@ -135,7 +135,9 @@ int main(int argc, char **argv) {
   if (!o.calibrateOut.empty())
     return calibrate(lp, o, args, argv[0]);
   if (o.dryRun) {
-    exec::printDryRun(lp, stdout);
+    // Non-zero when a role's layout is one hflow-run does not execute.
+    if (!exec::printDryRun(lp, stdout))
+      return error(1, "the plan asks for what hflow-run does not execute (NOT EXECUTED above)");
     return 0;
   }
 

@@ -189,6 +189,10 @@ int main(int argc, char **argv) {
     });
 
   PassManager pm(&context);
+  // A plan is a contract hflow-run keeps: before writing one, place auto
+  // proposes only what the runtime executes and the rest is refused at the
+  // role (hflow-check-executable). --emit=mlir-placed is an analysis.
+  const bool writesPlan = emitKind != Emit::MlirPlaced;
   if (explainPlacement.getNumOccurrences() > 0) {
     int k = 3;
     if (!explainPlacement.empty()) {
@@ -202,10 +206,11 @@ int main(int argc, char **argv) {
     mlir::hflow::HflowExplainPlacementOptions opts;
     opts.k = k;
     opts.calibration = calibrationFile.getValue();
+    opts.executable = writesPlan;
     pm.addPass(mlir::hflow::createHflowVerifyRoles());
     pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
   }
-  mlir::hflow::buildHflowPipeline(pm, calibrationFile);
+  mlir::hflow::buildHflowPipeline(pm, calibrationFile, writesPlan);
   if (failed(pm.run(*module)))
     return finishWithErrors();
 

@@ -96,11 +96,13 @@ int64_t simulate(const plan::Plan &p, const RowSchedule &rs, const exec::PhaseSh
 
 } // namespace
 
-// The PPO plan (hflow-testplan --ppo): actor train tp2 x dp2 / generate dp4
-// on 0-3, reference dp2 on 0-1, critic tp2 on 2-3, rule reward on 3.
+// The PPO plan with its critic on tp2 (hflow-testplan --critic-tp2: the row
+// schedule is the plan's, executed or not): actor train tp2 x dp2 /
+// generate dp4 on 0-3, reference dp2 on 0-1, critic tp2 on 2-3, rule reward
+// on 3.
 TEST(RowSchedule, PpoPlanMovesEveryNeededRowOnce) {
   plan::LoadedPlan lp;
-  const plan::Plan &p = load(test::buildPpoTestPlan(), lp);
+  const plan::Plan &p = load(test::buildPpoTestPlan(1, /*criticTp2=*/true), lp);
   RowSchedule rs(p, RowSchedule::generationSlots(p));
   for (int64_t batch : {4, 8, 16})
     for (int64_t n : {1, 2}) {
@@ -124,7 +126,7 @@ EXPECT_EQ(simulate(p, rs, ph, xfers), 4 * N) << "batch " << batch << ", n " << n
 
 TEST(RowSchedule, ReplicasAndLeaders) {
   plan::LoadedPlan lp;
-  const plan::Plan &p = load(test::buildPpoTestPlan(), lp);
+  const plan::Plan &p = load(test::buildPpoTestPlan(1, /*criticTp2=*/true), lp);
   RowSchedule rs(p, RowSchedule::generationSlots(p));
   // Step 2 (actor.logprob) runs the train layout tp2 x dp2: ranks 0-1 are
   // replica 0 (rank 0 leads), 2-3 replica 1; step 0 (generate) is dp4.
@@ -154,7 +156,7 @@ TEST(RowSchedule, ReplicasAndLeaders) {
 // Without a planned reshard no actor generates on tensor-parallel shards.
 TEST(RowSchedule, NoGenerationSlotsWithoutReshard) {
   plan::LoadedPlan lp;
-  const plan::Plan &p = load(test::buildPpoTestPlan(), lp);
+  const plan::Plan &p = load(test::buildPpoTestPlan(1, /*criticTp2=*/true), lp);
   std::vector<std::string> unordered;
   EXPECT_TRUE(RowSchedule::generationSlots(p, &unordered).empty());
   EXPECT_TRUE(unordered.empty());

@@ -3,6 +3,8 @@
 // Stands in for hflowc in the runtime's integration tests:
 //   hflow-testplan --world-size 4 [--seed N] [--bad-major] [--bad-checksum] -o plan.bin
 //   hflow-testplan --ppo -o plan.bin        a 4-rank PPO-shaped plan (see below)
+//   hflow-testplan --critic-tp2 -o plan.bin the same with its critic on tp(2),
+//                                           which hflow-run refuses
 //   hflow-testplan --method NAME / --builtin NAME -o plan.bin
 //                                           the compute step calls NAME / a builtin
 //                                           step NAME follows (the loader's tables)
@@ -30,7 +32,7 @@ static int usage(const char *msg) {
     std::fprintf(stderr, "hflow-testplan: error: %s\n", msg);
   std::fprintf(msg ? stderr : stdout,
                "usage: hflow-testplan [--world-size N] [--seed N] "
-               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--ppo] -o FILE\n");
+               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--ppo [--critic-tp2]] -o FILE\n");
   return msg ? 2 : 0;
 }
 
@@ -82,7 +84,7 @@ int main(int argc, char **argv) {
   hflow::test::TestPlanOptions o;
   std::string out;
   long seed = -1;
-  bool ppo = false;
+  bool ppo = false, criticTp2 = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> const char * { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -97,6 +99,8 @@ int main(int argc, char **argv) {
       seed = std::atol(v);
     } else if (a == "--ppo") {
       ppo = true;
+    } else if (a == "--critic-tp2") {
+      ppo = criticTp2 = true;
     } else if (a == "--bad-major") {
       o.major = hflow::plan::kFormatMajor + 1;
     } else if (a == "--bad-checksum") {
@@ -122,7 +126,7 @@ int main(int argc, char **argv) {
   if (seed >= 0)
     o.seed = seed;
   std::vector<uint8_t> bytes =
-      ppo ? hflow::test::buildPpoTestPlan(seed >= 0 ? seed : 1) : hflow::test::buildTestPlan(o);
+      ppo ? hflow::test::buildPpoTestPlan(seed >= 0 ? seed : 1, criticTp2) : hflow::test::buildTestPlan(o);
   FILE *f = std::fopen(out.c_str(), "wb");
   if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
     std::fprintf(stderr, "hflow-testplan: error: cannot write %s\n", out.c_str());

@@ -1,0 +1,107 @@
+//===- CheckExecutable.cpp - refuse what hflow-run does not execute --------===//
+//
+// The runtime's table (runtime/schema/Executes.h) applied to every placed
+// role: what it would not run as planned is an error at the role.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/hflow/HflowOps.h"
+#include "dialects/hflow/HflowPasses.h"
+#include "runtime/schema/Executes.h"
+
+#include "mlir/IR/SymbolTable.h"
+
+namespace mlir::hflow {
+#define GEN_PASS_DEF_HFLOWCHECKEXECUTABLE
+#include "dialects/hflow/HflowPasses.h.inc"
+} // namespace mlir::hflow
+
+using namespace mlir;
+using namespace mlir::hflow;
+namespace ex = ::hflow::executes;
+
+namespace {
+
+ex::Degrees degrees(LayoutAttr l) {
+  ex::Degrees d;
+  d.dp = l.getDp();
+  d.fsdp = l.getFsdp();
+  d.tp = l.getTp();
+  d.pp = l.getPp();
+  d.sp = l.getSp();
+  d.cp = l.getCp();
+  return d;
+}
+
+std::string typeName(Type t) {
+  if (t.isF32())
+    return "f32";
+  if (t.isBF16())
+    return "bf16";
+  if (t.isF16())
+    return "f16";
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+struct CheckExecutablePass
+    : public mlir::hflow::impl::HflowCheckExecutableBase<CheckExecutablePass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    bool hadError = false;
+    // Roles no flow calls run nothing: the verify pass warns about them.
+    llvm::DenseSet<StringRef> called;
+    module.walk([&](CallOp c) { called.insert(c.getRole()); });
+    for (RoleOp role : module.getOps<RoleOp>()) {
+      if (!called.count(role.getSymName()))
+        continue;
+      ++numChecked;
+      ModelOp model;
+      if (auto m = role.getModelAttr())
+        model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, m);
+      ex::Dims dims;
+      if (model) {
+        dims.heads = model.getHeads();
+        dims.kvHeads = model.getKvHeads();
+        dims.ffn = model.getFfn();
+        dims.vocab = model.getVocab();
+      }
+      static_assert(int(RoleKind::Actor) == int(::hflow::methods::Role::Actor) &&
+                        int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),
+                    "RoleKind mirrors methods::Role");
+      ex::Verdict v = ex::roleForms(::hflow::methods::Role(int(role.getKind())), bool(model),
+                                    degrees(role.getTrain()), degrees(role.getGenerate()),
+                                    dims);
+      if (!v.executed()) {
+        InFlightDiagnostic d = role.emitError()
+                               << "role '" << role.getSymName() << "': " << v.refusal;
+        d.attachNote() << "hflow-run executes an Actor on dp(N), tp(t) * dp(d) or fsdp(N) "
+                          "(generating on dp(N) or tp(t) * dp(d)) and every other role on "
+                          "dp(N); see docs/language.md, \"What hflow-run executes\"";
+        hadError = true;
+        continue;
+      }
+      if (!model)
+        continue;
+      std::string dtype = typeName(model.getDtype()), where =
+          "model " + model.getSymName().str() + "'s dtype";
+      if (auto opts = role.getOptionsAttr())
+        if (auto dt = opts.getAs<StringAttr>("dtype")) {
+          dtype = dt.getValue().str();
+          where = "role " + role.getSymName().str() + "'s dtype";
+        }
+      if (std::string why = ex::dtypeProblem(dtype, where); !why.empty()) {
+        InFlightDiagnostic d = role.emitError() << "role '" << role.getSymName() << "': " << why;
+        if (where.rfind("model", 0) == 0)
+          d.attachNote(model.getLoc()) << "the model is declared here";
+        hadError = true;
+      }
+    }
+    if (hadError)
+      signalPassFailure();
+  }
+};
+
+} // namespace

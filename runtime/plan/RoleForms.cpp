@@ -1,0 +1,55 @@
+//===- RoleForms.cpp - a plan role's model forms by the runtime's table ----===//
+
+#include "runtime/plan/RoleForms.h"
+
+#include <string>
+
+namespace hflow::plan {
+
+executes::Degrees degreesOf(const Layout &l) {
+  executes::Degrees d;
+  d.dp = l.dp();
+  d.fsdp = l.fsdp();
+  d.tp = l.tp();
+  d.pp = l.pp();
+  d.sp = l.sp();
+  d.cp = l.cp();
+  return d;
+}
+
+executes::Verdict roleForms(const Plan &p, int r) {
+  const Role &ro = *p.roles()->Get(r);
+  static_assert(int(RoleKind::Actor) == int(methods::Role::Actor) &&
+                    int(RoleKind::RewardFn) == int(methods::Role::RewardFn),
+                "the plan's RoleKind mirrors methods::Role");
+  const Model *m = ro.model() >= 0 && p.models() && ro.model() < (int)p.models()->size()
+                       ? p.models()->Get(ro.model())
+                       : nullptr;
+  executes::Dims dims;
+  if (m)
+    dims = {m->heads(), m->kv_heads(), m->ffn(), m->vocab()};
+  executes::Verdict v = executes::roleForms(methods::Role(int(ro.kind())), m != nullptr,
+                                            degreesOf(*ro.train()), degreesOf(*ro.generate()),
+                                            dims);
+  if (!v.executed() || !m)
+    return v;
+  // The compute type: the role's dtype option, else the model's.
+  std::string dt = m->dtype() == DType::F32    ? "f32"
+                   : m->dtype() == DType::BF16 ? "bf16"
+                   : m->dtype() == DType::F16  ? "f16"
+                                               : "f64";
+  std::string where = "model " + (m->name() ? m->name()->str() : std::string("?")) +
+                      "'s dtype";
+  if (ro.options())
+    for (const KeyValue *kv : *ro.options())
+      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
+        dt = kv->value()->str();
+        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
+          dt = dt.substr(1, dt.size() - 2);
+        where = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
+      }
+  v.refusal = executes::dtypeProblem(dt, where);
+  return v;
+}
+
+} // namespace hflow::plan

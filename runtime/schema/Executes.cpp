@@ -1,0 +1,141 @@
+//===- Executes.cpp - which layouts and types hflow-run executes -----------===//
+
+#include "runtime/schema/Executes.h"
+
+namespace hflow::executes {
+
+namespace {
+std::string s(int64_t v) { return std::to_string(v); }
+
+const char *kindName(methods::Role k) {
+  switch (k) {
+  case methods::Role::Actor: return "an Actor";
+  case methods::Role::Critic: return "a Critic";
+  case methods::Role::Reference: return "a Reference";
+  case methods::Role::RewardModel: return "a RewardModel";
+  case methods::Role::RewardFn: return "a RewardFn";
+  }
+  return "a role";
+}
+
+/// pp, sp and cp: not executed for any role yet.
+std::string unbuiltDegree(const Degrees &l) {
+  if (l.pp > 1)
+    return "pipeline parallelism (pp(" + s(l.pp) + ")) is not executed by hflow-run yet";
+  if (l.sp > 1)
+    return "sequence parallelism (sp(" + s(l.sp) + ")) is not executed by hflow-run yet";
+  if (l.cp > 1)
+    return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
+  return "";
+}
+} // namespace
+
+std::string Degrees::str() const {
+  std::string out;
+  auto add = [&](const char *name, int64_t v) {
+    if (v <= 1)
+      return;
+    if (!out.empty())
+      out += " * ";
+    out += std::string(name) + "(" + s(v) + ")";
+  };
+  add("fsdp", fsdp);
+  add("tp", tp);
+  add("pp", pp);
+  add("sp", sp);
+  add("cp", cp);
+  add("dp", dp);
+  return out.empty() ? "dp(1)" : out;
+}
+
+const char *formName(Form f) {
+  switch (f) {
+  case Form::None: return "none";
+  case Form::Whole: return "whole";
+  case Form::TensorParallel: return "tensor-parallel";
+  case Form::FullyShard: return "fully sharded";
+  }
+  return "?";
+}
+
+std::string tensorParallelProblem(const Dims &d, int64_t t) {
+  if (t <= 1)
+    return "";
+  if (d.heads % t != 0)
+    return "heads " + s(d.heads) + " are not divisible by tp " + s(t);
+  if (d.kvHeads % t != 0)
+    return "kv_heads " + s(d.kvHeads) + " are not divisible by tp " + s(t);
+  if (d.ffn % t != 0)
+    return "ffn " + s(d.ffn) + " is not divisible by tp " + s(t);
+  if (d.vocab % t != 0)
+    return "vocab " + s(d.vocab) + " is not divisible by tp " + s(t);
+  return "";
+}
+
+Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
+                  const Degrees &gen, const Dims &dims) {
+  Verdict v;
+  const bool actor = kind == methods::Role::Actor;
+  auto refuse = [&](const char *which, const Degrees &l, const std::string &why) {
+    v.refusal = std::string(which) + " layout " + l.str() + ": " + why;
+    return v;
+  };
+  if (!hasModel) { // a rule: no weights, its ranks split the rows
+    v.train = Form::None;
+    if (train.tp > 1 || train.fsdp > 1 || train.pp > 1 || train.sp > 1 || train.cp > 1)
+      return refuse("train", train,
+                    std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
+    return v;
+  }
+  if (kind == methods::Role::RewardModel) {
+    v.refusal = "a RewardModel's score head is neither loaded nor trained by hflow-run "
+                "yet: it would score 0 on every response; score with a RewardFn rule";
+    return v;
+  }
+  if (std::string why = unbuiltDegree(train); !why.empty())
+    return refuse("train", train, why);
+  if (!actor) {
+    if (train.tp > 1 || train.fsdp > 1)
+      return refuse("train", train,
+                    "hflow-run shards only an Actor's weights yet; " +
+                        std::string(kindName(kind)) +
+                        " runs on whole weights, one copy per rank: write dp(N)");
+    return v;
+  }
+  if (train.tp > 1 && train.fsdp > 1)
+    return refuse("train", train,
+                  "fsdp combined with tp is not executed by hflow-run yet; write "
+                  "tp(t) * dp(d) or fsdp(N)");
+  if (train.tp > 1) {
+    if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
+      return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
+                                    "MLP columns and vocabulary rows per rank: " + why);
+    v.train = Form::TensorParallel;
+  } else if (train.fsdp > 1) {
+    v.train = Form::FullyShard;
+  }
+  if (std::string why = unbuiltDegree(gen); !why.empty())
+    return refuse("generate", gen, why);
+  if (gen.fsdp > 1)
+    return refuse("generate", gen, "FSDP shards do not generate; write dp(N) or tp(t) * dp(d)");
+  if (gen.tp > 1) {
+    if (std::string why = tensorParallelProblem(dims, gen.tp); !why.empty())
+      return refuse("generate", gen,
+                    "hflow-run's tensor-parallel shards need whole heads, MLP columns "
+                    "and vocabulary rows per rank: " + why);
+    v.generate = Form::TensorParallel;
+  } else {
+    v.generate = Form::Whole;
+  }
+  return v;
+}
+
+std::string dtypeProblem(const std::string &dtype, const std::string &what) {
+  if (dtype.empty() || dtype == "f32")
+    return "";
+  return what + " is " + dtype + ", but hflow-run computes and keeps weights in f32 only "
+         "yet (its memory would be twice what the plan sizes, its numbers not " + dtype +
+         "'s); write dtype: f32";
+}
+
+} // namespace hflow::executes

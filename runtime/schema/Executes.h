@@ -1,0 +1,71 @@
+//===- Executes.h - which layouts and types hflow-run executes -------------===//
+//
+// The runtime's capabilities as one table, read by both sides: hflowc
+// refuses, at the role's declaration, a program that asks for something
+// this table does not execute (hflow-check-executable; `place auto` only
+// proposes what it executes), and hflow-run builds each role's model form
+// from the same verdict, so a plan never silently runs on replicated whole
+// weights. When the runtime learns a form, this table is where it says so.
+//
+// Plain C++17, no exceptions (the leaf layer).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_SCHEMA_EXECUTES_H
+#define HFLOW_RUNTIME_SCHEMA_EXECUTES_H
+
+#include "runtime/schema/RoleMethods.h"
+
+#include <cstdint>
+#include <string>
+
+namespace hflow::executes {
+
+/// A layout's degrees (1 when not written).
+struct Degrees {
+  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+  bool operator==(const Degrees &o) const {
+    return dp == o.dp && fsdp == o.fsdp && tp == o.tp && pp == o.pp && sp == o.sp &&
+           cp == o.cp;
+  }
+  /// "tp(2) * dp(4)": the degrees above 1, as a program writes them.
+  std::string str() const;
+};
+
+/// The model dimensions that decide whether its layers split evenly.
+struct Dims {
+  int64_t heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
+};
+
+/// How a role's weights are held on its ranks for one of its layouts.
+enum class Form {
+  None,           // no weights (a rule, or an actor that never generates)
+  Whole,          // a whole copy on every rank; dp(N) replicas
+  TensorParallel, // tp(t) * dp(d): each rank one tensor-parallel shard
+  FullyShard,     // fsdp(N): ZeRO-3 shards of weights, gradients, state
+};
+const char *formName(Form f);
+
+struct Verdict {
+  Form train = Form::Whole;
+  Form generate = Form::None;
+  /// Empty: executed as written. Otherwise one sentence: what is not
+  /// executed yet, naming the layout ("train: tp(2) * pp(2): ...").
+  std::string refusal;
+  bool executed() const { return refusal.empty(); }
+};
+
+/// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
+std::string tensorParallelProblem(const Dims &d, int64_t t);
+
+/// The forms hflow-run builds for a role of `kind` with the given layouts
+/// (`gen` matters for actors only), or why it would not execute them.
+Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
+                  const Degrees &gen, const Dims &dims);
+
+/// Why hflow-run would not compute in element type `dtype` ("f32", "bf16",
+/// "f16"), or "". `what` names where it is written ("model tiny's dtype").
+std::string dtypeProblem(const std::string &dtype, const std::string &what);
+
+} // namespace hflow::executes
+
+#endif // HFLOW_RUNTIME_SCHEMA_EXECUTES_H
