@@ -25,6 +25,11 @@ struct FrontendOptions {
   std::string stdlibDir;
   /// Imports nested deeper than this are refused (a cycle is caught earlier).
   int maxImportDepth = 64;
+  /// Warn, at the `data:` string, for a train block's data file that is not
+  /// on this machine where hflow-run would look without --data-dir (the
+  /// working directory, then the program's folder). A warning: the data may
+  /// live on the cluster. Set when a plan is to be written.
+  bool checkDataFiles = false;
 };
 
 /// A source file the front end read, for rendering diagnostics in it.

@@ -483,6 +483,8 @@ FrontendResult hflow::frontend::parseAndCheck(const std::string &file,
     if (result.diags.hasErrors())
       return result;
     checkProgram(*result.program, result.diags);
+    if (options.checkDataFiles && !result.diags.hasErrors())
+      checkDataFiles(*result.program, result.diags);
   } catch (const std::exception &e) {
     result.diags.error({file, 1, 1, 1},
                        std::string("internal error in the front end: ") +

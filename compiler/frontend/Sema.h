@@ -17,6 +17,11 @@ namespace hflow::frontend {
 /// Checks `program` and fills its resolved fields. Reports every error found.
 void checkProgram(ast::Program &program, DiagnosticList &diags);
 
+/// Warns at each train block's `data:` string whose file is not on this
+/// machine where hflow-run looks for it without --data-dir: the path itself
+/// (absolute, or from the working directory), then the program's folder.
+void checkDataFiles(const ast::Program &program, DiagnosticList &diags);
+
 } // namespace hflow::frontend
 
 #endif // HFLOW_COMPILER_FRONTEND_SEMA_H

@@ -5,6 +5,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/frontend/SemaImpl.h"
+#include "compiler/frontend/Sema.h"
+
+#include <sys/stat.h>
 
 namespace hflow::frontend::detail {
 
@@ -40,8 +43,10 @@ void Sema::checkTrain(ast::TrainDecl &t) {
     if (it->second->value->kind != Expr::Kind::String)
       diags_.error(it->second->value->loc,
                    "data must be a file name string, e.g. \"prompts.jsonl\"");
-    else
+    else {
       t.data = it->second->value->text;
+      t.dataLoc = it->second->value->loc;
+    }
   } else {
     diags_.error(t.loc, "train block needs 'data:' (a JSONL prompt file)");
   }
@@ -192,3 +197,44 @@ void Sema::checkOffPolicy(const ast::TrainDecl &t) {
 }
 
 } // namespace hflow::frontend::detail
+
+namespace hflow::frontend {
+
+void checkDataFiles(const ast::Program &program, DiagnosticList &diags) {
+  for (const ast::TrainDecl &t : program.trains) {
+    if (t.data.empty())
+      continue;
+    std::vector<std::string> tried = {t.data};
+    if (t.data[0] != '/') {
+      std::string::size_type slash = program.file.rfind('/');
+      tried.push_back((slash == std::string::npos ? std::string(".")
+                                                  : program.file.substr(0, slash)) +
+                      "/" + t.data);
+    }
+    std::string problem, looked;
+    bool found = false;
+    for (const std::string &path : tried) {
+      looked += (looked.empty() ? "" : ", ") + path;
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0)
+        continue;
+      if (S_ISREG(st.st_mode)) {
+        found = true;
+        break;
+      }
+      if (problem.empty())
+        problem = "'" + path + "' is " +
+                  (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                  ", not a JSONL file";
+    }
+    if (found)
+      continue;
+    diags.warning(t.dataLoc,
+                  "data file '" + t.data + "' is not on this machine (" +
+                      (problem.empty() ? "looked for " + looked : problem) +
+                      "); hflow-run reads it where it runs, from --data-dir DIR "
+                      "if given");
+  }
+}
+
+} // namespace hflow::frontend

@@ -98,7 +98,7 @@ struct CheckMemoryPass
         auto budget = args.getAs<IntegerAttr>("max_batch_tokens");
         if (!budget)
           return;
-        int64_t r = 16; // the runtime's default max_tokens
+        int64_t r = ::hflow::defaults::kMaxTokens;
         if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
           r = mt.getInt();
         const int64_t need = promptLen.getInt() + r;

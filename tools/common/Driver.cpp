@@ -49,8 +49,10 @@ OwningOpRef<ModuleOp> compileToModule(MLIRContext &ctx, llvm::SourceMgr &sourceM
                                       const std::string &path,
                                       const std::string &source,
                                       const std::vector<std::string> &includeDirs,
-                                      const std::string &stdlibDir) {
+                                      const std::string &stdlibDir,
+                                      bool checkDataFiles) {
   frontend::FrontendOptions options;
+  options.checkDataFiles = checkDataFiles;
   options.includeDirs = includeDirs;
   options.stdlibDir = stdlibDir;
   frontend::FrontendResult fe = frontend::parseAndCheck(path, source, options);

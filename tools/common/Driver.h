@@ -30,11 +30,12 @@ void report(mlir::MLIRContext &ctx, const frontend::DiagnosticList &diags);
 /// Parses, checks and lowers `path` (whose text is `source`) to the hflow
 /// dialect. Imported files are added to `sourceMgr` so diagnostics in them
 /// show their lines. Reports every diagnostic; returns null on error.
+/// `checkDataFiles`: warn for train data files not on this machine.
 mlir::OwningOpRef<mlir::ModuleOp>
 compileToModule(mlir::MLIRContext &ctx, llvm::SourceMgr &sourceMgr,
                 const std::string &path, const std::string &source,
                 const std::vector<std::string> &includeDirs,
-                const std::string &stdlibDir);
+                const std::string &stdlibDir, bool checkDataFiles = false);
 
 } // namespace hflow::driver
 

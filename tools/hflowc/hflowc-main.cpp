@@ -164,7 +164,8 @@ int main(int argc, char **argv) {
   OwningOpRef<ModuleOp> module = ::hflow::driver::compileToModule(
       context, sourceMgr, inputFile, source,
       std::vector<std::string>(includeDirs.begin(), includeDirs.end()),
-      ::hflow::driver::findStdlib(argv[0], stdlibDir));
+      ::hflow::driver::findStdlib(argv[0], stdlibDir),
+      /*checkDataFiles=*/emitKind == Emit::Plan);
   if (!module)
     return finishWithErrors();
 
