@@ -3,7 +3,10 @@
 #include "dialects/hflow/HflowOps.h"
 #include "dialects/hflow/HflowPasses.h"
 
+#include "runtime/schema/Defaults.h"
+
 #include "mlir/IR/SymbolTable.h"
+
 
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWCHECKBATCH
@@ -17,18 +20,50 @@ namespace {
 
 struct CheckBatchPass
     : public mlir::hflow::impl::HflowCheckBatchBase<CheckBatchPass> {
+  /// A flow and its batch sizes: a train block's, or (a program without
+  /// one) those of hflow-run's synthetic prompts.
+  struct Driver {
+    FlowOp flow;
+    int64_t batch, n, minibatch;
+    TrainOp train; // null: synthetic prompts
+  };
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     bool hadError = false;
+    std::vector<Driver> drivers;
     for (TrainOp train : module.getOps<TrainOp>()) {
       auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(
           train, train.getFlowAttr());
       if (!flow)
         continue; // reported by the train op's verifier
-      const int64_t batch = train.getBatchAttr().getInt();
-      const int64_t n = train.getNAttr().getInt();
-      const int64_t minibatch = train.getMinibatchAttr().getInt();
-      flow.walk([&](CallOp call) {
+      drivers.push_back({flow, train.getBatchAttr().getInt(),
+                         train.getNAttr().getInt(),
+                         train.getMinibatchAttr().getInt(), train});
+    }
+    if (drivers.empty()) {
+      // hflow-run runs a flow without a train block once, on synthetic
+      // prompts: their count must split like a train block's batch.
+      const int64_t batch = ::hflow::defaults::kSyntheticPrompts;
+      for (FlowOp flow : module.getOps<FlowOp>())
+        drivers.push_back({flow, batch, 1, batch, TrainOp()});
+    }
+    // Where the batch sizes of an error come from.
+    auto source = [](InFlightDiagnostic &d, Driver drv,
+                     const std::string &setHere) {
+      if (drv.train)
+        d.attachNote(drv.train.getLoc()) << setHere;
+      else
+        d.attachNote(drv.flow.getLoc())
+            << "the program has no train block: hflow-run runs this flow "
+               "once on "
+            << drv.batch
+            << " synthetic prompts, one response each (a train block sets "
+               "the batch sizes)";
+    };
+    for (Driver &drv : drivers) {
+      const int64_t batch = drv.batch, n = drv.n, minibatch = drv.minibatch;
+      drv.flow.walk([&](CallOp call) {
         auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
             call, call.getRoleAttr());
         if (!role)
@@ -55,13 +90,13 @@ struct CheckBatchPass
               << what << " = " << rows << " over the "
               << (gen ? "generate" : "train") << " layout's dp = " << dp
               << " ranks, which does not divide it";
-          d.attachNote(train.getLoc()) << "batch sizes are set here (batch = "
-                                       << batch << ", n = " << n
-                                       << ", minibatch = " << minibatch << ")"
-                                       << (mb != minibatch
-                                               ? "; the call sets minibatch = " +
-                                                     std::to_string(mb)
-                                               : std::string());
+          source(d, drv,
+                 "batch sizes are set here (batch = " + std::to_string(batch) +
+                     ", n = " + std::to_string(n) +
+                     ", minibatch = " + std::to_string(minibatch) + ")" +
+                     (mb != minibatch
+                          ? "; the call sets minibatch = " + std::to_string(mb)
+                          : std::string()));
           d.attachNote(role.getLoc()) << "the layout is declared here";
           hadError = true;
         };
@@ -76,9 +111,11 @@ struct CheckBatchPass
             InFlightDiagnostic d = call.emitError()
                                    << role.getSymName() << "." << call.getMethod()
                                    << "'s minibatch = " << mb
-                                   << " does not divide the train block's batch = "
+                                   << " does not divide "
+                                   << (drv.train ? "the train block's batch = "
+                                                 : "the synthetic batch = ")
                                    << batch;
-            d.attachNote(train.getLoc()) << "batch is set here";
+            source(d, drv, "batch is set here");
             hadError = true;
             return;
           }

@@ -49,6 +49,36 @@ Workload largest(const std::vector<Workload> &ws) {
   return out;
 }
 
+/// What the generate calls of `flows` ask for: the longest response (a call
+/// without max_tokens samples hflow's default, as the plan records), and the
+/// token budget per generation batch when every call sets one.
+static void generateDemands(llvm::ArrayRef<FlowOp> flows, Workload &w) {
+  int64_t longest = 0, budget = 0;
+  bool everyBudgeted = true;
+  for (FlowOp flow : flows)
+    flow.walk([&](CallOp call) {
+      if (call.getMethod() != "generate")
+        return;
+      int64_t len = defaults::kMaxTokens;
+      IntegerAttr mbt;
+      if (auto args = call.getArgsAttr()) {
+        if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
+          len = mt.getInt();
+        mbt = args.getAs<IntegerAttr>("max_batch_tokens");
+      }
+      longest = std::max(longest, len);
+      if (mbt)
+        budget = std::max<int64_t>(budget, mbt.getInt());
+      else
+        everyBudgeted = false;
+    });
+  if (longest > 0) { // some call generates
+    w.responseLen = longest;
+    if (everyBudgeted)
+      w.genBatchTokens = budget;
+  }
+}
+
 std::vector<Workload> workloadsOf(ModuleOp module) {
   std::vector<Workload> out;
   for (TrainOp t : module.getOps<TrainOp>()) {
@@ -60,34 +90,20 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
     if (auto m = t.getMicroBatchAttr())
       w.microBatch = m.getInt();
     w.fromTrainBlock = true;
-    // The longest response any generate call of the trained flow asks for.
-    if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr())) {
-      int64_t longest = 0, budget = 0;
-      bool everyBudgeted = true, anyGenerate = false;
-      flow.walk([&](CallOp call) {
-        if (call.getMethod() != "generate")
-          return;
-        anyGenerate = true;
-        IntegerAttr mbt;
-        if (auto args = call.getArgsAttr()) {
-          if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
-            longest = std::max<int64_t>(longest, mt.getInt());
-          mbt = args.getAs<IntegerAttr>("max_batch_tokens");
-        }
-        if (mbt)
-          budget = std::max<int64_t>(budget, mbt.getInt());
-        else
-          everyBudgeted = false;
-      });
-      if (longest > 0)
-        w.responseLen = longest;
-      if (anyGenerate && everyBudgeted)
-        w.genBatchTokens = budget;
-    }
+    if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr()))
+      generateDemands({flow}, w);
     out.push_back(w);
   }
-  if (out.empty())
-    out.push_back(Workload());
+  if (out.empty()) {
+    // No train block: hflow-run runs the flow once on synthetic prompts.
+    // Which flow is the emitter's choice (--flow), so every flow's calls
+    // count.
+    Workload w;
+    w.batch = defaults::kSyntheticPrompts;
+    w.promptLen = defaults::kSyntheticPromptLen;
+    generateDemands(llvm::to_vector(module.getOps<FlowOp>()), w);
+    out.push_back(w);
+  }
   return out;
 }
 

@@ -14,6 +14,7 @@
 #ifndef HFLOW_RUNTIME_EXEC_ROWSCHEDULE_H
 #define HFLOW_RUNTIME_EXEC_ROWSCHEDULE_H
 
+#include "runtime/schema/Defaults.h"
 #include "runtime/schema/plan_generated.h"
 
 #include <cstdint>
@@ -45,7 +46,9 @@ struct Xfer {
 /// What the schedule needs of a phase: its steps and batch geometry.
 struct PhaseShape {
   int first = 0, count = 0; ///< the phase's steps [first, first + count)
-  int64_t batch = 8, n = 1; ///< prompts per iteration, samples per prompt
+  /// prompts per iteration (a plan without data: its synthetic prompts),
+  /// samples per prompt
+  int64_t batch = defaults::kSyntheticPrompts, n = 1;
   int rolloutValue = -1;    ///< the value the phase's generate produces
 };
 

@@ -161,7 +161,7 @@ void Worker::prepare() {
       }
       ph.P = P;
     } else {
-      ph.P = 8;
+      ph.P = defaults::kSyntheticPromptLen;
     }
     // The phase's rollout: the one its update trains on (ReMax generates a
     // greedy baseline too), else its first generate's. Its mask and groups

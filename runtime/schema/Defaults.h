@@ -19,6 +19,11 @@ inline constexpr int64_t kMaxTokens = 16;
 /// Tokens of the longest prompt a train block accepts when it names no
 /// prompt_len: longer prompts are refused before any work.
 inline constexpr int64_t kPromptLen = 512;
+/// A plan without a train block runs its flow once on this many synthetic
+/// prompts of kSyntheticPromptLen random tokens each (one response per
+/// prompt); the memory check and the placement search size it so.
+inline constexpr int64_t kSyntheticPrompts = 8;
+inline constexpr int64_t kSyntheticPromptLen = 8;
 
 } // namespace hflow::defaults
 

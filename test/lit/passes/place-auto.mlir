@@ -7,9 +7,10 @@
 
 // A 3 MB device: at tp = 1 a training pass of the tiny model needs 3.11 MB
 // of activations (528 tokens: the default prompt_len 512 and max_tokens 16
-// of runtime/schema/Defaults.h; 34*t*h*(4/2) + t*V*4 + t*h*4*L), at tp = 2
-// about 1.7 MB, so the actor trains with tp = 2 and fsdp over the rest;
-// generation fits at tp = 1. (The critic's layout is fixed, so no search.)
+// of runtime/schema/Defaults.h, one sequence per micro-batch;
+// 34*t*h*(4/2) + t*V*4 + t*h*4*L), at tp = 2 about 1.7 MB, so the actor
+// trains with tp = 2 and fsdp over the rest; generation fits at tp = 1.
+// (The critic's layout is fixed, so no search.)
 hflow.device @small "gpu" <memory = 3.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
@@ -17,6 +18,11 @@ hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0,
 hflow.role @c critic(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1>
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
 hflow.place_auto on @m
+hflow.flow @f {
+^bb0(%p: !hflow.batch<prompts>):
+  %r = hflow.call @a "generate"(%p) : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
+}
+hflow.train @f {batch = 4 : i64, data = "p.jsonl", minibatch = 4 : i64, n = 1 : i64, seed = 1 : i64, steps = 1 : i64}
 // CHECK-LABEL: hflow.mesh @m "small" [1 x 4]
 // CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1, fsdp = 2> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
 // CHECK: hflow.role @c critic(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
@@ -27,18 +33,17 @@ hflow.place_auto on @m
 // -----
 
 // The same alone and unconstrained on a 16 GB device: the search chooses.
-// For a model this small, latency outweighs compute, so it uses two of the
-// four devices (training tp = 2). Without a train block the workload is one
-// prompt, and the batch check's rule (the prompts split over the generation
-// replicas) leaves generation one replica: pp = 2.
+// Without a train block the workload is what hflow-run runs: one pass of
+// the flow on 8 synthetic prompts of 8 tokens (runtime/schema/Defaults.h),
+// which the four devices split as four data-parallel replicas.
 hflow.device @cpu "cpu" <memory = 1.6e+10, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 2.0e+10>
 hflow.mesh @m "cpu" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
 hflow.place_auto on @m
 // CHECK-LABEL: hflow.mesh @m "cpu" [1 x 4]
-// CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1> generate <dp = 1, tp = 1, pp = 2> {ranks = array<i64: 0, 1>}
-// CHECK-NEXT: hflow.place [@a] on @m[0 : 2]
+// CHECK: hflow.role @a actor(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
+// CHECK-NEXT: hflow.place [@a] on @m[0 : 4]
 
 // -----
 
