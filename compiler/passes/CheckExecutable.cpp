@@ -77,9 +77,8 @@ struct CheckExecutablePass
       if (!v.executed()) {
         InFlightDiagnostic d = role.emitError()
                                << "role '" << role.getSymName() << "': " << v.refusal;
-        d.attachNote() << "hflow-run executes an Actor on dp(N), tp(t) * dp(d) or fsdp(N) "
-                          "(generating on dp(N) or tp(t) * dp(d)) and every other role on "
-                          "dp(N); see docs/language.md, \"What hflow-run executes\"";
+        d.attachNote() << ex::kSummary
+                       << "; see docs/language.md, \"What hflow-run executes\"";
         hadError = true;
         continue;
       }

@@ -600,11 +600,12 @@ std::vector<std::vector<std::vector<int>>> setPartitions(int n) {
 }
 
 /// hflow-run's tensor-parallel shards of degree tp for this role
-/// (runtime/schema/Executes.h): the Actor only, split evenly.
+/// (runtime/schema/Executes.h): an Actor, Critic or Reference, split evenly.
 static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
   if (tp <= 1)
     return true;
-  if (role.kind != RoleKind::Actor)
+  if (role.kind != RoleKind::Actor && role.kind != RoleKind::Critic &&
+      role.kind != RoleKind::Reference)
     return false;
   ::hflow::executes::Dims d;
   d.heads = role.model.heads;

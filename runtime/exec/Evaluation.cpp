@@ -89,12 +89,15 @@ void Worker::syncReference(int phaseIndex) {
     return;
   refreshGenerationCopies();
   for (auto &[r, rr] : roles_) {
-    if (role(r).kind() != RoleKind::Reference || !rr.model)
+    if (role(r).kind() != RoleKind::Reference || (!rr.model && !rr.sharded()))
       continue;
     for (auto &[a, ar] : roles_)
       if (role(a).kind() == RoleKind::Actor && ar.model &&
           role(a).model() == role(r).model()) {
-        rr.model->copyFrom(*ar.model);
+        if (rr.sharded())
+          rr.lm->loadFrom(*ar.model); // this rank's shards of them
+        else
+          rr.model->copyFrom(*ar.model);
         if (rr.pos == 0 && !o_.quiet)
           std::printf("[%s] %s starts from %s's current weights\n",
                       phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),

@@ -194,11 +194,27 @@ void Worker::printSummary(const at::Tensor &all) {
         model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
         if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
           model += ", weights from " + it->second;
+        const int index = (int)(std::find(p_.roles()->begin(), p_.roles()->end(), r) -
+                                p_.roles()->begin());
+        if (!roles_.count(index) && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
+            r->kind() != RoleKind::Actor) {
+          // Not on this rank: its shards as RoleSetup builds them from the
+          // plan's verdict (a sharded critic or reference keeps no whole copy).
+          const executes::Verdict v = formsOf(index);
+          const Layout &tl = *r->train();
+          if (v.train == executes::Form::TensorParallel)
+            model += std::string(trains(index) ? ", trains" : ", holds") + " tp" +
+                     std::to_string(tl.tp()) + " shards, no whole copy";
+          else if (v.train == executes::Form::FullyShard)
+            model += std::string(trains(index) ? ", trains" : ", holds") + " fsdp" +
+                     std::to_string(tl.fsdp()) + " shards, no whole copy";
+        }
         for (auto &[ri, rr] : roles_) {
-          if (p_.roles()->Get(ri) != r)
+          if (ri != index)
             continue;
           if (rr.sharded())
-            model += ", trains " + rr.lm->form() + " shards";
+            model += std::string(rr.optim ? ", trains " : ", holds ") + rr.lm->form() +
+                     " shards";
           if (rr.gen)
             model += ", generates on " + rr.gen->form() + " shards";
           if (rr.genOnTrain)

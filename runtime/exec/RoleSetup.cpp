@@ -92,25 +92,27 @@ void Worker::buildRoles() {
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
       const Layout &tl = *ro.train();
-      // Where a sharded actor generates: on a whole copy the planned
-      // transfers complete (generate: dp(N)), on generation shards a
-      // planned reshard fills (tensor parallel, here or apart), or on its
+      // Any role with weights trains or computes on its training form's
+      // shards. Where a sharded actor generates: on a whole copy the
+      // planned transfers complete (generate: dp(N)), on generation shards
+      // a planned reshard fills (tensor parallel, here or apart), or on its
       // own tensor-parallel training shards when both layouts are the same
       // (nothing moves). HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every
       // rank instead: the reference the sharded forms are compared with in
       // the tests, asked for by name.
+      const bool actor = ro.kind() == RoleKind::Actor;
       const Layout &gl = *ro.generate();
       const bool wholeWeights = envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0;
       const bool sameLayouts = degreesOf(gl) == degreesOf(tl);
       if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
           (int)rs.size() == tl.tp() * tl.dp()) {
         rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
-        rt.genOnTrain = !apart && sameLayouts;
+        rt.genOnTrain = actor && !apart && sameLayouts;
       }
       if (!wholeWeights && forms.train == executes::Form::FullyShard &&
           (int)rs.size() == tl.fsdp())
         rt.fsdpSize = tl.fsdp();
-      if (rt.tpSize > 1 || rt.fsdpSize > 1) {
+      if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1)) {
         const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
                                forms.generate == executes::Form::Whole;
         if (!generates)
@@ -119,8 +121,8 @@ void Worker::buildRoles() {
                          ", but the plan has no reshard between them");
       }
       // hf("dir") with safetensors in it: start from those weights. A
-      // sharded actor reads only its shard's bytes, once its shards exist
-      // (connect()); every other role reads the whole model.
+      // sharded role reads only its shard's bytes, once its shards exist
+      // (connect()); a whole-weight role reads the whole model.
       const std::string wdir = str(p_.models()->Get(ro.model())->weights());
       if (!wdir.empty() && !fileExists(wdir + "/model.safetensors") &&
           !fileExists(wdir + "/model.safetensors.index.json"))
@@ -137,21 +139,14 @@ void Worker::buildRoles() {
         }
         loadedFrom_[ro.model()] = wdir;
       }
-      if ((ro.kind() == RoleKind::Actor || ro.kind() == RoleKind::Critic) && rt.tpSize == 1 &&
-          rt.fsdpSize == 1) {
+      if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1) {
         rt.model->setTrainable(true);
-        std::vector<at::Tensor> params = rt.model->parameters();
-        if (rt.head.defined()) {
+        if (rt.head.defined())
           rt.head.requires_grad_(true);
+        std::vector<at::Tensor> params = rt.model->parameters();
+        if (rt.head.defined())
           params.push_back(rt.head);
-        }
-        Attrs a = roleOptions(r);
-        models::AdamWOptions ao;
-        ao.lr = attrNum(a, "lr", ro.kind() == RoleKind::Critic ? 1e-5 : 1e-6);
-        ao.weightDecay = attrNum(a, "weight_decay", 0.01);
-        ao.clipGrad = attrNum(a, "clip_grad", 1.0);
-        ao.warmup = (int64_t)attrNum(a, "warmup", 0);
-        rt.optim = std::make_unique<models::AdamW>(params, ao);
+        rt.optim = makeOptimizer(r, params);
       }
     }
     roles_[r] = std::move(rt);
@@ -223,12 +218,11 @@ void Worker::connectRoles() {
         tpc = rr.tpComm.get();
       }
       rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc, rr.dpComm.get());
-      rr.lm->setTrainable(true);
     }
-    if (rr.fsdpSize > 1) {
+    if (rr.fsdpSize > 1)
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
-      rr.lm->setTrainable(true);
-    }
+    if (rr.sharded() && trains(r))
+      rr.lm->setTrainable(true); // a reference's shards stay frozen
     if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks
       rr.lm = std::make_unique<models::WholeModel>(*rr.model, *rr.comm);
     if (rr.sharded() && loadedFrom_.count(role(r).model())) {
@@ -243,7 +237,8 @@ void Worker::connectRoles() {
       }
       // The generation copy is assembled by the first reshard (or gathered
       // from the shards when something needs it whole before that).
-      rr.lm->gatherInto(*rr.model);
+      if (role(r).kind() == RoleKind::Actor)
+        rr.lm->gatherInto(*rr.model);
       at::Tensor mine = at::full({1}, (double)bytes, at::TensorOptions().dtype(at::kDouble));
       at::Tensor all = rr.comm->allGatherFlat(mine);
       if (rr.pos == 0 && !o_.quiet) {
@@ -286,16 +281,42 @@ void Worker::connectRoles() {
       rr.seed = models::modelSeed(p_.seed(), role(r).model());
       rr.model.reset();
     }
-    if (rr.sharded()) {
-      Attrs a = roleOptions(r);
-      models::AdamWOptions ao;
-      ao.lr = attrNum(a, "lr", 1e-6);
-      ao.weightDecay = attrNum(a, "weight_decay", 0.01);
-      ao.clipGrad = attrNum(a, "clip_grad", 1.0);
-      ao.warmup = (int64_t)attrNum(a, "warmup", 0);
-      rr.optim = std::make_unique<models::AdamW>(rr.lm->parameters(), ao);
+    if (rr.sharded() && role(r).kind() != RoleKind::Actor && !rr.lean) {
+      // A critic or reference never generates: its shards (and a critic's
+      // head) are all it keeps.
+      rr.lean = true;
+      rr.cfg = rr.model->config();
+      rr.seed = models::modelSeed(p_.seed(), role(r).model());
+      rr.model.reset();
+    }
+    if (rr.sharded() && trains(r)) {
+      std::vector<at::Tensor> params = rr.lm->parameters();
+      if (rr.head.defined()) {
+        rr.head.requires_grad_(true);
+        params.push_back(rr.head);
+      }
+      rr.optim = makeOptimizer(r, params);
     }
   }
+}
+
+/// Whether role `r` has weights it trains (an Actor or a Critic).
+bool Worker::trains(int r) const {
+  const RoleKind k = role(r).kind();
+  return (k == RoleKind::Actor || k == RoleKind::Critic) && role(r).model() >= 0;
+}
+
+/// Role `r`'s AdamW over `params`, with its options (lr: 1e-5 for a critic,
+/// 1e-6 otherwise, as verl's defaults).
+std::unique_ptr<models::AdamW> Worker::makeOptimizer(int r,
+                                                     const std::vector<at::Tensor> &params) const {
+  Attrs a = roleOptions(r);
+  models::AdamWOptions ao;
+  ao.lr = attrNum(a, "lr", role(r).kind() == RoleKind::Critic ? 1e-5 : 1e-6);
+  ao.weightDecay = attrNum(a, "weight_decay", 0.01);
+  ao.clipGrad = attrNum(a, "clip_grad", 1.0);
+  ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+  return std::make_unique<models::AdamW>(params, ao);
 }
 
 // --- one iteration ------------------------------------------------------------

@@ -85,7 +85,7 @@ struct RoleRt {
   int index = -1;
   /// Whole weights: a replicated role's model (`lm` computes with it), or a
   /// sharded actor's generation copy, which the planned reshard fills. Null
-  /// on a lean actor except while something needs the weights whole.
+  /// on a lean role except while something needs the weights whole.
   std::unique_ptr<models::Llama> model;
   at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
   std::unique_ptr<models::AdamW> optim;
@@ -105,9 +105,9 @@ struct RoleRt {
   // `model` is then the staging copy the planned boxes land in.
   std::unique_ptr<Communicator> genComm;
   std::unique_ptr<models::CausalLM> gen;
-  // Sharded training and sharded generation: the rank keeps its training
-  // shards and its generation shards only (`model` built on demand from
-  // cfg and seed).
+  // Sharded training and sharded generation (or a sharded critic or
+  // reference, which never generates): the rank keeps its shards only
+  // (`model` built on demand from cfg and seed).
   bool lean = false;
   // An actor whose generate layout is its tensor-parallel train layout: it
   // generates on its training shards (`lm`), and nothing moves between.
@@ -168,6 +168,9 @@ private:
   models::LlamaConfig modelConfig(int m) const;
   /// Role `r`'s model forms by runtime/schema/Executes.h, or why not.
   executes::Verdict formsOf(int r) const;
+  bool trains(int r) const;
+  std::unique_ptr<models::AdamW> makeOptimizer(int r,
+                                               const std::vector<at::Tensor> &params) const;
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::vector<std::pair<std::string, std::string>> agreedFacts() const;

@@ -11,11 +11,13 @@
 namespace hflow::models {
 
 namespace {
-/// A head's parameters are the engine's, not a form's: only the replicated
-/// form trains one so far.
-void noHead(const std::vector<at::Tensor> &extra, const std::string &form) {
-  if (!extra.empty())
-    throw std::logic_error(form + " shards cannot train a head yet");
+/// The squared norm of a head's gradients (replicated: counted once).
+double headNormSquared(const std::vector<at::Tensor> &extra) {
+  double s = 0;
+  for (const at::Tensor &p : extra)
+    if (p.grad().defined())
+      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  return s;
 }
 } // namespace
 
@@ -136,8 +138,9 @@ template <class M> uint64_t ShardedForm<M>::loadHf(const std::string &dir) {
 
 template <class M>
 double ShardedForm<M>::gradNormSquared(const std::vector<at::Tensor> &extra) const {
-  noHead(extra, form().c_str());
-  return m_.gradNormSquared();
+  // The shards' norm is the whole model's (collective); a head is
+  // replicated, and after reduceGradients equal on every member.
+  return m_.gradNormSquared() + headNormSquared(extra);
 }
 
 template class ShardedForm<TPLlama>;
@@ -173,10 +176,14 @@ Generation TensorParallelModel::generate(const at::Tensor &prompts,
 }
 
 void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
-  noHead(extra, "tensor-parallel");
-  // The shards' gradients, averaged over the replicas (tp x dp).
-  if (dp_)
-    allReduceGradients(m_.parameters(), *dp_);
+  // The shards' gradients and a head's, averaged over the replicas (tp x
+  // dp). Within a TP group a head's gradient is already the same on every
+  // member: it sees the same hidden states and the same loss.
+  if (dp_) {
+    std::vector<at::Tensor> params = m_.parameters();
+    params.insert(params.end(), extra.begin(), extra.end());
+    allReduceGradients(params, *dp_);
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -207,8 +214,10 @@ Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,
 }
 
 void FullyShardedModel::reduceGradients(const std::vector<at::Tensor> &extra) {
-  noHead(extra, "FSDP");
-  // Backward reduce-scattered the mean gradient into each rank's shards.
+  // Backward reduce-scattered the mean gradient into each rank's shards; a
+  // head is replicated, its gradient averaged over the group's rows.
+  if (!extra.empty())
+    allReduceGradients(extra, m_.comm());
 }
 
 } // namespace hflow::models

@@ -70,7 +70,8 @@ public:
   void loadFrom(const Llama &whole) override { m_.loadFrom(whole); }
   void gatherInto(Llama &dst) const override { m_.gatherInto(dst); }
   uint64_t loadHf(const std::string &dir) override;
-  /// The unsharded model's norm (replicated weights counted once). No head.
+  /// The unsharded model's norm (replicated weights counted once), plus a
+  /// replicated head's.
   double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
 
 protected:
@@ -80,8 +81,9 @@ protected:
 };
 
 /// Megatron tensor-parallel shards (TPLlama) over `tp`; with `dp` (tp x dp)
-/// the replicas' gradients are averaged over it. Logits are vocabulary
-/// shards, never gathered to train. No head yet.
+/// the replicas' gradients (a head's too) are averaged over it. Logits are
+/// vocabulary shards, never gathered to train; a head sees the replicated
+/// hidden states.
 class TensorParallelModel final : public ShardedForm<TPLlama> {
 public:
   TensorParallelModel(const Llama &whole, comm::Communicator &tp,
@@ -103,7 +105,8 @@ private:
 };
 
 /// ZeRO-3 shards (FSDPLlama) over `group`: backward reduce-scatters the
-/// gradients, so reduceGradients has nothing left to do. Does not generate.
+/// gradients, so reduceGradients only averages a (replicated) head's. Does
+/// not generate.
 class FullyShardedModel final : public ShardedForm<FSDPLlama> {
 public:
   FullyShardedModel(const Llama &whole, comm::Communicator &group)

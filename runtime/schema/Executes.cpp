@@ -94,14 +94,6 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   }
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
-  if (!actor) {
-    if (train.tp > 1 || train.fsdp > 1)
-      return refuse("train", train,
-                    "hflow-run shards only an Actor's weights yet; " +
-                        std::string(kindName(kind)) +
-                        " runs on whole weights, one copy per rank: write dp(N)");
-    return v;
-  }
   if (train.tp > 1 && train.fsdp > 1)
     return refuse("train", train,
                   "fsdp combined with tp is not executed by hflow-run yet; write "
@@ -114,6 +106,8 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   } else if (train.fsdp > 1) {
     v.train = Form::FullyShard;
   }
+  if (!actor)
+    return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen); !why.empty())
     return refuse("generate", gen, why);
   if (gen.fsdp > 1)

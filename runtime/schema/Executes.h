@@ -54,6 +54,11 @@ struct Verdict {
   bool executed() const { return refusal.empty(); }
 };
 
+/// The table in one sentence, for the note under a refusal.
+inline constexpr const char *kSummary =
+    "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d) or "
+    "fsdp(N), an Actor generating on dp(N) or tp(t) * dp(d), and a RewardFn on dp(N)";
+
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);
 

@@ -14,6 +14,7 @@
 #include "runtime/comm/GlooCommunicator.h"
 #include "runtime/launch/Launcher.h"
 #include "runtime/models/Llama.h"
+#include "runtime/models/ModelForms.h"
 #include "runtime/models/Optim.h"
 #include "runtime/models/Parallel.h"
 #include "runtime/comm/Rendezvous.h"
@@ -776,6 +777,89 @@ TEST(ParallelFSDP, BoxesPartitionEachParameter) {
   }
 }
 
+/// A value head (a critic's) on each model form's hidden states, through
+/// the CausalLM interface, against the whole model on the whole batch: the
+/// values, the head's gradient, the squared gradient norm, and the weights
+/// after one SGD step of model and head. `form`: "whole" (dp over the
+/// world), "tp", "tpxdp" (pairs), "fsdp".
+void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
+               const std::string &form) {
+  SCOPED_TRACE(c.name + " " + form + " on " + std::to_string(world.size()) + " members");
+  const std::string key = "head." + form;
+  constexpr double kLr = 1.0;
+  Batch all = makeBatch(c.vocab);
+  auto headInit = [&] {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+    return (at::randn({1, c.hidden}, g) * 0.1).requires_grad_(true);
+  };
+  // Targets from the tokens; the mean over the local [B, T] positions, so
+  // the average of equally sized members' losses is the global loss.
+  auto valueLoss = [](const at::Tensor &v, const Batch &b) {
+    at::Tensor target = (b.tokens % 7).to(at::kFloat) / 7.0;
+    return ((v - target).pow(2) * b.mask.to(at::kFloat)).mean();
+  };
+  auto sgd = [&](const std::vector<at::Tensor> &params) {
+    at::NoGradGuard ng;
+    for (const at::Tensor &p : params)
+      if (p.grad().defined())
+        p.detach().sub_(kLr * p.grad());
+  };
+
+  Llama refModel(c, kSeed);
+  refModel.setTrainable(true);
+  at::Tensor refHead = headInit();
+  at::Tensor refValues =
+      at::linear(refModel.hidden(all.tokens, all.positions, all.mask), refHead).squeeze(-1);
+  valueLoss(refValues, all).backward();
+  double refNorm = 0;
+  std::vector<at::Tensor> refParams = refModel.parameters();
+  refParams.push_back(refHead);
+  for (const at::Tensor &p : refParams)
+    if (p.grad().defined())
+      refNorm += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  at::Tensor refHeadGrad = refHead.grad().clone();
+  sgd(refParams);
+
+  Llama source(c, kSeed);
+  std::unique_ptr<Communicator> tp, dp;
+  std::unique_ptr<CausalLM> lm;
+  int part = 0, parts = 1; // this member's rows of the batch
+  const int r = world.rank(), n = world.size();
+  if (form == "whole") {
+    lm = std::make_unique<WholeModel>(source, world);
+    part = r, parts = n;
+  } else if (form == "tp") {
+    lm = std::make_unique<TensorParallelModel>(source, world);
+  } else if (form == "tpxdp") {
+    const int pair = r / 2;
+    tp = world.makeSubgroup(c.name + ".htp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
+    dp = world.makeSubgroup(c.name + ".hdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+    lm = std::make_unique<TensorParallelModel>(source, *tp, dp.get());
+    part = pair, parts = n / 2;
+  } else {
+    lm = std::make_unique<FullyShardedModel>(source, world);
+    part = r, parts = n;
+  }
+  Batch b = myRows(all, part, parts);
+  lm->setTrainable(true);
+  at::Tensor head = headInit();
+  at::Tensor values = at::linear(lm->hidden(b.tokens, b.positions, b.mask), head).squeeze(-1);
+  expectClose(errs, key + ".values", "values", values,
+              refValues.narrow(0, part * b.B, b.B));
+  valueLoss(values, b).backward();
+  lm->reduceGradients({head});
+  expectClose(errs, key + ".grads", "head gradient", head.grad(), refHeadGrad);
+  expectCloseScalar(errs, key + ".gradnorm2", "squared gradient norm",
+                    lm->gradNormSquared({head}), refNorm);
+  std::vector<at::Tensor> params = lm->parameters();
+  params.push_back(head);
+  sgd(params);
+  Llama back(c, kSeed + 1);
+  lm->gatherInto(back);
+  expectSameWeights(errs, key + ".weights", back, refModel);
+  expectClose(errs, key + ".weights", "head after a step", head, refHead);
+}
+
 //===-- multi-process checks -----------------------------------------------===//
 
 TEST(ParallelTP, OneRankIsTheLlama) {
@@ -876,4 +960,23 @@ TEST(ParallelTPxDP, TwoByTwo) {
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkTPxDP(errs, *g.world, c);
+}
+
+// A critic's value head on every form the engine builds: whole weights over
+// dp, tensor-parallel shards, FSDP shards (2 ranks), and tp x dp (4).
+TEST(ParallelHeads, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    for (const char *form : {"whole", "tp", "fsdp"})
+      checkHead(errs, *g.world, c, form);
+}
+
+TEST(ParallelHeads, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const char *form : {"tp", "tpxdp", "fsdp"})
+    checkHead(errs, *g.world, gqa(), form);
 }
