@@ -47,6 +47,10 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
            ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
   case Form::FullyShard:
+    if (t > 1) // fsdp x tp: FSDP over the ranks of one TP index
+      return "fully sharded shard " + std::to_string(pos / t) + " of " +
+             std::to_string(std::max(1, size / t)) + " of tensor-parallel piece " +
+             std::to_string(pos % t) + " of " + std::to_string(t);
     return "fully sharded shard " + std::to_string(pos) + " of " + std::to_string(size);
   }
   return "?";

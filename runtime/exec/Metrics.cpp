@@ -207,7 +207,9 @@ void Worker::printSummary(const at::Tensor &all) {
                      std::to_string(tl.tp()) + " shards, no whole copy";
           else if (v.train == executes::Form::FullyShard)
             model += std::string(trains(index) ? ", trains" : ", holds") + " fsdp" +
-                     std::to_string(tl.fsdp()) + " shards, no whole copy";
+                     std::to_string(tl.fsdp()) +
+                     (tl.tp() > 1 ? "*tp" + std::to_string(tl.tp()) : std::string()) +
+                     " shards, no whole copy";
         }
         for (auto &[ri, rr] : roles_) {
           if (ri != index)

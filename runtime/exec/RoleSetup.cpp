@@ -110,8 +110,10 @@ void Worker::buildRoles() {
         rt.genOnTrain = actor && !apart && sameLayouts;
       }
       if (!wholeWeights && forms.train == executes::Form::FullyShard &&
-          (int)rs.size() == tl.fsdp())
+          (int)rs.size() == tl.fsdp() * std::max(1, tl.tp())) {
         rt.fsdpSize = tl.fsdp();
+        rt.tpSize = std::max(1, tl.tp()); // fsdp x tp: FSDP over TP pieces
+      }
       if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1)) {
         const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
                                forms.generate == executes::Form::Whole;
@@ -201,9 +203,10 @@ void Worker::connectRoles() {
     rr.comm = it->second;
     if (rr.tpSize > 1) {
       // Tensor-parallel training: this rank keeps its shards only. With
-      // dp > 1 the TP group is the rank's replica (tp is the fastest
-      // coordinate: consecutive role ranks) and the DP group the ranks of
-      // the same TP index; members create them in role, then group order.
+      // dp > 1 (or fsdp x tp) the TP group is the rank's replica (tp is the
+      // fastest coordinate: consecutive role ranks) and the DP (FSDP) group
+      // the ranks of the same TP index; members create them in role, then
+      // group order.
       Communicator *tpc = rr.comm;
       auto rs = ints(role(r).ranks());
       const int tps = rr.tpSize, dps = (int)rs.size() / tps;
@@ -217,10 +220,14 @@ void Worker::connectRoles() {
         rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
         tpc = rr.tpComm.get();
       }
-      rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc, rr.dpComm.get());
-    }
-    if (rr.fsdpSize > 1)
+      if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
+        rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.dpComm, tpc);
+      else
+        rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc,
+                                                              rr.dpComm.get());
+    } else if (rr.fsdpSize > 1) {
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
+    }
     if (rr.sharded() && trains(r))
       rr.lm->setTrainable(true); // a reference's shards stay frozen
     if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks

@@ -58,16 +58,21 @@ using UnitFn =
     std::function<at::Tensor(const at::Tensor &x, const std::vector<at::Tensor> &w)>;
 
 /// One parameter of an FSDPLlama and this member's shard of it.
+/// With tensor parallelism (fsdp x tp) FSDP shards this member's TP piece:
+/// the "unit weights" it gathers are TP pieces, not whole parameters.
 struct ShardedParam {
   std::string name;
   int unit = 0;
-  int64_t rows = 0, cols = 0;   ///< the full 2-D view (namedParameters())
-  std::vector<int64_t> natural; ///< the full natural shape
+  int64_t fullRows = 0, fullCols = 0; ///< the parameter's 2-D view
+  TpSplit split;                      ///< how TP splits it (none without tp)
+  Box piece;                          ///< this TP member's box (all without tp)
+  int64_t rows = 0, cols = 0;         ///< the piece's 2-D view
+  std::vector<int64_t> natural;       ///< the piece's natural shape
   /// Numbers per member in the unit's packed buffer: the chunk, padded
   /// (ceil(rows / f) * cols, or ceil(cols / f) for a one-row parameter).
   int64_t chunk = 0;
   int64_t offset = 0; ///< of the chunk inside the unit's per-member buffer
-  Box box;            ///< this member's
+  Box box;            ///< this member's, in the parameter's 2-D view
   at::Tensor shard;   ///< the leaf [box.rows(), box.cols()]
 };
 
@@ -87,6 +92,11 @@ struct Core {
   LlamaConfig c;
   comm::Communicator *g = nullptr;
   int f = 1, r = 0;
+  /// fsdp x tp: the TP group (null without), its size and this member's
+  /// index, and the TP shapes (TPLlama's).
+  comm::Communicator *tp = nullptr;
+  int t = 1, tr = 0;
+  int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
   double scale = 1.0;
   std::vector<ShardedParam> params; ///< namedParameters() order
   std::vector<FSDPUnit> units;
@@ -107,7 +117,7 @@ struct Core {
   /// This member's box of `full` (P's numel, any shape), 2-D (a view).
   static at::Tensor boxView(const ShardedParam &P, const at::Tensor &full) {
     return full.detach()
-        .reshape({P.rows, P.cols})
+        .reshape({P.fullRows, P.fullCols})
         .narrow(0, P.box.r0, P.box.rows())
         .narrow(1, P.box.c0, P.box.cols());
   }
@@ -234,9 +244,9 @@ struct Core {
     std::vector<at::Tensor> out;
     for (const ShardedParam &P : params) {
       auto it = byName.find(P.name);
-      if (it == byName.end() || it->second.numel() != P.rows * P.cols)
+      if (it == byName.end() || it->second.numel() != P.fullRows * P.fullCols)
         throw std::invalid_argument(std::string(who) + ": no tensor " + P.name +
-                                    " of " + std::to_string(P.rows * P.cols) +
+                                    " of " + std::to_string(P.fullRows * P.fullCols) +
                                     " elements");
       out.push_back(boxView(P, it->second).clone(at::MemoryFormat::Contiguous));
     }
@@ -351,7 +361,7 @@ at::Tensor runUnit(const fsdp_detail::Core &core, int u, UnitFn fn,
 
 } // namespace
 
-FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
+FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group, comm::Communicator *tp)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
@@ -359,6 +369,19 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
   p.f = group.size();
   p.r = group.rank();
   p.scale = 1.0 / p.f;
+  p.nq = p.c.heads, p.nkv = p.c.kvHeads, p.kvParts = 1, p.vShard = p.c.vocab;
+  if (tp && tp->size() > 1) {
+    if (std::string e = TPLlama::checkConfig(p.c, tp->size()); !e.empty())
+      throw std::invalid_argument(e);
+    p.tp = tp;
+    p.t = tp->size();
+    p.tr = tp->rank();
+    p.nq = p.c.heads / p.t;
+    p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
+    p.nkv = p.c.kvHeads / p.kvParts;
+    p.vShard = p.c.vocab / p.t;
+    p.vStart = p.tr * p.vShard;
+  }
   if (const char *v = std::getenv("HFLOW_FSDP_PREFETCH"); v && std::string(v) == "0")
     p.prefetchOn = false;
   std::map<std::string, int> unitIndex;
@@ -377,12 +400,23 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group)
     ShardedParam P;
     P.name = name;
     P.unit = it->second;
-    P.rows = view.size(0);
-    P.cols = view.size(1);
-    P.natural = isVector(name) ? std::vector<int64_t>{view.numel()} : view.sizes().vec();
+    P.fullRows = view.size(0);
+    P.fullCols = view.size(1);
+    P.piece = Box{0, P.fullRows, 0, P.fullCols};
+    if (p.tp) {
+      P.split = tpSplitOf(name, p.t, p.kvParts);
+      P.piece = tpBoxOf(name, P.fullRows, P.fullCols, P.split, p.t, p.tr);
+    }
+    P.rows = P.piece.rows();
+    P.cols = P.piece.cols();
+    P.natural = isVector(name) ? std::vector<int64_t>{P.cols}
+                               : std::vector<int64_t>{P.rows, P.cols};
     P.chunk = P.rows == 1 ? (P.cols + p.f - 1) / p.f : (P.rows + p.f - 1) / p.f * P.cols;
     P.offset = U.S;
-    P.box = boxOf(P.rows, P.cols, p.f, p.r);
+    // FSDP's box of the piece, in the parameter's coordinates.
+    const Box local = boxOf(P.rows, P.cols, p.f, p.r);
+    P.box = Box{P.piece.r0 + local.r0, P.piece.r0 + local.r1, P.piece.c0 + local.c0,
+                P.piece.c0 + local.c1};
     P.shard = Impl::boxView(P, view).clone(at::MemoryFormat::Contiguous);
     U.S += P.chunk;
     U.n += P.rows * P.cols;
@@ -416,10 +450,14 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
   p.dropPrefetched(); // none expected: every prefetch is used in its pass
   // Each unit's weights start moving while the unit before it computes.
   p.prefetch(p.embedUnit + 1);
+  // With tp the gathered weights are TP pieces, and the units compute as
+  // TPLlama's do (vocabulary-parallel embedding, f and g around each
+  // layer's column- and row-parallel halves).
   at::Tensor x = runUnit(
       p, p.embedUnit,
-      [](const at::Tensor &tok, const std::vector<at::Tensor> &w) {
-        return at::embedding(w[0], tok);
+      [ip = &p](const at::Tensor &tok, const std::vector<at::Tensor> &w) {
+        return ip->tp ? vocabParallelEmbedding(w[0], tok, ip->vStart, ip->vShard, *ip->tp)
+                      : at::embedding(w[0], tok);
       },
       tokens);
   for (int i = 0; i < p.c.layers; ++i) {
@@ -428,8 +466,10 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
     x = runUnit(
         p, u,
         [ip = &p, u, a](const at::Tensor &in, const std::vector<at::Tensor> &w) {
-          return decoderLayer(in, ip->layerWeights(u, w), a, ip->c.heads, ip->c.kvHeads,
-                              ip->c.normEps, nullptr);
+          LayerWeights lw = ip->layerWeights(u, w);
+          if (ip->tp)
+            lw = withKvReplicaSums(lw, *ip->tp, ip->t / ip->kvParts);
+          return decoderLayer(in, lw, a, ip->nq, ip->nkv, ip->c.normEps, ip->tp);
         },
         x);
   }
@@ -444,10 +484,25 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
 at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
   return runUnit(
       *p_, p_->headUnit,
-      [](const at::Tensor &in, const std::vector<at::Tensor> &w) {
-        return at::linear(in, w[0]);
+      [ip = p_.get()](const at::Tensor &in, const std::vector<at::Tensor> &w) {
+        return at::linear(ip->tp ? copyToTP(in, *ip->tp) : in, w[0]);
       },
       h);
+}
+
+comm::Communicator *FSDPLlama::tpComm() const { return p_->tp; }
+
+at::Tensor FSDPLlama::logprobsFrom(const at::Tensor &logits, const at::Tensor &tokens,
+                                   double temperature) const {
+  const Impl &p = *p_;
+  return p.tp ? vocabParallelLogprobs(logits, tokens, temperature, p.vStart, p.vShard, *p.tp)
+              : models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor FSDPLlama::entropyFrom(const at::Tensor &logits, double temperature) const {
+  const Impl &p = *p_;
+  return p.tp ? vocabParallelEntropy(logits, temperature, *p.tp)
+              : models::tokenEntropy(logits, temperature);
 }
 
 at::Tensor FSDPLlama::forward(const at::Tensor &tokens) const {
@@ -456,7 +511,8 @@ at::Tensor FSDPLlama::forward(const at::Tensor &tokens) const {
   at::Tensor pos = at::arange(tokens.size(1), tokens.options())
                        .unsqueeze(0)
                        .expand({tokens.size(0), tokens.size(1)});
-  return logits(hidden(tokens, pos, at::Tensor()));
+  at::Tensor l = logits(hidden(tokens, pos, at::Tensor()));
+  return p_->tp ? gatherLastDim(l, *p_->tp) : l;
 }
 
 at::Tensor FSDPLlama::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
@@ -519,29 +575,37 @@ void FSDPLlama::gatherInto(Llama &dst) const {
   // Check everything before the first collective.
   for (const ShardedParam &P : p.params) {
     auto it = byName.find(P.name);
-    if (it == byName.end() || it->second.numel() != P.rows * P.cols)
+    if (it == byName.end() || it->second.numel() != P.fullRows * P.fullCols)
       throw std::invalid_argument("FSDPLlama::gatherInto: the model differs at " + P.name);
   }
+  // Each unit's pieces gathered over the FSDP group, then (fsdp x tp) the
+  // pieces over the TP group.
   for (int u = 0; u < (int)p.units.size(); ++u) {
     std::vector<at::Tensor> full = p.gatherFull(u);
     const FSDPUnit &U = p.units[u];
-    at::NoGradGuard noGrad;
     for (size_t i = 0; i < U.params.size(); ++i) {
-      at::Tensor &d = byName.at(p.params[U.params[i]].name);
-      d.copy_(full[i].reshape(d.sizes()));
+      const ShardedParam &P = p.params[U.params[i]];
+      at::Tensor whole = p.tp ? tpGather2D(P.name, full[i], P.split, *p.tp) : full[i];
+      at::NoGradGuard noGrad;
+      at::Tensor &d = byName.at(P.name);
+      d.copy_(whole.reshape(d.sizes()));
     }
   }
 }
 
 double FSDPLlama::gradNormSquared() const {
+  const Impl &p = *p_;
   CommScope scope;
   double s = 0;
-  for (const auto &P : p_->params)
-    if (P.shard.grad().defined())
+  for (const auto &P : p.params)
+    // fsdp x tp: a piece held by several TP members (a norm) counts once.
+    if (P.shard.grad().defined() && (!p.tp || P.split.firstHolder(p.tr, p.t)))
       s += P.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
   at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
-  if (p_->f > 1)
-    p_->g->allReduceSum(total);
+  if (p.f > 1)
+    p.g->allReduceSum(total);
+  if (p.tp)
+    p.tp->allReduceSum(total);
   return total.item<double>();
 }
 

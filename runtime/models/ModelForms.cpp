@@ -191,7 +191,10 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
 //===----------------------------------------------------------------------===//
 
 std::string FullyShardedModel::form() const {
-  return "fsdp" + std::to_string(m_.comm().size());
+  std::string f = "fsdp" + std::to_string(m_.comm().size());
+  if (comm::Communicator *tp = m_.tpComm())
+    f += "*tp" + std::to_string(tp->size());
+  return f;
 }
 
 at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {
@@ -200,11 +203,11 @@ at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {
 
 at::Tensor FullyShardedModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                                             double temperature) const {
-  return models::tokenLogprobs(logits, tokens, temperature);
+  return m_.logprobsFrom(logits, tokens, temperature);
 }
 
 at::Tensor FullyShardedModel::tokenEntropy(const at::Tensor &logits, double temperature) const {
-  return models::tokenEntropy(logits, temperature);
+  return m_.entropyFrom(logits, temperature);
 }
 
 Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,
@@ -215,7 +218,9 @@ Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,
 
 void FullyShardedModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   // Backward reduce-scattered the mean gradient into each rank's shards; a
-  // head is replicated, its gradient averaged over the group's rows.
+  // head is replicated, its gradient averaged over the group's rows (with
+  // tp it is already equal within a TP group: same hidden states, same
+  // loss).
   if (!extra.empty())
     allReduceGradients(extra, m_.comm());
 }

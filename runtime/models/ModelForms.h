@@ -75,8 +75,11 @@ public:
   double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
 
 protected:
-  /// Takes this member's shards of `whole` (copied).
-  ShardedForm(const Llama &whole, comm::Communicator &group) : m_(whole, group) {}
+  /// Takes this member's shards of `whole` (copied); `more` are M's further
+  /// constructor arguments (FSDPLlama's TP group).
+  template <class... More>
+  ShardedForm(const Llama &whole, comm::Communicator &group, More... more)
+      : m_(whole, group, more...) {}
   M m_;
 };
 
@@ -109,8 +112,11 @@ private:
 /// not generate.
 class FullyShardedModel final : public ShardedForm<FSDPLlama> {
 public:
-  FullyShardedModel(const Llama &whole, comm::Communicator &group)
-      : ShardedForm(whole, group) {}
+  /// With `tp`, fsdp x tp: FSDP over `group` (the ranks of one TP index) of
+  /// this rank's tensor-parallel pieces; logits are vocabulary shards.
+  FullyShardedModel(const Llama &whole, comm::Communicator &group,
+                    comm::Communicator *tp = nullptr)
+      : ShardedForm(whole, group, tp) {}
 
   std::string form() const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;

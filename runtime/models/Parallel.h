@@ -202,10 +202,21 @@ private:
 /// gradScale() (default 1/f: the average of the members' gradients, i.e.
 /// the gradient of the global mean loss when every member's loss is the
 /// mean over equally many rows).
+///
+/// fsdp x tp (2-D: FSDP across, TP within): with a TP group of t members,
+/// FSDP shards this member's TPLlama pieces instead of whole parameters
+/// (the reshard planner's holding: the tp-local box's rows in chunks, or a
+/// one-row piece's columns). A unit's gather then yields TP pieces and the
+/// unit computes as TPLlama does (vocabulary-parallel embedding and head,
+/// f and g around each layer's halves, replicated kv heads summing their
+/// gradients); logits are vocabulary shards; the FSDP group is the ranks of
+/// one TP index, the data-parallel replicas.
 class FSDPLlama {
 public:
   /// Takes this member's boxes of `full` (copied). Parameters start frozen.
-  FSDPLlama(const Llama &full, comm::Communicator &group);
+  /// With `tp` (size > 1): fsdp x tp; throws std::invalid_argument when
+  /// TPLlama::checkConfig fails.
+  FSDPLlama(const Llama &full, comm::Communicator &group, comm::Communicator *tp = nullptr);
   ~FSDPLlama();
   FSDPLlama(const FSDPLlama &) = delete;
   FSDPLlama &operator=(const FSDPLlama &) = delete;
@@ -224,7 +235,8 @@ public:
   comm::Communicator &comm() const;
   int numUnits() const;
   const std::string &unitName(int unit) const;
-  /// The unit's parameter count n (without padding).
+  /// The unit's parameter count n (without padding; of this member's TP
+  /// pieces with tp).
   int64_t unitNumel(int unit) const;
   /// The numbers each member contributes to the unit's all-gather (and
   /// receives from each peer in its reduce-scatter): the sum over the
@@ -246,9 +258,18 @@ public:
   /// As Llama::hidden, on this member's rows. Collective.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const;
-  /// The LM head: [.., H] -> [.., V] (full vocabulary). Collective.
+  /// The LM head: [.., H] -> [.., V] (full vocabulary), or with tp this
+  /// member's vocabulary shard [.., V/t] (TPLlama::logitsShard). Collective.
   at::Tensor logits(const at::Tensor &hidden) const;
+  /// Positions 0..T-1, no padding: the full logits [B, T, V].
   at::Tensor forward(const at::Tensor &tokens) const;
+  /// The TP group of fsdp x tp, or null.
+  comm::Communicator *tpComm() const;
+  /// log p(tokens) and the entropy from logits() as this member has them
+  /// (with tp: vocabulary-parallel, collective over the TP group).
+  at::Tensor logprobsFrom(const at::Tensor &logits, const at::Tensor &tokens,
+                          double temperature) const;
+  at::Tensor entropyFrom(const at::Tensor &logits, double temperature) const;
   /// The local rows' logits are complete: these are Llama's free functions.
   static at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                                   double temperature = 1.0);
@@ -280,7 +301,8 @@ public:
   void gatherInto(Llama &dst) const;
   /// Squared global L2 norm of the gradients: the shards' squared norms
   /// summed over the group (the boxes partition every parameter, so this
-  /// equals the unsharded model's). Collective.
+  /// equals the unsharded model's; with tp also over the TP group, a piece
+  /// several TP members hold counted once). Collective.
   double gradNormSquared() const;
 
 private:

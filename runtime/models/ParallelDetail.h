@@ -78,6 +78,45 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const Attn
 /// Logits as float32, divided by the temperature (unless 0 or 1).
 at::Tensor scaled(const at::Tensor &logits, double temperature);
 
+//===-- tensor parallelism's layout, shared by TPLlama and FSDPLlama -----===//
+
+/// How Megatron tensor parallelism over t members splits a parameter: along
+/// `dim` of its natural shape (-1: replicated, parts 1) into `parts`
+/// distinct pieces; member r holds piece r / (t / parts) (parts < t only for
+/// kv heads replicated over t / kvHeads members).
+struct TpSplit {
+  int dim = -1;
+  int64_t parts = 1;
+  /// The member of `r`'s piece that counts it once (a norm: member 0).
+  bool firstHolder(int r, int t) const { return r % (t / parts) == 0; }
+};
+/// The split of parameter `name` (Llama::namedParameters() names): q, k, v,
+/// gate, up, their biases, the embedding and the LM head by rows (k and v
+/// into `kvParts` pieces), o and down by columns, norms replicated.
+TpSplit tpSplitOf(const std::string &name, int t, int64_t kvParts);
+/// Member r's box of the parameter's 2-D view [rows, cols] (a 1-D one is
+/// [1, n] and splits along its columns).
+Box tpBoxOf(const std::string &name, int64_t rows, int64_t cols, TpSplit s, int t, int r);
+/// The full 2-D view out of every member's piece `mine` (its 2-D box, or
+/// the natural 1-D piece of a vector). Collective over `tp`.
+at::Tensor tpGather2D(const std::string &name, const at::Tensor &mine, TpSplit s,
+                      comm::Communicator &tp);
+/// The vocabulary-parallel embedding: rows [vStart, vStart + vShard) looked
+/// up here, zeros for the others, summed over `tp` (with gradient).
+at::Tensor vocabParallelEmbedding(const at::Tensor &shard, const at::Tensor &tokens,
+                                  int64_t vStart, int64_t vShard, comm::Communicator &tp);
+/// log p(tokens) from a vocabulary shard of the logits, never gathering
+/// the vocabulary (TPLlama::tokenLogprobs). Collective, differentiable.
+at::Tensor vocabParallelLogprobs(const at::Tensor &logitsShard, const at::Tensor &tokens,
+                                 double temperature, int64_t vStart, int64_t vShard,
+                                 comm::Communicator &tp);
+/// The entropy per position from a vocabulary shard (TPLlama::tokenEntropy).
+at::Tensor vocabParallelEntropy(const at::Tensor &logitsShard, double temperature,
+                                comm::Communicator &tp);
+/// A layer's weights as the forward uses them: kv heads replicated on
+/// `reps` members sum their gradients over those replicas.
+LayerWeights withKvReplicaSums(LayerWeights w, comm::Communicator &tp, int64_t reps);
+
 } // namespace hflow::models::detail
 
 #endif // HFLOW_RUNTIME_MODELS_PARALLELDETAIL_H

@@ -27,6 +27,104 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 //===----------------------------------------------------------------------===//
+// The tensor-parallel layout (shared with FSDPLlama's fsdp x tp)
+//===----------------------------------------------------------------------===//
+
+TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts) {
+  std::string suffix;
+  const int layer = layerOf(name, suffix);
+  TpSplit s{0, t};
+  if (layer < 0) {
+    if (name == "final_norm")
+      s = TpSplit{};
+    return s; // embed, lm_head: vocab rows
+  }
+  if (suffix == "attn_norm" || suffix == "mlp_norm")
+    s = TpSplit{};
+  else if (suffix == "attn.o" || suffix == "mlp.down")
+    s.dim = 1;
+  else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
+    s.parts = kvParts;
+  return s;
+}
+
+Box detail::tpBoxOf(const std::string &name, int64_t rows, int64_t cols, TpSplit s, int t,
+                    int r) {
+  Box b{0, rows, 0, cols};
+  if (s.dim < 0)
+    return b;
+  // A bias is split along its length: the columns of its [1, n] view.
+  const int dim = isVector(name) ? 1 : s.dim;
+  const int64_t idx = r / (t / s.parts);
+  const int64_t len = (dim == 0 ? rows : cols) / s.parts;
+  if (dim == 0)
+    b.r0 = idx * len, b.r1 = (idx + 1) * len;
+  else
+    b.c0 = idx * len, b.c1 = (idx + 1) * len;
+  return b;
+}
+
+at::Tensor detail::tpGather2D(const std::string &name, const at::Tensor &mine, TpSplit s,
+                              comm::Communicator &tp) {
+  CommScope scope;
+  at::Tensor m2 = mine.dim() == 1 ? mine.reshape({1, -1}) : mine;
+  const int t = tp.size();
+  if (s.dim < 0 || t == 1)
+    return m2.detach().clone();
+  std::vector<at::Tensor> all;
+  tp.allGather(m2.detach().contiguous(), all);
+  std::vector<at::Tensor> distinct;
+  for (int64_t k = 0; k < s.parts; ++k)
+    distinct.push_back(all[k * (t / s.parts)]);
+  return at::cat(distinct, isVector(name) ? 1 : s.dim);
+}
+
+at::Tensor detail::vocabParallelEmbedding(const at::Tensor &shard, const at::Tensor &tokens,
+                                          int64_t vStart, int64_t vShard,
+                                          comm::Communicator &tp) {
+  // Look up the rows this member owns, zeros for the others; the
+  // all-reduce completes every row.
+  at::Tensor mine = tokens.ge(vStart) & tokens.lt(vStart + vShard);
+  at::Tensor local = (tokens - vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor x = at::embedding(shard, local) * mine.unsqueeze(-1).to(at::kFloat);
+  return reduceFromTP(x, tp);
+}
+
+at::Tensor detail::vocabParallelLogprobs(const at::Tensor &shard, const at::Tensor &tokens,
+                                         double temperature, int64_t vStart, int64_t vShard,
+                                         comm::Communicator &tp) {
+  at::Tensor l = scaled(shard, temperature);                 // [.., V/t]
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), tp); // [.., 1]
+  at::Tensor sumExp = reduceFromTP(at::exp(l - m).sum(-1), tp);
+  at::Tensor lse = m.squeeze(-1) + at::log(sumExp);
+  // The target's logit: from its owner, zero on the others, summed.
+  at::Tensor mine = tokens.ge(vStart) & tokens.lt(vStart + vShard);
+  at::Tensor local = (tokens - vStart).masked_fill(mine.logical_not(), 0);
+  at::Tensor target = l.gather(-1, local.unsqueeze(-1)).squeeze(-1);
+  target = reduceFromTP(at::where(mine, target, at::zeros_like(target)), tp);
+  return target - lse;
+}
+
+at::Tensor detail::vocabParallelEntropy(const at::Tensor &shard, double temperature,
+                                        comm::Communicator &tp) {
+  at::Tensor l = scaled(shard, temperature);
+  at::Tensor m = allReduceMax(l.detach().amax(-1, true), tp);
+  at::Tensor e = at::exp(l - m);
+  at::Tensor sumExp = reduceFromTP(e.sum(-1), tp);
+  at::Tensor sumExpL = reduceFromTP((e * l).sum(-1), tp);
+  // H = log Z - E_p[l] with Z = sum exp(l).
+  return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
+}
+
+LayerWeights detail::withKvReplicaSums(LayerWeights w, comm::Communicator &tp, int64_t reps) {
+  if (reps > 1)
+    for (at::Tensor *p : {&w.wk, &w.wv, &w.bk, &w.bv})
+      if (p->defined())
+        *p = sumOverReplicas(*p, tp, reps);
+  return w;
+}
+
+//===----------------------------------------------------------------------===//
 // TPLlama
 //===----------------------------------------------------------------------===//
 
@@ -51,20 +149,8 @@ struct TPLlama::Impl {
 
   /// How `name` is split.
   void spec(const std::string &name, int &dim, int64_t &parts) const {
-    std::string suffix;
-    int layer = layerOf(name, suffix);
-    dim = 0, parts = t;
-    if (layer < 0) {
-      if (name == "final_norm")
-        dim = -1;
-      return; // embed, lm_head: vocab rows
-    }
-    if (suffix == "attn_norm" || suffix == "mlp_norm")
-      dim = -1;
-    else if (suffix == "attn.o" || suffix == "mlp.down")
-      dim = 1;
-    else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
-      parts = kvParts;
+    TpSplit sp = tpSplitOf(name, t, kvParts);
+    dim = sp.dim, parts = sp.parts;
   }
 
   /// Member r's piece of the full 2-D view `full` (natural shape, fresh).
@@ -77,29 +163,18 @@ struct TPLlama::Impl {
     return f.detach().narrow(dim, idx * len, len).clone(at::MemoryFormat::Contiguous);
   }
 
-  /// The full tensor from every member's piece `mine`. Collective.
+  /// The full tensor (2-D view) from every member's piece `mine`.
+  /// Collective.
   at::Tensor gather(const Entry &e, const at::Tensor &mine) const {
-    CommScope scope;
     if (e.dim < 0 || t == 1)
       return mine.detach().clone();
-    std::vector<at::Tensor> all;
-    tp->allGather(mine.detach().contiguous(), all);
-    std::vector<at::Tensor> distinct;
-    for (int64_t k = 0; k < e.parts; ++k)
-      distinct.push_back(all[k * (t / e.parts)]);
-    return at::cat(distinct, e.dim);
+    return tpGather2D(e.name, mine, TpSplit{e.dim, e.parts}, *tp);
   }
 
   /// The weights of layer i as the forward uses them: replicated kv heads
   /// sum their gradients over their replicas.
   LayerWeights layerForForward(size_t i) const {
-    LayerWeights w = layers[i];
-    int64_t reps = t / kvParts;
-    if (reps > 1)
-      for (at::Tensor *p : {&w.wk, &w.wv, &w.bk, &w.bv})
-        if (p->defined())
-          *p = sumOverReplicas(*p, *tp, reps);
-    return w;
+    return withKvReplicaSums(layers[i], *tp, t / kvParts);
   }
 };
 
@@ -175,12 +250,7 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
                            const at::Tensor &keyMask, KVCache *cache) const {
   const Impl &p = *p_;
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
-  // Vocab-parallel embedding: look up the rows this member owns, zeros for
-  // the others; the all-reduce completes every row.
-  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
-  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
-  at::Tensor x = at::embedding(p.embed, local) * mine.unsqueeze(-1).to(at::kFloat);
-  x = reduceFromTP(x, *p.tp);
+  at::Tensor x = vocabParallelEmbedding(p.embed, tokens, p.vStart, p.vShard, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
     x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i);
   if (cache) {
@@ -221,28 +291,11 @@ at::Tensor TPLlama::forward(const at::Tensor &tokens) const {
 
 at::Tensor TPLlama::tokenLogprobs(const at::Tensor &shard, const at::Tensor &tokens,
                                   double temperature) const {
-  const Impl &p = *p_;
-  at::Tensor l = scaled(shard, temperature);                  // [.., V/t]
-  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp); // [.., 1]
-  at::Tensor sumExp = reduceFromTP(at::exp(l - m).sum(-1), *p.tp);
-  at::Tensor lse = m.squeeze(-1) + at::log(sumExp);
-  // The target's logit: from its owner, zero on the others, summed.
-  at::Tensor mine = tokens.ge(p.vStart) & tokens.lt(p.vStart + p.vShard);
-  at::Tensor local = (tokens - p.vStart).masked_fill(mine.logical_not(), 0);
-  at::Tensor target = l.gather(-1, local.unsqueeze(-1)).squeeze(-1);
-  target = reduceFromTP(at::where(mine, target, at::zeros_like(target)), *p.tp);
-  return target - lse;
+  return vocabParallelLogprobs(shard, tokens, temperature, p_->vStart, p_->vShard, *p_->tp);
 }
 
 at::Tensor TPLlama::tokenEntropy(const at::Tensor &shard, double temperature) const {
-  const Impl &p = *p_;
-  at::Tensor l = scaled(shard, temperature);
-  at::Tensor m = allReduceMax(l.detach().amax(-1, true), *p.tp);
-  at::Tensor e = at::exp(l - m);
-  at::Tensor sumExp = reduceFromTP(e.sum(-1), *p.tp);
-  at::Tensor sumExpL = reduceFromTP((e * l).sum(-1), *p.tp);
-  // H = log Z - E_p[l] with Z = sum exp(l).
-  return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
+  return vocabParallelEntropy(shard, temperature, *p_->tp);
 }
 
 NamedTensors TPLlama::namedShards() const {
@@ -255,21 +308,9 @@ NamedTensors TPLlama::namedShards() const {
 std::vector<std::pair<std::string, Box>> TPLlama::namedBoxes() const {
   const Impl &p = *p_;
   std::vector<std::pair<std::string, Box>> out;
-  for (const auto &e : p.entries) {
-    const int64_t rows = e.fullShape[0], cols = e.fullShape[1];
-    Box b{0, rows, 0, cols};
-    if (e.dim >= 0) {
-      // A bias is split along its length: the columns of its [1, n] view.
-      const int dim = isVector(e.name) ? 1 : e.dim;
-      const int64_t idx = p.r / (p.t / e.parts);
-      const int64_t len = (dim == 0 ? rows : cols) / e.parts;
-      if (dim == 0)
-        b.r0 = idx * len, b.r1 = (idx + 1) * len;
-      else
-        b.c0 = idx * len, b.c1 = (idx + 1) * len;
-    }
-    out.emplace_back(e.name, b);
-  }
+  for (const auto &e : p.entries)
+    out.emplace_back(e.name, tpBoxOf(e.name, e.fullShape[0], e.fullShape[1],
+                                     TpSplit{e.dim, e.parts}, p.t, p.r));
   return out;
 }
 
@@ -334,7 +375,7 @@ double TPLlama::gradNormSquared() const {
     double s = e.leaf.grad().to(at::kDouble).pow(2).sum().item<double>();
     if (e.dim < 0)
       replicated += s;
-    else if (p.r % (p.t / e.parts) == 0) // the first replica of its piece
+    else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) // its piece counted once
       sharded += s;
   }
   at::Tensor total = at::full({1}, sharded, at::TensorOptions().dtype(at::kDouble));

@@ -94,18 +94,14 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   }
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
-  if (train.tp > 1 && train.fsdp > 1)
-    return refuse("train", train,
-                  "fsdp combined with tp is not executed by hflow-run yet; write "
-                  "tp(t) * dp(d) or fsdp(N)");
   if (train.tp > 1) {
     if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
       return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
                                     "MLP columns and vocabulary rows per rank: " + why);
     v.train = Form::TensorParallel;
-  } else if (train.fsdp > 1) {
-    v.train = Form::FullyShard;
   }
+  if (train.fsdp > 1) // with tp: fsdp x tp, FSDP over each rank's TP pieces
+    v.train = Form::FullyShard;
   if (!actor)
     return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen); !why.empty())

@@ -41,7 +41,8 @@ enum class Form {
   None,           // no weights (a rule, or an actor that never generates)
   Whole,          // a whole copy on every rank; dp(N) replicas
   TensorParallel, // tp(t) * dp(d): each rank one tensor-parallel shard
-  FullyShard,     // fsdp(N): ZeRO-3 shards of weights, gradients, state
+  FullyShard,     // fsdp(N), or fsdp(f) * tp(t): ZeRO-3 shards of weights,
+                  // gradients, state (with tp: of each rank's TP pieces)
 };
 const char *formName(Form f);
 
@@ -56,8 +57,9 @@ struct Verdict {
 
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
-    "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d) or "
-    "fsdp(N), an Actor generating on dp(N) or tp(t) * dp(d), and a RewardFn on dp(N)";
+    "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
+    "fsdp(N) or fsdp(f) * tp(t), an Actor generating on dp(N) or tp(t) * dp(d), and a "
+    "RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

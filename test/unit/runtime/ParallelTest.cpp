@@ -644,6 +644,116 @@ void checkTPxDP(Errors &errs, Communicator &world, const LlamaConfig &c) {
                     m.gradNormSquared(), ref.gradNormSq);
 }
 
+/// fsdp(f) x tp(t) on a world of f * t members (tp the fastest coordinate,
+/// as the plan lays ranks out): TP groups of consecutive members, FSDP
+/// groups of the members with the same TP index. Through the CausalLM
+/// interface, against the whole model on the whole batch: that the boxes
+/// tile every parameter (each element held once, or by every member that
+/// replicates its TP piece), the logits, log-probabilities, entropies and
+/// losses, each shard's gradient, the global gradient norm, one AdamW step
+/// and the weights gathered after it.
+void checkFSDPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int t) {
+  const int r = world.rank(), n = world.size(), f = n / t;
+  SCOPED_TRACE(c.name + " fsdp" + std::to_string(f) + "*tp" + std::to_string(t));
+  const std::string key = "fsdpxtp." + c.name + ".";
+  const int tr = r % t, fr = r / t;
+  std::vector<int> tpRanks, fsRanks;
+  for (int k = 0; k < t; ++k)
+    tpRanks.push_back(fr * t + k);
+  for (int k = 0; k < f; ++k)
+    fsRanks.push_back(k * t + tr);
+  const std::string grid = key + std::to_string(f) + "x" + std::to_string(t);
+  auto tp = world.makeSubgroup(grid + ".tp" + std::to_string(fr), tpRanks);
+  auto fs = world.makeSubgroup(grid + ".fs" + std::to_string(tr), fsRanks);
+  Batch all = makeBatch(c.vocab);
+  Reference ref = reference(c, all);
+  Batch b = myRows(all, fr, f); // the FSDP index is the data replica
+  const int64_t first = fr * b.B;
+
+  Llama source(c, kSeed);
+  FullyShardedModel lm(source, *fs, tp.get());
+  EXPECT_EQ(lm.form(), "fsdp" + std::to_string(f) + (t > 1 ? "*tp" + std::to_string(t) : ""));
+  lm.setTrainable(true);
+
+  // The boxes tile each parameter: counted over the world, every element
+  // is held by as many members as replicate its TP piece (1 when TP splits
+  // it into t pieces; t for a norm; t / kv_heads for a shared kv head).
+  const int64_t kvReps = t / std::min<int64_t>(c.kvHeads, t);
+  auto boxes = lm.namedBoxes();
+  auto weights = lm.namedWeights();
+  std::map<std::string, at::Tensor> fullByName;
+  for (auto &[name, w] : source.namedParameters())
+    fullByName[name] = w;
+  ASSERT_EQ(boxes.size(), weights.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const std::string &name = boxes[i].first;
+    const Box &bx = boxes[i].second;
+    at::Tensor whole = fullByName.at(name);
+    at::Tensor cover = at::zeros(whole.sizes(), at::TensorOptions().dtype(at::kFloat));
+    cover.narrow(0, bx.r0, bx.rows()).narrow(1, bx.c0, bx.cols()).fill_(1.0f);
+    world.allReduceSum(cover);
+    const bool norm = name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0;
+    const bool kv = name.find("attn.k") != std::string::npos ||
+                    name.find("attn.v") != std::string::npos;
+    const double want = norm ? t : kv ? (double)kvReps : 1.0;
+    EXPECT_TRUE(cover.eq(want).all().item<bool>())
+        << name << ": held " << cover.min().item<float>() << ".." << cover.max().item<float>()
+        << " times, want " << want;
+    // The shard is the source's box.
+    EXPECT_TRUE(at::equal(weights[i].second.detach(),
+                          whole.narrow(0, bx.r0, bx.rows()).narrow(1, bx.c0, bx.cols())))
+        << name;
+  }
+
+  at::Tensor h = lm.hidden(b.tokens, b.positions, b.mask);
+  at::Tensor shard = lm.localLogits(h);
+  EXPECT_EQ(shard.size(-1), c.vocab / t);
+  expectClose(errs, key + "logits", "logits (gathered vocabulary)",
+              gatherLastDim(shard.detach(), *tp), ref.logits.narrow(0, first, b.B));
+  at::Tensor l = shard.narrow(1, 0, b.T - 1);
+  at::Tensor lp = lm.tokenLogprobs(l, b.targets(), kTemp);
+  at::Tensor ent = lm.tokenEntropy(l, kTemp);
+  expectClose(errs, key + "logprobs", "log-probabilities", lp, ref.lp.narrow(0, first, b.B));
+  expectClose(errs, key + "entropy", "entropies", ent, ref.ent.narrow(0, first, b.B));
+  at::Tensor loss = lossOf(lp, ent, b.targetMask());
+  at::Tensor global = loss.detach().clone().view({1});
+  fs->allReduceSum(global);
+  expectClose(errs, key + "loss", "global loss", global / f, ref.loss.view({1}));
+  loss.backward();
+  lm.reduceGradients({});
+  std::map<std::string, at::Tensor> refGrad(ref.grads.begin(), ref.grads.end());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const Box &bx = boxes[i].second;
+    ASSERT_TRUE(weights[i].second.grad().defined()) << boxes[i].first;
+    expectClose(errs, key + "grads", "grad of " + boxes[i].first,
+                weights[i].second.grad().reshape({bx.rows(), bx.cols()}),
+                refGrad.at(boxes[i].first)
+                    .narrow(0, bx.r0, bx.rows())
+                    .narrow(1, bx.c0, bx.cols()));
+  }
+  const double normSq = lm.gradNormSquared({});
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", normSq, ref.gradNormSq);
+
+  // One clipped AdamW step on the shards against the same on the whole.
+  AdamWOptions o;
+  o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
+  AdamW shardOpt(lm.parameters(), o), fullOpt(ref.model->parameters(), o);
+  EXPECT_LT(shardOpt.clip(std::sqrt(normSq)), 1.0);
+  fullOpt.clip(std::sqrt(ref.gradNormSq));
+  shardOpt.step();
+  fullOpt.step();
+  Llama stepped(c, kSeed + 2);
+  lm.gatherInto(stepped);
+  expectSameWeights(errs, key + "adamw_weights", stepped, *ref.model);
+  {
+    at::NoGradGuard noGrad;
+    at::Tensor after = gatherLastDim(lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask)),
+                                     *tp);
+    expectClose(errs, key + "logits_after_step", "logits after the step", after,
+                ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
+  }
+}
+
 /// Left-padded prompts [4, 6] (rows of 6, 4, 5 and 2 real tokens).
 std::pair<at::Tensor, at::Tensor> paddedPrompts(int64_t vocab) {
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(11);
@@ -781,7 +891,7 @@ TEST(ParallelFSDP, BoxesPartitionEachParameter) {
 /// the CausalLM interface, against the whole model on the whole batch: the
 /// values, the head's gradient, the squared gradient norm, and the weights
 /// after one SGD step of model and head. `form`: "whole" (dp over the
-/// world), "tp", "tpxdp" (pairs), "fsdp".
+/// world), "tp", "tpxdp" (pairs), "fsdp", "fsdpxtp" (TP pairs, FSDP across).
 void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
                const std::string &form) {
   SCOPED_TRACE(c.name + " " + form + " on " + std::to_string(world.size()) + " members");
@@ -835,6 +945,15 @@ void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
     tp = world.makeSubgroup(c.name + ".htp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
     dp = world.makeSubgroup(c.name + ".hdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
     lm = std::make_unique<TensorParallelModel>(source, *tp, dp.get());
+    part = pair, parts = n / 2;
+  } else if (form == "fsdpxtp") { // fsdp(n/2) x tp(2): TP pairs, FSDP across
+    const int pair = r / 2;
+    std::vector<int> across;
+    for (int k = r % 2; k < n; k += 2)
+      across.push_back(k);
+    tp = world.makeSubgroup(c.name + ".hftp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
+    dp = world.makeSubgroup(c.name + ".hffs" + std::to_string(r % 2), across);
+    lm = std::make_unique<FullyShardedModel>(source, *dp, tp.get());
     part = pair, parts = n / 2;
   } else {
     lm = std::make_unique<FullyShardedModel>(source, world);
@@ -977,6 +1096,28 @@ TEST(ParallelHeads, FourRanks) {
   RUN_AS_RANKS(4);
   Group g = joinWorld(thisRank());
   Errors errs;
-  for (const char *form : {"tp", "tpxdp", "fsdp"})
+  for (const char *form : {"tp", "tpxdp", "fsdp", "fsdpxtp"})
     checkHead(errs, *g.world, gqa(), form);
+}
+
+// fsdp x tp (2-D): FSDP over the tensor-parallel pieces. On 2 ranks the
+// degenerate fsdp(1) * tp(2) and fsdp(2) * tp(1); on 4 the 2 x 2 grid with
+// GQA (kv heads shared by TP pairs under tp 4 are not in it: 2 x 2 splits
+// 2 kv heads evenly), tied embeddings with biases, and uneven FSDP chunks.
+TEST(ParallelFSDPxTP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied()})
+    for (int t : {2, 1})
+      checkFSDPxTP(errs, *g.world, c, t);
+}
+
+TEST(ParallelFSDPxTP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
+    checkFSDPxTP(errs, *g.world, c, 2);
+  checkFSDPxTP(errs, *g.world, gqa(), 4); // fsdp(1) * tp(4): kv heads shared by pairs
 }
