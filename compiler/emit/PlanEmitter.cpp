@@ -13,6 +13,7 @@
 #include "compiler/emit/PlanEmitter.h"
 
 #include "compiler/planner/CostModel.h"
+#include "compiler/planner/Memory.h"
 #include "dialects/hflow/HflowOps.h"
 #include "runtime/schema/Defaults.h"
 #include "runtime/schema/PlanFormat.h"
@@ -197,9 +198,16 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       optKvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
     auto optVec = b.CreateVector(optKvs);
     roleIndex[r.getSymName()] = roles.size();
+    std::vector<fb::RankMemory> memory;
+    if (auto m = r.getModelAttr() ? SymbolTable::lookupNearestSymbolFrom<ModelOp>(
+                                        r, r.getModelAttr())
+                                  : ModelOp())
+      for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m))
+        memory.emplace_back(c.weights, c.grads, c.optimizer, c.generation);
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
                                    model, rankVec, &train, &gen, rule, optVec,
-                                   b.CreateVector(genRanks)));
+                                   b.CreateVector(genRanks),
+                                   b.CreateVectorOfStructs(memory)));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
   // Two more groups per actor generating apart (after the one per role,

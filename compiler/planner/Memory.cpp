@@ -1,6 +1,8 @@
 //===- Memory.cpp - memory per device of a role in its layouts -------------===//
 
 #include "compiler/planner/Memory.h"
+#include "compiler/planner/Reshard.h"
+#include "compiler/planner/RoleReshard.h"
 
 #include "llvm/ADT/StringExtras.h"
 
@@ -152,6 +154,51 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
                 seqs * double(w.seqLen());
   }
   return m;
+}
+
+std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
+  std::vector<CountedMemory> out;
+  if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
+    return out;
+  namespace rs = ::hflow::reshard;
+  const std::vector<rs::Param> params = rs::llamaParams(toShape(model));
+  const rs::Layout train = toLayout(role.getTrain()), gen = toLayout(role.getGenerate());
+  const int64_t layers = model.getLayersAttr().getInt();
+  const int64_t b = static_cast<int64_t>(roleDtypeBytes(role, model));
+  const RoleKind kind = role.getKind();
+  const bool trains = kind == RoleKind::Actor || kind == RoleKind::Critic;
+  const int64_t head = kind == RoleKind::Critic || kind == RoleKind::RewardModel
+                           ? model.getHiddenAttr().getInt()
+                           : 0;
+  const bool apart = role.getGenerateRanks() && !role.getGenerateRanks()->empty();
+  auto same = [](const rs::Layout &x, const rs::Layout &y) {
+    return x.dp == y.dp && x.fsdp == y.fsdp && x.tp == y.tp && x.pp == y.pp &&
+           x.sp == y.sp && x.cp == y.cp;
+  };
+  const bool wholeBoth = train.fsdp * train.tp * train.pp == 1 && gen.fsdp * gen.tp * gen.pp == 1;
+  const bool genCopy = kind == RoleKind::Actor && !apart && !same(train, gen) && !wholeBoth;
+  // A critic computes values from the hidden states: its (untied) LM head
+  // is held, with AdamW state, but never receives a gradient.
+  auto held = [&](const rs::Layout &l, int64_t slot, bool withLmHead) {
+    int64_t n = 0;
+    for (const rs::Param &p : params)
+      if (withLmHead || p.name != "lm_head")
+        n += rs::holding(p, l, slot, layers).area();
+    return n;
+  };
+  for (int64_t i = 0; i < train.size(); ++i) {
+    CountedMemory m;
+    const int64_t n = held(train, i, true) + head;
+    m.weights = n * b;
+    if (trains) {
+      m.grads = (head > 0 ? held(train, i, false) + head : n) * b;
+      m.optimizer = n * (b >= 4 ? 8 : 12);
+    }
+    if (genCopy)
+      m.generation = held(gen, i % gen.size(), true) * b;
+    out.push_back(m);
+  }
+  return out;
 }
 
 } // namespace hflow::planner

@@ -79,6 +79,29 @@ RoleMemory roleMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,
                       mlir::hflow::LayoutAttr train, mlir::hflow::LayoutAttr gen,
                       const Workload &w);
 
+/// What one rank of a role holds between steps, counted parameter by
+/// parameter from the reshard planner's holdings (docs/reshard.md §2), in
+/// bytes: exact, not averaged over the split (an FSDP chunk that does not
+/// divide, a norm every TP rank keeps whole, a critic's or reward model's
+/// value head [1, hidden] replicated on every rank).
+struct CountedMemory {
+  int64_t weights = 0;   ///< the training layout's holding (+ a head)
+  int64_t grads = 0;     ///< the same elements again, for a role that trains
+                         ///< (a critic's LM head, which values never use,
+                         ///< gets none)
+  int64_t optimizer = 0; ///< AdamW's two moments (plus an f32 master copy of
+                         ///< 16-bit weights) per held element
+  /// An actor's generation copy beside its training holding: its
+  /// generation slot's holding, or none when it generates on its training
+  /// weights (the same layout, or whole weights both ways) or apart.
+  int64_t generation = 0;
+};
+
+/// CountedMemory for each of the role's ranks (training slot i = the i-th
+/// of its ranks); empty for a role without a model or with an unresolved
+/// layout.
+std::vector<CountedMemory> countedMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);
+
 /// Bytes per element of a model dtype (f32: 4, bf16/f16: 2).
 double dtypeBytes(mlir::Type t);
 

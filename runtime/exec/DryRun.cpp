@@ -58,6 +58,17 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
 
 } // namespace
 
+std::string memoryLine(const RankMemory &m) {
+  std::string s = "weights " + bytes(m.weights());
+  if (m.grads() > 0)
+    s += ", gradients " + bytes(m.grads());
+  if (m.optimizer() > 0)
+    s += ", optimizer " + bytes(m.optimizer());
+  if (m.generation() > 0)
+    s += ", generation copy " + bytes(m.generation());
+  return s;
+}
+
 bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
   const Plan &p = *lp.plan();
   std::fprintf(out, "hflow-run --dry-run: plan %s, flow %s, world size %d, %u steps\n",
@@ -96,6 +107,16 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
   for (const RankSchedule *s : *p.schedules()) {
     const int rank = s->rank();
     std::fprintf(out, "rank %d: %u steps\n", rank, s->steps() ? s->steps()->size() : 0u);
+    // What the plan counted this rank holds for each of its roles (2.7).
+    for (int r = 0; p.roles() && r < (int)p.roles()->size(); ++r) {
+      const Role &ro = *p.roles()->Get(r);
+      if (!ro.memory() || !ro.ranks())
+        continue;
+      for (size_t i = 0; i < ro.ranks()->size() && i < ro.memory()->size(); ++i)
+        if (ro.ranks()->Get(i) == rank)
+          std::fprintf(out, "  memory %s: %s\n", roleName(r).c_str(),
+                       memoryLine(*ro.memory()->Get(i)).c_str());
+    }
     if (!s->steps())
       continue;
     for (int idx : *s->steps()) {

@@ -3,9 +3,11 @@
 #define HFLOW_RUNTIME_EXEC_DRYRUN_H
 
 #include <cstdio>
+#include <string>
 
 namespace hflow::plan {
 class LoadedPlan;
+struct RankMemory;
 }
 
 namespace hflow::exec {
@@ -15,6 +17,10 @@ namespace hflow::exec {
 /// the controller, checks with their groups, weight reshards with the bytes
 /// this rank would send and receive. Needs no LibTorch and starts nothing.
 bool printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
+
+/// "weights 694.6 KiB, gradients 694.6 KiB, optimizer 1.36 MiB": what the
+/// plan counted one rank of a role holds (the categories above zero).
+std::string memoryLine(const plan::RankMemory &m);
 
 } // namespace hflow::exec
 

@@ -288,6 +288,13 @@ void Worker::runGenerate(MethodCall &c) {
       mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
   models::Generation gen;
+  if (rr.gen && !rr.sharded() && !rr.genOnly && rr.model) {
+    // Trained on whole weights, generating tensor parallel on the same
+    // ranks: no reshard moves anything, the shard is cut from this rank's
+    // own current weights.
+    at::NoGradGuard ng;
+    rr.gen->loadFrom(*rr.model);
+  }
   try {
     gen = rr.gen          ? rr.gen->generate(ptoks, pmask, so, g)
           : rr.genOnTrain ? rr.lm->generate(ptoks, pmask, so, g)

@@ -248,6 +248,7 @@ void Worker::printSummary(const at::Tensor &all) {
     std::printf("  rank %-3d %6.0f steps  sent %-10s received %s\n", r,
                 all[r][0].item<double>(), fmtBytes(all[r][1].item<double>()).c_str(),
                 fmtBytes(all[r][2].item<double>()).c_str());
+  printMemory(all, 3);
   if (reshardCount_ > 0)
     std::printf(o_.reshard == "naive"
                     ? "weight reshards: %d, moved %s by naive gathers (the plan's naive "
@@ -263,6 +264,104 @@ void Worker::printSummary(const at::Tensor &all) {
     std::printf("\n");
   }
   std::fflush(stdout);
+}
+
+std::array<double, 4> Worker::heldMemory(const RoleRt &rr) const {
+  auto bytesOf = [](const at::Tensor &t) {
+    return t.defined() ? (double)t.numel() * (double)t.element_size() : 0.0;
+  };
+  std::array<double, 4> m{};
+  std::vector<at::Tensor> params;
+  if (rr.lm)
+    params = rr.lm->parameters();
+  if (rr.head.defined())
+    params.push_back(rr.head);
+  bool anyGrad = false;
+  for (const at::Tensor &p : params) {
+    m[0] += bytesOf(p);
+    m[1] += bytesOf(p.grad());
+    anyGrad = anyGrad || p.grad().defined();
+  }
+  if (rr.optim && !anyGrad)
+    m[1] = -1; // a role that trains but ran no update yet: none allocated
+  if (rr.optim)
+    for (const auto &[name, t] : rr.optim->state())
+      if (name != "step") // AdamW's moments; the step counter is one number
+        m[2] += bytesOf(t);
+  if (rr.gen)
+    for (const at::Tensor &p : rr.gen->parameters())
+      m[3] += bytesOf(p);
+  // A whole copy beside shards (a sharded actor generating on whole
+  // weights), or a generation-only rank's copy. A whole-weight role's
+  // `model` is its weights, counted above.
+  if (rr.model && (rr.sharded() || rr.genOnly))
+    for (const at::Tensor &p : rr.model->parameters())
+      m[3] += bytesOf(p);
+  return m;
+}
+
+void Worker::printMemory(const at::Tensor &all, int first) {
+  if (!p_.roles())
+    return;
+  static const char *kWhat[4] = {"weights", "gradients", "optimizer", "generation copy"};
+  bool counted = false; // a plan of format 2.7 or newer, written by hflowc
+  for (const Role *ro : *p_.roles())
+    counted = counted || (ro->memory() && ro->memory()->size() > 0);
+  if (!counted)
+    return;
+  int compared = 0;
+  std::vector<std::string> differ;
+  std::printf("memory per rank (measured; counted by the plan):\n");
+  for (int rank = 0; rank < p_.world_size(); ++rank) {
+    std::string line;
+    for (int r = 0; r < (int)p_.roles()->size(); ++r) {
+      const Role &ro = *p_.roles()->Get(r);
+      if (!ro.memory() || !ro.ranks())
+        continue;
+      for (size_t i = 0; i < ro.ranks()->size() && i < ro.memory()->size(); ++i) {
+        if (ro.ranks()->Get(i) != rank)
+          continue;
+        const RankMemory &pm = *ro.memory()->Get(i);
+        const double planned[4] = {(double)pm.weights(), (double)pm.grads(),
+                                   (double)pm.optimizer(), (double)pm.generation()};
+        std::string parts;
+        for (int k = 0; k < 4; ++k) {
+          const double got = all[rank][first + 4 * r + k].item<double>();
+          if (got == 0 && planned[k] == 0)
+            continue;
+          if (got < 0) { // gradients: no update ran
+            parts += std::string(parts.empty() ? "" : ", ") + kWhat[k] +
+                     " none yet (no update ran)";
+            continue;
+          }
+          ++compared;
+          parts += std::string(parts.empty() ? "" : ", ") + kWhat[k] + " " + fmtBytes(got);
+          if (got != planned[k]) {
+            parts += " (plan " + fmtBytes(planned[k]) + ")";
+            differ.push_back("rank " + std::to_string(rank) + " " + str(ro.name(), "?") + " " +
+                             kWhat[k] + " " + std::to_string((int64_t)got) + " B, plan " +
+                             std::to_string((int64_t)planned[k]) + " B");
+          }
+        }
+        line += std::string(line.empty() ? "" : "; ") + str(ro.name(), "?") + " " + parts;
+      }
+    }
+    if (!line.empty())
+      std::printf("  rank %-3d %s\n", rank, line.c_str());
+  }
+  if (differ.empty()) {
+    std::printf("memory: all %d figures equal the plan's counts (weights, gradients, "
+                "optimizer state, generation copies)\n", compared);
+  } else {
+    std::printf("memory: %zu of %d figures differ from the plan's counts%s:", differ.size(),
+                compared,
+                envInt("HFLOW_WHOLE_WEIGHTS", 0) ? " (HFLOW_WHOLE_WEIGHTS=1 keeps whole "
+                                                   "weights the plan does not count)"
+                                                 : "");
+    for (const std::string &d : differ)
+      std::printf(" %s;", d.c_str());
+    std::printf("\n");
+  }
 }
 
 } // namespace hflow::exec

@@ -288,6 +288,14 @@ void Worker::connectRoles() {
       rr.seed = models::modelSeed(p_.seed(), role(r).model());
       rr.model.reset();
     }
+    if (rr.sharded() && rr.apart && !rr.lean) {
+      // Sharded training apart from its generation ranks: the reshard sends
+      // pieces of the shards, so no whole copy stays here either.
+      rr.lean = true;
+      rr.cfg = rr.model->config();
+      rr.seed = models::modelSeed(p_.seed(), role(r).model());
+      rr.model.reset();
+    }
     if (rr.sharded() && role(r).kind() != RoleKind::Actor && !rr.lean) {
       // A critic or reference never generates: its shards (and a critic's
       // head) are all it keeps.

@@ -19,22 +19,48 @@ std::map<int, std::vector<int>>
 RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered) {
   std::map<int, std::vector<int>> genSlots_;
   auto role = [&](int r) -> const Role & { return *p_.roles()->Get(r); };
-  if (envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0 || !p_.reshards())
+  if (envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0)
+    return genSlots_;
+  // Whether role r's generation layout is one TPLlama executes.
+  auto tpGeneration = [&](const Role &ro) {
+    const Layout &gl = *ro.generate();
+    const int t = gl.tp();
+    if (ro.kind() != RoleKind::Actor || ro.model() < 0 || t <= 1 || gl.pp() > 1 ||
+        gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
+      return false;
+    models::LlamaConfig cfg;
+    std::string err;
+    return models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) &&
+           models::TPLlama::checkConfig(cfg, t).empty() && cfg.kvHeads % t == 0;
+  };
+  // An actor trained on whole weights and generating tensor parallel on the
+  // same ranks: every rank already holds its generation shard, so the plan
+  // has no reshard (nothing moves); rank i hosts slot i and cuts its shard
+  // out of its own weights before each generation.
+  if (p_.roles())
+    for (int r = 0; r < (int)p_.roles()->size(); ++r) {
+      const Role &ro = role(r);
+      const Layout &tl = *ro.train();
+      const bool whole = tl.tp() * tl.fsdp() * tl.pp() * tl.sp() * tl.cp() == 1;
+      const bool apart = ro.generate_ranks() && ro.generate_ranks()->size() > 0;
+      bool planned = false;
+      if (p_.reshards())
+        for (const Reshard *rs : *p_.reshards())
+          planned = planned || (rs->role() == r && str(rs->to_phase()) == "generate");
+      if (whole && !apart && !planned && tpGeneration(ro) && ro.ranks()) {
+        std::vector<int> slots(ro.ranks()->size());
+        std::iota(slots.begin(), slots.end(), 0);
+        genSlots_[r] = slots;
+      }
+    }
+  if (!p_.reshards())
     return genSlots_;
   for (const Reshard *rs : *p_.reshards()) {
     const int r = rs->role();
     const Role &ro = role(r);
-    if (str(rs->to_phase()) != "generate" || ro.kind() != RoleKind::Actor || ro.model() < 0)
+    if (str(rs->to_phase()) != "generate" || !tpGeneration(ro))
       continue;
-    const Layout &gl = *ro.generate();
-    const int t = gl.tp();
-    if (t <= 1 || gl.pp() > 1 || gl.fsdp() > 1 || gl.sp() > 1 || gl.cp() > 1)
-      continue;
-    models::LlamaConfig cfg;
-    std::string err;
-    if (!models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) ||
-        !models::TPLlama::checkConfig(cfg, t).empty() || cfg.kvHeads % t != 0)
-      continue;
+    const int t = ro.generate()->tp();
     if (ro.generate_ranks() && ro.generate_ranks()->size() > 0) {
       // Generating apart: generation rank i hosts slot i (nothing to
       // choose), ascending ranks in TP order.

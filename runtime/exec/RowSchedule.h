@@ -60,8 +60,9 @@ public:
 
   /// The actors whose generation runs on tensor-parallel shards: generation
   /// layout tp(t) or tp(t) * dp(d) with a planned train -> generate reshard
-  /// and kv_heads divisible by t (the planner splits k and v by rows over
-  /// t). The members of a generation replica form a group ordered by
+  /// (or, trained on whole weights on the same ranks, none: nothing moves,
+  /// rank i hosts slot i) and kv_heads divisible by t (the planner splits k
+  /// and v by rows over t). The members of a generation replica form a group ordered by
   /// global rank, so they must host its slots in TP order: an actor whose
   /// planned assignment does not is left out and its name added to
   /// `unordered` (it generates on whole weights). HFLOW_WHOLE_WEIGHTS=1:

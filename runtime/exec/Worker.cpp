@@ -577,6 +577,15 @@ void Worker::finish() {
   // Every rank ran its whole schedule, every iteration: the world sum must
   // match the plan.
   const int64_t planned = plannedSteps_;
+  // What each rank holds per role, measured before an export builds whole
+  // copies: four figures per plan role (zeros for roles not on this rank).
+  const int nRoles = p_.roles() ? (int)p_.roles()->size() : 0;
+  std::vector<double> held(4 * (size_t)nRoles, 0.0);
+  for (auto &[r, rr] : roles_) {
+    const std::array<double, 4> m = heldMemory(rr);
+    for (int k = 0; k < 4; ++k)
+      held[4 * (size_t)r + k] = m[k];
+  }
   if (!o_.exportHf.empty()) {
     refreshGenerationCopies();
     // The actor's first rank has every weight (its generation copy).
@@ -603,9 +612,10 @@ void Worker::finish() {
   comm::CommStats cs = world_->stats();
   for (auto &[g, c] : groups_)
     cs += c->stats();
-  at::Tensor mine = at::tensor({(double)stepsRun_, (double)cs.bytesSent,
-                                (double)cs.bytesReceived},
-                               at::TensorOptions().dtype(at::kDouble));
+  std::vector<double> mineV = {(double)stepsRun_, (double)cs.bytesSent,
+                               (double)cs.bytesReceived};
+  mineV.insert(mineV.end(), held.begin(), held.end());
+  at::Tensor mine = at::tensor(mineV, at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = world_->allGatherFlat(mine);
   world_->barrier();
   if (j_.rank == 0 && !o_.quiet)

@@ -40,6 +40,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -248,6 +249,16 @@ private:
   //===-- metrics (Metrics.cpp) -----------------------------------------------===//
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void printSummary(const at::Tensor &perRank);
+  /// What this rank holds for a role, in bytes, measured on its tensors:
+  /// weights (the training form's parameters and a head), their
+  /// gradients (-1 for a role that trains but ran no update: none are
+  /// allocated yet), the optimizer's state, and a generation copy beside
+  /// them (an actor's whole copy or generation shards).
+  std::array<double, 4> heldMemory(const RoleRt &rr) const;
+  /// The summary's memory lines: each rank's measured figures per role
+  /// (`perRank` columns from `first` on, four per plan role) against the
+  /// plan's counts.
+  void printMemory(const at::Tensor &perRank, int first);
 
   const plan::LoadedPlan &lp_;
   const plan::Plan &p_;

@@ -75,27 +75,12 @@ uint64_t WholeModel::loadHf(const std::string &dir) {
 }
 
 void WholeModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  // One all-reduce of every gradient (averaged); a parameter no replica
+  // computed a gradient for (a critic's LM head) gets none, as under the
+  // sharded forms, so AdamW leaves it alone.
   std::vector<at::Tensor> params = m_.parameters();
   params.insert(params.end(), extra.begin(), extra.end());
-  std::vector<at::Tensor> grads;
-  for (auto &p : params)
-    grads.push_back(p.grad().defined() ? p.grad().reshape({-1})
-                                       : at::zeros({p.numel()}, p.options()));
-  at::Tensor flat = at::cat(grads).contiguous();
-  if (dp_.size() > 1) {
-    dp_.allReduceSum(flat);
-    flat.div_(dp_.size());
-  }
-  int64_t off = 0;
-  at::NoGradGuard ng;
-  for (auto &p : params) {
-    at::Tensor g = flat.narrow(0, off, p.numel()).view(p.sizes());
-    if (p.grad().defined())
-      p.mutable_grad().copy_(g);
-    else
-      p.mutable_grad() = g.clone();
-    off += p.numel();
-  }
+  allReduceGradients(params, dp_);
 }
 
 double WholeModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {

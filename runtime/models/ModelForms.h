@@ -43,8 +43,9 @@ public:
   void gatherInto(Llama &dst) const override;
   uint64_t loadHf(const std::string &dir) override;
   /// The gradients of parameters() and `extra`, flattened into one buffer,
-  /// all-reduced (mean) over the group and written back; a tensor without a
-  /// gradient gets the mean (zeros on a single replica).
+  /// all-reduced (mean) over the group and written back
+  /// (allReduceGradients): a tensor without a gradient gets the mean when
+  /// some replica had one, and stays without one otherwise.
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
 

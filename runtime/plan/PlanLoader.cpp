@@ -189,6 +189,15 @@ bool checkSemantics(const Plan &p, std::string &error) {
                       ranks->size(), apart && l == r->generate() ? " generation" : "",
                       " ranks");
     }
+    // Format 2.7: the counted memory, one entry per rank (or none).
+    if (const size_t nm = len(r->memory())) {
+      if (nm != r->ranks()->size())
+        return c.fail(what, " has memory counts for ", nm, " ranks but ", r->ranks()->size(),
+                      " ranks");
+      for (const RankMemory *m : *r->memory())
+        if (m->weights() < 0 || m->grads() < 0 || m->optimizer() < 0 || m->generation() < 0)
+          return c.fail(what, " has a negative memory count");
+    }
   }
   for (size_t i = 0; i < nGroups; ++i)
     if (!checkRankList(c, p.groups()->Get(i)->ranks(), world,

@@ -145,6 +145,17 @@ TEST(PlanVerifier, RefusesRankOutsideWorld) {
   EXPECT_EQ(error, "invalid plan: role 0 names rank 2 outside the world of 2");
 }
 
+// Format 2.7: a role's counted memory is one entry per rank, never negative.
+TEST(PlanVerifier, ChecksCountedMemory) {
+  std::string error;
+  EXPECT_TRUE(verify(test::buildTestPlan({.memoryRanks = 2}), error)) << error;
+  EXPECT_TRUE(verify(test::buildTestPlan({.memoryRanks = 0}), error)) << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.memoryRanks = 1}), error));
+  EXPECT_EQ(error, "invalid plan: role 0 has memory counts for 1 ranks but 2 ranks");
+  EXPECT_FALSE(verify(test::buildTestPlan({.memoryRanks = 2, .memoryWeights = -4}), error));
+  EXPECT_EQ(error, "invalid plan: role 0 has a negative memory count");
+}
+
 TEST(PlanVerifier, RefusesMissingSchedule) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.missingSchedule = true}), error));

@@ -41,6 +41,10 @@ struct TestPlanOptions {
   int reshardWireBytesPerElement = 0;
   std::string reshardWireDtype;
   int64_t reshardBytes = -1;
+  // The actor's counted memory (format 2.7): `memoryRanks` entries (-1:
+  // none), each of `memoryWeights` bytes of weights.
+  int memoryRanks = -1;
+  int64_t memoryWeights = 1024;
 };
 
 /// Wraps a finished Plan buffer into a plan file as the compiler does:
@@ -79,8 +83,12 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
                            2, 32, 4, 2, 64, 64, DType::F32, 0);
   Layout train(o.worldSize, 1, 1, 1, 1, 1), gen(o.worldSize, 1, 1, 1, 1, 1);
+  std::vector<RankMemory> memory;
+  for (int i = 0; i < o.memoryRanks; ++i)
+    memory.emplace_back(o.memoryWeights, 0, 0, 0);
   auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
-                         b.CreateVector(roleRanks), &train, &gen);
+                         b.CreateVector(roleRanks), &train, &gen, 0, 0, 0,
+                         o.memoryRanks >= 0 ? b.CreateVectorOfStructs(memory) : 0);
   auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));
   auto v0 = CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1);
   auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
