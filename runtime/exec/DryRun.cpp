@@ -46,6 +46,12 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
   case Form::TensorParallel:
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
            ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
+  case Form::SequenceParallel: {
+    const int s = std::max(1, l.sp());
+    return "whole weights, sequence chunk " + std::to_string(pos % s) + " of " +
+           std::to_string(s) + ", replica " + std::to_string(pos / s) + " of " +
+           std::to_string(std::max(1, size / s));
+  }
   case Form::FullyShard:
     if (t > 1) // fsdp x tp: FSDP over the ranks of one TP index
       return "fully sharded shard " + std::to_string(pos / t) + " of " +

@@ -217,6 +217,9 @@ void Worker::printSummary(const at::Tensor &all) {
           if (rr.sharded())
             model += std::string(rr.optim ? ", trains " : ", holds ") + rr.lm->form() +
                      " shards";
+          else if (rr.lm && rr.lm->form().rfind("sp", 0) == 0)
+            model += std::string(rr.optim ? ", trains" : ", computes") + " on " +
+                     rr.lm->form() + " sequence chunks";
           if (rr.gen)
             model += ", generates on " + rr.gen->form() + " shards";
           if (rr.genOnTrain)
@@ -233,6 +236,10 @@ void Worker::printSummary(const at::Tensor &all) {
                         " pp" + std::to_string(l->pp());
         if (l->fsdp() > 1)
           s += " fsdp" + std::to_string(l->fsdp());
+        if (l->sp() > 1)
+          s += " sp" + std::to_string(l->sp());
+        if (l->cp() > 1)
+          s += " cp" + std::to_string(l->cp());
         return s;
       };
       std::string gen = lay(r->generate());

@@ -230,6 +230,22 @@ void Worker::connectRoles() {
     }
     if (rr.sharded() && trains(r))
       rr.lm->setTrainable(true); // a reference's shards stay frozen
+    if (!rr.lm && rr.model && formsOf(r).train == executes::Form::SequenceParallel &&
+        envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0) {
+      // Ulysses: whole weights, the replica's rows split by position over
+      // its sp ranks (consecutive: sp is the fastest coordinate here).
+      auto rs = ints(role(r).ranks());
+      const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
+      std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
+      rr.spComm = world_->makeSubgroup(
+          "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
+      try {
+        rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.spComm,
+                                                                *rr.comm);
+      } catch (const std::invalid_argument &e) {
+        throw RunError("role " + str(role(r).name()) + ": " + e.what());
+      }
+    }
     if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks
       rr.lm = std::make_unique<models::WholeModel>(*rr.model, *rr.comm);
     if (rr.sharded() && loadedFrom_.count(role(r).model())) {

@@ -96,6 +96,7 @@ struct RoleRt {
   // tp(k) or tp(k) * dp(d) (TP group = a replica), or fsdp(k).
   int tpSize = 1, fsdpSize = 1;
   std::unique_ptr<Communicator> tpComm, dpComm; // tp x dp: replica, same shard
+  std::unique_ptr<Communicator> spComm; // sp x dp: the ranks sharing a replica's rows
   /// What the role computes and trains with: whole weights over its group,
   /// TP or FSDP shards. Null on a generation-only rank.
   std::unique_ptr<models::CausalLM> lm;

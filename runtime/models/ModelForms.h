@@ -130,6 +130,47 @@ public:
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
 };
 
+/// Ulysses sequence parallelism (SequenceParallel.cpp): whole weights (the
+/// role's Llama, not owned) on each member of `sp`; hidden() computes this
+/// member's contiguous chunk of every sequence (padded to a multiple of s)
+/// and trades the sequence split for a head split around attention with
+/// two all-to-alls, then all-gathers the final hidden states. `group` is
+/// the role's whole group (sp x dp): reduceGradients sums the members'
+/// chunk gradients over sp and averages them over the replicas.
+class SequenceParallelModel final : public CausalLM {
+public:
+  SequenceParallelModel(Llama &model, comm::Communicator &sp, comm::Communicator &group);
+  /// Empty when `c`'s heads and kv heads split over `spSize`, else why not.
+  static std::string checkConfig(const LlamaConfig &c, int spSize);
+
+  const LlamaConfig &config() const override { return m_.config(); }
+  std::string form() const override;
+  bool sharded() const override { return false; }
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override;
+  comm::Communicator *lockstepGroup() const override { return &sp_; }
+  comm::Communicator &group() const override { return group_; }
+  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override;
+  void gatherInto(Llama &dst) const override;
+  uint64_t loadHf(const std::string &dir) override;
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+private:
+  Llama &m_;
+  comm::Communicator &sp_, &group_;
+};
+
 extern template class ShardedForm<TPLlama>;
 extern template class ShardedForm<FSDPLlama>;
 

@@ -18,12 +18,10 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// pp, sp and cp: not executed for any role yet.
+/// pp and cp: not executed for any role yet.
 std::string unbuiltDegree(const Degrees &l) {
   if (l.pp > 1)
     return "pipeline parallelism (pp(" + s(l.pp) + ")) is not executed by hflow-run yet";
-  if (l.sp > 1)
-    return "sequence parallelism (sp(" + s(l.sp) + ")) is not executed by hflow-run yet";
   if (l.cp > 1)
     return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
   return "";
@@ -54,6 +52,7 @@ const char *formName(Form f) {
   case Form::Whole: return "whole";
   case Form::TensorParallel: return "tensor-parallel";
   case Form::FullyShard: return "fully sharded";
+  case Form::SequenceParallel: return "sequence-parallel";
   }
   return "?";
 }
@@ -94,6 +93,18 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   }
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
+  if (train.sp > 1) {
+    if (train.tp > 1 || train.fsdp > 1)
+      return refuse("train", train,
+                    "sequence parallelism combined with tp or fsdp is not executed by "
+                    "hflow-run yet; write sp(s) * dp(d)");
+    if (dims.heads % train.sp != 0 || dims.kvHeads % train.sp != 0)
+      return refuse("train", train,
+                    "hflow-run's sequence parallelism (Ulysses) splits the heads over the "
+                    "sp ranks around attention: heads " + s(dims.heads) + " and kv_heads " +
+                        s(dims.kvHeads) + " must be divisible by sp " + s(train.sp));
+    v.train = Form::SequenceParallel;
+  }
   if (train.tp > 1) {
     if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
       return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
@@ -106,6 +117,10 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen); !why.empty())
     return refuse("generate", gen, why);
+  if (gen.sp > 1)
+    return refuse("generate", gen,
+                  "sequence parallelism does not generate (a token at a time); write "
+                  "dp(N) or tp(t) * dp(d)");
   if (gen.fsdp > 1)
     return refuse("generate", gen, "FSDP shards do not generate; write dp(N) or tp(t) * dp(d)");
   if (gen.tp > 1) {

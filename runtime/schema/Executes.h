@@ -43,6 +43,8 @@ enum class Form {
   TensorParallel, // tp(t) * dp(d): each rank one tensor-parallel shard
   FullyShard,     // fsdp(N), or fsdp(f) * tp(t): ZeRO-3 shards of weights,
                   // gradients, state (with tp: of each rank's TP pieces)
+  SequenceParallel, // sp(s) * dp(d): whole weights, each rank a chunk of
+                    // every sequence (Ulysses all-to-alls around attention)
 };
 const char *formName(Form f);
 
@@ -58,8 +60,8 @@ struct Verdict {
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
-    "fsdp(N) or fsdp(f) * tp(t), an Actor generating on dp(N) or tp(t) * dp(d), and a "
-    "RewardFn on dp(N)";
+    "fsdp(N), fsdp(f) * tp(t) or sp(s) * dp(d), an Actor generating on dp(N) or "
+    "tp(t) * dp(d), and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

@@ -1,0 +1,301 @@
+//===- SequenceParallel.cpp - Ulysses sequence parallelism ------------------===//
+//
+// SequenceParallelModel (ModelForms.h): whole weights on every member of a
+// sequence-parallel group of s, each computing a contiguous chunk of every
+// sequence. Around attention an all-to-all trades the sequence split for a
+// head split (DeepSpeed-Ulysses): a member attends over the whole sequence
+// with s-th of the heads, then the inverse all-to-all returns its chunk of
+// positions with every head. See docs/parallel.md.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/models/ModelForms.h"
+#include "runtime/models/Layers.h"
+#include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Safetensors.h"
+
+#include "runtime/comm/Communicator.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+#include <stdexcept>
+
+namespace hflow::models {
+
+using namespace detail;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+comm::Communicator &commOf(AutogradContext *ctx) {
+  return *reinterpret_cast<comm::Communicator *>(
+      (intptr_t)ctx->saved_data.at("comm").toInt());
+}
+
+/// Splits `x` into s equal chunks along `scatter`, sends chunk j to member j
+/// and concatenates what every member sent here along `gather`, in member
+/// order. One exchange; no gradient.
+at::Tensor rawAllToAll(const at::Tensor &x, int64_t scatter, int64_t gather,
+                       comm::Communicator &c) {
+  CommScope scope;
+  const int s = c.size(), r = c.rank();
+  std::vector<at::Tensor> chunks = x.detach().chunk(s, scatter);
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  for (int j = 0; j < s; ++j)
+    if (j != r) {
+      sends.emplace_back(j, chunks[j].contiguous());
+      recvs.emplace_back(j, at::empty(chunks[r].sizes(), x.options()));
+    }
+  c.exchange(sends, recvs);
+  std::vector<at::Tensor> parts(s);
+  parts[r] = chunks[r];
+  for (auto &[j, t] : recvs)
+    parts[j] = t;
+  return at::cat(parts, gather);
+}
+
+/// The all-to-all with its gradient: the inverse all-to-all.
+struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, int64_t scatter,
+                            int64_t gather, comm::Communicator *c) {
+    ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+    ctx->saved_data["scatter"] = scatter;
+    ctx->saved_data["gather"] = gather;
+    return rawAllToAll(x, scatter, gather, *c);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    const int64_t scatter = ctx->saved_data.at("scatter").toInt();
+    const int64_t gather = ctx->saved_data.at("gather").toInt();
+    return {rawAllToAll(g[0], gather, scatter, commOf(ctx)), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+/// All-gather along dimension 1 (member order); backward keeps this
+/// member's slice (every member's loss is the same replicated one).
+struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
+                            comm::Communicator *c) {
+    ctx->saved_data["n"] = (int64_t)x.size(1);
+    ctx->saved_data["r"] = (int64_t)c->rank();
+    CommScope scope;
+    std::vector<at::Tensor> parts;
+    c->allGather(x.contiguous(), parts);
+    return at::cat(parts, 1);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    const int64_t n = ctx->saved_data.at("n").toInt(), r = ctx->saved_data.at("r").toInt();
+    return {g[0].narrow(1, r * n, n).contiguous(), at::Tensor()};
+  }
+};
+
+/// Identity forward; backward multiplies the gradient by `f`.
+struct ScaleGradFn : torch::autograd::Function<ScaleGradFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, double f) {
+    ctx->saved_data["f"] = f;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    return {g[0] * ctx->saved_data.at("f").toDouble(), at::Tensor()};
+  }
+};
+
+at::Tensor allToAll(const at::Tensor &x, int64_t scatter, int64_t gather,
+                    comm::Communicator &c) {
+  return c.size() == 1 ? x : AllToAllFn::apply(x, scatter, gather, &c);
+}
+
+/// One decoder layer on this member's chunk of positions [B, Tl, H]:
+/// projections and MLP on the chunk, attention over the whole sequence
+/// (`a`, full length) for nq/s query and nkv/s kv heads between two
+/// all-to-alls. `cos`/`sin` are the chunk's RoPE tables.
+at::Tensor ulyssesLayer(const at::Tensor &xIn, const LayerWeights &w, const AttnContext &a,
+                        const at::Tensor &cos, const at::Tensor &sin, int64_t nq,
+                        int64_t nkv, double eps, comm::Communicator &sp) {
+  const int64_t B = xIn.size(0), Tl = xIn.size(1), hd = a.hd;
+  at::Tensor x = xIn;
+  at::Tensor h = rmsNorm(x, w.attnNorm, eps);
+  at::Tensor q = at::linear(h, w.wq, w.bq).view({B, Tl, nq, hd}).transpose(1, 2);
+  at::Tensor k = at::linear(h, w.wk, w.bk).view({B, Tl, nkv, hd}).transpose(1, 2);
+  at::Tensor v = at::linear(h, w.wv, w.bv).view({B, Tl, nkv, hd}).transpose(1, 2);
+  q = q * cos + rotateHalf(q) * sin;
+  k = k * cos + rotateHalf(k) * sin;
+  // [B, heads, Tl, hd] -> [B, heads/s, T, hd]: member g gets head group g
+  // (q heads g nq/s.., whose kv heads are g nkv/s..) at every position.
+  q = allToAll(q, 1, 2, sp);
+  k = allToAll(k, 1, 2, sp);
+  v = allToAll(v, 1, 2, sp);
+  if (nq > nkv) {
+    k = k.repeat_interleave(nq / nkv, 1);
+    v = v.repeat_interleave(nq / nkv, 1);
+  }
+  at::Tensor att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * a.scale + a.bias, -1);
+  at::Tensor o = allToAll(at::matmul(att, v), 2, 1, sp); // [B, nq, Tl, hd]
+  x = x + at::linear(o.transpose(1, 2).reshape({B, Tl, nq * hd}), w.wo);
+  h = rmsNorm(x, w.mlpNorm, eps);
+  return x + at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);
+}
+
+} // namespace
+
+std::string SequenceParallelModel::checkConfig(const LlamaConfig &c, int s) {
+  if (s < 1)
+    return "sequence parallelism: group size " + std::to_string(s) + " is not positive";
+  if (c.heads % s != 0 || c.kvHeads % s != 0)
+    return "sequence parallelism (Ulysses) splits the heads over the group: heads " +
+           std::to_string(c.heads) + " and kv_heads " + std::to_string(c.kvHeads) +
+           " must be divisible by " + std::to_string(s);
+  return "";
+}
+
+SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &sp,
+                                             comm::Communicator &group)
+    : m_(model), sp_(sp), group_(group) {
+  if (std::string e = checkConfig(model.config(), sp.size()); !e.empty())
+    throw std::invalid_argument(e);
+  if (group.size() % sp.size() != 0)
+    throw std::invalid_argument("sequence parallelism: the role's group of " +
+                                std::to_string(group.size()) + " is not a multiple of sp " +
+                                std::to_string(sp.size()));
+}
+
+std::string SequenceParallelModel::form() const { return "sp" + std::to_string(sp_.size()); }
+
+at::Tensor SequenceParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                                         const at::Tensor &keyMask) const {
+  const LlamaConfig &c = m_.config();
+  const int s = sp_.size(), r = sp_.rank();
+  if (tokens.dim() != 2)
+    throw std::invalid_argument("SequenceParallelModel: tokens must be int64 [B, T]");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  // Pad every sequence to a multiple of s: padded positions are keys no
+  // query sees (their outputs are dropped after the gather).
+  const int64_t Tp = (T + s - 1) / s * s, Tl = Tp / s;
+  at::Tensor tok = tokens, pos = positions;
+  at::Tensor mask = keyMask.defined() ? keyMask.to(at::kBool)
+                                      : at::ones({B, T}, tokens.options().dtype(at::kBool));
+  if (Tp > T) {
+    tok = at::cat({tok, at::zeros({B, Tp - T}, tok.options())}, 1);
+    pos = at::cat({pos, at::zeros({B, Tp - T}, pos.options())}, 1);
+    mask = at::cat({mask, at::zeros({B, Tp - T}, mask.options())}, 1);
+  }
+  AttnContext a = attnContext(c, tok, pos, mask, "SequenceParallelModel");
+  // The weights in natural shapes (views of the leaves: gradients reach
+  // them), by slot.
+  std::vector<LayerWeights> layers(c.layers);
+  at::Tensor embed, finalNorm;
+  for (const auto &[name, view] : m_.namedParameters()) {
+    at::Tensor t = isVector(name) ? view.reshape({-1}) : view;
+    std::string suffix;
+    const int layer = layerOf(name, suffix);
+    if (layer >= 0)
+      *layers.at(layer).slot(suffix) = t;
+    else if (name == "embed")
+      embed = t;
+    else if (name == "final_norm")
+      finalNorm = t;
+  }
+  at::Tensor x = at::embedding(embed, tok.narrow(1, r * Tl, Tl));
+  at::Tensor cos = a.cos.narrow(2, r * Tl, Tl), sin = a.sin.narrow(2, r * Tl, Tl);
+  for (const LayerWeights &w : layers)
+    x = ulyssesLayer(x, w, a, cos, sin, c.heads, c.kvHeads, c.normEps, sp_);
+  x = rmsNorm(x, finalNorm, c.normEps);
+  at::Tensor h = s == 1 ? x : GatherSequenceFn::apply(x, &sp_);
+  return Tp > T ? h.narrow(1, 0, T) : h;
+}
+
+at::Tensor SequenceParallelModel::localLogits(const at::Tensor &hidden) const {
+  // The LM head runs after the gather, on the same hidden states on every
+  // member: its gradient is the replica's on each, so it enters the sum
+  // over the SP group (reduceGradients) divided by s. (Tied, the embedding
+  // adds it to the lookups' gradients, which are per chunk.)
+  at::Tensor head;
+  for (const auto &[name, view] : m_.namedParameters())
+    if (name == "lm_head" || (name == "embed" && !head.defined()))
+      head = view;
+  const int s = sp_.size();
+  if (s > 1 && head.requires_grad())
+    head = ScaleGradFn::apply(head, 1.0 / s);
+  return at::linear(hidden, head);
+}
+
+at::Tensor SequenceParallelModel::tokenLogprobs(const at::Tensor &logits,
+                                                const at::Tensor &tokens,
+                                                double temperature) const {
+  return models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor SequenceParallelModel::tokenEntropy(const at::Tensor &logits,
+                                               double temperature) const {
+  return models::tokenEntropy(logits, temperature);
+}
+
+Generation SequenceParallelModel::generate(const at::Tensor &prompts,
+                                           const at::Tensor &promptMask,
+                                           const SamplingOptions &opts,
+                                           at::Generator &gen) const {
+  return m_.generate(prompts, promptMask, opts, gen);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> SequenceParallelModel::namedWeights() const {
+  return m_.namedParameters();
+}
+
+std::vector<std::pair<std::string, Box>> SequenceParallelModel::namedBoxes() const {
+  std::vector<std::pair<std::string, Box>> out;
+  for (auto &[name, t] : m_.namedParameters())
+    out.push_back({name, Box{0, t.size(0), 0, t.size(1)}});
+  return out;
+}
+
+void SequenceParallelModel::loadFrom(const Llama &whole) {
+  if (&whole != &m_)
+    m_.copyFrom(whole);
+}
+
+void SequenceParallelModel::gatherInto(Llama &dst) const {
+  if (&dst != &m_)
+    dst.copyFrom(m_);
+}
+
+uint64_t SequenceParallelModel::loadHf(const std::string &dir) {
+  loadHfIntoLlama(dir, m_);
+  return 4 * (uint64_t)m_.numParameters();
+}
+
+void SequenceParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  // Each member's weight gradients come from its chunk of positions: the
+  // sum over the SP group is the replica's; the mean over the whole group
+  // (sp x dp) times s is that sum averaged over the replicas. A head sees
+  // the gathered hidden states, so its gradient is already the replica's
+  // on every member: the mean alone.
+  std::vector<at::Tensor> params = m_.parameters();
+  std::vector<at::Tensor> all = params;
+  all.insert(all.end(), extra.begin(), extra.end());
+  allReduceGradients(all, group_);
+  at::NoGradGuard ng;
+  const double s = (double)sp_.size();
+  if (s > 1)
+    for (at::Tensor &p : params)
+      if (p.grad().defined())
+        p.mutable_grad().mul_(s);
+}
+
+double SequenceParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  // After reduceGradients every member holds the same whole gradients.
+  double sum = 0;
+  auto add = [&](const at::Tensor &p) {
+    if (p.grad().defined())
+      sum += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  };
+  for (const at::Tensor &p : m_.parameters())
+    add(p);
+  for (const at::Tensor &p : extra)
+    add(p);
+  return sum;
+}
+
+} // namespace hflow::models
