@@ -17,6 +17,7 @@
 #include "runtime/models/ModelForms.h"
 #include "runtime/models/Optim.h"
 #include "runtime/models/Parallel.h"
+#include "runtime/models/Pipeline.h"
 #include "runtime/comm/Rendezvous.h"
 
 #include <ATen/ATen.h>
@@ -795,6 +796,81 @@ void checkSP(Errors &errs, Communicator &world, const LlamaConfig &c, int s) {
                     ref.gradNormSq);
 }
 
+/// Four layers, so that 4 pipeline stages each hold one.
+LlamaConfig deep(bool tied) {
+  LlamaConfig c = gqa();
+  c.name = tied ? "deep_tied" : "deep";
+  c.layers = 4;
+  c.tieEmbeddings = tied;
+  c.qkvBias = tied;
+  return c;
+}
+
+/// Pipeline parallelism over the whole world (stage k = rank k), the batch
+/// in `m` micro-batches: the forward-only pass's logits, and a 1F1B
+/// training pass's losses, every held parameter's accumulated gradient and
+/// the gradient norm against the whole model on the whole batch; the
+/// gathered weights are the source's.
+void checkPP(Errors &errs, Communicator &world, const LlamaConfig &c, int m) {
+  SCOPED_TRACE(c.name + " pp" + std::to_string(world.size()) + " m" + std::to_string(m));
+  const std::string key = "pp." + c.name + ".";
+  Batch all = makeBatch(c.vocab, 8);
+  Reference ref = reference(c, all);
+  Llama source(c, kSeed);
+  PipelineStage stage(source, world);
+  const bool last = stage.stage() == stage.stages() - 1;
+  const int64_t rows = all.B / m;
+  std::vector<PipelineStage::Micro> micros;
+  for (int i = 0; i < m; ++i) {
+    Batch b = all.rows(i * rows, rows);
+    micros.push_back({b.tokens, b.positions, b.mask});
+  }
+  // Forward only: the logits of every micro-batch on the last stage.
+  std::vector<at::Tensor> logits(m);
+  stage.run(micros, [&](int i, const at::Tensor &h) {
+    logits[i] = stage.logits(h);
+    return at::zeros({});
+  }, false);
+  if (last)
+    expectClose(errs, key + "logits", "logits (forward only)", at::cat(logits),
+                ref.logits);
+  // Training: each micro-batch's mean loss over m is the batch's mean.
+  stage.setTrainable(true);
+  auto lossOfMicro = [&](int i, const at::Tensor &h) {
+    Batch b = all.rows(i * rows, rows);
+    at::Tensor l = stage.logits(h).narrow(1, 0, b.T - 1);
+    return lossOf(tokenLogprobs(l, b.targets(), kTemp), tokenEntropy(l, kTemp),
+                  b.targetMask()) / (double)m;
+  };
+  std::vector<double> losses = stage.run(micros, lossOfMicro, true);
+  if (last) {
+    double sum = 0;
+    for (double l : losses)
+      sum += l;
+    expectCloseScalar(errs, key + "loss", "loss over the micro-batches", sum,
+                      ref.loss.item<double>());
+  }
+  stage.reduceTiedGradients();
+  std::map<std::string, at::Tensor> refGrad(ref.grads.begin(), ref.grads.end());
+  for (const at::Tensor &leaf : stage.parameters())
+    ASSERT_TRUE(leaf.grad().defined());
+  for (auto &[name, view] : stage.namedShards()) {
+    // The view shares the leaf's storage; its gradient is the leaf's.
+    at::Tensor leafGrad;
+    for (const at::Tensor &leaf : stage.parameters())
+      if (leaf.data_ptr() == view.data_ptr())
+        leafGrad = leaf.grad();
+    ASSERT_TRUE(leafGrad.defined()) << name;
+    expectClose(errs, key + "grads", "grad of " + name, leafGrad.reshape(view.sizes()),
+                refGrad.at(name));
+  }
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", stage.gradNormSquared(),
+                    ref.gradNormSq);
+  Llama back(c, kSeed + 1);
+  stage.gatherInto(back);
+  expectSameWeights(errs, key + "gathered", back, source);
+}
+
 /// Left-padded prompts [4, 6] (rows of 6, 4, 5 and 2 real tokens).
 std::pair<at::Tensor, at::Tensor> paddedPrompts(int64_t vocab) {
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(11);
@@ -1187,4 +1263,26 @@ TEST(ParallelFSDPxTP, FourRanks) {
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
     checkFSDPxTP(errs, *g.world, c, 2);
   checkFSDPxTP(errs, *g.world, gqa(), 4); // fsdp(1) * tp(4): kv heads shared by pairs
+}
+
+// Pipeline parallelism (the models layer; the engine does not run pp yet):
+// 2 stages of 2 layers and 4 of 1, 2, 4 and 8 micro-batches (fewer, as
+// many as and more than the stages), tied embeddings with the head's copy
+// on the last stage.
+TEST(ParallelPP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (bool tied : {false, true})
+    for (int m : {1, 2, 4, 8})
+      checkPP(errs, *g.world, deep(tied), m);
+}
+
+TEST(ParallelPP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinWorld(thisRank());
+  Errors errs;
+  for (bool tied : {false, true})
+    for (int m : {2, 4, 8})
+      checkPP(errs, *g.world, deep(tied), m);
 }

@@ -1,0 +1,246 @@
+//===- Pipeline.cpp - a pipeline stage of the Llama (PipelineStage) ---------===//
+#include "runtime/models/Pipeline.h"
+#include "runtime/models/Layers.h"
+#include "runtime/models/ParallelDetail.h"
+
+#include "runtime/comm/Communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <stdexcept>
+
+namespace hflow::models {
+
+using namespace detail;
+
+struct PipelineStage::Impl {
+  LlamaConfig c;
+  comm::Communicator *pp = nullptr;
+  int p = 1, k = 0, first = 0, last = 0; ///< stages; this one; its layers [first, last)
+  bool tied = false;
+  at::Tensor embed, finalNorm, head; ///< where held (head: the embedding's copy when tied)
+  std::vector<LayerWeights> layers;
+  NamedTensors named;                ///< name -> 2-D view of a leaf
+  std::vector<at::Tensor> leaves;
+
+  bool isFirst() const { return k == 0; }
+  bool isLast() const { return k == p - 1; }
+  /// The stage holding parameter `name`.
+  int ownerOf(const std::string &name) const {
+    std::string suffix;
+    const int layer = layerOf(name, suffix);
+    if (layer >= 0)
+      return layer / ((c.layers + p - 1) / p);
+    return name == "embed" ? 0 : p - 1;
+  }
+};
+
+std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
+  const int c = (layers + p - 1) / p;
+  return {std::min(layers, k * c), std::min(layers, (k + 1) * c)};
+}
+
+PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp)
+    : p_(std::make_unique<Impl>()) {
+  Impl &p = *p_;
+  p.c = full.config();
+  p.pp = &pp;
+  p.p = pp.size();
+  p.k = pp.rank();
+  p.tied = p.c.tieEmbeddings;
+  std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
+  if (p.first >= p.last)
+    throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +
+                                std::to_string(p.p) + " would hold none of the model's " +
+                                std::to_string(p.c.layers) + " layers");
+  p.layers.resize(p.last - p.first);
+  auto leaf = [&](const std::string &name, const at::Tensor &view) {
+    at::Tensor t = (isVector(name) ? view.reshape({-1}) : view).detach().clone();
+    p.leaves.push_back(t);
+    p.named.emplace_back(name, t.view(view.sizes()));
+    return t;
+  };
+  for (const auto &[name, view] : full.namedParameters()) {
+    std::string suffix;
+    const int layer = layerOf(name, suffix);
+    if (layer >= 0) {
+      if (layer >= p.first && layer < p.last)
+        *p.layers[layer - p.first].slot(suffix) = leaf(name, view);
+    } else if (name == "embed") {
+      if (p.isFirst())
+        p.embed = leaf(name, view);
+      if (p.isLast() && p.tied)
+        p.head = p.isFirst() ? p.embed : leaf(name, view); // the head's own copy
+    } else if (name == "final_norm") {
+      if (p.isLast())
+        p.finalNorm = leaf(name, view);
+    } else if (name == "lm_head") {
+      if (p.isLast())
+        p.head = leaf(name, view);
+    }
+  }
+}
+
+PipelineStage::~PipelineStage() = default;
+
+int PipelineStage::stage() const { return p_->k; }
+int PipelineStage::stages() const { return p_->p; }
+const LlamaConfig &PipelineStage::config() const { return p_->c; }
+
+at::Tensor PipelineStage::logits(const at::Tensor &hidden) const {
+  if (!p_->isLast())
+    throw std::logic_error("PipelineStage::logits: only the last stage holds the LM head");
+  return at::linear(hidden, p_->head);
+}
+
+std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
+                                       bool train, Timing *timing) {
+  using Clock = std::chrono::steady_clock;
+  Impl &p = *p_;
+  const auto start = Clock::now();
+  double waitMs = 0;
+  const int m = (int)micros.size();
+  std::vector<at::Tensor> inputs(m), outputs(m);
+  std::vector<double> losses(p.isLast() ? m : 0, 0.0);
+  // Tags: activation of micro-batch i forward, its gradient backward.
+  auto tag = [](int i, int dir) { return 16 + 2 * i + dir; };
+  auto receive = [&](at::Tensor &buf, int peer, int t) {
+    const auto t0 = Clock::now();
+    CommScope scope;
+    p.pp->recvTagged(buf, peer, t);
+    waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  auto forward = [&](int i) {
+    const Micro &mb = micros[i];
+    AttnContext a = attnContext(p.c, mb.tokens, mb.positions, mb.keyMask, "PipelineStage");
+    at::Tensor x;
+    if (p.isFirst()) {
+      x = at::embedding(p.embed, mb.tokens);
+    } else {
+      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
+      receive(buf, p.k - 1, tag(i, 0));
+      if (train)
+        buf.requires_grad_(true);
+      inputs[i] = buf;
+      x = buf;
+    }
+    for (const LayerWeights &w : p.layers)
+      x = decoderLayer(x, w, a, p.c.heads, p.c.kvHeads, p.c.normEps, nullptr);
+    if (p.isLast()) {
+      at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
+      losses[i] = l.item<double>();
+      if (train)
+        outputs[i] = l;
+    } else {
+      CommScope scope;
+      p.pp->postSend(x.detach().contiguous(), p.k + 1, tag(i, 0));
+      if (train)
+        outputs[i] = x;
+    }
+  };
+  auto backward = [&](int i) {
+    if (p.isLast()) {
+      outputs[i].backward();
+    } else {
+      at::Tensor g = at::empty(outputs[i].sizes(), at::TensorOptions().dtype(at::kFloat));
+      receive(g, p.k + 1, tag(i, 1));
+      outputs[i].backward(g);
+    }
+    if (!p.isFirst()) {
+      CommScope scope;
+      p.pp->postSend(inputs[i].grad().contiguous(), p.k - 1, tag(i, 1));
+    }
+    inputs[i] = at::Tensor(); // this micro-batch's activations are freed
+    outputs[i] = at::Tensor();
+  };
+  if (!train) {
+    at::NoGradGuard ng;
+    for (int i = 0; i < m; ++i)
+      forward(i);
+  } else {
+    // 1F1B: stage k runs p - k - 1 forwards ahead, then alternates.
+    const int warmup = std::min(p.p - p.k - 1, m);
+    for (int i = 0; i < warmup; ++i)
+      forward(i);
+    for (int j = 0; j < m - warmup; ++j) {
+      forward(warmup + j);
+      backward(j);
+    }
+    for (int j = m - warmup; j < m; ++j)
+      backward(j);
+  }
+  {
+    const auto t0 = Clock::now();
+    CommScope scope;
+    p.pp->waitSends();
+    waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  if (timing) {
+    timing->totalMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    timing->waitMs = waitMs;
+    timing->computeMs = timing->totalMs - waitMs;
+  }
+  return losses;
+}
+
+NamedTensors PipelineStage::namedShards() const { return p_->named; }
+std::vector<at::Tensor> PipelineStage::parameters() const { return p_->leaves; }
+
+void PipelineStage::setTrainable(bool trainable) {
+  for (at::Tensor &t : p_->leaves)
+    t.requires_grad_(trainable);
+}
+
+void PipelineStage::reduceTiedGradients() {
+  Impl &p = *p_;
+  if (!p.tied || p.p == 1)
+    return;
+  // Stage 0's embedding and the last stage's copy: the sum of both
+  // gradients on both (the other stages add zeros).
+  CommScope scope;
+  at::Tensor g = at::zeros({p.c.vocab, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor mine = p.isFirst() ? p.embed : p.isLast() ? p.head : at::Tensor();
+  if (mine.defined() && mine.grad().defined())
+    g.copy_(mine.grad());
+  p.pp->allReduceSum(g);
+  if (mine.defined()) {
+    if (mine.grad().defined())
+      mine.mutable_grad().copy_(g);
+    else
+      mine.mutable_grad() = g;
+  }
+}
+
+double PipelineStage::gradNormSquared() const {
+  const Impl &p = *p_;
+  CommScope scope;
+  double s = 0;
+  for (const at::Tensor &t : p.leaves) {
+    if (p.tied && p.isLast() && !p.isFirst() && t.is_same(p.head))
+      continue; // the tied copy: stage 0 counts the embedding
+    if (t.grad().defined())
+      s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  p.pp->allReduceSum(total);
+  return total.item<double>();
+}
+
+void PipelineStage::gatherInto(Llama &dst) const {
+  const Impl &p = *p_;
+  std::map<std::string, at::Tensor> mine(p.named.begin(), p.named.end());
+  CommScope scope;
+  for (auto &[name, view] : dst.namedParameters()) {
+    const int owner = p.ownerOf(name);
+    at::Tensor buf = owner == p.k ? mine.at(name).detach().clone()
+                                  : at::empty(view.sizes(), view.options());
+    p.pp->broadcast(buf, owner);
+    at::NoGradGuard ng;
+    view.copy_(buf);
+  }
+}
+
+} // namespace hflow::models

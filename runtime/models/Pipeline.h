@@ -1,0 +1,98 @@
+//===- Pipeline.h - a pipeline stage of the Llama and its 1F1B schedule -----===//
+//
+// Pipeline parallelism over a group of p members (a pp group): member k
+// holds stage k, the decoder layers [k c, min((k+1) c, L)) with c =
+// ceil(L / p) (the reshard planner's pp holding, docs/reshard.md §2), the
+// embedding on stage 0, the final norm and the LM head on stage p - 1 (a
+// tied head: the last stage keeps its own copy of the embedding, whose
+// gradient is summed with stage 0's). run() pushes micro-batches through
+// the stages, activations and their gradients sent point to point between
+// neighbours, in Megatron's 1F1B order when training (p - k - 1 warm-up
+// forwards, then one forward and one backward alternately, then the
+// remaining backwards), so a stage keeps at most p - k micro-batches'
+// activations; the gradients of all micro-batches accumulate. This is the
+// models layer; the engine does not build it yet (hflowc refuses pp).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_PIPELINE_H
+#define HFLOW_RUNTIME_MODELS_PIPELINE_H
+
+#include "runtime/models/Llama.h"
+#include "runtime/models/Parallel.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hflow::models {
+
+class PipelineStage {
+public:
+  /// Takes stage pp.rank()'s weights of `full` (copied). Parameters start
+  /// frozen. Throws std::invalid_argument when a stage would hold no layer
+  /// (p > L).
+  PipelineStage(const Llama &full, comm::Communicator &pp);
+  ~PipelineStage();
+  PipelineStage(const PipelineStage &) = delete;
+  PipelineStage &operator=(const PipelineStage &) = delete;
+
+  /// The layers stage k of p holds for L layers: [first, last).
+  static std::pair<int, int> layersOf(int layers, int p, int k);
+
+  int stage() const;
+  int stages() const;
+  const LlamaConfig &config() const;
+
+  /// One micro-batch: tokens [b, T] (int64), RoPE positions, key mask.
+  struct Micro {
+    at::Tensor tokens, positions, keyMask;
+  };
+  /// What run() measured on this stage: time computing (forward and
+  /// backward), time blocked waiting for a neighbour's message, the whole.
+  struct Timing {
+    double computeMs = 0, waitMs = 0, totalMs = 0;
+  };
+  /// The last stage's head: micro-batch i's final hidden states [b, T, H]
+  /// (and the LM head through logits()) to a scalar loss; its backward is
+  /// what training runs. Called on the last stage only.
+  using LossFn = std::function<at::Tensor(int i, const at::Tensor &hidden)>;
+
+  /// Runs `micros` through the pipeline: forward only (in order, each stage
+  /// passing activations on as soon as it has them), or with `train` in
+  /// 1F1B order, accumulating gradients into the stage's parameters.
+  /// Returns each micro-batch's loss on the last stage (empty elsewhere).
+  /// Collective over the pp group: every member calls it with micro-batches
+  /// of the same shapes.
+  std::vector<double> run(const std::vector<Micro> &micros, const LossFn &loss, bool train,
+                          Timing *timing = nullptr);
+
+  /// The LM head on the last stage: [.., H] -> [.., V].
+  at::Tensor logits(const at::Tensor &hidden) const;
+
+  /// This stage's parameters, Llama::namedParameters() names and 2-D views
+  /// (the embedding on the last stage too when tied).
+  NamedTensors namedShards() const;
+  std::vector<at::Tensor> parameters() const;
+  void setTrainable(bool trainable);
+  /// Tied embeddings: sums the embedding's gradient of stage 0 and the last
+  /// stage (the head's copy), so both copies take the same step. Collective
+  /// over the pp group; nothing otherwise.
+  void reduceTiedGradients();
+  /// The unsharded model's squared gradient norm (a tied copy counted
+  /// once). Collective.
+  double gradNormSquared() const;
+  /// Writes the whole weights into `dst` (every member gets them).
+  /// Collective.
+  void gatherInto(Llama &dst) const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_PIPELINE_H
