@@ -88,9 +88,80 @@ void Worker::syncReference(int phaseIndex) {
   if (phaseIndex == 0)
     return;
   refreshGenerationCopies();
+  // A reference on ranks without its actor: the actor's first training rank
+  // broadcasts the current weights (whole, once per phase) to the world,
+  // and those ranks take them; every rank decides the same from the plan.
+  std::map<int, std::unique_ptr<models::Llama>> received; // model index -> weights
+  std::map<int, int> senderOf;                             // model index -> root rank
+  for (int a = 0; p_.roles() && a < (int)p_.roles()->size(); ++a) {
+    const Role &actor = role(a);
+    if (actor.kind() != RoleKind::Actor || actor.model() < 0 || !actor.ranks() ||
+        actor.ranks()->size() == 0)
+      continue;
+    const std::vector<int> ar = ints(actor.ranks());
+    bool apartRef = false, mine = false;
+    for (int r = 0; r < (int)p_.roles()->size(); ++r) {
+      const Role &ref = role(r);
+      if (ref.kind() != RoleKind::Reference || ref.model() != actor.model())
+        continue;
+      for (int rk : ints(ref.ranks()))
+        if (std::find(ar.begin(), ar.end(), rk) == ar.end()) {
+          apartRef = true;
+          mine = mine || rk == j_.rank;
+        }
+    }
+    if (!apartRef || received.count(actor.model()))
+      continue;
+    const int root = ar[0];
+    senderOf[actor.model()] = root;
+    const models::Llama *src = nullptr;
+    if (auto it = roles_.find(a); it != roles_.end() && !it->second.genOnly)
+      src = it->second.model.get();
+    if (j_.rank == root && !src)
+      throw RunError("the reference's start of phase " + phases_[phaseIndex].name +
+                     ": actor " + str(actor.name()) + " has no whole weights on rank " +
+                     std::to_string(root));
+    std::unique_ptr<models::Llama> dst;
+    if (mine && !src)
+      dst = std::make_unique<models::Llama>(modelConfig(actor.model()),
+                                            models::modelSeed(p_.seed(), actor.model()));
+    // The parameters' shapes, the same on every rank.
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes =
+        models::llamaParameterShapes(modelConfig(actor.model()));
+    std::vector<std::pair<std::string, at::Tensor>> srcNamed, dstNamed;
+    if (src)
+      srcNamed = src->namedParameters();
+    if (dst)
+      dstNamed = dst->namedParameters();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      at::Tensor buf = j_.rank == root ? srcNamed[i].second.detach().clone()
+                                       : at::empty(shapes[i].second);
+      world_->broadcast(buf, root);
+      if (dst)
+        dstNamed[i].second.copy_(buf);
+    }
+    if (dst)
+      received[actor.model()] = std::move(dst);
+  }
   for (auto &[r, rr] : roles_) {
     if (role(r).kind() != RoleKind::Reference || (!rr.model && !rr.sharded()))
       continue;
+    bool withActor = false;
+    for (auto &[a, ar] : roles_)
+      withActor = withActor || (role(a).kind() == RoleKind::Actor && ar.model &&
+                                role(a).model() == role(r).model());
+    if (auto got = received.find(role(r).model()); !withActor && got != received.end()) {
+      if (rr.sharded())
+        rr.lm->loadFrom(*got->second);
+      else
+        rr.model->copyFrom(*got->second);
+      if (rr.pos == 0 && !o_.quiet)
+        std::printf("[%s] %s starts from the actor's current weights (sent by rank %d)\n",
+                    phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
+                    senderOf.at(role(r).model()));
+      continue;
+    }
     for (auto &[a, ar] : roles_)
       if (role(a).kind() == RoleKind::Actor && ar.model &&
           role(a).model() == role(r).model()) {
