@@ -67,6 +67,8 @@ struct CheckExecutablePass
         dims.kvHeads = model.getKvHeads();
         dims.ffn = model.getFfn();
         dims.vocab = model.getVocab();
+        dims.layers = model.getLayers();
+        dims.tied = model.getTieEmbeddings();
       }
       static_assert(int(RoleKind::Actor) == int(::hflow::methods::Role::Actor) &&
                         int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),

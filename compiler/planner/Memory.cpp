@@ -191,7 +191,11 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
     const int64_t n = held(train, i, true) + head;
     m.weights = n * b;
     if (trains) {
-      m.grads = (head > 0 ? held(train, i, false) + head : n) * b;
+      // Under pp the head runs on the last stage (pp is the slowest slot
+      // coordinate): only there does it get a gradient.
+      const bool lastStage = i / (train.size() / std::max<int64_t>(1, train.pp)) ==
+                             std::max<int64_t>(1, train.pp) - 1;
+      m.grads = (head > 0 ? held(train, i, false) + (lastStage ? head : 0) : n) * b;
       m.optimizer = n * (b >= 4 ? 8 : 12);
     }
     if (genCopy)

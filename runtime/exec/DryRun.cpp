@@ -46,6 +46,11 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
   case Form::TensorParallel:
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
            ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
+  case Form::Pipeline: {
+    const int d = std::max(1, size / std::max(1, l.pp()));
+    return "pipeline stage " + std::to_string(pos / d) + " of " + std::to_string(l.pp()) +
+           ", replica " + std::to_string(pos % d) + " of " + std::to_string(d);
+  }
   case Form::SequenceParallel: {
     const int s = std::max(1, l.sp());
     return "whole weights, sequence chunk " + std::to_string(pos % s) + " of " +

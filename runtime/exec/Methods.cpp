@@ -129,22 +129,62 @@ void Worker::store(MethodCall &c, Span rows, const at::Tensor &x) {
 /// longest prompt and response of these rows) and the rest is zeros: the
 /// same values at real positions, up to float rounding (the masked keys
 /// contributed nothing anyway).
-at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim) {
+models::MicroBatch Worker::seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
+                                    int64_t &r) {
   const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1), b = hi - lo;
-  int64_t p = P, r = R;
+  p = P, r = R;
   if (trim)
     std::tie(p, r) = realWidth(ro, lo, hi);
-  at::Tensor seq = at::cat({ro["ptoks"].narrow(0, lo, b).narrow(1, P - p, p),
-                            ro["rtoks"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
-  at::Tensor mask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
-                             ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
-  at::Tensor pos = models::positionsFromMask(mask);
-  at::Tensor h = rr.lm->hidden(seq, pos, mask);
+  models::MicroBatch mb;
+  mb.tokens = at::cat({ro["ptoks"].narrow(0, lo, b).narrow(1, P - p, p),
+                       ro["rtoks"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  mb.keyMask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
+                        ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+  mb.positions = models::positionsFromMask(mb.keyMask);
+  return mb;
+}
+
+namespace {
+/// Hidden states of trimmed columns back at their places [b, P + R, H]
+/// (zeros where the pass did not run).
+at::Tensor untrim(const at::Tensor &h, int64_t P, int64_t R, int64_t p, int64_t r) {
   if (p == P && r == R)
     return h;
-  const int64_t H = h.size(2);
+  const int64_t b = h.size(0), H = h.size(2);
   return at::cat({at::zeros({b, P - p, H}, h.options()), h,
                   at::zeros({b, R - r, H}, h.options())}, 1);
+}
+} // namespace
+
+at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim) {
+  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1);
+  int64_t p = P, r = R;
+  models::MicroBatch mb = seqMicro(ro, lo, hi, trim, p, r);
+  return untrim(rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask), P, R, p, r);
+}
+
+std::vector<double> Worker::pipelinedResponses(
+    RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
+    bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head) {
+  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1);
+  std::vector<models::MicroBatch> micros;
+  std::vector<std::pair<int64_t, int64_t>> widths;
+  for (auto [u, e] : batches) {
+    int64_t p = P, r = R;
+    micros.push_back(seqMicro(ro, u, e, trim, p, r));
+    widths.push_back({p, r});
+  }
+  return rr.lm->runPipelined(micros, [&](int i, const at::Tensor &h) {
+    return head(i, untrim(h, P, R, widths[i].first, widths[i].second).narrow(1, P - 1, R));
+  }, train);
+}
+
+void Worker::fromLastStage(RoleRt &rr, at::Tensor &x) {
+  Communicator *pp = rr.lm ? rr.lm->pipelineGroup() : nullptr;
+  if (!pp || pp->size() == 1)
+    return;
+  x = x.contiguous();
+  pp->broadcast(x, pp->size() - 1);
 }
 /// Rows [lo, hi) in consecutive batches for forward passes: `micro` rows
 /// each, or with a token budget (max_batch_tokens) as many rows as keep
@@ -251,8 +291,22 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   const int64_t micro = microBatch(c, b);
   const int64_t budget = (int64_t)attrNum(c.a, "max_batch_tokens", 0);
   std::vector<at::Tensor> parts;
-  for (auto [u, e] : rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
-                                budget > 0 ? c.rr.lm->lockstepGroup() : nullptr)) {
+  const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
+                                  budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
+  if (c.rr.lm->pipelined()) {
+    // The stages pass each batch on; the last one applies the head, and
+    // every stage of the replica gets the result.
+    parts.resize(batches.size());
+    pipelinedResponses(c.rr, rollout, batches, budget > 0, false,
+                       [&](int i, const at::Tensor &h) {
+                         parts[i] = head(h, batches[i].first, batches[i].second);
+                         return at::zeros({});
+                       });
+    at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts) : at::empty({b, c.ph.R});
+    fromLastStage(c.rr, out);
+    return out;
+  }
+  for (auto [u, e] : batches) {
     at::Tensor h = seqHidden(c.rr, rollout, u, e, budget > 0);
     parts.push_back(head(h.narrow(1, c.ph.P - 1, c.ph.R), u, e));
   }
@@ -376,15 +430,34 @@ void Worker::runSft(MethodCall &c) {
     for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
       const at::Tensor mbTokens = lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
       double mbLoss = 0;
+      std::vector<models::MicroBatch> micros;
       for (int64_t u = m0; u < m0 + mbRows; u += micro) {
         const int64_t cnt = std::min(micro, m0 + mbRows - u);
         at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
-        at::Tensor h = rr.lm->hidden(t, models::positionsFromMask(mk), mk);
+        micros.push_back({t, models::positionsFromMask(mk), mk});
+      }
+      // Micro-batch i's loss from its final hidden states.
+      auto microLoss = [&](int i, const at::Tensor &h) {
+        const int64_t u = m0 + i * micro;
+        const models::MicroBatch &mb = micros[(size_t)i];
         at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, L - 1)),
-                                             t.narrow(1, 1, L - 1), 1.0);
-        at::Tensor loss = -(lp * lossMask.narrow(0, u, cnt)).sum() / mbTokens;
-        mbLoss += loss.item<double>();
-        loss.backward();
+                                             mb.tokens.narrow(1, 1, L - 1), 1.0);
+        return -(lp * lossMask.narrow(0, u, mb.tokens.size(0))).sum() / mbTokens;
+      };
+      if (rr.lm->pipelined()) {
+        for (double l : rr.lm->runPipelined(micros, microLoss, true))
+          mbLoss += l; // on the last stage
+        at::Tensor l = at::full({1}, mbLoss, at::TensorOptions().dtype(at::kDouble));
+        fromLastStage(rr, l);
+        mbLoss = l.item<double>();
+      } else {
+        for (size_t i = 0; i < micros.size(); ++i) {
+          const models::MicroBatch &mb = micros[i];
+          at::Tensor loss =
+              microLoss((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
+          mbLoss += loss.item<double>();
+          loss.backward();
+        }
       }
       if (c.leader) {
         metrics_[MSftLoss] += mbLoss;
@@ -517,93 +590,108 @@ void Worker::runUpdate(MethodCall &c) {
   // verl does) into one optimizer step per minibatch.
   const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
   const double lrOver = attrNum(a, "lr", 0);
+  // One micro-batch's loss, weighted by its share of the minibatch, from
+  // the hidden states at its response positions (metrics on the leader).
+  auto microLoss = [&](int64_t mlo, int64_t mhi, const at::Tensor &h) -> at::Tensor {
+    const int64_t cnt = mhi - mlo;
+    const double share = (double)cnt / (double)mbRows;
+    at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
+    at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
+    if (ro.kind() == RoleKind::Critic) {
+      Val *vals = inputOfKind(c, BatchKind::Values);
+      Val *rets = inputOfKind(c, BatchKind::Returns);
+      if (!rets)
+        throw RunError("a critic update needs the returns (e.g. adv.returns)");
+      at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
+      // Without the rollout's values the clipped loss has nothing to
+      // clip against: it is the plain squared error.
+      at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
+      auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
+                                       attrNum(a, "clip_value", 0.5), mode);
+      if (c.leader) { // weighted by the micro-batch's share of the minibatch
+        metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
+        metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * share;
+        metrics_[MCriticN] += share;
+      }
+      return vl.vf_loss * share;
+    }
+    // Advantages, else the scores themselves (REINFORCE on the raw
+    // reward); the old log-probs, else the ones generation reported
+    // (equal to a recomputation on the same weights).
+    Val *adv = inputOfKind(c, BatchKind::Advantages);
+    if (!adv)
+      adv = inputOfKind(c, BatchKind::Scores);
+    Val *old = inputOfKind(c, BatchKind::LogProbs, 0);
+    Val *ref = inputOfKind(c, BatchKind::LogProbs, 1);
+    if (!adv)
+      throw RunError("an actor update needs advantages or scores");
+    at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt)
+                           : (*rollout)["lp"].narrow(0, mlo, cnt);
+    at::Tensor logits = rr.lm->localLogits(h);
+    at::Tensor lp = rr.lm->tokenLogprobs(logits, toks, ph.rolloutTemp);
+    rl::PolicyLossConfig pc;
+    pc.clip_ratio = attrNum(a, "clip", 0.2);
+    if (a.count("clip_low"))
+      pc.clip_ratio_low = attrNum(a, "clip_low", 0.2);
+    if (a.count("clip_high"))
+      pc.clip_ratio_high = attrNum(a, "clip_high", 0.2);
+    pc.clip_ratio_c = attrNum(a, "clip_ratio_c", 3.0);
+    pc.loss_agg_mode = mode;
+    auto pl = rl::compute_policy_loss(oldLp, lp,
+                                      adv->x().narrow(0, mlo, cnt), mask, pc);
+    at::Tensor loss = pl.pg_loss;
+    double klv = 0;
+    if (ref) {
+      at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
+                                          rl::parse_kl_penalty(attrStr(a, "kl", "low_var_kl")),
+                                          mode);
+      loss = loss + kl * attrNum(a, "kl_coef", 0.001);
+      klv = kl.item<double>();
+    }
+    double entCoef = attrNum(a, "entropy_coef", 0.0);
+    at::Tensor ent;
+    {
+      at::Tensor e = entCoef > 0 ? rr.lm->tokenEntropy(logits, ph.rolloutTemp)
+                                 : rr.lm->tokenEntropy(logits.detach(), ph.rolloutTemp);
+      ent = rl::agg_loss(e, mask, mode);
+    }
+    if (entCoef > 0)
+      loss = loss - ent * entCoef;
+    lastLoss += loss.item<double>() * share;
+    if (c.leader) { // weighted by the micro-batch's share of the minibatch
+      metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
+      metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * share;
+      metrics_[MPpoKl] += pl.ppo_kl.item<double>() * share;
+      metrics_[MKlLoss] += klv * share;
+      metrics_[MEntropy] += ent.item<double>() * share;
+      metrics_[MActorN] += share;
+    }
+    return loss * share;
+  };
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
-     // max_batch_tokens: micro-batches by a token budget instead (each
-     // still weighted by its share of the minibatch's rows, as verl's
-     // dynamic batch size does).
-     for (auto [mlo, mhi] : rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
-                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr)) {
-      const int64_t cnt = mhi - mlo;
-      const double share = (double)cnt / (double)mbRows;
-      at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
-      at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
-      at::Tensor h = seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R);
-      if (ro.kind() == RoleKind::Critic) {
-        Val *vals = inputOfKind(c, BatchKind::Values);
-        Val *rets = inputOfKind(c, BatchKind::Returns);
-        if (!rets)
-          throw RunError("a critic update needs the returns (e.g. adv.returns)");
-        at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
-        // Without the rollout's values the clipped loss has nothing to
-        // clip against: it is the plain squared error.
-        at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
-        auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
-                                         attrNum(a, "clip_value", 0.5), mode);
-        if (c.leader) { // weighted by the micro-batch's share of the minibatch
-          metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
-          metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * share;
-          metrics_[MCriticN] += share;
-        }
-        (vl.vf_loss * share).backward();
-        continue;
-      }
-      // Advantages, else the scores themselves (REINFORCE on the raw
-      // reward); the old log-probs, else the ones generation reported
-      // (equal to a recomputation on the same weights).
-      Val *adv = inputOfKind(c, BatchKind::Advantages);
-      if (!adv)
-        adv = inputOfKind(c, BatchKind::Scores);
-      Val *old = inputOfKind(c, BatchKind::LogProbs, 0);
-      Val *ref = inputOfKind(c, BatchKind::LogProbs, 1);
-      if (!adv)
-        throw RunError("an actor update needs advantages or scores");
-      at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt)
-                             : (*rollout)["lp"].narrow(0, mlo, cnt);
-      at::Tensor logits = rr.lm->localLogits(h);
-      at::Tensor lp = rr.lm->tokenLogprobs(logits, toks, ph.rolloutTemp);
-      rl::PolicyLossConfig pc;
-      pc.clip_ratio = attrNum(a, "clip", 0.2);
-      if (a.count("clip_low"))
-        pc.clip_ratio_low = attrNum(a, "clip_low", 0.2);
-      if (a.count("clip_high"))
-        pc.clip_ratio_high = attrNum(a, "clip_high", 0.2);
-      pc.clip_ratio_c = attrNum(a, "clip_ratio_c", 3.0);
-      pc.loss_agg_mode = mode;
-      auto pl = rl::compute_policy_loss(oldLp, lp,
-                                        adv->x().narrow(0, mlo, cnt), mask, pc);
-      at::Tensor loss = pl.pg_loss;
-      double klv = 0;
-      if (ref) {
-        at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
-                                            rl::parse_kl_penalty(attrStr(a, "kl", "low_var_kl")),
-                                            mode);
-        loss = loss + kl * attrNum(a, "kl_coef", 0.001);
-        klv = kl.item<double>();
-      }
-      double entCoef = attrNum(a, "entropy_coef", 0.0);
-      at::Tensor ent;
-      {
-        at::Tensor e = entCoef > 0 ? rr.lm->tokenEntropy(logits, ph.rolloutTemp)
-                                   : rr.lm->tokenEntropy(logits.detach(), ph.rolloutTemp);
-        ent = rl::agg_loss(e, mask, mode);
-      }
-      if (entCoef > 0)
-        loss = loss - ent * entCoef;
-      lastLoss += loss.item<double>() * share;
-      if (c.leader) { // weighted by the micro-batch's share of the minibatch
-        metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
-        metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * share;
-        metrics_[MPpoKl] += pl.ppo_kl.item<double>() * share;
-        metrics_[MKlLoss] += klv * share;
-        metrics_[MEntropy] += ent.item<double>() * share;
-        metrics_[MActorN] += share;
-      }
-      (loss * share).backward();
-     }
+      // max_batch_tokens: micro-batches by a token budget instead (each
+      // still weighted by its share of the minibatch's rows, as verl's
+      // dynamic batch size does).
+      const auto batches = rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
+                                      describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
+      if (rr.lm->pipelined())
+        pipelinedResponses(rr, *rollout, batches, budget > 0, true,
+                           [&](int i, const at::Tensor &h) {
+                             return microLoss(batches[i].first, batches[i].second, h);
+                           });
+      else
+        for (auto [mlo, mhi] : batches)
+          microLoss(mlo, mhi, seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R))
+              .backward();
       applyGradients(rr, lrOver);
     }
   digests_[s] = 0;
+  if (rr.lm->pipelined()) { // the loss is the last stage's
+    at::Tensor l = at::full({1}, lastLoss, at::TensorOptions().dtype(at::kDouble));
+    fromLastStage(rr, l);
+    lastLoss = l.item<double>();
+  }
   if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
     digests_[s] = lastLoss;
   else

@@ -205,6 +205,9 @@ void Worker::printSummary(const at::Tensor &all) {
           if (v.train == executes::Form::TensorParallel)
             model += std::string(trains(index) ? ", trains" : ", holds") + " tp" +
                      std::to_string(tl.tp()) + " shards, no whole copy";
+          else if (v.train == executes::Form::Pipeline)
+            model += std::string(trains(index) ? ", trains" : ", holds") + " pp" +
+                     std::to_string(tl.pp()) + " stages, no whole copy";
           else if (v.train == executes::Form::FullyShard)
             model += std::string(trains(index) ? ", trains" : ", holds") + " fsdp" +
                      std::to_string(tl.fsdp()) +

@@ -11,6 +11,7 @@
 #include "runtime/exec/WorkerState.h"
 
 #include "runtime/models/ModelForms.h"
+#include "runtime/models/Pipeline.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/plan/RoleForms.h"
 
@@ -114,7 +115,10 @@ void Worker::buildRoles() {
         rt.fsdpSize = tl.fsdp();
         rt.tpSize = std::max(1, tl.tp()); // fsdp x tp: FSDP over TP pieces
       }
-      if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1)) {
+      if (!wholeWeights && forms.train == executes::Form::Pipeline &&
+          (int)rs.size() == tl.pp() * tl.dp())
+        rt.ppSize = tl.pp(); // its stage comes after connect()
+      if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
         const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
                                forms.generate == executes::Form::Whole;
         if (!generates)
@@ -132,7 +136,7 @@ void Worker::buildRoles() {
                        "model.safetensors (nor model.safetensors.index.json): hflow-run "
                        "does not start a Hugging Face model from random weights");
       if (!wdir.empty()) {
-        if (rt.tpSize == 1 && rt.fsdpSize == 1) {
+        if (rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
           try {
             models::loadHfIntoLlama(wdir, *rt.model);
           } catch (const std::exception &e) {
@@ -141,7 +145,7 @@ void Worker::buildRoles() {
         }
         loadedFrom_[ro.model()] = wdir;
       }
-      if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1) {
+      if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
         rt.model->setTrainable(true);
         if (rt.head.defined())
           rt.head.requires_grad_(true);
@@ -227,6 +231,28 @@ void Worker::connectRoles() {
                                                               rr.dpComm.get());
     } else if (rr.fsdpSize > 1) {
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
+    } else if (rr.ppSize > 1) {
+      // Pipeline stages: pp is the slowest coordinate, so rank pos is stage
+      // pos / d of replica pos % d; the stages of a replica form its
+      // pipeline, the ranks of a stage its data-parallel group.
+      auto rs = ints(role(r).ranks());
+      const int pps = rr.ppSize, dps = (int)rs.size() / pps;
+      const int stage = rr.pos / dps, replica = rr.pos % dps;
+      std::vector<int> ppRanks, dpRanks;
+      for (int k = 0; k < pps; ++k)
+        ppRanks.push_back(rs[k * dps + replica]);
+      for (int j = 0; j < dps; ++j)
+        dpRanks.push_back(rs[stage * dps + j]);
+      const std::string rn = str(role(r).name());
+      rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + std::to_string(replica), ppRanks);
+      if (dps > 1)
+        rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage), dpRanks);
+      try {
+        rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.ppComm,
+                                                        rr.dpComm.get());
+      } catch (const std::invalid_argument &e) {
+        throw RunError("role " + rn + ": " + e.what());
+      }
     }
     if (rr.sharded() && trains(r))
       rr.lm->setTrainable(true); // a reference's shards stay frozen

@@ -139,16 +139,22 @@ int RowSchedule::dpIndexOf(int s, int globalRank) const {
   const int pos = slotOf(s, globalRank);
   if (pos < 0)
     return -1;
+  // Slot coordinates: tp fastest, then sp, cp, fsdp, dp, pp (docs/reshard.md
+  // §2); a replica is a (fsdp, dp) coordinate.
   const Layout &l = layoutOf(s);
-  return pos / std::max(1, l.tp() * l.pp() * l.sp() * l.cp());
+  return pos / std::max(1, l.tp() * l.sp() * l.cp()) % std::max(1, l.dp() * l.fsdp());
 }
 
 bool RowSchedule::isLeader(int s, int globalRank) const {
   const int pos = slotOf(s, globalRank);
   if (pos < 0)
     return false;
+  // One rank per replica: the first of its tp, sp and cp ranks on its last
+  // pipeline stage (where a pipelined pass computes losses and metrics).
   const Layout &l = layoutOf(s);
-  return pos % std::max(1, l.tp() * l.pp() * l.sp() * l.cp()) == 0;
+  const int inner = std::max(1, l.tp() * l.sp() * l.cp());
+  const int stage = pos / (inner * std::max(1, l.dp() * l.fsdp()));
+  return pos % inner == 0 && stage == std::max(1, l.pp()) - 1;
 }
 
 int64_t RowSchedule::rowsOfValue(const PhaseShape &ph, int v) const {

@@ -135,16 +135,26 @@ void Worker::runReshard(int s) {
     // Training on TP or FSDP shards: this rank's boxes go into its
     // generation copy first (they are what the plan says it holds and
     // sends); the boxes it receives complete the copy.
+    // (A pipeline stage lists only the parameters it holds.)
     auto shards = rr.lm->namedWeights();
     auto boxes = rr.lm->namedBoxes();
-    if (shards.size() != named.size())
-      throw RunError("reshard of " + what + ": the training shards do not list every parameter");
-    for (size_t k = 0; k < named.size(); ++k) {
-      const models::Box &b = boxes[k].second;
+    std::map<std::string, size_t> index;
+    for (size_t k = 0; k < named.size(); ++k)
+      index[named[k].first] = k;
+    if (shards.size() != boxes.size())
+      throw RunError("reshard of " + what + ": the training form lists " +
+                     std::to_string(shards.size()) + " weights but " +
+                     std::to_string(boxes.size()) + " boxes");
+    for (size_t i = 0; i < shards.size(); ++i) {
+      auto k = index.find(shards[i].first);
+      if (k == index.end())
+        throw RunError("reshard of " + what + ": the training form holds " +
+                       shards[i].first + ", which the model has not");
+      const models::Box &b = boxes[i].second;
       if (b.empty())
         continue;
-      named[k].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
-          .copy_(shards[k].second.detach().view({b.rows(), b.cols()}));
+      named[k->second].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
+          .copy_(shards[i].second.detach().view({b.rows(), b.cols()}));
     }
   }
   auto piece = [&](const WeightTransfer *t) {

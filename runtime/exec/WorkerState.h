@@ -94,9 +94,10 @@ struct RoleRt {
   int pos = -1;                 // this rank's index in the role
   // The training layout's shards buildRoles chose (1, 1: whole weights):
   // tp(k) or tp(k) * dp(d) (TP group = a replica), or fsdp(k).
-  int tpSize = 1, fsdpSize = 1;
+  int tpSize = 1, fsdpSize = 1, ppSize = 1;
   std::unique_ptr<Communicator> tpComm, dpComm; // tp x dp: replica, same shard
   std::unique_ptr<Communicator> spComm; // sp x dp: the ranks sharing a replica's rows
+  std::unique_ptr<Communicator> ppComm; // pp x dp: the stages of this rank's replica
   /// What the role computes and trains with: whole weights over its group,
   /// TP or FSDP shards. Null on a generation-only rank.
   std::unique_ptr<models::CausalLM> lm;
@@ -212,6 +213,19 @@ private:
       MethodCall &c, Val &rollout, Span rows,
       const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head);
   at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim = false);
+  /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
+  /// columns some row uses), with the widths kept: p prompt, r response.
+  models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
+                              int64_t &r);
+  /// A pipelined pass over `batches` of a rollout: `head` maps each
+  /// batch's hidden states at the response positions [b, R, H] (on the
+  /// last stage) to its value; the values on the last stage, in order.
+  std::vector<double> pipelinedResponses(
+      RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
+      bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head);
+  /// `x` from the last stage of this rank's pipeline to every stage of it
+  /// (nothing for a form that is not pipelined). Collective.
+  void fromLastStage(RoleRt &rr, at::Tensor &x);
   std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
                                                       int64_t micro, int64_t budget,
                                                       const std::string &where,

@@ -22,6 +22,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,11 @@ class Communicator;
 }
 
 namespace hflow::models {
+
+/// One forward (and backward) pass's sequences, for a pipelined form.
+struct MicroBatch {
+  at::Tensor tokens, positions, keyMask;
+};
 
 class CausalLM {
 public:
@@ -68,6 +75,29 @@ public:
   /// The group the form's weight collectives run on (a gather of the
   /// whole weights): TP or FSDP group, or the data-parallel group.
   virtual comm::Communicator &group() const = 0;
+
+  /// A pipelined form (pipeline stages) computes no whole hidden states on
+  /// one rank: hidden() throws, and the engine runs its passes through
+  /// runPipelined instead.
+  virtual bool pipelined() const { return false; }
+  /// The last stage's head of a pipelined pass: micro-batch i's final hidden
+  /// states [b, T, H] to a scalar (a loss when training; anything while
+  /// forward only, the head keeping what it computes).
+  using PipelineHead = std::function<at::Tensor(int i, const at::Tensor &hidden)>;
+  /// Runs `micros` through the stages (1F1B when `train`, gradients
+  /// accumulating); on the last stage `head` is called for each, in order,
+  /// and its values are returned (empty on other stages). Collective over
+  /// the pipeline. Throws std::logic_error for a form that is not
+  /// pipelined.
+  virtual std::vector<double> runPipelined(const std::vector<MicroBatch> &micros,
+                                           const PipelineHead &head, bool train) {
+    (void)micros, (void)head, (void)train;
+    throw std::logic_error("runPipelined: " + form() + " is not a pipelined form");
+  }
+  /// For a pipelined form: whether this rank is the last stage (which runs
+  /// the heads) and the group of the stages of its replica. Null otherwise.
+  virtual bool lastStage() const { return true; }
+  virtual comm::Communicator *pipelineGroup() const { return nullptr; }
 
   //===-- weights ---------------------------------------------------------===//
   /// The leaf tensors an optimizer steps (tied weights once).

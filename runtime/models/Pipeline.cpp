@@ -2,6 +2,7 @@
 #include "runtime/models/Pipeline.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
 
@@ -241,6 +242,72 @@ void PipelineStage::gatherInto(Llama &dst) const {
     at::NoGradGuard ng;
     view.copy_(buf);
   }
+}
+
+void PipelineStage::loadFrom(const Llama &full) {
+  Impl &p = *p_;
+  std::map<std::string, at::Tensor> byName;
+  for (const auto &[name, view] : full.namedParameters())
+    byName[name] = view;
+  at::NoGradGuard ng;
+  for (auto &[name, view] : p.named) {
+    auto it = byName.find(name);
+    if (it == byName.end() || !it->second.sizes().equals(view.sizes()))
+      throw std::invalid_argument("PipelineStage::loadFrom: the model differs at " + name);
+    view.copy_(it->second);
+  }
+}
+
+std::vector<std::pair<std::string, Box>> PipelineStage::namedBoxes() const {
+  std::vector<std::pair<std::string, Box>> out;
+  for (const auto &[name, view] : p_->named)
+    out.emplace_back(name, Box{0, view.size(0), 0, view.size(1)});
+  return out;
+}
+
+comm::Communicator &PipelineStage::comm() const { return *p_->pp; }
+
+//===----------------------------------------------------------------------===//
+// PipelineModel
+//===----------------------------------------------------------------------===//
+
+at::Tensor PipelineModel::hidden(const at::Tensor &, const at::Tensor &,
+                                 const at::Tensor &) const {
+  throw std::logic_error("a pipeline stage computes no whole hidden states: the engine "
+                         "runs its passes through runPipelined");
+}
+
+Generation PipelineModel::generate(const at::Tensor &, const at::Tensor &,
+                                   const SamplingOptions &, at::Generator &) const {
+  throw std::logic_error("pipeline stages do not generate: generation runs on the copy "
+                         "the planned reshard fills");
+}
+
+uint64_t PipelineModel::loadHf(const std::string &dir) {
+  return loadHfShards(dir, s_.config(), s_.namedShards(), s_.namedBoxes());
+}
+
+void PipelineModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  // Each stage's gradients are its own parameters' (the micro-batches
+  // accumulated); the replicas of a stage average theirs. A head (a
+  // critic's) runs on the last stage only.
+  s_.reduceTiedGradients();
+  if (dp_) {
+    std::vector<at::Tensor> params = s_.parameters();
+    params.insert(params.end(), extra.begin(), extra.end());
+    allReduceGradients(params, *dp_);
+  }
+}
+
+double PipelineModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  double head = 0;
+  for (const at::Tensor &p : extra)
+    if (p.grad().defined())
+      head += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  CommScope scope;
+  at::Tensor h = at::full({1}, head, at::TensorOptions().dtype(at::kDouble));
+  s_.comm().allReduceSum(h); // only the last stage has a head gradient
+  return s_.gradNormSquared() + h.item<double>();
 }
 
 } // namespace hflow::models

@@ -17,6 +17,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_PIPELINE_H
 #define HFLOW_RUNTIME_MODELS_PIPELINE_H
 
+#include "runtime/models/CausalLM.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/Parallel.h"
 
@@ -47,9 +48,7 @@ public:
   const LlamaConfig &config() const;
 
   /// One micro-batch: tokens [b, T] (int64), RoPE positions, key mask.
-  struct Micro {
-    at::Tensor tokens, positions, keyMask;
-  };
+  using Micro = MicroBatch;
   /// What run() measured on this stage: time computing (forward and
   /// backward), time blocked waiting for a neighbour's message, the whole.
   struct Timing {
@@ -77,6 +76,12 @@ public:
   NamedTensors namedShards() const;
   std::vector<at::Tensor> parameters() const;
   void setTrainable(bool trainable);
+  /// Re-takes this stage's weights from `full` (same config).
+  void loadFrom(const Llama &full);
+  /// The box of each of namedShards() (the whole parameter: a stage holds
+  /// its parameters whole).
+  std::vector<std::pair<std::string, Box>> namedBoxes() const;
+  comm::Communicator &comm() const;
   /// Tied embeddings: sums the embedding's gradient of stage 0 and the last
   /// stage (the head's copy), so both copies take the same step. Collective
   /// over the pp group; nothing otherwise.
@@ -91,6 +96,57 @@ public:
 private:
   struct Impl;
   std::unique_ptr<Impl> p_;
+};
+
+/// pp(p) * dp(d) as a CausalLM: this rank's PipelineStage over `pp` (the
+/// stages of its replica), gradients averaged over `dp` (the ranks of the
+/// same stage, or null). Pipelined: the engine runs its passes through
+/// runPipelined. Holds only its stage (sharded()); does not generate.
+class PipelineModel final : public CausalLM {
+public:
+  PipelineModel(const Llama &whole, comm::Communicator &pp, comm::Communicator *dp)
+      : s_(whole, pp), dp_(dp) {}
+
+  const LlamaConfig &config() const override { return s_.config(); }
+  std::string form() const override { return "pp" + std::to_string(s_.stages()); }
+  bool sharded() const override { return s_.stages() > 1; }
+  at::Tensor hidden(const at::Tensor &, const at::Tensor &, const at::Tensor &) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override { return s_.logits(hidden); }
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override {
+    return models::tokenLogprobs(logits, tokens, temperature);
+  }
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override {
+    return models::tokenEntropy(logits, temperature);
+  }
+  Generation generate(const at::Tensor &, const at::Tensor &, const SamplingOptions &,
+                      at::Generator &) const override;
+  comm::Communicator *lockstepGroup() const override { return &s_.comm(); }
+  comm::Communicator &group() const override { return s_.comm(); }
+  bool pipelined() const override { return true; }
+  std::vector<double> runPipelined(const std::vector<MicroBatch> &micros,
+                                   const PipelineHead &head, bool train) override {
+    return s_.run(micros, head, train);
+  }
+  bool lastStage() const override { return s_.stage() == s_.stages() - 1; }
+  comm::Communicator *pipelineGroup() const override { return &s_.comm(); }
+  std::vector<at::Tensor> parameters() const override { return s_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override {
+    return s_.namedShards();
+  }
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override {
+    return s_.namedBoxes();
+  }
+  void setTrainable(bool trainable) override { s_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override { s_.loadFrom(whole); }
+  void gatherInto(Llama &dst) const override { s_.gatherInto(dst); }
+  uint64_t loadHf(const std::string &dir) override;
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+
+private:
+  PipelineStage s_;
+  comm::Communicator *dp_;
 };
 
 } // namespace hflow::models

@@ -27,7 +27,8 @@ executes::Verdict roleForms(const Plan &p, int r) {
                        : nullptr;
   executes::Dims dims;
   if (m)
-    dims = {m->heads(), m->kv_heads(), m->ffn(), m->vocab()};
+    dims = {m->heads(), m->kv_heads(), m->ffn(), m->vocab(), m->layers(),
+            m->tie_embeddings()};
   executes::Verdict v = executes::roleForms(methods::Role(int(ro.kind())), m != nullptr,
                                             degreesOf(*ro.train()), degreesOf(*ro.generate()),
                                             dims);

@@ -18,10 +18,8 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// pp and cp: not executed for any role yet.
+/// cp: not executed for any role yet.
 std::string unbuiltDegree(const Degrees &l) {
-  if (l.pp > 1)
-    return "pipeline parallelism (pp(" + s(l.pp) + ")) is not executed by hflow-run yet";
   if (l.cp > 1)
     return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
   return "";
@@ -53,6 +51,7 @@ const char *formName(Form f) {
   case Form::TensorParallel: return "tensor-parallel";
   case Form::FullyShard: return "fully sharded";
   case Form::SequenceParallel: return "sequence-parallel";
+  case Form::Pipeline: return "pipeline";
   }
   return "?";
 }
@@ -93,6 +92,23 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   }
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
+  if (train.pp > 1) {
+    if (train.tp > 1 || train.fsdp > 1 || train.sp > 1)
+      return refuse("train", train,
+                    "pipeline parallelism combined with tp, fsdp or sp is not executed by "
+                    "hflow-run yet; write pp(p) * dp(d)");
+    const int64_t per = (dims.layers + train.pp - 1) / train.pp;
+    if (dims.layers > 0 && per * (train.pp - 1) >= dims.layers)
+      return refuse("train", train,
+                    "a pipeline stage holds ceil(layers / pp) = " + s(per) + " of the " +
+                        s(dims.layers) + " layers, so the last of " + s(train.pp) +
+                        " stages would hold none; use fewer stages");
+    if (dims.tied)
+      return refuse("train", train,
+                    "a tied LM head under pipeline parallelism needs the embedding on the "
+                    "first and the last stage, which hflow-run does not execute yet");
+    v.train = Form::Pipeline;
+  }
   if (train.sp > 1) {
     if (train.tp > 1 || train.fsdp > 1)
       return refuse("train", train,
@@ -117,6 +133,14 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen); !why.empty())
     return refuse("generate", gen, why);
+  if (gen.pp > 1)
+    return refuse("generate", gen,
+                  "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "
+                  "hflow-run yet; write dp(N) or tp(t) * dp(d)");
+  if (v.train == Form::Pipeline && gen.tp > 1)
+    return refuse("generate", gen,
+                  "generating tensor parallel after pipeline-parallel training is not "
+                  "executed by hflow-run yet; write generate: dp(N)");
   if (gen.sp > 1)
     return refuse("generate", gen,
                   "sequence parallelism does not generate (a token at a time); write "

@@ -34,6 +34,8 @@ struct Degrees {
 /// The model dimensions that decide whether its layers split evenly.
 struct Dims {
   int64_t heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
+  int64_t layers = 0;
+  bool tied = false; ///< the LM head is the embedding
 };
 
 /// How a role's weights are held on its ranks for one of its layouts.
@@ -45,6 +47,8 @@ enum class Form {
                   // gradients, state (with tp: of each rank's TP pieces)
   SequenceParallel, // sp(s) * dp(d): whole weights, each rank a chunk of
                     // every sequence (Ulysses all-to-alls around attention)
+  Pipeline,         // pp(p) * dp(d): each rank one stage's layers, micro-
+                    // batches in 1F1B order
 };
 const char *formName(Form f);
 
@@ -60,8 +64,8 @@ struct Verdict {
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
-    "fsdp(N), fsdp(f) * tp(t) or sp(s) * dp(d), an Actor generating on dp(N) or "
-    "tp(t) * dp(d), and a RewardFn on dp(N)";
+    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * dp(d), an Actor generating on "
+    "dp(N) or tp(t) * dp(d), and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);
