@@ -5,7 +5,8 @@ import json
 import sys
 
 FIELDS = ("sft_loss", "reward_mean", "pg_loss", "kl_loss", "entropy", "grad_norm",
-          "pg_clipfrac", "response_length", "eval_reward")
+          "pg_clipfrac", "response_length", "eval_reward", "ppo_kl", "vf_loss",
+          "vf_clipfrac")
 
 
 def load(path):
