@@ -149,26 +149,41 @@ public:
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;
-  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                           double temperature) const override;
-  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
-  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
-                      const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return &sp_; }
   comm::Communicator &group() const override { return group_; }
-  std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
-  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
-  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
-  void setTrainable(bool trainable) override { m_.setTrainable(trainable); }
-  void loadFrom(const Llama &whole) override;
-  void gatherInto(Llama &dst) const override;
-  uint64_t loadHf(const std::string &dir) override;
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
-  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+  // Whole weights: the rest is WholeModel's.
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override {
+    return whole_.tokenLogprobs(logits, tokens, temperature);
+  }
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override {
+    return whole_.tokenEntropy(logits, temperature);
+  }
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override {
+    return whole_.generate(prompts, promptMask, opts, gen);
+  }
+  std::vector<at::Tensor> parameters() const override { return whole_.parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override {
+    return whole_.namedWeights();
+  }
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override {
+    return whole_.namedBoxes();
+  }
+  void setTrainable(bool trainable) override { whole_.setTrainable(trainable); }
+  void loadFrom(const Llama &whole) override { whole_.loadFrom(whole); }
+  void gatherInto(Llama &dst) const override { whole_.gatherInto(dst); }
+  uint64_t loadHf(const std::string &dir) override { return whole_.loadHf(dir); }
+  /// After reduceGradients every member holds the same whole gradients.
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override {
+    return whole_.gradNormSquared(extra);
+  }
 
 private:
   Llama &m_;
   comm::Communicator &sp_, &group_;
+  WholeModel whole_; ///< the same weights, for what does not depend on sp
 };
 
 extern template class ShardedForm<TPLlama>;

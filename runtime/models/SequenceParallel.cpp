@@ -11,7 +11,6 @@
 #include "runtime/models/ModelForms.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/ParallelDetail.h"
-#include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
 
@@ -153,7 +152,7 @@ std::string SequenceParallelModel::checkConfig(const LlamaConfig &c, int s) {
 
 SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &sp,
                                              comm::Communicator &group)
-    : m_(model), sp_(sp), group_(group) {
+    : m_(model), sp_(sp), group_(group), whole_(model, group) {
   if (std::string e = checkConfig(model.config(), sp.size()); !e.empty())
     throw std::invalid_argument(e);
   if (group.size() % sp.size() != 0)
@@ -222,50 +221,6 @@ at::Tensor SequenceParallelModel::localLogits(const at::Tensor &hidden) const {
   return at::linear(hidden, head);
 }
 
-at::Tensor SequenceParallelModel::tokenLogprobs(const at::Tensor &logits,
-                                                const at::Tensor &tokens,
-                                                double temperature) const {
-  return models::tokenLogprobs(logits, tokens, temperature);
-}
-
-at::Tensor SequenceParallelModel::tokenEntropy(const at::Tensor &logits,
-                                               double temperature) const {
-  return models::tokenEntropy(logits, temperature);
-}
-
-Generation SequenceParallelModel::generate(const at::Tensor &prompts,
-                                           const at::Tensor &promptMask,
-                                           const SamplingOptions &opts,
-                                           at::Generator &gen) const {
-  return m_.generate(prompts, promptMask, opts, gen);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> SequenceParallelModel::namedWeights() const {
-  return m_.namedParameters();
-}
-
-std::vector<std::pair<std::string, Box>> SequenceParallelModel::namedBoxes() const {
-  std::vector<std::pair<std::string, Box>> out;
-  for (auto &[name, t] : m_.namedParameters())
-    out.push_back({name, Box{0, t.size(0), 0, t.size(1)}});
-  return out;
-}
-
-void SequenceParallelModel::loadFrom(const Llama &whole) {
-  if (&whole != &m_)
-    m_.copyFrom(whole);
-}
-
-void SequenceParallelModel::gatherInto(Llama &dst) const {
-  if (&dst != &m_)
-    dst.copyFrom(m_);
-}
-
-uint64_t SequenceParallelModel::loadHf(const std::string &dir) {
-  loadHfIntoLlama(dir, m_);
-  return 4 * (uint64_t)m_.numParameters();
-}
-
 void SequenceParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   // Each member's weight gradients come from its chunk of positions: the
   // sum over the SP group is the replica's; the mean over the whole group
@@ -282,20 +237,6 @@ void SequenceParallelModel::reduceGradients(const std::vector<at::Tensor> &extra
     for (at::Tensor &p : params)
       if (p.grad().defined())
         p.mutable_grad().mul_(s);
-}
-
-double SequenceParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
-  // After reduceGradients every member holds the same whole gradients.
-  double sum = 0;
-  auto add = [&](const at::Tensor &p) {
-    if (p.grad().defined())
-      sum += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  };
-  for (const at::Tensor &p : m_.parameters())
-    add(p);
-  for (const at::Tensor &p : extra)
-    add(p);
-  return sum;
 }
 
 } // namespace hflow::models
