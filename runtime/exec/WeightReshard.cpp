@@ -410,13 +410,29 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   // whole weights, or each parameter's shard box.
   std::vector<std::pair<std::string, at::Tensor>> named;
   std::vector<std::pair<std::string, models::Box>> boxes;
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
   if (rr.sharded()) {
-    named = rr.lm->namedWeights();
-    boxes = rr.lm->namedBoxes();
+    // In the plan's parameter order; a pipeline stage holds only some of
+    // them: the others get an empty box (the plan never has it send them).
+    auto weights = rr.lm->namedWeights();
+    auto held = rr.lm->namedBoxes();
+    std::map<std::string, size_t> at;
+    for (size_t i = 0; i < weights.size(); ++i)
+      at[weights[i].first] = i;
+    for (size_t k = 0; k < nParams; ++k) {
+      const std::string name = str(rs.params()->Get(k)->name());
+      auto it = at.find(name);
+      if (it == at.end()) {
+        named.emplace_back(name, at::Tensor());
+        boxes.emplace_back(name, models::Box{});
+      } else {
+        named.push_back(weights[it->second]);
+        boxes.push_back(held[it->second]);
+      }
+    }
   } else if (rr.model) {
     named = rr.model->namedParameters();
   }
-  const size_t nParams = rs.params() ? rs.params()->size() : 0;
   if (named.size() != nParams)
     throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
                    " parameters, this rank holds " + std::to_string(named.size()));
@@ -425,6 +441,9 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
     if (boxes.empty())
       return w.index({Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
     const models::Box &b = boxes[t->param()].second;
+    if (!w.defined())
+      throw RunError("reshard of " + what + ": the plan has this rank send " +
+                     named[t->param()].first + ", which its stage does not hold");
     if (t->row0() < b.r0 || t->row1() > b.r0 + b.rows() || t->col0() < b.c0 ||
         t->col1() > b.c0 + b.cols())
       throw RunError("reshard of " + what + ": the plan has this rank send rows " +
