@@ -110,7 +110,9 @@ void Worker::syncReference(int phaseIndex) {
           mine = mine || rk == j_.rank;
         }
     }
-    if (!apartRef || received.count(actor.model()))
+    // Decided from the plan alone, so every rank takes part in the same
+    // broadcasts (one model's weights once, however many actors share it).
+    if (!apartRef || senderOf.count(actor.model()))
       continue;
     const int root = ar[0];
     senderOf[actor.model()] = root;

@@ -11,7 +11,7 @@
 // forwards, then one forward and one backward alternately, then the
 // remaining backwards), so a stage keeps at most p - k micro-batches'
 // activations; the gradients of all micro-batches accumulate. This is the
-// models layer; the engine does not build it yet (hflowc refuses pp).
+// models layer; PipelineModel below is the form the engine builds for pp(p) * dp(d).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_PIPELINE_H

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -348,6 +349,25 @@ void expectGrads(Errors &errs, const std::string &key, const NamedTensors &got,
   }
 }
 
+/// One clipped AdamW step on a form's `params` (squared gradient norm
+/// `normSq`) against the same step on the reference's whole parameters
+/// (modified in place); `gather` writes the form's whole weights after it,
+/// which must equal the stepped reference's.
+void expectSameAdamWStep(Errors &errs, const std::string &key, const LlamaConfig &c,
+                         const std::vector<at::Tensor> &params, double normSq, Reference &ref,
+                         const std::function<void(Llama &)> &gather) {
+  AdamWOptions o;
+  o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
+  AdamW shardOpt(params, o), fullOpt(ref.model->parameters(), o);
+  EXPECT_LT(shardOpt.clip(std::sqrt(normSq)), 1.0);
+  fullOpt.clip(std::sqrt(ref.gradNormSq));
+  shardOpt.step();
+  fullOpt.step();
+  Llama stepped(c, kSeed + 2);
+  gather(stepped);
+  expectSameWeights(errs, key + "adamw_weights", stepped, *ref.model);
+}
+
 //===-- the bodies ---------------------------------------------------------===//
 
 /// Tensor parallelism over `tp` against the reference, for one config.
@@ -550,17 +570,12 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
 
   // One AdamW step (with clipping by the global norm) on the shards
   // against the same step on the full parameters.
-  AdamWOptions o;
-  o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
   Llama initial(c, kSeed);
-  AdamW shardOpt(params, o), fullOpt(ref.model->parameters(), o);
-  EXPECT_LT(shardOpt.clip(std::sqrt(normSq)), 1.0);
-  fullOpt.clip(std::sqrt(ref.gradNormSq));
-  shardOpt.step();
-  fullOpt.step();
   Llama stepped(c, kSeed + 2);
-  m.gatherInto(stepped);
-  expectSameWeights(errs, key + "adamw_weights", stepped, *ref.model);
+  expectSameAdamWStep(errs, key, c, params, normSq, ref, [&](Llama &dst) {
+    m.gatherInto(dst);
+    stepped.copyFrom(dst);
+  });
   // The shards themselves against the boxes of the stepped reference.
   std::vector<at::Tensor> steppedBoxes = m.slicesOf(ref.model->namedParameters());
   for (size_t i = 0; i < shards.size(); ++i)
@@ -736,16 +751,8 @@ void checkFSDPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int t
   expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", normSq, ref.gradNormSq);
 
   // One clipped AdamW step on the shards against the same on the whole.
-  AdamWOptions o;
-  o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 0.5 * std::sqrt(ref.gradNormSq);
-  AdamW shardOpt(lm.parameters(), o), fullOpt(ref.model->parameters(), o);
-  EXPECT_LT(shardOpt.clip(std::sqrt(normSq)), 1.0);
-  fullOpt.clip(std::sqrt(ref.gradNormSq));
-  shardOpt.step();
-  fullOpt.step();
-  Llama stepped(c, kSeed + 2);
-  lm.gatherInto(stepped);
-  expectSameWeights(errs, key + "adamw_weights", stepped, *ref.model);
+  expectSameAdamWStep(errs, key, c, lm.parameters(), normSq, ref,
+                      [&](Llama &dst) { lm.gatherInto(dst); });
   {
     at::NoGradGuard noGrad;
     at::Tensor after = gatherLastDim(lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask)),
@@ -1265,7 +1272,7 @@ TEST(ParallelFSDPxTP, FourRanks) {
   checkFSDPxTP(errs, *g.world, gqa(), 4); // fsdp(1) * tp(4): kv heads shared by pairs
 }
 
-// Pipeline parallelism (the models layer; the engine does not run pp yet):
+// Pipeline parallelism, the models layer (pipeline.test runs the engine on it):
 // 2 stages of 2 layers and 4 of 1, 2, 4 and 8 micro-batches (fewer, as
 // many as and more than the stages), tied embeddings with the head's copy
 // on the last stage.
