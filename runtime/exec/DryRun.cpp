@@ -46,10 +46,14 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
   case Form::TensorParallel:
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
            ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
-  case Form::Pipeline: {
-    const int d = std::max(1, size / std::max(1, l.pp()));
-    return "pipeline stage " + std::to_string(pos / d) + " of " + std::to_string(l.pp()) +
-           ", replica " + std::to_string(pos % d) + " of " + std::to_string(d);
+  case Form::Pipeline: { // tp fastest, then dp, then pp
+    const int d = std::max(1, size / (std::max(1, l.pp()) * t));
+    return "pipeline stage " + std::to_string(pos / (t * d)) + " of " +
+           std::to_string(l.pp()) +
+           (t > 1 ? ", tensor-parallel member " + std::to_string(pos % t) + " of " +
+                        std::to_string(t)
+                  : std::string()) +
+           ", replica " + std::to_string(pos / t % d) + " of " + std::to_string(d);
   }
   case Form::SequenceParallel: {
     const int s = std::max(1, l.sp());

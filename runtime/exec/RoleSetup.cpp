@@ -116,8 +116,8 @@ void Worker::buildRoles() {
         rt.tpSize = std::max(1, tl.tp()); // fsdp x tp: FSDP over TP pieces
       }
       if (!wholeWeights && forms.train == executes::Form::Pipeline &&
-          (int)rs.size() == tl.pp() * tl.dp())
-        rt.ppSize = tl.pp(); // its stage comes after connect()
+          (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
+        rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
       if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
         const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
                                forms.generate == executes::Form::Whole;
@@ -232,24 +232,35 @@ void Worker::connectRoles() {
     } else if (rr.fsdpSize > 1) {
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
     } else if (rr.ppSize > 1) {
-      // Pipeline stages: pp is the slowest coordinate, so rank pos is stage
-      // pos / d of replica pos % d; the stages of a replica form its
-      // pipeline, the ranks of a stage its data-parallel group.
+      // Pipeline stages: slot coordinates are tp fastest, then dp, then pp,
+      // so rank pos is TP member pos % t of replica pos / t % d on stage
+      // pos / (t d). The stages of one (replica, TP member) form a pipeline,
+      // a stage's t consecutive ranks its TP group, the ranks of one
+      // (stage, TP member) its data-parallel group.
       auto rs = ints(role(r).ranks());
-      const int pps = rr.ppSize, dps = (int)rs.size() / pps;
-      const int stage = rr.pos / dps, replica = rr.pos % dps;
-      std::vector<int> ppRanks, dpRanks;
+      const int pps = rr.ppSize, tps = std::max(1, role(r).train()->tp());
+      const int dps = (int)rs.size() / (pps * tps);
+      const int t = rr.pos % tps, replica = rr.pos / tps % dps, stage = rr.pos / (tps * dps);
+      auto at = [&](int k, int d, int m) { return rs[(k * dps + d) * tps + m]; };
+      std::vector<int> ppRanks, dpRanks, tpRanks;
       for (int k = 0; k < pps; ++k)
-        ppRanks.push_back(rs[k * dps + replica]);
-      for (int j = 0; j < dps; ++j)
-        dpRanks.push_back(rs[stage * dps + j]);
-      const std::string rn = str(role(r).name());
-      rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + std::to_string(replica), ppRanks);
+        ppRanks.push_back(at(k, replica, t));
+      for (int d = 0; d < dps; ++d)
+        dpRanks.push_back(at(stage, d, t));
+      for (int m = 0; m < tps; ++m)
+        tpRanks.push_back(at(stage, replica, m));
+      const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
+                                                        std::to_string(t);
+      rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
       if (dps > 1)
-        rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage), dpRanks);
+        rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
+                                             std::to_string(t), dpRanks);
+      if (tps > 1)
+        rr.tpComm = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
+                                             std::to_string(replica), tpRanks);
       try {
         rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.ppComm,
-                                                        rr.dpComm.get());
+                                                        rr.dpComm.get(), rr.tpComm.get());
       } catch (const std::invalid_argument &e) {
         throw RunError("role " + rn + ": " + e.what());
       }

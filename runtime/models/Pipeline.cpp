@@ -20,11 +20,15 @@ using namespace detail;
 struct PipelineStage::Impl {
   LlamaConfig c;
   comm::Communicator *pp = nullptr;
+  comm::Communicator *tp = nullptr; ///< pp x tp: the stage's TP group (size > 1)
   int p = 1, k = 0, first = 0, last = 0; ///< stages; this one; its layers [first, last)
+  int t = 1, r = 0;                      ///< TP members; this one
+  int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
   bool tied = false;
   at::Tensor embed, finalNorm, head; ///< where held (head: the embedding's copy when tied)
   std::vector<LayerWeights> layers;
-  NamedTensors named;                ///< name -> 2-D view of a leaf
+  NamedTensors named;                ///< name -> 2-D view of a leaf (its box's shape)
+  std::vector<Box> boxes;            ///< each named's box in the whole parameter
   std::vector<at::Tensor> leaves;
 
   bool isFirst() const { return k == 0; }
@@ -37,6 +41,16 @@ struct PipelineStage::Impl {
       return layer / ((c.layers + p - 1) / p);
     return name == "embed" ? 0 : p - 1;
   }
+  TpSplit split(const std::string &name) const { return tpSplitOf(name, t, kvParts); }
+  /// This member's box of parameter `name` whose 2-D view is `view`.
+  Box boxOf(const std::string &name, const at::Tensor &view) const {
+    return tpBoxOf(name, view.size(0), view.size(1), split(name), t, r);
+  }
+  /// The weights of layer i as the forward uses them (replicated kv heads
+  /// sum their gradients over their replicas).
+  LayerWeights layerForForward(size_t i) const {
+    return tp ? withKvReplicaSums(layers[i], *tp, t / kvParts) : layers[i];
+  }
 };
 
 std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
@@ -44,7 +58,8 @@ std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
   return {std::min(layers, k * c), std::min(layers, (k + 1) * c)};
 }
 
-PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp)
+PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
+                             comm::Communicator *tp)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
@@ -52,16 +67,33 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp)
   p.p = pp.size();
   p.k = pp.rank();
   p.tied = p.c.tieEmbeddings;
+  if (tp && tp->size() > 1) {
+    if (std::string e = TPLlama::checkConfig(p.c, tp->size()); !e.empty())
+      throw std::invalid_argument(e);
+    p.tp = tp;
+    p.t = tp->size();
+    p.r = tp->rank();
+  }
+  p.nq = p.c.heads / p.t;
+  p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
+  p.nkv = p.c.kvHeads / p.kvParts;
+  p.vShard = p.c.vocab / p.t;
+  p.vStart = p.r * p.vShard;
   std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
   if (p.first >= p.last)
     throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +
                                 std::to_string(p.p) + " would hold none of the model's " +
                                 std::to_string(p.c.layers) + " layers");
   p.layers.resize(p.last - p.first);
+  // A leaf holds this member's box of the parameter's 2-D view, in its
+  // natural shape (a norm or bias 1-D).
   auto leaf = [&](const std::string &name, const at::Tensor &view) {
-    at::Tensor t = (isVector(name) ? view.reshape({-1}) : view).detach().clone();
+    const Box b = p.boxOf(name, view);
+    at::Tensor piece = view.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols());
+    at::Tensor t = (isVector(name) ? piece.reshape({-1}) : piece).clone(at::MemoryFormat::Contiguous);
     p.leaves.push_back(t);
-    p.named.emplace_back(name, t.view(view.sizes()));
+    p.named.emplace_back(name, t.view({b.rows(), b.cols()}));
+    p.boxes.push_back(b);
     return t;
   };
   for (const auto &[name, view] : full.namedParameters()) {
@@ -94,8 +126,26 @@ const LlamaConfig &PipelineStage::config() const { return p_->c; }
 at::Tensor PipelineStage::logits(const at::Tensor &hidden) const {
   if (!p_->isLast())
     throw std::logic_error("PipelineStage::logits: only the last stage holds the LM head");
+  if (p_->tp)
+    return at::linear(copyToTP(hidden, *p_->tp), p_->head);
   return at::linear(hidden, p_->head);
 }
+
+at::Tensor PipelineStage::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                        double temperature) const {
+  const Impl &p = *p_;
+  if (p.tp)
+    return vocabParallelLogprobs(logits, tokens, temperature, p.vStart, p.vShard, *p.tp);
+  return models::tokenLogprobs(logits, tokens, temperature);
+}
+
+at::Tensor PipelineStage::tokenEntropy(const at::Tensor &logits, double temperature) const {
+  if (p_->tp)
+    return vocabParallelEntropy(logits, temperature, *p_->tp);
+  return models::tokenEntropy(logits, temperature);
+}
+
+comm::Communicator *PipelineStage::tpComm() const { return p_->tp; }
 
 std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
                                        bool train, Timing *timing) {
@@ -119,7 +169,8 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
     AttnContext a = attnContext(p.c, mb.tokens, mb.positions, mb.keyMask, "PipelineStage");
     at::Tensor x;
     if (p.isFirst()) {
-      x = at::embedding(p.embed, mb.tokens);
+      x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
+               : at::embedding(p.embed, mb.tokens);
     } else {
       at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
       receive(buf, p.k - 1, tag(i, 0));
@@ -128,8 +179,8 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       inputs[i] = buf;
       x = buf;
     }
-    for (const LayerWeights &w : p.layers)
-      x = decoderLayer(x, w, a, p.c.heads, p.c.kvHeads, p.c.normEps, nullptr);
+    for (size_t l = 0; l < p.layers.size(); ++l)
+      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp);
     if (p.isLast()) {
       at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
       losses[i] = l.item<double>();
@@ -202,7 +253,7 @@ void PipelineStage::reduceTiedGradients() {
   // Stage 0's embedding and the last stage's copy: the sum of both
   // gradients on both (the other stages add zeros).
   CommScope scope;
-  at::Tensor g = at::zeros({p.c.vocab, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor g = at::zeros({p.vShard, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
   at::Tensor mine = p.isFirst() ? p.embed : p.isLast() ? p.head : at::Tensor();
   if (mine.defined() && mine.grad().defined())
     g.copy_(mine.grad());
@@ -219,14 +270,22 @@ double PipelineStage::gradNormSquared() const {
   const Impl &p = *p_;
   CommScope scope;
   double s = 0;
-  for (const at::Tensor &t : p.leaves) {
+  for (size_t i = 0; i < p.leaves.size(); ++i) {
+    const at::Tensor &t = p.leaves[i];
     if (p.tied && p.isLast() && !p.isFirst() && t.is_same(p.head))
       continue; // the tied copy: stage 0 counts the embedding
+    // A piece several TP members hold (a norm, a replicated kv head)
+    // counts once: on the first of them.
+    const TpSplit sp = p.split(p.named[i].first);
+    if (sp.dim < 0 ? p.r != 0 : !sp.firstHolder(p.r, p.t))
+      continue;
     if (t.grad().defined())
       s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
   }
   at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
   p.pp->allReduceSum(total);
+  if (p.tp)
+    p.tp->allReduceSum(total);
   return total.item<double>();
 }
 
@@ -235,9 +294,16 @@ void PipelineStage::gatherInto(Llama &dst) const {
   std::map<std::string, at::Tensor> mine(p.named.begin(), p.named.end());
   CommScope scope;
   for (auto &[name, view] : dst.namedParameters()) {
+    // The owning stage's TP members gather the whole parameter, which the
+    // owner then broadcasts along each pipeline.
     const int owner = p.ownerOf(name);
-    at::Tensor buf = owner == p.k ? mine.at(name).detach().clone()
-                                  : at::empty(view.sizes(), view.options());
+    at::Tensor buf;
+    if (owner != p.k)
+      buf = at::empty(view.sizes(), view.options());
+    else if (p.tp)
+      buf = tpGather2D(name, mine.at(name), p.split(name), *p.tp).contiguous();
+    else
+      buf = mine.at(name).detach().clone();
     p.pp->broadcast(buf, owner);
     at::NoGradGuard ng;
     view.copy_(buf);
@@ -250,18 +316,20 @@ void PipelineStage::loadFrom(const Llama &full) {
   for (const auto &[name, view] : full.namedParameters())
     byName[name] = view;
   at::NoGradGuard ng;
-  for (auto &[name, view] : p.named) {
+  for (size_t i = 0; i < p.named.size(); ++i) {
+    auto &[name, view] = p.named[i];
+    const Box &b = p.boxes[i];
     auto it = byName.find(name);
-    if (it == byName.end() || !it->second.sizes().equals(view.sizes()))
+    if (it == byName.end() || !(p.boxOf(name, it->second) == b))
       throw std::invalid_argument("PipelineStage::loadFrom: the model differs at " + name);
-    view.copy_(it->second);
+    view.copy_(it->second.narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols()));
   }
 }
 
 std::vector<std::pair<std::string, Box>> PipelineStage::namedBoxes() const {
   std::vector<std::pair<std::string, Box>> out;
-  for (const auto &[name, view] : p_->named)
-    out.emplace_back(name, Box{0, view.size(0), 0, view.size(1)});
+  for (size_t i = 0; i < p_->named.size(); ++i)
+    out.emplace_back(p_->named[i].first, p_->boxes[i]);
   return out;
 }
 
@@ -281,6 +349,13 @@ Generation PipelineModel::generate(const at::Tensor &, const at::Tensor &,
                                    const SamplingOptions &, at::Generator &) const {
   throw std::logic_error("pipeline stages do not generate: generation runs on the copy "
                          "the planned reshard fills");
+}
+
+std::string PipelineModel::form() const {
+  std::string f = "pp" + std::to_string(s_.stages());
+  if (comm::Communicator *tp = s_.tpComm())
+    f += "*tp" + std::to_string(tp->size());
+  return f;
 }
 
 uint64_t PipelineModel::loadHf(const std::string &dir) {

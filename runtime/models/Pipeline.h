@@ -10,8 +10,18 @@
 // neighbours, in Megatron's 1F1B order when training (p - k - 1 warm-up
 // forwards, then one forward and one backward alternately, then the
 // remaining backwards), so a stage keeps at most p - k micro-batches'
-// activations; the gradients of all micro-batches accumulate. This is the
-// models layer; PipelineModel below is the form the engine builds for pp(p) * dp(d).
+// activations; the gradients of all micro-batches accumulate.
+//
+// pp x tp: with a TP group of t members, a stage holds the TPLlama pieces
+// of its parameters (tensor parallelism within the stage: column- and
+// row-parallel halves, a vocabulary-parallel embedding and head), which is
+// the reshard planner's pp·tp holding. The activations between stages are
+// replicated over a TP group, so TP member r of stage k sends to TP member
+// r of stage k + 1 (the pp group is the stages of one TP index) and so does
+// each gradient, which f's all-reduce has made whole on every member.
+//
+// This is the models layer; PipelineModel below is the form the engine
+// builds for pp(p) * tp(t) * dp(d).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_PIPELINE_H
@@ -32,10 +42,11 @@ namespace hflow::models {
 
 class PipelineStage {
 public:
-  /// Takes stage pp.rank()'s weights of `full` (copied). Parameters start
-  /// frozen. Throws std::invalid_argument when a stage would hold no layer
-  /// (p > L).
-  PipelineStage(const Llama &full, comm::Communicator &pp);
+  /// Takes stage pp.rank()'s weights of `full` (copied; with `tp` of size
+  /// > 1 this member's TP pieces of them). Parameters start frozen. Throws
+  /// std::invalid_argument when a stage would hold no layer (p > L) or
+  /// TPLlama::checkConfig fails.
+  PipelineStage(const Llama &full, comm::Communicator &pp, comm::Communicator *tp = nullptr);
   ~PipelineStage();
   PipelineStage(const PipelineStage &) = delete;
   PipelineStage &operator=(const PipelineStage &) = delete;
@@ -68,18 +79,27 @@ public:
   std::vector<double> run(const std::vector<Micro> &micros, const LossFn &loss, bool train,
                           Timing *timing = nullptr);
 
-  /// The LM head on the last stage: [.., H] -> [.., V].
+  /// The LM head on the last stage: [.., H] -> [.., V], or with tp this
+  /// member's vocabulary shard [.., V/t] (TPLlama::logitsShard).
   at::Tensor logits(const at::Tensor &hidden) const;
+  /// log p(tokens) and the entropy from logits() as this member has them
+  /// (with tp vocabulary-parallel, collective over the TP group).
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const;
+  /// The TP group (null without tp).
+  comm::Communicator *tpComm() const;
 
   /// This stage's parameters, Llama::namedParameters() names and 2-D views
-  /// (the embedding on the last stage too when tied).
+  /// of what this member holds (the embedding on the last stage too when
+  /// tied).
   NamedTensors namedShards() const;
   std::vector<at::Tensor> parameters() const;
   void setTrainable(bool trainable);
   /// Re-takes this stage's weights from `full` (same config).
   void loadFrom(const Llama &full);
-  /// The box of each of namedShards() (the whole parameter: a stage holds
-  /// its parameters whole).
+  /// The box of each of namedShards() (the whole parameter, or with tp this
+  /// member's TP box).
   std::vector<std::pair<std::string, Box>> namedBoxes() const;
   comm::Communicator &comm() const;
   /// Tied embeddings: sums the embedding's gradient of stage 0 and the last
@@ -87,7 +107,8 @@ public:
   /// over the pp group; nothing otherwise.
   void reduceTiedGradients();
   /// The unsharded model's squared gradient norm (a tied copy counted
-  /// once). Collective.
+  /// once, a piece several TP members hold once). Collective over the pp
+  /// and the TP group.
   double gradNormSquared() const;
   /// Writes the whole weights into `dst` (every member gets them).
   /// Collective.
@@ -98,26 +119,28 @@ private:
   std::unique_ptr<Impl> p_;
 };
 
-/// pp(p) * dp(d) as a CausalLM: this rank's PipelineStage over `pp` (the
-/// stages of its replica), gradients averaged over `dp` (the ranks of the
-/// same stage, or null). Pipelined: the engine runs its passes through
-/// runPipelined. Holds only its stage (sharded()); does not generate.
+/// pp(p) * tp(t) * dp(d) as a CausalLM: this rank's PipelineStage over `pp`
+/// (the stages of its replica and TP index), TP pieces over `tp` (or null),
+/// gradients averaged over `dp` (the ranks of the same stage and TP index,
+/// or null). Pipelined: the engine runs its passes through runPipelined.
+/// Holds only its stage (sharded()); does not generate.
 class PipelineModel final : public CausalLM {
 public:
-  PipelineModel(const Llama &whole, comm::Communicator &pp, comm::Communicator *dp)
-      : s_(whole, pp), dp_(dp) {}
+  PipelineModel(const Llama &whole, comm::Communicator &pp, comm::Communicator *dp,
+                comm::Communicator *tp = nullptr)
+      : s_(whole, pp, tp), dp_(dp) {}
 
   const LlamaConfig &config() const override { return s_.config(); }
-  std::string form() const override { return "pp" + std::to_string(s_.stages()); }
-  bool sharded() const override { return s_.stages() > 1; }
+  std::string form() const override;
+  bool sharded() const override { return s_.stages() > 1 || s_.tpComm(); }
   at::Tensor hidden(const at::Tensor &, const at::Tensor &, const at::Tensor &) const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override { return s_.logits(hidden); }
   at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                            double temperature) const override {
-    return models::tokenLogprobs(logits, tokens, temperature);
+    return s_.tokenLogprobs(logits, tokens, temperature);
   }
   at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override {
-    return models::tokenEntropy(logits, temperature);
+    return s_.tokenEntropy(logits, temperature);
   }
   Generation generate(const at::Tensor &, const at::Tensor &, const SamplingOptions &,
                       at::Generator &) const override;

@@ -93,10 +93,10 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
   if (train.pp > 1) {
-    if (train.tp > 1 || train.fsdp > 1 || train.sp > 1)
+    if (train.fsdp > 1 || train.sp > 1)
       return refuse("train", train,
-                    "pipeline parallelism combined with tp, fsdp or sp is not executed by "
-                    "hflow-run yet; write pp(p) * dp(d)");
+                    "pipeline parallelism combined with fsdp or sp is not executed by "
+                    "hflow-run yet; write pp(p) * tp(t) * dp(d)");
     const int64_t per = (dims.layers + train.pp - 1) / train.pp;
     if (dims.layers > 0 && per * (train.pp - 1) >= dims.layers)
       return refuse("train", train,
@@ -125,7 +125,8 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
       return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
                                     "MLP columns and vocabulary rows per rank: " + why);
-    v.train = Form::TensorParallel;
+    if (v.train != Form::Pipeline) // pp x tp: TP within each stage
+      v.train = Form::TensorParallel;
   }
   if (train.fsdp > 1) // with tp: fsdp x tp, FSDP over each rank's TP pieces
     v.train = Form::FullyShard;

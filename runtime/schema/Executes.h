@@ -47,8 +47,9 @@ enum class Form {
                   // gradients, state (with tp: of each rank's TP pieces)
   SequenceParallel, // sp(s) * dp(d): whole weights, each rank a chunk of
                     // every sequence (Ulysses all-to-alls around attention)
-  Pipeline,         // pp(p) * dp(d): each rank one stage's layers, micro-
-                    // batches in 1F1B order
+  Pipeline,         // pp(p) * tp(t) * dp(d): each rank one stage's layers
+                    // (with tp its TP pieces of them), micro-batches in
+                    // 1F1B order
 };
 const char *formName(Form f);
 
@@ -64,7 +65,7 @@ struct Verdict {
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
-    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * dp(d), an Actor generating on "
+    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * tp(t) * dp(d), an Actor generating on "
     "dp(N) or tp(t) * dp(d), and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
