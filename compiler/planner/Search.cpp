@@ -615,6 +615,34 @@ static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
   return ::hflow::executes::tensorParallelProblem(d, tp).empty();
 }
 
+/// hflow-run executes `train` (and, for an actor, `gen`) as written for
+/// this role: the verdict of runtime/schema/Executes.h, the table hflowc
+/// checks programs against. Without `gen` the actor's generation is taken
+/// to be whole copies (always executed).
+static bool executesLayouts(const RoleSpec &role, const Layout &train, const Layout *gen) {
+  auto degrees = [](const Layout &l) {
+    ::hflow::executes::Degrees d;
+    d.dp = l.dp, d.fsdp = l.fsdp, d.tp = l.tp, d.pp = l.pp, d.sp = l.sp, d.cp = l.cp;
+    return d;
+  };
+  ::hflow::executes::Dims d;
+  d.heads = role.model.heads;
+  d.kvHeads = role.model.kvHeads;
+  d.ffn = role.model.ffn;
+  d.vocab = role.model.vocab;
+  d.layers = role.model.layers;
+  d.tied = role.model.tieEmbeddings;
+  using ::hflow::methods::Role;
+  const Role kind = role.kind == RoleKind::Actor       ? Role::Actor
+                    : role.kind == RoleKind::Critic    ? Role::Critic
+                    : role.kind == RoleKind::Reference ? Role::Reference
+                                                       : Role::RewardModel;
+  ::hflow::executes::Degrees g;
+  g.dp = train.size();
+  return ::hflow::executes::roleForms(kind, true, degrees(train), gen ? degrees(*gen) : g, d)
+      .executed();
+}
+
 std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
                                  const Mesh &mesh, const Workload &w,
                                  const SearchOptions &opts) {
@@ -628,8 +656,6 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
     for (int64_t pp : divisorsUpTo(m.layers, devices / tp)) {
       if (devices % (tp * pp) != 0)
         continue;
-      if (opts.executable && pp > 1)
-        continue;
       int64_t dp = devices / (tp * pp);
       // The batch check's rules (hflow-check-batch): the batch's sequences
       // and an optimizer step's (minibatch x n) split over the replicas.
@@ -640,6 +666,11 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
       l.tp = tp;
       l.pp = pp;
       l.dp = dp;
+      // Pipeline stages are executed for some roles and combinations only
+      // (a RewardModel not at all yet: tp(1) * dp(N) keeps its search
+      // space, refused by the program's own check).
+      if (opts.executable && pp > 1 && !executesLayouts(role, l, nullptr))
+        continue;
       out.push_back(l);
     }
   }
@@ -660,7 +691,7 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
       if (devices % (tp * pp) != 0)
         continue;
       if (opts.executable && pp > 1)
-        continue;
+        continue; // pipeline stages do not generate in hflow-run
       if (opts.genDividesTrain && (train.tp * train.pp) % (tp * pp) != 0)
         continue;
       // The batch check: the prompts split over the generation replicas.
@@ -670,6 +701,8 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
       l.tp = tp;
       l.pp = pp;
       l.dp = devices / (tp * pp);
+      if (opts.executable && train.pp > 1 && !executesLayouts(role, train, &l))
+        continue; // e.g. tensor-parallel generation after pipeline training
       out.push_back(l);
     }
   }
