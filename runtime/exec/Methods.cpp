@@ -11,6 +11,7 @@
 #include "runtime/exec/WorkerState.h"
 
 #include "runtime/exec/Methods.h"
+#include "runtime/models/MemoryMeter.h"
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Losses.h"
@@ -179,6 +180,38 @@ std::vector<double> Worker::pipelinedResponses(
   }, train);
 }
 
+namespace {
+/// Bytes of the gradients a role's parameters hold now.
+int64_t gradBytes(const RoleRt &rr) {
+  int64_t n = 0;
+  if (rr.lm)
+    for (const at::Tensor &p : rr.lm->parameters())
+      if (p.grad().defined())
+        n += (int64_t)p.grad().nbytes();
+  for (const at::Tensor &p : rr.extra())
+    if (p.grad().defined())
+      n += (int64_t)p.grad().nbytes();
+  return n;
+}
+
+/// One pass of a role, measured: the rise of the rank's memory high-water
+/// mark over what it held when the pass began, less the gradients the
+/// pass allocated (a first backward's, which the role then holds).
+class PassMeter {
+public:
+  explicit PassMeter(RoleRt &rr) : rr_(rr), grads_(gradBytes(rr)) {}
+  void done() {
+    const int64_t rise = peak_.rise() - (gradBytes(rr_) - grads_);
+    rr_.peakActivations = std::max(rr_.peakActivations, rise);
+  }
+
+private:
+  RoleRt &rr_;
+  int64_t grads_;
+  models::PeakScope peak_;
+};
+} // namespace
+
 void Worker::fromLastStage(RoleRt &rr, at::Tensor &x) {
   Communicator *pp = rr.lm ? rr.lm->pipelineGroup() : nullptr;
   if (!pp || pp->size() == 1)
@@ -287,6 +320,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head) {
   at::NoGradGuard guard;
+  PassMeter meter(c.rr);
   const int64_t b = rows.hi - rows.lo;
   const int64_t micro = microBatch(c, b);
   const int64_t budget = (int64_t)attrNum(c.a, "max_batch_tokens", 0);
@@ -304,12 +338,14 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                        });
     at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts) : at::empty({b, c.ph.R});
     fromLastStage(c.rr, out);
+    meter.done();
     return out;
   }
   for (auto [u, e] : batches) {
     at::Tensor h = seqHidden(c.rr, rollout, u, e, budget > 0);
     parts.push_back(head(h.narrow(1, c.ph.P - 1, c.ph.R), u, e));
   }
+  meter.done();
   return at::cat(parts);
 }
 
@@ -356,6 +392,7 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(e.what());
   }
+  rr.peakKvCache = std::max(rr.peakKvCache, gen.kvCacheBytes);
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
   ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
   ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
@@ -436,6 +473,7 @@ void Worker::runSft(MethodCall &c) {
         at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
         micros.push_back({t, models::positionsFromMask(mk), mk});
       }
+      PassMeter meter(rr);
       // Micro-batch i's loss from its final hidden states.
       auto microLoss = [&](int i, const at::Tensor &h) {
         const int64_t u = m0 + i * micro;
@@ -459,6 +497,7 @@ void Worker::runSft(MethodCall &c) {
           loss.backward();
         }
       }
+      meter.done();
       if (c.leader) {
         metrics_[MSftLoss] += mbLoss;
         metrics_[MSftN] += 1;
@@ -675,6 +714,7 @@ void Worker::runUpdate(MethodCall &c) {
       // dynamic batch size does).
       const auto batches = rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
+      PassMeter meter(rr);
       if (rr.lm->pipelined())
         pipelinedResponses(rr, *rollout, batches, budget > 0, true,
                            [&](int i, const at::Tensor &h) {
@@ -684,6 +724,7 @@ void Worker::runUpdate(MethodCall &c) {
         for (auto [mlo, mhi] : batches)
           microLoss(mlo, mhi, seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R))
               .backward();
+      meter.done();
       applyGradients(rr, lrOver);
     }
   digests_[s] = 0;

@@ -276,11 +276,13 @@ void Worker::printSummary(const at::Tensor &all) {
   std::fflush(stdout);
 }
 
-std::array<double, 4> Worker::heldMemory(const RoleRt &rr) const {
+std::array<double, Worker::kMemoryFigures> Worker::heldMemory(const RoleRt &rr) const {
   auto bytesOf = [](const at::Tensor &t) {
     return t.defined() ? (double)t.numel() * (double)t.element_size() : 0.0;
   };
-  std::array<double, 4> m{};
+  std::array<double, kMemoryFigures> m{};
+  m[4] = (double)rr.peakActivations;
+  m[5] = (double)rr.peakKvCache;
   std::vector<at::Tensor> params;
   if (rr.lm)
     params = rr.lm->parameters();
@@ -336,7 +338,7 @@ void Worker::printMemory(const at::Tensor &all, int first) {
                                    (double)pm.optimizer(), (double)pm.generation()};
         std::string parts;
         for (int k = 0; k < 4; ++k) {
-          const double got = all[rank][first + 4 * r + k].item<double>();
+          const double got = all[rank][first + kMemoryFigures * r + k].item<double>();
           if (got == 0 && planned[k] == 0)
             continue;
           if (got < 0) { // gradients: no update ran
@@ -371,6 +373,30 @@ void Worker::printMemory(const at::Tensor &all, int first) {
     for (const std::string &d : differ)
       std::printf(" %s;", d.c_str());
     std::printf("\n");
+  }
+  printTransientMemory(all, first);
+}
+
+/// What passes needed on top of what the ranks hold, measured: each role's
+/// largest activation peak over one pass and its largest KV cache.
+void Worker::printTransientMemory(const at::Tensor &all, int first) {
+  std::printf("transient memory per rank (measured peaks: a pass's activations, a "
+              "generation's KV cache):\n");
+  for (int rank = 0; rank < p_.world_size(); ++rank) {
+    std::string line;
+    for (int r = 0; r < (int)p_.roles()->size(); ++r) {
+      std::string parts;
+      for (int k = 4; k < kMemoryFigures; ++k) {
+        const double got = all[rank][first + kMemoryFigures * r + k].item<double>();
+        if (got >= 0)
+          parts += std::string(parts.empty() ? "" : ", ") +
+                   (k == 4 ? "activations " : "KV cache ") + fmtBytes(got);
+      }
+      if (!parts.empty())
+        line += std::string(line.empty() ? "" : "; ") + str(role(r).name(), "?") + " " + parts;
+    }
+    if (!line.empty())
+      std::printf("  rank %-3d %s\n", rank, line.c_str());
   }
 }
 

@@ -13,6 +13,7 @@
 #include "runtime/exec/Connect.h"
 #include "runtime/exec/Worker.h"
 #include "runtime/models/Checkpoint.h"
+#include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Safetensors.h"
 
 #include <ATen/ATen.h>
@@ -580,11 +581,14 @@ void Worker::finish() {
   // What each rank holds per role, measured before an export builds whole
   // copies: four figures per plan role (zeros for roles not on this rank).
   const int nRoles = p_.roles() ? (int)p_.roles()->size() : 0;
-  std::vector<double> held(4 * (size_t)nRoles, 0.0);
+  constexpr int F = kMemoryFigures;
+  std::vector<double> held(F * (size_t)nRoles, 0.0);
+  for (int r = 0; r < nRoles; ++r) // a role not on this rank ran nothing here
+    held[F * (size_t)r + 4] = held[F * (size_t)r + 5] = -1;
   for (auto &[r, rr] : roles_) {
-    const std::array<double, 4> m = heldMemory(rr);
-    for (int k = 0; k < 4; ++k)
-      held[4 * (size_t)r + k] = m[k];
+    const std::array<double, F> m = heldMemory(rr);
+    for (int k = 0; k < F; ++k)
+      held[F * (size_t)r + k] = m[k];
   }
   if (!o_.exportHf.empty()) {
     refreshGenerationCopies();
@@ -710,6 +714,7 @@ int Worker::run() {
 int runWorker(const LoadedPlan &plan, const JoinOptions &join, const RunOptions &run) {
   comm::setLibraryLogging(run.verbose);
   at::set_num_threads(threadCount());
+  models::MemoryMeter::install(); // before any weights: what each pass needs is measured
   Worker w(plan, join, run);
   return w.run();
 }

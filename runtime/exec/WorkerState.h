@@ -124,6 +124,12 @@ struct RoleRt {
   // `xcomm`: training and generation ranks, for the reshard between them.
   bool apart = false, genOnly = false;
   Communicator *xcomm = nullptr;
+  /// Measured (models::MemoryMeter), -1 until something ran: the largest
+  /// rise of the rank's memory during one pass of the role (a minibatch's
+  /// forward and backward passes, or a forward-only call) over what it held
+  /// before, gradients a first backward allocates not counted; the largest
+  /// KV cache of one generation.
+  int64_t peakActivations = -1, peakKvCache = -1;
 
   /// The head's parameters, trained with the model (none for an actor).
   std::vector<at::Tensor> extra() const {
@@ -269,11 +275,16 @@ private:
   /// gradients (-1 for a role that trains but ran no update: none are
   /// allocated yet), the optimizer's state, and a generation copy beside
   /// them (an actor's whole copy or generation shards).
-  std::array<double, 4> heldMemory(const RoleRt &rr) const;
+  /// Per role: weights, gradients, optimizer state, generation copy (held
+  /// now), the peak activations of a pass and the largest KV cache (-1:
+  /// none ran).
+  static constexpr int kMemoryFigures = 6;
+  std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) const;
   /// The summary's memory lines: each rank's measured figures per role
   /// (`perRank` columns from `first` on, four per plan role) against the
   /// plan's counts.
   void printMemory(const at::Tensor &perRank, int first);
+  void printTransientMemory(const at::Tensor &perRank, int first);
 
   const plan::LoadedPlan &lp_;
   const plan::Plan &p_;

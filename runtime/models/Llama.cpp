@@ -410,6 +410,11 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
                  .select(1, seq.size(1) - 1);
     }
   }
+  // The cache only grows: its final size is its largest.
+  for (const std::vector<at::Tensor> *kv : {&cache.k, &cache.v})
+    for (const at::Tensor &t : *kv)
+      if (t.defined())
+        g.kvCacheBytes += (int64_t)t.nbytes();
   return g;
 }
 
@@ -453,6 +458,7 @@ Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
     g.tokens.narrow(0, r0, n).copy_(part.tokens);
     g.mask.narrow(0, r0, n).copy_(part.mask);
     g.logprobs.narrow(0, r0, n).copy_(part.logprobs);
+    g.kvCacheBytes = std::max(g.kvCacheBytes, part.kvCacheBytes);
   }
   return g;
 }

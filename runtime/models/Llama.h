@@ -104,6 +104,10 @@ struct Generation {
   at::Tensor mask;     ///< float32 [B, R], 1 for generated tokens (stop included)
   at::Tensor logprobs; ///< float32 [B, R], log p of each token under the
                        ///< temperature-scaled distribution (0 where masked)
+  /// The largest KV cache the sampling loop held, in bytes (of the keys and
+  /// values of every layer this rank computes; one batch of rows at a time
+  /// under a token budget). 0 without a cache.
+  int64_t kvCacheBytes = 0;
 };
 
 /// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
