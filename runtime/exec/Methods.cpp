@@ -196,19 +196,43 @@ int64_t gradBytes(const RoleRt &rr) {
 
 /// One pass of a role, measured: the rise of the rank's memory high-water
 /// mark over what it held when the pass began, less the gradients the
-/// pass allocated (a first backward's, which the role then holds).
+/// pass allocated (a first backward's, which the role then holds); and the
+/// memory model's figure for the same micro-batches (add() each).
 class PassMeter {
 public:
   explicit PassMeter(RoleRt &rr) : rr_(rr), grads_(gradBytes(rr)) {}
+  /// A micro-batch of `rows` sequences of padded length T, the head on R
+  /// positions.
+  void add(int64_t rows, int64_t T, int64_t R, bool train) {
+    shapes_.push_back({rows, T, R, train});
+  }
   void done() {
     const int64_t rise = peak_.rise() - (gradBytes(rr_) - grads_);
-    rr_.peakActivations = std::max(rr_.peakActivations, rise);
+    // The model: the largest micro-batch's figure; a pipeline stage keeps
+    // up to inFlight of them at once.
+    shape::PassForm f = rr_.lm->passForm();
+    f.lmHead = !rr_.head.defined(); // a critic's value head computes no logits
+    f.inFlight = std::min<int64_t>(f.inFlight, (int64_t)shapes_.size());
+    double model = 0;
+    for (const shape::PassShape &s : shapes_)
+      model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s));
+    if (rise > rr_.peakActivations) {
+      rr_.peakActivations = rise;
+      rr_.modelActivations = model;
+    }
+    if (model > 0) {
+      const double ratio = (double)rise / model;
+      const bool first = rr_.actRatioHi == 0;
+      rr_.actRatioLo = first ? ratio : std::min(rr_.actRatioLo, ratio);
+      rr_.actRatioHi = first ? ratio : std::max(rr_.actRatioHi, ratio);
+    }
   }
 
 private:
   RoleRt &rr_;
   int64_t grads_;
   models::PeakScope peak_;
+  std::vector<shape::PassShape> shapes_;
 };
 } // namespace
 
@@ -327,6 +351,11 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   std::vector<at::Tensor> parts;
   const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
                                   budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
+  for (auto [u, e] : batches) {
+    const auto [p, r] = budget > 0 ? realWidth(rollout, u, e)
+                                   : std::make_pair(c.ph.P, c.ph.R);
+    meter.add(e - u, p + r, c.ph.R, false);
+  }
   if (c.rr.lm->pipelined()) {
     // The stages pass each batch on; the last one applies the head, and
     // every stage of the replica gets the result.
@@ -392,7 +421,22 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(e.what());
   }
-  rr.peakKvCache = std::max(rr.peakKvCache, gen.kvCacheBytes);
+  if (gen.kvCacheBytes > rr.peakKvCache) {
+    // The model at this generation's shape: the rows of one batch, the
+    // prompt and every token but the last of the longest response.
+    rr.peakKvCache = gen.kvCacheBytes;
+    const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
+    const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
+    const int64_t rowsNow = ptoks.size(0);
+    const int64_t perBatch =
+        models::batchRowsFor(so.maxBatchTokens, ptoks.size(1), so.maxTokens, rowsNow);
+    const int64_t longest =
+        rowsNow > 0 ? (int64_t)gen.mask.sum(1).max().item<double>() : 0;
+    rr.modelKvCache = longest > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers,
+                                                        form ? form->passForm().tp : 1,
+                                                        perBatch, ptoks.size(1) + longest - 1)
+                                  : 0;
+  }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
   ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
   ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
@@ -468,12 +512,13 @@ void Worker::runSft(MethodCall &c) {
       const at::Tensor mbTokens = lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
       double mbLoss = 0;
       std::vector<models::MicroBatch> micros;
+      PassMeter meter(rr);
       for (int64_t u = m0; u < m0 + mbRows; u += micro) {
         const int64_t cnt = std::min(micro, m0 + mbRows - u);
         at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
         micros.push_back({t, models::positionsFromMask(mk), mk});
+        meter.add(cnt, L, L - 1, true);
       }
-      PassMeter meter(rr);
       // Micro-batch i's loss from its final hidden states.
       auto microLoss = [&](int i, const at::Tensor &h) {
         const int64_t u = m0 + i * micro;
@@ -715,6 +760,10 @@ void Worker::runUpdate(MethodCall &c) {
       const auto batches = rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
       PassMeter meter(rr);
+      for (auto [u, e] : batches) {
+        const auto [p, r] = budget > 0 ? realWidth(*rollout, u, e) : std::make_pair(P, R);
+        meter.add(e - u, p + r, R, true);
+      }
       if (rr.lm->pipelined())
         pipelinedResponses(rr, *rollout, batches, budget > 0, true,
                            [&](int i, const at::Tensor &h) {

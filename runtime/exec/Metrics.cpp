@@ -283,6 +283,10 @@ std::array<double, Worker::kMemoryFigures> Worker::heldMemory(const RoleRt &rr) 
   std::array<double, kMemoryFigures> m{};
   m[4] = (double)rr.peakActivations;
   m[5] = (double)rr.peakKvCache;
+  m[6] = rr.modelActivations;
+  m[7] = rr.modelKvCache;
+  m[8] = rr.actRatioLo;
+  m[9] = rr.actRatioHi;
   std::vector<at::Tensor> params;
   if (rr.lm)
     params = rr.lm->parameters();
@@ -378,25 +382,56 @@ void Worker::printMemory(const at::Tensor &all, int first) {
 }
 
 /// What passes needed on top of what the ranks hold, measured: each role's
-/// largest activation peak over one pass and its largest KV cache.
+/// largest activation peak over one pass and its largest KV cache, beside
+/// the memory model's figures for the same shapes; then how far the model
+/// was from every pass.
 void Worker::printTransientMemory(const at::Tensor &all, int first) {
-  std::printf("transient memory per rank (measured peaks: a pass's activations, a "
-              "generation's KV cache):\n");
+  std::printf("transient memory per rank (measured peaks; the memory model at the same "
+              "shapes):\n");
+  double lo = 0, hi = 0;
+  int passes = 0, kvCompared = 0;
+  std::vector<std::string> kvDiffer;
   for (int rank = 0; rank < p_.world_size(); ++rank) {
     std::string line;
     for (int r = 0; r < (int)p_.roles()->size(); ++r) {
+      auto fig = [&](int k) { return all[rank][first + kMemoryFigures * r + k].item<double>(); };
       std::string parts;
-      for (int k = 4; k < kMemoryFigures; ++k) {
-        const double got = all[rank][first + kMemoryFigures * r + k].item<double>();
-        if (got >= 0)
-          parts += std::string(parts.empty() ? "" : ", ") +
-                   (k == 4 ? "activations " : "KV cache ") + fmtBytes(got);
+      if (fig(4) >= 0) {
+        parts += "activations " + fmtBytes(fig(4)) + " (model " + fmtBytes(fig(6)) + ")";
+        if (fig(9) > 0) {
+          lo = passes ? std::min(lo, fig(8)) : fig(8);
+          hi = passes ? std::max(hi, fig(9)) : fig(9);
+          ++passes;
+        }
+      }
+      if (fig(5) > 0) {
+        parts += std::string(parts.empty() ? "" : ", ") + "KV cache " + fmtBytes(fig(5)) +
+                 (fig(5) == fig(7) ? std::string(" (model: equal)")
+                                   : " (model " + fmtBytes(fig(7)) + ")");
+        ++kvCompared;
+        if (fig(5) > fig(7))
+          kvDiffer.push_back("rank " + std::to_string(rank) + " " +
+                             str(role(r).name(), "?") + " " +
+                             std::to_string((int64_t)fig(5)) + " B, model " +
+                             std::to_string((int64_t)fig(7)) + " B");
       }
       if (!parts.empty())
         line += std::string(line.empty() ? "" : "; ") + str(role(r).name(), "?") + " " + parts;
     }
     if (!line.empty())
       std::printf("  rank %-3d %s\n", rank, line.c_str());
+  }
+  if (passes > 0)
+    std::printf("activations: measured / model %.2f to %.2f over every pass of %d role "
+                "ranks\n", lo, hi, passes);
+  if (kvCompared > 0 && kvDiffer.empty())
+    std::printf("KV caches: %d within the model (equal unless generation used a token "
+                "budget)\n", kvCompared);
+  else if (kvCompared > 0) {
+    std::printf("KV caches: %zu of %d above the model:", kvDiffer.size(), kvCompared);
+    for (const std::string &d : kvDiffer)
+      std::printf(" %s;", d.c_str());
+    std::printf("\n");
   }
 }
 

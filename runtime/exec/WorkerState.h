@@ -130,6 +130,11 @@ struct RoleRt {
   /// before, gradients a first backward allocates not counted; the largest
   /// KV cache of one generation.
   int64_t peakActivations = -1, peakKvCache = -1;
+  /// The memory model (shape::passActivationBytes, shape::kvCacheBytes) at
+  /// the shapes of the pass and the generation measured above, and the
+  /// range of measured / model over every pass.
+  double modelActivations = 0, modelKvCache = 0;
+  double actRatioLo = 0, actRatioHi = 0;
 
   /// The head's parameters, trained with the model (none for an actor).
   std::vector<at::Tensor> extra() const {
@@ -277,8 +282,9 @@ private:
   /// them (an actor's whole copy or generation shards).
   /// Per role: weights, gradients, optimizer state, generation copy (held
   /// now), the peak activations of a pass and the largest KV cache (-1:
-  /// none ran).
-  static constexpr int kMemoryFigures = 6;
+  /// none ran), the memory model's figures for those two, and the range of
+  /// measured / model over the role's passes.
+  static constexpr int kMemoryFigures = 10;
   std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) const;
   /// The summary's memory lines: each rank's measured figures per role
   /// (`perRank` columns from `first` on, four per plan role) against the

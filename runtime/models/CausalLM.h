@@ -18,6 +18,7 @@
 #define HFLOW_RUNTIME_MODELS_CAUSALLM_H
 
 #include "runtime/models/Llama.h"
+#include "runtime/schema/ActivationModel.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -98,6 +99,9 @@ public:
   /// the heads) and the group of the stages of its replica. Null otherwise.
   virtual bool lastStage() const { return true; }
   virtual comm::Communicator *pipelineGroup() const { return nullptr; }
+  /// What of this form decides the transient memory of its passes
+  /// (shape::passActivationBytes): whole weights by default.
+  virtual shape::PassForm passForm() const { return {}; }
 
   //===-- weights ---------------------------------------------------------===//
   /// The leaf tensors an optimizer steps (tied weights once).

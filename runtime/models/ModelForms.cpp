@@ -135,6 +135,12 @@ template class ShardedForm<FSDPLlama>;
 // TensorParallelModel
 //===----------------------------------------------------------------------===//
 
+shape::PassForm TensorParallelModel::passForm() const {
+  shape::PassForm f;
+  f.tp = m_.comm().size();
+  return f;
+}
+
 std::string TensorParallelModel::form() const {
   return "tp" + std::to_string(m_.comm().size()); // the shards; dp only replicates them
 }
@@ -174,6 +180,13 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
 //===----------------------------------------------------------------------===//
 // FullyShardedModel
 //===----------------------------------------------------------------------===//
+
+shape::PassForm FullyShardedModel::passForm() const {
+  shape::PassForm f;
+  f.fsdp = m_.comm().size();
+  f.tp = m_.tpComm() ? m_.tpComm()->size() : 1;
+  return f;
+}
 
 std::string FullyShardedModel::form() const {
   std::string f = "fsdp" + std::to_string(m_.comm().size());

@@ -103,6 +103,7 @@ public:
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return nullptr; }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  shape::PassForm passForm() const override;
 
 private:
   comm::Communicator *dp_;
@@ -128,6 +129,7 @@ public:
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return &m_.comm(); }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  shape::PassForm passForm() const override;
 };
 
 /// Ulysses sequence parallelism (SequenceParallel.cpp): whole weights (the
@@ -150,6 +152,7 @@ public:
                     const at::Tensor &keyMask) const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;
   comm::Communicator *lockstepGroup() const override { return &sp_; }
+  shape::PassForm passForm() const override;
   comm::Communicator &group() const override { return group_; }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   // Whole weights: the rest is WholeModel's.

@@ -120,6 +120,7 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
 PipelineStage::~PipelineStage() = default;
 
 int PipelineStage::stage() const { return p_->k; }
+int PipelineStage::numLayers() const { return p_->last - p_->first; }
 int PipelineStage::stages() const { return p_->p; }
 const LlamaConfig &PipelineStage::config() const { return p_->c; }
 
@@ -349,6 +350,15 @@ Generation PipelineModel::generate(const at::Tensor &, const at::Tensor &,
                                    const SamplingOptions &, at::Generator &) const {
   throw std::logic_error("pipeline stages do not generate: generation runs on the copy "
                          "the planned reshard fills");
+}
+
+shape::PassForm PipelineModel::passForm() const {
+  shape::PassForm f;
+  f.tp = s_.tpComm() ? s_.tpComm()->size() : 1;
+  f.layers = s_.numLayers();
+  f.head = s_.stage() == s_.stages() - 1;
+  f.inFlight = s_.stages() - s_.stage(); // 1F1B: stage k keeps up to p - k micro-batches
+  return f;
 }
 
 std::string PipelineModel::form() const {

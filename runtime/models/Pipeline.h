@@ -53,6 +53,8 @@ public:
 
   /// The layers stage k of p holds for L layers: [first, last).
   static std::pair<int, int> layersOf(int layers, int p, int k);
+  /// The decoder layers this stage computes.
+  int numLayers() const;
 
   int stage() const;
   int stages() const;
@@ -153,6 +155,7 @@ public:
   }
   bool lastStage() const override { return s_.stage() == s_.stages() - 1; }
   comm::Communicator *pipelineGroup() const override { return &s_.comm(); }
+  shape::PassForm passForm() const override;
   std::vector<at::Tensor> parameters() const override { return s_.parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override {
     return s_.namedShards();

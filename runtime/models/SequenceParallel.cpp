@@ -163,6 +163,12 @@ SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &s
 
 std::string SequenceParallelModel::form() const { return "sp" + std::to_string(sp_.size()); }
 
+shape::PassForm SequenceParallelModel::passForm() const {
+  shape::PassForm f;
+  f.sp = sp_.size();
+  return f;
+}
+
 at::Tensor SequenceParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                                          const at::Tensor &keyMask) const {
   const LlamaConfig &c = m_.config();

@@ -45,13 +45,18 @@ std::vector<Param> llamaParams(const ModelShape &m) {
   return ps;
 }
 
-int64_t paramCount(const ModelShape &m) {
+int64_t layerParamCount(const ModelShape &m) {
   const int64_t h = m.hidden, hd = m.headDim();
   const int64_t q = m.heads * hd, kv = m.kvHeads * hd;
   int64_t perLayer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * m.ffn;
   if (m.qkvBias)
     perLayer += q + 2 * kv;
-  return m.vocab * h + m.layers * perLayer + h + (m.tieEmbeddings ? 0 : h * m.vocab);
+  return perLayer;
+}
+
+int64_t paramCount(const ModelShape &m) {
+  const int64_t h = m.hidden;
+  return m.vocab * h + m.layers * layerParamCount(m) + h + (m.tieEmbeddings ? 0 : h * m.vocab);
 }
 
 } // namespace hflow::shape

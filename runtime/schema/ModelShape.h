@@ -87,6 +87,8 @@ std::vector<Param> llamaParams(const ModelShape &m);
 /// + hidden                                        final RMSNorm
 /// + [!tieEmbeddings] hidden*vocab                 LM head
 int64_t paramCount(const ModelShape &m);
+/// One decoder layer's parameters (the `layers *` term above).
+int64_t layerParamCount(const ModelShape &m);
 
 } // namespace hflow::shape
 

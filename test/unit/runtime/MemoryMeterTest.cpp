@@ -1,6 +1,7 @@
 //===- MemoryMeterTest.cpp - the counting CPU allocator and the KV cache --===//
 #include "runtime/models/Llama.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/schema/ActivationModel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -74,12 +75,68 @@ TEST(MemoryMeter, GenerationReportsItsKVCacheBytes) {
   o.stopToken = -1; // every row runs R steps
   Generation out = m.generate(prompts, at::Tensor(), o, g);
   EXPECT_EQ(out.kvCacheBytes, 2 * c.layers * B * c.kvHeads * (P + R - 1) * hd * 4);
+  EXPECT_EQ((double)out.kvCacheBytes,
+            hflow::shape::kvCacheBytes(c.shape(), c.layers, 1, B, P + R - 1));
   o.maxBatchTokens = 2 * (P + R); // two rows at a time
   out = m.generate(prompts, at::Tensor(), o, g);
   EXPECT_EQ(out.kvCacheBytes, 2 * c.layers * 2 * c.kvHeads * (P + R - 1) * hd * 4);
   o.maxBatchTokens = 0;
   o.maxTokens = 0;
   EXPECT_EQ(m.generate(prompts, at::Tensor(), o, g).kvCacheBytes, 0);
+}
+
+// The activation model (runtime/schema/ActivationModel.h) against the
+// measured peak of whole-weight passes shaped as the engine runs them
+// (hidden states, the LM head on the last R positions, log-probabilities
+// and entropies; backward when training): within 5% for training passes,
+// 12% for forward-only ones, over models whose ffn/hidden ratio, heads,
+// layers and vocabulary differ and shapes from short and wide to long and
+// narrow (the quadratic attention term).
+TEST(MemoryMeter, ActivationModelMatchesMeasuredPasses) {
+  MemoryMeter::install();
+  struct Cfg { int64_t layers, hidden, heads, ffn, vocab; };
+  for (Cfg k : {Cfg{2, 128, 4, 256, 256}, Cfg{3, 64, 8, 384, 512}, Cfg{2, 96, 4, 192, 1024}}) {
+    LlamaConfig c;
+    c.name = "m";
+    c.layers = (int)k.layers, c.hidden = (int)k.hidden, c.heads = (int)k.heads;
+    c.kvHeads = 2, c.ffn = (int)k.ffn, c.vocab = (int)k.vocab;
+    Llama m(c, 1);
+    m.setTrainable(true);
+    struct S { int64_t rows, T, R; };
+    for (S sh : {S{48, 16, 4}, S{8, 64, 32}, S{2, 160, 40}}) {
+      auto g = at::make_generator<at::CPUGeneratorImpl>(2);
+      at::Tensor toks =
+          at::randint(1, c.vocab, {sh.rows, sh.T}, g, at::TensorOptions().dtype(at::kLong));
+      at::Tensor pos = at::arange(sh.T, at::TensorOptions().dtype(at::kLong))
+                           .unsqueeze(0).expand({sh.rows, sh.T}).contiguous();
+      at::Tensor mask = at::ones({sh.rows, sh.T}, at::TensorOptions().dtype(at::kFloat));
+      auto pass = [&](bool train) {
+        PeakScope scope;
+        at::Tensor h = m.hidden(toks, pos, mask).narrow(1, sh.T - sh.R - 1, sh.R);
+        at::Tensor logits = m.logits(h);
+        at::Tensor lp = hflow::models::tokenLogprobs(logits, toks.narrow(1, sh.T - sh.R, sh.R), 0.7);
+        at::Tensor ent = hflow::models::tokenEntropy(logits.detach(), 0.7);
+        at::Tensor loss = -lp.mean() + 0 * ent.mean();
+        if (train)
+          loss.backward();
+        return scope.rise();
+      };
+      {
+        at::NoGradGuard ng;
+        const double got = (double)pass(false);
+        const double want = hflow::shape::passActivationBytes(
+            c.shape(), {}, {sh.rows, sh.T, sh.R, false});
+        EXPECT_NEAR(got / want, 1.0, 0.12) << "forward, hidden " << c.hidden << " rows "
+                                           << sh.rows << " T " << sh.T;
+      }
+      pass(true); // the first backward allocates the gradients
+      const double got = (double)pass(true);
+      const double want =
+          hflow::shape::passActivationBytes(c.shape(), {}, {sh.rows, sh.T, sh.R, true});
+      EXPECT_NEAR(got / want, 1.0, 0.05) << "training, hidden " << c.hidden << " rows "
+                                         << sh.rows << " T " << sh.T;
+    }
+  }
 }
 
 } // namespace

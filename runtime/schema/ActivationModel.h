@@ -1,0 +1,84 @@
+//===- ActivationModel.h - what a pass and a generation need on top --------===//
+//
+// The transient memory of hflow-run's passes, as a function of the model,
+// the rank's form and the pass's shape: the one definition the compiler's
+// memory check and `place auto` size with (at the program's longest prompt
+// and response) and the runtime compares its measured peaks with (at each
+// pass's actual shape; docs/cost-model.md, "Activations").
+//
+// hflow-run computes in float32 with an unfused attention (the scores of
+// every head are a [T, T] matrix) and keeps every layer's activations for
+// backward (no recomputation), except FSDP, whose units keep only their
+// input and recompute in backward. Per decoder layer and training pass,
+// with n = rows * T / sp tokens on the rank, heads a and ffn F split over
+// tp, the constants in float32 elements:
+//
+//   kept  = 6 n h + 5 n (a / tp) hd + 4.5 n F / tp + rows (a / (tp sp)) T^2
+//   head  = 6 rows R V / tp                        (LM or value head, loss;
+//                                                   on the last stage only)
+//   train = inFlight * layers * kept + head + 5 rows T h
+//           (the last term: the embedding's output or the activations a
+//           stage receives and sends, their gradients, the final norm;
+//           FSDP keeps layers * n h + one layer's kept + the gathered units
+//           instead of the first)
+//   forward only = max(4 n h + 5 n (a / tp) hd + 4 n F / tp
+//                      + 1.6 rows (a / (tp sp)) T^2,   one layer's working set
+//                      5 rows R V / tp)                 the head's
+//
+// The residual stream's tensors (input, normed, middle) and the attention's
+// q, k, v, scores and output are what autograd saves; the constants were
+// fitted to the runtime's measured peaks (MemoryMeter) over 25 shapes of
+// whole-weight Llamas (h 128-256, F/h 2-6, heads 4-8, T 16-128, R 4-64,
+// V 256-1024) and checked on 9 others (MemoryMeterTest: training within
+// 5%, forward-only within 12%). Through the engine, every form's passes
+// (whole, tp, fsdp, sp, pp, pp x tp; the actor's and the critic's, sft's
+// too) measured 0.70 to 1.25 times the model.
+//
+// Plain C++17, never throws.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H
+#define HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H
+
+#include "runtime/schema/ModelShape.h"
+
+#include <cstdint>
+
+namespace hflow::shape {
+
+/// What of a rank's form decides what its passes keep.
+struct PassForm {
+  int64_t tp = 1;        ///< tensor-parallel members (heads, ffn, vocabulary split)
+  int64_t sp = 1;        ///< Ulysses members (positions split, heads around attention)
+  int64_t layers = -1;   ///< decoder layers this rank computes (-1: all of the model's)
+  bool head = true;      ///< it runs the head (a pipeline's last stage, or no pipeline)
+  bool lmHead = true;    ///< the head is the LM head (logits over the vocabulary),
+                         ///< not a value head (a critic's: one number per position)
+  int64_t inFlight = 1;  ///< micro-batches whose activations it keeps at once
+                         ///< (1F1B: stage k of p keeps min(p - k, m))
+  int64_t fsdp = 1;      ///< FSDP members: units keep their input only and
+                         ///< gather whole units (two at once with prefetch)
+};
+
+/// One forward (and backward) pass of one micro-batch.
+struct PassShape {
+  int64_t rows = 1;    ///< sequences
+  int64_t seqLen = 1;  ///< padded length T (prompt and response)
+  int64_t respLen = 1; ///< positions the head runs on (R)
+  bool train = false;  ///< with backward
+};
+
+/// Bytes the pass needs on top of what the rank holds (float32: 4 bytes
+/// per element; `bytesPerElement` scales it for another dtype).
+double passActivationBytes(const ModelShape &m, const PassForm &f, const PassShape &p,
+                           double bytesPerElement = 4);
+
+/// Bytes of the KV cache a generation holds at its largest: keys and values
+/// of `layers` layers, kvHeads / tp heads, rows sequences of `len`
+/// positions (the prompt and every generated token but the last).
+double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
+                    double bytesPerElement = 4);
+
+} // namespace hflow::shape
+
+#endif // HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H
