@@ -153,8 +153,10 @@ struct CheckMemoryPass
       d.attachNote(place.getLoc())
           << "sizes assume " << w.batch << " prompts x " << w.n
           << " responses of " << w.seqLen() << " tokens (" << w.promptLen
-          << " prompt + " << w.responseLen << " response), micro-batches of "
-          << w.microBatch
+          << " prompt + " << w.responseLen << " response), "
+          << (w.microBatchGiven ? "micro-batches of " + std::to_string(w.microBatch)
+                                : std::string("each replica's rows in one pass (no "
+                                              "micro_batch)"))
           << (w.genBatchTokens > 0
                   ? ", generation batches of at most " + std::to_string(w.genBatchTokens) +
                         " tokens"
@@ -163,7 +165,10 @@ struct CheckMemoryPass
                   ? " (train block " + std::to_string(worst + 1) + " of " +
                         std::to_string(workloads.size()) + ")"
                   : std::string())
-          << "; use more devices, larger tp/pp/fsdp degrees, or a smaller batch";
+          << (w.microBatchGiven ? "; use more devices, larger tp/pp/fsdp degrees, or a "
+                                  "smaller batch"
+                                : "; use more devices, larger tp/pp/fsdp degrees, a smaller "
+                                  "batch, or set micro_batch");
       hadError = true;
     }
     if (hadError)

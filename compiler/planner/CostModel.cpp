@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/planner/CostModel.h"
+#include "runtime/schema/ActivationModel.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -55,10 +56,6 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   const double P = static_cast<double>(paramCount(ms));
   const double b = static_cast<double>(role.dtypeBytes);
   const double L = static_cast<double>(ms.layers);
-  const double h = static_cast<double>(ms.hidden);
-  const double V = static_cast<double>(ms.vocab);
-  const double headDim = h / static_cast<double>(ms.heads);
-  const double kvHeads = static_cast<double>(ms.kvHeads);
   const bool trains = role.trains();
 
   const double S = static_cast<double>(
@@ -68,13 +65,17 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     m.grads = P * b / S;
     m.optimizer = P * (b >= 4 ? 8 : 12) / S;
   }
-  const double tp = static_cast<double>(std::max<int64_t>(train.tp, 1));
-  const double pp = static_cast<double>(std::max<int64_t>(train.pp, 1));
-  const double tokens = double(w.microBatch) * double(w.seqLen()) /
-                        double(train.sp * train.cp);
-  m.activations = tokens * h * 34 * (b / 2) / tp + tokens * V * 4 / tp;
-  if (trains)
-    m.activations += tokens * h * b * (L / pp);
+  // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
+  // the longest prompt and response.
+  ::hflow::shape::RoleLayout rl;
+  rl.dp = train.dp, rl.fsdp = train.fsdp, rl.tp = train.tp;
+  rl.pp = train.pp, rl.sp = train.sp, rl.cp = train.cp;
+  ::hflow::shape::RoleWork rw;
+  rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
+  rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
+  rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  const bool lmHead = role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
+  m.activations = ::hflow::shape::roleActivationBytes(ms, trains, lmHead, rl, rw, b);
 
   if (role.kind == RoleKind::Actor && gen) {
     const double tpg = static_cast<double>(std::max<int64_t>(gen->tp, 1));
@@ -82,8 +83,8 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double dpg = static_cast<double>(std::max<int64_t>(gen->dp * gen->fsdp, 1));
     m.genWeights = P * b / (tpg * ppg);
     const double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
-    m.kvCache = 2 * (L / ppg) * std::max(1.0, kvHeads / tpg) * headDim * b *
-                seqs * double(w.seqLen());
+    m.kvCache = ::hflow::shape::kvCacheBytes(ms, (int64_t)std::ceil(L / ppg), (int64_t)tpg,
+                                             (int64_t)seqs, w.seqLen(), b);
   }
   return m;
 }

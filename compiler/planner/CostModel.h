@@ -83,6 +83,9 @@ struct Workload {
   int64_t promptLen = 512;
   int64_t responseLen = 512;
   int64_t microBatch = 1;  // m: sequences per forward/backward pass
+  /// micro_batch written; else hflow-run passes a replica's rows at once,
+  /// which the memory model counts (the time model keeps m).
+  bool microBatchGiven = false;
   int64_t miniBatch = 0;   // prompts per optimizer step; 0: the whole batch
   int64_t seqLen() const { return promptLen + responseLen; }
   int64_t sequences() const { return batch * n; }

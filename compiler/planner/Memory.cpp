@@ -3,6 +3,7 @@
 #include "compiler/planner/Memory.h"
 #include "compiler/planner/Reshard.h"
 #include "compiler/planner/RoleReshard.h"
+#include "runtime/schema/ActivationModel.h"
 
 #include "llvm/ADT/StringExtras.h"
 
@@ -43,6 +44,10 @@ Workload largest(const std::vector<Workload> &ws) {
     out.promptLen = std::max(out.promptLen, w.promptLen);
     out.responseLen = std::max(out.responseLen, w.responseLen);
     out.microBatch = std::max(out.microBatch, w.microBatch);
+    // hflow-run's default (a replica's rows) is the largest micro-batch.
+    out.microBatchGiven = out.microBatchGiven && w.microBatchGiven;
+    out.miniBatch = std::max(out.miniBatch > 0 ? out.miniBatch : out.batch,
+                             w.miniBatch > 0 ? w.miniBatch : w.batch);
     // No budget in one phase means none for the worst case.
     out.genBatchTokens = (out.genBatchTokens == 0 || w.genBatchTokens == 0)
                              ? 0
@@ -89,8 +94,11 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
     w.n = t.getNAttr().getInt();
     if (auto p = t.getPromptLenAttr())
       w.promptLen = p.getInt();
-    if (auto m = t.getMicroBatchAttr())
+    if (auto m = t.getMicroBatchAttr()) {
       w.microBatch = m.getInt();
+      w.microBatchGiven = true;
+    }
+    w.miniBatch = t.getMinibatchAttr().getInt();
     w.fromTrainBlock = true;
     if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr()))
       generateDemands({flow}, w);
@@ -117,10 +125,6 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   const double P = static_cast<double>(model.computeParamCount());
   const double b = roleDtypeBytes(role, model);
   const double L = model.getLayersAttr().getInt();
-  const double h = model.getHiddenAttr().getInt();
-  const double V = model.getVocabAttr().getInt();
-  const double headDim = h / model.getHeadsAttr().getInt();
-  const double kvHeads = model.getKvHeadsAttr().getInt();
   const bool trains =
       role.getKind() == RoleKind::Actor || role.getKind() == RoleKind::Critic;
 
@@ -130,14 +134,19 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     m.grads = P * b / S;
     m.optimizer = P * (b >= 4 ? 8 : 12) / S;
   }
-  const double tp = std::max<int64_t>(train.getTp(), 1);
-  const double pp = std::max<int64_t>(train.getPp(), 1);
-  const double tokens = double(w.microBatch) * double(w.seqLen()) /
-                        double(train.getSp() * train.getCp());
-  // Korthikanti et al.'s 34 s h bytes per layer assume 2-byte activations.
-  m.activations = tokens * h * 34 * (b / 2) / tp + tokens * V * 4 / tp;
-  if (trains)
-    m.activations += tokens * h * b * (L / pp);
+  // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
+  // the longest prompt and response.
+  ::hflow::shape::RoleLayout rl;
+  rl.dp = train.getDp(), rl.fsdp = train.getFsdp(), rl.tp = train.getTp();
+  rl.pp = train.getPp(), rl.sp = train.getSp(), rl.cp = train.getCp();
+  ::hflow::shape::RoleWork rw;
+  rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
+  rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
+  rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  const bool lmHead = role.getKind() != RoleKind::Critic &&
+                      role.getKind() != RoleKind::RewardModel;
+  m.activations =
+      ::hflow::shape::roleActivationBytes(toShape(model), trains, lmHead, rl, rw, b);
 
   if (role.getKind() == RoleKind::Actor && !gen.isAuto()) {
     const double tpg = std::max<int64_t>(gen.getTp(), 1);
@@ -150,8 +159,9 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     if (w.genBatchTokens > 0)
       seqs = std::min(seqs, std::max(1.0, std::floor(double(w.genBatchTokens) /
                                                      double(w.seqLen()))));
-    m.kvCache = 2 * (L / ppg) * std::max(1.0, kvHeads / tpg) * headDim * b *
-                seqs * double(w.seqLen());
+    m.kvCache = ::hflow::shape::kvCacheBytes(
+        toShape(model), (int64_t)std::ceil(L / ppg), (int64_t)tpg, (int64_t)seqs,
+        w.seqLen(), b);
   }
   return m;
 }

@@ -10,15 +10,12 @@
 //   optimizer   = P * (w == 4 ? 8 : 12) / S         (AdamW moments in fp32,
 //                                                    plus an fp32 master copy
 //                                                    for 16-bit weights)
-//   activations = t * h * w * (L / pp)              (layer inputs kept by
-//                                                    gradient checkpointing;
-//                                                    roles that train only)
-//               + 34 * t * h * (w / 2) / tp         (one layer's working set:
-//                                                    Korthikanti et al. 2022
-//                                                    give 34 s h bytes at
-//                                                    2-byte activations)
-//               + t * V * 4 / tp                    (fp32 logits)
-//     with t = micro_batch * seq_len / (sp * cp) tokens per forward
+//   activations = what hflow-run's largest pass keeps on top, the one
+//                 model of runtime/schema/ActivationModel.h (every layer's
+//                 activations when training, one layer's working set or
+//                 the head's logits when not), at micro-batches of
+//                 micro_batch sequences (without it: a replica's rows) of
+//                 prompt_len + max_tokens tokens
 //   generation  = P * w / (tp_g * pp_g)             (the generation shard)
 //   KV cache    = 2 * (L / pp_g) * (kv_heads / tp_g) * head_dim * w
 //                 * (batch * n / dp_g) * seq_len
@@ -48,6 +45,9 @@ struct Workload {
   int64_t promptLen = defaults::kPromptLen; // tokens
   int64_t responseLen = defaults::kMaxTokens;
   int64_t microBatch = 1;  // sequences per forward/backward pass on a device
+  bool microBatchGiven = false; // micro_batch written (else hflow-run's default:
+                                // a replica's rows in one pass)
+  int64_t miniBatch = 0;   // prompts per optimizer step (0: the batch)
   /// Generation's token budget per batch (`max_batch_tokens`, when every
   /// generate call of the flow sets one: the largest); 0 = none, the KV
   /// cache holds every sequence of the device at once.

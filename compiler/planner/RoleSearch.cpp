@@ -71,6 +71,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
   pw.promptLen = w.promptLen;
   pw.responseLen = w.responseLen;
   pw.microBatch = w.microBatch;
+  pw.microBatchGiven = w.microBatchGiven;
   for (TrainOp t : module.getOps<TrainOp>()) {
     pw.miniBatch = t.getMinibatchAttr().getInt();
     break;

@@ -40,9 +40,36 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   return w * x;
 }
 
+double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
+                           const RoleLayout &l, const RoleWork &w, double bytesPerElement) {
+  auto ceilDiv = [](int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : a; };
+  const int64_t replicas = std::max<int64_t>(1, l.dp) * std::max<int64_t>(1, l.fsdp);
+  const int64_t n = std::max<int64_t>(1, w.n);
+  const int64_t fwdRows = std::max<int64_t>(1, ceilDiv(w.batch * n, replicas));
+  const int64_t updRows = std::max<int64_t>(
+      1, ceilDiv((w.miniBatch > 0 ? w.miniBatch : w.batch) * n, replicas));
+  auto micro = [&](int64_t rows) {
+    return w.microBatch > 0 ? std::min(w.microBatch, rows) : rows;
+  };
+  const int64_t pp = std::max<int64_t>(1, l.pp);
+  PassForm f;
+  f.tp = std::max<int64_t>(1, l.tp);
+  f.sp = std::max<int64_t>(1, l.sp) * std::max<int64_t>(1, l.cp);
+  f.fsdp = std::max<int64_t>(1, l.fsdp);
+  f.layers = ceilDiv(m.layers, pp);
+  f.lmHead = lmHead;
+  const int64_t T = w.promptLen + w.responseLen, R = w.responseLen;
+  double x = passActivationBytes(m, f, {micro(fwdRows), T, R, false}, bytesPerElement);
+  if (trains) {
+    f.inFlight = std::min<int64_t>(pp, ceilDiv(updRows, micro(updRows)));
+    x = std::max(x, passActivationBytes(m, f, {micro(updRows), T, R, true}, bytesPerElement));
+  }
+  return x;
+}
+
 double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
                     double w) {
-  const double kv = (double)m.kvHeads / (double)std::max<int64_t>(1, tp);
+  const double kv = std::max(1.0, (double)m.kvHeads / (double)std::max<int64_t>(1, tp));
   return w * 2.0 * (double)layers * kv * (double)m.headDim() * (double)rows * (double)len;
 }
 

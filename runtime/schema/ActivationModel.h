@@ -73,9 +73,33 @@ struct PassShape {
 double passActivationBytes(const ModelShape &m, const PassForm &f, const PassShape &p,
                            double bytesPerElement = 4);
 
+/// What a role's passes are: the program's batch sizes and longest shapes.
+struct RoleWork {
+  int64_t batch = 1, n = 1;  ///< prompts per step, responses per prompt
+  int64_t miniBatch = 0;     ///< prompts per optimizer step (0: the batch)
+  int64_t microBatch = 0;    ///< sequences per pass (0: hflow-run's default,
+                             ///< a replica's rows: its batch share for a
+                             ///< forward pass, its minibatch share for an update)
+  int64_t promptLen = 1, responseLen = 1; ///< the longest prompt and response
+};
+/// A role's training layout, as degrees.
+struct RoleLayout {
+  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+};
+
+/// The largest pass of a role on any rank of `layout`, at the longest
+/// prompt and response: its forward passes, and its updates when it
+/// `trains` (a pipeline's stages taken at their worst: the first stage's
+/// micro-batches in flight with the last stage's head). `lmHead`: the head
+/// is the LM head (an actor, a reference), not a value head.
+double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
+                           const RoleLayout &layout, const RoleWork &w,
+                           double bytesPerElement = 4);
+
 /// Bytes of the KV cache a generation holds at its largest: keys and values
 /// of `layers` layers, kvHeads / tp heads, rows sequences of `len`
-/// positions (the prompt and every generated token but the last).
+/// positions (the prompt and every generated token but the last). A kv
+/// head shared by several TP members (kvHeads < tp) is held by each.
 double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
                     double bytesPerElement = 4);
 

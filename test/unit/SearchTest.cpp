@@ -251,18 +251,21 @@ TEST(CostModel, TransitionAtTheWireElementSize) {
 //   error: the roles placed here need 49.02 GB per device but each a100_40g
 //   has 40.00 GB: 33.69 GB resident ... + 15.33 GB at the peak (actor.generate)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 336.86 MB; generation: weights 6.74 GB, KV cache 8.59 GB
-//   note: ref: weights 6.74 GB; activations 136.84 MB
-//   error: ... need 54.31 GB ...: 53.91 GB resident ... + 405.27 MB at the
+//         activations 3.39 GB; generation: weights 6.74 GB, KV cache 8.59 GB
+//   note: ref: weights 6.74 GB; activations 153.30 MB
+//   error: ... need 58.93 GB ...: 53.91 GB resident ... + 5.02 GB at the
 //   peak (critic's training pass)
 //   note: critic: weights 6.74 GB, gradients 6.74 GB, optimizer 40.43 GB;
-//         activations 405.27 MB
+//         activations 5.02 GB
 TEST(Memory, AgreesWithHflowcExample) {
   Workload w;
   w.batch = 256;
   w.n = 1;
+  w.miniBatch = 64;
   w.promptLen = 512;
   w.responseLen = 512;
+  w.microBatch = 1; // the example's micro_batch: 1
+  w.microBatchGiven = true;
   RoleSpec actor = role("actor", RoleKind::Actor, llama7b());
   RoleSpec ref = role("ref", RoleKind::Reference, llama7b());
   RoleSpec critic = role("critic", RoleKind::Critic, llama7b());
@@ -273,24 +276,31 @@ TEST(Memory, AgreesWithHflowcExample) {
   // Exact bytes from docs/cost-model.md's worked example.
   EXPECT_DOUBLE_EQ(a.weights, 3369207808.0);
   EXPECT_DOUBLE_EQ(a.resident(), 26953662464.0);
-  EXPECT_DOUBLE_EQ(a.activations, 336855040.0);
+  // The actor's update (runtime/schema/ActivationModel.h, bf16): one
+  // sequence of n = 1024 tokens on tp 4, every one of its 32 layers kept:
+  //   6 n h + 5 n (h / 4) + 4.5 n F / 4 + (32 / 4) T^2
+  //     = 25,165,824 + 5,242,880 + 12,681,216 + 8,388,608 = 51,478,528
+  //   x 32 + 5 n h + 6 R V / 4 = 1,692,860,416 elements x 2 bytes.
+  EXPECT_DOUBLE_EQ(a.activations, 3385720832.0);
   EXPECT_DOUBLE_EQ(a.genWeights, 6738415616.0);
   EXPECT_DOUBLE_EQ(a.kvCache, 8589934592.0);
-  EXPECT_DOUBLE_EQ(r.activations, 136839168.0);
+  // The reference's forward pass on tp 2: one layer's working set,
+  // 4 n h + 5 n (h / 2) + 4 n F / 2 + 1.6 (32 / 2) T^2 = 76,650,905.6.
+  EXPECT_DOUBLE_EQ(r.activations, 76650905.6 * 2);
   EXPECT_DOUBLE_EQ(c.resident(), 53907324928.0);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
   EXPECT_DOUBLE_EQ(set1, 49020428288.0);
-  EXPECT_DOUBLE_EQ(set2, 54312599552.0);
   // As hflowc prints them.
   EXPECT_EQ(gb(set1), "49.02 GB");
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
   EXPECT_EQ(gb(a.transient()), "15.33 GB");
   EXPECT_EQ(gb(a.optimizer), "20.22 GB");
-  EXPECT_EQ(mb(a.activations), "336.86 MB");
-  EXPECT_EQ(gb(set2), "54.31 GB");
+  EXPECT_EQ(gb(a.activations), "3.39 GB");
+  EXPECT_EQ(mb(r.activations), "153.30 MB");
+  EXPECT_EQ(gb(set2), "58.93 GB");
   EXPECT_EQ(gb(c.optimizer), "40.43 GB");
-  EXPECT_EQ(mb(c.activations), "405.27 MB");
+  EXPECT_EQ(gb(c.activations), "5.02 GB");
 }
 
 // Case 2: the same program on a100_40g with the actor in `train: tp(2) *
@@ -299,9 +309,9 @@ TEST(Memory, AgreesWithHflowcExample) {
 //   error: the roles placed here need 47.80 GB per device but each a100_40g
 //   has 40.00 GB: 33.69 GB resident ... + 14.11 GB at the peak (actor.generate)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 677.64 MB; generation: weights 3.37 GB, KV cache 10.74 GB
-//   note: ref: weights 6.74 GB; activations 342.10 MB
-//   error: ... need 54.92 GB ...: 53.91 GB resident ... + 1.01 GB at the
+//         activations 13.62 GB; generation: weights 3.37 GB, KV cache 10.74 GB
+//   note: ref: weights 6.74 GB; activations 416.81 MB
+//   error: ... need 67.13 GB ...: 53.91 GB resident ... + 13.22 GB at the
 //   peak (critic's training pass)
 TEST(Memory, AgreesWithHflowcVariant) {
   Workload w;
@@ -310,6 +320,7 @@ TEST(Memory, AgreesWithHflowcVariant) {
   w.promptLen = 256;
   w.responseLen = 1024;
   w.microBatch = 2;
+  w.microBatchGiven = true;
   RoleSpec actor = role("actor", RoleKind::Actor, llama7b());
   RoleSpec ref = role("ref", RoleKind::Reference, llama7b());
   RoleSpec critic = role("critic", RoleKind::Critic, llama7b());
@@ -317,21 +328,23 @@ TEST(Memory, AgreesWithHflowcVariant) {
   RoleMemory a = roleMemory(actor, L(2, 2, 4), &gen, w);
   RoleMemory r = roleMemory(ref, L(2, 1, 8), nullptr, w);
   RoleMemory c = roleMemory(critic, L(2, 1, 8), nullptr, w);
-  // By hand: t = 2 * 1280 = 2560 tokens.
-  EXPECT_DOUBLE_EQ(a.activations, 34.0 * 2560 * 4096 / 2 + 2560.0 * 32000 * 4 / 2 +
-                                      2560.0 * 4096 * 2 * 16);
+  // By hand: micro-batches of 2 sequences, n = 2 * 1280 = 2560 tokens on
+  // tp 2; the first of 2 stages keeps 2 micro-batches of its 16 layers:
+  //   6 n h + 5 n (h / 2) + 4.5 n F / 2 + 2 (32 / 2) T^2 = 204,963,840
+  //   x 2 x 16 + 5 n h + 6 * 2 R V / 2 = 6,807,879,680 elements x 2 bytes.
+  EXPECT_DOUBLE_EQ(a.activations, 13615759360.0);
   EXPECT_DOUBLE_EQ(a.kvCache, 2.0 * 32 * 8 * 128 * 2 * 64 * 1280);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
   EXPECT_EQ(gb(set1), "47.80 GB");
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
   EXPECT_EQ(gb(a.transient()), "14.11 GB");
-  EXPECT_EQ(mb(a.activations), "677.64 MB");
+  EXPECT_EQ(gb(a.activations), "13.62 GB");
   EXPECT_EQ(gb(a.genWeights), "3.37 GB");
   EXPECT_EQ(gb(a.kvCache), "10.74 GB");
-  EXPECT_EQ(mb(r.activations), "342.10 MB");
-  EXPECT_EQ(gb(set2), "54.92 GB");
-  EXPECT_EQ(gb(c.activations), "1.01 GB");
+  EXPECT_EQ(mb(r.activations), "416.81 MB");
+  EXPECT_EQ(gb(set2), "67.13 GB");
+  EXPECT_EQ(gb(c.activations), "13.22 GB");
 }
 
 //===----------------------------------------------------------------------===//
@@ -506,6 +519,7 @@ TEST(Search, CandidatesPassTheBatchCheck) {
   w.batch = 1024;
   w.promptLen = 1024;
   w.responseLen = 1024;
+  w.microBatchGiven = true; // one sequence per pass
   SearchOptions o;
   o.k = 5;
   SearchResult r = searchPlacement(roles, Device::a100_80g(), mesh(12), w, Calibration(), o);
@@ -641,6 +655,7 @@ TEST(Search, Infeasible) {
                                  role("critic", RoleKind::Critic, llama70b())};
   Workload w;
   w.batch = 64;
+  w.microBatchGiven = true; // one sequence per pass
   SearchResult r = searchPlacement(roles, Device::a100_80g(), mesh(1), w, Calibration());
   EXPECT_TRUE(r.candidates.empty());
   EXPECT_NE(r.reason.find("role 'actor' fits on no allocation of up to 8 devices"),

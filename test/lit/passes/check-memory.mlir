@@ -14,24 +14,29 @@ hflow.place [@a, @c] on @m[0 : 2]
 // -----
 
 // The train op sizes the workload: 8 prompts x 2 responses of 64 + 32
-// tokens (max_tokens of the flow's generate), micro-batches of 4, so a
-// training pass sees t = 4 * 96 = 384 tokens:
-//   activations = 34*t*h*(4/2) + t*V*4 + t*h*4*L (the actor and critic
-//               train; Korthikanti's 34 s h bytes assume 2-byte values)
-//               = 1,671,168 + 393,216 + 196,608 = 2.26 MB
+// tokens (max_tokens of the flow's generate), micro-batches of 4 rows of
+// T = 96 tokens, n = 384 tokens per pass, the head on R = 32 (the
+// activation model of runtime/schema/ActivationModel.h, f32):
+//   kept per layer = 6 n h + 5 n h + 4.5 n F + rows heads T^2
+//                  = 147,456 + 122,880 + 221,184 + 147,456 = 638,976
+//   a (trains, dp = 2): 2 layers kept + 5 rows T h + 6 rows R V
+//                  = 1,277,952 + 122,880 + 196,608 = 1,597,440 x 4 B = 6.39 MB
+//   c (fsdp = 2: each unit keeps its input, one layer recomputed, two units
+//     of 36,992 parameters gathered; a value head, no logits)
+//                  = 2 n h + 638,976 + 73,984 + 122,880 = 884,992 x 4 B = 3.54 MB
 // The tiny llama has P = 106,816 parameters in f32:
 //   a (dp = 2): weights P*4 = 427.26 KB, gradients the same, optimizer P*8
 //   c (fsdp = 2): half of each.
 hflow.device @small "gpu" <memory = 1.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 2.26 MB; generation: weights 213.63 KB, KV cache 393.22 KB}}
+// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.39 MB; generation: weights 213.63 KB, KV cache 393.22 KB}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
-// expected-note @+1 {{c: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.26 MB}}
+// expected-note @+1 {{c: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 3.54 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+2 {{the roles placed here need 4.82 MB per device but each small has 1.00 MB: 2.56 MB resident (weights, gradients, optimizer state) + 2.26 MB at the peak (a's training pass)}}
+// expected-error @+2 {{the roles placed here need 8.95 MB per device but each small has 1.00 MB: 2.56 MB resident (weights, gradients, optimizer state) + 6.39 MB at the peak (a's training pass)}}
 // expected-note @+1 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4; use more devices, larger tp/pp/fsdp degrees, or a smaller batch}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
@@ -45,11 +50,12 @@ hflow.train @f {batch = 8 : i64, data = "p.jsonl", minibatch = 8 : i64, n = 2 : 
 // Generation is the peak: 64 prompts x 8 responses of 128 tokens split over
 // dp_g = 2 need a KV cache of 2 * L * kv_heads * head_dim * 4 bytes * 256 * 128
 // = 2 * 2 * 2 * 16 * 4 * 256 * 128 = 16.78 MB. Bare fsdp shards the
-// training state over both devices.
+// training state over both devices; one sequence per pass (micro_batch)
+// keeps the training pass below it.
 hflow.device @small "gpu" <memory = 5.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 753.66 KB; generation: weights 427.26 KB, KV cache 16.78 MB}}
+// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 1.84 MB; generation: weights 427.26 KB, KV cache 16.78 MB}}
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // expected-error @+2 {{the roles placed here need 18.06 MB per device but each small has 5.00 MB: 854.53 KB resident (weights, gradients, optimizer state) + 17.20 MB at the peak (a.generate)}}
 // expected-note @+1 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1;}}
@@ -58,4 +64,4 @@ hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
   %r = hflow.call @a "generate"(%p) {args = {max_tokens = 64 : i64}} : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
 }
-hflow.train @f {batch = 64 : i64, data = "p.jsonl", minibatch = 64 : i64, n = 8 : i64, seed = 1 : i64, steps = 1 : i64, prompt_len = 64 : i64}
+hflow.train @f {batch = 64 : i64, data = "p.jsonl", minibatch = 64 : i64, n = 8 : i64, seed = 1 : i64, steps = 1 : i64, prompt_len = 64 : i64, micro_batch = 1 : i64}

@@ -5,27 +5,28 @@
 // mesh, and auto layouts (tp = 0) take the smallest tp whose memory fits.
 // RUN: hflow-opt %s -split-input-file --hflow-place | FileCheck %s
 
-// A 3 MB device: at tp = 1 a training pass of the tiny model needs 3.11 MB
-// of activations (528 tokens: the default prompt_len 512 and max_tokens 16
-// of runtime/schema/Defaults.h, one sequence per micro-batch;
-// 34*t*h*(4/2) + t*V*4 + t*h*4*L), at tp = 2 about 1.7 MB, so the actor
-// trains with tp = 2 and fsdp over the rest; generation fits at tp = 1.
-// (The critic's layout is fixed, so no search.)
-hflow.device @small "gpu" <memory = 3.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
+// A 1.3 MB device: at tp = 1 (fsdp over the rest) a training pass of the
+// tiny model keeps 1.05 MB of activations (one sequence of 80 tokens:
+// prompt_len 64 and the default max_tokens 16 of runtime/schema/Defaults.h;
+// runtime/schema/ActivationModel.h), 1.48 MB with the actor's 427 KB of
+// state, at tp = 2 657.92 KB, 1.09 MB with it, so the actor trains with
+// tp = 2 and fsdp over the rest; generation fits at tp = 1. (The
+// reference's layout is fixed, so no search.)
+hflow.device @small "gpu" <memory = 1.3e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 hflow.role @a actor(@t) train <dp = 0, tp = 0, pp = 0> generate <dp = 0, tp = 0, pp = 0>
-hflow.role @c critic(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1>
+hflow.role @c reference(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1>
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
 hflow.place_auto on @m
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
   %r = hflow.call @a "generate"(%p) : (!hflow.batch<prompts>) -> !hflow.batch<rollout>
 }
-hflow.train @f {batch = 4 : i64, data = "p.jsonl", minibatch = 4 : i64, n = 1 : i64, seed = 1 : i64, steps = 1 : i64}
+hflow.train @f {batch = 4 : i64, data = "p.jsonl", minibatch = 4 : i64, n = 1 : i64, seed = 1 : i64, steps = 1 : i64, prompt_len = 64 : i64, micro_batch = 1 : i64}
 // CHECK-LABEL: hflow.mesh @m "small" [1 x 4]
 // CHECK: hflow.role @a actor(@t) train <dp = 1, tp = 2, pp = 1, fsdp = 2> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
-// CHECK: hflow.role @c critic(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
+// CHECK: hflow.role @c reference(@t) train <dp = 4, tp = 1, pp = 1> generate <dp = 4, tp = 1, pp = 1> {ranks = array<i64: 0, 1, 2, 3>}
 // CHECK: hflow.role @r reward_fn "exact_match" train <dp = 1, tp = 1, pp = 1> generate <dp = 1, tp = 1, pp = 1> {ranks = array<i64: 0>}
 // CHECK-NEXT: hflow.place [@a, @c] on @m[0 : 4]
 // CHECK-NOT: place_auto
