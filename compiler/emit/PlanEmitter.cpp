@@ -157,6 +157,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   };
   std::vector<Apart> aparts;
   std::map<int, int> genGroup; // role -> group index of its generation ranks
+  const ::hflow::planner::Workload transientWorkload =
+      ::hflow::planner::largest(::hflow::planner::workloadsOf(module));
   for (RoleOp r : module.getOps<RoleOp>()) {
     std::vector<int> ranks, genRanks;
     if (auto rk = r.getRanks())
@@ -199,15 +201,27 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     auto optVec = b.CreateVector(optKvs);
     roleIndex[r.getSymName()] = roles.size();
     std::vector<fb::RankMemory> memory;
+    std::vector<fb::RankTransient> transient;
     if (auto m = r.getModelAttr() ? SymbolTable::lookupNearestSymbolFrom<ModelOp>(
                                         r, r.getModelAttr())
-                                  : ModelOp())
+                                  : ModelOp()) {
       for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m))
         memory.emplace_back(c.weights, c.grads, c.optimizer, c.generation);
+      // The transient bounds at the largest workload of any train block.
+      if (!memory.empty()) {
+        const ::hflow::planner::RoleMemory rm = ::hflow::planner::roleMemory(
+            r, m, r.getTrain(), r.getGenerate(), transientWorkload);
+        const bool apart = r.getGenerateRanks() && !r.getGenerateRanks()->empty();
+        for (size_t i = 0; i < memory.size(); ++i)
+          transient.emplace_back(static_cast<int64_t>(rm.activations),
+                                 apart ? 0 : static_cast<int64_t>(rm.kvCache));
+      }
+    }
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
                                    model, rankVec, &train, &gen, rule, optVec,
                                    b.CreateVector(genRanks),
-                                   b.CreateVectorOfStructs(memory)));
+                                   b.CreateVectorOfStructs(memory),
+                                   b.CreateVectorOfStructs(transient)));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
   // Two more groups per actor generating apart (after the one per role,

@@ -128,9 +128,18 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
       if (!ro.memory() || !ro.ranks())
         continue;
       for (size_t i = 0; i < ro.ranks()->size() && i < ro.memory()->size(); ++i)
-        if (ro.ranks()->Get(i) == rank)
-          std::fprintf(out, "  memory %s: %s\n", roleName(r).c_str(),
-                       memoryLine(*ro.memory()->Get(i)).c_str());
+        if (ro.ranks()->Get(i) == rank) {
+          // And what it bounds the phases need on top (2.8).
+          std::string peak;
+          if (ro.transient() && i < ro.transient()->size()) {
+            const RankTransient &t = *ro.transient()->Get(i);
+            peak = "; at most " + bytes(t.activations()) + " of activations";
+            if (t.kv_cache() > 0)
+              peak += ", " + bytes(t.kv_cache()) + " of KV cache";
+          }
+          std::fprintf(out, "  memory %s: %s%s\n", roleName(r).c_str(),
+                       memoryLine(*ro.memory()->Get(i)).c_str(), peak.c_str());
+        }
     }
     if (!s->steps())
       continue;

@@ -387,17 +387,35 @@ void Worker::printMemory(const at::Tensor &all, int first) {
 /// was from every pass.
 void Worker::printTransientMemory(const at::Tensor &all, int first) {
   std::printf("transient memory per rank (measured peaks; the memory model at the same "
-              "shapes):\n");
+              "shapes; the plan's bound):\n");
   double lo = 0, hi = 0;
-  int passes = 0, kvCompared = 0;
-  std::vector<std::string> kvDiffer;
+  int passes = 0, kvCompared = 0, bounded = 0;
+  std::vector<std::string> kvDiffer, overBound;
   for (int rank = 0; rank < p_.world_size(); ++rank) {
     std::string line;
     for (int r = 0; r < (int)p_.roles()->size(); ++r) {
       auto fig = [&](int k) { return all[rank][first + kMemoryFigures * r + k].item<double>(); };
+      // The plan's bounds for this rank of the role (format 2.8), if any.
+      const Role &ro = role(r);
+      const RankTransient *bound = nullptr;
+      if (ro.transient() && ro.ranks())
+        for (size_t i = 0; i < ro.ranks()->size() && i < ro.transient()->size(); ++i)
+          if (ro.ranks()->Get(i) == rank)
+            bound = ro.transient()->Get(i);
+      auto checkBound = [&](const char *what, double got, int64_t b) {
+        ++bounded;
+        if (got > (double)b)
+          overBound.push_back("rank " + std::to_string(rank) + " " + str(ro.name(), "?") +
+                              " " + what + " " + fmtBytes(got) + " > " +
+                              fmtBytes((double)b));
+      };
       std::string parts;
       if (fig(4) >= 0) {
-        parts += "activations " + fmtBytes(fig(4)) + " (model " + fmtBytes(fig(6)) + ")";
+        parts += "activations " + fmtBytes(fig(4)) + " (model " + fmtBytes(fig(6)) +
+                 (bound ? "; plan " + fmtBytes((double)bound->activations()) : std::string()) +
+                 ")";
+        if (bound)
+          checkBound("activations", fig(4), bound->activations());
         if (fig(9) > 0) {
           lo = passes ? std::min(lo, fig(8)) : fig(8);
           hi = passes ? std::max(hi, fig(9)) : fig(9);
@@ -406,8 +424,13 @@ void Worker::printTransientMemory(const at::Tensor &all, int first) {
       }
       if (fig(5) > 0) {
         parts += std::string(parts.empty() ? "" : ", ") + "KV cache " + fmtBytes(fig(5)) +
-                 (fig(5) == fig(7) ? std::string(" (model: equal)")
-                                   : " (model " + fmtBytes(fig(7)) + ")");
+                 (fig(5) == fig(7) ? std::string(" (model: equal") : " (model " + fmtBytes(fig(7))) +
+                 (bound && bound->kv_cache() > 0
+                      ? "; plan " + fmtBytes((double)bound->kv_cache())
+                      : std::string()) +
+                 ")";
+        if (bound && bound->kv_cache() > 0)
+          checkBound("KV cache", fig(5), bound->kv_cache());
         ++kvCompared;
         if (fig(5) > fig(7))
           kvDiffer.push_back("rank " + std::to_string(rank) + " " +
@@ -424,6 +447,16 @@ void Worker::printTransientMemory(const at::Tensor &all, int first) {
   if (passes > 0)
     std::printf("activations: measured / model %.2f to %.2f over every pass of %d role "
                 "ranks\n", lo, hi, passes);
+  if (bounded > 0 && overBound.empty())
+    std::printf("transient memory: all %d figures within the plan's bounds\n", bounded);
+  else if (bounded > 0) {
+    std::printf("transient memory: %zu of %d figures above the plan's bounds (a pass "
+                "longer than prompt_len + max_tokens, e.g. sft's answers, or a call's own "
+                "micro_batch):", overBound.size(), bounded);
+    for (const std::string &d : overBound)
+      std::printf(" %s;", d.c_str());
+    std::printf("\n");
+  }
   if (kvCompared > 0 && kvDiffer.empty())
     std::printf("KV caches: %d within the model (equal unless generation used a token "
                 "budget)\n", kvCompared);

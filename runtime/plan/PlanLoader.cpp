@@ -198,6 +198,15 @@ bool checkSemantics(const Plan &p, std::string &error) {
         if (m->weights() < 0 || m->grads() < 0 || m->optimizer() < 0 || m->generation() < 0)
           return c.fail(what, " has a negative memory count");
     }
+    // Format 2.8: the transient bounds, one entry per rank (or none).
+    if (const size_t nt = len(r->transient())) {
+      if (nt != r->ranks()->size())
+        return c.fail(what, " has transient memory bounds for ", nt, " ranks but ",
+                      r->ranks()->size(), " ranks");
+      for (const RankTransient *t : *r->transient())
+        if (t->activations() < 0 || t->kv_cache() < 0)
+          return c.fail(what, " has a negative transient memory bound");
+    }
   }
   for (size_t i = 0; i < nGroups; ++i)
     if (!checkRankList(c, p.groups()->Get(i)->ranks(), world,

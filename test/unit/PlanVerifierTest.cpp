@@ -156,6 +156,16 @@ TEST(PlanVerifier, ChecksCountedMemory) {
   EXPECT_EQ(error, "invalid plan: role 0 has a negative memory count");
 }
 
+TEST(PlanVerifier, ChecksTransientBounds) {
+  std::string error;
+  EXPECT_TRUE(verify(test::buildTestPlan({.transientRanks = 2}), error)) << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.transientRanks = 3}), error));
+  EXPECT_EQ(error, "invalid plan: role 0 has transient memory bounds for 3 ranks but 2 ranks");
+  EXPECT_FALSE(
+      verify(test::buildTestPlan({.transientRanks = 2, .transientActivations = -1}), error));
+  EXPECT_EQ(error, "invalid plan: role 0 has a negative transient memory bound");
+}
+
 TEST(PlanVerifier, RefusesMissingSchedule) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.missingSchedule = true}), error));

@@ -45,6 +45,10 @@ struct TestPlanOptions {
   // none), each of `memoryWeights` bytes of weights.
   int memoryRanks = -1;
   int64_t memoryWeights = 1024;
+  // Its transient bounds (format 2.8): `transientRanks` entries (-1: none),
+  // each `transientActivations` bytes of activations.
+  int transientRanks = -1;
+  int64_t transientActivations = 4096;
 };
 
 /// Wraps a finished Plan buffer into a plan file as the compiler does:
@@ -86,9 +90,13 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   std::vector<RankMemory> memory;
   for (int i = 0; i < o.memoryRanks; ++i)
     memory.emplace_back(o.memoryWeights, 0, 0, 0);
+  std::vector<RankTransient> transient;
+  for (int i = 0; i < o.transientRanks; ++i)
+    transient.emplace_back(o.transientActivations, 0);
   auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
                          b.CreateVector(roleRanks), &train, &gen, 0, 0, 0,
-                         o.memoryRanks >= 0 ? b.CreateVectorOfStructs(memory) : 0);
+                         o.memoryRanks >= 0 ? b.CreateVectorOfStructs(memory) : 0,
+                         o.transientRanks >= 0 ? b.CreateVectorOfStructs(transient) : 0);
   auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));
   auto v0 = CreateValue(b, b.CreateString("prompts"), BatchKind::Prompts, -1);
   auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
