@@ -702,7 +702,7 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
       l.pp = pp;
       l.dp = devices / (tp * pp);
       if (opts.executable && train.pp > 1 && !executesLayouts(role, train, &l))
-        continue; // e.g. tensor-parallel generation after pipeline training
+        continue;
       out.push_back(l);
     }
   }

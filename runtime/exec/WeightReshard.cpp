@@ -311,10 +311,34 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
                    std::to_string(rs.bytes_per_element()) +
                    " bytes per element, the model's weights have 4");
   at::NoGradGuard ng;
-  const auto train = rr.lm->namedWeights();
-  const auto trainBoxes = rr.lm->namedBoxes();
+  // The training form's weights in the plan's parameter order: a pipeline
+  // stage holds only some of them, the others an empty box (the plan never
+  // has this rank send them).
+  std::vector<std::pair<std::string, at::Tensor>> train;
+  std::vector<std::pair<std::string, models::Box>> trainBoxes;
+  {
+    const auto weights = rr.lm->namedWeights();
+    const auto held = rr.lm->namedBoxes();
+    std::map<std::string, size_t> at;
+    for (size_t i = 0; i < weights.size(); ++i)
+      at[weights[i].first] = i;
+    for (size_t k = 0; k < nParams; ++k) {
+      auto it = at.find(shapes[k].first);
+      if (it == at.end()) {
+        train.emplace_back(shapes[k].first, at::Tensor());
+        trainBoxes.emplace_back(shapes[k].first, models::Box{});
+      } else {
+        train.push_back(weights[it->second]);
+        trainBoxes.push_back(held[it->second]);
+      }
+    }
+  }
   const auto gen = rr.gen->namedWeights();
   const auto genBoxes = rr.gen->namedBoxes();
+  if (gen.size() != nParams)
+    throw RunError("reshard of " + what + ": the generation form lists " +
+                   std::to_string(gen.size()) + " weights, the plan " +
+                   std::to_string(nParams));
   auto as2d = [](const at::Tensor &t, const models::Box &b) {
     return t.detach().view({b.rows(), b.cols()});
   };

@@ -138,10 +138,6 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return refuse("generate", gen,
                   "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "
                   "hflow-run yet; write dp(N) or tp(t) * dp(d)");
-  if (v.train == Form::Pipeline && gen.tp > 1)
-    return refuse("generate", gen,
-                  "generating tensor parallel after pipeline-parallel training is not "
-                  "executed by hflow-run yet; write generate: dp(N)");
   if (gen.sp > 1)
     return refuse("generate", gen,
                   "sequence parallelism does not generate (a token at a time); write "
