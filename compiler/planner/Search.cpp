@@ -599,6 +599,18 @@ std::vector<std::vector<std::vector<int>>> setPartitions(int n) {
   return out;
 }
 
+/// The model dimensions runtime/schema/Executes.h judges a layout by.
+static ::hflow::executes::Dims executesDims(const RoleSpec &role) {
+  ::hflow::executes::Dims d;
+  d.heads = role.model.heads;
+  d.kvHeads = role.model.kvHeads;
+  d.ffn = role.model.ffn;
+  d.vocab = role.model.vocab;
+  d.layers = role.model.layers;
+  d.tied = role.model.tieEmbeddings;
+  return d;
+}
+
 /// hflow-run's tensor-parallel shards of degree tp for this role
 /// (runtime/schema/Executes.h): an Actor, Critic or Reference, split evenly.
 static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
@@ -607,12 +619,7 @@ static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
   if (role.kind != RoleKind::Actor && role.kind != RoleKind::Critic &&
       role.kind != RoleKind::Reference)
     return false;
-  ::hflow::executes::Dims d;
-  d.heads = role.model.heads;
-  d.kvHeads = role.model.kvHeads;
-  d.ffn = role.model.ffn;
-  d.vocab = role.model.vocab;
-  return ::hflow::executes::tensorParallelProblem(d, tp).empty();
+  return ::hflow::executes::tensorParallelProblem(executesDims(role), tp).empty();
 }
 
 /// hflow-run executes `train` (and, for an actor, `gen`) as written for
@@ -625,13 +632,6 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
     d.dp = l.dp, d.fsdp = l.fsdp, d.tp = l.tp, d.pp = l.pp, d.sp = l.sp, d.cp = l.cp;
     return d;
   };
-  ::hflow::executes::Dims d;
-  d.heads = role.model.heads;
-  d.kvHeads = role.model.kvHeads;
-  d.ffn = role.model.ffn;
-  d.vocab = role.model.vocab;
-  d.layers = role.model.layers;
-  d.tied = role.model.tieEmbeddings;
   using ::hflow::methods::Role;
   const Role kind = role.kind == RoleKind::Actor       ? Role::Actor
                     : role.kind == RoleKind::Critic    ? Role::Critic
@@ -639,7 +639,8 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
                                                        : Role::RewardModel;
   ::hflow::executes::Degrees g;
   g.dp = train.size();
-  return ::hflow::executes::roleForms(kind, true, degrees(train), gen ? degrees(*gen) : g, d)
+  return ::hflow::executes::roleForms(kind, true, degrees(train), gen ? degrees(*gen) : g,
+                                      executesDims(role))
       .executed();
 }
 

@@ -369,19 +369,9 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group, comm::Communi
   p.f = group.size();
   p.r = group.rank();
   p.scale = 1.0 / p.f;
-  p.nq = p.c.heads, p.nkv = p.c.kvHeads, p.kvParts = 1, p.vShard = p.c.vocab;
-  if (tp && tp->size() > 1) {
-    if (std::string e = TPLlama::checkConfig(p.c, tp->size()); !e.empty())
-      throw std::invalid_argument(e);
-    p.tp = tp;
-    p.t = tp->size();
-    p.tr = tp->rank();
-    p.nq = p.c.heads / p.t;
-    p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
-    p.nkv = p.c.kvHeads / p.kvParts;
-    p.vShard = p.c.vocab / p.t;
-    p.vStart = p.tr * p.vShard;
-  }
+  const TpGeometry g = tpGeometry(p.c, tp); // fsdp x tp: FSDP over TP pieces
+  p.tp = g.tp, p.t = g.t, p.tr = g.r;
+  p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   if (const char *v = std::getenv("HFLOW_FSDP_PREFETCH"); v && std::string(v) == "0")
     p.prefetchOn = false;
   std::map<std::string, int> unitIndex;

@@ -113,6 +113,16 @@ at::Tensor vocabParallelLogprobs(const at::Tensor &logitsShard, const at::Tensor
 /// The entropy per position from a vocabulary shard (TPLlama::tokenEntropy).
 at::Tensor vocabParallelEntropy(const at::Tensor &logitsShard, double temperature,
                                 comm::Communicator &tp);
+/// How tensor parallelism over `tp` (null or size 1: none) splits a
+/// config: this member's query and kv heads, the kv pieces (fewer than t
+/// when kv heads are replicated), its vocabulary rows. Throws
+/// std::invalid_argument when TPLlama::checkConfig fails.
+struct TpGeometry {
+  comm::Communicator *tp = nullptr; ///< null without tensor parallelism
+  int t = 1, r = 0;
+  int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
+};
+TpGeometry tpGeometry(const LlamaConfig &c, comm::Communicator *tp);
 /// A layer's weights as the forward uses them: kv heads replicated on
 /// `reps` members sum their gradients over those replicas.
 LayerWeights withKvReplicaSums(LayerWeights w, comm::Communicator &tp, int64_t reps);

@@ -67,18 +67,9 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   p.p = pp.size();
   p.k = pp.rank();
   p.tied = p.c.tieEmbeddings;
-  if (tp && tp->size() > 1) {
-    if (std::string e = TPLlama::checkConfig(p.c, tp->size()); !e.empty())
-      throw std::invalid_argument(e);
-    p.tp = tp;
-    p.t = tp->size();
-    p.r = tp->rank();
-  }
-  p.nq = p.c.heads / p.t;
-  p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
-  p.nkv = p.c.kvHeads / p.kvParts;
-  p.vShard = p.c.vocab / p.t;
-  p.vStart = p.r * p.vShard;
+  const TpGeometry g = tpGeometry(p.c, tp);
+  p.tp = g.tp, p.t = g.t, p.r = g.r;
+  p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
   if (p.first >= p.last)
     throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +

@@ -116,6 +116,21 @@ at::Tensor detail::vocabParallelEntropy(const at::Tensor &shard, double temperat
   return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
 }
 
+TpGeometry detail::tpGeometry(const LlamaConfig &c, comm::Communicator *tp) {
+  TpGeometry g;
+  if (tp && tp->size() > 1) {
+    if (std::string e = TPLlama::checkConfig(c, tp->size()); !e.empty())
+      throw std::invalid_argument(e);
+    g.tp = tp, g.t = tp->size(), g.r = tp->rank();
+  }
+  g.nq = c.heads / g.t;
+  g.kvParts = std::min<int64_t>(c.kvHeads, g.t);
+  g.nkv = c.kvHeads / g.kvParts;
+  g.vShard = c.vocab / g.t;
+  g.vStart = g.r * g.vShard;
+  return g;
+}
+
 LayerWeights detail::withKvReplicaSums(LayerWeights w, comm::Communicator &tp, int64_t reps) {
   if (reps > 1)
     for (at::Tensor *p : {&w.wk, &w.wv, &w.bk, &w.bv})
@@ -205,11 +220,8 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
   p.r = tp.rank();
   if (std::string e = checkConfig(p.c, p.t); !e.empty())
     throw std::invalid_argument(e);
-  p.nq = p.c.heads / p.t;
-  p.kvParts = std::min<int64_t>(p.c.kvHeads, p.t);
-  p.nkv = p.c.kvHeads / p.kvParts;
-  p.vShard = p.c.vocab / p.t;
-  p.vStart = p.r * p.vShard;
+  const TpGeometry g = tpGeometry(p.c, &tp);
+  p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   p.layers.resize(p.c.layers);
   for (const auto &[name, view] : full.namedParameters()) {
     Impl::Entry e;
