@@ -421,10 +421,11 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(e.what());
   }
-  if (gen.kvCacheBytes > rr.peakKvCache) {
-    // The model at this generation's shape: the rows of one batch, the
-    // prompt and every token but the last of the longest response.
-    rr.peakKvCache = gen.kvCacheBytes;
+  {
+    // Every generation's cache against the model at its shape: the rows of
+    // one batch, the prompt and every token but the last of the longest
+    // response. The summary shows the largest, or the first one above its
+    // model (which it then reports).
     const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
     const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
     const int64_t rowsNow = ptoks.size(0);
@@ -432,10 +433,16 @@ void Worker::runGenerate(MethodCall &c) {
         models::batchRowsFor(so.maxBatchTokens, ptoks.size(1), so.maxTokens, rowsNow);
     const int64_t longest =
         rowsNow > 0 ? (int64_t)gen.mask.sum(1).max().item<double>() : 0;
-    rr.modelKvCache = longest > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers,
-                                                        form ? form->passForm().tp : 1,
-                                                        perBatch, ptoks.size(1) + longest - 1)
-                                  : 0;
+    const double model = longest > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers,
+                                                           form ? form->passForm().tp : 1,
+                                                           perBatch, ptoks.size(1) + longest - 1)
+                                     : 0;
+    const bool over = (double)gen.kvCacheBytes > model;
+    if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {
+      rr.peakKvCache = gen.kvCacheBytes;
+      rr.modelKvCache = model;
+      rr.kvOverModel = over;
+    }
   }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
   ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);

@@ -134,6 +134,7 @@ struct RoleRt {
   /// the shapes of the pass and the generation measured above, and the
   /// range of measured / model over every pass.
   double modelActivations = 0, modelKvCache = 0;
+  bool kvOverModel = false; ///< a generation's cache exceeded its model
   double actRatioLo = 0, actRatioHi = 0;
 
   /// The head's parameters, trained with the model (none for an actor).

@@ -57,7 +57,7 @@ struct Verdict {
   Form train = Form::Whole;
   Form generate = Form::None;
   /// Empty: executed as written. Otherwise one sentence: what is not
-  /// executed yet, naming the layout ("train: tp(2) * pp(2): ...").
+  /// executed yet, naming the layout ("train: fsdp(2) * pp(2): ...").
   std::string refusal;
   bool executed() const { return refusal.empty(); }
 };
