@@ -13,6 +13,10 @@ def configure(config, lit):
     config.substitutions.append(("%examples",
                                  os.path.join(config.hflow_src_root, "examples")))
     config.substitutions.append(("%srcroot", config.hflow_src_root))
+    # A python3 with Debian's python3-torch (for /usr/bin/python3; another
+    # python3 earlier on PATH may lack it): independent reference forwards.
+    config.substitutions.append(("%torch-python", "/usr/bin/python3"
+                                 if os.path.exists("/usr/bin/python3") else "python3"))
     # FileCheck, not, count and friends from Debian's LLVM 22.
     config.environment["PATH"] = os.pathsep.join(
         [tools, llvm, config.environment.get("PATH", os.environ.get("PATH", ""))])

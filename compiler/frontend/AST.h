@@ -112,6 +112,10 @@ struct ModelDecl {
   double ropeTheta = 10000;
   double normEps = 1e-5; // RMSNorm epsilon (Llama-2's; config.json's rms_norm_eps)
   std::string hfDir;          // hf("dir"): the config.json it was read from
+  std::string hfArch;         // its architectures[0] ("" if none)
+  /// config.json names a *ForSequenceClassification model: a body and a
+  /// score head, no LM head (a reward model's checkpoint).
+  bool scorer = false;
 };
 
 enum class RoleKind { Actor, Critic, Reference, RewardModel, RewardFn };

@@ -359,6 +359,25 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
       ok = false;
     }
   }
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0].is_string()) {
+    m.hfArch = j["architectures"][0].get<std::string>();
+    m.scorer = m.hfArch.find("ForSequenceClassification") != std::string::npos;
+  }
+  if (m.scorer) {
+    int64_t labels = 2; // transformers' default
+    if (j.contains("id2label") && j["id2label"].is_object())
+      labels = (int64_t)j["id2label"].size();
+    if (j.contains("num_labels") && j["num_labels"].is_number_integer())
+      labels = j["num_labels"].get<int64_t>();
+    if (labels != 1) {
+      diags_.error(dirArg.loc, config.string() + ": " + m.hfArch + " with " +
+                                   std::to_string(labels) +
+                                   " labels; hflow's reward model scores with one "
+                                   "(num_labels 1)");
+      ok = false;
+    }
+  }
   if (j.contains("rope_theta")) {
     if (j["rope_theta"].is_number() && j["rope_theta"].get<double>() > 0)
       m.ropeTheta = j["rope_theta"].get<double>();
@@ -570,7 +589,8 @@ std::vector<std::string> Sema::roleProperties(ast::RoleKind k) {
   if (k == ast::RoleKind::Actor)
     props.push_back("generate");
   props.push_back("dtype");
-  if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic)
+  if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic ||
+      k == ast::RoleKind::RewardModel) // a reward model trains with fit
     props.push_back("optimizer");
   if (k == ast::RoleKind::Actor)
     for (const char *s : {"temperature", "top_p", "top_k", "transfer_dtype"})

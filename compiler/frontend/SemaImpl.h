@@ -76,6 +76,7 @@ public:
       checkFlow(f);
     for (auto &t : prog_.trains)
       checkTrain(t);
+    checkScoringModels();
   }
 
 private:
@@ -262,6 +263,13 @@ private:
   }
 
   void checkTrain(ast::TrainDecl &t);
+
+  /// Where a model's weights fit its roles: a sequence-classification
+  /// checkpoint (a score head, no LM head) serves a RewardModel or a
+  /// Critic, never an Actor or Reference; a RewardModel that scores has a
+  /// score head to score with, loaded from such a checkpoint or trained by
+  /// `fit` in the same or an earlier phase, never zeros.
+  void checkScoringModels();
 
   /// off_policy: 1 overlaps the rollout of step k+1 with training on step k.
   /// That takes one actor.generate, whose prompts nothing else reads, and

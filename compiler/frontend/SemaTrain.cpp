@@ -196,6 +196,75 @@ void Sema::checkOffPolicy(const ast::TrainDecl &t) {
         .notes.push_back({gen.loc, "the generate call"});
 }
 
+void Sema::checkScoringModels() {
+  for (const ast::RoleDecl &r : prog_.roles) {
+    if (r.model.empty() || !symbols_.count(r.model) ||
+        symbols_.at(r.model).kind != Kind::Model)
+      continue;
+    const ast::ModelDecl &m = prog_.models[symbols_.at(r.model).index];
+    if (m.scorer && (r.kind == ast::RoleKind::Actor || r.kind == ast::RoleKind::Reference)) {
+      diags_.error(r.loc, std::string("an ") + ast::roleKindName(r.kind) +
+                              " computes log-probabilities with an LM head, but model '" +
+                              m.name + "' is hf(\"" + m.hfDir + "\"), a " + m.hfArch +
+                              " checkpoint: a score head and no LM head")
+          .notes.push_back({m.loc, "the model is declared here"});
+      continue;
+    }
+    if (r.kind != ast::RoleKind::RewardModel || m.scorer)
+      continue;
+    // Each flow's first score and fit calls of this role, in statement order.
+    struct Calls {
+      const Expr *score = nullptr, *fit = nullptr;
+      bool fitFirst = false;
+    };
+    std::map<std::string, Calls> byFlow;
+    for (const ast::FlowDecl &f : prog_.flows) {
+      Calls c;
+      for (const ast::Stmt &st : f.body)
+        forEachCall(*st.value, [&](const Expr &call) {
+          if (call.kind != Expr::Kind::MethodCall || call.receiver != r.name)
+            return;
+          if (call.text == "score" && !c.score) {
+            c.score = &call;
+            c.fitFirst = c.fit != nullptr;
+          }
+          if (call.text == "fit" && !c.fit)
+            c.fit = &call;
+        });
+      byFlow[f.name] = c;
+    }
+    auto why = [&](const std::string &where) {
+      return "reward model '" + r.name + "' scores " + where + ", but model '" + m.name +
+             "' has no score head yet: " +
+             (m.hfDir.empty() ? std::string("it starts from random weights")
+                              : "hf(\"" + m.hfDir + "\") is " +
+                                    (m.hfArch.empty() ? std::string("not a")
+                                                      : "a " + m.hfArch + ", not a") +
+                                    " sequence-classification checkpoint") +
+             "; load one (config.json naming *ForSequenceClassification, with "
+             "score.weight) or train it first with " + r.name + ".fit(pairs)";
+    };
+    if (prog_.trains.empty()) {
+      // hflow-run runs one flow on synthetic prompts: it must fit first.
+      for (const ast::FlowDecl &f : prog_.flows) {
+        const Calls &c = byFlow[f.name];
+        if (c.score && !c.fitFirst)
+          diags_.error(c.score->loc, why("here"));
+      }
+      continue;
+    }
+    bool fitted = false;
+    for (const ast::TrainDecl &t : prog_.trains) {
+      const Calls &c = byFlow[t.flow];
+      if (c.score && !fitted && !c.fitFirst)
+        diags_.error(c.score->loc, why("in phase '" + t.flow + "'"))
+            .notes.push_back({t.loc, "the phase runs here, before any phase trains " +
+                                         r.name});
+      fitted = fitted || c.fit;
+    }
+  }
+}
+
 } // namespace hflow::frontend::detail
 
 namespace hflow::frontend {

@@ -105,7 +105,8 @@ struct CheckBatchPass
           return;
         }
         check(batch * n, "the step's sequences (batch * n)");
-        if ((call.getMethod() == "update" || call.getMethod() == "sft") &&
+        if ((call.getMethod() == "update" || call.getMethod() == "sft" ||
+             call.getMethod() == "fit") &&
             mb != batch) {
           if (batch % mb != 0) {
             InFlightDiagnostic d = call.emitError()

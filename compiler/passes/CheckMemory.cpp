@@ -15,6 +15,7 @@ namespace mlir::hflow {
 using namespace mlir;
 using namespace mlir::hflow;
 using ::hflow::planner::formatBytes;
+using ::hflow::planner::roleTrains;
 
 namespace {
 
@@ -68,8 +69,7 @@ struct CheckMemoryPass
       e.lines.push_back({role, text});
       if (m.activations > e.transient) {
         e.transient = m.activations;
-        bool trains = role.getKind() == RoleKind::Actor ||
-                      role.getKind() == RoleKind::Critic;
+        bool trains = roleTrains(role);
         e.peakPhase = role.getSymName().str() +
                       (trains ? "'s training pass" : "'s forward pass");
       }

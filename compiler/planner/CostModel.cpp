@@ -52,7 +52,9 @@ double peakFlops(const Device &dev, int64_t dtypeBytes) {
 RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
                       const Layout *gen, const Workload &w) {
   RoleMemory m;
-  const ModelShape &ms = role.model;
+  // A critic's or reward model's body has no LM head.
+  ModelShape ms = role.model;
+  ms.lmHead = ms.lmHead && role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
   const double P = static_cast<double>(paramCount(ms));
   const double b = static_cast<double>(role.dtypeBytes);
   const double L = static_cast<double>(ms.layers);
@@ -74,7 +76,7 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
-  const bool lmHead = role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
+  const bool lmHead = ms.lmHead; // a critic's or reward model's body has none
   m.activations = ::hflow::shape::roleActivationBytes(ms, trains, lmHead, rl, rw, b);
 
   if (role.kind == RoleKind::Actor && gen) {

@@ -68,7 +68,11 @@ struct RoleSpec {
   /// Bytes per element of the weights on the wire between the actor's
   /// layouts (its transfer_dtype: 2 for bf16 of f32 weights); 0: dtypeBytes.
   int64_t wireBytes = 0;
-  bool trains() const { return kind == RoleKind::Actor || kind == RoleKind::Critic; }
+  bool fits = false; // a reward model some flow trains (`fit`)
+  bool trains() const {
+    return kind == RoleKind::Actor || kind == RoleKind::Critic ||
+           (kind == RoleKind::RewardModel && fits);
+  }
 };
 
 /// Parameter count: runtime/schema/ModelShape.h's, the one definition.

@@ -4,6 +4,7 @@
 #include "compiler/planner/Reshard.h"
 #include "compiler/planner/RoleReshard.h"
 #include "runtime/schema/ActivationModel.h"
+#include "runtime/schema/RoleMethods.h"
 
 #include "llvm/ADT/StringExtras.h"
 
@@ -117,16 +118,41 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
   return out;
 }
 
+bool roleHasLmHead(RoleOp role) {
+  static_assert(int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),
+                "RoleKind mirrors methods::Role");
+  return ::hflow::methods::hasLmHead(::hflow::methods::Role(int(role.getKind())));
+}
+
+bool roleTrains(RoleOp role) {
+  if (role.getKind() == RoleKind::Actor || role.getKind() == RoleKind::Critic)
+    return true;
+  if (role.getKind() != RoleKind::RewardModel)
+    return false;
+  bool fits = false;
+  if (auto module = role->getParentOfType<ModuleOp>())
+    module.walk([&](CallOp call) {
+      if (call.getRole() == role.getSymName() && call.getMethod() == "fit")
+        fits = true;
+    });
+  return fits;
+}
+
+int64_t roleParamCount(RoleOp role, ModelOp model) {
+  ::hflow::shape::ModelShape s = toShape(model);
+  s.lmHead = roleHasLmHead(role);
+  return ::hflow::shape::paramCount(s);
+}
+
 RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
                       LayoutAttr gen, const Workload &w) {
   RoleMemory m;
   if (!model)
     return m;
-  const double P = static_cast<double>(model.computeParamCount());
+  const double P = static_cast<double>(roleParamCount(role, model));
   const double b = roleDtypeBytes(role, model);
   const double L = model.getLayersAttr().getInt();
-  const bool trains =
-      role.getKind() == RoleKind::Actor || role.getKind() == RoleKind::Critic;
+  const bool trains = roleTrains(role);
 
   const double S = static_cast<double>(std::max<int64_t>(train.shards(), 1));
   m.weights = P * b / S;
@@ -143,8 +169,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
-  const bool lmHead = role.getKind() != RoleKind::Critic &&
-                      role.getKind() != RoleKind::RewardModel;
+  const bool lmHead = roleHasLmHead(role);
   m.activations =
       ::hflow::shape::roleActivationBytes(toShape(model), trains, lmHead, rl, rw, b);
 
@@ -171,12 +196,14 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
   if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
     return out;
   namespace rs = ::hflow::reshard;
-  const std::vector<rs::Param> params = rs::llamaParams(toShape(model));
+  rs::ModelShape shape = toShape(model);
+  shape.lmHead = roleHasLmHead(role); // a critic's or reward model's body has none
+  const std::vector<rs::Param> params = rs::llamaParams(shape);
   const rs::Layout train = toLayout(role.getTrain()), gen = toLayout(role.getGenerate());
   const int64_t layers = model.getLayersAttr().getInt();
   const int64_t b = static_cast<int64_t>(roleDtypeBytes(role, model));
   const RoleKind kind = role.getKind();
-  const bool trains = kind == RoleKind::Actor || kind == RoleKind::Critic;
+  const bool trains = roleTrains(role);
   const int64_t head = kind == RoleKind::Critic || kind == RoleKind::RewardModel
                            ? model.getHiddenAttr().getInt()
                            : 0;
@@ -187,29 +214,26 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
   };
   const bool wholeBoth = train.fsdp * train.tp * train.pp == 1 && gen.fsdp * gen.tp * gen.pp == 1;
   const bool genCopy = kind == RoleKind::Actor && !apart && !same(train, gen) && !wholeBoth;
-  // A critic computes values from the hidden states: its (untied) LM head
-  // is held, with AdamW state, but never receives a gradient.
-  auto held = [&](const rs::Layout &l, int64_t slot, bool withLmHead) {
+  auto held = [&](const rs::Layout &l, int64_t slot) {
     int64_t n = 0;
     for (const rs::Param &p : params)
-      if (withLmHead || p.name != "lm_head")
-        n += rs::holding(p, l, slot, layers).area();
+      n += rs::holding(p, l, slot, layers).area();
     return n;
   };
   for (int64_t i = 0; i < train.size(); ++i) {
     CountedMemory m;
-    const int64_t n = held(train, i, true) + head;
+    const int64_t n = held(train, i) + head;
     m.weights = n * b;
     if (trains) {
       // Under pp the head runs on the last stage (pp is the slowest slot
       // coordinate): only there does it get a gradient.
       const bool lastStage = i / (train.size() / std::max<int64_t>(1, train.pp)) ==
                              std::max<int64_t>(1, train.pp) - 1;
-      m.grads = (head > 0 ? held(train, i, false) + (lastStage ? head : 0) : n) * b;
+      m.grads = (head > 0 ? held(train, i) + (lastStage ? head : 0) : n) * b;
       m.optimizer = n * (b >= 4 ? 8 : 12);
     }
     if (genCopy)
-      m.generation = held(gen, i % gen.size(), true) * b;
+      m.generation = held(gen, i % gen.size()) * b;
     out.push_back(m);
   }
   return out;

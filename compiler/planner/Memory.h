@@ -100,6 +100,16 @@ struct CountedMemory {
 /// CountedMemory for each of the role's ranks (training slot i = the i-th
 /// of its ranks); empty for a role without a model or with an unresolved
 /// layout.
+/// Whether the role's model has an LM head (an actor's or reference's; a
+/// critic's or reward model's body has none: methods::hasLmHead).
+bool roleHasLmHead(mlir::hflow::RoleOp role);
+/// Whether the role trains: an actor, a critic, or a reward model some
+/// flow calls `fit` on.
+bool roleTrains(mlir::hflow::RoleOp role);
+/// The parameters the role's model holds (without an LM head for a critic
+/// or reward model).
+int64_t roleParamCount(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);
+
 std::vector<CountedMemory> countedMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);
 
 /// Bytes per element of a model dtype (f32: 4, bf16/f16: 2).

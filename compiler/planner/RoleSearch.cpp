@@ -39,6 +39,8 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
     default: break;
     }
     spec.model = toShape(model);
+    spec.model.lmHead = roleHasLmHead(role);
+    spec.fits = roleTrains(role) && role.getKind() == RoleKind::RewardModel;
     spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
     spec.wireBytes = wireTypeOf(role, model).wireBytes;
     out.roles.push_back(spec);

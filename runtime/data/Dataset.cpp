@@ -145,6 +145,21 @@ Dataset Dataset::load(const std::string &path, const DatasetOptions &opts) {
         throw fail("field '" + opts.answerField +
                    "' must be a string or a number (got " + a->type_name() + ")");
     }
+    auto c = row.find(opts.chosenField), r = row.find(opts.rejectedField);
+    if ((c != row.end()) != (r != row.end()))
+      throw fail("field '" + (c == row.end() ? opts.chosenField : opts.rejectedField) +
+                 "' is missing: a preference pair needs both '" + opts.chosenField +
+                 "' and '" + opts.rejectedField + "'");
+    if (c != row.end()) {
+      for (auto *f : {&*c, &*r})
+        if (!f->is_string() || f->get<std::string>().empty())
+          throw fail("field '" + (f == &*c ? opts.chosenField : opts.rejectedField) +
+                     "' must be a non-empty string (got " + f->dump() + ")");
+      ex.chosen = c->get<std::string>();
+      ex.rejected = r->get<std::string>();
+      ex.hasPair = true;
+    }
+    ex.line = (int64_t)lineNo;
     ds.examples_.push_back(std::move(ex));
   }
   if (ds.examples_.empty())

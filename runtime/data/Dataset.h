@@ -24,6 +24,11 @@ struct Example {
   std::string prompt;             ///< text (empty when the row has token ids)
   std::vector<int64_t> promptIds; ///< when the row gives ids instead of text
   std::string answer;             ///< the reference answer ("" if the row has none)
+  /// A preference pair (a reward model's fit): the preferred and the other
+  /// response to the prompt; both present, or both absent.
+  std::string chosen, rejected;
+  bool hasPair = false;
+  int64_t line = 0; ///< 1-based line in the file, for messages
 };
 
 struct DatasetOptions {
@@ -33,6 +38,8 @@ struct DatasetOptions {
   /// A string, or a number stored in its JSON text form (17 -> "17",
   /// 2.5 -> "2.5"); null or absent -> "".
   std::string answerField = "answer";
+  /// Strings, both or neither: a preference pair.
+  std::string chosenField = "chosen", rejectedField = "rejected";
 };
 
 /// A JSONL file: one JSON object per line. Empty and whitespace-only lines

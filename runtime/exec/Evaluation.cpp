@@ -17,8 +17,7 @@ using namespace hflow::plan;
 /// Greedy responses to the held-out prompts on the actor's generation
 /// replicas, scored by the reward rule; (sum, count) go to the metrics.
 void Worker::evaluate(const std::string &when, int64_t it) {
-  (void)when;
-  (void)it;
+  evaluatePairs(it < 0 ? when : when + "-" + std::to_string(it + 1));
   if (!evalSet_)
     return;
   refreshGenerationCopies();

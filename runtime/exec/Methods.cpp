@@ -53,7 +53,8 @@ Worker::MethodFn Worker::findMethod(std::string_view name) {
   static const Entry kTable[] = {
       {"generate", &Worker::runGenerate}, {"logprob", &Worker::runLogprob},
       {"values", &Worker::runValues},     {"score", &Worker::runScore},
-      {"update", &Worker::runUpdate},     {"sft", &Worker::runSft}};
+      {"update", &Worker::runUpdate},     {"sft", &Worker::runSft},
+      {"fit", &Worker::runFit}};
   for (const Entry &e : kTable)
     if (e.name == name)
       return e.fn;
@@ -166,8 +167,11 @@ at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool t
 
 std::vector<double> Worker::pipelinedResponses(
     RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
-    bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head) {
+    bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head, int64_t start,
+    int64_t width) {
   const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1);
+  if (start < 0)
+    start = P - 1, width = R;
   std::vector<models::MicroBatch> micros;
   std::vector<std::pair<int64_t, int64_t>> widths;
   for (auto [u, e] : batches) {
@@ -176,12 +180,10 @@ std::vector<double> Worker::pipelinedResponses(
     widths.push_back({p, r});
   }
   return rr.lm->runPipelined(micros, [&](int i, const at::Tensor &h) {
-    return head(i, untrim(h, P, R, widths[i].first, widths[i].second).narrow(1, P - 1, R));
+    return head(i, untrim(h, P, R, widths[i].first, widths[i].second).narrow(1, start, width));
   }, train);
 }
 
-namespace {
-/// Bytes of the gradients a role's parameters hold now.
 int64_t gradBytes(const RoleRt &rr) {
   int64_t n = 0;
   if (rr.lm)
@@ -194,47 +196,29 @@ int64_t gradBytes(const RoleRt &rr) {
   return n;
 }
 
-/// One pass of a role, measured: the rise of the rank's memory high-water
-/// mark over what it held when the pass began, less the gradients the
-/// pass allocated (a first backward's, which the role then holds); and the
-/// memory model's figure for the same micro-batches (add() each).
-class PassMeter {
-public:
-  explicit PassMeter(RoleRt &rr) : rr_(rr), grads_(gradBytes(rr)) {}
-  /// A micro-batch of `rows` sequences of padded length T, the head on R
-  /// positions.
-  void add(int64_t rows, int64_t T, int64_t R, bool train) {
-    shapes_.push_back({rows, T, R, train});
+/// The pass's rise against the memory model's figure for its largest
+/// micro-batch.
+void PassMeter::done() {
+  const int64_t rise = peak_.rise() - (gradBytes(rr_) - grads_);
+  // The model: the largest micro-batch's figure; a pipeline stage keeps
+  // up to inFlight of them at once.
+  shape::PassForm f = rr_.lm->passForm();
+  f.lmHead = !rr_.head.defined(); // a critic's value head computes no logits
+  f.inFlight = std::min<int64_t>(f.inFlight, (int64_t)shapes_.size());
+  double model = 0;
+  for (const shape::PassShape &s : shapes_)
+    model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s));
+  if (rise > rr_.peakActivations) {
+    rr_.peakActivations = rise;
+    rr_.modelActivations = model;
   }
-  void done() {
-    const int64_t rise = peak_.rise() - (gradBytes(rr_) - grads_);
-    // The model: the largest micro-batch's figure; a pipeline stage keeps
-    // up to inFlight of them at once.
-    shape::PassForm f = rr_.lm->passForm();
-    f.lmHead = !rr_.head.defined(); // a critic's value head computes no logits
-    f.inFlight = std::min<int64_t>(f.inFlight, (int64_t)shapes_.size());
-    double model = 0;
-    for (const shape::PassShape &s : shapes_)
-      model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s));
-    if (rise > rr_.peakActivations) {
-      rr_.peakActivations = rise;
-      rr_.modelActivations = model;
-    }
-    if (model > 0) {
-      const double ratio = (double)rise / model;
-      const bool first = rr_.actRatioHi == 0;
-      rr_.actRatioLo = first ? ratio : std::min(rr_.actRatioLo, ratio);
-      rr_.actRatioHi = first ? ratio : std::max(rr_.actRatioHi, ratio);
-    }
+  if (model > 0) {
+    const double ratio = (double)rise / model;
+    const bool first = rr_.actRatioHi == 0;
+    rr_.actRatioLo = first ? ratio : std::min(rr_.actRatioLo, ratio);
+    rr_.actRatioHi = first ? ratio : std::max(rr_.actRatioHi, ratio);
   }
-
-private:
-  RoleRt &rr_;
-  int64_t grads_;
-  models::PeakScope peak_;
-  std::vector<shape::PassShape> shapes_;
-};
-} // namespace
+}
 
 void Worker::fromLastStage(RoleRt &rr, at::Tensor &x) {
   Communicator *pp = rr.lm ? rr.lm->pipelineGroup() : nullptr;
@@ -342,8 +326,11 @@ int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
 
 at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
-                                                                   int64_t)> &head) {
+                                                                   int64_t)> &head,
+                                    int64_t start, int64_t width) {
   at::NoGradGuard guard;
+  if (start < 0)
+    start = c.ph.P - 1, width = c.ph.R;
   PassMeter meter(c.rr);
   const int64_t b = rows.hi - rows.lo;
   const int64_t micro = microBatch(c, b);
@@ -364,7 +351,8 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                        [&](int i, const at::Tensor &h) {
                          parts[i] = head(h, batches[i].first, batches[i].second);
                          return at::zeros({});
-                       });
+                       },
+                       start, width);
     at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts) : at::empty({b, c.ph.R});
     fromLastStage(c.rr, out);
     meter.done();
@@ -372,7 +360,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   }
   for (auto [u, e] : batches) {
     at::Tensor h = seqHidden(c.rr, rollout, u, e, budget > 0);
-    parts.push_back(head(h.narrow(1, c.ph.P - 1, c.ph.R), u, e));
+    parts.push_back(head(h.narrow(1, start, width), u, e));
   }
   meter.done();
   return at::cat(parts);
@@ -628,18 +616,24 @@ void Worker::runScore(MethodCall &c) {
       scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
     }
   } else {
-    // The head at each response's last token, `micro_batch` rows a pass.
-    at::NoGradGuard guard;
-    const int64_t micro = microBatch(c, b);
-    for (int64_t u = 0; u < b; u += micro) {
-      const int64_t e = std::min(b, u + micro), m = e - u;
-      at::Tensor h = seqHidden(rr, *rollout, lo + u, lo + e);
-      at::Tensor ln = len.narrow(0, u, m);
-      at::Tensor last = (P - 1 + ln).clamp_min(0);
-      at::Tensor hl = h.gather(1, last.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
-      at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
-      scores.narrow(0, u, m).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
-    }
+    // The score head at each sequence's last real token that is not the
+    // padding token (as transformers' *ForSequenceClassification picks
+    // it), on the role's model form, `micro_batch` rows a pass; the score
+    // sits on the response's last token.
+    Val &ro_ = *rollout;
+    scores = forwardResponses(
+        c, ro_, rows,
+        [&](const at::Tensor &h, int64_t u, int64_t e) {
+          const int64_t m = e - u;
+          at::Tensor toks = at::cat({ro_["ptoks"].narrow(0, u, m), ro_["rtoks"].narrow(0, u, m)}, 1);
+          at::Tensor mask = at::cat({ro_["pmask"].narrow(0, u, m), ro_["rmask"].narrow(0, u, m)}, 1);
+          at::Tensor at_ = models::scoredPositions(toks, mask, rr.scorePad);
+          at::Tensor hl = h.gather(1, at_.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
+          at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+          at::Tensor ln = len.narrow(0, u - lo, m);
+          return at::zeros({m, R}).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+        },
+        0, P + R);
   }
   if (c.leader && (c.in.at(0) == ph.rolloutValue || ph.rolloutValue < 0)) {
     // The reward of the rollout the phase trains on, not of a baseline.

@@ -42,10 +42,12 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   const double bytes = all.select(1, MNumMetrics).sum().item<double>();
   const double itMs = all.select(1, MNumMetrics + 2).max().item<double>();
   const double evalR = mean(MEvalSum, MEvalN);
-  if (evalRan)
-    evalCurve_.push_back({it < 0 ? std::string("start")
-                                 : ph.name + " " + std::to_string(it + 1),
-                          evalR});
+  const double pairAcc = mean(MPairAcc, MPairN);
+  const std::string when = it < 0 ? std::string("start") : ph.name + " " + std::to_string(it + 1);
+  if (evalRan && S(MEvalN) > 0)
+    evalCurve_.push_back({when, evalR});
+  if (evalRan && S(MPairN) > 0)
+    pairCurve_.push_back({when, pairAcc});
   const double elapsed = msSince(start_) / 1000.0;
   if (metricsOut_) {
     std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
@@ -68,11 +70,15 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     add("vf_loss", mean(MVfLoss, MCriticN));
     add("vf_clipfrac", mean(MVfClip, MCriticN));
     add("sft_loss", mean(MSftLoss, MSftN));
-    add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) > 0
+    add("rm_loss", mean(MRmLoss, MRmN));
+    add("rm_acc", mean(MRmAcc, MRmN));
+    add("rm_margin", mean(MRmMargin, MRmN));
+    add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) + S(MRmN) > 0
                          ? S(MGradNorm) / std::max(1.0, S(MGradRank))
                          : NAN);
     add("lr", lr > 0 ? lr : NAN);
     add("eval_reward", evalR);
+    add("eval_pair_acc", pairAcc);
     add("rollout_lp_gap", mean(MLpGap, MLpGapN));
     add("tokens_per_s", itMs > 0 ? S(MTokens) / (itMs / 1000.0) : NAN);
     add("iteration_ms", itMs);
@@ -105,7 +111,11 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   if (o_.quiet)
     return;
   if (it < 0) {
-    std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)S(MEvalN));
+    if (S(MEvalN) > 0)
+      std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)S(MEvalN));
+    if (S(MPairN) > 0)
+      std::printf("[start] held-out preference accuracy %.3f (%d pairs)\n", pairAcc,
+                  (int)S(MPairN));
     std::fflush(stdout);
     return;
   }
@@ -122,6 +132,11 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     }
     if (S(MSftN) > 0) {
       std::snprintf(b, sizeof b, " sft_loss %.4f", mean(MSftLoss, MSftN));
+      line += b;
+    }
+    if (S(MRmN) > 0) {
+      std::snprintf(b, sizeof b, " rm_loss %.4f acc %.3f margin %.3f", mean(MRmLoss, MRmN),
+                    mean(MRmAcc, MRmN), mean(MRmMargin, MRmN));
       line += b;
     }
     if (S(MActorN) > 0) {
@@ -141,9 +156,14 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       std::snprintf(b, sizeof b, " lp gap %.4f", mean(MLpGap, MLpGapN));
       line += b;
     }
-    if (evalRan) {
+    if (evalRan && S(MEvalN) > 0) {
       std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)", evalR,
                     (int)S(MEvalN));
+      line += b;
+    }
+    if (evalRan && S(MPairN) > 0) {
+      std::snprintf(b, sizeof b, " | held-out preference accuracy %.3f (%d pairs)", pairAcc,
+                    (int)S(MPairN));
       line += b;
     }
     std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
@@ -271,6 +291,12 @@ void Worker::printSummary(const at::Tensor &all) {
     std::printf("held-out reward:");
     for (auto &[when, r] : evalCurve_)
       std::printf(" %s: %.3f;", when.c_str(), r);
+    std::printf("\n");
+  }
+  if (!pairCurve_.empty()) {
+    std::printf("held-out preference accuracy:");
+    for (auto &[when, a] : pairCurve_)
+      std::printf(" %s: %.3f;", when.c_str(), a);
     std::printf("\n");
   }
   std::fflush(stdout);

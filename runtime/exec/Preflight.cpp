@@ -90,6 +90,7 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
     if (ph.dataset)
       f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
   f.push_back({"--eval data", evalSet_ ? "FNV-1a " + evalHash_ : "none"});
+  f.push_back({"--eval-pairs data", pairsSet_ ? "FNV-1a " + pairsHash_ : "none"});
   // The job: a local parent's id, torchrun's run id, Slurm's or Open MPI's.
   for (const char *var : {"HFLOW_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                           "OMPI_MCA_ess_base_jobid"})

@@ -85,13 +85,18 @@ void Worker::buildRoles() {
     rt.pos = (int)(it - rs.begin());
     rt.apart = apart;
     if (ro.model() >= 0) {
-      const models::LlamaConfig cfg = modelConfig(ro.model());
+      models::LlamaConfig cfg = modelConfig(ro.model());
+      // A critic's or reward model's body has no LM head: its scalar head
+      // reads the hidden states.
+      cfg.lmHead = methods::hasLmHead(methods::Role(int(ro.kind())));
       // Every role of a model starts from the same weights (the reference
-      // is the initial actor); a critic or reward model adds a zero head.
+      // is the initial actor); a critic or reward model adds a zero head,
+      // or the score head of a sequence-classification checkpoint.
       rt.model = std::make_unique<models::Llama>(
           cfg, models::modelSeed(p_.seed(), ro.model()));
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
         rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
+      rt.scorePad = tok_ ? tok_->padId() : 0;
       const Layout &tl = *ro.train();
       // Any role with weights trains or computes on its training form's
       // shards. Where a sharded actor generates: on a whole copy the
@@ -144,7 +149,31 @@ void Worker::buildRoles() {
           }
         }
         loadedFrom_[ro.model()] = wdir;
+        if (rt.head.defined()) {
+          // A sequence-classification checkpoint's score head: a reward
+          // model's score, a critic's first values (as OpenRLHF starts a
+          // critic from a reward model).
+          bool scorer = false;
+          try {
+            const models::LlamaConfig hc = models::hfConfigFromJson(wdir);
+            scorer = !hc.lmHead;
+            if (scorer && hc.padToken >= 0)
+              rt.scorePad = hc.padToken; // what transformers scores by
+            if (scorer)
+              rt.head = models::loadHfScoreHead(wdir, cfg.hidden);
+          } catch (const std::exception &e) {
+            throw RunError("loading the score head of model " + cfg.name + ": " + e.what());
+          }
+          rt.headLoaded = scorer;
+        }
       }
+      if (ro.kind() == RoleKind::RewardModel && !rt.headLoaded && !trains(r))
+        throw RunError("reward model " + str(ro.name()) + " scores with model " + cfg.name +
+                       ", which has no score head: " +
+                       (wdir.empty() ? std::string("it is not hf(\"dir\")")
+                                     : "hf(\"" + wdir + "\") is not a sequence-"
+                                       "classification checkpoint") +
+                       " and no flow trains it (fit); hflowc refuses such a program");
       if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
         rt.model->setTrainable(true);
         if (rt.head.defined())
@@ -371,7 +400,17 @@ void Worker::connectRoles() {
 /// Whether role `r` has weights it trains (an Actor or a Critic).
 bool Worker::trains(int r) const {
   const RoleKind k = role(r).kind();
-  return (k == RoleKind::Actor || k == RoleKind::Critic) && role(r).model() >= 0;
+  if (role(r).model() < 0)
+    return false;
+  if (k == RoleKind::Actor || k == RoleKind::Critic)
+    return true;
+  if (k != RoleKind::RewardModel)
+    return false;
+  for (int s = 0; s < (p_.steps() ? (int)p_.steps()->size() : 0); ++s)
+    if (step(s).kind() == StepKind::Compute && step(s).role() == r &&
+        str(step(s).method()) == "fit")
+      return true;
+  return false;
 }
 
 /// Role `r`'s AdamW over `params`, with its options (lr: 1e-5 for a critic,
@@ -380,7 +419,8 @@ std::unique_ptr<models::AdamW> Worker::makeOptimizer(int r,
                                                      const std::vector<at::Tensor> &params) const {
   Attrs a = roleOptions(r);
   models::AdamWOptions ao;
-  ao.lr = attrNum(a, "lr", role(r).kind() == RoleKind::Critic ? 1e-5 : 1e-6);
+  // A critic's and a reward model's heads start from zero (or a checkpoint).
+  ao.lr = attrNum(a, "lr", role(r).kind() == RoleKind::Actor ? 1e-6 : 1e-5);
   ao.weightDecay = attrNum(a, "weight_decay", 0.01);
   ao.clipGrad = attrNum(a, "clip_grad", 1.0);
   ao.warmup = (int64_t)attrNum(a, "warmup", 0);

@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace hflow::exec {
 
@@ -49,7 +51,9 @@ struct RunOptions {
   std::string reshard = "planned"; ///< "planned" or "naive" (gather everything)
   bool serialize = false;    ///< a world barrier after every step (baseline)
   std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps
-  std::string exportHf;      ///< write the trained actor as an HF checkpoint
+  /// --export-hf [ROLE=]DIR: (role, directory); an empty role is the actor.
+  std::vector<std::pair<std::string, std::string>> exportHf;
+  std::string evalPairsFile; ///< held-out preference pairs (reward models)
   std::string dumpValues;    ///< the builtins' inputs and outputs, per iteration
 };
 

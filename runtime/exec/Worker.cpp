@@ -270,6 +270,28 @@ void Worker::prepare() {
       throw RunError(e.what());
     }
   }
+  if (!o_.evalPairsFile.empty()) {
+    try {
+      const std::string path = resolveData(o_.evalPairsFile);
+      pairsSet_ = data::Dataset::load(path);
+      pairsHash_ = fileHash(path);
+    } catch (const RunError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw RunError(e.what());
+    }
+    for (size_t i = 0; i < pairsSet_->size(); ++i)
+      if (!(*pairsSet_)[i].hasPair)
+        throw RunError(pairsSet_->path() + ":" + std::to_string((*pairsSet_)[i].line) +
+                       ": --eval-pairs needs a preference pair on every row: fields "
+                       "'chosen' and 'rejected'");
+    bool rm = false;
+    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
+      rm = rm || role(r).kind() == RoleKind::RewardModel;
+    if (!rm)
+      throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
+                     "to evaluate");
+  }
   if (!o_.metricsFile.empty() && j_.rank == 0) {
     metricsOut_ = std::fopen(o_.metricsFile.c_str(), "w");
     if (!metricsOut_)
@@ -298,12 +320,36 @@ void Worker::prepare() {
                    "train block's checkpoint_dir)");
   if (o_.resume && !fileExists(ckDir_ + "/latest"))
     throw RunError("--resume: no complete checkpoint in '" + ckDir_ + "'");
-  if (!o_.exportHf.empty()) {
+  for (const auto &[name, dir] : o_.exportHf) {
+    // Which role: the named one (an actor or a reward model), else the actor.
+    int which = -1;
+    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
+      if (name.empty() ? role(r).kind() == RoleKind::Actor : str(role(r).name()) == name) {
+        which = r;
+        break;
+      }
+    if (which < 0)
+      throw RunError(name.empty() ? "--export-hf " + dir + ": the program has no actor; "
+                                    "name the role to export: --export-hf ROLE=" + dir
+                                  : "--export-hf " + name + "=" + dir + ": the program has "
+                                    "no role '" + name + "'");
+    const RoleKind k = role(which).kind();
+    if (k != RoleKind::Actor && k != RoleKind::RewardModel)
+      throw RunError("--export-hf " + name + "=" + dir + ": role " + name + " is a " +
+                     (k == RoleKind::Critic ? "Critic" : k == RoleKind::Reference
+                                                             ? "Reference (the actor's start)"
+                                                             : "rule") +
+                     "; hflow exports an actor (a causal LM) or a reward model (a "
+                     "sequence-classification model)");
+    for (const auto &[r, d] : exports_)
+      if (d == dir)
+        throw RunError("--export-hf: two roles would be written to " + dir);
     try {
-      models::checkWritable(o_.exportHf);
+      models::checkWritable(dir);
     } catch (const std::exception &e) {
       throw RunError(std::string("--export-hf: ") + e.what());
     }
+    exports_.emplace_back(which, dir);
   }
   if (ckEvery_ > 0) {
     try {
@@ -474,9 +520,10 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   }
   currentStep_ = -1;
   world_->waitSends();
-  bool evalNow = evalSet_ && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
+  const bool evals = evalSet_ || pairsSet_;
+  bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
-  if (evalSet_ && lastIt)
+  if (evals && lastIt)
     evalNow = true;
   if (evalNow)
     evaluate(ph.name, it);
@@ -590,22 +637,8 @@ void Worker::finish() {
     for (int k = 0; k < F; ++k)
       held[F * (size_t)r + k] = m[k];
   }
-  if (!o_.exportHf.empty()) {
-    refreshGenerationCopies();
-    // The actor's first rank has every weight (its generation copy).
-    for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && rr.model && rr.pos == 0 && !rr.genOnly) {
-        try {
-          models::exportHf(o_.exportHf, *rr.model);
-        } catch (const std::exception &e) {
-          throw RunError(std::string("--export-hf: ") + e.what());
-        }
-        if (!o_.quiet)
-          std::printf("[export] %s's weights written to %s (Hugging Face format)\n",
-                      str(role(r).name()).c_str(), o_.exportHf.c_str());
-        break;
-      }
-  }
+  if (!exports_.empty())
+    exportRoles();
   if (trace_.enabled())
     trace_.write(*world_, j_.rank, p_.world_size(), o_.quiet);
   at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
@@ -670,7 +703,7 @@ int Worker::run() {
     trace_.setOrigin(start_);
     if (o_.resume)
       loadState();
-    if (evalSet_ && !o_.resume) {
+    if ((evalSet_ || pairsSet_) && !o_.resume) {
       // Before any training: the starting point of the curve.
       metrics_.assign(MNumMetrics, 0.0);
       stepMs_.assign(phases_[0].count, 0.0);

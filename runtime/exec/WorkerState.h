@@ -33,6 +33,7 @@
 #include "runtime/exec/RunOptions.h"
 #include "runtime/exec/Trace.h"
 #include "runtime/models/CausalLM.h"
+#include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/Optim.h"
 #include "runtime/plan/PlanLoader.h"
@@ -58,7 +59,8 @@ using comm::Communicator;
 enum Metric : int {
   MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
-  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank, MNumMetrics
+  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
+  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MNumMetrics
 };
 
 /// What a phase (a train block) needs at run time.
@@ -89,6 +91,8 @@ struct RoleRt {
   /// on a lean role except while something needs the weights whole.
   std::unique_ptr<models::Llama> model;
   at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
+  bool headLoaded = false; // the head came from a checkpoint's score.weight
+  int64_t scorePad = 0;    // the padding token a score head skips (scoredPositions)
   std::unique_ptr<models::AdamW> optim;
   Communicator *comm = nullptr; // the role's group
   int pos = -1;                 // this rank's index in the role
@@ -150,6 +154,30 @@ struct RuleRt {
 };
 
 /// One call of a role method: the step, its role and its inputs.
+/// Bytes of the gradients a role's parameters hold now.
+int64_t gradBytes(const RoleRt &rr);
+
+/// One pass of a role, measured: the rise of the rank's memory high-water
+/// mark over what it held when the pass began, less the gradients the
+/// pass allocated (a first backward's, which the role then holds); and the
+/// memory model's figure for the same micro-batches (add() each).
+class PassMeter {
+public:
+  explicit PassMeter(RoleRt &rr) : rr_(rr), grads_(gradBytes(rr)) {}
+  /// A micro-batch of `rows` sequences of padded length T, the head on R
+  /// positions.
+  void add(int64_t rows, int64_t T, int64_t R, bool train) {
+    shapes_.push_back({rows, T, R, train});
+  }
+  void done();
+
+private:
+  RoleRt &rr_;
+  int64_t grads_;
+  models::PeakScope peak_;
+  std::vector<shape::PassShape> shapes_;
+};
+
 struct MethodCall {
   PhaseRt &ph;
   int s;          // the step
@@ -216,14 +244,41 @@ private:
   void runValues(MethodCall &c);
   void runScore(MethodCall &c);
   void runUpdate(MethodCall &c);
+  //===-- reward models (RewardModel.cpp) -----------------------------------===//
+  void runFit(MethodCall &c);
+  /// The score head of role `rr` on `seqs` (token sequences, right padded
+  /// into passes of `micro` sequences): each sequence's score at its last
+  /// real token that is not the padding token (the one transformers'
+  /// *ForSequenceClassification scores at), [B]. With `lossOf`, the passes
+  /// train: lossOf(i, scores of pass i) is pass i's loss, its backward runs
+  /// (through the pipeline stages for a pipelined form) and the losses are
+  /// returned; without, forward only. Collective over the role's groups;
+  /// every rank of a pipeline gets the scores.
+  at::Tensor scoreSequences(RoleRt &rr, const std::vector<std::vector<int64_t>> &seqs,
+                            int64_t micro,
+                            const std::function<at::Tensor(int, const at::Tensor &)> &lossOf,
+                            std::vector<double> *losses);
+  /// Held-out preference accuracy (--eval-pairs) of every reward model on
+  /// this rank, into MPairAcc / MPairN (its first rank's); with
+  /// --dump-values, every pair's scores to DIR/pairs-<label>-<role>.jsonl.
+  void evaluatePairs(const std::string &label);
+  /// --export-hf: each named role's whole weights (gathered from its
+  /// shards), written by its first rank. Collective over each role's ranks.
+  void exportRoles();
+  /// prompt + response + end-of-sequence token ids of a data row.
+  std::vector<int64_t> pairSequence(const data::Example &ex, const std::string &response) const;
   Val &input(MethodCall &c, int k);
   Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
   Val &rolloutOf(MethodCall &c, Span &rows);
   int64_t microBatch(const MethodCall &c, int64_t whole) const;
   void store(MethodCall &c, Span rows, const at::Tensor &x);
+  /// `head` sees the hidden states of positions [start, start + width) of
+  /// the prompt + response columns ([P - 1, P - 1 + R) by default: the
+  /// positions that predict the response tokens).
   at::Tensor forwardResponses(
       MethodCall &c, Val &rollout, Span rows,
-      const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head);
+      const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head,
+      int64_t start = -1, int64_t width = -1);
   at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim = false);
   /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
   /// columns some row uses), with the widths kept: p prompt, r response.
@@ -234,7 +289,8 @@ private:
   /// last stage) to its value; the values on the last stage, in order.
   std::vector<double> pipelinedResponses(
       RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
-      bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head);
+      bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head,
+      int64_t start = -1, int64_t width = -1);
   /// `x` from the last stage of this rank's pipeline to every stage of it
   /// (nothing for a form that is not pipelined). Collective.
   void fromLastStage(RoleRt &rr, at::Tensor &x);
@@ -309,6 +365,9 @@ private:
   std::map<int, RuleRt> rules_;      // RewardFn role -> its rule
   const RuleRt *evalRule_ = nullptr; // the rule --eval scores with
   std::optional<data::Dataset> evalSet_;
+  std::optional<data::Dataset> pairsSet_; // --eval-pairs: held-out preference pairs
+  std::string pairsHash_;
+  std::vector<std::pair<int, std::string>> exports_; // --export-hf: (role, directory)
   std::string evalHash_; // FNV-1a of the --eval file
   int64_t evalR_ = 16;
   bool hasData_ = false;                   // some phase reads a data set
@@ -331,6 +390,7 @@ private:
   Clock::time_point phaseStart_ = Clock::now();
   int64_t phaseFirstIt_ = 0;
   std::vector<std::pair<std::string, double>> evalCurve_;
+  std::vector<std::pair<std::string, double>> pairCurve_; // held-out preference accuracy
   TraceRecorder trace_;
   // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
   // (written by rank 0 once every rank saved step N) names the last

@@ -51,6 +51,9 @@ options:
   --eval-every N       evaluate every N iterations (default: only at the start
                        and at the end of each phase)
   --eval-count N       use the first N held-out prompts (default: all)
+  --eval-pairs FILE    held-out preference pairs (JSONL: prompt, chosen,
+                       rejected): every reward model's accuracy (chosen
+                       scored above rejected) at the same times as --eval
   --metrics FILE       write one JSON line of metrics per iteration (rank 0)
   --tokenizer SPEC     "byte" (default: one token per byte, newline ends a
                        response) or a SentencePiece .model file
@@ -73,9 +76,13 @@ options:
   --dump-values DIR    write every builtin's inputs, outputs, mask and groups
                        (rank 0) to DIR/<phase>-<iteration>/step-<s>-<name>
                        .safetensors, to check a flow's arithmetic
-  --export-hf DIR      at the end, write the actor's weights as a Hugging Face
-                       checkpoint (config.json + model.safetensors); a program
-                       can start from it with model m = hf("DIR")
+  --export-hf [ROLE=]DIR
+                       at the end, write a role's weights as a Hugging Face
+                       checkpoint (config.json + model.safetensors): the
+                       actor's (LlamaForCausalLM) or, named, a reward
+                       model's (LlamaForSequenceClassification, with its
+                       score head); a program can start from it with
+                       model m = hf("DIR"). Repeatable, one per role
   --calibrate FILE     instead of running the plan, measure this machine and
                        write the compiler's cost-model constants to FILE (JSON)
                        for 'hflowc --calibration FILE': a small Llama's
@@ -225,12 +232,30 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       }
     } else if (a == "--export-hf") {
-      if (!needValue(o.run.exportHf))
+      std::string v;
+      if (!needValue(v))
         return false;
-      if (o.run.exportHf.empty()) {
+      // ROLE=DIR when what precedes '=' is a role name; otherwise a directory.
+      std::string roleName, dir = v;
+      const size_t eq = v.find('=');
+      if (eq != std::string::npos && eq > 0 &&
+          std::all_of(v.begin(), v.begin() + (long)eq, [](char ch) {
+            return std::isalnum((unsigned char)ch) || ch == '_';
+          }) && !std::isdigit((unsigned char)v[0])) {
+        roleName = v.substr(0, eq);
+        dir = v.substr(eq + 1);
+      }
+      if (dir.empty()) {
         error = "--export-hf needs a directory";
         return false;
       }
+      for (const auto &[r, d] : o.run.exportHf)
+        if (r == roleName) {
+          error = "--export-hf is given twice for " +
+                  (roleName.empty() ? std::string("the actor") : "role " + roleName);
+          return false;
+        }
+      o.run.exportHf.emplace_back(roleName, dir);
     } else if (a == "--calibrate") {
       if (!needValue(o.calibrateOut))
         return false;
@@ -274,7 +299,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       }
       o.run.checkpointEvery = n;
     } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
-               a == "--tokenizer") {
+               a == "--tokenizer" || a == "--eval-pairs") {
       std::string v;
       if (!needValue(v))
         return false;
@@ -284,6 +309,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       }
       (a == "--data-dir" ? o.run.dataDir
        : a == "--eval"   ? o.run.evalFile
+       : a == "--eval-pairs" ? o.run.evalPairsFile
        : a == "--metrics" ? o.run.metricsFile
                          : o.run.tokenizer) = v;
     } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||

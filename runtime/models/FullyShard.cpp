@@ -472,6 +472,8 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
 }
 
 at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
+  if (!p_->c.lmHead)
+    throw std::logic_error("FSDPLlama: model " + p_->c.name + " has no LM head");
   return runUnit(
       *p_, p_->headUnit,
       [ip = p_.get()](const at::Tensor &in, const std::vector<at::Tensor> &w) {

@@ -358,11 +358,18 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
 // config.json
 //===----------------------------------------------------------------------===//
 
-std::string hfConfigJson(const LlamaConfig &cfg) {
+std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) {
   nlohmann::ordered_json j;
   bool qwen = cfg.qkvBias;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  const std::string arch = qwen ? "Qwen2" : "Llama";
+  j["architectures"] = {arch + (scorer ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = qwen ? "qwen2" : "llama";
+  if (scorer) { // one label: a scalar score (transformers' num_labels = 1)
+    j["id2label"] = {{"0", "LABEL_0"}};
+    j["label2id"] = {{"LABEL_0", 0}};
+    if (padToken >= 0)
+      j["pad_token_id"] = padToken;
+  }
   j["hidden_size"] = cfg.hidden;
   j["intermediate_size"] = cfg.ffn;
   j["num_attention_heads"] = cfg.heads;
@@ -444,6 +451,25 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   };
   positive("rope_theta", c.ropeTheta, 10000.0);
   positive("rms_norm_eps", c.normEps, 1e-6);
+  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() &&
+      j["pad_token_id"].get<int64_t>() >= 0)
+    c.padToken = j["pad_token_id"].get<int64_t>();
+  // A sequence-classification checkpoint: the body and a score head, no LM
+  // head. hflow scores with one label.
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json &a : j["architectures"])
+      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") !=
+                               std::string::npos) {
+        c.lmHead = false;
+        int64_t labels = 2; // transformers' default
+        if (j.contains("id2label") && j["id2label"].is_object())
+          labels = (int64_t)j["id2label"].size();
+        if (j.contains("num_labels") && j["num_labels"].is_number_integer())
+          labels = j["num_labels"].get<int64_t>();
+        if (labels != 1)
+          throw err(a.get<std::string>() + " with " + std::to_string(labels) +
+                    " labels: hflow's reward model scores with one (num_labels 1)");
+      }
   std::string why = c.validate();
   if (!why.empty())
     throw err(why);
@@ -460,8 +486,65 @@ std::unique_ptr<Llama> loadHfLlama(const std::string &dir) {
 // Export
 //===----------------------------------------------------------------------===//
 
+namespace {
+std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model,
+                                      const at::Tensor *score, int64_t padToken,
+                                      uint64_t maxShardBytes);
+} // namespace
+
 std::vector<std::string> exportHf(const std::string &dir, const Llama &model,
                                   uint64_t maxShardBytes) {
+  if (!model.config().lmHead)
+    throw std::invalid_argument("hf export: model " + model.config().name +
+                                " has no LM head (a critic's or reward model's body)");
+  return exportHfImpl(dir, model, nullptr, -1, maxShardBytes);
+}
+
+std::vector<std::string> exportHfScorer(const std::string &dir, const Llama &model,
+                                        const at::Tensor &score, int64_t padToken,
+                                        uint64_t maxShardBytes) {
+  if (model.config().lmHead)
+    throw std::invalid_argument("hf export: a reward model's body has no LM head");
+  if (!score.defined() || score.dim() != 2 || score.size(0) != 1 ||
+      score.size(1) != model.config().hidden)
+    throw std::invalid_argument("hf export: the score head must be [1, " +
+                                std::to_string(model.config().hidden) + "]");
+  return exportHfImpl(dir, model, &score, padToken, maxShardBytes);
+}
+
+at::Tensor loadHfScoreHead(const std::string &dir, int hidden) {
+  HfWeights w(dir);
+  const std::string hf = "score.weight";
+  if (!w.has(hf))
+    throw std::runtime_error("hf weights " + dir + ": tensor '" + hf + "' is missing: not a "
+                             "sequence-classification checkpoint (as "
+                             "LlamaForSequenceClassification writes one), so there is no "
+                             "score head to load");
+  const SafetensorsFile &f = w.fileOf(hf);
+  const auto &ti = f.info(hf);
+  const std::vector<int64_t> expected = {1, hidden};
+  if (ti.shape != expected)
+    throw std::runtime_error(
+        "safetensors " + f.path() + ": tensor '" + hf + "' has shape " + shapeString(ti.shape) +
+        ", expected " + shapeString(expected) +
+        (ti.shape.size() == 2 && ti.shape[1] == hidden
+             ? " (a classifier with " + std::to_string(ti.shape[0]) +
+                   " labels; a reward model scores with one)"
+             : " (the model config does not match these weights)"));
+  if (!at::isFloatingType(ti.scalarType))
+    throw std::runtime_error("safetensors " + f.path() + ": tensor '" + hf + "' has dtype " +
+                             ti.dtype + ", expected a floating-point dtype");
+  if (f.metadata().count(kSafetensorsChecksumKey))
+    f.verifyChecksum();
+  at::Tensor t = w.read(hf).contiguous();
+  checkFinite(t, dir, hf);
+  return t.view({1, hidden});
+}
+
+namespace {
+std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model,
+                                      const at::Tensor *score, int64_t padToken,
+                                      uint64_t maxShardBytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
@@ -475,8 +558,13 @@ std::vector<std::string> exportHf(const std::string &dir, const Llama &model,
     total += t.numel() * t.element_size();
     all.emplace_back(hfParameterName(name), std::move(t));
   }
+  if (score) {
+    at::Tensor t = score->detach().to(at::kCPU, at::kFloat).contiguous();
+    total += t.numel() * t.element_size();
+    all.emplace_back("score.weight", std::move(t));
+  }
   writeFileAtomic((fs::path(dir) / "config.json").string(),
-                  hfConfigJson(model.config()));
+                  hfConfigJson(model.config(), score != nullptr, padToken));
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
 
   std::vector<std::string> written;
@@ -537,5 +625,6 @@ std::vector<std::string> exportHf(const std::string &dir, const Llama &model,
     fsyncDirectory(dir);
   return written;
 }
+} // namespace
 
 } // namespace hflow::models

@@ -44,6 +44,7 @@ shape::ModelShape LlamaConfig::shape() const {
   m.vocab = vocab;
   m.tieEmbeddings = tieEmbeddings;
   m.qkvBias = qkvBias;
+  m.lmHead = lmHead;
   return m;
 }
 
@@ -119,7 +120,7 @@ struct Llama::Weights {
         if (t->defined())
           v.push_back(*t);
     v.push_back(finalNorm);
-    if (!head.is_same(embed))
+    if (head.defined() && !head.is_same(embed))
       v.push_back(head);
     return v;
   }
@@ -152,6 +153,10 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
   }
   w_->finalNorm = at::ones({H}, opts);
   w_->head = c.tieEmbeddings ? w_->embed : mat(V, H);
+  // A headless body draws the head all the same (and drops it), so its
+  // weights equal those of the causal LM of the same config and seed.
+  if (!c.lmHead)
+    w_->head = at::Tensor();
   // Biases last, so configs without them draw the same weights as before.
   if (c.qkvBias)
     for (auto &l : w_->layers) {
@@ -189,7 +194,7 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
     add(pre + "mlp.down", l.wDown);
   }
   add("final_norm", w_->finalNorm);
-  if (!w_->head.is_same(w_->embed))
+  if (w_->head.defined() && !w_->head.is_same(w_->embed))
     add("lm_head", w_->head);
   return out;
 }
@@ -235,6 +240,17 @@ at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
 at::Tensor rotateHalf(const at::Tensor &x) {
   int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor scoredPositions(const at::Tensor &tokens, const at::Tensor &mask, int64_t padToken) {
+  const int64_t T = tokens.size(1);
+  at::Tensor idx = at::arange(T, tokens.options().dtype(at::kLong)).unsqueeze(0).expand_as(tokens);
+  at::Tensor real = mask > 0;
+  // -1 where not eligible; the max is the rightmost eligible position.
+  at::Tensor eligible = at::where(real & (tokens != padToken), idx, at::full_like(idx, -1));
+  at::Tensor lastReal = at::where(real, idx, at::full_like(idx, -1)).amax(1).clamp_min(0);
+  at::Tensor pick = eligible.amax(1);
+  return at::where(pick >= 0, pick, lastReal);
 }
 
 at::Tensor positionsFromMask(const at::Tensor &mask) {
@@ -324,7 +340,12 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
   return rmsNorm(x, w_->finalNorm, c.normEps);
 }
 
-at::Tensor Llama::logits(const at::Tensor &h) const { return at::linear(h, w_->head); }
+at::Tensor Llama::logits(const at::Tensor &h) const {
+  if (!w_->head.defined())
+    throw std::logic_error("model " + config_.name +
+                           " has no LM head (a critic's or reward model's body)");
+  return at::linear(h, w_->head);
+}
 
 at::Tensor Llama::forward(const at::Tensor &tokens) const {
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)

@@ -48,6 +48,14 @@ struct LlamaConfig {
   bool tieEmbeddings = false; ///< the LM head is the embedding matrix
   bool qkvBias = false;       ///< q, k and v have biases (Qwen2)
   double normEps = 1e-5;      ///< RMSNorm epsilon (Llama-2)
+  /// False for the body of a critic or reward model: its hidden states feed
+  /// a scalar head the engine holds, and it has no LM head (tied or not);
+  /// logits() and generate() are then errors.
+  bool lmHead = true;
+  /// config.json's pad_token_id (-1: none). Not part of the maths: a
+  /// sequence-classification checkpoint scores at the last token that is
+  /// not this one.
+  int64_t padToken = -1;
 
   int headDim() const { return heads > 0 ? hidden / heads : 0; }
 
@@ -209,6 +217,13 @@ llamaParameterShapes(const LlamaConfig &config);
 /// Positions for left-padded rows: the cumulative count of real tokens
 /// minus one, clamped at 0. mask: [B, T] (any dtype, nonzero = real).
 at::Tensor positionsFromMask(const at::Tensor &mask);
+
+/// Where a sequence-classification head reads each row of `tokens` [B, T]
+/// (int64, `mask` [B, T] marking real tokens): the last real position whose
+/// token is not `padToken`, as transformers' *ForSequenceClassification
+/// picks it (its rightmost non-padding token); a row of nothing but
+/// padding tokens is read at its last real position. int64 [B].
+at::Tensor scoredPositions(const at::Tensor &tokens, const at::Tensor &mask, int64_t padToken);
 
 /// Log-probabilities of `tokens` [B, R] given logits [B, R, V] scaled by
 /// 1/temperature, as float32 [B, R] (log-softmax then gather).

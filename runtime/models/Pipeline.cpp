@@ -66,7 +66,7 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   p.pp = &pp;
   p.p = pp.size();
   p.k = pp.rank();
-  p.tied = p.c.tieEmbeddings;
+  p.tied = p.c.tieEmbeddings && p.c.lmHead;
   const TpGeometry g = tpGeometry(p.c, tp);
   p.tp = g.tp, p.t = g.t, p.r = g.r;
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
@@ -118,6 +118,8 @@ const LlamaConfig &PipelineStage::config() const { return p_->c; }
 at::Tensor PipelineStage::logits(const at::Tensor &hidden) const {
   if (!p_->isLast())
     throw std::logic_error("PipelineStage::logits: only the last stage holds the LM head");
+  if (!p_->head.defined())
+    throw std::logic_error("PipelineStage: model " + p_->c.name + " has no LM head");
   if (p_->tp)
     return at::linear(copyToTP(hidden, *p_->tp), p_->head);
   return at::linear(hidden, p_->head);

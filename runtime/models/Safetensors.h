@@ -209,6 +209,14 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
                       const std::vector<std::pair<std::string, at::Tensor>> &shards,
                       const std::vector<std::pair<std::string, Box>> &boxes);
 
+/// The score head of a Hugging Face sequence-classification checkpoint
+/// (`score.weight`, as *ForSequenceClassification writes it) for a model
+/// of hidden size `hidden`: float32 [1, hidden]. Errors name the directory
+/// and the tensor: missing (not a sequence-classification checkpoint),
+/// another shape (e.g. [2, hidden]: two labels, not one score), a
+/// non-floating dtype, a non-finite number.
+at::Tensor loadHfScoreHead(const std::string &dir, int hidden);
+
 /// dir/config.json -> LlamaConfig. model_type must be "llama" or "qwen2";
 /// num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
 /// vocab_size are required (error naming the missing field);
@@ -216,9 +224,15 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
 /// rms_norm_eps to 1e-6 (transformers' default), tie_word_embeddings to
 /// false, attention_bias to (model_type == "qwen2"). `path` is the
 /// config.json file or its directory. name = the directory's name.
+/// `architectures` naming a *ForSequenceClassification model gives a
+/// headless config (lmHead false: the weights have a score head instead of
+/// an LM head), which must have one label (num_labels or id2label).
 LlamaConfig hfConfigFromJson(const std::string &path);
-/// The config.json text exportHf writes for `cfg`.
-std::string hfConfigJson(const LlamaConfig &cfg);
+/// The config.json text exportHf writes for `cfg`: a causal LM, or with
+/// `scorer` a one-label *ForSequenceClassification model whose
+/// pad_token_id is `padToken` (which decides, in transformers, the token a
+/// sequence is scored at).
+std::string hfConfigJson(const LlamaConfig &cfg, bool scorer = false, int64_t padToken = -1);
 
 /// Builds a Llama from dir/config.json and loads its weights.
 std::unique_ptr<Llama> loadHfLlama(const std::string &dir);
@@ -232,6 +246,13 @@ std::unique_ptr<Llama> loadHfLlama(const std::string &dir);
 /// complete. Returns the weight files written.
 std::vector<std::string> exportHf(const std::string &dir, const Llama &model,
                                   uint64_t maxShardBytes = 5000000000ULL);
+/// The same for a reward model: its headless body and its score head
+/// `score` [1, hidden] as `score.weight`, with the config.json of a
+/// one-label *ForSequenceClassification model (pad_token_id `padToken`),
+/// as transformers writes one.
+std::vector<std::string> exportHfScorer(const std::string &dir, const Llama &model,
+                                        const at::Tensor &score, int64_t padToken,
+                                        uint64_t maxShardBytes = 5000000000ULL);
 
 } // namespace hflow::models
 

@@ -217,6 +217,9 @@ at::Tensor SequenceParallelModel::localLogits(const at::Tensor &hidden) const {
   // member: its gradient is the replica's on each, so it enters the sum
   // over the SP group (reduceGradients) divided by s. (Tied, the embedding
   // adds it to the lookups' gradients, which are per chunk.)
+  if (!m_.config().lmHead)
+    throw std::logic_error("SequenceParallelModel: model " + m_.config().name +
+                           " has no LM head");
   at::Tensor head;
   for (const auto &[name, view] : m_.namedParameters())
     if (name == "lm_head" || (name == "embed" && !head.defined()))

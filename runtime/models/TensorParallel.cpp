@@ -245,7 +245,7 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
     *slot = e.leaf;
     p.entries.push_back(std::move(e));
   }
-  if (!p.head.defined())
+  if (!p.head.defined() && p.c.lmHead)
     p.head = p.embed; // tied
 }
 
@@ -285,6 +285,8 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
 }
 
 at::Tensor TPLlama::logitsShard(const at::Tensor &h) const {
+  if (!p_->head.defined())
+    throw std::logic_error("TPLlama: model " + p_->c.name + " has no LM head");
   return at::linear(copyToTP(h, *p_->tp), p_->head);
 }
 

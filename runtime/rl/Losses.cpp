@@ -2,6 +2,7 @@
 #include "runtime/rl/Losses.h"
 #include "runtime/rl/Check.h"
 #include "runtime/rl/Masked.h"
+#include <stdexcept>
 
 namespace hflow::rl {
 using namespace detail;
@@ -69,6 +70,18 @@ ValueLossOutput compute_value_loss(const at::Tensor &vpreds,
   at::Tensor loss = 0.5 * agg_loss(at::maximum(l1, l2), m, loss_agg_mode, agg);
   at::Tensor clipfrac = masked_mean(at::gt(l2, l1).to(vpreds.scalar_type()), m);
   return {loss, clipfrac};
+}
+
+PreferenceLossOutput bradley_terry_loss(const at::Tensor &chosen, const at::Tensor &rejected,
+                                        double over) {
+  if (!chosen.sizes().equals(rejected.sizes()) || chosen.dim() != 1)
+    throw std::invalid_argument("bradley_terry_loss: chosen and rejected must be [N] alike");
+  if (!(over > 0))
+    throw std::invalid_argument("bradley_terry_loss: the divisor must be positive");
+  const at::Tensor d = chosen - rejected;
+  const at::Tensor dd = d.detach();
+  return {-at::log_sigmoid(d).sum() / over, at::gt(dd, 0).to(dd.scalar_type()).mean(),
+          dd.mean()};
 }
 
 } // namespace hflow::rl

@@ -71,6 +71,22 @@ ValueLossOutput compute_value_loss(const at::Tensor &vpreds,
                                    LossAggMode loss_agg_mode = LossAggMode::TokenMean,
                                    const AggOptions &agg = {});
 
+struct PreferenceLossOutput {
+  at::Tensor loss;     ///< 0-dim: sum over pairs of -log sigma(chosen - rejected), / `over`
+  at::Tensor accuracy; ///< 0-dim: the fraction of pairs with chosen > rejected
+  at::Tensor margin;   ///< 0-dim: the mean of chosen - rejected
+};
+
+/// The Bradley-Terry loss of a reward model on preference pairs (as
+/// InstructGPT, OpenRLHF's PairWiseLoss): chosen, rejected [N] scores;
+/// loss = sum_i -log sigma(chosen_i - rejected_i) / over (over = N: the
+/// mean; a micro-batch of a larger minibatch divides by the minibatch's
+/// pairs). -log sigma is computed as softplus(-x) (log_sigmoid), finite for
+/// any margin. Differentiable in both inputs; accuracy and margin are
+/// detached.
+PreferenceLossOutput bradley_terry_loss(const at::Tensor &chosen, const at::Tensor &rejected,
+                                        double over);
+
 } // namespace hflow::rl
 
 #endif

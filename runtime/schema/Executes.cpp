@@ -85,11 +85,6 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                     std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
     return v;
   }
-  if (kind == methods::Role::RewardModel) {
-    v.refusal = "a RewardModel's score head is neither loaded nor trained by hflow-run "
-                "yet: it would score 0 on every response; score with a RewardFn rule";
-    return v;
-  }
   if (std::string why = unbuiltDegree(train); !why.empty())
     return refuse("train", train, why);
   if (train.pp > 1) {
@@ -103,7 +98,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                     "a pipeline stage holds ceil(layers / pp) = " + s(per) + " of the " +
                         s(dims.layers) + " layers, so the last of " + s(train.pp) +
                         " stages would hold none; use fewer stages");
-    if (dims.tied)
+    if (dims.tied && methods::hasLmHead(kind))
       return refuse("train", train,
                     "a tied LM head under pipeline parallelism needs the embedding on the "
                     "first and the last stage, which hflow-run does not execute yet");

@@ -40,7 +40,7 @@ std::vector<Param> llamaParams(const ModelShape &m) {
     add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
   }
   add("final_norm", 1, h, Split::Replicated, Param::kLastStage);
-  if (!m.tieEmbeddings)
+  if (m.lmHead && !m.tieEmbeddings)
     add("lm_head", m.vocab, h, Split::Rows, Param::kLastStage);
   return ps;
 }
@@ -56,7 +56,7 @@ int64_t layerParamCount(const ModelShape &m) {
 
 int64_t paramCount(const ModelShape &m) {
   const int64_t h = m.hidden;
-  return m.vocab * h + m.layers * layerParamCount(m) + h + (m.tieEmbeddings ? 0 : h * m.vocab);
+  return m.vocab * h + m.layers * layerParamCount(m) + h + (m.lmHead && !m.tieEmbeddings ? h * m.vocab : 0);
 }
 
 } // namespace hflow::shape

@@ -56,6 +56,10 @@ struct Param {
 struct ModelShape {
   int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
   bool tieEmbeddings = false, qkvBias = false;
+  /// False for a model whose hidden states feed a scalar head only (a
+  /// critic's value head, a reward model's score head): no LM head, tied
+  /// or not.
+  bool lmHead = true;
 
   int64_t headDim() const { return heads > 0 ? hidden / heads : 0; }
   /// Positive sizes, hidden divisible by heads: what llamaParams needs.
@@ -85,7 +89,7 @@ std::vector<Param> llamaParams(const ModelShape &m);
 ///            + 3*hidden*ffn                       gate, up, down
 ///            + [qkvBias] (heads + 2*kvHeads)*hd ) q, k, v biases
 /// + hidden                                        final RMSNorm
-/// + [!tieEmbeddings] hidden*vocab                 LM head
+/// + [lmHead && !tieEmbeddings] hidden*vocab       LM head
 int64_t paramCount(const ModelShape &m);
 /// One decoder layer's parameters (the `layers *` term above).
 int64_t layerParamCount(const ModelShape &m);

@@ -25,6 +25,11 @@ enum class Batch {
 };
 inline constexpr int kNumBatchKinds = 8;
 
+/// Whether a role kind's model has an LM head: an actor and a reference
+/// compute log-probabilities; a critic's value head and a reward model's
+/// score head read the hidden states, and their bodies hold no LM head.
+inline bool hasLmHead(Role k) { return k == Role::Actor || k == Role::Reference; }
+
 /// Batches of numbers per token (or per sequence), the ones arithmetic and
 /// the builtins work on; prompts and rollouts are token sequences.
 inline bool isNumeric(Batch b) { return b != Batch::Prompts && b != Batch::Rollout; }
@@ -107,6 +112,10 @@ inline constexpr KeywordArg kCriticUpdateArgs[] = {
     {"lr", ArgType::Positive},
     {"loss_agg", ArgType::Choice,
      "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
+// Bradley-Terry training of a reward model on preference pairs.
+inline constexpr KeywordArg kFitArgs[] = {
+    {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
+    {"epochs", ArgType::Count},    {"lr", ArgType::Positive}};
 inline constexpr KeywordArg kSftArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
     {"epochs", ArgType::Count},    {"lr", ArgType::Positive}};
@@ -135,7 +144,10 @@ inline constexpr Signature kCritic[] = {
 inline constexpr Signature kReference[] = {
     {"logprob", Batch::Rollout, Batch::LogProbs, 0, keywords(kForwardArgs)}};
 inline constexpr Signature kRewardModel[] = {
-    {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)}};
+    {"score", Batch::Rollout, Batch::Scores, 0, keywords(kScoreArgs)},
+    // Bradley-Terry training on the data set's preference pairs (each row's
+    // prompt with a chosen and a rejected response).
+    {"fit", Batch::Prompts, std::nullopt, 0, keywords(kFitArgs)}};
 // A rule scores one decoded response at a time: it takes no keywords.
 inline constexpr Signature kRewardFn[] = {{"score", Batch::Rollout, Batch::Scores, 0}};
 

@@ -1,17 +1,20 @@
 //===- hflow-mkdata: generates prompt datasets for the demos --------------===//
 //
 //   hflow-mkdata arith --seed S --count N --max-a A --max-b B [--op +]
-//                [--exclude other.jsonl] -o out.jsonl
+//                [--pairs] [--exclude other.jsonl] -o out.jsonl
 //
 // Writes N JSONL rows {"prompt": "12+7=", "answer": "19"} with distinct
 // prompts, a in [0, A] and b in [0, B], drawn deterministically from the
 // seed (the same arguments always give the same file). --exclude leaves out
 // every prompt of another JSONL file, so a held-out set can be kept
-// disjoint from a training set. See docs/data.md.
+// disjoint from a training set. --pairs adds a preference pair to every row
+// (the right answer chosen, a wrong one rejected) for training a reward
+// model. See docs/data.md.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/Dataset.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -28,7 +31,7 @@ namespace {
 
 const char *kUsage =
     "usage: hflow-mkdata arith --seed S --count N --max-a A --max-b B\n"
-    "                    [--op +|-|*] [--exclude other.jsonl] -o out.jsonl\n"
+    "                    [--op +|-|*] [--pairs] [--exclude other.jsonl] -o out.jsonl\n"
     "\n"
     "Writes N JSONL rows {\"prompt\": \"12+7=\", \"answer\": \"19\"}: the sum\n"
     "(difference, product) of a in [0, A] and b in [0, B], every prompt\n"
@@ -40,6 +43,10 @@ const char *kUsage =
     "  --max-a A        the largest first operand (0 <= A < 10^18)\n"
     "  --max-b B        the largest second operand (0 <= B < 10^18)\n"
     "  --op OP          +, - or * (default +)\n"
+    "  --pairs          add a preference pair to every row: \"chosen\" is the\n"
+    "                   answer, \"rejected\" a wrong one (half of them off by\n"
+    "                   1 to 10, half any other number in the answers' range);\n"
+    "                   the prompts are those written without --pairs\n"
     "  --exclude FILE   a JSONL file whose prompts must not appear (e.g. the\n"
     "                   training set, when writing a held-out set); may be\n"
     "                   given more than once\n"
@@ -108,6 +115,7 @@ int run(int argc, char **argv) {
   bool haveSeed = false, haveCount = false, haveA = false, haveB = false;
   uint64_t seed = 0, count = 0, maxA = 0, maxB = 0;
   char op = '+';
+  bool pairs = false;
   std::vector<std::string> excludes;
   std::string out;
   const uint64_t kMaxOperand = 999999999999999999ULL; // 18 digits
@@ -145,6 +153,10 @@ int run(int argc, char **argv) {
       if (v != "+" && v != "-" && v != "*")
         throw UsageError("--op must be +, - or *, not '" + v + "'");
       op = v[0];
+    } else if (opt == "--pairs") {
+      if (inlineVal)
+        throw UsageError("--pairs takes no value");
+      pairs = true;
     } else if (opt == "--exclude") {
       excludes.push_back(value());
     } else if (opt == "-o" || opt == "--output") {
@@ -220,13 +232,37 @@ int run(int argc, char **argv) {
     }
   }
 
+  std::mt19937_64 wrong(hflow::data::splitmix64(seed ^ 0x7061697273ULL)); // "pairs"
   std::string body;
   for (auto [a, b] : picked) {
     __int128 r = op == '+'   ? (__int128)a + b
                  : op == '-' ? (__int128)a - (__int128)b
                              : (__int128)a * b;
-    body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) +
-            "\"}\n";
+    body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) + "\"";
+    if (pairs) {
+      // A wrong answer from a stream of its own (the prompts stay those
+      // written without --pairs): off by 1 to 10, or any other number of
+      // the answers' range.
+      const __int128 lo = op == '-' ? -(__int128)maxB : 0;
+      const __int128 hi = op == '+'   ? (__int128)maxA + maxB
+                          : op == '-' ? (__int128)maxA
+                                      : (__int128)maxA * maxB;
+      __int128 w = r;
+      while (w == r) {
+        if (uniform(wrong, 2) == 0) {
+          const __int128 d = 1 + (__int128)uniform(wrong, 10);
+          w = uniform(wrong, 2) == 0 ? r - d : r + d;
+        } else if (hi > lo) {
+          w = lo + (__int128)uniform(wrong, (uint64_t)std::min<__int128>(hi - lo + 1, (__int128)UINT64_MAX));
+        } else {
+          w = r + 1;
+        }
+        if (op != '-' && w < 0)
+          w = r;
+      }
+      body += ", \"chosen\": \"" + text(r) + "\", \"rejected\": \"" + text(w) + "\"";
+    }
+    body += "}\n";
   }
   if (out == "-") {
     std::cout << body << std::flush;

@@ -1,0 +1,268 @@
+//===- RewardModel.cpp - a reward model's training, held-out accuracy, export -===//
+//
+// A RewardModel role is a headless body (no LM head) and a score head
+// [1, H] read at each sequence's last real non-padding token, as
+// transformers' *ForSequenceClassification reads it. `fit` trains it on
+// preference pairs with the Bradley-Terry loss
+//     -log sigma(r(prompt, chosen) - r(prompt, rejected)),
+// averaged over a minibatch's pairs, on any model form (whole, TP, FSDP,
+// pipeline stages: the passes go through scoreSequences). --eval-pairs
+// measures held-out preference accuracy; --export-hf ROLE=DIR writes the
+// model back as a sequence-classification checkpoint.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include "runtime/models/Safetensors.h"
+#include "runtime/rl/Losses.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+std::vector<int64_t> Worker::pairSequence(const data::Example &ex,
+                                          const std::string &response) const {
+  std::vector<int64_t> t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+  std::vector<int64_t> r = tok_->encode(response);
+  t.insert(t.end(), r.begin(), r.end());
+  t.push_back(tok_->eosId());
+  return t;
+}
+
+at::Tensor Worker::scoreSequences(
+    RoleRt &rr, const std::vector<std::vector<int64_t>> &seqs, int64_t micro,
+    const std::function<at::Tensor(int, const at::Tensor &)> &lossOf,
+    std::vector<double> *losses) {
+  const int64_t N = (int64_t)seqs.size();
+  micro = std::max<int64_t>(1, micro);
+  int64_t L = 1;
+  for (const auto &q : seqs)
+    L = std::max<int64_t>(L, (int64_t)q.size());
+  // Right padded: the positions are 0.. on every row.
+  at::Tensor toks = at::full({N, L}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+  at::Tensor mask = at::zeros({N, L});
+  for (int64_t i = 0; i < N; ++i) {
+    const auto &q = seqs[(size_t)i];
+    toks[i].narrow(0, 0, (int64_t)q.size())
+        .copy_(at::tensor(q, at::TensorOptions().dtype(at::kLong)));
+    mask[i].narrow(0, 0, (int64_t)q.size()).fill_(1.0f);
+  }
+  std::vector<models::MicroBatch> micros;
+  std::vector<int64_t> starts;
+  for (int64_t u = 0; u < N; u += micro) {
+    const int64_t cnt = std::min(micro, N - u);
+    at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
+    micros.push_back({t, models::positionsFromMask(mk), mk});
+    starts.push_back(u);
+  }
+  at::Tensor out = at::zeros({N});
+  const bool train = (bool)lossOf;
+  // Pass i's scores from its final hidden states [b, L, H]; its loss when
+  // training.
+  auto headOf = [&](int i, const at::Tensor &h) -> at::Tensor {
+    const models::MicroBatch &mb = micros[(size_t)i];
+    const int64_t b = mb.tokens.size(0);
+    at::Tensor at_ = models::scoredPositions(mb.tokens, mb.keyMask, rr.scorePad);
+    at::Tensor hl = h.gather(1, at_.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
+    at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+    out.narrow(0, starts[(size_t)i], b).copy_(sc.detach());
+    return train ? lossOf(i, sc) : at::zeros({});
+  };
+  std::optional<at::NoGradGuard> noGrad;
+  if (!train)
+    noGrad.emplace();
+  if (rr.lm->pipelined()) {
+    std::vector<double> ls = rr.lm->runPipelined(micros, headOf, train);
+    fromLastStage(rr, out);
+    if (losses) {
+      at::Tensor l = at::zeros({(int64_t)micros.size()}, at::TensorOptions().dtype(at::kDouble));
+      for (size_t i = 0; i < ls.size(); ++i)
+        l[(int64_t)i] = ls[i];
+      fromLastStage(rr, l);
+      for (int64_t i = 0; i < l.size(0); ++i)
+        losses->push_back(l[i].item<double>());
+    }
+    return out;
+  }
+  for (size_t i = 0; i < micros.size(); ++i) {
+    const models::MicroBatch &mb = micros[i];
+    at::Tensor loss = headOf((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
+    if (train) {
+      if (losses)
+        losses->push_back(loss.item<double>());
+      loss.backward();
+    }
+  }
+  return out;
+}
+
+/// fit: Bradley-Terry training on this replica's preference pairs: epochs
+/// x minibatches (one optimizer step each; `minibatch:` counts pairs over
+/// all replicas, as for sft) x passes of `micro_batch` pairs (2 sequences
+/// each) whose gradients accumulate. Each pass's loss is its pairs' summed
+/// -log sigma(r_chosen - r_rejected) over the minibatch's pairs: the
+/// minibatch mean, however it is cut.
+void Worker::runFit(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Attrs &a = c.a;
+  const int s = c.s;
+  Val &pr = input(c, 0);
+  Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
+  if (!ph.dataset)
+    throw RunError(describe(s) + ": fit trains on preference pairs: the phase needs a data "
+                                 "set whose rows have 'chosen' and 'rejected' responses");
+  if (!rr.optim)
+    throw RunError(describe(s) + ": reward model " + str(c.ro.name()) + " has no optimizer");
+  std::vector<std::vector<int64_t>> seqs; // chosen, rejected, chosen, ...
+  for (int64_t b = sp.lo; b < sp.hi; ++b) {
+    const data::Example &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
+    if (!ex.hasPair)
+      throw RunError(ph.dataset->path() + ":" + std::to_string(ex.line) + ": " +
+                     str(c.ro.name()) + ".fit needs a preference pair: fields 'chosen' "
+                     "and 'rejected' (non-empty strings)");
+    seqs.push_back(pairSequence(ex, ex.chosen));
+    seqs.push_back(pairSequence(ex, ex.rejected));
+  }
+  const int64_t B = sp.hi - sp.lo; // pairs
+  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
+  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, B));
+  const int64_t mbPrompts = (int64_t)attrNum(
+      a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
+  int64_t mbRows = mbPrompts * ph.n / dp;
+  if (mbRows <= 0 || B % mbRows != 0)
+    mbRows = B;
+  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
+  double lastLoss = 0;
+  for (int64_t e = 0; e < epochs; ++e)
+    for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
+      std::vector<std::vector<int64_t>> mb(seqs.begin() + 2 * m0,
+                                           seqs.begin() + 2 * (m0 + mbRows));
+      int64_t L = 1;
+      for (const auto &q : mb)
+        L = std::max<int64_t>(L, (int64_t)q.size());
+      PassMeter meter(rr);
+      for (int64_t u = 0; u < mbRows; u += micro)
+        meter.add(2 * std::min(micro, mbRows - u), L, 1, true);
+      auto lossOf = [&](int, const at::Tensor &sc) {
+        at::Tensor pairs = sc.view({-1, 2});
+        return rl::bradley_terry_loss(pairs.select(1, 0), pairs.select(1, 1), (double)mbRows)
+            .loss;
+      };
+      std::vector<double> losses;
+      at::Tensor scores = scoreSequences(rr, mb, 2 * micro, lossOf, &losses);
+      meter.done();
+      double mbLoss = 0;
+      for (double l : losses)
+        mbLoss += l;
+      if (c.leader) {
+        at::Tensor pairs = scores.view({-1, 2});
+        rl::PreferenceLossOutput o =
+            rl::bradley_terry_loss(pairs.select(1, 0), pairs.select(1, 1), (double)mbRows);
+        metrics_[MRmLoss] += mbLoss;
+        metrics_[MRmAcc] += o.accuracy.item<double>();
+        metrics_[MRmMargin] += o.margin.item<double>();
+        metrics_[MRmN] += 1;
+      }
+      applyGradients(rr, attrNum(a, "lr", 0));
+      lastLoss = mbLoss;
+    }
+  digests_[s] = lastLoss;
+}
+
+void Worker::evaluatePairs(const std::string &label) {
+  if (!pairsSet_)
+    return;
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, pairsSet_->size())
+                                     : (int64_t)pairsSet_->size();
+  for (auto &[r, rr] : roles_) {
+    if (role(r).kind() != RoleKind::RewardModel || !rr.lm)
+      continue;
+    // Every replica scores every pair (collectives in step on each); the
+    // role's first rank reports.
+    std::vector<std::vector<int64_t>> seqs;
+    for (int64_t i = 0; i < N; ++i) {
+      const data::Example &ex = (*pairsSet_)[(size_t)i];
+      seqs.push_back(pairSequence(ex, ex.chosen));
+      seqs.push_back(pairSequence(ex, ex.rejected));
+    }
+    at::Tensor sc = scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
+    if (rr.pos != 0)
+      continue;
+    metrics_[MPairAcc] += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
+    metrics_[MPairN] += (double)N;
+    if (!o_.dumpValues.empty()) {
+      // Every pair's two scores, to check them against another forward.
+      std::error_code ec;
+      std::filesystem::create_directories(o_.dumpValues, ec);
+      const std::string path =
+          o_.dumpValues + "/pairs-" + label + "-" + str(role(r).name()) + ".jsonl";
+      std::string body;
+      char b[128];
+      for (int64_t i = 0; i < N; ++i) {
+        std::snprintf(b, sizeof b, "{\"row\": %lld, \"chosen\": %.9g, \"rejected\": %.9g}\n",
+                      (long long)i, sc[i][0].item<double>(), sc[i][1].item<double>());
+        body += b;
+      }
+      try {
+        models::writeFileAtomic(path, body);
+      } catch (const std::exception &e) {
+        throw RunError(std::string("--dump-values: ") + e.what());
+      }
+    }
+  }
+}
+
+void Worker::exportRoles() {
+  refreshGenerationCopies();
+  for (const auto &[r, dir] : exports_) {
+    auto it = roles_.find(r);
+    if (it == roles_.end() || it->second.genOnly)
+      continue; // not on this rank
+    RoleRt &rr = it->second;
+    const bool actor = role(r).kind() == RoleKind::Actor;
+    const models::Llama *whole = nullptr;
+    std::unique_ptr<models::Llama> gathered;
+    if (actor || !rr.sharded()) {
+      // The actor's first rank has every weight (its generation copy).
+      whole = rr.model.get();
+    } else {
+      // A sharded reward model: its whole weights gathered over its form's
+      // groups; the head from the stage that trains it.
+      gathered = std::make_unique<models::Llama>(
+          rr.cfg.layers > 0 ? rr.cfg : rr.lm->config(),
+          models::modelSeed(p_.seed(), role(r).model()));
+      rr.lm->gatherInto(*gathered);
+      whole = gathered.get();
+    }
+    at::Tensor head;
+    if (!actor) {
+      head = rr.head.detach().clone();
+      fromLastStage(rr, head);
+    }
+    if (rr.pos != 0)
+      continue;
+    if (!whole)
+      throw RunError("--export-hf: role " + str(role(r).name()) +
+                     " has no whole weights on its first rank");
+    try {
+      if (actor)
+        models::exportHf(dir, *whole);
+      else
+        models::exportHfScorer(dir, *whole, head, rr.scorePad);
+    } catch (const std::exception &e) {
+      throw RunError(std::string("--export-hf: ") + e.what());
+    }
+    if (!o_.quiet)
+      std::printf("[export] %s's weights written to %s (Hugging Face format%s)\n",
+                  str(role(r).name()).c_str(), dir.c_str(),
+                  actor ? "" : ", a sequence-classification model");
+  }
+}
+
+} // namespace hflow::exec
