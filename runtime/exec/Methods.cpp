@@ -324,6 +324,20 @@ int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
   return std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", dflt));
 }
 
+Worker::TrainingCut Worker::trainingCut(const MethodCall &c, int64_t rows) const {
+  const PhaseRt &ph = c.ph;
+  TrainingCut t;
+  t.epochs = (int64_t)attrNum(c.a, "epochs", 1);
+  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, rows));
+  const int64_t prompts = (int64_t)attrNum(
+      c.a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
+  t.minibatch = prompts * ph.n / dp;
+  if (t.minibatch <= 0 || rows % t.minibatch != 0)
+    t.minibatch = rows;
+  t.micro = std::min<int64_t>(t.minibatch, microBatch(c, t.minibatch));
+  return t;
+}
+
 at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head,
@@ -493,14 +507,8 @@ void Worker::runSft(MethodCall &c) {
   // `micro_batch` sequences whose gradients accumulate. Each micro-batch's
   // loss is its answer tokens' summed log-loss over the minibatch's answer
   // tokens: the minibatch's token mean, however it is cut.
-  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
-  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, B));
-  const int64_t mbPrompts = (int64_t)attrNum(
-      a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
-  int64_t mbRows = mbPrompts * ph.n / dp;
-  if (mbRows <= 0 || B % mbRows != 0)
-    mbRows = B;
-  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
+  const TrainingCut cut = trainingCut(c, B);
+  const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   double lastLoss = 0;
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
@@ -659,21 +667,14 @@ void Worker::runUpdate(MethodCall &c) {
   Val *rollout = &rolloutOf(c, rows);
   const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
   const int64_t budget = (int64_t)attrNum(a, "max_batch_tokens", 0);
-  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
-  const int64_t dp = ph.batch * ph.n / std::max<int64_t>(1, b);
-  int64_t mbPrompts = (int64_t)attrNum(a, "minibatch",
-                                       ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch()
-                                                                       : ph.batch);
-  int64_t mbRows = mbPrompts * ph.n / dp; // this replica's rows per optimizer step
-  if (mbRows <= 0 || b % mbRows != 0)
-    mbRows = b;
+  // Epochs x minibatches of this replica's rows (one optimizer step each)
+  // x passes of `micro_batch` sequences whose gradients accumulate (each
+  // loss weighted by its share of the minibatch, as verl does).
+  const TrainingCut cut = trainingCut(c, b);
+  const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   const std::string agg = attrStr(a, "loss_agg", "token-mean");
   rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
   double lastLoss = 0;
-  // micro_batch: sequences per forward/backward pass; their gradients
-  // accumulate (each loss weighted by its share of the minibatch, as
-  // verl does) into one optimizer step per minibatch.
-  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
   const double lrOver = attrNum(a, "lr", 0);
   // One micro-batch's loss, weighted by its share of the minibatch, from
   // the hidden states at its response positions (metrics on the leader).

@@ -130,14 +130,8 @@ void Worker::runFit(MethodCall &c) {
     seqs.push_back(pairSequence(ex, ex.rejected));
   }
   const int64_t B = sp.hi - sp.lo; // pairs
-  const int64_t epochs = (int64_t)attrNum(a, "epochs", 1);
-  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, B));
-  const int64_t mbPrompts = (int64_t)attrNum(
-      a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
-  int64_t mbRows = mbPrompts * ph.n / dp;
-  if (mbRows <= 0 || B % mbRows != 0)
-    mbRows = B;
-  const int64_t micro = std::min<int64_t>(mbRows, microBatch(c, mbRows));
+  const TrainingCut cut = trainingCut(c, B);
+  const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   double lastLoss = 0;
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
@@ -235,8 +229,7 @@ void Worker::exportRoles() {
       // A sharded reward model: its whole weights gathered over its form's
       // groups; the head from the stage that trains it.
       gathered = std::make_unique<models::Llama>(
-          rr.cfg.layers > 0 ? rr.cfg : rr.lm->config(),
-          models::modelSeed(p_.seed(), role(r).model()));
+          rr.lm->config(), models::modelSeed(p_.seed(), role(r).model()));
       rr.lm->gatherInto(*gathered);
       whole = gathered.get();
     }

@@ -271,6 +271,15 @@ private:
   Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
   Val &rolloutOf(MethodCall &c, Span &rows);
   int64_t microBatch(const MethodCall &c, int64_t whole) const;
+  /// How a training call (update, sft, fit) cuts this replica's `rows`
+  /// rows: its epochs; the rows of one optimizer step (the call's or the
+  /// phase's `minibatch`, in prompts over all replicas, as verl counts it;
+  /// every row when that does not divide them); the rows of one pass
+  /// (`micro_batch`, at most a minibatch).
+  struct TrainingCut {
+    int64_t epochs = 1, minibatch = 1, micro = 1;
+  };
+  TrainingCut trainingCut(const MethodCall &c, int64_t rows) const;
   void store(MethodCall &c, Span rows, const at::Tensor &x);
   /// `head` sees the hidden states of positions [start, start + width) of
   /// the prompt + response columns ([P - 1, P - 1 + R) by default: the
