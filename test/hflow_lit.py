@@ -8,6 +8,7 @@ def configure(config, lit):
     # Longest first: lit substitutes in order, and %hflow-run is a prefix of
     # %hflow-run-asan.
     for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-opt",
+                 "hflow-tokenize",
                  "hflow-run", "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))
     config.substitutions.append(("%examples",
@@ -27,5 +28,14 @@ def configure(config, lit):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
         config.environment.pop(var, None)
+    # The npm packages the tokenizer and chat-template tests check against
+    # (tools/hflow-dev refs installs them; the test command always does).
+    # Without them those tests are unsupported, and the test command fails
+    # on its own if it cannot install them.
+    refs = os.environ.get("HFLOW_NPM_REFS", "")
+    if refs and os.path.isdir(os.path.join(refs, "node_modules")):
+        config.environment["HFLOW_NPM_REFS"] = refs
+        config.substitutions.append(("%npm-refs", refs))
+        config.available_features.add("npm-refs")
     if config.hflow_cuda:
         config.available_features.add("cuda")

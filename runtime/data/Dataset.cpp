@@ -72,6 +72,29 @@ std::string parseMessage(const std::string &what) {
   return m;
 }
 
+/// The value at a dotted path ("a.b.c") of `row`, or null when absent. A
+/// key that itself contains dots is found whole first.
+const json *lookup(const json &row, const std::string &path) {
+  auto it = row.find(path);
+  if (it != row.end())
+    return &*it;
+  const json *cur = &row;
+  size_t b = 0;
+  while (true) {
+    size_t dot = path.find('.', b);
+    std::string key = path.substr(b, dot == std::string::npos ? std::string::npos : dot - b);
+    if (!cur->is_object())
+      return nullptr;
+    auto f = cur->find(key);
+    if (f == cur->end())
+      return nullptr;
+    cur = &*f;
+    if (dot == std::string::npos)
+      return cur;
+    b = dot + 1;
+  }
+}
+
 } // namespace
 
 Dataset Dataset::load(const std::string &path, const DatasetOptions &opts) {
@@ -104,10 +127,25 @@ Dataset Dataset::load(const std::string &path, const DatasetOptions &opts) {
 
     Example ex;
     ex.index = static_cast<int64_t>(ds.examples_.size());
-    auto p = row.find(opts.promptField);
-    if (p == row.end())
+    const json *p = lookup(row, opts.promptField);
+    if (!p)
       throw fail("no field '" + opts.promptField + "'");
-    if (p->is_string()) {
+    if (p->is_array() && !p->empty() && (*p)[0].is_object()) {
+      // A chat: every message an object with a string role and content.
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json &m = (*p)[i];
+        std::string at = "field '" + opts.promptField + "': message " + std::to_string(i);
+        if (!m.is_object())
+          throw fail(at + " is not an object (got " + m.type_name() + ")");
+        if (!m.contains("role") || !m["role"].is_string() || m["role"].get<std::string>().empty())
+          throw fail(at + " needs a non-empty string 'role'");
+        if (!m.contains("content") || !m["content"].is_string())
+          throw fail(at + " needs a string 'content'" +
+                     (m.contains("content") ? std::string(" (got ") + m["content"].type_name() + ")"
+                                            : std::string()));
+      }
+      ex.messages = p->dump();
+    } else if (p->is_string()) {
       ex.prompt = p->get<std::string>();
       if (ex.prompt.empty())
         throw fail("field '" + opts.promptField + "' is empty");
@@ -131,12 +169,12 @@ Dataset Dataset::load(const std::string &path, const DatasetOptions &opts) {
       }
     } else {
       throw fail("field '" + opts.promptField +
-                 "' must be a string or an array of integers (got " +
+                 "' must be a string, an array of integers or an array of messages (got " +
                  p->type_name() + ")");
     }
 
-    auto a = row.find(opts.answerField);
-    if (a != row.end() && !a->is_null()) {
+    const json *a = lookup(row, opts.answerField);
+    if (a && !a->is_null()) {
       if (a->is_string())
         ex.answer = a->get<std::string>();
       else if (a->is_number())

@@ -21,8 +21,12 @@ namespace data {
 /// One row of a dataset.
 struct Example {
   int64_t index = 0;              ///< row in the file (0-based, over non-empty lines)
-  std::string prompt;             ///< text (empty when the row has token ids)
+  std::string prompt;             ///< text (empty when the row has ids or a chat)
   std::vector<int64_t> promptIds; ///< when the row gives ids instead of text
+  /// A chat prompt: the JSON text of the row's list of messages
+  /// ([{"role": ..., "content": ...}, ...]), rendered with the tokenizer's
+  /// chat template (runtime/data/Prompt.h); empty otherwise.
+  std::string messages;
   std::string answer;             ///< the reference answer ("" if the row has none)
   /// A preference pair (a reward model's fit): the preferred and the other
   /// response to the prompt; both present, or both absent.
@@ -32,11 +36,15 @@ struct Example {
 };
 
 struct DatasetOptions {
-  /// A non-empty string, or a non-empty array of non-negative integers
-  /// (token ids, used as they are: no tokenizer runs on them).
+  /// A non-empty string, a non-empty array of non-negative integers (token
+  /// ids, used as they are: no tokenizer runs on them), or a non-empty
+  /// array of messages, objects with string "role" and "content" (a chat,
+  /// verl/OpenRLHF style). A dotted name ("extra.question") looks inside
+  /// nested objects.
   std::string promptField = "prompt";
   /// A string, or a number stored in its JSON text form (17 -> "17",
-  /// 2.5 -> "2.5"); null or absent -> "".
+  /// 2.5 -> "2.5"); null or absent -> "". Dotted names too
+  /// ("reward_model.ground_truth", verl's layout).
   std::string answerField = "answer";
   /// Strings, both or neither: a preference pair.
   std::string chosenField = "chosen", rejectedField = "rejected";
@@ -53,7 +61,7 @@ public:
   ///   data.jsonl:12: not valid JSON: <parser message>
   ///   data.jsonl:4: not a JSON object
   ///   data.jsonl:3: no field 'prompt'
-  ///   data.jsonl:5: field 'prompt' must be a string or an array of integers (got boolean)
+  ///   data.jsonl:5: field 'prompt' must be a string, an array of integers or an array of messages (got boolean)
   ///   data.jsonl:6: field 'prompt' is empty
   ///   data.jsonl:7: field 'prompt': element 2 is not a non-negative integer token id
   ///   data.jsonl:8: field 'answer' must be a string or a number (got array)

@@ -271,11 +271,175 @@ double evenTokens(const std::string &response, const Example &) {
   return double(even) / double(response.size());
 }
 
+// --- math_boxed ---------------------------------------------------------
+
+/// The contents of the last \boxed{...} (or \fbox{...}) in `s`, braces
+/// balanced; or of "\boxed X" up to the next '$' or end of line. Nothing
+/// when there is none or its braces do not close.
+std::optional<std::string> lastBoxed(const std::string &s) {
+  size_t at = std::string::npos, len = 0;
+  for (const char *kw : {"\\boxed", "\\fbox"}) {
+    size_t p = s.rfind(kw);
+    if (p != std::string::npos && (at == std::string::npos || p > at)) {
+      at = p;
+      len = std::char_traits<char>::length(kw);
+    }
+  }
+  if (at == std::string::npos)
+    return std::nullopt;
+  size_t i = at + len;
+  if (i < s.size() && s[i] == ' ') {
+    size_t e = i + 1;
+    while (e < s.size() && s[e] != '$' && s[e] != '\n')
+      ++e;
+    return s.substr(i + 1, e - i - 1);
+  }
+  while (i < s.size() && isSpace(s[i]))
+    ++i;
+  if (i >= s.size() || s[i] != '{')
+    return std::nullopt;
+  int depth = 0;
+  for (size_t k = i; k < s.size(); ++k) {
+    if (s[k] == '{')
+      ++depth;
+    else if (s[k] == '}' && --depth == 0)
+      return s.substr(i + 1, k - i - 1);
+  }
+  return std::nullopt;
+}
+
+void eraseAll(std::string &s, const std::string &what) {
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p))
+    s.erase(p, what.size());
+}
+
+void replaceAllText(std::string &s, const std::string &from, const std::string &to) {
+  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size()))
+    s.replace(p, from.size(), to);
+}
+
+/// "\frac12" -> "\frac{1}{2}", "\frac1{72}" -> "\frac{1}{72}".
+std::string fixFracs(const std::string &s) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    if (s.compare(i, 5, "\\frac") != 0) {
+      out += s[i++];
+      continue;
+    }
+    out += "\\frac";
+    i += 5;
+    for (int arg = 0; arg < 2 && i < s.size(); ++arg) {
+      if (s[i] == '{') {
+        size_t depth = 0, k = i;
+        for (; k < s.size(); ++k) {
+          if (s[k] == '{')
+            ++depth;
+          else if (s[k] == '}' && --depth == 0)
+            break;
+        }
+        out += s.substr(i, k + 1 - i);
+        i = k + 1;
+      } else if (s[i] != '\\') {
+        out += std::string("{") + s[i] + "}";
+        ++i;
+      } else
+        break;
+    }
+  }
+  return out;
+}
+
+/// "\sqrt2" -> "\sqrt{2}".
+std::string fixSqrt(const std::string &s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, 5, "\\sqrt") == 0 && i + 5 < s.size() && s[i + 5] != '{' &&
+        s[i + 5] != '\\') {
+      out += "\\sqrt{" + std::string(1, s[i + 5]) + "}";
+      i += 6;
+    } else
+      out += s[i++];
+  }
+  return out;
+}
+
+bool allDigits(const std::string &s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), isDigit);
+}
+
+/// The normal form the MATH benchmark compares answers in (Hendrycks et
+/// al.'s string normalization): no spaces, line breaks, \left/\right,
+/// \! , degrees, dollars, percent signs or trailing units; tfrac/dfrac are
+/// frac; \frac and \sqrt arguments braced; "a/b" of integers is \frac{a}{b};
+/// "0.5" is \frac{1}{2}; a leading "x =" of at most two characters dropped.
+std::string normalizeMath(std::string s) {
+  eraseAll(s, "\n");
+  eraseAll(s, "\\!");
+  replaceAllText(s, "\\\\", "\\");
+  replaceAllText(s, "tfrac", "frac");
+  replaceAllText(s, "dfrac", "frac");
+  eraseAll(s, "\\left");
+  eraseAll(s, "\\right");
+  eraseAll(s, "^{\\circ}");
+  eraseAll(s, "^\\circ");
+  eraseAll(s, "\\$");
+  eraseAll(s, "$");
+  size_t unit = s.find("\\text{ ");
+  if (unit != std::string::npos)
+    s = s.substr(0, unit);
+  eraseAll(s, "\\%");
+  eraseAll(s, "%");
+  replaceAllText(s, " .", " 0.");
+  replaceAllText(s, "{.", "{0.");
+  if (!s.empty() && s[0] == '.')
+    s = "0" + s;
+  size_t eq = s.find('=');
+  if (eq != std::string::npos && s.find('=', eq + 1) == std::string::npos &&
+      trim(s.substr(0, eq)).size() <= 2)
+    s = s.substr(eq + 1);
+  s = fixSqrt(s);
+  eraseAll(s, " ");
+  s = fixFracs(s);
+  if (s == "0.5")
+    s = "\\frac{1}{2}";
+  size_t slash = s.find('/');
+  if (slash != std::string::npos && s.find('/', slash + 1) == std::string::npos &&
+      allDigits(s.substr(0, slash)) && allDigits(s.substr(slash + 1)))
+    s = "\\frac{" + s.substr(0, slash) + "}{" + s.substr(slash + 1) + "}";
+  return s;
+}
+
+double mathBoxed(const std::string &response, const Example &ex) {
+  std::optional<std::string> got = lastBoxed(response);
+  if (!got)
+    return 0.0;
+  std::optional<std::string> boxedAnswer = lastBoxed(ex.answer);
+  std::string want = boxedAnswer ? *boxedAnswer : trim(ex.answer);
+  std::string a = normalizeMath(*got), b = normalizeMath(want);
+  if (a.empty() || b.empty())
+    return 0.0;
+  if (a == b)
+    return 1.0;
+  // Plain numbers compare as numbers ("1,000" == "1000.0").
+  auto plain = [](const std::string &t) {
+    return std::all_of(t.begin(), t.end(),
+                       [](char c) { return isDigit(c) || c == '.' || c == ',' || c == '-'; });
+  };
+  if (plain(a) && plain(b)) {
+    std::optional<Decimal> x = lastNumber(a), y = lastNumber(b);
+    if (x && y && *x == *y)
+      return 1.0;
+  }
+  return 0.0;
+}
+
 const std::map<std::string, RewardRule> &rules() {
   static const std::map<std::string, RewardRule> table = {
       {"exact_match", exactMatch},     {"final_number", finalNumberRule},
       {"gsm8k", finalNumberRule},      {"arith", arith},
       {"format_number", formatNumber}, {"even_tokens", evenTokens},
+      {"math_boxed", mathBoxed},
   };
   return table;
 }

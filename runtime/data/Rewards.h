@@ -39,6 +39,20 @@
 //                  (or is given as token ids), the answer field, trimmed, is
 //                  the expected integer instead (0 if it is not one).
 //
+//   "math_boxed"   The MATH-benchmark rule: the contents of the response's
+//                  LAST \boxed{...} (braces balanced; also \fbox{...} and
+//                  "\boxed X" up to '$' or the line's end) against the
+//                  answer's last \boxed{...}, or the whole answer trimmed
+//                  when it has none. Both are put in the normal form of
+//                  Hendrycks et al.'s MATH evaluation (no spaces, \left,
+//                  \right, \!, degrees, dollars, percent signs, trailing
+//                  "\text{ unit}"; dfrac/tfrac -> frac; \frac12 ->
+//                  \frac{1}{2}; \sqrt2 -> \sqrt{2}; integer a/b ->
+//                  \frac{a}{b}; 0.5 -> \frac{1}{2}; "x=" of at most two
+//                  characters dropped). 1 if equal, or if both are plain
+//                  numbers of equal value ("1,000" and "1000.0"); else 0
+//                  (0 without a \boxed in the response).
+//
 //   "format_number" 1 if firstLine(response) is an optional '-' followed by
 //                  one or more ASCII digits and nothing else (no spaces),
 //                  else 0.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -207,6 +208,19 @@ bool endsWith(const std::string &s, const std::string &suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+/// True when the file's first non-blank byte is '{' (a JSON object, never
+/// a SentencePiece protobuf, whose first byte is a field tag).
+bool looksLikeJson(const std::string &p) {
+  FILE *f = std::fopen(p.c_str(), "rb");
+  if (!f)
+    return false;
+  int c;
+  while ((c = std::fgetc(f)) != EOF && (c == ' ' || c == '\t' || c == '\n' || c == '\r'))
+    ;
+  std::fclose(f);
+  return c == '{';
+}
+
 } // namespace
 
 std::unique_ptr<Tokenizer> makeByteTokenizer() {
@@ -219,20 +233,24 @@ std::unique_ptr<Tokenizer> makeSentencePieceTokenizer(const std::string &modelPa
 
 std::unique_ptr<Tokenizer> makeTokenizer(const std::string &spec) {
   static const char *kAccepted =
-      "expected \"byte\", the path of a SentencePiece .model file, or a "
-      "directory holding tokenizer.model";
+      "expected \"byte\", the path of a tokenizer.json or of a SentencePiece "
+      ".model file, or a directory holding either";
   if (spec == "byte")
     return makeByteTokenizer();
   if (spec.empty())
     throw std::runtime_error(std::string("empty tokenizer name: ") + kAccepted);
   if (isDirectory(spec)) {
-    std::string model = spec + (endsWith(spec, "/") ? "" : "/") + "tokenizer.model";
-    if (!exists(model))
+    std::string base = spec + (endsWith(spec, "/") ? "" : "/");
+    if (exists(base + "tokenizer.json"))
+      return makeHfTokenizer(base + "tokenizer.json");
+    if (!exists(base + "tokenizer.model"))
       throw std::runtime_error("tokenizer '" + spec +
-                               "': the directory has no tokenizer.model (" +
-                               kAccepted + ")");
-    return makeSentencePieceTokenizer(model);
+                               "': the directory has neither tokenizer.json nor "
+                               "tokenizer.model (" + kAccepted + ")");
+    return makeSentencePieceTokenizer(base + "tokenizer.model");
   }
+  if (endsWith(spec, ".json") || looksLikeJson(spec))
+    return makeHfTokenizer(spec); // names the file when it fails
   if (exists(spec) || endsWith(spec, ".model"))
     return makeSentencePieceTokenizer(spec); // names the file when it fails
   throw std::runtime_error("unknown tokenizer '" + spec + "': " + kAccepted +

@@ -28,6 +28,8 @@ inline constexpr RuleInfo kRules[] = {
     {"final_number", true, "1 when the last number of the response equals the answer's"},
     {"format_number", false, "1 when the response's first line is an integer"},
     {"gsm8k", true, "final_number, as GSM8K-style answers are scored"},
+    {"math_boxed", true, "1 when the response's last \\boxed{...} equals the answer "
+                         "(its \\boxed{...} or all of it) in MATH's normal form"},
 };
 
 inline const RuleInfo *findRule(std::string_view name) {

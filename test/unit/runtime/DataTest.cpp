@@ -231,7 +231,8 @@ TEST(DataTokenizer, MakeTokenizerErrors) {
 
   fs::create_directories(tmp() + "/emptydir");
   e = errorOf([&] { makeTokenizer(tmp() + "/emptydir"); });
-  EXPECT_NE(e.find("the directory has no tokenizer.model"), std::string::npos) << e;
+  EXPECT_NE(e.find("the directory has neither tokenizer.json nor tokenizer.model"),
+            std::string::npos) << e;
   e = errorOf([&] { makeSentencePieceTokenizer(tmp() + "/emptydir"); });
   EXPECT_EQ(e, "cannot load SentencePiece model '" + tmp() +
                    "/emptydir': Is a directory");
@@ -282,6 +283,31 @@ TEST(DataDataset, OtherFieldNames) {
   EXPECT_EQ(e, dataFile("fields.jsonl") + ":1: no field 'prompt'");
 }
 
+TEST(DataDataset, ChatRowsAndNestedFields) {
+  // verl's layout: a chat prompt and reward_model.ground_truth.
+  std::string p = writeFile(
+      "chat.jsonl",
+      "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+      "{\"role\": \"user\", \"content\": \"2+2?\"}], "
+      "\"reward_model\": {\"ground_truth\": \"4\"}}\n");
+  DatasetOptions o;
+  o.answerField = "reward_model.ground_truth";
+  Dataset ds = Dataset::load(p, o);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].prompt, "");
+  EXPECT_TRUE(ds[0].promptIds.empty());
+  EXPECT_EQ(ds[0].messages, "[{\"content\":\"Be brief.\",\"role\":\"system\"},"
+                            "{\"content\":\"2+2?\",\"role\":\"user\"}]");
+  EXPECT_EQ(ds[0].answer, "4");
+  // A dotted prompt field; a key with a dot in it is found whole first.
+  p = writeFile("nested.jsonl", "{\"extra\": {\"q\": \"hi\"}, \"a.b\": \"x\"}\n");
+  o.promptField = "extra.q";
+  o.answerField = "a.b";
+  ds = Dataset::load(p, o);
+  EXPECT_EQ(ds[0].prompt, "hi");
+  EXPECT_EQ(ds[0].answer, "x");
+}
+
 TEST(DataDataset, Errors) {
   auto load = [](const std::string &p) {
     return errorOf([&] { Dataset::load(p); });
@@ -303,8 +329,15 @@ TEST(DataDataset, Errors) {
   EXPECT_EQ(load(p), p + ":3: no field 'prompt'");
 
   p = writeFile("bool_prompt.jsonl", "{\"prompt\": true}\n");
-  EXPECT_EQ(load(p), p + ":1: field 'prompt' must be a string or an array of "
-                         "integers (got boolean)");
+  EXPECT_EQ(load(p), p + ":1: field 'prompt' must be a string, an array of "
+                         "integers or an array of messages (got boolean)");
+  p = writeFile("bad_chat.jsonl", "{\"prompt\": [{\"role\": \"user\"}]}\n");
+  EXPECT_EQ(load(p), p + ":1: field 'prompt': message 0 needs a string 'content'");
+  p = writeFile("bad_chat2.jsonl",
+                "{\"prompt\": [{\"role\": \"user\", \"content\": \"a\"}, 3]}\n");
+  EXPECT_EQ(load(p), p + ":1: field 'prompt': message 1 is not an object (got number)");
+  p = writeFile("bad_chat3.jsonl", "{\"prompt\": [{\"role\": 1, \"content\": \"a\"}]}\n");
+  EXPECT_EQ(load(p), p + ":1: field 'prompt': message 0 needs a non-empty string 'role'");
   p = writeFile("empty_prompt.jsonl", "{\"prompt\": \"x\"}\n{\"prompt\": \"\"}\n");
   EXPECT_EQ(load(p), p + ":2: field 'prompt' is empty");
   p = writeFile("empty_ids.jsonl", "{\"prompt\": []}\n");
@@ -450,10 +483,10 @@ TEST(DataRewards, Names) {
   std::vector<std::string> names = rewardRuleNames();
   EXPECT_EQ(names, (std::vector<std::string>{"arith", "even_tokens", "exact_match",
                                              "final_number", "format_number",
-                                             "gsm8k"}));
+                                             "gsm8k", "math_boxed"}));
   std::string e = errorOf([] { rewardRule("accuracy"); });
   EXPECT_EQ(e, "unknown reward rule 'accuracy'; known: arith, even_tokens, "
-               "exact_match, final_number, format_number, gsm8k");
+               "exact_match, final_number, format_number, gsm8k, math_boxed");
   for (const std::string &n : names)
     EXPECT_TRUE(static_cast<bool>(rewardRule(n)));
   // The names the compiler accepts (runtime/schema/RewardRules.h) are
@@ -502,6 +535,38 @@ TEST(DataRewards, FinalNumber) {
   EXPECT_EQ(r("#### 73", ex("q", "In May 24.\n#### 72")), 0.0);
   EXPECT_EQ(r("72", ex("q", "no number")), 0.0);
   EXPECT_EQ(rewardRule("gsm8k")("#### 72", e), 1.0);
+}
+
+TEST(DataRewards, MathBoxed) {
+  RewardRule r = rewardRule("math_boxed");
+  // The last \boxed counts; nested braces are kept whole.
+  EXPECT_EQ(r("so \\boxed{3} ... no, \\boxed{\\frac{1}{2}}", ex("q", "\\frac12")), 1.0);
+  EXPECT_EQ(r("\\boxed{\\frac{1}{2}} then \\boxed{3}", ex("q", "\\frac12")), 0.0);
+  // The answer's own \boxed, or all of it.
+  EXPECT_EQ(r("\\boxed{42}", ex("q", "The answer is $\\boxed{42}$.")), 1.0);
+  EXPECT_EQ(r("\\boxed{ 42 }", ex("q", "42")), 1.0);
+  // MATH's normal form: dfrac, \left/\right, spaces, degrees, units, a/b,
+  // 0.5, a short "x =", \sqrt2, dollars and percent signs.
+  EXPECT_EQ(r("\\boxed{\\dfrac{3}{4}}", ex("q", "\\frac{3}{4}")), 1.0);
+  EXPECT_EQ(r("\\boxed{\\left( 1, 2 \\right)}", ex("q", "(1,2)")), 1.0);
+  EXPECT_EQ(r("\\boxed{90^\\circ}", ex("q", "90")), 1.0);
+  EXPECT_EQ(r("\\boxed{5 \\text{ cm}}", ex("q", "5")), 1.0);
+  EXPECT_EQ(r("\\boxed{3/4}", ex("q", "\\frac{3}{4}")), 1.0);
+  EXPECT_EQ(r("\\boxed{0.5}", ex("q", "\\frac{1}{2}")), 1.0);
+  EXPECT_EQ(r("\\boxed{x = 7}", ex("q", "7")), 1.0);
+  EXPECT_EQ(r("\\boxed{2\\sqrt2}", ex("q", "2\\sqrt{2}")), 1.0);
+  EXPECT_EQ(r("\\boxed{\\$18.90}", ex("q", "18.90")), 1.0);
+  EXPECT_EQ(r("\\boxed{25\\%}", ex("q", "25")), 1.0);
+  // Plain numbers compare by value.
+  EXPECT_EQ(r("\\boxed{1,000}", ex("q", "1000.0")), 1.0);
+  EXPECT_EQ(r("\\boxed{1001}", ex("q", "1000")), 0.0);
+  // "\boxed X" without braces, up to '$'; \fbox too.
+  EXPECT_EQ(r("$\\boxed 7$", ex("q", "7")), 1.0);
+  EXPECT_EQ(r("\\fbox{7}", ex("q", "7")), 1.0);
+  // No box, an unclosed box, an empty box: 0.
+  EXPECT_EQ(r("the answer is 7", ex("q", "7")), 0.0);
+  EXPECT_EQ(r("\\boxed{7", ex("q", "7")), 0.0);
+  EXPECT_EQ(r("\\boxed{}", ex("q", "")), 0.0);
 }
 
 TEST(DataRewards, Arith) {

