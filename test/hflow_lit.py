@@ -7,7 +7,7 @@ def configure(config, lit):
     llvm = config.llvm_tools_dir
     # Longest first: lit substitutes in order, and %hflow-run is a prefix of
     # %hflow-run-asan.
-    for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-opt",
+    for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-hf-logits", "hflow-opt",
                  "hflow-tokenize",
                  "hflow-run", "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))

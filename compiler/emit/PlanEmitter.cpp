@@ -133,6 +133,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     flatbuffers::Offset<flatbuffers::String> weights;
     if (auto dir = m->getAttrOfType<StringAttr>("hf_dir"))
       weights = b.CreateString(dir.getValue().str());
+    flatbuffers::Offset<fb::RopeScaling> ropeScaling;
+    if (auto rs = m.getRopeScaling())
+      ropeScaling = fb::CreateRopeScaling(b, (*rs)[0], (*rs)[1], (*rs)[2], (int64_t)(*rs)[3]);
     models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
         m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
@@ -140,7 +143,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         m.getTieEmbeddings(), m.getQkvBias(),
         m.getRopeThetaAttr() ? m.getRopeThetaAttr().getValueAsDouble() : 10000.0,
         weights,
-        m.getRmsNormEpsAttr() ? m.getRmsNormEpsAttr().getValueAsDouble() : 1e-5));
+        m.getRmsNormEpsAttr() ? m.getRmsNormEpsAttr().getValueAsDouble() : 1e-5,
+        m.getHeadDimAttr() ? (int32_t)m.getHeadDimAttr().getInt() : 0, m.getQkNorm(),
+        ropeScaling, m.getSlidingWindowAttr() ? m.getSlidingWindowAttr().getInt() : 0));
   }
 
   // Roles and one communicator group per role.

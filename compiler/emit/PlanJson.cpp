@@ -99,6 +99,20 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("qkv_bias", m->qkv_bias());
             j.attribute("rope_theta", m->rope_theta());
             j.attribute("norm_eps", m->norm_eps());
+            if (m->head_dim() != 0)
+              j.attribute("head_dim", m->head_dim());
+            if (m->qk_norm())
+              j.attribute("qk_norm", true);
+            if (const fb::RopeScaling *rs = m->rope_scaling())
+              j.attributeObject("rope_scaling", [&] {
+                j.attribute("rope_type", "llama3");
+                j.attribute("factor", rs->factor());
+                j.attribute("low_freq_factor", rs->low_freq_factor());
+                j.attribute("high_freq_factor", rs->high_freq_factor());
+                j.attribute("original_max_positions", rs->original_max_positions());
+              });
+            if (m->sliding_window() != 0)
+              j.attribute("sliding_window", m->sliding_window());
             if (m->weights())
               j.attribute("weights", str(m->weights()));
           });

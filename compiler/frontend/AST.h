@@ -111,7 +111,17 @@ struct ModelDecl {
   bool qkvBias = false;       // Q, K and V projections have biases (Qwen2)
   double ropeTheta = 10000;
   double normEps = 1e-5; // RMSNorm epsilon (Llama-2's; config.json's rms_norm_eps)
+  // From a config.json (runtime/schema/HfConfig.h): the head width when it
+  // is not hidden / heads (0), Qwen3's q/k norms, Llama 3.1's rope_scaling
+  // as [factor, low_freq_factor, high_freq_factor, original_max_positions]
+  // (empty: none), Mistral's sliding window (0: none), and
+  // max_position_embeddings (0: not given).
+  int64_t headDim = 0;
+  bool qkNorm = false;
+  std::vector<double> ropeScaling;
+  int64_t slidingWindow = 0, maxPositions = 0;
   std::string hfDir;          // hf("dir"): the config.json it was read from
+  SourceLoc hfDirLoc;         // the hf() argument naming it
   std::string hfArch;         // its architectures[0] ("" if none)
   /// config.json names a *ForSequenceClassification model: a body and a
   /// score head, no LM head (a reward model's checkpoint).

@@ -5,6 +5,11 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/frontend/SemaImpl.h"
+#include "runtime/schema/Defaults.h"
+#include "runtime/schema/HfConfig.h"
+
+#include <map>
+#include <set>
 
 namespace hflow::frontend::detail {
 
@@ -294,15 +299,32 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
   std::string type = j.value("model_type", std::string());
   if (j.contains("model_type") && !j["model_type"].is_string())
     type.clear();
-  if (type != "llama" && type != "qwen2") {
+  if (!hfconfig::supportedModelType(type)) {
     diags_.error(dirArg.loc, config.string() + ": model_type '" + type +
-                                 "' is not supported; hflow builds llama and "
-                                 "qwen2 models");
+                                 "' is not supported; hflow builds " +
+                                 hfconfig::supportedModelTypes() + " models");
     return;
   }
   m.arch = type;
   m.qkvBias = type == "qwen2";
+  m.hfDirLoc = dirArg.loc;
   bool ok = true;
+  // head_dim, q/k norms, rope_scaling, sliding_window and the keys hflow
+  // refuses: the runtime's hfConfigFromJson reads them with the same code.
+  hfconfig::ArchKeys arch;
+  if (std::string why = hfconfig::readArchKeys(j, type, arch); !why.empty()) {
+    diags_.error(dirArg.loc, config.string() + ": " + why);
+    ok = false;
+  }
+  m.headDim = arch.headDim;
+  m.qkNorm = arch.qkNorm;
+  if (arch.rope.active())
+    m.ropeScaling = {arch.rope.factor, arch.rope.lowFreqFactor, arch.rope.highFreqFactor,
+                     double(arch.rope.originalMaxPositions)};
+  m.slidingWindow = arch.slidingWindow;
+  m.maxPositions = arch.maxPositions;
+  if (arch.ropeTheta > 0)
+    m.ropeTheta = arch.ropeTheta;
   auto dim = [&](const char *key, int64_t &out, const char *fallback) {
     const char *k = key;
     if (!j.contains(k) && fallback && j.contains(fallback))
@@ -406,7 +428,67 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
     dtypeArg(*kw["dtype"]->value, m.dtype);
   if (!ok)
     return;
+  // A head_dim equal to hidden / heads says what the default says: the
+  // plan is the one it would be without the key.
+  if (m.headDim > 0 && m.headDim * m.heads == m.hidden)
+    m.headDim = 0;
   checkModelBounds(m, [&](const char *) { return dirArg.loc; });
+}
+
+void Sema::checkModelPositions() {
+  // The longest sequence each flow's generate calls make, where the train
+  // block states prompt_len (otherwise the compiler does not know it; the
+  // runtime reads the data).
+  struct Longest {
+    int64_t len = 0, prompt = 0, response = 0;
+    const Expr *call = nullptr;
+  };
+  std::map<std::string, Longest> byModel;
+  for (const ast::TrainDecl &t : prog_.trains) {
+    if (t.promptLen <= 0)
+      continue;
+    for (const ast::FlowDecl &f : prog_.flows) {
+      if (f.name != t.flow)
+        continue;
+      Longest longest;
+      std::set<std::string> receivers;
+      for (const ast::Stmt &st : f.body)
+        forEachCall(*st.value, [&](const Expr &call) {
+          if (call.kind != Expr::Kind::MethodCall)
+            return;
+          receivers.insert(call.receiver);
+          if (call.text != "generate")
+            return;
+          int64_t r = defaults::kMaxTokens;
+          for (const ast::Arg &a : call.args)
+            if (a.key == "max_tokens" && a.value->kind == Expr::Kind::Int)
+              r = a.value->intValue;
+          if (t.promptLen + r > longest.len)
+            longest = {t.promptLen + r, t.promptLen, r, &call};
+        });
+      if (!longest.call)
+        continue;
+      // Every role the flow calls sees these sequences.
+      for (const ast::RoleDecl &r : prog_.roles)
+        if (receivers.count(r.name) && !r.model.empty() &&
+            byModel[r.model].len < longest.len)
+          byModel[r.model] = longest;
+    }
+  }
+  for (const ast::ModelDecl &m : prog_.models) {
+    auto it = byModel.find(m.name);
+    if (m.maxPositions <= 0 || it == byModel.end() || it->second.len <= m.maxPositions)
+      continue;
+    const Longest &l = it->second;
+    diags_.error(m.hfDirLoc, m.hfDir + "/config.json: max_position_embeddings " +
+                                 std::to_string(m.maxPositions) +
+                                 " is shorter than the program's longest sequence, " +
+                                 std::to_string(l.len) + " tokens (prompt_len " +
+                                 std::to_string(l.prompt) + " + max_tokens " +
+                                 std::to_string(l.response) +
+                                 "); lower prompt_len or max_tokens")
+        .notes.push_back({l.call->loc, "the generate call"});
+  }
 }
 
 bool Sema::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {

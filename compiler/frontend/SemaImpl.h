@@ -77,6 +77,7 @@ public:
     for (auto &t : prog_.trains)
       checkTrain(t);
     checkScoringModels();
+    checkModelPositions();
   }
 
 private:
@@ -144,7 +145,9 @@ private:
       int64_t value, max;
     } bounds[] = {{"layers", m.layers, limits::kMaxLayers},
                   {"hidden", m.hidden, limits::kMaxHidden},
-                  {"heads", m.heads, m.hidden},
+                  // An explicit head width (config.json's head_dim) frees
+                  // heads from hidden.
+                  {"heads", m.heads, m.headDim > 0 ? limits::kMaxHidden : m.hidden},
                   {"kv_heads", m.kvHeads, m.heads},
                   {"ffn", m.ffn, limits::kMaxFfn},
                   {"vocab", m.vocab, limits::kMaxVocab}};
@@ -164,7 +167,7 @@ private:
       }
     if (!allOk)
       return;
-    if (m.hidden % m.heads != 0)
+    if (m.headDim == 0 && m.hidden % m.heads != 0)
       diags_.error(where("heads"),
                    "hidden (" + std::to_string(m.hidden) +
                        ") is not divisible by heads (" +
@@ -270,6 +273,10 @@ private:
   /// score head to score with, loaded from such a checkpoint or trained by
   /// `fit` in the same or an earlier phase, never zeros.
   void checkScoringModels();
+  /// hf() models with max_position_embeddings: the program's longest
+  /// sequence (prompt_len + a generate call's max_tokens, where the train
+  /// block states prompt_len) must fit.
+  void checkModelPositions();
 
   /// off_policy: 1 overlaps the rollout of step k+1 with training on step k.
   /// That takes one actor.generate, whose prompts nothing else reads, and

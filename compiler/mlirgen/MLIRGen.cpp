@@ -63,7 +63,15 @@ public:
                                     ? b_.getF64FloatAttr(m.ropeTheta)
                                     : FloatAttr(),
                                 m.normEps != 1e-5 ? b_.getF64FloatAttr(m.normEps)
-                                                  : FloatAttr());
+                                                  : FloatAttr(),
+                                m.headDim > 0 ? b_.getI64IntegerAttr(m.headDim)
+                                              : IntegerAttr(),
+                                m.qkNorm,
+                                m.ropeScaling.size() == 4
+                                    ? b_.getDenseF64ArrayAttr(m.ropeScaling)
+                                    : DenseF64ArrayAttr(),
+                                m.slidingWindow > 0 ? b_.getI64IntegerAttr(m.slidingWindow)
+                                                    : IntegerAttr());
       if (!m.hfDir.empty())
         op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
       op.setParams(op.computeParamCount());

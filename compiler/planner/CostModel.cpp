@@ -239,7 +239,7 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   // Decode: step j (0-based) reads the weights of its TP shard (all stages,
   // in turn) and the KV cache of s_p + j tokens per sequence, or is compute
   // bound, whichever is slower.
-  const double headDim = d.h / double(ms.heads);
+  const double headDim = double(ms.headDim());
   const double kvTok = 2 * d.L * std::max(1.0, double(ms.kvHeads) / t) * headDim * d.w;
   const double bwEff = dev.memBandwidth * cal.decodeBandwidthEfficiency;
   const double memBase = d.P * d.w / t / bwEff;        // weights

@@ -37,18 +37,7 @@ rs::Layout toLayout(LayoutAttr l) {
   return out;
 }
 
-rs::ModelShape toShape(ModelOp m) {
-  rs::ModelShape s;
-  s.layers = m.getLayersAttr().getInt();
-  s.hidden = m.getHiddenAttr().getInt();
-  s.heads = m.getHeadsAttr().getInt();
-  s.kvHeads = m.getKvHeadsAttr().getInt();
-  s.ffn = m.getFfnAttr().getInt();
-  s.vocab = m.getVocabAttr().getInt();
-  s.tieEmbeddings = m.getTieEmbeddings();
-  s.qkvBias = m.getQkvBias();
-  return s;
-}
+rs::ModelShape toShape(ModelOp m) { return m.shape(); }
 
 WireType wireTypeOf(RoleOp role, ModelOp model) {
   WireType w;

@@ -67,7 +67,7 @@ LogicalResult MeshOp::verify() {
 // ModelOp
 //===----------------------------------------------------------------------===//
 
-int64_t ModelOp::computeParamCount() {
+::hflow::shape::ModelShape ModelOp::shape() {
   ::hflow::shape::ModelShape m;
   m.layers = getLayersAttr().getInt();
   m.hidden = getHiddenAttr().getInt();
@@ -77,8 +77,12 @@ int64_t ModelOp::computeParamCount() {
   m.vocab = getVocabAttr().getInt();
   m.qkvBias = getQkvBias();
   m.tieEmbeddings = getTieEmbeddings();
-  return ::hflow::shape::paramCount(m);
+  m.headSize = getHeadDimAttr() ? getHeadDimAttr().getInt() : 0;
+  m.qkNorm = getQkNorm();
+  return m;
 }
+
+int64_t ModelOp::computeParamCount() { return ::hflow::shape::paramCount(shape()); }
 
 LogicalResult ModelOp::verify() {
   using ::hflow::limits::kMaxFfn, ::hflow::limits::kMaxHidden,
@@ -98,7 +102,18 @@ LogicalResult ModelOp::verify() {
       return emitOpError() << name << " = " << value
                            << " is larger than the supported maximum " << max;
   }
-  if (getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
+  if (auto hd = getHeadDimAttr(); hd && (hd.getInt() < 2 || hd.getInt() % 2 != 0))
+    return emitOpError() << "head_dim must be a positive even number, got " << hd.getInt();
+  if (auto rs = getRopeScaling()) {
+    if (rs->size() != 4 || !((*rs)[0] > 0 && (*rs)[1] > 0 && (*rs)[2] > (*rs)[1] &&
+                             (*rs)[3] >= 1))
+      return emitOpError() << "rope_scaling must be [factor, low_freq_factor, "
+                              "high_freq_factor, original_max_position_embeddings] with "
+                              "positive factors, high > low";
+  }
+  if (auto w = getSlidingWindowAttr(); w && w.getInt() < 1)
+    return emitOpError() << "sliding_window must be positive, got " << w.getInt();
+  if (!getHeadDimAttr() && getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
     return emitOpError() << "hidden (" << getHiddenAttr().getInt()
                          << ") is not divisible by heads (" << getHeadsAttr().getInt() << ")";
   if (getHeadsAttr().getInt() % getKvHeadsAttr().getInt() != 0)

@@ -3,6 +3,7 @@
 #define HFLOW_DIALECT_HFLOWOPS_H
 
 #include "dialects/hflow/HflowDialect.h"
+#include "runtime/schema/ModelShape.h"
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinAttributes.h"

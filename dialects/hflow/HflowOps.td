@@ -59,7 +59,13 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
     Qwen2) and the SwiGLU MLP, the final norm, and the LM head unless
     `tie_embeddings` is set (the head then reuses the embedding matrix).
     `rope_theta` is the rotary base (10000 when absent), `rms_norm_eps` the
-    RMSNorm epsilon (1e-5 when absent).
+    RMSNorm epsilon (1e-5 when absent). From a Hugging Face config.json
+    (runtime/schema/HfConfig.h): `head_dim`, the width of one head when it is
+    not hidden / heads (Qwen3); `qk_norm`, Qwen3's per-head RMSNorm of q and
+    k (two [head_dim] weights per layer, counted in `params`);
+    `rope_scaling`, Llama 3.1's rescaled RoPE as [factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings]; `sliding_window`,
+    Mistral's attention window in tokens.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
                        I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
@@ -67,7 +73,10 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
                        TypeAttr:$dtype, OptionalAttr<I64Attr>:$params,
                        UnitAttr:$tie_embeddings, UnitAttr:$qkv_bias,
                        OptionalAttr<F64Attr>:$rope_theta,
-                       OptionalAttr<F64Attr>:$rms_norm_eps);
+                       OptionalAttr<F64Attr>:$rms_norm_eps,
+                       OptionalAttr<I64Attr>:$head_dim, UnitAttr:$qk_norm,
+                       OptionalAttr<DenseF64ArrayAttr>:$rope_scaling,
+                       OptionalAttr<I64Attr>:$sliding_window);
   let assemblyFormat = [{
     $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`
@@ -77,6 +86,8 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
   let extraClassDeclaration = [{
     /// The parameter count these dimensions imply.
     int64_t computeParamCount();
+    /// The dimensions that decide the parameters (runtime/schema/ModelShape.h).
+    ::hflow::shape::ModelShape shape();
   }];
 }
 

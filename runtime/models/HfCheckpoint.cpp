@@ -1,6 +1,6 @@
 //===- HfCheckpoint.cpp - Hugging Face model directories --------------------===//
 //
-// A Llama/Qwen2 model's config.json and its safetensors weights (one file or
+// A Llama/Qwen2/Qwen3/Mistral model's config.json and its safetensors weights (one file or
 // an index of shards): reading them into the runtime's Llama (whole, or one
 // rank's shard boxes only) and exporting a trained model back, with hflow's
 // checksum in the metadata. The file format itself is Safetensors.cpp's.
@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/models/Safetensors.h"
 #include "runtime/models/Checkpoint.h"
+#include "runtime/schema/HfConfig.h"
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -213,6 +214,8 @@ std::string hfParameterName(const std::string &n) {
       {"attn.v", "self_attn.v_proj.weight"},
       {"attn.v_bias", "self_attn.v_proj.bias"},
       {"attn.o", "self_attn.o_proj.weight"},
+      {"attn.q_norm", "self_attn.q_norm.weight"},
+      {"attn.k_norm", "self_attn.k_norm.weight"},
       {"mlp_norm", "post_attention_layernorm.weight"},
       {"mlp.gate", "mlp.gate_proj.weight"},
       {"mlp.up", "mlp.up_proj.weight"},
@@ -360,10 +363,18 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
 
 std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) {
   nlohmann::ordered_json j;
-  bool qwen = cfg.qkvBias;
-  const std::string arch = qwen ? "Qwen2" : "Llama";
+  // llama and qwen2 as before (q/k/v biases make a qwen2); qwen3 and
+  // mistral as configured.
+  const std::string type = cfg.arch == "qwen3" || cfg.arch == "mistral" ? cfg.arch
+                           : cfg.qkvBias                                ? "qwen2"
+                                                                        : "llama";
+  const bool qwen = type == "qwen2";
+  const std::string arch = type == "qwen2"   ? "Qwen2"
+                           : type == "qwen3" ? "Qwen3"
+                           : type == "mistral" ? "Mistral"
+                                               : "Llama";
   j["architectures"] = {arch + (scorer ? "ForSequenceClassification" : "ForCausalLM")};
-  j["model_type"] = qwen ? "qwen2" : "llama";
+  j["model_type"] = type;
   if (scorer) { // one label: a scalar score (transformers' num_labels = 1)
     j["id2label"] = {{"0", "LABEL_0"}};
     j["label2id"] = {{"LABEL_0", 0}};
@@ -380,10 +391,26 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
   j["rms_norm_eps"] = cfg.normEps;
   j["tie_word_embeddings"] = cfg.tieEmbeddings;
   j["hidden_act"] = "silu";
-  if (!qwen)
-    j["attention_bias"] = false; // transformers' Llama would also bias o_proj
-  else
+  // Qwen3's config defaults head_dim to 128: always written there.
+  if (cfg.headSize > 0 || type == "qwen3")
+    j["head_dim"] = cfg.headDim();
+  if (cfg.ropeScaling.active())
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", cfg.ropeScaling.factor},
+                         {"low_freq_factor", cfg.ropeScaling.lowFreqFactor},
+                         {"high_freq_factor", cfg.ropeScaling.highFreqFactor},
+                         {"original_max_position_embeddings",
+                          cfg.ropeScaling.originalMaxPositions}};
+  if (type == "llama" || type == "qwen3")
+    j["attention_bias"] = false; // transformers' Llama and Qwen3 would also bias o_proj
+  if (type == "qwen2" || type == "qwen3")
     j["use_sliding_window"] = false;
+  if (type == "mistral") {
+    if (cfg.slidingWindow > 0)
+      j["sliding_window"] = cfg.slidingWindow;
+    else
+      j["sliding_window"] = nullptr;
+  }
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
 }
@@ -405,14 +432,25 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
       j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
   if (!j.contains("model_type"))
     throw err("has no 'model_type'");
-  if (type != "llama" && type != "qwen2")
+  if (!hfconfig::supportedModelType(type))
     throw err("model_type '" + (type.empty() ? j["model_type"].dump() : type) +
-              "' is not supported; hflow builds llama and qwen2 models");
+              "' is not supported; hflow builds " + hfconfig::supportedModelTypes() +
+              " models");
   fs::path dir = path.parent_path();
   c.name = dir.filename().string();
   if (c.name.empty() || c.name == ".")
     c.name = type;
+  c.arch = type;
   c.qkvBias = type == "qwen2";
+  // head_dim, q/k norms, rope_scaling, sliding_window and the keys hflow
+  // refuses: hflowc's hf("dir") reads them with the same code.
+  hfconfig::ArchKeys arch;
+  if (std::string why = hfconfig::readArchKeys(j, type, arch); !why.empty())
+    throw err(why);
+  c.headSize = (int)arch.headDim;
+  c.qkNorm = arch.qkNorm;
+  c.ropeScaling = arch.rope;
+  c.slidingWindow = arch.slidingWindow;
   auto dim = [&](const char *key, int &out, const char *fallback) {
     const char *k = key;
     if (!j.contains(k) && fallback && j.contains(fallback))
@@ -450,6 +488,12 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
     out = j[key].get<double>();
   };
   positive("rope_theta", c.ropeTheta, 10000.0);
+  if (arch.ropeTheta > 0)
+    c.ropeTheta = arch.ropeTheta;
+  // A head_dim equal to hidden / heads says what the default says (as
+  // hflowc reads it).
+  if (c.headSize > 0 && (int64_t)c.headSize * c.heads == c.hidden)
+    c.headSize = 0;
   positive("rms_norm_eps", c.normEps, 1e-6);
   if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() &&
       j["pad_token_id"].get<int64_t>() >= 0)

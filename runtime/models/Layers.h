@@ -7,9 +7,24 @@
 #ifndef HFLOW_RUNTIME_MODELS_LAYERS_H
 #define HFLOW_RUNTIME_MODELS_LAYERS_H
 
+#include "runtime/models/Llama.h"
+
 #include <ATen/core/Tensor.h>
 
 namespace hflow::models {
+
+/// RoPE's cos and sin tables [B, 1, T, headDim] at `positions` [B, T]
+/// (rotate-half layout), with the config's theta and rescaling.
+std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Tensor &positions);
+/// The additive attention mask [B, 1, T, past + T] (0 or -inf) of T queries
+/// continuing `past` keys: query i (absolute index past + i) sees key j
+/// when j <= past + i, the key is real (`keyReal` bool [B, past + T]) and,
+/// under a sliding window w > 0, past + i - j < w; and always itself (so a
+/// padding position stays finite).
+at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window);
+/// Qwen3's per-head norm: RMSNorm over the last dimension (one head's
+/// width) of `x` [.., heads, headDim] when `w` is defined; `x` otherwise.
+at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps);
 
 /// RMSNorm: x / sqrt(mean(x^2) + eps) * w over the last dimension.
 at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps);

@@ -22,9 +22,14 @@ std::string LlamaConfig::validate() const {
       vocab <= 0)
     return "model " + name + ": layers, hidden, heads, kv_heads, ffn and vocab "
            "must all be positive";
-  if (hidden % heads != 0)
+  if (headSize < 0)
+    return "model " + name + ": head_dim " + s(headSize) + " is negative";
+  if (headSize == 0 && hidden % heads != 0)
     return "model " + name + ": hidden " + s(hidden) +
            " is not divisible by heads " + s(heads);
+  if (slidingWindow < 0)
+    return "model " + name + ": sliding_window " + std::to_string(slidingWindow) +
+           " is negative";
   if (heads % kvHeads != 0)
     return "model " + name + ": heads " + s(heads) +
            " is not divisible by kv_heads " + s(kvHeads);
@@ -45,6 +50,8 @@ shape::ModelShape LlamaConfig::shape() const {
   m.tieEmbeddings = tieEmbeddings;
   m.qkvBias = qkvBias;
   m.lmHead = lmHead;
+  m.headSize = headSize;
+  m.qkNorm = qkNorm;
   return m;
 }
 
@@ -55,11 +62,14 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   LlamaConfig c;
   c.name = m.name() ? m.name()->str() : "model";
   std::string arch = m.arch() ? m.arch()->str() : "";
-  if (!arch.empty() && arch != "llama" && arch != "qwen2") {
+  if (!arch.empty() && arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
+      arch != "mistral") {
     error = "model " + c.name + ": architecture '" + arch +
-            "' is not supported by this runtime (only 'llama' and 'qwen2')";
+            "' is not supported by this runtime (only 'llama', 'qwen2', 'qwen3' and "
+            "'mistral')";
     return false;
   }
+  c.arch = arch.empty() ? "llama" : arch;
   if (m.dtype() != plan::DType::F32) {
     error = "model " + c.name + ": dtype " +
             std::string(plan::EnumNameDType(m.dtype())) +
@@ -76,6 +86,15 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   c.qkvBias = m.qkv_bias();
   c.ropeTheta = m.rope_theta();
   c.normEps = m.norm_eps();
+  c.headSize = m.head_dim();
+  c.qkNorm = m.qk_norm();
+  if (const plan::RopeScaling *rs = m.rope_scaling()) {
+    c.ropeScaling.factor = rs->factor();
+    c.ropeScaling.lowFreqFactor = rs->low_freq_factor();
+    c.ropeScaling.highFreqFactor = rs->high_freq_factor();
+    c.ropeScaling.originalMaxPositions = rs->original_max_positions();
+  }
+  c.slidingWindow = m.sliding_window();
   error = c.validate();
   if (!error.empty())
     return false;
@@ -104,7 +123,8 @@ uint64_t modelSeed(int64_t planSeed, int modelIndex) {
 struct Llama::Weights {
   struct Layer {
     at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
-    at::Tensor bq, bk, bv; // undefined without qkv biases
+    at::Tensor bq, bk, bv;     // undefined without qkv biases
+    at::Tensor qNorm, kNorm;   // undefined without q/k norms (Qwen3)
   };
   at::Tensor embed, finalNorm, head;
   std::vector<Layer> layers;
@@ -116,7 +136,7 @@ struct Llama::Weights {
                       &l.wGate, &l.wUp, &l.wDown})
         v.push_back(*t);
     for (auto &l : layers)
-      for (auto *t : {&l.bq, &l.bk, &l.bv})
+      for (auto *t : {&l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
         if (t->defined())
           v.push_back(*t);
     v.push_back(finalNorm);
@@ -164,6 +184,12 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
       l.bk = at::empty({c.kvHeads * hd}, opts).normal_(0.0, 0.02, gen);
       l.bv = at::empty({c.kvHeads * hd}, opts).normal_(0.0, 0.02, gen);
     }
+  // Norm weights are ones, as the other norms (and transformers' init).
+  if (c.qkNorm)
+    for (auto &l : w_->layers) {
+      l.qNorm = at::ones({hd}, opts);
+      l.kNorm = at::ones({hd}, opts);
+    }
 }
 
 Llama::~Llama() = default;
@@ -188,6 +214,10 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
     if (l.bv.defined())
       add(pre + "attn.v_bias", l.bv);
     add(pre + "attn.o", l.wo);
+    if (l.qNorm.defined()) {
+      add(pre + "attn.q_norm", l.qNorm);
+      add(pre + "attn.k_norm", l.kNorm);
+    }
     add(pre + "mlp_norm", l.mlpNorm);
     add(pre + "mlp.gate", l.wGate);
     add(pre + "mlp.up", l.wUp);
@@ -242,6 +272,40 @@ at::Tensor rotateHalf(const at::Tensor &x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
+  return w.defined() ? rmsNorm(x, w, eps) : x;
+}
+
+std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Tensor &positions) {
+  const int64_t hd = c.headDim();
+  auto dopts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor invFreq;
+  if (!c.ropeScaling.active()) {
+    invFreq = at::pow(c.ropeTheta, at::arange(0, hd, 2, dopts) / hd).reciprocal();
+  } else {
+    std::vector<double> f(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i)
+      f[i] = rope::ropeInvFreq(i, hd, c.ropeTheta, c.ropeScaling);
+    invFreq = at::tensor(f, dopts);
+  }
+  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(at::kFloat).unsqueeze(1), emb.sin().to(at::kFloat).unsqueeze(1)};
+}
+
+at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window) {
+  const int64_t B = keyReal.size(0), K = past + T;
+  auto lopts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor qIdx = at::arange(past, K, lopts).view({T, 1});
+  at::Tensor kIdx = at::arange(K, lopts).view({1, K});
+  at::Tensor seen = kIdx.le(qIdx);
+  if (window > 0)
+    seen = seen & (qIdx - kIdx).lt(window);
+  at::Tensor allowed = (seen.unsqueeze(0) & keyReal.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
+  return at::zeros({B, 1, T, K}, at::TensorOptions().dtype(at::kFloat))
+      .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+}
+
 at::Tensor scoredPositions(const at::Tensor &tokens, const at::Tensor &mask, int64_t padToken) {
   const int64_t T = tokens.size(1);
   at::Tensor idx = at::arange(T, tokens.options().dtype(at::kLong)).unsqueeze(0).expand_as(tokens);
@@ -275,36 +339,28 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
 
   // RoPE (rotate-half convention) at each token's own position: [B, 1, T, hd].
-  at::Tensor invFreq =
-      at::pow(c.ropeTheta, at::arange(0, hd, 2, fopts.dtype(at::kDouble)) / hd)
-          .reciprocal();
-  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos().to(at::kFloat).unsqueeze(1);
-  at::Tensor sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  auto [cos, sin] = ropeTables(c, positions);
 
-  // Keys: the cached ones, then these. Query i (absolute index past + i)
-  // sees key j when j <= past + i and the key is real, or j is itself.
+  // Keys: the cached ones, then these (attentionBias says which each
+  // query sees).
   const int64_t past = cache ? cache->len : 0, K = past + T;
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({B, T}, fopts.dtype(at::kBool));
   if (cache)
     keyReal = cache->len > 0 ? at::cat({cache->keyMask, keyReal}, 1) : keyReal;
-  at::Tensor qIdx = at::arange(past, K, fopts.dtype(at::kLong)).view({T, 1});
-  at::Tensor kIdx = at::arange(K, fopts.dtype(at::kLong)).view({1, K});
-  at::Tensor allowed = (kIdx.le(qIdx).unsqueeze(0) & keyReal.unsqueeze(1)) |
-                       kIdx.eq(qIdx).unsqueeze(0); // [B, T, K]
-  at::Tensor bias = at::zeros({B, 1, T, K}, fopts)
-                        .masked_fill(allowed.logical_not().unsqueeze(1),
-                                     -std::numeric_limits<float>::infinity());
+  at::Tensor bias = attentionBias(keyReal, past, T, c.slidingWindow);
   const double scale = 1.0 / std::sqrt((double)hd);
   const int64_t rep = c.heads / c.kvHeads;
 
   for (size_t li = 0; li < w_->layers.size(); ++li) {
     const auto &l = w_->layers[li];
     at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
-    at::Tensor q = at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}).transpose(1, 2);
-    at::Tensor k = at::linear(h, l.wk, l.bk).view({B, T, c.kvHeads, hd}).transpose(1, 2);
+    at::Tensor q = headNorm(at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}), l.qNorm,
+                            c.normEps)
+                       .transpose(1, 2);
+    at::Tensor k = headNorm(at::linear(h, l.wk, l.bk).view({B, T, c.kvHeads, hd}), l.kNorm,
+                            c.normEps)
+                       .transpose(1, 2);
     at::Tensor v = at::linear(h, l.wv, l.bv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
     q = q * cos + rotateHalf(q) * sin;
     k = k * cos + rotateHalf(k) * sin;
@@ -418,6 +474,8 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
         at::where(live, tokenLogprobs(last, next, temp), at::zeros_like(last.select(1, 0))));
     if (o.stopToken >= 0)
       done = done | next.eq(o.stopToken);
+    for (int64_t stop : o.moreStopTokens)
+      done = done | next.eq(stop);
     if (t + 1 == R || done.all().item<bool>())
       break;
     at::Tensor nextCol = next.unsqueeze(1);

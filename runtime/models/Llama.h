@@ -2,7 +2,9 @@
 //
 // Embedding, N x [RMSNorm -> attention (RoPE, grouped-query, causal) ->
 // residual -> RMSNorm -> SwiGLU MLP -> residual], final RMSNorm, LM head
-// (or the embedding matrix, tied); Qwen2's q/k/v biases when configured. Weights use the y = x W^T convention of torch.nn.Linear and the
+// (or the embedding matrix, tied); Qwen2's q/k/v biases, Qwen3's head
+// width and per-head q/k RMSNorms, Llama 3.1's rescaled RoPE and Mistral's
+// sliding window when configured. Weights use the y = x W^T convention of torch.nn.Linear and the
 // Hugging Face Llama layout (q/k/v/o, gate/up/down, rotate-half RoPE), so a
 // later safetensors loader can map names 1:1.
 //
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "runtime/schema/ModelShape.h"
+#include "runtime/schema/Rope.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -48,6 +51,20 @@ struct LlamaConfig {
   bool tieEmbeddings = false; ///< the LM head is the embedding matrix
   bool qkvBias = false;       ///< q, k and v have biases (Qwen2)
   double normEps = 1e-5;      ///< RMSNorm epsilon (Llama-2)
+  /// The config.json model_type an export writes: "llama", "qwen2",
+  /// "qwen3" or "mistral" (llama and qwen2 follow qkvBias, as before).
+  std::string arch = "llama";
+  /// config.json's head_dim: one head's width when it is not hidden /
+  /// heads (0: hidden / heads). q is [heads * headDim(), hidden].
+  int headSize = 0;
+  /// Qwen3's RMSNorm of each head's q and k (weights [headDim()], the
+  /// model's eps), after the projections and before RoPE.
+  bool qkNorm = false;
+  /// Llama 3.1's rescaled RoPE frequencies (factor 0: none).
+  rope::RopeScaling ropeScaling;
+  /// Mistral's sliding window: a token attends to itself and the
+  /// slidingWindow - 1 keys before it (0: no window).
+  int64_t slidingWindow = 0;
   /// False for the body of a critic or reward model: its hidden states feed
   /// a scalar head the engine holds, and it has no LM head (tied or not);
   /// logits() and generate() are then errors.
@@ -57,7 +74,7 @@ struct LlamaConfig {
   /// not this one.
   int64_t padToken = -1;
 
-  int headDim() const { return heads > 0 ? hidden / heads : 0; }
+  int headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
 
   /// Empty when the config is usable; otherwise one line saying why.
   std::string validate() const;
@@ -67,9 +84,10 @@ struct LlamaConfig {
   /// The exact parameter count: shape::paramCount(shape()).
   int64_t paramCount() const;
 
-  /// From a plan's Model table: arch must be "llama", "qwen2" (or empty), dtype F32,
-  /// sizes positive, hidden % heads == 0, heads % kv_heads == 0, head dim
-  /// even; when the plan's `params` is nonzero it must equal paramCount().
+  /// From a plan's Model table: arch must be "llama", "qwen2", "qwen3",
+  /// "mistral" (or empty), dtype F32, sizes positive, hidden % heads == 0
+  /// unless head_dim is given, heads % kv_heads == 0, head dim even; when
+  /// the plan's `params` is nonzero it must equal paramCount().
   /// Returns false with a one-line `error` otherwise.
   static bool fromPlan(const plan::Model &m, LlamaConfig &out,
                        std::string &error);
@@ -97,6 +115,9 @@ struct SamplingOptions {
   double topP = 1.0;    ///< 1: no nucleus cut
   bool greedy = false;
   int64_t stopToken = -1; ///< generation of a row ends after this token
+  /// More tokens that end a row (a tokenizer's other EOS ids: Qwen3's
+  /// <|endoftext|> beside <|im_end|>, Llama-3.1's <|eom_id|>).
+  std::vector<int64_t> moreStopTokens;
   int64_t padToken = 0;   ///< fills a row's response after it stopped
   /// A token budget per generation batch (0: none): at most this many
   /// tokens (every row counted at its padded prompt length + maxTokens) in
@@ -140,7 +161,8 @@ public:
   /// Every parameter as a 2-D view (1-D ones as one row), named and ordered
   /// as the compiler's reshard planner lists them: embed, then per layer
   /// attn_norm, attn.q[, attn.q_bias], attn.k[, _bias], attn.v[, _bias],
-  /// attn.o, mlp_norm, mlp.gate, mlp.up, mlp.down; final_norm, lm_head
+  /// attn.o[, attn.q_norm, attn.k_norm], mlp_norm, mlp.gate, mlp.up,
+  /// mlp.down; final_norm, lm_head
   /// (absent when tied). Views share the model's storage.
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
   /// The leaf tensors (tied weights once), in namedParameters() order: what

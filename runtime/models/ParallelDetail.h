@@ -34,6 +34,7 @@ at::Tensor sumOverReplicas(const at::Tensor &x, comm::Communicator &c, int64_t r
 
 struct LayerWeights {
   at::Tensor attnNorm, wq, bq, wk, bk, wv, bv, wo, mlpNorm, gate, up, down;
+  at::Tensor qNorm, kNorm; ///< Qwen3's per-head norms (undefined without)
 
   /// The slot of a parameter named "<suffix>" inside "layers.<i>.".
   at::Tensor *slot(const std::string &suffix) {
@@ -42,6 +43,7 @@ struct LayerWeights {
         {"attn.q_bias", &LayerWeights::bq},     {"attn.k", &LayerWeights::wk},
         {"attn.k_bias", &LayerWeights::bk},     {"attn.v", &LayerWeights::wv},
         {"attn.v_bias", &LayerWeights::bv},     {"attn.o", &LayerWeights::wo},
+        {"attn.q_norm", &LayerWeights::qNorm},  {"attn.k_norm", &LayerWeights::kNorm},
         {"mlp_norm", &LayerWeights::mlpNorm},   {"mlp.gate", &LayerWeights::gate},
         {"mlp.up", &LayerWeights::up},          {"mlp.down", &LayerWeights::down}};
     auto it = slots.find(suffix);
@@ -71,7 +73,8 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                         const char *who, const KVCache *cache = nullptr);
 /// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
 /// weights are this member's shards: the normed input goes through f and
-/// the row-parallel outputs through g.
+/// the row-parallel outputs through g; the replicated q/k norms through f
+/// too (each member's heads add their part of the norms' gradient).
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const AttnContext &a,
                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
                         KVCache *cache = nullptr, size_t li = 0);

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <tuple>
 
 namespace hflow::models {
 
@@ -68,28 +69,16 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                                   std::to_string(c.vocab) + ")");
   }
   auto fopts = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor invFreq =
-      at::pow(c.ropeTheta, at::arange(0, a.hd, 2, fopts.dtype(at::kDouble)) / a.hd)
-          .reciprocal();
-  at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq;
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  a.cos = emb.cos().to(at::kFloat).unsqueeze(1);
-  a.sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  std::tie(a.cos, a.sin) = ropeTables(c, positions);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
-  // With a KV cache the keys are the cached ones, then these: query i
-  // (absolute index past + i) sees key j when j <= past + i and the key is
-  // real, or j is itself (Llama::hidden's rule).
-  const int64_t past = cache ? cache->len : 0, K = past + a.T;
+  // With a KV cache the keys are the cached ones, then these (Llama::hidden's
+  // rule, attentionBias).
+  const int64_t past = cache ? cache->len : 0;
   if (past > 0)
     keyReal = at::cat({cache->keyMask, keyReal}, 1);
   a.keyReal = keyReal;
-  at::Tensor q = at::arange(past, K, fopts.dtype(at::kLong)).view({a.T, 1});
-  at::Tensor k = at::arange(K, fopts.dtype(at::kLong)).view({1, K});
-  at::Tensor allowed = (k.le(q).unsqueeze(0) & keyReal.unsqueeze(1)) | k.eq(q).unsqueeze(0);
-  a.bias = at::zeros({a.B, 1, a.T, K}, fopts)
-               .masked_fill(allowed.logical_not().unsqueeze(1),
-                            -std::numeric_limits<float>::infinity());
+  a.bias = attentionBias(keyReal, past, a.T, c.slidingWindow);
   a.scale = 1.0 / std::sqrt((double)a.hd);
   return a;
 }
@@ -105,8 +94,15 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
   if (tp)
     h = copyToTP(h, *tp);
-  at::Tensor q = at::linear(h, w.wq, w.bq).view({B, T, nq, hd}).transpose(1, 2);
-  at::Tensor k = at::linear(h, w.wk, w.bk).view({B, T, nkv, hd}).transpose(1, 2);
+  at::Tensor qNorm = w.qNorm, kNorm = w.kNorm;
+  if (tp && qNorm.defined()) {
+    qNorm = copyToTP(qNorm, *tp);
+    kNorm = copyToTP(kNorm, *tp);
+  }
+  at::Tensor q =
+      headNorm(at::linear(h, w.wq, w.bq).view({B, T, nq, hd}), qNorm, eps).transpose(1, 2);
+  at::Tensor k =
+      headNorm(at::linear(h, w.wk, w.bk).view({B, T, nkv, hd}), kNorm, eps).transpose(1, 2);
   at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
   q = q * a.cos + rotateHalf(q) * a.sin;
   k = k * a.cos + rotateHalf(k) * a.sin;

@@ -217,7 +217,10 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
 /// non-floating dtype, a non-finite number.
 at::Tensor loadHfScoreHead(const std::string &dir, int hidden);
 
-/// dir/config.json -> LlamaConfig. model_type must be "llama" or "qwen2";
+/// dir/config.json -> LlamaConfig. model_type must be "llama", "qwen2",
+/// "qwen3" or "mistral"; head_dim, rope_scaling ("llama3"), sliding_window
+/// (mistral) and the keys hflow refuses are read as hflowc reads them
+/// (runtime/schema/HfConfig.h; a refusal throws naming the file and key);
 /// num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
 /// vocab_size are required (error naming the missing field);
 /// num_key_value_heads defaults to num_attention_heads, rope_theta to 1e4,

@@ -117,8 +117,10 @@ at::Tensor ulyssesLayer(const at::Tensor &xIn, const LayerWeights &w, const Attn
   const int64_t B = xIn.size(0), Tl = xIn.size(1), hd = a.hd;
   at::Tensor x = xIn;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
-  at::Tensor q = at::linear(h, w.wq, w.bq).view({B, Tl, nq, hd}).transpose(1, 2);
-  at::Tensor k = at::linear(h, w.wk, w.bk).view({B, Tl, nkv, hd}).transpose(1, 2);
+  at::Tensor q =
+      headNorm(at::linear(h, w.wq, w.bq).view({B, Tl, nq, hd}), w.qNorm, eps).transpose(1, 2);
+  at::Tensor k =
+      headNorm(at::linear(h, w.wk, w.bk).view({B, Tl, nkv, hd}), w.kNorm, eps).transpose(1, 2);
   at::Tensor v = at::linear(h, w.wv, w.bv).view({B, Tl, nkv, hd}).transpose(1, 2);
   q = q * cos + rotateHalf(q) * sin;
   k = k * cos + rotateHalf(k) * sin;

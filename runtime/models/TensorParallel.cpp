@@ -39,7 +39,10 @@ TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts) {
       s = TpSplit{};
     return s; // embed, lm_head: vocab rows
   }
-  if (suffix == "attn_norm" || suffix == "mlp_norm")
+  // Norms are replicated: the layer's two and Qwen3's per-head q/k norms
+  // (one head's width, shared by every head).
+  if (suffix == "attn_norm" || suffix == "mlp_norm" || suffix == "attn.q_norm" ||
+      suffix == "attn.k_norm")
     s = TpSplit{};
   else if (suffix == "attn.o" || suffix == "mlp.down")
     s.dim = 1;

@@ -136,7 +136,10 @@ bool checkSemantics(const Plan &p, std::string &error) {
     if (m->layers() < 1 || m->hidden() < 1 || m->heads() < 1 ||
         m->kv_heads() < 1 || m->ffn() < 1 || m->vocab() < 1)
       return c.fail(what, " has a non-positive dimension");
-    if (m->hidden() % m->heads() != 0)
+    // Format 2.9: an explicit head width frees hidden from heads.
+    if (m->head_dim() < 0 || m->head_dim() % 2 != 0)
+      return c.fail(what, " has head_dim ", m->head_dim(), ", not 0 or a positive even number");
+    if (m->head_dim() == 0 && m->hidden() % m->heads() != 0)
       return c.fail(what, ": hidden ", m->hidden(), " is not divisible by heads ",
                     m->heads());
     if (m->heads() % m->kv_heads() != 0)
@@ -148,6 +151,16 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail(what, " has rope_theta ", m->rope_theta(), ", not a positive number");
     if (!(m->norm_eps() > 0 && m->norm_eps() < 1))
       return c.fail(what, " has norm_eps ", m->norm_eps(), ", not a number in (0, 1)");
+    if (m->sliding_window() < 0)
+      return c.fail(what, " has sliding_window ", m->sliding_window(), ", not 0 or positive");
+    if (const RopeScaling *rs = m->rope_scaling()) {
+      for (double v : {rs->factor(), rs->low_freq_factor(), rs->high_freq_factor()})
+        if (!(v > 0) || !std::isfinite(v))
+          return c.fail(what, "'s rope_scaling has a factor ", v, ", not a positive number");
+      if (!(rs->high_freq_factor() > rs->low_freq_factor()) || rs->original_max_positions() < 1)
+        return c.fail(what, "'s rope_scaling needs high_freq_factor > low_freq_factor and "
+                            "original_max_positions >= 1");
+    }
   }
   for (size_t i = 0; i < nRoles; ++i) {
     const Role *r = p.roles()->Get(i);

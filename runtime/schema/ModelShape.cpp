@@ -34,6 +34,10 @@ std::vector<Param> llamaParams(const ModelShape &m) {
     if (m.qkvBias)
       add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
     add(pre + "attn.o", h, qDim, Split::Cols, l);
+    if (m.qkNorm) { // one head's width, shared by every head: replicated
+      add(pre + "attn.q_norm", 1, hd, Split::Replicated, l);
+      add(pre + "attn.k_norm", 1, hd, Split::Replicated, l);
+    }
     add(pre + "mlp_norm", 1, h, Split::Replicated, l);
     add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
     add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
@@ -51,6 +55,8 @@ int64_t layerParamCount(const ModelShape &m) {
   int64_t perLayer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * m.ffn;
   if (m.qkvBias)
     perLayer += q + 2 * kv;
+  if (m.qkNorm)
+    perLayer += 2 * hd;
   return perLayer;
 }
 

@@ -52,7 +52,7 @@ struct Param {
   int64_t numel() const { return rows * cols; }
 };
 
-/// The dimensions that decide a Llama/Qwen2 model's parameters.
+/// The dimensions that decide a Llama/Qwen2/Qwen3/Mistral model's parameters.
 struct ModelShape {
   int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
   bool tieEmbeddings = false, qkvBias = false;
@@ -60,12 +60,18 @@ struct ModelShape {
   /// critic's value head, a reward model's score head): no LM head, tied
   /// or not.
   bool lmHead = true;
+  /// config.json's head_dim (Qwen3, some Llama/Mistral): the width of one
+  /// attention head, independent of hidden / heads. 0: hidden / heads.
+  int64_t headSize = 0;
+  /// Qwen3's per-head RMSNorm of q and k (weights [headDim()] each).
+  bool qkNorm = false;
 
-  int64_t headDim() const { return heads > 0 ? hidden / heads : 0; }
-  /// Positive sizes, hidden divisible by heads: what llamaParams needs.
+  int64_t headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
+  /// Positive sizes, hidden divisible by heads unless the head width is
+  /// given: what llamaParams needs.
   bool valid() const {
     return layers >= 1 && hidden >= 1 && heads >= 1 && kvHeads >= 1 && ffn >= 1 &&
-           vocab >= 1 && hidden % heads == 0;
+           vocab >= 1 && headSize >= 0 && (headSize > 0 || hidden % heads == 0);
   }
   /// The shapes of stdlib/models.hflow's Llama 2 presets (tests, benchmarks).
   static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
@@ -75,19 +81,21 @@ struct ModelShape {
 /// Every parameter as a 2-D view (1-D ones as one row), in the order the
 /// runtime's Llama lists them and the reshard planner indexes them: embed;
 /// per layer attn_norm, attn.q[, attn.q_bias], attn.k[, _bias],
-/// attn.v[, _bias], attn.o, mlp_norm, mlp.gate, mlp.up, mlp.down;
+/// attn.v[, _bias], attn.o[, attn.q_norm, attn.k_norm], mlp_norm, mlp.gate,
+/// mlp.up, mlp.down;
 /// final_norm; lm_head (absent when tied). Empty when !m.valid().
 std::vector<Param> llamaParams(const ModelShape &m);
 
 /// The exact parameter count: the sum of llamaParams(m)'s sizes, without
-/// building the list (hd = hidden / heads):
+/// building the list (hd = headDim()):
 ///   vocab*hidden                                  embedding
 /// + layers * ( 2*hidden                           two RMSNorm weights
 ///            + hidden*(heads*hd)                  q
 ///            + 2*hidden*(kvHeads*hd)              k, v
 ///            + (heads*hd)*hidden                  o
 ///            + 3*hidden*ffn                       gate, up, down
-///            + [qkvBias] (heads + 2*kvHeads)*hd ) q, k, v biases
+///            + [qkvBias] (heads + 2*kvHeads)*hd   q, k, v biases
+///            + [qkNorm] 2*hd )                    q, k per-head RMSNorms
 /// + hidden                                        final RMSNorm
 /// + [lmHead && !tieEmbeddings] hidden*vocab       LM head
 int64_t paramCount(const ModelShape &m);

@@ -727,3 +727,80 @@ TEST(Safetensors, HfConfigFromJson) {
   fs::remove(dir / "config.json");
   expectError([&] { hfConfigFromJson(dir.path); }, {"cannot read " + dir / "config.json"});
 }
+
+// Qwen3, Llama 3.1 and Mistral config.json files: their published parameter
+// counts (Qwen3-0.6B 596,049,920; Llama-3.1-8B 8,030,261,248; Mistral-7B
+// 7,241,732,096), the new keys, the refusals hflowc makes too (one code,
+// runtime/schema/HfConfig.cpp), and export -> config.json -> the same config.
+TEST(Safetensors, HfConfigArchitectures) {
+  TempDir dir;
+  auto write = [&](const std::string &text) { std::ofstream(dir / "config.json") << text; };
+  write(R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+            "hidden_size": 1024, "intermediate_size": 3072, "head_dim": 128,
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+            "attention_bias": false, "attention_dropout": 0.0, "hidden_act": "silu",
+            "max_position_embeddings": 40960, "max_window_layers": 28,
+            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  LlamaConfig q = hfConfigFromJson(dir.path);
+  EXPECT_EQ(q.arch, "qwen3");
+  EXPECT_EQ(q.headDim(), 128);
+  EXPECT_EQ(q.headSize, 128); // not hidden / heads (64)
+  EXPECT_TRUE(q.qkNorm);
+  EXPECT_FALSE(q.qkvBias);
+  EXPECT_EQ(q.paramCount(), 596049920LL);
+
+  write(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "mlp_bias": false, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "vocab_size": 128256})");
+  LlamaConfig l = hfConfigFromJson(dir.path);
+  EXPECT_EQ(l.headSize, 0); // 128 = 4096 / 32: the default
+  EXPECT_EQ(l.ropeScaling.factor, 8.0);
+  EXPECT_EQ(l.ropeScaling.originalMaxPositions, 8192);
+  EXPECT_EQ(l.paramCount(), 8030261248LL);
+
+  write(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+            "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 8, "sliding_window": 4096,
+            "rope_theta": 10000.0, "vocab_size": 32000})");
+  LlamaConfig m = hfConfigFromJson(dir.path);
+  EXPECT_EQ(m.arch, "mistral");
+  EXPECT_EQ(m.slidingWindow, 4096);
+  EXPECT_EQ(m.paramCount(), 7241732096LL);
+
+  const std::string base = R"("model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10)";
+  write("{" + base + R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0}})");
+  expectError([&] { hfConfigFromJson(dir.path); },
+              {dir / "config.json", "'rope_scaling' of type 'dynamic' is not supported"});
+  write("{" + base + R"(, "use_sliding_window": true})");
+  expectError([&] { hfConfigFromJson(dir.path); },
+              {"'use_sliding_window' true is not supported for qwen2"});
+  write("{" + base + R"(, "hidden_act": "gelu_pytorch_tanh"})");
+  expectError([&] { hfConfigFromJson(dir.path); },
+              {"hidden_act 'gelu_pytorch_tanh' is not supported"});
+  write("{" + base + R"(, "num_experts": 4})");
+  expectError([&] { hfConfigFromJson(dir.path); }, {"'num_experts' 4 describes a mixture"});
+
+  // Export writes what load reads back.
+  for (LlamaConfig c : {q, l, m}) {
+    c.layers = 1, c.hidden = 32, c.heads = 4, c.kvHeads = 2, c.ffn = 16, c.vocab = 64;
+    if (c.headSize)
+      c.headSize = 16;
+    std::ofstream(dir / "config.json") << hfConfigJson(c);
+    LlamaConfig back = hfConfigFromJson(dir.path);
+    EXPECT_EQ(back.arch, c.arch);
+    EXPECT_EQ(back.headDim(), c.headDim());
+    EXPECT_EQ(back.qkNorm, c.qkNorm);
+    EXPECT_EQ(back.ropeScaling.factor, c.ropeScaling.factor);
+    EXPECT_EQ(back.ropeScaling.highFreqFactor, c.ropeScaling.highFreqFactor);
+    EXPECT_EQ(back.slidingWindow, c.slidingWindow);
+    EXPECT_EQ(back.paramCount(), c.paramCount());
+    EXPECT_EQ(hfConfigJson(back), hfConfigJson(c)) << c.arch;
+  }
+}

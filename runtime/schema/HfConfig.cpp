@@ -1,0 +1,179 @@
+//===- HfConfig.cpp - which config.json keys hflow builds, and how ---------===//
+#include "runtime/schema/HfConfig.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace hflow::hfconfig {
+
+using json = nlohmann::json;
+
+bool supportedModelType(const std::string &type) {
+  return type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral";
+}
+
+const char *supportedModelTypes() { return "llama, qwen2, qwen3 and mistral"; }
+
+namespace {
+
+/// The value of `key`, or null when absent (a JSON null reads the same).
+const json *find(const json &j, const char *key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string quoted(const json &v) { return v.is_string() ? "'" + v.get<std::string>() + "'" : v.dump(); }
+
+bool positiveInt(const json &v) { return v.is_number_integer() && v.get<int64_t>() > 0; }
+
+/// rope_scaling / rope_parameters: none, "default" or "llama3".
+std::string readRope(const json &v, const char *key, ArchKeys &out) {
+  const std::string k = key;
+  if (!v.is_object())
+    return "'" + k + "' must be an object or null, got " + v.dump();
+  const json *type = find(v, "rope_type");
+  if (!type)
+    type = find(v, "type");
+  if (key == std::string("rope_parameters")) {
+    if (const json *theta = find(v, "rope_theta")) {
+      if (!theta->is_number() || !(theta->get<double>() > 0))
+        return "'rope_parameters.rope_theta' must be a positive number, got " + theta->dump();
+      out.ropeTheta = theta->get<double>();
+    }
+  }
+  if (!type || (type->is_string() && type->get<std::string>() == "default"))
+    return "";
+  if (!type->is_string() || type->get<std::string>() != "llama3")
+    return "'" + k + "' of type " + quoted(*type) +
+           " is not supported; hflow builds RoPE without rescaling or with "
+           "Llama 3.1's (\"rope_type\": \"llama3\")";
+  RopeScaling r;
+  auto number = [&](const char *name, double &dst, bool required) -> std::string {
+    const json *x = find(v, name);
+    if (!x)
+      return required ? "'" + k + "' of type 'llama3' has no '" + name + "'" : "";
+    if (!x->is_number() || !(x->get<double>() > 0) || !std::isfinite(x->get<double>()))
+      return "'" + k + "." + name + "' must be a positive number, got " + x->dump();
+    dst = x->get<double>();
+    return "";
+  };
+  for (auto [name, dst] : {std::pair<const char *, double *>{"factor", &r.factor},
+                           {"low_freq_factor", &r.lowFreqFactor},
+                           {"high_freq_factor", &r.highFreqFactor}})
+    if (std::string e = number(name, *dst, true); !e.empty())
+      return e;
+  if (const json *o = find(v, "original_max_position_embeddings")) {
+    if (!positiveInt(*o))
+      return "'" + k + ".original_max_position_embeddings' must be a positive integer, got " +
+             o->dump();
+    r.originalMaxPositions = o->get<int64_t>();
+  } else {
+    return "'" + k + "' of type 'llama3' has no 'original_max_position_embeddings'";
+  }
+  if (!(r.highFreqFactor > r.lowFreqFactor))
+    return "'" + k + "': high_freq_factor " + json(r.highFreqFactor).dump() +
+           " must be larger than low_freq_factor " + json(r.lowFreqFactor).dump();
+  out.rope = r;
+  return "";
+}
+
+} // namespace
+
+std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) {
+  out = ArchKeys();
+  if (!j.is_object())
+    return "is not a JSON object";
+  const bool qwen = type == "qwen2" || type == "qwen3";
+
+  // The MLP: SwiGLU without biases.
+  for (const char *key : {"hidden_act", "hidden_activation"})
+    if (const json *act = find(j, key))
+      if (!act->is_string() ||
+          (act->get<std::string>() != "silu" && act->get<std::string>() != "swish"))
+        return std::string(key) + " " + quoted(*act) +
+               " is not supported; hflow's MLP is SwiGLU (silu)";
+  if (type == "llama")
+    if (const json *b = find(j, "mlp_bias"); b && !(b->is_boolean() && !b->get<bool>()))
+      return "'mlp_bias' " + b->dump() +
+             " is not supported; hflow's MLP projections have no biases";
+
+  // Mixtures of experts.
+  for (const char *key : {"num_experts", "num_local_experts", "n_routed_experts",
+                          "num_experts_per_tok", "moe_intermediate_size",
+                          "shared_expert_intermediate_size", "n_shared_experts"})
+    if (const json *e = find(j, key); e && !(e->is_number() && e->get<double>() == 0))
+      return "'" + std::string(key) + "' " + e->dump() +
+             " describes a mixture of experts; hflow builds dense MLPs only";
+
+  // Attention.
+  if (const json *d = find(j, "attention_dropout");
+      d && !(d->is_number() && d->get<double>() == 0))
+    return "'attention_dropout' " + d->dump() +
+           " is not supported: hflow trains without dropout (transformers "
+           "would drop attention weights while training); set it to 0.0";
+  if (const json *h = find(j, "head_dim")) {
+    if (!positiveInt(*h) || h->get<int64_t>() > (int64_t(1) << 20))
+      return "'head_dim' must be a positive integer, got " + h->dump();
+    out.headDim = h->get<int64_t>();
+  } else if (type == "qwen3" && !j.contains("head_dim")) {
+    out.headDim = 128; // transformers' Qwen3Config default
+  }
+  if (out.headDim % 2 != 0)
+    return "'head_dim' " + std::to_string(out.headDim) + " must be even for RoPE";
+  out.qkNorm = type == "qwen3";
+  if (type == "qwen3" || type == "mistral")
+    if (const json *b = find(j, "attention_bias"); b && b->is_boolean() && b->get<bool>())
+      return "'attention_bias' true is not supported for " + type +
+             (type == "qwen3" ? ": transformers' Qwen3 then biases o_proj too, which hflow "
+                                "does not build"
+                              : ": transformers' Mistral has no attention biases");
+  if (const json *p = find(j, "partial_rotary_factor");
+      p && !(p->is_number() && p->get<double>() == 1))
+    return "'partial_rotary_factor' " + p->dump() +
+           " is not supported; hflow rotates every dimension of a head";
+  for (const char *key : {"attn_logit_softcapping", "final_logit_softcapping",
+                          "query_pre_attn_scalar", "qk_layernorm", "use_qk_norm"})
+    if (const json *x = find(j, key); x && !(x->is_boolean() && !x->get<bool>()))
+      return "'" + std::string(key) + "' " + x->dump() + " is not supported by hflow's " +
+             type + " model";
+
+  // Sliding windows: Mistral's on every layer; Qwen's use_sliding_window
+  // (a window on the upper layers) is not built.
+  if (qwen) {
+    if (const json *u = find(j, "use_sliding_window"); u && !(u->is_boolean() && !u->get<bool>()))
+      return "'use_sliding_window' " + u->dump() + " is not supported for " + type +
+             ": hflow's attention has no window on some layers only";
+  } else if (type == "mistral") {
+    if (const json *w = find(j, "sliding_window")) {
+      if (!positiveInt(*w))
+        return "'sliding_window' must be a positive integer or null, got " + w->dump();
+      out.slidingWindow = w->get<int64_t>();
+    }
+  }
+  if (const json *lt = find(j, "layer_types")) {
+    if (!lt->is_array())
+      return "'layer_types' must be an array, got " + lt->dump();
+    const std::string want = out.slidingWindow > 0 ? "sliding_attention" : "full_attention";
+    for (const json &t : *lt)
+      if (!t.is_string() || t.get<std::string>() != want)
+        return "'layer_types' holds " + quoted(t) +
+               "; hflow builds the same attention on every layer (" + want + " here)";
+  }
+
+  // RoPE.
+  if (const json *r = find(j, "rope_scaling"))
+    if (std::string e = readRope(*r, "rope_scaling", out); !e.empty())
+      return e;
+  if (const json *r = find(j, "rope_parameters"))
+    if (std::string e = readRope(*r, "rope_parameters", out); !e.empty())
+      return e;
+
+  if (const json *m = find(j, "max_position_embeddings")) {
+    if (!positiveInt(*m))
+      return "'max_position_embeddings' must be a positive integer, got " + m->dump();
+    out.maxPositions = m->get<int64_t>();
+  }
+  return "";
+}
+
+} // namespace hflow::hfconfig

@@ -1,0 +1,56 @@
+//===- HfConfig.h - which config.json keys hflow builds, and how -----------===//
+//
+// A Hugging Face config.json describes more than the dimensions: the head
+// width, Qwen3's q/k norms, RoPE rescaling, Mistral's sliding window, and
+// keys that would change the maths in ways hflow does not build (another
+// activation, MLP biases, mixtures of experts, ...). hflowc (hf("dir")) and
+// the runtime's hfConfigFromJson both read those keys here, so the two
+// accept and refuse the same files with the same words.
+//
+// The classic keys (dimensions, rope_theta, rms_norm_eps, attention_bias,
+// tie_word_embeddings, torch_dtype) stay with each reader: they report them
+// in their own ways (every error at once, or the first one).
+//
+// Plain C++17 and nlohmann::json; never throws.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_SCHEMA_HFCONFIG_H
+#define HFLOW_RUNTIME_SCHEMA_HFCONFIG_H
+
+#include "runtime/schema/Rope.h"
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace hflow::hfconfig {
+
+/// Whether hflow builds config.json's `model_type`: llama, qwen2, qwen3,
+/// mistral.
+bool supportedModelType(const std::string &type);
+/// "llama, qwen2, qwen3 and mistral", for messages.
+const char *supportedModelTypes();
+
+using ::hflow::rope::RopeScaling;
+
+/// What config.json says beyond the classic keys.
+struct ArchKeys {
+  int64_t headDim = 0;       ///< head_dim; 0: hidden / heads
+  bool qkNorm = false;       ///< qwen3's per-head q_norm / k_norm
+  RopeScaling rope;          ///< rope_scaling (or rope_parameters)
+  double ropeTheta = 0;      ///< rope_parameters.rope_theta (0: not there)
+  int64_t slidingWindow = 0; ///< mistral's sliding_window; 0: none
+  int64_t maxPositions = 0;  ///< max_position_embeddings; 0: not given
+};
+
+/// Reads the keys above from config.json `j` of model_type `type` and
+/// refuses every key that would change the maths in a way hflow does not
+/// build. Returns "" when the file is usable, else the message that follows
+/// "<file>: ", naming the key (e.g. "hidden_act 'gelu' is not supported;
+/// hflow's MLP is SwiGLU (silu)").
+std::string readArchKeys(const nlohmann::json &j, const std::string &type, ArchKeys &out);
+
+} // namespace hflow::hfconfig
+
+#endif // HFLOW_RUNTIME_SCHEMA_HFCONFIG_H

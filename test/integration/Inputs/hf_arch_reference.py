@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""An independent reference forward for hflow's hf("dir") architectures
+(docs/checkpoints.md, "config.json").
+
+    hf_arch_reference.py make DIR --arch ARCH [--seed S] [--vocab V]
+        writes a tiny random causal LM of ARCH (llama3: Llama with Llama 3.1's
+        rope_scaling; qwen2; qwen3: head_dim != hidden / heads and q/k norms;
+        mistral: a sliding window shorter than the rows, and head_dim) as
+        config.json + model.safetensors (float32), and DIR/tokens.json: three
+        left-padded rows for hflow-hf-logits
+    hf_arch_reference.py check DIR LOGITS.json [--tol T]
+        recomputes the logits of DIR/tokens.json in float64 and compares
+        them with hflow's (hflow-hf-logits: "logits" from one forward,
+        "cached" through the KV cache) at every real token; exits 1 when the
+        largest difference, relative to the largest reference logit, exceeds
+        T (default 1e-5)
+
+The forward is written here from the published formulas (Llama: RMSNorm,
+rotate-half RoPE, grouped-query causal attention, SwiGLU; Qwen2's q/k/v
+biases; Qwen3's head_dim and per-head RMSNorm of q and k before RoPE;
+Llama 3.1's "llama3" frequency rescaling; Mistral's sliding window, where a
+query at index i sees keys at indices j with i - window < j <= i) in float64
+torch; it shares no code with hflow and does not use transformers.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+
+# ------------------------------------------------------------ safetensors --
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors:
+        t = t.detach().to(torch.float32).contiguous()
+        data = struct.pack("<%df" % t.numel(), *t.flatten().tolist())
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        vals = struct.unpack("<%df" % ((b - a) // 4), raw[base + a:base + b])
+        out[name] = torch.tensor(vals, dtype=torch.float64).reshape(info["shape"])
+    return out
+
+
+# ---------------------------------------------------------------- configs --
+def config_of(arch, vocab):
+    common = {"num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": vocab,
+              "rms_norm_eps": 1e-6, "hidden_act": "silu", "torch_dtype": "float32",
+              "bos_token_id": 1, "eos_token_id": 2, "use_cache": True,
+              "initializer_range": 0.02, "transformers_version": "4.51.0",
+              "attention_dropout": 0.0}
+    if arch == "llama3":
+        c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+             "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "rope_theta": 500000.0, "mlp_bias": False,
+             "attention_bias": False, "pretraining_tp": 1,
+             "max_position_embeddings": 131072,
+             # original_max_position_embeddings 64 with head_dim 16: pair 0
+             # keeps its frequency, pair 1 is interpolated, the rest divided.
+             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64}}
+    elif arch == "qwen2":
+        c = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+             "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "rope_theta": 1000000.0, "tie_word_embeddings": True,
+             "use_sliding_window": False, "sliding_window": 4, "max_window_layers": 2,
+             "max_position_embeddings": 32768, "rope_scaling": None}
+    elif arch == "qwen3":
+        c = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+             "hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "rope_theta": 1000000.0, "attention_bias": False,
+             "tie_word_embeddings": False, "use_sliding_window": False,
+             "sliding_window": None, "max_window_layers": 2,
+             "layer_types": ["full_attention", "full_attention"],
+             "max_position_embeddings": 40960, "rope_scaling": None}
+    elif arch == "mistral":
+        c = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+             "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 8, "rope_theta": 10000.0, "sliding_window": 4,
+             "max_position_embeddings": 32768, "tie_word_embeddings": False}
+    else:
+        sys.exit("unknown --arch %s" % arch)
+    common.update(c)
+    return common
+
+
+def dims(cfg):
+    H, NH = cfg["hidden_size"], cfg["num_attention_heads"]
+    KV = cfg.get("num_key_value_heads", NH)
+    hd = cfg.get("head_dim") or H // NH
+    return H, NH, KV, hd
+
+
+def make(args):
+    cfg = config_of(args.arch, args.vocab)
+    g = torch.Generator().manual_seed(args.seed)
+    H, NH, KV, hd = dims(cfg)
+    F, V, L = cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    qwen2, qwen3 = cfg["model_type"] == "qwen2", cfg["model_type"] == "qwen3"
+
+    def mat(*shape, std=0.08):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * std
+
+    def norm(n):  # not ones: a norm applied to the wrong thing shows
+        return 1.0 + mat(n, std=0.2)
+
+    ts = [("model.embed_tokens.weight", mat(V, H, std=0.5))]
+    for i in range(L):
+        p = "model.layers.%d." % i
+        ts.append((p + "input_layernorm.weight", norm(H)))
+        ts.append((p + "self_attn.q_proj.weight", mat(NH * hd, H)))
+        ts.append((p + "self_attn.k_proj.weight", mat(KV * hd, H)))
+        ts.append((p + "self_attn.v_proj.weight", mat(KV * hd, H)))
+        ts.append((p + "self_attn.o_proj.weight", mat(H, NH * hd)))
+        if qwen2:
+            ts.append((p + "self_attn.q_proj.bias", mat(NH * hd, std=0.3)))
+            ts.append((p + "self_attn.k_proj.bias", mat(KV * hd, std=0.3)))
+            ts.append((p + "self_attn.v_proj.bias", mat(KV * hd, std=0.3)))
+        if qwen3:
+            ts.append((p + "self_attn.q_norm.weight", norm(hd)))
+            ts.append((p + "self_attn.k_norm.weight", norm(hd)))
+        ts.append((p + "post_attention_layernorm.weight", norm(H)))
+        ts.append((p + "mlp.gate_proj.weight", mat(F, H)))
+        ts.append((p + "mlp.up_proj.weight", mat(F, H)))
+        ts.append((p + "mlp.down_proj.weight", mat(H, F)))
+    ts.append(("model.norm.weight", norm(H)))
+    if not cfg.get("tie_word_embeddings", False):
+        ts.append(("lm_head.weight", mat(V, H, std=0.3)))
+    os.makedirs(args.dir, exist_ok=True)
+    with open(os.path.join(args.dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(args.dir, "model.safetensors"), ts)
+    # Three rows of 12 tokens, left-padded by 0, 2 and 5: longer than
+    # Mistral's window of 4, so it binds.
+    T, pads = 12, [0, 2, 5]
+    toks = torch.randint(3, V, (len(pads), T), generator=g).tolist()
+    mask = [[0] * p + [1] * (T - p) for p in pads]
+    toks = [[0] * p + r[p:] for r, p in zip(toks, pads)]
+    with open(os.path.join(args.dir, "tokens.json"), "w") as f:
+        json.dump({"tokens": toks, "mask": mask, "prefill": 6}, f)
+
+
+# ---------------------------------------------------------------- forward --
+def rms(x, w, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def inv_freqs(cfg, hd):
+    theta = cfg.get("rope_theta", 10000.0)
+    f = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return f
+    assert rs.get("rope_type", rs.get("type")) == "llama3"
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / f
+    # Long wavelengths (low frequencies) slowed down by `factor`, short ones
+    # kept, the band between blended linearly in old / wavelen.
+    slow = f / factor
+    blend = (old / wavelen - lo) / (hi - lo)
+    mid = (1 - blend) * slow + blend * f
+    return torch.where(wavelen > old / lo, slow, torch.where(wavelen < old / hi, f, mid))
+
+
+def forward(cfg, w, tokens, mask):
+    H, NH, KV, hd = dims(cfg)
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    tokens = torch.tensor(tokens)
+    real = torch.tensor(mask).bool()
+    B, T = tokens.shape
+    pos = (real.long().cumsum(-1) - 1).clamp(min=0).double()
+    ang = pos[..., None] * inv_freqs(cfg, hd)            # [B, T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]  # [B, 1, T, hd]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+
+    def rope(x):
+        a, b = x[..., :hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat([-b, a], -1) * sin
+
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    see = (j <= i)[None] & real[:, None, :]
+    if window:
+        see = see & (i - j < window)[None]
+    see = see | (i == j)[None]
+    bias = torch.zeros(B, 1, T, T, dtype=torch.float64).masked_fill(~see[:, None], float("-inf"))
+
+    x = w["model.embed_tokens.weight"][tokens]
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+
+        def lin(h, name):
+            y = h @ w[p + name + ".weight"].T
+            b = w.get(p + name + ".bias")
+            return y + b if b is not None else y
+
+        h = rms(x, w[p + "input_layernorm.weight"], eps)
+        q = lin(h, "self_attn.q_proj").view(B, T, NH, hd)
+        k = lin(h, "self_attn.k_proj").view(B, T, KV, hd)
+        v = lin(h, "self_attn.v_proj").view(B, T, KV, hd)
+        if p + "self_attn.q_norm.weight" in w:
+            q = rms(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q, k = rope(q), rope(k)
+        k = k.repeat_interleave(NH // KV, 1)
+        v = v.repeat_interleave(NH // KV, 1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + bias, -1)
+        o = (att @ v).transpose(1, 2).reshape(B, T, NH * hd)
+        x = x + lin(o, "self_attn.o_proj")
+        h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = lin(h, "mlp.gate_proj")
+        x = x + lin(g * torch.sigmoid(g) * lin(h, "mlp.up_proj"), "mlp.down_proj")
+    x = rms(x, w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return x @ head.T, real
+
+
+def check(args):
+    with open(os.path.join(args.dir, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(args.dir, "tokens.json")) as f:
+        toks = json.load(f)
+    w = read_safetensors(os.path.join(args.dir, "model.safetensors"))
+    ref, real = forward(cfg, w, toks["tokens"], toks["mask"])
+    with open(args.logits) as f:
+        got = json.load(f)
+    scale = ref[real].abs().max().item()
+    worst = {}
+    for key in ("logits", "cached"):
+        g = torch.tensor(got[key], dtype=torch.float64)
+        if g.shape != ref.shape:
+            sys.exit("%s: shape %s, expected %s" % (key, list(g.shape), list(ref.shape)))
+        worst[key] = (g - ref)[real].abs().max().item() / scale
+    n = int(real.sum().item())
+    print("%s: %d positions x %d logits, largest relative error %.3e whole, %.3e through "
+          "the KV cache (tolerance %g)" % (cfg["model_type"], n, ref.shape[-1],
+                                            worst["logits"], worst["cached"], args.tol))
+    if max(worst.values()) > args.tol:
+        print("FAIL: error above tolerance")
+        sys.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("dir")
+    m.add_argument("--arch", required=True)
+    m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--vocab", type=int, default=80)
+    c = sub.add_parser("check")
+    c.add_argument("dir")
+    c.add_argument("logits")
+    c.add_argument("--tol", type=float, default=1e-5)
+    args = ap.parse_args()
+    make(args) if args.cmd == "make" else check(args)
+
+
+if __name__ == "__main__":
+    main()
