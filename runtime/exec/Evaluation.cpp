@@ -49,7 +49,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     int64_t P = 1;
     for (int64_t i = c0; i < c1; ++i) {
       const auto &ex = (*evalSet_)[(size_t)i];
-      ps.push_back(ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds);
+      ps.push_back(promptOf(*evalSet_, ex));
       P = std::max<int64_t>(P, (int64_t)ps.back().size());
     }
     const int64_t B = c1 - c0;
@@ -64,6 +64,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     so.maxTokens = (int)evalR_;
     so.greedy = true;
     so.stopToken = tok_->eosId();
+    so.moreStopTokens.assign(stops_.begin() + 1, stops_.end());
     so.padToken = tok_->padId();
     at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1);
     models::Generation out = rr.model->generate(toks, mask, so, g);
@@ -72,7 +73,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
-        if (m[b][t] > 0 && acc[b][t] != tok_->eosId())
+        if (m[b][t] > 0 && !isStop(acc[b][t]))
           ids.push_back(acc[b][t]);
       metrics_[MEvalSum] += evalRule_->fn(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
       metrics_[MEvalN] += 1;

@@ -12,6 +12,7 @@
 
 #include "runtime/exec/Methods.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/Safetensors.h"
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Losses.h"
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <tuple>
@@ -401,6 +403,7 @@ void Worker::runGenerate(MethodCall &c) {
   so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
   so.greedy = attrBool(a, "greedy", false);
   so.stopToken = tok_->eosId();
+  so.moreStopTokens.assign(stops_.begin() + 1, stops_.end());
   so.padToken = tok_->padId();
   const int64_t b = sp.hi - sp.lo, n = ph.n;
   at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
@@ -463,6 +466,22 @@ void Worker::runGenerate(MethodCall &c) {
     metrics_[MTokens] += gen.mask.sum().item<double>();
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
+  if (!o_.dumpValues.empty() && c.leader) {
+    // What the model saw and wrote: this replica's rows, token ids.
+    const std::string dir =
+        o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1);
+    try {
+      std::filesystem::create_directories(dir);
+      models::writeSafetensors(
+          dir + "/step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo) + ".safetensors",
+          {{"prompt", ptoks.contiguous()}, {"prompt_mask", pmask.contiguous()},
+           {"response", gen.tokens.contiguous()}, {"response_mask", gen.mask.contiguous()},
+           {"row", ro_["ids"].narrow(0, lo, hi - lo).contiguous()}},
+          {{"step", describe(s)}});
+    } catch (const std::exception &e) {
+      throw RunError(std::string("--dump-values: ") + e.what());
+    }
+  }
   vals_[c.out.at(0)] = std::move(ro_);
 }
 
@@ -483,7 +502,7 @@ void Worker::runSft(MethodCall &c) {
   int64_t L = 0;
   for (int64_t b = sp.lo; b < sp.hi; ++b) {
     const auto &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
-    std::vector<int64_t> t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+    std::vector<int64_t> t = promptOf(*ph.dataset, ex);
     starts.push_back((int64_t)t.size());
     std::vector<int64_t> ans = tok_->encode(ex.answer);
     t.insert(t.end(), ans.begin(), ans.end());
@@ -615,7 +634,7 @@ void Worker::runScore(MethodCall &c) {
     for (int64_t i = 0; i < b; ++i) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < len[i].item<int64_t>(); ++t)
-        if (acc[i][t] != tok_->eosId())
+        if (!isStop(acc[i][t]))
           ids.push_back(acc[i][t]);
       data::Example ex;
       if (ph.dataset)

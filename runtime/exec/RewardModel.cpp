@@ -25,9 +25,9 @@ namespace hflow::exec {
 
 using namespace hflow::plan;
 
-std::vector<int64_t> Worker::pairSequence(const data::Example &ex,
+std::vector<int64_t> Worker::pairSequence(const data::Dataset &ds, const data::Example &ex,
                                           const std::string &response) const {
-  std::vector<int64_t> t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+  std::vector<int64_t> t = promptOf(ds, ex);
   std::vector<int64_t> r = tok_->encode(response);
   t.insert(t.end(), r.begin(), r.end());
   t.push_back(tok_->eosId());
@@ -126,8 +126,8 @@ void Worker::runFit(MethodCall &c) {
       throw RunError(ph.dataset->path() + ":" + std::to_string(ex.line) + ": " +
                      str(c.ro.name()) + ".fit needs a preference pair: fields 'chosen' "
                      "and 'rejected' (non-empty strings)");
-    seqs.push_back(pairSequence(ex, ex.chosen));
-    seqs.push_back(pairSequence(ex, ex.rejected));
+    seqs.push_back(pairSequence(*ph.dataset, ex, ex.chosen));
+    seqs.push_back(pairSequence(*ph.dataset, ex, ex.rejected));
   }
   const int64_t B = sp.hi - sp.lo; // pairs
   const TrainingCut cut = trainingCut(c, B);
@@ -182,8 +182,8 @@ void Worker::evaluatePairs(const std::string &label) {
     std::vector<std::vector<int64_t>> seqs;
     for (int64_t i = 0; i < N; ++i) {
       const data::Example &ex = (*pairsSet_)[(size_t)i];
-      seqs.push_back(pairSequence(ex, ex.chosen));
-      seqs.push_back(pairSequence(ex, ex.rejected));
+      seqs.push_back(pairSequence(*pairsSet_, ex, ex.chosen));
+      seqs.push_back(pairSequence(*pairsSet_, ex, ex.rejected));
     }
     at::Tensor sc = scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
     if (rr.pos != 0)

@@ -42,7 +42,10 @@ struct RunOptions {
   int evalEvery = 0;       ///< evaluate every N iterations (0: start and end)
   int evalCount = 0;       ///< held-out prompts used (0: all)
   std::string metricsFile; ///< JSONL, one line per iteration (rank 0)
-  std::string tokenizer = "byte"; ///< "byte" or a SentencePiece .model file
+  /// makeTokenizer's spec ("byte", a tokenizer.json, a SentencePiece .model,
+  /// a directory); empty: the actor's hf("dir") when it holds a tokenizer,
+  /// else "byte".
+  std::string tokenizer;
   long steps = -1;         ///< cap on every phase's iterations (-1: the plan's)
   int logEvery = 0;        ///< progress line every N iterations (0: auto)
   std::string checkpointDir; ///< overrides the train block's checkpoint_dir

@@ -42,9 +42,23 @@ std::string Worker::describe(int s) const {
   return out;
 }
 
-
-
-
+/// --tokenizer's default: the directory of the actor's hf("dir") weights when
+/// it holds tokenizer.json or tokenizer.model (a released checkpoint is
+/// tokenized with its own tokenizer), else "byte".
+std::string Worker::defaultTokenizer() const {
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    const plan::Role &ro = role(r);
+    if (ro.kind() != RoleKind::Actor || ro.model() < 0)
+      continue;
+    const std::string dir = str(p_.models()->Get(ro.model())->weights());
+    if (dir.empty())
+      continue;
+    for (const char *f : {"/tokenizer.json", "/tokenizer.model"})
+      if (::access((dir + f).c_str(), R_OK) == 0)
+        return dir;
+  }
+  return "byte";
+}
 
 /// Everything that can fail without talking to anyone: data files,
 /// tokenizer, reward rule, models. Runs before the rendezvous, so a bad
@@ -69,7 +83,17 @@ void Worker::prepare() {
       throw RunError("--dump-values: cannot write into '" + o_.dumpValues + "'" +
                      (ec ? ": " + ec.message() : ""));
   }
-  tok_ = data::makeTokenizer(o_.tokenizer);
+  tok_ = data::makeTokenizer(o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer);
+  prompts_ = std::make_unique<data::PromptEncoder>(*tok_);
+  stops_ = tok_->stopIds();
+  if (j_.rank == 0 && !o_.quiet && tok_->name() != "byte") {
+    std::string stops;
+    for (int64_t id : stops_)
+      stops += (stops.empty() ? "" : " ") + std::to_string(id);
+    std::printf("[data] tokenizer %s (vocabulary %lld, BOS %lld, stop ids %s, %s)\n",
+                tok_->name().c_str(), (long long)tok_->vocabSize(), (long long)tok_->bosId(),
+                stops.c_str(), prompts_->hasTemplate() ? "chat template" : "no chat template");
+  }
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
     mySteps_.insert(s);
@@ -149,8 +173,7 @@ void Worker::prepare() {
       int64_t P = 1;
       for (size_t i = 0; i < ph.dataset->size(); ++i) {
         const auto &ex = (*ph.dataset)[i];
-        const int64_t len = ex.promptIds.empty() ? (int64_t)tok_->encode(ex.prompt).size()
-                                                 : (int64_t)ex.promptIds.size();
+        const int64_t len = (int64_t)promptOf(*ph.dataset, ex).size();
         if (limit > 0 && len > limit)
           throw RunError("phase " + ph.name + ": the prompt of row " +
                          std::to_string(ex.index + 1) + " of " + ph.dataPath + " has " +
@@ -398,7 +421,7 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
     std::vector<int64_t> t;
     if (ph.dataset) {
       const auto &ex = (*ph.dataset)[(size_t)ids[b]];
-      t = ex.promptIds.empty() ? tok_->encode(ex.prompt) : ex.promptIds;
+      t = promptOf(*ph.dataset, ex);
     } else {
       // Synthetic prompts of a plan without data: P random tokens.
       at::Generator g = at::make_generator<at::CPUGeneratorImpl>(mix(ph.seed, ids[b]));

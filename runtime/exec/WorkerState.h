@@ -24,6 +24,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/Rendezvous.h"
 #include "runtime/data/Dataset.h"
+#include "runtime/data/Prompt.h"
 #include "runtime/data/Rewards.h"
 #include "runtime/data/Tokenizer.h"
 #include "runtime/exec/BatchValues.h"
@@ -39,6 +40,7 @@
 #include "runtime/plan/PlanLoader.h"
 #include "runtime/schema/Executes.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <array>
@@ -265,8 +267,19 @@ private:
   /// --export-hf: each named role's whole weights (gathered from its
   /// shards), written by its first rank. Collective over each role's ranks.
   void exportRoles();
-  /// prompt + response + end-of-sequence token ids of a data row.
-  std::vector<int64_t> pairSequence(const data::Example &ex, const std::string &response) const;
+  /// prompt + response + end-of-sequence token ids of a row of `ds`.
+  std::vector<int64_t> pairSequence(const data::Dataset &ds, const data::Example &ex,
+                                    const std::string &response) const;
+  /// The prompt ids of a row of `ds` (data::PromptEncoder: its ids, BOS +
+  /// text, or a chat rendered with the tokenizer's template).
+  std::vector<int64_t> promptOf(const data::Dataset &ds, const data::Example &ex) const {
+    return prompts_->encode(ex, ds.path());
+  }
+  /// True for every id that ends a response (the tokenizer's stopIds()).
+  std::string defaultTokenizer() const;
+  bool isStop(int64_t id) const {
+    return std::find(stops_.begin(), stops_.end(), id) != stops_.end();
+  }
   Val &input(MethodCall &c, int k);
   Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
   Val &rolloutOf(MethodCall &c, Span &rows);
@@ -371,6 +384,8 @@ private:
   std::vector<PhaseRt> phases_;
   std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
   std::unique_ptr<data::Tokenizer> tok_;
+  std::unique_ptr<data::PromptEncoder> prompts_; // over tok_
+  std::vector<int64_t> stops_;                   // tok_->stopIds()
   std::map<int, RuleRt> rules_;      // RewardFn role -> its rule
   const RuleRt *evalRule_ = nullptr; // the rule --eval scores with
   std::optional<data::Dataset> evalSet_;

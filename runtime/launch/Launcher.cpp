@@ -55,8 +55,10 @@ options:
                        rejected): every reward model's accuracy (chosen
                        scored above rejected) at the same times as --eval
   --metrics FILE       write one JSON line of metrics per iteration (rank 0)
-  --tokenizer SPEC     "byte" (default: one token per byte, newline ends a
-                       response) or a SentencePiece .model file
+  --tokenizer SPEC     "byte" (one token per byte, newline ends a response),
+                       a Hugging Face tokenizer.json, a SentencePiece .model
+                       file, or a model directory holding either (default:
+                       the actor's hf("dir") when it holds one, else "byte")
   --log-every N        print a progress line every N iterations (default:
                        about 20 lines per phase)
   --checkpoint-dir DIR where checkpoints go (default: the train block's
@@ -75,7 +77,9 @@ options:
                        stream: compute, communication)
   --dump-values DIR    write every builtin's inputs, outputs, mask and groups
                        (rank 0) to DIR/<phase>-<iteration>/step-<s>-<name>
-                       .safetensors, to check a flow's arithmetic
+                       .safetensors, to check a flow's arithmetic, and each
+                       generation's prompt and response ids (step-<s>-
+                       generate-rows<first row>.safetensors)
   --export-hf [ROLE=]DIR
                        at the end, write a role's weights as a Hugging Face
                        checkpoint (config.json + model.safetensors): the
