@@ -11,30 +11,9 @@ and no earlier response token is a stop id. Prints counts.
 """
 import glob
 import json
-import struct
 import sys
 
-FORMATS = {"F64": ("d", 8), "I64": ("q", 8), "F32": ("f", 4)}
-
-
-def load(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        fmt, size = FORMATS[info["dtype"]]
-        a, b = info["data_offsets"]
-        flat = list(struct.unpack("<%d%s" % ((b - a) // size, fmt), data[a:b]))
-        shape = info["shape"]
-        if len(shape) == 2:
-            flat = [flat[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
-        out[name] = flat
-    return out
+from check_flow import load  # the same reader of --dump-values files
 
 
 dump, rendered, genconfig = sys.argv[1:4]

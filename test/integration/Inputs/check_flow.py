@@ -139,4 +139,5 @@ def check(flow, dump):
         sys.exit("unknown flow " + flow)
 
 
-check(sys.argv[1], sys.argv[2])
+if __name__ == "__main__":
+    check(sys.argv[1], sys.argv[2])
