@@ -231,9 +231,9 @@ json parseJsonFile(const std::string &path, const std::string &what) {
     return json::parse(text);
   } catch (const json::parse_error &e) {
     std::string m = e.what();
-    auto p = m.find("]: ");
+    auto p = m.find("] ");
     throw std::runtime_error(what + " '" + path + "' is not valid JSON: " +
-                             (p == std::string::npos ? m : m.substr(p + 3)));
+                             (p == std::string::npos ? m : m.substr(p + 2)));
   }
 }
 

@@ -77,9 +77,9 @@ template <typename J = json> J parseLine(const std::string &line, size_t lineNo)
     return J::parse(line);
   } catch (const json::parse_error &e) {
     std::string m = e.what();
-    auto p = m.find("]: ");
+    auto p = m.find("] ");
     throw LineError("<stdin>:" + std::to_string(lineNo) + ": not valid JSON: " +
-                    (p == std::string::npos ? m : m.substr(p + 3)));
+                    (p == std::string::npos ? m : m.substr(p + 2)));
   }
 }
 
