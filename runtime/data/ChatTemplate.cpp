@@ -1341,6 +1341,13 @@ private:
     }
   }
 
+  /// "{% NAME %}": the tag that closes a block.
+  void expectEnd(const char *name) {
+    expect(TT::OpenStmt, "'{%'");
+    expectIdent(name);
+    expect(TT::CloseStmt, "'%}'");
+  }
+
   NodeP parseAny() {
     const Token &tk = t_[i_];
     switch (tk.type) {
@@ -1382,25 +1389,19 @@ private:
     if (name == "if") {
       ++i_;
       NodeP nd = parseIf(openPos);
-      expect(TT::OpenStmt, "'{%'");
-      expectIdent("endif");
-      expect(TT::CloseStmt, "'%}'");
+      expectEnd("endif");
       return nd;
     }
     if (name == "for") {
       ++i_;
       NodeP nd = parseFor(openPos);
-      expect(TT::OpenStmt, "'{%'");
-      expectIdent("endfor");
-      expect(TT::CloseStmt, "'%}'");
+      expectEnd("endfor");
       return nd;
     }
     if (name == "macro") {
       ++i_;
       NodeP nd = parseMacro(openPos);
-      expect(TT::OpenStmt, "'{%'");
-      expectIdent("endmacro");
-      expect(TT::CloseStmt, "'%}'");
+      expectEnd("endmacro");
       return nd;
     }
     if (name == "break" || name == "continue") {
@@ -1417,9 +1418,7 @@ private:
       NodeP nd = node(NK::FilterBlock, openPos);
       nd->x = std::move(f);
       parseUntil(nd->a, {"endfilter"}, openPos, "filter");
-      expect(TT::OpenStmt, "'{%'");
-      expectIdent("endfilter");
-      expect(TT::CloseStmt, "'%}'");
+      expectEnd("endfilter");
       return nd;
     }
     if (name == "call")

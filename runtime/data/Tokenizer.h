@@ -90,8 +90,8 @@ std::unique_ptr<Tokenizer> makeSentencePieceTokenizer(const std::string &modelPa
 /// Llama-3, Mistral-Nemo; SentencePiece-style with byte fallback: Llama-2,
 /// Mistral). tokenizer_config.json and generation_config.json in the same
 /// directory give BOS/EOS/PAD, add_bos_token, every EOS id (stopIds()) and
-/// the chat template. Any component the file uses that is not implemented
-/// is refused with its JSON path; see docs/data.md.
+/// the chat template. A component outside the supported set (docs/data.md)
+/// is refused with its JSON path.
 std::unique_ptr<Tokenizer> makeHfTokenizer(const std::string &tokenizerJson);
 
 /// "byte" -> makeByteTokenizer(); a path to a SentencePiece model file ->
