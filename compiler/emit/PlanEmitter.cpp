@@ -429,7 +429,9 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
           train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr())),
           static_cast<int>(train.getPromptLenAttr() ? train.getPromptLenAttr().getInt()
                                                     : defaults::kPromptLen),
-          static_cast<int>(opt(train.getMicroBatchAttr()))));
+          static_cast<int>(opt(train.getMicroBatchAttr())),
+          b.CreateString(train.getPromptKey() ? train.getPromptKey()->str() : std::string()),
+          b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string())));
     }
   }
 

@@ -237,6 +237,10 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("off_policy", ph->off_policy());
             j.attribute("prompt_len", ph->prompt_len());
             j.attribute("micro_batch", ph->micro_batch());
+            j.attribute("prompt_key", str(ph->prompt_key()).empty() ? std::string("prompt")
+                                                                     : str(ph->prompt_key()));
+            j.attribute("answer_key", str(ph->answer_key()).empty() ? std::string("answer")
+                                                                     : str(ph->answer_key()));
           });
     });
     j.attributeArray("schedules", [&] {

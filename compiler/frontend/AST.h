@@ -223,6 +223,7 @@ struct TrainDecl {
   int64_t promptLen = 0;        // longest prompt in tokens (0: planner default)
   int64_t microBatch = 0;       // sequences per forward pass (0: default)
   int64_t offPolicy = 0;        // 1: rollout k+1 overlaps training on k
+  std::string promptKey, answerKey; // data fields (empty: "prompt", "answer")
   SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc;
 };
 

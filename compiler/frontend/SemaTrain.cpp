@@ -16,7 +16,8 @@ void Sema::checkTrain(ast::TrainDecl &t) {
   std::map<std::string, const ast::Property *> props;
   static const std::vector<std::string> known = {
       "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
-      "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy"};
+      "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy",
+      "prompt_key", "answer_key"};
   for (const ast::Property &p : t.props) {
     if (std::find(known.begin(), known.end(), p.key) == known.end()) {
       diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
@@ -50,6 +51,27 @@ void Sema::checkTrain(ast::TrainDecl &t) {
   } else {
     diags_.error(t.loc, "train block needs 'data:' (a JSONL prompt file)");
   }
+  // prompt_key / answer_key: the data set's field names, a name or a dotted
+  // path into nested objects ("extra_info.question", verl's layout).
+  auto keyProp = [&](const char *key, std::string &out) {
+    auto it = props.find(key);
+    if (it == props.end())
+      return;
+    const Expr &v = *it->second->value;
+    std::string why;
+    if (v.kind != Expr::Kind::String)
+      why = "a field name string, e.g. \"question\" or \"extra_info.question\"";
+    else if (v.text.empty() || v.text.front() == '.' || v.text.back() == '.' ||
+             v.text.find("..") != std::string::npos)
+      why = "a field name or a dotted path of non-empty names (got \"" + v.text + "\")";
+    if (!why.empty()) {
+      diags_.error(v.loc, std::string(key) + " must be " + why);
+      return;
+    }
+    out = v.text;
+  };
+  keyProp("prompt_key", t.promptKey);
+  keyProp("answer_key", t.answerKey);
   intProp("batch", t.batch, true, &t.batchLoc);
   intProp("n", t.samples, false);
   intProp("minibatch", t.minibatch, false, &t.minibatchLoc);

@@ -127,7 +127,9 @@ public:
           b_.getI64IntegerAttr(t.seed), opt(t.steps), opt(t.epochs),
           opt(t.checkpointEvery),
           t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir),
-          opt(t.promptLen), opt(t.microBatch), opt(t.offPolicy));
+          opt(t.promptLen), opt(t.microBatch), opt(t.offPolicy),
+          t.promptKey.empty() ? StringAttr() : b_.getStringAttr(t.promptKey),
+          t.answerKey.empty() ? StringAttr() : b_.getStringAttr(t.answerKey));
     }
     return module;
   }

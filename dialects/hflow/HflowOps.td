@@ -301,6 +301,8 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     size activations and the KV cache for `hflow-check-memory`.
     `off_policy = 1` runs the rollout of step k+1 on the actor's generation
     devices while step k trains (one-step off-policy pipelining).
+    `prompt_key` and `answer_key` name the data set's fields (a name or a
+    dotted path; absent: "prompt" and "answer").
   }];
   let arguments = (ins FlatSymbolRefAttr:$flow, StrAttr:$data, I64Attr:$batch,
                        I64Attr:$n, I64Attr:$minibatch, I64Attr:$seed,
@@ -309,7 +311,9 @@ def Hflow_TrainOp : Hflow_Op<"train", [
                        OptionalAttr<StrAttr>:$checkpoint_dir,
                        OptionalAttr<I64Attr>:$prompt_len,
                        OptionalAttr<I64Attr>:$micro_batch,
-                       OptionalAttr<I64Attr>:$off_policy);
+                       OptionalAttr<I64Attr>:$off_policy,
+                       OptionalAttr<StrAttr>:$prompt_key,
+                       OptionalAttr<StrAttr>:$answer_key);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }

@@ -130,8 +130,14 @@ void Worker::prepare() {
       rt.n = std::max(1, ph->n());
       rt.seed = (uint64_t)ph->seed();
       std::string path = resolveData(str(ph->data()));
+      data::DatasetOptions keys;
+      if (!str(ph->prompt_key()).empty())
+        keys.promptField = str(ph->prompt_key());
+      if (!str(ph->answer_key()).empty())
+        keys.answerField = str(ph->answer_key());
+      dataKeys_ = keys; // the evaluation set reads the last phase's keys
       try {
-        rt.dataset = data::Dataset::load(path);
+        rt.dataset = data::Dataset::load(path, keys);
       } catch (const std::exception &e) {
         throw RunError(e.what());
       }
@@ -285,7 +291,7 @@ void Worker::prepare() {
     evalRule_ = chooseEvalRule();
     try {
       const std::string path = resolveData(o_.evalFile);
-      evalSet_ = data::Dataset::load(path);
+      evalSet_ = data::Dataset::load(path, dataKeys_);
       evalHash_ = fileHash(path);
     } catch (const RunError &) {
       throw;

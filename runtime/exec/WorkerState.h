@@ -389,6 +389,9 @@ private:
   std::map<int, RuleRt> rules_;      // RewardFn role -> its rule
   const RuleRt *evalRule_ = nullptr; // the rule --eval scores with
   std::optional<data::Dataset> evalSet_;
+  /// The last train block's prompt_key/answer_key (the --eval file is read
+  /// with them).
+  data::DatasetOptions dataKeys_;
   std::optional<data::Dataset> pairsSet_; // --eval-pairs: held-out preference pairs
   std::string pairsHash_;
   std::vector<std::pair<int, std::string>> exports_; // --export-hf: (role, directory)
