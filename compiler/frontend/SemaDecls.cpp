@@ -181,7 +181,7 @@ void Sema::checkModel(ast::ModelDecl &m) {
   if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
       std::end(kKnownArchs)) {
     diags_.error(e.loc, "unknown model architecture '" + e.text +
-                            "'; known: llama, qwen2, and hf(\"dir\") for a "
+                            "'; known: llama, qwen2, qwen3, and hf(\"dir\") for a "
                             "Hugging Face config.json");
     return;
   }
@@ -193,10 +193,12 @@ void Sema::checkModel(ast::ModelDecl &m) {
   auto kw = keywordArgs(e,
                         {"layers", "hidden", "heads", "kv_heads", "ffn",
                          "vocab", "dtype", "tie_embeddings", "qkv_bias",
-                         "rope_theta", "rms_norm_eps"},
+                         "rope_theta", "rms_norm_eps", "head_dim"},
                         e.text + "()");
-  // Qwen2 has biases on Q, K and V; Llama has none.
+  // Qwen2 has biases on Q, K and V; Llama and Qwen3 have none. Qwen3
+  // normalises each head's q and k (transformers' Qwen3Attention).
   m.qkvBias = m.arch == "qwen2";
+  m.qkNorm = m.arch == "qwen3";
   if (kw.count("tie_embeddings"))
     boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
   if (kw.count("qkv_bias"))
@@ -238,9 +240,23 @@ void Sema::checkModel(ast::ModelDecl &m) {
   }
   if (kw.count("dtype"))
     dtypeArg(*kw["dtype"]->value, m.dtype);
+  if (kw.count("head_dim")) {
+    // One head's width when it is not hidden / heads (Qwen3: 128 at every
+    // size); even, for RoPE's halves.
+    const Expr &v = *kw["head_dim"]->value;
+    if (positiveInt(v, m.headDim, "head_dim") && m.headDim % 2 != 0) {
+      diags_.error(v.loc, "head_dim must be even (RoPE rotates pairs), got " + v.text);
+      allOk = false;
+    }
+  }
   if (!allOk)
     return;
-  checkModelBounds(m, [&](const char *key) { return kw[key]->value->loc; });
+  // A head_dim equal to hidden / heads says what the default says.
+  if (m.headDim > 0 && m.headDim * m.heads == m.hidden)
+    m.headDim = 0;
+  checkModelBounds(m, [&](const char *key) {
+    return kw.count(key) ? kw[key]->value->loc : e.loc;
+  });
 }
 
 void Sema::checkHfModel(ast::ModelDecl &m) {

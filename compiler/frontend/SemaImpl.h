@@ -37,7 +37,7 @@ namespace hflow::frontend::detail {
 
 using ast::Expr;
 
-inline const char *const kKnownArchs[] = {"llama", "qwen2"};
+inline const char *const kKnownArchs[] = {"llama", "qwen2", "qwen3"};
 
 /// "an Actor", "a Critic".
 inline std::string article(const std::string &noun) {
