@@ -1,7 +1,8 @@
 //===- hflow-mkdata: generates prompt datasets for the demos --------------===//
 //
 //   hflow-mkdata arith --seed S --count N --max-a A --max-b B [--op +]
-//                [--pairs] [--exclude other.jsonl] -o out.jsonl
+//                [--pairs] [--chat [--system TEXT]] [--exclude other.jsonl]
+//                -o out.jsonl
 //
 // Writes N JSONL rows {"prompt": "12+7=", "answer": "19"} with distinct
 // prompts, a in [0, A] and b in [0, B], drawn deterministically from the
@@ -9,10 +10,14 @@
 // every prompt of another JSONL file, so a held-out set can be kept
 // disjoint from a training set. --pairs adds a preference pair to every row
 // (the right answer chosen, a wrong one rejected) for training a reward
-// model. See docs/data.md.
+// model. --chat writes each prompt as a chat, {"prompt": [{"role": "user",
+// "content": "12+7="}], ...} (after a system message with --system), for a
+// tokenizer's chat template. See docs/data.md.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/Dataset.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,7 +36,8 @@ namespace {
 
 const char *kUsage =
     "usage: hflow-mkdata arith --seed S --count N --max-a A --max-b B\n"
-    "                    [--op +|-|*] [--pairs] [--exclude other.jsonl] -o out.jsonl\n"
+    "                    [--op +|-|*] [--pairs] [--chat [--system TEXT]]\n"
+    "                    [--exclude other.jsonl] -o out.jsonl\n"
     "\n"
     "Writes N JSONL rows {\"prompt\": \"12+7=\", \"answer\": \"19\"}: the sum\n"
     "(difference, product) of a in [0, A] and b in [0, B], every prompt\n"
@@ -47,7 +53,12 @@ const char *kUsage =
     "                   answer, \"rejected\" a wrong one (half of them off by\n"
     "                   1 to 10, half any other number in the answers' range);\n"
     "                   the prompts are those written without --pairs\n"
-    "  --exclude FILE   a JSONL file whose prompts must not appear (e.g. the\n"
+    "  --chat           write each prompt as a chat (rendered by the\n"
+    "                   tokenizer's chat template): [{\"role\": \"user\",\n"
+    "                   \"content\": \"12+7=\"}]; the same rows as without it\n"
+    "  --system TEXT    with --chat: a system message before the user's\n"
+    "  --exclude FILE   a JSONL file whose prompts (a chat's user messages)\n"
+    "                   must not appear (e.g. the\n"
     "                   training set, when writing a held-out set); may be\n"
     "                   given more than once\n"
     "  -o FILE          the output file ('-' for standard output)\n"
@@ -115,7 +126,9 @@ int run(int argc, char **argv) {
   bool haveSeed = false, haveCount = false, haveA = false, haveB = false;
   uint64_t seed = 0, count = 0, maxA = 0, maxB = 0;
   char op = '+';
-  bool pairs = false;
+  bool pairs = false, chat = false;
+  std::string system;
+  bool haveSystem = false;
   std::vector<std::string> excludes;
   std::string out;
   const uint64_t kMaxOperand = 999999999999999999ULL; // 18 digits
@@ -157,6 +170,13 @@ int run(int argc, char **argv) {
       if (inlineVal)
         throw UsageError("--pairs takes no value");
       pairs = true;
+    } else if (opt == "--chat") {
+      if (inlineVal)
+        throw UsageError("--chat takes no value");
+      chat = true;
+    } else if (opt == "--system") {
+      system = value();
+      haveSystem = true;
     } else if (opt == "--exclude") {
       excludes.push_back(value());
     } else if (opt == "-o" || opt == "--output") {
@@ -177,6 +197,8 @@ int run(int argc, char **argv) {
   if (out.empty()) missing += " -o";
   if (!missing.empty())
     throw UsageError("missing:" + missing);
+  if (haveSystem && !chat)
+    throw UsageError("--system needs --chat (a system message is part of a chat)");
   for (const std::string &ex : excludes)
     if (out != "-" && sameFile(ex, out))
       throw UsageError("-o " + out + " is the --exclude file " + ex +
@@ -186,8 +208,14 @@ int run(int argc, char **argv) {
   for (const std::string &ex : excludes) {
     hflow::data::Dataset d = hflow::data::Dataset::load(ex);
     for (size_t i = 0; i < d.size(); ++i)
-      if (!d[i].prompt.empty())
+      if (!d[i].prompt.empty()) {
         excluded.insert(d[i].prompt);
+      } else if (!d[i].messages.empty()) {
+        // A chat row: its user messages are the prompts it holds.
+        for (const nlohmann::json &m : nlohmann::json::parse(d[i].messages))
+          if (m.at("role") == "user")
+            excluded.insert(m.at("content").get<std::string>());
+      }
   }
 
   auto prompt = [&](uint64_t a, uint64_t b) {
@@ -238,7 +266,15 @@ int run(int argc, char **argv) {
     __int128 r = op == '+'   ? (__int128)a + b
                  : op == '-' ? (__int128)a - (__int128)b
                              : (__int128)a * b;
-    body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) + "\"";
+    if (chat)
+      body += "{\"prompt\": [" +
+              (haveSystem ? "{\"role\": \"system\", \"content\": " +
+                                nlohmann::json(system).dump() + "}, "
+                          : std::string()) +
+              "{\"role\": \"user\", \"content\": \"" + prompt(a, b) + "\"}], \"answer\": \"" +
+              text(r) + "\"";
+    else
+      body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) + "\"";
     if (pairs) {
       // A wrong answer from a stream of its own (the prompts stay those
       // written without --pairs): off by 1 to 10, or any other number of

@@ -685,6 +685,43 @@ TEST(DataMkdata, DistinctAndDisjoint) {
   EXPECT_NE(out.find("only 40 distinct prompts exist"), std::string::npos) << out;
 }
 
+TEST(DataMkdata, Chat) {
+  // --chat writes the rows of the same arguments without it, as chats.
+  std::string plain = tmp() + "/plain.jsonl", chat = tmp() + "/chat.jsonl",
+              sys = tmp() + "/sys.jsonl", held = tmp() + "/held.jsonl";
+  ASSERT_EQ(mkdata("arith --seed 4 --count 50 --max-a 9 --max-b 9 -o " + plain), 0);
+  ASSERT_EQ(mkdata("arith --seed 4 --count 50 --max-a 9 --max-b 9 --chat -o " + chat), 0);
+  ASSERT_EQ(mkdata("arith --seed 4 --count 50 --max-a 9 --max-b 9 --chat --system "
+                   "'Say \"the\" sum.' -o " + sys),
+            0);
+  Dataset p = Dataset::load(plain), c = Dataset::load(chat), s = Dataset::load(sys);
+  ASSERT_EQ(c.size(), 50u);
+  ASSERT_EQ(s.size(), 50u);
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_TRUE(c[i].prompt.empty());
+    EXPECT_EQ(c[i].messages,
+              "[{\"content\":\"" + p[i].prompt + "\",\"role\":\"user\"}]");
+    EXPECT_EQ(s[i].messages, "[{\"content\":\"Say \\\"the\\\" sum.\",\"role\":\"system\"},"
+                             "{\"content\":\"" + p[i].prompt + "\",\"role\":\"user\"}]");
+    EXPECT_EQ(c[i].answer, p[i].answer);
+    // The arith rule scores a chat row by its answer.
+    EXPECT_EQ(rewardRule("arith")(c[i].answer, c[i]), 1.0);
+  }
+  // --exclude reads a chat file's user messages: the other 50 prompts.
+  ASSERT_EQ(mkdata("arith --seed 5 --count 50 --max-a 9 --max-b 9 --exclude " + chat +
+                   " -o " + held),
+            0);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < p.size(); ++i)
+    seen.insert(p[i].prompt);
+  Dataset h = Dataset::load(held);
+  for (size_t i = 0; i < h.size(); ++i)
+    EXPECT_TRUE(seen.insert(h[i].prompt).second) << h[i].prompt;
+  std::string out;
+  EXPECT_EQ(mkdata("arith --seed 1 --count 2 --max-a 3 --max-b 3 --system x -o -", &out), 2);
+  EXPECT_NE(out.find("--system needs --chat"), std::string::npos) << out;
+}
+
 TEST(DataMkdata, OtherOpsAndLargeRanges) {
   std::string out;
   for (std::string op : {"-", "*"}) {
