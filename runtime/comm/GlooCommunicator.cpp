@@ -170,8 +170,26 @@ static void requireCpuContiguous(const char *op, const std::string &group,
                     ": tensor must be defined, on the CPU and contiguous");
 }
 
+// Gloo (LibTorch 1.13) reduces and gathers no 16-bit floats ("Invalid
+// scalar type"). Gathers and broadcasts move bits: a bfloat16 or float16
+// tensor travels as int16 of the same bytes. A sum widens to float32 for
+// the reduction and rounds back once (what NCCL's bfloat16 all-reduce
+// approximates with its own accumulation).
+static bool is16BitFloat(const at::Tensor &t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+static at::Tensor bitsOf(const at::Tensor &t) {
+  return is16BitFloat(t) ? t.view(at::kShort) : t;
+}
+
 void GlooCommunicator::allReduceSum(at::Tensor &t) {
   requireCpuContiguous("allReduceSum", impl_->name, t);
+  if (is16BitFloat(t)) {
+    at::Tensor wide = t.to(at::kFloat);
+    allReduceSum(wide);
+    t.copy_(wide);
+    return;
+  }
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions ao;
@@ -187,6 +205,12 @@ void GlooCommunicator::allReduceSum(at::Tensor &t) {
 void GlooCommunicator::allGather(const at::Tensor &in,
                                  std::vector<at::Tensor> &out) {
   requireCpuContiguous("allGather", impl_->name, in);
+  if (is16BitFloat(in)) {
+    allGather(bitsOf(in), out);
+    for (at::Tensor &o : out)
+      o = o.view(in.scalar_type());
+    return;
+  }
   try {
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int i = 0; i < impl_->size; ++i)
@@ -214,6 +238,8 @@ at::Tensor GlooCommunicator::allGatherFlat(const at::Tensor &in) {
 std::unique_ptr<PendingGather> GlooCommunicator::allGatherFlatAsync(const at::Tensor &inRaw) {
   at::Tensor in = inRaw.reshape({-1});
   requireCpuContiguous("allGather", impl_->name, in);
+  const at::ScalarType type = in.scalar_type();
+  in = bitsOf(in);
   // The work runs on c10d's Gloo threads; wait() joins it.
   class GlooGather : public PendingGather {
   public:
@@ -231,11 +257,13 @@ std::unique_ptr<PendingGather> GlooCommunicator::allGatherFlatAsync(const at::Te
       at::Tensor flat = at::empty({(int64_t)outs[0].size(), n}, ins[0].options());
       for (size_t i = 0; i < outs[0].size(); ++i)
         flat.select(0, (int64_t)i).copy_(outs[0][i]);
-      return flat;
+      return flat.view(type);
     }
+    at::ScalarType type = at::kFloat;
   };
   auto g = std::make_unique<GlooGather>();
   g->impl = impl_.get();
+  g->type = type;
   g->ins = {in};
   g->outs.resize(1);
   for (int i = 0; i < impl_->size; ++i)
@@ -257,7 +285,7 @@ void GlooCommunicator::broadcast(at::Tensor &t, int root) {
     throw CommError(impl_->name + " broadcast: root " + std::to_string(root) +
                     " is not a rank of the group");
   try {
-    std::vector<at::Tensor> v{t};
+    std::vector<at::Tensor> v{bitsOf(t)};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
     bo.timeout = impl_->opts.timeout;

@@ -123,9 +123,11 @@ void Worker::syncReference(int phaseIndex) {
       throw RunError("the reference's start of phase " + phases_[phaseIndex].name +
                      ": actor " + str(actor.name()) + " has no whole weights on rank " +
                      std::to_string(root));
+    // The actor's weights travel in its own precision.
+    const models::LlamaConfig actorCfg = roleConfig(a);
     std::unique_ptr<models::Llama> dst;
     if (mine && !src)
-      dst = std::make_unique<models::Llama>(modelConfig(actor.model()),
+      dst = std::make_unique<models::Llama>(actorCfg,
                                             models::modelSeed(p_.seed(), actor.model()));
     // The parameters' shapes, the same on every rank.
     const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes =
@@ -138,7 +140,8 @@ void Worker::syncReference(int phaseIndex) {
     at::NoGradGuard ng;
     for (size_t i = 0; i < shapes.size(); ++i) {
       at::Tensor buf = j_.rank == root ? srcNamed[i].second.detach().clone()
-                                       : at::empty(shapes[i].second);
+                                       : at::empty(shapes[i].second,
+                                                   at::TensorOptions().dtype(actorCfg.dtype));
       world_->broadcast(buf, root);
       if (dst)
         dstNamed[i].second.copy_(buf);

@@ -36,6 +36,22 @@ models::LlamaConfig Worker::modelConfig(int m) const {
   return cfg;
 }
 
+models::LlamaConfig Worker::roleConfig(int r) const {
+  const Role &ro = role(r);
+  models::LlamaConfig cfg = modelConfig(ro.model());
+  if (ro.options())
+    for (const KeyValue *kv : *ro.options())
+      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
+        std::string dt = kv->value()->str();
+        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
+          dt = dt.substr(1, dt.size() - 2);
+        if (dt != "f32" && dt != "bf16")
+          throw RunError("role " + str(ro.name()) + "'s dtype is " + dt +
+                         ", which this runtime does not compute in (f32 or bf16)");
+        cfg.dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
+      }
+  return cfg;
+}
 
 /// Role `r`'s forms by the table hflowc checks programs against.
 executes::Verdict Worker::formsOf(int r) const { return plan::roleForms(p_, r); }
@@ -65,7 +81,7 @@ void Worker::buildRoles() {
       auto gs = ints(ro.generate_ranks());
       auto g = std::find(gs.begin(), gs.end(), j_.rank);
       if (g != gs.end()) {
-        const models::LlamaConfig cfg = modelConfig(ro.model());
+        const models::LlamaConfig cfg = roleConfig(r);
         RoleRt rt;
         rt.index = r;
         rt.pos = (int)(g - gs.begin());
@@ -85,7 +101,7 @@ void Worker::buildRoles() {
     rt.pos = (int)(it - rs.begin());
     rt.apart = apart;
     if (ro.model() >= 0) {
-      models::LlamaConfig cfg = modelConfig(ro.model());
+      models::LlamaConfig cfg = roleConfig(r);
       // A critic's or reward model's body has no LM head: its scalar head
       // reads the hidden states.
       cfg.lmHead = methods::hasLmHead(methods::Role(int(ro.kind())));

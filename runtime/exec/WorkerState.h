@@ -211,6 +211,9 @@ private:
   void buildRoles();
   void connectRoles();
   models::LlamaConfig modelConfig(int m) const;
+  /// Role `r`'s model configuration: its model's, in the role's own
+  /// `dtype` when it sets one (the precision it computes in).
+  models::LlamaConfig roleConfig(int r) const;
   /// Role `r`'s model forms by runtime/schema/Executes.h, or why not.
   executes::Verdict formsOf(int r) const;
   bool trains(int r) const;

@@ -411,7 +411,7 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
     else
       j["sliding_window"] = nullptr;
   }
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = cfg.dtype == at::kBFloat16 ? "bfloat16" : "float32";
   return j.dump(2) + "\n";
 }
 
@@ -517,6 +517,11 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   std::string why = c.validate();
   if (!why.empty())
     throw err(why);
+  // torch_dtype "bfloat16": the model computes in bfloat16 (anything else
+  // in float32; hflow-run itself builds roles in the plan's dtype, which a
+  // program may override, and hflowc refuses float16 there).
+  if (j.contains("torch_dtype") && j["torch_dtype"] == "bfloat16")
+    c.dtype = at::kBFloat16;
   return c;
 }
 
@@ -598,12 +603,13 @@ std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model
   uint64_t total = 0;
   for (const auto &[name, view] : model.namedParameters()) {
     at::Tensor t = hfParameterIs1D(name) ? view.reshape({-1}) : view;
-    t = t.detach().to(at::kCPU, at::kFloat).contiguous();
+    // In the model's own precision (config.json's torch_dtype says which).
+    t = t.detach().to(at::kCPU, model.config().dtype).contiguous();
     total += t.numel() * t.element_size();
     all.emplace_back(hfParameterName(name), std::move(t));
   }
   if (score) {
-    at::Tensor t = score->detach().to(at::kCPU, at::kFloat).contiguous();
+    at::Tensor t = score->detach().to(at::kCPU, model.config().dtype).contiguous();
     total += t.numel() * t.element_size();
     all.emplace_back("score.weight", std::move(t));
   }

@@ -70,12 +70,13 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
     return false;
   }
   c.arch = arch.empty() ? "llama" : arch;
-  if (m.dtype() != plan::DType::F32) {
+  if (m.dtype() != plan::DType::F32 && m.dtype() != plan::DType::BF16) {
     error = "model " + c.name + ": dtype " +
             std::string(plan::EnumNameDType(m.dtype())) +
-            " is not supported by the CPU runtime yet (only F32)";
+            " is not supported by this runtime (only F32 and BF16)";
     return false;
   }
+  c.dtype = m.dtype() == plan::DType::BF16 ? at::kBFloat16 : at::kFloat;
   c.layers = m.layers();
   c.hidden = m.hidden();
   c.heads = m.heads();
@@ -190,6 +191,24 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
       l.qNorm = at::ones({hd}, opts);
       l.kNorm = at::ones({hd}, opts);
     }
+  // A 16-bit model: the same draws, rounded (ties to even).
+  if (c.dtype != at::kFloat) {
+    auto cast = [&](at::Tensor &t) {
+      if (t.defined())
+        t = t.to(c.dtype);
+    };
+    const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
+    cast(w_->embed);
+    for (auto &l : w_->layers)
+      for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
+                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
+        cast(*t);
+    cast(w_->finalNorm);
+    if (tied)
+      w_->head = w_->embed;
+    else
+      cast(w_->head);
+  }
 }
 
 Llama::~Llama() = default;
@@ -264,7 +283,12 @@ void Llama::copyFrom(const Llama &other) {
 }
 
 at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
-  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
+  if (x.scalar_type() == at::kFloat)
+    return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
+  // 16-bit: the statistics and the scaling in float32, then back to the
+  // input's type before the weight (transformers' LlamaRMSNorm).
+  at::Tensor f = x.to(at::kFloat);
+  return w * (f * at::rsqrt(f.pow(2).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type());
 }
 
 at::Tensor rotateHalf(const at::Tensor &x) {
@@ -290,7 +314,7 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
   }
   at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(at::kFloat).unsqueeze(1), emb.sin().to(at::kFloat).unsqueeze(1)};
+  return {emb.cos().to(c.dtype).unsqueeze(1), emb.sin().to(c.dtype).unsqueeze(1)};
 }
 
 at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window) {
@@ -380,8 +404,10 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
       k = k.repeat_interleave(rep, 1);
       v = v.repeat_interleave(rep, 1);
     }
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale + bias;
-    att = at::softmax(att, -1);
+    // The scores in the weights' type; the mask and softmax in float32,
+    // the probabilities back in the weights' type (a no-op in float32).
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
+    att = at::softmax(att.to(at::kFloat) + bias, -1).to(q.scalar_type());
     at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, c.heads * hd});
     x = x + at::linear(o, l.wo);
     h = rmsNorm(x, l.mlpNorm, c.normEps);
@@ -413,13 +439,15 @@ at::Tensor Llama::forward(const at::Tensor &tokens) const {
 
 at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                          double temperature) {
-  at::Tensor l = temperature > 0 && temperature != 1.0 ? logits / temperature : logits;
-  return at::log_softmax(l.to(at::kFloat), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+  at::Tensor f = logits.to(at::kFloat);
+  at::Tensor l = temperature > 0 && temperature != 1.0 ? f / temperature : f;
+  return at::log_softmax(l, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
 }
 
 at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) {
-  at::Tensor l = temperature > 0 && temperature != 1.0 ? logits / temperature : logits;
-  at::Tensor lp = at::log_softmax(l.to(at::kFloat), -1);
+  at::Tensor f = logits.to(at::kFloat);
+  at::Tensor l = temperature > 0 && temperature != 1.0 ? f / temperature : f;
+  at::Tensor lp = at::log_softmax(l, -1);
   return -(lp.exp() * lp).sum(-1);
 }
 
@@ -465,6 +493,7 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
   at::Tensor last = step(prompts, positionsFromMask(pmask), pmask, useCache ? &cache : nullptr)
                         .select(1, prompts.size(1) - 1);
   for (int64_t t = 0; t < R; ++t) {
+    last = last.to(at::kFloat); // 16-bit models sample from float32 logits
     at::Tensor next = sampleNext(last, o, gen);
     next = at::where(done, at::full_like(next, o.padToken), next);
     at::Tensor live = done.logical_not();

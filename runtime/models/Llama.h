@@ -15,7 +15,13 @@
 //
 // Weights are autograd leaves: setTrainable(true) makes forward() record
 // the graph for training; frozen models (the default) run without it.
-// generate() runs under InferenceMode itself. float32 only.
+// generate() runs under InferenceMode itself.
+//
+// Precision: the weights are float32 or bfloat16 (LlamaConfig::dtype). In
+// bfloat16 the matrix products run in bfloat16, as transformers' eager
+// Llama/Qwen in torch_dtype=bfloat16 does, while RMSNorm's statistics,
+// the attention softmax and every log-probability are computed in float32
+// and cast back (the same places transformers upcasts).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_LLAMA_H
@@ -73,6 +79,11 @@ struct LlamaConfig {
   /// sequence-classification checkpoint scores at the last token that is
   /// not this one.
   int64_t padToken = -1;
+  /// The weights' element type and the matrix products': at::kFloat or
+  /// at::kBFloat16 (the plan's model dtype, or the role's dtype option).
+  /// Weights are drawn in float32 and rounded, so a bfloat16 model is the
+  /// float32 model of the same seed rounded to bfloat16.
+  at::ScalarType dtype = at::kFloat;
 
   int headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
 
@@ -85,7 +96,7 @@ struct LlamaConfig {
   int64_t paramCount() const;
 
   /// From a plan's Model table: arch must be "llama", "qwen2", "qwen3",
-  /// "mistral" (or empty), dtype F32, sizes positive, hidden % heads == 0
+  /// "mistral" (or empty), dtype F32 or BF16, sizes positive, hidden % heads == 0
   /// unless head_dim is given, heads % kv_heads == 0, head dim even; when
   /// the plan's `params` is nonzero it must equal paramCount().
   /// Returns false with a one-line `error` otherwise.

@@ -24,8 +24,12 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o)
     : params_(std::move(params)), o_(o) {
   at::NoGradGuard ng;
   for (auto &p : params_) {
-    m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
-    v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    // Moments in float32 whatever the parameter's type.
+    auto f32 = p.options().dtype(at::kFloat);
+    m_.push_back(at::zeros(p.sizes(), f32));
+    v_.push_back(at::zeros(p.sizes(), f32));
+    master_.push_back(p.scalar_type() == at::kFloat ? at::Tensor()
+                                                    : p.detach().to(at::kFloat).contiguous());
   }
 }
 
@@ -44,9 +48,10 @@ double AdamW::clip(double globalNorm) {
   if (f >= 1.0)
     return 1.0;
   at::NoGradGuard ng;
-  for (auto &p : params_)
-    if (p.grad().defined())
-      p.mutable_grad().mul_(f);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined() && !master_[i].defined())
+      params_[i].mutable_grad().mul_(f);
+  pendingClip_ = f; // 16-bit gradients: scaled once widened, in step()
   return f;
 }
 
@@ -56,17 +61,31 @@ double AdamW::step() {
   ++t_;
   const double bc1 = 1.0 - std::pow(o_.beta1, (double)t_);
   const double bc2 = 1.0 - std::pow(o_.beta2, (double)t_);
+  if (!masterSet_) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (master_[i].defined())
+        master_[i].copy_(params_[i].detach());
+    masterSet_ = true;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor &p = params_[i];
     if (!p.grad().defined())
       continue;
-    const at::Tensor &g = p.grad();
+    const bool mixed = master_[i].defined();
+    // The update's target and gradient: the float32 master and the
+    // widened (clipped) gradient, or the float32 parameter itself.
+    at::Tensor w = mixed ? master_[i] : p;
+    at::Tensor g = mixed ? p.grad().to(at::kFloat) : p.grad();
+    if (mixed && pendingClip_ != 1.0)
+      g.mul_(pendingClip_);
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
     v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
     if (o_.weightDecay != 0)
-      p.mul_(1.0 - lr * o_.weightDecay);
+      w.mul_(1.0 - lr * o_.weightDecay);
     at::Tensor denom = (v_[i] / bc2).sqrt_().add_(o_.eps);
-    p.addcdiv_(m_[i], denom, -lr / bc1);
+    w.addcdiv_(m_[i], denom, -lr / bc1);
+    if (mixed)
+      p.detach().copy_(w); // rounded to the parameter's type
   }
   zeroGrad();
   return lr;
@@ -77,6 +96,7 @@ void AdamW::zeroGrad() {
   for (auto &p : params_)
     if (p.grad().defined())
       p.mutable_grad().zero_();
+  pendingClip_ = 1.0;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
@@ -84,6 +104,8 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
   for (size_t i = 0; i < params_.size(); ++i) {
     s.emplace_back("m." + std::to_string(i), m_[i]);
     s.emplace_back("v." + std::to_string(i), v_[i]);
+    if (master_[i].defined())
+      s.emplace_back("master." + std::to_string(i), master_[i]);
   }
   s.emplace_back("step", at::full({1}, t_, at::TensorOptions().dtype(at::kLong)));
   return s;
@@ -105,7 +127,10 @@ void AdamW::loadState(const std::vector<std::pair<std::string, at::Tensor>> &s) 
   for (size_t i = 0; i < params_.size(); ++i) {
     take("m." + std::to_string(i), m_[i]);
     take("v." + std::to_string(i), v_[i]);
+    if (master_[i].defined())
+      take("master." + std::to_string(i), master_[i]);
   }
+  masterSet_ = true;
   auto it = byName.find("step");
   if (it == byName.end())
     throw std::runtime_error("optimizer state: no tensor 'step'");

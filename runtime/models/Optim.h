@@ -14,6 +14,15 @@
 // Schedule: linear warm-up from 0 over `warmup` steps, then constant or
 // cosine decay to `minLrRatio * lr` at `totalSteps`.
 //
+// Mixed precision (Megatron's --bf16, FSDP's MixedPrecision): for a 16-bit
+// parameter (bfloat16) the optimizer keeps a float32 master copy beside
+// the moments; the update runs on the master with the gradient widened to
+// float32 (and clipped there), and the parameter becomes the master
+// rounded to its type. float32 parameters update in place, as before.
+// The master is taken from the parameter at the first step (weights loaded
+// after the optimizer was made are the ones it starts from) or from a
+// checkpoint's state.
+//
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_OPTIM_H
 #define HFLOW_RUNTIME_MODELS_OPTIM_H
@@ -61,7 +70,8 @@ public:
   double step();
   void zeroGrad();
 
-  /// The state as named tensors (m.i, v.i, and "step"), for checkpoints.
+  /// The state as named tensors (m.i, v.i, master.i for a 16-bit
+  /// parameter, and "step"), for checkpoints.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   /// Restores what state() returned; throws std::runtime_error naming the
   /// tensor on a shape mismatch.
@@ -69,6 +79,9 @@ public:
 
 private:
   std::vector<at::Tensor> params_, m_, v_;
+  std::vector<at::Tensor> master_; ///< float32 copies of 16-bit params (else undefined)
+  bool masterSet_ = false;         ///< master_ holds the weights (first step, or loaded)
+  double pendingClip_ = 1.0;       ///< clip()'s factor for the 16-bit gradients
   AdamWOptions o_;
   int64_t t_ = 0;
 };

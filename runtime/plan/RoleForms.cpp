@@ -49,7 +49,7 @@ executes::Verdict roleForms(const Plan &p, int r) {
           dt = dt.substr(1, dt.size() - 2);
         where = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
       }
-  v.refusal = executes::dtypeProblem(dt, where);
+  v.refusal = executes::dtypeProblem(dt, where, methods::Role(int(ro.kind())), v);
   return v;
 }
 

@@ -77,8 +77,13 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                   const Degrees &gen, const Dims &dims);
 
 /// Why hflow-run would not compute in element type `dtype` ("f32", "bf16",
-/// "f16"), or "". `what` names where it is written ("model tiny's dtype").
-std::string dtypeProblem(const std::string &dtype, const std::string &what);
+/// "f16") for a role of `kind` on the forms `forms`, or "". `what` names
+/// where it is written ("model tiny's dtype"). f32 executes everywhere;
+/// bf16 (mixed precision: bf16 weights, gradients and activations, f32
+/// master weights and AdamW moments) for an Actor or a Reference on whole
+/// weights (dp(N), both layouts); f16 nowhere.
+std::string dtypeProblem(const std::string &dtype, const std::string &what,
+                         methods::Role kind, const Verdict &forms);
 
 } // namespace hflow::executes
 

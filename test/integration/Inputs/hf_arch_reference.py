@@ -85,6 +85,8 @@ def dims(cfg):
 
 def make(args):
     cfg = config_of(args.arch, args.vocab)
+    if args.dtype == "bf16":
+        cfg["torch_dtype"] = "bfloat16"
     g = torch.Generator().manual_seed(args.seed)
     H, NH, KV, hd = dims(cfg)
     F, V, L = cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
@@ -121,7 +123,8 @@ def make(args):
     os.makedirs(args.dir, exist_ok=True)
     with open(os.path.join(args.dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    write_safetensors(os.path.join(args.dir, "model.safetensors"), ts)
+    write_safetensors(os.path.join(args.dir, "model.safetensors"), ts,
+                      "BF16" if args.dtype == "bf16" else "F32")
     # Three rows of 12 tokens, left-padded by 0, 2 and 5: longer than
     # Mistral's window of 4, so it binds.
     T, pads = 12, [0, 2, 5]
@@ -233,6 +236,9 @@ def check(args):
     if max(worst.values()) > args.tol:
         print("FAIL: error above tolerance")
         sys.exit(1)
+    if min(worst.values()) < args.min_error:
+        print("FAIL: error below %g: not the precision asked for" % args.min_error)
+        sys.exit(1)
 
 
 def main():
@@ -243,10 +249,14 @@ def main():
     m.add_argument("--arch", required=True)
     m.add_argument("--seed", type=int, default=1)
     m.add_argument("--vocab", type=int, default=80)
+    m.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                   help="the checkpoint's tensors and torch_dtype (bf16: BF16 tensors)")
     c = sub.add_parser("check")
     c.add_argument("dir")
     c.add_argument("logits")
     c.add_argument("--tol", type=float, default=1e-5)
+    c.add_argument("--min-error", type=float, default=0.0,
+                   help="fail unless the error is at least this (shows bf16 arithmetic ran)")
     args = ap.parse_args()
     make(args) if args.cmd == "make" else check(args)
 

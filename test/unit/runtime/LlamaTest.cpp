@@ -1,5 +1,6 @@
 //===- LlamaTest.cpp - the ATen Llama: shapes, causality, determinism ------===//
 #include "runtime/models/Llama.h"
+#include "runtime/models/Optim.h"
 #include "test/unit/TestPlanBuilder.h"
 
 #include <ATen/ATen.h>
@@ -334,10 +335,69 @@ TEST(Llama, FromPlan) {
   auto wrong = build(DType::F32, 22689, "llama");
   EXPECT_FALSE(LlamaConfig::fromPlan(*flatbuffers::GetRoot<Model>(wrong.data()), c, err));
   EXPECT_NE(err.find("22689"), std::string::npos) << err;
+  // bf16 computes in bfloat16 (mixed precision); f16 is refused.
   auto bf16 = build(DType::BF16, 0, "llama");
-  EXPECT_FALSE(LlamaConfig::fromPlan(*flatbuffers::GetRoot<Model>(bf16.data()), c, err));
-  EXPECT_NE(err.find("BF16"), std::string::npos) << err;
+  ASSERT_TRUE(LlamaConfig::fromPlan(*flatbuffers::GetRoot<Model>(bf16.data()), c, err)) << err;
+  EXPECT_EQ(c.dtype, at::kBFloat16);
+  auto f16 = build(DType::F16, 0, "llama");
+  EXPECT_FALSE(LlamaConfig::fromPlan(*flatbuffers::GetRoot<Model>(f16.data()), c, err));
+  EXPECT_NE(err.find("F16"), std::string::npos) << err;
   auto gpt = build(DType::F32, 0, "gpt2");
   EXPECT_FALSE(LlamaConfig::fromPlan(*flatbuffers::GetRoot<Model>(gpt.data()), c, err));
   EXPECT_NE(err.find("gpt2"), std::string::npos) << err;
+}
+
+// Mixed precision: a bfloat16 parameter's AdamW keeps a float32 master
+// copy; its updates are those of a float32 parameter with the same
+// (bfloat16-exact) gradients, bit for bit, and the parameter is the master
+// rounded. Clipping scales the widened gradient. The state (moments and
+// master, 12 B per element) restores into a fresh optimizer.
+TEST(AdamWMixedPrecision, MasterWeightsFollowFloat32) {
+  using hflow::models::AdamW;
+  using hflow::models::AdamWOptions;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor start = at::randn({4, 8}, gen).to(at::kBFloat16).to(at::kFloat);
+  at::Tensor w16 = start.to(at::kBFloat16).requires_grad_(true);
+  at::Tensor ref = start.clone().requires_grad_(true);
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weightDecay = 0.1;
+  o.clipGrad = 0.5;
+  AdamW mixed({w16}, o), plain({ref}, o);
+  for (int s = 0; s < 4; ++s) {
+    at::Tensor g = (at::randn({4, 8}, gen) * 3).to(at::kBFloat16);
+    w16.mutable_grad() = g.clone();
+    ref.mutable_grad() = g.to(at::kFloat);
+    const double norm = std::sqrt(mixed.localGradNormSquared());
+    EXPECT_EQ(norm, std::sqrt(plain.localGradNormSquared()));
+    EXPECT_LT(mixed.clip(norm), 1.0);
+    plain.clip(norm);
+    mixed.step();
+    plain.step();
+    at::Tensor master;
+    for (auto &[name, t] : mixed.state())
+      if (name == "master.0")
+        master = t;
+    ASSERT_TRUE(master.defined());
+    EXPECT_EQ(master.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(master, ref.detach())) << "step " << s;
+    EXPECT_TRUE(at::equal(w16.detach(), ref.detach().to(at::kBFloat16))) << "step " << s;
+  }
+  // The master is not the rounded parameter (the rounding is not lost).
+  EXPECT_FALSE(at::equal(w16.detach().to(at::kFloat), ref.detach()));
+  int64_t bytes = 0;
+  for (auto &[name, t] : mixed.state())
+    if (name != "step")
+      bytes += t.numel() * t.element_size();
+  EXPECT_EQ(bytes, 32 * 12);
+  // Restored into a fresh optimizer, the next step is the same.
+  at::Tensor w2 = w16.detach().clone().requires_grad_(true);
+  AdamW again({w2}, o);
+  again.loadState(mixed.state());
+  at::Tensor g = at::randn({4, 8}, gen).to(at::kBFloat16);
+  w16.mutable_grad() = g.clone();
+  w2.mutable_grad() = g.clone();
+  mixed.step();
+  again.step();
+  EXPECT_TRUE(at::equal(w16.detach(), w2.detach()));
 }
