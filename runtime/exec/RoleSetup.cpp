@@ -39,17 +39,11 @@ models::LlamaConfig Worker::modelConfig(int m) const {
 models::LlamaConfig Worker::roleConfig(int r) const {
   const Role &ro = role(r);
   models::LlamaConfig cfg = modelConfig(ro.model());
-  if (ro.options())
-    for (const KeyValue *kv : *ro.options())
-      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
-        std::string dt = kv->value()->str();
-        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
-          dt = dt.substr(1, dt.size() - 2);
-        if (dt != "f32" && dt != "bf16")
-          throw RunError("role " + str(ro.name()) + "'s dtype is " + dt +
-                         ", which this runtime does not compute in (f32 or bf16)");
-        cfg.dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
-      }
+  std::string where;
+  const std::string dt = plan::roleDtype(p_, r, &where);
+  if (dt != "f32" && dt != "bf16")
+    throw RunError(where + " is " + dt + ", which this runtime does not compute in (f32 or bf16)");
+  cfg.dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
   return cfg;
 }
 

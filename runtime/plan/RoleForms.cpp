@@ -17,6 +17,29 @@ executes::Degrees degreesOf(const Layout &l) {
   return d;
 }
 
+std::string roleDtype(const Plan &p, int r, std::string *where) {
+  const Role &ro = *p.roles()->Get(r);
+  if (ro.model() < 0 || !p.models() || ro.model() >= (int)p.models()->size())
+    return "";
+  const Model &m = *p.models()->Get(ro.model());
+  std::string dt = m.dtype() == DType::F32    ? "f32"
+                   : m.dtype() == DType::BF16 ? "bf16"
+                   : m.dtype() == DType::F16  ? "f16"
+                                              : "f64";
+  std::string at = "model " + (m.name() ? m.name()->str() : std::string("?")) + "'s dtype";
+  if (ro.options())
+    for (const KeyValue *kv : *ro.options())
+      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
+        dt = kv->value()->str();
+        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
+          dt = dt.substr(1, dt.size() - 2);
+        at = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
+      }
+  if (where)
+    *where = at;
+  return dt;
+}
+
 executes::Verdict roleForms(const Plan &p, int r) {
   const Role &ro = *p.roles()->Get(r);
   static_assert(int(RoleKind::Actor) == int(methods::Role::Actor) &&
@@ -34,21 +57,8 @@ executes::Verdict roleForms(const Plan &p, int r) {
                                             dims);
   if (!v.executed() || !m)
     return v;
-  // The compute type: the role's dtype option, else the model's.
-  std::string dt = m->dtype() == DType::F32    ? "f32"
-                   : m->dtype() == DType::BF16 ? "bf16"
-                   : m->dtype() == DType::F16  ? "f16"
-                                               : "f64";
-  std::string where = "model " + (m->name() ? m->name()->str() : std::string("?")) +
-                      "'s dtype";
-  if (ro.options())
-    for (const KeyValue *kv : *ro.options())
-      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
-        dt = kv->value()->str();
-        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
-          dt = dt.substr(1, dt.size() - 2);
-        where = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
-      }
+  std::string where;
+  const std::string dt = roleDtype(p, r, &where);
   v.refusal = executes::dtypeProblem(dt, where, methods::Role(int(ro.kind())), v);
   return v;
 }

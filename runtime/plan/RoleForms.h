@@ -16,6 +16,11 @@ namespace hflow::plan {
 
 executes::Degrees degreesOf(const Layout &l);
 
+/// Role `r`'s compute type, "f32", "bf16", "f16" or "f64": its dtype option,
+/// else its model's ("" for a role without a model). `where` (optional)
+/// receives where it is written ("role ref's dtype", "model m's dtype").
+std::string roleDtype(const Plan &p, int r, std::string *where = nullptr);
+
 /// Role `r` of `p`: its forms, or why hflow-run does not execute it.
 executes::Verdict roleForms(const Plan &p, int r);
 
