@@ -279,6 +279,10 @@ void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
     else if (ka.type == ArgType::Fraction && x > 1)
       diags_.error(v.loc, what + " must be in [0, 1], got " + show());
     break;
+  case ArgType::Number:
+    if (!isNumber)
+      diags_.error(v.loc, what + " must be a number");
+    break;
   case ArgType::AboveOne:
     if (!isNumber)
       diags_.error(v.loc, what + " must be a number");
@@ -329,6 +333,32 @@ Sema::Ty Sema::typeBuiltin(Expr &e, Scope &scope) {
       for (int k = 0; k < bi->numKeywords; ++k)
         if (bi->keywords[k].name == a.key)
           checkKeyword(*a.value, bi->keywords[k], scope);
+  if (e.text == "clip") {
+    // Bounds: at least one, and min <= max.
+    auto value = [&](const char *key) -> std::optional<double> {
+      if (!kw.count(key))
+        return std::nullopt;
+      const Expr &v = *kw.at(key)->value;
+      if (v.constant)
+        return *v.constant;
+      if (v.kind == Expr::Kind::Int)
+        return double(v.intValue);
+      if (v.kind == Expr::Kind::Float)
+        return v.floatValue;
+      return std::nullopt;
+    };
+    if (!kw.count("min") && !kw.count("max")) {
+      diags_.error(e.loc, "clip() needs min:, max: or both");
+      return {};
+    }
+    auto lo = value("min"), hi = value("max");
+    if (lo && hi && *lo > *hi) {
+      std::ostringstream os;
+      os << "clip() min (" << *lo << ") is greater than max (" << *hi << ")";
+      diags_.error(kw.at("min")->value->loc, os.str());
+      return {};
+    }
+  }
   auto inputs = batchInputs(e, scope);
   if (static_cast<int>(inputs.size()) != bi->numInputs) {
     diags_.error(e.loc, e.text + "() takes " + std::to_string(bi->numInputs) +

@@ -11,6 +11,7 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <limits>
+#include <sstream>
 #include <tuple>
 
 using namespace mlir;
@@ -401,6 +402,27 @@ LogicalResult BuiltinOp::verify() {
         return emitOpError() << "'" << callee << "' has no argument '"
                              << na.getName().strref() << "'";
     }
+  if (callee == "clip") {
+    DictionaryAttr args = getArgsAttr();
+    auto bound = [&](StringRef key) -> std::optional<double> {
+      if (!args)
+        return std::nullopt;
+      Attribute a = args.get(key);
+      if (auto f = dyn_cast_or_null<FloatAttr>(a))
+        return f.getValueAsDouble();
+      if (auto i = dyn_cast_or_null<IntegerAttr>(a))
+        return double(i.getInt());
+      return std::nullopt;
+    };
+    auto lo = bound("min"), hi = bound("max");
+    if (!lo && !hi)
+      return emitOpError() << "'clip' needs a numeric 'min', 'max' or both";
+    if (lo && hi && *lo > *hi) {
+      std::ostringstream os; // 1.5, not 1.500000e+00
+      os << "'clip' min " << *lo << " is greater than max " << *hi;
+      return emitOpError() << os.str();
+    }
+  }
   return success();
 }
 

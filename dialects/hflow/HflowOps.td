@@ -220,7 +220,8 @@ def Hflow_BuiltinOp : Hflow_Op<"builtin", [Pure,
           -> (!hflow.batch<advantages>, !hflow.batch<returns>)
     ```
     The builtins (`gae`, `grpo_advantage`, `rloo_advantage`, `reinforce_pp`,
-    `reinforce_pp_baseline`, `remax`, `kl`, `whiten`) take and return the
+    `reinforce_pp_baseline`, `remax`, `kl`, `whiten`, `clip`, `running_norm`,
+    `rollout_logprobs`) take and return the
     batch kinds the front end's table (Builtins.h) gives them; advantage
     estimators also return the returns. Arithmetic: `add`, `sub`, `mul`,
     `div` of two batches, or of one batch and the constant `scalar`

@@ -5,6 +5,7 @@
 #include "runtime/rl/Advantages.h"
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Masked.h"
+#include "runtime/rl/Shaping.h"
 
 #include <cerrno>
 #include <cmath>
@@ -103,6 +104,29 @@ std::vector<at::Tensor> runBuiltin(const std::string &name,
   if (name == "whiten") {
     arity(name, in, 1);
     return {rl::masked_whiten(in[0], ctx.mask)};
+  }
+  if (name == "clip") {
+    arity(name, in, 1);
+    std::optional<double> lo, hi;
+    if (attrs.count("min"))
+      lo = number(name, attrs, "min", 0);
+    if (attrs.count("max"))
+      hi = number(name, attrs, "max", 0);
+    if (!lo && !hi)
+      fail(name, "needs min, max or both");
+    if (lo && hi && *lo > *hi)
+      fail(name, "min (" + attrs.at("min") + ") is greater than max (" + attrs.at("max") + ")");
+    return {ctx.scores ? rl::clip_sequence_reward(in[0], ctx.mask, lo, hi)
+                       : rl::clip_tokens(in[0], ctx.mask, lo, hi)};
+  }
+  if (name == "running_norm") {
+    arity(name, in, 1);
+    if (!ctx.moments)
+      fail(name, "has no running moments to update");
+    double eps = number(name, attrs, "epsilon", 1e-8);
+    if (!(eps > 0))
+      fail(name, "epsilon must be positive");
+    return {rl::running_normalize_reward(in[0], ctx.mask, *ctx.moments, eps)};
   }
   if (name == "neg") {
     arity(name, in, 1);

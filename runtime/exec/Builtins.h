@@ -3,13 +3,15 @@
 // Maps a Builtin step (its name, its keyword attributes and its input
 // tensors) onto the RL library (runtime/rl, verl's formulas): gae,
 // grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax,
-// kl, whiten, and the arithmetic add/sub/mul/div/neg. Every batch value is a
+// kl, whiten, clip, running_norm, and the arithmetic add/sub/mul/div/neg. Every batch value is a
 // [B, L] tensor over the response tokens; `mask` is the response mask and
 // `index` the group id of each row (the prompt it answers).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_BUILTINS_H
 #define HFLOW_RUNTIME_EXEC_BUILTINS_H
+
+#include "runtime/rl/Shaping.h"
 
 #include <ATen/ATen.h>
 
@@ -22,6 +24,11 @@ namespace hflow::exec {
 struct BuiltinContext {
   at::Tensor mask;  ///< [B, L] response mask, same dtype as the values
   at::Tensor index; ///< [B] int64 group ids
+  /// The (first) input is a scores value: clip acts on its sequence rewards.
+  bool scores = false;
+  /// running_norm's moments, kept by the caller across iterations (one per
+  /// call site); required by running_norm, unused otherwise.
+  rl::RunningMoments *moments = nullptr;
 };
 
 /// Runs builtin `name` and returns its results (two for advantage

@@ -49,8 +49,12 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
       vals_[st.outputs()->Get(0)] = std::move(out);
       return;
     }
+    if (inputs.empty())
+      ctx.scores = it->second.kind == BatchKind::Scores;
     inputs.push_back(it->second.x().to(at::kDouble));
   }
+  if (str(st.method()) == "running_norm")
+    ctx.moments = &moments_[s];
   std::vector<at::Tensor> out;
   try {
     out = exec::runBuiltin(str(st.method()), attrsOf(st.attrs()), inputs, ctx);
@@ -73,7 +77,8 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
 
 /// --dump-values DIR: a builtin's inputs, outputs, mask and groups as
 /// DIR/<phase>-<iteration>/step-<s>-<builtin>.safetensors (float64; "in0",
-/// "in1", "out0", "out1", "mask", "group"), for checking a flow's
+/// "in1", "out0", "out1", "mask", "group"; "moments" for running_norm:
+/// count, mean, M2 after this batch), for checking a flow's
 /// arithmetic from outside the runtime.
 void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
                          const std::vector<at::Tensor> &out, const BuiltinContext &ctx) {
@@ -83,6 +88,8 @@ void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor>
   for (size_t i = 0; i < out.size(); ++i)
     ts.push_back({"out" + std::to_string(i), out[i].to(at::kDouble)});
   ts.push_back({"mask", ctx.mask});
+  if (ctx.moments) // after this batch's update
+    ts.push_back({"moments", ctx.moments->toTensor()});
   ts.push_back({"group", ctx.index});
   const std::string dir = o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1);
   try {

@@ -44,6 +44,10 @@ void Worker::saveState() {
     if (phases_[i].carry)
       for (auto &[name, t] : phases_[i].carry->f)
         st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
+  // running_norm's moments (the controller's): the next normalisation
+  // depends on every reward seen so far.
+  for (auto &[s, m] : moments_)
+    st.tensors["builtin/" + std::to_string(s) + "/moments"] = m.toTensor();
   nlohmann::json samplers = nlohmann::json::array();
   for (auto &ph : phases_)
     samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
@@ -183,6 +187,27 @@ void Worker::loadState() {
                        " has no field " + fd.name);
     v.rows = v.f.at("ptoks").size(0);
     phases_[i].carry = std::move(v);
+  }
+  for (auto &[name, t] : st.tensors) {
+    if (name.rfind("builtin/", 0) != 0)
+      continue;
+    const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" +
+                              rankDir() + "': " + name;
+    size_t slash = name.find('/', 8);
+    int s = -1;
+    try {
+      s = slash == std::string::npos ? -1 : std::stoi(name.substr(8, slash - 8));
+    } catch (const std::exception &) {
+    }
+    if (s < 0 || s >= (int)p_.steps()->size() || name.substr(slash) != "/moments" ||
+        Worker::step(s).kind() != StepKind::Builtin ||
+        str(Worker::step(s).method()) != "running_norm")
+      throw RunError(where + " names no running_norm step of this plan");
+    try {
+      moments_[s] = rl::RunningMoments::fromTensor(t);
+    } catch (const std::exception &e) {
+      throw RunError(where + ": " + e.what());
+    }
   }
   globalIter_ = n;
   auto samplers = st.meta.value("samplers", nlohmann::json::array());

@@ -407,6 +407,9 @@ private:
   std::vector<double> metrics_;
   std::vector<double> stepMs_;
   std::map<int, double> digests_;
+  // running_norm's moments per call site (plan step), on the controller;
+  // saved in its checkpoint as builtin/<step>/moments.
+  std::map<int, rl::RunningMoments> moments_;
   std::FILE *metricsOut_ = nullptr;
   int currentStep_ = -1;
   std::string currentPhase_;

@@ -1,7 +1,7 @@
 //===- Builtins.h - the functions a flow can call besides role methods -----===//
 //
-// Advantage estimators, the KL penalty and whitening, and the arithmetic of
-// batch values. One table, used by the front end's checks and by the
+// Advantage estimators, the KL penalty, whitening, reward clipping and
+// running normalisation, and the arithmetic of batch values. One table, used by the front end's checks and by the
 // `hflow.builtin` verifier, like RoleMethods.h. Header-only, dependency-free.
 // The runtime's implementations follow verl's core_algos (docs/rl-algorithms.md).
 //
@@ -56,6 +56,12 @@ inline constexpr Builtin kBuiltins[] = {
      "per-token KL estimate between two log-probabilities"},
     {"whiten", 1, {kAnyNumeric}, kAnyNumeric, false, {}, 0,
      "(x - mean) / std over the valid tokens of the batch"},
+    {"clip", 1, {kAnyNumeric}, kAnyNumeric, false,
+     {{"min", ArgType::Number}, {"max", ArgType::Number}}, 2,
+     "clamped to [min, max]: scores as sequence rewards, other kinds per token"},
+    {"running_norm", 1, {Batch::Scores}, Batch::Scores, false,
+     {{"epsilon", ArgType::Positive}}, 1,
+     "sequence rewards normalised by the running mean and std of all seen so far"},
     {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, false, {}, 0,
      "the log-probs the rollout was sampled with (the behaviour policy's)"},
 };

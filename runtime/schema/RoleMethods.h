@@ -50,6 +50,7 @@ enum class ArgType {
   Fraction,    // a number in [0, 1]
   Probability, // a number in (0, 1]
   Positive,    // a number > 0
+  Number,      // any number
   AboveOne,    // a number > 1
   Bool,        // true or false
   Choice,      // one of `choices` (a name or a string)

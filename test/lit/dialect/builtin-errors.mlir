@@ -12,6 +12,27 @@
 %c = hflow.builtin "neg"(%b) : (!hflow.batch<scores>) -> !hflow.batch<scores>
 %g:2 = hflow.builtin "gae"(%c, %v) {args = {gamma = 1.0 : f64, lam = 0.95 : f64}} : (!hflow.batch<scores>, !hflow.batch<values>) -> (!hflow.batch<advantages>, !hflow.batch<returns>)
 %w = hflow.builtin "whiten"(%g#0) : (!hflow.batch<advantages>) -> !hflow.batch<advantages>
+%cl = hflow.builtin "clip"(%s) {args = {max = 2 : i64, min = -1.5 : f64}} : (!hflow.batch<scores>) -> !hflow.batch<scores>
+%cw = hflow.builtin "clip"(%w) {args = {max = 5.0 : f64}} : (!hflow.batch<advantages>) -> !hflow.batch<advantages>
+%rn = hflow.builtin "running_norm"(%cl) {args = {epsilon = 1.0e-6 : f64}} : (!hflow.batch<scores>) -> !hflow.batch<scores>
+
+// -----
+
+%s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
+// expected-error @+1 {{'clip' needs a numeric 'min', 'max' or both}}
+%x = hflow.builtin "clip"(%s) : (!hflow.batch<scores>) -> !hflow.batch<scores>
+
+// -----
+
+%s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
+// expected-error @+1 {{'clip' min 1 is greater than max -1}}
+%x = hflow.builtin "clip"(%s) {args = {max = -1 : i64, min = 1.0 : f64}} : (!hflow.batch<scores>) -> !hflow.batch<scores>
+
+// -----
+
+%l = builtin.unrealized_conversion_cast to !hflow.batch<logprobs>
+// expected-error @+1 {{'running_norm' input 1 must be scores, got logprobs}}
+%x = hflow.builtin "running_norm"(%l) : (!hflow.batch<logprobs>) -> !hflow.batch<logprobs>
 
 // -----
 
@@ -108,7 +129,7 @@ hflow.builtin "whiten"(%s) : (!hflow.batch<scores>) -> ()
 // -----
 
 %s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
-// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, rollout_logprobs, add, sub, mul, div, neg}}
+// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, clip, running_norm, rollout_logprobs, add, sub, mul, div, neg}}
 %x = hflow.builtin "softmax"(%s) : (!hflow.batch<scores>) -> !hflow.batch<scores>
 
 // -----

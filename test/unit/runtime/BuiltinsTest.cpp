@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 using hflow::exec::BuiltinContext;
 using hflow::exec::runBuiltin;
 
@@ -90,4 +92,109 @@ TEST(Builtins, BadInputsNameTheBuiltin) {
   EXPECT_EQ(message("softmax", {}, {f.a}), "builtin softmax: unknown builtin");
   EXPECT_EQ(message("whiten", {}, {f.a.narrow(1, 0, 2)}),
             "builtin whiten: inputs must be [B, L] like the response mask");
+}
+
+// clip on scores clamps each row's sequence reward (the row's sum over the
+// mask) and moves the difference onto the row's last response token; on
+// other kinds it clamps each response token. Checked element by element
+// against loops over plain doubles.
+TEST(Builtins, ClipScoresBySequenceAndOtherKindsByToken) {
+  Fixture f;
+  // Scores with a KL-like spread over the tokens and a last-token score.
+  at::Tensor s = f.a * 0.1;
+  s.index_put_({0, 4}, 3.0); // row 0's sequence reward is above 1
+  s.index_put_({2, 4}, -4.0); // row 2's below -1
+  f.ctx.scores = true;
+  at::Tensor out = runBuiltin("clip", {{"min", "-1"}, {"max", "1"}}, {s}, f.ctx)[0];
+  f.ctx.scores = false;
+  at::Tensor tok = runBuiltin("clip", {{"max", "0.5"}}, {f.a}, f.ctx)[0];
+  auto sa = s.accessor<double, 2>(), oa = out.accessor<double, 2>();
+  auto ma = f.ctx.mask.accessor<double, 2>(), aa = f.a.accessor<double, 2>(),
+       ta = tok.accessor<double, 2>();
+  int clamped = 0;
+  for (int i = 0; i < 4; ++i) {
+    double sum = 0, outSum = 0;
+    int last = -1;
+    for (int j = 0; j < 5; ++j)
+      if (ma[i][j] != 0) {
+        sum += sa[i][j];
+        outSum += oa[i][j];
+        last = j;
+      }
+    double want = std::min(1.0, std::max(-1.0, sum));
+    clamped += want != sum;
+    EXPECT_NEAR(outSum, want, 1e-12) << "row " << i;
+    for (int j = 0; j < 5; ++j) {
+      if (j != last)
+        EXPECT_EQ(oa[i][j], sa[i][j]) << "row " << i << " token " << j;
+      EXPECT_EQ(ta[i][j], ma[i][j] != 0 ? std::min(0.5, aa[i][j]) : aa[i][j]);
+    }
+  }
+  EXPECT_GE(clamped, 2);
+  auto message = [&](const std::map<std::string, std::string> &attrs) {
+    try {
+      runBuiltin("clip", attrs, {s}, f.ctx);
+    } catch (const std::invalid_argument &e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({}), "builtin clip: needs min, max or both");
+  EXPECT_EQ(message({{"min", "2"}, {"max", "1"}}),
+            "builtin clip: min (2) is greater than max (1)");
+}
+
+// running_norm over three batches: after each, the moments equal the mean
+// and unbiased std of every sequence reward seen so far (computed again from
+// scratch here), each row's sum is (reward - mean) / (std + eps), and a row
+// with no response token is left alone and not counted.
+TEST(Builtins, RunningNormFollowsEveryRewardSeenSoFar) {
+  Fixture f;
+  f.ctx.scores = true;
+  hflow::rl::RunningMoments moments;
+  f.ctx.moments = &moments;
+  f.ctx.mask.index_put_({3}, 0.0); // row 3: no response token
+  std::vector<double> seen;
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  for (int batch = 0; batch < 3; ++batch) {
+    at::Tensor s = at::randn({4, 5}, f64) * (batch + 1) + 2.0 * batch;
+    at::Tensor out =
+        runBuiltin("running_norm", {{"epsilon", "1e-6"}}, {s}, f.ctx)[0];
+    auto sa = s.accessor<double, 2>(), oa = out.accessor<double, 2>();
+    auto ma = f.ctx.mask.accessor<double, 2>();
+    std::vector<double> sums(4, 0.0);
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 5; ++j)
+        sums[i] += ma[i][j] != 0 ? sa[i][j] : 0.0;
+      seen.push_back(sums[i]);
+    }
+    double mean = 0, var = 0;
+    for (double x : seen)
+      mean += x / seen.size();
+    for (double x : seen)
+      var += (x - mean) * (x - mean) / (seen.size() - 1);
+    const double stddev = std::sqrt(var);
+    EXPECT_EQ(moments.count, (double)seen.size());
+    EXPECT_NEAR(moments.mean, mean, 1e-12);
+    EXPECT_NEAR(moments.std(), stddev, 1e-12);
+    for (int i = 0; i < 3; ++i) {
+      double outSum = 0;
+      for (int j = 0; j < 5; ++j)
+        outSum += ma[i][j] != 0 ? oa[i][j] : 0.0;
+      EXPECT_NEAR(outSum, (sums[i] - mean) / (stddev + 1e-6), 1e-10)
+          << "batch " << batch << " row " << i;
+    }
+    EXPECT_TRUE(same(out[3], s[3]));
+  }
+  // The moments round-trip through a tensor (checkpoints) and refuse junk.
+  auto back = hflow::rl::RunningMoments::fromTensor(moments.toTensor());
+  EXPECT_EQ(back.count, moments.count);
+  EXPECT_EQ(back.mean, moments.mean);
+  EXPECT_EQ(back.m2, moments.m2);
+  EXPECT_THROW(hflow::rl::RunningMoments::fromTensor(at::tensor({1.5, 0.0, 0.0}, f64)),
+               std::invalid_argument);
+  EXPECT_THROW(hflow::rl::RunningMoments::fromTensor(at::tensor({2.0, 0.0, -1.0}, f64)),
+               std::invalid_argument);
+  f.ctx.moments = nullptr;
+  EXPECT_THROW(runBuiltin("running_norm", {}, {f.a}, f.ctx), std::invalid_argument);
 }
