@@ -191,17 +191,26 @@ void Worker::evaluatePairs(const std::string &label) {
     metrics_[MPairAcc] += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
     metrics_[MPairN] += (double)N;
     if (!o_.dumpValues.empty()) {
-      // Every pair's two scores, to check them against another forward.
+      // Every pair's two scores and the token ids they were read from, to
+      // check them against another forward (and the pairs' assembly).
       std::error_code ec;
       std::filesystem::create_directories(o_.dumpValues, ec);
       const std::string path =
           o_.dumpValues + "/pairs-" + label + "-" + str(role(r).name()) + ".jsonl";
       std::string body;
       char b[128];
+      auto ids = [](const std::vector<int64_t> &q) {
+        std::string out = "[";
+        for (size_t k = 0; k < q.size(); ++k)
+          out += (k ? ", " : "") + std::to_string(q[k]);
+        return out + "]";
+      };
       for (int64_t i = 0; i < N; ++i) {
-        std::snprintf(b, sizeof b, "{\"row\": %lld, \"chosen\": %.9g, \"rejected\": %.9g}\n",
+        std::snprintf(b, sizeof b, "{\"row\": %lld, \"chosen\": %.9g, \"rejected\": %.9g",
                       (long long)i, sc[i][0].item<double>(), sc[i][1].item<double>());
         body += b;
+        body += ", \"chosen_ids\": " + ids(seqs[(size_t)(2 * i)]) +
+                ", \"rejected_ids\": " + ids(seqs[(size_t)(2 * i + 1)]) + "}\n";
       }
       try {
         models::writeFileAtomic(path, body);
