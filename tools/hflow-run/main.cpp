@@ -21,6 +21,7 @@
 #endif
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -101,6 +102,10 @@ int calibrate(const hflow::plan::LoadedPlan &lp, const hflow::launch::Options &o
 int main(int argc, char **argv) {
   using namespace hflow;
   launch::chooseBlasKernels(argv); // may re-execute with OPENBLAS_CORETYPE set
+  // A peer that died closes its sockets; a send to it must fail as an error
+  // naming the step and the dead rank (EPIPE), not kill this process with
+  // SIGPIPE. Inherited by the workers the launcher starts.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   launch::Options o;
   std::string err;

@@ -6,7 +6,7 @@ import sys
 
 FIELDS = ("sft_loss", "reward_mean", "pg_loss", "kl_loss", "entropy", "grad_norm",
           "pg_clipfrac", "response_length", "eval_reward", "ppo_kl", "vf_loss",
-          "vf_clipfrac")
+          "vf_clipfrac", "rm_loss", "rm_acc", "rm_margin")
 
 
 def load(path):
