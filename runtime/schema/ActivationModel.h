@@ -19,11 +19,12 @@
 //   train = inFlight * layers * kept + head + 5 rows T h
 //           (the last term: the embedding's output or the activations a
 //           stage receives and sends, their gradients, the final norm;
-//           FSDP keeps layers * n h + one layer's kept + the gathered units
+//           FSDP keeps layers * n h + one layer's kept + 4 gathered units
 //           instead of the first)
 //   forward only = max(4 n h + 5 n (a / tp) hd + 4 n F / tp
 //                      + 1.6 rows (a / (tp sp)) T^2,   one layer's working set
 //                      5 rows R V / tp)                 the head's
+//                  (+ 4 gathered units under FSDP, as above)
 //
 // The residual stream's tensors (input, normed, middle) and the attention's
 // q, k, v, scores and output are what autograd saves; the constants were
