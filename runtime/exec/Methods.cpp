@@ -199,22 +199,26 @@ int64_t gradBytes(const RoleRt &rr) {
 }
 
 /// The pass's rise against the memory model's figure for its largest
-/// micro-batch.
+/// micro-batch. A pass whose backward allocated the role's gradients (its
+/// first) is not compared: its high-water mark was reached before they
+/// all existed, so subtracting them leaves a rise below its activations.
 void PassMeter::done() {
-  const int64_t rise = peak_.rise() - (gradBytes(rr_) - grads_);
+  const int64_t newGrads = gradBytes(rr_) - grads_;
+  const int64_t rise = peak_.rise() - newGrads;
   // The model: the largest micro-batch's figure; a pipeline stage keeps
   // up to inFlight of them at once.
   shape::PassForm f = rr_.lm->passForm();
   f.lmHead = !rr_.head.defined(); // a critic's value head computes no logits
   f.inFlight = std::min<int64_t>(f.inFlight, (int64_t)shapes_.size());
+  const double width = (double)at::elementSize(rr_.lm->config().dtype);
   double model = 0;
   for (const shape::PassShape &s : shapes_)
-    model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s));
+    model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s, width));
   if (rise > rr_.peakActivations) {
     rr_.peakActivations = rise;
     rr_.modelActivations = model;
   }
-  if (model > 0) {
+  if (model > 0 && newGrads == 0) {
     const double ratio = (double)rise / model;
     const bool first = rr_.actRatioHi == 0;
     rr_.actRatioLo = first ? ratio : std::min(rr_.actRatioLo, ratio);
@@ -440,7 +444,8 @@ void Worker::runGenerate(MethodCall &c) {
         rowsNow > 0 ? (int64_t)gen.mask.sum(1).max().item<double>() : 0;
     const double model = longest > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers,
                                                            form ? form->passForm().tp : 1,
-                                                           perBatch, ptoks.size(1) + longest - 1)
+                                                           perBatch, ptoks.size(1) + longest - 1,
+                                                           (double)at::elementSize(cfg.dtype))
                                      : 0;
     const bool over = (double)gen.kvCacheBytes > model;
     if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {

@@ -14,6 +14,10 @@ namespace {
 /// fsdp(4) and an actor on fsdp(2) * tp(2) hold 3.9 to 4.1 units above
 /// their activations); 2, the count before, under-predicted them by half.
 constexpr double kGatheredUnits = 4;
+/// The head's logits, log-softmax and entropy are float32 whatever the
+/// weights' dtype (a 16-bit model's logits are upcast before the softmax, as
+/// transformers and verl do), and so are a 16-bit norm's statistics.
+constexpr double kF32 = 4;
 } // namespace
 
 double passActivationBytes(const ModelShape &m, const PassForm &f, const PassShape &p,
@@ -29,26 +33,32 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   if (!p.train) {
     // Without backward nothing is kept: the peak is the larger of one
     // layer's working set and the head's (logits, log-softmax, entropy).
-    double x = 4 * n * h + 5 * n * ahd + 4 * n * F / tp + 1.6 * rows * heads * T * T;
+    double x = w * (4 * n * h + 5 * n * ahd + 4 * n * F / tp + 1.6 * rows * heads * T * T);
     if (f.head && f.lmHead)
-      x = std::max(x, 5 * rows * R * V / tp);
+      x = std::max(x, kF32 * 5 * rows * R * V / tp);
     if (f.fsdp > 1)
-      x += kGatheredUnits * (double)layerParamCount(m) / tp;
-    return w * x;
+      x += w * kGatheredUnits * (double)layerParamCount(m) / tp;
+    return x;
   }
-  const double kept = 6 * n * h + 5 * n * ahd + 4.5 * n * F / tp + rows * heads * T * T;
+  // A 16-bit layer also keeps its two norms' float32 inputs.
+  const double kept = w * (6 * n * h + 5 * n * ahd + 4.5 * n * F / tp + rows * heads * T * T) +
+                      (w < kF32 ? kF32 * 2 * n * h : 0);
   double x = 0;
   if (f.fsdp > 1) // each unit keeps its input; backward recomputes one unit at a time
-    x = layers * n * h + kept + kGatheredUnits * (double)layerParamCount(m) / tp;
+    x = w * layers * n * h + kept + w * kGatheredUnits * (double)layerParamCount(m) / tp;
   else
     x = (double)std::max<int64_t>(1, f.inFlight) * layers * kept;
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
   // logits and loss on the last stage.
-  x += 5 * rows * T * h;
+  x += w * 5 * rows * T * h;
   if (f.head && f.lmHead)
-    x += 6 * rows * R * V / tp;
-  return w * x;
+    x += kF32 * 6 * rows * R * V / tp;
+  // Backward computes a weight's gradient before adding it to the one the
+  // rank holds: the last layer's feed-forward matrices' exist while that
+  // layer's activations still do.
+  x += w * F * h / tp;
+  return x;
 }
 
 double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "compiler/planner/Search.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -251,12 +252,12 @@ TEST(CostModel, TransitionAtTheWireElementSize) {
 //   error: the roles placed here need 49.02 GB per device but each a100_40g
 //   has 40.00 GB: 33.69 GB resident ... + 15.33 GB at the peak (actor.generate)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 3.39 GB; generation: weights 6.74 GB, KV cache 8.59 GB
-//   note: ref: weights 6.74 GB; activations 153.30 MB
-//   error: ... need 57.88 GB ...: 52.86 GB resident ... + 5.02 GB at the
+//         activations 4.53 GB; generation: weights 6.74 GB, KV cache 8.59 GB
+//   note: ref: weights 6.74 GB; activations 163.84 MB
+//   error: ... need 59.00 GB ...: 52.86 GB resident ... + 6.14 GB at the
 //   peak (critic's training pass)
 //   note: critic: weights 6.61 GB, gradients 6.61 GB, optimizer 39.64 GB;
-//         activations 5.02 GB
+//         activations 6.14 GB
 TEST(Memory, AgreesWithHflowcExample) {
   Workload w;
   w.batch = 256;
@@ -280,13 +281,16 @@ TEST(Memory, AgreesWithHflowcExample) {
   // sequence of n = 1024 tokens on tp 4, every one of its 32 layers kept:
   //   6 n h + 5 n (h / 4) + 4.5 n F / 4 + (32 / 4) T^2
   //     = 25,165,824 + 5,242,880 + 12,681,216 + 8,388,608 = 51,478,528
-  //   x 32 + 5 n h + 6 R V / 4 = 1,692,860,416 elements x 2 bytes.
-  EXPECT_DOUBLE_EQ(a.activations, 3385720832.0);
+  //   elements x 2 bytes, and the two norms' f32 inputs, 2 n h x 4 bytes:
+  //   136,511,488 bytes a layer, x 32; then 5 n h x 2 bytes, the head's
+  //   6 R V / 4 in f32 (98,304,000) and one F h / 4 weight gradient x 2.
+  EXPECT_DOUBLE_EQ(a.activations, 136511488.0 * 32 + 41943040.0 + 98304000.0 + 22544384.0);
   EXPECT_DOUBLE_EQ(a.genWeights, 6738415616.0);
   EXPECT_DOUBLE_EQ(a.kvCache, 8589934592.0);
-  // The reference's forward pass on tp 2: one layer's working set,
-  // 4 n h + 5 n (h / 2) + 4 n F / 2 + 1.6 (32 / 2) T^2 = 76,650,905.6.
-  EXPECT_DOUBLE_EQ(r.activations, 76650905.6 * 2);
+  // The reference's forward pass on tp 2: the larger of one layer's
+  // working set, 4 n h + 5 n (h / 2) + 4 n F / 2 + 1.6 (32 / 2) T^2 =
+  // 76,650,905.6 elements x 2 bytes, and the head's 5 R V / 2 in f32.
+  EXPECT_DOUBLE_EQ(r.activations, std::max(76650905.6 * 2, 4.0 * 5 * 512 * 32000 / 2));
   // A critic's body has no LM head: (P - V h) * 16 / 2 bytes.
   EXPECT_DOUBLE_EQ(c.resident(), (6738415616.0 - 32000.0 * 4096) * 16 / 2);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
@@ -297,22 +301,23 @@ TEST(Memory, AgreesWithHflowcExample) {
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
   EXPECT_EQ(gb(a.transient()), "15.33 GB");
   EXPECT_EQ(gb(a.optimizer), "20.22 GB");
-  EXPECT_EQ(gb(a.activations), "3.39 GB");
-  EXPECT_EQ(mb(r.activations), "153.30 MB");
-  EXPECT_EQ(gb(set2), "57.88 GB");
+  EXPECT_EQ(gb(a.activations), "4.53 GB");
+  EXPECT_EQ(mb(r.activations), "163.84 MB");
+  EXPECT_EQ(gb(set2), "59.00 GB");
   EXPECT_EQ(gb(c.optimizer), "39.64 GB");
-  EXPECT_EQ(gb(c.activations), "5.02 GB");
+  EXPECT_EQ(gb(c.activations), "6.14 GB");
 }
 
 // Case 2: the same program on a100_40g with the actor in `train: tp(2) *
 // pp(2) * dp(4), generate: tp(4)`, `max_tokens: 1024` and the train block
 // `batch: 128, n: 2, prompt_len: 256, micro_batch: 2`. hflowc:
-//   error: the roles placed here need 47.80 GB per device but each a100_40g
-//   has 40.00 GB: 33.69 GB resident ... + 14.11 GB at the peak (actor.generate)
+//   error: the roles placed here need 50.43 GB per device but each a100_40g
+//   has 40.00 GB: 33.69 GB resident ... + 16.74 GB at the peak (actor's
+//   training pass)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 13.62 GB; generation: weights 3.37 GB, KV cache 10.74 GB
-//   note: ref: weights 6.74 GB; activations 416.81 MB
-//   error: ... need 66.08 GB ...: 52.86 GB resident ... + 13.22 GB at the
+//         activations 16.74 GB; generation: weights 3.37 GB, KV cache 10.74 GB
+//   note: ref: weights 6.74 GB; activations 655.36 MB
+//   error: ... need 68.81 GB ...: 52.86 GB resident ... + 15.95 GB at the
 //   peak (critic's training pass)
 TEST(Memory, AgreesWithHflowcVariant) {
   Workload w;
@@ -332,20 +337,23 @@ TEST(Memory, AgreesWithHflowcVariant) {
   // By hand: micro-batches of 2 sequences, n = 2 * 1280 = 2560 tokens on
   // tp 2; the first of 2 stages keeps 2 micro-batches of its 16 layers:
   //   6 n h + 5 n (h / 2) + 4.5 n F / 2 + 2 (32 / 2) T^2 = 204,963,840
-  //   x 2 x 16 + 5 n h + 6 * 2 R V / 2 = 6,807,879,680 elements x 2 bytes.
-  EXPECT_DOUBLE_EQ(a.activations, 13615759360.0);
+  //   elements x 2 bytes + the norms' 2 n h x 4 bytes = 493,813,760 bytes,
+  //   x 2 x 16; then 5 n h x 2 bytes, the head's 6 * 2 R V / 2 in f32
+  //   (786,432,000) and one F h / 2 weight gradient x 2.
+  EXPECT_DOUBLE_EQ(a.activations,
+                   493813760.0 * 2 * 16 + 104857600.0 + 786432000.0 + 45088768.0);
   EXPECT_DOUBLE_EQ(a.kvCache, 2.0 * 32 * 8 * 128 * 2 * 64 * 1280);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
-  EXPECT_EQ(gb(set1), "47.80 GB");
+  EXPECT_EQ(gb(set1), "50.43 GB");
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
-  EXPECT_EQ(gb(a.transient()), "14.11 GB");
-  EXPECT_EQ(gb(a.activations), "13.62 GB");
+  EXPECT_EQ(gb(a.transient()), "16.74 GB");
+  EXPECT_EQ(gb(a.activations), "16.74 GB");
   EXPECT_EQ(gb(a.genWeights), "3.37 GB");
   EXPECT_EQ(gb(a.kvCache), "10.74 GB");
-  EXPECT_EQ(mb(r.activations), "416.81 MB");
-  EXPECT_EQ(gb(set2), "66.08 GB");
-  EXPECT_EQ(gb(c.activations), "13.22 GB");
+  EXPECT_EQ(mb(r.activations), "655.36 MB");
+  EXPECT_EQ(gb(set2), "68.81 GB");
+  EXPECT_EQ(gb(c.activations), "15.95 GB");
 }
 
 //===----------------------------------------------------------------------===//

@@ -31,13 +31,13 @@ hflow.place [@a, @c] on @m[0 : 2]
 hflow.device @small "gpu" <memory = 1.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.39 MB; generation: weights 213.63 KB, KV cache 393.22 KB}}
+// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.42 MB; generation: weights 213.63 KB, KV cache 393.22 KB}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
-// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 3.84 MB}}
+// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 3.87 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+2 {{the roles placed here need 8.82 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.39 MB at the peak (a's training pass)}}
+// expected-error @+2 {{the roles placed here need 8.86 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.42 MB at the peak (a's training pass)}}
 // expected-note @+1 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4; use more devices, larger tp/pp/fsdp degrees, or a smaller batch}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
@@ -56,7 +56,7 @@ hflow.train @f {batch = 8 : i64, data = "p.jsonl", minibatch = 8 : i64, n = 2 : 
 hflow.device @small "gpu" <memory = 5.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.13 MB; generation: weights 427.26 KB, KV cache 16.78 MB}}
+// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.16 MB; generation: weights 427.26 KB, KV cache 16.78 MB}}
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // expected-error @+2 {{the roles placed here need 18.06 MB per device but each small has 5.00 MB: 854.53 KB resident (weights, gradients, optimizer state) + 17.20 MB at the peak (a.generate)}}
 // expected-note @+1 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1;}}
