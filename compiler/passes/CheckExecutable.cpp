@@ -93,9 +93,7 @@ struct CheckExecutablePass
           dtype = dt.getValue().str();
           where = "role " + role.getSymName().str() + "'s dtype";
         }
-      if (std::string why =
-              ex::dtypeProblem(dtype, where, ::hflow::methods::Role(int(role.getKind())), v);
-          !why.empty()) {
+      if (std::string why = ex::dtypeProblem(dtype, where); !why.empty()) {
         InFlightDiagnostic d = role.emitError() << "role '" << role.getSymName() << "': " << why;
         if (where.rfind("model", 0) == 0)
           d.attachNote(model.getLoc()) << "the model is declared here";

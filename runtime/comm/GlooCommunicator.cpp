@@ -170,16 +170,17 @@ static void requireCpuContiguous(const char *op, const std::string &group,
                     ": tensor must be defined, on the CPU and contiguous");
 }
 
-// Gloo (LibTorch 1.13) reduces and gathers no 16-bit floats ("Invalid
-// scalar type"). Gathers and broadcasts move bits: a bfloat16 or float16
-// tensor travels as int16 of the same bytes. A sum widens to float32 for
-// the reduction and rounds back once (what NCCL's bfloat16 all-reduce
-// approximates with its own accumulation).
+// Gloo (LibTorch 1.13) reduces and gathers no bfloat16 and no int16
+// ("Invalid scalar type"); its gathers and broadcasts take float16, whose
+// bytes they copy untouched. So gathers and broadcasts move bits: a
+// bfloat16 tensor travels as float16 of the same bytes. A sum widens to
+// float32 for the reduction and rounds back once (what NCCL's bfloat16
+// all-reduce approximates with its own accumulation).
 static bool is16BitFloat(const at::Tensor &t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 static at::Tensor bitsOf(const at::Tensor &t) {
-  return is16BitFloat(t) ? t.view(at::kShort) : t;
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
 }
 
 void GlooCommunicator::allReduceSum(at::Tensor &t) {
@@ -205,7 +206,7 @@ void GlooCommunicator::allReduceSum(at::Tensor &t) {
 void GlooCommunicator::allGather(const at::Tensor &in,
                                  std::vector<at::Tensor> &out) {
   requireCpuContiguous("allGather", impl_->name, in);
-  if (is16BitFloat(in)) {
+  if (in.scalar_type() == at::kBFloat16) {
     allGather(bitsOf(in), out);
     for (at::Tensor &o : out)
       o = o.view(in.scalar_type());

@@ -186,6 +186,10 @@ std::vector<double> Worker::pipelinedResponses(
   }, train);
 }
 
+at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head) {
+  return at::linear(h, head).squeeze(-1).to(at::kFloat);
+}
+
 int64_t gradBytes(const RoleRt &rr) {
   int64_t n = 0;
   if (rr.lm)
@@ -611,7 +615,7 @@ void Worker::runValues(MethodCall &c) {
   Val &rollout = rolloutOf(c, rows);
   at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, rows.hi - rows.lo);
   at::Tensor v = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t, int64_t) {
-    return at::linear(h, c.rr.head).squeeze(-1);
+    return scalarHead(h, c.rr.head);
   });
   store(c, rows, v * rmask);
 }
@@ -661,7 +665,7 @@ void Worker::runScore(MethodCall &c) {
           at::Tensor mask = at::cat({ro_["pmask"].narrow(0, u, m), ro_["rmask"].narrow(0, u, m)}, 1);
           at::Tensor at_ = models::scoredPositions(toks, mask, rr.scorePad);
           at::Tensor hl = h.gather(1, at_.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
-          at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+          at::Tensor sc = scalarHead(hl, rr.head);
           at::Tensor ln = len.narrow(0, u - lo, m);
           return at::zeros({m, R}).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
         },
@@ -712,7 +716,7 @@ void Worker::runUpdate(MethodCall &c) {
       Val *rets = inputOfKind(c, BatchKind::Returns);
       if (!rets)
         throw RunError("a critic update needs the returns (e.g. adv.returns)");
-      at::Tensor vpred = at::linear(h, rr.head).squeeze(-1);
+      at::Tensor vpred = scalarHead(h, rr.head);
       // Without the rollout's values the clipped loss has nothing to
       // clip against: it is the plain squared error.
       at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();

@@ -69,7 +69,7 @@ at::Tensor Worker::scoreSequences(
     const int64_t b = mb.tokens.size(0);
     at::Tensor at_ = models::scoredPositions(mb.tokens, mb.keyMask, rr.scorePad);
     at::Tensor hl = h.gather(1, at_.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
-    at::Tensor sc = at::linear(hl, rr.head).squeeze(-1);
+    at::Tensor sc = scalarHead(hl, rr.head);
     out.narrow(0, starts[(size_t)i], b).copy_(sc.detach());
     return train ? lossOf(i, sc) : at::zeros({});
   };

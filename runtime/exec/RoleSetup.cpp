@@ -105,7 +105,7 @@ void Worker::buildRoles() {
       rt.model = std::make_unique<models::Llama>(
           cfg, models::modelSeed(p_.seed(), ro.model()));
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
-        rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(at::kFloat));
+        rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(cfg.dtype));
       rt.scorePad = tok_ ? tok_->padId() : 0;
       const Layout &tl = *ro.train();
       // Any role with weights trains or computes on its training form's
@@ -170,7 +170,7 @@ void Worker::buildRoles() {
             if (scorer && hc.padToken >= 0)
               rt.scorePad = hc.padToken; // what transformers scores by
             if (scorer)
-              rt.head = models::loadHfScoreHead(wdir, cfg.hidden);
+              rt.head = models::loadHfScoreHead(wdir, cfg.hidden).to(cfg.dtype);
           } catch (const std::exception &e) {
             throw RunError("loading the score head of model " + cfg.name + ": " + e.what());
           }

@@ -33,8 +33,16 @@ struct PieceExchange {
 };
 
 
+/// The dtype a role's weights are held in (what arrives is stored as it).
+at::ScalarType heldType(const RoleRt &rr) {
+  return rr.lm ? rr.lm->config().dtype : rr.model ? rr.model->config().dtype : at::kFloat;
+}
+
+/// Sends and receives the plan's pieces. They travel in `held`, the
+/// weights' dtype, or as bfloat16 with a bf16 wire (rounded to nearest
+/// even), and arrive as `held`.
 PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf16Wire,
-                             int64_t wireBytes,
+                             int64_t wireBytes, at::ScalarType held,
                              const std::function<at::Tensor(const WeightTransfer *)> &piece,
                              const std::function<int(int)> &peerOf = nullptr) {
   PieceExchange x;
@@ -48,21 +56,21 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
         x.plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
       }
     }
+  const at::ScalarType wire = bf16Wire ? at::kBFloat16 : held;
   std::vector<std::pair<int, at::Tensor>> sends;
   for (auto &[peer, ts] : out) {
     std::vector<at::Tensor> parts;
     for (const WeightTransfer *t : ts)
       parts.push_back(piece(t).reshape({-1}));
     at::Tensor buf = at::cat(parts);
-    sends.push_back({peerOf ? peerOf(peer) : peer,
-                     (bf16Wire ? buf.to(at::kBFloat16) : buf).contiguous()});
+    sends.push_back({peerOf ? peerOf(peer) : peer, buf.to(wire).contiguous()});
   }
   for (auto &[peer, ts] : x.in) {
     int64_t n = 0;
     for (const WeightTransfer *t : ts)
       n += (t->row1() - t->row0()) * (t->col1() - t->col0());
     x.recvs.push_back(
-        {peer, at::empty({n}, at::TensorOptions().dtype(bf16Wire ? at::kBFloat16 : at::kFloat))});
+        {peer, at::empty({n}, at::TensorOptions().dtype(wire))});
   }
   const uint64_t before = c.bytesReceived();
   auto t0 = Clock::now();
@@ -79,7 +87,7 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
   x.ms = msSince(t0);
   x.measured = (int64_t)(c.bytesReceived() - before);
   for (auto &[peer, buf] : x.recvs)
-    buf = buf.to(at::kFloat);
+    buf = buf.to(held);
   return x;
 }
 
@@ -203,9 +211,9 @@ void Worker::runReshard(int s) {
   const int64_t wireBytes =
       rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
   auto rounded = [&](const at::Tensor &t) {
-    return bf16Wire ? t.to(at::kBFloat16).to(at::kFloat) : t;
+    return bf16Wire ? t.to(at::kBFloat16).to(t.scalar_type()) : t;
   };
-  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, piece);
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, heldType(rr), piece);
   const int64_t measured = x.measured, plannedIn = x.plannedIn;
   const double ms = x.ms;
   auto &in = x.in;
@@ -306,10 +314,11 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
       throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) +
                      " does not match the model's " + shapes[k].first);
   }
-  if (rs.bytes_per_element() != 4)
+  const int64_t held = (int64_t)at::elementSize(rr.cfg.dtype);
+  if (rs.bytes_per_element() != held)
     throw RunError("reshard of " + what + ": the plan counts " +
                    std::to_string(rs.bytes_per_element()) +
-                   " bytes per element, the model's weights have 4");
+                   " bytes per element, the model's weights have " + std::to_string(held));
   at::NoGradGuard ng;
   // The training form's weights in the plan's parameter order: a pipeline
   // stage holds only some of them, the others an empty box (the plan never
@@ -364,7 +373,8 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
         .copy_(region(as2d(train[k].second, tb), tb, i.r0, i.r1, i.c0, i.c1));
     filled[k] += i.numel();
   }
-  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, [&](const WeightTransfer *t) {
+  PieceExchange x = exchangePieces(rs, c, me, bf16Wire, wireBytes, heldType(rr),
+                                   [&](const WeightTransfer *t) {
     const models::Box &tb = trainBoxes[t->param()].second;
     if (!inside(t, tb))
       throw RunError("reshard of " + what + ": the plan has this rank send a piece of " +
@@ -399,7 +409,7 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
                      " arrived or were held (the plan must cover it exactly once)");
   if (bf16Wire)
     for (auto &[name, w] : gen)
-      w.detach().copy_(w.detach().to(at::kBFloat16).to(at::kFloat));
+      w.detach().copy_(w.detach().to(at::kBFloat16).to(w.scalar_type()));
   checkGenerationShards(rs, rr, what);
   reportReshard(s, rs, c, what, measured, ms, false);
 }
@@ -478,7 +488,7 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
                 Slice(t->col0() - b.c0, t->col1() - b.c0)});
   };
   PieceExchange x = exchangePieces(rs, *rr.xcomm, (int)(me - idx.begin()), bf16Wire,
-                                   wireBytes, piece, [&](int i) { return peer.at((size_t)i); });
+                                   wireBytes, heldType(rr), piece, [&](int i) { return peer.at((size_t)i); });
   if (rr.genOnly) {
     auto dst = rr.model->namedParameters();
     int64_t elems = 0, want = 0;

@@ -156,6 +156,11 @@ struct RuleRt {
 };
 
 /// One call of a role method: the step, its role and its inputs.
+/// A critic's or reward model's scalar head on hidden states [.., H]: the
+/// product in the weights' dtype, the result in float32 (what value and
+/// Bradley-Terry losses and the rollout's values are computed in).
+at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head);
+
 /// Bytes of the gradients a role's parameters hold now.
 int64_t gradBytes(const RoleRt &rr);
 

@@ -110,9 +110,8 @@ struct Core {
   mutable std::map<int, std::unique_ptr<comm::PendingGather>> prefetched;
   mutable int64_t prefetchUsed = 0; ///< gathers consumed after a prefetch
 
-  static at::TensorOptions floatOpts() {
-    return at::TensorOptions().dtype(at::kFloat);
-  }
+  /// The weights' dtype: gathers, gradients and their exchange move it.
+  at::TensorOptions floatOpts() const { return at::TensorOptions().dtype(c.dtype); }
 
   /// This member's box of `full` (P's numel, any shape), 2-D (a view).
   static at::Tensor boxView(const ShardedParam &P, const at::Tensor &full) {

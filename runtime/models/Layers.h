@@ -30,6 +30,13 @@ at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps);
 at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps);
 /// RoPE's rotate-half: [x1, x2] -> [-x2, x1] over the last dimension.
 at::Tensor rotateHalf(const at::Tensor &x);
+/// Attention of q [B, n, Tq, hd] over k, v [B, n, Tk, hd] (heads already
+/// repeated for GQA) with the additive float32 `bias` [B, 1, Tq, Tk]: the
+/// scores in the inputs' type, the mask and softmax in float32, the
+/// probabilities back in the inputs' type (no-ops in float32). Returns
+/// [B, n, Tq, hd]. Every form of the model attends through it.
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &bias, double scale);
 
 } // namespace hflow::models
 

@@ -296,6 +296,13 @@ at::Tensor rotateHalf(const at::Tensor &x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &bias, double scale) {
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
+  att = at::softmax(att.to(at::kFloat) + bias, -1).to(q.scalar_type());
+  return at::matmul(att, v);
+}
+
 at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
   return w.defined() ? rmsNorm(x, w, eps) : x;
 }
@@ -404,11 +411,7 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
       k = k.repeat_interleave(rep, 1);
       v = v.repeat_interleave(rep, 1);
     }
-    // The scores in the weights' type; the mask and softmax in float32,
-    // the probabilities back in the weights' type (a no-op in float32).
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
-    att = at::softmax(att.to(at::kFloat) + bias, -1).to(q.scalar_type());
-    at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, c.heads * hd});
+    at::Tensor o = attend(q, k, v, bias, scale).transpose(1, 2).reshape({B, T, c.heads * hd});
     x = x + at::linear(o, l.wo);
     h = rmsNorm(x, l.mlpNorm, c.normEps);
     x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp),

@@ -122,8 +122,7 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);
   }
-  at::Tensor att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * a.scale + a.bias, -1);
-  at::Tensor o = at::matmul(att, v).transpose(1, 2).reshape({B, T, nq * hd});
+  at::Tensor o = attend(q, k, v, a.bias, a.scale).transpose(1, 2).reshape({B, T, nq * hd});
   at::Tensor y = at::linear(o, w.wo);
   if (tp)
     y = reduceFromTP(y, *tp);

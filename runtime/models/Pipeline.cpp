@@ -166,7 +166,7 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
                : at::embedding(p.embed, mb.tokens);
     } else {
-      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, at::TensorOptions().dtype(p.c.dtype));
       receive(buf, p.k - 1, tag(i, 0));
       if (train)
         buf.requires_grad_(true);
@@ -191,7 +191,7 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
     if (p.isLast()) {
       outputs[i].backward();
     } else {
-      at::Tensor g = at::empty(outputs[i].sizes(), at::TensorOptions().dtype(at::kFloat));
+      at::Tensor g = at::empty(outputs[i].sizes(), outputs[i].options());
       receive(g, p.k + 1, tag(i, 1));
       outputs[i].backward(g);
     }
@@ -247,7 +247,7 @@ void PipelineStage::reduceTiedGradients() {
   // Stage 0's embedding and the last stage's copy: the sum of both
   // gradients on both (the other stages add zeros).
   CommScope scope;
-  at::Tensor g = at::zeros({p.vShard, p.c.hidden}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor g = at::zeros({p.vShard, p.c.hidden}, at::TensorOptions().dtype(p.c.dtype));
   at::Tensor mine = p.isFirst() ? p.embed : p.isLast() ? p.head : at::Tensor();
   if (mine.defined() && mine.grad().defined())
     g.copy_(mine.grad());

@@ -133,8 +133,7 @@ at::Tensor ulyssesLayer(const at::Tensor &xIn, const LayerWeights &w, const Attn
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);
   }
-  at::Tensor att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * a.scale + a.bias, -1);
-  at::Tensor o = allToAll(at::matmul(att, v), 2, 1, sp); // [B, nq, Tl, hd]
+  at::Tensor o = allToAll(attend(q, k, v, a.bias, a.scale), 2, 1, sp); // [B, nq, Tl, hd]
   x = x + at::linear(o.transpose(1, 2).reshape({B, Tl, nq * hd}), w.wo);
   h = rmsNorm(x, w.mlpNorm, eps);
   return x + at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);

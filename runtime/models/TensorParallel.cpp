@@ -89,7 +89,7 @@ at::Tensor detail::vocabParallelEmbedding(const at::Tensor &shard, const at::Ten
   // all-reduce completes every row.
   at::Tensor mine = tokens.ge(vStart) & tokens.lt(vStart + vShard);
   at::Tensor local = (tokens - vStart).masked_fill(mine.logical_not(), 0);
-  at::Tensor x = at::embedding(shard, local) * mine.unsqueeze(-1).to(at::kFloat);
+  at::Tensor x = at::embedding(shard, local) * mine.unsqueeze(-1).to(shard.scalar_type());
   return reduceFromTP(x, tp);
 }
 

@@ -59,7 +59,7 @@ executes::Verdict roleForms(const Plan &p, int r) {
     return v;
   std::string where;
   const std::string dt = roleDtype(p, r, &where);
-  v.refusal = executes::dtypeProblem(dt, where, methods::Role(int(ro.kind())), v);
+  v.refusal = executes::dtypeProblem(dt, where);
   return v;
 }
 

@@ -151,25 +151,12 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   return v;
 }
 
-std::string dtypeProblem(const std::string &dtype, const std::string &what,
-                         methods::Role kind, const Verdict &forms) {
+std::string dtypeProblem(const std::string &dtype, const std::string &what) {
   if (dtype.empty() || dtype == "f32")
     return "";
   if (dtype != "bf16")
     return what + " is " + dtype + ", which hflow-run does not compute in (f16's range "
            "needs loss scaling, which it does not do); write dtype: bf16 or f32";
-  auto whole = [](Form f) { return f == Form::Whole || f == Form::None; };
-  if (kind != methods::Role::Actor && kind != methods::Role::Reference)
-    return what + " is bf16, which hflow-run computes in for an Actor or a Reference "
-           "yet, not for this role (its scalar head and value losses are f32 only); "
-           "write dtype: f32";
-  if (!whole(forms.train) || !whole(forms.generate)) {
-    const bool train = !whole(forms.train);
-    return what + " is bf16, which hflow-run computes in on whole weights (dp(N)) yet, "
-           "not on the " + std::string(formName(train ? forms.train : forms.generate)) +
-           " form of its " + (train ? "training" : "generation") +
-           " layout; write dtype: f32 or use dp layouts";
-  }
   return "";
 }
 

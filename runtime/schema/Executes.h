@@ -80,10 +80,10 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
 /// "f16") for a role of `kind` on the forms `forms`, or "". `what` names
 /// where it is written ("model tiny's dtype"). f32 executes everywhere;
 /// bf16 (mixed precision: bf16 weights, gradients and activations, f32
-/// master weights and AdamW moments) for an Actor or a Reference on whole
-/// weights (dp(N), both layouts); f16 nowhere.
-std::string dtypeProblem(const std::string &dtype, const std::string &what,
-                         methods::Role kind, const Verdict &forms);
+/// master weights and AdamW moments; norm statistics, softmax, logits,
+/// scalar heads and losses in f32) for every role on every form; f16
+/// nowhere (its range needs loss scaling).
+std::string dtypeProblem(const std::string &dtype, const std::string &what);
 
 } // namespace hflow::executes
 
