@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 
@@ -49,14 +50,17 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   if (evalRan && S(MPairN) > 0)
     pairCurve_.push_back({when, pairAcc});
   const double elapsed = msSince(start_) / 1000.0;
-  if (metricsOut_) {
+  if (metricsOut_ || tb_) {
     std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
                        std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
+    // Every figure of the line, for the event files: tag phase/name.
+    std::vector<std::pair<std::string, double>> scalars{{ph.name + "/time_s", elapsed}};
     auto add = [&](const char *k, double v) {
       if (std::isfinite(v)) {
         char b[64];
         std::snprintf(b, sizeof b, "%.9g", v);
         line += std::string(", \"") + k + "\": " + b;
+        scalars.push_back({ph.name + "/" + k, v});
       }
     };
     add("reward_mean", rMean);
@@ -97,6 +101,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
         char b[64];
         std::snprintf(b, sizeof b, "%.17g", sum);
         line += std::string(", \"actor_weight_sum\": ") + b;
+        scalars.push_back({ph.name + "/actor_weight_sum", sum});
         break;
       }
     for (int k = 0; k < ph.count; ++k) {
@@ -105,8 +110,28 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
         add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
     }
     line += "}\n";
-    std::fputs(line.c_str(), metricsOut_);
-    std::fflush(metricsOut_);
+    if (metricsOut_) {
+      std::fputs(line.c_str(), metricsOut_);
+      std::fflush(metricsOut_);
+    }
+    if (tb_) {
+      // One step axis over the whole run: the iterations of the phases
+      // before this one, then this one's (0: the evaluation before it).
+      int64_t step = it + 1;
+      for (const PhaseRt &q : phases_) {
+        if (&q == &ph)
+          break;
+        step += q.iterations;
+      }
+      try {
+        tb_->scalars(step, std::chrono::duration<double>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count(),
+                     scalars);
+      } catch (const std::runtime_error &e) {
+        throw RunError(e.what());
+      }
+    }
   }
   if (o_.quiet)
     return;

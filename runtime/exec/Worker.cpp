@@ -327,6 +327,13 @@ void Worker::prepare() {
       throw RunError("cannot write the metrics file '" + o_.metricsFile +
                      "': " + std::strerror(errno));
   }
+  if (!o_.tensorboardDir.empty() && j_.rank == 0) {
+    try {
+      tb_ = std::make_unique<report::EventWriter>(o_.tensorboardDir, o_.resume);
+    } catch (const std::runtime_error &e) {
+      throw RunError(e.what());
+    }
+  }
   // Checkpoints: the command line wins over the train block.
   ckDir_ = o_.checkpointDir;
   if (ckDir_.empty())

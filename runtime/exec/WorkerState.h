@@ -38,6 +38,7 @@
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/Optim.h"
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/report/EventFile.h"
 #include "runtime/schema/Executes.h"
 
 #include <algorithm>
@@ -416,6 +417,7 @@ private:
   // saved in its checkpoint as builtin/<step>/moments.
   std::map<int, rl::RunningMoments> moments_;
   std::FILE *metricsOut_ = nullptr;
+  std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
   int currentStep_ = -1;
   std::string currentPhase_;
   int64_t currentIter_ = -1;

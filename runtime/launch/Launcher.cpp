@@ -55,6 +55,10 @@ options:
                        rejected): every reward model's accuracy (chosen
                        scored above rejected) at the same times as --eval
   --metrics FILE       write one JSON line of metrics per iteration (rank 0)
+  --tensorboard DIR    write the same metrics as TensorBoard event files in
+                       DIR (rank 0; tags phase/metric, step = iteration
+                       counted over all phases); DIR must hold no event file
+                       unless --resume continues the run that wrote them
   --tokenizer SPEC     "byte" (one token per byte, newline ends a response),
                        a Hugging Face tokenizer.json, a SentencePiece .model
                        file, or a model directory holding either (default:
@@ -303,7 +307,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       }
       o.run.checkpointEvery = n;
     } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
-               a == "--tokenizer" || a == "--eval-pairs") {
+               a == "--tokenizer" || a == "--eval-pairs" || a == "--tensorboard") {
       std::string v;
       if (!needValue(v))
         return false;
@@ -315,6 +319,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
        : a == "--eval"   ? o.run.evalFile
        : a == "--eval-pairs" ? o.run.evalPairsFile
        : a == "--metrics" ? o.run.metricsFile
+       : a == "--tensorboard" ? o.run.tensorboardDir
                          : o.run.tokenizer) = v;
     } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||
                a == "--log-every") {
