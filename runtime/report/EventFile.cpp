@@ -45,7 +45,9 @@ uint64_t getLE(const unsigned char *p, int bytes) {
   return v;
 }
 bool isEventFile(const fs::path &p) {
-  return p.filename().string().find("tfevents") != std::string::npos;
+  const std::string n = p.filename().string();
+  return n.find("tfevents") != std::string::npos &&
+         !(n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0);
 }
 } // namespace
 
@@ -109,34 +111,37 @@ EventWriter::~EventWriter() {
 
 void EventWriter::open(int64_t firstStep) {
   // Resuming: what the earlier run wrote at firstStep or later is dropped
-  // (each file rewritten whole, then renamed over the old one).
+  // (each file rewritten whole, then renamed over the old one). The names
+  // are listed first: rewriting creates files in the directory.
+  std::vector<fs::path> earlier;
   if (resume_)
-    for (const auto &e : fs::directory_iterator(dir_)) {
-      if (!isEventFile(e.path()))
-        continue;
-      const std::vector<std::string> recs = readTfRecords(e.path().string());
-      std::string kept;
-      size_t dropped = 0;
-      for (const std::string &r : recs) {
-        tensorboard::Event ev;
-        if (!ev.ParseFromString(r))
-          throw std::runtime_error("event file '" + e.path().string() +
-                                   "': a record is not an Event message");
-        if (ev.has_summary() && ev.step() >= firstStep)
-          ++dropped;
-        else
-          kept += tfRecord(r);
-      }
-      if (dropped == 0)
-        continue;
-      const std::string tmp = e.path().string() + ".tmp";
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(kept.data(), (std::streamsize)kept.size());
-      out.close();
-      if (!out)
-        throw std::runtime_error("cannot rewrite event file '" + e.path().string() + "'");
-      fs::rename(tmp, e.path());
+    for (const auto &e : fs::directory_iterator(dir_))
+      if (isEventFile(e.path()))
+        earlier.push_back(e.path());
+  for (const fs::path &p : earlier) {
+    const std::vector<std::string> recs = readTfRecords(p.string());
+    std::string kept;
+    size_t dropped = 0;
+    for (const std::string &r : recs) {
+      tensorboard::Event ev;
+      if (!ev.ParseFromString(r))
+        throw std::runtime_error("event file '" + p.string() +
+                                 "': a record is not an Event message");
+      if (ev.has_summary() && ev.step() >= firstStep)
+        ++dropped;
+      else
+        kept += tfRecord(r);
     }
+    if (dropped == 0)
+      continue;
+    const std::string tmp = p.string() + ".tmp";
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(kept.data(), (std::streamsize)kept.size());
+    out.close();
+    if (!out)
+      throw std::runtime_error("cannot rewrite event file '" + p.string() + "'");
+    fs::rename(tmp, p);
+  }
   char host[256] = "host";
   gethostname(host, sizeof host - 1);
   const long long now = (long long)std::chrono::duration_cast<std::chrono::seconds>(
