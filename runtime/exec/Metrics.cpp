@@ -12,6 +12,10 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstring>
+
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 namespace hflow::exec {
 
@@ -147,6 +151,22 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   int every = o_.logEvery > 0 ? o_.logEvery
                               : (int)std::max<int64_t>(1, ph.iterations / 20);
   bool last = it + 1 == ph.iterations;
+  // ETA: this phase's remaining iterations and the later phases', at the
+  // phase's average pace so far.
+  const double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
+  double left = (double)(ph.iterations - it - 1);
+  {
+    bool after = false;
+    for (auto &q : phases_) {
+      if (after)
+        left += (double)q.iterations;
+      if (&q == &ph)
+        after = true;
+    }
+  }
+  const double eta = perIt * left;
+  if (progressBar_)
+    clearProgressBar();
   if ((it + 1) % every == 0 || last || it == 0 || evalRan) {
     std::string line = "[" + ph.name + " " + std::to_string(it + 1) + "/" +
                        std::to_string(ph.iterations) + "]";
@@ -193,24 +213,55 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     }
     std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
     line += b;
-    // ETA: this phase's remaining iterations and the later phases', at the
-    // phase's average pace so far.
     if (!last) {
-      double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
-      double left = (double)(ph.iterations - it - 1);
-      bool after = false;
-      for (auto &q : phases_) {
-        if (after)
-          left += (double)q.iterations;
-        if (&q == &ph)
-          after = true;
-      }
-      std::snprintf(b, sizeof b, ", ETA %.0f s", perIt * left);
+      std::snprintf(b, sizeof b, ", ETA %.0f s", eta);
       line += b;
     }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
+  if (progressBar_ && !(last && &ph == &phases_.back())) {
+    // [phase i/n] |#####.....| 50% 1.2 it/s ETA 2m05s reward 0.242: the
+    // last line, redrawn each iteration; the next output clears it first.
+    const double frac = (double)(it + 1) / (double)std::max<int64_t>(1, ph.iterations);
+    char head[160], tail[160];
+    std::snprintf(head, sizeof head, "[%s %" PRId64 "/%" PRId64 "] ", ph.name.c_str(), it + 1,
+                  ph.iterations);
+    const long etaS = std::lround(eta);
+    std::snprintf(tail, sizeof tail, " %3.0f%% %.2f it/s ETA %ldm%02lds", 100 * frac,
+                  perIt > 0 ? 1.0 / perIt : 0.0, etaS / 60, etaS % 60);
+    std::string t = tail;
+    if (rN > 0) {
+      std::snprintf(tail, sizeof tail, " reward %.3f", rMean);
+      t += tail;
+    } else if (S(MSftN) > 0) {
+      std::snprintf(tail, sizeof tail, " sft_loss %.4f", mean(MSftLoss, MSftN));
+      t += tail;
+    } else if (S(MRmN) > 0) {
+      std::snprintf(tail, sizeof tail, " rm_loss %.4f", mean(MRmLoss, MRmN));
+      t += tail;
+    }
+    int cols = 80;
+    struct winsize ws {};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+      cols = ws.ws_col;
+    const int width =
+        std::clamp(cols - 1 - (int)std::strlen(head) - (int)t.size() - 2, 10, 40);
+    const int full = (int)std::lround(frac * width);
+    std::string bar = "\r\033[K" + std::string(head) + "|" + std::string(full, '#') +
+                      std::string(width - full, '.') + "|" + t;
+    std::fputs(bar.c_str(), stdout);
+    std::fflush(stdout);
+    barShown_ = true;
+  }
+}
+
+void Worker::clearProgressBar() {
+  if (!barShown_)
+    return;
+  std::fputs("\r\033[K", stdout);
+  std::fflush(stdout);
+  barShown_ = false;
 }
 
 /// Rank 0's summary of a finished run: roles and their forms, each rank's

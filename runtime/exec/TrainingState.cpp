@@ -76,6 +76,7 @@ void Worker::saveState() {
     } catch (const std::exception &e) {
       throw RunError(std::string("saving the checkpoint: ") + e.what());
     }
+    clearProgressBar();
     if (!o_.quiet)
       std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)globalIter_,
                   ckDir_.c_str());

@@ -551,6 +551,7 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
   reshardBytes_ += (double)total;
   reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
   ++reshardCount_;
+  clearProgressBar();
   if (!o_.quiet) {
     if (naive)
       std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "

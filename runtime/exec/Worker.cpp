@@ -327,6 +327,10 @@ void Worker::prepare() {
       throw RunError("cannot write the metrics file '" + o_.metricsFile +
                      "': " + std::strerror(errno));
   }
+  if (j_.rank == 0 && !o_.quiet && isatty(STDOUT_FILENO)) {
+    const char *term = std::getenv("TERM");
+    progressBar_ = !term || std::string(term) != "dumb";
+  }
   if (!o_.tensorboardDir.empty() && j_.rank == 0) {
     try {
       tb_ = std::make_unique<report::EventWriter>(o_.tensorboardDir, o_.resume);
@@ -547,6 +551,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
       } else {
         runStep(ph, s, it, "");
       }
+      clearProgressBar();
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
     }
@@ -636,6 +641,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
     ph.carry = std::move(v->second);
   vals_.clear();
+  clearProgressBar();
   if (j_.rank == 0 && !o_.quiet)
     std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
                 "each rollout is generated while the iteration before trains\n",
@@ -691,6 +697,7 @@ void Worker::finish() {
   at::Tensor mine = at::tensor(mineV, at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = world_->allGatherFlat(mine);
   world_->barrier();
+  clearProgressBar();
   if (j_.rank == 0 && !o_.quiet)
     printSummary(all);
 }

@@ -429,6 +429,10 @@ private:
   Clock::time_point start_ = Clock::now();
   Clock::time_point phaseStart_ = Clock::now();
   int64_t phaseFirstIt_ = 0;
+  /// Rank 0 draws a progress bar on the last line (stdout is a terminal,
+  /// not --quiet, TERM not "dumb"); barShown_: a bar is on the line now.
+  bool progressBar_ = false, barShown_ = false;
+  void clearProgressBar();
   std::vector<std::pair<std::string, double>> evalCurve_;
   std::vector<std::pair<std::string, double>> pairCurve_; // held-out preference accuracy
   TraceRecorder trace_;
