@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# malloc_bench.sh: hflow-run's heap settings (blocks below 32 MiB kept in
+# the heap, up to 256 MiB of free heap kept; tools/hflow-run/main.cpp)
+# against glibc's defaults (HFLOW_MALLOC=default), same binary, data,
+# BLAS kernels and threads on both sides.
+#
+#   bench/malloc_bench.sh [BIN_DIR]     (default: build/bin)
+#
+# The demo program (examples/arith_grpo.hflow: fsdp(2) on 2 worker
+# processes) with MALLOC_SFT supervised and MALLOC_GRPO GRPO iterations
+# (defaults 20 and 10), at its vocabulary (256) and at 32,000 (a Llama-2
+# sized LM head: the logits dominate the passes' allocations), run
+# MALLOC_ROUNDS times each way (default 2), alternating. Reports the median
+# iteration time per phase (the first 3 of each run dropped), the wall and
+# system time per run, and the ratio tuned / default. Both sides compute
+# the same numbers (the allocator does not change the arithmetic; checked:
+# equal actor_weight_sum).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:-$ROOT/build/bin}"
+SFT="${MALLOC_SFT:-20}"
+GRPO="${MALLOC_GRPO:-10}"
+ROUNDS="${MALLOC_ROUNDS:-2}"
+for t in hflowc hflow-run hflow-mkdata; do
+  [ -x "$BIN/$t" ] || { echo "malloc_bench: $BIN/$t not found; build first" >&2; exit 1; }
+done
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$BIN/hflow-mkdata" arith --seed 1 --count 2000 --max-a 49 --max-b 49 -o "$work/arith_train.jsonl" >/dev/null
+for v in 256 32000; do
+  sed -e "s/steps: 250, seed: 1/steps: $SFT, seed: 1/" -e "s/steps: 300, seed: 2/steps: $GRPO, seed: 2/" \
+    -e "s/vocab: 256, dtype: f32/vocab: $v, dtype: f32/" "$ROOT/examples/arith_grpo.hflow" >"$work/v$v.hflow"
+  grep -q "vocab: $v," "$work/v$v.hflow" || { echo "malloc_bench: could not set vocab $v" >&2; exit 1; }
+  "$BIN/hflowc" "$work/v$v.hflow" -o "$work/v$v.bin"
+done
+echo "malloc_bench: $ROUNDS rounds of $SFT + $GRPO iterations on 2 ranks, tuned heap then glibc's default"
+for ((r = 1; r <= ROUNDS; r++)); do
+  for v in 256 32000; do
+    for m in tuned default; do
+      env $([ $m = default ] && echo HFLOW_MALLOC=default) /usr/bin/time -f "%e %S" -o "$work/$m.$v.$r.time" \
+        "$BIN/hflow-run" --quiet --data-dir "$work" --metrics "$work/$m.$v.$r.jsonl" "$work/v$v.bin"
+    done
+  done
+done
+python3 - "$work" "$ROUNDS" <<'PY'
+import json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+def rows(m, v, r):
+    return [json.loads(l) for l in open(f"{work}/{m}.{v}.{r}.jsonl") if l.strip()]
+def med(m, v, phase):
+    x = []
+    for r in range(1, rounds + 1):
+        x += [row["iteration_ms"] for row in rows(m, v, r) if row["phase"] == phase][3:]
+    return statistics.median(x)
+def times(m, v):
+    t = [tuple(map(float, open(f"{work}/{m}.{v}.{r}.time").read().split()[-2:]))
+         for r in range(1, rounds + 1)]
+    return statistics.median(a for a, _ in t), statistics.median(b for _, b in t)
+for v in (256, 32000):
+    for r in range(1, rounds + 1):
+        a = [row.get("actor_weight_sum") for row in rows("tuned", v, r)]
+        b = [row.get("actor_weight_sum") for row in rows("default", v, r)]
+        if a != b:
+            sys.exit(f"vocab {v} round {r}: the two heaps trained different weights")
+print(f"{'vocab':>6} {'median ms/iteration':22} {'tuned':>8} {'default':>8} {'ratio':>6}")
+for v in (256, 32000):
+    for phase, label in (("warmup", "supervised (sft)"), ("grpo", "grpo")):
+        a, b = med("tuned", v, phase), med("default", v, phase)
+        print(f"{v:>6} {label:22} {a:8.1f} {b:8.1f} {a / b:6.2f}")
+    (wa, sa), (wb, sb) = times("tuned", v), times("default", v)
+    print(f"{v:>6} {'wall s (system s)':22} {wa:5.1f} ({sa:4.1f}) {wb:5.1f} ({sb:4.1f}) {wa / wb:6.2f}")
+PY
