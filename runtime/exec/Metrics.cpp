@@ -54,6 +54,13 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   if (evalRan && S(MPairN) > 0)
     pairCurve_.push_back({when, pairAcc});
   const double elapsed = msSince(start_) / 1000.0;
+  // The iterations of the phases before this one, and of the whole run.
+  int64_t before = 0, total = 0;
+  for (const PhaseRt &q : phases_) {
+    if (&q == &ph)
+      before = total;
+    total += q.iterations;
+  }
   if (metricsOut_ || tb_) {
     std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
                        std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
@@ -121,14 +128,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     if (tb_) {
       // One step axis over the whole run: the iterations of the phases
       // before this one, then this one's (0: the evaluation before it).
-      int64_t step = it + 1;
-      for (const PhaseRt &q : phases_) {
-        if (&q == &ph)
-          break;
-        step += q.iterations;
-      }
       try {
-        tb_->scalars(step, std::chrono::duration<double>(
+        tb_->scalars(before + it + 1, std::chrono::duration<double>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count(),
                      scalars);
@@ -154,19 +155,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   // ETA: this phase's remaining iterations and the later phases', at the
   // phase's average pace so far.
   const double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
-  double left = (double)(ph.iterations - it - 1);
-  {
-    bool after = false;
-    for (auto &q : phases_) {
-      if (after)
-        left += (double)q.iterations;
-      if (&q == &ph)
-        after = true;
-    }
-  }
-  const double eta = perIt * left;
-  if (progressBar_)
-    clearProgressBar();
+  const double eta = perIt * (double)(total - before - it - 1);
+  clearProgressBar();
   if ((it + 1) % every == 0 || last || it == 0 || evalRan) {
     std::string line = "[" + ph.name + " " + std::to_string(it + 1) + "/" +
                        std::to_string(ph.iterations) + "]";
