@@ -4,7 +4,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <c10/util/Exception.h>
+#include <c10/macros/Macros.h> // C10_USE_GLOG: whether c10 logs through glog
+#include <c10/util/Logging.h>
+#if defined(C10_USE_GLOG)
 #include <glog/logging.h>
+#endif
 
 namespace hflow::comm {
 
@@ -80,7 +84,13 @@ std::string oneLineError(const std::exception &e) {
 }
 
 void setLibraryLogging(bool verbose) {
+#if defined(C10_USE_GLOG)
+  // Debian's LibTorch logs through glog.
   FLAGS_minloglevel = verbose ? google::GLOG_INFO : google::GLOG_FATAL;
+#else
+  // A PyTorch wheel's LibTorch logs through c10's own logger.
+  FLAGS_caffe2_log_level = verbose ? 0 : 3;
+#endif
 }
 
 } // namespace hflow::comm

@@ -7,6 +7,7 @@
 #include "runtime/rl/Masked.h"
 #include "runtime/rl/Shaping.h"
 
+#include <c10/core/GradMode.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -57,7 +58,7 @@ std::vector<at::Tensor> runBuiltin(const std::string &name,
                                    const std::map<std::string, std::string> &attrs,
                                    const std::vector<at::Tensor> &in,
                                    const BuiltinContext &ctx) {
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (const at::Tensor &t : in)
     if (!t.defined() || t.dim() != 2 || !t.sizes().equals(ctx.mask.sizes()))
       fail(name, "inputs must be [B, L] like the response mask");

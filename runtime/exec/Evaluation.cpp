@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -137,7 +138,7 @@ void Worker::syncReference(int phaseIndex) {
       srcNamed = src->namedParameters();
     if (dst)
       dstNamed = dst->namedParameters();
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     for (size_t i = 0; i < shapes.size(); ++i) {
       at::Tensor buf = j_.rank == root ? srcNamed[i].second.detach().clone()
                                        : at::empty(shapes[i].second,

@@ -18,6 +18,7 @@
 #include "runtime/rl/Losses.h"
 #include "runtime/schema/RewardRules.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -352,7 +353,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head,
                                     int64_t start, int64_t width) {
-  at::NoGradGuard guard;
+  c10::NoGradGuard guard;
   if (start < 0)
     start = c.ph.P - 1, width = c.ph.R;
   PassMeter meter(c.rr);
@@ -424,7 +425,7 @@ void Worker::runGenerate(MethodCall &c) {
     // Trained on whole weights, generating tensor parallel on the same
     // ranks: no reshard moves anything, the shard is cut from this rank's
     // own current weights.
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     rr.gen->loadFrom(*rr.model);
   }
   try {

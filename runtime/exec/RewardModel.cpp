@@ -16,6 +16,7 @@
 #include "runtime/models/Safetensors.h"
 #include "runtime/rl/Losses.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -73,7 +74,7 @@ at::Tensor Worker::scoreSequences(
     out.narrow(0, starts[(size_t)i], b).copy_(sc.detach());
     return train ? lossOf(i, sc) : at::zeros({});
   };
-  std::optional<at::NoGradGuard> noGrad;
+  std::optional<c10::NoGradGuard> noGrad;
   if (!train)
     noGrad.emplace();
   if (rr.lm->pipelined()) {

@@ -10,6 +10,7 @@
 
 #include "runtime/models/Checkpoint.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <fstream>
@@ -142,7 +143,7 @@ void Worker::loadState() {
                    "' was written by another plan (" + st.meta.value("plan", std::string("?")) +
                    ", this plan is " + comm::hashHex(lp_.fileHash()) + ")");
   checkResumable(st, n);
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   try {
     for (auto &[r, rr] : roles_) {
       const std::string pre = "role/" + str(role(r).name()) + "/";

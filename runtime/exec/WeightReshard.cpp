@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -138,7 +139,7 @@ void Worker::runReshard(int s) {
                      " bytes per element, the model's weights have " +
                      std::to_string(t.element_size()));
   }
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   if (rr.sharded()) {
     // Training on TP or FSDP shards: this rank's boxes go into its
     // generation copy first (they are what the plan says it holds and
@@ -319,7 +320,7 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
     throw RunError("reshard of " + what + ": the plan counts " +
                    std::to_string(rs.bytes_per_element()) +
                    " bytes per element, the model's weights have " + std::to_string(held));
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   // The training form's weights in the plan's parameter order: a pipeline
   // stage holds only some of them, the others an empty box (the plan never
   // has this rank send them).
@@ -439,7 +440,7 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
   const int64_t wireBytes =
       rs.wire_bytes_per_element() > 0 ? rs.wire_bytes_per_element() : rs.bytes_per_element();
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   // What this rank holds: a generation rank nothing; a training rank its
   // whole weights, or each parameter's shard box.
   std::vector<std::pair<std::string, at::Tensor>> named;

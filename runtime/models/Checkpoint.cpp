@@ -2,6 +2,7 @@
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/Safetensors.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -468,7 +469,7 @@ void restoreInto(const CheckpointState &state, const std::string &name,
   if (src.sizes() != dst.sizes() || src.scalar_type() != dst.scalar_type())
     throw std::runtime_error("checkpoint tensor '" + name + "': expected " +
                              describe(dst) + ", found " + describe(src));
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   dst.copy_(src);
 }
 

@@ -5,7 +5,7 @@
 #include "runtime/comm/Communicator.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -550,7 +550,7 @@ void FSDPLlama::setTrainable(bool trainable) {
 
 void FSDPLlama::loadFrom(const Llama &full) {
   std::vector<at::Tensor> mine = p_->slices(full.namedParameters(), "FSDPLlama::loadFrom");
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (size_t i = 0; i < mine.size(); ++i)
     p_->params[i].shard.copy_(mine[i]);
 }
@@ -577,7 +577,7 @@ void FSDPLlama::gatherInto(Llama &dst) const {
     for (size_t i = 0; i < U.params.size(); ++i) {
       const ShardedParam &P = p.params[U.params[i]];
       at::Tensor whole = p.tp ? tpGather2D(P.name, full[i], P.split, *p.tp) : full[i];
-      at::NoGradGuard noGrad;
+      c10::NoGradGuard noGrad;
       at::Tensor &d = byName.at(P.name);
       d.copy_(whole.reshape(d.sizes()));
     }

@@ -9,6 +9,7 @@
 #include "runtime/models/Safetensors.h"
 #include "runtime/models/Checkpoint.h"
 #include "runtime/schema/HfConfig.h"
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -298,7 +299,7 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
     read.push_back(w.readBox(it->second.first, b.r0, b.r1, b.c0, b.c1));
     checkFinite(read.back(), dir, it->second.first);
   }
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (size_t i = 0; i < shards.size(); ++i)
     if (read[i].defined())
       shards[i].second.copy_(read[i].view(shards[i].second.sizes()));
@@ -350,7 +351,7 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
     read.push_back(w.read(hf));
     checkFinite(read.back(), dir, hf);
   }
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (size_t i = 0; i < named.size(); ++i) {
     at::Tensor &dst = named[i].second;
     dst.copy_(read[i].view(dst.sizes()));

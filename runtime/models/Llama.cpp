@@ -4,6 +4,7 @@
 
 #include "runtime/schema/plan_generated.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
@@ -151,7 +152,7 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     : config_(c), w_(std::make_unique<Weights>()) {
   if (std::string e = c.validate(); !e.empty())
     throw std::invalid_argument(e);
-  at::NoGradGuard noGrad; // plain tensors (not inference tensors): trainable later
+  c10::NoGradGuard noGrad; // plain tensors (not inference tensors): trainable later
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto opts = at::TensorOptions().dtype(at::kFloat);
   const int64_t H = c.hidden, V = c.vocab, F = c.ffn, hd = c.headDim();
@@ -274,7 +275,7 @@ void Llama::copyFrom(const Llama &other) {
   auto mine = w_->all(), theirs = other.w_->all();
   if (mine.size() != theirs.size())
     throw std::invalid_argument("Llama::copyFrom: models differ in structure");
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (size_t i = 0; i < mine.size(); ++i) {
     if (!mine[i].sizes().equals(theirs[i].sizes()))
       throw std::invalid_argument("Llama::copyFrom: models differ in shape");

@@ -3,6 +3,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <mutex>
@@ -43,7 +44,12 @@ void freeBlock(void *data) {
 class CountingAllocator final : public c10::Allocator {
 public:
   explicit CountingAllocator(c10::Allocator *inner) : inner_(inner) {}
+  // LibTorch 2.3 made allocate() non-const and added copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     c10::DataPtr d = inner_->allocate(n);
     void *data = d.get();
     const c10::Device dev = d.device();
@@ -60,6 +66,11 @@ public:
     return c10::DataPtr(data, data, &freeBlock, dev);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &freeBlock; }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void *dest, const void *src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 
 private:
   c10::Allocator *inner_;

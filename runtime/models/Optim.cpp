@@ -1,6 +1,7 @@
 //===- Optim.cpp - AdamW, gradient clipping, learning-rate schedules -------===//
 #include "runtime/models/Optim.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -22,7 +23,7 @@ double scheduledLr(const AdamWOptions &o, int64_t step) {
 
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o)
     : params_(std::move(params)), o_(o) {
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   for (auto &p : params_) {
     // Moments in float32 whatever the parameter's type.
     auto f32 = p.options().dtype(at::kFloat);
@@ -47,7 +48,7 @@ double AdamW::clip(double globalNorm) {
   double f = o_.clipGrad / (globalNorm + 1e-6);
   if (f >= 1.0)
     return 1.0;
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].grad().defined() && !master_[i].defined())
       params_[i].mutable_grad().mul_(f);
@@ -56,7 +57,7 @@ double AdamW::clip(double globalNorm) {
 }
 
 double AdamW::step() {
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   const double lr = scheduledLr(o_, t_);
   ++t_;
   const double bc1 = 1.0 - std::pow(o_.beta1, (double)t_);
@@ -92,7 +93,7 @@ double AdamW::step() {
 }
 
 void AdamW::zeroGrad() {
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   for (auto &p : params_)
     if (p.grad().defined())
       p.mutable_grad().zero_();
@@ -113,7 +114,7 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
 
 void AdamW::loadState(const std::vector<std::pair<std::string, at::Tensor>> &s) {
   std::map<std::string, at::Tensor> byName(s.begin(), s.end());
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   auto take = [&](const std::string &name, at::Tensor &dst) {
     auto it = byName.find(name);
     if (it == byName.end())

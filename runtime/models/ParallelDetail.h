@@ -10,6 +10,7 @@
 
 #include "runtime/models/Parallel.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -25,7 +26,7 @@ namespace hflow::models::detail {
 /// their results are normal tensors, usable in InferenceMode too.
 struct CommScope {
   c10::InferenceMode notInference{false};
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
 };
 
 /// Forward: identity. Backward: the gradient summed over `reps` replicas of

@@ -5,7 +5,7 @@
 #include "runtime/comm/Communicator.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>

@@ -6,6 +6,7 @@
 
 #include "runtime/comm/Communicator.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -203,7 +204,7 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
     outputs[i] = at::Tensor();
   };
   if (!train) {
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     for (int i = 0; i < m; ++i)
       forward(i);
   } else {
@@ -299,7 +300,7 @@ void PipelineStage::gatherInto(Llama &dst) const {
     else
       buf = mine.at(name).detach().clone();
     p.pp->broadcast(buf, owner);
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     view.copy_(buf);
   }
 }
@@ -309,7 +310,7 @@ void PipelineStage::loadFrom(const Llama &full) {
   std::map<std::string, at::Tensor> byName;
   for (const auto &[name, view] : full.namedParameters())
     byName[name] = view;
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   for (size_t i = 0; i < p.named.size(); ++i) {
     auto &[name, view] = p.named[i];
     const Box &b = p.boxes[i];

@@ -14,6 +14,7 @@
 
 #include "runtime/comm/Communicator.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -241,7 +242,7 @@ void SequenceParallelModel::reduceGradients(const std::vector<at::Tensor> &extra
   std::vector<at::Tensor> all = params;
   all.insert(all.end(), extra.begin(), extra.end());
   allReduceGradients(all, group_);
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   const double s = (double)sp_.size();
   if (s > 1)
     for (at::Tensor &p : params)

@@ -5,7 +5,7 @@
 #include "runtime/comm/Communicator.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -348,7 +348,7 @@ void TPLlama::loadFrom(const Llama &full) {
   auto named = full.namedParameters();
   if (named.size() != p.entries.size())
     throw std::invalid_argument("TPLlama::loadFrom: the model differs in structure");
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   for (size_t i = 0; i < named.size(); ++i) {
     Impl::Entry &e = p.entries[i];
     if (named[i].first != e.name || !named[i].second.sizes().equals(e.fullShape))
@@ -366,14 +366,14 @@ void TPLlama::gatherInto(Llama &dst) const {
   for (size_t i = 0; i < named.size(); ++i) {
     const Impl::Entry &e = p.entries[i];
     at::Tensor full = p.gather(e, e.leaf);
-    at::NoGradGuard noGrad;
+    c10::NoGradGuard noGrad;
     named[i].second.copy_(full.view(named[i].second.sizes()));
   }
 }
 
 NamedTensors TPLlama::gatherGradients() const {
   const Impl &p = *p_;
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   NamedTensors out;
   for (const auto &e : p.entries) {
     at::Tensor g = e.leaf.grad().defined() ? e.leaf.grad() : at::zeros_like(e.leaf);

@@ -5,12 +5,13 @@
 // REINFORCE++-baseline; rows with equal ids form one group, ids need not be
 // contiguous or sorted). Every estimator runs without autograd history of its
 // own making (verl wraps them in torch.no_grad(); callers pass detached
-// tensors or run under at::NoGradGuard as they see fit).
+// tensors or run under c10::NoGradGuard as they see fit).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_RL_ADVANTAGES_H
 #define HFLOW_RUNTIME_RL_ADVANTAGES_H
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 namespace hflow::rl {

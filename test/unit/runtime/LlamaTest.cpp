@@ -3,6 +3,7 @@
 #include "runtime/models/Optim.h"
 #include "test/unit/TestPlanBuilder.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -287,7 +288,7 @@ TEST(Llama, TrainsWithAutograd) {
   for (int i = 0; i < 20; ++i) {
     at::Tensor l = loss();
     l.backward();
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     for (auto &p : params) {
       ASSERT_TRUE(p.grad().defined());
       p.sub_(p.grad() * 0.5);
@@ -298,7 +299,7 @@ TEST(Llama, TrainsWithAutograd) {
   // copyFrom gives a bit-identical model.
   Llama other(tiny(), 99);
   other.copyFrom(m);
-  at::NoGradGuard ng;
+  c10::NoGradGuard ng;
   EXPECT_TRUE(at::equal(other.forward(x), m.forward(x)));
 }
 

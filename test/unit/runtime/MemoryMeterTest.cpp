@@ -3,6 +3,7 @@
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/schema/ActivationModel.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
@@ -122,7 +123,7 @@ TEST(MemoryMeter, ActivationModelMatchesMeasuredPasses) {
         return scope.rise();
       };
       {
-        at::NoGradGuard ng;
+        c10::NoGradGuard ng;
         const double got = (double)pass(false);
         const double want = hflow::shape::passActivationBytes(
             c.shape(), {}, {sh.rows, sh.T, sh.R, false});

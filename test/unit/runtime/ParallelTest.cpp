@@ -20,6 +20,7 @@
 #include "runtime/models/Pipeline.h"
 #include "runtime/comm/Rendezvous.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -589,7 +590,7 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
 
   // Forward without autograd after the step, against the stepped reference.
   {
-    at::NoGradGuard noGrad;
+    c10::NoGradGuard noGrad;
     at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
     expectClose(errs, key + "logits_after_step", "logits after the step", after,
                 ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
@@ -754,7 +755,7 @@ void checkFSDPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int t
   expectSameAdamWStep(errs, key, c, lm.parameters(), normSq, ref,
                       [&](Llama &dst) { lm.gatherInto(dst); });
   {
-    at::NoGradGuard noGrad;
+    c10::NoGradGuard noGrad;
     at::Tensor after = gatherLastDim(lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask)),
                                      *tp);
     expectClose(errs, key + "logits_after_step", "logits after the step", after,
@@ -1090,7 +1091,7 @@ void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
     return ((v - target).pow(2) * b.mask.to(at::kFloat)).mean();
   };
   auto sgd = [&](const std::vector<at::Tensor> &params) {
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     for (const at::Tensor &p : params)
       if (p.grad().defined())
         p.detach().sub_(kLr * p.grad());

@@ -4,6 +4,7 @@
 #include "runtime/models/Parallel.h"
 #include "runtime/models/Safetensors.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -474,7 +475,7 @@ TEST_P(SafetensorsHfExport, ExportThenLoadGivesIdenticalLogits) {
   Llama src(cfg, 1);
   // Non-trivial norms and biases, so a mix-up of them shows in the logits.
   {
-    at::NoGradGuard g;
+    c10::NoGradGuard g;
     uint64_t seed = 100;
     for (auto &[name, t] : src.namedParameters())
       if (hfParameterIs1D(name))
