@@ -17,7 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
-#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/C10dCommunicator.h"
 #include "runtime/comm/Rendezvous.h"
 #include "runtime/launch/Launcher.h"
 #include "runtime/models/Llama.h"
@@ -69,10 +69,10 @@ int child(int rank, int world, int port, int reps) {
   o.planHash = 0x1f1b;
   o.version = "bench";
   auto rv = comm::Rendezvous::join(o);
-  comm::GlooOptions go;
+  comm::C10dOptions go;
   go.host = "127.0.0.1";
   go.timeout = std::chrono::seconds(120);
-  auto pp = comm::GlooCommunicator::createWorld(*rv, go);
+  auto pp = comm::C10dCommunicator::createWorld(*rv, go);
   at::set_num_threads(1);
   const models::LlamaConfig c = benchModel();
   models::Llama full(c, 7);

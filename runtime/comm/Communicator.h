@@ -1,9 +1,8 @@
 //===- Communicator.h - collectives over a group of ranks -------------------===//
 //
-// The one interface the executor uses to talk to other ranks. The CPU
-// implementation is GlooCommunicator (c10d::ProcessGroupGloo); the GPU one is
-// NcclCommunicator, which works on raw device buffers (Debian's LibTorch is
-// CPU-only) and therefore is a separate class with the same counters.
+// The one interface the executor uses to talk to other ranks, implemented by
+// C10dCommunicator over c10d: ProcessGroupGloo on CPU tensors,
+// ProcessGroupNCCL on CUDA tensors (a CUDA LibTorch), with the same counters.
 //
 // Every operation is blocking (it returns when this rank's part is done) and
 // must be called in the same order by every member of the group. Failures
@@ -103,7 +102,8 @@ public:
   /// The group's name ("world" for the world group).
   virtual const std::string &name() const = 0;
 
-  /// In-place sum over all members. `t` must be contiguous, on the CPU.
+  /// In-place sum over all members. `t` must be contiguous, on the backend's
+  /// device (CPU for Gloo, CUDA for NCCL).
   virtual void allReduceSum(at::Tensor &t) = 0;
   /// Every member contributes `in` (same shape and dtype on every member);
   /// `out` is resized to size() tensors, out[i] holding member i's input.

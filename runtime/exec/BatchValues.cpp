@@ -1,5 +1,6 @@
 //===- BatchValues.cpp - the batches a flow passes between its steps -------===//
 #include "runtime/exec/BatchValues.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/exec/EngineSupport.h"
 
@@ -31,12 +32,12 @@ std::vector<Field> schemaOf(BatchKind k, int64_t P, int64_t R) {
   }
 }
 
-Val makeVal(BatchKind k, int64_t rows, int64_t P, int64_t R) {
+Val makeVal(BatchKind k, int64_t rows, int64_t P, int64_t R, bool host) {
   Val v;
   v.kind = k;
   v.rows = rows;
   for (const Field &fd : schemaOf(k, P, R)) {
-    auto opts = at::TensorOptions().dtype(fd.dtype);
+    auto opts = host ? at::TensorOptions().dtype(fd.dtype) : models::onEngine(fd.dtype);
     v.f[fd.name] = fd.width ? at::zeros({rows, fd.width}, opts) : at::zeros({rows}, opts);
   }
   return v;

@@ -47,7 +47,9 @@ struct Val {
 };
 
 /// A value of kind `k` with `rows` rows of zeros.
-Val makeVal(plan::BatchKind k, int64_t rows, int64_t P, int64_t R);
+/// Zeros on the engine's device (models/Device.h), or on `host` when true
+/// (a batch filled element by element there, then moved in one copy).
+Val makeVal(plan::BatchKind k, int64_t rows, int64_t P, int64_t R, bool host = false);
 /// Rows [lo, hi) of every field, as one byte buffer (schema order).
 at::Tensor packRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi);
 /// The size of packRows' buffer for `rows` rows of kind `k`.

@@ -30,7 +30,7 @@
 
 #include "runtime/schema/CalibrationFile.h"
 #include "runtime/comm/Communicator.h"
-#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/C10dCommunicator.h"
 #include "runtime/models/Llama.h"
 #include "runtime/comm/Rendezvous.h"
 

@@ -1,7 +1,7 @@
 //===- Connect.cpp - a rank joins its job -------------------------------------===//
 #include "runtime/exec/Connect.h"
 
-#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/C10dCommunicator.h"
 
 #include <cstdlib>
 
@@ -25,11 +25,15 @@ joinJob(const JoinOptions &j, uint64_t planHash,
 }
 
 std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
-                                                const JoinOptions &j) {
-  comm::GlooOptions go;
+                                                const JoinOptions &j, const std::string &comm) {
+  comm::C10dOptions go;
+  if (comm == "nccl") {
+    go.backend = comm::C10dBackendKind::Nccl;
+    go.cudaDevice = j.localRank;
+  }
   go.host = comm::glooHostFor(j.masterAddr);
   go.timeout = j.timeout;
-  return comm::GlooCommunicator::createWorld(rv, go);
+  return comm::C10dCommunicator::createWorld(rv, go);
 }
 
 } // namespace hflow::exec

@@ -27,9 +27,11 @@ namespace hflow::exec {
 std::unique_ptr<comm::Rendezvous>
 joinJob(const JoinOptions &j, uint64_t planHash,
         std::vector<std::pair<std::string, std::string>> agree = {});
-/// The world communicator over the rendezvous' store. Throws CommError.
+/// The world communicator over the rendezvous' store: Gloo, or NCCL on the
+/// local rank's GPU when `comm` is "nccl". Throws CommError.
 std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
-                                                const JoinOptions &j);
+                                                const JoinOptions &j,
+                                                const std::string &comm = "gloo");
 
 } // namespace hflow::exec
 

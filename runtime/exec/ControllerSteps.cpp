@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/exec/Builtins.h"
 #include "runtime/models/Safetensors.h"
@@ -28,8 +29,8 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
     ctx.mask = ro["rmask"].to(at::kDouble);
     ctx.index = ro["group"].clone();
   } else {
-    ctx.mask = at::ones({ph.batch * ph.n, ph.R}, at::TensorOptions().dtype(at::kDouble));
-    ctx.index = at::arange(ph.batch * ph.n, at::TensorOptions().dtype(at::kLong)).div(ph.n, "floor");
+    ctx.mask = at::ones({ph.batch * ph.n, ph.R}, models::onEngine(at::kDouble));
+    ctx.index = at::arange(ph.batch * ph.n, models::onEngine(at::kLong)).div(ph.n, "floor");
   }
   std::vector<at::Tensor> inputs;
   for (int v : ints(st.inputs())) {
@@ -121,7 +122,7 @@ void Worker::runCheck(int s) {
     mine += 1.0; // fault injection for tests
   at::Tensor v = at::tensor({(double)rows_->dpIndexOf(checked, j_.rank), mine},
                             at::TensorOptions().dtype(at::kDouble));
-  at::Tensor all = c.allGatherFlat(v);
+  at::Tensor all = c.allGatherFlat(v.to(models::engineDevice())).cpu();
   auto members = c.globalRanks();
   for (size_t m = 0; m < members.size(); ++m) {
     if (members[m] == j_.rank)

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -67,10 +68,13 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     so.stopToken = tok_->eosId();
     so.moreStopTokens.assign(stops_.begin() + 1, stops_.end());
     so.padToken = tok_->padId();
-    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1);
-    models::Generation out = rr.model->generate(toks, mask, so, g);
-    auto acc = out.tokens.accessor<int64_t, 2>();
-    auto m = out.mask.accessor<float, 2>();
+    at::Generator g = models::makeGenerator(1);
+    models::Generation out = rr.model->generate(toks.to(models::engineDevice()),
+                                                mask.to(models::engineDevice()), so, g);
+    // The responses leave the engine to be scored as text.
+    const at::Tensor outToks = out.tokens.cpu(), outMask = out.mask.cpu();
+    auto acc = outToks.accessor<int64_t, 2>();
+    auto m = outMask.accessor<float, 2>();
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
@@ -142,7 +146,7 @@ void Worker::syncReference(int phaseIndex) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       at::Tensor buf = j_.rank == root ? srcNamed[i].second.detach().clone()
                                        : at::empty(shapes[i].second,
-                                                   at::TensorOptions().dtype(actorCfg.dtype));
+                                                   models::onEngine(actorCfg.dtype));
       world_->broadcast(buf, root);
       if (dst)
         dstNamed[i].second.copy_(buf);

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/exec/Methods.h"
 #include "runtime/models/MemoryMeter.h"
@@ -255,7 +256,8 @@ std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo,
       out.push_back({u, std::min(hi, u + micro)});
     return out;
   }
-  auto pm = ro["pmask"].sum(1), rm = ro["rmask"].sum(1);
+  // Row widths on the host: the cut is planned there.
+  auto pm = ro["pmask"].sum(1).cpu(), rm = ro["rmask"].sum(1).cpu();
   auto pa = pm.accessor<float, 1>(), ra = rm.accessor<float, 1>();
   int64_t u = lo;
   while (u < hi) {
@@ -276,7 +278,7 @@ std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo,
     u = e;
   }
   if (equalize && equalize->size() > 1) {
-    at::Tensor n = at::full({1}, (double)out.size(), at::TensorOptions().dtype(at::kDouble));
+    at::Tensor n = at::full({1}, (double)out.size(), models::onEngine(at::kDouble));
     const int64_t target = (int64_t)equalize->allGatherFlat(n).max().item<double>();
     while ((int64_t)out.size() < target) {
       // Every member has the same number of rows, so one with fewer
@@ -378,7 +380,8 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                          return at::zeros({});
                        },
                        start, width);
-    at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts) : at::empty({b, c.ph.R});
+    at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts)
+                                          : at::empty({b, c.ph.R}, models::onEngine(at::kFloat));
     fromLastStage(c.rr, out);
     meter.done();
     return out;
@@ -417,8 +420,8 @@ void Worker::runGenerate(MethodCall &c) {
   const int64_t b = sp.hi - sp.lo, n = ph.n;
   at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
   at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(
-      mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
+  at::Generator g =
+      models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
   models::Generation gen;
   if (rr.gen && !rr.sharded() && !rr.genOnly && rr.model) {
@@ -467,7 +470,7 @@ void Worker::runGenerate(MethodCall &c) {
   ro_["lp"].narrow(0, lo, hi - lo).narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
   ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
   ro_["group"].narrow(0, lo, hi - lo).copy_(
-      at::arange(sp.lo, sp.hi, at::TensorOptions().dtype(at::kLong)).repeat_interleave(n, 0));
+      at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
   if (c.leader) {
     if (c.out.at(0) == ph.rolloutValue) { // not a baseline's (ReMax's greedy)
       metrics_[MLenSum] += gen.mask.sum().item<double>();
@@ -510,8 +513,9 @@ void Worker::runSft(MethodCall &c) {
   std::vector<std::vector<int64_t>> seqs;
   std::vector<int64_t> starts;
   int64_t L = 0;
+  const at::Tensor idsHost = pr["ids"].cpu();
   for (int64_t b = sp.lo; b < sp.hi; ++b) {
-    const auto &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
+    const auto &ex = (*ph.dataset)[(size_t)idsHost[b].item<int64_t>()];
     std::vector<int64_t> t = promptOf(*ph.dataset, ex);
     starts.push_back((int64_t)t.size());
     std::vector<int64_t> ans = tok_->encode(ex.answer);
@@ -531,6 +535,10 @@ void Worker::runSft(MethodCall &c) {
     }
     lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
   }
+  // Built on the host from token ids; onto the engine's device once.
+  toks = toks.to(models::engineDevice());
+  lossMask = lossMask.to(models::engineDevice());
+  mask = mask.to(models::engineDevice());
   // epochs x minibatches (one optimizer step each; `minibatch:` counts
   // prompts over all replicas, as for update) x micro-batches of
   // `micro_batch` sequences whose gradients accumulate. Each micro-batch's
@@ -562,7 +570,7 @@ void Worker::runSft(MethodCall &c) {
       if (rr.lm->pipelined()) {
         for (double l : rr.lm->runPipelined(micros, microLoss, true))
           mbLoss += l; // on the last stage
-        at::Tensor l = at::full({1}, mbLoss, at::TensorOptions().dtype(at::kDouble));
+        at::Tensor l = at::full({1}, mbLoss, models::onEngine(at::kDouble));
         fromLastStage(rr, l);
         mbLoss = l.item<double>();
       } else {
@@ -633,25 +641,34 @@ void Worker::runScore(MethodCall &c) {
   const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
   at::Tensor rmask = (*rollout)["rmask"].narrow(0, lo, b);
   at::Tensor rtoks = (*rollout)["rtoks"].narrow(0, lo, b);
-  at::Tensor scores = at::zeros({b, R});
+  at::Tensor scores;
   at::Tensor len = rmask.sum(1).to(at::kLong);
   if (ro.kind() == RoleKind::RewardFn) {
-    // This role's own rule: a program may declare several.
+    // This role's own rule: a program may declare several. The rule reads
+    // text, so the responses leave the engine (one copy to the host) and
+    // the scores come back in one copy.
     const RuleRt &rule = rules_.at(step(c.s).role());
     if (!ph.dataset && rules::findRule(rule.name)->needsData)
       throw RunError("reward rule '" + rule.name + "' needs a data set");
-    auto acc = rtoks.accessor<int64_t, 2>();
+    const at::Tensor hostToks = rtoks.cpu(), hostLen = len.cpu();
+    const at::Tensor hostIds = (*rollout)["ids"].narrow(0, lo, b).cpu();
+    auto acc = hostToks.accessor<int64_t, 2>();
+    auto lenA = hostLen.accessor<int64_t, 1>();
+    auto idA = hostIds.accessor<int64_t, 1>();
+    at::Tensor hostScores = at::zeros({b, R});
+    auto sA = hostScores.accessor<float, 2>();
     for (int64_t i = 0; i < b; ++i) {
       std::vector<int64_t> ids;
-      for (int64_t t = 0; t < len[i].item<int64_t>(); ++t)
+      for (int64_t t = 0; t < lenA[i]; ++t)
         if (!isStop(acc[i][t]))
           ids.push_back(acc[i][t]);
       data::Example ex;
       if (ph.dataset)
-        ex = (*ph.dataset)[(size_t)(*rollout)["ids"][lo + i].item<int64_t>()];
+        ex = (*ph.dataset)[(size_t)idA[i]];
       double r = rule.fn(tok_->decode(ids), ex);
-      scores[i][std::max<int64_t>(0, len[i].item<int64_t>() - 1)] = (float)r;
+      sA[i][std::max<int64_t>(0, lenA[i] - 1)] = (float)r;
     }
+    scores = hostScores.to(models::engineDevice());
   } else {
     // The score head at each sequence's last real token that is not the
     // padding token (as transformers' *ForSequenceClassification picks
@@ -668,7 +685,7 @@ void Worker::runScore(MethodCall &c) {
           at::Tensor hl = h.gather(1, at_.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
           at::Tensor sc = scalarHead(hl, rr.head);
           at::Tensor ln = len.narrow(0, u - lo, m);
-          return at::zeros({m, R}).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+          return at::zeros({m, R}, sc.options().dtype(at::kFloat)).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
         },
         0, P + R);
   }
@@ -809,7 +826,7 @@ void Worker::runUpdate(MethodCall &c) {
     }
   digests_[s] = 0;
   if (rr.lm->pipelined()) { // the loss is the last stage's
-    at::Tensor l = at::full({1}, lastLoss, at::TensorOptions().dtype(at::kDouble));
+    at::Tensor l = at::full({1}, lastLoss, models::onEngine(at::kDouble));
     fromLastStage(rr, l);
     lastLoss = l.item<double>();
   }

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include <ATen/ATen.h>
 
@@ -32,8 +33,10 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   row.push_back(ms);
   row.insert(row.end(), stepMs_.begin(), stepMs_.end());
   at::Tensor mine = at::from_blob(row.data(), {(int64_t)row.size()},
-                                  at::TensorOptions().dtype(at::kDouble)).clone();
-  at::Tensor all = world_->allGatherFlat(mine);
+                                  at::TensorOptions().dtype(at::kDouble))
+                        .to(models::engineDevice(), /*non_blocking=*/false, /*copy=*/true);
+  // The metrics leave the engine: one copy of every rank's row to the host.
+  at::Tensor all = world_->allGatherFlat(mine).cpu();
   if (j_.rank != 0)
     return;
   at::Tensor sum = all.sum(0);

@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/models/Safetensors.h"
 #include "runtime/rl/Losses.h"
@@ -53,6 +54,9 @@ at::Tensor Worker::scoreSequences(
         .copy_(at::tensor(q, at::TensorOptions().dtype(at::kLong)));
     mask[i].narrow(0, 0, (int64_t)q.size()).fill_(1.0f);
   }
+  // Built on the host from token ids; onto the engine's device once.
+  toks = toks.to(models::engineDevice());
+  mask = mask.to(models::engineDevice());
   std::vector<models::MicroBatch> micros;
   std::vector<int64_t> starts;
   for (int64_t u = 0; u < N; u += micro) {
@@ -61,7 +65,7 @@ at::Tensor Worker::scoreSequences(
     micros.push_back({t, models::positionsFromMask(mk), mk});
     starts.push_back(u);
   }
-  at::Tensor out = at::zeros({N});
+  at::Tensor out = at::zeros({N}, models::onEngine(at::kFloat));
   const bool train = (bool)lossOf;
   // Pass i's scores from its final hidden states [b, L, H]; its loss when
   // training.
@@ -72,7 +76,7 @@ at::Tensor Worker::scoreSequences(
     at::Tensor hl = h.gather(1, at_.view({b, 1, 1}).expand({b, 1, h.size(2)})).squeeze(1);
     at::Tensor sc = scalarHead(hl, rr.head);
     out.narrow(0, starts[(size_t)i], b).copy_(sc.detach());
-    return train ? lossOf(i, sc) : at::zeros({});
+    return train ? lossOf(i, sc) : at::zeros({}, sc.options());
   };
   std::optional<c10::NoGradGuard> noGrad;
   if (!train)
@@ -84,7 +88,9 @@ at::Tensor Worker::scoreSequences(
       at::Tensor l = at::zeros({(int64_t)micros.size()}, at::TensorOptions().dtype(at::kDouble));
       for (size_t i = 0; i < ls.size(); ++i)
         l[(int64_t)i] = ls[i];
+      l = l.to(models::engineDevice());
       fromLastStage(rr, l);
+      l = l.cpu();
       for (int64_t i = 0; i < l.size(0); ++i)
         losses->push_back(l[i].item<double>());
     }
@@ -121,8 +127,9 @@ void Worker::runFit(MethodCall &c) {
   if (!rr.optim)
     throw RunError(describe(s) + ": reward model " + str(c.ro.name()) + " has no optimizer");
   std::vector<std::vector<int64_t>> seqs; // chosen, rejected, chosen, ...
+  const at::Tensor idsHost = pr["ids"].cpu();
   for (int64_t b = sp.lo; b < sp.hi; ++b) {
-    const data::Example &ex = (*ph.dataset)[(size_t)pr["ids"][b].item<int64_t>()];
+    const data::Example &ex = (*ph.dataset)[(size_t)idsHost[b].item<int64_t>()];
     if (!ex.hasPair)
       throw RunError(ph.dataset->path() + ":" + std::to_string(ex.line) + ": " +
                      str(c.ro.name()) + ".fit needs a preference pair: fields 'chosen' "

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/models/ModelForms.h"
 #include "runtime/models/Pipeline.h"
@@ -105,7 +106,7 @@ void Worker::buildRoles() {
       rt.model = std::make_unique<models::Llama>(
           cfg, models::modelSeed(p_.seed(), ro.model()));
       if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
-        rt.head = at::zeros({1, cfg.hidden}, at::TensorOptions().dtype(cfg.dtype));
+        rt.head = at::zeros({1, cfg.hidden}, models::onEngine(cfg.dtype));
       rt.scorePad = tok_ ? tok_->padId() : 0;
       const Layout &tl = *ro.train();
       // Any role with weights trains or computes on its training form's
@@ -338,8 +339,8 @@ void Worker::connectRoles() {
       // from the shards when something needs it whole before that).
       if (role(r).kind() == RoleKind::Actor)
         rr.lm->gatherInto(*rr.model);
-      at::Tensor mine = at::full({1}, (double)bytes, at::TensorOptions().dtype(at::kDouble));
-      at::Tensor all = rr.comm->allGatherFlat(mine);
+      at::Tensor mine = at::full({1}, (double)bytes, models::onEngine(at::kDouble));
+      at::Tensor all = rr.comm->allGatherFlat(mine).cpu();
       if (rr.pos == 0 && !o_.quiet) {
         std::string per;
         for (int64_t i = 0; i < all.size(0); ++i)

@@ -34,7 +34,10 @@ struct JoinOptions {
 /// What the run does: every flag of hflow-run that changes a rank's work
 /// (docs/runtime.md).
 struct RunOptions {
-  std::string comm = "gloo"; ///< "gloo" or "nccl"
+  /// "cpu" or "cuda": where every tensor of a rank lives (models/Device.h);
+  /// cuda: the local rank's GPU.
+  std::string device = "cpu";
+  std::string comm = "gloo"; ///< "gloo" (CPU tensors) or "nccl" (CUDA tensors)
   bool quiet = false;
   bool verbose = false;
   std::string dataDir;     ///< where relative data paths are looked up first

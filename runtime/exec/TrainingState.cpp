@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include "runtime/models/Checkpoint.h"
 
@@ -130,7 +131,9 @@ void Worker::loadState() {
       throw RunError("--resume: '" + ckDir_ + "/latest' does not name a checkpoint");
     step[0] = (int64_t)n;
   }
+  step = step.to(models::engineDevice());
   world_->broadcast(step, 0);
+  step = step.cpu();
   const int64_t n = step[0].item<int64_t>();
   models::CheckpointState st;
   try {

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -71,7 +72,7 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
     for (const WeightTransfer *t : ts)
       n += (t->row1() - t->row0()) * (t->col1() - t->col0());
     x.recvs.push_back(
-        {peer, at::empty({n}, at::TensorOptions().dtype(wire))});
+        {peer, at::empty({n}, models::onEngine(wire))});
   }
   const uint64_t before = c.bytesReceived();
   auto t0 = Clock::now();
@@ -264,8 +265,8 @@ void Worker::runReshard(int s) {
     double sum = 0;
     for (auto &[name, w] : named)
       sum += w.detach().to(at::kDouble).sum().item<double>();
-    at::Tensor mine = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
-    at::Tensor all = c.allGatherFlat(mine);
+    at::Tensor mine = at::full({1}, sum, models::onEngine(at::kDouble));
+    at::Tensor all = c.allGatherFlat(mine).cpu();
     for (int64_t i = 0; i < all.size(0); ++i)
       if (all[i][0].item<double>() != sum)
         throw RunError("reshard of " + what + ": the weights assembled on rank " +
@@ -285,7 +286,7 @@ void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::str
   const auto ranks = ints(rr.genOnly ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
   at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
                                at::TensorOptions().dtype(at::kDouble));
-  at::Tensor all = rr.comm->allGatherFlat(mine);
+  at::Tensor all = rr.comm->allGatherFlat(mine.to(models::engineDevice())).cpu();
   for (int64_t i = 0; i < all.size(0); ++i)
     if (all[i][0].item<double>() == (double)(slots[rr.pos] % t) &&
         all[i][1].item<double>() != sum)
@@ -523,8 +524,8 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
       double sum = 0;
       for (auto &[name, w] : dst)
         sum += w.detach().to(at::kDouble).sum().item<double>();
-      at::Tensor all = rr.comm->allGatherFlat(
-          at::full({1}, sum, at::TensorOptions().dtype(at::kDouble)));
+      at::Tensor all =
+          rr.comm->allGatherFlat(at::full({1}, sum, models::onEngine(at::kDouble))).cpu();
       for (int64_t i = 0; i < all.size(0); ++i)
         if (all[i][0].item<double>() != sum)
           throw RunError("reshard of " + what + ": the weights assembled on generation rank " +
@@ -544,8 +545,9 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
 void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
                            int64_t measured, double ms, bool naive) {
   digests_[s] = (double)measured;
-  at::Tensor t = at::full({1}, measured, at::TensorOptions().dtype(at::kLong));
+  at::Tensor t = at::full({1}, measured, models::onEngine(at::kLong));
   c.allReduceSum(t);
+  t = t.cpu();
   if (c.rank() != 0)
     return;
   const int64_t total = t.item<int64_t>();

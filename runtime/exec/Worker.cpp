@@ -9,7 +9,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/models/Device.h"
 
+#include "runtime/comm/NcclBackend.h"
 #include "runtime/exec/Connect.h"
 #include "runtime/exec/Worker.h"
 #include "runtime/models/Checkpoint.h"
@@ -405,7 +407,7 @@ void Worker::prepare() {
 void Worker::connect() {
   rv_ = joinJob(j_, lp_.fileHash(), agreedFacts());
   rv_->startHeartbeat();
-  world_ = createWorld(*rv_, j_);
+  world_ = createWorld(*rv_, j_, o_.comm);
 
   // Every group this rank belongs to, in plan order (the same order on every
   // member, so group creation cannot deadlock). A group of the whole world
@@ -430,7 +432,7 @@ void Worker::connect() {
 
 void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out) {
   const int64_t B = (int64_t)ids.size(), P = ph.P;
-  out = makeVal(BatchKind::Prompts, B, P, ph.R);
+  out = makeVal(BatchKind::Prompts, B, P, ph.R, /*host=*/true); // filled here, then moved
   auto toks = out["ptoks"].accessor<int64_t, 2>();
   auto mask = out["pmask"].accessor<float, 2>();
   auto idv = out["ids"].accessor<int64_t, 1>();
@@ -453,6 +455,10 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
       mask[b][j] = j < pad ? 0.0f : 1.0f;
     }
   }
+  // The prompts enter the engine: one copy per field to its device.
+  if (!models::engineDevice().is_cpu())
+    for (auto &[name, t] : out.f)
+      t = t.to(models::engineDevice());
 }
 
 /// Sends and receives the batch rows step `s`'s ranks need. Sends are
@@ -474,7 +480,7 @@ void Worker::moveRows(PhaseRt &ph, int s) {
     if (it == vals_.end())
       it = vals_.emplace(x.value, makeVal(k, rows_->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
     at::Tensor buf = at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
-                               at::TensorOptions().dtype(at::kByte));
+                               models::onEngine(at::kByte));
     world_->recvTagged(buf, x.src, x.tag);
     unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, buf);
   }
@@ -683,8 +689,9 @@ void Worker::finish() {
     exportRoles();
   if (trace_.enabled())
     trace_.write(*world_, j_.rank, p_.world_size(), o_.quiet);
-  at::Tensor n = at::full({1}, (int64_t)stepsRun_, at::TensorOptions().dtype(at::kLong));
+  at::Tensor n = at::full({1}, (int64_t)stepsRun_, models::onEngine(at::kLong));
   world_->allReduceSum(n);
+  n = n.cpu();
   if (n.item<int64_t>() != planned)
     throw RunError("the ranks ran " + std::to_string(n.item<int64_t>()) +
                    " steps in total but the plan schedules " + std::to_string(planned));
@@ -695,7 +702,7 @@ void Worker::finish() {
                                (double)cs.bytesReceived};
   mineV.insert(mineV.end(), held.begin(), held.end());
   at::Tensor mine = at::tensor(mineV, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor all = world_->allGatherFlat(mine);
+  at::Tensor all = world_->allGatherFlat(mine.to(models::engineDevice())).cpu();
   world_->barrier();
   clearProgressBar();
   if (j_.rank == 0 && !o_.quiet)
@@ -790,6 +797,16 @@ int Worker::run() {
 int runWorker(const LoadedPlan &plan, const JoinOptions &join, const RunOptions &run) {
   comm::setLibraryLogging(run.verbose);
   at::set_num_threads(threadCount());
+  if (run.device == "cuda") {
+    // One GPU per rank: the local rank's (CUDA_VISIBLE_DEVICES honoured).
+    try {
+      comm::bindCudaDevice(join.localRank);
+      models::setEngineDevice(c10::Device(c10::kCUDA, (c10::DeviceIndex)join.localRank));
+    } catch (const std::exception &e) {
+      std::fprintf(stderr, "hflow-run: error: rank %d: %s\n", join.rank, e.what());
+      return 1;
+    }
+  }
   models::MemoryMeter::install(); // before any weights: what each pass needs is measured
   Worker w(plan, join, run);
   return w.run();

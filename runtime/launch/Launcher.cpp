@@ -39,8 +39,11 @@ options:
                        in local mode a free port is picked)
   --timeout SECONDS    bound on the rendezvous and on every collective
                        (default 60)
-  --comm gloo|nccl     communication backend (default gloo; nccl needs a
-                       build with CUDA and a GPU)
+  --device cpu|cuda    where every tensor of a rank lives (default cpu; cuda:
+                       the local rank's GPU, one per rank, CUDA_VISIBLE_DEVICES
+                       honoured; needs hflow-run built against a CUDA LibTorch)
+  --comm gloo|nccl     communication backend (default: gloo on cpu, nccl on
+                       cuda; Gloo moves CPU tensors, NCCL CUDA tensors)
   --data-dir DIR       read the program's relative data paths from DIR, and
                        only there (without it: the current directory, then
                        the program's own)
@@ -143,6 +146,7 @@ static bool parseInt(const std::string &s, long lo, long hi, long &out) {
 bool parseArgs(const std::vector<std::string> &args, Options &o,
                std::string &error) {
   std::vector<std::string> positional;
+  bool commGiven = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], value;
     bool hasInline = false;
@@ -221,7 +225,15 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         return false;
       }
       o.timeoutSeconds = t;
+    } else if (a == "--device") {
+      if (!needValue(o.run.device))
+        return false;
+      if (o.run.device != "cpu" && o.run.device != "cuda") {
+        error = "--device '" + o.run.device + "' is not one of: cpu, cuda";
+        return false;
+      }
     } else if (a == "--comm") {
+      commGiven = true;
       if (!needValue(o.run.comm))
         return false;
       if (o.run.comm != "gloo" && o.run.comm != "nccl") {
@@ -352,6 +364,16 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
   }
   if (o.help || o.version)
     return true;
+  if (!commGiven)
+    o.run.comm = o.run.device == "cuda" ? "nccl" : "gloo";
+  if (o.run.device == "cuda" && o.run.comm != "nccl") {
+    error = "--device cuda needs --comm nccl: Gloo moves CPU tensors";
+    return false;
+  }
+  if (o.run.device == "cpu" && o.run.comm == "nccl") {
+    error = "--comm nccl needs --device cuda: NCCL moves CUDA tensors";
+    return false;
+  }
   if (positional.empty()) {
     error = o.calibrateOut.empty()
                 ? "missing the plan file argument"

@@ -1,5 +1,6 @@
 //===- FullyShard.cpp - the ZeRO-3 sharded Llama (FSDPLlama) ----------------===//
 #include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
 #include "runtime/comm/Communicator.h"
@@ -111,7 +112,7 @@ struct Core {
   mutable int64_t prefetchUsed = 0; ///< gathers consumed after a prefetch
 
   /// The weights' dtype: gathers, gradients and their exchange move it.
-  at::TensorOptions floatOpts() const { return at::TensorOptions().dtype(c.dtype); }
+  at::TensorOptions floatOpts() const { return onEngine(c.dtype); }
 
   /// This member's box of `full` (P's numel, any shape), 2-D (a view).
   static at::Tensor boxView(const ShardedParam &P, const at::Tensor &full) {
@@ -592,7 +593,7 @@ double FSDPLlama::gradNormSquared() const {
     // fsdp x tp: a piece held by several TP members (a norm) counts once.
     if (P.shard.grad().defined() && (!p.tp || P.split.firstHolder(p.tr, p.t)))
       s += P.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
-  at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total = at::full({1}, s, onEngine(at::kDouble));
   if (p.f > 1)
     p.g->allReduceSum(total);
   if (p.tp)

@@ -1,5 +1,6 @@
 //===- Llama.cpp - a Llama-family decoder on ATen ---------------------------===//
 #include "runtime/models/Llama.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
 #include "runtime/schema/plan_generated.h"
@@ -210,6 +211,26 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     else
       cast(w_->head);
   }
+  // Drawn on the host (the same weights on every device), then placed on
+  // the engine's device once.
+  if (!engineDevice().is_cpu()) {
+    const at::Device dev = engineDevice();
+    auto place = [&](at::Tensor &t) {
+      if (t.defined())
+        t = t.to(dev);
+    };
+    const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
+    place(w_->embed);
+    for (auto &l : w_->layers)
+      for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
+                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
+        place(*t);
+    place(w_->finalNorm);
+    if (tied)
+      w_->head = w_->embed;
+    else
+      place(w_->head);
+  }
 }
 
 Llama::~Llama() = default;
@@ -310,7 +331,7 @@ at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
 
 std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Tensor &positions) {
   const int64_t hd = c.headDim();
-  auto dopts = at::TensorOptions().dtype(at::kDouble);
+  auto dopts = positions.options().dtype(at::kDouble);
   at::Tensor invFreq;
   if (!c.ropeScaling.active()) {
     invFreq = at::pow(c.ropeTheta, at::arange(0, hd, 2, dopts) / hd).reciprocal();
@@ -327,14 +348,14 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
 
 at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window) {
   const int64_t B = keyReal.size(0), K = past + T;
-  auto lopts = at::TensorOptions().dtype(at::kLong);
+  auto lopts = keyReal.options().dtype(at::kLong);
   at::Tensor qIdx = at::arange(past, K, lopts).view({T, 1});
   at::Tensor kIdx = at::arange(K, lopts).view({1, K});
   at::Tensor seen = kIdx.le(qIdx);
   if (window > 0)
     seen = seen & (qIdx - kIdx).lt(window);
   at::Tensor allowed = (seen.unsqueeze(0) & keyReal.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
-  return at::zeros({B, 1, T, K}, at::TensorOptions().dtype(at::kFloat))
+  return at::zeros({B, 1, T, K}, keyReal.options().dtype(at::kFloat))
       .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
 }
 
@@ -361,13 +382,14 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
   const int64_t B = tokens.size(0), T = tokens.size(1), hd = c.headDim();
   if (T == 0)
     throw std::invalid_argument("Llama: empty sequence");
+  requireOnEngine(tokens, "Llama forward: tokens");
   if (tokens.numel() > 0) {
     int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
     if (lo < 0 || hi >= c.vocab)
       throw std::invalid_argument("Llama: token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
-  auto fopts = at::TensorOptions().dtype(at::kFloat);
+  auto fopts = tokens.options().dtype(at::kFloat);
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
 
   // RoPE (rotate-half convention) at each token's own position: [B, 1, T, hd].
@@ -487,11 +509,11 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
   const double temp = (o.greedy || o.temperature <= 0) ? 1.0 : o.temperature;
   Generation g;
   g.tokens = at::full({B, R}, o.padToken, prompts.options());
-  g.mask = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
-  g.logprobs = at::zeros({B, R}, at::TensorOptions().dtype(at::kFloat));
+  g.mask = at::zeros({B, R}, prompts.options().dtype(at::kFloat));
+  g.logprobs = at::zeros({B, R}, prompts.options().dtype(at::kFloat));
   if (R == 0 || B == 0)
     return g;
-  at::Tensor done = at::zeros({B}, at::TensorOptions().dtype(at::kBool));
+  at::Tensor done = at::zeros({B}, prompts.options().dtype(at::kBool));
   KVCache cache;
   at::Tensor seq = prompts, seqMask = pmask;
   at::Tensor last = step(prompts, positionsFromMask(pmask), pmask, useCache ? &cache : nullptr)
@@ -561,8 +583,8 @@ Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
   // its own KV cache; the sampler's stream continues across them.
   Generation g;
   g.tokens = at::full({B, o.maxTokens}, o.padToken, prompts.options());
-  g.mask = at::zeros({B, o.maxTokens}, at::TensorOptions().dtype(at::kFloat));
-  g.logprobs = at::zeros({B, o.maxTokens}, at::TensorOptions().dtype(at::kFloat));
+  g.mask = at::zeros({B, o.maxTokens}, prompts.options().dtype(at::kFloat));
+  g.logprobs = at::zeros({B, o.maxTokens}, prompts.options().dtype(at::kFloat));
   for (int64_t r0 = 0; r0 < B; r0 += rows) {
     const int64_t n = std::min(rows, B - r0);
     Generation part = generateRows(step, prompts.narrow(0, r0, n), pmask.narrow(0, r0, n), o,

@@ -1,5 +1,7 @@
 //===- MemoryMeter.cpp - the counting CPU allocator -------------------------===//
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/comm/NcclBackend.h"
+#include "runtime/models/Device.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -88,10 +90,22 @@ void MemoryMeter::install() {
   });
 }
 
-bool MemoryMeter::installed() { return gInstalled.load(); }
-int64_t MemoryMeter::live() { return gLive.load(std::memory_order_relaxed); }
-int64_t MemoryMeter::peak() { return gPeak.load(std::memory_order_relaxed); }
-void MemoryMeter::resetPeak() { gPeak.store(gLive.load(std::memory_order_relaxed)); }
+bool MemoryMeter::installed() { return engineDevice().is_cuda() || gInstalled.load(); }
+int64_t MemoryMeter::live() {
+  if (engineDevice().is_cuda())
+    return comm::cudaAllocatedBytes(engineDevice().index());
+  return gLive.load(std::memory_order_relaxed);
+}
+int64_t MemoryMeter::peak() {
+  if (engineDevice().is_cuda())
+    return comm::cudaPeakAllocatedBytes(engineDevice().index());
+  return gPeak.load(std::memory_order_relaxed);
+}
+void MemoryMeter::resetPeak() {
+  if (engineDevice().is_cuda())
+    return comm::cudaResetPeak(engineDevice().index());
+  gPeak.store(gLive.load(std::memory_order_relaxed));
+}
 
 PeakScope::PeakScope() {
   MemoryMeter::resetPeak();

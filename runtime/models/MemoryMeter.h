@@ -1,6 +1,10 @@
-//===- MemoryMeter.h - bytes of CPU tensor memory, live and at peak --------===//
+//===- MemoryMeter.h - bytes of tensor memory, live and at peak ------------===//
 //
-// A process-wide count of the memory ATen allocates for CPU tensors:
+// On a CUDA engine (models/Device.h) the figures are the CUDA caching
+// allocator's own counters for the engine's GPU (bytes allocated to
+// tensors, current and peak; its reserved-but-free cache is not counted),
+// read through comm/NcclBackend.h. On the CPU:
+// a process-wide count of the memory ATen allocates for CPU tensors:
 // install() puts a counting allocator over ATen's CPU allocator (every CPU
 // tensor's storage comes from it, on any thread: intra-op workers and the
 // communicators' threads too), which adds a block's bytes when it is
@@ -22,7 +26,8 @@ public:
   /// allocated before it are not counted, nor their frees.
   static void install();
   static bool installed();
-  /// Bytes of CPU tensor storage allocated through the meter and not freed.
+  /// Bytes of tensor storage on the engine's device allocated and not freed
+  /// (CPU: through the meter).
   static int64_t live();
   /// The largest live() since the last resetPeak() (or install()).
   static int64_t peak();

@@ -1,5 +1,6 @@
 //===- ParallelLayers.cpp - the decoder layer the parallel forms share ------===//
 #include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
 #include "runtime/comm/Communicator.h"
@@ -68,7 +69,7 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
       throw std::invalid_argument(std::string(who) + ": token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
-  auto fopts = at::TensorOptions().dtype(at::kFloat);
+  auto fopts = onEngine(at::kFloat);
   std::tie(a.cos, a.sin) = ropeTables(c, positions);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));

@@ -1,5 +1,6 @@
 //===- Pipeline.cpp - a pipeline stage of the Llama (PipelineStage) ---------===//
 #include "runtime/models/Pipeline.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Safetensors.h"
@@ -167,7 +168,7 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
                : at::embedding(p.embed, mb.tokens);
     } else {
-      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, at::TensorOptions().dtype(p.c.dtype));
+      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, onEngine(p.c.dtype));
       receive(buf, p.k - 1, tag(i, 0));
       if (train)
         buf.requires_grad_(true);
@@ -248,7 +249,7 @@ void PipelineStage::reduceTiedGradients() {
   // Stage 0's embedding and the last stage's copy: the sum of both
   // gradients on both (the other stages add zeros).
   CommScope scope;
-  at::Tensor g = at::zeros({p.vShard, p.c.hidden}, at::TensorOptions().dtype(p.c.dtype));
+  at::Tensor g = at::zeros({p.vShard, p.c.hidden}, onEngine(p.c.dtype));
   at::Tensor mine = p.isFirst() ? p.embed : p.isLast() ? p.head : at::Tensor();
   if (mine.defined() && mine.grad().defined())
     g.copy_(mine.grad());
@@ -277,7 +278,7 @@ double PipelineStage::gradNormSquared() const {
     if (t.grad().defined())
       s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
   }
-  at::Tensor total = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total = at::full({1}, s, onEngine(at::kDouble));
   p.pp->allReduceSum(total);
   if (p.tp)
     p.tp->allReduceSum(total);
@@ -384,7 +385,7 @@ double PipelineModel::gradNormSquared(const std::vector<at::Tensor> &extra) cons
     if (p.grad().defined())
       head += p.grad().to(at::kDouble).pow(2).sum().item<double>();
   CommScope scope;
-  at::Tensor h = at::full({1}, head, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor h = at::full({1}, head, onEngine(at::kDouble));
   s_.comm().allReduceSum(h); // only the last stage has a head gradient
   return s_.gradNormSquared() + h.item<double>();
 }

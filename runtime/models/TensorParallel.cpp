@@ -1,5 +1,6 @@
 //===- TensorParallel.cpp - the tensor-parallel Llama (TPLlama) -------------===//
 #include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
 #include "runtime/comm/Communicator.h"
@@ -395,7 +396,7 @@ double TPLlama::gradNormSquared() const {
     else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) // its piece counted once
       sharded += s;
   }
-  at::Tensor total = at::full({1}, sharded, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total = at::full({1}, sharded, onEngine(at::kDouble));
   if (p.t > 1)
     p.tp->allReduceSum(total);
   return total.item<double>() + replicated;

@@ -16,9 +16,7 @@
 #include "runtime/plan/PlanLoader.h"
 #include "runtime/exec/Worker.h"
 
-#ifdef HFLOW_HAVE_NCCL
-#include "runtime/comm/NcclCommunicator.h"
-#endif
+#include "runtime/comm/NcclBackend.h"
 
 #include <cerrno>
 #include <csignal>
@@ -139,11 +137,11 @@ int main(int argc, char **argv) {
   if (o.version) {
     std::printf("hflow-run %s (plan format %u.%u", HFLOW_VERSION,
                 plan::kFormatMajor, plan::kFormatMinor);
-#ifdef HFLOW_HAVE_NCCL
-    std::printf("; gloo; %s", comm::NcclCommunicator::versionString().c_str());
-#else
-    std::printf("; gloo");
-#endif
+    if (comm::cudaLibTorch())
+      std::printf("; gloo; %s, %d CUDA device%s", comm::ncclVersion().c_str(),
+                  comm::cudaDevices(), comm::cudaDevices() == 1 ? "" : "s");
+    else
+      std::printf("; gloo; CPU-only LibTorch");
     const std::string core = launch::blasCoreName();
     if (!core.empty())
       std::printf("; OpenBLAS %s kernels%s", core.c_str(),
@@ -171,15 +169,22 @@ int main(int argc, char **argv) {
   if (!launch::detectJoin(launch::processEnv(), o, join, err))
     return error(2, err);
 
-  if (o.run.comm == "nccl") {
-#ifdef HFLOW_HAVE_NCCL
-    if (comm::NcclCommunicator::deviceCount() == 0)
-      return error(1, "--comm=nccl: no CUDA device (cudaGetDeviceCount returned 0)");
-    return error(1, "--comm=nccl: executing plans on GPUs needs a CUDA build "
-                    "of LibTorch; this runtime's models are CPU-only");
-#else
-    return error(2, "--comm=nccl: this hflow-run was built without CUDA/NCCL");
-#endif
+  if (o.run.device == "cuda") {
+    if (!comm::cudaLibTorch())
+      return error(2, "--device cuda: this hflow-run is built against a LibTorch without "
+                      "CUDA (Debian's, CPU-only); build it against a PyTorch wheel's "
+                      "(docs/building.md, 'A GPU node')");
+    const int gpus = comm::cudaDevices();
+    if (gpus == 0) {
+      const char *v = std::getenv("CUDA_VISIBLE_DEVICES");
+      return error(1, std::string("--device cuda: no CUDA device is visible (") +
+                          (v ? std::string("CUDA_VISIBLE_DEVICES=") + v
+                             : std::string("no driver or no GPU")) + ")");
+    }
+    if (join.source == launch::JoinSource::None && world > gpus)
+      return error(1, "--device cuda: plan " + o.planPath + " runs " + std::to_string(world) +
+                          " ranks, one GPU each, and this machine shows " +
+                          std::to_string(gpus) + " (join a multi-node job instead)");
   }
 
   if (join.source != launch::JoinSource::None) {

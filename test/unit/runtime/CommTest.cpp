@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
-#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/C10dCommunicator.h"
 #include "runtime/launch/Launcher.h"
 #include "runtime/comm/Rendezvous.h"
 
@@ -131,8 +131,8 @@ std::unique_ptr<Rendezvous> join(const RankEnv &e, uint64_t hash = 0x1234,
   return Rendezvous::join(o);
 }
 
-GlooOptions gloo(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  GlooOptions g;
+C10dOptions gloo(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  C10dOptions g;
   g.host = "127.0.0.1";
   g.timeout = timeout;
   return g;
@@ -168,7 +168,7 @@ TEST(Comm, Collectives) {
     return;
   }
   auto rv = join(e);
-  auto world = GlooCommunicator::createWorld(*rv, gloo());
+  auto world = C10dCommunicator::createWorld(*rv, gloo());
   ASSERT_EQ(world->size(), 3);
   ASSERT_EQ(world->rank(), e.rank);
 
@@ -177,6 +177,19 @@ TEST(Comm, Collectives) {
   EXPECT_TRUE(at::equal(t, at::full({4}, 6.0f)));
   EXPECT_EQ(world->bytesSent(), 2u * 2 * 16 / 3); // ring: 2 (p-1) N / p
   EXPECT_EQ(world->bytesReceived(), 2u * 2 * 16 / 3);
+
+  // A tensor off the backend's device is an error naming it, never a copy
+  // (every rank refuses it before any byte moves).
+  at::Tensor elsewhere = at::zeros({4}, at::TensorOptions().device(at::kMeta));
+  try {
+    world->allReduceSum(elsewhere);
+    ADD_FAILURE() << "a meta tensor reached Gloo";
+  } catch (const CommError &err) {
+    EXPECT_NE(std::string(err.what()).find("a tensor on meta given to Gloo, which takes CPU tensors"),
+              std::string::npos)
+        << err.what();
+  }
+  EXPECT_EQ(world->bytesSent(), 2u * 2 * 16 / 3);
 
   std::vector<at::Tensor> parts;
   world->allGather(f32({(float)e.rank, 10.0f * e.rank}), parts);
@@ -216,7 +229,7 @@ TEST(Comm, Subgroups) {
     return;
   }
   auto rv = join(e);
-  auto world = GlooCommunicator::createWorld(*rv, gloo());
+  auto world = C10dCommunicator::createWorld(*rv, gloo());
   // {0, 2} and {1, 2}: rank 2 is in both, created in the same order.
   std::unique_ptr<Communicator> a, b;
   if (e.rank == 0 || e.rank == 2)
@@ -340,7 +353,7 @@ TEST(Comm, CollectiveTimeout) {
     return;
   }
   auto rv = join(e);
-  auto world = GlooCommunicator::createWorld(*rv, gloo(std::chrono::milliseconds(1000)));
+  auto world = C10dCommunicator::createWorld(*rv, gloo(std::chrono::milliseconds(1000)));
   world->barrier();
   if (e.rank == 1) {
     // Never joins the all-reduce; stays alive until rank 0 has timed out.

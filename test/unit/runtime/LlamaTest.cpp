@@ -1,4 +1,5 @@
 //===- LlamaTest.cpp - the ATen Llama: shapes, causality, determinism ------===//
+#include "runtime/models/Device.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/Optim.h"
 #include "test/unit/TestPlanBuilder.h"
@@ -83,6 +84,31 @@ TEST(Llama, ForwardShapes) {
   EXPECT_TRUE(at::isfinite(logits).all().item<bool>());
   // A single token works too.
   EXPECT_EQ(m.forward(randomTokens(1, 1, 64, 2)).size(1), 1);
+}
+
+// The engine's device guard: weights drawn for a non-CPU engine are placed
+// there, and a forward refuses tokens from anywhere else (hflow-run
+// --device cuda runs the same check on the GPU; "meta" stands in for a
+// device here).
+TEST(Llama, WeightsOnTheEngineDeviceAndInputsChecked) {
+  struct Restore {
+    ~Restore() { hflow::models::setEngineDevice(c10::Device(c10::kCPU)); }
+  } restore;
+  hflow::models::setEngineDevice(c10::Device(c10::kMeta));
+  Llama m(tiny(), 3);
+  for (const at::Tensor &p : m.parameters())
+    EXPECT_TRUE(p.is_meta());
+  at::Tensor toks = at::zeros({1, 4}, at::kLong);
+  try {
+    m.forward(toks);
+    ADD_FAILURE() << "a CPU tensor reached a meta engine's forward";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("Llama forward: tokens: a tensor on cpu where the "
+                                         "engine computes on meta"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(hflow::models::onEngine(at::kFloat).device(), c10::Device(c10::kMeta));
 }
 
 TEST(Llama, Causal) {

@@ -139,9 +139,14 @@ TEST(MemoryMeter, ActivationModelMatchesMeasuredPasses) {
       const double got = (double)pass(true);
       const double want =
           hflow::shape::passActivationBytes(c.shape(), {}, {sh.rows, sh.T, sh.R, true});
-      // Measured 0.950 to 0.996 over these nine shapes.
-      EXPECT_NEAR(got / want, 1.0, 0.06) << "training, hidden " << c.hidden << " rows "
-                                         << sh.rows << " T " << sh.T;
+      // Measured 0.950 to 0.996 over these nine shapes with Debian's
+      // LibTorch 1.13, 0.92 to 0.99 with PyTorch 2.11's (which frees some
+      // saved tensors sooner): at most 6% above the model, at most 10%
+      // below it (the model errs on the safe side for planning).
+      EXPECT_GE(got / want, 0.90) << "training, hidden " << c.hidden << " rows " << sh.rows
+                                  << " T " << sh.T;
+      EXPECT_LE(got / want, 1.06) << "training, hidden " << c.hidden << " rows " << sh.rows
+                                  << " T " << sh.T;
     }
   }
 }

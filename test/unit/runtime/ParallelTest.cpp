@@ -2,7 +2,7 @@
 //
 // Each multi-process test re-executes this binary once per rank (only that
 // test, via --gtest_filter) with HFLOW_PAR_TEST_{RANK,WORLD,PORT} set; the
-// ranks meet through a rendezvous and a GlooCommunicator world. Every rank
+// ranks meet through a rendezvous and a C10dCommunicator world. Every rank
 // also builds the unsharded Llama from the same seed and runs the whole
 // batch through it: the reference. The parallel forms must match it within
 // atol 1e-5 + rtol 1e-4 * |reference| (float32) element-wise. Each rank
@@ -11,7 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
-#include "runtime/comm/GlooCommunicator.h"
+#include "runtime/comm/C10dCommunicator.h"
 #include "runtime/launch/Launcher.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/ModelForms.h"
@@ -46,7 +46,7 @@ extern char **environ;
 
 using namespace hflow::models;
 using hflow::comm::Communicator;
-using hflow::comm::GlooCommunicator;
+using hflow::comm::C10dCommunicator;
 
 namespace {
 
@@ -173,10 +173,10 @@ Group joinWorld(const Rank &e) {
   o.version = "test";
   Group g;
   g.rv = hflow::comm::Rendezvous::join(o);
-  hflow::comm::GlooOptions go;
+  hflow::comm::C10dOptions go;
   go.host = "127.0.0.1";
   go.timeout = std::chrono::seconds(20);
-  g.world = GlooCommunicator::createWorld(*g.rv, go);
+  g.world = C10dCommunicator::createWorld(*g.rv, go);
   at::set_num_threads(1); // up to 4 ranks share the machine's cores
   return g;
 }

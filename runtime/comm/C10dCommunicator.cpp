@@ -1,5 +1,6 @@
-//===- GlooCommunicator.cpp - Communicator over c10d::ProcessGroupGloo -----===//
-#include "runtime/comm/GlooCommunicator.h"
+//===- C10dCommunicator.cpp - Communicator over c10d (Gloo or NCCL) --------===//
+#include "runtime/comm/C10dCommunicator.h"
+#include "runtime/comm/NcclBackend.h"
 #include "runtime/comm/Rendezvous.h"
 
 #include <ATen/core/Tensor.h>
@@ -69,10 +70,16 @@ std::string glooHostFor(const std::string &masterAddr) {
 
 // --- the communicator -----------------------------------------------------
 
-struct GlooCommunicator::Impl {
+/// What the argument checks need of a communicator.
+struct BackendView {
+  C10dBackendKind backend;
+  const std::string *name;
+};
+
+struct C10dCommunicator::Impl {
   c10::intrusive_ptr<c10d::Store> rootStore; // the job's store (unprefixed)
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  GlooOptions opts;
+  c10::intrusive_ptr<C10dBackend> pg;
+  C10dOptions opts;
   std::string name;
   std::vector<int> globalRanks;
   int rank = 0, size = 1;
@@ -81,12 +88,15 @@ struct GlooCommunicator::Impl {
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<at::Tensor>>> pending;
   std::vector<int> pendingPeers;
 
+  bool gloo() const { return opts.backend == C10dBackendKind::Gloo; }
+  BackendView view() const { return {opts.backend, &name}; }
+
   [[noreturn]] void fail(const char *op, const std::exception &e) const {
     std::string m = oneLineError(e);
     std::string l = m;
     for (char &c : l)
       c = (char)std::tolower((unsigned char)c);
-    if (l.find("timed out") != std::string::npos)
+    if (l.find("timed out") != std::string::npos || l.find("timing out") != std::string::npos)
       m = "timed out after " + formatSeconds(opts.timeout) + " waiting for the " +
           std::to_string(size - 1) + " other rank" + (size == 2 ? "" : "s") +
           " of the group (" + m + ")";
@@ -98,10 +108,10 @@ struct GlooCommunicator::Impl {
   }
 };
 
-static std::unique_ptr<GlooCommunicator::Impl>
-makeImpl(c10::intrusive_ptr<c10d::Store> root, const GlooOptions &o,
+static std::unique_ptr<C10dCommunicator::Impl>
+makeImpl(c10::intrusive_ptr<c10d::Store> root, const C10dOptions &o,
          const std::string &name, std::vector<int> globalRanks, int globalRank) {
-  auto impl = std::make_unique<GlooCommunicator::Impl>();
+  auto impl = std::make_unique<C10dCommunicator::Impl>();
   impl->rootStore = root;
   impl->opts = o;
   impl->name = name;
@@ -116,11 +126,17 @@ makeImpl(c10::intrusive_ptr<c10d::Store> root, const GlooOptions &o,
   impl->size = (int)impl->globalRanks.size();
   try {
     auto store = c10::make_intrusive<c10d::PrefixStore>("hflow/pg/" + name, root);
-    auto po = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
-    po->threads = 1;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, impl->rank,
-                                                           impl->size, po);
+    if (o.backend == C10dBackendKind::Nccl) {
+      impl->pg = makeNcclBackend(store, impl->rank, impl->size, o.cudaDevice, o.timeout);
+    } else {
+      auto po = c10d::ProcessGroupGloo::Options::create(o.timeout);
+      po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
+      po->threads = 1;
+      impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, impl->rank,
+                                                             impl->size, po);
+    }
+  } catch (const CommError &) {
+    throw;
   } catch (const std::exception &e) {
     throw CommError("group " + name + ": cannot connect its " +
                     std::to_string(impl->size) + " ranks (gloo on " + o.host +
@@ -129,45 +145,49 @@ makeImpl(c10::intrusive_ptr<c10d::Store> root, const GlooOptions &o,
   return impl;
 }
 
-GlooCommunicator::GlooCommunicator(std::unique_ptr<Impl> impl)
+C10dCommunicator::C10dCommunicator(std::unique_ptr<Impl> impl)
     : impl_(std::move(impl)) {}
-GlooCommunicator::~GlooCommunicator() = default;
+C10dCommunicator::~C10dCommunicator() = default;
 
-std::unique_ptr<GlooCommunicator>
-GlooCommunicator::createWorld(const Rendezvous &rv, const GlooOptions &o) {
+std::unique_ptr<C10dCommunicator>
+C10dCommunicator::createWorld(const Rendezvous &rv, const C10dOptions &o) {
   std::vector<int> all(rv.worldSize());
   for (int r = 0; r < rv.worldSize(); ++r)
     all[r] = r;
-  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
+  return std::unique_ptr<C10dCommunicator>(new C10dCommunicator(
       makeImpl(rv.store(), o, "world", std::move(all), rv.rank())));
 }
 
 std::unique_ptr<Communicator>
-GlooCommunicator::makeSubgroup(const std::string &name,
+C10dCommunicator::makeSubgroup(const std::string &name,
                                const std::vector<int> &globalRanks) {
   for (size_t i = 1; i < globalRanks.size(); ++i)
     if (globalRanks[i] <= globalRanks[i - 1])
       throw CommError("group " + name + ": ranks must be ascending and distinct");
-  return std::unique_ptr<Communicator>(new GlooCommunicator(makeImpl(
+  return std::unique_ptr<Communicator>(new C10dCommunicator(makeImpl(
       impl_->rootStore, impl_->opts, name, globalRanks, impl_->globalRank)));
 }
 
-int GlooCommunicator::rank() const { return impl_->rank; }
-int GlooCommunicator::size() const { return impl_->size; }
-const std::vector<int> &GlooCommunicator::globalRanks() const {
+int C10dCommunicator::rank() const { return impl_->rank; }
+int C10dCommunicator::size() const { return impl_->size; }
+const std::vector<int> &C10dCommunicator::globalRanks() const {
   return impl_->globalRanks;
 }
-const std::string &GlooCommunicator::name() const { return impl_->name; }
+const std::string &C10dCommunicator::name() const { return impl_->name; }
 
 static uint64_t nbytes(const at::Tensor &t) {
   return (uint64_t)t.numel() * (uint64_t)t.element_size();
 }
 
-static void requireCpuContiguous(const char *op, const std::string &group,
-                                 const at::Tensor &t) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
-    throw CommError(group + " " + op +
-                    ": tensor must be defined, on the CPU and contiguous");
+// Gloo takes CPU tensors, NCCL CUDA tensors of this process's device: a
+// tensor elsewhere is an error, never a hidden copy.
+static void requireOnBackend(const char *op, const BackendView &g, const at::Tensor &t) {
+  const bool nccl = g.backend == C10dBackendKind::Nccl;
+  if (!t.defined() || !t.is_contiguous())
+    throw CommError(*g.name + " " + op + ": tensor must be defined and contiguous");
+  if (nccl ? !t.device().is_cuda() : !t.device().is_cpu())
+    throw CommError(*g.name + " " + op + ": a tensor on " + t.device().str() + " given to " +
+                    (nccl ? "NCCL, which takes CUDA tensors" : "Gloo, which takes CPU tensors"));
 }
 
 // Gloo (LibTorch 1.13) reduces and gathers no bfloat16 and no int16
@@ -183,9 +203,9 @@ static at::Tensor bitsOf(const at::Tensor &t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
 }
 
-void GlooCommunicator::allReduceSum(at::Tensor &t) {
-  requireCpuContiguous("allReduceSum", impl_->name, t);
-  if (is16BitFloat(t)) {
+void C10dCommunicator::allReduceSum(at::Tensor &t) {
+  requireOnBackend("allReduceSum", impl_->view(), t);
+  if (impl_->gloo() && is16BitFloat(t)) {
     at::Tensor wide = t.to(at::kFloat);
     allReduceSum(wide);
     t.copy_(wide);
@@ -203,10 +223,10 @@ void GlooCommunicator::allReduceSum(at::Tensor &t) {
   count(allReduceBytes(nbytes(t), impl_->size));
 }
 
-void GlooCommunicator::allGather(const at::Tensor &in,
+void C10dCommunicator::allGather(const at::Tensor &in,
                                  std::vector<at::Tensor> &out) {
-  requireCpuContiguous("allGather", impl_->name, in);
-  if (in.scalar_type() == at::kBFloat16) {
+  requireOnBackend("allGather", impl_->view(), in);
+  if (impl_->gloo() && in.scalar_type() == at::kBFloat16) {
     allGather(bitsOf(in), out);
     for (at::Tensor &o : out)
       o = o.view(in.scalar_type());
@@ -227,7 +247,7 @@ void GlooCommunicator::allGather(const at::Tensor &in,
   count(allGatherBytes(nbytes(in), impl_->size));
 }
 
-at::Tensor GlooCommunicator::allGatherFlat(const at::Tensor &in) {
+at::Tensor C10dCommunicator::allGatherFlat(const at::Tensor &in) {
   std::vector<at::Tensor> parts;
   allGather(in.reshape({-1}), parts);
   auto flat = at::empty({(int64_t)parts.size(), in.numel()}, in.options());
@@ -236,11 +256,12 @@ at::Tensor GlooCommunicator::allGatherFlat(const at::Tensor &in) {
   return flat;
 }
 
-std::unique_ptr<PendingGather> GlooCommunicator::allGatherFlatAsync(const at::Tensor &inRaw) {
+std::unique_ptr<PendingGather> C10dCommunicator::allGatherFlatAsync(const at::Tensor &inRaw) {
   at::Tensor in = inRaw.reshape({-1});
-  requireCpuContiguous("allGather", impl_->name, in);
+  requireOnBackend("allGather", impl_->view(), in);
   const at::ScalarType type = in.scalar_type();
-  in = bitsOf(in);
+  if (impl_->gloo())
+    in = bitsOf(in);
   // The work runs on c10d's Gloo threads; wait() joins it.
   class GlooGather : public PendingGather {
   public:
@@ -280,13 +301,13 @@ std::unique_ptr<PendingGather> GlooCommunicator::allGatherFlatAsync(const at::Te
   return g;
 }
 
-void GlooCommunicator::broadcast(at::Tensor &t, int root) {
-  requireCpuContiguous("broadcast", impl_->name, t);
+void C10dCommunicator::broadcast(at::Tensor &t, int root) {
+  requireOnBackend("broadcast", impl_->view(), t);
   if (root < 0 || root >= impl_->size)
     throw CommError(impl_->name + " broadcast: root " + std::to_string(root) +
                     " is not a rank of the group");
   try {
-    std::vector<at::Tensor> v{bitsOf(t)};
+    std::vector<at::Tensor> v{impl_->gloo() ? bitsOf(t) : t};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
     bo.timeout = impl_->opts.timeout;
@@ -297,8 +318,8 @@ void GlooCommunicator::broadcast(at::Tensor &t, int root) {
   count(broadcastBytes(nbytes(t), impl_->size, root == impl_->rank));
 }
 
-void GlooCommunicator::send(at::Tensor &t, int peer) {
-  requireCpuContiguous("send", impl_->name, t);
+void C10dCommunicator::send(at::Tensor &t, int peer) {
+  requireOnBackend("send", impl_->view(), t);
   if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
     throw CommError(impl_->name + " send: invalid peer " + std::to_string(peer));
   try {
@@ -310,8 +331,8 @@ void GlooCommunicator::send(at::Tensor &t, int peer) {
   count({nbytes(t), 0});
 }
 
-void GlooCommunicator::recv(at::Tensor &t, int peer) {
-  requireCpuContiguous("recv", impl_->name, t);
+void C10dCommunicator::recv(at::Tensor &t, int peer) {
+  requireOnBackend("recv", impl_->view(), t);
   if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
     throw CommError(impl_->name + " recv: invalid peer " + std::to_string(peer));
   try {
@@ -323,14 +344,14 @@ void GlooCommunicator::recv(at::Tensor &t, int peer) {
   count({0, nbytes(t)});
 }
 
-void GlooCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
+void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
                                 std::vector<std::pair<int, at::Tensor>> &recvs) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<std::vector<at::Tensor>> holders; // kept alive until waited
   holders.reserve(sends.size() + recvs.size());
   OpBytes b;
   auto check = [&](const char *what, std::pair<int, at::Tensor> &m) {
-    requireCpuContiguous(what, impl_->name, m.second);
+    requireOnBackend(what, impl_->view(), m.second);
     if (m.first < 0 || m.first >= impl_->size || m.first == impl_->rank)
       throw CommError(impl_->name + " " + what + ": invalid peer " +
                       std::to_string(m.first));
@@ -358,7 +379,7 @@ void GlooCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
   count(b);
 }
 
-void GlooCommunicator::barrier() {
+void C10dCommunicator::barrier() {
   try {
     c10d::BarrierOptions bo;
     bo.timeout = impl_->opts.timeout;
@@ -369,8 +390,8 @@ void GlooCommunicator::barrier() {
   count({});
 }
 
-void GlooCommunicator::postSend(const at::Tensor &t, int peer, int tag) {
-  requireCpuContiguous("send", impl_->name, t);
+void C10dCommunicator::postSend(const at::Tensor &t, int peer, int tag) {
+  requireOnBackend("send", impl_->view(), t);
   if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
     throw CommError(impl_->name + " send: invalid peer " + std::to_string(peer));
   if (tag < 16)
@@ -386,8 +407,8 @@ void GlooCommunicator::postSend(const at::Tensor &t, int peer, int tag) {
   count({nbytes(t), 0});
 }
 
-void GlooCommunicator::recvTagged(at::Tensor &t, int peer, int tag) {
-  requireCpuContiguous("recv", impl_->name, t);
+void C10dCommunicator::recvTagged(at::Tensor &t, int peer, int tag) {
+  requireOnBackend("recv", impl_->view(), t);
   if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
     throw CommError(impl_->name + " recv: invalid peer " + std::to_string(peer));
   try {
@@ -399,7 +420,7 @@ void GlooCommunicator::recvTagged(at::Tensor &t, int peer, int tag) {
   count({0, nbytes(t)});
 }
 
-void GlooCommunicator::waitSends() {
+void C10dCommunicator::waitSends() {
   auto pending = std::move(impl_->pending);
   auto peers = std::move(impl_->pendingPeers);
   impl_->pending.clear();

@@ -1,12 +1,16 @@
-//===- GlooCommunicator.h - Communicator over c10d::ProcessGroupGloo -------===//
+//===- C10dCommunicator.h - Communicator over a c10d process group ---------===//
 //
-// CPU collectives for every test and for the embedded default. The world
-// group and each sub-group are separate ProcessGroupGloo instances whose
-// rendezvous keys live under "hflow/pg/<name>/" in the job's store.
+// One Communicator over c10d: ProcessGroupGloo for CPU tensors (every test,
+// the default) or ProcessGroupNCCL for CUDA tensors (hflow-run --device
+// cuda, a CUDA LibTorch; runtime/comm/NcclBackend.h). The world group and
+// each sub-group are separate process groups whose rendezvous keys live
+// under "hflow/pg/<name>/" in the job's store. Every tensor an operation
+// takes must be on the backend's device (CPU for Gloo, CUDA for NCCL):
+// a tensor elsewhere is a CommError naming the operation, never a copy.
 //
 //===----------------------------------------------------------------------===//
-#ifndef HFLOW_RUNTIME_COMM_GLOOCOMMUNICATOR_H
-#define HFLOW_RUNTIME_COMM_GLOOCOMMUNICATOR_H
+#ifndef HFLOW_RUNTIME_COMM_C10DCOMMUNICATOR_H
+#define HFLOW_RUNTIME_COMM_C10DCOMMUNICATOR_H
 
 #include "runtime/comm/Communicator.h"
 
@@ -18,7 +22,16 @@ namespace hflow::comm {
 
 class Rendezvous;
 
-struct GlooOptions {
+/// The c10d backend a communicator runs on.
+enum class C10dBackendKind {
+  Gloo, ///< CPU tensors (c10d::ProcessGroupGloo)
+  Nccl, ///< CUDA tensors (c10d::ProcessGroupNCCL; needs a CUDA LibTorch)
+};
+
+struct C10dOptions {
+  C10dBackendKind backend = C10dBackendKind::Gloo;
+  /// NCCL: the CUDA device of this process (its local rank's).
+  int cudaDevice = 0;
   /// Address Gloo binds its pairs to; see glooHostFor().
   std::string host = "127.0.0.1";
   /// Timeout of every collective (and of the group's own rendezvous).
@@ -31,13 +44,13 @@ struct GlooOptions {
 /// routes to the master (so multi-node jobs need no interface name).
 std::string glooHostFor(const std::string &masterAddr);
 
-class GlooCommunicator final : public Communicator {
+class C10dCommunicator final : public Communicator {
 public:
   /// The world group over all ranks of a completed rendezvous. Throws
   /// CommError.
-  static std::unique_ptr<GlooCommunicator> createWorld(const Rendezvous &rv,
-                                                       const GlooOptions &o);
-  ~GlooCommunicator() override;
+  static std::unique_ptr<C10dCommunicator> createWorld(const Rendezvous &rv,
+                                                       const C10dOptions &o);
+  ~C10dCommunicator() override;
 
   int rank() const override;
   int size() const override;
@@ -65,10 +78,10 @@ public:
   struct Impl;
 
 private:
-  explicit GlooCommunicator(std::unique_ptr<Impl> impl);
+  explicit C10dCommunicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 } // namespace hflow::comm
 
-#endif // HFLOW_RUNTIME_COMM_GLOOCOMMUNICATOR_H
+#endif // HFLOW_RUNTIME_COMM_C10DCOMMUNICATOR_H
