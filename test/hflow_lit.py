@@ -1,5 +1,6 @@
 """Substitutions and environment shared by the hflow lit suites."""
 import os
+import shutil
 
 
 def configure(config, lit):
@@ -8,7 +9,7 @@ def configure(config, lit):
     # Longest first: lit substitutes in order, and %hflow-run is a prefix of
     # %hflow-run-asan.
     for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-hf-logits", "hflow-opt",
-                 "hflow-tokenize",
+                 "hflow-tokenize", "hflow-report",
                  "hflow-run", "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))
     config.substitutions.append(("%examples",
@@ -39,3 +40,10 @@ def configure(config, lit):
         config.available_features.add("npm-refs")
     if config.hflow_cuda:
         config.available_features.add("cuda")
+    # Debian's headless Chromium renders the HTML reports (tools/hflow-dev
+    # installs it; the report test is unsupported without it).
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium:
+        config.substitutions.append(("%chromium", chromium + " --headless --no-sandbox "
+                                     "--disable-gpu --hide-scrollbars"))
+        config.available_features.add("chromium")

@@ -64,7 +64,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       before = total;
     total += q.iterations;
   }
-  if (metricsOut_ || tb_) {
+  if (metricsOut_ || tb_ || !o_.reportFile.empty()) {
     std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
                        std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
     // Every figure of the line, for the event files: tag phase/name.
@@ -123,7 +123,15 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       if (m > 0)
         add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
     }
+    // Weight reshards of the iteration: bytes received over the roles' ranks
+    // and the time of each transition, summed over transitions.
+    if (S(MReshardBytes) > 0) {
+      add("reshard_bytes", S(MReshardBytes));
+      add("reshard_ms", S(MReshardMs));
+    }
     line += "}\n";
+    if (!o_.reportFile.empty())
+      reportLines_.push_back(line);
     if (metricsOut_) {
       std::fputs(line.c_str(), metricsOut_);
       std::fflush(metricsOut_);

@@ -46,6 +46,7 @@ struct RunOptions {
   int evalCount = 0;       ///< held-out prompts used (0: all)
   std::string metricsFile; ///< JSONL, one line per iteration (rank 0)
   std::string tensorboardDir; ///< TensorBoard event files (rank 0)
+  std::string reportFile;     ///< the HTML report of the run's metrics (rank 0)
   /// makeTokenizer's spec ("byte", a tokenizer.json, a SentencePiece .model,
   /// a directory); empty: the actor's hf("dir") when it holds a tokenizer,
   /// else "byte".

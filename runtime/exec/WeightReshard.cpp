@@ -553,6 +553,11 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
   const int64_t total = t.item<int64_t>();
   reshardBytes_ += (double)total;
   reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
+  // The iteration's weight-reshard bytes and time (the metrics' reshard_*).
+  if (metrics_.size() == MNumMetrics) { // inside an iteration
+    metrics_[MReshardBytes] += (double)total;
+    metrics_[MReshardMs] += ms;
+  }
   ++reshardCount_;
   clearProgressBar();
   if (!o_.quiet) {

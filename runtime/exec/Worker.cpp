@@ -14,6 +14,7 @@
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/exec/Connect.h"
 #include "runtime/exec/Worker.h"
+#include "runtime/report/HtmlReport.h"
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Safetensors.h"
@@ -21,6 +22,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -332,6 +335,15 @@ void Worker::prepare() {
   if (j_.rank == 0 && !o_.quiet && isatty(STDOUT_FILENO)) {
     const char *term = std::getenv("TERM");
     progressBar_ = !term || std::string(term) != "dumb";
+  }
+  if (!o_.reportFile.empty() && j_.rank == 0) {
+    // Refuse an unwritable report before training, not after.
+    const std::string probe = o_.reportFile + ".tmp";
+    std::FILE *f = std::fopen(probe.c_str(), "w");
+    if (!f)
+      throw RunError("cannot write the report '" + o_.reportFile + "': " + std::strerror(errno));
+    std::fclose(f);
+    std::remove(probe.c_str());
   }
   if (!o_.tensorboardDir.empty() && j_.rank == 0) {
     try {
@@ -767,6 +779,23 @@ int Worker::run() {
     for (size_t i = o_.resume ? resumePhase_ : 0; i < phases_.size(); ++i)
       runPhase(phases_[i], (int)i, o_.resume && i == resumePhase_ ? resumeIter_ : 0);
     finish();
+    if (!o_.reportFile.empty() && j_.rank == 0 && !reportLines_.empty()) {
+      std::vector<nlohmann::json> rows;
+      for (const std::string &l : reportLines_)
+        rows.push_back(nlohmann::json::parse(l));
+      try {
+        report::writeReportFile(
+            o_.reportFile,
+            report::renderHtmlReport(rows, "hflow run: " + str(p_.program(), "?"),
+                                     "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
+                                         (o_.metricsFile.empty() ? std::string()
+                                                                 : ", " + o_.metricsFile)));
+      } catch (const std::runtime_error &e) {
+        throw RunError(std::string("the report: ") + e.what());
+      }
+      if (!o_.quiet)
+        std::printf("report: %s (%zu metrics rows)\n", o_.reportFile.c_str(), rows.size());
+    }
   } catch (const RunError &e) {
     return fail(who + where() + e.what(), false);
   } catch (const CommError &e) {

@@ -63,7 +63,7 @@ enum Metric : int {
   MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
   MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
-  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MNumMetrics
+  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MNumMetrics
 };
 
 /// What a phase (a train block) needs at run time.
@@ -417,6 +417,8 @@ private:
   // saved in its checkpoint as builtin/<step>/moments.
   std::map<int, rl::RunningMoments> moments_;
   std::FILE *metricsOut_ = nullptr;
+  /// The metrics rows of this run, for --report (rank 0).
+  std::vector<std::string> reportLines_;
   std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
   int currentStep_ = -1;
   std::string currentPhase_;

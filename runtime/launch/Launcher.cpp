@@ -62,6 +62,9 @@ options:
                        DIR (rank 0; tags phase/metric, step = iteration
                        counted over all phases); DIR must hold no event file
                        unless --resume continues the run that wrote them
+  --report FILE        at the end, the run's metrics as one self-contained
+                       HTML page with charts (what hflow-report draws from
+                       --metrics' file; rank 0; this run's iterations)
   --tokenizer SPEC     "byte" (one token per byte, newline ends a response),
                        a Hugging Face tokenizer.json, a SentencePiece .model
                        file, or a model directory holding either (default:
@@ -319,7 +322,8 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       }
       o.run.checkpointEvery = n;
     } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
-               a == "--tokenizer" || a == "--eval-pairs" || a == "--tensorboard") {
+               a == "--tokenizer" || a == "--eval-pairs" || a == "--tensorboard" ||
+               a == "--report") {
       std::string v;
       if (!needValue(v))
         return false;
@@ -332,6 +336,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
        : a == "--eval-pairs" ? o.run.evalPairsFile
        : a == "--metrics" ? o.run.metricsFile
        : a == "--tensorboard" ? o.run.tensorboardDir
+       : a == "--report" ? o.run.reportFile
                          : o.run.tokenizer) = v;
     } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||
                a == "--log-every") {
