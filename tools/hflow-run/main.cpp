@@ -181,6 +181,15 @@ int main(int argc, char **argv) {
                           (v ? std::string("CUDA_VISIBLE_DEVICES=") + v
                              : std::string("no driver or no GPU")) + ")");
     }
+    // Rows, weight reshards and pipeline activations move by point-to-point
+    // messages, and two ranks sending to each other over NCCL must group
+    // their sends and receives (ncclGroupStart/End) or deadlock; until this
+    // runtime groups them, a CUDA run is one rank (docs/runtime.md).
+    if (world > 1)
+      return error(2, "--device cuda: plan " + o.planPath + " runs " + std::to_string(world) +
+                          " ranks; this hflow-run runs one rank on a GPU (its point-to-point "
+                          "messages over NCCL are not grouped yet and could deadlock); run it "
+                          "with --device cpu, or place the program on one device");
     if (join.source == launch::JoinSource::None && world > gpus)
       return error(1, "--device cuda: plan " + o.planPath + " runs " + std::to_string(world) +
                           " ranks, one GPU each, and this machine shows " +
