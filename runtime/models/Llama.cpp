@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -193,43 +194,32 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
       l.qNorm = at::ones({hd}, opts);
       l.kNorm = at::ones({hd}, opts);
     }
-  // A 16-bit model: the same draws, rounded (ties to even).
-  if (c.dtype != at::kFloat) {
-    auto cast = [&](at::Tensor &t) {
-      if (t.defined())
-        t = t.to(c.dtype);
-    };
+  // Every weight through `f` (a tied head stays the embedding).
+  auto eachWeight = [&](const std::function<at::Tensor(const at::Tensor &)> &f) {
     const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
-    cast(w_->embed);
+    auto apply = [&](at::Tensor &t) {
+      if (t.defined())
+        t = f(t);
+    };
+    apply(w_->embed);
     for (auto &l : w_->layers)
       for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
                             &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
-        cast(*t);
-    cast(w_->finalNorm);
+        apply(*t);
+    apply(w_->finalNorm);
     if (tied)
       w_->head = w_->embed;
     else
-      cast(w_->head);
-  }
+      apply(w_->head);
+  };
+  // A 16-bit model: the same draws, rounded (ties to even).
+  if (c.dtype != at::kFloat)
+    eachWeight([&](const at::Tensor &t) { return t.to(c.dtype); });
   // Drawn on the host (the same weights on every device), then placed on
   // the engine's device once.
   if (!engineDevice().is_cpu()) {
     const at::Device dev = engineDevice();
-    auto place = [&](at::Tensor &t) {
-      if (t.defined())
-        t = t.to(dev);
-    };
-    const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
-    place(w_->embed);
-    for (auto &l : w_->layers)
-      for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
-                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
-        place(*t);
-    place(w_->finalNorm);
-    if (tied)
-      w_->head = w_->embed;
-    else
-      place(w_->head);
+    eachWeight([&](const at::Tensor &t) { return t.to(dev); });
   }
 }
 
