@@ -18,6 +18,7 @@
 #include "runtime/schema/Defaults.h"
 #include "runtime/schema/PlanFormat.h"
 #include "compiler/planner/RoleReshard.h"
+#include "compiler/planner/RoleSearch.h"
 #include "runtime/schema/plan_generated.h"
 
 #include "mlir/IR/SymbolTable.h"
@@ -270,8 +271,37 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     return b.CreateVector(kvs);
   };
   std::vector<flatbuffers::Offset<fb::Reshard>> reshardOffs;
+  // Each step's predicted time (format 2.11): the cost model at its phase's
+  // workload (one per train block, in order), on the module's mesh.
+  const std::vector<::hflow::planner::Workload> phaseWorkloads =
+      ::hflow::planner::workloadsOf(module);
+  MeshOp firstMesh;
+  for (MeshOp m : module.getOps<MeshOp>()) {
+    firstMesh = m;
+    break;
+  }
+  bool ppo = false;
+  for (RoleOp r : module.getOps<RoleOp>())
+    ppo = ppo || r.getKind() == RoleKind::Critic;
   for (auto &[phaseFlow, train] : phases) {
     const int firstStep = steps.size();
+    // workloadsOf has one workload per train block, in the module's order.
+    size_t workNo = 0;
+    if (train) {
+      size_t i = 0;
+      for (TrainOp t : module.getOps<TrainOp>()) {
+        if (t == train)
+          workNo = i;
+        ++i;
+      }
+    }
+    const ::hflow::planner::Workload &phaseWork =
+        phaseWorkloads[std::min(workNo, phaseWorkloads.size() - 1)];
+    auto predicted = [&](RoleOp role, llvm::StringRef method) {
+      return firstMesh ? ::hflow::planner::predictedStepSeconds(role, method, phaseWork, firstMesh,
+                                                                options.calibration, ppo)
+                       : -1.0;
+    };
     valueIndex.clear();
     Block &body = phaseFlow.getBody().front();
     auto argNames = phaseFlow.getArgNames();
@@ -340,7 +370,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
             b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
             b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
             -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-            b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1)));
+            b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
+            predicted(role, "reshard")));
         auto both = reshardRanks.find(it->second);
         stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
         continue;
@@ -400,10 +431,11 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       // An actor generating apart generates on its generation ranks.
       const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
       const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
+      auto roleOp = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
           b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
-          b.CreateString(loc)));
+          b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0));
       stepRanks.push_back(ranksHere);
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),

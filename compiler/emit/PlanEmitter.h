@@ -6,6 +6,8 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include "runtime/schema/CalibrationFile.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,6 +20,9 @@ struct EmitOptions {
   /// The version string recorded in the plan.
   std::string compilerVersion;
   int64_t seed = 1;
+  /// The cost model's constants (hflowc --calibration): each step's
+  /// predicted time in the plan (format 2.11) is computed with them.
+  ::hflow::placement::Calibration calibration;
 };
 
 /// Lowers a module that went through the pipeline (roles carry `ranks`) to a

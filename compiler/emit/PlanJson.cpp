@@ -177,6 +177,8 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             j.attribute("loc", str(s->loc()));
             if (s->kind() == fb::StepKind::Reshard)
               j.attribute("reshard", s->reshard());
+            if (s->predicted_s() >= 0)
+              j.attribute("predicted_s", s->predicted_s());
           });
     });
     j.attributeArray("reshards", [&] {

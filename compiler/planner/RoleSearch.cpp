@@ -13,6 +13,64 @@ namespace pl = ::hflow::placement;
 
 namespace hflow::planner {
 
+namespace {
+
+pl::RoleSpec specOf(RoleOp role, ModelOp model) {
+  pl::RoleSpec spec;
+  spec.name = role.getSymName().str();
+  switch (role.getKind()) {
+  case RoleKind::Actor: spec.kind = pl::RoleKind::Actor; break;
+  case RoleKind::Critic: spec.kind = pl::RoleKind::Critic; break;
+  case RoleKind::Reference: spec.kind = pl::RoleKind::Reference; break;
+  case RoleKind::RewardModel: spec.kind = pl::RoleKind::RewardModel; break;
+  default: break;
+  }
+  spec.model = toShape(model);
+  spec.model.lmHead = roleHasLmHead(role);
+  spec.fits = roleTrains(role) && role.getKind() == RoleKind::RewardModel;
+  spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
+  spec.wireBytes = wireTypeOf(role, model).wireBytes;
+  return spec;
+}
+
+pl::Device deviceOf(DeviceOp device) {
+  pl::Device dev;
+  dev.name = device.getSymName().str();
+  dev.memoryBytes = device.getMemory().convertToDouble();
+  dev.bf16Flops = device.getBf16().convertToDouble();
+  dev.fp32Flops = device.getFp32().convertToDouble();
+  dev.memBandwidth = device.getBandwidth().convertToDouble();
+  return dev;
+}
+
+pl::Mesh meshOf(MeshOp mesh) {
+  pl::Mesh m;
+  m.nodes = mesh.getNodesAttr().getInt();
+  m.perNode = mesh.getPerNodeAttr().getInt();
+  if (auto a = mesh.getIntraAttr())
+    m.intraBw = a.getValueAsDouble();
+  if (auto a = mesh.getInterAttr())
+    m.interBw = a.getValueAsDouble();
+  else
+    m.interBw = m.intraBw;
+  return m;
+}
+
+pl::Workload toPlacement(const Workload &w, bool ppo) {
+  pl::Workload pw;
+  pw.algorithm = ppo ? pl::Algorithm::PPO : pl::Algorithm::GRPO;
+  pw.batch = w.batch;
+  pw.n = w.n;
+  pw.promptLen = w.promptLen;
+  pw.responseLen = w.responseLen;
+  pw.microBatch = w.microBatch;
+  pw.microBatchGiven = w.microBatchGiven;
+  pw.miniBatch = w.miniBatch;
+  return pw;
+}
+
+} // namespace
+
 ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
                           const pl::Calibration &cal, bool executable) {
   ModuleSearch out;
@@ -29,20 +87,8 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
     auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
     if (!model)
       continue;
-    pl::RoleSpec spec;
-    spec.name = role.getSymName().str();
-    switch (role.getKind()) {
-    case RoleKind::Actor: spec.kind = pl::RoleKind::Actor; break;
-    case RoleKind::Critic: spec.kind = pl::RoleKind::Critic; hasCritic = true; break;
-    case RoleKind::Reference: spec.kind = pl::RoleKind::Reference; break;
-    case RoleKind::RewardModel: spec.kind = pl::RoleKind::RewardModel; break;
-    default: break;
-    }
-    spec.model = toShape(model);
-    spec.model.lmHead = roleHasLmHead(role);
-    spec.fits = roleTrains(role) && role.getKind() == RoleKind::RewardModel;
-    spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
-    spec.wireBytes = wireTypeOf(role, model).wireBytes;
+    pl::RoleSpec spec = specOf(role, model);
+    hasCritic = hasCritic || role.getKind() == RoleKind::Critic;
     out.roles.push_back(spec);
     out.roleOps.push_back(role);
   }
@@ -50,30 +96,10 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
     out.error = "no role with a model to place";
     return out;
   }
-  pl::Device dev;
-  dev.name = device.getSymName().str();
-  dev.memoryBytes = device.getMemory().convertToDouble();
-  dev.bf16Flops = device.getBf16().convertToDouble();
-  dev.fp32Flops = device.getFp32().convertToDouble();
-  dev.memBandwidth = device.getBandwidth().convertToDouble();
-  pl::Mesh m;
-  m.nodes = mesh.getNodesAttr().getInt();
-  m.perNode = mesh.getPerNodeAttr().getInt();
-  if (auto a = mesh.getIntraAttr())
-    m.intraBw = a.getValueAsDouble();
-  if (auto a = mesh.getInterAttr())
-    m.interBw = a.getValueAsDouble();
-  else
-    m.interBw = m.intraBw;
+  pl::Device dev = deviceOf(device);
+  pl::Mesh m = meshOf(mesh);
   Workload w = largest(workloadsOf(module));
-  pl::Workload pw;
-  pw.algorithm = hasCritic ? pl::Algorithm::PPO : pl::Algorithm::GRPO;
-  pw.batch = w.batch;
-  pw.n = w.n;
-  pw.promptLen = w.promptLen;
-  pw.responseLen = w.responseLen;
-  pw.microBatch = w.microBatch;
-  pw.microBatchGiven = w.microBatchGiven;
+  pl::Workload pw = toPlacement(w, hasCritic);
   for (TrainOp t : module.getOps<TrainOp>()) {
     pw.miniBatch = t.getMinibatchAttr().getInt();
     break;
@@ -83,6 +109,38 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
   opts.executable = executable;
   out.result = pl::searchPlacement(out.roles, dev, m, pw, cal, opts);
   return out;
+}
+
+double predictedStepSeconds(RoleOp role, llvm::StringRef method, const Workload &w,
+                            MeshOp mesh, const pl::Calibration &cal, bool ppo) {
+  auto model = role.getModelAttr()
+                   ? SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr())
+                   : ModelOp();
+  auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
+      mesh, StringAttr::get(mesh.getContext(), mesh.getDevice()));
+  if (!model || !device)
+    return -1;
+  const pl::RoleSpec spec = specOf(role, model);
+  const pl::Device dev = deviceOf(device);
+  const pl::Mesh m = meshOf(mesh);
+  const pl::Workload pw = toPlacement(w, ppo);
+  const auto train = toLayout(role.getTrain()), gen = toLayout(role.getGenerate());
+  const int64_t ranks = role.getRanks() ? static_cast<int64_t>(role.getRanks()->size()) : 0;
+  const int64_t genRanks = role.getGenerateRanks() && !role.getGenerateRanks()->empty()
+                               ? static_cast<int64_t>(role.getGenerateRanks()->size())
+                               : ranks;
+  if (ranks <= 0)
+    return -1;
+  if (method == "generate")
+    return pl::generateSeconds(spec, gen, genRanks, dev, m, pw, cal).total();
+  if (method == "logprob" || method == "values" || method == "score")
+    return pl::forwardSeconds(spec, train, ranks, dev, m, pw, cal).total();
+  if (method == "update" || method == "sft" || method == "fit")
+    return pl::trainSeconds(spec, train, ranks, dev, m, pw, cal).total();
+  if (method == "reshard")
+    return pl::transitionSeconds(spec, train, gen, ranks + (genRanks != ranks ? genRanks : 0), m,
+                                 cal);
+  return -1;
 }
 
 } // namespace hflow::planner

@@ -9,6 +9,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_ROLESEARCH_H
 #define HFLOW_COMPILER_PLANNER_ROLESEARCH_H
 
+#include "compiler/planner/Memory.h"
 #include "compiler/planner/Search.h"
 
 #include "dialects/hflow/HflowOps.h"
@@ -37,6 +38,19 @@ ModuleSearch searchModule(mlir::ModuleOp module, mlir::hflow::MeshOp mesh, int k
                           const ::hflow::placement::Calibration &cal =
                               ::hflow::placement::Calibration(),
                           bool executable = false);
+
+/// The cost model's time of one step of a plan, per iteration, in seconds
+/// (hflowc writes it into the plan; hflow-run prints it against what it
+/// measures): `method` of `role` at workload `w` on `mesh` ("generate":
+/// prefill and decode on the generate layout and ranks; "logprob",
+/// "values", "score": one forward pass over the batch; "update", "sft",
+/// "fit": the training stage; "reshard": the train -> generate weight
+/// transition), on the role's own ranks. Negative when not modelled (no
+/// model, an unknown method, the mesh's device not declared). `ppo`: the
+/// flow has a critic (the workload's algorithm).
+double predictedStepSeconds(mlir::hflow::RoleOp role, llvm::StringRef method,
+                            const Workload &w, mlir::hflow::MeshOp mesh,
+                            const ::hflow::placement::Calibration &cal, bool ppo);
 
 } // namespace hflow::planner
 

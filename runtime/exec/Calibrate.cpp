@@ -29,6 +29,7 @@
 #include "runtime/exec/EngineSupport.h"
 
 #include "runtime/schema/CalibrationFile.h"
+#include "runtime/report/HtmlReport.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/C10dCommunicator.h"
 #include "runtime/models/Llama.h"
@@ -38,7 +39,10 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -554,6 +558,127 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
   } catch (const std::exception &e) {
     return fail(comm::oneLineError(e));
   }
+}
+
+int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsPath,
+                         const std::string &outPath, bool quiet) {
+  auto fail = [](const std::string &msg) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "hflow-run: error: --calibrate-from: %s\n", msg.c_str());
+    return 1;
+  };
+  const plan::Plan &p = *lp.plan();
+  std::vector<nlohmann::json> rows;
+  try {
+    rows = report::readMetricsJsonl(metricsPath);
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+  // Each step's measured time: the median over the iterations that ran it
+  // (ms_step_N is the iteration's slowest rank).
+  std::map<int, std::vector<double>> measured;
+  for (const nlohmann::json &r : rows)
+    for (auto it = r.begin(); it != r.end(); ++it)
+      if (it.key().rfind("ms_step_", 0) == 0 && it->is_number())
+        measured[std::atoi(it.key().c_str() + 8)].push_back(it->get<double>());
+  if (measured.empty())
+    return fail(metricsPath + " has no step times (ms_step_N): not the metrics of a run");
+  const int steps = p.steps() ? (int)p.steps()->size() : 0;
+  // Kinds of step and the constants each one's time scales with.
+  enum Kind { Train, Forward, Generate, Reshard, Kinds };
+  const char *kindName[] = {"training", "forward", "generation", "weight reshard"};
+  std::vector<std::vector<double>> ratio(Kinds);
+  bool predictedAny = false;
+  if (!quiet)
+    std::printf("hflow-run: --calibrate-from %s: each modelled step of %s, ms per iteration\n",
+                metricsPath.c_str(), str(p.program(), "?").c_str());
+  for (auto &[s, ms] : measured) {
+    if (s < 0 || s >= steps)
+      return fail(metricsPath + ": ms_step_" + std::to_string(s) + " is not a step of the plan (" +
+                  std::to_string(steps) + " steps): the metrics of another plan?");
+    const plan::Step &st = *p.steps()->Get(s);
+    if (st.predicted_s() < 0)
+      continue;
+    predictedAny = true;
+    const std::string m = str(st.method());
+    Kind k = st.kind() == plan::StepKind::Reshard ? Reshard
+             : m == "generate"                      ? Generate
+             : (m == "update" || m == "sft" || m == "fit") ? Train
+                                                         : Forward;
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double pred = st.predicted_s() * 1000.0;
+    if (med > 0 && pred > 0)
+      ratio[k].push_back(pred / med);
+    if (!quiet) {
+      const std::string role = st.role() >= 0 && p.roles() && st.role() < (int)p.roles()->size()
+                                   ? str(p.roles()->Get(st.role())->name())
+                                   : "?";
+      std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
+                  (k == Reshard ? "reshard " + role : role + "." + m).c_str(), kindName[k], pred,
+                  med, pred > 0 ? med / pred : 0.0);
+    }
+  }
+  if (!predictedAny)
+    return fail("the plan of " + str(p.program(), "?") +
+                " carries no predicted step times: compile it with this hflowc (plan format "
+                "2.11 or later)");
+  placement::Calibration cal; // what the plan was predicted with: hflowc's defaults
+  std::vector<std::pair<std::string, double>> out;
+  std::map<std::string, double> fitted;
+  auto scale = [&](const char *key, double placement::Calibration::*field, Kind k) {
+    if (ratio[k].empty())
+      return;
+    std::vector<double> v = ratio[k];
+    std::sort(v.begin(), v.end());
+    const double r = v[v.size() / 2];
+    double value = cal.*field * r;
+    size_t n = 0;
+    const placement::CalibrationKey *keys = placement::calibrationKeys(n);
+    for (size_t i = 0; i < n; ++i)
+      if (std::string(keys[i].name) == key)
+        value = std::min(keys[i].max, std::max(keys[i].min, value));
+    fitted[key] = value;
+    out.push_back({key, value});
+  };
+  scale("trainEfficiency", &placement::Calibration::trainEfficiency, Train);
+  scale("forwardEfficiency", &placement::Calibration::forwardEfficiency, Forward);
+  scale("prefillEfficiency", &placement::Calibration::prefillEfficiency, Generate);
+  scale("decodeComputeEfficiency", &placement::Calibration::decodeComputeEfficiency, Generate);
+  scale("decodeBandwidthEfficiency", &placement::Calibration::decodeBandwidthEfficiency, Generate);
+  scale("linkEfficiency", &placement::Calibration::linkEfficiency, Reshard);
+  if (out.empty())
+    return fail("no modelled step with a measured and a predicted time above 0");
+  std::string json = "{\n";
+  for (auto &[k, v] : out)
+    json += "  \"" + k + "\": " + number(v) + ",\n";
+  json += "  \"measured\": {";
+  bool first = true;
+  for (int k = 0; k < Kinds; ++k) {
+    if (ratio[k].empty())
+      continue;
+    std::vector<double> v = ratio[k];
+    std::sort(v.begin(), v.end());
+    std::string name = kindName[k];
+    std::replace(name.begin(), name.end(), ' ', '_');
+    json += std::string(first ? "" : ",") + "\n    \"" + name + "_predicted_over_measured\": " +
+            number(v[v.size() / 2]);
+    first = false;
+  }
+  json += "\n  }\n}\n";
+  std::string err;
+  placement::Calibration check;
+  if (!placement::loadCalibration(json, check, err))
+    return fail("the fitted file does not load: " + err);
+  if (!writeAtomically(outPath, json, err))
+    return fail(err);
+  if (!quiet) {
+    for (auto &[k, v] : out)
+      std::printf("  %-26s %s\n", k.c_str(), number(v).c_str());
+    std::printf("hflow-run: wrote %s (hflowc --calibration %s)\n", outPath.c_str(),
+                outPath.c_str());
+  }
+  return 0;
 }
 
 } // namespace hflow::exec

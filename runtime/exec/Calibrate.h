@@ -75,6 +75,18 @@ std::vector<DerivedConstant> deriveCalibration(const CalibrationMeasurement &m);
 std::string calibrationJson(const CalibrationMeasurement &m,
                             const std::vector<DerivedConstant> &derived);
 
+/// --calibrate-from: the constants fitted from a finished run of `plan`
+/// (its --metrics file `metricsPath`): per kind of step (training, forward,
+/// generation, weight reshard), the median over the plan's modelled steps of
+/// predicted / measured time (each step's median over iterations of the
+/// metrics' ms_step_N) scales the efficiencies the plan was predicted with
+/// (hflowc's defaults; time goes as 1 / efficiency), clamped to the file's
+/// ranges. Writes the calibration file to `outPath` and prints, per step,
+/// predicted and measured. Returns the exit status (1 with a message on
+/// stderr for a bad input).
+int calibrateFromMetrics(const plan::LoadedPlan &plan, const std::string &metricsPath,
+                         const std::string &outPath, bool quiet);
+
 } // namespace hflow::exec
 
 #endif // HFLOW_RUNTIME_EXEC_CALIBRATE_H

@@ -39,6 +39,21 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   at::Tensor all = world_->allGatherFlat(mine).cpu();
   if (j_.rank != 0)
     return;
+  {
+    // Each rank's time in each step of the iteration (0: not its step).
+    auto A = all.accessor<double, 2>();
+    for (int k = 0; k < ph.count && it >= 0; ++k) {
+      auto &per = stepMeasured_[ph.first + k];
+      per.resize((size_t)all.size(0), {0.0, 0});
+      for (int64_t r = 0; r < all.size(0); ++r) {
+        const double m = A[r][MNumMetrics + 3 + k];
+        if (m > 0) {
+          per[(size_t)r].first += m;
+          ++per[(size_t)r].second;
+        }
+      }
+    }
+  }
   at::Tensor sum = all.sum(0);
   auto S = [&](int k) { return sum[k].item<double>(); };
   auto mean = [&](int num, int den) { return S(den) > 0 ? S(num) / S(den) : NAN; };
@@ -356,6 +371,7 @@ void Worker::printSummary(const at::Tensor &all) {
                 all[r][0].item<double>(), fmtBytes(all[r][1].item<double>()).c_str(),
                 fmtBytes(all[r][2].item<double>()).c_str());
   printMemory(all, 3);
+  printStepTimes();
   if (reshardCount_ > 0)
     std::printf(o_.reshard == "naive"
                     ? "weight reshards: %d, moved %s by naive gathers (the plan's naive "
@@ -417,6 +433,55 @@ std::array<double, Worker::kMemoryFigures> Worker::heldMemory(const RoleRt &rr) 
     for (const at::Tensor &p : rr.model->parameters())
       m[3] += bytesOf(p);
   return m;
+}
+
+/// Each modelled step of the plan: the time hflowc's cost model predicted
+/// (the plan's predicted_s, format 2.11) against the mean measured per
+/// iteration on each rank that ran it.
+void Worker::printStepTimes() {
+  std::vector<int> modelled;
+  for (auto &[s, per] : stepMeasured_)
+    if (step(s).predicted_s() >= 0)
+      modelled.push_back(s);
+  if (modelled.empty())
+    return;
+  const plan::Mesh &mesh = *p_.meshes()->Get(0);
+  std::printf("time per step (ms per iteration; predicted by the plan's cost model for mesh "
+              "'%s' (%s); measured: the mean on each rank that ran it):\n",
+              str(mesh.name()).c_str(), str(mesh.device()).c_str());
+  std::vector<double> ratios;
+  for (int s : modelled) {
+    const plan::Step &st = step(s);
+    const std::string what = st.kind() == plan::StepKind::Reshard
+                                 ? "reshard " + str(role(st.role()).name())
+                                 : str(role(st.role()).name()) + "." + str(st.method());
+    const double predicted = st.predicted_s() * 1000.0;
+    std::string measured;
+    double sum = 0;
+    int ranks = 0;
+    const auto &per = stepMeasured_[s];
+    for (size_t r = 0; r < per.size(); ++r)
+      if (per[r].second > 0) {
+        const double m = per[r].first / per[r].second;
+        char b[64];
+        std::snprintf(b, sizeof b, "%srank %zu %.2f", ranks ? ", " : "", r, m);
+        measured += b;
+        sum += m;
+        ++ranks;
+      }
+    if (!ranks)
+      continue;
+    const double mean = sum / ranks;
+    if (predicted > 0)
+      ratios.push_back(mean / predicted);
+    std::printf("  #%-3d %-20s predicted %9.3f  measured %s  (x%.3g)\n", s, what.c_str(),
+                predicted, measured.c_str(), predicted > 0 ? mean / predicted : 0.0);
+  }
+  if (!ratios.empty()) {
+    std::sort(ratios.begin(), ratios.end());
+    std::printf("measured / predicted: %.3g to %.3g over %zu steps (median %.3g)\n",
+                ratios.front(), ratios.back(), ratios.size(), ratios[ratios.size() / 2]);
+  }
 }
 
 void Worker::printMemory(const at::Tensor &all, int first) {

@@ -419,6 +419,10 @@ private:
   std::FILE *metricsOut_ = nullptr;
   /// The metrics rows of this run, for --report (rank 0).
   std::vector<std::string> reportLines_;
+  /// Per plan step, per rank: milliseconds summed over the iterations that
+  /// ran it, and their count (rank 0; the summary's predicted vs measured).
+  std::map<int, std::vector<std::pair<double, int>>> stepMeasured_;
+  void printStepTimes();
   std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
   int currentStep_ = -1;
   std::string currentPhase_;

@@ -105,6 +105,12 @@ options:
                        efficiencies of the nominal figures of PLAN's mesh
                        (device FLOP/s and memory bandwidth, intra-node link);
                        prints what it measured (about 10 s)
+  --calibrate-from METRICS  with --calibrate FILE: fit the constants from a
+                       finished run of PLAN instead (its --metrics file): each
+                       step's measured time against the time the plan predicts
+                       (training, forward, generation efficiencies, link
+                       efficiency), so the next plan is predicted with this
+                       machine's figures; runs nothing
   --quiet              print nothing but errors
   --verbose            every rank prints its steps (not only rank 0 the summary)
   --dry-run            verify the plan and print what each rank would do, run nothing
@@ -279,6 +285,13 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
           return false;
         }
       o.run.exportHf.emplace_back(roleName, dir);
+    } else if (a == "--calibrate-from") {
+      if (!needValue(o.calibrateFrom))
+        return false;
+      if (o.calibrateFrom.empty()) {
+        error = "--calibrate-from needs a metrics file";
+        return false;
+      }
     } else if (a == "--calibrate") {
       if (!needValue(o.calibrateOut))
         return false;
@@ -384,6 +397,10 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
                 ? "missing the plan file argument"
                 : "--calibrate needs a plan file: its mesh gives the nominal "
                   "device and link figures the measurements are compared with";
+    return false;
+  }
+  if (!o.calibrateFrom.empty() && o.calibrateOut.empty()) {
+    error = "--calibrate-from needs --calibrate OUT.json (where the fitted constants go)";
     return false;
   }
   if (!o.calibrateOut.empty() && o.dryRun) {

@@ -35,6 +35,8 @@ struct Options {
   /// the cost model's calibration file (runtime/exec/Calibrate.h) instead
   /// of running the plan.
   std::string calibrateOut;
+  /// --calibrate-from: fit --calibrate's file from a finished run's metrics.
+  std::string calibrateFrom;
   /// What the run does: the runtime's own options, bound to flags here
   /// (docs/runtime.md).
   exec::RunOptions run;

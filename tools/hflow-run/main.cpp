@@ -156,6 +156,8 @@ int main(int argc, char **argv) {
   if (!plan::loadPlanFile(o.planPath, lp, err))
     return error(2, err);
   const int world = lp.plan()->world_size();
+  if (!o.calibrateFrom.empty())
+    return exec::calibrateFromMetrics(lp, o.calibrateFrom, o.calibrateOut, o.run.quiet);
   if (!o.calibrateOut.empty())
     return calibrate(lp, o, args, argv[0]);
   if (o.dryRun) {

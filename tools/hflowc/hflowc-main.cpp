@@ -126,10 +126,10 @@ int main(int argc, char **argv) {
 
   // The calibration file is checked before the program: a bad file is one
   // line, and nothing is compiled or written.
+  ::hflow::placement::Calibration cal;
   if (calibrationFile.getNumOccurrences() > 0) {
     if (calibrationFile.empty())
       return fail("--calibration needs a file name");
-    ::hflow::placement::Calibration cal;
     std::string calError;
     if (!::hflow::placement::loadCalibrationFile(calibrationFile, cal, calError))
       return fail(calError);
@@ -224,6 +224,7 @@ int main(int argc, char **argv) {
   ::hflow::EmitOptions opts;
   opts.flow = flowName;
   opts.compilerVersion = std::string("hflowc ") + HFLOW_VERSION;
+  opts.calibration = cal;
   std::vector<uint8_t> plan;
   if (failed(::hflow::emitPlan(*module, opts, plan)))
     return finishWithErrors();
