@@ -129,17 +129,25 @@ double predictedStepSeconds(RoleOp role, llvm::StringRef method, const Workload 
   const int64_t genRanks = role.getGenerateRanks() && !role.getGenerateRanks()->empty()
                                ? static_cast<int64_t>(role.getGenerateRanks()->size())
                                : ranks;
-  if (ranks <= 0)
+  // The cost model times a layout on exactly its devices; anything else
+  // (a layout that does not fill the role's ranks) is not modelled.
+  if (ranks <= 0 || train.size() != ranks)
     return -1;
   if (method == "generate")
-    return pl::generateSeconds(spec, gen, genRanks, dev, m, pw, cal).total();
+    return gen.size() == genRanks ? pl::generateSeconds(spec, gen, genRanks, dev, m, pw, cal).total()
+                                  : -1;
   if (method == "logprob" || method == "values" || method == "score")
     return pl::forwardSeconds(spec, train, ranks, dev, m, pw, cal).total();
   if (method == "update" || method == "sft" || method == "fit")
     return pl::trainSeconds(spec, train, ranks, dev, m, pw, cal).total();
+  // The train -> generate transition as the search times it: both layouts
+  // on the same ranks. An actor generating apart moves its weights between
+  // disjoint ranks, which the search does not time: not modelled.
   if (method == "reshard")
-    return pl::transitionSeconds(spec, train, gen, ranks + (genRanks != ranks ? genRanks : 0), m,
-                                 cal);
+    return genRanks == ranks && gen.size() == ranks &&
+                   !(role.getGenerateRanks() && !role.getGenerateRanks()->empty())
+               ? pl::transitionSeconds(spec, train, gen, ranks, m, cal)
+               : -1;
   return -1;
 }
 
