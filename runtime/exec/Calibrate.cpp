@@ -319,6 +319,18 @@ bool writeAtomically(const std::string &path, const std::string &text,
   return true;
 }
 
+/// Writes a calibration file after loading it with what `hflowc
+/// --calibration` reads it with (the same code): a file that would not load
+/// is an internal error, never written.
+bool writeCalibrationFile(const std::string &path, const std::string &json, std::string &error) {
+  placement::Calibration check;
+  if (!placement::loadCalibration(json, check, error)) {
+    error = "internal error: the calibration file does not load: " + error;
+    return false;
+  }
+  return writeAtomically(path, json, error);
+}
+
 } // namespace
 
 std::string calibrationPlanProblem(const plan::LoadedPlan &lp) {
@@ -489,12 +501,8 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
 
     std::vector<DerivedConstant> derived = deriveCalibration(m);
     std::string json = calibrationJson(m, derived);
-    // What `hflowc --calibration` will read: check it here, by the same code.
-    placement::Calibration check;
     std::string err;
-    if (!placement::loadCalibration(json, check, err))
-      return fail("internal error: the calibration written does not load: " + err);
-    if (!writeAtomically(outPath, json, err))
+    if (!writeCalibrationFile(outPath, json, err))
       return fail(err);
 
     if (talk) {
@@ -610,43 +618,41 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
     const double pred = st.predicted_s() * 1000.0;
     if (med > 0 && pred > 0)
       ratio[k].push_back(pred / med);
-    if (!quiet) {
-      const std::string role = st.role() >= 0 && p.roles() && st.role() < (int)p.roles()->size()
-                                   ? str(p.roles()->Get(st.role())->name())
-                                   : "?";
+    if (!quiet)
       std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
-                  (k == Reshard ? "reshard " + role : role + "." + m).c_str(), kindName[k], pred,
-                  med, pred > 0 ? med / pred : 0.0);
-    }
+                  stepLabel(p, s).c_str(), kindName[k], pred, med, pred > 0 ? med / pred : 0.0);
   }
   if (!predictedAny)
     return fail("the plan of " + str(p.program(), "?") +
                 " carries no predicted step times: compile it with this hflowc (plan format "
                 "2.11 or later)");
-  placement::Calibration cal; // what the plan was predicted with: hflowc's defaults
+  // Per kind, the median of predicted / measured over its steps (NaN: none).
+  std::vector<double> kindRatio(Kinds, NAN);
+  for (int k = 0; k < Kinds; ++k)
+    if (!ratio[k].empty()) {
+      std::sort(ratio[k].begin(), ratio[k].end());
+      kindRatio[k] = ratio[k][ratio[k].size() / 2];
+    }
+  // Each constant scaled from what the plan was predicted with (hflowc's
+  // defaults), clamped to the range the file accepts (the key table).
+  const placement::Calibration cal;
+  size_t nKeys = 0;
+  const placement::CalibrationKey *keys = placement::calibrationKeys(nKeys);
   std::vector<std::pair<std::string, double>> out;
-  std::map<std::string, double> fitted;
-  auto scale = [&](const char *key, double placement::Calibration::*field, Kind k) {
-    if (ratio[k].empty())
+  auto scale = [&](const char *key, Kind k) {
+    if (std::isnan(kindRatio[k]))
       return;
-    std::vector<double> v = ratio[k];
-    std::sort(v.begin(), v.end());
-    const double r = v[v.size() / 2];
-    double value = cal.*field * r;
-    size_t n = 0;
-    const placement::CalibrationKey *keys = placement::calibrationKeys(n);
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < nKeys; ++i)
       if (std::string(keys[i].name) == key)
-        value = std::min(keys[i].max, std::max(keys[i].min, value));
-    fitted[key] = value;
-    out.push_back({key, value});
+        out.push_back({key, std::min(keys[i].max,
+                                     std::max(keys[i].min, cal.*keys[i].field * kindRatio[k]))});
   };
-  scale("trainEfficiency", &placement::Calibration::trainEfficiency, Train);
-  scale("forwardEfficiency", &placement::Calibration::forwardEfficiency, Forward);
-  scale("prefillEfficiency", &placement::Calibration::prefillEfficiency, Generate);
-  scale("decodeComputeEfficiency", &placement::Calibration::decodeComputeEfficiency, Generate);
-  scale("decodeBandwidthEfficiency", &placement::Calibration::decodeBandwidthEfficiency, Generate);
-  scale("linkEfficiency", &placement::Calibration::linkEfficiency, Reshard);
+  scale("trainEfficiency", Train);
+  scale("forwardEfficiency", Forward);
+  scale("prefillEfficiency", Generate);
+  scale("decodeComputeEfficiency", Generate);
+  scale("decodeBandwidthEfficiency", Generate);
+  scale("linkEfficiency", Reshard);
   if (out.empty())
     return fail("no modelled step with a measured and a predicted time above 0");
   std::string json = "{\n";
@@ -655,22 +661,17 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   json += "  \"measured\": {";
   bool first = true;
   for (int k = 0; k < Kinds; ++k) {
-    if (ratio[k].empty())
+    if (std::isnan(kindRatio[k]))
       continue;
-    std::vector<double> v = ratio[k];
-    std::sort(v.begin(), v.end());
     std::string name = kindName[k];
     std::replace(name.begin(), name.end(), ' ', '_');
     json += std::string(first ? "" : ",") + "\n    \"" + name + "_predicted_over_measured\": " +
-            number(v[v.size() / 2]);
+            number(kindRatio[k]);
     first = false;
   }
   json += "\n  }\n}\n";
   std::string err;
-  placement::Calibration check;
-  if (!placement::loadCalibration(json, check, err))
-    return fail("the fitted file does not load: " + err);
-  if (!writeAtomically(outPath, json, err))
+  if (!writeCalibrationFile(outPath, json, err))
     return fail(err);
   if (!quiet) {
     for (auto &[k, v] : out)

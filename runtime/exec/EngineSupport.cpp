@@ -23,6 +23,16 @@ std::vector<int> ints(const flatbuffers::Vector<int32_t> *v) {
   return v ? std::vector<int>(v->begin(), v->end()) : std::vector<int>();
 }
 
+std::string stepLabel(const hflow::plan::Plan &p, int step) {
+  const hflow::plan::Step &st = *p.steps()->Get(step);
+  const std::string role = st.role() >= 0 && p.roles() && st.role() < (int)p.roles()->size()
+                               ? str(p.roles()->Get(st.role())->name())
+                               : std::string();
+  if (st.kind() == hflow::plan::StepKind::Reshard)
+    return "reshard " + role;
+  return role.empty() ? str(st.method()) : role + "." + str(st.method());
+}
+
 std::string rankList(const std::vector<int> &rs) {
   std::string out;
   for (size_t i = 0; i < rs.size();) {

@@ -33,6 +33,9 @@ std::string str(const flatbuffers::String *s, const char *dflt = "");
 std::vector<int> ints(const flatbuffers::Vector<int32_t> *v);
 /// "0-3", "0,2,5-7" ("-" when empty).
 std::string rankList(const std::vector<int> &rs);
+/// A plan step by role and method: "actor.generate", "reshard actor", or
+/// the builtin's name.
+std::string stepLabel(const hflow::plan::Plan &p, int step);
 /// "512 B", "1.5 KiB", "3.2 MiB".
 std::string fmtBytes(double b);
 /// A 64-bit mix of two seeds (splitmix64 finaliser).

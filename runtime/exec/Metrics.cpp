@@ -451,11 +451,8 @@ void Worker::printStepTimes() {
               str(mesh.name()).c_str(), str(mesh.device()).c_str());
   std::vector<double> ratios;
   for (int s : modelled) {
-    const plan::Step &st = step(s);
-    const std::string what = st.kind() == plan::StepKind::Reshard
-                                 ? "reshard " + str(role(st.role()).name())
-                                 : str(role(st.role()).name()) + "." + str(st.method());
-    const double predicted = st.predicted_s() * 1000.0;
+    const std::string what = stepLabel(p_, s);
+    const double predicted = step(s).predicted_s() * 1000.0;
     std::string measured;
     double sum = 0;
     int ranks = 0;

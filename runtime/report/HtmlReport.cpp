@@ -352,9 +352,11 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
       if (r->contains("time_s") && (*r)["time_s"].is_number())
         end = std::max(end, (*r)["time_s"].get<double>());
     }
-    const std::string loss = firstLast("sft_loss") != "&mdash;"  ? firstLast("sft_loss")
-                             : firstLast("pg_loss") != "&mdash;" ? firstLast("pg_loss")
-                                                                 : firstLast("rm_loss");
+    // The phase's loss: the first of these it has.
+    std::string loss = "&mdash;";
+    for (const char *k : {"sft_loss", "pg_loss", "rm_loss"})
+      if (loss == "&mdash;")
+        loss = firstLast(k);
     table << "<tr><td>" << esc(p.name) << "</td><td>" << pr.size() << "</td><td>"
           << num(end - lastTime) << " s</td><td>"
           << (ms.empty() ? "&mdash;" : num(median(ms)) + " ms") << "</td><td>"
