@@ -310,8 +310,20 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
                argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
                         : "arg" + std::to_string(arg.getArgNumber()),
                -1);
+    // The batch moves planned before the next step (format 2.12).
+    llvm::SmallVector<BatchReshardOp> moves;
+    auto movesPredicted = [&]() {
+      const double s = ::hflow::planner::predictedMoveSeconds(moves, firstMesh,
+                                                              options.calibration);
+      moves.clear();
+      return s;
+    };
     for (Operation &op : body) {
       std::string loc = locString(op.getLoc());
+      if (auto mv = dyn_cast<BatchReshardOp>(op)) {
+        moves.push_back(mv);
+        continue;
+      }
       if (auto rop = dyn_cast<ReshardOp>(op)) {
         // The weights move as planned: the same plan the pass summarised and
         // --print-reshard-plan prints, every transfer with its ranges.
@@ -371,7 +383,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
             b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
             -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
             b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
-            predicted(role, "reshard")));
+            predicted(role, "reshard"), movesPredicted()));
         auto both = reshardRanks.find(it->second);
         stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
         continue;
@@ -397,7 +409,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         steps.push_back(fb::CreateStep(
             b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
             b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
-            b.CreateString(loc)));
+            b.CreateString(loc), -1, -1.0, movesPredicted()));
         stepRanks.push_back({0});
         continue;
       }
@@ -435,7 +447,8 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
           b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
-          b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0));
+          b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
+          movesPredicted()));
       stepRanks.push_back(ranksHere);
       steps.push_back(fb::CreateStep(
           b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),

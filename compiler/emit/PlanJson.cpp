@@ -179,6 +179,8 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
               j.attribute("reshard", s->reshard());
             if (s->predicted_s() >= 0)
               j.attribute("predicted_s", s->predicted_s());
+            if (s->moves_predicted_s() >= 0)
+              j.attribute("moves_predicted_s", s->moves_predicted_s());
           });
     });
     j.attributeArray("reshards", [&] {

@@ -131,12 +131,17 @@ std::optional<double> estimateSeconds(const rs::Plan &plan, RoleOp role,
   MeshOp mesh = meshOf(role);
   if (!mesh || !mesh.getIntraAttr())
     return std::nullopt;
-  const double intra = mesh.getIntraAttr().getValueAsDouble() * cal.linkEfficiency;
-  const double inter = (mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble()
-                                            : mesh.getIntraAttr().getValueAsDouble()) *
-                       cal.linkEfficiency;
-  const int64_t perNode = mesh.getPerNodeAttr().getInt();
-  const std::vector<int64_t> ranks = reshardRanks(role);
+  const double intra = mesh.getIntraAttr().getValueAsDouble();
+  const double inter = mesh.getInterAttr() ? mesh.getInterAttr().getValueAsDouble() : intra;
+  return estimateSeconds(plan, reshardRanks(role), mesh.getPerNodeAttr().getInt(), intra,
+                         inter, cal);
+}
+
+double estimateSeconds(const rs::Plan &plan, const std::vector<int64_t> &ranks,
+                       int64_t perNode, double intraBw, double interBw,
+                       const ::hflow::placement::Calibration &cal) {
+  const double intra = intraBw * cal.linkEfficiency;
+  const double inter = interBw * cal.linkEfficiency;
   struct Load {
     double intraBytes = 0, interBytes = 0;
     int64_t intraMsgs = 0, interMsgs = 0;

@@ -68,6 +68,14 @@ estimateSeconds(const ::hflow::reshard::Plan &plan, mlir::hflow::RoleOp role,
                 const ::hflow::placement::Calibration &cal =
                     ::hflow::placement::Calibration());
 
+/// The same on explicit links: `ranks` are the global ranks the plan's
+/// src/dst index, `perNode` ranks share a node, bandwidths in bytes/s
+/// (before `cal.linkEfficiency`).
+double estimateSeconds(const ::hflow::reshard::Plan &plan,
+                       const std::vector<int64_t> &ranks, int64_t perNode,
+                       double intraBw, double interBw,
+                       const ::hflow::placement::Calibration &cal);
+
 /// The Calibration a pass option names: the defaults for an empty path,
 /// else loadCalibrationFile's figures. Returns false with its one-line
 /// message ("calibration PATH: ...").

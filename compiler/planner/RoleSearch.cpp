@@ -142,13 +142,39 @@ double predictedStepSeconds(RoleOp role, llvm::StringRef method, const Workload 
     return pl::trainSeconds(spec, train, ranks, dev, m, pw, cal).total();
   // The train -> generate transition as the search times it: both layouts
   // on the same ranks. An actor generating apart moves its weights between
-  // disjoint ranks, which the search does not time: not modelled.
-  if (method == "reshard")
-    return genRanks == ranks && gen.size() == ranks &&
-                   !(role.getGenerateRanks() && !role.getGenerateRanks()->empty())
-               ? pl::transitionSeconds(spec, train, gen, ranks, m, cal)
-               : -1;
+  // disjoint ranks, which the search does not time: the reshard plan's own
+  // transfers on the mesh's links (the cost model's bandwidths where the
+  // mesh names none).
+  if (method == "reshard") {
+    const bool apart = role.getGenerateRanks() && !role.getGenerateRanks()->empty();
+    if (!apart)
+      return genRanks == ranks && gen.size() == ranks
+                 ? pl::transitionSeconds(spec, train, gen, ranks, m, cal)
+                 : -1;
+    auto plan = planRoleReshard(role);
+    if (!plan)
+      return -1;
+    return estimateSeconds(*plan, reshardRanks(role), m.perNode, m.intraBw, m.interBw, cal);
+  }
   return -1;
+}
+
+double predictedMoveSeconds(llvm::ArrayRef<BatchReshardOp> moves, MeshOp mesh,
+                            const pl::Calibration &cal) {
+  if (moves.empty() || !mesh)
+    return -1;
+  const pl::Mesh m = meshOf(mesh);
+  double worst = 0;
+  bool any = false;
+  for (BatchReshardOp op : moves) {
+    // Every rank reads the prompts itself (hflow-run makes them from the
+    // data set where they are needed): nothing travels.
+    if (cast<BatchType>(op.getValue().getType()).getKind() == BatchKind::Prompts)
+      continue;
+    any = true;
+    worst = std::max(worst, pl::p2pSeconds(double(op.getMaxRecv()), m.nodes > 1, m, cal));
+  }
+  return any ? worst : -1;
 }
 
 } // namespace hflow::planner

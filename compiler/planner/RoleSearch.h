@@ -52,6 +52,17 @@ double predictedStepSeconds(mlir::hflow::RoleOp role, llvm::StringRef method,
                             const Workload &w, mlir::hflow::MeshOp mesh,
                             const ::hflow::placement::Calibration &cal, bool ppo);
 
+/// The cost model's time of batch moves that bring one step its inputs
+/// (the batch reshards the compiler planned before it), per iteration, in
+/// seconds: the most bytes one rank receives over the mesh's links (inter-
+/// node when the mesh has more than one node) and one message latency, for
+/// each move; the moves before one step go in parallel, so the slowest
+/// decides. Prompts do not count (every rank reads them from the data set).
+/// Negative when nothing moves.
+double predictedMoveSeconds(llvm::ArrayRef<mlir::hflow::BatchReshardOp> moves,
+                            mlir::hflow::MeshOp mesh,
+                            const ::hflow::placement::Calibration &cal);
+
 } // namespace hflow::planner
 
 #endif // HFLOW_COMPILER_PLANNER_ROLESEARCH_H

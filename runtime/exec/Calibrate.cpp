@@ -584,17 +584,22 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   }
   // Each step's measured time: the median over the iterations that ran it
   // (ms_step_N is the iteration's slowest rank).
-  std::map<int, std::vector<double>> measured;
+  // ms_moves_N: the batch moves before step N (format 2.12 plans).
+  std::map<int, std::vector<double>> measured, moves;
   for (const nlohmann::json &r : rows)
-    for (auto it = r.begin(); it != r.end(); ++it)
+    for (auto it = r.begin(); it != r.end(); ++it) {
       if (it.key().rfind("ms_step_", 0) == 0 && it->is_number())
         measured[std::atoi(it.key().c_str() + 8)].push_back(it->get<double>());
+      if (it.key().rfind("ms_moves_", 0) == 0 && it->is_number())
+        moves[std::atoi(it.key().c_str() + 9)].push_back(it->get<double>());
+    }
   if (measured.empty())
     return fail(metricsPath + " has no step times (ms_step_N): not the metrics of a run");
   const int steps = p.steps() ? (int)p.steps()->size() : 0;
   // Kinds of step and the constants each one's time scales with.
-  enum Kind { Train, Forward, Generate, Reshard, Kinds };
-  const char *kindName[] = {"training", "forward", "generation", "weight reshard"};
+  enum Kind { Train, Forward, Generate, Reshard, Moves, Kinds };
+  const char *kindName[] = {"training", "forward", "generation", "weight reshard",
+                            "batch move"};
   std::vector<std::vector<double>> ratio(Kinds);
   bool predictedAny = false;
   if (!quiet)
@@ -622,6 +627,24 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
       std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
                   stepLabel(p, s).c_str(), kindName[k], pred, med, pred > 0 ? med / pred : 0.0);
   }
+  // The batch moves: small messages, so their time is the link's latency.
+  for (auto &[s, ms] : moves) {
+    if (s < 0 || s >= steps)
+      return fail(metricsPath + ": ms_moves_" + std::to_string(s) + " is not a step of the plan (" +
+                  std::to_string(steps) + " steps): the metrics of another plan?");
+    const plan::Step &st = *p.steps()->Get(s);
+    if (st.moves_predicted_s() < 0)
+      continue;
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double pred = st.moves_predicted_s() * 1000.0;
+    if (med > 0 && pred > 0)
+      ratio[Moves].push_back(pred / med);
+    if (!quiet)
+      std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
+                  ("rows for " + stepLabel(p, s)).c_str(), kindName[Moves], pred, med,
+                  pred > 0 ? med / pred : 0.0);
+  }
   if (!predictedAny)
     return fail("the plan of " + str(p.program(), "?") +
                 " carries no predicted step times: compile it with this hflowc (plan format "
@@ -639,20 +662,25 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   size_t nKeys = 0;
   const placement::CalibrationKey *keys = placement::calibrationKeys(nKeys);
   std::vector<std::pair<std::string, double>> out;
-  auto scale = [&](const char *key, Kind k) {
-    if (std::isnan(kindRatio[k]))
+  auto scaleBy = [&](const char *key, double factor) {
+    if (std::isnan(factor) || factor <= 0)
       return;
     for (size_t i = 0; i < nKeys; ++i)
       if (std::string(keys[i].name) == key)
         out.push_back({key, std::min(keys[i].max,
-                                     std::max(keys[i].min, cal.*keys[i].field * kindRatio[k]))});
+                                     std::max(keys[i].min, cal.*keys[i].field * factor))});
   };
+  auto scale = [&](const char *key, Kind k) { scaleBy(key, kindRatio[k]); };
   scale("trainEfficiency", Train);
   scale("forwardEfficiency", Forward);
   scale("prefillEfficiency", Generate);
   scale("decodeComputeEfficiency", Generate);
   scale("decodeBandwidthEfficiency", Generate);
   scale("linkEfficiency", Reshard);
+  // A move's latency (alpha within a node, across nodes on a mesh of more)
+  // scales by measured / predicted: a latency, not an efficiency.
+  const bool inter = p.meshes() && p.meshes()->size() > 0 && p.meshes()->Get(0)->nodes() > 1;
+  scaleBy(inter ? "alphaInter" : "alphaIntra", 1 / kindRatio[Moves]);
   if (out.empty())
     return fail("no modelled step with a measured and a predicted time above 0");
   std::string json = "{\n";

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -42,8 +43,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   {
     // Each rank's time in each step of the iteration (0: not its step).
     auto A = all.accessor<double, 2>();
-    for (int k = 0; k < ph.count && it >= 0; ++k) {
-      auto &per = stepMeasured_[ph.first + k];
+    for (int k = 0; k < 2 * ph.count && it >= 0; ++k) {
+      auto &per = (k < ph.count ? stepMeasured_ : movesMeasured_)[ph.first + k % ph.count];
       per.resize((size_t)all.size(0), {0.0, 0});
       for (int64_t r = 0; r < all.size(0); ++r) {
         const double m = A[r][MNumMetrics + 3 + k];
@@ -137,6 +138,11 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       double m = all.select(1, MNumMetrics + 3 + k).max().item<double>();
       if (m > 0)
         add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
+      // The batch moves before the step (the slowest receiving rank).
+      m = all.select(1, MNumMetrics + 3 + ph.count + k).max().item<double>();
+      if (m > 0 && std::any_of(ph.xfers.begin(), ph.xfers.end(),
+                               [&](const Xfer &x) { return x.before == ph.first + k; }))
+        add(("ms_moves_" + std::to_string(ph.first + k)).c_str(), m);
     }
     // Weight reshards of the iteration: bytes received over the roles' ranks
     // and the time of each transition, summed over transitions.
@@ -437,26 +443,37 @@ std::array<double, Worker::kMemoryFigures> Worker::heldMemory(const RoleRt &rr) 
 
 /// Each modelled step of the plan: the time hflowc's cost model predicted
 /// (the plan's predicted_s, format 2.11) against the mean measured per
-/// iteration on each rank that ran it.
+/// iteration on each rank that ran it; then the batch moves before a step
+/// (moves_predicted_s, format 2.12) against the time its receiving ranks
+/// spent on them (waiting for the producer included).
 void Worker::printStepTimes() {
-  std::vector<int> modelled;
+  struct Row {
+    int step;
+    bool moves;
+  };
+  std::vector<Row> rows;
   for (auto &[s, per] : stepMeasured_)
     if (step(s).predicted_s() >= 0)
-      modelled.push_back(s);
-  if (modelled.empty())
+      rows.push_back({s, false});
+  for (auto &[s, per] : movesMeasured_)
+    if (step(s).moves_predicted_s() >= 0)
+      rows.push_back({s, true});
+  if (rows.empty())
     return;
   const plan::Mesh &mesh = *p_.meshes()->Get(0);
   std::printf("time per step (ms per iteration; predicted by the plan's cost model for mesh "
               "'%s' (%s); measured: the mean on each rank that ran it):\n",
               str(mesh.name()).c_str(), str(mesh.device()).c_str());
   std::vector<double> ratios;
-  for (int s : modelled) {
-    const std::string what = stepLabel(p_, s);
-    const double predicted = step(s).predicted_s() * 1000.0;
+  for (const Row &row : rows) {
+    const int s = row.step;
+    const std::string what = (row.moves ? "rows for " : "") + stepLabel(p_, s);
+    const double predicted =
+        (row.moves ? step(s).moves_predicted_s() : step(s).predicted_s()) * 1000.0;
     std::string measured;
     double sum = 0;
     int ranks = 0;
-    const auto &per = stepMeasured_[s];
+    const auto &per = (row.moves ? movesMeasured_ : stepMeasured_)[s];
     for (size_t r = 0; r < per.size(); ++r)
       if (per[r].second > 0) {
         const double m = per[r].first / per[r].second;
@@ -471,12 +488,12 @@ void Worker::printStepTimes() {
     const double mean = sum / ranks;
     if (predicted > 0)
       ratios.push_back(mean / predicted);
-    std::printf("  #%-3d %-20s predicted %9.3f  measured %s  (x%.3g)\n", s, what.c_str(),
+    std::printf("  #%-3d %-28s predicted %9.3f  measured %s  (x%.3g)\n", s, what.c_str(),
                 predicted, measured.c_str(), predicted > 0 ? mean / predicted : 0.0);
   }
   if (!ratios.empty()) {
     std::sort(ratios.begin(), ratios.end());
-    std::printf("measured / predicted: %.3g to %.3g over %zu steps (median %.3g)\n",
+    std::printf("measured / predicted: %.3g to %.3g over %zu rows (median %.3g)\n",
                 ratios.front(), ratios.back(), ratios.size(), ratios[ratios.size() / 2]);
   }
 }

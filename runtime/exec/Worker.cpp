@@ -504,7 +504,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   vals_.clear();
   digests_.clear();
   metrics_.assign(MNumMetrics, 0.0);
-  stepMs_.assign(ph.count, 0.0);
+  stepMs_.assign(2 * ph.count, 0.0);
   auto t0 = Clock::now();
   for (int r = 0; r < p_.world_size(); ++r)
     for (int s : ints(p_.schedules()->Get(r)->steps()))
@@ -550,9 +550,14 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
       stepMs_[s - ph.first] = 0;
       continue;
     }
-    auto ts = Clock::now();
+    auto tm = Clock::now();
     moveRows(ph, s);
-    trace_.span("rows for step " + std::to_string(s), TraceRecorder::kCommunication, ts);
+    trace_.span("rows for step " + std::to_string(s), TraceRecorder::kCommunication, tm);
+    // Counted on the ranks that receive rows for the step.
+    if (std::any_of(ph.xfers.begin(), ph.xfers.end(),
+                    [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
+      stepMs_[ph.count + s - ph.first] = msSince(tm);
+    auto ts = Clock::now();
     if (inMySchedule(s)) {
       if (ahead && s == ph.genStep) {
         // The next iteration's rollout; this one's stays in place.
@@ -768,7 +773,7 @@ int Worker::run() {
     if ((evalSet_ || pairsSet_) && !o_.resume) {
       // Before any training: the starting point of the curve.
       metrics_.assign(MNumMetrics, 0.0);
-      stepMs_.assign(phases_[0].count, 0.0);
+      stepMs_.assign(2 * phases_[0].count, 0.0);
       evaluate("start", -1);
       PhaseRt &ph0 = phases_[0];
       std::string keep = ph0.name;

@@ -411,6 +411,9 @@ private:
   int64_t synthVocab_ = 256; // token ids of synthetic prompts are below this
   std::map<int, Val> vals_;
   std::vector<double> metrics_;
+  /// Per step of the phase, this iteration: [0, count) the step's own time
+  /// on this rank, [count, 2 count) the batch moves that brought its rows
+  /// (the receive side: waiting for a producer counts).
   std::vector<double> stepMs_;
   std::map<int, double> digests_;
   // running_norm's moments per call site (plan step), on the controller;
@@ -422,6 +425,8 @@ private:
   /// Per plan step, per rank: milliseconds summed over the iterations that
   /// ran it, and their count (rank 0; the summary's predicted vs measured).
   std::map<int, std::vector<std::pair<double, int>>> stepMeasured_;
+  /// The same for each step's batch moves.
+  std::map<int, std::vector<std::pair<double, int>>> movesMeasured_;
   void printStepTimes();
   std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
   int currentStep_ = -1;

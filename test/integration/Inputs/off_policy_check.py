@@ -33,7 +33,7 @@ if len(sync) != len(off) or len(sync) < 2:
     sys.exit(f"{len(sync)} synchronous iterations against {len(off)} off-policy ones")
 first_s, first_o = sync[0], off[0]
 for k in set(first_s) | set(first_o):
-    if k in TIMING or k in GENERATED or k.startswith("ms_step_"):
+    if k in TIMING or k in GENERATED or k.startswith(("ms_step_", "ms_moves_")):
         continue
     if first_s.get(k) != first_o.get(k):
         sys.exit(f"{phase} 1: {k} is {first_o.get(k)} off policy, {first_s.get(k)} synchronous")

@@ -18,7 +18,7 @@ for key, m in sorted(resumed.items(), key=lambda kv: list(full).index(kv[0])):
     if ref is None:
         sys.exit(f"{key}: not in the uninterrupted run")
     for k in set(m) | set(ref):
-        if k in TIMING or k.startswith("ms_step_"):
+        if k in TIMING or k.startswith(("ms_step_", "ms_moves_")):
             continue
         if m.get(k) != ref.get(k):
             sys.exit(f"{key[0]} {key[1]}: {k} is {m.get(k)} resumed, {ref.get(k)} uninterrupted")
