@@ -311,6 +311,8 @@ void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
   case ArgType::String:
     if (v.kind != Expr::Kind::String)
       diags_.error(v.loc, what + " must be a string");
+    else if (v.text.empty())
+      diags_.error(v.loc, what + " must not be empty");
     break;
   }
 }

@@ -26,7 +26,9 @@ std::vector<Field> schemaOf(BatchKind k, int64_t P, int64_t R) {
   case BatchKind::Rollout:
     return {{"ptoks", at::kLong, P}, {"rtoks", at::kLong, R}, {"ids", at::kLong, 0},
             {"group", at::kLong, 0}, {"pmask", at::kFloat, P},
-            {"rmask", at::kFloat, R}, {"lp", at::kFloat, R}};
+            {"rmask", at::kFloat, R}, {"lp", at::kFloat, R},
+            // 1: the response ended on a stop token or string; 0: at max_tokens
+            {"stop", at::kLong, 0}};
   default:
     return {{"x", at::kFloat, R}};
   }

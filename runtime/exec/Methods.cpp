@@ -423,6 +423,36 @@ void Worker::runGenerate(MethodCall &c) {
   at::Generator g =
       models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  // Continuous batching over a paged KV cache. The pool holds the rows the
+  // memory plan counts at once (every row, or as many as max_batch_tokens
+  // admits, each at its padded prompt + max_tokens), rounded down to whole
+  // blocks: never more than the plan's KV bytes; when the sequences need
+  // more, the engine preempts and recomputes.
+  so.paged = true;
+  so.limits.blockSize = (int64_t)attrNum(a, "kv_block_size", 16);
+  so.limits.maxSeqs = (int64_t)attrNum(a, "max_num_seqs", 0);
+  so.limits.maxBatchTokens = so.maxBatchTokens;
+  const int64_t rowsNow = ptoks.size(0);
+  int64_t rowsAtOnce = rowsNow;
+  try {
+    rowsAtOnce = models::batchRowsFor(so.maxBatchTokens, ptoks.size(1), so.maxTokens, rowsNow);
+  } catch (const std::invalid_argument &e) {
+    throw RunError(describe(s) + ": " + e.what());
+  }
+  {
+    const int64_t perSeq =
+        (ptoks.size(1) + so.maxTokens + so.limits.blockSize - 1) / so.limits.blockSize;
+    so.limits.poolBlocks = std::max<int64_t>(
+        perSeq + 1, rowsAtOnce * (ptoks.size(1) + so.maxTokens) / so.limits.blockSize);
+  }
+  const std::string stop = attrStr(a, "stop", "");
+  if (!stop.empty()) {
+    // A stop string ends a row at the token whose text completes it.
+    const data::Tokenizer *tok = tok_.get();
+    so.stopWhen = [tok, stop](int64_t, const std::vector<int64_t> &resp) {
+      return tok->decode(resp).find(stop) != std::string::npos;
+    };
+  }
   models::Generation gen;
   if (rr.gen && !rr.sharded() && !rr.genOnly && rr.model) {
     // Trained on whole weights, generating tensor parallel on the same
@@ -439,22 +469,17 @@ void Worker::runGenerate(MethodCall &c) {
     throw RunError(e.what());
   }
   {
-    // Every generation's cache against the model at its shape: the rows of
-    // one batch, the prompt and every token but the last of the longest
-    // response. The summary shows the largest, or the first one above its
-    // model (which it then reports).
+    // Every generation's KV pool against the model at its shape: the rows
+    // the plan counts at once, each at its padded prompt + max_tokens. The
+    // summary shows the largest, or the first one above its model (which it
+    // then reports).
     const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
     const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
-    const int64_t rowsNow = ptoks.size(0);
-    const int64_t perBatch =
-        models::batchRowsFor(so.maxBatchTokens, ptoks.size(1), so.maxTokens, rowsNow);
-    const int64_t longest =
-        rowsNow > 0 ? (int64_t)gen.mask.sum(1).max().item<double>() : 0;
-    const double model = longest > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers,
-                                                           form ? form->passForm().tp : 1,
-                                                           perBatch, ptoks.size(1) + longest - 1,
-                                                           (double)at::elementSize(cfg.dtype))
-                                     : 0;
+    const double model =
+        rowsNow > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers, form ? form->passForm().tp : 1,
+                                          rowsAtOnce, ptoks.size(1) + so.maxTokens,
+                                          (double)at::elementSize(cfg.dtype))
+                    : 0;
     const bool over = (double)gen.kvCacheBytes > model;
     if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {
       rr.peakKvCache = gen.kvCacheBytes;
@@ -468,6 +493,7 @@ void Worker::runGenerate(MethodCall &c) {
   ro_["rtoks"].narrow(0, lo, hi - lo).narrow(1, 0, gen.tokens.size(1)).copy_(gen.tokens);
   ro_["rmask"].narrow(0, lo, hi - lo).narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
   ro_["lp"].narrow(0, lo, hi - lo).narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
+  ro_["stop"].narrow(0, lo, hi - lo).copy_(gen.stopped.to(at::kLong));
   ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
   ro_["group"].narrow(0, lo, hi - lo).copy_(
       at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
@@ -475,6 +501,8 @@ void Worker::runGenerate(MethodCall &c) {
     if (c.out.at(0) == ph.rolloutValue) { // not a baseline's (ReMax's greedy)
       metrics_[MLenSum] += gen.mask.sum().item<double>();
       metrics_[MLenN] += (double)(hi - lo);
+      // Rows cut at max_tokens (they did not stop).
+      metrics_[MLenClipped] += (double)(hi - lo) - gen.stopped.sum().item<double>();
     }
     metrics_[MTokens] += gen.mask.sum().item<double>();
   }
@@ -489,6 +517,7 @@ void Worker::runGenerate(MethodCall &c) {
           dir + "/step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo) + ".safetensors",
           {{"prompt", ptoks.contiguous()}, {"prompt_mask", pmask.contiguous()},
            {"response", gen.tokens.contiguous()}, {"response_mask", gen.mask.contiguous()},
+           {"stop", gen.stopped.to(at::kLong).contiguous()},
            {"row", ro_["ids"].narrow(0, lo, hi - lo).contiguous()}},
           {{"step", describe(s)}});
     } catch (const std::exception &e) {

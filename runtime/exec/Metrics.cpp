@@ -96,6 +96,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     add("reward_mean", rMean);
     add("reward_std", rN > 0 ? rStd : NAN);
     add("response_length", mean(MLenSum, MLenN));
+    // The share of responses cut at max_tokens (verl's response_length/clip_ratio).
+    add("response_clip_ratio", mean(MLenClipped, MLenN));
     add("pg_loss", mean(MPgLoss, MActorN));
     add("pg_clipfrac", mean(MPgClip, MActorN));
     add("ppo_kl", mean(MPpoKl, MActorN));

@@ -63,7 +63,8 @@ enum Metric : int {
   MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
   MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
-  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MNumMetrics
+  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MLenClipped,
+  MNumMetrics
 };
 
 /// What a phase (a train block) needs at run time.

@@ -1,5 +1,6 @@
 //===- Llama.cpp - a Llama-family decoder on ATen ---------------------------===//
 #include "runtime/models/Llama.h"
+#include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
@@ -365,7 +366,7 @@ at::Tensor positionsFromMask(const at::Tensor &mask) {
 }
 
 at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                         const at::Tensor &keyMask, KVCache *cache) const {
+                         const at::Tensor &keyMask, KvStore *cache) const {
   const auto &c = config_;
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument("Llama: tokens must be int64 [B, T]");
@@ -387,11 +388,11 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
 
   // Keys: the cached ones, then these (attentionBias says which each
   // query sees).
-  const int64_t past = cache ? cache->len : 0, K = past + T;
+  const int64_t past = cache ? cache->past() : 0;
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({B, T}, fopts.dtype(at::kBool));
   if (cache)
-    keyReal = cache->len > 0 ? at::cat({cache->keyMask, keyReal}, 1) : keyReal;
+    keyReal = cache->keyReal(keyReal);
   at::Tensor bias = attentionBias(keyReal, past, T, c.slidingWindow);
   const double scale = 1.0 / std::sqrt((double)hd);
   const int64_t rep = c.heads / c.kvHeads;
@@ -408,18 +409,8 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
     at::Tensor v = at::linear(h, l.wv, l.bv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
     q = q * cos + rotateHalf(q) * sin;
     k = k * cos + rotateHalf(k) * sin;
-    if (cache) {
-      if (cache->k.size() < w_->layers.size()) {
-        cache->k.resize(w_->layers.size());
-        cache->v.resize(w_->layers.size());
-      }
-      if (cache->len > 0) {
-        k = at::cat({cache->k[li], k}, 2);
-        v = at::cat({cache->v[li], v}, 2);
-      }
-      cache->k[li] = k;
-      cache->v[li] = v;
-    }
+    if (cache)
+      std::tie(k, v) = cache->append(li, k, v);
     if (rep > 1) {
       k = k.repeat_interleave(rep, 1);
       v = v.repeat_interleave(rep, 1);
@@ -430,12 +421,35 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
     x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp),
                        l.wDown);
   }
-  if (cache) {
-    cache->keyMask = keyReal;
-    cache->len = K;
-    cache->nextPos = positions.select(1, T - 1) + 1;
-  }
+  if (cache)
+    cache->commit(keyReal, positions);
   return rmsNorm(x, w_->finalNorm, c.normEps);
+}
+
+at::Tensor KVCache::keyReal(const at::Tensor &newReal) const {
+  return len > 0 ? at::cat({keyMask, newReal}, 1) : newReal;
+}
+
+std::pair<at::Tensor, at::Tensor> KVCache::append(size_t li, const at::Tensor &kNew,
+                                                  const at::Tensor &vNew) {
+  if (k.size() <= li) {
+    k.resize(li + 1);
+    v.resize(li + 1);
+  }
+  if (len > 0) {
+    k[li] = at::cat({k[li], kNew}, 2);
+    v[li] = at::cat({v[li], vNew}, 2);
+  } else {
+    k[li] = kNew;
+    v[li] = vNew;
+  }
+  return {k[li], v[li]};
+}
+
+void KVCache::commit(const at::Tensor &real, const at::Tensor &positions) {
+  keyMask = real;
+  len = real.size(1);
+  nextPos = positions.select(1, positions.size(1) - 1) + 1;
 }
 
 at::Tensor Llama::logits(const at::Tensor &h) const {
@@ -467,11 +481,7 @@ at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) {
   return -(lp.exp() * lp).sum(-1);
 }
 
-/// One token per row from [B, V] logits.
-static at::Tensor sampleNext(const at::Tensor &logits, const SamplingOptions &o,
-                             at::Generator &gen) {
-  if (o.greedy || o.temperature <= 0)
-    return logits.argmax(-1);
+at::Tensor samplingLogits(const at::Tensor &logits, const SamplingOptions &o) {
   at::Tensor l = logits / o.temperature;
   const int64_t V = l.size(-1);
   if (o.topK > 0 && o.topK < V) {
@@ -488,22 +498,39 @@ static at::Tensor sampleNext(const at::Tensor &logits, const SamplingOptions &o,
     sorted = sorted.masked_fill(drop, -std::numeric_limits<float>::infinity());
     l = at::full_like(l, -std::numeric_limits<float>::infinity()).scatter(-1, idx, sorted);
   }
+  return l;
+}
+
+/// One token per row from [B, V] logits.
+static at::Tensor sampleNext(const at::Tensor &logits, const SamplingOptions &o,
+                             at::Generator &gen) {
+  if (o.greedy || o.temperature <= 0)
+    return logits.argmax(-1);
+  at::Tensor l = samplingLogits(logits, o);
   return at::multinomial(at::softmax(l, -1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+Generation emptyGeneration(int64_t B, int64_t R, int64_t padToken,
+                           const at::TensorOptions &tokenOptions) {
+  Generation g;
+  g.tokens = at::full({B, R}, padToken, tokenOptions);
+  g.mask = at::zeros({B, R}, tokenOptions.dtype(at::kFloat));
+  g.logprobs = at::zeros({B, R}, tokenOptions.dtype(at::kFloat));
+  g.stopped = at::zeros({B}, tokenOptions.dtype(at::kBool));
+  return g;
 }
 
 /// One batch of rows through the sampling loop (no token budget).
 static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
                                const at::Tensor &pmask, const SamplingOptions &o,
-                               at::Generator &gen, bool useCache) {
+                               at::Generator &gen, bool useCache, int64_t firstRow) {
   const int64_t B = prompts.size(0), R = o.maxTokens;
   const double temp = (o.greedy || o.temperature <= 0) ? 1.0 : o.temperature;
-  Generation g;
-  g.tokens = at::full({B, R}, o.padToken, prompts.options());
-  g.mask = at::zeros({B, R}, prompts.options().dtype(at::kFloat));
-  g.logprobs = at::zeros({B, R}, prompts.options().dtype(at::kFloat));
+  Generation g = emptyGeneration(B, R, o.padToken, prompts.options());
   if (R == 0 || B == 0)
     return g;
   at::Tensor done = at::zeros({B}, prompts.options().dtype(at::kBool));
+  std::vector<std::vector<int64_t>> responses(o.stopWhen ? (size_t)B : 0);
   KVCache cache;
   at::Tensor seq = prompts, seqMask = pmask;
   at::Tensor last = step(prompts, positionsFromMask(pmask), pmask, useCache ? &cache : nullptr)
@@ -521,6 +548,20 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
       done = done | next.eq(o.stopToken);
     for (int64_t stop : o.moreStopTokens)
       done = done | next.eq(stop);
+    if (o.stopWhen) {
+      // Stop strings read each live row's response so far on the host.
+      at::Tensor hostNext = next.cpu(), hostLive = live.cpu();
+      auto N = hostNext.accessor<int64_t, 1>();
+      auto L = hostLive.accessor<bool, 1>();
+      std::vector<uint8_t> ends((size_t)B, 0);
+      for (int64_t r = 0; r < B; ++r)
+        if (L[r]) {
+          responses[(size_t)r].push_back(N[r]);
+          ends[(size_t)r] = o.stopWhen(firstRow + r, responses[(size_t)r]);
+        }
+      done = done | at::from_blob(ends.data(), {B}, at::TensorOptions().dtype(at::kBool))
+                        .to(done.device(), /*non_blocking=*/false, /*copy=*/true);
+    }
     if (t + 1 == R || done.all().item<bool>())
       break;
     at::Tensor nextCol = next.unsqueeze(1);
@@ -534,6 +575,7 @@ static Generation generateRows(const LogitsFn &step, const at::Tensor &prompts,
                  .select(1, seq.size(1) - 1);
     }
   }
+  g.stopped = done; // ended on a stop token or string (the rest: max tokens)
   // The cache only grows: its final size is its largest.
   for (const std::vector<at::Tensor> *kv : {&cache.k, &cache.v})
     for (const at::Tensor &t : *kv)
@@ -568,20 +610,18 @@ Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
   const int64_t B = prompts.size(0);
   const int64_t rows = batchRowsFor(o.maxBatchTokens, prompts.size(1), o.maxTokens, B);
   if (rows >= B)
-    return generateRows(step, prompts, pmask, o, gen, useCache);
+    return generateRows(step, prompts, pmask, o, gen, useCache, 0);
   // A token budget: batches of `rows` rows, one after the other, each with
   // its own KV cache; the sampler's stream continues across them.
-  Generation g;
-  g.tokens = at::full({B, o.maxTokens}, o.padToken, prompts.options());
-  g.mask = at::zeros({B, o.maxTokens}, prompts.options().dtype(at::kFloat));
-  g.logprobs = at::zeros({B, o.maxTokens}, prompts.options().dtype(at::kFloat));
+  Generation g = emptyGeneration(B, o.maxTokens, o.padToken, prompts.options());
   for (int64_t r0 = 0; r0 < B; r0 += rows) {
     const int64_t n = std::min(rows, B - r0);
     Generation part = generateRows(step, prompts.narrow(0, r0, n), pmask.narrow(0, r0, n), o,
-                                   gen, useCache);
+                                   gen, useCache, r0);
     g.tokens.narrow(0, r0, n).copy_(part.tokens);
     g.mask.narrow(0, r0, n).copy_(part.mask);
     g.logprobs.narrow(0, r0, n).copy_(part.logprobs);
+    g.stopped.narrow(0, r0, n).copy_(part.stopped);
     g.kvCacheBytes = std::max(g.kvCacheBytes, part.kvCacheBytes);
   }
   return g;
@@ -591,7 +631,7 @@ Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &prom
                                const SamplingOptions &o, at::Generator &gen,
                                bool useCache) const {
   LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
-                         const at::Tensor &mask, KVCache *cache) {
+                         const at::Tensor &mask, KvStore *cache) {
     return logits(hidden(toks, pos, mask, cache));
   };
   return generateWith(step, prompts, promptMask, o, gen, useCache);
@@ -599,6 +639,8 @@ Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &prom
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                            const SamplingOptions &opts, at::Generator &gen) const {
+  if (opts.paged)
+    return generatePaged(*this, prompts, promptMask, opts, gen, opts.limits);
   return generateImpl(prompts, promptMask, opts, gen, /*useCache=*/true);
 }
 

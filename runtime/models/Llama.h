@@ -108,14 +108,77 @@ struct LlamaConfig {
 /// (splitmix64 of both): equal on every rank.
 uint64_t modelSeed(int64_t planSeed, int modelIndex);
 
+/// Where a forward keeps the keys and values of the tokens it sees, for
+/// incremental decoding: a forward with a store attends to the keys the
+/// store already holds and to its own tokens, and leaves its own in the
+/// store. Two kinds: KVCache (contiguous, grown by concatenation) and
+/// PagedKvStep (fixed-size blocks of a pool, runtime/models/PagedKv.h).
+/// Both follow one convention, Llama::hidden's: each row's keys end at the
+/// right (a row with fewer keys is padded on the left), and the new
+/// tokens' columns are the last T.
+class KvStore {
+public:
+  virtual ~KvStore() = default;
+  /// How many key columns precede the new tokens' (the same for every row).
+  virtual int64_t past() const = 0;
+  /// The real keys the new tokens may see: bool [B, past() + T], from the
+  /// new tokens' own mask [B, T].
+  virtual at::Tensor keyReal(const at::Tensor &newReal) const = 0;
+  /// Layer `li`'s keys and values of the new tokens [B, kv heads, T, hd]
+  /// in; every key and value they attend to [B, kv heads, past() + T, hd]
+  /// out (the new ones stored).
+  virtual std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
+                                                   const at::Tensor &v) = 0;
+  /// After every layer: `keyReal` is what keyReal() returned, `positions`
+  /// the new tokens' RoPE positions [B, T].
+  virtual void commit(const at::Tensor &keyReal, const at::Tensor &positions) = 0;
+};
+
 /// Keys and values of the tokens a Llama has already seen, per layer, for
 /// incremental decoding. `keyMask` [B, len] marks real tokens (1) against
 /// left padding (0); `nextPos` [B] is each row's next RoPE position.
-struct KVCache {
+struct KVCache final : KvStore {
   std::vector<at::Tensor> k, v; ///< per layer [B, kvHeads, len, headDim]
   at::Tensor keyMask;           ///< bool [B, len]
   at::Tensor nextPos;           ///< int64 [B]
   int64_t len = 0;
+
+  int64_t past() const override { return len; }
+  at::Tensor keyReal(const at::Tensor &newReal) const override;
+  std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
+                                           const at::Tensor &v) override;
+  void commit(const at::Tensor &keyReal, const at::Tensor &positions) override;
+};
+
+/// How the continuous-batching engine (RolloutEngine.h) batches and where
+/// its keys and values go.
+struct EngineLimits {
+  /// Sequences running at once (0: no limit).
+  int64_t maxSeqs = 0;
+  /// New tokens in one forward (0: no limit): the joining sequences'
+  /// prompts (a decode step is one token per running sequence, bounded by
+  /// maxSeqs). Must hold the longest prompt and max_tokens.
+  int64_t maxBatchTokens = 0;
+  /// Positions per block.
+  int64_t blockSize = 16;
+  /// Blocks in the pool (0: every row at its longest at once, as a static
+  /// batch would hold). Must hold one sequence at its longest plus one
+  /// block.
+  int64_t poolBlocks = 0;
+  /// Rows with the same prompt share its blocks and its prefill.
+  bool sharePrefixes = true;
+};
+
+/// What one call did.
+struct RolloutStats {
+  int64_t forwards = 0;        ///< model forwards
+  int64_t prefillTokens = 0;   ///< tokens computed in joining forwards
+  int64_t decodeTokens = 0;    ///< tokens computed in decode steps
+  int64_t preemptions = 0;     ///< sequences preempted (and recomputed)
+  int64_t sharedPrefills = 0;  ///< samples that joined on a prompt prefilled once
+  int64_t poolBlocks = 0, peakBlocks = 0, blockBytes = 0;
+  int64_t maxRunning = 0;      ///< the most sequences decoding at once
+  double prefillMs = 0, decodeMs = 0;
 };
 
 /// How generate() samples. temperature 0 (or greedy) takes the argmax.
@@ -136,6 +199,14 @@ struct SamplingOptions {
   /// batchRowsFor(...) rows, one after the other, the sampler's random
   /// stream continuing across them (greedy results equal one big batch).
   int64_t maxBatchTokens = 0;
+  /// More ways a row ends (stop strings): called with the row and its
+  /// response so far after each token; true ends it after that token.
+  std::function<bool(int64_t row, const std::vector<int64_t> &response)> stopWhen;
+  /// Generate with continuous batching over a paged KV cache
+  /// (RolloutEngine.h) within `limits`; false: the static batch (every row
+  /// until all stop, the cache grown by concatenation; maxBatchTokens).
+  bool paged = false;
+  EngineLimits limits;
 };
 
 /// What generate() returns for B prompts (R = maxTokens).
@@ -148,6 +219,11 @@ struct Generation {
   /// values of every layer this rank computes; one batch of rows at a time
   /// under a token budget). 0 without a cache.
   int64_t kvCacheBytes = 0;
+  /// bool [B]: the row ended on a stop token or a stop string (false: it
+  /// reached max tokens). Set by the continuous-batching engine.
+  at::Tensor stopped;
+  /// What the continuous-batching engine did (zeros from the static one).
+  RolloutStats stats;
 };
 
 /// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
@@ -196,7 +272,7 @@ public:
   /// position stays finite). With a `cache`, the tokens continue the cached
   /// sequence and their keys/values are appended to it.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask, KVCache *cache = nullptr) const;
+                    const at::Tensor &keyMask, KvStore *cache = nullptr) const;
   /// The LM head on hidden states: [.., H] -> [.., V].
   at::Tensor logits(const at::Tensor &hidden) const;
 
@@ -225,7 +301,7 @@ private:
 /// tokens; with a `cache` the tokens continue the cached sequence (and are
 /// appended to it).
 using LogitsFn = std::function<at::Tensor(const at::Tensor &tokens, const at::Tensor &positions,
-                                          const at::Tensor &keyMask, KVCache *cache)>;
+                                          const at::Tensor &keyMask, KvStore *cache)>;
 
 /// The sampling loop behind Llama::generate, for any model form (the
 /// tensor-parallel one calls it with its gathered logits): prefill, then
@@ -235,6 +311,16 @@ using LogitsFn = std::function<at::Tensor(const at::Tensor &tokens, const at::Te
 Generation generateWith(const LogitsFn &step, const at::Tensor &prompts,
                         const at::Tensor &promptMask, const SamplingOptions &opts,
                         at::Generator &gen, bool useCache = true);
+
+/// B rows of R padding tokens, nothing generated (tokens in
+/// `tokenOptions`, the rest float32 and bool on its device).
+Generation emptyGeneration(int64_t B, int64_t R, int64_t padToken,
+                           const at::TensorOptions &tokenOptions);
+
+/// The logits a sampler draws from: [B, V] scaled by 1 / temperature, with
+/// the tokens outside top-k and top-p at -infinity (the most likely token
+/// always kept).
+at::Tensor samplingLogits(const at::Tensor &logits, const SamplingOptions &opts);
 
 /// Rows per generation batch under a token budget: floor(budget / (P + R))
 /// clamped to [1, rows]; `rows` when the budget is 0. Throws

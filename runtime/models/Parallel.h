@@ -122,7 +122,7 @@ public:
   /// replicated on every member. With a `cache` (this member's kv heads
   /// only) the tokens continue the cached sequence. Collective.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask, KVCache *cache = nullptr) const;
+                    const at::Tensor &keyMask, KvStore *cache = nullptr) const;
   /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
   at::Tensor logitsShard(const at::Tensor &hidden) const;
   /// The full logits [.., V] (all-gather of the shards). Collective.

@@ -71,14 +71,14 @@ bool isVector(const std::string &name);
 /// `who` for malformed tokens.
 AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                         const at::Tensor &positions, const at::Tensor &keyMask,
-                        const char *who, const KVCache *cache = nullptr);
+                        const char *who, const KvStore *cache = nullptr);
 /// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
 /// weights are this member's shards: the normed input goes through f and
 /// the row-parallel outputs through g; the replicated q/k norms through f
 /// too (each member's heads add their part of the norms' gradient).
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const AttnContext &a,
                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
-                        KVCache *cache = nullptr, size_t li = 0);
+                        KvStore *cache = nullptr, size_t li = 0);
 /// Logits as float32, divided by the temperature (unless 0 or 1).
 at::Tensor scaled(const at::Tensor &logits, double temperature);
 

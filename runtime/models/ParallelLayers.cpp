@@ -56,7 +56,7 @@ bool isVector(const std::string &name) {
 
 AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                         const at::Tensor &positions, const at::Tensor &keyMask,
-                        const char *who, const KVCache *cache) {
+                        const char *who, const KvStore *cache) {
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
   AttnContext a;
@@ -73,11 +73,11 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   std::tie(a.cos, a.sin) = ropeTables(c, positions);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
-  // With a KV cache the keys are the cached ones, then these (Llama::hidden's
+  // With a KV store the keys are the stored ones, then these (Llama::hidden's
   // rule, attentionBias).
-  const int64_t past = cache ? cache->len : 0;
-  if (past > 0)
-    keyReal = at::cat({cache->keyMask, keyReal}, 1);
+  const int64_t past = cache ? cache->past() : 0;
+  if (cache)
+    keyReal = cache->keyReal(keyReal);
   a.keyReal = keyReal;
   a.bias = attentionBias(keyReal, past, a.T, c.slidingWindow);
   a.scale = 1.0 / std::sqrt((double)a.hd);
@@ -89,7 +89,7 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
 /// the row-parallel outputs through g.
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
                         const AttnContext &a, int64_t nq, int64_t nkv, double eps,
-                        comm::Communicator *tp, KVCache *cache, size_t li) {
+                        comm::Communicator *tp, KvStore *cache, size_t li) {
   const int64_t B = a.B, T = a.T, hd = a.hd;
   at::Tensor x = xIn;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
@@ -107,18 +107,8 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
   q = q * a.cos + rotateHalf(q) * a.sin;
   k = k * a.cos + rotateHalf(k) * a.sin;
-  if (cache) {
-    if (cache->k.size() <= li) {
-      cache->k.resize(li + 1);
-      cache->v.resize(li + 1);
-    }
-    if (cache->len > 0) {
-      k = at::cat({cache->k[li], k}, 2);
-      v = at::cat({cache->v[li], v}, 2);
-    }
-    cache->k[li] = k;
-    cache->v[li] = v;
-  }
+  if (cache)
+    std::tie(k, v) = cache->append(li, k, v);
   if (nq > nkv) {
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);

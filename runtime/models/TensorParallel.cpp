@@ -2,6 +2,7 @@
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
+#include "runtime/models/RolloutEngine.h"
 
 #include "runtime/comm/Communicator.h"
 
@@ -263,17 +264,14 @@ int64_t TPLlama::vocabStart() const { return p_->vStart; }
 int64_t TPLlama::vocabShard() const { return p_->vShard; }
 
 at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                           const at::Tensor &keyMask, KVCache *cache) const {
+                           const at::Tensor &keyMask, KvStore *cache) const {
   const Impl &p = *p_;
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
   at::Tensor x = vocabParallelEmbedding(p.embed, tokens, p.vStart, p.vShard, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
     x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i);
-  if (cache) {
-    cache->keyMask = a.keyReal;
-    cache->len = a.keyReal.size(1);
-    cache->nextPos = positions.select(1, a.T - 1) + 1;
-  }
+  if (cache)
+    cache->commit(a.keyReal, positions);
   return rmsNorm(x, p.finalNorm, p.c.normEps);
 }
 
@@ -281,8 +279,19 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
                              const SamplingOptions &opts, at::Generator &gen) const {
   // Every member samples from the same gathered logits with the same
   // generator state, so all draw the same tokens and stop together.
+  if (opts.paged) {
+    // Every member runs the same schedule (it depends only on the sampled
+    // tokens, equal on all): a pool of this member's kv heads.
+    NextLogitsFn next = [this](const at::Tensor &toks, const at::Tensor &pos,
+                               const at::Tensor &mask, KvStore *kv) {
+      return logits(hidden(toks, pos, mask, kv).select(1, toks.size(1) - 1));
+    };
+    KvGeometry g = kvGeometryOf(p_->c);
+    g.kvHeads = p_->nkv;
+    return generatePaged(next, g, prompts, promptMask, opts, gen, opts.limits);
+  }
   LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
-                         const at::Tensor &mask, KVCache *cache) {
+                         const at::Tensor &mask, KvStore *cache) {
     return logits(hidden(toks, pos, mask, cache));
   };
   return generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);

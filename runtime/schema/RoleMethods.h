@@ -54,7 +54,7 @@ enum class ArgType {
   AboveOne,    // a number > 1
   Bool,        // true or false
   Choice,      // one of `choices` (a name or a string)
-  String,      // a string
+  String,      // a string, not empty
   NotYet,      // part of the language, not executed by hflow-run yet:
                // refused where it is written, `choices` says why
 };
@@ -85,9 +85,8 @@ inline constexpr KeywordArg kGenerateArgs[] = {
     {"n", ArgType::Count},           {"max_tokens", ArgType::Count},
     {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Probability},
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
-    {"stop", ArgType::NotYet,
-     "stop strings need the rollout engine; generation stops at the tokenizer's "
-     "end-of-sequence token and at max_tokens"},       {"max_batch_tokens", ArgType::Count}};
+    {"stop", ArgType::String},       {"max_batch_tokens", ArgType::Count},
+    {"max_num_seqs", ArgType::Count}, {"kv_block_size", ArgType::Count}};
 inline constexpr KeywordArg kForwardArgs[] = {
     {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative},
     {"max_batch_tokens", ArgType::Count}};

@@ -952,8 +952,8 @@ std::pair<at::Tensor, at::Tensor> paddedPrompts(int64_t vocab) {
 
 /// TPLlama::generate (KV cache of the member's kv heads, vocabulary
 /// gathered for sampling) against Llama::generate on the same weights:
-/// greedy and sampled, with and without a token budget; every member
-/// returns the same tokens.
+/// greedy and sampled, with and without a token budget, the static batch
+/// and the rollout engine; every member returns the same tokens.
 void checkTPGeneration(Errors &errs, Communicator &tp, const LlamaConfig &c,
                        const at::Tensor &prompts, const at::Tensor &mask) {
   SCOPED_TRACE(c.name + " generating on " + std::to_string(tp.size()) + " members");
@@ -968,11 +968,23 @@ void checkTPGeneration(Errors &errs, Communicator &tp, const LlamaConfig &c,
   sampled.temperature = 0.9;
   sampled.topK = 20;
   sampled.topP = 0.95;
+  for (bool paged : {false, true})
   for (const SamplingOptions &base : {greedy, sampled})
     for (int64_t budget : {int64_t(0), int64_t(40)}) { // 40: two rows per batch
       SamplingOptions o = base;
       o.maxBatchTokens = budget;
-      const std::string what = std::string(o.greedy ? "greedy" : "sampled") +
+      // The rollout engine: a pool of each member's kv heads; with the
+      // budget, two sequences at once and a pool of one sequence (it
+      // preempts), the same schedule on every member.
+      o.paged = paged;
+      o.limits.blockSize = 4;
+      if (budget) {
+        o.limits.maxBatchTokens = budget;
+        o.limits.maxSeqs = 2;
+        o.limits.poolBlocks = 7;
+      }
+      const std::string what = std::string(paged ? "paged " : "static ") +
+                               (o.greedy ? "greedy" : "sampled") +
                                (budget ? " with a token budget" : "");
       at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(5);
       at::Generator g2 = at::make_generator<at::CPUGeneratorImpl>(5);

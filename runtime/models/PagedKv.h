@@ -1,0 +1,120 @@
+//===- PagedKv.h - a KV cache of fixed-size blocks from one pool -----------===//
+//
+// The keys and values of every sequence being generated live in one pool
+// of fixed-size blocks, allocated once (vLLM's PagedAttention, Kwon et al.
+// 2023): per layer a keys and a values tensor of [blocks x block size, kv
+// heads, head dim] on the engine's device. A sequence owns a block table,
+// the pool blocks that hold its positions in order (position i in block
+// table[i / block size] at offset i % block size). Blocks are reference
+// counted: the samples of one prompt share the prompt's blocks, and a
+// block is copied the first time a sharer writes into it (copy on write).
+//
+// A forward reads through the tables (PagedKvStep, a KvStore): the new
+// tokens' keys and values are written into their slots, then each row's
+// keys are gathered from its blocks, right-aligned to the row's length, so
+// the model's attention (Llama::hidden's convention: left padding masked)
+// runs unchanged. Nothing is concatenated per token, and a finished
+// sequence's blocks return to the pool at once.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_PAGEDKV_H
+#define HFLOW_RUNTIME_MODELS_PAGEDKV_H
+
+#include "runtime/models/Llama.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace hflow::models {
+
+/// What one rank's KV blocks hold: its layers, its kv heads (a tensor-
+/// parallel shard's own), their width and element type.
+struct KvGeometry {
+  int64_t layers = 0, kvHeads = 0, headDim = 0;
+  at::ScalarType dtype = at::kFloat;
+  /// Bytes of one block of `blockSize` positions over every layer, keys and
+  /// values.
+  int64_t bytesPerBlock(int64_t blockSize) const;
+};
+
+/// The pool. Block ids are [0, numBlocks()).
+class KvBlockPool {
+public:
+  /// Allocates every block on the engine's device (onEngine). Throws
+  /// std::invalid_argument for a non-positive size.
+  KvBlockPool(const KvGeometry &g, int64_t numBlocks, int64_t blockSize);
+
+  const KvGeometry &geometry() const { return g_; }
+  int64_t blockSize() const { return blockSize_; }
+  int64_t numBlocks() const { return (int64_t)refs_.size(); }
+  int64_t freeBlocks() const { return (int64_t)free_.size(); }
+  int64_t usedBlocks() const { return numBlocks() - freeBlocks(); }
+  /// The most blocks in use at once since construction.
+  int64_t peakUsedBlocks() const { return peak_; }
+  /// Bytes the pool holds (every block, used or not).
+  int64_t bytes() const { return numBlocks() * g_.bytesPerBlock(blockSize_); }
+
+  /// A free block with one reference. Throws std::logic_error when none is
+  /// free (the scheduler checks freeBlocks() first).
+  int allocate();
+  void retain(int block);
+  /// Drops one reference; the block is free again at zero.
+  void release(int block);
+  int refs(int block) const { return refs_.at((size_t)block); }
+  /// Copies block `from`'s keys and values (every layer) into `to`.
+  void copyBlock(int from, int to);
+
+  /// Layer `li`'s keys and values: [numBlocks * blockSize, kvHeads, hd].
+  at::Tensor &keys(size_t li) { return k_.at(li); }
+  at::Tensor &values(size_t li) { return v_.at(li); }
+
+private:
+  KvGeometry g_;
+  int64_t blockSize_;
+  std::vector<at::Tensor> k_, v_;
+  std::vector<int> refs_;
+  std::vector<int> free_; ///< a stack: the lowest ids come out first
+  int64_t peak_ = 0;
+};
+
+/// One forward's rows: row r continues a sequence whose first past[r]
+/// positions are already in its blocks with q[r] new tokens; the block
+/// table covers past[r] + q[r] positions (the scheduler reserved them).
+/// The forward's tokens are [B, T] with T = max q, each row's new tokens
+/// right-aligned (left padding). Built on the host, moved to the engine's
+/// device in one copy per index tensor.
+class PagedKvStep final : public KvStore {
+public:
+  PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
+              const std::vector<int64_t> &past, const std::vector<int64_t> &q);
+
+  int64_t rows() const { return (int64_t)q_.size(); }
+  /// The forward's width: the most new tokens of a row.
+  int64_t width() const { return T_; }
+  /// The new tokens' mask [B, T] (right-aligned) and RoPE positions [B, T]
+  /// (each row's own, from past[r]; 0 in padding).
+  const at::Tensor &newMask() const { return newMask_; }
+  const at::Tensor &positions() const { return positions_; }
+
+  int64_t past() const override { return K_ - T_; }
+  at::Tensor keyReal(const at::Tensor &newReal) const override;
+  std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
+                                           const at::Tensor &v) override;
+  void commit(const at::Tensor &, const at::Tensor &) override {}
+
+private:
+  KvBlockPool &pool_;
+  std::vector<int64_t> q_;
+  int64_t T_ = 0, K_ = 0; ///< new tokens' and keys' widths
+  at::Tensor newRows_;    ///< int64 [N]: the real tokens' indices in [B * T]
+  at::Tensor newSlots_;   ///< int64 [N]: their pool slots
+  at::Tensor gather_;     ///< int64 [B * K]: each key column's slot (0 in padding)
+  at::Tensor keyReal_;    ///< bool [B, K]
+  at::Tensor newMask_, positions_;
+};
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_PAGEDKV_H
