@@ -38,6 +38,14 @@ namespace {
 
 /// The real width of rows [lo, hi) of a rollout: the longest prompt (left
 /// padded) and the longest response (right padded, at least 1).
+/// Whether passes run only over the columns their rows use (the default);
+/// HFLOW_PADDED_PASSES=1 runs every pass over the full prompt_len +
+/// max_tokens width, the reference the trimmed passes are tested against.
+bool trimPasses() {
+  static const bool padded = envInt("HFLOW_PADDED_PASSES", 0) != 0;
+  return !padded;
+}
+
 std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
   const int64_t p = ro["pmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
   const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
@@ -327,8 +335,13 @@ void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
 }
 
 /// A forward-only pass over the response positions of rows `rows`: in
-/// batches of `micro_batch` rows (or by max_batch_tokens), `head` maps each
-/// batch's hidden states at the response positions [b, R, H] to [b, R].
+/// batches of `micro_batch` rows (or by max_batch_tokens), each over only
+/// the columns its rows use (its longest prompt and response: no pass
+/// computes a column that is padding in every row), `head` maps each
+/// batch's hidden states at the response positions that hold a token in
+/// some row, [b, r, H] (r <= R), to [b, r]; the result is [b, R], zeros
+/// beyond r. With another `start`/`width`, the head gets those columns
+/// [b, width, H] (zeros where the batch has no token).
 /// Sequences per forward (and backward) pass of call `c`: its own
 /// micro_batch, else its phase's (the train block's), else `whole`.
 int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
@@ -365,16 +378,19 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   std::vector<at::Tensor> parts;
   const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
                                   budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
+  // The head runs on the response columns that hold a token (not
+  // pipelined: the last stage's head sees R columns).
+  const bool responses =
+      trimPasses() && start == c.ph.P - 1 && width == c.ph.R && !c.rr.lm->pipelined();
   for (auto [u, e] : batches) {
-    const auto [p, r] = budget > 0 ? realWidth(rollout, u, e)
-                                   : std::make_pair(c.ph.P, c.ph.R);
-    meter.add(e - u, p + r, c.ph.R, false);
+    const auto [p, r] = trimPasses() ? realWidth(rollout, u, e) : std::make_pair(c.ph.P, c.ph.R);
+    meter.add(e - u, p + r, responses ? r : c.ph.R, false);
   }
   if (c.rr.lm->pipelined()) {
     // The stages pass each batch on; the last one applies the head, and
     // every stage of the replica gets the result.
     parts.resize(batches.size());
-    pipelinedResponses(c.rr, rollout, batches, budget > 0, false,
+    pipelinedResponses(c.rr, rollout, batches, trimPasses(), false,
                        [&](int i, const at::Tensor &h) {
                          parts[i] = head(h, batches[i].first, batches[i].second);
                          return at::zeros({});
@@ -387,8 +403,21 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
     return out;
   }
   for (auto [u, e] : batches) {
-    at::Tensor h = seqHidden(c.rr, rollout, u, e, budget > 0);
-    parts.push_back(head(h.narrow(1, start, width), u, e));
+    if (!responses) {
+      at::Tensor h = seqHidden(c.rr, rollout, u, e, trimPasses());
+      parts.push_back(head(h.narrow(1, start, width), u, e));
+      continue;
+    }
+    // The response positions only as far as some row of the batch has a
+    // response token: the head (logits, a value) runs on [b, r], the rest
+    // of the R columns are zeros.
+    int64_t p = c.ph.P, r = c.ph.R;
+    models::MicroBatch mb = seqMicro(rollout, u, e, trimPasses(), p, r);
+    at::Tensor out = head(c.rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r),
+                          u, e);
+    if (r < c.ph.R)
+      out = at::cat({out, at::zeros({e - u, c.ph.R - r}, out.options())}, 1);
+    parts.push_back(out);
   }
   meter.done();
   return at::cat(parts);
@@ -632,8 +661,10 @@ void Worker::runLogprob(MethodCall &c) {
   // The call's own temperature, else the one the rollout was sampled at.
   const double temp = attrNum(c.a, "temperature", c.ph.rolloutTemp);
   at::Tensor lp = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t u, int64_t e) {
-                    return lm.tokenLogprobs(lm.localLogits(h), rollout["rtoks"].narrow(0, u, e - u),
-                                            temp);
+                    // h: the batch's response columns that hold a token.
+                    return lm.tokenLogprobs(
+                        lm.localLogits(h),
+                        rollout["rtoks"].narrow(0, u, e - u).narrow(1, 0, h.size(1)), temp);
                   }) *
                   rmask;
   if (c.leader && c.ro.kind() == RoleKind::Actor) {
@@ -838,17 +869,17 @@ void Worker::runUpdate(MethodCall &c) {
                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
       PassMeter meter(rr);
       for (auto [u, e] : batches) {
-        const auto [p, r] = budget > 0 ? realWidth(*rollout, u, e) : std::make_pair(P, R);
+        const auto [p, r] = trimPasses() ? realWidth(*rollout, u, e) : std::make_pair(P, R);
         meter.add(e - u, p + r, R, true);
       }
       if (rr.lm->pipelined())
-        pipelinedResponses(rr, *rollout, batches, budget > 0, true,
+        pipelinedResponses(rr, *rollout, batches, trimPasses(), true,
                            [&](int i, const at::Tensor &h) {
                              return microLoss(batches[i].first, batches[i].second, h);
                            });
       else
         for (auto [mlo, mhi] : batches)
-          microLoss(mlo, mhi, seqHidden(rr, *rollout, mlo, mhi, budget > 0).narrow(1, P - 1, R))
+          microLoss(mlo, mhi, seqHidden(rr, *rollout, mlo, mhi, trimPasses()).narrow(1, P - 1, R))
               .backward();
       meter.done();
       applyGradients(rr, lrOver);
