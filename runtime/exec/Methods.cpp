@@ -454,9 +454,11 @@ void Worker::runGenerate(MethodCall &c) {
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
   // Continuous batching over a paged KV cache. The pool holds the rows the
   // memory plan counts at once (every row, or as many as max_batch_tokens
-  // admits, each at its padded prompt + max_tokens), rounded down to whole
-  // blocks: never more than the plan's KV bytes; when the sequences need
-  // more, the engine preempts and recomputes.
+  // admits), each at its padded prompt + max_tokens in whole blocks, and
+  // one block more (a prompt's partial block while its samples copy it):
+  // the memory plan at block granularity. When the sequences need more
+  // (max_num_seqs aside, only under a budget's bound), the engine preempts
+  // and recomputes.
   so.paged = true;
   so.limits.blockSize = (int64_t)attrNum(a, "kv_block_size", 16);
   so.limits.maxSeqs = (int64_t)attrNum(a, "max_num_seqs", 0);
@@ -468,12 +470,9 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(describe(s) + ": " + e.what());
   }
-  {
-    const int64_t perSeq =
-        (ptoks.size(1) + so.maxTokens + so.limits.blockSize - 1) / so.limits.blockSize;
-    so.limits.poolBlocks = std::max<int64_t>(
-        perSeq + 1, rowsAtOnce * (ptoks.size(1) + so.maxTokens) / so.limits.blockSize);
-  }
+  const int64_t perSeq =
+      (ptoks.size(1) + so.maxTokens + so.limits.blockSize - 1) / so.limits.blockSize;
+  so.limits.poolBlocks = rowsAtOnce * perSeq + 1;
   const std::string stop = attrStr(a, "stop", "");
   if (!stop.empty()) {
     // A stop string ends a row at the token whose text completes it.
@@ -499,16 +498,19 @@ void Worker::runGenerate(MethodCall &c) {
   }
   {
     // Every generation's KV pool against the model at its shape: the rows
-    // the plan counts at once, each at its padded prompt + max_tokens. The
-    // summary shows the largest, or the first one above its model (which it
-    // then reports).
+    // the plan counts at once, each at its padded prompt + max_tokens, at
+    // block granularity (whole blocks per row and one more). The summary
+    // shows the largest, or the first one above its model (which it then
+    // reports).
     const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
     const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
-    const double model =
-        rowsNow > 0 ? shape::kvCacheBytes(cfg.shape(), cfg.layers, form ? form->passForm().tp : 1,
-                                          rowsAtOnce, ptoks.size(1) + so.maxTokens,
-                                          (double)at::elementSize(cfg.dtype))
-                    : 0;
+    const auto kvBytes = [&](int64_t rows, int64_t len) {
+      return shape::kvCacheBytes(cfg.shape(), cfg.layers, form ? form->passForm().tp : 1, rows,
+                                 len, (double)at::elementSize(cfg.dtype));
+    };
+    const double model = rowsNow > 0 ? kvBytes(rowsAtOnce, perSeq * so.limits.blockSize) +
+                                           kvBytes(1, so.limits.blockSize)
+                                     : 0;
     const bool over = (double)gen.kvCacheBytes > model;
     if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {
       rr.peakKvCache = gen.kvCacheBytes;
@@ -534,6 +536,9 @@ void Worker::runGenerate(MethodCall &c) {
       metrics_[MLenClipped] += (double)(hi - lo) - gen.stopped.sum().item<double>();
     }
     metrics_[MTokens] += gen.mask.sum().item<double>();
+    // Sequences the rollout engine preempted (its KV pool ran out) and
+    // recomputed: the pool or max_num_seqs is smaller than the load.
+    metrics_[MPreempt] += (double)gen.stats.preemptions;
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
   if (!o_.dumpValues.empty() && c.leader) {

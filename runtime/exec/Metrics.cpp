@@ -98,6 +98,9 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     add("response_length", mean(MLenSum, MLenN));
     // The share of responses cut at max_tokens (verl's response_length/clip_ratio).
     add("response_clip_ratio", mean(MLenClipped, MLenN));
+    // Only when the engine had to preempt (a pool smaller than the load).
+    if (S(MPreempt) > 0)
+      add("kv_preemptions", S(MPreempt));
     add("pg_loss", mean(MPgLoss, MActorN));
     add("pg_clipfrac", mean(MPgClip, MActorN));
     add("ppo_kl", mean(MPpoKl, MActorN));

@@ -64,7 +64,7 @@ enum Metric : int {
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
   MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
   MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MLenClipped,
-  MNumMetrics
+  MPreempt, MNumMetrics
 };
 
 /// What a phase (a train block) needs at run time.

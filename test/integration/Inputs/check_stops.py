@@ -62,5 +62,6 @@ for m in lines:
 print("rows: %d stopped by the stop string, %d by the end-of-sequence token, %d at "
       "max_tokens; the metrics agree" % (counts["stop string"], counts["eos"],
                                          counts["max_tokens"]))
+print("preemptions: %d" % sum(m.get("kv_preemptions", 0) for m in lines))
 if counts["stop string"] == 0:
     sys.exit("FAIL: no row hit the stop string")
