@@ -605,10 +605,26 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   if (!quiet)
     std::printf("hflow-run: --calibrate-from %s: each modelled step of %s, ms per iteration\n",
                 metricsPath.c_str(), str(p.program(), "?").c_str());
+  // One modelled row: its median over iterations against the prediction,
+  // into its kind's ratios.
+  auto row = [&](int s, std::vector<double> &ms, Kind k, double predictedS,
+                 const std::string &label) {
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double pred = predictedS * 1000.0;
+    if (med > 0 && pred > 0)
+      ratio[k].push_back(pred / med);
+    if (!quiet)
+      std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
+                  label.c_str(), kindName[k], pred, med, pred > 0 ? med / pred : 0.0);
+  };
+  auto notAStep = [&](const char *key, int s) {
+    return fail(metricsPath + ": " + key + std::to_string(s) + " is not a step of the plan (" +
+                std::to_string(steps) + " steps): the metrics of another plan?");
+  };
   for (auto &[s, ms] : measured) {
     if (s < 0 || s >= steps)
-      return fail(metricsPath + ": ms_step_" + std::to_string(s) + " is not a step of the plan (" +
-                  std::to_string(steps) + " steps): the metrics of another plan?");
+      return notAStep("ms_step_", s);
     const plan::Step &st = *p.steps()->Get(s);
     if (st.predicted_s() < 0)
       continue;
@@ -618,32 +634,15 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
              : m == "generate"                      ? Generate
              : (m == "update" || m == "sft" || m == "fit") ? Train
                                                          : Forward;
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    const double pred = st.predicted_s() * 1000.0;
-    if (med > 0 && pred > 0)
-      ratio[k].push_back(pred / med);
-    if (!quiet)
-      std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
-                  stepLabel(p, s).c_str(), kindName[k], pred, med, pred > 0 ? med / pred : 0.0);
+    row(s, ms, k, st.predicted_s(), stepLabel(p, s));
   }
   // The batch moves: small messages, so their time is the link's latency.
   for (auto &[s, ms] : moves) {
     if (s < 0 || s >= steps)
-      return fail(metricsPath + ": ms_moves_" + std::to_string(s) + " is not a step of the plan (" +
-                  std::to_string(steps) + " steps): the metrics of another plan?");
+      return notAStep("ms_moves_", s);
     const plan::Step &st = *p.steps()->Get(s);
-    if (st.moves_predicted_s() < 0)
-      continue;
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    const double pred = st.moves_predicted_s() * 1000.0;
-    if (med > 0 && pred > 0)
-      ratio[Moves].push_back(pred / med);
-    if (!quiet)
-      std::printf("  #%-3d %-22s %-14s predicted %10.3f  measured %10.3f  (x%.3g)\n", s,
-                  ("rows for " + stepLabel(p, s)).c_str(), kindName[Moves], pred, med,
-                  pred > 0 ? med / pred : 0.0);
+    if (st.moves_predicted_s() >= 0)
+      row(s, ms, Moves, st.moves_predicted_s(), "rows for " + stepLabel(p, s));
   }
   if (!predictedAny)
     return fail("the plan of " + str(p.program(), "?") +

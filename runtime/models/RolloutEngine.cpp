@@ -145,9 +145,7 @@ private:
   bool dropIdleGroup() {
     for (Group &g : groups_)
       if (g.cached && g.running == 0) {
-        releaseTable(g.blocks);
-        g.cached = false;
-        g.logits = at::Tensor();
+        uncache(g);
         return true;
       }
     return false;
@@ -249,15 +247,23 @@ private:
     st_.maxRunning = std::max<int64_t>(st_.maxRunning, (int64_t)running_.size());
     if (!rows.empty())
       prefill(rows);
-    for (int si : forkNow) {
-      ++st_.sharedPrefills;
-      sampleInto({si}, groups_[(size_t)seqs_[(size_t)si].group].logits.unsqueeze(0));
+    if (!forkNow.empty()) {
+      // One draw for every sample that forked a kept prompt, from its logits.
+      std::vector<at::Tensor> logits;
+      for (int si : forkNow)
+        logits.push_back(groups_[(size_t)seqs_[(size_t)si].group].logits);
+      st_.sharedPrefills += (int64_t)forkNow.size();
+      sampleInto(forkNow, at::stack(logits));
     }
     // A prompt every sample has forked is no longer kept: its blocks are
     // the samples' (the last to write into a shared block writes in place).
-    for (Group &g : groups_)
-      if (g.cached && g.fresh == 0)
-        uncache(g);
+    // Only the groups that joined this round can have become so.
+    for (auto &[gi, row] : groupRow)
+      if (groups_[(size_t)gi].fresh == 0)
+        uncache(groups_[(size_t)gi]);
+    for (int si : forkNow)
+      if (groups_[(size_t)seqs_[(size_t)si].group].fresh == 0)
+        uncache(groups_[(size_t)seqs_[(size_t)si].group]);
   }
 
   /// Whether `need` blocks are free, freeing idle prompts if that helps.
@@ -323,20 +329,17 @@ private:
     if (running_.empty())
       return;
     auto t0 = std::chrono::steady_clock::now();
-    // A slot for each running sequence's last token, in joining order;
-    // when none is free, the sequence that joined last gives its blocks up.
-    std::vector<int> order = running_;
-    std::sort(order.begin(), order.end(),
-              [&](int a, int b) { return seqs_[(size_t)a].joined < seqs_[(size_t)b].joined; });
+    // A slot for each running sequence's last token, in joining order
+    // (running_ is kept in it: sequences join at its end and leave from
+    // anywhere); when none is free, the sequence that joined last gives its
+    // blocks up.
+    const std::vector<int> order = running_;
     for (int si : order) {
       Seq &s = seqs_[(size_t)si];
       if (s.joined < 0)
         continue; // preempted below for an earlier one
       while (!haveBlocks(blocksNeeded(s.table, s.len, 1))) {
-        int victim = -1;
-        for (int r : running_)
-          if (victim < 0 || seqs_[(size_t)r].joined > seqs_[(size_t)victim].joined)
-            victim = r;
+        const int victim = running_.back();
         preempt(victim);
         if (victim == si)
           break;
@@ -346,9 +349,7 @@ private:
     }
     if (running_.empty())
       return;
-    std::vector<int> rows = running_;
-    std::sort(rows.begin(), rows.end(),
-              [&](int a, int b) { return seqs_[(size_t)a].joined < seqs_[(size_t)b].joined; });
+    const std::vector<int> rows = running_;
     std::vector<const std::vector<int> *> tables;
     std::vector<int64_t> past, q(rows.size(), 1), toks;
     for (int si : rows) {
