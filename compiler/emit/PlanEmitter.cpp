@@ -208,26 +208,30 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     roleIndex[r.getSymName()] = roles.size();
     std::vector<fb::RankMemory> memory;
     std::vector<fb::RankTransient> transient;
+    int64_t kvPool = 0;
     if (auto m = r.getModelAttr() ? SymbolTable::lookupNearestSymbolFrom<ModelOp>(
                                         r, r.getModelAttr())
                                   : ModelOp()) {
       for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m))
         memory.emplace_back(c.weights, c.grads, c.optimizer, c.generation);
-      // The transient bounds at the largest workload of any train block.
+      // The transient bounds at the largest workload of any train block;
+      // an actor's KV pool as its generation devices leave it.
       if (!memory.empty()) {
         const ::hflow::planner::RoleMemory rm = ::hflow::planner::roleMemory(
             r, m, r.getTrain(), r.getGenerate(), transientWorkload);
+        if (r.getKind() == RoleKind::Actor)
+          kvPool = static_cast<int64_t>(
+              ::hflow::planner::generationMemory(r, transientWorkload).kvCache);
         const bool apart = r.getGenerateRanks() && !r.getGenerateRanks()->empty();
         for (size_t i = 0; i < memory.size(); ++i)
-          transient.emplace_back(static_cast<int64_t>(rm.activations),
-                                 apart ? 0 : static_cast<int64_t>(rm.kvCache));
+          transient.emplace_back(static_cast<int64_t>(rm.activations), apart ? 0 : kvPool);
       }
     }
     roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
                                    model, rankVec, &train, &gen, rule, optVec,
                                    b.CreateVector(genRanks),
                                    b.CreateVectorOfStructs(memory),
-                                   b.CreateVectorOfStructs(transient)));
+                                   b.CreateVectorOfStructs(transient), kvPool));
     groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
   // Two more groups per actor generating apart (after the one per role,

@@ -130,6 +130,8 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
             layout(j, "generate", r->generate());
             if (r->rule())
               j.attribute("rule", str(r->rule()));
+            if (r->kv_pool() > 0)
+              j.attribute("kv_pool", r->kv_pool());
             j.attributeObject("options", [&] {
               if (r->options())
                 for (const fb::KeyValue *kv : *r->options())

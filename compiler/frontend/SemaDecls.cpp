@@ -691,7 +691,8 @@ std::vector<std::string> Sema::roleProperties(ast::RoleKind k) {
       k == ast::RoleKind::RewardModel) // a reward model trains with fit
     props.push_back("optimizer");
   if (k == ast::RoleKind::Actor)
-    for (const char *s : {"temperature", "top_p", "top_k", "transfer_dtype"})
+    for (const char *s :
+         {"temperature", "top_p", "top_k", "transfer_dtype", "memory_utilization"})
       props.push_back(s);
   return props;
 }
@@ -760,6 +761,17 @@ bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
       diags_.error(v.loc, "top_p must be in (0, 1], got " + v.text);
     else
       r.numbers["top_p"] = x;
+  } else if (p.key == "memory_utilization") {
+    // The share of each device's memory the actor's generation may fill:
+    // the KV pool takes what the resident state and the generation weights
+    // leave of it (Memory.h).
+    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
+      diags_.error(v.loc, "memory_utilization must be a number");
+    else if (x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+             !(x > 0 && x <= 1))
+      diags_.error(v.loc, "memory_utilization must be in (0, 1], got " + v.text);
+    else
+      r.numbers["memory_utilization"] = x;
   } else if (p.key == "top_k") {
     if (number(v, "top_k", 0, -1, true, x))
       r.numbers["top_k"] = x;

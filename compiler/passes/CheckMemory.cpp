@@ -15,72 +15,11 @@ namespace mlir::hflow {
 using namespace mlir;
 using namespace mlir::hflow;
 using ::hflow::planner::formatBytes;
-using ::hflow::planner::roleTrains;
 
 namespace {
 
 struct CheckMemoryPass
     : public mlir::hflow::impl::HflowCheckMemoryBase<CheckMemoryPass> {
-  struct Estimate {
-    double resident = 0, transient = 0;
-    std::string peakPhase;
-    SmallVector<std::pair<RoleOp, std::string>> lines;
-    double total() const { return resident + transient; }
-  };
-
-  /// What the roles of `place` need per device under workload `w`.
-  Estimate estimate(PlaceOp place, const ::hflow::planner::Workload &w) {
-    Estimate e;
-    for (Attribute a : place.getRoles()) {
-      auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
-          place, cast<FlatSymbolRefAttr>(a));
-      if (!role || !role.getModelAttr())
-        continue;
-      auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
-      if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
-        continue;
-      auto m = ::hflow::planner::roleMemory(role, model, role.getTrain(),
-                                            role.getGenerate(), w);
-      if (place.getPhase()) {
-        // An actor's generation devices: its generation shard (kept
-        // between rollouts) and the KV cache, nothing of training.
-        e.resident += m.genWeights;
-        e.lines.push_back({role, role.getSymName().str() + ".generate (apart): weights " +
-                                     formatBytes(m.genWeights) + ", KV cache " +
-                                     formatBytes(m.kvCache)});
-        if (m.kvCache > e.transient) {
-          e.transient = m.kvCache;
-          e.peakPhase = role.getSymName().str() + ".generate";
-        }
-        continue;
-      }
-      if (role.getGenerateRanks())
-        m.genWeights = m.kvCache = 0; // it generates on other devices
-      e.resident += m.resident();
-      std::string text = role.getSymName().str() + ": weights " +
-                         formatBytes(m.weights);
-      if (m.grads > 0)
-        text += ", gradients " + formatBytes(m.grads) + ", optimizer " +
-                formatBytes(m.optimizer);
-      text += "; activations " + formatBytes(m.activations);
-      if (m.genWeights > 0)
-        text += "; generation: weights " + formatBytes(m.genWeights) +
-                ", KV cache " + formatBytes(m.kvCache);
-      e.lines.push_back({role, text});
-      if (m.activations > e.transient) {
-        e.transient = m.activations;
-        bool trains = roleTrains(role);
-        e.peakPhase = role.getSymName().str() +
-                      (trains ? "'s training pass" : "'s forward pass");
-      }
-      if (m.genWeights + m.kvCache > e.transient) {
-        e.transient = m.genWeights + m.kvCache;
-        e.peakPhase = role.getSymName().str() + ".generate";
-      }
-    }
-    return e;
-  }
-
   /// A generate call's token budget must hold one sequence of the train
   /// block's prompt_len + the call's max_tokens (checked where the block
   /// states prompt_len; the runtime checks the data's actual length).
@@ -129,10 +68,12 @@ struct CheckMemoryPass
       numSets += place.getRoles().size();
       const double capacity = device.getMemory().convertToDouble();
       // Every train block (phase) must fit; report the one that needs most.
+      // Each actor's KV pool takes what the set leaves (at least one
+      // sequence), so generation fits whenever one sequence does.
       size_t worst = 0;
-      Estimate e;
+      ::hflow::planner::SetMemory e;
       for (size_t i = 0; i < workloads.size(); ++i) {
-        Estimate cur = estimate(place, workloads[i]);
+        ::hflow::planner::SetMemory cur = ::hflow::planner::setMemory(place, workloads[i]);
         if (i == 0 || cur.total() > e.total()) {
           e = std::move(cur);
           worst = i;
@@ -161,6 +102,8 @@ struct CheckMemoryPass
                   ? ", generation batches of at most " + std::to_string(w.genBatchTokens) +
                         " tokens"
                   : std::string())
+          << ", KV pools of what the set leaves (at least one sequence) in blocks of "
+          << w.kvBlockSize << " positions"
           << (workloads.size() > 1
                   ? " (train block " + std::to_string(worst + 1) + " of " +
                         std::to_string(workloads.size()) + ")"

@@ -344,6 +344,10 @@ private:
         mesh, StringAttr::get(ctx, mesh.getDevice()));
     double capacity = device ? device.getMemory().convertToDouble() : 0;
     LayoutAttr best;
+    // The smallest tp whose generation holds every row at once; failing
+    // that, the smallest whose KV pool holds one sequence (hflowc sizes
+    // the pool from what is left: more waves).
+    for (bool whole : {true, false})
     for (int64_t tp = 1; tp <= devices; ++tp) {
       if (devices % tp != 0 || tp > mesh.getPerNodeAttr().getInt())
         continue;
@@ -361,6 +365,8 @@ private:
       auto mem = ::hflow::planner::roleMemory(role, model, train, generate, workload_);
       // Choosing the training layout while generation is still `auto`:
       // only training counts (generation is sized once it is chosen).
+      if (!whole)
+        mem.kvCache = double(mem.kvMinBlocks) * mem.kvBlockBytes;
       double need = !gen && other.isAuto() ? mem.resident() + mem.activations
                                            : mem.resident() + mem.transient();
       if (capacity <= 0 || need <= capacity)

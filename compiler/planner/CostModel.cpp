@@ -84,9 +84,13 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double ppg = static_cast<double>(std::max<int64_t>(gen->pp, 1));
     const double dpg = static_cast<double>(std::max<int64_t>(gen->dp * gen->fsdp, 1));
     m.genWeights = P * b / (tpg * ppg);
-    const double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
-    m.kvCache = ::hflow::shape::kvCacheBytes(ms, (int64_t)std::ceil(L / ppg), (int64_t)tpg,
-                                             (int64_t)seqs, w.seqLen(), b);
+    m.kvSeqs = w.genSequences((int64_t)dpg);
+    m.kvRows = w.genRowsAtOnce((int64_t)dpg);
+    // The paged pool in whole blocks (Memory.h): the rows at once at their
+    // longest, and one block more.
+    const int64_t bs = std::max<int64_t>(1, w.kvBlockSize);
+    m.kvCache = double(::hflow::shape::kvPoolBlocks(m.kvRows, w.seqLen(), bs)) *
+                ::hflow::shape::kvBlockBytes(ms, (int64_t)std::ceil(L / ppg), (int64_t)tpg, bs, b);
   }
   return m;
 }
@@ -223,7 +227,12 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   const Dims d = dimsOf(role, w);
   const ModelShape &ms = role.model;
   const double t = double(gen.tp), p = double(gen.pp);
-  const double b = ceilDiv(double(w.sequences()), double(gen.dp));
+  // Batches of the b rows the KV pool holds at once: continuous batching
+  // keeps it full (a finished row's blocks go to a waiting one), so the
+  // sequences take S / b batch-times, not whole waves.
+  const int64_t dpg = std::max<int64_t>(1, gen.dp * gen.fsdp);
+  const double b = double(w.genRowsAtOnce(dpg));
+  const double waves = double(w.genSequences(dpg)) / b;
   const double sp = double(w.promptLen), sr = double(w.responseLen);
   const double peak = peakFlops(dev, role.dtypeBytes);
   const bool ppInter = spansNodes(setDevices, setDevices, mesh);
@@ -260,6 +269,8 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   if (gen.pp > 1)
     perStep += (p - 1) * p2pSeconds(b * d.h * d.w, ppInter, mesh, cal);
   out.decode = decode + sr * perStep;
+  out.prefill *= waves;
+  out.decode *= waves;
   return out;
 }
 

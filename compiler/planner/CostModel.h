@@ -15,6 +15,7 @@
 #include "compiler/planner/Reshard.h"
 #include "runtime/schema/CalibrationFile.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -69,6 +70,10 @@ struct RoleSpec {
   /// layouts (its transfer_dtype: 2 for bf16 of f32 weights); 0: dtypeBytes.
   int64_t wireBytes = 0;
   bool fits = false; // a reward model some flow trains (`fit`)
+  /// An actor's memory_utilization (Memory.h): the share of device memory
+  /// its generation may fill with the resident state, its weights and the
+  /// KV pool.
+  double memoryUtilization = 0.9;
   bool trains() const {
     return kind == RoleKind::Actor || kind == RoleKind::Critic ||
            (kind == RoleKind::RewardModel && fits);
@@ -91,8 +96,28 @@ struct Workload {
   /// which the memory model counts (the time model keeps m).
   bool microBatchGiven = false;
   int64_t miniBatch = 0;   // prompts per optimizer step; 0: the whole batch
+  /// Generation's paged KV pool: positions per block; the token budget of
+  /// a generation batch (max_batch_tokens, 0: none), which bounds the rows
+  /// at once; and the rows a generation replica holds at once (0: as many
+  /// as the budget admits, else every sequence). Fewer rows than sequences
+  /// generate in waves: the search tries halvings (Search.cpp).
+  int64_t kvBlockSize = 16;
+  int64_t genBatchTokens = 0;
+  int64_t kvRows = 0;
   int64_t seqLen() const { return promptLen + responseLen; }
   int64_t sequences() const { return batch * n; }
+  /// The rows a generation replica of `dp` holds at once, and of how many.
+  int64_t genSequences(int64_t dp) const {
+    return (sequences() + std::max<int64_t>(dp, 1) - 1) / std::max<int64_t>(dp, 1);
+  }
+  int64_t genRowsAtOnce(int64_t dp) const {
+    int64_t rows = genSequences(dp);
+    if (genBatchTokens > 0)
+      rows = std::min<int64_t>(rows, std::max<int64_t>(1, genBatchTokens / seqLen()));
+    if (kvRows > 0)
+      rows = std::min(rows, kvRows);
+    return rows;
+  }
   int64_t optimizerSteps() const {
     int64_t mb = miniBatch > 0 ? miniBatch : batch;
     return (batch + mb - 1) / mb;
@@ -110,11 +135,18 @@ const char *stageName(int s);
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
   double activations = 0;                       // transient: a pass
-  double genWeights = 0, kvCache = 0;           // transient: generation
+  double genWeights = 0, kvCache = 0;           // transient: generation (the KV pool)
+  /// What generation leaves free of the device: (1 - memory_utilization)
+  /// of its memory while the pool holds more than one sequence, so that
+  /// the pool hflowc sizes (Memory.h) is at least the one timed here.
+  double genReserve = 0;
+  int64_t kvRows = 0, kvSeqs = 0; ///< sequences the pool holds at once, of
   double resident() const { return weights + grads + optimizer; }
   double transient() const {
-    return activations > genWeights + kvCache ? activations : genWeights + kvCache;
+    return std::max(activations, genWeights + kvCache + genReserve);
   }
+  /// The transient bytes themselves (without the reserve).
+  double transientUsed() const { return std::max(activations, genWeights + kvCache); }
 };
 
 /// Bytes per device of `role` in `train` (and, for an actor, `gen`; null:
@@ -168,7 +200,10 @@ struct GenTime {
   double prefill = 0, decode = 0;
   double total() const { return prefill + decode; }
 };
-/// The actor's rollout in its generation layout.
+/// The actor's rollout in its generation layout: S / b batch-times of
+/// b = w.genRowsAtOnce(dp) rows at the longest prompt and response, S the
+/// sequences of a generation replica (continuous batching keeps the pool
+/// full).
 GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
                         int64_t setDevices, const Device &dev, const Mesh &mesh,
                         const Workload &w, const Calibration &cal);

@@ -53,6 +53,7 @@ Workload largest(const std::vector<Workload> &ws) {
     out.genBatchTokens = (out.genBatchTokens == 0 || w.genBatchTokens == 0)
                              ? 0
                              : std::max(out.genBatchTokens, w.genBatchTokens);
+    out.kvBlockSize = std::max(out.kvBlockSize, w.kvBlockSize);
   }
   return out;
 }
@@ -61,20 +62,23 @@ Workload largest(const std::vector<Workload> &ws) {
 /// without max_tokens samples hflow's default, as the plan records), and the
 /// token budget per generation batch when every call sets one.
 static void generateDemands(llvm::ArrayRef<FlowOp> flows, Workload &w) {
-  int64_t longest = 0, budget = 0;
+  int64_t longest = 0, budget = 0, block = 0;
   bool everyBudgeted = true;
   for (FlowOp flow : flows)
     flow.walk([&](CallOp call) {
       if (call.getMethod() != "generate")
         return;
-      int64_t len = defaults::kMaxTokens;
+      int64_t len = defaults::kMaxTokens, bs = ::hflow::shape::kKvBlockSize;
       IntegerAttr mbt;
       if (auto args = call.getArgsAttr()) {
         if (auto mt = args.getAs<IntegerAttr>("max_tokens"))
           len = mt.getInt();
+        if (auto kb = args.getAs<IntegerAttr>("kv_block_size"))
+          bs = kb.getInt();
         mbt = args.getAs<IntegerAttr>("max_batch_tokens");
       }
       longest = std::max(longest, len);
+      block = std::max(block, bs);
       if (mbt)
         budget = std::max<int64_t>(budget, mbt.getInt());
       else
@@ -82,6 +86,7 @@ static void generateDemands(llvm::ArrayRef<FlowOp> flows, Workload &w) {
     });
   if (longest > 0) { // some call generates
     w.responseLen = longest;
+    w.kvBlockSize = block;
     if (everyBudgeted)
       w.genBatchTokens = budget;
   }
@@ -178,17 +183,129 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double ppg = std::max<int64_t>(gen.getPp(), 1);
     const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
     m.genWeights = P * b / (tpg * ppg);
-    double seqs = std::ceil(double(w.batch) * double(w.n) / dpg);
+    m.kvSeqs = (int64_t)std::ceil(double(w.batch) * double(w.n) / dpg);
     // A token budget keeps floor(budget / seqLen) sequences (at least one)
-    // in the cache at once (the runtime's batchRowsFor).
+    // in generation at once (the runtime's batchRowsFor).
+    m.kvRowsCap = m.kvSeqs;
     if (w.genBatchTokens > 0)
-      seqs = std::min(seqs, std::max(1.0, std::floor(double(w.genBatchTokens) /
-                                                     double(w.seqLen()))));
-    m.kvCache = ::hflow::shape::kvCacheBytes(
-        toShape(model), (int64_t)std::ceil(L / ppg), (int64_t)tpg, (int64_t)seqs,
-        w.seqLen(), b);
+      m.kvRowsCap = std::min<int64_t>(
+          m.kvRowsCap, std::max<int64_t>(1, w.genBatchTokens / w.seqLen()));
+    const int64_t bs = std::max<int64_t>(1, w.kvBlockSize);
+    m.kvBlockBytes = ::hflow::shape::kvBlockBytes(toShape(model), (int64_t)std::ceil(L / ppg),
+                                                  (int64_t)tpg, bs, b);
+    m.kvSeqBlocks = (w.seqLen() + bs - 1) / bs;
+    m.kvNeedBlocks = ::hflow::shape::kvPoolBlocks(m.kvRowsCap, w.seqLen(), bs);
+    m.kvMinBlocks = ::hflow::shape::kvPoolBlocks(1, w.seqLen(), bs);
+    m.kvBlocks = m.kvNeedBlocks;
+    m.kvCache = double(m.kvBlocks) * m.kvBlockBytes;
   }
   return m;
+}
+
+void RoleMemory::sizeKvPool(double leftBytes) {
+  if (kvBlockBytes <= 0)
+    return;
+  const double fit = std::floor(std::max(0.0, leftBytes) / kvBlockBytes);
+  kvBlocks = fit >= double(kvNeedBlocks) ? kvNeedBlocks
+                                         : std::max<int64_t>(kvMinBlocks, (int64_t)fit);
+  kvCache = double(kvBlocks) * kvBlockBytes;
+}
+
+double memoryUtilization(RoleOp role) {
+  if (auto opts = role.getOptionsAttr())
+    if (auto u = opts.get("memory_utilization")) {
+      if (auto f = dyn_cast<FloatAttr>(u))
+        return f.getValueAsDouble();
+      if (auto i = dyn_cast<IntegerAttr>(u))
+        return double(i.getInt());
+    }
+  return kMemoryUtilization;
+}
+
+SetMemory setMemory(PlaceOp place, const Workload &w) {
+  SetMemory e;
+  if (auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr()))
+    if (auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
+            mesh, StringAttr::get(place.getContext(), mesh.getDevice())))
+      e.capacity = device.getMemory().convertToDouble();
+  const bool genPlace = bool(place.getPhase());
+  // The resident state first: each KV pool gets what it leaves.
+  for (Attribute a : place.getRoles()) {
+    auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(place, cast<FlatSymbolRefAttr>(a));
+    if (!role || !role.getModelAttr())
+      continue;
+    auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+    if (!model || role.getTrain().isAuto() || role.getGenerate().isAuto())
+      continue;
+    RoleMemory m = roleMemory(role, model, role.getTrain(), role.getGenerate(), w);
+    if (genPlace) {
+      // An actor's generation devices: its generation shard (kept
+      // between rollouts) and the KV pool, nothing of training.
+      m.weights = m.grads = m.optimizer = m.activations = 0;
+      e.resident += m.genWeights;
+    } else {
+      if (role.getGenerateRanks() && !role.getGenerateRanks()->empty()) {
+        m.genWeights = m.kvCache = 0; // it generates on other devices
+        m.kvBlocks = 0;
+      }
+      e.resident += m.resident();
+    }
+    e.roles.push_back({role, m});
+  }
+  for (auto &[role, m] : e.roles) {
+    if (m.kvBlocks > 0 && e.capacity > 0)
+      m.sizeKvPool(memoryUtilization(role) * e.capacity - e.resident -
+                   (genPlace ? 0 : m.genWeights));
+    std::string pool;
+    if (m.kvBlocks > 0)
+      pool = "KV pool " + formatBytes(m.kvCache) + " (" + std::to_string(m.kvRows()) + " of " +
+             std::to_string(m.kvSeqs) + " sequences at once)";
+    const std::string name = role.getSymName().str();
+    if (genPlace) {
+      e.lines.push_back({role, name + ".generate (apart): weights " +
+                                   formatBytes(m.genWeights) + ", " + pool});
+      if (m.kvCache > e.transient) {
+        e.transient = m.kvCache;
+        e.peakPhase = name + ".generate";
+      }
+      continue;
+    }
+    std::string text = name + ": weights " + formatBytes(m.weights);
+    if (m.grads > 0)
+      text += ", gradients " + formatBytes(m.grads) + ", optimizer " + formatBytes(m.optimizer);
+    text += "; activations " + formatBytes(m.activations);
+    if (m.genWeights > 0)
+      text += "; generation: weights " + formatBytes(m.genWeights) + ", " + pool;
+    e.lines.push_back({role, text});
+    if (m.activations > e.transient) {
+      e.transient = m.activations;
+      e.peakPhase = name + (roleTrains(role) ? "'s training pass" : "'s forward pass");
+    }
+    if (m.genWeights + m.kvCache > e.transient) {
+      e.transient = m.genWeights + m.kvCache;
+      e.peakPhase = name + ".generate";
+    }
+  }
+  return e;
+}
+
+RoleMemory generationMemory(RoleOp actor, const Workload &w) {
+  auto module = actor->getParentOfType<ModuleOp>();
+  const bool apart = actor.getGenerateRanks() && !actor.getGenerateRanks()->empty();
+  if (module)
+    for (PlaceOp place : module.getOps<PlaceOp>()) {
+      if (bool(place.getPhase()) != apart)
+        continue;
+      bool here = false;
+      for (Attribute a : place.getRoles())
+        here |= cast<FlatSymbolRefAttr>(a).getValue() == actor.getSymName();
+      if (!here)
+        continue;
+      for (auto &[role, m] : setMemory(place, w).roles)
+        if (role == actor)
+          return m;
+    }
+  return RoleMemory();
 }
 
 std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {

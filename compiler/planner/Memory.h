@@ -17,22 +17,33 @@
 //                 micro_batch sequences (without it: a replica's rows) of
 //                 prompt_len + max_tokens tokens
 //   generation  = P * w / (tp_g * pp_g)             (the generation shard)
-//   KV cache    = 2 * (L / pp_g) * (kv_heads / tp_g) * head_dim * w
-//                 * (batch * n / dp_g) * seq_len
+//   KV block    = 2 * (L / pp_g) * (kv_heads / tp_g) * head_dim * w
+//                 * kv_block_size
+//   KV need     = (rows * ceil(seq_len / kv_block_size) + 1) KV blocks,
+//                 rows = batch * n / dp_g (or max_batch_tokens's rows)
+//   KV pool     = memory_utilization * capacity - resident - generation,
+//                 in whole blocks, at most the need and at least one
+//                 sequence (rows = 1): hflow-run's paged pool, which
+//                 preempts and recomputes when it is full
 //
 // A device holding several colocated roles needs the sum of their resident
 // state (weights, gradients, optimizer) plus the largest transient need of
-// any one phase (a training pass's activations, or generation).
+// any one phase (a training pass's activations, or generation with the KV
+// pool sized from what the set leaves: setMemory).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_COMPILER_PLANNER_MEMORY_H
 #define HFLOW_COMPILER_PLANNER_MEMORY_H
 
 #include "dialects/hflow/HflowOps.h"
+#include "runtime/schema/ActivationModel.h"
 #include "runtime/schema/Defaults.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
+#include "llvm/ADT/SmallVector.h"
+
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,6 +63,9 @@ struct Workload {
   /// generate call of the flow sets one: the largest); 0 = none, the KV
   /// cache holds every sequence of the device at once.
   int64_t genBatchTokens = 0;
+  /// Positions per KV block: the largest kv_block_size of the generate
+  /// calls (hflow-run's default where none is given).
+  int64_t kvBlockSize = ::hflow::shape::kKvBlockSize;
   bool fromTrainBlock = false;
   int64_t seqLen() const { return promptLen + responseLen; }
 };
@@ -67,7 +81,25 @@ Workload largest(const std::vector<Workload> &ws);
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
   double activations = 0;                       // transient: a training pass
-  double genWeights = 0, kvCache = 0;           // transient: generation
+  /// Transient: generation. kvCache is the KV pool: roleMemory sets it to
+  /// the need (every row at once), setMemory to what the set leaves.
+  double genWeights = 0, kvCache = 0;
+  /// An actor's KV pool in blocks: one block's bytes, blocks per sequence
+  /// at its longest, the need (every row of a generation replica at once,
+  /// or a token budget's rows) and the least pool (one sequence).
+  double kvBlockBytes = 0;
+  int64_t kvSeqBlocks = 0, kvNeedBlocks = 0, kvMinBlocks = 0;
+  int64_t kvSeqs = 0;          ///< sequences per generation replica
+  int64_t kvRowsCap = 0;       ///< rows generated at once at most (budget)
+  int64_t kvBlocks = 0;        ///< the pool
+  /// Sequences the pool holds at once at their longest (<= kvRowsCap).
+  int64_t kvRows() const {
+    return kvSeqBlocks > 0 ? std::min<int64_t>(kvRowsCap, std::max<int64_t>(1, (kvBlocks - 1) / kvSeqBlocks))
+                           : kvRowsCap;
+  }
+  /// Sizes the pool from the bytes a set leaves it (whole blocks, between
+  /// the least pool and the need).
+  void sizeKvPool(double leftBytes);
   double resident() const { return weights + grads + optimizer; }
   double transient() const {
     return activations > genWeights + kvCache ? activations : genWeights + kvCache;
@@ -78,6 +110,29 @@ struct RoleMemory {
 RoleMemory roleMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,
                       mlir::hflow::LayoutAttr train, mlir::hflow::LayoutAttr gen,
                       const Workload &w);
+
+/// The share of device memory an actor's generation may fill (its
+/// `memory_utilization` option, else kMemoryUtilization): the KV pool gets
+/// what the set's resident state and the generation weights leave of it.
+inline constexpr double kMemoryUtilization = 0.9;
+double memoryUtilization(mlir::hflow::RoleOp role);
+
+/// What the roles of one `place` need per device under a workload, with
+/// each actor's KV pool sized from what the set leaves.
+struct SetMemory {
+  double resident = 0, transient = 0;
+  double capacity = 0; ///< the device's memory (0: no device declared)
+  std::string peakPhase;
+  llvm::SmallVector<std::pair<mlir::hflow::RoleOp, std::string>> lines;
+  llvm::SmallVector<std::pair<mlir::hflow::RoleOp, RoleMemory>> roles;
+  double total() const { return resident + transient; }
+};
+SetMemory setMemory(mlir::hflow::PlaceOp place, const Workload &w);
+
+/// The actor's memory figures on the devices it generates on (its own
+/// place's, or its `place actor.generate`'s), with the KV pool sized there;
+/// nothing (kvBlocks = 0) for an unplaced actor or one without a model.
+RoleMemory generationMemory(mlir::hflow::RoleOp actor, const Workload &w);
 
 /// What one rank of a role holds between steps, counted parameter by
 /// parameter from the reshard planner's holdings (docs/reshard.md §2), in

@@ -30,6 +30,7 @@ pl::RoleSpec specOf(RoleOp role, ModelOp model) {
   spec.fits = roleTrains(role) && role.getKind() == RoleKind::RewardModel;
   spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
   spec.wireBytes = wireTypeOf(role, model).wireBytes;
+  spec.memoryUtilization = memoryUtilization(role);
   return spec;
 }
 
@@ -66,6 +67,8 @@ pl::Workload toPlacement(const Workload &w, bool ppo) {
   pw.microBatch = w.microBatch;
   pw.microBatchGiven = w.microBatchGiven;
   pw.miniBatch = w.miniBatch;
+  pw.kvBlockSize = w.kvBlockSize;
+  pw.genBatchTokens = w.genBatchTokens;
   return pw;
 }
 
@@ -123,7 +126,13 @@ double predictedStepSeconds(RoleOp role, llvm::StringRef method, const Workload 
   const pl::RoleSpec spec = specOf(role, model);
   const pl::Device dev = deviceOf(device);
   const pl::Mesh m = meshOf(mesh);
-  const pl::Workload pw = toPlacement(w, ppo);
+  pl::Workload pw = toPlacement(w, ppo);
+  // Generation in waves of the rows the plan's KV pool holds at once.
+  if (role.getKind() == RoleKind::Actor) {
+    const RoleMemory gm = generationMemory(role, w);
+    if (gm.kvBlocks > 0)
+      pw.kvRows = gm.kvRows();
+  }
   const auto train = toLayout(role.getTrain()), gen = toLayout(role.getGenerate());
   const int64_t ranks = role.getRanks() ? static_cast<int64_t>(role.getRanks()->size()) : 0;
   const int64_t genRanks = role.getGenerateRanks() && !role.getGenerateRanks()->empty()

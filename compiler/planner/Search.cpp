@@ -171,6 +171,11 @@ struct Ctx {
     bool done = false;
     std::vector<Layout> train;
     std::vector<std::vector<Layout>> gen; // per train layout (actors)
+    /// An actor's generation options per train layout: a generation
+    /// layout (index into gen[ti]) and the rows its KV pool holds at once
+    /// (every row the budget admits, then halvings down to one: fewer rows
+    /// need less memory and generate in more waves).
+    std::vector<std::vector<std::pair<int, int64_t>>> genOpts;
   };
   std::vector<std::vector<Layouts>> layouts; // [role][size index]
   std::map<std::vector<int64_t>, double> transMemo;
@@ -188,15 +193,28 @@ struct Ctx {
       L.done = true;
       L.train = trainLayouts(roles[size_t(r)], sizes[size_t(a)], mesh, w, opts);
       if (roles[size_t(r)].kind == RoleKind::Actor)
-        for (const Layout &t : L.train)
+        for (const Layout &t : L.train) {
           L.gen.push_back(genLayouts(roles[size_t(r)], t, sizes[size_t(a)], mesh, w, opts));
+          std::vector<std::pair<int, int64_t>> o;
+          for (int gi = 0; gi < int(L.gen.back().size()); ++gi) {
+            const Layout &g = L.gen.back()[size_t(gi)];
+            int64_t rows = w.genRowsAtOnce(std::max<int64_t>(1, g.dp * g.fsdp));
+            for (;;) {
+              o.push_back({gi, rows});
+              if (rows <= 1)
+                break;
+              rows = (rows + 1) / 2;
+            }
+          }
+          L.genOpts.push_back(std::move(o));
+        }
     }
     return L;
   }
 
   int genCount(int r, int a, int ti) {
     const Layouts &L = lay(r, a);
-    return roles[size_t(r)].kind == RoleKind::Actor ? int(L.gen[size_t(ti)].size()) : 1;
+    return roles[size_t(r)].kind == RoleKind::Actor ? int(L.genOpts[size_t(ti)].size()) : 1;
   }
 
   double transition(int r, const Layout &train, const Layout &gen, int64_t n) {
@@ -220,9 +238,17 @@ struct Ctx {
     const Layout &tr = L.train[size_t(ti)];
     Eval e;
     if (role.kind == RoleKind::Actor) {
-      const Layout &g = L.gen[size_t(ti)][size_t(gi)];
-      e.mem = roleMemory(role, tr, &g, w);
-      e.gen = generateSeconds(role, g, n, dev, mesh, w, cal);
+      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi)];
+      const Layout &g = L.gen[size_t(ti)][size_t(li)];
+      Workload wg = w;
+      wg.kvRows = rows;
+      e.mem = roleMemory(role, tr, &g, wg);
+      // A pool above one sequence leaves (1 - memory_utilization) of the
+      // device free, as hflowc sizes it (Memory.h): it is then at least
+      // this one.
+      if (rows > 1)
+        e.mem.genReserve = (1 - role.memoryUtilization) * dev.memoryBytes;
+      e.gen = generateSeconds(role, g, n, dev, mesh, wg, cal);
       if (withTransition)
         e.transition = transition(r, tr, g, n);
       e.t[kGenerate] = e.gen.total() + e.transition;
@@ -436,7 +462,7 @@ struct Ctx {
         rp.train = L.train[size_t(ti)];
         rp.hasGen = roles[size_t(r)].kind == RoleKind::Actor;
         if (rp.hasGen)
-          rp.gen = L.gen[size_t(ti)][size_t(gi)];
+          rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(gi)].first)];
         rp.stage = e.t;
         rp.transition = e.transition;
         rp.generation = e.gen;
@@ -444,7 +470,7 @@ struct Ctx {
         for (int s = 0; s < kStages; ++s)
           st[size_t(s)] += e.t[size_t(s)];
         res += e.res;
-        trans = std::max(trans, e.trans);
+        trans = std::max(trans, e.mem.transientUsed());
       }
       c.setStage.push_back(st);
       c.memoryPerDevice.push_back(res + trans);
@@ -960,9 +986,14 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &m
       std::string l = "    " + rs[size_t(r)].name + ": train " + layoutStr(p.train);
       if (p.hasGen) {
         std::snprintf(buf, sizeof buf,
-                      ", generate %s (prefill %.3f s, decode %.3f s, transition %.3f s)",
+                      ", generate %s (prefill %.3f s, decode %.3f s, transition %.3f s%s)",
                       layoutStr(p.gen).c_str(), p.generation.prefill,
-                      p.generation.decode, p.transition);
+                      p.generation.decode, p.transition,
+                      p.memory.kvRows < p.memory.kvSeqs
+                          ? ("; KV pool " + std::to_string(p.memory.kvRows) + " of " +
+                             std::to_string(p.memory.kvSeqs) + " sequences at once")
+                                .c_str()
+                          : "");
         l += buf;
       }
       std::snprintf(buf, sizeof buf, "; stages %.3f / %.3f / %.3f s\n", p.stage[0],

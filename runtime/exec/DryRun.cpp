@@ -135,11 +135,17 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
             const RankTransient &t = *ro.transient()->Get(i);
             peak = "; at most " + bytes(t.activations()) + " of activations";
             if (t.kv_cache() > 0)
-              peak += ", " + bytes(t.kv_cache()) + " of KV cache";
+              peak += ", " + bytes(t.kv_cache()) + " of KV pool";
           }
           std::fprintf(out, "  memory %s: %s%s\n", roleName(r).c_str(),
                        memoryLine(*ro.memory()->Get(i)).c_str(), peak.c_str());
         }
+      // An actor generating apart: its pool on its generation ranks (2.13).
+      if (ro.generate_ranks() && ro.kv_pool() > 0)
+        for (int g : *ro.generate_ranks())
+          if (g == rank)
+            std::fprintf(out, "  memory %s.generate: at most %s of KV pool\n",
+                         roleName(r).c_str(), bytes(ro.kv_pool()).c_str());
     }
     if (!s->steps())
       continue;

@@ -452,13 +452,14 @@ void Worker::runGenerate(MethodCall &c) {
   at::Generator g =
       models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
-  // Continuous batching over a paged KV cache. The pool holds the rows the
-  // memory plan counts at once (every row, or as many as max_batch_tokens
-  // admits), each at its padded prompt + max_tokens in whole blocks, and
-  // one block more (a prompt's partial block while its samples copy it):
-  // the memory plan at block granularity. When the sequences need more
-  // (max_num_seqs aside, only under a budget's bound), the engine preempts
-  // and recomputes.
+  // Continuous batching over a paged KV cache. The pool is the plan's
+  // (format 2.13: what the compiler left for it on this rank's devices, in
+  // bytes), in blocks of this call's size, and no more than the rows the
+  // memory plan counts at once need (every row, or as many as
+  // max_batch_tokens admits, each at its padded prompt + max_tokens in
+  // whole blocks, and one block more: a prompt's partial block while its
+  // samples copy it). When the sequences need more than the pool holds,
+  // the engine preempts and recomputes.
   so.paged = true;
   so.limits.blockSize = (int64_t)attrNum(a, "kv_block_size", 16);
   so.limits.maxSeqs = (int64_t)attrNum(a, "max_num_seqs", 0);
@@ -470,9 +471,18 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(describe(s) + ": " + e.what());
   }
-  const int64_t perSeq =
-      (ptoks.size(1) + so.maxTokens + so.limits.blockSize - 1) / so.limits.blockSize;
-  so.limits.poolBlocks = rowsAtOnce * perSeq + 1;
+  const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
+  const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
+  const int64_t formTp = form ? form->passForm().tp : 1;
+  const double blockBytes = shape::kvBlockBytes(cfg.shape(), cfg.layers, formTp,
+                                                so.limits.blockSize,
+                                                (double)at::elementSize(cfg.dtype));
+  so.limits.poolBlocks =
+      shape::kvPoolBlocks(rowsAtOnce, ptoks.size(1) + so.maxTokens, so.limits.blockSize);
+  const int64_t planPool = p_.roles()->Get(rr.index)->kv_pool();
+  if (planPool > 0 && blockBytes > 0)
+    so.limits.poolBlocks =
+        std::min<int64_t>(so.limits.poolBlocks, (int64_t)((double)planPool / blockBytes));
   const std::string stop = attrStr(a, "stop", "");
   if (!stop.empty()) {
     // A stop string ends a row at the token whose text completes it.
@@ -494,23 +504,13 @@ void Worker::runGenerate(MethodCall &c) {
           : rr.genOnTrain ? rr.lm->generate(ptoks, pmask, so, g)
                           : rr.model->generate(ptoks, pmask, so, g);
   } catch (const std::invalid_argument &e) {
-    throw RunError(e.what());
+    throw RunError(describe(s) + ": " + e.what());
   }
   {
-    // Every generation's KV pool against the model at its shape: the rows
-    // the plan counts at once, each at its padded prompt + max_tokens, at
-    // block granularity (whole blocks per row and one more). The summary
-    // shows the largest, or the first one above its model (which it then
-    // reports).
-    const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
-    const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
-    const auto kvBytes = [&](int64_t rows, int64_t len) {
-      return shape::kvCacheBytes(cfg.shape(), cfg.layers, form ? form->passForm().tp : 1, rows,
-                                 len, (double)at::elementSize(cfg.dtype));
-    };
-    const double model = rowsNow > 0 ? kvBytes(rowsAtOnce, perSeq * so.limits.blockSize) +
-                                           kvBytes(1, so.limits.blockSize)
-                                     : 0;
+    // Every generation's KV pool against the model at its shape: the pool
+    // sized above, in its blocks. The summary shows the largest, or the
+    // first one above its model (which it then reports).
+    const double model = rowsNow > 0 ? (double)so.limits.poolBlocks * blockBytes : 0;
     const bool over = (double)gen.kvCacheBytes > model;
     if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {
       rr.peakKvCache = gen.kvCacheBytes;

@@ -645,10 +645,10 @@ void Worker::printTransientMemory(const at::Tensor &all, int first) {
     std::printf("\n");
   }
   if (kvCompared > 0 && kvDiffer.empty())
-    std::printf("KV caches: %d within the model (equal unless generation used a token "
-                "budget)\n", kvCompared);
+    std::printf("KV pools: %d as sized (the plan's pool, in fewer blocks where the rows "
+                "need fewer)\n", kvCompared);
   else if (kvCompared > 0) {
-    std::printf("KV caches: %zu of %d above the model:", kvDiffer.size(), kvCompared);
+    std::printf("KV pools: %zu of %d above their size:", kvDiffer.size(), kvCompared);
     for (const std::string &d : kvDiffer)
       std::printf(" %s;", d.c_str());
     std::printf("\n");

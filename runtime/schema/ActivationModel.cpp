@@ -94,4 +94,14 @@ double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t row
   return w * 2.0 * (double)layers * kv * (double)m.headDim() * (double)rows * (double)len;
 }
 
+double kvBlockBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t blockSize,
+                    double w) {
+  return kvCacheBytes(m, layers, tp, 1, blockSize, w);
+}
+
+int64_t kvPoolBlocks(int64_t rows, int64_t len, int64_t blockSize) {
+  const int64_t bs = std::max<int64_t>(1, blockSize);
+  return std::max<int64_t>(0, rows) * ((std::max<int64_t>(0, len) + bs - 1) / bs) + 1;
+}
+
 } // namespace hflow::shape

@@ -104,6 +104,21 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
 double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
                     double bytesPerElement = 4);
 
+/// Positions per KV block when a generate call names no kv_block_size.
+inline constexpr int64_t kKvBlockSize = 16;
+
+/// Bytes of one block of a paged KV pool: kvCacheBytes of one row of
+/// `blockSize` positions.
+double kvBlockBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t blockSize,
+                    double bytesPerElement = 4);
+
+/// Blocks of a paged KV pool holding `rows` sequences of `len` positions at
+/// once, each in whole blocks, plus one block more (a prompt's last,
+/// partial block while its samples copy it on write): the pool hflow-run
+/// allocates when nothing bounds it, and the least a pool may be (rows = 1)
+/// for one sequence to finish.
+int64_t kvPoolBlocks(int64_t rows, int64_t len, int64_t blockSize);
+
 } // namespace hflow::shape
 
 #endif // HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H

@@ -198,6 +198,54 @@ TEST(CostModel, GenerateHandComputed) {
   EXPECT_NEAR(big.decode, expect, expect * 1e-12);
 }
 
+// A KV pool of fewer rows than sequences: continuous batching keeps it
+// full, so S sequences take S / b batch-times of b rows (prefill and
+// decode alike), the pool's blocks fewer, and the rows at once follow a
+// token budget too.
+TEST(CostModel, GenerateInBatchesOfThePool) {
+  RoleSpec actor = role("actor", RoleKind::Actor, llama7b());
+  Device d = Device::a100_80g();
+  Mesh m = mesh(1);
+  Calibration c;
+  Workload w;
+  w.batch = 64;
+  w.n = 4;
+  w.promptLen = 100;
+  w.responseLen = 60;
+  const Layout g = L(2, 1, 4); // 64 * 4 / 4 = 64 sequences per replica
+  Workload quarter = w;
+  quarter.kvRows = 16;
+  Workload small = w;
+  small.batch = 16; // 16 sequences per replica: one batch-time of 16 rows
+  const GenTime q = generateSeconds(actor, g, 8, d, m, quarter, c);
+  const GenTime one = generateSeconds(actor, g, 8, d, m, small, c);
+  EXPECT_NEAR(q.prefill, 4 * one.prefill, 1e-12 * q.prefill);
+  EXPECT_NEAR(q.decode, 4 * one.decode, 1e-12 * q.decode);
+  // Not a whole number of batches: 64 / 24 of them.
+  Workload odd = w;
+  odd.kvRows = 24;
+  Workload rows24 = w;
+  rows24.batch = 24;
+  const GenTime o = generateSeconds(actor, g, 8, d, m, odd, c);
+  const GenTime o1 = generateSeconds(actor, g, 8, d, m, rows24, c);
+  EXPECT_NEAR(o.total(), 64.0 / 24 * o1.total(), 1e-12 * o.total());
+  // Fewer rows at once: less memory, more time (memory-bound decode reads
+  // the weights once per step of every batch).
+  EXPECT_GT(q.total(), generateSeconds(actor, g, 8, d, m, w, c).total());
+  const RoleMemory all = roleMemory(actor, L(2, 1, 4), &g, w);
+  const RoleMemory part = roleMemory(actor, L(2, 1, 4), &g, quarter);
+  const double block = 2.0 * 32 * 16 * 128 * 2 * 16;
+  EXPECT_DOUBLE_EQ(all.kvCache, (64.0 * 10 + 1) * block); // 160 / 16 = 10 blocks a row
+  EXPECT_DOUBLE_EQ(part.kvCache, (16.0 * 10 + 1) * block);
+  EXPECT_EQ(part.kvRows, 16);
+  EXPECT_EQ(part.kvSeqs, 64);
+  // A budget of 1,000 tokens: 6 sequences of 160 at once.
+  Workload budget = w;
+  budget.genBatchTokens = 1000;
+  EXPECT_EQ(budget.genRowsAtOnce(4), 6);
+  EXPECT_EQ(roleMemory(actor, L(2, 1, 4), &g, budget).kvRows, 6);
+}
+
 TEST(CostModel, TransitionFromReshardPlanner) {
   RoleSpec actor = role("actor", RoleKind::Actor, llama7b());
   Mesh m = mesh(4);
@@ -252,7 +300,7 @@ TEST(CostModel, TransitionAtTheWireElementSize) {
 //   error: the roles placed here need 49.02 GB per device but each a100_40g
 //   has 40.00 GB: 33.69 GB resident ... + 15.33 GB at the peak (actor.generate)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 4.53 GB; generation: weights 6.74 GB, KV cache 8.59 GB
+//         activations 4.53 GB; generation: weights 6.74 GB, KV pool 8.59 GB
 //   note: ref: weights 6.74 GB; activations 163.84 MB
 //   error: ... need 59.00 GB ...: 52.86 GB resident ... + 6.14 GB at the
 //   peak (critic's training pass)
@@ -286,7 +334,11 @@ TEST(Memory, AgreesWithHflowcExample) {
   //   6 R V / 4 in f32 (98,304,000) and one F h / 4 weight gradient x 2.
   EXPECT_DOUBLE_EQ(a.activations, 136511488.0 * 32 + 41943040.0 + 98304000.0 + 22544384.0);
   EXPECT_DOUBLE_EQ(a.genWeights, 6738415616.0);
-  EXPECT_DOUBLE_EQ(a.kvCache, 8589934592.0);
+  // The KV pool at every sequence: 256 / 8 = 32 rows of 1024 / 16 = 64
+  // blocks, and one more, each 2 * 32 * (32 / 2) * 128 * 2 * 16 bytes.
+  EXPECT_DOUBLE_EQ(a.kvCache, (32.0 * 64 + 1) * 4194304.0);
+  EXPECT_EQ(a.kvRows, 32);
+  EXPECT_EQ(a.kvSeqs, 32);
   // The reference's forward pass on tp 2: the larger of one layer's
   // working set, 4 n h + 5 n (h / 2) + 4 n F / 2 + 1.6 (32 / 2) T^2 =
   // 76,650,905.6 elements x 2 bytes, and the head's 5 R V / 2 in f32.
@@ -295,7 +347,7 @@ TEST(Memory, AgreesWithHflowcExample) {
   EXPECT_DOUBLE_EQ(c.resident(), (6738415616.0 - 32000.0 * 4096) * 16 / 2);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
-  EXPECT_DOUBLE_EQ(set1, 49020428288.0);
+  EXPECT_DOUBLE_EQ(set1, 49024622592.0);
   // As hflowc prints them.
   EXPECT_EQ(gb(set1), "49.02 GB");
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
@@ -315,7 +367,7 @@ TEST(Memory, AgreesWithHflowcExample) {
 //   has 40.00 GB: 33.69 GB resident ... + 16.74 GB at the peak (actor's
 //   training pass)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 16.74 GB; generation: weights 3.37 GB, KV cache 10.74 GB
+//         activations 16.74 GB; generation: weights 3.37 GB, KV pool 10.74 GB
 //   note: ref: weights 6.74 GB; activations 655.36 MB
 //   error: ... need 68.81 GB ...: 52.86 GB resident ... + 15.95 GB at the
 //   peak (critic's training pass)
@@ -342,7 +394,7 @@ TEST(Memory, AgreesWithHflowcVariant) {
   //   (786,432,000) and one F h / 2 weight gradient x 2.
   EXPECT_DOUBLE_EQ(a.activations,
                    493813760.0 * 2 * 16 + 104857600.0 + 786432000.0 + 45088768.0);
-  EXPECT_DOUBLE_EQ(a.kvCache, 2.0 * 32 * 8 * 128 * 2 * 64 * 1280);
+  EXPECT_DOUBLE_EQ(a.kvCache, (64.0 * 80 + 1) * (2.0 * 32 * 8 * 128 * 2 * 16));
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
   EXPECT_EQ(gb(set1), "50.43 GB");
@@ -540,6 +592,55 @@ TEST(Search, CandidatesPassTheBatchCheck) {
       if (p.hasGen)
         EXPECT_EQ(w.batch % p.gen.dp, 0) << c.str(roles);
     }
+}
+
+// Issue 17: 13B PPO, batch 1024, prompts and responses of 1,024 tokens, on
+// 16 A100 80GB. Every sequence's KV cache at once fits on no allocation
+// (the search once answered "needs at least 123.64 GB per device"); with
+// the pool a choice, it places the roles, the actor's pool holding fewer
+// rows than its sequences, within the device and, above one sequence,
+// within memory_utilization of it.
+TEST(Search, KvPoolLets13bPpoFitOn16A100) {
+  ModelShape l13{40, 5120, 40, 40, 13824, 32000}; // Llama-2-13B
+  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, l13),
+                                 role("critic", RoleKind::Critic, l13),
+                                 role("ref", RoleKind::Reference, l13)};
+  Workload w;
+  w.batch = 1024;
+  w.promptLen = 1024;
+  w.responseLen = 1024;
+  w.miniBatch = 64;
+  w.microBatchGiven = true; // micro_batch: 1
+  SearchOptions o;
+  o.k = 3;
+  o.executable = true;
+  const Device dev = Device::a100_80g();
+  SearchResult r = searchPlacement(roles, dev, mesh(2), w, Calibration(), o);
+  ASSERT_FALSE(r.candidates.empty()) << r.reason;
+  for (const Candidate &c : r.candidates) {
+    const RolePlan &a = c.roles[0];
+    ASSERT_TRUE(a.hasGen);
+    EXPECT_LT(a.memory.kvRows, a.memory.kvSeqs) << c.str(roles);
+    EXPECT_GE(a.memory.kvRows, 1);
+    for (size_t j = 0; j < c.groups.size(); ++j) {
+      EXPECT_LE(c.memoryPerDevice[j], dev.memoryBytes) << c.str(roles);
+      double res = 0;
+      bool hasActor = false;
+      for (int q : c.groups[j]) {
+        res += c.roles[size_t(q)].memory.resident();
+        hasActor |= q == 0;
+      }
+      if (hasActor && a.memory.kvRows > 1)
+        EXPECT_LE(res + a.memory.genWeights + a.memory.kvCache, 0.9 * dev.memoryBytes)
+            << c.str(roles);
+    }
+    EXPECT_NE(c.str(roles).find("KV pool"), std::string::npos);
+  }
+  // Every sequence at once: 1024 / dp_g sequences of 2,048 tokens, 819,200
+  // bytes a token over tp_g: for the best candidate above the device.
+  const RolePlan &a = r.candidates[0].roles[0];
+  Workload all = w;
+  EXPECT_GT(roleMemory(roles[0], a.train, &a.gen, all).kvCache, dev.memoryBytes);
 }
 
 //===----------------------------------------------------------------------===//

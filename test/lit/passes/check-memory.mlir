@@ -31,14 +31,14 @@ hflow.place [@a, @c] on @m[0 : 2]
 hflow.device @small "gpu" <memory = 1.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.42 MB; generation: weights 213.63 KB, KV cache 393.22 KB}}
+// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.42 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
 // expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 3.87 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
 // expected-error @+2 {{the roles placed here need 8.86 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.42 MB at the peak (a's training pass)}}
-// expected-note @+1 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4; use more devices, larger tp/pp/fsdp degrees, or a smaller batch}}
+// expected-note @+1 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4, KV pools of what the set leaves (at least one sequence) in blocks of 16 positions; use more devices, larger tp/pp/fsdp degrees, or a smaller batch}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
@@ -48,18 +48,23 @@ hflow.train @f {batch = 8 : i64, data = "p.jsonl", minibatch = 8 : i64, n = 2 : 
 
 // -----
 
-// Generation is the peak: 64 prompts x 8 responses of 128 tokens split over
-// dp_g = 2 need a KV cache of 2 * L * kv_heads * head_dim * 4 bytes * 256 * 128
-// = 2 * 2 * 2 * 16 * 4 * 256 * 128 = 16.78 MB. Bare fsdp shards the
-// training state over both devices; one sequence per pass (micro_batch)
-// keeps the training pass below it.
-hflow.device @small "gpu" <memory = 5.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
+// The KV pool takes what the set leaves, not every sequence at once: 64
+// prompts x 8 responses of 128 tokens over dp_g = 2 are 256 sequences per
+// generation replica, 8 blocks of 16 positions each, a block
+// 2 * L * kv_heads * head_dim * 4 bytes * 16 = 2 * 2 * 2 * 16 * 4 * 16
+// = 8,192 bytes; every sequence at once would be 256 * 8 + 1 = 2,049 blocks
+// (16.79 MB). Bare fsdp shards the training state over both devices: 854,528
+// bytes resident; the generation copy P * 4 = 427,264 bytes. At the default
+// memory_utilization 0.9 of 2.5 MB the pool gets 2,250,000 - 854,528 -
+// 427,264 = 968,208 bytes: 118 blocks (966.66 KB), 14 sequences at once. The
+// training pass (2.16 MB) is the peak and does not fit.
+hflow.device @small "gpu" <memory = 2.5e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.16 MB; generation: weights 427.26 KB, KV cache 16.78 MB}}
+// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.16 MB; generation: weights 427.26 KB, KV pool 966.66 KB (14 of 256 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+2 {{the roles placed here need 18.06 MB per device but each small has 5.00 MB: 854.53 KB resident (weights, gradients, optimizer state) + 17.20 MB at the peak (a.generate)}}
-// expected-note @+1 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1;}}
+// expected-error @+2 {{the roles placed here need 3.02 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.16 MB at the peak (a's training pass)}}
+// expected-note @+1 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1,}}
 hflow.place [@a] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
