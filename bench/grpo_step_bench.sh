@@ -13,6 +13,14 @@
 # build). Both read the same prompts (hflow-mkdata arith), both run one
 # intra-op thread (HFLOW_NUM_THREADS=1, torch.set_num_threads(1)).
 #
+# GRPO_MAX_TOKENS (default 16) sets max_tokens on both sides; GRPO_STOP (a
+# one-byte string, default none) a stop string both honour besides the
+# newline. On the untrained model every byte is about equally likely, so
+# GRPO_STOP=7 GRPO_MAX_TOKENS=256 gives varied, long-tailed lengths: each
+# token ends a response with probability ~2/256 (newline or "7"), a
+# geometric distribution of mean ~128 cut at 256 (the varied-length
+# workload of docs/benchmarks.md).
+#
 # The two alternate, GRPO_ROUNDS times (default 3), each GRPO_STEPS
 # iterations (default 25); the first GRPO_WARMUP iterations of every run
 # (default 5) are dropped. Reports the medians of the per-iteration
@@ -27,6 +35,9 @@ BIN="${1:-$ROOT/build/bin}"
 STEPS="${GRPO_STEPS:-25}"
 WARMUP="${GRPO_WARMUP:-5}"
 ROUNDS="${GRPO_ROUNDS:-3}"
+MAXTOK="${GRPO_MAX_TOKENS:-16}"
+STOPS="${GRPO_STOP:-}"
+[ "${#STOPS}" -le 1 ] || { echo "grpo_step_bench: GRPO_STOP must be one byte" >&2; exit 1; }
 PY=/usr/bin/python3
 
 for t in hflowc hflow-run hflow-mkdata; do
@@ -40,7 +51,11 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$BIN/hflow-mkdata" arith --seed 1 --count 512 --max-a 49 --max-b 49 \
   -o "$work/grpo_prompts.jsonl" >/dev/null
-"$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" -o "$work/grpo_step.bin"
+sed -e "s/max_tokens: 16, temperature: 1.0/max_tokens: $MAXTOK, temperature: 1.0${STOPS:+, stop: \"$STOPS\"}/" \
+  "$ROOT/bench/programs/grpo_step.hflow" >"$work/grpo_step.hflow"
+grep -q "max_tokens: $MAXTOK," "$work/grpo_step.hflow" ||
+  { echo "grpo_step_bench: could not set max_tokens" >&2; exit 1; }
+"$BIN/hflowc" "$work/grpo_step.hflow" -o "$work/grpo_step.bin"
 
 # hflow-run picks OpenBLAS's kernels for the CPU when OpenBLAS does not know
 # it (runtime/launch/Blas.h); eager runs as Debian ships it. A third run per
@@ -50,20 +65,20 @@ core=""
 case "$version" in
   *"kernels, chosen for this CPU"*) core="$(sed -n 's/.*OpenBLAS \([A-Za-z0-9]*\) kernels, chosen.*/\1/p' <<<"$version")" ;;
 esac
-echo "grpo_step_bench: $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager${core:+, then eager with OPENBLAS_CORETYPE=$core}), first $WARMUP of each run dropped"
+echo "grpo_step_bench: max_tokens $MAXTOK${STOPS:+, stop \"$STOPS\"}; $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager${core:+, then eager with OPENBLAS_CORETYPE=$core}), first $WARMUP of each run dropped"
 echo "grpo_step_bench: $version"
 for ((r = 1; r <= ROUNDS; r++)); do
   HFLOW_NUM_THREADS=1 "$BIN/hflow-run" --quiet --data-dir "$work" --steps "$STEPS" \
     --metrics "$work/hflow.$r.jsonl" "$work/grpo_step.bin"
   "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
-    --steps "$STEPS" --batch 8 --n 8 --max-tokens 16 --threads 1 \
+    --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAXTOK" --stop "$STOPS" --threads 1 \
     --metrics "$work/eager.$r.jsonl"
   if [ -n "$core" ]; then
     OPENBLAS_CORETYPE="$core" "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
-      --steps "$STEPS" --batch 8 --n 8 --max-tokens 16 --threads 1 \
+      --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAXTOK" --stop "$STOPS" --threads 1 \
       --metrics "$work/eagersame.$r.jsonl"
   fi
 done
 
-"$BIN/hflowc" "$ROOT/bench/programs/grpo_step.hflow" --emit=plan-json >"$work/plan.json"
+"$BIN/hflowc" "$work/grpo_step.hflow" --emit=plan-json >"$work/plan.json"
 python3 "$ROOT/bench/grpo_step_report.py" "$work" "$ROUNDS" "$WARMUP" "$core"

@@ -32,6 +32,7 @@ standard output.
 import argparse
 import json
 import math
+import resource
 import sys
 import time
 
@@ -135,7 +136,7 @@ def positions_from_mask(mask):
 
 
 @torch.inference_mode()
-def generate(model, prompts, pmask, max_tokens, temperature, stop, pad, gen):
+def generate(model, prompts, pmask, max_tokens, temperature, stop, pad, gen, more_stops=()):
     B = prompts.shape[0]
     tokens = torch.full((B, max_tokens), pad, dtype=torch.long)
     rmask = torch.zeros(B, max_tokens)
@@ -149,6 +150,8 @@ def generate(model, prompts, pmask, max_tokens, temperature, stop, pad, gen):
         tokens[:, t] = nxt
         rmask[:, t] = (~done).float()
         done = done | (nxt == stop)
+        for extra in more_stops:
+            done = done | (nxt == extra)
         if t + 1 == max_tokens or bool(done.all()):
             break
         pos = cache["next_pos"].unsqueeze(1)
@@ -186,6 +189,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--stop", default="",
+                    help="a one-byte stop string besides the newline (hflow's generate stop:)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -214,6 +219,7 @@ def main():
     out = open(a.metrics, "w") if a.metrics else sys.stdout
     cursor = 0
     for it in range(a.steps):
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         # The batch: prompts left-padded to P, each repeated n times.
         if cursor + a.batch > len(prompts):
@@ -232,7 +238,8 @@ def main():
 
         # 1. rollout
         t1 = time.perf_counter()
-        rtoks, rmask = generate(actor, ptoks, pmask, a.max_tokens, TEMP, STOP, PAD, gen)
+        rtoks, rmask = generate(actor, ptoks, pmask, a.max_tokens, TEMP, STOP, PAD, gen,
+                                tuple(a.stop.encode()))
         rtoks, rmask = rtoks.clone(), rmask.clone()  # out of inference mode (autograd uses them)
         # 2-3. old and reference log-probs
         t2 = time.perf_counter()
@@ -282,7 +289,9 @@ def main():
         t6 = time.perf_counter()
         ms = (t6 - t0) * 1000.0
         generated = float(rmask.sum())
-        rec = {"iteration": it + 1, "iteration_ms": ms,
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        faults = (ru1.ru_minflt - ru0.ru_minflt) + (ru1.ru_majflt - ru0.ru_majflt)
+        rec = {"iteration": it + 1, "iteration_ms": ms, "page_faults": faults,
                "tokens_per_s": generated / (ms / 1000.0),
                "ms_prompts": (t1 - t0) * 1e3, "ms_generate": (t2 - t1) * 1e3,
                "ms_actor_logprob": (t3 - t2) * 1e3, "ms_ref_logprob": (t4 - t3) * 1e3,

@@ -68,6 +68,17 @@ for name in PARTS:
 print(f"{'step':22} {h_ms:10.1f} {e_ms:10.1f} {e_ms / h_ms:12.2f}")
 print(f"{'generated tokens/s':22} {h_tps:10.0f} {e_tps:10.0f} {h_tps / e_tps:12.2f}")
 print(f"{'iterations':22} {len(h):10d} {len(e):10d}")
+if all("response_length" in x for x in h + e):
+    # The work of a step depends on the sampled lengths: both sides sample
+    # their own responses (and train on them), so say what they were.
+    print(f"{'mean response length':22} {med(x['response_length'] for x in h):10.1f} "
+          f"{med(x['response_length'] for x in e):10.1f}")
+if all("page_faults" in x for x in h + e):
+    # The step's own overhead: the kernel mapping memory the allocator
+    # gave back (hflow-run's heap keeps what it frees: tools/hflow-run).
+    h_pf, e_pf = med(x["page_faults"] for x in h), med(x["page_faults"] for x in e)
+    print(f"{'page faults per step':22} {h_pf:10.0f} {e_pf:10.0f} "
+          f"{'(hflow no worse)' if h_pf <= e_pf else '(hflow WORSE)':>12}")
 print("per-round medians (ms): hflow " +
       " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in hr) +
       "; eager " + " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in er))

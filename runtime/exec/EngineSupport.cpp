@@ -3,6 +3,7 @@
 
 #include "runtime/schema/Fnv1a.h"
 
+#include <sys/resource.h>
 #include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
@@ -13,6 +14,13 @@ using plan::KeyValue;
 
 double msSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+double pageFaults() {
+  struct rusage u {};
+  if (getrusage(RUSAGE_SELF, &u) != 0)
+    return 0;
+  return (double)u.ru_minflt + (double)u.ru_majflt;
 }
 
 std::string str(const flatbuffers::String *s, const char *dflt) {

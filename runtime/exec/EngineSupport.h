@@ -26,6 +26,8 @@ struct RunError : std::runtime_error {
 
 using Clock = std::chrono::steady_clock;
 double msSince(Clock::time_point t);
+/// The page faults (minor and major) of this process so far (getrusage).
+double pageFaults();
 
 /// A plan string, or `dflt` when absent.
 std::string str(const flatbuffers::String *s, const char *dflt = "");

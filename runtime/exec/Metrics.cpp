@@ -28,6 +28,10 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   comm::CommStats cs = world_->stats();
   for (auto &[g, c] : groups_)
     cs += c->stats();
+  // The page faults of this rank's process during the iteration (the
+  // kernel's work of mapping memory the allocator returned and took back).
+  if (it >= 0 && metrics_.size() == MNumMetrics)
+    metrics_[MPageFaults] = pageFaults() - faultsAt_;
   std::vector<double> row = metrics_;
   row.push_back((double)cs.bytesSent);
   row.push_back((double)cs.bytesReceived);
@@ -155,6 +159,9 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       add("reshard_bytes", S(MReshardBytes));
       add("reshard_ms", S(MReshardMs));
     }
+    // Page faults per rank (the mean over the ranks).
+    if (it >= 0)
+      add("page_faults", S(MPageFaults) / (double)all.size(0));
     line += "}\n";
     if (!o_.reportFile.empty())
       reportLines_.push_back(line);

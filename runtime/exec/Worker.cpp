@@ -505,6 +505,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   digests_.clear();
   metrics_.assign(MNumMetrics, 0.0);
   stepMs_.assign(2 * ph.count, 0.0);
+  faultsAt_ = pageFaults();
   auto t0 = Clock::now();
   for (int r = 0; r < p_.world_size(); ++r)
     for (int s : ints(p_.schedules()->Get(r)->steps()))

@@ -64,7 +64,7 @@ enum Metric : int {
   MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
   MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
   MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MLenClipped,
-  MPreempt, MNumMetrics
+  MPreempt, MPageFaults, MNumMetrics
 };
 
 /// What a phase (a train block) needs at run time.
@@ -416,6 +416,8 @@ private:
   /// on this rank, [count, 2 count) the batch moves that brought its rows
   /// (the receive side: waiting for a producer counts).
   std::vector<double> stepMs_;
+  /// The process's page faults (minor and major) when the iteration began.
+  double faultsAt_ = 0;
   std::map<int, double> digests_;
   // running_norm's moments per call site (plan step), on the controller;
   // saved in its checkpoint as builtin/<step>/moments.

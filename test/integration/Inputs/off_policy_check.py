@@ -19,7 +19,7 @@ the recomputing run's is 0 (a ratio of 1 on its one optimizer step)."""
 import json
 import sys
 
-TIMING = ("time_s", "iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms")
+TIMING = ("time_s", "iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms", "page_faults")
 GENERATED = ("response_length",)
 
 

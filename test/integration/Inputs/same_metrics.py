@@ -3,7 +3,7 @@ metrics (JSONL): every field but the timings must be equal."""
 import json
 import sys
 
-TIMING = ("time_s", "iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms")
+TIMING = ("time_s", "iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms", "page_faults")
 
 
 def load(path):
