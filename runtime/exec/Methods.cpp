@@ -27,6 +27,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 
@@ -51,6 +53,98 @@ std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
   const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
   return {std::max<int64_t>(1, p), std::max<int64_t>(1, r)};
 }
+
+/// Whether trimmed passes also sort each pass's rows by length and run
+/// them in buckets of similar length (the default; HFLOW_LENGTH_BUCKETS=0
+/// keeps one pass per micro-batch, trimmed to its longest row).
+bool lengthBuckets() {
+  static const bool off = envInt("HFLOW_LENGTH_BUCKETS", 1) == 0;
+  return trimPasses() && !off;
+}
+
+/// Length buckets of the rows of a rank's passes: each micro-batch's rows
+/// (`batches`, ranges of [lo, hi)) sorted by their real length, prompt
+/// and response, shortest first, and cut into runs whose padded tokens
+/// (rows x the run's longest prompt + longest response, as a trimmed pass
+/// computes them) stay within 30% over their real tokens. `perm[i]` is the
+/// row (relative to lo) that goes to position lo + i; `runs[k]` the runs of
+/// batch k at their positions after the reordering (its own range).
+struct Buckets {
+  std::vector<int64_t> perm;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+  bool any = false; ///< some batch is cut into more than one run
+};
+
+Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
+                        const std::vector<std::pair<int64_t, int64_t>> &batches) {
+  Buckets b;
+  b.perm.resize((size_t)(hi - lo));
+  std::iota(b.perm.begin(), b.perm.end(), 0);
+  at::Tensor pm = ro["pmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
+  at::Tensor rm = ro["rmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
+  auto pa = pm.accessor<int64_t, 1>(), ra = rm.accessor<int64_t, 1>();
+  auto P = [&](int64_t i) { return std::max<int64_t>(1, pa[i]); };
+  auto R = [&](int64_t i) { return std::max<int64_t>(1, ra[i]); };
+  for (auto [u, e] : batches) {
+    auto first = b.perm.begin() + (u - lo), last = b.perm.begin() + (e - lo);
+    std::stable_sort(first, last,
+                     [&](int64_t x, int64_t y) { return P(x) + R(x) < P(y) + R(y); });
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    int64_t start = u, maxP = 0, maxR = 0, real = 0;
+    for (int64_t i = u; i < e; ++i) {
+      const int64_t row = b.perm[(size_t)(i - lo)];
+      const int64_t np = std::max(maxP, P(row)), nr = std::max(maxR, R(row));
+      const int64_t nreal = real + P(row) + R(row);
+      if (i > start && 10 * (i - start + 1) * (np + nr) > 13 * nreal) {
+        runs.push_back({start, i});
+        start = i, maxP = P(row), maxR = R(row), real = P(row) + R(row);
+        continue;
+      }
+      maxP = np, maxR = nr, real = nreal;
+    }
+    runs.push_back({start, e});
+    b.any = b.any || runs.size() > 1;
+    b.runs.push_back(std::move(runs));
+  }
+  return b;
+}
+
+/// Rows [lo, lo + perm.size()) of some values put in `perm`'s order for as
+/// long as this lives, then back: a pass over length buckets reads rows of
+/// similar length side by side, and everything after it the plan's order.
+class RowOrder {
+public:
+  RowOrder(std::vector<Val *> vals, int64_t lo, const std::vector<int64_t> &perm)
+      : vals_(std::move(vals)), lo_(lo) {
+    std::sort(vals_.begin(), vals_.end());
+    vals_.erase(std::unique(vals_.begin(), vals_.end()), vals_.end());
+    std::vector<int64_t> inv(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i)
+      inv[(size_t)perm[i]] = (int64_t)i;
+    fwd_ = at::tensor(perm, at::kLong).to(models::engineDevice());
+    inv_ = at::tensor(inv, at::kLong).to(models::engineDevice());
+    apply(fwd_);
+  }
+  ~RowOrder() { apply(inv_); }
+  RowOrder(const RowOrder &) = delete;
+  RowOrder &operator=(const RowOrder &) = delete;
+  /// Rows computed in this order back in the plan's.
+  at::Tensor restore(const at::Tensor &x) const { return x.index_select(0, inv_); }
+
+private:
+  void apply(const at::Tensor &order) {
+    const int64_t n = order.size(0);
+    for (Val *v : vals_)
+      for (auto &[name, t] : v->f)
+        if (t.defined() && t.dim() > 0 && t.size(0) == v->rows && lo_ + n <= v->rows) {
+          at::Tensor seg = t.narrow(0, lo_, n);
+          seg.copy_(seg.index_select(0, order.to(seg.device())));
+        }
+  }
+  std::vector<Val *> vals_;
+  int64_t lo_;
+  at::Tensor fwd_, inv_;
+};
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -382,7 +476,23 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   // pipelined: the last stage's head sees R columns).
   const bool responses =
       trimPasses() && start == c.ph.P - 1 && width == c.ph.R && !c.rr.lm->pipelined();
-  for (auto [u, e] : batches) {
+  // Length buckets (whole weights and tensor-parallel forms: the ranks of
+  // a replica share its rows, so they cut them alike): each micro-batch's
+  // rows sorted by length and run in buckets of similar length, each
+  // trimmed to its own longest; the rows read in that order for the pass
+  // and the result put back in the plan's.
+  std::optional<RowOrder> order;
+  std::vector<std::pair<int64_t, int64_t>> runs = batches;
+  if (responses && lengthBuckets() && !c.rr.lm->lockstepGroup()) {
+    Buckets bk = lengthBucketsOf(rollout, rows.lo, rows.hi, batches);
+    if (bk.any) {
+      order.emplace(std::vector<Val *>{&rollout}, rows.lo, bk.perm);
+      runs.clear();
+      for (const auto &r : bk.runs)
+        runs.insert(runs.end(), r.begin(), r.end());
+    }
+  }
+  for (auto [u, e] : runs) {
     const auto [p, r] = trimPasses() ? realWidth(rollout, u, e) : std::make_pair(c.ph.P, c.ph.R);
     meter.add(e - u, p + r, responses ? r : c.ph.R, false);
   }
@@ -402,7 +512,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
     meter.done();
     return out;
   }
-  for (auto [u, e] : batches) {
+  for (auto [u, e] : runs) {
     if (!responses) {
       at::Tensor h = seqHidden(c.rr, rollout, u, e, trimPasses());
       parts.push_back(head(h.narrow(1, start, width), u, e));
@@ -420,7 +530,8 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
     parts.push_back(out);
   }
   meter.done();
-  return at::cat(parts);
+  at::Tensor out = at::cat(parts);
+  return order ? order->restore(out) : out;
 }
 
 //===----------------------------------------------------------------------===//
@@ -787,19 +898,46 @@ void Worker::runUpdate(MethodCall &c) {
   rl::LossAggMode mode = rl::parse_loss_agg_mode(agg);
   double lastLoss = 0;
   const double lrOver = attrNum(a, "lr", 0);
-  // One micro-batch's loss, weighted by its share of the minibatch, from
-  // the hidden states at its response positions (metrics on the leader).
-  auto microLoss = [&](int64_t mlo, int64_t mhi, const at::Tensor &h) -> at::Tensor {
+  // How a pass's terms add up to its micro-batch's: `share` the
+  // micro-batch's rows over the minibatch's (verl's weighting); a length
+  // bucket of a micro-batch also weighs its terms by what they average
+  // over: `tok` its response tokens over the micro-batch's (token means:
+  // clip fractions, ppo_kl, and every loss under token-mean), `row` its
+  // rows over the micro-batch's (the other aggregations' sequence means,
+  // and the metrics' denominators); seq-mean-token-sum-norm adds its
+  // sequences' sums (1). A whole micro-batch: all 1.
+  struct Weight {
+    double share = 1, tok = 1, row = 1;
+  };
+  auto modeOf = [&](const Weight &w) {
+    return mode == rl::LossAggMode::TokenMean            ? w.tok
+           : mode == rl::LossAggMode::SeqMeanTokenSumNorm ? 1.0
+                                                          : w.row;
+  };
+  // One micro-batch's (or bucket's) loss, weighted by its share of the
+  // minibatch, from the hidden states at its response positions (metrics
+  // on the leader).
+  auto microLoss = [&](int64_t mlo, int64_t mhi, const at::Tensor &h,
+                       const Weight &w) -> at::Tensor {
     const int64_t cnt = mhi - mlo;
-    const double share = (double)cnt / (double)mbRows;
+    const double share = w.share * modeOf(w), tokShare = w.share * w.tok,
+                 rowShare = w.share * w.row;
     at::Tensor mask = (*rollout)["rmask"].narrow(0, mlo, cnt);
-    at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt);
+    // h holds the first r <= R response columns (the ones some row of the
+    // pass has a token in): the heads run on those, and their per-token
+    // results are widened back to R with zeros (masked out), so every loss
+    // reads R columns as the padded computation does.
+    const int64_t r = h.size(1);
+    auto widen = [&](const at::Tensor &x) {
+      return r < R ? at::constant_pad_nd(x, {0, R - r}) : x;
+    };
+    at::Tensor toks = (*rollout)["rtoks"].narrow(0, mlo, cnt).narrow(1, 0, r);
     if (ro.kind() == RoleKind::Critic) {
       Val *vals = inputOfKind(c, BatchKind::Values);
       Val *rets = inputOfKind(c, BatchKind::Returns);
       if (!rets)
         throw RunError("a critic update needs the returns (e.g. adv.returns)");
-      at::Tensor vpred = scalarHead(h, rr.head);
+      at::Tensor vpred = widen(scalarHead(h, rr.head));
       // Without the rollout's values the clipped loss has nothing to
       // clip against: it is the plain squared error.
       at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
@@ -807,8 +945,8 @@ void Worker::runUpdate(MethodCall &c) {
                                        attrNum(a, "clip_value", 0.5), mode);
       if (c.leader) { // weighted by the micro-batch's share of the minibatch
         metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
-        metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * share;
-        metrics_[MCriticN] += share;
+        metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * tokShare;
+        metrics_[MCriticN] += rowShare;
       }
       return vl.vf_loss * share;
     }
@@ -825,7 +963,7 @@ void Worker::runUpdate(MethodCall &c) {
     at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt)
                            : (*rollout)["lp"].narrow(0, mlo, cnt);
     at::Tensor logits = rr.lm->localLogits(h);
-    at::Tensor lp = rr.lm->tokenLogprobs(logits, toks, ph.rolloutTemp);
+    at::Tensor lp = widen(rr.lm->tokenLogprobs(logits, toks, ph.rolloutTemp));
     rl::PolicyLossConfig pc;
     pc.clip_ratio = attrNum(a, "clip", 0.2);
     if (a.count("clip_low"))
@@ -848,8 +986,8 @@ void Worker::runUpdate(MethodCall &c) {
     double entCoef = attrNum(a, "entropy_coef", 0.0);
     at::Tensor ent;
     {
-      at::Tensor e = entCoef > 0 ? rr.lm->tokenEntropy(logits, ph.rolloutTemp)
-                                 : rr.lm->tokenEntropy(logits.detach(), ph.rolloutTemp);
+      at::Tensor e = widen(entCoef > 0 ? rr.lm->tokenEntropy(logits, ph.rolloutTemp)
+                                       : rr.lm->tokenEntropy(logits.detach(), ph.rolloutTemp));
       ent = rl::agg_loss(e, mask, mode);
     }
     if (entCoef > 0)
@@ -857,11 +995,11 @@ void Worker::runUpdate(MethodCall &c) {
     lastLoss += loss.item<double>() * share;
     if (c.leader) { // weighted by the micro-batch's share of the minibatch
       metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
-      metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * share;
-      metrics_[MPpoKl] += pl.ppo_kl.item<double>() * share;
+      metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * tokShare;
+      metrics_[MPpoKl] += pl.ppo_kl.item<double>() * tokShare;
       metrics_[MKlLoss] += klv * share;
       metrics_[MEntropy] += ent.item<double>() * share;
-      metrics_[MActorN] += share;
+      metrics_[MActorN] += rowShare;
     }
     return loss * share;
   };
@@ -872,21 +1010,61 @@ void Worker::runUpdate(MethodCall &c) {
       // dynamic batch size does).
       const auto batches = rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
                                       describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
-      PassMeter meter(rr);
-      for (auto [u, e] : batches) {
-        const auto [p, r] = trimPasses() ? realWidth(*rollout, u, e) : std::make_pair(P, R);
-        meter.add(e - u, p + r, R, true);
+      // Length buckets (see forwardResponses): every value the update
+      // reads, in the buckets' row order while the minibatch trains.
+      std::optional<RowOrder> order;
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+      for (auto b_ : batches)
+        runs.push_back({b_});
+      if (lengthBuckets() && !rr.lm->pipelined() && !rr.lm->lockstepGroup()) {
+        Buckets bk = lengthBucketsOf(*rollout, lo + m0, lo + m0 + mbRows, batches);
+        if (bk.any) {
+          std::vector<Val *> vals;
+          for (int v : c.in)
+            vals.push_back(&vals_.at(v));
+          order.emplace(std::move(vals), lo + m0, bk.perm);
+          runs = std::move(bk.runs);
+        }
       }
+      PassMeter meter(rr);
+      for (const auto &rs : runs)
+        for (auto [u, e] : rs) {
+          const auto [p, r] = trimPasses() ? realWidth(*rollout, u, e) : std::make_pair(P, R);
+          // The heads run on r columns, a pipeline's last stage on R.
+          meter.add(e - u, p + r, rr.lm->pipelined() ? R : r, true);
+        }
       if (rr.lm->pipelined())
         pipelinedResponses(rr, *rollout, batches, trimPasses(), true,
                            [&](int i, const at::Tensor &h) {
-                             return microLoss(batches[i].first, batches[i].second, h);
+                             const auto [mlo, mhi] = batches[(size_t)i];
+                             return microLoss(mlo, mhi, h, {double(mhi - mlo) / double(mbRows)});
                            });
       else
-        for (auto [mlo, mhi] : batches)
-          microLoss(mlo, mhi, seqHidden(rr, *rollout, mlo, mhi, trimPasses()).narrow(1, P - 1, R))
-              .backward();
+        for (size_t k = 0; k < batches.size(); ++k) {
+          const auto [mlo, mhi] = batches[k];
+          const double share = double(mhi - mlo) / double(mbRows);
+          const double toks =
+              runs[k].size() > 1 ? (*rollout)["rmask"].narrow(0, mlo, mhi - mlo).sum().item<double>()
+                                 : 0;
+          for (auto [u, e] : runs[k]) {
+            Weight w{share};
+            if (runs[k].size() > 1) {
+              w.row = double(e - u) / double(mhi - mlo);
+              w.tok = toks > 0
+                          ? (*rollout)["rmask"].narrow(0, u, e - u).sum().item<double>() / toks
+                          : w.row;
+            }
+            // The pass over the bucket's own columns; the heads over the
+            // response columns holding a token (as logprob's and values'
+            // passes run them: the same shapes, the same log-probs).
+            int64_t p = P, r = R;
+            models::MicroBatch mb = seqMicro(*rollout, u, e, trimPasses(), p, r);
+            at::Tensor h = rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r);
+            microLoss(u, e, h, w).backward();
+          }
+        }
       meter.done();
+      order.reset(); // the plan's row order again
       applyGradients(rr, lrOver);
     }
   digests_[s] = 0;
