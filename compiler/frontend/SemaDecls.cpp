@@ -726,6 +726,20 @@ bool Sema::number(const Expr &v, const std::string &what, double lo, double hi,
   return true;
 }
 
+bool Sema::unitFraction(const Expr &v, const std::string &what, double &out) {
+  if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float) {
+    diags_.error(v.loc, what + " must be a number");
+    return false;
+  }
+  const double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
+  if (!(x > 0 && x <= 1)) {
+    diags_.error(v.loc, what + " must be in (0, 1], got " + v.text);
+    return false;
+  }
+  out = x;
+  return true;
+}
+
 bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
   auto allowed = roleProperties(r.kind);
   if (p.key == "train" || p.key == "generate" ||
@@ -754,23 +768,13 @@ bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
     if (number(v, "temperature", 0, -1, false, x))
       r.numbers["temperature"] = x;
   } else if (p.key == "top_p") {
-    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
-      diags_.error(v.loc, "top_p must be a number");
-    else if (x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
-             !(x > 0 && x <= 1))
-      diags_.error(v.loc, "top_p must be in (0, 1], got " + v.text);
-    else
+    if (unitFraction(v, "top_p", x))
       r.numbers["top_p"] = x;
   } else if (p.key == "memory_utilization") {
     // The share of each device's memory the actor's generation may fill:
     // the KV pool takes what the resident state and the generation weights
     // leave of it (Memory.h).
-    if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float)
-      diags_.error(v.loc, "memory_utilization must be a number");
-    else if (x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
-             !(x > 0 && x <= 1))
-      diags_.error(v.loc, "memory_utilization must be in (0, 1], got " + v.text);
-    else
+    if (unitFraction(v, "memory_utilization", x))
       r.numbers["memory_utilization"] = x;
   } else if (p.key == "top_k") {
     if (number(v, "top_k", 0, -1, true, x))

@@ -197,6 +197,8 @@ private:
   /// A number property in [lo, hi] (hi < 0: no upper bound).
   bool number(const Expr &v, const std::string &what, double lo, double hi,
               bool integer, double &out);
+  /// A number property in (0, 1] (a probability mass, a share).
+  bool unitFraction(const Expr &v, const std::string &what, double &out);
 
   /// Handles a role property other than the layouts; returns false if the
   /// property is not one this role kind takes.

@@ -64,9 +64,10 @@ bool lengthBuckets() {
 
 /// Length buckets of the rows of a rank's passes: each micro-batch's rows
 /// (`batches`, ranges of [lo, hi)) sorted by their real length, prompt
-/// and response, shortest first, and cut into runs whose padded tokens
-/// (rows x the run's longest prompt + longest response, as a trimmed pass
-/// computes them) stay within 30% over their real tokens. `perm[i]` is the
+/// and response, shortest first, and cut into runs: a run closes when its
+/// padded tokens (rows x the run's longest prompt + longest response, as a
+/// trimmed pass computes them) would exceed its real tokens by 30% and by
+/// 512 tokens. `perm[i]` is the
 /// row (relative to lo) that goes to position lo + i; `runs[k]` the runs of
 /// batch k at their positions after the reordering (its own range).
 struct Buckets {
@@ -77,6 +78,10 @@ struct Buckets {
 
 Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
                         const std::vector<std::pair<int64_t, int64_t>> &batches) {
+  // A pass costs more than its tokens (an FSDP group gathers every unit's
+  // weights again, every pass launches its kernels): a cut must also save
+  // this many padded tokens (HFLOW_BUCKET_MIN_PADDING, tests set 0).
+  static const int64_t minPadding = envInt("HFLOW_BUCKET_MIN_PADDING", 512);
   Buckets b;
   b.perm.resize((size_t)(hi - lo));
   std::iota(b.perm.begin(), b.perm.end(), 0);
@@ -95,7 +100,8 @@ Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
       const int64_t row = b.perm[(size_t)(i - lo)];
       const int64_t np = std::max(maxP, P(row)), nr = std::max(maxR, R(row));
       const int64_t nreal = real + P(row) + R(row);
-      if (i > start && 10 * (i - start + 1) * (np + nr) > 13 * nreal) {
+      const int64_t padding = (i - start + 1) * (np + nr) - nreal;
+      if (i > start && 10 * padding > 3 * nreal && padding > minPadding) {
         runs.push_back({start, i});
         start = i, maxP = P(row), maxR = R(row), real = P(row) + R(row);
         continue;
@@ -107,6 +113,46 @@ Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
     b.runs.push_back(std::move(runs));
   }
   return b;
+}
+
+/// The members of `group` (FSDP's, sequence parallelism's: their
+/// collectives pair up pass by pass) cut each micro-batch into as many
+/// buckets as the member with the most: the others split their largest
+/// runs. A micro-batch some member cannot cut that often (fewer rows than
+/// the most runs) runs whole on every member. Collective.
+void equalizeRuns(Buckets &bk, comm::Communicator *group) {
+  if (!group || group->size() <= 1)
+    return;
+  const int64_t K = (int64_t)bk.runs.size(); // the same on every member
+  if (K == 0)
+    return;
+  at::Tensor mine = at::zeros({2 * K}, at::kDouble);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto &r = bk.runs[(size_t)k];
+    mine[k] = (double)r.size();
+    mine[K + k] = (double)(r.back().second - r.front().first);
+  }
+  at::Tensor all = group->allGatherFlat(mine.to(models::engineDevice())).cpu().view({-1, 2 * K});
+  at::Tensor most = std::get<0>(all.max(0)), fewest = std::get<0>(all.min(0));
+  bk.any = false;
+  for (int64_t k = 0; k < K; ++k) {
+    auto &r = bk.runs[(size_t)k];
+    const int64_t target = (int64_t)most[k].item<double>();
+    if ((int64_t)fewest[K + k].item<double>() < target) {
+      r = {{r.front().first, r.back().second}}; // whole (the rows stay sorted)
+      continue;
+    }
+    while ((int64_t)r.size() < target) {
+      auto big = std::max_element(r.begin(), r.end(), [](const auto &a, const auto &b) {
+        return a.second - a.first < b.second - b.first;
+      });
+      const int64_t mid = big->first + (big->second - big->first) / 2;
+      const auto second = std::make_pair(mid, big->second);
+      big->second = mid;
+      r.insert(big + 1, second);
+    }
+    bk.any = bk.any || r.size() > 1;
+  }
 }
 
 /// Rows [lo, lo + perm.size()) of some values put in `perm`'s order for as
@@ -476,15 +522,17 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   // pipelined: the last stage's head sees R columns).
   const bool responses =
       trimPasses() && start == c.ph.P - 1 && width == c.ph.R && !c.rr.lm->pipelined();
-  // Length buckets (whole weights and tensor-parallel forms: the ranks of
-  // a replica share its rows, so they cut them alike): each micro-batch's
-  // rows sorted by length and run in buckets of similar length, each
-  // trimmed to its own longest; the rows read in that order for the pass
-  // and the result put back in the plan's.
+  // Length buckets: each micro-batch's rows sorted by length and run in
+  // buckets of similar length, each trimmed to its own longest (the ranks
+  // of a lockstep group, FSDP's or sequence parallelism's, as many as the
+  // member with the most); the rows read in that order for the pass and
+  // the result put back in the plan's. Not pipelined: the stages run the
+  // micro-batches as planned.
   std::optional<RowOrder> order;
   std::vector<std::pair<int64_t, int64_t>> runs = batches;
-  if (responses && lengthBuckets() && !c.rr.lm->lockstepGroup()) {
+  if (responses && lengthBuckets()) {
     Buckets bk = lengthBucketsOf(rollout, rows.lo, rows.hi, batches);
+    equalizeRuns(bk, c.rr.lm->lockstepGroup());
     if (bk.any) {
       order.emplace(std::vector<Val *>{&rollout}, rows.lo, bk.perm);
       runs.clear();
@@ -1016,8 +1064,9 @@ void Worker::runUpdate(MethodCall &c) {
       std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
       for (auto b_ : batches)
         runs.push_back({b_});
-      if (lengthBuckets() && !rr.lm->pipelined() && !rr.lm->lockstepGroup()) {
+      if (lengthBuckets() && !rr.lm->pipelined()) {
         Buckets bk = lengthBucketsOf(*rollout, lo + m0, lo + m0 + mbRows, batches);
+        equalizeRuns(bk, rr.lm->lockstepGroup());
         if (bk.any) {
           std::vector<Val *> vals;
           for (int v : c.in)
