@@ -520,17 +520,17 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                   budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
   // The head runs on the response columns that hold a token (not
   // pipelined: the last stage's head sees R columns).
-  const bool responses =
-      trimPasses() && start == c.ph.P - 1 && width == c.ph.R && !c.rr.lm->pipelined();
+  const bool defaultCols = start == c.ph.P - 1 && width == c.ph.R;
+  const bool responses = trimPasses() && defaultCols && !c.rr.lm->pipelined();
   // Length buckets: each micro-batch's rows sorted by length and run in
   // buckets of similar length, each trimmed to its own longest (the ranks
   // of a lockstep group, FSDP's or sequence parallelism's, as many as the
-  // member with the most); the rows read in that order for the pass and
-  // the result put back in the plan's. Not pipelined: the stages run the
-  // micro-batches as planned.
+  // member with the most; a pipeline's stages share their rows and run
+  // the buckets as its micro-batches); the rows read in that order for the
+  // pass and the result put back in the plan's.
   std::optional<RowOrder> order;
   std::vector<std::pair<int64_t, int64_t>> runs = batches;
-  if (responses && lengthBuckets()) {
+  if (defaultCols && lengthBuckets()) {
     Buckets bk = lengthBucketsOf(rollout, rows.lo, rows.hi, batches);
     equalizeRuns(bk, c.rr.lm->lockstepGroup());
     if (bk.any) {
@@ -547,10 +547,10 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   if (c.rr.lm->pipelined()) {
     // The stages pass each batch on; the last one applies the head, and
     // every stage of the replica gets the result.
-    parts.resize(batches.size());
-    pipelinedResponses(c.rr, rollout, batches, trimPasses(), false,
+    parts.resize(runs.size());
+    pipelinedResponses(c.rr, rollout, runs, trimPasses(), false,
                        [&](int i, const at::Tensor &h) {
-                         parts[i] = head(h, batches[i].first, batches[i].second);
+                         parts[i] = head(h, runs[i].first, runs[i].second);
                          return at::zeros({});
                        },
                        start, width);
@@ -558,7 +558,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                           : at::empty({b, c.ph.R}, models::onEngine(at::kFloat));
     fromLastStage(c.rr, out);
     meter.done();
-    return out;
+    return order ? order->restore(out) : out;
   }
   for (auto [u, e] : runs) {
     if (!responses) {
@@ -1064,7 +1064,7 @@ void Worker::runUpdate(MethodCall &c) {
       std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
       for (auto b_ : batches)
         runs.push_back({b_});
-      if (lengthBuckets() && !rr.lm->pipelined()) {
+      if (lengthBuckets()) {
         Buckets bk = lengthBucketsOf(*rollout, lo + m0, lo + m0 + mbRows, batches);
         equalizeRuns(bk, rr.lm->lockstepGroup());
         if (bk.any) {
@@ -1082,35 +1082,43 @@ void Worker::runUpdate(MethodCall &c) {
           // The heads run on r columns, a pipeline's last stage on R.
           meter.add(e - u, p + r, rr.lm->pipelined() ? R : r, true);
         }
+      // Every pass (a bucket, or a whole micro-batch) with its weights.
+      std::vector<std::pair<int64_t, int64_t>> passes;
+      std::vector<Weight> weights;
+      for (size_t k = 0; k < batches.size(); ++k) {
+        const auto [mlo, mhi] = batches[k];
+        const double share = double(mhi - mlo) / double(mbRows);
+        const double toks =
+            runs[k].size() > 1 ? (*rollout)["rmask"].narrow(0, mlo, mhi - mlo).sum().item<double>()
+                               : 0;
+        for (auto [u, e] : runs[k]) {
+          Weight w{share};
+          if (runs[k].size() > 1) {
+            w.row = double(e - u) / double(mhi - mlo);
+            w.tok = toks > 0
+                        ? (*rollout)["rmask"].narrow(0, u, e - u).sum().item<double>() / toks
+                        : w.row;
+          }
+          passes.push_back({u, e});
+          weights.push_back(w);
+        }
+      }
       if (rr.lm->pipelined())
-        pipelinedResponses(rr, *rollout, batches, trimPasses(), true,
+        pipelinedResponses(rr, *rollout, passes, trimPasses(), true,
                            [&](int i, const at::Tensor &h) {
-                             const auto [mlo, mhi] = batches[(size_t)i];
-                             return microLoss(mlo, mhi, h, {double(mhi - mlo) / double(mbRows)});
+                             return microLoss(passes[(size_t)i].first, passes[(size_t)i].second,
+                                              h, weights[(size_t)i]);
                            });
       else
-        for (size_t k = 0; k < batches.size(); ++k) {
-          const auto [mlo, mhi] = batches[k];
-          const double share = double(mhi - mlo) / double(mbRows);
-          const double toks =
-              runs[k].size() > 1 ? (*rollout)["rmask"].narrow(0, mlo, mhi - mlo).sum().item<double>()
-                                 : 0;
-          for (auto [u, e] : runs[k]) {
-            Weight w{share};
-            if (runs[k].size() > 1) {
-              w.row = double(e - u) / double(mhi - mlo);
-              w.tok = toks > 0
-                          ? (*rollout)["rmask"].narrow(0, u, e - u).sum().item<double>() / toks
-                          : w.row;
-            }
-            // The pass over the bucket's own columns; the heads over the
-            // response columns holding a token (as logprob's and values'
-            // passes run them: the same shapes, the same log-probs).
-            int64_t p = P, r = R;
-            models::MicroBatch mb = seqMicro(*rollout, u, e, trimPasses(), p, r);
-            at::Tensor h = rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r);
-            microLoss(u, e, h, w).backward();
-          }
+        for (size_t i = 0; i < passes.size(); ++i) {
+          const auto [u, e] = passes[i];
+          // The pass over its own columns; the heads over the response
+          // columns holding a token (as logprob's and values' passes run
+          // them: the same shapes, the same log-probs).
+          int64_t p = P, r = R;
+          models::MicroBatch mb = seqMicro(*rollout, u, e, trimPasses(), p, r);
+          at::Tensor h = rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r);
+          microLoss(u, e, h, weights[i]).backward();
         }
       meter.done();
       order.reset(); // the plan's row order again
