@@ -53,6 +53,21 @@ Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
   return b;
 }
 
+bool splitLargest(std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t target) {
+  while ((int64_t)ranges.size() < target) {
+    auto big = std::max_element(ranges.begin(), ranges.end(), [](const auto &a, const auto &b) {
+      return a.second - a.first < b.second - b.first;
+    });
+    if (big->second - big->first < 2)
+      return false;
+    const int64_t mid = big->first + (big->second - big->first) / 2;
+    const auto second = std::make_pair(mid, big->second);
+    big->second = mid;
+    ranges.insert(big + 1, second);
+  }
+  return true;
+}
+
 void equalizeRuns(Buckets &bk, comm::Communicator *group) {
   if (!group || group->size() <= 1)
     return;
@@ -75,15 +90,7 @@ void equalizeRuns(Buckets &bk, comm::Communicator *group) {
       r = {{r.front().first, r.back().second}}; // whole (the rows stay sorted)
       continue;
     }
-    while ((int64_t)r.size() < target) {
-      auto big = std::max_element(r.begin(), r.end(), [](const auto &a, const auto &b) {
-        return a.second - a.first < b.second - b.first;
-      });
-      const int64_t mid = big->first + (big->second - big->first) / 2;
-      const auto second = std::make_pair(mid, big->second);
-      big->second = mid;
-      r.insert(big + 1, second);
-    }
+    splitLargest(r, target); // every member has at least `target` rows here
     bk.any = bk.any || r.size() > 1;
   }
 }

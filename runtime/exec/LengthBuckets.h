@@ -26,6 +26,11 @@ namespace hflow::exec {
 /// keeps one pass per micro-batch, trimmed to its longest row).
 bool lengthBuckets();
 
+/// Splits the largest of `ranges` (row ranges, in order) in halves until
+/// there are `target`; false (ranges as far as they got) when the largest
+/// left is a single row. FSDP groups even out their pass counts with it.
+bool splitLargest(std::vector<std::pair<int64_t, int64_t>> &ranges, int64_t target);
+
 /// The buckets of rows [lo, hi): `perm[i]` is the row (relative to lo) that
 /// goes to position lo + i; `runs[k]` the passes of micro-batch k at their
 /// positions after the reordering (within its own range).

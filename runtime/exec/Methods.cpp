@@ -292,20 +292,11 @@ std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo,
   if (equalize && equalize->size() > 1) {
     at::Tensor n = at::full({1}, (double)out.size(), models::onEngine(at::kDouble));
     const int64_t target = (int64_t)equalize->allGatherFlat(n).max().item<double>();
-    while ((int64_t)out.size() < target) {
-      // Every member has the same number of rows, so one with fewer
-      // batches than another has a batch of two rows or more to split.
-      auto big = std::max_element(out.begin(), out.end(), [](const auto &a, const auto &b) {
-        return a.second - a.first < b.second - b.first;
-      });
-      if (big->second - big->first < 2)
-        throw RunError(where + ": cannot split " + std::to_string(hi - lo) + " rows into " +
-                       std::to_string(target) + " batches");
-      const int64_t mid = big->first + (big->second - big->first) / 2;
-      const auto second = std::make_pair(mid, big->second);
-      big->second = mid;
-      out.insert(big + 1, second);
-    }
+    // Every member has the same number of rows, so one with fewer batches
+    // than another has a batch of two rows or more to split.
+    if (!splitLargest(out, target))
+      throw RunError(where + ": cannot split " + std::to_string(hi - lo) + " rows into " +
+                     std::to_string(target) + " batches");
   }
   return out;
 }
