@@ -452,17 +452,19 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
 }
 
 void Sema::checkModelPositions() {
-  // The longest sequence each flow's generate calls make, where the train
-  // block states prompt_len (otherwise the compiler does not know it; the
-  // runtime reads the data).
+  // The longest sequence each flow's generate calls make: the train block's
+  // prompt_len, else hflow's default (the runtime refuses a longer prompt
+  // either way), plus the call's max_tokens.
   struct Longest {
     int64_t len = 0, prompt = 0, response = 0;
+    bool defaultPrompt = false;
     const Expr *call = nullptr;
+    const ast::TrainDecl *train = nullptr;
   };
   std::map<std::string, Longest> byModel;
   for (const ast::TrainDecl &t : prog_.trains) {
-    if (t.promptLen <= 0)
-      continue;
+    const bool dflt = t.promptLen <= 0;
+    const int64_t promptLen = dflt ? defaults::kPromptLen : t.promptLen;
     for (const ast::FlowDecl &f : prog_.flows) {
       if (f.name != t.flow)
         continue;
@@ -479,8 +481,8 @@ void Sema::checkModelPositions() {
           for (const ast::Arg &a : call.args)
             if (a.key == "max_tokens" && a.value->kind == Expr::Kind::Int)
               r = a.value->intValue;
-          if (t.promptLen + r > longest.len)
-            longest = {t.promptLen + r, t.promptLen, r, &call};
+          if (promptLen + r > longest.len)
+            longest = {promptLen + r, promptLen, r, dflt, &call, &t};
         });
       if (!longest.call)
         continue;
@@ -496,14 +498,25 @@ void Sema::checkModelPositions() {
     if (m.maxPositions <= 0 || it == byModel.end() || it->second.len <= m.maxPositions)
       continue;
     const Longest &l = it->second;
-    diags_.error(m.hfDirLoc, m.hfDir + "/config.json: max_position_embeddings " +
-                                 std::to_string(m.maxPositions) +
-                                 " is shorter than the program's longest sequence, " +
-                                 std::to_string(l.len) + " tokens (prompt_len " +
-                                 std::to_string(l.prompt) + " + max_tokens " +
-                                 std::to_string(l.response) +
-                                 "); lower prompt_len or max_tokens")
-        .notes.push_back({l.call->loc, "the generate call"});
+    auto &d = diags_.error(
+        m.hfDirLoc, m.hfDir + "/config.json: max_position_embeddings " +
+                        std::to_string(m.maxPositions) +
+                        " is shorter than the program's longest sequence, " +
+                        std::to_string(l.len) + " tokens (prompt_len " +
+                        std::to_string(l.prompt) +
+                        (l.defaultPrompt ? ", hflow's default when the train block names none,"
+                                         : "") +
+                        " + max_tokens " + std::to_string(l.response) + "); " +
+                        (l.response >= m.maxPositions
+                             ? std::string("lower max_tokens")
+                             : l.defaultPrompt
+                                   ? "write a prompt_len of at most " +
+                                         std::to_string(m.maxPositions - l.response) +
+                                         " in the train block, or lower max_tokens"
+                                   : std::string("lower prompt_len or max_tokens")));
+    d.notes.push_back({l.call->loc, "the generate call"});
+    if (l.train)
+      d.notes.push_back({l.train->loc, "the train block"});
   }
 }
 
