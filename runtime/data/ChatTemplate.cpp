@@ -166,6 +166,20 @@ locale_t utf8Locale() {
   return loc;
 }
 
+// A template is code from a downloaded file: parsing and rendering it are
+// bounded, so that a hostile one is refused with its limit named instead of
+// overflowing the stack, growing until the kernel kills the process, or
+// running forever (docs/data.md, "Chat templates").
+/// The deepest a template's syntax tree may be.
+constexpr int kMaxTemplateDepth = 256;
+/// The most statements and expressions one render may evaluate (a real
+/// chat template renders a long conversation in well under a million).
+constexpr uint64_t kMaxTemplateSteps = 20000000;
+/// The longest string a render may make, and its output: 64 MiB.
+constexpr size_t kMaxTemplateBytes = size_t(64) << 20;
+/// How deep a render may nest evaluations (macros calling macros included).
+constexpr int kMaxRenderDepth = 2000;
+
 struct JsError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -468,6 +482,9 @@ Value mkFloat(double n) {
   return v;
 }
 Value mkStr(std::string s) {
+  if (s.size() > kMaxTemplateBytes)
+    throw JsError("a string grew to " + std::to_string(s.size()) + " bytes, more than the " +
+                  std::to_string(kMaxTemplateBytes >> 20) + " MiB a template may make (the limit)");
   Value v;
   v.t = VT::String;
   v.s = std::make_shared<const std::string>(std::move(s));
@@ -1291,6 +1308,29 @@ private:
   size_t i_ = 0;
   uint32_t endPos_;
   int forDepth_ = 0;
+  int depth_ = 0; ///< how deep the node being parsed will sit in the tree
+
+  /// Bounds the tree's depth (kMaxTemplateDepth): every recursion and every
+  /// link of a left-deep chain (a + b + c, a.b.c, x|f|g) goes one deeper,
+  /// so neither the parser, nor the interpreter, nor the tree's destruction
+  /// can overflow the stack on a hostile template.
+  struct Deeper {
+    Parser &p;
+    int n = 0;
+    explicit Deeper(Parser &parser, int initial = 1) : p(parser) {
+      for (int k = 0; k < initial; ++k)
+        more();
+    }
+    void more() {
+      ++n;
+      if (++p.depth_ > kMaxTemplateDepth)
+        p.fail("the template nests deeper than " + std::to_string(kMaxTemplateDepth) +
+               " levels (statements, expressions and chains of operators; the limit)");
+    }
+    ~Deeper() { p.depth_ -= n; }
+    Deeper(const Deeper &) = delete;
+    Deeper &operator=(const Deeper &) = delete;
+  };
 
   const Token *peek(size_t k = 0) const { return i_ + k < t_.size() ? &t_[i_ + k] : nullptr; }
   uint32_t here() const { return i_ < t_.size() ? t_[i_].pos : endPos_; }
@@ -1376,6 +1416,7 @@ private:
   }
 
   NodeP parseStatement() {
+    Deeper deeper(*this);
     uint32_t openPos = t_[i_].pos;
     ++i_;
     if (!is(TT::Ident))
@@ -1591,6 +1632,7 @@ private:
   }
 
   NodeP parseExpression() {
+    Deeper deeper(*this);
     uint32_t p = here();
     NodeP a = parseOr();
     if (isIdent("if")) {
@@ -1622,16 +1664,20 @@ private:
   }
 
   NodeP parseOr() {
+    Deeper chain(*this, 0);
     NodeP l = parseAnd();
     while (isIdent("or")) {
+      chain.more();
       uint32_t p = t_[i_++].pos;
       l = binary("or", p, std::move(l), parseAnd());
     }
     return l;
   }
   NodeP parseAnd() {
+    Deeper chain(*this, 0);
     NodeP l = parseNot();
     while (isIdent("and")) {
+      chain.more();
       uint32_t p = t_[i_++].pos;
       l = binary("and", p, std::move(l), parseNot());
     }
@@ -1639,6 +1685,7 @@ private:
   }
   NodeP parseNot() {
     if (isIdent("not")) {
+      Deeper deeper(*this);
       uint32_t p = t_[i_++].pos;
       NodeP nd = node(NK::Unary, p);
       nd->s = "not";
@@ -1648,6 +1695,7 @@ private:
     return parseComparison();
   }
   NodeP parseComparison() {
+    Deeper chain(*this, 0);
     NodeP l = parseAdditive();
     while (true) {
       std::string op;
@@ -1663,37 +1711,46 @@ private:
       } else {
         break;
       }
+      chain.more();
       l = binary(op, p, std::move(l), parseAdditive());
     }
     return l;
   }
   NodeP parseAdditive() {
+    Deeper chain(*this, 0);
     NodeP l = parseMultiplicative();
     while (is(TT::Additive)) {
+      chain.more();
       const Token &tk = t_[i_++];
       l = binary(tk.value, tk.pos, std::move(l), parseMultiplicative());
     }
     return l;
   }
   NodeP parseMultiplicative() {
+    Deeper chain(*this, 0);
     NodeP l = parsePower();
     while (is(TT::Multiplicative)) {
+      chain.more();
       const Token &tk = t_[i_++];
       l = binary(tk.value, tk.pos, std::move(l), parsePower());
     }
     return l;
   }
   NodeP parsePower() {
+    Deeper chain(*this, 0);
     NodeP l = parseTest();
     while (is(TT::Power)) {
+      chain.more();
       const Token &tk = t_[i_++];
       l = binary("**", tk.pos, std::move(l), parseTest());
     }
     return l;
   }
   NodeP parseTest() {
+    Deeper chain(*this, 0);
     NodeP operand = parseFilter();
     while (isIdent("is")) {
+      chain.more();
       uint32_t p = t_[i_++].pos;
       bool negate = false;
       if (isIdent("not")) {
@@ -1716,8 +1773,10 @@ private:
     return operand;
   }
   NodeP parseFilter() {
+    Deeper chain(*this, 0);
     NodeP operand = parseUnarySign();
     while (is(TT::Pipe)) {
+      chain.more();
       ++i_;
       operand = parseFilterCall(std::move(operand));
     }
@@ -1782,6 +1841,7 @@ private:
   NodeP parseUnarySign() {
     if (i_ < t_.size() && (t_[i_].type == TT::Unary || t_[i_].type == TT::Additive) &&
         (t_[i_].value == "-" || t_[i_].value == "+")) {
+      Deeper deeper(*this);
       const Token &tk = t_[i_++];
       NodeP nd = node(NK::Unary, tk.pos);
       nd->s = tk.value;
@@ -1844,7 +1904,9 @@ private:
     ++i_;
   }
   NodeP parseMember(NodeP object) {
+    Deeper chain(*this, 0);
     while (is(TT::Dot) || is(TT::OpenSquare)) {
+      chain.more();
       const Token &op = t_[i_++];
       NodeP nd = node(NK::Member, op.pos);
       nd->x = std::move(object);
@@ -2012,18 +2074,47 @@ public:
 private:
   std::time_t now_;
   int depth_ = 0;
+  int renderDepth_ = 0;
+  uint64_t steps_ = 0;
 
   [[noreturn]] static void fail(const Node &nd, const std::string &msg) { throw Located(nd.pos, msg); }
 
+  /// One more statement or expression evaluated at `nd`, one level deeper:
+  /// refused past the render's limits (kMaxTemplateSteps, kMaxRenderDepth).
+  struct Step {
+    Interp &in;
+    Step(Interp &interp, const Node &nd) : in(interp) {
+      if (++in.steps_ > kMaxTemplateSteps)
+        fail(nd, "the template ran " + std::to_string(kMaxTemplateSteps) +
+                     " steps without finishing (the limit): a loop too long for a prompt, "
+                     "or one that does not end");
+      if (++in.renderDepth_ > kMaxRenderDepth) {
+        --in.renderDepth_;
+        fail(nd, "the template nests its evaluation deeper than " +
+                     std::to_string(kMaxRenderDepth) + " levels (the limit)");
+      }
+    }
+    ~Step() { --in.renderDepth_; }
+  };
+  static void checkSize(const Node &nd, const std::string &out) {
+    if (out.size() > kMaxTemplateBytes)
+      fail(nd, "the template's output grew to " + std::to_string(out.size()) +
+                   " bytes, more than the " + std::to_string(kMaxTemplateBytes >> 20) +
+                   " MiB a template may make (the limit)");
+  }
+
   void exec(const Node &nd, Env &env, std::string &out) {
+    Step step(*this, nd);
     switch (nd.k) {
     case NK::Text:
       out += nd.s;
+      checkSize(nd, out);
       return;
     case NK::Output: {
       Value v = eval(*nd.x, env);
       if (v.t != VT::Null && v.t != VT::Undefined)
         out += located(*nd.x, [&] { return toStr(v); });
+      checkSize(nd, out);
       return;
     }
     case NK::If:
@@ -2051,6 +2142,7 @@ private:
       Value v = applyFilter(mkStr(body), *nd.x, env);
       if (v.t != VT::Null && v.t != VT::Undefined)
         out += located(nd, [&] { return toStr(v); });
+      checkSize(nd, out);
       return;
     }
     default:
@@ -2120,6 +2212,7 @@ private:
     };
     Array items;
     for (auto &cur : all) {
+      Step step(*this, nd); // an iteration is a step, even with an empty body
       if (nd.y) {
         Env loopScope(&scope);
         bind(loopScope, cur);
@@ -2131,6 +2224,7 @@ private:
     bool noIteration = true;
     const size_t len = items.size();
     for (size_t i = 0; i < len; ++i) {
+      Step step(*this, nd);
       auto loop = std::make_shared<ObjData>();
       loop->items.emplace_back("index", mkInt(double(i + 1)));
       loop->items.emplace_back("index0", mkInt(double(i)));
@@ -2186,6 +2280,7 @@ private:
 
 public:
   Value eval(const Node &nd, Env &env) {
+    Step step(*this, nd);
     switch (nd.k) {
     case NK::IntLit: return mkInt(nd.n);
     case NK::FloatLit: return mkFloat(nd.n);
@@ -2558,14 +2653,14 @@ private:
       if (step > 0) {
         for (double i = start; i < stop; i += step) {
           out.push_back(mkNumber(i));
-          if (out.size() > 10000000)
-            throw JsError("range() too large");
+          if (out.size() >= 1000000)
+            throw JsError("range() of more than 1,000,000 numbers (the limit)");
         }
       } else {
         for (double i = start; i > stop; i += step) {
           out.push_back(mkNumber(i));
-          if (out.size() > 10000000)
-            throw JsError("range() too large");
+          if (out.size() >= 1000000)
+            throw JsError("range() of more than 1,000,000 numbers (the limit)");
         }
       }
       return mkArr(std::move(out));
@@ -3358,6 +3453,11 @@ std::string ChatTemplate::render(const nlohmann::ordered_json &vars,
   std::string out;
   try {
     interp.execBlock(im.body, global, out);
+  } catch (const std::bad_alloc &) {
+    throw ChatTemplateError(im.origin + ": rendering ran out of memory (output " +
+                            std::to_string(out.size()) +
+                            " bytes so far): a string or list grew past what this process "
+                            "may allocate");
   } catch (const Located &e) {
     throw ChatTemplateError(im.where(e.pos) + e.what());
   } catch (const Raised &r) {

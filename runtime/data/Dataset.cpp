@@ -119,7 +119,7 @@ Dataset Dataset::load(const std::string &path, const DatasetOptions &opts) {
     json row;
     try {
       row = json::parse(line);
-    } catch (const json::parse_error &e) {
+    } catch (const json::exception &e) { // parse errors and number overflow (out_of_range)
       throw fail("not valid JSON: " + parseMessage(e.what()));
     }
     if (!row.is_object())

@@ -225,11 +225,32 @@ std::string readFile(const std::string &path, const std::string &what) {
   return ss.str();
 }
 
+/// How deep a tokenizer file's JSON may nest: real files nest under 10
+/// levels; hflow builds normalizers and pre-tokenizers from it recursively.
+constexpr int kMaxJsonDepth = 64;
+/// The largest tokenizer file hflow reads (real ones are under 20 MB).
+constexpr uintmax_t kMaxTokenizerFileBytes = uintmax_t(512) << 20;
+
 json parseJsonFile(const std::string &path, const std::string &what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      (uintmax_t)st.st_size > kMaxTokenizerFileBytes)
+    throw std::runtime_error(what + " '" + path + "' has " + std::to_string(st.st_size) +
+                             " bytes, more than the " +
+                             std::to_string(kMaxTokenizerFileBytes >> 20) +
+                             " MiB hflow reads (the limit)");
   std::string text = readFile(path, what);
+  struct TooDeep {};
   try {
-    return json::parse(text);
-  } catch (const json::parse_error &e) {
+    return json::parse(text, [](int depth, json::parse_event_t, json &) {
+      if (depth > kMaxJsonDepth)
+        throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep &) {
+    throw std::runtime_error(what + " '" + path + "' nests deeper than " +
+                             std::to_string(kMaxJsonDepth) + " levels (the limit)");
+  } catch (const json::exception &e) { // parse errors and number overflow (out_of_range)
     std::string m = e.what();
     auto p = m.find("] ");
     throw std::runtime_error(what + " '" + path + "' is not valid JSON: " +
@@ -251,7 +272,7 @@ std::string dirOf(const std::string &path) {
 
 class Regex {
 public:
-  Regex(const std::string &pattern, const std::string &where) {
+  Regex(const std::string &pattern, const std::string &where) : where_(where) {
     int err = 0;
     PCRE2_SIZE off = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -287,7 +308,10 @@ public:
         pcre2_match_data_free(md);
         PCRE2_UCHAR buf[256];
         pcre2_get_error_message(rc, buf, sizeof buf);
-        throw std::runtime_error(std::string("tokenizer regex match failed: ") +
+        // PCRE2's match limit (10,000,000 backtracking steps by default)
+        // bounds a pattern that would backtrack without end.
+        throw std::runtime_error(where_ + ": the regex failed on a text of " +
+                                 std::to_string(n) + " bytes: " +
                                  reinterpret_cast<const char *>(buf));
       }
       PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -307,6 +331,7 @@ public:
   }
 
 private:
+  std::string where_;
   pcre2_code *code_ = nullptr;
 };
 

@@ -8,17 +8,19 @@
 namespace hflow {
 namespace data {
 
+std::string PromptEncoder::templateOrigin(const Tokenizer &tok) {
+  std::string origin = tok.name();
+  if (origin.rfind("hf:", 0) == 0)
+    origin = origin.substr(3);
+  auto slash = origin.rfind('/');
+  return (slash == std::string::npos ? std::string() : origin.substr(0, slash + 1)) +
+         "tokenizer_config.json: chat_template";
+}
+
 PromptEncoder::PromptEncoder(const Tokenizer &tok) : tok_(tok) {
   std::string src = tok.chatTemplate();
-  if (!src.empty()) {
-    std::string origin = tok.name();
-    if (origin.rfind("hf:", 0) == 0)
-      origin = origin.substr(3);
-    auto slash = origin.rfind('/');
-    origin = (slash == std::string::npos ? std::string() : origin.substr(0, slash + 1)) +
-             "tokenizer_config.json: chat_template";
-    tmpl_ = std::make_shared<ChatTemplate>(ChatTemplate::parse(src, origin));
-  }
+  if (!src.empty())
+    tmpl_ = std::make_shared<ChatTemplate>(ChatTemplate::parse(src, templateOrigin(tok)));
 }
 
 std::string PromptEncoder::text(const Example &ex, const std::string &where) const {

@@ -39,6 +39,9 @@ public:
   std::string text(const Example &ex, const std::string &where) const;
 
   bool hasTemplate() const { return tmpl_ != nullptr; }
+  /// How errors name a tokenizer's chat template: "<dir>/tokenizer_config.json:
+  /// chat_template" (ChatTemplateError's ORIGIN).
+  static std::string templateOrigin(const Tokenizer &tok);
 
 private:
   const Tokenizer &tok_;

@@ -11,11 +11,15 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/ChatTemplate.h"
+#include "runtime/data/Prompt.h"
 #include "runtime/data/Tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <new>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -75,7 +79,7 @@ struct LineError : std::runtime_error {
 template <typename J = json> J parseLine(const std::string &line, size_t lineNo) {
   try {
     return J::parse(line);
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) { // parse errors and number overflow (out_of_range)
     std::string m = e.what();
     auto p = m.find("] ");
     throw LineError("<stdin>:" + std::to_string(lineNo) + ": not valid JSON: " +
@@ -216,8 +220,8 @@ int run(int argc, char **argv) {
     throw std::runtime_error("tokenizer '" + spec +
                              "' has no chat template (tokenizer_config.json's "
                              "chat_template)");
-  hflow::data::ChatTemplate tmpl =
-      hflow::data::ChatTemplate::parse(source, "chat_template");
+  hflow::data::ChatTemplate tmpl = hflow::data::ChatTemplate::parse(
+      source, hflow::data::PromptEncoder::templateOrigin(*tok));
   size_t failed = 0;
   // The variables keep the line's key order: a template's tojson writes
   // dicts in it, as Python and JavaScript do.
@@ -252,7 +256,20 @@ int run(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   try {
-    return run(argc, argv);
+    const int rc = run(argc, argv);
+    // Every line written, or a non-zero exit (a full disk, a closed pipe).
+    std::cout.flush();
+    if (!std::cout) {
+      std::cerr << "hflow-tokenize: error: cannot write to standard output: "
+                << std::strerror(errno ? errno : EIO) << "\n";
+      return 1;
+    }
+    return rc;
+  } catch (const std::bad_alloc &) {
+    std::cout.flush();
+    std::cerr << "hflow-tokenize: error: ran out of memory (the allocator refused a request; "
+                 "a tokenizer file or an input too large for this process's memory limit)\n";
+    return 1;
   } catch (const UsageError &e) {
     std::cerr << "hflow-tokenize: error: " << e.what() << "\n"
               << "Run 'hflow-tokenize --help' for the usage.\n";
