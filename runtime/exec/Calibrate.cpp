@@ -29,6 +29,7 @@
 #include "runtime/exec/EngineSupport.h"
 
 #include "runtime/schema/CalibrationFile.h"
+#include "runtime/schema/OutputFiles.h"
 #include "runtime/report/HtmlReport.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/C10dCommunicator.h"
@@ -294,29 +295,8 @@ std::string duration(double s) {
 /// and a rename: the file is either the old one or the whole new one.
 bool writeAtomically(const std::string &path, const std::string &text,
                      std::string &error) {
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE *f = std::fopen(tmp.c_str(), "wb");
-  if (!f) {
-    error = "cannot write '" + path + "': " + std::strerror(errno);
-    return false;
-  }
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  int err = errno;
-  ok = ::fsync(fileno(f)) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    error = "cannot write '" + path + "': " + std::strerror(err ? err : EIO);
-    return false;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    std::remove(tmp.c_str());
-    error = "cannot write '" + path + "': " + std::strerror(err);
-    return false;
-  }
-  return true;
+  error = outputs::writeWholeFile(path, text);
+  return error.empty();
 }
 
 /// Writes a calibration file after loading it with what `hflowc

@@ -75,6 +75,14 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 31);
 }
 
+bool isOutOfMemory(const std::string &what) {
+  for (const char *s : {"can't allocate memory", "out of memory", "std::bad_alloc",
+                        "Cannot allocate memory"})
+    if (what.find(s) != std::string::npos)
+      return true;
+  return false;
+}
+
 int envInt(const char *name, int dflt) {
   const char *v = std::getenv(name);
   if (!v || !*v)

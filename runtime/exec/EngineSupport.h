@@ -42,8 +42,21 @@ std::string stepLabel(const hflow::plan::Plan &p, int step);
 std::string fmtBytes(double b);
 /// A 64-bit mix of two seeds (splitmix64 finaliser).
 uint64_t mix(uint64_t a, uint64_t b);
+/// Whether an error's text is LibTorch's or the C++ library's way of saying
+/// an allocation failed ("can't allocate memory", "out of memory",
+/// std::bad_alloc).
+bool isOutOfMemory(const std::string &what);
 /// An integer environment variable, or `dflt` when unset or malformed.
 int envInt(const char *name, int dflt);
+/// The environment variables that change what a rank computes or which
+/// collectives it runs: every rank of a job must have the same values
+/// (agreed at the rendezvous, Preflight.cpp's agreedFacts), or a job would
+/// compute different numbers on its ranks or stop inside a collective.
+/// hflow's other variables are the process's own (HFLOW_GLOO_HOST, the
+/// library paths, HFLOW_MALLOC's heap settings) or set by hflow-run itself.
+inline constexpr const char *kAgreedEnvironment[] = {
+    "HFLOW_NUM_THREADS",      "HFLOW_WHOLE_WEIGHTS", "HFLOW_LENGTH_BUCKETS",
+    "HFLOW_BUCKET_MIN_PADDING", "HFLOW_PADDED_PASSES", "HFLOW_FSDP_PREFETCH"};
 /// The intra-op threads of a worker: HFLOW_NUM_THREADS in [1, 4096], else 1
 /// (one process per rank: threads would compete for the same cores).
 int threadCount();

@@ -315,15 +315,38 @@ void Worker::applyGradients(RoleRt &rr, double lrOverride) {
   clipAndStep(rr, std::sqrt(rr.lm->gradNormSquared(rr.extra())), lrOverride);
 }
 
+/// A loss this rank computed that is not finite stops the run (Divergence.h).
+void Worker::checkLoss(const RoleRt &rr, const char *what, double v) const {
+  if (!std::isfinite(v))
+    throw RunError("training diverged: " + str(role(rr.index).name()) + "'s " + what + " is " +
+                   nonFiniteName(v) + "; nothing is saved from this state");
+}
+
 /// Clips the gradients to the optimizer's global norm and takes one AdamW
 /// step (at `lrOverride` when it is positive: a call's own `lr:`).
 void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
+  // A non-finite gradient never reaches the weights; weights that become
+  // non-finite stop the run before anything is saved from them.
+  const std::string roleName = str(role(rr.index).name());
+  if (!std::isfinite(norm)) {
+    const std::string where = nonFiniteGradient(*rr.lm, rr.extra(), roleName + "'s head");
+    throw RunError("training diverged: " + roleName + "'s gradient norm is " +
+                   nonFiniteName(norm) +
+                   (where.empty() ? std::string() : " (the gradient of " + where + " is not finite)") +
+                   "; the weights were not updated, and nothing is saved from this state");
+  }
   rr.optim->clip(norm);
   const double baseLr = rr.optim->options().lr;
   if (lrOverride > 0)
     rr.optim->setLr(lrOverride);
   double lr = rr.optim->step();
   rr.optim->setLr(baseLr);
+  if (!weightsFinite(*rr.lm, rr.extra()))
+    throw RunError("training diverged: after the optimizer step " + roleName + "'s weight " +
+                   nonFiniteWeight(*rr.lm, rr.extra(), roleName + "'s head") +
+                   " is not finite (gradient norm " + std::to_string(norm) +
+                   ", learning rate " + std::to_string(lr) +
+                   "); nothing is saved from this state");
   metrics_[MGradNorm] += norm;
   metrics_[MGradRank] = 1; // this rank stepped: it counts in the mean over ranks
   metrics_[MLr] = lr;
@@ -656,10 +679,12 @@ void Worker::runSft(MethodCall &c) {
           at::Tensor loss =
               microLoss((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
           mbLoss += loss.item<double>();
+          checkLoss(rr, "sft loss", mbLoss);
           loss.backward();
         }
       }
       meter.done();
+      checkLoss(rr, "sft loss", mbLoss);
       if (c.leader) {
         metrics_[MSftLoss] += mbLoss;
         metrics_[MSftN] += 1;
@@ -846,6 +871,7 @@ void Worker::runUpdate(MethodCall &c) {
       at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
       auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
                                        attrNum(a, "clip_value", 0.5), mode);
+      checkLoss(rr, "value loss", vl.vf_loss.item<double>());
       if (c.leader) { // weighted by the micro-batch's share of the minibatch
         metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
         metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * tokShare;
@@ -895,6 +921,7 @@ void Worker::runUpdate(MethodCall &c) {
     }
     if (entCoef > 0)
       loss = loss - ent * entCoef;
+    checkLoss(rr, "policy loss", loss.item<double>());
     lastLoss += loss.item<double>() * share;
     if (c.leader) { // weighted by the micro-batch's share of the minibatch
       metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;

@@ -84,7 +84,23 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       before = total;
     total += q.iterations;
   }
-  if (metricsOut_ || tb_ || !o_.reportFile.empty()) {
+  if (it >= 0) {
+    // A model that died without a NaN (Divergence.h): warned, not stopped.
+    int64_t vocab = 0;
+    for (int r = 0; p_.roles() && r < (int)p_.roles()->size() && vocab == 0; ++r)
+      if (role(r).kind() == RoleKind::Actor && role(r).model() >= 0)
+        vocab = p_.models()->Get(role(r).model())->vocab();
+    const bool stepped = S(MGradRank) > 0;
+    const std::string warn = deadWatch_.observe(
+        ph.name, it + 1, stepped ? S(MGradNorm) / std::max(1.0, S(MGradRank)) : NAN,
+        mean(MSftLoss, MSftN), mean(MEntropy, MActorN), vocab);
+    if (!warn.empty() && !o_.quiet) {
+      clearProgressBar();
+      std::fflush(stdout);
+      std::fprintf(stderr, "hflow-run: warning: %s\n", warn.c_str());
+    }
+  }
+  if (metricsOn_ || tb_ || !o_.reportFile.empty()) {
     std::string line = "{\"phase\": \"" + ph.name + "\", \"iteration\": " +
                        std::to_string(it + 1) + ", \"time_s\": " + std::to_string(elapsed);
     // Every figure of the line, for the event files: tag phase/name.
@@ -165,10 +181,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     line += "}\n";
     if (!o_.reportFile.empty())
       reportLines_.push_back(line);
-    if (metricsOut_) {
-      std::fputs(line.c_str(), metricsOut_);
-      std::fflush(metricsOut_);
-    }
+    if (metricsOn_)
+      outputs_.appendMetrics(line);
     if (tb_) {
       // One step axis over the whole run: the iterations of the phases
       // before this one, then this one's (0: the evaluation before it).

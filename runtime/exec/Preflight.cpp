@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
 
+#include "runtime/schema/Fnv1a.h"
+
+#include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
 
@@ -91,6 +94,12 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
       f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
   f.push_back({"--eval data", evalSet_ ? "FNV-1a " + evalHash_ : "none"});
   f.push_back({"--eval-pairs data", pairsSet_ ? "FNV-1a " + pairsHash_ : "none"});
+  f.push_back({"the tokenizer", tokIdentity_});
+  f.push_back({"the chat template", tmplIdentity_});
+  for (const char *var : kAgreedEnvironment) {
+    const char *v = std::getenv(var);
+    f.push_back({std::string("the environment's ") + var, v ? "'" + std::string(v) + "'" : "(unset)"});
+  }
   // The job: a local parent's id, torchrun's run id, Slurm's or Open MPI's.
   for (const char *var : {"HFLOW_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                           "OMPI_MCA_ess_base_jobid"})
@@ -99,6 +108,74 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
       break;
     }
   return f;
+}
+
+/// What a tokenizer spec reads, as "FNV-1a <hash> (<files>)": the bytes of
+/// its files (a folder's tokenizer files), "byte" for the byte tokenizer.
+/// Two runs with the same identity tokenize alike; a checkpoint records it.
+std::string Worker::tokenizerIdentity(const std::string &spec) const {
+  if (spec == "byte")
+    return "byte";
+  std::vector<std::string> files;
+  struct stat st;
+  if (::stat(spec.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    for (const char *f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                          "special_tokens_map.json", "generation_config.json",
+                          "chat_template.jinja"})
+      if (::stat((spec + "/" + f).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        files.push_back(spec + "/" + f);
+  } else {
+    files.push_back(spec);
+  }
+  uint64_t h = kFnv1a64Offset;
+  std::string names;
+  for (const std::string &f : files) {
+    const std::string one = fileHash(f);
+    h = fnv1a64(one.data(), one.size(), h);
+    names += (names.empty() ? "" : ", ") + f.substr(f.find_last_of('/') + 1);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::string("FNV-1a ") + hex + " (" + names + ")";
+}
+
+/// The chat template prompts are rendered with: "FNV-1a <hash>", or "none".
+std::string Worker::templateIdentity() const {
+  const std::string t = tok_ ? tok_->chatTemplate() : std::string();
+  if (t.empty())
+    return "none";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(t.data(), t.size()));
+  return std::string("FNV-1a ") + hex;
+}
+
+/// Rank 0 checks, locks and claims every output of the job before any work
+/// (RunOutputs.h): no output names what the run reads, and no folder holds
+/// anything hflow would destroy.
+void Worker::claimOutputs() {
+  RunInputs in;
+  in.files.push_back({"the plan", o_.planPath});
+  for (const PhaseRt &ph : phases_)
+    if (!ph.dataPath.empty())
+      in.files.push_back({"the data file of phase " + ph.name, ph.dataPath});
+  if (!o_.evalFile.empty())
+    in.files.push_back({"the --eval file", resolveData(o_.evalFile)});
+  if (!o_.evalPairsFile.empty())
+    in.files.push_back({"the --eval-pairs file", resolveData(o_.evalPairsFile)});
+  const std::string tok = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
+  if (tok != "byte") {
+    struct stat st;
+    const bool dir = ::stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    (dir ? in.folders : in.files).push_back({"the tokenizer", tok});
+  }
+  for (int m = 0; p_.models() && m < (int)p_.models()->size(); ++m)
+    if (const std::string w = str(p_.models()->Get(m)->weights()); !w.empty())
+      in.folders.push_back({"the weights of model " + str(p_.models()->Get(m)->name(), "?"), w});
+  std::vector<std::string> exports;
+  for (const auto &[r, dir] : exports_)
+    exports.push_back(dir);
+  // A checkpoint directory no save and no resume uses is not written.
+  outputs_.claim(o_, ckEvery_ > 0 || o_.resume ? ckDir_ : std::string(), exports, in);
 }
 
 } // namespace hflow::exec

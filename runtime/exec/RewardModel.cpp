@@ -162,6 +162,7 @@ void Worker::runFit(MethodCall &c) {
       double mbLoss = 0;
       for (double l : losses)
         mbLoss += l;
+      checkLoss(rr, "reward-model loss", mbLoss);
       if (c.leader) {
         at::Tensor pairs = scores.view({-1, 2});
         rl::PreferenceLossOutput o =

@@ -54,6 +54,7 @@ executes::Verdict Worker::formsOf(int r) const { return plan::roleForms(p_, r); 
 void Worker::buildRoles() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     const Role &ro = role(r);
+    preparing("building role " + str(ro.name()) + " (its model and weights)");
     // The forms come from the table hflowc checked the program against
     // (runtime/schema/Executes.h): what it does not execute is refused
     // here too, never run on replicated whole weights instead.

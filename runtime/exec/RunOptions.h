@@ -34,6 +34,7 @@ struct JoinOptions {
 /// What the run does: every flag of hflow-run that changes a rank's work
 /// (docs/runtime.md).
 struct RunOptions {
+  std::string planPath; ///< the plan file (an input no output may name)
   /// "cpu" or "cuda": where every tensor of a rank lives (models/Device.h);
   /// cuda: the local rank's GPU.
   std::string device = "cpu";
@@ -56,6 +57,9 @@ struct RunOptions {
   std::string checkpointDir; ///< overrides the train block's checkpoint_dir
   long checkpointEvery = -1; ///< overrides checkpoint_every (-1: the plan's)
   bool resume = false;       ///< continue from the last complete checkpoint
+  /// Replace what an earlier run wrote into this run's output folders
+  /// (only hflow's files; runtime/exec/RunOutputs.h).
+  bool overwrite = false;
   std::string reshard = "planned"; ///< "planned" or "naive" (gather everything)
   bool serialize = false;    ///< a world barrier after every step (baseline)
   std::string traceFile;     ///< Chrome/Perfetto trace of every rank's steps

@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <thread>
+#include <tuple>
 
 namespace hflow::exec {
 
@@ -65,18 +67,22 @@ void Worker::saveState() {
              {"world_size", j_.worldSize},
              {"phase_iterations", iterations},
              {"data", data},
+             {"tokenizer", tokIdentity_},
+             {"chat_template", tmplIdentity_},
              {"samplers", samplers}};
   try {
     models::saveCheckpoint(rankDir(), st);
   } catch (const std::exception &e) {
-    throw RunError(std::string("saving the checkpoint: ") + e.what());
+    throw RunError(e.what()); // the activity names the checkpoint
   }
+  if (j_.rank == envInt("HFLOW_TEST_HANG_IN_CHECKPOINT_RANK", -1))
+    std::this_thread::sleep_for(std::chrono::hours(1)); // fault injection: a save that hangs
   world_->barrier(); // every rank has step N on disk
   if (j_.rank == 0) {
     try {
       models::writeFileAtomic(ckDir_ + "/latest", std::to_string(globalIter_) + "\n");
     } catch (const std::exception &e) {
-      throw RunError(std::string("saving the checkpoint: ") + e.what());
+      throw RunError(e.what());
     }
     clearProgressBar();
     if (!o_.quiet)
@@ -109,6 +115,20 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
     iterations.push_back(ph.iterations);
     data.push_back(ph.dataHash);
     mine += (mine.empty() ? "" : ", ") + ph.name + " " + std::to_string(ph.iterations);
+  }
+  // The same tokens for the same text: another tokenizer or chat template
+  // would train the restored weights on other ids, silently.
+  for (const auto &[key, mine, what] :
+       {std::tuple<const char *, std::string, const char *>{"chat_template", tmplIdentity_,
+                                                             "chat template"},
+        {"tokenizer", tokIdentity_, "tokenizer"}}) {
+    if (!st.meta.contains(key))
+      throw RunError(where + " does not record its " + what +
+                     " (written by an older hflow-run): it cannot be checked against this run");
+    if (st.meta[key] != mine)
+      throw RunError(where + " was trained with another " + what + " (" +
+                     st.meta[key].get<std::string>() + "); this run has " + mine +
+                     " (--tokenizer, or the tokenizer files of the actor's hf(\"dir\"))");
   }
   if (st.meta["phase_iterations"] != iterations)
     throw RunError(where + " was written by a run whose phases have " +

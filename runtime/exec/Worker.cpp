@@ -69,26 +69,17 @@ std::string Worker::defaultTokenizer() const {
 /// tokenizer, reward rule, models. Runs before the rendezvous, so a bad
 /// input stops the job before any work.
 void Worker::prepare() {
+  preparing("checking the command line");
   if (!o_.dataDir.empty()) {
     struct stat st;
     if (::stat(o_.dataDir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw RunError("--data-dir '" + o_.dataDir + "' is not a directory");
   }
-  if (trace_.enabled()) {
-    // Each rank writes its part next to the file at the end: refuse a
-    // place that cannot take it now, not after the training.
-    const std::string dir = dirOf(o_.traceFile);
-    if (::access(dir.c_str(), W_OK | X_OK) != 0)
-      throw RunError("--trace: cannot write '" + o_.traceFile + "': " + std::strerror(errno));
-  }
-  if (!o_.dumpValues.empty() && j_.rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(o_.dumpValues, ec);
-    if (ec || ::access(o_.dumpValues.c_str(), W_OK | X_OK) != 0)
-      throw RunError("--dump-values: cannot write into '" + o_.dumpValues + "'" +
-                     (ec ? ": " + ec.message() : ""));
-  }
-  tok_ = data::makeTokenizer(o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer);
+  const std::string tokSpec = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
+  preparing("reading the tokenizer '" + tokSpec + "'");
+  tok_ = data::makeTokenizer(tokSpec);
+  tokIdentity_ = tokenizerIdentity(tokSpec);
+  tmplIdentity_ = templateIdentity();
   prompts_ = std::make_unique<data::PromptEncoder>(*tok_);
   stops_ = tok_->stopIds();
   if (j_.rank == 0 && !o_.quiet && tok_->name() != "byte") {
@@ -135,6 +126,7 @@ void Worker::prepare() {
       rt.n = std::max(1, ph->n());
       rt.seed = (uint64_t)ph->seed();
       std::string path = resolveData(str(ph->data()));
+      preparing("reading the data of phase " + rt.name + " ('" + path + "')");
       data::DatasetOptions keys;
       if (!str(ph->prompt_key()).empty())
         keys.promptField = str(ph->prompt_key());
@@ -180,11 +172,35 @@ void Worker::prepare() {
     // phase's prompt_len (the plan's memory counts on it): a longer one is
     // refused here, with its row, before any work.
     if (ph.dataset) {
+      preparing("rendering and tokenizing the prompts of phase " + ph.name + " ('" +
+                ph.dataPath + "')");
       const int64_t limit = ph.ph ? ph.ph->prompt_len() : 0;
+      // The smallest vocabulary of the program's models: every prompt id
+      // must be below it, or the first pass over the row would index past
+      // an embedding (found here with the row, not when sampled).
+      int64_t vocab = 0;
+      std::string vocabModel;
+      for (int m = 0; p_.models() && m < (int)p_.models()->size(); ++m)
+        if (vocab == 0 || p_.models()->Get(m)->vocab() < vocab) {
+          vocab = p_.models()->Get(m)->vocab();
+          vocabModel = str(p_.models()->Get(m)->name(), "?");
+        }
       int64_t P = 1;
       for (size_t i = 0; i < ph.dataset->size(); ++i) {
         const auto &ex = (*ph.dataset)[i];
-        const int64_t len = (int64_t)promptOf(*ph.dataset, ex).size();
+        const std::vector<int64_t> ids = promptOf(*ph.dataset, ex);
+        const std::string row = "phase " + ph.name + ": the prompt of row " +
+                                std::to_string(ex.index + 1) + " of " + ph.dataPath +
+                                " (line " + std::to_string(ex.line) + ")";
+        if (ids.empty())
+          throw RunError(row + " is empty after rendering and tokenizing: a rollout needs "
+                               "at least one prompt token");
+        for (int64_t id : ids)
+          if (id < 0 || (vocab > 0 && id >= vocab))
+            throw RunError(row + " holds token id " + std::to_string(id) +
+                           ", outside the vocabulary of model " + vocabModel + " (ids 0 to " +
+                           std::to_string(vocab - 1) + ")");
+        const int64_t len = (int64_t)ids.size();
         if (limit > 0 && len > limit)
           throw RunError("phase " + ph.name + ": the prompt of row " +
                          std::to_string(ex.index + 1) + " of " + ph.dataPath + " has " +
@@ -293,6 +309,7 @@ void Worker::prepare() {
     }
   }
   if (!o_.evalFile.empty()) {
+    preparing("reading the --eval file '" + o_.evalFile + "'");
     evalRule_ = chooseEvalRule();
     try {
       const std::string path = resolveData(o_.evalFile);
@@ -326,31 +343,9 @@ void Worker::prepare() {
       throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
                      "to evaluate");
   }
-  if (!o_.metricsFile.empty() && j_.rank == 0) {
-    metricsOut_ = std::fopen(o_.metricsFile.c_str(), "w");
-    if (!metricsOut_)
-      throw RunError("cannot write the metrics file '" + o_.metricsFile +
-                     "': " + std::strerror(errno));
-  }
   if (j_.rank == 0 && !o_.quiet && isatty(STDOUT_FILENO)) {
     const char *term = std::getenv("TERM");
     progressBar_ = !term || std::string(term) != "dumb";
-  }
-  if (!o_.reportFile.empty() && j_.rank == 0) {
-    // Refuse an unwritable report before training, not after.
-    const std::string probe = o_.reportFile + ".tmp";
-    std::FILE *f = std::fopen(probe.c_str(), "w");
-    if (!f)
-      throw RunError("cannot write the report '" + o_.reportFile + "': " + std::strerror(errno));
-    std::fclose(f);
-    std::remove(probe.c_str());
-  }
-  if (!o_.tensorboardDir.empty() && j_.rank == 0) {
-    try {
-      tb_ = std::make_unique<report::EventWriter>(o_.tensorboardDir, o_.resume);
-    } catch (const std::runtime_error &e) {
-      throw RunError(e.what());
-    }
   }
   // Checkpoints: the command line wins over the train block.
   ckDir_ = o_.checkpointDir;
@@ -398,18 +393,29 @@ void Worker::prepare() {
     for (const auto &[r, d] : exports_)
       if (d == dir)
         throw RunError("--export-hf: two roles would be written to " + dir);
-    try {
-      models::checkWritable(dir);
-    } catch (const std::exception &e) {
-      throw RunError(std::string("--export-hf: ") + e.what());
-    }
+    // Rank 0 claims the folder (claimOutputs: created, checked writable,
+    // marked and locked); no other rank touches it before.
     exports_.emplace_back(which, dir);
   }
-  if (ckEvery_ > 0) {
-    try {
-      models::checkWritable(rankDir());
-    } catch (const std::exception &e) {
-      throw RunError(e.what());
+  if (j_.rank == 0) {
+    // Every output checked, locked and its folder claimed before any work;
+    // the other ranks write only inside what rank 0 claimed.
+    preparing("checking and locking the outputs");
+    claimOutputs();
+    metricsOn_ = !o_.metricsFile.empty();
+    if (!o_.tensorboardDir.empty()) {
+      try {
+        tb_ = std::make_unique<report::EventWriter>(o_.tensorboardDir, o_.resume);
+      } catch (const std::runtime_error &e) {
+        throw RunError(e.what());
+      }
+    }
+    if (ckEvery_ > 0) {
+      try {
+        models::checkWritable(rankDir());
+      } catch (const std::exception &e) {
+        throw RunError(e.what());
+      }
     }
   }
   buildRoles();
@@ -519,6 +525,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   const bool ahead = ph.offPolicy > 0;
   const bool makeNext = !ahead || it + 1 < ph.iterations;
   if (ahead) {
+    activity_ = "sending the rollout made one iteration ahead";
     if (ph.carry) {
       vals_[ph.rolloutValue] = std::move(*ph.carry);
       ph.carry.reset();
@@ -584,21 +591,26 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     stepMs_[s - ph.first] = msSince(ts);
   }
   currentStep_ = -1;
+  activity_ = "finishing the iteration's row sends";
   world_->waitSends();
   const bool evals = evalSet_ || pairsSet_;
   bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
   if (evals && lastIt)
     evalNow = true;
+  activity_ = "evaluating on the held-out prompts";
   if (evalNow)
     evaluate(ph.name, it);
+  activity_ = "gathering the iteration's metrics";
   gatherMetrics(ph, it, msSince(t0), evalNow);
   ++globalIter_;
   if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
       globalIter_ == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
     std::abort(); // fault injection for tests: a worker dies mid-run
+  activity_ = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ckDir_ + "'";
   if (ckEvery_ > 0 && globalIter_ % ckEvery_ == 0)
     saveState();
+  activity_.clear();
 }
 
 /// The next batch of prompt indices: the same on every rank (seeded sampler).
@@ -703,10 +715,13 @@ void Worker::finish() {
     for (int k = 0; k < F; ++k)
       held[F * (size_t)r + k] = m[k];
   }
+  activity_ = "exporting (--export-hf)";
   if (!exports_.empty())
     exportRoles();
+  activity_ = "writing the trace (--trace)";
   if (trace_.enabled())
     trace_.write(*world_, j_.rank, p_.world_size(), o_.quiet);
+  activity_ = "checking the run's totals";
   at::Tensor n = at::full({1}, (int64_t)stepsRun_, models::onEngine(at::kLong));
   world_->allReduceSum(n);
   n = n.cpu();
@@ -737,20 +752,42 @@ int Worker::run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     std::fflush(stdout);
     std::fprintf(stderr, "hflow-run: error: %s\n", msg.c_str());
+    // The rows so far are the failed run's record (and what --resume keeps).
+    if (std::string err = outputs_.publishMetrics(); !err.empty())
+      std::fprintf(stderr, "hflow-run: error: rank 0: --metrics: %s\n", err.c_str());
     std::fflush(stderr);
     return 1;
   };
   const std::string who = "rank " + std::to_string(j_.rank) + ": ";
+  // Where the rank was: the step, else what it was doing between steps
+  // (a checkpoint, an evaluation, an export), in its phase and iteration.
   auto where = [&]() {
-    return currentStep_ >= 0 ? describe(currentStep_) + ": " : std::string("");
+    if (currentStep_ >= 0)
+      return describe(currentStep_) + ": ";
+    if (activity_.empty())
+      return std::string();
+    return (currentIter_ >= 0 && !currentPhase_.empty()
+                ? currentPhase_ + " iteration " + std::to_string(currentIter_ + 1) + ": "
+                : std::string()) +
+           activity_ + ": ";
   };
   corruptRank_ = envInt("HFLOW_TEST_CORRUPT_DIGEST", -1);
+  watchdog_ = std::make_unique<Watchdog>(j_.timeout, "rank " + std::to_string(j_.rank));
   try {
     prepare();
+  } catch (const std::bad_alloc &) {
+    return fail(who + "before starting: ran out of memory while " + watchdog_->current(),
+                j_.rank != 0);
   } catch (const std::exception &e) {
     // Every rank finds the same problem: in a local run, let rank 0 say it.
+    const std::string what = comm::oneLineError(e);
+    if (isOutOfMemory(what))
+      return fail(who + "before starting: ran out of memory while " + watchdog_->current() +
+                      ": " + what,
+                  j_.rank != 0);
     return fail(who + "before starting: " + e.what(), j_.rank != 0);
   }
+  watchdog_->stop(); // the rendezvous and the collectives have --timeout
   try {
     connect();
   } catch (const RendezvousError &e) {
@@ -771,6 +808,17 @@ int Worker::run() {
     trace_.setOrigin(start_);
     if (o_.resume)
       loadState();
+    if (metricsOn_) {
+      // A resumed run keeps the earlier run's rows before its resume point.
+      ResumePoint at;
+      for (const PhaseRt &ph : phases_)
+        at.phases.push_back(ph.name);
+      at.phase = resumePhase_;
+      at.iteration = resumeIter_;
+      std::vector<std::string> kept = outputs_.openMetrics(o_, o_.resume ? &at : nullptr);
+      if (!o_.reportFile.empty())
+        reportLines_ = std::move(kept);
+    }
     if ((evalSet_ || pairsSet_) && !o_.resume) {
       // Before any training: the starting point of the curve.
       metrics_.assign(MNumMetrics, 0.0);
@@ -785,6 +833,7 @@ int Worker::run() {
     for (size_t i = o_.resume ? resumePhase_ : 0; i < phases_.size(); ++i)
       runPhase(phases_[i], (int)i, o_.resume && i == resumePhase_ ? resumeIter_ : 0);
     finish();
+    activity_ = "writing the report (--report)";
     if (!o_.reportFile.empty() && j_.rank == 0 && !reportLines_.empty()) {
       std::vector<nlohmann::json> rows;
       for (const std::string &l : reportLines_)
@@ -797,7 +846,7 @@ int Worker::run() {
                                          (o_.metricsFile.empty() ? std::string()
                                                                  : ", " + o_.metricsFile)));
       } catch (const std::runtime_error &e) {
-        throw RunError(std::string("the report: ") + e.what());
+        throw RunError(e.what());
       }
       if (!o_.quiet)
         std::printf("report: %s (%zu metrics rows)\n", o_.reportFile.c_str(), rows.size());
@@ -821,11 +870,15 @@ int Worker::run() {
     if (rv_ && rv_->storeUnresponsive())
       std::_Exit(code); // threads blocked on the frozen store would never join
     return code;
+  } catch (const std::bad_alloc &) {
+    return fail(who + where() + "ran out of memory (the allocator refused a request)", false);
   } catch (const std::exception &e) {
-    return fail(who + where() + comm::oneLineError(e), false);
+    const std::string what = comm::oneLineError(e);
+    return fail(who + where() + (isOutOfMemory(what) ? "ran out of memory: " : "") + what,
+                false);
   }
-  if (metricsOut_)
-    std::fclose(metricsOut_);
+  if (std::string err = outputs_.publishMetrics(); !err.empty())
+    return fail(who + "--metrics: " + err, false);
   return 0;
 }
 

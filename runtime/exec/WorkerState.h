@@ -29,10 +29,13 @@
 #include "runtime/data/Tokenizer.h"
 #include "runtime/exec/BatchValues.h"
 #include "runtime/exec/Builtins.h"
+#include "runtime/exec/Divergence.h"
 #include "runtime/exec/EngineSupport.h"
 #include "runtime/exec/RowSchedule.h"
 #include "runtime/exec/RunOptions.h"
+#include "runtime/exec/RunOutputs.h"
 #include "runtime/exec/Trace.h"
+#include "runtime/exec/Watchdog.h"
 #include "runtime/models/CausalLM.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Checkpoint.h"
@@ -333,6 +336,7 @@ private:
   void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
   void applyGradients(RoleRt &rr, double lrOverride);
   void clipAndStep(RoleRt &rr, double norm, double lrOverride);
+  void checkLoss(const RoleRt &rr, const char *what, double v) const;
 
   //===-- builtins and checks (ControllerSteps.cpp) ---------------------------===//
   void runBuiltin(PhaseRt &ph, int s);
@@ -356,6 +360,19 @@ private:
   void saveState();
   void loadState();
   void checkResumable(const models::CheckpointState &st, int64_t n) const;
+  void claimOutputs(); // Preflight.cpp
+  /// What prepare() is doing now: the watchdog gives it --timeout and names
+  /// it in errors (Watchdog.h). A no-op without a watchdog (tests).
+  void preparing(std::string what) {
+    if (watchdog_)
+      watchdog_->phase(std::move(what));
+  }
+  std::unique_ptr<Watchdog> watchdog_;
+  std::string tokenizerIdentity(const std::string &spec) const; // Preflight.cpp
+  std::string templateIdentity() const;
+  /// What tokenizes this run's text (tokenizerIdentity, templateIdentity):
+  /// agreed by every rank, recorded in checkpoints, compared on --resume.
+  std::string tokIdentity_, tmplIdentity_;
 
   //===-- evaluation (Evaluation.cpp) -----------------------------------------===//
   void evaluate(const std::string &when, int64_t it);
@@ -422,7 +439,10 @@ private:
   // running_norm's moments per call site (plan step), on the controller;
   // saved in its checkpoint as builtin/<step>/moments.
   std::map<int, rl::RunningMoments> moments_;
-  std::FILE *metricsOut_ = nullptr;
+  /// What the job writes (rank 0): locks, claimed folders, the metrics log.
+  RunOutputs outputs_;
+  bool metricsOn_ = false; ///< --metrics is written (rank 0)
+  DeadModelWatch deadWatch_; ///< rank 0
   /// The metrics rows of this run, for --report (rank 0).
   std::vector<std::string> reportLines_;
   /// Per plan step, per rank: milliseconds summed over the iterations that
@@ -433,6 +453,9 @@ private:
   void printStepTimes();
   std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
   int currentStep_ = -1;
+  /// What the rank does between steps (saving a checkpoint, evaluating,
+  /// exporting): named in errors where no step is (Worker::run's where()).
+  std::string activity_;
   std::string currentPhase_;
   int64_t currentIter_ = -1;
   int corruptRank_ = -1;

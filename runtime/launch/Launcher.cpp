@@ -37,8 +37,10 @@ options:
                        (default: $MASTER_ADDR, or 127.0.0.1 in local mode)
   --master-port PORT   port of the rendezvous store (default: $MASTER_PORT;
                        in local mode a free port is picked)
-  --timeout SECONDS    bound on the rendezvous and on every collective
-                       (default 60)
+  --timeout SECONDS    bound on the rendezvous, on every collective and on
+                       each phase of a rank's work before the rendezvous
+                       (reading the tokenizer, rendering the prompts,
+                       building a role) (default 60)
   --device cpu|cuda    where every tensor of a rank lives (default cpu; cuda:
                        the local rank's GPU, one per rank, CUDA_VISIBLE_DEVICES
                        honoured; needs hflow-run built against a CUDA LibTorch)
@@ -57,11 +59,14 @@ options:
   --eval-pairs FILE    held-out preference pairs (JSONL: prompt, chosen,
                        rejected): every reward model's accuracy (chosen
                        scored above rejected) at the same times as --eval
-  --metrics FILE       write one JSON line of metrics per iteration (rank 0)
+  --metrics FILE       write one JSON line of metrics per iteration (rank 0;
+                       FILE.partial while the run goes, renamed to FILE at
+                       the end or when it fails)
   --tensorboard DIR    write the same metrics as TensorBoard event files in
                        DIR (rank 0; tags phase/metric, step = iteration
                        counted over all phases); DIR must hold no event file
-                       unless --resume continues the run that wrote them
+                       unless --resume continues the run that wrote them (or
+                       --overwrite replaces them)
   --report FILE        at the end, the run's metrics as one self-contained
                        HTML page with charts (what hflow-report draws from
                        --metrics' file; rank 0; this run's iterations)
@@ -76,7 +81,13 @@ options:
   --checkpoint-every N save the whole training state every N iterations
                        (default: the train block's checkpoint_every; 0: never)
   --resume             continue from the last complete checkpoint in the
-                       checkpoint directory
+                       checkpoint directory (the metrics file keeps the rows
+                       before it)
+  --overwrite          let this run replace what an earlier run wrote into
+                       its output folders (--checkpoint-dir, --tensorboard,
+                       --dump-values, --export-hf): only what hflow wrote
+                       there, never other files. Without it such a folder is
+                       refused before any work
   --reshard planned|naive
                        how the actor's weights switch layouts: the compiler's
                        transfers (default) or DeepSpeed-Chat's gather of the
@@ -317,6 +328,10 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
       if (!noValue())
         return false;
       o.run.resume = true;
+    } else if (a == "--overwrite") {
+      if (!noValue())
+        return false;
+      o.run.overwrite = true;
     } else if (a == "--checkpoint-dir") {
       if (!needValue(o.run.checkpointDir))
         return false;
@@ -413,6 +428,7 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
     return false;
   }
   o.planPath = positional[0];
+  o.run.planPath = o.planPath;
   return true;
 }
 

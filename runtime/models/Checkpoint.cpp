@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -28,11 +29,6 @@ namespace hflow::models {
 namespace {
 
 std::string errnoStr(int e = errno) { return std::strerror(e); }
-
-std::string parentDir(const std::string &path) {
-  std::string p = fs::path(path).parent_path().string();
-  return p.empty() ? "." : p;
-}
 
 std::string shapeStr(at::IntArrayRef shape) {
   std::string s = "[";
@@ -123,82 +119,33 @@ static std::string integrityOf(const json &meta, const SafetensorsFile &file) {
 // Atomic files
 //===----------------------------------------------------------------------===//
 
-AtomicFileWriter::AtomicFileWriter(std::string path)
-    : path_(std::move(path)),
-      tmp_(path_ + ".tmp-" + std::to_string(::getpid())) {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw std::runtime_error("cannot create " + tmp_ + ": " + errnoStr());
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  if (std::string err = file_.open(path_); !err.empty())
+    throw std::runtime_error(err);
 }
 
 AtomicFileWriter::~AtomicFileWriter() { abort(); }
 
-void AtomicFileWriter::abort() noexcept {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-  if (!done_) {
-    ::unlink(tmp_.c_str());
-    done_ = true;
-  }
-}
+void AtomicFileWriter::abort() noexcept { file_.abort(); }
 
 void AtomicFileWriter::write(const void *data, size_t n) {
-  if (fd_ < 0)
-    throw std::runtime_error("writing " + path_ + ": the file is closed");
-  const char *p = static_cast<const char *>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd_, p, std::min<size_t>(n, 1u << 30));
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      int e = errno;
-      abort();
-      throw std::runtime_error("writing " + tmp_ + ": " + errnoStr(e));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    written_ += static_cast<uint64_t>(w);
-  }
+  if (std::string err = file_.write(data, n); !err.empty())
+    throw std::runtime_error(err);
 }
 
 void AtomicFileWriter::commit() {
-  if (fd_ < 0)
-    throw std::runtime_error("committing " + path_ + ": the file is closed");
-  auto failWith = [&](const std::string &what, int e) {
-    abort();
-    throw std::runtime_error(what + ": " + errnoStr(e));
-  };
-  if (::fsync(fd_) != 0)
-    failWith("fsync " + tmp_, errno);
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0)
-    failWith("closing " + tmp_, errno);
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    failWith("renaming " + tmp_ + " to " + path_, errno);
-  done_ = true;
-  fsyncDirectory(parentDir(path_));
+  if (std::string err = file_.commit(); !err.empty())
+    throw std::runtime_error(err);
 }
 
 void writeFileAtomic(const std::string &path, const std::string &bytes) {
-  AtomicFileWriter w(path);
-  w.write(bytes);
-  w.commit();
+  if (std::string err = outputs::writeWholeFile(path, bytes); !err.empty())
+    throw std::runtime_error(err);
 }
 
 void fsyncDirectory(const std::string &dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    throw std::runtime_error("cannot open directory " + dir + " to fsync it: " +
-                             errnoStr());
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  // Some file systems cannot fsync a directory; they say EINVAL.
-  if (rc != 0 && e != EINVAL && e != ENOTSUP)
-    throw std::runtime_error("fsync directory " + dir + ": " + errnoStr(e));
+  if (std::string err = outputs::syncFolder(dir); !err.empty())
+    throw std::runtime_error(err);
 }
 
 void checkWritable(const std::string &dir, uint64_t minFreeBytes) {
@@ -254,6 +201,14 @@ std::string saveCheckpoint(const std::string &dir, const CheckpointState &state)
       (fs::path(dir) / ("." + name + ".tmp-" + std::to_string(::getpid()))).string();
   const std::string context =
       "saving checkpoint " + name + " in '" + dir + "': ";
+  // A checkpoint never holds a non-finite value: refused before anything is
+  // written, so the earlier checkpoints and `latest` stay as they were.
+  for (const auto &[tname, t] : state.tensors)
+    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.numel() > 0 &&
+        !std::isfinite(t.detach().sum(at::kDouble).item<double>()))
+      throw std::runtime_error(context + "tensor '" + tname +
+                               "' holds a non-finite value (NaN or infinity): a checkpoint "
+                               "never holds one; nothing was written");
   try {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -406,6 +361,8 @@ CheckpointState loadCheckpoint(const std::string &dir, int64_t step) {
       throw std::runtime_error(metaPath + ": not valid JSON (at byte " +
                                std::to_string(e.byte) +
                                "); the checkpoint is corrupt");
+    } catch (const json::exception &e) { // a number out of range
+      throw std::runtime_error(metaPath + ": " + e.what() + "; the checkpoint is corrupt");
     }
   }
   auto bad = [&](const std::string &what) {

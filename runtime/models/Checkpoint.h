@@ -4,7 +4,7 @@
 //
 //  * Atomic file writes. Every file the runtime persists (HF exports,
 //    checkpoints, `latest`) goes through AtomicFileWriter: the bytes go to
-//    "<path>.tmp-<pid>", which is fsynced, renamed over <path>, and the
+//    ".NAME.hflow-tmp-PID" beside it, which is fsynced, renamed over it, and the
 //    directory is fsynced. A reader sees the old file or the new one, never
 //    a prefix; a writer that fails (or is destroyed without commit()) removes
 //    its temp file.
@@ -33,6 +33,7 @@
 #define HFLOW_RUNTIME_MODELS_CHECKPOINT_H
 
 #include "runtime/schema/Fnv1a.h"
+#include "runtime/schema/OutputFiles.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -50,8 +51,10 @@ namespace hflow::models {
 // Atomic files
 //===----------------------------------------------------------------------===//
 
-/// Streams a file to "<path>.tmp-<pid>" and renames it into place on
-/// commit(). Not copyable. Throws std::runtime_error naming the path.
+/// Streams a file to a temporary file beside it (".NAME.hflow-tmp-PID") and
+/// renames it into place on commit(): outputs::AtomicFile
+/// (runtime/schema/OutputFiles.h) that throws. Not copyable. Throws
+/// std::runtime_error naming the path and the system's reason.
 class AtomicFileWriter {
 public:
   /// Creates (truncating) the temp file; its directory must exist.
@@ -69,14 +72,12 @@ public:
   void abort() noexcept;
 
   const std::string &path() const { return path_; }
-  const std::string &tempPath() const { return tmp_; }
-  uint64_t bytesWritten() const { return written_; }
+  const std::string &tempPath() const { return file_.tempPath(); }
+  uint64_t bytesWritten() const { return file_.bytesWritten(); }
 
 private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool done_ = false;
-  uint64_t written_ = 0;
+  std::string path_;
+  outputs::AtomicFile file_;
 };
 
 /// Writes `bytes` to `path` atomically (see AtomicFileWriter).

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -93,6 +94,8 @@ json parseJsonFile(const std::string &path, uint64_t maxBytes) {
   } catch (const json::parse_error &e) {
     throw std::runtime_error(path + ": not valid JSON (at byte " +
                              std::to_string(e.byte) + ")");
+  } catch (const json::exception &e) { // a number out of range
+    throw std::runtime_error(path + ": not valid JSON: " + e.what());
   }
 }
 
@@ -614,8 +617,17 @@ std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model
     total += t.numel() * t.element_size();
     all.emplace_back("score.weight", std::move(t));
   }
-  writeFileAtomic((fs::path(dir) / "config.json").string(),
-                  hfConfigJson(model.config(), score != nullptr, padToken));
+  // An export never holds a non-finite value: checked before anything is
+  // written, so the folder keeps what it held.
+  for (const auto &[name, t] : all)
+    if (at::isFloatingType(t.scalar_type()) &&
+        !std::isfinite(t.sum(at::kDouble).item<double>())) {
+      at::Tensor bad = at::isfinite(t).logical_not().reshape({-1});
+      throw std::runtime_error("hf export " + dir + ": tensor '" + name + "' holds " +
+                               std::to_string(bad.sum().item<int64_t>()) +
+                               " non-finite number(s): an export never holds one, and "
+                               "nothing was written");
+    }
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
 
   std::vector<std::string> written;
@@ -657,6 +669,10 @@ std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model
     index["weight_map"] = weightMap;
     writeFileAtomic((fs::path(dir) / kIndexFile).string(), index.dump(2) + "\n");
   }
+  // config.json last: a folder with it holds a whole export (a failed
+  // export leaves no config.json of its own beside partial weights).
+  writeFileAtomic((fs::path(dir) / "config.json").string(),
+                  hfConfigJson(model.config(), score != nullptr, padToken));
   // The new layout is complete; remove what belongs to an older one (a
   // loader prefers model.safetensors over the index).
   std::set<std::string> keep;

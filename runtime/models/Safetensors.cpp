@@ -126,6 +126,8 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     } catch (const json::parse_error &e) {
       fail("header is not valid JSON (at byte " + std::to_string(e.byte) +
            " of " + std::to_string(n) + ")");
+    } catch (const json::exception &e) { // a number out of range
+      fail(std::string("header is not valid: ") + e.what());
     }
     if (!h.is_object())
       fail("header is not a JSON object");

@@ -3,6 +3,7 @@
 
 #if HFLOW_HAVE_EVENT_FILES
 #include "runtime/report/tensorboard_event.pb.h"
+#include "runtime/schema/OutputFiles.h"
 
 #include <boost/crc.hpp>
 
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -46,7 +48,8 @@ uint64_t getLE(const unsigned char *p, int bytes) {
 }
 bool isEventFile(const fs::path &p) {
   const std::string n = p.filename().string();
-  return n.find("tfevents") != std::string::npos &&
+  // Hidden names are temporary files (runtime/schema/OutputFiles.h).
+  return n.find("tfevents") != std::string::npos && n[0] != '.' &&
          !(n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0);
 }
 } // namespace
@@ -105,8 +108,8 @@ EventWriter::EventWriter(const std::string &dir, bool resume) : dir_(dir), resum
 }
 
 EventWriter::~EventWriter() {
-  if (f_)
-    std::fclose(f_);
+  if (fd_ >= 0)
+    ::close(fd_);
 }
 
 void EventWriter::open(int64_t firstStep) {
@@ -134,13 +137,8 @@ void EventWriter::open(int64_t firstStep) {
     }
     if (dropped == 0)
       continue;
-    const std::string tmp = p.string() + ".tmp";
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(kept.data(), (std::streamsize)kept.size());
-    out.close();
-    if (!out)
-      throw std::runtime_error("cannot rewrite event file '" + p.string() + "'");
-    fs::rename(tmp, p);
+    if (std::string err = outputs::writeWholeFile(p.string(), kept); !err.empty())
+      throw std::runtime_error("--tensorboard: rewriting an event file: " + err);
   }
   char host[256] = "host";
   gethostname(host, sizeof host - 1);
@@ -151,9 +149,12 @@ void EventWriter::open(int64_t firstStep) {
   path_ = base;
   for (int k = 1; fs::exists(path_); ++k)
     path_ = base + "." + std::to_string(k);
-  f_ = std::fopen(path_.c_str(), "wb");
-  if (!f_)
-    throw std::runtime_error("cannot write event file '" + path_ + "': " + std::strerror(errno));
+  // A new file of its own (O_EXCL): an event file is never written over.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw std::runtime_error("--tensorboard: cannot write event file '" + path_ + "': " +
+                             std::strerror(errno));
+  size_ = 0;
   tensorboard::Event ev;
   ev.set_wall_time((double)now);
   ev.set_file_version("brain.Event:2");
@@ -162,13 +163,29 @@ void EventWriter::open(int64_t firstStep) {
 
 void EventWriter::write(const std::string &payload) {
   const std::string rec = tfRecord(payload);
-  if (std::fwrite(rec.data(), 1, rec.size(), f_) != rec.size() || std::fflush(f_) != 0)
-    throw std::runtime_error("cannot write event file '" + path_ + "': " + std::strerror(errno));
+  const char *p = rec.data();
+  size_t n = rec.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : EIO;
+      // The file ends in whole records: a torn one is cut off.
+      if (::ftruncate(fd_, (off_t)size_) == 0)
+        ::lseek(fd_, (off_t)size_, SEEK_SET);
+      throw std::runtime_error("--tensorboard: cannot write event file '" + path_ + "': " +
+                               outputs::systemReason(e));
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  size_ += rec.size();
 }
 
 void EventWriter::scalars(int64_t step, double wallTime,
                           const std::vector<std::pair<std::string, double>> &values) {
-  if (!f_)
+  if (fd_ < 0)
     open(step);
   tensorboard::Event ev;
   ev.set_wall_time(wallTime);

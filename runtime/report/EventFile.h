@@ -63,7 +63,8 @@ private:
 
   std::string dir_, path_;
   bool resume_ = false;
-  std::FILE *f_ = nullptr;
+  int fd_ = -1;       ///< the open event file
+  uint64_t size_ = 0; ///< its bytes: whole records only
 };
 
 } // namespace hflow::report

@@ -1,6 +1,8 @@
 //===- HtmlReport.cpp - a run's metrics as one self-contained HTML page ----===//
 #include "runtime/report/HtmlReport.h"
 
+#include "runtime/schema/OutputFiles.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -32,7 +34,7 @@ std::vector<json> readMetricsJsonl(const std::string &path) {
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error &e) {
+    } catch (const json::exception &e) { // parse errors and number overflow (out_of_range)
       std::string what = e.what();
       if (auto p = what.find("parse error"); p != std::string::npos)
         what = what.substr(p);
@@ -399,21 +401,8 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
 }
 
 void writeReportFile(const std::string &path, const std::string &html) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw std::runtime_error(path + ": cannot write (" + std::strerror(errno) + ")");
-    out << html;
-    out.flush();
-    if (!out)
-      throw std::runtime_error(path + ": cannot write (" + std::strerror(errno) + ")");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw std::runtime_error(path + ": cannot write (" + std::strerror(e) + ")");
-  }
+  if (std::string err = outputs::writeWholeFile(path, html); !err.empty())
+    throw std::runtime_error(err);
 }
 
 } // namespace hflow::report

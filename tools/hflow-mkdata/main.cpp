@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/Dataset.h"
+#include "runtime/schema/OutputFiles.h"
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -103,12 +105,6 @@ std::string text(__int128 v) {
     u /= 10;
   } while (u != 0);
   return neg ? "-" + s : s;
-}
-
-bool sameFile(const std::string &a, const std::string &b) {
-  struct stat sa, sb;
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
-         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 int run(int argc, char **argv) {
@@ -199,10 +195,14 @@ int run(int argc, char **argv) {
     throw UsageError("missing:" + missing);
   if (haveSystem && !chat)
     throw UsageError("--system needs --chat (a system message is part of a chat)");
-  for (const std::string &ex : excludes)
-    if (out != "-" && sameFile(ex, out))
-      throw UsageError("-o " + out + " is the --exclude file " + ex +
-                       "; it would be overwritten");
+  if (out != "-") {
+    hflow::outputs::IoSet io;
+    for (const std::string &ex : excludes)
+      io.input("the --exclude file", ex);
+    io.outputFile("-o", out);
+    if (std::string clash = io.check(); !clash.empty())
+      throw UsageError(clash);
+  }
 
   std::unordered_set<std::string> excluded;
   for (const std::string &ex : excludes) {
@@ -303,27 +303,24 @@ int run(int argc, char **argv) {
   if (out == "-") {
     std::cout << body << std::flush;
     if (!std::cout)
-      throw std::runtime_error("cannot write to standard output");
+      throw std::runtime_error("cannot write to standard output: " +
+                               hflow::outputs::systemReason(errno));
     return 0;
   }
-  std::FILE *f = std::fopen(out.c_str(), "wb");
-  if (!f)
-    throw std::runtime_error("cannot open '" + out + "' for writing: " +
-                             std::strerror(errno));
-  size_t n = std::fwrite(body.data(), 1, body.size(), f);
-  int err = n != body.size() ? (errno ? errno : EIO) : 0;
-  if (std::fclose(f) != 0 && !err)
-    err = errno ? errno : EIO;
-  if (err)
-    throw std::runtime_error("cannot write '" + out + "': " + std::strerror(err));
+  if (std::string err = hflow::outputs::writeWholeFile(out, body); !err.empty())
+    throw std::runtime_error(err);
   return 0;
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
+  hflow::outputs::ignoreFileSizeSignal();
   try {
     return run(argc, argv);
+  } catch (const std::bad_alloc &) {
+    std::cerr << "hflow-mkdata: error: ran out of memory (the allocator refused a request)\n";
+    return 1;
   } catch (const UsageError &e) {
     std::cerr << "hflow-mkdata: error: " << e.what() << "\n"
               << "Run 'hflow-mkdata --help' for the usage.\n";

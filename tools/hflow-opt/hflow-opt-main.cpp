@@ -9,6 +9,7 @@
 
 #include "compiler/planner/CostModel.h"
 #include "tools/common/Driver.h"
+#include "runtime/schema/OutputFiles.h"
 
 #include "dialects/hflow/HflowDialect.h"
 #include "dialects/hflow/HflowPasses.h"
@@ -87,6 +88,7 @@ std::unique_ptr<llvm::MemoryBuffer> lowerHflow(const std::string &path,
 } // namespace
 
 int main(int argc, char **argv) {
+  ::hflow::outputs::ignoreFileSizeSignal();
   DialectRegistry registry;
   registry.insert<mlir::hflow::HflowDialect>();
   mlir::hflow::registerHflowPasses();
@@ -160,14 +162,35 @@ int main(int argc, char **argv) {
         MlirOptMain(llvm::nulls(), std::move(input), registry, config));
   }
 
-  std::string err;
-  auto output = openOutputFile(outputFilename, &err);
-  if (!output) {
-    llvm::WithColor::error(llvm::errs(), "hflow-opt") << err << "\n";
+  // The output never replaces the input; it is written whole through a
+  // temporary file, every write checked (runtime/schema/OutputFiles.h).
+  if (outputFilename != "-") {
+    ::hflow::outputs::IoSet io;
+    io.input("the input", inputFilename);
+    io.outputFile("-o", outputFilename);
+    if (std::string clash = io.check(); !clash.empty()) {
+      llvm::WithColor::error(llvm::errs(), "hflow-opt") << clash << "\n";
+      return 2;
+    }
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  if (failed(MlirOptMain(os, std::move(input), registry, config)))
+    return 1;
+  os.flush();
+  if (outputFilename == "-") {
+    llvm::outs() << text;
+    llvm::outs().flush();
+    if (llvm::outs().has_error()) {
+      llvm::outs().clear_error();
+      llvm::WithColor::error(llvm::errs(), "hflow-opt") << "cannot write to standard output\n";
+      return 1;
+    }
+    return 0;
+  }
+  if (std::string werr = ::hflow::outputs::writeWholeFile(outputFilename, text); !werr.empty()) {
+    llvm::WithColor::error(llvm::errs(), "hflow-opt") << werr << "\n";
     return 1;
   }
-  if (failed(MlirOptMain(output->os(), std::move(input), registry, config)))
-    return 1;
-  output->keep();
   return 0;
 }

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/report/HtmlReport.h"
+#include "runtime/schema/OutputFiles.h"
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +71,16 @@ int main(int argc, char **argv) {
     return usageError("missing the metrics file (hflow-run --metrics FILE writes one)");
   if (out.empty())
     return usageError("missing -o REPORT.html");
+  hflow::outputs::ignoreFileSizeSignal();
+  {
+    hflow::outputs::IoSet io;
+    io.input("the metrics file", in);
+    io.outputFile("-o", out);
+    if (std::string clash = io.check(); !clash.empty()) {
+      std::fprintf(stderr, "hflow-report: error: %s\n", clash.c_str());
+      return 2;
+    }
+  }
   try {
     auto rows = hflow::report::readMetricsJsonl(in);
     const std::string name = in.substr(in.find_last_of('/') == std::string::npos

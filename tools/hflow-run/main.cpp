@@ -11,6 +11,7 @@
 #include "runtime/exec/Calibrate.h"
 #include "runtime/launch/Blas.h"
 #include "runtime/launch/Launcher.h"
+#include "runtime/schema/OutputFiles.h"
 #include "runtime/schema/PlanFormat.h"
 #include "runtime/exec/DryRun.h"
 #include "runtime/plan/PlanLoader.h"
@@ -125,6 +126,9 @@ int main(int argc, char **argv) {
   // naming the step and the dead rank (EPIPE), not kill this process with
   // SIGPIPE. Inherited by the workers the launcher starts.
   std::signal(SIGPIPE, SIG_IGN);
+  // Past a file-size limit a write fails (EFBIG) and is reported, like a
+  // full disk, instead of killing the process.
+  outputs::ignoreFileSizeSignal();
   std::vector<std::string> args(argv + 1, argv + argc);
   launch::Options o;
   std::string err;
@@ -156,6 +160,14 @@ int main(int argc, char **argv) {
   if (!plan::loadPlanFile(o.planPath, lp, err))
     return error(2, err);
   const int world = lp.plan()->world_size();
+  if (!o.calibrateOut.empty()) {
+    outputs::IoSet io;
+    io.input("the plan", o.planPath);
+    io.input("--calibrate-from's metrics file", o.calibrateFrom);
+    io.outputFile("--calibrate", o.calibrateOut);
+    if (std::string clash = io.check(); !clash.empty())
+      return error(2, clash);
+  }
   if (!o.calibrateFrom.empty())
     return exec::calibrateFromMetrics(lp, o.calibrateFrom, o.calibrateOut, o.run.quiet);
   if (!o.calibrateOut.empty())

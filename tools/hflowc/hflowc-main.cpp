@@ -16,6 +16,7 @@
 #include "compiler/frontend/Frontend.h"
 #include "compiler/mlirgen/MLIRGen.h"
 #include "compiler/emit/PlanEmitter.h"
+#include "runtime/schema/OutputFiles.h"
 #include "runtime/schema/PlanFormat.h"
 
 #include "dialects/hflow/HflowDialect.h"
@@ -34,6 +35,8 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 using namespace mlir;
@@ -99,6 +102,23 @@ int fail(const llvm::Twine &msg, int code = kExitUsage) {
   return code;
 }
 
+/// Writes `bytes` to `path` ("-": standard output), every write checked,
+/// through a temporary file renamed over the target (runtime/schema/
+/// OutputFiles.h). Returns 0 or the usage/I-O exit code after saying why.
+int writeOutput(const std::string &path, const std::string &bytes) {
+  if (path == "-") {
+    llvm::outs().flush();
+    if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() ||
+        std::fflush(stdout) != 0)
+      return fail("cannot write to standard output: " +
+                  ::hflow::outputs::systemReason(errno));
+    return 0;
+  }
+  if (std::string err = ::hflow::outputs::writeWholeFile(path, bytes); !err.empty())
+    return fail(err);
+  return 0;
+}
+
 std::string defaultPlanPath(llvm::StringRef input) {
   llvm::SmallString<256> p(llvm::sys::path::filename(input));
   llvm::sys::path::replace_extension(p, "bin");
@@ -123,6 +143,27 @@ int main(int argc, char **argv) {
           "  hflow-run plan.bin                 then run it\n",
           &llvm::errs()))
     return kExitUsage; // a bad command line
+  ::hflow::outputs::ignoreFileSizeSignal();
+  const bool writesFile = emitKind == Emit::Plan ? outputFile != "-"
+                                                 : !outputFile.empty() && outputFile != "-";
+  const std::string outPath = emitKind == Emit::Plan && outputFile.empty()
+                                  ? defaultPlanPath(inputFile)
+                                  : outputFile.getValue();
+  // The output never replaces what hflowc reads: checked before anything is
+  // compiled, and again against the imported files once they are known.
+  auto checkOutput = [&](const std::vector<std::pair<std::string, std::string>> &inputs) {
+    if (!writesFile)
+      return std::string();
+    ::hflow::outputs::IoSet io;
+    io.outputFile("-o", outPath);
+    for (const auto &[what, path] : inputs)
+      io.input(what, path);
+    return io.check();
+  };
+  if (std::string clash = checkOutput({{"the program", inputFile.getValue()},
+                                       {"the --calibration file", calibrationFile.getValue()}});
+      !clash.empty())
+    return fail(clash);
 
   // The calibration file is checked before the program: a bad file is one
   // line, and nothing is compiled or written.
@@ -168,19 +209,24 @@ int main(int argc, char **argv) {
       /*checkDataFiles=*/emitKind == Emit::Plan);
   if (!module)
     return finishWithErrors();
+  {
+    std::vector<std::pair<std::string, std::string>> imported;
+    for (unsigned i = 1; i <= sourceMgr.getNumBuffers(); ++i)
+      imported.push_back({"an imported file",
+                          sourceMgr.getMemoryBuffer(i)->getBufferIdentifier().str()});
+    if (std::string clash = checkOutput(imported); !clash.empty())
+      return fail(clash);
+  }
 
   OpPrintingFlags printFlags;
   if (printDebugLocs)
     printFlags.enableDebugInfo();
   auto writeText = [&](auto &&print) -> int {
-    std::string path = outputFile.empty() ? "-" : outputFile.getValue();
-    std::string err;
-    auto out = openOutputFile(path, &err);
-    if (!out)
-      return fail("cannot write '" + path + "': " + err);
-    print(out->os());
-    out->keep();
-    return 0;
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    print(os);
+    os.flush();
+    return writeOutput(outputFile.empty() ? "-" : outputFile.getValue(), text);
   };
 
   if (emitKind == Emit::Mlir)
@@ -230,43 +276,16 @@ int main(int argc, char **argv) {
     return finishWithErrors();
 
   if (emitKind == Emit::PlanJson) {
-    std::string err;
-    int rc = 0;
-    int w = writeText([&](llvm::raw_ostream &os) {
-      if (failed(::hflow::printPlanJson(plan, os, err)))
-        rc = fail("internal error: the emitted plan does not verify: " + err, 1);
-    });
-    return w ? w : rc;
+    std::string err, text;
+    llvm::raw_string_ostream os(text);
+    if (failed(::hflow::printPlanJson(plan, os, err)))
+      return fail("internal error: the emitted plan does not verify: " + err, 1);
+    os.flush();
+    return writeOutput(outputFile.empty() ? "-" : outputFile.getValue(), text);
   }
 
   // The binary plan: written through a temporary file and renamed, so an
   // existing plan is never left half-written.
-  std::string path = outputFile.empty() ? defaultPlanPath(inputFile)
-                                        : outputFile.getValue();
-  if (path == "-") {
-    llvm::outs().write(reinterpret_cast<const char *>(plan.data()), plan.size());
-    return 0;
-  }
-  llvm::SmallString<256> tmp;
-  int fd;
-  llvm::SmallString<256> model(path);
-  model += ".tmp-%%%%%%";
-  if (std::error_code ec = llvm::sys::fs::createUniqueFile(model, fd, tmp))
-    return fail("cannot write '" + path + "': " + ec.message());
-  {
-    llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
-    os.write(reinterpret_cast<const char *>(plan.data()), plan.size());
-    os.close();
-    if (os.has_error()) {
-      std::string msg = os.error().message();
-      os.clear_error();
-      llvm::sys::fs::remove(tmp);
-      return fail("cannot write '" + path + "': " + msg);
-    }
-  }
-  if (std::error_code ec = llvm::sys::fs::rename(tmp, path)) {
-    llvm::sys::fs::remove(tmp);
-    return fail("cannot write '" + path + "': " + ec.message());
-  }
-  return 0;
+  return writeOutput(outPath, std::string(reinterpret_cast<const char *>(plan.data()),
+                                          plan.size()));
 }

@@ -1,0 +1,97 @@
+//===- Divergence.cpp - a run that diverged stops; one that died is warned ---===//
+#include "runtime/exec/Divergence.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace hflow::exec {
+
+std::string nonFiniteName(double v) {
+  if (std::isnan(v))
+    return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
+namespace {
+
+bool finite(const at::Tensor &t) {
+  if (!t.defined() || t.numel() == 0 || !at::isFloatingType(t.scalar_type()))
+    return true;
+  return std::isfinite(t.detach().sum(at::kDouble).item<double>());
+}
+
+/// The name namedWeights() gives the weight sharing `p`'s storage, or
+/// "parameter #i".
+std::string nameOf(const models::CausalLM &lm, const at::Tensor &p, size_t i) {
+  for (const auto &[name, w] : lm.namedWeights())
+    if (w.defined() && p.defined() && w.is_alias_of(p))
+      return name;
+  return "parameter #" + std::to_string(i);
+}
+
+} // namespace
+
+std::string nonFiniteGradient(const models::CausalLM &lm, const std::vector<at::Tensor> &extra,
+                              const std::string &extraName) {
+  const std::vector<at::Tensor> ps = lm.parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (ps[i].grad().defined() && !finite(ps[i].grad()))
+      return nameOf(lm, ps[i], i);
+  for (const at::Tensor &e : extra)
+    if (e.defined() && e.grad().defined() && !finite(e.grad()))
+      return extraName;
+  return "";
+}
+
+bool weightsFinite(const models::CausalLM &lm, const std::vector<at::Tensor> &extra) {
+  double sum = 0;
+  for (const at::Tensor &p : lm.parameters())
+    if (p.defined() && p.numel() > 0)
+      sum += p.detach().sum(at::kDouble).item<double>();
+  for (const at::Tensor &e : extra)
+    if (e.defined() && e.numel() > 0)
+      sum += e.detach().sum(at::kDouble).item<double>();
+  return std::isfinite(sum);
+}
+
+std::string nonFiniteWeight(const models::CausalLM &lm, const std::vector<at::Tensor> &extra,
+                            const std::string &extraName) {
+  const std::vector<at::Tensor> ps = lm.parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (!finite(ps[i]))
+      return nameOf(lm, ps[i], i);
+  for (const at::Tensor &e : extra)
+    if (!finite(e))
+      return extraName;
+  return "";
+}
+
+std::string DeadModelWatch::observe(const std::string &phase, int64_t iteration,
+                                    double gradNorm, double loss, double entropy,
+                                    int64_t vocab) {
+  const double lnV = vocab > 1 ? std::log((double)vocab) : NAN;
+  auto atLnV = [&](double v) { return std::isfinite(v) && std::fabs(v - lnV) <= 0.01 * lnV; };
+  const bool dead = gradNorm == 0.0 && (atLnV(loss) || atLnV(entropy));
+  if (!dead) {
+    run_ = 0;
+    warned_ = false;
+    return "";
+  }
+  if (run_++ == 0)
+    first_ = iteration;
+  if (run_ < kDeadIterations || warned_)
+    return "";
+  warned_ = true;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s iterations %lld-%lld: the gradient norm has been exactly 0 and the %s "
+                "%.4f, ln V of a vocabulary of %lld (a uniform distribution), for %d "
+                "iterations: the model is dead and learns nothing; a learning rate too "
+                "high for it is the usual cause",
+                phase.c_str(), (long long)first_, (long long)iteration,
+                atLnV(loss) ? "loss" : "entropy", atLnV(loss) ? loss : entropy,
+                (long long)vocab, run_);
+  return buf;
+}
+
+} // namespace hflow::exec
