@@ -16,35 +16,49 @@ bool lengthBuckets() {
 
 Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
                         const std::vector<std::pair<int64_t, int64_t>> &batches) {
+  at::Tensor pm = ro["pmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
+  at::Tensor rm = ro["rmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
+  auto pa = pm.accessor<int64_t, 1>(), ra = rm.accessor<int64_t, 1>();
+  std::vector<std::pair<int64_t, int64_t>> lengths((size_t)(hi - lo));
+  for (int64_t i = 0; i < hi - lo; ++i)
+    lengths[(size_t)i] = {pa[i], ra[i]};
+  return bucketsOfLengths(lengths, lo, batches, /*contiguous=*/false);
+}
+
+Buckets bucketsOfLengths(const std::vector<std::pair<int64_t, int64_t>> &lengths, int64_t lo,
+                         const std::vector<std::pair<int64_t, int64_t>> &batches,
+                         bool contiguous) {
   // A pass costs more than its tokens (an FSDP group gathers every unit's
   // weights again, every pass launches its kernels): a cut must also save
   // this many padded tokens (HFLOW_BUCKET_MIN_PADDING, tests set 0).
   static const int64_t minPadding = envInt("HFLOW_BUCKET_MIN_PADDING", 512);
   Buckets b;
-  b.perm.resize((size_t)(hi - lo));
+  b.perm.resize(lengths.size());
   std::iota(b.perm.begin(), b.perm.end(), 0);
-  at::Tensor pm = ro["pmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
-  at::Tensor rm = ro["rmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
-  auto pa = pm.accessor<int64_t, 1>(), ra = rm.accessor<int64_t, 1>();
-  auto P = [&](int64_t i) { return std::max<int64_t>(1, pa[i]); };
-  auto R = [&](int64_t i) { return std::max<int64_t>(1, ra[i]); };
+  auto P = [&](int64_t i) { return std::max<int64_t>(1, lengths[(size_t)i].first); };
+  auto R = [&](int64_t i) { return std::max<int64_t>(1, lengths[(size_t)i].second); };
   for (auto [u, e] : batches) {
     auto first = b.perm.begin() + (u - lo), last = b.perm.begin() + (e - lo);
     std::stable_sort(first, last,
                      [&](int64_t x, int64_t y) { return P(x) + R(x) < P(y) + R(y); });
     std::vector<std::pair<int64_t, int64_t>> runs;
-    int64_t start = u, maxP = 0, maxR = 0, real = 0;
+    // A pass's width: its longest prompt plus its longest response (prompts
+    // left-padded, responses right-padded), or its longest row where prompt
+    // and response are one contiguous sequence (sft).
+    int64_t start = u, maxP = 0, maxR = 0, maxL = 0, real = 0;
     for (int64_t i = u; i < e; ++i) {
       const int64_t row = b.perm[(size_t)(i - lo)];
       const int64_t np = std::max(maxP, P(row)), nr = std::max(maxR, R(row));
+      const int64_t nl = std::max(maxL, P(row) + R(row));
       const int64_t nreal = real + P(row) + R(row);
-      const int64_t padding = (i - start + 1) * (np + nr) - nreal;
+      const int64_t padding = (i - start + 1) * (contiguous ? nl : np + nr) - nreal;
       if (i > start && 10 * padding > 3 * nreal && padding > minPadding) {
         runs.push_back({start, i});
-        start = i, maxP = P(row), maxR = R(row), real = P(row) + R(row);
+        start = i, maxP = P(row), maxR = R(row), maxL = P(row) + R(row);
+        real = P(row) + R(row);
         continue;
       }
-      maxP = np, maxR = nr, real = nreal;
+      maxP = np, maxR = nr, maxL = nl, real = nreal;
     }
     runs.push_back({start, e});
     b.any = b.any || runs.size() > 1;

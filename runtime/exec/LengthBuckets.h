@@ -48,6 +48,13 @@ struct Buckets {
 Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
                         const std::vector<std::pair<int64_t, int64_t>> &batches);
 
+/// The same over rows given by their (prompt, response) lengths
+/// (`lengths[i]`: row lo + i); `contiguous`: a row is one sequence, prompt
+/// then response (sft), so a pass is as wide as its longest row.
+Buckets bucketsOfLengths(const std::vector<std::pair<int64_t, int64_t>> &lengths, int64_t lo,
+                         const std::vector<std::pair<int64_t, int64_t>> &batches,
+                         bool contiguous);
+
 /// The members of `group` (FSDP's, sequence parallelism's, a pipeline's:
 /// their collectives pair up pass by pass) cut each micro-batch into as
 /// many passes as the member with the most: the others split their

@@ -650,22 +650,72 @@ void Worker::runSft(MethodCall &c) {
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
       const at::Tensor mbTokens = lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
+      // Length buckets, as for the RL passes (docs/runtime.md): each
+      // micro-batch's rows sorted by length and cut into passes of similar
+      // length, each as wide as its own longest row, so one long prompt no
+      // longer sets every row's width. The loss is a sum over rows: the
+      // same however the rows are ordered and cut.
+      std::vector<std::pair<int64_t, int64_t>> batches;
+      for (int64_t u = m0; u < m0 + mbRows; u += micro)
+        batches.push_back({u, std::min(micro, m0 + mbRows - u) + u});
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+      for (auto b_ : batches)
+        runs.push_back({b_});
+      at::Tensor mt = toks, mm = mask, ml = lossMask;
+      std::vector<int64_t> len(seqs.size());
+      for (size_t b = 0; b < seqs.size(); ++b)
+        len[b] = (int64_t)seqs[b].size();
+      if (trimPasses() && lengthBuckets()) {
+        std::vector<std::pair<int64_t, int64_t>> lens((size_t)mbRows);
+        for (int64_t i = 0; i < mbRows; ++i)
+          lens[(size_t)i] = {starts[(size_t)(m0 + i)], len[(size_t)(m0 + i)] - starts[(size_t)(m0 + i)]};
+        Buckets bk = bucketsOfLengths(lens, m0, batches, /*contiguous=*/true);
+        equalizeRuns(bk, rr.lm->lockstepGroup());
+        if (bk.any) {
+          std::vector<int64_t> idx((size_t)B), sorted = len;
+          std::iota(idx.begin(), idx.end(), 0);
+          for (int64_t i = 0; i < mbRows; ++i) {
+            idx[(size_t)(m0 + i)] = m0 + bk.perm[(size_t)i];
+            sorted[(size_t)(m0 + i)] = len[(size_t)(m0 + bk.perm[(size_t)i])];
+          }
+          const at::Tensor ix =
+              at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(models::engineDevice());
+          mt = toks.index_select(0, ix), mm = mask.index_select(0, ix);
+          ml = lossMask.index_select(0, ix);
+          len = std::move(sorted);
+          runs = std::move(bk.runs);
+        }
+      }
+      // Every pass with its width: its longest row (trimmed), else L.
+      std::vector<std::pair<int64_t, int64_t>> passes;
+      std::vector<int64_t> widths;
+      for (const auto &rs : runs)
+        for (auto [u, e2] : rs) {
+          int64_t w = 2;
+          for (int64_t b = u; b < e2; ++b)
+            w = std::max(w, len[(size_t)b]);
+          passes.push_back({u, e2});
+          widths.push_back(trimPasses() ? w : L);
+        }
       double mbLoss = 0;
       std::vector<models::MicroBatch> micros;
       PassMeter meter(rr);
-      for (int64_t u = m0; u < m0 + mbRows; u += micro) {
-        const int64_t cnt = std::min(micro, m0 + mbRows - u);
-        at::Tensor t = toks.narrow(0, u, cnt), mk = mask.narrow(0, u, cnt);
+      for (size_t i = 0; i < passes.size(); ++i) {
+        const auto [u, e2] = passes[i];
+        const int64_t W = widths[i];
+        at::Tensor t = mt.narrow(0, u, e2 - u).narrow(1, 0, W);
+        at::Tensor mk = mm.narrow(0, u, e2 - u).narrow(1, 0, W);
         micros.push_back({t, models::positionsFromMask(mk), mk});
-        meter.add(cnt, L, L - 1, true);
+        meter.add(e2 - u, W, W - 1, true);
       }
-      // Micro-batch i's loss from its final hidden states.
+      // Pass i's loss from its final hidden states.
       auto microLoss = [&](int i, const at::Tensor &h) {
-        const int64_t u = m0 + i * micro;
+        const auto [u, e2] = passes[(size_t)i];
+        const int64_t W = widths[(size_t)i];
         const models::MicroBatch &mb = micros[(size_t)i];
-        at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, L - 1)),
-                                             mb.tokens.narrow(1, 1, L - 1), 1.0);
-        return -(lp * lossMask.narrow(0, u, mb.tokens.size(0))).sum() / mbTokens;
+        at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, W - 1)),
+                                             mb.tokens.narrow(1, 1, W - 1), 1.0);
+        return -(lp * ml.narrow(0, u, e2 - u).narrow(1, 0, W - 1)).sum() / mbTokens;
       };
       if (rr.lm->pipelined()) {
         for (double l : rr.lm->runPipelined(micros, microLoss, true))
