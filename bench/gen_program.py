@@ -10,14 +10,16 @@ Reference colocated on 4 devices, a Critic and a RewardModel on 2 devices
 each, a RewardFn on every other team), every placement on its own device
 range (no device idle), and flows of up to 1,000 method-call statements (PPO-style episodes
 that cycle through the teams, so every role is called and every value is
-used), and a train block that drives the first flow, step0, with a batch
-that splits over every layout. hflowc compiles it with no error and no
-warning.
+used), and train blocks: the first, fit_rms, trains every reward model on
+preference pairs (a reward model starting from random weights has no score
+head until it is trained, and hflowc refuses a flow that scores with it
+before), the second drives the first PPO flow, step0, with a batch that
+splits over every layout. hflowc compiles it with no error and no warning.
 
 --no-import leaves out `import "std/devices"` and --no-train the train
-block, for an hflowc from before devices were declared in the standard
-library or before train blocks (then pass --flow step0 when the program has
-several flows).
+blocks and fit_rms, for an hflowc from before devices were declared in the
+standard library or before train blocks (then pass --flow step0 when the
+program has several flows).
 """
 
 import argparse
@@ -39,6 +41,7 @@ MAX_FLOW_STATEMENTS = 1000
 DEVICES_PER_TEAM = 8  # actor+ref 4, critic 2, reward model 2
 
 
+FIT_TRAIN = 'train fit_rms { data: "pairs.jsonl", batch: 64, steps: 10, seed: 2 }'
 TRAIN = ('train step0 { data: "prompts.jsonl", batch: 64, n: 4, minibatch: 16, '
          'steps: 100, seed: 1, checkpoint: every 50 to "ckpt/" }')
 
@@ -60,12 +63,14 @@ def generate(lines, with_import=True, with_train=True):
     out.append("cluster gpus = mesh(h100_80g, nodes: %d, per_node: %d)"
                % (nodes, DEVICES_PER_TEAM))
     for m in range(models):
+        # Distinct models; every size divisible by tp(2) (hflow-run's tensor
+        # parallel shards need whole heads, MLP columns and vocabulary rows).
         arch = "llama" if m % 2 == 0 else "qwen2"
         layers = 2 + 2 * (m % 4)
         out.append(
             "model m%d = %s(layers: %d, hidden: %d, heads: 4, kv_heads: 2, "
             "ffn: %d, vocab: %d, dtype: bf16)"
-            % (m, arch, layers, 64 * (1 + m % 3), 128 * (1 + m % 3), 256 + m))
+            % (m, arch, layers, 64 * (1 + m % 3), 128 * (1 + m % 3), 256 + 2 * m))
     team_roles = []
     for t in range(teams):
         m = "m%d" % (t % models)
@@ -91,8 +96,18 @@ def generate(lines, with_import=True, with_train=True):
             out.append("place %s on gpus[%d:%d]" % (rw, base + 6, base + 8))
         team_roles.append({"a": a, "ref": ref, "c": c, "rw": rw})
 
+    # Before any flow scores with them, the reward models are trained: one
+    # flow fits them all, run by the first train block.
+    reward_models = [r["rw"] for r in team_roles if r["rw"].startswith("rm")]
+    if with_train and reward_models:
+        out.append("flow fit_rms(pairs: Prompts) {")
+        out += ["  %s.fit(pairs)" % rw for rw in reward_models]
+        out.append("}")
+
     # Flows fill the rest: "flow stepK(...) {", episodes, "}" per flow.
-    budget = lines - len(out) - (1 if with_train else 0)
+    trains = ([FIT_TRAIN] if with_train and reward_models else []) + \
+        ([TRAIN] if with_train else [])
+    budget = lines - len(out) - len(trains)
     episode = 0
     flow = 0
     while budget >= 2 + len(EPISODE):
@@ -111,8 +126,7 @@ def generate(lines, with_import=True, with_train=True):
         flow += 1
     if episode < len(team_roles):
         raise ValueError("%d lines are too few for %d teams" % (lines, teams))
-    if with_train:
-        out.append(TRAIN)
+    out += trains
     # Pad to exactly N lines.
     while len(out) < lines:
         out.append("// padding")
