@@ -9,9 +9,11 @@
 # The demo program (examples/arith_grpo.hflow: fsdp(2) on 2 worker
 # processes) with MALLOC_SFT supervised and MALLOC_GRPO GRPO iterations
 # (defaults 20 and 10), at its vocabulary (256) and at 32,000 (a Llama-2
-# sized LM head: the logits dominate the passes' allocations), run
+# sized LM head: the logits dominate the passes' allocations; MALLOC_VOCABS,
+# default "256 32000", names the vocabularies), run
 # MALLOC_ROUNDS times each way (default 2), alternating. Reports the median
-# iteration time per phase (the first 3 of each run dropped), the wall and
+# iteration time per phase (the first MALLOC_WARMUP of each run dropped,
+# default 3), the wall and
 # system time per run, and the ratio tuned / default. Both sides compute
 # the same numbers (the allocator does not change the arithmetic; checked:
 # equal actor_weight_sum).
@@ -22,49 +24,56 @@ BIN="${1:-$ROOT/build/bin}"
 SFT="${MALLOC_SFT:-20}"
 GRPO="${MALLOC_GRPO:-10}"
 ROUNDS="${MALLOC_ROUNDS:-2}"
+WARMUP="${MALLOC_WARMUP:-3}"
+VOCABS="${MALLOC_VOCABS:-256 32000}"
 for t in hflowc hflow-run hflow-mkdata; do
   [ -x "$BIN/$t" ] || { echo "malloc_bench: $BIN/$t not found; build first" >&2; exit 1; }
 done
+[ "$SFT" -gt "$WARMUP" ] && [ "$GRPO" -gt "$WARMUP" ] ||
+  { echo "malloc_bench: MALLOC_SFT and MALLOC_GRPO must exceed MALLOC_WARMUP" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$BIN/hflow-mkdata" arith --seed 1 --count 2000 --max-a 49 --max-b 49 -o "$work/arith_train.jsonl" >/dev/null
-for v in 256 32000; do
+for v in $VOCABS; do
   sed -e "s/steps: 250, seed: 1/steps: $SFT, seed: 1/" -e "s/steps: 300, seed: 2/steps: $GRPO, seed: 2/" \
     -e "s/vocab: 256, dtype: f32/vocab: $v, dtype: f32/" "$ROOT/examples/arith_grpo.hflow" >"$work/v$v.hflow"
   grep -q "vocab: $v," "$work/v$v.hflow" || { echo "malloc_bench: could not set vocab $v" >&2; exit 1; }
+  grep -q "steps: $SFT, seed: 1" "$work/v$v.hflow" && grep -q "steps: $GRPO, seed: 2" "$work/v$v.hflow" ||
+    { echo "malloc_bench: could not set the steps (examples/arith_grpo.hflow changed)" >&2; exit 1; }
   "$BIN/hflowc" "$work/v$v.hflow" -o "$work/v$v.bin"
 done
 echo "malloc_bench: $ROUNDS rounds of $SFT + $GRPO iterations on 2 ranks, tuned heap then glibc's default"
 for ((r = 1; r <= ROUNDS; r++)); do
-  for v in 256 32000; do
+  for v in $VOCABS; do
     for m in tuned default; do
       env $([ $m = default ] && echo HFLOW_MALLOC=default) /usr/bin/time -f "%e %S" -o "$work/$m.$v.$r.time" \
         "$BIN/hflow-run" --quiet --data-dir "$work" --metrics "$work/$m.$v.$r.jsonl" "$work/v$v.bin"
     done
   done
 done
-python3 - "$work" "$ROUNDS" <<'PY'
+python3 - "$work" "$ROUNDS" "$WARMUP" $VOCABS <<'PY'
 import json, statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
+work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+vocabs = [int(v) for v in sys.argv[4:]]
 def rows(m, v, r):
     return [json.loads(l) for l in open(f"{work}/{m}.{v}.{r}.jsonl") if l.strip()]
 def med(m, v, phase):
     x = []
     for r in range(1, rounds + 1):
-        x += [row["iteration_ms"] for row in rows(m, v, r) if row["phase"] == phase][3:]
+        x += [row["iteration_ms"] for row in rows(m, v, r) if row["phase"] == phase][warmup:]
     return statistics.median(x)
 def times(m, v):
     t = [tuple(map(float, open(f"{work}/{m}.{v}.{r}.time").read().split()[-2:]))
          for r in range(1, rounds + 1)]
     return statistics.median(a for a, _ in t), statistics.median(b for _, b in t)
-for v in (256, 32000):
+for v in vocabs:
     for r in range(1, rounds + 1):
         a = [row.get("actor_weight_sum") for row in rows("tuned", v, r)]
         b = [row.get("actor_weight_sum") for row in rows("default", v, r)]
         if a != b:
             sys.exit(f"vocab {v} round {r}: the two heaps trained different weights")
 print(f"{'vocab':>6} {'median ms/iteration':22} {'tuned':>8} {'default':>8} {'ratio':>6}")
-for v in (256, 32000):
+for v in vocabs:
     for phase, label in (("warmup", "supervised (sft)"), ("grpo", "grpo")):
         a, b = med("tuned", v, phase), med("default", v, phase)
         print(f"{v:>6} {label:22} {a:8.1f} {b:8.1f} {a / b:6.2f}")

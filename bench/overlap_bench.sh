@@ -12,7 +12,8 @@
 # 15), the first OVERLAP_WARMUP (default 3) of each run dropped; medians of
 # --metrics' iteration_ms and the speed-up.
 #
-# Then one run of each with --trace: the time during which a compute event
+# Then one run of each with --trace (OVERLAP_TRACE_STEPS iterations,
+# default 6, at least 3: the first is not aligned): the time during which a compute event
 # of ranks 0-1 and one of ranks 2-3 run at once (the overlap), per
 # iteration, and which calls overlapped. With --serialize it must be ~0.
 # The ranks' trace clocks start at different instants (each counts from its
@@ -25,18 +26,21 @@ BIN="${1:-$ROOT/build/bin}"
 STEPS="${OVERLAP_STEPS:-15}"
 WARMUP="${OVERLAP_WARMUP:-3}"
 ROUNDS="${OVERLAP_ROUNDS:-2}"
-TRACE_STEPS=6
+TRACE_STEPS="${OVERLAP_TRACE_STEPS:-6}"
 
 for t in hflowc hflow-run hflow-mkdata; do
   [ -x "$BIN/$t" ] || { echo "overlap_bench: $BIN/$t not found; build first" >&2; exit 1; }
 done
 [ "$STEPS" -gt "$WARMUP" ] || { echo "overlap_bench: OVERLAP_STEPS must exceed OVERLAP_WARMUP" >&2; exit 1; }
+[ "$TRACE_STEPS" -ge 3 ] || { echo "overlap_bench: OVERLAP_TRACE_STEPS must be at least 3" >&2; exit 1; }
+BIN="$(cd "$BIN" && pwd)" # hflowc runs from the data's folder below
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$BIN/hflow-mkdata" arith --seed 1 --count 512 --max-a 49 --max-b 49 \
   -o "$work/overlap_prompts.jsonl" >/dev/null
-"$BIN/hflowc" "$ROOT/bench/programs/overlap.hflow" -o "$work/overlap.bin"
+# From the data's folder: hflowc warns for a data file it cannot see.
+(cd "$work" && "$BIN/hflowc" "$ROOT/bench/programs/overlap.hflow" -o "$work/overlap.bin")
 
 echo "overlap_bench: 4 CPU workers (actor on ranks 0-1; ref and critic on ranks 2-3), $ROUNDS rounds x $STEPS iterations per mode, first $WARMUP of each run dropped"
 for ((r = 1; r <= ROUNDS; r++)); do

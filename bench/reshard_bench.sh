@@ -17,18 +17,21 @@
 #     whole model, arrived) but the first of each run gives the samples.
 # Prints per pair the bytes, the median ms of each, and the time ratio
 # planned/naive. Target: <= 0.35 where the planned bytes are at most a third
-# of the naive ones.
+# of the naive ones. RESHARD_PAIRS (default: all) names the pairs to run,
+# e.g. "fsdp4_tp4 tp4_dp4" (the programs' names without reshard_).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
 STEPS="${RESHARD_STEPS:-5}"
 ROUNDS="${RESHARD_ROUNDS:-2}"
+PAIRS="${RESHARD_PAIRS:-}"
 
 for t in hflowc hflow-opt hflow-run hflow-mkdata; do
   [ -x "$BIN/$t" ] || { echo "reshard_bench: $BIN/$t not found; build first" >&2; exit 1; }
 done
 [ "$STEPS" -ge 2 ] || { echo "reshard_bench: RESHARD_STEPS must be at least 2" >&2; exit 1; }
+BIN="$(cd "$BIN" && pwd)" # hflowc runs from the data's folder below
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -37,12 +40,23 @@ trap 'rm -rf "$work"' EXIT
 
 echo "reshard_bench: 4 CPU workers, $ROUNDS rounds x $STEPS iterations per mode (planned, naive alternating); the first transition of each run dropped"
 pairs=()
-for prog in "$ROOT"/bench/programs/reshard_*.hflow; do
+progs=()
+if [ -z "$PAIRS" ]; then
+  progs=("$ROOT"/bench/programs/reshard_*.hflow)
+else
+  for name in $PAIRS; do
+    [ -f "$ROOT/bench/programs/reshard_$name.hflow" ] ||
+      { echo "reshard_bench: no bench/programs/reshard_$name.hflow (RESHARD_PAIRS)" >&2; exit 1; }
+    progs+=("$ROOT/bench/programs/reshard_$name.hflow")
+  done
+fi
+for prog in "${progs[@]}"; do
   name="$(basename "$prog" .hflow)"
   name="${name#reshard_}"
   pairs+=("$name")
   "$BIN/hflow-opt" --print-reshard-plan=json "$prog" >"$work/$name.plan.json"
-  "$BIN/hflowc" "$prog" -o "$work/$name.bin"
+  # From the data's folder: hflowc warns for a data file it cannot see.
+  (cd "$work" && "$BIN/hflowc" "$prog" -o "$work/$name.bin")
   for ((r = 1; r <= ROUNDS; r++)); do
     for mode in planned naive; do
       # A failed run is reported in the table (with hflow-run's first error)

@@ -14,6 +14,8 @@
 # lines) and the oracle's encodeBatch of the whole corpus with
 # RAYON_NUM_THREADS=1 (the batch call, which also builds the library's
 # Encoding objects: offsets, tokens, masks; hflow returns ids only).
+# TOKENIZER_QUICK=1: 500 mixed strings, the first 500 lines of the docs,
+# one pass of hflow (the test suite's check that the script runs).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,19 +25,24 @@ REFS="${HFLOW_NPM_REFS:-${XDG_CACHE_HOME:-$HOME/.cache}/hflow/npm-refs}"
 [ -d "$REFS/node_modules/@anush008/tokenizers" ] ||
   { echo "tokenizer_bench: no npm references in $REFS; run tools/hflow-dev refs" >&2; exit 1; }
 export HFLOW_NPM_REFS="$REFS" RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+if [ "${TOKENIZER_QUICK:-0}" = 1 ]; then
+  STRINGS=500 LINES=500 PASSES=1
+else
+  STRINGS=20000 LINES=0 PASSES=3
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 inputs="$ROOT/test/integration/Inputs"
-node "$inputs/tokenizer_corpus.js" "$work/mixed.jsonl" 20000 99
+node "$inputs/tokenizer_corpus.js" "$work/mixed.jsonl" "$STRINGS" 99
 find "$ROOT/docs" -name '*.md' -print0 | sort -z | xargs -0 cat >"$work/docs.txt"
 find "$ROOT/runtime" -name '*.cpp' -print0 | sort -z | xargs -0 cat >>"$work/docs.txt"
-node -e 'const fs=require("fs");const l=fs.readFileSync(process.argv[1],"utf8").split("\n").filter(s=>s.trim());fs.writeFileSync(process.argv[2],l.map(s=>JSON.stringify(s)).join("\n")+"\n")' \
-  "$work/docs.txt" "$work/docs.jsonl"
+node -e 'const fs=require("fs");let l=fs.readFileSync(process.argv[1],"utf8").split("\n").filter(s=>s.trim());const n=+process.argv[3];if(n>0)l=l.slice(0,n);fs.writeFileSync(process.argv[2],l.map(s=>JSON.stringify(s)).join("\n")+"\n")' \
+  "$work/docs.txt" "$work/docs.jsonl" "$LINES"
 
-best_hflow() { # DIR CORPUS -> MB/s, best of 3
-  local b=0 r
-  for _ in 1 2 3; do
+best_hflow() { # DIR CORPUS -> MB/s, best of $PASSES
+  local b=0 r i
+  for ((i = 0; i < PASSES; i++)); do
     r=$("$BIN/hflow-tokenize" "$1" encode --time <"$2" 2>&1 >/dev/null | sed -n 's/.*: \([0-9.]*\) MB\/s$/\1/p')
     b=$(awk -v a="$b" -v c="$r" 'BEGIN{print (c > a ? c : a)}')
   done

@@ -10,8 +10,12 @@ def configure(config, lit):
     # %hflow-run-asan.
     for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-hf-logits", "hflow-opt",
                  "hflow-tokenize", "hflow-report",
+                 "hflow-kvcache-bench", "hflow-rollout-bench", "hflow-pipeline-bench",
+                 "hflow-placement-bench",
                  "hflow-run", "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))
+    # The folder of them all: bench/*.sh take it as their argument.
+    config.substitutions.append(("%bindir", tools))
     config.substitutions.append(("%examples",
                                  os.path.join(config.hflow_src_root, "examples")))
     config.substitutions.append(("%srcroot", config.hflow_src_root))
