@@ -1079,8 +1079,8 @@ TEST(ReshardPerf, Llama70BAt64And512Ranks) {
               "transfers, %.1f GB, max recv/rank %.2f GB, max send/rank %.2f GB\n",
               s512, p512.transfers.size(), p512.totalBytes / 1e9,
               p512.maxRecvPerRank / 1e9, p512.maxSendPerRank / 1e9);
-  EXPECT_LT(s64, 1.0);
-  EXPECT_LT(s512, 10.0);
+  // The planning times are printed, not asserted: timings on a shared
+  // machine are noise (bench/ measures them).
 }
 
 // Batch values: random producer and consumer layouts over overlapping rank
