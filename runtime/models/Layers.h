@@ -34,7 +34,9 @@ at::Tensor rotateHalf(const at::Tensor &x);
 /// repeated for GQA) with the additive float32 `bias` [B, 1, Tq, Tk]: the
 /// scores in the inputs' type, the mask and softmax in float32, the
 /// probabilities back in the inputs' type (no-ops in float32). Returns
-/// [B, n, Tq, hd]. Every form of the model attends through it.
+/// [B, n, Tq, hd]. Every form of the model attends through it. A sequence of
+/// 1,024 tokens or more attending to itself (`bias` causal) runs in blocks
+/// of 256 queries, each over the keys up to its last query.
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale);
 

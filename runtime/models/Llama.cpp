@@ -309,11 +309,37 @@ at::Tensor rotateHalf(const at::Tensor &x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                  const at::Tensor &bias, double scale) {
+namespace {
+at::Tensor attendDense(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                       const at::Tensor &bias, double scale) {
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * scale;
   att = at::softmax(att.to(at::kFloat) + bias, -1).to(q.scalar_type());
   return at::matmul(att, v);
+}
+/// Queries per block of a long sequence's attention, and the length from
+/// which it is cut into blocks.
+constexpr int64_t kQueryBlock = 256, kBlockedFrom = 1024;
+} // namespace
+
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &bias, double scale) {
+  const int64_t T = q.size(2);
+  if (T < kBlockedFrom || k.size(2) != T)
+    return attendDense(q, k, v, bias, scale);
+  // A long sequence attending to itself (a training pass, a prefill): the
+  // queries in blocks, each over the keys up to its last query only (the
+  // mask is causal: later keys are -inf for every query of the block). Half
+  // the products and softmax of the dense form, and blocks of scores small
+  // enough for the heap to reuse (the dense [B, n, T, T] scores of a
+  // 1,500-token row are 36 MB, mapped and faulted in afresh every pass).
+  // Short sequences, every test's and the demo's, keep the dense form.
+  std::vector<at::Tensor> out;
+  for (int64_t a = 0; a < T; a += kQueryBlock) {
+    const int64_t n = std::min(kQueryBlock, T - a), keys = a + n;
+    out.push_back(attendDense(q.narrow(2, a, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+                              bias.narrow(2, a, n).narrow(3, 0, keys), scale));
+  }
+  return at::cat(out, 2);
 }
 
 at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {

@@ -1,5 +1,6 @@
 //===- LlamaTest.cpp - the ATen Llama: shapes, causality, determinism ------===//
 #include "runtime/models/Device.h"
+#include "runtime/models/Layers.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/Optim.h"
 #include "test/unit/TestPlanBuilder.h"
@@ -123,6 +124,38 @@ TEST(Llama, Causal) {
                              0, 1e-6))
         << "logits up to position " << t << " depend on later tokens";
     EXPECT_FALSE(at::allclose(la.narrow(1, t + 1, 1), lb.narrow(1, t + 1, 1)));
+  }
+}
+
+// A long sequence's attention runs in blocks of queries, each over the keys
+// up to its last query (Layers.h): equal to the dense softmax(q k^T + bias) v
+// computed here directly, values and gradients, with left padding, a
+// sliding window, grouped heads repeated and a length that is not a
+// multiple of the block.
+TEST(Llama, BlockedAttentionOfALongSequenceEqualsTheDenseOne) {
+  const int64_t B = 2, n = 3, T = 1100, hd = 8;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor q0 = at::randn({B, n, T, hd}, gen, opts), k0 = at::randn({B, n, T, hd}, gen, opts),
+             v0 = at::randn({B, n, T, hd}, gen, opts);
+  at::Tensor real = at::ones({B, T}, at::TensorOptions().dtype(at::kBool));
+  real[1].narrow(0, 0, 37).fill_(false); // row 1 left-padded
+  for (int64_t window : {int64_t(0), int64_t(300)}) {
+    at::Tensor bias = hflow::models::attentionBias(real, 0, T, window);
+    at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+               v = v0.clone().requires_grad_();
+    at::Tensor blocked = hflow::models::attend(q, k, v, bias, 0.25);
+    at::Tensor w = at::randn({B, n, T, hd}, gen, opts);
+    (blocked * w).sum().backward();
+    at::Tensor q2 = q0.clone().requires_grad_(), k2 = k0.clone().requires_grad_(),
+               v2 = v0.clone().requires_grad_();
+    at::Tensor dense =
+        at::matmul(at::softmax(at::matmul(q2, k2.transpose(-2, -1)) * 0.25 + bias, -1), v2);
+    (dense * w).sum().backward();
+    EXPECT_TRUE(at::allclose(blocked, dense, 1e-5, 1e-6)) << "window " << window;
+    EXPECT_TRUE(at::allclose(q.grad(), q2.grad(), 1e-4, 1e-5)) << "window " << window;
+    EXPECT_TRUE(at::allclose(k.grad(), k2.grad(), 1e-4, 1e-5)) << "window " << window;
+    EXPECT_TRUE(at::allclose(v.grad(), v2.grad(), 1e-4, 1e-5)) << "window " << window;
   }
 }
 
