@@ -17,7 +17,13 @@
 # costs ~64 long rows: seconds per iteration, ~30 s on 2 busy cores).
 # SFT_QUICK=1: 1 round of 2 iterations, 1 dropped, and a preamble of 252
 # bytes (the test suite's check that the script runs; its numbers mean
-# little).
+# little). SFT_SHORT_BYTES=N puts N bytes of text before every prompt of
+# both sets (chat-length prompts instead of sums alone).
+#
+# The table also gives the floor of the ratio: the real tokens of the rank
+# holding the long row over a short rank's (FSDP's two ranks run in
+# lockstep: the iteration waits for the long rank), what a pass costing
+# exactly its real tokens would give, attention's quadratic cost aside.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,9 +46,15 @@ mkdir -p "$work/short" "$work/long"
   -o "$work/short/sft.jsonl" >/dev/null
 # The long set: row 1's prompt behind a preamble of REPEATS x 42 bytes; the
 # other 63 rows as they are.
-python3 - "$work/short/sft.jsonl" "$work/long/sft.jsonl" "$REPEATS" <<'PY'
+python3 - "$work/short/sft.jsonl" "$work/long/sft.jsonl" "$REPEATS" "${SFT_SHORT_BYTES:-0}" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+common = ("Answer with the sum and nothing else. " * 1000)[:int(sys.argv[4])]
+for r in rows:
+    r["prompt"] = common + r["prompt"]
+with open(sys.argv[1], "w") as f:
+    for r in rows:
+        f.write(json.dumps(r) + "\n")
 preamble = "Read the whole question before answering. " * int(sys.argv[3])
 rows[0]["prompt"] = preamble + rows[0]["prompt"]
 with open(sys.argv[2], "w") as f:
@@ -79,7 +91,15 @@ met = "met" if ratio <= 2.0 else "NOT met"
 print(f"{'data set (64 rows)':34} {'longest prompt':>14} {'median ms/iteration':>20} {'iterations':>10}")
 print(f"{'short prompts only':34} {longest('short'):12d} B {s:20.1f} {ns:10d}")
 print(f"{'one long prompt, 63 short':34} {longest('long'):12d} B {l:20.1f} {nl:10d}")
-print(f"ratio long / short: {ratio:.2f}x (target <= 2x: {met})")
+# The floor: a sequence is its prompt and answer bytes plus BOS and EOS.
+def tokens(d):
+    return sorted(len(r["prompt"].encode()) + len(str(r.get("answer", "")).encode()) + 2
+                  for r in map(json.loads, open(f"{work}/{d}/sft.jsonl")) if r)
+short_t, long_t = tokens("short"), tokens("long")
+per_rank = sum(short_t) / 2
+floor = (per_rank - statistics.mean(short_t) + long_t[-1]) / per_rank
+print(f"ratio long / short: {ratio:.2f}x (target <= 2x: {met}); a pass costing its real "
+      f"tokens: {floor:.2f}x (the long row's rank holds {floor:.2f} times a short rank's tokens)")
 print(f"figures: sft iteration {s:.1f} ms with short prompts only, {l:.1f} ms with one "
       f"{longest('long')}-byte prompt among 64 rows: {ratio:.2f}x (target <= 2x: {met})")
 PY
