@@ -5,7 +5,8 @@
 // Llama-2-7B or all Llama-2-70B, on A100 80GB meshes of 16, 128 and 1024
 // devices (8 per node, NVLink 600 GB/s, 200 Gbit/s between nodes).
 // HybridFlow's lengths (1024-token prompts, 1024-token responses), 8 prompts
-// per device (128, 1024, 8192 prompts), optimizer steps of a quarter batch.
+// per device (128, 1024, 8192 prompts), optimizer steps of a quarter batch,
+// micro_batch: 1.
 // Prints the wall time, the search's counters and the best placement of
 // each case.
 // Targets (docs/placement.md): 128 devices <= 5 s, 1024 devices <= 60 s;
@@ -50,6 +51,7 @@ int main(int argc, char **argv) {
   w.promptLen = 1024;
   w.responseLen = 1024;
   w.microBatch = 1;
+  w.microBatchGiven = true; // micro_batch: 1, as verl and HybridFlow train these sizes
   Calibration cal;
   Device dev = Device::a100_80g();
   struct Case {
