@@ -1,6 +1,8 @@
 //===- Divergence.cpp - a run that diverged stops; one that died is warned ---===//
 #include "runtime/exec/Divergence.h"
 
+#include "runtime/models/Checkpoint.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -14,11 +16,7 @@ std::string nonFiniteName(double v) {
 
 namespace {
 
-bool finite(const at::Tensor &t) {
-  if (!t.defined() || t.numel() == 0 || !at::isFloatingType(t.scalar_type()))
-    return true;
-  return std::isfinite(t.detach().sum(at::kDouble).item<double>());
-}
+using models::allFinite;
 
 /// The name namedWeights() gives the weight sharing `p`'s storage, or
 /// "parameter #i".
@@ -35,10 +33,10 @@ std::string nonFiniteGradient(const models::CausalLM &lm, const std::vector<at::
                               const std::string &extraName) {
   const std::vector<at::Tensor> ps = lm.parameters();
   for (size_t i = 0; i < ps.size(); ++i)
-    if (ps[i].grad().defined() && !finite(ps[i].grad()))
+    if (!allFinite(ps[i].grad()))
       return nameOf(lm, ps[i], i);
   for (const at::Tensor &e : extra)
-    if (e.defined() && e.grad().defined() && !finite(e.grad()))
+    if (e.defined() && !allFinite(e.grad()))
       return extraName;
   return "";
 }
@@ -58,10 +56,10 @@ std::string nonFiniteWeight(const models::CausalLM &lm, const std::vector<at::Te
                             const std::string &extraName) {
   const std::vector<at::Tensor> ps = lm.parameters();
   for (size_t i = 0; i < ps.size(); ++i)
-    if (!finite(ps[i]))
+    if (!allFinite(ps[i]))
       return nameOf(lm, ps[i], i);
   for (const at::Tensor &e : extra)
-    if (!finite(e))
+    if (!allFinite(e))
       return extraName;
   return "";
 }

@@ -300,58 +300,6 @@ std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo,
   }
   return out;
 }
-/// Averages the gradients over the role's ranks (one all-reduce of all of
-/// them), clips by global norm and steps the optimizer.
-void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
-  loss.backward();
-  applyGradients(rr, lrOverride);
-}
-/// After the backward passes of a minibatch: the gradients of the role's
-/// ranks combined (the model form knows how: an all-reduce over the data-
-/// parallel ranks, or nothing after FSDP's reduce-scatter), clipped by the
-/// global norm, and one optimizer step.
-void Worker::applyGradients(RoleRt &rr, double lrOverride) {
-  rr.lm->reduceGradients(rr.extra());
-  clipAndStep(rr, std::sqrt(rr.lm->gradNormSquared(rr.extra())), lrOverride);
-}
-
-/// A loss this rank computed that is not finite stops the run (Divergence.h).
-void Worker::checkLoss(const RoleRt &rr, const char *what, double v) const {
-  if (!std::isfinite(v))
-    throw RunError("training diverged: " + str(role(rr.index).name()) + "'s " + what + " is " +
-                   nonFiniteName(v) + "; nothing is saved from this state");
-}
-
-/// Clips the gradients to the optimizer's global norm and takes one AdamW
-/// step (at `lrOverride` when it is positive: a call's own `lr:`).
-void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
-  // A non-finite gradient never reaches the weights; weights that become
-  // non-finite stop the run before anything is saved from them.
-  const std::string roleName = str(role(rr.index).name());
-  if (!std::isfinite(norm)) {
-    const std::string where = nonFiniteGradient(*rr.lm, rr.extra(), roleName + "'s head");
-    throw RunError("training diverged: " + roleName + "'s gradient norm is " +
-                   nonFiniteName(norm) +
-                   (where.empty() ? std::string() : " (the gradient of " + where + " is not finite)") +
-                   "; the weights were not updated, and nothing is saved from this state");
-  }
-  rr.optim->clip(norm);
-  const double baseLr = rr.optim->options().lr;
-  if (lrOverride > 0)
-    rr.optim->setLr(lrOverride);
-  double lr = rr.optim->step();
-  rr.optim->setLr(baseLr);
-  if (!weightsFinite(*rr.lm, rr.extra()))
-    throw RunError("training diverged: after the optimizer step " + roleName + "'s weight " +
-                   nonFiniteWeight(*rr.lm, rr.extra(), roleName + "'s head") +
-                   " is not finite (gradient norm " + std::to_string(norm) +
-                   ", learning rate " + std::to_string(lr) +
-                   "); nothing is saved from this state");
-  metrics_[MGradNorm] += norm;
-  metrics_[MGradRank] = 1; // this rank stepped: it counts in the mean over ranks
-  metrics_[MLr] = lr;
-}
-
 /// A forward-only pass over the response positions of rows `rows`: in
 /// batches of `micro_batch` rows (or by max_batch_tokens), each over only
 /// the columns its rows use (its longest prompt and response: no pass
@@ -360,28 +308,6 @@ void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
 /// some row, [b, r, H] (r <= R), to [b, r]; the result is [b, R], zeros
 /// beyond r. With another `start`/`width`, the head gets those columns
 /// [b, width, H] (zeros where the batch has no token).
-/// Sequences per forward (and backward) pass of call `c`: its own
-/// micro_batch, else its phase's (the train block's), else `whole`.
-int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
-  const int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
-  const double dflt = phase > 0 ? (double)phase : (double)whole;
-  return std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", dflt));
-}
-
-Worker::TrainingCut Worker::trainingCut(const MethodCall &c, int64_t rows) const {
-  const PhaseRt &ph = c.ph;
-  TrainingCut t;
-  t.epochs = (int64_t)attrNum(c.a, "epochs", 1);
-  const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, rows));
-  const int64_t prompts = (int64_t)attrNum(
-      c.a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
-  t.minibatch = prompts * ph.n / dp;
-  if (t.minibatch <= 0 || rows % t.minibatch != 0)
-    t.minibatch = rows;
-  t.micro = std::min<int64_t>(t.minibatch, microBatch(c, t.minibatch));
-  return t;
-}
-
 at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head,
@@ -729,7 +655,6 @@ void Worker::runSft(MethodCall &c) {
           at::Tensor loss =
               microLoss((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
           mbLoss += loss.item<double>();
-          checkLoss(rr, "sft loss", mbLoss);
           loss.backward();
         }
       }

@@ -96,10 +96,12 @@ void RunOutputs::claim(const RunOptions &o, const std::string &checkpointDir,
     if (path.empty())
       continue;
     struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      throw RunError(flag + " '" + path + "' is a folder: give a file name");
-    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      continue; // a device or a pipe (/dev/stdout): written in place, nothing to lock
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode))
+        throw RunError(flag + " '" + path + "' is a folder: give a file name");
+      if (!S_ISREG(st.st_mode))
+        continue; // a device or a pipe (/dev/stdout): written in place, nothing to lock
+    }
     const std::string dir = folderOf(path);
     if (::access(dir.c_str(), W_OK | X_OK) != 0)
       throw RunError(flag + " '" + path + "': cannot write in its folder '" + dir +

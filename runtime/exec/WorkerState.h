@@ -8,6 +8,9 @@
 //   RoleSetup.cpp       each role's model forms, heads and optimizer
 //   Methods.cpp         the role methods (generate, logprob, values, score,
 //                       update, sft), one function each, from a table
+//   TrainingStep.cpp    how a training call is cut, the optimizer step and
+//                       its divergence checks
+//   Preflight.cpp       also: the run's outputs claimed (RunOutputs.h)
 //   ControllerSteps.cpp builtins on the controller, checks between replicas
 //   WeightReshard.cpp   the planned weight reshard and generation copies
 //   TrainingState.cpp   checkpoint save and resume

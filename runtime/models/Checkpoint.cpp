@@ -138,6 +138,12 @@ void AtomicFileWriter::commit() {
     throw std::runtime_error(err);
 }
 
+bool allFinite(const at::Tensor &t) {
+  if (!t.defined() || t.numel() == 0 || !at::isFloatingType(t.scalar_type()))
+    return true;
+  return std::isfinite(t.detach().sum(at::kDouble).item<double>());
+}
+
 void writeFileAtomic(const std::string &path, const std::string &bytes) {
   if (std::string err = outputs::writeWholeFile(path, bytes); !err.empty())
     throw std::runtime_error(err);
@@ -204,8 +210,7 @@ std::string saveCheckpoint(const std::string &dir, const CheckpointState &state)
   // A checkpoint never holds a non-finite value: refused before anything is
   // written, so the earlier checkpoints and `latest` stay as they were.
   for (const auto &[tname, t] : state.tensors)
-    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.numel() > 0 &&
-        !std::isfinite(t.detach().sum(at::kDouble).item<double>()))
+    if (!allFinite(t))
       throw std::runtime_error(context + "tensor '" + tname +
                                "' holds a non-finite value (NaN or infinity): a checkpoint "
                                "never holds one; nothing was written");

@@ -80,6 +80,11 @@ private:
   outputs::AtomicFile file_;
 };
 
+/// Whether every number of `t` is finite (no NaN, no infinity): one float64
+/// sum, which no float32 or bfloat16 tensor can overflow. Tensors of integers
+/// and empty ones are. Checkpoints, exports and the divergence checks use it.
+bool allFinite(const at::Tensor &t);
+
 /// Writes `bytes` to `path` atomically (see AtomicFileWriter).
 void writeFileAtomic(const std::string &path, const std::string &bytes);
 

@@ -620,8 +620,7 @@ std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model
   // An export never holds a non-finite value: checked before anything is
   // written, so the folder keeps what it held.
   for (const auto &[name, t] : all)
-    if (at::isFloatingType(t.scalar_type()) &&
-        !std::isfinite(t.sum(at::kDouble).item<double>())) {
+    if (!allFinite(t)) {
       at::Tensor bad = at::isfinite(t).logical_not().reshape({-1});
       throw std::runtime_error("hf export " + dir + ": tensor '" + name + "' holds " +
                                std::to_string(bad.sum().item<int64_t>()) +

@@ -98,13 +98,6 @@ EventWriter::EventWriter(const std::string &dir, bool resume) : dir_(dir), resum
   if (ec || !fs::is_directory(dir_))
     throw std::runtime_error("--tensorboard " + dir_ + ": cannot create the directory" +
                              (ec ? ": " + ec.message() : std::string()));
-  if (!resume_)
-    for (const auto &e : fs::directory_iterator(dir_))
-      if (isEventFile(e.path()))
-        throw std::runtime_error("--tensorboard " + dir_ + " already holds event files (" +
-                                 e.path().filename().string() +
-                                 "): a new run needs an empty directory, or --resume to "
-                                 "continue the run that wrote them");
 }
 
 EventWriter::~EventWriter() {

@@ -10,8 +10,9 @@
 // Resuming continues the same curves: the first step a resumed run writes
 // drops every record at that step or later from the files already in DIR
 // (what the crashed run wrote after its last checkpoint), so no step is
-// written twice. A fresh run refuses a DIR that already holds event files
-// (nothing is overwritten).
+// written twice. Whether a fresh run may use a DIR that holds another run's
+// event files is hflow-run's claim on the folder (runtime/exec/RunOutputs.h:
+// refused unless --resume or --overwrite); a new file never replaces one.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_REPORT_EVENTFILE_H

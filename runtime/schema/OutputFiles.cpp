@@ -227,12 +227,9 @@ std::string AtomicFile::commit() {
       return "cannot write " + quote(path_) + ": renaming " + quote(tmp_) + ": " +
              systemReason(e);
     }
-    done_ = true;
-    if (std::string err = syncFolder(folderOf(target_)); !err.empty())
-      return err;
   }
-  done_ = true;
-  return "";
+  done_ = true; // renamed (or written in place): nothing to remove any more
+  return tmp_.empty() ? "" : syncFolder(folderOf(target_));
 }
 
 void AtomicFile::abort() {
