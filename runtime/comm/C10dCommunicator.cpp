@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -84,9 +85,6 @@ struct C10dCommunicator::Impl {
   std::vector<int> globalRanks;
   int rank = 0, size = 1;
   int globalRank = 0;
-  // Posted sends not yet waited on, with the tensors they read.
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<at::Tensor>>> pending;
-  std::vector<int> pendingPeers;
 
   bool gloo() const { return opts.backend == C10dBackendKind::Gloo; }
   BackendView view() const { return {opts.backend, &name}; }
@@ -105,6 +103,20 @@ struct C10dCommunicator::Impl {
   void wait(const c10::intrusive_ptr<c10d::Work> &w) const {
     // Send/recv works wait forever unless given a timeout.
     w->wait(opts.timeout);
+  }
+  /// NCCL: a one-element all-reduce on this process's GPU. It is the
+  /// barrier (c10d's NCCL barrier guesses the device from the rank, which
+  /// is wrong for a sub-group), and run once when the group is made it
+  /// creates the group's communicator on every member together, the one
+  /// grouped point-to-point messages then use (c10d makes it lazily,
+  /// collectively, at the first operation that needs it).
+  void deviceAllReduce() const {
+    std::vector<at::Tensor> v{at::zeros(
+        {1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, (c10::DeviceIndex)opts.cudaDevice))};
+    c10d::AllreduceOptions ao;
+    ao.reduceOp = c10d::ReduceOp::SUM;
+    ao.timeout = opts.timeout;
+    wait(pg->allreduce(v, ao));
   }
 };
 
@@ -128,6 +140,7 @@ makeImpl(c10::intrusive_ptr<c10d::Store> root, const C10dOptions &o,
     auto store = c10::make_intrusive<c10d::PrefixStore>("hflow/pg/" + name, root);
     if (o.backend == C10dBackendKind::Nccl) {
       impl->pg = makeNcclBackend(store, impl->rank, impl->size, o.cudaDevice, o.timeout);
+      impl->deviceAllReduce();
     } else {
       auto po = c10d::ProcessGroupGloo::Options::create(o.timeout);
       po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.host));
@@ -139,7 +152,10 @@ makeImpl(c10::intrusive_ptr<c10d::Store> root, const C10dOptions &o,
     throw;
   } catch (const std::exception &e) {
     throw CommError("group " + name + ": cannot connect its " +
-                    std::to_string(impl->size) + " ranks (gloo on " + o.host +
+                    std::to_string(impl->size) + " ranks (" +
+                    (o.backend == C10dBackendKind::Nccl
+                         ? "nccl on CUDA device " + std::to_string(o.cudaDevice)
+                         : "gloo on " + o.host) +
                     "): " + oneLineError(e));
   }
   return impl;
@@ -207,8 +223,13 @@ void C10dCommunicator::allReduceSum(at::Tensor &t) {
   requireOnBackend("allReduceSum", impl_->view(), t);
   if (impl_->gloo() && is16BitFloat(t)) {
     at::Tensor wide = t.to(at::kFloat);
+    const CommStats before = stats_;
     allReduceSum(wide);
     t.copy_(wide);
+    // Counted at the payload's own width, as NCCL moves it: the widening is
+    // Gloo's workaround, not traffic the plan should see.
+    stats_ = before;
+    count(allReduceBytes(nbytes(t), impl_->size));
     return;
   }
   try {
@@ -346,9 +367,6 @@ void C10dCommunicator::recv(at::Tensor &t, int peer) {
 
 void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
                                 std::vector<std::pair<int, at::Tensor>> &recvs) {
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::vector<std::vector<at::Tensor>> holders; // kept alive until waited
-  holders.reserve(sends.size() + recvs.size());
   OpBytes b;
   auto check = [&](const char *what, std::pair<int, at::Tensor> &m) {
     requireOnBackend(what, impl_->view(), m.second);
@@ -356,21 +374,66 @@ void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
       throw CommError(impl_->name + " " + what + ": invalid peer " +
                       std::to_string(m.first));
   };
+  for (auto &m : recvs) {
+    check("exchange (receive)", m);
+    b.received += nbytes(m.second);
+  }
+  for (auto &m : sends) {
+    check("exchange (send)", m);
+    b.sent += nbytes(m.second);
+  }
+  if (sends.empty() && recvs.empty())
+    return;
+  // One tag for every message: messages to or from one peer match in the
+  // order they are posted (Gloo keeps a pair's messages of one tag in
+  // order), which is NCCL's rule, so the two backends agree.
+  constexpr int kTag = 1;
+  std::vector<std::vector<at::Tensor>> holders; // kept alive until waited
+  holders.reserve(sends.size() + recvs.size());
   try {
-    for (auto &m : recvs) {
-      check("exchange (receive)", m);
-      holders.push_back({m.second});
-      works.push_back(impl_->pg->recv(holders.back(), m.first, 1));
-      b.received += nbytes(m.second);
+    if (impl_->gloo()) {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto &m : recvs) {
+        holders.push_back({m.second});
+        works.push_back(impl_->pg->recv(holders.back(), m.first, kTag));
+      }
+      for (auto &m : sends) {
+        holders.push_back({m.second});
+        works.push_back(impl_->pg->send(holders.back(), m.first, kTag));
+      }
+      for (auto &w : works)
+        impl_->wait(w);
+    } else {
+      // NCCL: one group (ncclGroupStart/End through c10d's coalescing), so
+      // no order of posting can deadlock; one wait for the whole group.
+      impl_->pg->startCoalescing();
+#if TORCH_VERSION_MAJOR >= 2
+      for (auto &m : recvs) {
+        holders.push_back({m.second});
+        (void)impl_->pg->recv(holders.back(), m.first, kTag);
+      }
+      for (auto &m : sends) {
+        holders.push_back({m.second});
+        (void)impl_->pg->send(holders.back(), m.first, kTag);
+      }
+      c10::intrusive_ptr<c10d::Work> w = impl_->pg->endCoalescing();
+      if (w)
+        impl_->wait(w);
+#else
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto &m : recvs) {
+        holders.push_back({m.second});
+        works.push_back(impl_->pg->recv(holders.back(), m.first, kTag));
+      }
+      for (auto &m : sends) {
+        holders.push_back({m.second});
+        works.push_back(impl_->pg->send(holders.back(), m.first, kTag));
+      }
+      impl_->pg->endCoalescing(works);
+      for (auto &w : works)
+        impl_->wait(w);
+#endif
     }
-    for (auto &m : sends) {
-      check("exchange (send)", m);
-      holders.push_back({m.second});
-      works.push_back(impl_->pg->send(holders.back(), m.first, 1));
-      b.sent += nbytes(m.second);
-    }
-    for (auto &w : works)
-      impl_->wait(w);
   } catch (const CommError &) {
     throw;
   } catch (const std::exception &e) {
@@ -381,57 +444,17 @@ void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
 
 void C10dCommunicator::barrier() {
   try {
-    c10d::BarrierOptions bo;
-    bo.timeout = impl_->opts.timeout;
-    impl_->wait(impl_->pg->barrier(bo));
+    if (impl_->gloo()) {
+      c10d::BarrierOptions bo;
+      bo.timeout = impl_->opts.timeout;
+      impl_->wait(impl_->pg->barrier(bo));
+    } else {
+      impl_->deviceAllReduce();
+    }
   } catch (const std::exception &e) {
     impl_->fail("barrier", e);
   }
   count({});
-}
-
-void C10dCommunicator::postSend(const at::Tensor &t, int peer, int tag) {
-  requireOnBackend("send", impl_->view(), t);
-  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
-    throw CommError(impl_->name + " send: invalid peer " + std::to_string(peer));
-  if (tag < 16)
-    throw CommError(impl_->name + " send: tag " + std::to_string(tag) + " is reserved");
-  try {
-    std::vector<at::Tensor> v{t};
-    auto w = impl_->pg->send(v, peer, tag);
-    impl_->pending.emplace_back(std::move(w), std::move(v));
-    impl_->pendingPeers.push_back(peer);
-  } catch (const std::exception &e) {
-    impl_->fail(("send to " + std::to_string(peer)).c_str(), e);
-  }
-  count({nbytes(t), 0});
-}
-
-void C10dCommunicator::recvTagged(at::Tensor &t, int peer, int tag) {
-  requireOnBackend("recv", impl_->view(), t);
-  if (peer < 0 || peer >= impl_->size || peer == impl_->rank)
-    throw CommError(impl_->name + " recv: invalid peer " + std::to_string(peer));
-  try {
-    std::vector<at::Tensor> v{t};
-    impl_->wait(impl_->pg->recv(v, peer, tag));
-  } catch (const std::exception &e) {
-    impl_->fail(("receive from rank " + std::to_string(impl_->globalRanks[peer])).c_str(), e);
-  }
-  count({0, nbytes(t)});
-}
-
-void C10dCommunicator::waitSends() {
-  auto pending = std::move(impl_->pending);
-  auto peers = std::move(impl_->pendingPeers);
-  impl_->pending.clear();
-  impl_->pendingPeers.clear();
-  for (size_t i = 0; i < pending.size(); ++i) {
-    try {
-      impl_->wait(pending[i].first);
-    } catch (const std::exception &e) {
-      impl_->fail(("send to rank " + std::to_string(impl_->globalRanks[peers[i]])).c_str(), e);
-    }
-  }
 }
 
 } // namespace hflow::comm

@@ -67,9 +67,6 @@ public:
                 std::vector<std::pair<int, at::Tensor>> &recvs) override;
   void recv(at::Tensor &t, int peer) override;
   void barrier() override;
-  void postSend(const at::Tensor &t, int peer, int tag) override;
-  void recvTagged(at::Tensor &t, int peer, int tag) override;
-  void waitSends() override;
 
   std::unique_ptr<Communicator>
   makeSubgroup(const std::string &name,

@@ -122,21 +122,18 @@ public:
   /// Point-to-point; `peer` is a rank of this group, not a global rank.
   virtual void send(at::Tensor &t, int peer) = 0;
   virtual void recv(at::Tensor &t, int peer) = 0;
-  /// Many point-to-point messages at once: every send and receive is posted
-  /// before any is waited on, so any pattern (pairs sending to each other,
-  /// rings) completes. At most one send and one receive per peer.
+  /// Many point-to-point messages as one group: every send and receive is
+  /// posted before any is waited on (on NCCL, one ncclGroupStart/End), so any
+  /// pattern (pairs sending to each other, rings, all-to-all) completes.
+  /// Several messages to or from one peer are matched in the order given, on
+  /// both sides (NCCL's rule; there are no tags). This is the only way the
+  /// engine moves point-to-point data between ranks that may send to each
+  /// other: a send completes only when its receiver has posted the matching
+  /// receive (Gloo and NCCL alike), so two ranks that send() to each other
+  /// before they recv() deadlock.
   virtual void exchange(std::vector<std::pair<int, at::Tensor>> &sends,
                         std::vector<std::pair<int, at::Tensor>> &recvs) = 0;
   virtual void barrier() = 0;
-
-  /// A send that returns at once: the message goes out while this rank
-  /// carries on; waitSends() blocks until every posted send completed (the
-  /// tensor must stay unchanged until then, it is kept alive here). `tag`
-  /// (>= 16; smaller tags are reserved) matches it with recvTagged on the
-  /// peer. Counted when posted.
-  virtual void postSend(const at::Tensor &t, int peer, int tag) = 0;
-  virtual void recvTagged(at::Tensor &t, int peer, int tag) = 0;
-  virtual void waitSends() = 0;
 
   /// A communicator over `globalRanks` (ascending, distinct, containing this
   /// process's global rank). Called only by the members, all in the same

@@ -29,7 +29,7 @@ std::unique_ptr<comm::Communicator> createWorld(const comm::Rendezvous &rv,
   comm::C10dOptions go;
   if (comm == "nccl") {
     go.backend = comm::C10dBackendKind::Nccl;
-    go.cudaDevice = j.localRank;
+    go.cudaDevice = j.cudaDevice;
   }
   go.host = comm::glooHostFor(j.masterAddr);
   go.timeout = j.timeout;

@@ -220,7 +220,6 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
     }
     return out;
   };
-  int tag = 16;
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
     const Step &st = step(s);
     if (st.kind() != StepKind::Compute && st.kind() != StepKind::Builtin)
@@ -269,7 +268,7 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
                 continue;
               }
             }
-            xfers.push_back({v, c[k], c[k + 1], src, r, s, tag++});
+            xfers.push_back({v, c[k], c[k + 1], src, r, s});
           }
           received.push_back({v, {r, m}});
         }

@@ -37,9 +37,8 @@ struct Xfer {
   int64_t lo, hi;
   int src, dst;
   int before;
-  int tag;
   // off_policy: rows of the carried rollout that leave its generation ranks:
-  // posted when the iteration starts, not before the step that needs them.
+  // moved when the iteration starts, not before the step that needs them.
   bool early = false;
 };
 

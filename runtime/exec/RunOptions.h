@@ -22,6 +22,8 @@ struct JoinOptions {
   int rank = 0;
   int worldSize = 1;
   int localRank = 0;
+  int localWorldSize = 0; ///< ranks on this node; 0: the launcher does not say
+  int cudaDevice = 0;     ///< --device cuda: this rank's GPU (launch::placeOnGpu)
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   std::chrono::milliseconds timeout{60000};
@@ -39,6 +41,9 @@ struct RunOptions {
   /// cuda: the local rank's GPU.
   std::string device = "cpu";
   std::string comm = "gloo"; ///< "gloo" (CPU tensors) or "nccl" (CUDA tensors)
+  /// --share-gpus: several ranks on one GPU, NCCL over loopback sockets
+  /// (launch::placeOnGpu); for correctness tests.
+  bool shareGpus = false;
   bool quiet = false;
   bool verbose = false;
   std::string dataDir;     ///< where relative data paths are looked up first

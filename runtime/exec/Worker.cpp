@@ -479,28 +479,41 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
       t = t.to(models::engineDevice());
 }
 
-/// Sends and receives the batch rows step `s`'s ranks need. Sends are
-/// posted without waiting; receives block until the rows arrive.
-void Worker::moveRows(PhaseRt &ph, int s) {
+/// Moves the batch rows step `s`'s ranks need, or with `early` the rows of
+/// the rollout made one iteration ahead (when the iteration starts): one
+/// grouped exchange of every block this rank sends or receives, listed in
+/// the plan's order of transfers on both sides, so the blocks between two
+/// ranks match one for one and ranks that send to each other cannot
+/// deadlock (Communicator::exchange).
+void Worker::moveRows(PhaseRt &ph, int s, bool early) {
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  std::vector<const Xfer *> received;
   for (const Xfer &x : ph.xfers) {
-    if (x.before != s || x.src != j_.rank || x.early)
+    if (x.early != early || (!early && x.before != s))
       continue;
-    auto it = vals_.find(x.value);
-    if (it == vals_.end())
-      throw RunError(describe(s) + ": this rank should send rows of a value it does not have");
-    world_->postSend(packRows(it->second, ph.P, ph.R, x.lo, x.hi), x.dst, x.tag);
+    if (x.src == j_.rank) {
+      auto it = vals_.find(x.value);
+      if (it == vals_.end())
+        throw RunError(early ? ph.name + ": this rank should send rows of the rollout made one "
+                                         "iteration ahead, but has none"
+                             : describe(s) + ": this rank should send rows of a value it does "
+                                             "not have");
+      sends.emplace_back(x.dst, packRows(it->second, ph.P, ph.R, x.lo, x.hi));
+    } else if (x.dst == j_.rank) {
+      BatchKind k = p_.values()->Get(x.value)->kind();
+      recvs.emplace_back(x.src, at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
+                                          models::onEngine(at::kByte)));
+      received.push_back(&x);
+    }
   }
-  for (const Xfer &x : ph.xfers) {
-    if (x.before != s || x.dst != j_.rank)
-      continue;
+  world_->exchange(sends, recvs);
+  for (size_t i = 0; i < received.size(); ++i) {
+    const Xfer &x = *received[i];
     BatchKind k = p_.values()->Get(x.value)->kind();
     auto it = vals_.find(x.value);
     if (it == vals_.end())
       it = vals_.emplace(x.value, makeVal(k, rows_->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
-    at::Tensor buf = at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
-                               models::onEngine(at::kByte));
-    world_->recvTagged(buf, x.src, x.tag);
-    unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, buf);
+    unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, recvs[i].second);
   }
 }
 
@@ -532,15 +545,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     }
     // Its rows leave the generation ranks at once: the training ranks need
     // them while this rank generates the next rollout.
-    for (const Xfer &x : ph.xfers)
-      if (x.early && x.src == j_.rank) {
-        auto v = vals_.find(x.value);
-        if (v == vals_.end())
-          throw RunError(ph.name + " iteration " + std::to_string(it + 1) +
-                         ": this rank should send rows of the rollout made one iteration "
-                         "ahead, but has none");
-        world_->postSend(packRows(v->second, ph.P, ph.R, x.lo, x.hi), x.dst, x.tag);
-      }
+    moveRows(ph, -1, /*early=*/true);
     if (!makeNext)
       plannedSteps_ -= rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   }
@@ -559,7 +564,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
       continue;
     }
     auto tm = Clock::now();
-    moveRows(ph, s);
+    moveRows(ph, s, /*early=*/false);
     trace_.span("rows for step " + std::to_string(s), TraceRecorder::kCommunication, tm);
     // Counted on the ranks that receive rows for the step.
     if (std::any_of(ph.xfers.begin(), ph.xfers.end(),
@@ -591,8 +596,6 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     stepMs_[s - ph.first] = msSince(ts);
   }
   currentStep_ = -1;
-  activity_ = "finishing the iteration's row sends";
-  world_->waitSends();
   const bool evals = evalSet_ || pairsSet_;
   bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
@@ -886,10 +889,10 @@ int runWorker(const LoadedPlan &plan, const JoinOptions &join, const RunOptions 
   comm::setLibraryLogging(run.verbose);
   at::set_num_threads(threadCount());
   if (run.device == "cuda") {
-    // One GPU per rank: the local rank's (CUDA_VISIBLE_DEVICES honoured).
+    // The rank's GPU (launch::placeOnGpu: the local rank's, or shared).
     try {
-      comm::bindCudaDevice(join.localRank);
-      models::setEngineDevice(c10::Device(c10::kCUDA, (c10::DeviceIndex)join.localRank));
+      comm::bindCudaDevice(join.cudaDevice);
+      models::setEngineDevice(c10::Device(c10::kCUDA, (c10::DeviceIndex)join.cudaDevice));
     } catch (const std::exception &e) {
       std::fprintf(stderr, "hflow-run: error: rank %d: %s\n", join.rank, e.what());
       return 1;

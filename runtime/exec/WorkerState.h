@@ -251,7 +251,7 @@ private:
   void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);
   std::vector<int64_t> nextPrompts(PhaseRt &ph);
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
-  void moveRows(PhaseRt &ph, int s);
+  void moveRows(PhaseRt &ph, int s, bool early);
   void finish();
 
   //===-- role methods (Methods.cpp) ------------------------------------------===//

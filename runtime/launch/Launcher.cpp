@@ -44,6 +44,11 @@ options:
   --device cpu|cuda    where every tensor of a rank lives (default cpu; cuda:
                        the local rank's GPU, one per rank, CUDA_VISIBLE_DEVICES
                        honoured; needs hflow-run built against a CUDA LibTorch)
+  --share-gpus         with --device cuda, let several ranks share a GPU
+                       (rank r on GPU r mod the GPUs shown), NCCL carrying
+                       their messages over sockets on loopback as if each
+                       rank were a host of its own: for correctness tests on
+                       a machine with fewer GPUs than ranks, never timings
   --comm gloo|nccl     communication backend (default: gloo on cpu, nccl on
                        cuda; Gloo moves CPU tensors, NCCL CUDA tensors)
   --data-dir DIR       read the program's relative data paths from DIR, and
@@ -260,6 +265,8 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
         error = "--comm '" + o.run.comm + "' is not one of: gloo, nccl";
         return false;
       }
+    } else if (a == "--share-gpus") {
+      o.run.shareGpus = true;
     } else if (a == "--serialize") {
       if (!noValue())
         return false;
@@ -403,6 +410,10 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
     error = "--device cuda needs --comm nccl: Gloo moves CPU tensors";
     return false;
   }
+  if (o.run.shareGpus && o.run.device != "cuda") {
+    error = "--share-gpus needs --device cuda";
+    return false;
+  }
   if (o.run.device == "cpu" && o.run.comm == "nccl") {
     error = "--comm nccl needs --device cuda: NCCL moves CUDA tensors";
     return false;
@@ -460,23 +471,28 @@ bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
   std::string addr = !opts.masterAddr.empty() ? opts.masterAddr : get("MASTER_ADDR");
   std::string portStr = opts.masterPort > 0 ? std::to_string(opts.masterPort)
                                             : get("MASTER_PORT");
-  const char *rankVar = nullptr, *sizeVar = nullptr, *localVar = nullptr;
+  const char *rankVar = nullptr, *sizeVar = nullptr, *localVar = nullptr,
+             *localSizeVar = nullptr;
   JoinSource src = JoinSource::None;
   if (get("HFLOW_LOCAL_CHILD") == "1") {
     src = JoinSource::LocalChild;
     rankVar = "RANK", sizeVar = "WORLD_SIZE", localVar = "LOCAL_RANK";
+    localSizeVar = "LOCAL_WORLD_SIZE";
   } else if (has("RANK") || has("WORLD_SIZE")) {
     src = JoinSource::Torchrun;
     rankVar = "RANK", sizeVar = "WORLD_SIZE", localVar = "LOCAL_RANK";
+    localSizeVar = "LOCAL_WORLD_SIZE";
   } else if (has("SLURM_PROCID") && has("SLURM_NTASKS") &&
              has("SLURM_STEP_ID") && !addr.empty()) {
     src = JoinSource::Slurm;
     rankVar = "SLURM_PROCID", sizeVar = "SLURM_NTASKS", localVar = "SLURM_LOCALID";
+    localSizeVar = "SLURM_NTASKS_PER_NODE";
   } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE") &&
              !addr.empty()) {
     src = JoinSource::OpenMPI;
     rankVar = "OMPI_COMM_WORLD_RANK", sizeVar = "OMPI_COMM_WORLD_SIZE";
     localVar = "OMPI_COMM_WORLD_LOCAL_RANK";
+    localSizeVar = "OMPI_COMM_WORLD_LOCAL_SIZE";
   }
   out = JoinInfo();
   if (src == JoinSource::None)
@@ -503,6 +519,12 @@ bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
     error = who + localVar + "='" + get(localVar) + "' is not a non-negative integer";
     return false;
   }
+  // Ranks per node: informative (the GPU check), so a value that is not a
+  // plain count (Slurm writes "4(x2)" in some variables) counts as unknown.
+  long localSize = 0;
+  if (localSizeVar && has(localSizeVar) &&
+      !parseInt(get(localSizeVar), 1, 1 << 20, localSize))
+    localSize = 0;
   if (addr.empty()) {
     error = who + "MASTER_ADDR is not set (nor --master-addr)";
     return false;
@@ -522,6 +544,7 @@ bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
   out.rank = (int)rank;
   out.worldSize = (int)size;
   out.localRank = (int)local;
+  out.localWorldSize = (int)localSize;
   out.masterAddr = addr;
   out.masterPort = (int)port;
   return true;
@@ -557,12 +580,59 @@ static int bindSocket(const std::string &addr, int port, int &boundPort) {
   return fd;
 }
 
+bool placeOnGpu(int rank, int localRank, int localRanks, int gpus, bool share,
+                const char *visible, GpuPlacement &out, std::string &error) {
+  out = GpuPlacement();
+  const std::string seen =
+      visible ? std::string("CUDA_VISIBLE_DEVICES=") + visible : "CUDA_VISIBLE_DEVICES unset";
+  auto plural = [](int n, const char *one, const char *many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  if (gpus <= 0) {
+    error = "--device cuda: no CUDA device is visible (" +
+            (visible ? seen : std::string("no driver or no GPU")) + ")";
+    return false;
+  }
+  if (!share) {
+    if (localRanks > gpus) {
+      error = "--device cuda: " + plural(localRanks, "rank runs", "ranks run") +
+              " on this node, one GPU each, and it shows " + plural(gpus, "GPU", "GPUs") + " (" +
+              seen + "): give the job more GPUs or nodes, or place the program on " +
+              plural(gpus, "device", "devices") + " (--share-gpus runs several ranks on one GPU, "
+              "for correctness tests only)";
+      return false;
+    }
+    if (localRank >= gpus) {
+      error = "--device cuda: local rank " + std::to_string(localRank) +
+              " needs GPU " + std::to_string(localRank) + " (one per rank) and this node shows " +
+              plural(gpus, "GPU", "GPUs") + " (" + seen + ")";
+      return false;
+    }
+    out.ordinal = localRank;
+    return true;
+  }
+  out.ordinal = localRank % gpus;
+  out.shared = localRanks == 0 || localRanks > gpus;
+  // NCCL refuses two ranks of one host on one GPU ("Duplicate GPU
+  // detected"); a host id of its own makes each rank a host of its own, and
+  // NCCL then carries their messages over its socket transport, here on
+  // loopback. The user's own NCCL settings stand, except the host id.
+  out.ncclEnv = {{"NCCL_HOSTID", "hflow-shared-gpu-rank-" + std::to_string(rank), true},
+                 {"NCCL_SOCKET_IFNAME", "lo", false},
+                 {"NCCL_P2P_DISABLE", "1", false},
+                 {"NCCL_SHM_DISABLE", "1", false},
+                 {"NCCL_IB_DISABLE", "1", false}};
+  return true;
+}
+
 exec::JoinOptions joinOptions(const JoinInfo &join, const Options &opts,
                               const std::string &version) {
   exec::JoinOptions j;
   j.rank = join.rank;
   j.worldSize = join.worldSize;
   j.localRank = join.localRank;
+  j.localWorldSize = join.localWorldSize;
+  j.cudaDevice = join.cudaDevice >= 0 ? join.cudaDevice : join.localRank;
   j.masterAddr = join.masterAddr;
   j.masterPort = join.masterPort;
   j.timeout = std::chrono::milliseconds((long long)std::llround(opts.timeoutSeconds * 1000.0));

@@ -60,6 +60,11 @@ struct JoinInfo {
   int rank = 0;
   int worldSize = 1;
   int localRank = 0;
+  /// Ranks of the job on this node (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE,
+  /// OMPI_COMM_WORLD_LOCAL_SIZE); 0 when the launcher does not say.
+  int localWorldSize = 0;
+  /// --device cuda: this rank's CUDA device (placeOnGpu), else -1.
+  int cudaDevice = -1;
   std::string masterAddr;
   int masterPort = 0;
 };
@@ -81,6 +86,30 @@ GetEnv processEnv();
 /// `out.source` stays None when there is nothing to join (local mode).
 bool detectJoin(const GetEnv &env, const Options &opts, JoinInfo &out,
                 std::string &error);
+
+/// The CUDA device of one rank and the NCCL settings it needs.
+struct GpuPlacement {
+  int ordinal = 0; ///< among the devices this process sees
+  bool shared = false;
+  /// --share-gpus: NCCL_HOSTID (this rank's own), then loopback sockets with
+  /// P2P, SHM and InfiniBand off: (name, value, overwrite an existing value).
+  struct Var {
+    std::string name, value;
+    bool overwrite;
+  };
+  std::vector<Var> ncclEnv;
+};
+
+/// Places global rank `rank`, local rank `localRank` of the `localRanks`
+/// ranks on this node (0: unknown), on a node showing `gpus` CUDA devices
+/// (`visible`: the value of CUDA_VISIBLE_DEVICES, nullptr when unset): one
+/// device per rank, the local rank's. More ranks than devices is refused
+/// with the counts, unless `share` (--share-gpus, for tests): local rank r
+/// then uses device r mod gpus and NCCL treats every rank as its own host,
+/// so ranks sharing a GPU talk over sockets on loopback. Returns false with
+/// a one-line `error`.
+bool placeOnGpu(int rank, int localRank, int localRanks, int gpus, bool share,
+                const char *visible, GpuPlacement &out, std::string &error);
 
 /// How this rank joins its job: the join detected, the --timeout, and hflow's
 /// `version` (checked at rendezvous).

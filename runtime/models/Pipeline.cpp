@@ -152,15 +152,43 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
   const int m = (int)micros.size();
   std::vector<at::Tensor> inputs(m), outputs(m);
   std::vector<double> losses(p.isLast() ? m : 0, 0.0);
-  // Tags: activation of micro-batch i forward, its gradient backward.
-  auto tag = [](int i, int dir) { return 16 + 2 * i + dir; };
-  auto receive = [&](at::Tensor &buf, int peer, int t) {
+  // Every message to a neighbour is one grouped exchange, and a send goes
+  // in the same group as the receive the stage needs next from that side
+  // (Megatron's send_forward_recv_backward and send_backward_recv_forward).
+  // A send completes only when the neighbour posts its receive (NCCL and
+  // Gloo alike), so two sends posted toward each other one by one, an
+  // activation forward while the gradient comes back, would deadlock; in
+  // groups matched one for one they cannot.
+  auto exchange = [&](at::Tensor send, int to, at::Tensor recv, int from) {
+    std::vector<std::pair<int, at::Tensor>> sends, recvs;
+    if (send.defined())
+      sends.emplace_back(to, send);
+    if (recv.defined())
+      recvs.emplace_back(from, recv);
+    if (sends.empty() && recvs.empty())
+      return;
     const auto t0 = Clock::now();
     CommScope scope;
-    p.pp->recvTagged(buf, peer, t);
+    p.pp->exchange(sends, recvs);
     waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
-  auto forward = [&](int i) {
+  // Micro-batch i's activation buffer (the previous stage's output), and
+  // the gradient buffer of the output this stage sent on.
+  auto activationBuffer = [&](int i) -> at::Tensor {
+    if (p.isFirst())
+      return {};
+    AttnContext a = attnContext(p.c, micros[i].tokens, micros[i].positions,
+                                micros[i].keyMask, "PipelineStage");
+    return at::empty({a.B, a.T, p.c.hidden}, onEngine(p.c.dtype));
+  };
+  auto gradientBuffer = [&](int i) -> at::Tensor {
+    if (p.isLast())
+      return {};
+    return at::empty(outputs[i].sizes(), outputs[i].options());
+  };
+  // Forward of micro-batch i on `in` (its received activation; undefined on
+  // the first stage): the last stage's loss, else the activation to send.
+  auto forward = [&](int i, at::Tensor in) -> at::Tensor {
     const Micro &mb = micros[i];
     AttnContext a = attnContext(p.c, mb.tokens, mb.positions, mb.keyMask, "PipelineStage");
     at::Tensor x;
@@ -168,12 +196,10 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
                : at::embedding(p.embed, mb.tokens);
     } else {
-      at::Tensor buf = at::empty({a.B, a.T, p.c.hidden}, onEngine(p.c.dtype));
-      receive(buf, p.k - 1, tag(i, 0));
       if (train)
-        buf.requires_grad_(true);
-      inputs[i] = buf;
-      x = buf;
+        in.requires_grad_(true);
+      inputs[i] = in;
+      x = in;
     }
     for (size_t l = 0; l < p.layers.size(); ++l)
       x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp);
@@ -182,49 +208,66 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       losses[i] = l.item<double>();
       if (train)
         outputs[i] = l;
-    } else {
-      CommScope scope;
-      p.pp->postSend(x.detach().contiguous(), p.k + 1, tag(i, 0));
-      if (train)
-        outputs[i] = x;
+      return {};
     }
+    if (train)
+      outputs[i] = x;
+    return x.detach().contiguous();
   };
-  auto backward = [&](int i) {
-    if (p.isLast()) {
+  // Backward of micro-batch i given its output's gradient (undefined on the
+  // last stage): the gradient of its input to send back (undefined on the
+  // first stage).
+  auto backward = [&](int i, const at::Tensor &outGrad) -> at::Tensor {
+    if (p.isLast())
       outputs[i].backward();
-    } else {
-      at::Tensor g = at::empty(outputs[i].sizes(), outputs[i].options());
-      receive(g, p.k + 1, tag(i, 1));
-      outputs[i].backward(g);
-    }
-    if (!p.isFirst()) {
-      CommScope scope;
-      p.pp->postSend(inputs[i].grad().contiguous(), p.k - 1, tag(i, 1));
-    }
+    else
+      outputs[i].backward(outGrad);
+    at::Tensor g;
+    if (!p.isFirst())
+      g = inputs[i].grad().contiguous();
     inputs[i] = at::Tensor(); // this micro-batch's activations are freed
     outputs[i] = at::Tensor();
+    return g;
   };
+  const int prev = p.k - 1, next = p.k + 1;
   if (!train) {
     c10::NoGradGuard ng;
-    for (int i = 0; i < m; ++i)
-      forward(i);
+    for (int i = 0; i < m; ++i) {
+      at::Tensor in = activationBuffer(i);
+      exchange({}, next, in, prev);
+      exchange(forward(i, in), next, {}, prev);
+    }
   } else {
     // 1F1B: stage k runs p - k - 1 forwards ahead, then alternates.
-    const int warmup = std::min(p.p - p.k - 1, m);
-    for (int i = 0; i < warmup; ++i)
-      forward(i);
-    for (int j = 0; j < m - warmup; ++j) {
-      forward(warmup + j);
-      backward(j);
+    const int warmup = std::min(p.p - p.k - 1, m), steady = m - warmup;
+    for (int i = 0; i < warmup; ++i) {
+      at::Tensor in = activationBuffer(i);
+      exchange({}, next, in, prev);
+      exchange(forward(i, in), next, {}, prev);
     }
-    for (int j = m - warmup; j < m; ++j)
-      backward(j);
-  }
-  {
-    const auto t0 = Clock::now();
-    CommScope scope;
-    p.pp->waitSends();
-    waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    at::Tensor in;
+    if (steady > 0) {
+      in = activationBuffer(warmup);
+      exchange({}, next, in, prev);
+    }
+    for (int j = 0; j < steady; ++j) {
+      const int i = warmup + j;
+      at::Tensor out = forward(i, in);
+      at::Tensor outGrad = gradientBuffer(j);
+      exchange(out, next, outGrad, next); // send_forward_recv_backward
+      at::Tensor inGrad = backward(j, outGrad);
+      if (j + 1 < steady) {
+        in = activationBuffer(i + 1);
+        exchange(inGrad, prev, in, prev); // send_backward_recv_forward
+      } else {
+        exchange(inGrad, prev, {}, prev);
+      }
+    }
+    for (int j = steady; j < m; ++j) {
+      at::Tensor outGrad = gradientBuffer(j);
+      exchange({}, next, outGrad, next);
+      exchange(backward(j, outGrad), prev, {}, prev);
+    }
   }
   if (timing) {
     timing->totalMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();

@@ -10,7 +10,10 @@
 // neighbours, in Megatron's 1F1B order when training (p - k - 1 warm-up
 // forwards, then one forward and one backward alternately, then the
 // remaining backwards), so a stage keeps at most p - k micro-batches'
-// activations; the gradients of all micro-batches accumulate.
+// activations; the gradients of all micro-batches accumulate. Each message
+// is a grouped exchange, a send grouped with the next receive the stage
+// needs from the same neighbour (an activation forward with the gradient
+// coming back), so neither NCCL nor Gloo can deadlock on sends that cross.
 //
 // pp x tp: with a TP group of t members, a stage holds the TPLlama pieces
 // of its parameters (tensor parallelism within the stage: column- and

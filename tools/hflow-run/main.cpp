@@ -188,26 +188,28 @@ int main(int argc, char **argv) {
       return error(2, "--device cuda: this hflow-run is built against a LibTorch without "
                       "CUDA (Debian's, CPU-only); build it against a PyTorch wheel's "
                       "(docs/building.md, 'A GPU node')");
+    // One GPU per rank, the local rank's (CUDA_VISIBLE_DEVICES honoured);
+    // --share-gpus lets ranks share them, for tests (launch::placeOnGpu).
     const int gpus = comm::cudaDevices();
-    if (gpus == 0) {
-      const char *v = std::getenv("CUDA_VISIBLE_DEVICES");
-      return error(1, std::string("--device cuda: no CUDA device is visible (") +
-                          (v ? std::string("CUDA_VISIBLE_DEVICES=") + v
-                             : std::string("no driver or no GPU")) + ")");
+    const char *visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    launch::GpuPlacement place;
+    if (join.source == launch::JoinSource::None) {
+      // Local mode: every rank of the plan on this machine.
+      if (!launch::placeOnGpu(0, 0, world, gpus, o.run.shareGpus, visible, place, err))
+        return error(1, "plan " + o.planPath + ": " + err);
+      if (o.run.shareGpus && world > gpus && !o.run.quiet)
+        std::fprintf(stderr,
+                     "hflow-run: --share-gpus: %d ranks share %d GPU%s, NCCL carrying their "
+                     "messages over sockets on loopback: a correctness test, not a speed\n",
+                     world, gpus, gpus == 1 ? "" : "s");
+    } else {
+      if (!launch::placeOnGpu(join.rank, join.localRank, join.localWorldSize, gpus,
+                              o.run.shareGpus, visible, place, err))
+        return error(1, "rank " + std::to_string(join.rank) + ": " + err);
+      for (const auto &v : place.ncclEnv)
+        setenv(v.name.c_str(), v.value.c_str(), v.overwrite ? 1 : 0);
+      join.cudaDevice = place.ordinal;
     }
-    // Rows, weight reshards and pipeline activations move by point-to-point
-    // messages, and two ranks sending to each other over NCCL must group
-    // their sends and receives (ncclGroupStart/End) or deadlock; until this
-    // runtime groups them, a CUDA run is one rank (docs/runtime.md).
-    if (world > 1)
-      return error(2, "--device cuda: plan " + o.planPath + " runs " + std::to_string(world) +
-                          " ranks; this hflow-run runs one rank on a GPU (its point-to-point "
-                          "messages over NCCL are not grouped yet and could deadlock); run it "
-                          "with --device cpu, or place the program on one device");
-    if (join.source == launch::JoinSource::None && world > gpus)
-      return error(1, "--device cuda: plan " + o.planPath + " runs " + std::to_string(world) +
-                          " ranks, one GPU each, and this machine shows " +
-                          std::to_string(gpus) + " (join a multi-node job instead)");
   }
 
   if (join.source != launch::JoinSource::None) {

@@ -374,3 +374,71 @@ TEST(Comm, CollectiveTimeout) {
   }
   (void)t0; // the error is the timeout's; no wall-clock bound (see above)
 }
+
+// Point-to-point messages have no tags: several to one peer match in the
+// order given on both sides (NCCL's rule), whatever their sizes.
+TEST(Comm, ExchangeMatchesMessagesInOrder) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(3);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  auto rv = join(e);
+  auto world = C10dCommunicator::createWorld(*rv, gloo());
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  for (int peer = 0; peer < 3; ++peer) {
+    if (peer == e.rank)
+      continue;
+    for (int k = 0; k < 3; ++k) {
+      // Sizes 3, 1, 2: a receive matched out of order would not fit.
+      const int64_t n = 1 + (k + 2) % 3;
+      sends.emplace_back(peer, at::full({n}, (float)(100 * e.rank + 10 * peer + k)));
+      recvs.emplace_back(peer, at::empty({n}));
+    }
+  }
+  world->exchange(sends, recvs);
+  size_t i = 0;
+  for (int peer = 0; peer < 3; ++peer) {
+    if (peer == e.rank)
+      continue;
+    for (int k = 0; k < 3; ++k, ++i)
+      EXPECT_TRUE(at::equal(recvs[i].second,
+                            at::full({1 + (k + 2) % 3}, (float)(100 * peer + 10 * e.rank + k))))
+          << "from " << peer << " message " << k;
+  }
+  EXPECT_EQ(world->bytesSent(), 2u * (3 + 1 + 2) * 4);
+  EXPECT_EQ(world->bytesReceived(), 2u * (3 + 1 + 2) * 4);
+  world->barrier();
+}
+
+// Why every exchange between ranks that may send to each other is grouped:
+// a send completes only when its receiver posts the receive, on Gloo as on
+// NCCL, so two ranks that send() to each other first deadlock (here: time
+// out), and the same messages as one exchange complete. The CPU test suite
+// relies on this to catch, on Gloo, the orderings that would hang NCCL.
+TEST(Comm, CrossingSendsDeadlockAndExchangeDoesNot) {
+  RankEnv e = rankEnv();
+  if (!e.active()) {
+    std::string f = runAsRanks(2);
+    EXPECT_TRUE(f.empty()) << f;
+    return;
+  }
+  auto rv = join(e);
+  auto world = C10dCommunicator::createWorld(*rv, gloo(std::chrono::milliseconds(1500)));
+  world->barrier();
+  const int peer = 1 - e.rank;
+  at::Tensor out = at::full({4}, (float)e.rank), in = at::empty({4});
+  try {
+    world->send(out, peer);
+    ADD_FAILURE() << "a send completed with no receive posted";
+  } catch (const CommError &err) {
+    EXPECT_NE(std::string(err.what()).find("send to " + std::to_string(peer)), std::string::npos)
+        << err.what();
+  }
+  // Both timed out with their sends pending; a fresh group for the rest.
+  auto fresh = world->makeSubgroup("fresh", {0, 1});
+  std::vector<std::pair<int, at::Tensor>> sends{{peer, out}}, recvs{{peer, in}};
+  fresh->exchange(sends, recvs);
+  EXPECT_TRUE(at::equal(in, at::full({4}, (float)peer)));
+}

@@ -238,3 +238,73 @@ TEST(LauncherBlas, BetterCoreOnlyForPrescottWithWiderVectors) {
   EXPECT_EQ(betterBlasCore("Haswell", true, true), ""); // OpenBLAS knew the CPU
   EXPECT_EQ(betterBlasCore("", true, true), "");        // not OpenBLAS
 }
+
+// Ranks per node come from each launcher's own variable; a value that is
+// not a plain count (Slurm's "4(x2)" form) is unknown, not an error.
+TEST(LauncherJoin, RanksPerNode) {
+  JoinInfo j;
+  std::string err;
+  Options o;
+  ASSERT_TRUE(detectJoin(envOf({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "3"},
+                                {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
+                                {"MASTER_PORT", "1"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.localWorldSize, 4);
+  ASSERT_TRUE(detectJoin(envOf({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                {"SLURM_LOCALID", "1"}, {"SLURM_STEP_ID", "0"},
+                                {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.localWorldSize, 0);
+  ASSERT_TRUE(detectJoin(envOf({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n"}}),
+                         o, j, err))
+      << err;
+  EXPECT_EQ(j.localWorldSize, 2);
+  EXPECT_EQ(joinOptions(j, o, "v").cudaDevice, 0); // the local rank's until placed
+}
+
+TEST(LauncherGpus, OneGpuPerRankAndTheRefusals) {
+  GpuPlacement g;
+  std::string err;
+  // Local mode checks the whole node; a joined rank checks itself.
+  ASSERT_TRUE(placeOnGpu(5, 3, 4, 4, false, "4,5,6,7", g, err)) << err;
+  EXPECT_EQ(g.ordinal, 3); // among the visible devices
+  EXPECT_FALSE(g.shared);
+  EXPECT_TRUE(g.ncclEnv.empty());
+  EXPECT_FALSE(placeOnGpu(0, 0, 4, 1, false, "3", g, err));
+  EXPECT_EQ(err, "--device cuda: 4 ranks run on this node, one GPU each, and it shows 1 GPU "
+                 "(CUDA_VISIBLE_DEVICES=3): give the job more GPUs or nodes, or place the "
+                 "program on 1 device (--share-gpus runs several ranks on one GPU, for "
+                 "correctness tests only)");
+  EXPECT_FALSE(placeOnGpu(2, 2, 0, 2, false, nullptr, g, err));
+  EXPECT_EQ(err, "--device cuda: local rank 2 needs GPU 2 (one per rank) and this node shows "
+                 "2 GPUs (CUDA_VISIBLE_DEVICES unset)");
+  EXPECT_FALSE(placeOnGpu(0, 0, 1, 0, false, "", g, err));
+  EXPECT_EQ(err, "--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES=)");
+  EXPECT_FALSE(placeOnGpu(0, 0, 1, 0, true, nullptr, g, err));
+  EXPECT_EQ(err, "--device cuda: no CUDA device is visible (no driver or no GPU)");
+}
+
+TEST(LauncherGpus, SharedForTests) {
+  GpuPlacement g;
+  std::string err;
+  ASSERT_TRUE(placeOnGpu(3, 3, 4, 1, true, nullptr, g, err)) << err;
+  EXPECT_EQ(g.ordinal, 0);
+  EXPECT_TRUE(g.shared);
+  ASSERT_EQ(g.ncclEnv.size(), 5u);
+  EXPECT_EQ(g.ncclEnv[0].name, "NCCL_HOSTID");
+  EXPECT_EQ(g.ncclEnv[0].value, "hflow-shared-gpu-rank-3"); // every rank its own host
+  EXPECT_TRUE(g.ncclEnv[0].overwrite);
+  EXPECT_EQ(g.ncclEnv[1].name, "NCCL_SOCKET_IFNAME");
+  EXPECT_EQ(g.ncclEnv[1].value, "lo");
+  EXPECT_FALSE(g.ncclEnv[1].overwrite); // the user's own settings stand
+  ASSERT_TRUE(placeOnGpu(6, 6, 8, 4, true, nullptr, g, err)) << err;
+  EXPECT_EQ(g.ordinal, 2); // round robin over the devices
+  Options o;
+  EXPECT_FALSE(parse({"--share-gpus", "p.bin"}, o, err));
+  EXPECT_EQ(err, "--share-gpus needs --device cuda");
+  EXPECT_TRUE(parse({"--device", "cuda", "--share-gpus", "p.bin"}, o, err)) << err;
+  EXPECT_TRUE(o.run.shareGpus);
+}
