@@ -19,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/Tokenizer.h"
+#include "runtime/data/Utf8.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -45,138 +46,13 @@ namespace {
 
 using json = nlohmann::json;
 
-// --- UTF-8 ----------------------------------------------------------------
-
-/// Length of the valid UTF-8 sequence at s[i..n), or 0 when it is not one
-/// (overlong forms, surrogates and code points past U+10FFFF are invalid).
-size_t validSeqLen(const unsigned char *s, size_t i, size_t n) {
-  unsigned char c = s[i];
-  if (c < 0x80)
-    return 1;
-  auto cont = [&](size_t k) { return i + k < n && (s[i + k] & 0xC0) == 0x80; };
-  if (c >= 0xC2 && c <= 0xDF)
-    return cont(1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    if (!cont(1) || !cont(2))
-      return 0;
-    unsigned char c1 = s[i + 1];
-    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F))
-      return 0;
-    return 3;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    if (!cont(1) || !cont(2) || !cont(3))
-      return 0;
-    unsigned char c1 = s[i + 1];
-    if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
-      return 0;
-    return 4;
-  }
-  return 0;
-}
-
-/// How many bytes at s[i..n) form the longest prefix of some valid
-/// sequence (at least 1): the unit Rust's from_utf8_lossy replaces by one
-/// U+FFFD (the Unicode "maximal subpart" rule).
-size_t invalidRunLen(const unsigned char *s, size_t i, size_t n) {
-  unsigned char c = s[i];
-  size_t need = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF)
-    need = 1;
-  else if (c >= 0xE0 && c <= 0xEF) {
-    need = 2;
-    if (c == 0xE0)
-      lo = 0xA0;
-    if (c == 0xED)
-      hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 3;
-    if (c == 0xF0)
-      lo = 0x90;
-    if (c == 0xF4)
-      hi = 0x8F;
-  } else
-    return 1;
-  size_t k = 1;
-  if (i + k < n && s[i + k] >= lo && s[i + k] <= hi) {
-    ++k;
-    while (k <= need && i + k < n && (s[i + k] & 0xC0) == 0x80)
-      ++k;
-  }
-  return k;
-}
+// --- UTF-8: runtime/data/Utf8.h ------------------------------------------
 
 const char kReplacement[] = "\xEF\xBF\xBD"; // U+FFFD
 
-/// `bytes` as valid UTF-8, every maximal invalid subpart replaced by U+FFFD.
-std::string lossyUtf8(const std::string &bytes) {
-  const auto *s = reinterpret_cast<const unsigned char *>(bytes.data());
-  size_t n = bytes.size(), i = 0;
-  std::string out;
-  out.reserve(n);
-  while (i < n) {
-    size_t len = validSeqLen(s, i, n);
-    if (len) {
-      out.append(bytes, i, len);
-      i += len;
-    } else {
-      out += kReplacement;
-      i += invalidRunLen(s, i, n);
-    }
-  }
-  return out;
-}
-
-bool isValidUtf8(const std::string &bytes) {
-  const auto *s = reinterpret_cast<const unsigned char *>(bytes.data());
-  for (size_t i = 0, n = bytes.size(); i < n;) {
-    size_t len = validSeqLen(s, i, n);
-    if (!len)
-      return false;
-    i += len;
-  }
-  return true;
-}
-
-/// The code point at s[i] of valid UTF-8, and its length.
-int32_t decodeAt(const std::string &s, size_t i, size_t &len) {
-  const auto *p = reinterpret_cast<const unsigned char *>(s.data());
-  unsigned char c = p[i];
-  if (c < 0x80) {
-    len = 1;
-    return c;
-  }
-  if (c < 0xE0) {
-    len = 2;
-    return ((c & 0x1F) << 6) | (p[i + 1] & 0x3F);
-  }
-  if (c < 0xF0) {
-    len = 3;
-    return ((c & 0x0F) << 12) | ((p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F);
-  }
-  len = 4;
-  return ((c & 0x07) << 18) | ((p[i + 1] & 0x3F) << 12) | ((p[i + 2] & 0x3F) << 6) |
-         (p[i + 3] & 0x3F);
-}
-
 std::string encodeCp(int32_t cp) {
   std::string s;
-  if (cp < 0x80)
-    s += char(cp);
-  else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
+  appendUtf8(s, (uint32_t)cp);
   return s;
 }
 
@@ -323,7 +199,7 @@ public:
         if (e >= n)
           break;
         size_t len = 1;
-        decodeAt(s, e, len);
+        decodeValidUtf8(s, e, len);
         pos = e + len;
       }
     }
@@ -735,7 +611,7 @@ private:
       x.start = d.value("start", 0);
       x.stop = d.value("stop", 0);
       size_t len = 0;
-      if (x.a.empty() || decodeAt(x.a, 0, len), len != x.a.size())
+      if (x.a.empty() || decodeValidUtf8(x.a, 0, len), len != x.a.size())
         fail(where + ".content", "must be one character");
     } else
       fail(where, "decoder '" + type + "' is not supported (supported: ByteLevel, "
@@ -928,14 +804,14 @@ private:
           while (p > start && (text[p] & 0xC0) == 0x80)
             --p;
           size_t len = 0;
-          if (!isWhiteSpace(decodeAt(text, p, len)))
+          if (!isWhiteSpace(decodeValidUtf8(text, p, len)))
             break;
           b = p;
         }
       if (hit->rstrip)
         while (e < n) {
           size_t len = 0;
-          if (!isWhiteSpace(decodeAt(text, e, len)))
+          if (!isWhiteSpace(decodeValidUtf8(text, e, len)))
             break;
           e += len;
         }
@@ -1095,7 +971,7 @@ private:
       bool lastUnk = false;
       for (size_t i = 0; i < word.size();) {
         size_t len = 0;
-        decodeAt(word, i, len);
+        decodeValidUtf8(word, i, len);
         auto it = vocab_.find(word.substr(i, len));
         if (it != vocab_.end()) {
           syms.push_back({it->second, 0, 0, true});
@@ -1184,7 +1060,7 @@ private:
           bool all = true;
           for (size_t i = 0; i < t.size() && all;) {
             size_t len = 0;
-            auto it = ab.byteOf.find(decodeAt(t, i, len));
+            auto it = ab.byteOf.find(decodeValidUtf8(t, i, len));
             if (it == ab.byteOf.end())
               all = false;
             else

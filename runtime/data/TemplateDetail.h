@@ -12,6 +12,8 @@
 #ifndef HFLOW_RUNTIME_DATA_TEMPLATEDETAIL_H
 #define HFLOW_RUNTIME_DATA_TEMPLATEDETAIL_H
 
+#include "runtime/data/Utf8.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
@@ -27,12 +29,6 @@
 namespace hflow::data::tmpl {
 
 // --- text and numbers (TemplateText.cpp) ---
-
-void appendUtf8(std::string &out, uint32_t cp);
-
-// Decodes one code point at s[i], advancing i. Invalid bytes decode as
-// U+FFFD (one byte each).
-uint32_t decodeUtf8(const std::string &s, size_t &i);
 
 std::u32string toU32(const std::string &s);
 

@@ -224,7 +224,7 @@ std::string capitalize(const std::string &s) {
   if (s.empty())
     return s;
   size_t i = 0;
-  uint32_t cp = decodeUtf8(s, i);
+  uint32_t cp = decodeUtf8Lenient(s, i);
   if (cp >= 0x10000)
     return s; // charAt(0) is half a surrogate pair: unchanged
   std::string out;
@@ -254,7 +254,7 @@ Value split(const std::string &s, const Array &args) {
       size_t j = i;
       while (j < text.size()) {
         size_t k = j;
-        if (!isJsSpace(decodeUtf8(text, k)))
+        if (!isJsSpace(decodeUtf8Lenient(text, k)))
           break;
         j = k;
       }
@@ -263,7 +263,7 @@ Value split(const std::string &s, const Array &args) {
       size_t e = j;
       while (e < text.size()) {
         size_t k = e;
-        if (isJsSpace(decodeUtf8(text, k)))
+        if (isJsSpace(decodeUtf8Lenient(text, k)))
           break;
         e = k;
       }
@@ -341,7 +341,7 @@ Value replaceMethod(const std::string &s, const Array &args) {
       if (i >= s.size())
         break;
       size_t j = i;
-      decodeUtf8(s, j);
+      decodeUtf8Lenient(s, j);
       out.append(s, i, j - i);
       i = j;
     }

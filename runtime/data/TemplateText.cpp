@@ -11,53 +11,13 @@
 
 namespace hflow::data::tmpl {
 
-void appendUtf8(std::string &out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
-uint32_t decodeUtf8(const std::string &s, size_t &i) {
-  unsigned char c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    ++i;
-    return c;
-  }
-  int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-  if (len == 0 || i + len > s.size()) {
-    ++i;
-    return 0xFFFD;
-  }
-  uint32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-  for (int k = 1; k < len; ++k) {
-    unsigned char d = static_cast<unsigned char>(s[i + k]);
-    if ((d & 0xC0) != 0x80) {
-      ++i;
-      return 0xFFFD;
-    }
-    cp = (cp << 6) | (d & 0x3F);
-  }
-  i += len;
-  return cp;
-}
 
 std::u32string toU32(const std::string &s) {
   std::u32string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();)
-    out += decodeUtf8(s, i);
+    out += decodeUtf8Lenient(s, i);
   return out;
 }
 
@@ -72,14 +32,14 @@ std::string toUtf8(const std::u32string &s) {
 size_t utf16Length(const std::string &s) {
   size_t n = 0;
   for (size_t i = 0; i < s.size();)
-    n += decodeUtf8(s, i) >= 0x10000 ? 2 : 1;
+    n += decodeUtf8Lenient(s, i) >= 0x10000 ? 2 : 1;
   return n;
 }
 
 std::vector<uint16_t> toUtf16(const std::string &s) {
   std::vector<uint16_t> out;
   for (size_t i = 0; i < s.size();) {
-    uint32_t cp = decodeUtf8(s, i);
+    uint32_t cp = decodeUtf8Lenient(s, i);
     if (cp >= 0x10000) {
       cp -= 0x10000;
       out.push_back(static_cast<uint16_t>(0xD800 + (cp >> 10)));
@@ -106,7 +66,7 @@ std::string trimStart(const std::string &s) {
   size_t i = 0;
   while (i < s.size()) {
     size_t j = i;
-    if (!isJsSpace(decodeUtf8(s, j)))
+    if (!isJsSpace(decodeUtf8Lenient(s, j)))
       break;
     i = j;
   }
@@ -117,7 +77,7 @@ std::string trimEnd(const std::string &s) {
   // Walk forwards remembering where the last non-space code point ended.
   size_t end = 0;
   for (size_t i = 0; i < s.size();) {
-    uint32_t cp = decodeUtf8(s, i);
+    uint32_t cp = decodeUtf8Lenient(s, i);
     if (!isJsSpace(cp))
       end = i;
   }
@@ -176,7 +136,7 @@ std::string jsCase(const std::string &s, bool upper) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();)
-    appendUtf8(out, mapCase(decodeUtf8(s, i), upper));
+    appendUtf8(out, mapCase(decodeUtf8Lenient(s, i), upper));
   return out;
 }
 

@@ -158,7 +158,7 @@ std::string jsonQuote(const std::string &s, bool ensureAscii) {
   std::string out = "\"";
   for (size_t i = 0; i < s.size();) {
     size_t start = i;
-    uint32_t c = decodeUtf8(s, i);
+    uint32_t c = decodeUtf8Lenient(s, i);
     switch (c) {
     case '"': out += "\\\""; break;
     case '\\': out += "\\\\"; break;
