@@ -1,0 +1,285 @@
+//===- HfTokenizerDetail.h - the Hugging Face tokenizer's parts -------------===//
+//
+// The inside of makeHfTokenizer (runtime/data/Tokenizer.h), split by stage
+// as the tokenizers library is: reading tokenizer.json and its companion
+// configs (HfTokenizerLoad.cpp), encoding: added tokens, normalizers,
+// pre-tokenizers, BPE (HfTokenizerEncode.cpp), decoding
+// (HfTokenizerDecode.cpp), and the pieces they share (HfTokenizer.cpp).
+// Only those files include it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_DATA_HFTOKENIZERDETAIL_H
+#define HFLOW_RUNTIME_DATA_HFTOKENIZERDETAIL_H
+
+#include "runtime/data/Tokenizer.h"
+#include "runtime/data/Utf8.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace hflow::data::hf {
+
+using json = nlohmann::json;
+
+// --- UTF-8: runtime/data/Utf8.h ------------------------------------------
+
+extern const char kReplacement[];
+
+std::string encodeCp(int32_t cp);
+
+/// Rust's char::is_whitespace (the White_Space property).
+bool isWhiteSpace(int32_t c);
+
+void replaceAll(std::string &s, const std::string &from, const std::string &to);
+
+// --- files ------------------------------------------------------------------
+
+std::string readFile(const std::string &path, const std::string &what);
+
+/// How deep a tokenizer file's JSON may nest: real files nest under 10
+/// levels; hflow builds normalizers and pre-tokenizers from it recursively.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// The largest tokenizer file hflow reads (real ones are under 20 MB).
+inline constexpr uintmax_t kMaxTokenizerFileBytes = uintmax_t(512) << 20;
+
+json parseJsonFile(const std::string &path, const std::string &what);
+
+bool fileExists(const std::string &p);
+
+std::string dirOf(const std::string &path);
+
+// --- PCRE2 ------------------------------------------------------------------
+
+class Regex {
+public:
+  Regex(const std::string &pattern, const std::string &where) : where_(where) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR buf[256];
+      pcre2_get_error_message(err, buf, sizeof buf);
+      throw std::runtime_error(where + ": the regex does not compile at offset " +
+                               std::to_string(off) + ": " +
+                               reinterpret_cast<const char *>(buf));
+    }
+    // JIT when the library has it; the interpreter gives the same matches.
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
+  }
+  Regex(const Regex &) = delete;
+  Regex &operator=(const Regex &) = delete;
+  ~Regex() { pcre2_code_free(code_); }
+
+  /// Every non-overlapping match [begin, end) of `s` (valid UTF-8), left to
+  /// right; after an empty match the search resumes one character on.
+  void findAll(const std::string &s,
+               const std::function<void(size_t, size_t)> &onMatch) const {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    if (!md)
+      throw std::bad_alloc();
+    const auto *subj = reinterpret_cast<PCRE2_SPTR>(s.data());
+    size_t pos = 0, n = s.size();
+    while (pos <= n) {
+      int rc = pcre2_match(code_, subj, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH)
+        break;
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        PCRE2_UCHAR buf[256];
+        pcre2_get_error_message(rc, buf, sizeof buf);
+        // PCRE2's match limit (10,000,000 backtracking steps by default)
+        // bounds a pattern that would backtrack without end.
+        throw std::runtime_error(where_ + ": the regex failed on a text of " +
+                                 std::to_string(n) + " bytes: " +
+                                 reinterpret_cast<const char *>(buf));
+      }
+      PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+      size_t b = ov[0], e = ov[1];
+      onMatch(b, e);
+      if (e > b)
+        pos = e;
+      else {
+        if (e >= n)
+          break;
+        size_t len = 1;
+        decodeValidUtf8(s, e, len);
+        pos = e + len;
+      }
+    }
+    pcre2_match_data_free(md);
+  }
+
+private:
+  std::string where_;
+  pcre2_code *code_ = nullptr;
+};
+
+// --- the byte-level alphabet (GPT-2's bytes_to_unicode) ---------------------
+
+struct ByteAlphabet {
+  std::string charOf[256];                  ///< byte -> its UTF-8 char
+  std::unordered_map<int32_t, int> byteOf;  ///< code point -> byte
+  ByteAlphabet() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
+                       (b >= 0xAE && b <= 0xFF);
+      int cp = printable ? b : 256 + n++;
+      charOf[b] = encodeCp(cp);
+      byteOf[cp] = b;
+    }
+  }
+};
+
+const ByteAlphabet &byteAlphabet();
+
+// --- components -------------------------------------------------------------
+
+/// A piece of text on its way to the model.
+using Pieces = std::vector<std::string>;
+
+struct Normalizer {
+  enum Kind { NFC, NFD, NFKC, NFKD, Prepend, Replace } kind;
+  std::string a, b; ///< Prepend: a; Replace: a -> b
+};
+
+struct PreTokenizer {
+  enum Kind { Split, ByteLevel } kind;
+  // Split
+  std::shared_ptr<Regex> regex;
+  std::string literal; ///< a String pattern (when regex is null)
+  enum Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext } behavior = Isolated;
+  // ByteLevel
+  bool addPrefixSpace = false;
+  bool useRegex = false;
+};
+
+struct DecoderStep {
+  enum Kind { ByteLevel, Replace, ByteFallback, Fuse, Strip } kind;
+  std::string a, b;       ///< Replace a -> b; Strip content a
+  int start = 0, stop = 0; ///< Strip
+};
+
+struct AddedToken {
+  std::string content;
+  int64_t id = -1;
+  bool special = false, normalized = false, lstrip = false, rstrip = false;
+};
+
+/// A span of input: text for the model, or an added token's id.
+struct Segment {
+  std::string text;
+  int64_t id = -1;
+};
+
+extern const char *kGpt2Pattern;
+
+class HfTokenizer final : public Tokenizer {
+public:
+  explicit HfTokenizer(const std::string &path);
+
+  std::vector<int64_t> encode(const std::string &raw) const override;
+
+  std::string decode(const std::vector<int64_t> &ids) const override;
+  std::string decodeKeepSpecial(const std::vector<int64_t> &ids) const override;
+
+  int64_t vocabSize() const override { return vocabSize_; }
+  int64_t eosId() const override { return eos_; }
+  int64_t padId() const override { return pad_; }
+  int64_t bosId() const override { return addBos_ ? bos_ : -1; }
+  std::vector<int64_t> stopIds() const override { return stops_; }
+  std::string name() const override { return "hf:" + path_; }
+  std::string tokenText(int64_t id) const override;
+  std::string chatTemplate() const override { return chatTemplate_; }
+  std::string specialTokenText(const std::string &which) const override;
+
+private:
+  [[noreturn]] void fail(const std::string &where, const std::string &msg) const;
+
+  static std::string typeOf(const json &j);
+
+  // --- loading ---------------------------------------------------------
+
+  void loadModel(const json &m);
+
+  void loadAddedTokens(const json &a);
+
+  void loadNormalizer(const json &n, const std::string &where);
+
+  void loadPreTokenizer(const json &p, const std::string &where);
+
+  void loadDecoder(const json &d, const std::string &where);
+
+  /// ByteLevel (nothing for ids) and TemplateProcessing of the form
+  /// [SpecialToken]? Sequence A: the special token is the BOS the runtime
+  /// prepends.
+  void loadPostProcessor(const json &p, const std::string &where, int64_t &bos);
+
+  /// tokenizer_config.json and generation_config.json beside the file.
+  void loadConfigs(int64_t templateBos);
+
+  int64_t idOfToken(const std::string &s) const;
+
+  // --- encoding --------------------------------------------------------
+
+  static uint64_t pairKey(int64_t a, int64_t b) { return (uint64_t(a) << 32) | uint64_t(b); }
+
+  /// `text` split around the added tokens whose `normalized` flag is
+  /// `normalizedTokens`, leftmost-longest.
+  std::vector<Segment> splitAdded(const std::string &text, bool normalizedTokens) const;
+
+  std::string normalize(std::string s) const;
+
+  static void splitWith(const PreTokenizer &p, const std::string &s, Pieces &out);
+
+  Pieces preTokenize(const std::string &text) const;
+
+  struct Merge {
+    int32_t rank, id;
+  };
+
+  /// Appends the ids of one pre-token.
+  void bpe(const std::string &word, std::vector<int64_t> &ids) const;
+
+  const std::vector<int64_t> &byteIds() const { return byteIds_; }
+
+  // --- decoding --------------------------------------------------------
+
+  std::string decodeImpl(const std::vector<int64_t> &ids, bool skipSpecial) const;
+
+  std::string path_;
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  std::vector<std::string> tokenOf_;
+  std::vector<bool> hasToken_, isSpecial_, isAdded_;
+  std::vector<AddedToken> added_;
+  std::vector<size_t> addedRaw_[256], addedNorm_[256];
+  std::vector<Normalizer> normalizers_;
+  std::vector<PreTokenizer> preTokenizers_;
+  std::vector<DecoderStep> decoders_;
+  bool byteLevel_ = false, byteFallback_ = false, ignoreMerges_ = false, fuseUnk_ = false;
+  int64_t byteToken_[256] = {};
+  int64_t unk_ = -1;
+  int64_t vocabSize_ = 0;
+  int64_t eos_ = -1, bos_ = -1, pad_ = -1;
+  bool addBos_ = false;
+  std::vector<int64_t> stops_;
+  std::string chatTemplate_;
+  std::unordered_map<std::string, std::string> specialText_;
+  std::vector<int64_t> byteIds_; ///< byte -> id of its byte-level char
+};
+
+} // namespace hflow::data::hf
+
+#endif // HFLOW_RUNTIME_DATA_HFTOKENIZERDETAIL_H
