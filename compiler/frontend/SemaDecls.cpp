@@ -339,107 +339,38 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
                      double(arch.rope.originalMaxPositions)};
   m.slidingWindow = arch.slidingWindow;
   m.maxPositions = arch.maxPositions;
-  if (arch.ropeTheta > 0)
+  // The classic keys: the runtime's hfConfigFromJson reads them with the
+  // same code; every problem is reported.
+  hfconfig::ClassicKeys keys;
+  std::vector<std::string> problems;
+  hfconfig::readClassicKeys(j, keys, problems);
+  for (const std::string &why : problems)
+    diags_.error(dirArg.loc, config.string() + ": " + why);
+  ok = ok && problems.empty();
+  m.layers = keys.layers;
+  m.hidden = keys.hidden;
+  m.heads = keys.heads;
+  m.kvHeads = keys.kvHeads;
+  m.ffn = keys.ffn;
+  m.vocab = keys.vocab;
+  if (keys.tieEmbeddings)
+    m.tieEmbeddings = *keys.tieEmbeddings;
+  if (keys.attentionBias)
+    m.qkvBias = *keys.attentionBias;
+  m.normEps = keys.normEps;
+  m.hfArch = keys.architecture;
+  m.scorer = keys.scorer;
+  if (keys.ropeTheta > 0)
+    m.ropeTheta = keys.ropeTheta;
+  if (arch.ropeTheta > 0) // rope_parameters' rope_theta wins (as in the runtime)
     m.ropeTheta = arch.ropeTheta;
-  auto dim = [&](const char *key, int64_t &out, const char *fallback) {
-    const char *k = key;
-    if (!j.contains(k) && fallback && j.contains(fallback))
-      k = fallback;
-    if (!j.contains(k)) {
-      diags_.error(dirArg.loc, config.string() + " has no '" + key + "'");
-      ok = false;
-      return;
-    }
-    const auto &v = j[k];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-      diags_.error(dirArg.loc, config.string() + ": '" + k +
-                                   "' must be a positive integer, got " +
-                                   v.dump());
-      ok = false;
-      return;
-    }
-    out = v.get<int64_t>();
-  };
-  dim("num_hidden_layers", m.layers, nullptr);
-  dim("hidden_size", m.hidden, nullptr);
-  dim("num_attention_heads", m.heads, nullptr);
-  dim("num_key_value_heads", m.kvHeads, "num_attention_heads");
-  dim("intermediate_size", m.ffn, nullptr);
-  dim("vocab_size", m.vocab, nullptr);
-  if (j.contains("tie_word_embeddings")) {
-    if (j["tie_word_embeddings"].is_boolean())
-      m.tieEmbeddings = j["tie_word_embeddings"].get<bool>();
-    else {
-      diags_.error(dirArg.loc, config.string() +
-                                   ": 'tie_word_embeddings' must be true or false");
-      ok = false;
-    }
-  }
-  if (j.contains("attention_bias")) {
-    if (j["attention_bias"].is_boolean())
-      m.qkvBias = j["attention_bias"].get<bool>();
-    else {
-      diags_.error(dirArg.loc, config.string() +
-                                   ": 'attention_bias' must be true or false");
-      ok = false;
-    }
-  }
-  // transformers' LlamaConfig and Qwen2Config default rms_norm_eps to 1e-6.
-  m.normEps = 1e-6;
-  if (j.contains("rms_norm_eps")) {
-    if (j["rms_norm_eps"].is_number() && j["rms_norm_eps"].get<double>() > 0 &&
-        j["rms_norm_eps"].get<double>() < 1)
-      m.normEps = j["rms_norm_eps"].get<double>();
-    else {
-      diags_.error(dirArg.loc, config.string() +
-                                   ": 'rms_norm_eps' must be a number in (0, 1), got " +
-                                   j["rms_norm_eps"].dump());
-      ok = false;
-    }
-  }
-  if (j.contains("architectures") && j["architectures"].is_array() &&
-      !j["architectures"].empty() && j["architectures"][0].is_string()) {
-    m.hfArch = j["architectures"][0].get<std::string>();
-    m.scorer = m.hfArch.find("ForSequenceClassification") != std::string::npos;
-  }
-  if (m.scorer) {
-    int64_t labels = 2; // transformers' default
-    if (j.contains("id2label") && j["id2label"].is_object())
-      labels = (int64_t)j["id2label"].size();
-    if (j.contains("num_labels") && j["num_labels"].is_number_integer())
-      labels = j["num_labels"].get<int64_t>();
-    if (labels != 1) {
-      diags_.error(dirArg.loc, config.string() + ": " + m.hfArch + " with " +
-                                   std::to_string(labels) +
-                                   " labels; hflow's reward model scores with one "
-                                   "(num_labels 1)");
-      ok = false;
-    }
-  }
-  if (j.contains("rope_theta")) {
-    if (j["rope_theta"].is_number() && j["rope_theta"].get<double>() > 0)
-      m.ropeTheta = j["rope_theta"].get<double>();
-    else {
-      diags_.error(dirArg.loc, config.string() +
-                                   ": 'rope_theta' must be a positive number, got " +
-                                   j["rope_theta"].dump());
-      ok = false;
-    }
-  }
-  std::string dt = j.value("torch_dtype", std::string("float32"));
-  if (j.contains("torch_dtype") && !j["torch_dtype"].is_string())
-    dt.clear();
-  if (dt == "float32")
-    m.dtype = ast::DType::F32;
-  else if (dt == "bfloat16")
+  if (keys.torchDtype == "bfloat16")
     m.dtype = ast::DType::BF16;
-  else if (dt == "float16")
+  else if (keys.torchDtype == "float16")
     m.dtype = ast::DType::F16;
-  else {
-    diags_.error(dirArg.loc, config.string() + ": torch_dtype '" + dt +
-                                 "' is not one of float32, bfloat16, float16");
-    ok = false;
-  }
+  else
+    m.dtype = ast::DType::F32;
+
   if (kw.count("dtype"))
     dtypeArg(*kw["dtype"]->value, m.dtype);
   if (!ok)

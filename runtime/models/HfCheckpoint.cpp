@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -455,76 +456,47 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   c.qkNorm = arch.qkNorm;
   c.ropeScaling = arch.rope;
   c.slidingWindow = arch.slidingWindow;
-  auto dim = [&](const char *key, int &out, const char *fallback) {
-    const char *k = key;
-    if (!j.contains(k) && fallback && j.contains(fallback))
-      k = fallback;
-    if (!j.contains(k))
-      throw err(std::string("has no '") + key + "'");
-    const json &v = j[k];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
-        v.get<int64_t>() > INT32_MAX)
-      throw err(std::string("'") + k + "' must be a positive integer, got " + v.dump());
-    out = static_cast<int>(v.get<int64_t>());
-  };
-  dim("num_hidden_layers", c.layers, nullptr);
-  dim("hidden_size", c.hidden, nullptr);
-  dim("num_attention_heads", c.heads, nullptr);
-  dim("num_key_value_heads", c.kvHeads, "num_attention_heads");
-  dim("intermediate_size", c.ffn, nullptr);
-  dim("vocab_size", c.vocab, nullptr);
-  auto flag = [&](const char *key, bool &out) {
-    if (!j.contains(key))
-      return;
-    if (!j[key].is_boolean())
-      throw err(std::string("'") + key + "' must be true or false");
-    out = j[key].get<bool>();
-  };
-  flag("tie_word_embeddings", c.tieEmbeddings);
-  flag("attention_bias", c.qkvBias);
-  auto positive = [&](const char *key, double &out, double dflt) {
-    out = dflt;
-    if (!j.contains(key))
-      return;
-    if (!j[key].is_number() || !(j[key].get<double>() > 0))
-      throw err(std::string("'") + key + "' must be a positive number, got " +
-                j[key].dump());
-    out = j[key].get<double>();
-  };
-  positive("rope_theta", c.ropeTheta, 10000.0);
+  // The classic keys: hflowc's hf("dir") reads them with the same code; the
+  // first problem is the error.
+  hfconfig::ClassicKeys keys;
+  std::vector<std::string> problems;
+  hfconfig::readClassicKeys(j, keys, problems);
+  if (!problems.empty())
+    throw err(problems.front());
+  for (auto [key, v, out] : {std::tuple<const char *, int64_t, int *>{"num_hidden_layers", keys.layers, &c.layers},
+                             {"hidden_size", keys.hidden, &c.hidden},
+                             {"num_attention_heads", keys.heads, &c.heads},
+                             {"num_key_value_heads", keys.kvHeads, &c.kvHeads},
+                             {"intermediate_size", keys.ffn, &c.ffn},
+                             {"vocab_size", keys.vocab, &c.vocab}}) {
+    if (v > INT32_MAX)
+      throw err(std::string("'") + key + "' must be a positive integer, got " + std::to_string(v));
+    *out = static_cast<int>(v);
+  }
+  if (keys.tieEmbeddings)
+    c.tieEmbeddings = *keys.tieEmbeddings;
+  if (keys.attentionBias)
+    c.qkvBias = *keys.attentionBias;
+  c.ropeTheta = keys.ropeTheta > 0 ? keys.ropeTheta : 10000.0;
   if (arch.ropeTheta > 0)
     c.ropeTheta = arch.ropeTheta;
   // A head_dim equal to hidden / heads says what the default says (as
   // hflowc reads it).
   if (c.headSize > 0 && (int64_t)c.headSize * c.heads == c.hidden)
     c.headSize = 0;
-  positive("rms_norm_eps", c.normEps, 1e-6);
-  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() &&
-      j["pad_token_id"].get<int64_t>() >= 0)
-    c.padToken = j["pad_token_id"].get<int64_t>();
+  c.normEps = keys.normEps;
+  c.padToken = keys.padToken >= 0 ? keys.padToken : c.padToken;
   // A sequence-classification checkpoint: the body and a score head, no LM
-  // head. hflow scores with one label.
-  if (j.contains("architectures") && j["architectures"].is_array())
-    for (const json &a : j["architectures"])
-      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") !=
-                               std::string::npos) {
-        c.lmHead = false;
-        int64_t labels = 2; // transformers' default
-        if (j.contains("id2label") && j["id2label"].is_object())
-          labels = (int64_t)j["id2label"].size();
-        if (j.contains("num_labels") && j["num_labels"].is_number_integer())
-          labels = j["num_labels"].get<int64_t>();
-        if (labels != 1)
-          throw err(a.get<std::string>() + " with " + std::to_string(labels) +
-                    " labels: hflow's reward model scores with one (num_labels 1)");
-      }
+  // head (hflow scores with one label).
+  if (keys.scorer)
+    c.lmHead = false;
   std::string why = c.validate();
   if (!why.empty())
     throw err(why);
   // torch_dtype "bfloat16": the model computes in bfloat16 (anything else
   // in float32; hflow-run itself builds roles in the plan's dtype, which a
   // program may override, and hflowc refuses float16 there).
-  if (j.contains("torch_dtype") && j["torch_dtype"] == "bfloat16")
+  if (keys.torchDtype == "bfloat16")
     c.dtype = at::kBFloat16;
   return c;
 }

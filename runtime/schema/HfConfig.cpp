@@ -176,4 +176,84 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
   return "";
 }
 
+void readClassicKeys(const json &j, ClassicKeys &out, std::vector<std::string> &errors) {
+  auto dim = [&](const char *key, int64_t &v, const char *fallback) {
+    const char *k = key;
+    if (!j.contains(k) && fallback && j.contains(fallback))
+      k = fallback;
+    if (!j.contains(k)) {
+      errors.push_back(std::string("has no '") + key + "'");
+      return;
+    }
+    if (!positiveInt(j[k])) {
+      errors.push_back(std::string("'") + k + "' must be a positive integer, got " + j[k].dump());
+      return;
+    }
+    v = j[k].get<int64_t>();
+  };
+  dim("num_hidden_layers", out.layers, nullptr);
+  dim("hidden_size", out.hidden, nullptr);
+  dim("num_attention_heads", out.heads, nullptr);
+  dim("num_key_value_heads", out.kvHeads, "num_attention_heads");
+  dim("intermediate_size", out.ffn, nullptr);
+  dim("vocab_size", out.vocab, nullptr);
+  auto flag = [&](const char *key, std::optional<bool> &v) {
+    if (!j.contains(key))
+      return;
+    if (!j[key].is_boolean())
+      errors.push_back(std::string("'") + key + "' must be true or false");
+    else
+      v = j[key].get<bool>();
+  };
+  flag("tie_word_embeddings", out.tieEmbeddings);
+  flag("attention_bias", out.attentionBias);
+  if (j.contains("rms_norm_eps")) {
+    const json &v = j["rms_norm_eps"];
+    if (v.is_number() && v.get<double>() > 0 && v.get<double>() < 1)
+      out.normEps = v.get<double>();
+    else
+      errors.push_back("'rms_norm_eps' must be a number in (0, 1), got " + v.dump());
+  }
+  if (j.contains("architectures") && j["architectures"].is_array()) {
+    for (const json &a : j["architectures"]) {
+      if (!a.is_string())
+        continue;
+      const std::string name = a.get<std::string>();
+      if (out.architecture.empty())
+        out.architecture = name;
+      if (name.find("ForSequenceClassification") != std::string::npos) {
+        out.architecture = name;
+        out.scorer = true;
+        break;
+      }
+    }
+  }
+  if (out.scorer) {
+    int64_t labels = 2; // transformers' default
+    if (j.contains("id2label") && j["id2label"].is_object())
+      labels = (int64_t)j["id2label"].size();
+    if (j.contains("num_labels") && j["num_labels"].is_number_integer())
+      labels = j["num_labels"].get<int64_t>();
+    if (labels != 1)
+      errors.push_back(out.architecture + " with " + std::to_string(labels) +
+                       " labels: hflow's reward model scores with one (num_labels 1)");
+  }
+  if (j.contains("rope_theta")) {
+    const json &v = j["rope_theta"];
+    if (v.is_number() && v.get<double>() > 0)
+      out.ropeTheta = v.get<double>();
+    else
+      errors.push_back("'rope_theta' must be a positive number, got " + v.dump());
+  }
+  if (const json *v = find(j, "torch_dtype")) {
+    out.torchDtype = v->is_string() ? v->get<std::string>() : "";
+    if (out.torchDtype != "float32" && out.torchDtype != "bfloat16" && out.torchDtype != "float16")
+      errors.push_back("torch_dtype '" + out.torchDtype +
+                       "' is not one of float32, bfloat16, float16");
+  }
+  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer() &&
+      j["pad_token_id"].get<int64_t>() >= 0)
+    out.padToken = j["pad_token_id"].get<int64_t>();
+}
+
 } // namespace hflow::hfconfig

@@ -8,8 +8,9 @@
 // accept and refuse the same files with the same words.
 //
 // The classic keys (dimensions, rope_theta, rms_norm_eps, attention_bias,
-// tie_word_embeddings, torch_dtype) stay with each reader: they report them
-// in their own ways (every error at once, or the first one).
+// tie_word_embeddings, torch_dtype, architectures) are read here too
+// (readClassicKeys), every problem listed: hflowc reports them all, the
+// runtime the first.
 //
 // Plain C++17 and nlohmann::json; never throws.
 //
@@ -20,7 +21,9 @@
 #include "runtime/schema/Rope.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -50,6 +53,28 @@ struct ArchKeys {
 /// "<file>: ", naming the key (e.g. "hidden_act 'gelu' is not supported;
 /// hflow's MLP is SwiGLU (silu)").
 std::string readArchKeys(const nlohmann::json &j, const std::string &type, ArchKeys &out);
+
+/// config.json's classic keys, as both readers take them.
+struct ClassicKeys {
+  int64_t layers = 0, hidden = 0, heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
+  std::optional<bool> tieEmbeddings; ///< tie_word_embeddings, when given
+  std::optional<bool> attentionBias; ///< attention_bias, when given
+  double normEps = 1e-6;             ///< rms_norm_eps (transformers' default)
+  double ropeTheta = 0;              ///< rope_theta; 0: not given
+  std::string torchDtype = "float32"; ///< float32, bfloat16 or float16
+  /// architectures: the sequence-classification entry when there is one,
+  /// else the first ("" when none).
+  std::string architecture;
+  bool scorer = false;   ///< a *ForSequenceClassification checkpoint
+  int64_t padToken = -1; ///< pad_token_id when a non-negative integer
+};
+
+/// Reads the classic keys of config.json `j` (num_key_value_heads falls
+/// back to num_attention_heads) and appends each problem to `errors`, in
+/// the order the keys are read, as the message that follows "<file>: "
+/// (e.g. "has no 'vocab_size'", "'num_hidden_layers' must be a positive
+/// integer, got 0").
+void readClassicKeys(const nlohmann::json &j, ClassicKeys &out, std::vector<std::string> &errors);
 
 } // namespace hflow::hfconfig
 
