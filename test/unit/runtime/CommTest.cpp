@@ -1,11 +1,11 @@
 //===- CommTest.cpp - rendezvous and Gloo collectives across processes -----===//
 //
-// c10d needs one process per rank: a multi-rank test re-executes this test
-// binary once per rank (only that test, via --gtest_filter) with
-// HFLOW_COMM_TEST_{RANK,WORLD,PORT} set, and passes when every rank exits 0.
-// A rank's output is shown only when it fails.
+// c10d needs one process per rank: a multi-rank test runs as several
+// processes of this binary (MultiRank.h).
 //
 //===----------------------------------------------------------------------===//
+#include "test/unit/runtime/MultiRank.h"
+
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/C10dCommunicator.h"
 #include "runtime/launch/Launcher.h"
@@ -32,103 +32,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct RankEnv {
-  int rank = -1, world = 0, port = 0;
-  bool active() const { return rank >= 0; }
-};
+using hflow::test::RankEnv;
+using hflow::test::runAsRanks;
 
-RankEnv rankEnv() {
-  RankEnv e;
-  if (const char *r = std::getenv("HFLOW_COMM_TEST_RANK")) {
-    e.rank = std::atoi(r);
-    e.world = std::atoi(std::getenv("HFLOW_COMM_TEST_WORLD"));
-    e.port = std::atoi(std::getenv("HFLOW_COMM_TEST_PORT"));
-  }
-  return e;
-}
-
-std::string currentTestName() {
-  auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return std::string(info->test_suite_name()) + "." + info->name();
-}
-
-/// Runs the current test as `world` processes; returns "" when every rank
-/// passed, else the failing ranks' output.
-std::string runAsRanks(int world, int timeoutSec = 60) {
-  int port = hflow::launch::pickFreePort("127.0.0.1");
-  if (port < 0)
-    return "no free port";
-  std::string filter = "--gtest_filter=" + currentTestName();
-  std::vector<pid_t> pids;
-  std::vector<std::string> logs;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> env;
-    // Not the parent's gtest sharding/output settings (lit's GoogleTest
-    // format sets them): each child must run exactly the filtered test.
-    for (char **e = environ; *e; ++e)
-      if (std::string(*e).rfind("GTEST_", 0) != 0)
-        env.push_back(*e);
-    env.push_back("HFLOW_COMM_TEST_RANK=" + std::to_string(r));
-    env.push_back("HFLOW_COMM_TEST_WORLD=" + std::to_string(world));
-    env.push_back("HFLOW_COMM_TEST_PORT=" + std::to_string(port));
-    std::vector<char *> envp;
-    for (auto &s : env)
-      envp.push_back(s.data());
-    envp.push_back(nullptr);
-    char exe[] = "/proc/self/exe";
-    std::vector<char *> argv{exe, filter.data(), nullptr};
-    logs.push_back("/tmp/hflow-commtest-" + std::to_string(getpid()) + "-" +
-                   std::to_string(r) + ".log");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0)
-      return "posix_spawn failed";
-    pids.push_back(pid);
-  }
-  std::string failures;
-  auto deadline = Clock::now() + std::chrono::seconds(timeoutSec);
-  for (int r = 0; r < world; ++r) {
-    int status = 0;
-    for (;;) {
-      pid_t p = waitpid(pids[r], &status, WNOHANG);
-      if (p == pids[r])
-        break;
-      if (Clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::ifstream in(logs[r]);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::remove(logs[r].c_str());
-    bool ran = ss.str().find("[  PASSED  ] 1 test") != std::string::npos;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !ran)
-      failures += "--- rank " + std::to_string(r) + " failed:\n" + ss.str();
-  }
-  return failures;
-}
+RankEnv rankEnv() { return hflow::test::thisRank(); }
 
 std::unique_ptr<Rendezvous> join(const RankEnv &e, uint64_t hash = 0x1234,
                                  std::string version = "test",
                                  std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  RendezvousOptions o;
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = e.port;
-  o.rank = e.rank;
-  o.worldSize = e.world;
-  o.timeout = timeout;
-  o.planHash = hash;
-  o.version = std::move(version);
-  return Rendezvous::join(o);
+  return hflow::test::joinRendezvous(e, hash, std::move(version), timeout);
 }
 
 C10dOptions gloo(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
@@ -162,7 +74,7 @@ TEST(CommErrors, OneLine) {
 
 TEST(Comm, Collectives) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(3);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -223,7 +135,7 @@ TEST(Comm, Collectives) {
 
 TEST(Comm, Subgroups) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(3);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -256,7 +168,7 @@ TEST(Comm, Subgroups) {
 
 TEST(Rendezvous, PlanMismatchFailsEveryRank) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(2);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -277,7 +189,7 @@ TEST(Rendezvous, PlanMismatchFailsEveryRank) {
 
 TEST(Rendezvous, VersionMismatch) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(2);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -349,7 +261,7 @@ TEST(Rendezvous, PortInUse) {
 
 TEST(Comm, CollectiveTimeout) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(2);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -379,7 +291,7 @@ TEST(Comm, CollectiveTimeout) {
 // order given on both sides (NCCL's rule), whatever their sizes.
 TEST(Comm, ExchangeMatchesMessagesInOrder) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(3);
     EXPECT_TRUE(f.empty()) << f;
     return;
@@ -419,7 +331,7 @@ TEST(Comm, ExchangeMatchesMessagesInOrder) {
 // relies on this to catch, on Gloo, the orderings that would hang NCCL.
 TEST(Comm, CrossingSendsDeadlockAndExchangeDoesNot) {
   RankEnv e = rankEnv();
-  if (!e.active()) {
+  if (!e.child()) {
     std::string f = runAsRanks(2);
     EXPECT_TRUE(f.empty()) << f;
     return;

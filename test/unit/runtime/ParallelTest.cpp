@@ -1,8 +1,8 @@
 //===- ParallelTest.cpp - TP, FSDP and DP Llama against the 1-process one ---===//
 //
 // Each multi-process test re-executes this binary once per rank (only that
-// test, via --gtest_filter) with HFLOW_PAR_TEST_{RANK,WORLD,PORT} set; the
-// ranks meet through a rendezvous and a C10dCommunicator world. Every rank
+// test; MultiRank.h); the ranks meet through a rendezvous and a
+// C10dCommunicator world. Every rank
 // also builds the unsharded Llama from the same seed and runs the whole
 // batch through it: the reference. The parallel forms must match it within
 // atol 1e-5 + rtol 1e-4 * |reference| (float32) element-wise. Each rank
@@ -10,6 +10,8 @@
 // maximum over ranks.
 //
 //===----------------------------------------------------------------------===//
+#include "test/unit/runtime/MultiRank.h"
+
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/C10dCommunicator.h"
 #include "runtime/launch/Launcher.h"
@@ -50,146 +52,17 @@ using hflow::comm::C10dCommunicator;
 
 namespace {
 
-//===-- running a test as several processes -------------------------------===//
+//===-- running a test as several processes (MultiRank.h) -----------------===//
 
-struct Rank {
-  int rank = -1, world = 0, port = 0;
-  bool child() const { return rank >= 0; }
-};
+using Rank = hflow::test::RankEnv;
+using hflow::test::Group;
+using hflow::test::thisRank;
 
-Rank thisRank() {
-  Rank r;
-  if (const char *s = std::getenv("HFLOW_PAR_TEST_RANK")) {
-    r.rank = std::atoi(s);
-    r.world = std::atoi(std::getenv("HFLOW_PAR_TEST_WORLD"));
-    r.port = std::atoi(std::getenv("HFLOW_PAR_TEST_PORT"));
-  }
-  return r;
-}
-
-std::string testFilter() {
-  auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
-}
-
-/// Spawns `world` copies of this binary running only the current test;
-/// waits (killing them after `timeoutSec`), removes their logs. Returns ""
-/// when all passed, else the failing ranks' output. Prints the maximum over
-/// ranks of every "[maxerr] key value" line.
-std::string spawnRanks(int world, int timeoutSec = 60) {
-  int port = hflow::launch::pickFreePort("127.0.0.1");
-  if (port < 0)
-    return "no free port";
-  std::string filter = testFilter();
-  std::vector<pid_t> pids;
-  std::vector<std::string> logs;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> env;
-    for (char **e = environ; *e; ++e)
-      if (std::string(*e).rfind("GTEST_", 0) != 0)
-        env.push_back(*e);
-    env.push_back("HFLOW_PAR_TEST_RANK=" + std::to_string(r));
-    env.push_back("HFLOW_PAR_TEST_WORLD=" + std::to_string(world));
-    env.push_back("HFLOW_PAR_TEST_PORT=" + std::to_string(port));
-    std::vector<char *> envp;
-    for (auto &s : env)
-      envp.push_back(s.data());
-    envp.push_back(nullptr);
-    char exe[] = "/proc/self/exe";
-    std::vector<char *> argv{exe, filter.data(), nullptr};
-    logs.push_back("/tmp/hflow-partest-" + std::to_string(getpid()) + "-" +
-                   std::to_string(r) + ".log");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      for (pid_t p : pids) {
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-      }
-      return "posix_spawn failed";
-    }
-    pids.push_back(pid);
-  }
-  std::string failures;
-  std::map<std::string, double> maxErr;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSec);
-  for (int r = 0; r < world; ++r) {
-    int status = 0;
-    bool killed = false;
-    for (;;) {
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r])
-        break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &status, 0);
-        killed = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::ifstream in(logs[r]);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::remove(logs[r].c_str());
-    std::string line;
-    std::istringstream lines(ss.str());
-    while (std::getline(lines, line))
-      if (line.rfind("[maxerr] ", 0) == 0) {
-        std::istringstream f(line.substr(9));
-        std::string key;
-        double v = 0;
-        if (f >> key >> v)
-          maxErr[key] = std::max(maxErr[key], v);
-      }
-    bool passed = ss.str().find("[  PASSED  ] 1 test") != std::string::npos;
-    if (killed || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !passed)
-      failures += "--- rank " + std::to_string(r) + (killed ? " timed out" : " failed") +
-                  ":\n" + ss.str();
-  }
-  for (auto &[k, v] : maxErr)
-    std::cout << "[maxerr] " << k << " " << v << "\n";
-  return failures;
-}
-
-struct Group {
-  std::unique_ptr<hflow::comm::Rendezvous> rv;
-  std::unique_ptr<Communicator> world;
-};
-
-Group joinWorld(const Rank &e) {
-  hflow::comm::RendezvousOptions o;
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = e.port;
-  o.rank = e.rank;
-  o.worldSize = e.world;
-  o.timeout = std::chrono::seconds(20);
-  o.planHash = 0x9a2a11e1;
-  o.version = "test";
-  Group g;
-  g.rv = hflow::comm::Rendezvous::join(o);
-  hflow::comm::C10dOptions go;
-  go.host = "127.0.0.1";
-  go.timeout = std::chrono::seconds(20);
-  g.world = C10dCommunicator::createWorld(*g.rv, go);
+Group joinRanks(const Rank &e) {
+  Group g = hflow::test::joinWorld(e);
   at::set_num_threads(1); // up to 4 ranks share the machine's cores
   return g;
 }
-
-/// The parent's side of a multi-process test.
-#define RUN_AS_RANKS(world)                                                    \
-  do {                                                                         \
-    if (!thisRank().child()) {                                                 \
-      std::string failures = spawnRanks(world);                                \
-      EXPECT_TRUE(failures.empty()) << failures;                               \
-      return;                                                                  \
-    }                                                                          \
-  } while (0)
 
 //===-- the models, the batch, the loss -----------------------------------===//
 
@@ -1182,7 +1055,7 @@ void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
 
 TEST(ParallelTP, OneRankIsTheLlama) {
   RUN_AS_RANKS(1);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   checkTP(errs, *g.world, gqa());
   checkFSDP(errs, *g.world, biasTied());
@@ -1190,7 +1063,7 @@ TEST(ParallelTP, OneRankIsTheLlama) {
 
 TEST(ParallelTP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
     checkTP(errs, *g.world, c);
@@ -1198,7 +1071,7 @@ TEST(ParallelTP, TwoRanks) {
 
 TEST(ParallelTP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   // gqa and biasTied have 2 kv heads: each is replicated on 2 members.
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
@@ -1207,7 +1080,7 @@ TEST(ParallelTP, FourRanks) {
 
 TEST(ParallelFSDP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), odd()})
     checkFSDP(errs, *g.world, c);
@@ -1217,7 +1090,7 @@ TEST(ParallelFSDP, TwoRanks) {
 // parameter's last chunk is shorter (rows 11, 11, 10; norms' columns too).
 TEST(ParallelFSDP, ThreeRanks) {
   RUN_AS_RANKS(3);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkFSDP(errs, *g.world, c);
@@ -1227,7 +1100,7 @@ TEST(ParallelFSDP, ThreeRanks) {
 // their biases).
 TEST(ParallelFSDP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), odd()})
     checkFSDP(errs, *g.world, c);
@@ -1235,7 +1108,7 @@ TEST(ParallelFSDP, FourRanks) {
 
 TEST(ParallelDP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkDP(errs, *g.world, c);
@@ -1243,7 +1116,7 @@ TEST(ParallelDP, TwoRanks) {
 
 TEST(ParallelDP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkDP(errs, *g.world, c);
@@ -1251,7 +1124,7 @@ TEST(ParallelDP, FourRanks) {
 
 TEST(ParallelTP, GenerateTwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()}) {
     auto [toks, mask] = paddedPrompts(c.vocab);
@@ -1263,7 +1136,7 @@ TEST(ParallelTP, GenerateTwoRanks) {
 // (the engine's generate(tp(2) * dp(2))).
 TEST(ParallelTPxDP, GenerateTwoByTwo) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   const int r = g.world->rank(), pair = r / 2;
   LlamaConfig c = mha();
@@ -1274,7 +1147,7 @@ TEST(ParallelTPxDP, GenerateTwoByTwo) {
 
 TEST(ParallelTPxDP, TwoByTwo) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     checkTPxDP(errs, *g.world, c);
@@ -1284,7 +1157,7 @@ TEST(ParallelTPxDP, TwoByTwo) {
 // dp, tensor-parallel shards, FSDP shards (2 ranks), and tp x dp (4).
 TEST(ParallelHeads, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     for (const char *form : {"whole", "tp", "fsdp"})
@@ -1293,7 +1166,7 @@ TEST(ParallelHeads, TwoRanks) {
 
 TEST(ParallelHeads, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const char *form : {"tp", "tpxdp", "fsdp", "fsdpxtp", "sp"})
     checkHead(errs, *g.world, gqa(), form);
@@ -1304,7 +1177,7 @@ TEST(ParallelHeads, FourRanks) {
 // with data-parallel replicas beside it (sp 2 x dp 2).
 TEST(ParallelSP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
     checkSP(errs, *g.world, c, 2);
@@ -1313,7 +1186,7 @@ TEST(ParallelSP, TwoRanks) {
 
 TEST(ParallelSP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   checkSP(errs, *g.world, mha(), 4);
   for (const LlamaConfig &c : {gqa(), biasTied()})
@@ -1326,7 +1199,7 @@ TEST(ParallelSP, FourRanks) {
 // 2 kv heads evenly), tied embeddings with biases, and uneven FSDP chunks.
 TEST(ParallelFSDPxTP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied()})
     for (int t : {2, 1})
@@ -1335,7 +1208,7 @@ TEST(ParallelFSDPxTP, TwoRanks) {
 
 TEST(ParallelFSDPxTP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : {gqa(), biasTied(), mha()})
     checkFSDPxTP(errs, *g.world, c, 2);
@@ -1348,7 +1221,7 @@ TEST(ParallelFSDPxTP, FourRanks) {
 // on the last stage.
 TEST(ParallelPP, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (bool tied : {false, true})
     for (int m : {1, 2, 4, 8})
@@ -1357,7 +1230,7 @@ TEST(ParallelPP, TwoRanks) {
 
 TEST(ParallelPP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (bool tied : {false, true})
     for (int m : {2, 4, 8})
@@ -1369,7 +1242,7 @@ TEST(ParallelPP, FourRanks) {
 // embeddings (a vocabulary shard of the head's copy on the last stage).
 TEST(ParallelPPxTP, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   LlamaConfig shared = deep(false);
   shared.name = "deep_kv1";
@@ -1426,7 +1299,7 @@ std::vector<LlamaConfig> archs() { return {qwen3Like(), mistralLike(), llama31Li
 // agree to 1e-6 relative on 2 micro-batches too.
 TEST(ParallelArchs, TwoRanks) {
   RUN_AS_RANKS(2);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : archs()) {
     checkTP(errs, *g.world, c);
@@ -1449,7 +1322,7 @@ TEST(ParallelArchs, TwoRanks) {
 // magnifies past the tolerance).
 TEST(ParallelArchs, FourRanks) {
   RUN_AS_RANKS(4);
-  Group g = joinWorld(thisRank());
+  Group g = joinRanks(thisRank());
   Errors errs;
   for (const LlamaConfig &c : archs()) {
     checkTP(errs, *g.world, c);
