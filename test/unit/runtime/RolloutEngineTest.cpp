@@ -57,31 +57,6 @@ Prompts prompts(int64_t B, std::vector<int64_t> lens, uint64_t seed, int64_t gro
 
 } // namespace
 
-TEST(PagedKv, PoolCountsReferencesAndCopiesOnWrite) {
-  KvGeometry g{2, 2, 8, at::kFloat};
-  EXPECT_EQ(g.bytesPerBlock(4), 2 * 2 * 4 * 2 * 8 * 4);
-  KvBlockPool pool(g, 3, 4);
-  EXPECT_EQ(pool.bytes(), 3 * g.bytesPerBlock(4));
-  int a = pool.allocate(), b = pool.allocate();
-  EXPECT_EQ(pool.freeBlocks(), 1);
-  pool.keys(1).narrow(0, a * 4, 4).fill_(7);
-  pool.copyBlock(a, b);
-  EXPECT_EQ(pool.keys(1).narrow(0, b * 4, 4).sum().item<float>(), 7.f * 4 * 2 * 8);
-  pool.retain(a);
-  pool.release(a);
-  EXPECT_EQ(pool.refs(a), 1);
-  pool.release(a);
-  EXPECT_EQ(pool.freeBlocks(), 2);
-  pool.allocate();
-  pool.allocate();
-  EXPECT_EQ(pool.peakUsedBlocks(), 3);
-  EXPECT_THROW(pool.allocate(), std::logic_error);
-  KvBlockPool other(g, 2, 4);
-  EXPECT_THROW(other.release(0), std::logic_error); // never allocated
-  EXPECT_THROW(other.retain(1), std::logic_error);
-  EXPECT_THROW(KvBlockPool(g, 0, 4), std::invalid_argument);
-}
-
 TEST(RolloutEngine, GreedyEqualsTheStaticEngine) {
   // Every KV layout the model has (MHA, GQA, MQA; Qwen3's q/k norms; a
   // sliding window), prompts of different lengths, a stop token, small

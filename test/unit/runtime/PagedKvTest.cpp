@@ -1,0 +1,89 @@
+//===- PagedKvTest.cpp - the KV block pool and a step through its tables ---===//
+#include "runtime/models/PagedKv.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <vector>
+
+using namespace hflow::models;
+
+TEST(PagedKv, PoolCountsReferencesAndCopiesOnWrite) {
+  KvGeometry g{2, 2, 8, at::kFloat};
+  EXPECT_EQ(g.bytesPerBlock(4), 2 * 2 * 4 * 2 * 8 * 4);
+  KvBlockPool pool(g, 3, 4);
+  EXPECT_EQ(pool.bytes(), 3 * g.bytesPerBlock(4));
+  int a = pool.allocate(), b = pool.allocate();
+  EXPECT_EQ(pool.freeBlocks(), 1);
+  pool.keys(1).narrow(0, a * 4, 4).fill_(7);
+  pool.copyBlock(a, b);
+  EXPECT_EQ(pool.keys(1).narrow(0, b * 4, 4).sum().item<float>(), 7.f * 4 * 2 * 8);
+  pool.retain(a);
+  pool.release(a);
+  EXPECT_EQ(pool.refs(a), 1);
+  pool.release(a);
+  EXPECT_EQ(pool.freeBlocks(), 2);
+  pool.allocate();
+  pool.allocate();
+  EXPECT_EQ(pool.peakUsedBlocks(), 3);
+  EXPECT_THROW(pool.allocate(), std::logic_error);
+  KvBlockPool other(g, 2, 4);
+  EXPECT_THROW(other.release(0), std::logic_error); // never allocated
+  EXPECT_THROW(other.retain(1), std::logic_error);
+  EXPECT_THROW(KvBlockPool(g, 0, 4), std::invalid_argument);
+}
+
+// A step of two sequences through their block tables against a brute force:
+// row 0 continues a sequence with 3 positions in its blocks by 1 new token,
+// row 1 starts with 3 new tokens; blocks of 2 positions, tables out of
+// order. The new tokens' keys land in their slots, each row reads its
+// positions in order right-aligned to the widest (4 keys), with the
+// masks and RoPE positions that alignment implies.
+TEST(PagedKv, StepReadsAndWritesThroughTheTables) {
+  KvGeometry g{1, 2, 3, at::kFloat}; // 1 layer, 2 kv heads, head dim 3
+  KvBlockPool pool(g, 6, 2);
+  const std::vector<int> a{4, 1}, b{0, 5}; // blocks of row 0 and row 1
+  for (int i = 0; i < 6; ++i)
+    pool.allocate(); // every block in use (the tables use four)
+  // Row 0's 3 past positions: key value 100 + position in every element.
+  auto slot = [&](const std::vector<int> &t, int64_t pos) { return t[(size_t)(pos / 2)] * 2 + pos % 2; };
+  for (int64_t pos = 0; pos < 3; ++pos) {
+    pool.keys(0)[slot(a, pos)].fill_(100.0 + pos);
+    pool.values(0)[slot(a, pos)].fill_(-100.0 - pos);
+  }
+  PagedKvStep step(pool, {&a, &b}, {3, 0}, {1, 3});
+  EXPECT_EQ(step.rows(), 2);
+  EXPECT_EQ(step.width(), 3);
+  EXPECT_EQ(step.past(), 1); // 4 key columns, 3 new
+  EXPECT_TRUE(at::equal(step.newMask().to(at::kFloat),
+                        at::tensor({0.f, 0.f, 1.f, 1.f, 1.f, 1.f}).view({2, 3})));
+  EXPECT_TRUE(at::equal(step.positions(),
+                        at::tensor({0L, 0L, 3L, 0L, 1L, 2L}).view({2, 3})));
+  // New keys [B, kv, T, hd]: row r's token t is 10 r + t (padding -1).
+  at::Tensor k = at::full({2, 2, 3, 3}, -1.f);
+  k[0].narrow(1, 2, 1).fill_(0.f); // row 0's one new token (its column 2)
+  for (int t = 0; t < 3; ++t)
+    k[1].narrow(1, t, 1).fill_(10.f + t);
+  auto [keys, values] = step.append(0, k, -k);
+  ASSERT_EQ(keys.sizes(), (std::vector<int64_t>{2, 2, 4, 3}));
+  // Brute force: row 0 reads positions 0-3 (100, 101, 102, then its new 0);
+  // row 1 is right-aligned: a padding column, then 10, 11, 12.
+  const float want0[4] = {100, 101, 102, 0}, want1[3] = {10, 11, 12};
+  for (int c = 0; c < 4; ++c)
+    EXPECT_TRUE(at::equal(keys[0].select(1, c), at::full({2, 3}, want0[c]))) << "row 0 key " << c;
+  for (int c = 1; c < 4; ++c) {
+    EXPECT_TRUE(at::equal(keys[1].select(1, c), at::full({2, 3}, want1[c - 1]))) << "row 1 key " << c;
+    EXPECT_TRUE(at::equal(values[1].select(1, c), at::full({2, 3}, -want1[c - 1])));
+  }
+  at::Tensor real = step.keyReal(step.newMask());
+  EXPECT_TRUE(at::equal(real.to(at::kFloat),
+                        at::tensor({1.f, 1.f, 1.f, 1.f, 0.f, 1.f, 1.f, 1.f}).view({2, 4})));
+  // The new keys are in the pool, in the rows' own slots.
+  EXPECT_TRUE(at::equal(pool.keys(0)[slot(a, 3)], at::zeros({2, 3})));
+  EXPECT_TRUE(at::equal(pool.keys(0)[slot(b, 2)], at::full({2, 3}, 12.f)));
+  // A table too short for its positions is refused.
+  const std::vector<int> one{3};
+  EXPECT_THROW(PagedKvStep(pool, {&one}, {1}, {2}), std::logic_error);
+  EXPECT_THROW(PagedKvStep(pool, {&one}, {0}, {0}), std::invalid_argument);
+}
