@@ -80,8 +80,8 @@ void Worker::evaluate(const std::string &when, int64_t it) {
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
         if (m[b][t] > 0 && !isStop(acc[b][t]))
           ids.push_back(acc[b][t]);
-      metrics_[MEvalSum] += evalRule_->fn(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
-      metrics_[MEvalN] += 1;
+      metrics_->evalSum += evalRule_->fn(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
+      metrics_->evalN += 1;
     }
   }
 }

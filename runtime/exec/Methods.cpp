@@ -493,15 +493,15 @@ void Worker::runGenerate(MethodCall &c) {
       at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
   if (c.leader) {
     if (c.out.at(0) == ph.rolloutValue) { // not a baseline's (ReMax's greedy)
-      metrics_[MLenSum] += gen.mask.sum().item<double>();
-      metrics_[MLenN] += (double)(hi - lo);
+      metrics_->lenSum += gen.mask.sum().item<double>();
+      metrics_->lenN += (double)(hi - lo);
       // Rows cut at max_tokens (they did not stop).
-      metrics_[MLenClipped] += (double)(hi - lo) - gen.stopped.sum().item<double>();
+      metrics_->lenClipped += (double)(hi - lo) - gen.stopped.sum().item<double>();
     }
-    metrics_[MTokens] += gen.mask.sum().item<double>();
+    metrics_->tokens += gen.mask.sum().item<double>();
     // Sequences the rollout engine preempted (its KV pool ran out) and
     // recomputed: the pool or max_num_seqs is smaller than the load.
-    metrics_[MPreempt] += (double)gen.stats.preemptions;
+    metrics_->preempt += (double)gen.stats.preemptions;
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
   if (!o_.dumpValues.empty() && c.leader) {
@@ -661,8 +661,8 @@ void Worker::runSft(MethodCall &c) {
       meter.done();
       checkLoss(rr, "sft loss", mbLoss);
       if (c.leader) {
-        metrics_[MSftLoss] += mbLoss;
-        metrics_[MSftN] += 1;
+        metrics_->sftLoss += mbLoss;
+        metrics_->sftN += 1;
       }
       applyGradients(rr, attrNum(a, "lr", 0));
       lastLoss = mbLoss;
@@ -690,9 +690,9 @@ void Worker::runLogprob(MethodCall &c) {
     // How far the policy that sampled the rollout is from the one training
     // on it: |behaviour log-prob - current| per response token (0 up to
     // rounding on policy; one update's drift with off_policy).
-    metrics_[MLpGap] +=
+    metrics_->lpGap +=
         ((lp - rollout["lp"].narrow(0, rows.lo, b)).abs() * rmask).sum().item<double>();
-    metrics_[MLpGapN] += rmask.sum().item<double>();
+    metrics_->lpGapN += rmask.sum().item<double>();
   }
   store(c, rows, lp);
 }
@@ -771,9 +771,9 @@ void Worker::runScore(MethodCall &c) {
   if (c.leader && (c.in.at(0) == ph.rolloutValue || ph.rolloutValue < 0)) {
     // The reward of the rollout the phase trains on, not of a baseline.
     at::Tensor per = scores.sum(1).to(at::kDouble);
-    metrics_[MRewardSum] += per.sum().item<double>();
-    metrics_[MRewardSq] += per.pow(2).sum().item<double>();
-    metrics_[MRewardN] += (double)b;
+    metrics_->rewardSum += per.sum().item<double>();
+    metrics_->rewardSq += per.pow(2).sum().item<double>();
+    metrics_->rewardN += (double)b;
   }
   store(c, rows, scores);
 }
@@ -848,9 +848,9 @@ void Worker::runUpdate(MethodCall &c) {
                                        attrNum(a, "clip_value", 0.5), mode);
       checkLoss(rr, "value loss", vl.vf_loss.item<double>());
       if (c.leader) { // weighted by the micro-batch's share of the minibatch
-        metrics_[MVfLoss] += vl.vf_loss.item<double>() * share;
-        metrics_[MVfClip] += vl.vf_clipfrac.item<double>() * tokShare;
-        metrics_[MCriticN] += rowShare;
+        metrics_->vfLoss += vl.vf_loss.item<double>() * share;
+        metrics_->vfClip += vl.vf_clipfrac.item<double>() * tokShare;
+        metrics_->criticN += rowShare;
       }
       return vl.vf_loss * share;
     }
@@ -899,12 +899,12 @@ void Worker::runUpdate(MethodCall &c) {
     checkLoss(rr, "policy loss", loss.item<double>());
     lastLoss += loss.item<double>() * share;
     if (c.leader) { // weighted by the micro-batch's share of the minibatch
-      metrics_[MPgLoss] += pl.pg_loss.item<double>() * share;
-      metrics_[MPgClip] += pl.pg_clipfrac.item<double>() * tokShare;
-      metrics_[MPpoKl] += pl.ppo_kl.item<double>() * tokShare;
-      metrics_[MKlLoss] += klv * share;
-      metrics_[MEntropy] += ent.item<double>() * share;
-      metrics_[MActorN] += rowShare;
+      metrics_->pgLoss += pl.pg_loss.item<double>() * share;
+      metrics_->pgClip += pl.pg_clipfrac.item<double>() * tokShare;
+      metrics_->ppoKl += pl.ppo_kl.item<double>() * tokShare;
+      metrics_->klLoss += klv * share;
+      metrics_->entropy += ent.item<double>() * share;
+      metrics_->actorN += rowShare;
     }
     return loss * share;
   };

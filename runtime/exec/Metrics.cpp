@@ -1,6 +1,6 @@
 //===- Metrics.cpp - per-iteration metrics and the run summary ------------===//
 //
-// Every rank's sums and counts (Metric) are gathered on rank 0, which prints
+// Every rank's sums and counts (MetricSums) are gathered on rank 0, which prints
 // the progress line and writes the metrics file (one JSON object per
 // iteration); at the end rank 0 prints the run summary.
 //
@@ -23,6 +23,72 @@ namespace hflow::exec {
 
 using namespace hflow::plan;
 
+// The row order is the enum the metrics once were, so rows and the sums
+// over them are what they were.
+const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields = {
+    &MetricSums::rewardSum,
+    &MetricSums::rewardSq,
+    &MetricSums::rewardN,
+    &MetricSums::lenSum,
+    &MetricSums::lenN,
+    &MetricSums::pgLoss,
+    &MetricSums::pgClip,
+    &MetricSums::ppoKl,
+    &MetricSums::klLoss,
+    &MetricSums::entropy,
+    &MetricSums::gradNorm,
+    &MetricSums::lr,
+    &MetricSums::actorN,
+    &MetricSums::vfLoss,
+    &MetricSums::vfClip,
+    &MetricSums::criticN,
+    &MetricSums::sftLoss,
+    &MetricSums::sftN,
+    &MetricSums::evalSum,
+    &MetricSums::evalN,
+    &MetricSums::tokens,
+    &MetricSums::lpGap,
+    &MetricSums::lpGapN,
+    &MetricSums::gradRank,
+    &MetricSums::rmLoss,
+    &MetricSums::rmAcc,
+    &MetricSums::rmMargin,
+    &MetricSums::rmN,
+    &MetricSums::pairAcc,
+    &MetricSums::pairN,
+    &MetricSums::reshardBytes,
+    &MetricSums::reshardMs,
+    &MetricSums::lenClipped,
+    &MetricSums::preempt,
+    &MetricSums::pageFaults};
+
+int MetricSums::column(double MetricSums::*f) {
+  for (int i = 0; i < kCount; ++i)
+    if (kFields[(size_t)i] == f)
+      return i;
+  return -1;
+}
+
+std::vector<double> MetricSums::row() const {
+  std::vector<double> r;
+  r.reserve(kCount);
+  for (double MetricSums::*f : kFields)
+    r.push_back(this->*f);
+  return r;
+}
+
+MetricSums MetricSums::fromRow(const double *row) {
+  MetricSums m;
+  for (int i = 0; i < kCount; ++i)
+    m.*kFields[(size_t)i] = row[i];
+  return m;
+}
+
+// A gathered row: the sums, then bytes sent, bytes received and the
+// iteration's time, then each step's time and each step's batch moves.
+constexpr int kBytesSent = MetricSums::kCount, kIterationMs = MetricSums::kCount + 2,
+              kSteps = MetricSums::kCount + 3;
+
 /// Sums every rank's metrics on rank 0, which prints and records them.
 void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   comm::CommStats cs = world_->stats();
@@ -30,9 +96,9 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     cs += c->stats();
   // The page faults of this rank's process during the iteration (the
   // kernel's work of mapping memory the allocator returned and took back).
-  if (it >= 0 && metrics_.size() == MNumMetrics)
-    metrics_[MPageFaults] = pageFaults() - faultsAt_;
-  std::vector<double> row = metrics_;
+  if (it >= 0 && metrics_.has_value())
+    metrics_->pageFaults = pageFaults() - faultsAt_;
+  std::vector<double> row = metrics_.value_or(MetricSums()).row();
   row.push_back((double)cs.bytesSent);
   row.push_back((double)cs.bytesReceived);
   row.push_back(ms);
@@ -51,7 +117,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       auto &per = (k < ph.count ? stepMeasured_ : movesMeasured_)[ph.first + k % ph.count];
       per.resize((size_t)all.size(0), {0.0, 0});
       for (int64_t r = 0; r < all.size(0); ++r) {
-        const double m = A[r][MNumMetrics + 3 + k];
+        const double m = A[r][kSteps + k];
         if (m > 0) {
           per[(size_t)r].first += m;
           ++per[(size_t)r].second;
@@ -59,22 +125,22 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       }
     }
   }
-  at::Tensor sum = all.sum(0);
-  auto S = [&](int k) { return sum[k].item<double>(); };
-  auto mean = [&](int num, int den) { return S(den) > 0 ? S(num) / S(den) : NAN; };
-  const double rN = S(MRewardN);
-  const double rMean = rN > 0 ? S(MRewardSum) / rN : NAN;
-  const double rStd = rN > 1 ? std::sqrt(std::max(0.0, (S(MRewardSq) - rN * rMean * rMean) / (rN - 1)))
+  at::Tensor sum = all.sum(0).contiguous();
+  const MetricSums tot = MetricSums::fromRow(sum.data_ptr<double>()); // over ranks
+  auto mean = [](double num, double den) { return den > 0 ? num / den : NAN; };
+  const double rN = tot.rewardN;
+  const double rMean = rN > 0 ? tot.rewardSum / rN : NAN;
+  const double rStd = rN > 1 ? std::sqrt(std::max(0.0, (tot.rewardSq - rN * rMean * rMean) / (rN - 1)))
                              : 0.0;
-  const double lr = all.select(1, MLr).max().item<double>();
-  const double bytes = all.select(1, MNumMetrics).sum().item<double>();
-  const double itMs = all.select(1, MNumMetrics + 2).max().item<double>();
-  const double evalR = mean(MEvalSum, MEvalN);
-  const double pairAcc = mean(MPairAcc, MPairN);
+  const double lr = all.select(1, MetricSums::column(&MetricSums::lr)).max().item<double>();
+  const double bytes = all.select(1, kBytesSent).sum().item<double>();
+  const double itMs = all.select(1, kIterationMs).max().item<double>();
+  const double evalR = mean(tot.evalSum, tot.evalN);
+  const double pairAcc = mean(tot.pairAcc, tot.pairN);
   const std::string when = it < 0 ? std::string("start") : ph.name + " " + std::to_string(it + 1);
-  if (evalRan && S(MEvalN) > 0)
+  if (evalRan && tot.evalN > 0)
     evalCurve_.push_back({when, evalR});
-  if (evalRan && S(MPairN) > 0)
+  if (evalRan && tot.pairN > 0)
     pairCurve_.push_back({when, pairAcc});
   const double elapsed = msSince(start_) / 1000.0;
   // The iterations of the phases before this one, and of the whole run.
@@ -90,10 +156,10 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     for (int r = 0; p_.roles() && r < (int)p_.roles()->size() && vocab == 0; ++r)
       if (role(r).kind() == RoleKind::Actor && role(r).model() >= 0)
         vocab = p_.models()->Get(role(r).model())->vocab();
-    const bool stepped = S(MGradRank) > 0;
+    const bool stepped = tot.gradRank > 0;
     const std::string warn = deadWatch_.observe(
-        ph.name, it + 1, stepped ? S(MGradNorm) / std::max(1.0, S(MGradRank)) : NAN,
-        mean(MSftLoss, MSftN), mean(MEntropy, MActorN), vocab);
+        ph.name, it + 1, stepped ? tot.gradNorm / std::max(1.0, tot.gradRank) : NAN,
+        mean(tot.sftLoss, tot.sftN), mean(tot.entropy, tot.actorN), vocab);
     if (!warn.empty() && !o_.quiet) {
       clearProgressBar();
       std::fflush(stdout);
@@ -115,31 +181,31 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     };
     add("reward_mean", rMean);
     add("reward_std", rN > 0 ? rStd : NAN);
-    add("response_length", mean(MLenSum, MLenN));
+    add("response_length", mean(tot.lenSum, tot.lenN));
     // The share of responses cut at max_tokens (verl's response_length/clip_ratio).
-    add("response_clip_ratio", mean(MLenClipped, MLenN));
+    add("response_clip_ratio", mean(tot.lenClipped, tot.lenN));
     // Only when the engine had to preempt (a pool smaller than the load).
-    if (S(MPreempt) > 0)
-      add("kv_preemptions", S(MPreempt));
-    add("pg_loss", mean(MPgLoss, MActorN));
-    add("pg_clipfrac", mean(MPgClip, MActorN));
-    add("ppo_kl", mean(MPpoKl, MActorN));
-    add("kl_loss", mean(MKlLoss, MActorN));
-    add("entropy", mean(MEntropy, MActorN));
-    add("vf_loss", mean(MVfLoss, MCriticN));
-    add("vf_clipfrac", mean(MVfClip, MCriticN));
-    add("sft_loss", mean(MSftLoss, MSftN));
-    add("rm_loss", mean(MRmLoss, MRmN));
-    add("rm_acc", mean(MRmAcc, MRmN));
-    add("rm_margin", mean(MRmMargin, MRmN));
-    add("grad_norm", S(MActorN) + S(MCriticN) + S(MSftN) + S(MRmN) > 0
-                         ? S(MGradNorm) / std::max(1.0, S(MGradRank))
+    if (tot.preempt > 0)
+      add("kv_preemptions", tot.preempt);
+    add("pg_loss", mean(tot.pgLoss, tot.actorN));
+    add("pg_clipfrac", mean(tot.pgClip, tot.actorN));
+    add("ppo_kl", mean(tot.ppoKl, tot.actorN));
+    add("kl_loss", mean(tot.klLoss, tot.actorN));
+    add("entropy", mean(tot.entropy, tot.actorN));
+    add("vf_loss", mean(tot.vfLoss, tot.criticN));
+    add("vf_clipfrac", mean(tot.vfClip, tot.criticN));
+    add("sft_loss", mean(tot.sftLoss, tot.sftN));
+    add("rm_loss", mean(tot.rmLoss, tot.rmN));
+    add("rm_acc", mean(tot.rmAcc, tot.rmN));
+    add("rm_margin", mean(tot.rmMargin, tot.rmN));
+    add("grad_norm", tot.actorN + tot.criticN + tot.sftN + tot.rmN > 0
+                         ? tot.gradNorm / std::max(1.0, tot.gradRank)
                          : NAN);
     add("lr", lr > 0 ? lr : NAN);
     add("eval_reward", evalR);
     add("eval_pair_acc", pairAcc);
-    add("rollout_lp_gap", mean(MLpGap, MLpGapN));
-    add("tokens_per_s", itMs > 0 ? S(MTokens) / (itMs / 1000.0) : NAN);
+    add("rollout_lp_gap", mean(tot.lpGap, tot.lpGapN));
+    add("tokens_per_s", itMs > 0 ? tot.tokens / (itMs / 1000.0) : NAN);
     add("iteration_ms", itMs);
     add("bytes_moved", bytes);
     // The actor's weights after the iteration, to 17 digits: two runs that
@@ -160,24 +226,24 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
         break;
       }
     for (int k = 0; k < ph.count; ++k) {
-      double m = all.select(1, MNumMetrics + 3 + k).max().item<double>();
+      double m = all.select(1, kSteps + k).max().item<double>();
       if (m > 0)
         add(("ms_step_" + std::to_string(ph.first + k)).c_str(), m);
       // The batch moves before the step (the slowest receiving rank).
-      m = all.select(1, MNumMetrics + 3 + ph.count + k).max().item<double>();
+      m = all.select(1, kSteps + ph.count + k).max().item<double>();
       if (m > 0 && std::any_of(ph.xfers.begin(), ph.xfers.end(),
                                [&](const Xfer &x) { return x.before == ph.first + k; }))
         add(("ms_moves_" + std::to_string(ph.first + k)).c_str(), m);
     }
     // Weight reshards of the iteration: bytes received over the roles' ranks
     // and the time of each transition, summed over transitions.
-    if (S(MReshardBytes) > 0) {
-      add("reshard_bytes", S(MReshardBytes));
-      add("reshard_ms", S(MReshardMs));
+    if (tot.reshardBytes > 0) {
+      add("reshard_bytes", tot.reshardBytes);
+      add("reshard_ms", tot.reshardMs);
     }
     // Page faults per rank (the mean over the ranks).
     if (it >= 0)
-      add("page_faults", S(MPageFaults) / (double)all.size(0));
+      add("page_faults", tot.pageFaults / (double)all.size(0));
     line += "}\n";
     if (!o_.reportFile.empty())
       reportLines_.push_back(line);
@@ -199,11 +265,11 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   if (o_.quiet)
     return;
   if (it < 0) {
-    if (S(MEvalN) > 0)
-      std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)S(MEvalN));
-    if (S(MPairN) > 0)
+    if (tot.evalN > 0)
+      std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)tot.evalN);
+    if (tot.pairN > 0)
       std::printf("[start] held-out preference accuracy %.3f (%d pairs)\n", pairAcc,
-                  (int)S(MPairN));
+                  (int)tot.pairN);
     std::fflush(stdout);
     return;
   }
@@ -223,40 +289,40 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       std::snprintf(b, sizeof b, " reward %.3f ± %.3f", rMean, rStd);
       line += b;
     }
-    if (S(MSftN) > 0) {
-      std::snprintf(b, sizeof b, " sft_loss %.4f", mean(MSftLoss, MSftN));
+    if (tot.sftN > 0) {
+      std::snprintf(b, sizeof b, " sft_loss %.4f", mean(tot.sftLoss, tot.sftN));
       line += b;
     }
-    if (S(MRmN) > 0) {
-      std::snprintf(b, sizeof b, " rm_loss %.4f acc %.3f margin %.3f", mean(MRmLoss, MRmN),
-                    mean(MRmAcc, MRmN), mean(MRmMargin, MRmN));
+    if (tot.rmN > 0) {
+      std::snprintf(b, sizeof b, " rm_loss %.4f acc %.3f margin %.3f", mean(tot.rmLoss, tot.rmN),
+                    mean(tot.rmAcc, tot.rmN), mean(tot.rmMargin, tot.rmN));
       line += b;
     }
-    if (S(MActorN) > 0) {
-      std::snprintf(b, sizeof b, " pg_loss %.4f kl %.4f entropy %.3f", mean(MPgLoss, MActorN),
-                    mean(MKlLoss, MActorN), mean(MEntropy, MActorN));
+    if (tot.actorN > 0) {
+      std::snprintf(b, sizeof b, " pg_loss %.4f kl %.4f entropy %.3f", mean(tot.pgLoss, tot.actorN),
+                    mean(tot.klLoss, tot.actorN), mean(tot.entropy, tot.actorN));
       line += b;
     }
-    if (S(MCriticN) > 0) {
-      std::snprintf(b, sizeof b, " vf_loss %.4f", mean(MVfLoss, MCriticN));
+    if (tot.criticN > 0) {
+      std::snprintf(b, sizeof b, " vf_loss %.4f", mean(tot.vfLoss, tot.criticN));
       line += b;
     }
-    if (S(MLenN) > 0) {
-      std::snprintf(b, sizeof b, " len %.1f", mean(MLenSum, MLenN));
+    if (tot.lenN > 0) {
+      std::snprintf(b, sizeof b, " len %.1f", mean(tot.lenSum, tot.lenN));
       line += b;
     }
-    if (ph.offPolicy > 0 && S(MLpGapN) > 0) {
-      std::snprintf(b, sizeof b, " lp gap %.4f", mean(MLpGap, MLpGapN));
+    if (ph.offPolicy > 0 && tot.lpGapN > 0) {
+      std::snprintf(b, sizeof b, " lp gap %.4f", mean(tot.lpGap, tot.lpGapN));
       line += b;
     }
-    if (evalRan && S(MEvalN) > 0) {
+    if (evalRan && tot.evalN > 0) {
       std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)", evalR,
-                    (int)S(MEvalN));
+                    (int)tot.evalN);
       line += b;
     }
-    if (evalRan && S(MPairN) > 0) {
+    if (evalRan && tot.pairN > 0) {
       std::snprintf(b, sizeof b, " | held-out preference accuracy %.3f (%d pairs)", pairAcc,
-                    (int)S(MPairN));
+                    (int)tot.pairN);
       line += b;
     }
     std::snprintf(b, sizeof b, " | %.0f ms/it, %.0f s", itMs, elapsed);
@@ -282,11 +348,11 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     if (rN > 0) {
       std::snprintf(tail, sizeof tail, " reward %.3f", rMean);
       t += tail;
-    } else if (S(MSftN) > 0) {
-      std::snprintf(tail, sizeof tail, " sft_loss %.4f", mean(MSftLoss, MSftN));
+    } else if (tot.sftN > 0) {
+      std::snprintf(tail, sizeof tail, " sft_loss %.4f", mean(tot.sftLoss, tot.sftN));
       t += tail;
-    } else if (S(MRmN) > 0) {
-      std::snprintf(tail, sizeof tail, " rm_loss %.4f", mean(MRmLoss, MRmN));
+    } else if (tot.rmN > 0) {
+      std::snprintf(tail, sizeof tail, " rm_loss %.4f", mean(tot.rmLoss, tot.rmN));
       t += tail;
     }
     int cols = 80;

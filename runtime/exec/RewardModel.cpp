@@ -167,10 +167,10 @@ void Worker::runFit(MethodCall &c) {
         at::Tensor pairs = scores.view({-1, 2});
         rl::PreferenceLossOutput o =
             rl::bradley_terry_loss(pairs.select(1, 0), pairs.select(1, 1), (double)mbRows);
-        metrics_[MRmLoss] += mbLoss;
-        metrics_[MRmAcc] += o.accuracy.item<double>();
-        metrics_[MRmMargin] += o.margin.item<double>();
-        metrics_[MRmN] += 1;
+        metrics_->rmLoss += mbLoss;
+        metrics_->rmAcc += o.accuracy.item<double>();
+        metrics_->rmMargin += o.margin.item<double>();
+        metrics_->rmN += 1;
       }
       applyGradients(rr, attrNum(a, "lr", 0));
       lastLoss = mbLoss;
@@ -197,8 +197,8 @@ void Worker::evaluatePairs(const std::string &label) {
     at::Tensor sc = scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
     if (rr.pos != 0)
       continue;
-    metrics_[MPairAcc] += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
-    metrics_[MPairN] += (double)N;
+    metrics_->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
+    metrics_->pairN += (double)N;
     if (!o_.dumpValues.empty()) {
       // Every pair's two scores and the token ids they were read from, to
       // check them against another forward (and the pairs' assembly).

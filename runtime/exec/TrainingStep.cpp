@@ -87,9 +87,9 @@ void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
                    " is not finite (gradient norm " + std::to_string(norm) +
                    ", learning rate " + std::to_string(lr) +
                    "); nothing is saved from this state");
-  metrics_[MGradNorm] += norm;
-  metrics_[MGradRank] = 1; // this rank stepped: it counts in the mean over ranks
-  metrics_[MLr] = lr;
+  metrics_->gradNorm += norm;
+  metrics_->gradRank = 1; // this rank stepped: it counts in the mean over ranks
+  metrics_->lr = lr;
 }
 
 } // namespace hflow::exec

@@ -554,9 +554,9 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
   reshardBytes_ += (double)total;
   reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
   // The iteration's weight-reshard bytes and time (the metrics' reshard_*).
-  if (metrics_.size() == MNumMetrics) { // inside an iteration
-    metrics_[MReshardBytes] += (double)total;
-    metrics_[MReshardMs] += ms;
+  if (metrics_.has_value()) { // inside an iteration
+    metrics_->reshardBytes += (double)total;
+    metrics_->reshardMs += ms;
   }
   ++reshardCount_;
   clearProgressBar();

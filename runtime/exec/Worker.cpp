@@ -522,7 +522,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   currentIter_ = it;
   vals_.clear();
   digests_.clear();
-  metrics_.assign(MNumMetrics, 0.0);
+  metrics_.emplace();
   stepMs_.assign(2 * ph.count, 0.0);
   faultsAt_ = pageFaults();
   auto t0 = Clock::now();
@@ -663,7 +663,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   currentIter_ = 0;
   vals_.clear();
   digests_.clear();
-  metrics_.assign(MNumMetrics, 0.0);
+  metrics_.emplace();
   plannedSteps_ += rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   const std::vector<int64_t> ids = nextPrompts(ph);
   for (int v : ints(step(ph.genStep).inputs()))
@@ -824,7 +824,7 @@ int Worker::run() {
     }
     if ((evalSet_ || pairsSet_) && !o_.resume) {
       // Before any training: the starting point of the curve.
-      metrics_.assign(MNumMetrics, 0.0);
+      metrics_.emplace();
       stepMs_.assign(2 * phases_[0].count, 0.0);
       evaluate("start", -1);
       PhaseRt &ph0 = phases_[0];

@@ -64,13 +64,31 @@ namespace hflow::exec {
 using comm::Communicator;
 
 /// What every rank contributes to an iteration's metrics: sums and counts,
-/// added over ranks by rank 0.
-enum Metric : int {
-  MRewardSum, MRewardSq, MRewardN, MLenSum, MLenN, MPgLoss, MPgClip, MPpoKl,
-  MKlLoss, MEntropy, MGradNorm, MLr, MActorN, MVfLoss, MVfClip, MCriticN,
-  MSftLoss, MSftN, MEvalSum, MEvalN, MTokens, MLpGap, MLpGapN, MGradRank,
-  MRmLoss, MRmAcc, MRmMargin, MRmN, MPairAcc, MPairN, MReshardBytes, MReshardMs, MLenClipped,
-  MPreempt, MPageFaults, MNumMetrics
+/// added over ranks by rank 0 (lr: the largest). They travel as one row of
+/// doubles per rank (row(), in kFields' order) in the iteration's one
+/// all-gather, followed by the communication counters and step times.
+struct MetricSums {
+  double rewardSum = 0, rewardSq = 0, rewardN = 0; ///< the rule reward over responses
+  double lenSum = 0, lenN = 0, lenClipped = 0;     ///< response lengths; cut at max_tokens
+  double pgLoss = 0, pgClip = 0, ppoKl = 0, klLoss = 0, entropy = 0, actorN = 0; ///< the actor's update
+  double gradNorm = 0, gradRank = 0, lr = 0;       ///< norms summed over the ranks that stepped
+  double vfLoss = 0, vfClip = 0, criticN = 0;      ///< the critic's update
+  double sftLoss = 0, sftN = 0;                    ///< supervised passes
+  double evalSum = 0, evalN = 0;                   ///< held-out rewards
+  double tokens = 0, lpGap = 0, lpGapN = 0;        ///< generated tokens; rollout log-prob gap
+  double rmLoss = 0, rmAcc = 0, rmMargin = 0, rmN = 0; ///< reward-model fit
+  double pairAcc = 0, pairN = 0;                   ///< held-out preference pairs
+  double reshardBytes = 0, reshardMs = 0;          ///< weight reshards
+  double preempt = 0, pageFaults = 0;              ///< KV preemptions; the process's page faults
+
+  static constexpr int kCount = 35;
+  /// Every field, in the order a row holds them.
+  static const std::array<double MetricSums::*, kCount> kFields;
+  /// The column of field `f` in a row.
+  static int column(double MetricSums::*f);
+  std::vector<double> row() const;
+  /// The fields from the first kCount values of `row`.
+  static MetricSums fromRow(const double *row);
 };
 
 /// What a phase (a train block) needs at run time.
@@ -431,7 +449,8 @@ private:
   std::map<int, std::string> loadedFrom_;  // model index -> HF directory
   int64_t synthVocab_ = 256; // token ids of synthetic prompts are below this
   std::map<int, Val> vals_;
-  std::vector<double> metrics_;
+  /// This iteration's contributions (empty outside an iteration).
+  std::optional<MetricSums> metrics_;
   /// Per step of the phase, this iteration: [0, count) the step's own time
   /// on this rank, [count, 2 count) the batch moves that brought its rows
   /// (the receive side: waiting for a producer counts).
