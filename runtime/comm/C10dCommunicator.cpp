@@ -390,45 +390,35 @@ void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
   constexpr int kTag = 1;
   std::vector<std::vector<at::Tensor>> holders; // kept alive until waited
   holders.reserve(sends.size() + recvs.size());
+  // Every receive, then every send, posted; their works in that order (in
+  // an NCCL group c10d may return none per operation: the group's is the
+  // one to wait for).
+  auto postAll = [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto &m : recvs) {
+      holders.push_back({m.second});
+      works.push_back(impl_->pg->recv(holders.back(), m.first, kTag));
+    }
+    for (auto &m : sends) {
+      holders.push_back({m.second});
+      works.push_back(impl_->pg->send(holders.back(), m.first, kTag));
+    }
+    return works;
+  };
   try {
     if (impl_->gloo()) {
-      std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      for (auto &m : recvs) {
-        holders.push_back({m.second});
-        works.push_back(impl_->pg->recv(holders.back(), m.first, kTag));
-      }
-      for (auto &m : sends) {
-        holders.push_back({m.second});
-        works.push_back(impl_->pg->send(holders.back(), m.first, kTag));
-      }
-      for (auto &w : works)
+      for (auto &w : postAll())
         impl_->wait(w);
     } else {
       // NCCL: one group (ncclGroupStart/End through c10d's coalescing), so
-      // no order of posting can deadlock; one wait for the whole group.
+      // no order of posting can deadlock.
       impl_->pg->startCoalescing();
 #if TORCH_VERSION_MAJOR >= 2
-      for (auto &m : recvs) {
-        holders.push_back({m.second});
-        (void)impl_->pg->recv(holders.back(), m.first, kTag);
-      }
-      for (auto &m : sends) {
-        holders.push_back({m.second});
-        (void)impl_->pg->send(holders.back(), m.first, kTag);
-      }
-      c10::intrusive_ptr<c10d::Work> w = impl_->pg->endCoalescing();
-      if (w)
-        impl_->wait(w);
+      (void)postAll();
+      if (c10::intrusive_ptr<c10d::Work> group = impl_->pg->endCoalescing())
+        impl_->wait(group);
 #else
-      std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      for (auto &m : recvs) {
-        holders.push_back({m.second});
-        works.push_back(impl_->pg->recv(holders.back(), m.first, kTag));
-      }
-      for (auto &m : sends) {
-        holders.push_back({m.second});
-        works.push_back(impl_->pg->send(holders.back(), m.first, kTag));
-      }
+      std::vector<c10::intrusive_ptr<c10d::Work>> works = postAll();
       impl_->pg->endCoalescing(works);
       for (auto &w : works)
         impl_->wait(w);
