@@ -7,7 +7,8 @@
 # tolerance (f32 with TF32 off: 1e-4; bf16: the CPU tests' 2e-2), and the
 # bytes moved equal iteration by iteration (the byte counters follow the
 # plan on both backends). Then a bit-exact resume and a SIGKILL'd and a
-# frozen rank, each named within --timeout + 10 s. With DEVICE cpu it is
+# frozen rank, each named (on the GPU within --timeout + 10 s; the dry run
+# reports the time without a bound). With DEVICE cpu it is
 # the dry run of the whole suite on a machine without a GPU: every plan
 # runs twice on the CPU and every check runs (it proves the suite, not the
 # GPU). Prints "N passed, N failed".
@@ -140,7 +141,11 @@ fault() { # signal
   local took=$((SECONDS - t0))
   grep "error" "$d/log" | head -n 4 | sed "s/^/    $sig: /"
   say "fault $sig: exit $rc after $took s (--timeout $t)"
-  [ "$rc" -ne 0 ] && [ "$took" -le $((t + 10)) ] && grep -q "rank 1" "$d/log"
+  [ "$rc" -ne 0 ] && grep -q "rank 1" "$d/log" || return 1
+  # The bound the issue sets holds on the GPU; the CPU dry run reports it
+  # only (it runs in CI, where no test asserts wall-clock time).
+  [ "$DEVICE" != cuda ] || [ "$took" -le $((t + 10)) ] ||
+    { say "fault $sig: named after $took s, more than --timeout + 10 s"; return 1; }
 }
 if [ -z "$FILTER" ] && [ -f "$PLANS/fsdp-tp-4.bin" ]; then
   check "a SIGKILL'd rank is named" fault KILL
