@@ -21,6 +21,8 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/data/HfTokenizerDetail.h"
 
+#include <nlohmann/json.hpp>
+
 #include <utf8proc.h>
 
 #include <algorithm>

@@ -1,6 +1,8 @@
 //===- HfTokenizerLoad.cpp - the Hugging Face tokenizer: reading tokenizer.json and its configs ---===//
 #include "runtime/data/HfTokenizerDetail.h"
 
+#include <nlohmann/json.hpp>
+
 #include <utf8proc.h>
 
 #include <algorithm>

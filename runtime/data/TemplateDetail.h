@@ -14,7 +14,7 @@
 
 #include "runtime/data/Utf8.h"
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,8 @@
 //===- TemplateValue.cpp - the renderer's values: JS-like, from and to JSON ---===//
 #include "runtime/data/TemplateDetail.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
