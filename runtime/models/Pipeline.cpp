@@ -177,9 +177,8 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
   auto activationBuffer = [&](int i) -> at::Tensor {
     if (p.isFirst())
       return {};
-    AttnContext a = attnContext(p.c, micros[i].tokens, micros[i].positions,
-                                micros[i].keyMask, "PipelineStage");
-    return at::empty({a.B, a.T, p.c.hidden}, onEngine(p.c.dtype));
+    const at::Tensor &tokens = micros[i].tokens; // [b, T]
+    return at::empty({tokens.size(0), tokens.size(1), p.c.hidden}, onEngine(p.c.dtype));
   };
   auto gradientBuffer = [&](int i) -> at::Tensor {
     if (p.isLast())
