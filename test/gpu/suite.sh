@@ -18,7 +18,11 @@ set -uo pipefail
 RUN="$1" PLANS="$(realpath "$2")" WORK="$(realpath -m "$3")" DEVICE="$4" FILTER="${5:-}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 INPUTS="$HERE/../integration/Inputs"
-rm -rf "$WORK"; mkdir -p "$WORK"
+# WORK is this suite's own: a folder holding anything else is refused.
+if [ -e "$WORK" ] && [ ! -f "$WORK/.gpu-suite" ] && [ -n "$(ls -A "$WORK" 2>/dev/null)" ]; then
+  echo "gpu-suite: $WORK holds files the suite did not write; choose another folder" >&2; exit 2
+fi
+rm -rf "$WORK"; mkdir -p "$WORK"; : > "$WORK/.gpu-suite"
 export NVIDIA_TF32_OVERRIDE=0 # f32 is f32 (LibTorch's matmuls default to it too)
 TIMEOUT=120
 PASSED=0 FAILED=0
