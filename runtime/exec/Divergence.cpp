@@ -1,4 +1,4 @@
-//===- Divergence.cpp - a run that diverged stops; one that died is warned ---===//
+//===- Divergence.cpp - a run that diverged stops ----------------------------===//
 #include "runtime/exec/Divergence.h"
 
 #include "runtime/models/Checkpoint.h"
@@ -62,34 +62,6 @@ std::string nonFiniteWeight(const models::CausalLM &lm, const std::vector<at::Te
     if (!allFinite(e))
       return extraName;
   return "";
-}
-
-std::string DeadModelWatch::observe(const std::string &phase, int64_t iteration,
-                                    double gradNorm, double loss, double entropy,
-                                    int64_t vocab) {
-  const double lnV = vocab > 1 ? std::log((double)vocab) : NAN;
-  auto atLnV = [&](double v) { return std::isfinite(v) && std::fabs(v - lnV) <= 0.01 * lnV; };
-  const bool dead = gradNorm == 0.0 && (atLnV(loss) || atLnV(entropy));
-  if (!dead) {
-    run_ = 0;
-    warned_ = false;
-    return "";
-  }
-  if (run_++ == 0)
-    first_ = iteration;
-  if (run_ < kDeadIterations || warned_)
-    return "";
-  warned_ = true;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "%s iterations %lld-%lld: the gradient norm has been exactly 0 and the %s "
-                "%.4f, ln V of a vocabulary of %lld (a uniform distribution), for %d "
-                "iterations: the model is dead and learns nothing; a learning rate too "
-                "high for it is the usual cause",
-                phase.c_str(), (long long)first_, (long long)iteration,
-                atLnV(loss) ? "loss" : "entropy", atLnV(loss) ? loss : entropy,
-                (long long)vocab, run_);
-  return buf;
 }
 
 } // namespace hflow::exec

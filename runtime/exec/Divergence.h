@@ -1,4 +1,4 @@
-//===- Divergence.h - a run that diverged stops; one that died is warned -----===//
+//===- Divergence.h - a run that diverged stops ------------------------------===//
 //
 // Every rank checks what it trains, whatever flags are given
 // (docs/runtime.md, "Divergence"): each loss it computes, the global
@@ -9,10 +9,7 @@
 // export is written from that state (and those writers refuse a non-finite
 // tensor themselves).
 //
-// A model can also die without a NaN: after a blow-up its distribution can
-// go uniform (a loss or entropy at ln V) with a gradient of exactly 0, and
-// training goes on learning nothing. DeadModelWatch warns when that holds
-// for kDeadIterations iterations in a row.
+// A model can also die without a NaN: RunLog.h's DeadModelWatch warns.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_DIVERGENCE_H
@@ -44,22 +41,6 @@ bool weightsFinite(const models::CausalLM &lm, const std::vector<at::Tensor> &ex
 std::string nonFiniteWeight(const models::CausalLM &lm, const std::vector<at::Tensor> &extra,
                             const std::string &extraName);
 
-/// Watches a phase's metrics for a dead model: a gradient norm of exactly 0
-/// with the loss or the entropy within 1% of ln V, for kDeadIterations
-/// iterations in a row. Rank 0.
-class DeadModelWatch {
-public:
-  static constexpr int kDeadIterations = 5;
-  /// One iteration's figures (NaN: not measured this iteration). Returns the
-  /// warning to print (once per episode), else "".
-  std::string observe(const std::string &phase, int64_t iteration, double gradNorm,
-                      double loss, double entropy, int64_t vocab);
-
-private:
-  int run_ = 0;
-  int64_t first_ = 0;
-  bool warned_ = false;
-};
 
 } // namespace hflow::exec
 

@@ -166,7 +166,7 @@ void Worker::syncReference(int phaseIndex) {
         rr.lm->loadFrom(*got->second);
       else
         rr.model->copyFrom(*got->second);
-      clearProgressBar();
+      log_.clearBar();
       if (rr.pos == 0 && !o_.quiet)
         std::printf("[%s] %s starts from the actor's current weights (sent by rank %d)\n",
                     phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
@@ -180,7 +180,7 @@ void Worker::syncReference(int phaseIndex) {
           rr.lm->loadFrom(*ar.model); // this rank's shards of them
         else
           rr.model->copyFrom(*ar.model);
-        clearProgressBar();
+        log_.clearBar();
         if (rr.pos == 0 && !o_.quiet)
           std::printf("[%s] %s starts from %s's current weights\n",
                       phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),

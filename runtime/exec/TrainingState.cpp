@@ -84,7 +84,7 @@ void Worker::saveState() {
     } catch (const std::exception &e) {
       throw RunError(e.what());
     }
-    clearProgressBar();
+    log_.clearBar();
     if (!o_.quiet)
       std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)globalIter_,
                   ckDir_.c_str());

@@ -559,7 +559,7 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
     metrics_->reshardMs += ms;
   }
   ++reshardCount_;
-  clearProgressBar();
+  log_.clearBar();
   if (!o_.quiet) {
     if (naive)
       std::printf("[reshard] %s (naive gather) %s in %.1f ms (the plan's naive figure %s; "

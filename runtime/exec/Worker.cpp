@@ -14,7 +14,6 @@
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/exec/Connect.h"
 #include "runtime/exec/Worker.h"
-#include "runtime/report/HtmlReport.h"
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Safetensors.h"
@@ -22,8 +21,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -343,10 +340,6 @@ void Worker::prepare() {
       throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
                      "to evaluate");
   }
-  if (j_.rank == 0 && !o_.quiet && isatty(STDOUT_FILENO)) {
-    const char *term = std::getenv("TERM");
-    progressBar_ = !term || std::string(term) != "dumb";
-  }
   // Checkpoints: the command line wins over the train block.
   ckDir_ = o_.checkpointDir;
   if (ckDir_.empty())
@@ -402,14 +395,7 @@ void Worker::prepare() {
     // the other ranks write only inside what rank 0 claimed.
     preparing("checking and locking the outputs");
     claimOutputs();
-    metricsOn_ = !o_.metricsFile.empty();
-    if (!o_.tensorboardDir.empty()) {
-      try {
-        tb_ = std::make_unique<report::EventWriter>(o_.tensorboardDir, o_.resume);
-      } catch (const std::runtime_error &e) {
-        throw RunError(e.what());
-      }
-    }
+    log_.open();
     if (ckEvery_ > 0) {
       try {
         models::checkWritable(rankDir());
@@ -587,7 +573,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
       } else {
         runStep(ph, s, it, "");
       }
-      clearProgressBar();
+      log_.clearBar();
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
     }
@@ -680,7 +666,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
     ph.carry = std::move(v->second);
   vals_.clear();
-  clearProgressBar();
+  log_.clearBar();
   if (j_.rank == 0 && !o_.quiet)
     std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
                 "each rollout is generated while the iteration before trains\n",
@@ -690,8 +676,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
 
 void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   currentPhase_ = ph.name;
-  phaseStart_ = Clock::now();
-  phaseFirstIt_ = firstIter;
+  log_.startPhase(firstIter);
   if (firstIter == 0)
     syncReference(phaseIndex);
   if (ph.offPolicy > 0 && firstIter == 0)
@@ -740,7 +725,7 @@ void Worker::finish() {
   at::Tensor mine = at::tensor(mineV, at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = world_->allGatherFlat(mine.to(models::engineDevice())).cpu();
   world_->barrier();
-  clearProgressBar();
+  log_.clearBar();
   if (j_.rank == 0 && !o_.quiet)
     printSummary(all);
 }
@@ -811,16 +796,14 @@ int Worker::run() {
     trace_.setOrigin(start_);
     if (o_.resume)
       loadState();
-    if (metricsOn_) {
+    if (j_.rank == 0) {
       // A resumed run keeps the earlier run's rows before its resume point.
       ResumePoint at;
       for (const PhaseRt &ph : phases_)
         at.phases.push_back(ph.name);
       at.phase = resumePhase_;
       at.iteration = resumeIter_;
-      std::vector<std::string> kept = outputs_.openMetrics(o_, o_.resume ? &at : nullptr);
-      if (!o_.reportFile.empty())
-        reportLines_ = std::move(kept);
+      log_.openMetrics(o_.resume ? &at : nullptr);
     }
     if ((evalSet_ || pairsSet_) && !o_.resume) {
       // Before any training: the starting point of the curve.
@@ -837,23 +820,10 @@ int Worker::run() {
       runPhase(phases_[i], (int)i, o_.resume && i == resumePhase_ ? resumeIter_ : 0);
     finish();
     activity_ = "writing the report (--report)";
-    if (!o_.reportFile.empty() && j_.rank == 0 && !reportLines_.empty()) {
-      std::vector<nlohmann::json> rows;
-      for (const std::string &l : reportLines_)
-        rows.push_back(nlohmann::json::parse(l));
-      try {
-        report::writeReportFile(
-            o_.reportFile,
-            report::renderHtmlReport(rows, "hflow run: " + str(p_.program(), "?"),
-                                     "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
-                                         (o_.metricsFile.empty() ? std::string()
-                                                                 : ", " + o_.metricsFile)));
-      } catch (const std::runtime_error &e) {
-        throw RunError(e.what());
-      }
-      if (!o_.quiet)
-        std::printf("report: %s (%zu metrics rows)\n", o_.reportFile.c_str(), rows.size());
-    }
+    if (j_.rank == 0)
+      log_.writeReport("hflow run: " + str(p_.program(), "?"),
+                       "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
+                           (o_.metricsFile.empty() ? std::string() : ", " + o_.metricsFile));
   } catch (const RunError &e) {
     return fail(who + where() + e.what(), false);
   } catch (const CommError &e) {

@@ -35,6 +35,7 @@
 #include "runtime/exec/Divergence.h"
 #include "runtime/exec/EngineSupport.h"
 #include "runtime/exec/RowSchedule.h"
+#include "runtime/exec/RunLog.h"
 #include "runtime/exec/RunOptions.h"
 #include "runtime/exec/RunOutputs.h"
 #include "runtime/exec/Trace.h"
@@ -62,34 +63,6 @@
 namespace hflow::exec {
 
 using comm::Communicator;
-
-/// What every rank contributes to an iteration's metrics: sums and counts,
-/// added over ranks by rank 0 (lr: the largest). They travel as one row of
-/// doubles per rank (row(), in kFields' order) in the iteration's one
-/// all-gather, followed by the communication counters and step times.
-struct MetricSums {
-  double rewardSum = 0, rewardSq = 0, rewardN = 0; ///< the rule reward over responses
-  double lenSum = 0, lenN = 0, lenClipped = 0;     ///< response lengths; cut at max_tokens
-  double pgLoss = 0, pgClip = 0, ppoKl = 0, klLoss = 0, entropy = 0, actorN = 0; ///< the actor's update
-  double gradNorm = 0, gradRank = 0, lr = 0;       ///< norms summed over the ranks that stepped
-  double vfLoss = 0, vfClip = 0, criticN = 0;      ///< the critic's update
-  double sftLoss = 0, sftN = 0;                    ///< supervised passes
-  double evalSum = 0, evalN = 0;                   ///< held-out rewards
-  double tokens = 0, lpGap = 0, lpGapN = 0;        ///< generated tokens; rollout log-prob gap
-  double rmLoss = 0, rmAcc = 0, rmMargin = 0, rmN = 0; ///< reward-model fit
-  double pairAcc = 0, pairN = 0;                   ///< held-out preference pairs
-  double reshardBytes = 0, reshardMs = 0;          ///< weight reshards
-  double preempt = 0, pageFaults = 0;              ///< KV preemptions; the process's page faults
-
-  static constexpr int kCount = 35;
-  /// Every field, in the order a row holds them.
-  static const std::array<double MetricSums::*, kCount> kFields;
-  /// The column of field `f` in a row.
-  static int column(double MetricSums::*f);
-  std::vector<double> row() const;
-  /// The fields from the first kCount values of `row`.
-  static MetricSums fromRow(const double *row);
-};
 
 /// What a phase (a train block) needs at run time.
 struct PhaseRt : PhaseShape {
@@ -189,6 +162,22 @@ at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head);
 
 /// Bytes of the gradients a role's parameters hold now.
 int64_t gradBytes(const RoleRt &rr);
+
+/// What this rank holds for a role, in bytes, measured on its tensors:
+/// weights (the training form's parameters and a head), their gradients
+/// (-1 for a role that trains but ran no update: none are allocated yet),
+/// the optimizer's state, and a generation copy beside them (an actor's
+/// whole copy or generation shards); then the peak activations of a pass
+/// and the largest KV cache (-1: none ran), the memory model's figures for
+/// those two, and the range of measured / model over the role's passes.
+constexpr int kMemoryFigures = 10;
+std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
+/// The summary's memory lines: each rank's measured figures per role
+/// (`perRank` columns from `first` on, kMemoryFigures per plan role)
+/// against the plan's counts, then the transient peaks against the memory
+/// model and the plan's bounds.
+void printMemory(const plan::Plan &p, const at::Tensor &perRank, int first);
+void printTransientMemory(const plan::Plan &p, const at::Tensor &perRank, int first);
 
 /// One pass of a role, measured: the rise of the rank's memory high-water
 /// mark over what it held when the pass began, less the gradients the
@@ -402,22 +391,6 @@ private:
   //===-- metrics (Metrics.cpp) -----------------------------------------------===//
   void gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan);
   void printSummary(const at::Tensor &perRank);
-  /// What this rank holds for a role, in bytes, measured on its tensors:
-  /// weights (the training form's parameters and a head), their
-  /// gradients (-1 for a role that trains but ran no update: none are
-  /// allocated yet), the optimizer's state, and a generation copy beside
-  /// them (an actor's whole copy or generation shards).
-  /// Per role: weights, gradients, optimizer state, generation copy (held
-  /// now), the peak activations of a pass and the largest KV cache (-1:
-  /// none ran), the memory model's figures for those two, and the range of
-  /// measured / model over the role's passes.
-  static constexpr int kMemoryFigures = 10;
-  std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) const;
-  /// The summary's memory lines: each rank's measured figures per role
-  /// (`perRank` columns from `first` on, four per plan role) against the
-  /// plan's counts.
-  void printMemory(const at::Tensor &perRank, int first);
-  void printTransientMemory(const at::Tensor &perRank, int first);
 
   const plan::LoadedPlan &lp_;
   const plan::Plan &p_;
@@ -463,17 +436,8 @@ private:
   std::map<int, rl::RunningMoments> moments_;
   /// What the job writes (rank 0): locks, claimed folders, the metrics log.
   RunOutputs outputs_;
-  bool metricsOn_ = false; ///< --metrics is written (rank 0)
-  DeadModelWatch deadWatch_; ///< rank 0
-  /// The metrics rows of this run, for --report (rank 0).
-  std::vector<std::string> reportLines_;
-  /// Per plan step, per rank: milliseconds summed over the iterations that
-  /// ran it, and their count (rank 0; the summary's predicted vs measured).
-  std::map<int, std::vector<std::pair<double, int>>> stepMeasured_;
-  /// The same for each step's batch moves.
-  std::map<int, std::vector<std::pair<double, int>>> movesMeasured_;
-  void printStepTimes();
-  std::unique_ptr<report::EventWriter> tb_; ///< --tensorboard (rank 0)
+  /// Rank 0's record of the run: metrics rows, progress, curves, step times.
+  RunLog log_{o_, outputs_};
   int currentStep_ = -1;
   /// What the rank does between steps (saving a checkpoint, evaluating,
   /// exporting): named in errors where no step is (Worker::run's where()).
@@ -486,14 +450,6 @@ private:
   double reshardBytes_ = 0, reshardPlanned_ = 0;
   int reshardCount_ = 0;
   Clock::time_point start_ = Clock::now();
-  Clock::time_point phaseStart_ = Clock::now();
-  int64_t phaseFirstIt_ = 0;
-  /// Rank 0 draws a progress bar on the last line (stdout is a terminal,
-  /// not --quiet, TERM not "dumb"); barShown_: a bar is on the line now.
-  bool progressBar_ = false, barShown_ = false;
-  void clearProgressBar();
-  std::vector<std::pair<std::string, double>> evalCurve_;
-  std::vector<std::pair<std::string, double>> pairCurve_; // held-out preference accuracy
   TraceRecorder trace_;
   // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
   // (written by rank 0 once every rank saved step N) names the last

@@ -4,11 +4,9 @@
 // checked writes (a file-size limit stands in for a full disk), records that
 // stay whole, outputs that never name inputs, folders that hold only what
 // hflow wrote, and locks that name the job holding them. Then the run's
-// metrics rows a resume keeps (RunOutputs::rowsBefore) and the dead-model
-// watch (Divergence.h).
+// metrics rows a resume keeps (RunOutputs::rowsBefore).
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/Divergence.h"
 #include "runtime/exec/RunOutputs.h"
 #include "runtime/schema/OutputFiles.h"
 
@@ -336,26 +334,4 @@ TEST(RunOutputs, AResumeKeepsTheRowsBeforeItsPoint) {
   kept = exec::RunOutputs::rowsBefore("{\"phase\": \"other\", \"iteration\": 1}\n", at, why);
   EXPECT_EQ(kept.size(), 0u);
   EXPECT_EQ(why, "its line 1 is of phase 'other', which this run does not have there");
-}
-
-TEST(Divergence, ADeadModelIsWarnedAfterFiveIterations) {
-  exec::DeadModelWatch w;
-  const int64_t V = 256;
-  const double lnV = std::log(256.0);
-  for (int i = 1; i <= 4; ++i)
-    EXPECT_EQ(w.observe("sft", i, 0.0, lnV, NAN, V), "");
-  const std::string warn = w.observe("sft", 5, 0.0, lnV + 0.001, NAN, V);
-  EXPECT_NE(warn.find("sft iterations 1-5: the gradient norm has been exactly 0 and the loss "
-                      "5.5462, ln V of a vocabulary of 256"),
-            std::string::npos)
-      << warn;
-  EXPECT_EQ(w.observe("sft", 6, 0.0, lnV, NAN, V), ""); // once per episode
-  // A zero gradient alone (GRPO groups with equal rewards) is not death.
-  exec::DeadModelWatch g;
-  for (int i = 1; i <= 10; ++i)
-    EXPECT_EQ(g.observe("grpo", i, 0.0, NAN, 2.0, V), "");
-  // A gradient that is not exactly 0 resets the count.
-  exec::DeadModelWatch r;
-  for (int i = 1; i <= 10; ++i)
-    EXPECT_EQ(r.observe("grpo", i, i % 4 == 0 ? 1e-9 : 0.0, NAN, lnV, V), "");
 }
