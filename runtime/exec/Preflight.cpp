@@ -175,7 +175,7 @@ void Worker::claimOutputs() {
   for (const auto &[r, dir] : exports_)
     exports.push_back(dir);
   // A checkpoint directory no save and no resume uses is not written.
-  outputs_.claim(o_, ckEvery_ > 0 || o_.resume ? ckDir_ : std::string(), exports, in);
+  outputs_.claim(o_, ck_.saves() || o_.resume ? ck_.dir() : std::string(), exports, in);
 }
 
 } // namespace hflow::exec

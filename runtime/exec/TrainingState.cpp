@@ -1,21 +1,17 @@
 //===- TrainingState.cpp - checkpoint save and resume ---------------------===//
 //
-// Every role's weights (whole, or this rank's shards), heads and optimizer
-// state, the rollout an off-policy phase made ahead, and where the run is
-// (global iteration, sampler positions), per rank, through
-// models/Checkpoint.h's atomic, checksummed files (docs/checkpoints.md).
+// What a checkpoint holds: every role's weights (whole, or this rank's
+// shards), heads and optimizer state, the rollout an off-policy phase made
+// ahead, and where the run is (global iteration, sampler positions), per
+// rank; the Checkpointer (Checkpointer.h) writes and reads the files.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
-#include "runtime/models/Device.h"
-
 #include "runtime/models/Checkpoint.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
-#include <fstream>
-#include <thread>
 #include <tuple>
 
 namespace hflow::exec {
@@ -70,26 +66,7 @@ void Worker::saveState() {
              {"tokenizer", tokIdentity_},
              {"chat_template", tmplIdentity_},
              {"samplers", samplers}};
-  try {
-    models::saveCheckpoint(rankDir(), st);
-  } catch (const std::exception &e) {
-    throw RunError(e.what()); // the activity names the checkpoint
-  }
-  if (j_.rank == envInt("HFLOW_TEST_HANG_IN_CHECKPOINT_RANK", -1))
-    std::this_thread::sleep_for(std::chrono::hours(1)); // fault injection: a save that hangs
-  world_->barrier(); // every rank has step N on disk
-  if (j_.rank == 0) {
-    try {
-      models::writeFileAtomic(ckDir_ + "/latest", std::to_string(globalIter_) + "\n");
-    } catch (const std::exception &e) {
-      throw RunError(e.what());
-    }
-    log_.clearBar();
-    if (!o_.quiet)
-      std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)globalIter_,
-                  ckDir_.c_str());
-  }
-  world_->barrier();
+  ck_.save(st, *world_, o_.quiet, log_);
 }
 
 
@@ -97,7 +74,7 @@ void Worker::saveState() {
 /// rank's, with the same phases (their lengths decide which phase an
 /// iteration number falls in) over the same data. Refused with what differs.
 void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const {
-  const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" + rankDir() +
+  const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" + ck_.rankDir() +
                             "'";
   for (const char *key : {"rank", "world_size", "phase_iterations", "data"})
     if (!st.meta.contains(key))
@@ -142,27 +119,10 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
 }
 
 void Worker::loadState() {
-  // Rank 0 reads which step is complete and tells everyone.
-  at::Tensor step = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
-  if (j_.rank == 0) {
-    std::ifstream in(ckDir_ + "/latest");
-    long long n = -1;
-    if (!(in >> n) || n < 0)
-      throw RunError("--resume: '" + ckDir_ + "/latest' does not name a checkpoint");
-    step[0] = (int64_t)n;
-  }
-  step = step.to(models::engineDevice());
-  world_->broadcast(step, 0);
-  step = step.cpu();
-  const int64_t n = step[0].item<int64_t>();
-  models::CheckpointState st;
-  try {
-    st = models::loadCheckpoint(rankDir(), n);
-  } catch (const std::exception &e) {
-    throw RunError(std::string("--resume: ") + e.what());
-  }
+  models::CheckpointState st = ck_.loadLatest(*world_);
+  const int64_t n = st.step;
   if (st.meta.value("plan", std::string()) != comm::hashHex(lp_.fileHash()))
-    throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+    throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +
                    "' was written by another plan (" + st.meta.value("plan", std::string("?")) +
                    ", this plan is " + comm::hashHex(lp_.fileHash()) + ")");
   checkResumable(st, n);
@@ -217,7 +177,7 @@ void Worker::loadState() {
     if (name.rfind("builtin/", 0) != 0)
       continue;
     const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" +
-                              rankDir() + "': " + name;
+                              ck_.rankDir() + "': " + name;
     size_t slash = name.find('/', 8);
     int s = -1;
     try {
@@ -240,26 +200,21 @@ void Worker::loadState() {
     if (phases_[i].sampler)
       phases_[i].sampler->setPosition(samplers[i].get<uint64_t>());
   // Which phase and iteration come next.
-  int64_t left = n;
-  resumePhase_ = phases_.size();
-  for (size_t i = 0; i < phases_.size(); ++i) {
-    if (left < phases_[i].iterations) {
-      resumePhase_ = i;
-      resumeIter_ = left;
-      break;
-    }
-    left -= phases_[i].iterations;
-  }
-  if (resumePhase_ < phases_.size() && resumeIter_ > 0 && phases_[resumePhase_].offPolicy > 0) {
-    const PhaseRt &ph = phases_[resumePhase_];
+  std::vector<int64_t> lengths;
+  for (const PhaseRt &ph : phases_)
+    lengths.push_back(ph.iterations);
+  ck_.resumeAfter(n, lengths);
+  const size_t next = ck_.resumePhase();
+  if (next < phases_.size() && ck_.resumeIteration() > 0 && phases_[next].offPolicy > 0) {
+    const PhaseRt &ph = phases_[next];
     if (inMySchedule(ph.genStep) && !ph.carry)
-      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ckDir_ +
+      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +
                      "' holds no rollout made ahead for phase " + ph.name +
                      " (off_policy), which this generation rank needs");
   }
   if (j_.rank == 0 && !o_.quiet)
     std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
-                ckDir_.c_str());
+                ck_.dir().c_str());
 }
 
 } // namespace hflow::exec

@@ -341,27 +341,14 @@ void Worker::prepare() {
                      "to evaluate");
   }
   // Checkpoints: the command line wins over the train block.
-  ckDir_ = o_.checkpointDir;
-  if (ckDir_.empty())
+  {
+    std::vector<Checkpointer::BlockSettings> blocks;
     for (auto &ph : phases_)
-      if (ph.ph && ph.ph->checkpoint_dir() && ckDir_.empty())
-        ckDir_ = str(ph.ph->checkpoint_dir());
-  ckEvery_ = o_.checkpointEvery;
-  if (ckEvery_ < 0) {
-    ckEvery_ = 0;
-    for (auto &ph : phases_)
-      if (ph.ph && ph.ph->checkpoint_every() > 0 && ckEvery_ == 0)
-        ckEvery_ = ph.ph->checkpoint_every();
+      if (ph.ph)
+        blocks.push_back({ph.ph->checkpoint_dir() ? str(ph.ph->checkpoint_dir()) : std::string(),
+                          ph.ph->checkpoint_every()});
+    ck_.configure(o_, blocks, j_.rank);
   }
-  if (ckEvery_ > 0 && ckDir_.empty())
-    throw RunError("checkpoints every " + std::to_string(ckEvery_) +
-                   " iterations need a directory (--checkpoint-dir or the train "
-                   "block's checkpoint_dir)");
-  if (o_.resume && ckDir_.empty())
-    throw RunError("--resume needs the checkpoint directory (--checkpoint-dir or the "
-                   "train block's checkpoint_dir)");
-  if (o_.resume && !fileExists(ckDir_ + "/latest"))
-    throw RunError("--resume: no complete checkpoint in '" + ckDir_ + "'");
   for (const auto &[name, dir] : o_.exportHf) {
     // Which role: the named one (an actor or a reward model), else the actor.
     int which = -1;
@@ -396,9 +383,9 @@ void Worker::prepare() {
     preparing("checking and locking the outputs");
     claimOutputs();
     log_.open();
-    if (ckEvery_ > 0) {
+    if (ck_.saves()) {
       try {
-        models::checkWritable(rankDir());
+        models::checkWritable(ck_.rankDir());
       } catch (const std::exception &e) {
         throw RunError(e.what());
       }
@@ -596,8 +583,8 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
       globalIter_ == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
     std::abort(); // fault injection for tests: a worker dies mid-run
-  activity_ = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ckDir_ + "'";
-  if (ckEvery_ > 0 && globalIter_ % ckEvery_ == 0)
+  activity_ = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ck_.dir() + "'";
+  if (ck_.due(globalIter_))
     saveState();
   activity_.clear();
 }
@@ -801,8 +788,8 @@ int Worker::run() {
       ResumePoint at;
       for (const PhaseRt &ph : phases_)
         at.phases.push_back(ph.name);
-      at.phase = resumePhase_;
-      at.iteration = resumeIter_;
+      at.phase = ck_.resumePhase();
+      at.iteration = ck_.resumeIteration();
       log_.openMetrics(o_.resume ? &at : nullptr);
     }
     if ((evalSet_ || pairsSet_) && !o_.resume) {
@@ -816,8 +803,9 @@ int Worker::run() {
       gatherMetrics(ph0, -1, 0, true);
       ph0.name = keep;
     }
-    for (size_t i = o_.resume ? resumePhase_ : 0; i < phases_.size(); ++i)
-      runPhase(phases_[i], (int)i, o_.resume && i == resumePhase_ ? resumeIter_ : 0);
+    const size_t from = o_.resume ? ck_.resumePhase() : 0;
+    for (size_t i = from; i < phases_.size(); ++i)
+      runPhase(phases_[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
     finish();
     activity_ = "writing the report (--report)";
     if (j_.rank == 0)

@@ -31,6 +31,7 @@
 #include "runtime/data/Rewards.h"
 #include "runtime/data/Tokenizer.h"
 #include "runtime/exec/BatchValues.h"
+#include "runtime/exec/Checkpointer.h"
 #include "runtime/exec/Builtins.h"
 #include "runtime/exec/Divergence.h"
 #include "runtime/exec/EngineSupport.h"
@@ -366,7 +367,6 @@ private:
   void dropWholeCopies();
 
   //===-- training state (TrainingState.cpp) ----------------------------------===//
-  std::string rankDir() const { return ckDir_ + "/rank-" + std::to_string(j_.rank); }
   void saveState();
   void loadState();
   void checkResumable(const models::CheckpointState &st, int64_t n) const;
@@ -451,14 +451,8 @@ private:
   int reshardCount_ = 0;
   Clock::time_point start_ = Clock::now();
   TraceRecorder trace_;
-  // Checkpoints: <ckDir_>/rank-<R>/step-<N> per rank, <ckDir_>/latest
-  // (written by rank 0 once every rank saved step N) names the last
-  // complete one. Steps count iterations over all phases.
-  std::string ckDir_;
-  int64_t ckEvery_ = 0;
+  Checkpointer ck_; ///< the folder, the cadence, the resume point
   int64_t globalIter_ = 0; // iterations completed, all phases
-  size_t resumePhase_ = 0;
-  int64_t resumeIter_ = 0;
 };
 
 } // namespace hflow::exec
