@@ -9,6 +9,17 @@
 
 namespace hflow::exec {
 
+bool trimPasses() {
+  static const bool padded = envInt("HFLOW_PADDED_PASSES", 0) != 0;
+  return !padded;
+}
+
+std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
+  const int64_t p = ro["pmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  return {std::max<int64_t>(1, p), std::max<int64_t>(1, r)};
+}
+
 bool lengthBuckets() {
   static const bool off = envInt("HFLOW_LENGTH_BUCKETS", 1) == 0;
   return !off;

@@ -21,6 +21,15 @@
 
 namespace hflow::exec {
 
+/// Whether passes run only over the columns their rows use (the default);
+/// HFLOW_PADDED_PASSES=1 runs every pass over the full prompt_len +
+/// max_tokens width, the reference the trimmed passes are tested against.
+bool trimPasses();
+
+/// The real width of rows [lo, hi) of a rollout: the longest prompt (left
+/// padded) and the longest response (right padded, at least 1).
+std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi);
+
 /// Whether trimmed passes also sort each pass's rows by length and run
 /// them in buckets of similar length (the default; HFLOW_LENGTH_BUCKETS=0
 /// keeps one pass per micro-batch, trimmed to its longest row).

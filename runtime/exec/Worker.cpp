@@ -72,6 +72,56 @@ void Worker::prepare() {
     if (::stat(o_.dataDir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw RunError("--data-dir '" + o_.dataDir + "' is not a directory");
   }
+  prepareTokenizer();
+  for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
+    mySteps_.insert(s);
+  prepareRules();
+  preparePhases();
+  for (PhaseRt &ph : phases_) {
+    measurePrompts(ph);
+    findRollout(ph);
+    evalR_ = std::max(evalR_, ph.R);
+    if (ph.ph && ph.ph->off_policy() > 0)
+      prepareOffPolicy(ph);
+    ph.xfers = rows_->transfers(ph);
+    if (ph.offPolicy > 0) {
+      auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
+      for (Xfer &x : ph.xfers)
+        x.early = x.value == ph.rolloutValue &&
+                  std::find(genRanks.begin(), genRanks.end(), x.src) != genRanks.end();
+    }
+  }
+  prepareHeldOut();
+  // Checkpoints: the command line wins over the train block.
+  {
+    std::vector<Checkpointer::BlockSettings> blocks;
+    for (auto &ph : phases_)
+      if (ph.ph)
+        blocks.push_back({ph.ph->checkpoint_dir() ? str(ph.ph->checkpoint_dir()) : std::string(),
+                          ph.ph->checkpoint_every()});
+    ck_.configure(o_, blocks, j_.rank);
+  }
+  prepareExports();
+  if (j_.rank == 0) {
+    // Every output checked, locked and its folder claimed before any work;
+    // the other ranks write only inside what rank 0 claimed.
+    preparing("checking and locking the outputs");
+    claimOutputs();
+    log_.open();
+    if (ck_.saves()) {
+      try {
+        models::checkWritable(ck_.rankDir());
+      } catch (const std::exception &e) {
+        throw RunError(e.what());
+      }
+    }
+  }
+  buildRoles();
+}
+
+/// The tokenizer (--tokenizer, else the actor's model's), its stop ids and
+/// the prompt encoder over it.
+void Worker::prepareTokenizer() {
   const std::string tokSpec = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
   preparing("reading the tokenizer '" + tokSpec + "'");
   tok_ = data::makeTokenizer(tokSpec);
@@ -87,11 +137,10 @@ void Worker::prepare() {
                 tok_->name().c_str(), (long long)tok_->vocabSize(), (long long)tok_->bosId(),
                 stops.c_str(), prompts_->hasTemplate() ? "chat template" : "no chat template");
   }
-  const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
-  for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
-    mySteps_.insert(s);
+}
 
-  // Each RewardFn role scores with its own rule (the program names it).
+/// Each RewardFn role scores with its own rule (the program names it).
+void Worker::prepareRules() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     if (role(r).kind() != RoleKind::RewardFn)
       continue;
@@ -105,206 +154,10 @@ void Worker::prepare() {
     }
   }
 
-  std::vector<std::string> unordered;
-  rows_.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
-  if (j_.rank == 0 && !o_.quiet)
-    for (const std::string &actor : unordered)
-      std::printf("[reshard] %s generates on whole weights: the planned assignment "
-                  "orders a generation replica's ranks against their TP order\n",
-                  actor.c_str());
-  if (p_.phases() && p_.phases()->size() > 0) {
-    for (const Phase *ph : *p_.phases()) {
-      PhaseRt rt;
-      rt.ph = ph;
-      rt.name = str(ph->flow(), "?");
-      rt.first = ph->first_step();
-      rt.count = ph->num_steps();
-      rt.batch = ph->batch();
-      rt.n = std::max(1, ph->n());
-      rt.seed = (uint64_t)ph->seed();
-      std::string path = resolveData(str(ph->data()));
-      preparing("reading the data of phase " + rt.name + " ('" + path + "')");
-      data::DatasetOptions keys;
-      if (!str(ph->prompt_key()).empty())
-        keys.promptField = str(ph->prompt_key());
-      if (!str(ph->answer_key()).empty())
-        keys.answerField = str(ph->answer_key());
-      dataKeys_ = keys; // the evaluation set reads the last phase's keys
-      try {
-        rt.dataset = data::Dataset::load(path, keys);
-      } catch (const std::exception &e) {
-        throw RunError(e.what());
-      }
-      rt.dataHash = fileHash(path);
-      rt.dataPath = path;
-      if (j_.rank == 0 && !o_.quiet)
-        std::printf("[data] %s reads %s (%zu examples, FNV-1a %s)\n", rt.name.c_str(),
-                    path.c_str(), rt.dataset->size(), rt.dataHash.c_str());
-      rt.sampler = std::make_unique<data::Sampler>(rt.dataset->size(), rt.seed, true);
-      int64_t perEpoch = (int64_t)((rt.dataset->size() + rt.batch - 1) / rt.batch);
-      rt.iterations = ph->train_steps() > 0 ? ph->train_steps()
-                                            : std::max<int64_t>(1, ph->epochs()) * perEpoch;
-      phases_.push_back(std::move(rt));
-    }
-  } else {
-    // No train block: one iteration of the plan's flow on synthetic prompts.
-    PhaseRt rt;
-    rt.name = str(p_.flow(), "flow");
-    rt.first = 0;
-    rt.count = nSteps;
-    rt.seed = (uint64_t)p_.seed();
-    phases_.push_back(std::move(rt));
-  }
-  for (auto &ph : phases_)
-    hasData_ = hasData_ || ph.dataset.has_value();
-  if (p_.models())
-    for (const Model *m : *p_.models())
-      synthVocab_ = std::min<int64_t>(synthVocab_, std::max(2, m->vocab()));
-  if (o_.steps >= 0)
-    for (auto &ph : phases_)
-      ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
+}
 
-  for (auto &ph : phases_) {
-    // Prompt width: the longest prompt of the data set, which must fit the
-    // phase's prompt_len (the plan's memory counts on it): a longer one is
-    // refused here, with its row, before any work.
-    if (ph.dataset) {
-      preparing("rendering and tokenizing the prompts of phase " + ph.name + " ('" +
-                ph.dataPath + "')");
-      const int64_t limit = ph.ph ? ph.ph->prompt_len() : 0;
-      // The smallest vocabulary of the program's models: every prompt id
-      // must be below it, or the first pass over the row would index past
-      // an embedding (found here with the row, not when sampled).
-      int64_t vocab = 0;
-      std::string vocabModel;
-      for (int m = 0; p_.models() && m < (int)p_.models()->size(); ++m)
-        if (vocab == 0 || p_.models()->Get(m)->vocab() < vocab) {
-          vocab = p_.models()->Get(m)->vocab();
-          vocabModel = str(p_.models()->Get(m)->name(), "?");
-        }
-      int64_t P = 1;
-      for (size_t i = 0; i < ph.dataset->size(); ++i) {
-        const auto &ex = (*ph.dataset)[i];
-        const std::vector<int64_t> ids = promptOf(*ph.dataset, ex);
-        const std::string row = "phase " + ph.name + ": the prompt of row " +
-                                std::to_string(ex.index + 1) + " of " + ph.dataPath +
-                                " (line " + std::to_string(ex.line) + ")";
-        if (ids.empty())
-          throw RunError(row + " is empty after rendering and tokenizing: a rollout needs "
-                               "at least one prompt token");
-        for (int64_t id : ids)
-          if (id < 0 || (vocab > 0 && id >= vocab))
-            throw RunError(row + " holds token id " + std::to_string(id) +
-                           ", outside the vocabulary of model " + vocabModel + " (ids 0 to " +
-                           std::to_string(vocab - 1) + ")");
-        const int64_t len = (int64_t)ids.size();
-        if (limit > 0 && len > limit)
-          throw RunError("phase " + ph.name + ": the prompt of row " +
-                         std::to_string(ex.index + 1) + " of " + ph.dataPath + " has " +
-                         std::to_string(len) + " tokens, more than prompt_len " +
-                         std::to_string(limit) +
-                         " (the train block's, else hflow's default; the plan's memory "
-                         "counts on it): raise prompt_len or shorten the prompt");
-        P = std::max<int64_t>(P, len);
-      }
-      ph.P = P;
-    } else {
-      ph.P = defaults::kSyntheticPromptLen;
-    }
-    // The phase's rollout: the one its update trains on (ReMax generates a
-    // greedy baseline too), else its first generate's. Its mask and groups
-    // are the builtins', its sampling temperature the log-probs'; the
-    // response width holds every generate's.
-    std::map<int, int> generated; // rollout value -> its generate step
-    for (int s = ph.first; s < ph.first + ph.count; ++s) {
-      const Step &st = step(s);
-      if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
-        continue;
-      ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(attrsOf(st.attrs()), "max_tokens", 16));
-      if (st.outputs() && st.outputs()->size() > 0) {
-        generated.emplace(st.outputs()->Get(0), s);
-        if (ph.rolloutValue < 0)
-          ph.rolloutValue = st.outputs()->Get(0);
-      }
-    }
-    for (int s = ph.first; s < ph.first + ph.count && generated.size() > 1; ++s) {
-      const Step &st = step(s);
-      if (st.kind() == StepKind::Compute && str(st.method()) == "update" && st.inputs() &&
-          st.inputs()->size() > 0 && generated.count(st.inputs()->Get(0))) {
-        ph.rolloutValue = st.inputs()->Get(0);
-        break;
-      }
-    }
-    if (ph.rolloutValue >= 0) {
-      const Step &gen = step(generated.at(ph.rolloutValue));
-      Attrs a = attrsOf(gen.attrs());
-      ph.rolloutTemp = attrBool(a, "greedy", false)
-                           ? 1.0
-                           : attrNum(a, "temperature", attrNum(roleOptions(gen.role()),
-                                                               "temperature", 1.0));
-      if (int64_t nAttr = (int64_t)attrNum(a, "n", 0); nAttr > 0)
-        ph.n = nAttr;
-    }
-    // A generate call's token budget must hold one row of this phase's
-    // data: refused here, before any work.
-    for (int s = ph.first; s < ph.first + ph.count; ++s) {
-      const Step &st = step(s);
-      if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
-        continue;
-      Attrs a = attrsOf(st.attrs());
-      try {
-        models::batchRowsFor((int64_t)attrNum(a, "max_batch_tokens", 0), ph.P,
-                             (int64_t)attrNum(a, "max_tokens", 16), 1);
-      } catch (const std::invalid_argument &e) {
-        throw RunError(describe(s) + ": " + e.what() + " in phase " + ph.name);
-      }
-    }
-    evalR_ = std::max(evalR_, ph.R);
-    if (ph.ph && ph.ph->off_policy() > 0) {
-      // One-step off-policy: the phase's one generate (of an actor
-      // generating apart), the reshard that feeds it and its check run an
-      // iteration ahead.
-      ph.offPolicy = ph.ph->off_policy();
-      for (int s = ph.first; s < ph.first + ph.count; ++s) {
-        const Step &st = step(s);
-        if (st.kind() == StepKind::Compute && str(st.method()) == "generate") {
-          if (ph.genStep >= 0)
-            throw RunError("phase " + ph.name + " has off_policy " +
-                           std::to_string(ph.offPolicy) + " and more than one generate step");
-          ph.genStep = s;
-        }
-      }
-      if (ph.genStep < 0)
-        throw RunError("phase " + ph.name + " has off_policy " +
-                       std::to_string(ph.offPolicy) + " but no generate step");
-      const Role &gr = role(step(ph.genStep).role());
-      if (!gr.generate_ranks() || gr.generate_ranks()->size() == 0)
-        throw RunError("phase " + ph.name + " has off_policy " +
-                       std::to_string(ph.offPolicy) + " but actor " + str(gr.name()) +
-                       " generates on its training ranks");
-      for (int s = ph.first; s < ph.first + ph.count; ++s) {
-        const Step &st = step(s);
-        if (st.kind() == StepKind::Reshard && st.role() == step(ph.genStep).role() &&
-            s < ph.genStep)
-          ph.reshardStep = s;
-        if (st.kind() == StepKind::CheckAllGather && st.checks() == ph.genStep)
-          ph.genCheckStep = s;
-        if (s != ph.genStep && st.inputs())
-          for (int v : *st.inputs())
-            if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
-              throw RunError("phase " + ph.name + " has off_policy " +
-                             std::to_string(ph.offPolicy) + ": " + describe(s) +
-                             " reads the prompts, which only the generate step may");
-      }
-    }
-    ph.xfers = rows_->transfers(ph);
-    if (ph.offPolicy > 0) {
-      auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
-      for (Xfer &x : ph.xfers)
-        x.early = x.value == ph.rolloutValue &&
-                  std::find(genRanks.begin(), genRanks.end(), x.src) != genRanks.end();
-    }
-  }
+/// --eval's held-out prompts and --eval-pairs' preference pairs.
+void Worker::prepareHeldOut() {
   if (!o_.evalFile.empty()) {
     preparing("reading the --eval file '" + o_.evalFile + "'");
     evalRule_ = chooseEvalRule();
@@ -340,15 +193,10 @@ void Worker::prepare() {
       throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
                      "to evaluate");
   }
-  // Checkpoints: the command line wins over the train block.
-  {
-    std::vector<Checkpointer::BlockSettings> blocks;
-    for (auto &ph : phases_)
-      if (ph.ph)
-        blocks.push_back({ph.ph->checkpoint_dir() ? str(ph.ph->checkpoint_dir()) : std::string(),
-                          ph.ph->checkpoint_every()});
-    ck_.configure(o_, blocks, j_.rank);
-  }
+}
+
+/// --export-hf: which role goes to which folder, refused before any work.
+void Worker::prepareExports() {
   for (const auto &[name, dir] : o_.exportHf) {
     // Which role: the named one (an actor or a reward model), else the actor.
     int which = -1;
@@ -377,23 +225,7 @@ void Worker::prepare() {
     // marked and locked); no other rank touches it before.
     exports_.emplace_back(which, dir);
   }
-  if (j_.rank == 0) {
-    // Every output checked, locked and its folder claimed before any work;
-    // the other ranks write only inside what rank 0 claimed.
-    preparing("checking and locking the outputs");
-    claimOutputs();
-    log_.open();
-    if (ck_.saves()) {
-      try {
-        models::checkWritable(ck_.rankDir());
-      } catch (const std::exception &e) {
-        throw RunError(e.what());
-      }
-    }
-  }
-  buildRoles();
 }
-
 
 void Worker::connect() {
   rv_ = joinJob(j_, lp_.fileHash(), agreedFacts());

@@ -4,10 +4,12 @@
 // functions live in the file of their concern:
 //
 //   Worker.cpp          setup before the rendezvous, connect, the phase loop
+//   PhaseSetup.cpp      each train block's run-time shape, checked first
 //   Preflight.cpp       data paths, the --eval rule, the facts ranks agree on
 //   RoleSetup.cpp       each role's model forms, heads and optimizer
 //   Methods.cpp         the role methods (generate, logprob, values, score,
-//                       update, sft), one function each, from a table
+//                       sft), one function each, from a table
+//   PolicyUpdate.cpp    update: the actor's and the critic's PPO step
 //   TrainingStep.cpp    how a training call is cut, the optimizer step and
 //                       its divergence checks
 //   Preflight.cpp       also: the run's outputs claimed (RunOutputs.h)
@@ -227,7 +229,15 @@ public:
 private:
   //===-- setup (Worker.cpp, RoleSetup.cpp) ---------------------------------===//
   void prepare();
+  void prepareTokenizer();
+  void prepareRules();
+  void prepareHeldOut();
+  void prepareExports();
+  //===-- each phase's run-time shape (PhaseSetup.cpp) ----------------------===//
   void preparePhases();
+  void measurePrompts(PhaseRt &ph);
+  void findRollout(PhaseRt &ph);
+  void prepareOffPolicy(PhaseRt &ph);
   void connect();
   void buildRoles();
   void connectRoles();

@@ -1,0 +1,220 @@
+//===- PhaseSetup.cpp - each train block's run-time shape, checked first ---===//
+//
+// Before the rendezvous every rank reads each phase's data and derives what
+// the phase needs at run time (PhaseRt): its iterations, the widest prompt
+// (refused when longer than prompt_len or outside the vocabulary), the
+// rollout its update trains on, off-policy's steps run ahead, and the batch
+// moves (RowSchedule). Every refusal names the phase and the row.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+
+#include <algorithm>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+/// Every train block of the plan as a phase (or one iteration of the flow
+/// on synthetic prompts), with its data read and hashed.
+void Worker::preparePhases() {
+  const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
+  std::vector<std::string> unordered;
+  rows_.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
+  if (j_.rank == 0 && !o_.quiet)
+    for (const std::string &actor : unordered)
+      std::printf("[reshard] %s generates on whole weights: the planned assignment "
+                  "orders a generation replica's ranks against their TP order\n",
+                  actor.c_str());
+  if (p_.phases() && p_.phases()->size() > 0) {
+    for (const Phase *ph : *p_.phases()) {
+      PhaseRt rt;
+      rt.ph = ph;
+      rt.name = str(ph->flow(), "?");
+      rt.first = ph->first_step();
+      rt.count = ph->num_steps();
+      rt.batch = ph->batch();
+      rt.n = std::max(1, ph->n());
+      rt.seed = (uint64_t)ph->seed();
+      std::string path = resolveData(str(ph->data()));
+      preparing("reading the data of phase " + rt.name + " ('" + path + "')");
+      data::DatasetOptions keys;
+      if (!str(ph->prompt_key()).empty())
+        keys.promptField = str(ph->prompt_key());
+      if (!str(ph->answer_key()).empty())
+        keys.answerField = str(ph->answer_key());
+      dataKeys_ = keys; // the evaluation set reads the last phase's keys
+      try {
+        rt.dataset = data::Dataset::load(path, keys);
+      } catch (const std::exception &e) {
+        throw RunError(e.what());
+      }
+      rt.dataHash = fileHash(path);
+      rt.dataPath = path;
+      if (j_.rank == 0 && !o_.quiet)
+        std::printf("[data] %s reads %s (%zu examples, FNV-1a %s)\n", rt.name.c_str(),
+                    path.c_str(), rt.dataset->size(), rt.dataHash.c_str());
+      rt.sampler = std::make_unique<data::Sampler>(rt.dataset->size(), rt.seed, true);
+      int64_t perEpoch = (int64_t)((rt.dataset->size() + rt.batch - 1) / rt.batch);
+      rt.iterations = ph->train_steps() > 0 ? ph->train_steps()
+                                            : std::max<int64_t>(1, ph->epochs()) * perEpoch;
+      phases_.push_back(std::move(rt));
+    }
+  } else {
+    // No train block: one iteration of the plan's flow on synthetic prompts.
+    PhaseRt rt;
+    rt.name = str(p_.flow(), "flow");
+    rt.first = 0;
+    rt.count = nSteps;
+    rt.seed = (uint64_t)p_.seed();
+    phases_.push_back(std::move(rt));
+  }
+  for (auto &ph : phases_)
+    hasData_ = hasData_ || ph.dataset.has_value();
+  if (p_.models())
+    for (const Model *m : *p_.models())
+      synthVocab_ = std::min<int64_t>(synthVocab_, std::max(2, m->vocab()));
+  if (o_.steps >= 0)
+    for (auto &ph : phases_)
+      ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
+}
+
+/// Prompt width: the longest prompt of the data set, which must fit the
+/// phase's prompt_len (the plan's memory counts on it): a longer one is
+/// refused here, with its row, before any work.
+void Worker::measurePrompts(PhaseRt &ph) {
+  if (ph.dataset) {
+    preparing("rendering and tokenizing the prompts of phase " + ph.name + " ('" +
+              ph.dataPath + "')");
+    const int64_t limit = ph.ph ? ph.ph->prompt_len() : 0;
+    // The smallest vocabulary of the program's models: every prompt id
+    // must be below it, or the first pass over the row would index past
+    // an embedding (found here with the row, not when sampled).
+    int64_t vocab = 0;
+    std::string vocabModel;
+    for (int m = 0; p_.models() && m < (int)p_.models()->size(); ++m)
+      if (vocab == 0 || p_.models()->Get(m)->vocab() < vocab) {
+        vocab = p_.models()->Get(m)->vocab();
+        vocabModel = str(p_.models()->Get(m)->name(), "?");
+      }
+    int64_t P = 1;
+    for (size_t i = 0; i < ph.dataset->size(); ++i) {
+      const auto &ex = (*ph.dataset)[i];
+      const std::vector<int64_t> ids = promptOf(*ph.dataset, ex);
+      const std::string row = "phase " + ph.name + ": the prompt of row " +
+                              std::to_string(ex.index + 1) + " of " + ph.dataPath +
+                              " (line " + std::to_string(ex.line) + ")";
+      if (ids.empty())
+        throw RunError(row + " is empty after rendering and tokenizing: a rollout needs "
+                             "at least one prompt token");
+      for (int64_t id : ids)
+        if (id < 0 || (vocab > 0 && id >= vocab))
+          throw RunError(row + " holds token id " + std::to_string(id) +
+                         ", outside the vocabulary of model " + vocabModel + " (ids 0 to " +
+                         std::to_string(vocab - 1) + ")");
+      const int64_t len = (int64_t)ids.size();
+      if (limit > 0 && len > limit)
+        throw RunError("phase " + ph.name + ": the prompt of row " +
+                       std::to_string(ex.index + 1) + " of " + ph.dataPath + " has " +
+                       std::to_string(len) + " tokens, more than prompt_len " +
+                       std::to_string(limit) +
+                       " (the train block's, else hflow's default; the plan's memory "
+                       "counts on it): raise prompt_len or shorten the prompt");
+      P = std::max<int64_t>(P, len);
+    }
+    ph.P = P;
+  } else {
+    ph.P = defaults::kSyntheticPromptLen;
+  }
+}
+
+/// The phase's rollout: the one its update trains on (ReMax generates a
+/// greedy baseline too), else its first generate's. Its mask and groups
+/// are the builtins', its sampling temperature the log-probs'; the
+/// response width holds every generate's. A generate call's token budget
+/// must hold one row of the phase's data: refused here, before any work.
+void Worker::findRollout(PhaseRt &ph) {
+  std::map<int, int> generated; // rollout value -> its generate step
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
+      continue;
+    ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(attrsOf(st.attrs()), "max_tokens", 16));
+    if (st.outputs() && st.outputs()->size() > 0) {
+      generated.emplace(st.outputs()->Get(0), s);
+      if (ph.rolloutValue < 0)
+        ph.rolloutValue = st.outputs()->Get(0);
+    }
+  }
+  for (int s = ph.first; s < ph.first + ph.count && generated.size() > 1; ++s) {
+    const Step &st = step(s);
+    if (st.kind() == StepKind::Compute && str(st.method()) == "update" && st.inputs() &&
+        st.inputs()->size() > 0 && generated.count(st.inputs()->Get(0))) {
+      ph.rolloutValue = st.inputs()->Get(0);
+      break;
+    }
+  }
+  if (ph.rolloutValue >= 0) {
+    const Step &gen = step(generated.at(ph.rolloutValue));
+    Attrs a = attrsOf(gen.attrs());
+    ph.rolloutTemp = attrBool(a, "greedy", false)
+                         ? 1.0
+                         : attrNum(a, "temperature", attrNum(roleOptions(gen.role()),
+                                                             "temperature", 1.0));
+    if (int64_t nAttr = (int64_t)attrNum(a, "n", 0); nAttr > 0)
+      ph.n = nAttr;
+  }
+  // A generate call's token budget must hold one row of this phase's
+  // data: refused here, before any work.
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
+      continue;
+    Attrs a = attrsOf(st.attrs());
+    try {
+      models::batchRowsFor((int64_t)attrNum(a, "max_batch_tokens", 0), ph.P,
+                           (int64_t)attrNum(a, "max_tokens", 16), 1);
+    } catch (const std::invalid_argument &e) {
+      throw RunError(describe(s) + ": " + e.what() + " in phase " + ph.name);
+    }
+  }
+}
+
+/// One-step off-policy: the phase's one generate (of an actor generating
+/// apart), the reshard that feeds it and its check run an iteration ahead.
+void Worker::prepareOffPolicy(PhaseRt &ph) {
+  ph.offPolicy = ph.ph->off_policy();
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() == StepKind::Compute && str(st.method()) == "generate") {
+      if (ph.genStep >= 0)
+        throw RunError("phase " + ph.name + " has off_policy " +
+                       std::to_string(ph.offPolicy) + " and more than one generate step");
+      ph.genStep = s;
+    }
+  }
+  if (ph.genStep < 0)
+    throw RunError("phase " + ph.name + " has off_policy " +
+                   std::to_string(ph.offPolicy) + " but no generate step");
+  const Role &gr = role(step(ph.genStep).role());
+  if (!gr.generate_ranks() || gr.generate_ranks()->size() == 0)
+    throw RunError("phase " + ph.name + " has off_policy " +
+                   std::to_string(ph.offPolicy) + " but actor " + str(gr.name()) +
+                   " generates on its training ranks");
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() == StepKind::Reshard && st.role() == step(ph.genStep).role() &&
+        s < ph.genStep)
+      ph.reshardStep = s;
+    if (st.kind() == StepKind::CheckAllGather && st.checks() == ph.genStep)
+      ph.genCheckStep = s;
+    if (s != ph.genStep && st.inputs())
+      for (int v : *st.inputs())
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+          throw RunError("phase " + ph.name + " has off_policy " +
+                         std::to_string(ph.offPolicy) + ": " + describe(s) +
+                         " reads the prompts, which only the generate step may");
+  }
+}
+
+} // namespace hflow::exec

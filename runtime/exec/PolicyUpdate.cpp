@@ -1,0 +1,304 @@
+//===- PolicyUpdate.cpp - update: the actor's and the critic's PPO step ----===//
+//
+// An update trains on this replica's rows of the rollout: epochs of
+// minibatches (one optimizer step each) of passes whose gradients
+// accumulate, each loss weighted by its share of the minibatch as verl
+// does. UpdateLoss is one pass's loss (the actor's clipped policy loss
+// with its KL and entropy terms, or the critic's clipped value loss);
+// Worker::runUpdate cuts the rows into passes and runs them on the role's
+// model form.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/LengthBuckets.h"
+#include "runtime/models/Device.h"
+
+#include "runtime/rl/Aggregate.h"
+#include "runtime/rl/KL.h"
+#include "runtime/rl/Losses.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+namespace {
+
+/// How a pass's terms add up to its micro-batch's: `share` the
+/// micro-batch's rows over the minibatch's (verl's weighting); a length
+/// bucket of a micro-batch also weighs its terms by what they average
+/// over: `tok` its response tokens over the micro-batch's (token means:
+/// clip fractions, ppo_kl, and every loss under token-mean), `row` its
+/// rows over the micro-batch's (the other aggregations' sequence means,
+/// and the metrics' denominators); seq-mean-token-sum-norm adds its
+/// sequences' sums (1). A whole micro-batch: all 1.
+struct LossWeight {
+  double share = 1, tok = 1, row = 1;
+};
+
+/// One pass's loss, weighted by its share of the minibatch, from the
+/// hidden states at its response positions; the leader's metrics.
+class UpdateLoss {
+public:
+  /// The call's input of a kind (the nth of it), or null.
+  using InputFn = std::function<Val *(BatchKind, int)>;
+  /// Stops the run on a loss that is not finite.
+  using CheckFn = std::function<void(const char *, double)>;
+
+  UpdateLoss(const Attrs &a, const Role &ro, RoleRt &rr, Val &rollout, int64_t R,
+             double temperature, InputFn input, CheckFn check, MetricSums *metrics)
+      : a_(a), ro_(ro), rr_(rr), rollout_(rollout), R_(R), temp_(temperature),
+        input_(std::move(input)), check_(std::move(check)), m_(metrics),
+        mode_(rl::parse_loss_agg_mode(attrStr(a, "loss_agg", "token-mean"))) {}
+
+  at::Tensor operator()(int64_t mlo, int64_t mhi, const at::Tensor &h, const LossWeight &w);
+  /// The actor's weighted losses, summed over every pass of the call.
+  double lastLoss = 0;
+
+private:
+  at::Tensor critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
+                    double share, double tokShare, double rowShare);
+  at::Tensor actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
+                   at::Tensor toks, double share, double tokShare, double rowShare);
+  /// Per-token results of r < R columns back to R (zeros, masked out).
+  at::Tensor widen(const at::Tensor &x, int64_t r) const {
+    return r < R_ ? at::constant_pad_nd(x, {0, R_ - r}) : x;
+  }
+
+  const Attrs &a_;
+  const Role &ro_;
+  RoleRt &rr_;
+  Val &rollout_;
+  int64_t R_;
+  double temp_;
+  InputFn input_;
+  CheckFn check_;
+  MetricSums *m_; // the leader's; null elsewhere
+  rl::LossAggMode mode_;
+};
+
+at::Tensor UpdateLoss::operator()(int64_t mlo, int64_t mhi, const at::Tensor &h,
+                                  const LossWeight &w) {
+  const int64_t cnt = mhi - mlo;
+  const double modeWeight = mode_ == rl::LossAggMode::TokenMean            ? w.tok
+                            : mode_ == rl::LossAggMode::SeqMeanTokenSumNorm ? 1.0
+                                                                            : w.row;
+  const double share = w.share * modeWeight, tokShare = w.share * w.tok,
+               rowShare = w.share * w.row;
+  at::Tensor mask = rollout_["rmask"].narrow(0, mlo, cnt);
+  // h holds the first r <= R response columns (the ones some row of the
+  // pass has a token in): the heads run on those, and their per-token
+  // results are widened back to R with zeros (masked out), so every loss
+  // reads R columns as the padded computation does.
+  const int64_t r = h.size(1);
+  at::Tensor toks = rollout_["rtoks"].narrow(0, mlo, cnt).narrow(1, 0, r);
+  if (ro_.kind() == RoleKind::Critic)
+    return critic(mlo, cnt, h, mask, share, tokShare, rowShare);
+  return actor(mlo, cnt, h, mask, toks, share, tokShare, rowShare);
+}
+
+at::Tensor UpdateLoss::critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
+                              double share, double tokShare, double rowShare) {
+  Val *vals = input_(BatchKind::Values, 0);
+  Val *rets = input_(BatchKind::Returns, 0);
+  if (!rets)
+    throw RunError("a critic update needs the returns (e.g. adv.returns)");
+  at::Tensor vpred = widen(scalarHead(h, rr_.head), h.size(1));
+  // Without the rollout's values the clipped loss has nothing to clip
+  // against: it is the plain squared error.
+  at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
+  auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
+                                   attrNum(a_, "clip_value", 0.5), mode_);
+  check_("value loss", vl.vf_loss.item<double>());
+  if (m_) { // weighted by the micro-batch's share of the minibatch
+    m_->vfLoss += vl.vf_loss.item<double>() * share;
+    m_->vfClip += vl.vf_clipfrac.item<double>() * tokShare;
+    m_->criticN += rowShare;
+  }
+  return vl.vf_loss * share;
+}
+
+at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
+                             at::Tensor toks, double share, double tokShare, double rowShare) {
+  const int64_t r = h.size(1);
+  // Advantages, else the scores themselves (REINFORCE on the raw reward);
+  // the old log-probs, else the ones generation reported (equal to a
+  // recomputation on the same weights).
+  Val *adv = input_(BatchKind::Advantages, 0);
+  if (!adv)
+    adv = input_(BatchKind::Scores, 0);
+  Val *old = input_(BatchKind::LogProbs, 0);
+  Val *ref = input_(BatchKind::LogProbs, 1);
+  if (!adv)
+    throw RunError("an actor update needs advantages or scores");
+  at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt) : rollout_["lp"].narrow(0, mlo, cnt);
+  at::Tensor logits = rr_.lm->localLogits(h);
+  at::Tensor lp = widen(rr_.lm->tokenLogprobs(logits, toks, temp_), r);
+  rl::PolicyLossConfig pc;
+  pc.clip_ratio = attrNum(a_, "clip", 0.2);
+  if (a_.count("clip_low"))
+    pc.clip_ratio_low = attrNum(a_, "clip_low", 0.2);
+  if (a_.count("clip_high"))
+    pc.clip_ratio_high = attrNum(a_, "clip_high", 0.2);
+  pc.clip_ratio_c = attrNum(a_, "clip_ratio_c", 3.0);
+  pc.loss_agg_mode = mode_;
+  auto pl = rl::compute_policy_loss(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc);
+  at::Tensor loss = pl.pg_loss;
+  double klv = 0;
+  if (ref) {
+    at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
+                                        rl::parse_kl_penalty(attrStr(a_, "kl", "low_var_kl")),
+                                        mode_);
+    loss = loss + kl * attrNum(a_, "kl_coef", 0.001);
+    klv = kl.item<double>();
+  }
+  double entCoef = attrNum(a_, "entropy_coef", 0.0);
+  at::Tensor ent;
+  {
+    at::Tensor e = widen(entCoef > 0 ? rr_.lm->tokenEntropy(logits, temp_)
+                                     : rr_.lm->tokenEntropy(logits.detach(), temp_),
+                         r);
+    ent = rl::agg_loss(e, mask, mode_);
+  }
+  if (entCoef > 0)
+    loss = loss - ent * entCoef;
+  check_("policy loss", loss.item<double>());
+  lastLoss += loss.item<double>() * share;
+  if (m_) { // weighted by the micro-batch's share of the minibatch
+    m_->pgLoss += pl.pg_loss.item<double>() * share;
+    m_->pgClip += pl.pg_clipfrac.item<double>() * tokShare;
+    m_->ppoKl += pl.ppo_kl.item<double>() * tokShare;
+    m_->klLoss += klv * share;
+    m_->entropy += ent.item<double>() * share;
+    m_->actorN += rowShare;
+  }
+  return loss * share;
+}
+
+/// Every pass of a minibatch of `mbRows` rows (a bucket, or a whole
+/// micro-batch of `batches`; `runs[k]`: micro-batch k's passes) with its
+/// weights.
+void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &batches,
+                 const std::vector<std::vector<std::pair<int64_t, int64_t>>> &runs,
+                 int64_t mbRows, std::vector<std::pair<int64_t, int64_t>> &passes,
+                 std::vector<LossWeight> &weights) {
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const auto [mlo, mhi] = batches[k];
+    const double share = double(mhi - mlo) / double(mbRows);
+    const double toks =
+        runs[k].size() > 1 ? rollout["rmask"].narrow(0, mlo, mhi - mlo).sum().item<double>() : 0;
+    for (auto [u, e] : runs[k]) {
+      LossWeight w{share};
+      if (runs[k].size() > 1) {
+        w.row = double(e - u) / double(mhi - mlo);
+        w.tok = toks > 0 ? rollout["rmask"].narrow(0, u, e - u).sum().item<double>() / toks
+                         : w.row;
+      }
+      passes.push_back({u, e});
+      weights.push_back(w);
+    }
+  }
+}
+
+} // namespace
+
+/// update: PPO epochs over minibatches (one optimizer step each) of the
+/// actor's clipped policy loss with optional KL and entropy terms, or the
+/// critic's clipped value loss.
+void Worker::runUpdate(MethodCall &c) {
+  PhaseRt &ph = c.ph;
+  RoleRt &rr = c.rr;
+  const Attrs &a = c.a;
+  const int s = c.s;
+  const int64_t P = ph.P, R = ph.R;
+  Span rows;
+  Val *rollout = &rolloutOf(c, rows);
+  const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
+  const int64_t budget = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  // Epochs x minibatches of this replica's rows (one optimizer step each)
+  // x passes of `micro_batch` sequences whose gradients accumulate (each
+  // loss weighted by its share of the minibatch, as verl does).
+  const TrainingCut cut = trainingCut(c, b);
+  const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
+  const double lrOver = attrNum(a, "lr", 0);
+  UpdateLoss microLoss(
+      a, c.ro, rr, *rollout, R, ph.rolloutTemp,
+      [&](BatchKind k, int nth) { return inputOfKind(c, k, nth); },
+      [&](const char *what, double v) { checkLoss(rr, what, v); },
+      c.leader ? &*metrics_ : nullptr);
+  for (int64_t e = 0; e < epochs; ++e)
+    for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
+      // max_batch_tokens: micro-batches by a token budget instead (each
+      // still weighted by its share of the minibatch's rows, as verl's
+      // dynamic batch size does).
+      const auto batches = rowBatches(*rollout, lo + m0, lo + m0 + mbRows, micro, budget,
+                                      describe(s), budget > 0 ? rr.lm->lockstepGroup() : nullptr);
+      // Length buckets (see forwardResponses): every value the update
+      // reads, in the buckets' row order while the minibatch trains.
+      std::optional<RowOrder> order;
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+      for (auto b_ : batches)
+        runs.push_back({b_});
+      if ((trimPasses() && lengthBuckets())) {
+        Buckets bk = lengthBucketsOf(*rollout, lo + m0, lo + m0 + mbRows, batches);
+        equalizeRuns(bk, rr.lm->lockstepGroup());
+        if (bk.any) {
+          std::vector<Val *> vals;
+          for (int v : c.in)
+            vals.push_back(&vals_.at(v));
+          order.emplace(std::move(vals), lo + m0, bk.perm);
+          runs = std::move(bk.runs);
+        }
+      }
+      PassMeter meter(rr);
+      for (const auto &rs : runs)
+        for (auto [u, e] : rs) {
+          const auto [p, r] = trimPasses() ? realWidth(*rollout, u, e) : std::make_pair(P, R);
+          // The heads run on r columns, a pipeline's last stage on R.
+          meter.add(e - u, p + r, rr.lm->pipelined() ? R : r, true);
+        }
+      std::vector<std::pair<int64_t, int64_t>> passes;
+      std::vector<LossWeight> weights;
+      weighPasses(*rollout, batches, runs, mbRows, passes, weights);
+      if (rr.lm->pipelined())
+        pipelinedResponses(rr, *rollout, passes, trimPasses(), true,
+                           [&](int i, const at::Tensor &h) {
+                             return microLoss(passes[(size_t)i].first, passes[(size_t)i].second,
+                                              h, weights[(size_t)i]);
+                           });
+      else
+        for (size_t i = 0; i < passes.size(); ++i) {
+          const auto [u, e] = passes[i];
+          // The pass over its own columns; the heads over the response
+          // columns holding a token (as logprob's and values' passes run
+          // them: the same shapes, the same log-probs).
+          int64_t p = P, r = R;
+          models::MicroBatch mb = seqMicro(*rollout, u, e, trimPasses(), p, r);
+          at::Tensor h = rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r);
+          microLoss(u, e, h, weights[i]).backward();
+        }
+      meter.done();
+      order.reset(); // the plan's row order again
+      applyGradients(rr, lrOver);
+    }
+  double lastLoss = microLoss.lastLoss;
+  digests_[s] = 0;
+  if (rr.lm->pipelined()) { // the loss is the last stage's
+    at::Tensor l = at::full({1}, lastLoss, models::onEngine(at::kDouble));
+    fromLastStage(rr, l);
+    lastLoss = l.item<double>();
+  }
+  if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
+    digests_[s] = lastLoss;
+  else
+    for (auto &p : rr.lm->parameters())
+      digests_[s] += p.detach().to(at::kDouble).sum().item<double>();
+}
+
+} // namespace hflow::exec
