@@ -504,6 +504,111 @@ void Worker::runGenerate(MethodCall &c) {
   vals_[c.out.at(0)] = std::move(ro_);
 }
 
+namespace {
+
+/// sft's rows: prompt + answer + stop token, right padded to the longest
+/// (L); the loss on the answer tokens. Built on the host from token ids,
+/// onto the engine's device once.
+struct SftRows {
+  std::vector<int64_t> starts, len; ///< where each answer starts; each row's length
+  int64_t L = 0;
+  at::Tensor toks, lossMask, mask;
+};
+
+SftRows sftRows(const data::Dataset &ds, const at::Tensor &idsHost, Span sp,
+                const data::PromptEncoder &prompts, const data::Tokenizer &tok) {
+  SftRows o;
+  std::vector<std::vector<int64_t>> seqs;
+  int64_t L = 0;
+  for (int64_t b = sp.lo; b < sp.hi; ++b) {
+    const auto &ex = ds[(size_t)idsHost[b].item<int64_t>()];
+    std::vector<int64_t> t = prompts.encode(ex, ds.path());
+    o.starts.push_back((int64_t)t.size());
+    std::vector<int64_t> ans = tok.encode(ex.answer);
+    t.insert(t.end(), ans.begin(), ans.end());
+    t.push_back(tok.eosId());
+    L = std::max<int64_t>(L, (int64_t)t.size());
+    seqs.push_back(std::move(t));
+  }
+  const int64_t B = (int64_t)seqs.size();
+  at::Tensor toks = at::full({B, L}, tok.padId(), at::TensorOptions().dtype(at::kLong));
+  at::Tensor lossMask = at::zeros({B, L - 1});
+  at::Tensor mask = at::zeros({B, L});
+  for (int64_t b = 0; b < B; ++b) {
+    for (size_t j = 0; j < seqs[b].size(); ++j) {
+      toks[b][(int64_t)j] = seqs[b][j];
+      mask[b][(int64_t)j] = 1.0f;
+    }
+    lossMask[b].narrow(0, o.starts[b] - 1, (int64_t)seqs[b].size() - o.starts[b]).fill_(1.0f);
+    o.len.push_back((int64_t)seqs[b].size());
+  }
+  o.L = L;
+  o.toks = toks.to(models::engineDevice());
+  o.lossMask = lossMask.to(models::engineDevice());
+  o.mask = mask.to(models::engineDevice());
+  return o;
+}
+
+/// A minibatch's passes: its rows in the order they run (`toks`, `mask`,
+/// `lossMask`), each pass's rows and width.
+struct SftPasses {
+  at::Tensor toks, mask, lossMask;
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  std::vector<int64_t> widths;
+};
+
+/// Length buckets, as for the RL passes (docs/runtime.md): each
+/// micro-batch's rows sorted by length and cut into passes of similar
+/// length, each as wide as its own longest row, so one long prompt no
+/// longer sets every row's width. The loss is a sum over rows: the same
+/// however the rows are ordered and cut.
+SftPasses sftPasses(const SftRows &in, int64_t m0, int64_t mbRows, int64_t micro,
+                    comm::Communicator *lockstep) {
+  const int64_t B = (int64_t)in.len.size();
+  std::vector<std::pair<int64_t, int64_t>> batches;
+  for (int64_t u = m0; u < m0 + mbRows; u += micro)
+    batches.push_back({u, std::min(micro, m0 + mbRows - u) + u});
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+  for (auto b_ : batches)
+    runs.push_back({b_});
+  SftPasses o{in.toks, in.mask, in.lossMask, {}, {}};
+  std::vector<int64_t> len = in.len;
+  if (trimPasses() && lengthBuckets()) {
+    std::vector<std::pair<int64_t, int64_t>> lens((size_t)mbRows);
+    for (int64_t i = 0; i < mbRows; ++i)
+      lens[(size_t)i] = {in.starts[(size_t)(m0 + i)],
+                         len[(size_t)(m0 + i)] - in.starts[(size_t)(m0 + i)]};
+    Buckets bk = bucketsOfLengths(lens, m0, batches, /*contiguous=*/true);
+    equalizeRuns(bk, lockstep);
+    if (bk.any) {
+      std::vector<int64_t> idx((size_t)B), sorted = len;
+      std::iota(idx.begin(), idx.end(), 0);
+      for (int64_t i = 0; i < mbRows; ++i) {
+        idx[(size_t)(m0 + i)] = m0 + bk.perm[(size_t)i];
+        sorted[(size_t)(m0 + i)] = len[(size_t)(m0 + bk.perm[(size_t)i])];
+      }
+      const at::Tensor ix =
+          at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(models::engineDevice());
+      o.toks = in.toks.index_select(0, ix), o.mask = in.mask.index_select(0, ix);
+      o.lossMask = in.lossMask.index_select(0, ix);
+      len = std::move(sorted);
+      runs = std::move(bk.runs);
+    }
+  }
+  // Every pass with its width: its longest row (trimmed), else L.
+  for (const auto &rs : runs)
+    for (auto [u, e2] : rs) {
+      int64_t w = 2;
+      for (int64_t b = u; b < e2; ++b)
+        w = std::max(w, len[(size_t)b]);
+      o.rows.push_back({u, e2});
+      o.widths.push_back(trimPasses() ? w : in.L);
+    }
+  return o;
+}
+
+} // namespace
+
 /// sft: supervised fine-tuning on the data set's answers (prompt + answer +
 /// stop token, right padded; the loss on the answer).
 void Worker::runSft(MethodCall &c) {
@@ -515,36 +620,8 @@ void Worker::runSft(MethodCall &c) {
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
   if (!ph.dataset)
     throw RunError("sft needs a data set with answers");
-  // prompt + answer + stop token, right padded; loss on the answer.
-  std::vector<std::vector<int64_t>> seqs;
-  std::vector<int64_t> starts;
-  int64_t L = 0;
-  const at::Tensor idsHost = pr["ids"].cpu();
-  for (int64_t b = sp.lo; b < sp.hi; ++b) {
-    const auto &ex = (*ph.dataset)[(size_t)idsHost[b].item<int64_t>()];
-    std::vector<int64_t> t = promptOf(*ph.dataset, ex);
-    starts.push_back((int64_t)t.size());
-    std::vector<int64_t> ans = tok_->encode(ex.answer);
-    t.insert(t.end(), ans.begin(), ans.end());
-    t.push_back(tok_->eosId());
-    L = std::max<int64_t>(L, (int64_t)t.size());
-    seqs.push_back(std::move(t));
-  }
-  const int64_t B = (int64_t)seqs.size();
-  at::Tensor toks = at::full({B, L}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
-  at::Tensor lossMask = at::zeros({B, L - 1});
-  at::Tensor mask = at::zeros({B, L});
-  for (int64_t b = 0; b < B; ++b) {
-    for (size_t j = 0; j < seqs[b].size(); ++j) {
-      toks[b][(int64_t)j] = seqs[b][j];
-      mask[b][(int64_t)j] = 1.0f;
-    }
-    lossMask[b].narrow(0, starts[b] - 1, (int64_t)seqs[b].size() - starts[b]).fill_(1.0f);
-  }
-  // Built on the host from token ids; onto the engine's device once.
-  toks = toks.to(models::engineDevice());
-  lossMask = lossMask.to(models::engineDevice());
-  mask = mask.to(models::engineDevice());
+  const SftRows in = sftRows(*ph.dataset, pr["ids"].cpu(), sp, *prompts_, *tok_);
+  const int64_t B = (int64_t)in.len.size();
   // epochs x minibatches (one optimizer step each; `minibatch:` counts
   // prompts over all replicas, as for update) x micro-batches of
   // `micro_batch` sequences whose gradients accumulate. Each micro-batch's
@@ -555,73 +632,27 @@ void Worker::runSft(MethodCall &c) {
   double lastLoss = 0;
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < B; m0 += mbRows) {
-      const at::Tensor mbTokens = lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
-      // Length buckets, as for the RL passes (docs/runtime.md): each
-      // micro-batch's rows sorted by length and cut into passes of similar
-      // length, each as wide as its own longest row, so one long prompt no
-      // longer sets every row's width. The loss is a sum over rows: the
-      // same however the rows are ordered and cut.
-      std::vector<std::pair<int64_t, int64_t>> batches;
-      for (int64_t u = m0; u < m0 + mbRows; u += micro)
-        batches.push_back({u, std::min(micro, m0 + mbRows - u) + u});
-      std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
-      for (auto b_ : batches)
-        runs.push_back({b_});
-      at::Tensor mt = toks, mm = mask, ml = lossMask;
-      std::vector<int64_t> len(seqs.size());
-      for (size_t b = 0; b < seqs.size(); ++b)
-        len[b] = (int64_t)seqs[b].size();
-      if (trimPasses() && lengthBuckets()) {
-        std::vector<std::pair<int64_t, int64_t>> lens((size_t)mbRows);
-        for (int64_t i = 0; i < mbRows; ++i)
-          lens[(size_t)i] = {starts[(size_t)(m0 + i)], len[(size_t)(m0 + i)] - starts[(size_t)(m0 + i)]};
-        Buckets bk = bucketsOfLengths(lens, m0, batches, /*contiguous=*/true);
-        equalizeRuns(bk, rr.lm->lockstepGroup());
-        if (bk.any) {
-          std::vector<int64_t> idx((size_t)B), sorted = len;
-          std::iota(idx.begin(), idx.end(), 0);
-          for (int64_t i = 0; i < mbRows; ++i) {
-            idx[(size_t)(m0 + i)] = m0 + bk.perm[(size_t)i];
-            sorted[(size_t)(m0 + i)] = len[(size_t)(m0 + bk.perm[(size_t)i])];
-          }
-          const at::Tensor ix =
-              at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(models::engineDevice());
-          mt = toks.index_select(0, ix), mm = mask.index_select(0, ix);
-          ml = lossMask.index_select(0, ix);
-          len = std::move(sorted);
-          runs = std::move(bk.runs);
-        }
-      }
-      // Every pass with its width: its longest row (trimmed), else L.
-      std::vector<std::pair<int64_t, int64_t>> passes;
-      std::vector<int64_t> widths;
-      for (const auto &rs : runs)
-        for (auto [u, e2] : rs) {
-          int64_t w = 2;
-          for (int64_t b = u; b < e2; ++b)
-            w = std::max(w, len[(size_t)b]);
-          passes.push_back({u, e2});
-          widths.push_back(trimPasses() ? w : L);
-        }
+      const at::Tensor mbTokens = in.lossMask.narrow(0, m0, mbRows).sum().clamp_min(1.0);
+      const SftPasses ps = sftPasses(in, m0, mbRows, micro, rr.lm->lockstepGroup());
       double mbLoss = 0;
       std::vector<models::MicroBatch> micros;
       PassMeter meter(rr);
-      for (size_t i = 0; i < passes.size(); ++i) {
-        const auto [u, e2] = passes[i];
-        const int64_t W = widths[i];
-        at::Tensor t = mt.narrow(0, u, e2 - u).narrow(1, 0, W);
-        at::Tensor mk = mm.narrow(0, u, e2 - u).narrow(1, 0, W);
+      for (size_t i = 0; i < ps.rows.size(); ++i) {
+        const auto [u, e2] = ps.rows[i];
+        const int64_t W = ps.widths[i];
+        at::Tensor t = ps.toks.narrow(0, u, e2 - u).narrow(1, 0, W);
+        at::Tensor mk = ps.mask.narrow(0, u, e2 - u).narrow(1, 0, W);
         micros.push_back({t, models::positionsFromMask(mk), mk});
         meter.add(e2 - u, W, W - 1, true);
       }
       // Pass i's loss from its final hidden states.
       auto microLoss = [&](int i, const at::Tensor &h) {
-        const auto [u, e2] = passes[(size_t)i];
-        const int64_t W = widths[(size_t)i];
+        const auto [u, e2] = ps.rows[(size_t)i];
+        const int64_t W = ps.widths[(size_t)i];
         const models::MicroBatch &mb = micros[(size_t)i];
         at::Tensor lp = rr.lm->tokenLogprobs(rr.lm->localLogits(h.narrow(1, 0, W - 1)),
                                              mb.tokens.narrow(1, 1, W - 1), 1.0);
-        return -(lp * ml.narrow(0, u, e2 - u).narrow(1, 0, W - 1)).sum() / mbTokens;
+        return -(lp * ps.lossMask.narrow(0, u, e2 - u).narrow(1, 0, W - 1)).sum() / mbTokens;
       };
       if (rr.lm->pipelined()) {
         for (double l : rr.lm->runPipelined(micros, microLoss, true))

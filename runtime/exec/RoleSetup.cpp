@@ -77,16 +77,7 @@ void Worker::buildRoles() {
       auto gs = ints(ro.generate_ranks());
       auto g = std::find(gs.begin(), gs.end(), j_.rank);
       if (g != gs.end()) {
-        const models::LlamaConfig cfg = roleConfig(r);
-        RoleRt rt;
-        rt.index = r;
-        rt.pos = (int)(g - gs.begin());
-        rt.apart = rt.genOnly = true;
-        // The first reshard overwrites every weight; the same start as
-        // the training ranks keeps a run without one reproducible.
-        rt.model = std::make_unique<models::Llama>(cfg,
-                                                   models::modelSeed(p_.seed(), ro.model()));
-        roles_[r] = std::move(rt);
+        buildGenerationRank(r, (int)(g - gs.begin()));
         continue;
       }
     }
@@ -96,107 +87,146 @@ void Worker::buildRoles() {
     rt.index = r;
     rt.pos = (int)(it - rs.begin());
     rt.apart = apart;
-    if (ro.model() >= 0) {
-      models::LlamaConfig cfg = roleConfig(r);
-      // A critic's or reward model's body has no LM head: its scalar head
-      // reads the hidden states.
-      cfg.lmHead = methods::hasLmHead(methods::Role(int(ro.kind())));
-      // Every role of a model starts from the same weights (the reference
-      // is the initial actor); a critic or reward model adds a zero head,
-      // or the score head of a sequence-classification checkpoint.
-      rt.model = std::make_unique<models::Llama>(
-          cfg, models::modelSeed(p_.seed(), ro.model()));
-      if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
-        rt.head = at::zeros({1, cfg.hidden}, models::onEngine(cfg.dtype));
-      rt.scorePad = tok_ ? tok_->padId() : 0;
-      const Layout &tl = *ro.train();
-      // Any role with weights trains or computes on its training form's
-      // shards. Where a sharded actor generates: on a whole copy the
-      // planned transfers complete (generate: dp(N)), on generation shards
-      // a planned reshard fills (tensor parallel, here or apart), or on its
-      // own tensor-parallel training shards when both layouts are the same
-      // (nothing moves). HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every
-      // rank instead: the reference the sharded forms are compared with in
-      // the tests, asked for by name.
-      const bool actor = ro.kind() == RoleKind::Actor;
-      const Layout &gl = *ro.generate();
-      const bool wholeWeights = envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0;
-      const bool sameLayouts = degreesOf(gl) == degreesOf(tl);
-      if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
-          (int)rs.size() == tl.tp() * tl.dp()) {
-        rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
-        rt.genOnTrain = actor && !apart && sameLayouts;
-      }
-      if (!wholeWeights && forms.train == executes::Form::FullyShard &&
-          (int)rs.size() == tl.fsdp() * std::max(1, tl.tp())) {
-        rt.fsdpSize = tl.fsdp();
-        rt.tpSize = std::max(1, tl.tp()); // fsdp x tp: FSDP over TP pieces
-      }
-      if (!wholeWeights && forms.train == executes::Form::Pipeline &&
-          (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
-        rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
-      if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
-        const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
-                               forms.generate == executes::Form::Whole;
-        if (!generates)
-          throw RunError("actor " + str(ro.name()) + " trains on " + degreesOf(tl).str() +
-                         " and generates on " + degreesOf(gl).str() +
-                         ", but the plan has no reshard between them");
-      }
-      // hf("dir") with safetensors in it: start from those weights. A
-      // sharded role reads only its shard's bytes, once its shards exist
-      // (connect()); a whole-weight role reads the whole model.
-      const std::string wdir = str(p_.models()->Get(ro.model())->weights());
-      if (!wdir.empty() && !fileExists(wdir + "/model.safetensors") &&
-          !fileExists(wdir + "/model.safetensors.index.json"))
-        throw RunError("model " + cfg.name + " is hf(\"" + wdir + "\"), which holds no "
-                       "model.safetensors (nor model.safetensors.index.json): hflow-run "
-                       "does not start a Hugging Face model from random weights");
-      if (!wdir.empty()) {
-        if (rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
-          try {
-            models::loadHfIntoLlama(wdir, *rt.model);
-          } catch (const std::exception &e) {
-            throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
-          }
-        }
-        loadedFrom_[ro.model()] = wdir;
-        if (rt.head.defined()) {
-          // A sequence-classification checkpoint's score head: a reward
-          // model's score, a critic's first values (as OpenRLHF starts a
-          // critic from a reward model).
-          bool scorer = false;
-          try {
-            const models::LlamaConfig hc = models::hfConfigFromJson(wdir);
-            scorer = !hc.lmHead;
-            if (scorer && hc.padToken >= 0)
-              rt.scorePad = hc.padToken; // what transformers scores by
-            if (scorer)
-              rt.head = models::loadHfScoreHead(wdir, cfg.hidden).to(cfg.dtype);
-          } catch (const std::exception &e) {
-            throw RunError("loading the score head of model " + cfg.name + ": " + e.what());
-          }
-          rt.headLoaded = scorer;
-        }
-      }
-      if (ro.kind() == RoleKind::RewardModel && !rt.headLoaded && !trains(r))
-        throw RunError("reward model " + str(ro.name()) + " scores with model " + cfg.name +
-                       ", which has no score head: " +
-                       (wdir.empty() ? std::string("it is not hf(\"dir\")")
-                                     : "hf(\"" + wdir + "\") is not a sequence-"
-                                       "classification checkpoint") +
-                       " and no flow trains it (fit); hflowc refuses such a program");
-      if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
-        rt.model->setTrainable(true);
-        if (rt.head.defined())
-          rt.head.requires_grad_(true);
-        std::vector<at::Tensor> params = rt.model->parameters();
-        if (rt.head.defined())
-          params.push_back(rt.head);
-        rt.optim = makeOptimizer(r, params);
+    if (ro.model() >= 0)
+      buildRoleModel(r, rt, forms);
+    roles_[r] = std::move(rt);
+  }
+}
+
+/// A generation rank of an actor generating apart (index `pos` among its
+/// generation ranks): whole weights the planned pieces complete.
+void Worker::buildGenerationRank(int r, int pos) {
+  const Role &ro = role(r);
+  const models::LlamaConfig cfg = roleConfig(r);
+  RoleRt rt;
+  rt.index = r;
+  rt.pos = pos;
+  rt.apart = rt.genOnly = true;
+  // The first reshard overwrites every weight; the same start as
+  // the training ranks keeps a run without one reproducible.
+  rt.model = std::make_unique<models::Llama>(cfg,
+                                             models::modelSeed(p_.seed(), ro.model()));
+  roles_[r] = std::move(rt);
+}
+
+/// Role r's model on this rank: its configuration and the weights every
+/// role of the model starts from, a head for a critic or reward model, the
+/// shards its training form will hold, a Hugging Face checkpoint's weights
+/// and head, and a whole-weight role's optimizer.
+void Worker::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
+  const Role &ro = role(r);
+  models::LlamaConfig cfg = roleConfig(r);
+  // A critic's or reward model's body has no LM head: its scalar head
+  // reads the hidden states.
+  cfg.lmHead = methods::hasLmHead(methods::Role(int(ro.kind())));
+  // Every role of a model starts from the same weights (the reference
+  // is the initial actor); a critic or reward model adds a zero head,
+  // or the score head of a sequence-classification checkpoint.
+  rt.model = std::make_unique<models::Llama>(
+      cfg, models::modelSeed(p_.seed(), ro.model()));
+  if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
+    rt.head = at::zeros({1, cfg.hidden}, models::onEngine(cfg.dtype));
+  rt.scorePad = tok_ ? tok_->padId() : 0;
+  chooseShards(r, rt, forms);
+  const std::string wdir = str(p_.models()->Get(ro.model())->weights());
+  loadWholeWeights(r, rt, cfg, wdir);
+  if (ro.kind() == RoleKind::RewardModel && !rt.headLoaded && !trains(r))
+    throw RunError("reward model " + str(ro.name()) + " scores with model " + cfg.name +
+                   ", which has no score head: " +
+                   (wdir.empty() ? std::string("it is not hf(\"dir\")")
+                                 : "hf(\"" + wdir + "\") is not a sequence-"
+                                   "classification checkpoint") +
+                   " and no flow trains it (fit); hflowc refuses such a program");
+  if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
+    rt.model->setTrainable(true);
+    if (rt.head.defined())
+      rt.head.requires_grad_(true);
+    std::vector<at::Tensor> params = rt.model->parameters();
+    if (rt.head.defined())
+      params.push_back(rt.head);
+    rt.optim = makeOptimizer(r, params);
+  }
+}
+
+/// The shards role r trains or computes on (rt.tpSize, fsdpSize, ppSize:
+/// 1, 1, 1 for whole weights), by the plan's verdict.
+void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
+  const Role &ro = role(r);
+  auto rs = ints(ro.ranks());
+  const bool apart = rt.apart;
+  const Layout &tl = *ro.train();
+  // Any role with weights trains or computes on its training form's
+  // shards. Where a sharded actor generates: on a whole copy the
+  // planned transfers complete (generate: dp(N)), on generation shards
+  // a planned reshard fills (tensor parallel, here or apart), or on its
+  // own tensor-parallel training shards when both layouts are the same
+  // (nothing moves). HFLOW_WHOLE_WEIGHTS=1 keeps whole weights on every
+  // rank instead: the reference the sharded forms are compared with in
+  // the tests, asked for by name.
+  const bool actor = ro.kind() == RoleKind::Actor;
+  const Layout &gl = *ro.generate();
+  const bool wholeWeights = envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0;
+  const bool sameLayouts = degreesOf(gl) == degreesOf(tl);
+  if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
+      (int)rs.size() == tl.tp() * tl.dp()) {
+    rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
+    rt.genOnTrain = actor && !apart && sameLayouts;
+  }
+  if (!wholeWeights && forms.train == executes::Form::FullyShard &&
+      (int)rs.size() == tl.fsdp() * std::max(1, tl.tp())) {
+    rt.fsdpSize = tl.fsdp();
+    rt.tpSize = std::max(1, tl.tp()); // fsdp x tp: FSDP over TP pieces
+  }
+  if (!wholeWeights && forms.train == executes::Form::Pipeline &&
+      (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
+    rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
+  if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
+    const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
+                           forms.generate == executes::Form::Whole;
+    if (!generates)
+      throw RunError("actor " + str(ro.name()) + " trains on " + degreesOf(tl).str() +
+                     " and generates on " + degreesOf(gl).str() +
+                     ", but the plan has no reshard between them");
+  }
+}
+
+/// hf("dir") with safetensors in it: a whole-weight role starts from those
+/// weights (a sharded role reads only its shard's bytes once its shards
+/// exist, in connect()); a critic or reward model from its score head.
+void Worker::loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig &cfg,
+                              const std::string &wdir) {
+  const Role &ro = role(r);
+  if (!wdir.empty() && !fileExists(wdir + "/model.safetensors") &&
+      !fileExists(wdir + "/model.safetensors.index.json"))
+    throw RunError("model " + cfg.name + " is hf(\"" + wdir + "\"), which holds no "
+                   "model.safetensors (nor model.safetensors.index.json): hflow-run "
+                   "does not start a Hugging Face model from random weights");
+  if (!wdir.empty()) {
+    if (rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
+      try {
+        models::loadHfIntoLlama(wdir, *rt.model);
+      } catch (const std::exception &e) {
+        throw RunError("loading the weights of model " + cfg.name + ": " + e.what());
       }
     }
-    roles_[r] = std::move(rt);
+    loadedFrom_[ro.model()] = wdir;
+    if (rt.head.defined()) {
+      // A sequence-classification checkpoint's score head: a reward
+      // model's score, a critic's first values (as OpenRLHF starts a
+      // critic from a reward model).
+      bool scorer = false;
+      try {
+        const models::LlamaConfig hc = models::hfConfigFromJson(wdir);
+        scorer = !hc.lmHead;
+        if (scorer && hc.padToken >= 0)
+          rt.scorePad = hc.padToken; // what transformers scores by
+        if (scorer)
+          rt.head = models::loadHfScoreHead(wdir, cfg.hidden).to(cfg.dtype);
+      } catch (const std::exception &e) {
+        throw RunError("loading the score head of model " + cfg.name + ": " + e.what());
+      }
+      rt.headLoaded = scorer;
+    }
   }
 }
 
@@ -206,18 +236,6 @@ void Worker::buildRoles() {
 /// generating apart; the sharded forms' weights from a Hugging Face
 /// directory (each rank reads only its shard) and their optimizers.
 void Worker::connectRoles() {
-  // Role r's group is plan group r (the emitter writes one per role first);
-  // an actor generating apart has two more, by name: its generation ranks
-  // ("<role>.generate") and both sides ("<role>.reshard").
-  auto groupNamed = [&](const std::string &name) -> Communicator * {
-    if (p_.groups())
-      for (size_t g = 0; g < p_.groups()->size(); ++g)
-        if (str(p_.groups()->Get(g)->name()) == name) {
-          auto it = groupComm_.find((int)g);
-          return it == groupComm_.end() ? nullptr : it->second;
-        }
-    return nullptr;
-  };
   for (auto &[r, rr] : roles_) {
     if (rr.apart) {
       rr.xcomm = groupNamed(str(role(r).name()) + ".reshard");
@@ -226,178 +244,17 @@ void Worker::connectRoles() {
                        "'s reshard group (training and generation ranks)");
     }
     if (rr.genOnly) {
-      rr.comm = groupNamed(str(role(r).name()) + ".generate");
-      if (!rr.comm)
-        throw RunError("no communicator for actor " + str(role(r).name()) +
-                       "'s generation ranks");
-      if (rows_->genSlots().count(r)) {
-        // Tensor-parallel generation apart: replica = consecutive
-        // generation ranks; `model` is the staging copy the pieces land in.
-        auto gs = ints(role(r).generate_ranks());
-        const int t = role(r).generate()->tp(), replica = rr.pos / t;
-        std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
-        rr.genComm = world_->makeSubgroup(
-            "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
-        rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
-      }
+      connectGenerationRank(r, rr);
       continue;
     }
     auto it = groupComm_.find(r);
     if (it == groupComm_.end())
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
     rr.comm = it->second;
-    if (rr.tpSize > 1) {
-      // Tensor-parallel training: this rank keeps its shards only. With
-      // dp > 1 (or fsdp x tp) the TP group is the rank's replica (tp is the
-      // fastest coordinate: consecutive role ranks) and the DP (FSDP) group
-      // the ranks of the same TP index; members create them in role, then
-      // group order.
-      Communicator *tpc = rr.comm;
-      auto rs = ints(role(r).ranks());
-      const int tps = rr.tpSize, dps = (int)rs.size() / tps;
-      if (dps > 1) {
-        const int base = rr.pos / tps * tps, t = rr.pos % tps;
-        std::vector<int> tpRanks(rs.begin() + base, rs.begin() + base + tps), dpRanks;
-        for (int d = 0; d < dps; ++d)
-          dpRanks.push_back(rs[d * tps + t]);
-        const std::string rn = str(role(r).name());
-        rr.tpComm = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
-        rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
-        tpc = rr.tpComm.get();
-      }
-      if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
-        rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.dpComm, tpc);
-      else
-        rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc,
-                                                              rr.dpComm.get());
-    } else if (rr.fsdpSize > 1) {
-      rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
-    } else if (rr.ppSize > 1) {
-      // Pipeline stages: slot coordinates are tp fastest, then dp, then pp,
-      // so rank pos is TP member pos % t of replica pos / t % d on stage
-      // pos / (t d). The stages of one (replica, TP member) form a pipeline,
-      // a stage's t consecutive ranks its TP group, the ranks of one
-      // (stage, TP member) its data-parallel group.
-      auto rs = ints(role(r).ranks());
-      const int pps = rr.ppSize, tps = std::max(1, role(r).train()->tp());
-      const int dps = (int)rs.size() / (pps * tps);
-      const int t = rr.pos % tps, replica = rr.pos / tps % dps, stage = rr.pos / (tps * dps);
-      auto at = [&](int k, int d, int m) { return rs[(k * dps + d) * tps + m]; };
-      std::vector<int> ppRanks, dpRanks, tpRanks;
-      for (int k = 0; k < pps; ++k)
-        ppRanks.push_back(at(k, replica, t));
-      for (int d = 0; d < dps; ++d)
-        dpRanks.push_back(at(stage, d, t));
-      for (int m = 0; m < tps; ++m)
-        tpRanks.push_back(at(stage, replica, m));
-      const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
-                                                        std::to_string(t);
-      rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
-      if (dps > 1)
-        rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
-                                             std::to_string(t), dpRanks);
-      if (tps > 1)
-        rr.tpComm = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
-                                             std::to_string(replica), tpRanks);
-      try {
-        rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.ppComm,
-                                                        rr.dpComm.get(), rr.tpComm.get());
-      } catch (const std::invalid_argument &e) {
-        throw RunError("role " + rn + ": " + e.what());
-      }
-    }
-    if (rr.sharded() && trains(r))
-      rr.lm->setTrainable(true); // a reference's shards stay frozen
-    if (!rr.lm && rr.model && formsOf(r).train == executes::Form::SequenceParallel &&
-        envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0) {
-      // Ulysses: whole weights, the replica's rows split by position over
-      // its sp ranks (consecutive: sp is the fastest coordinate here).
-      auto rs = ints(role(r).ranks());
-      const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
-      std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
-      rr.spComm = world_->makeSubgroup(
-          "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
-      try {
-        rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.spComm,
-                                                                *rr.comm);
-      } catch (const std::invalid_argument &e) {
-        throw RunError("role " + str(role(r).name()) + ": " + e.what());
-      }
-    }
-    if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks
-      rr.lm = std::make_unique<models::WholeModel>(*rr.model, *rr.comm);
-    if (rr.sharded() && loadedFrom_.count(role(r).model())) {
-      // Each rank reads its own shard's boxes from the files, nothing else.
-      const std::string &dir = loadedFrom_.at(role(r).model());
-      uint64_t bytes = 0;
-      try {
-        bytes = rr.lm->loadHf(dir);
-      } catch (const std::exception &e) {
-        throw RunError("loading the weights of model " + rr.model->config().name + ": " +
-                       e.what());
-      }
-      // The generation copy is assembled by the first reshard (or gathered
-      // from the shards when something needs it whole before that).
-      if (role(r).kind() == RoleKind::Actor)
-        rr.lm->gatherInto(*rr.model);
-      at::Tensor mine = at::full({1}, (double)bytes, models::onEngine(at::kDouble));
-      at::Tensor all = rr.comm->allGatherFlat(mine).cpu();
-      if (rr.pos == 0 && !o_.quiet) {
-        std::string per;
-        for (int64_t i = 0; i < all.size(0); ++i)
-          per += (i ? ", " : "") + fmtBytes(all[i][0].item<double>());
-        std::printf("[load] %s: each rank read only its %s shard from %s: %s (model %s)\n",
-                    str(role(r).name()).c_str(),
-                    rr.lm->form().c_str(),
-                    dir.c_str(), per.c_str(),
-                    fmtBytes(4.0 * (double)rr.model->config().paramCount()).c_str());
-      }
-    }
-    if (auto g = rows_->genSlots().find(r); g != rows_->genSlots().end() && !rr.apart) {
-      // Tensor-parallel generation: the ranks hosting the slots of this
-      // rank's generation replica, ascending (= TP order, checked).
-      auto rs = ints(role(r).ranks());
-      const int t = role(r).generate()->tp();
-      const int replica = g->second[rr.pos] / t;
-      std::vector<int> members;
-      for (size_t i = 0; i < rs.size(); ++i)
-        if (g->second[i] / t == replica)
-          members.push_back(rs[i]);
-      std::sort(members.begin(), members.end());
-      rr.genComm = world_->makeSubgroup(
-          "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
-      rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
-      if (rr.sharded()) {
-        // Training and generation shards are all this rank keeps.
-        rr.lean = true;
-        rr.cfg = rr.model->config();
-        rr.seed = models::modelSeed(p_.seed(), role(r).model());
-        rr.model.reset();
-      }
-    }
-    if (rr.genOnTrain && rr.sharded() && !rr.lean) {
-      // It generates on its training shards: no whole copy to keep.
-      rr.lean = true;
-      rr.cfg = rr.model->config();
-      rr.seed = models::modelSeed(p_.seed(), role(r).model());
-      rr.model.reset();
-    }
-    if (rr.sharded() && rr.apart && !rr.lean) {
-      // Sharded training apart from its generation ranks: the reshard sends
-      // pieces of the shards, so no whole copy stays here either.
-      rr.lean = true;
-      rr.cfg = rr.model->config();
-      rr.seed = models::modelSeed(p_.seed(), role(r).model());
-      rr.model.reset();
-    }
-    if (rr.sharded() && role(r).kind() != RoleKind::Actor && !rr.lean) {
-      // A critic or reference never generates: its shards (and a critic's
-      // head) are all it keeps.
-      rr.lean = true;
-      rr.cfg = rr.model->config();
-      rr.seed = models::modelSeed(p_.seed(), role(r).model());
-      rr.model.reset();
-    }
+    buildTrainingForm(r, rr);
+    if (rr.sharded() && loadedFrom_.count(role(r).model()))
+      loadShards(r, rr);
+    buildGenerationForm(r, rr);
     if (rr.sharded() && trains(r)) {
       std::vector<at::Tensor> params = rr.lm->parameters();
       if (rr.head.defined()) {
@@ -407,6 +264,201 @@ void Worker::connectRoles() {
       rr.optim = makeOptimizer(r, params);
     }
   }
+}
+
+/// Role r's group is plan group r (the emitter writes one per role first);
+/// an actor generating apart has two more, by name: its generation ranks
+/// ("<role>.generate") and both sides ("<role>.reshard"). Null: none.
+Communicator *Worker::groupNamed(const std::string &name) const {
+  if (p_.groups())
+    for (size_t g = 0; g < p_.groups()->size(); ++g)
+      if (str(p_.groups()->Get(g)->name()) == name) {
+        auto it = groupComm_.find((int)g);
+        return it == groupComm_.end() ? nullptr : it->second;
+      }
+  return nullptr;
+}
+
+/// A generation rank of an actor generating apart: its group, and with
+/// tensor-parallel generation its replica's shards over the staging copy.
+void Worker::connectGenerationRank(int r, RoleRt &rr) {
+  rr.comm = groupNamed(str(role(r).name()) + ".generate");
+  if (!rr.comm)
+    throw RunError("no communicator for actor " + str(role(r).name()) +
+                   "'s generation ranks");
+  if (rows_->genSlots().count(r)) {
+    // Tensor-parallel generation apart: replica = consecutive
+    // generation ranks; `model` is the staging copy the pieces land in.
+    auto gs = ints(role(r).generate_ranks());
+    const int t = role(r).generate()->tp(), replica = rr.pos / t;
+    std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
+    rr.genComm = world_->makeSubgroup(
+        "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
+  }
+}
+
+/// The role's training form on this rank: TP shards (with tp x dp groups),
+/// FSDP shards (over TP pieces with fsdp x tp), pipeline stages, sequence
+/// chunks over whole weights, or whole weights replicated.
+void Worker::buildTrainingForm(int r, RoleRt &rr) {
+  if (rr.tpSize > 1) {
+    // Tensor-parallel training: this rank keeps its shards only. With
+    // dp > 1 (or fsdp x tp) the TP group is the rank's replica (tp is the
+    // fastest coordinate: consecutive role ranks) and the DP (FSDP) group
+    // the ranks of the same TP index; members create them in role, then
+    // group order.
+    Communicator *tpc = rr.comm;
+    auto rs = ints(role(r).ranks());
+    const int tps = rr.tpSize, dps = (int)rs.size() / tps;
+    if (dps > 1) {
+      const int base = rr.pos / tps * tps, t = rr.pos % tps;
+      std::vector<int> tpRanks(rs.begin() + base, rs.begin() + base + tps), dpRanks;
+      for (int d = 0; d < dps; ++d)
+        dpRanks.push_back(rs[d * tps + t]);
+      const std::string rn = str(role(r).name());
+      rr.tpComm = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
+      rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
+      tpc = rr.tpComm.get();
+    }
+    if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
+      rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.dpComm, tpc);
+    else
+      rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc,
+                                                            rr.dpComm.get());
+  } else if (rr.fsdpSize > 1) {
+    rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
+  } else if (rr.ppSize > 1) {
+    // Pipeline stages: slot coordinates are tp fastest, then dp, then pp,
+    // so rank pos is TP member pos % t of replica pos / t % d on stage
+    // pos / (t d). The stages of one (replica, TP member) form a pipeline,
+    // a stage's t consecutive ranks its TP group, the ranks of one
+    // (stage, TP member) its data-parallel group.
+    auto rs = ints(role(r).ranks());
+    const int pps = rr.ppSize, tps = std::max(1, role(r).train()->tp());
+    const int dps = (int)rs.size() / (pps * tps);
+    const int t = rr.pos % tps, replica = rr.pos / tps % dps, stage = rr.pos / (tps * dps);
+    auto at = [&](int k, int d, int m) { return rs[(k * dps + d) * tps + m]; };
+    std::vector<int> ppRanks, dpRanks, tpRanks;
+    for (int k = 0; k < pps; ++k)
+      ppRanks.push_back(at(k, replica, t));
+    for (int d = 0; d < dps; ++d)
+      dpRanks.push_back(at(stage, d, t));
+    for (int m = 0; m < tps; ++m)
+      tpRanks.push_back(at(stage, replica, m));
+    const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
+                                                      std::to_string(t);
+    rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
+    if (dps > 1)
+      rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
+                                           std::to_string(t), dpRanks);
+    if (tps > 1)
+      rr.tpComm = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
+                                           std::to_string(replica), tpRanks);
+    try {
+      rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.ppComm,
+                                                      rr.dpComm.get(), rr.tpComm.get());
+    } catch (const std::invalid_argument &e) {
+      throw RunError("role " + rn + ": " + e.what());
+    }
+  }
+  if (rr.sharded() && trains(r))
+    rr.lm->setTrainable(true); // a reference's shards stay frozen
+  if (!rr.lm && rr.model && formsOf(r).train == executes::Form::SequenceParallel &&
+      envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0) {
+    // Ulysses: whole weights, the replica's rows split by position over
+    // its sp ranks (consecutive: sp is the fastest coordinate here).
+    auto rs = ints(role(r).ranks());
+    const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
+    std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
+    rr.spComm = world_->makeSubgroup(
+        "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
+    try {
+      rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.spComm,
+                                                              *rr.comm);
+    } catch (const std::invalid_argument &e) {
+      throw RunError("role " + str(role(r).name()) + ": " + e.what());
+    }
+  }
+  if (!rr.lm && rr.model) // whole weights, replicated over the role's ranks
+    rr.lm = std::make_unique<models::WholeModel>(*rr.model, *rr.comm);
+}
+
+/// Each rank reads its own shard's boxes from the files, nothing else.
+void Worker::loadShards(int r, RoleRt &rr) {
+  const std::string &dir = loadedFrom_.at(role(r).model());
+  uint64_t bytes = 0;
+  try {
+    bytes = rr.lm->loadHf(dir);
+  } catch (const std::exception &e) {
+    throw RunError("loading the weights of model " + rr.model->config().name + ": " +
+                   e.what());
+  }
+  // The generation copy is assembled by the first reshard (or gathered
+  // from the shards when something needs it whole before that).
+  if (role(r).kind() == RoleKind::Actor)
+    rr.lm->gatherInto(*rr.model);
+  at::Tensor mine = at::full({1}, (double)bytes, models::onEngine(at::kDouble));
+  at::Tensor all = rr.comm->allGatherFlat(mine).cpu();
+  if (rr.pos == 0 && !o_.quiet) {
+    std::string per;
+    for (int64_t i = 0; i < all.size(0); ++i)
+      per += (i ? ", " : "") + fmtBytes(all[i][0].item<double>());
+    std::printf("[load] %s: each rank read only its %s shard from %s: %s (model %s)\n",
+                str(role(r).name()).c_str(),
+                rr.lm->form().c_str(),
+                dir.c_str(), per.c_str(),
+                fmtBytes(4.0 * (double)rr.model->config().paramCount()).c_str());
+  }
+}
+
+/// An actor's generation form beside its training form (tensor-parallel
+/// generation shards a reshard fills), and what the rank stops keeping:
+/// a sharded role keeps no whole copy unless a whole-weight generation
+/// needs one.
+void Worker::buildGenerationForm(int r, RoleRt &rr) {
+  if (auto g = rows_->genSlots().find(r); g != rows_->genSlots().end() && !rr.apart) {
+    // Tensor-parallel generation: the ranks hosting the slots of this
+    // rank's generation replica, ascending (= TP order, checked).
+    auto rs = ints(role(r).ranks());
+    const int t = role(r).generate()->tp();
+    const int replica = g->second[rr.pos] / t;
+    std::vector<int> members;
+    for (size_t i = 0; i < rs.size(); ++i)
+      if (g->second[i] / t == replica)
+        members.push_back(rs[i]);
+    std::sort(members.begin(), members.end());
+    rr.genComm = world_->makeSubgroup(
+        "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
+    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
+    if (rr.sharded()) {
+      // Training and generation shards are all this rank keeps.
+      keepShardsOnly(r, rr);
+    }
+  }
+  if (rr.genOnTrain && rr.sharded() && !rr.lean) {
+    // It generates on its training shards: no whole copy to keep.
+    keepShardsOnly(r, rr);
+  }
+  if (rr.sharded() && rr.apart && !rr.lean) {
+    // Sharded training apart from its generation ranks: the reshard sends
+    // pieces of the shards, so no whole copy stays here either.
+    keepShardsOnly(r, rr);
+  }
+  if (rr.sharded() && role(r).kind() != RoleKind::Actor && !rr.lean) {
+    // A critic or reference never generates: its shards (and a critic's
+    // head) are all it keeps.
+    keepShardsOnly(r, rr);
+  }
+}
+
+/// The rank keeps its shards only: the whole model is dropped (built again
+/// from its configuration and seed when something needs it whole).
+void Worker::keepShardsOnly(int r, RoleRt &rr) {
+  rr.lean = true;
+  rr.cfg = rr.model->config();
+  rr.seed = models::modelSeed(p_.seed(), role(r).model());
+  rr.model.reset();
 }
 
 /// Whether role `r` has weights it trains (an Actor or a Critic).

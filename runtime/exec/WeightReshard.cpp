@@ -95,6 +95,66 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
 
 } // namespace
 
+namespace {
+
+/// The plan's parameters of a reshard against the model's: names, shapes
+/// and element size.
+void checkReshardParams(const Reshard &rs,
+                        const std::vector<std::pair<std::string, at::Tensor>> &named,
+                        const std::string &what) {
+  const size_t nParams = rs.params() ? rs.params()->size() : 0;
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs.params()->Get(k);
+    const at::Tensor &t = named[k].second;
+    if (named[k].first != str(wp->name()) || t.size(0) != wp->rows() ||
+        t.size(1) != wp->cols())
+      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) + " [" +
+                     std::to_string(wp->rows()) + ", " + std::to_string(wp->cols()) +
+                     "] does not match the model's " + named[k].first + " [" +
+                     std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + "]");
+    if ((int64_t)t.element_size() != rs.bytes_per_element())
+      throw RunError("reshard of " + what + ": the plan counts " +
+                     std::to_string(rs.bytes_per_element()) +
+                     " bytes per element, the model's weights have " +
+                     std::to_string(t.element_size()));
+  }
+}
+
+/// Training on TP or FSDP shards: this rank's boxes go into its generation
+/// copy first (they are what the plan says it holds and sends); the boxes
+/// it receives complete the copy. (A pipeline stage lists only the
+/// parameters it holds.)
+void placeOwnShards(RoleRt &rr, std::vector<std::pair<std::string, at::Tensor>> &named,
+                    const std::string &what) {
+  auto shards = rr.lm->namedWeights();
+  auto boxes = rr.lm->namedBoxes();
+  std::map<std::string, size_t> index;
+  for (size_t k = 0; k < named.size(); ++k)
+    index[named[k].first] = k;
+  if (shards.size() != boxes.size())
+    throw RunError("reshard of " + what + ": the training form lists " +
+                   std::to_string(shards.size()) + " weights but " +
+                   std::to_string(boxes.size()) + " boxes");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    auto k = index.find(shards[i].first);
+    if (k == index.end())
+      throw RunError("reshard of " + what + ": the training form holds " +
+                     shards[i].first + ", which the model has not");
+    const models::Box &b = boxes[i].second;
+    if (b.empty())
+      continue;
+    named[k->second].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
+        .copy_(shards[i].second.detach().view({b.rows(), b.cols()}));
+  }
+}
+
+/// Pieces that travelled as bfloat16 (transfer_dtype: bf16), widened back.
+at::Tensor roundedBf16(const at::Tensor &t) {
+  return t.to(at::kBFloat16).to(t.scalar_type());
+}
+
+} // namespace
+
 /// Executes a planned weight reshard: this rank sends and receives exactly
 /// the element ranges the plan lists (one message per peer, all posted at
 /// once). With whole weights it checks every received range bit for bit
@@ -125,88 +185,16 @@ void Worker::runReshard(int s) {
   if (named.size() != nParams)
     throw RunError("reshard of " + what + ": the plan lists " + std::to_string(nParams) +
                    " parameters, the model has " + std::to_string(named.size()));
-  for (size_t k = 0; k < nParams; ++k) {
-    const WeightParam *wp = rs.params()->Get(k);
-    const at::Tensor &t = named[k].second;
-    if (named[k].first != str(wp->name()) || t.size(0) != wp->rows() ||
-        t.size(1) != wp->cols())
-      throw RunError("reshard of " + what + ": plan parameter " + str(wp->name()) + " [" +
-                     std::to_string(wp->rows()) + ", " + std::to_string(wp->cols()) +
-                     "] does not match the model's " + named[k].first + " [" +
-                     std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + "]");
-    if ((int64_t)t.element_size() != rs.bytes_per_element())
-      throw RunError("reshard of " + what + ": the plan counts " +
-                     std::to_string(rs.bytes_per_element()) +
-                     " bytes per element, the model's weights have " +
-                     std::to_string(t.element_size()));
-  }
+  checkReshardParams(rs, named, what);
   c10::NoGradGuard ng;
-  if (rr.sharded()) {
-    // Training on TP or FSDP shards: this rank's boxes go into its
-    // generation copy first (they are what the plan says it holds and
-    // sends); the boxes it receives complete the copy.
-    // (A pipeline stage lists only the parameters it holds.)
-    auto shards = rr.lm->namedWeights();
-    auto boxes = rr.lm->namedBoxes();
-    std::map<std::string, size_t> index;
-    for (size_t k = 0; k < named.size(); ++k)
-      index[named[k].first] = k;
-    if (shards.size() != boxes.size())
-      throw RunError("reshard of " + what + ": the training form lists " +
-                     std::to_string(shards.size()) + " weights but " +
-                     std::to_string(boxes.size()) + " boxes");
-    for (size_t i = 0; i < shards.size(); ++i) {
-      auto k = index.find(shards[i].first);
-      if (k == index.end())
-        throw RunError("reshard of " + what + ": the training form holds " +
-                       shards[i].first + ", which the model has not");
-      const models::Box &b = boxes[i].second;
-      if (b.empty())
-        continue;
-      named[k->second].second.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols())
-          .copy_(shards[i].second.detach().view({b.rows(), b.cols()}));
-    }
-  }
+  if (rr.sharded())
+    placeOwnShards(rr, named, what);
   auto piece = [&](const WeightTransfer *t) {
     return named[t->param()].second.detach().index(
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
-  if (o_.reshard == "naive" && rr.sharded()) {
-    // DeepSpeed-Chat's way out of sharded training: all-gather every
-    // shard, so every rank holds the whole model.
-    Communicator &g = rr.lm->group(); // where the whole weights are gathered
-    const uint64_t before = g.bytesReceived();
-    auto t0 = Clock::now();
-    refreshGenerationCopies();
-    const double ms = msSince(t0);
-    reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
-    dropWholeCopies();
-    return;
-  }
-  if (o_.reshard == "naive") {
-    // DeepSpeed-Chat's way, the baseline: every rank gathers the whole
-    // model (each contributes an equal slice of the flat weights), then
-    // keeps what it needs.
-    std::vector<at::Tensor> flatParts;
-    for (auto &[name, t] : named)
-      flatParts.push_back(t.detach().reshape({-1}));
-    at::Tensor flat = at::cat(flatParts);
-    const int64_t M = flat.numel(), n = c.size(), chunk = (M + n - 1) / n;
-    at::Tensor padded = at::zeros({chunk * n}, flat.options());
-    padded.narrow(0, 0, M).copy_(flat);
-    const uint64_t before = c.bytesReceived();
-    auto t0 = Clock::now();
-    at::Tensor all = c.allGatherFlat(padded.narrow(0, me * chunk, chunk).contiguous());
-    const double ms = msSince(t0);
-    const int64_t measured = (int64_t)(c.bytesReceived() - before);
-    if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
-      throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
-                     "this rank's");
-    if (rr.gen)
-      rr.gen->loadFrom(*rr.model);
-    reportReshard(s, rs, c, what, measured, ms, true);
-    return;
-  }
+  if (o_.reshard == "naive")
+    return runReshardNaive(s, rs, rr, named, what);
   // transfer_dtype: bf16: the pieces travel as bfloat16 (rounded to
   // nearest even) and are widened on arrival; the plan counts wire bytes.
   const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
@@ -243,11 +231,63 @@ void Worker::runReshard(int s) {
   if (measured != plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
+  finishGenerationCopy(rs, rr, named, bf16Wire, what);
+  reportReshard(s, rs, c, what, measured, ms, false);
+}
+
+/// --reshard naive, the baseline (DeepSpeed-Chat's way): every rank
+/// gathers the whole model, then keeps what it needs.
+void Worker::runReshardNaive(int s, const Reshard &rs, RoleRt &rr,
+                             std::vector<std::pair<std::string, at::Tensor>> &named,
+                             const std::string &what) {
+  Communicator &c = *rr.comm;
+  if (rr.sharded()) {
+    // DeepSpeed-Chat's way out of sharded training: all-gather every
+    // shard, so every rank holds the whole model.
+    Communicator &g = rr.lm->group(); // where the whole weights are gathered
+    const uint64_t before = g.bytesReceived();
+    auto t0 = Clock::now();
+    refreshGenerationCopies();
+    const double ms = msSince(t0);
+    reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
+    dropWholeCopies();
+    return;
+  }
+  // Whole weights: each rank contributes an equal slice of the flat
+  // weights, and checks what it gathered against its own copy.
+  std::vector<at::Tensor> flatParts;
+  for (auto &[name, t] : named)
+    flatParts.push_back(t.detach().reshape({-1}));
+  at::Tensor flat = at::cat(flatParts);
+  const int64_t M = flat.numel(), n = c.size(), chunk = (M + n - 1) / n;
+  at::Tensor padded = at::zeros({chunk * n}, flat.options());
+  padded.narrow(0, 0, M).copy_(flat);
+  const uint64_t before = c.bytesReceived();
+  auto t0 = Clock::now();
+  at::Tensor all = c.allGatherFlat(padded.narrow(0, rr.pos * chunk, chunk).contiguous());
+  const double ms = msSince(t0);
+  const int64_t measured = (int64_t)(c.bytesReceived() - before);
+  if (!at::equal(all.reshape({-1}).narrow(0, 0, M), flat))
+    throw RunError("reshard of " + what + " (naive): the gathered weights differ from "
+                   "this rank's");
+  if (rr.gen)
+    rr.gen->loadFrom(*rr.model);
+  reportReshard(s, rs, c, what, measured, ms, true);
+}
+
+/// After the pieces arrived: the generation shards loaded from the staging
+/// copy (and checked across replicas), or the whole generation copies
+/// checked identical over the role's ranks.
+void Worker::finishGenerationCopy(const Reshard &rs, RoleRt &rr,
+                                  std::vector<std::pair<std::string, at::Tensor>> &named,
+                                  bool bf16Wire, const std::string &what) {
+  Communicator &c = *rr.comm;
+  auto ranks = ints(role(rs.role()).ranks());
   if (bf16Wire && rr.sharded() && !rr.gen)
     // The generation copy: what the rank held itself is rounded like what
     // it received (the training shards stay exact float32).
     for (auto &[name, w] : named)
-      w.detach().copy_(rounded(w.detach()));
+      w.detach().copy_(roundedBf16(w.detach()));
   if (rr.gen) {
     // Generation on TP shards: the boxes of this rank's generation slot
     // are in place (held or received); they become its TPLlama shards
@@ -257,7 +297,7 @@ void Worker::runReshard(int s) {
     rr.gen->loadFrom(*rr.model);
     if (bf16Wire)
       for (auto &[name, w] : rr.gen->namedWeights())
-        w.detach().copy_(rounded(w.detach()));
+        w.detach().copy_(roundedBf16(w.detach()));
     checkGenerationShards(rs, rr, what);
   } else if (rr.sharded()) {
     // Every rank assembled its generation copy from different pieces: the
@@ -272,7 +312,6 @@ void Worker::runReshard(int s) {
         throw RunError("reshard of " + what + ": the weights assembled on rank " +
                        std::to_string(ranks[i]) + " differ from this rank's");
   }
-  reportReshard(s, rs, c, what, measured, ms, false);
 }
 
 /// Ranks hosting the same TP index of different generation replicas must

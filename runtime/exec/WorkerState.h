@@ -239,8 +239,20 @@ private:
   void findRollout(PhaseRt &ph);
   void prepareOffPolicy(PhaseRt &ph);
   void connect();
+  //===-- each role's model forms (RoleSetup.cpp) ---------------------------===//
   void buildRoles();
+  void buildGenerationRank(int r, int pos);
+  void buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms);
+  void chooseShards(int r, RoleRt &rt, const executes::Verdict &forms);
+  void loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig &cfg,
+                        const std::string &wdir);
   void connectRoles();
+  Communicator *groupNamed(const std::string &name) const;
+  void connectGenerationRank(int r, RoleRt &rr);
+  void buildTrainingForm(int r, RoleRt &rr);
+  void loadShards(int r, RoleRt &rr);
+  void buildGenerationForm(int r, RoleRt &rr);
+  void keepShardsOnly(int r, RoleRt &rr);
   models::LlamaConfig modelConfig(int m) const;
   /// Role `r`'s model configuration: its model's, in the role's own
   /// `dtype` when it sets one (the precision it computes in).
@@ -367,6 +379,12 @@ private:
 
   //===-- weight reshard and generation copies (WeightReshard.cpp) -------------===//
   void runReshard(int s);
+  void runReshardNaive(int s, const plan::Reshard &rs, RoleRt &rr,
+                       std::vector<std::pair<std::string, at::Tensor>> &named,
+                       const std::string &what);
+  void finishGenerationCopy(const plan::Reshard &rs, RoleRt &rr,
+                            std::vector<std::pair<std::string, at::Tensor>> &named,
+                            bool bf16Wire, const std::string &what);
   void runReshardLean(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void runReshardAcross(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void checkGenerationShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
