@@ -154,32 +154,6 @@ at::Tensor untrim(const at::Tensor &h, int64_t P, int64_t R, int64_t p, int64_t 
 }
 } // namespace
 
-at::Tensor Worker::seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim) {
-  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1);
-  int64_t p = P, r = R;
-  models::MicroBatch mb = seqMicro(ro, lo, hi, trim, p, r);
-  return untrim(rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask), P, R, p, r);
-}
-
-std::vector<double> Worker::pipelinedResponses(
-    RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
-    bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head, int64_t start,
-    int64_t width) {
-  const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1);
-  if (start < 0)
-    start = P - 1, width = R;
-  std::vector<models::MicroBatch> micros;
-  std::vector<std::pair<int64_t, int64_t>> widths;
-  for (auto [u, e] : batches) {
-    int64_t p = P, r = R;
-    micros.push_back(seqMicro(ro, u, e, trim, p, r));
-    widths.push_back({p, r});
-  }
-  return rr.lm->runPipelined(micros, [&](int i, const at::Tensor &h) {
-    return head(i, untrim(h, P, R, widths[i].first, widths[i].second).narrow(1, start, width));
-  }, train);
-}
-
 at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head) {
   return at::linear(h, head).squeeze(-1).to(at::kFloat);
 }
@@ -224,13 +198,6 @@ void PassMeter::done() {
   }
 }
 
-void Worker::fromLastStage(RoleRt &rr, at::Tensor &x) {
-  Communicator *pp = rr.lm ? rr.lm->pipelineGroup() : nullptr;
-  if (!pp || pp->size() == 1)
-    return;
-  x = x.contiguous();
-  pp->broadcast(x, pp->size() - 1);
-}
 /// Rows [lo, hi) in consecutive batches for forward passes: `micro` rows
 /// each, or with a token budget (max_batch_tokens) as many rows as keep
 /// rows x (longest prompt + longest response among them) within it (verl's
@@ -302,10 +269,9 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   std::vector<at::Tensor> parts;
   const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
                                   budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
-  // The head runs on the response columns that hold a token (not
-  // pipelined: the last stage's head sees R columns).
+  // The head runs on the response columns that hold a token.
   const bool defaultCols = start == c.ph.P - 1 && width == c.ph.R;
-  const bool responses = trimPasses() && defaultCols && !c.rr.lm->pipelined();
+  const bool responses = trimPasses() && defaultCols;
   // Length buckets: each micro-batch's rows sorted by length and run in
   // buckets of similar length, each trimmed to its own longest (the ranks
   // of a lockstep group, FSDP's or sequence parallelism's, as many as the
@@ -328,41 +294,38 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
     const auto [p, r] = trimPasses() ? realWidth(rollout, u, e) : std::make_pair(c.ph.P, c.ph.R);
     meter.add(e - u, p + r, responses ? r : c.ph.R, false);
   }
-  if (c.rr.lm->pipelined()) {
-    // The stages pass each batch on; the last one applies the head, and
-    // every stage of the replica gets the result.
-    parts.resize(runs.size());
-    pipelinedResponses(c.rr, rollout, runs, trimPasses(), false,
-                       [&](int i, const at::Tensor &h) {
-                         parts[i] = head(h, runs[i].first, runs[i].second);
-                         return at::zeros({});
-                       },
-                       start, width);
-    at::Tensor out = c.rr.lm->lastStage() ? at::cat(parts)
-                                          : at::empty({b, c.ph.R}, models::onEngine(at::kFloat));
-    fromLastStage(c.rr, out);
-    meter.done();
-    return order ? order->restore(out) : out;
-  }
+  // Every form runs the passes its way (a pipeline through its stages);
+  // the ranks holding the final hidden states apply the head, and every
+  // rank of the form gets the result.
+  std::vector<models::MicroBatch> micros;
+  std::vector<std::pair<int64_t, int64_t>> widths;
   for (auto [u, e] : runs) {
+    int64_t p = c.ph.P, r = c.ph.R;
+    micros.push_back(seqMicro(rollout, u, e, trimPasses(), p, r));
+    widths.push_back({p, r});
+  }
+  parts.resize(runs.size());
+  c.rr.lm->runPasses(micros, [&](int i, const at::Tensor &h) {
+    const auto [u, e] = runs[(size_t)i];
+    const auto [p, r] = widths[(size_t)i];
     if (!responses) {
-      at::Tensor h = seqHidden(c.rr, rollout, u, e, trimPasses());
-      parts.push_back(head(h.narrow(1, start, width), u, e));
-      continue;
+      const int64_t P = rollout["ptoks"].size(1), R = rollout["rtoks"].size(1);
+      parts[(size_t)i] = head(untrim(h, P, R, p, r).narrow(1, start, width), u, e);
+      return at::zeros({});
     }
     // The response positions only as far as some row of the batch has a
     // response token: the head (logits, a value) runs on [b, r], the rest
     // of the R columns are zeros.
-    int64_t p = c.ph.P, r = c.ph.R;
-    models::MicroBatch mb = seqMicro(rollout, u, e, trimPasses(), p, r);
-    at::Tensor out = head(c.rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r),
-                          u, e);
+    at::Tensor out = head(h.narrow(1, p - 1, r), u, e);
     if (r < c.ph.R)
       out = at::cat({out, at::zeros({e - u, c.ph.R - r}, out.options())}, 1);
-    parts.push_back(out);
-  }
+    parts[(size_t)i] = out;
+    return at::zeros({});
+  }, false);
+  at::Tensor out = c.rr.lm->runsHeads() ? at::cat(parts)
+                                        : at::empty({b, c.ph.R}, models::onEngine(at::kFloat));
+  c.rr.lm->shareHeadResult(out);
   meter.done();
-  at::Tensor out = at::cat(parts);
   return order ? order->restore(out) : out;
 }
 
@@ -654,21 +617,11 @@ void Worker::runSft(MethodCall &c) {
                                              mb.tokens.narrow(1, 1, W - 1), 1.0);
         return -(lp * ps.lossMask.narrow(0, u, e2 - u).narrow(1, 0, W - 1)).sum() / mbTokens;
       };
-      if (rr.lm->pipelined()) {
-        for (double l : rr.lm->runPipelined(micros, microLoss, true))
-          mbLoss += l; // on the last stage
-        at::Tensor l = at::full({1}, mbLoss, models::onEngine(at::kDouble));
-        fromLastStage(rr, l);
-        mbLoss = l.item<double>();
-      } else {
-        for (size_t i = 0; i < micros.size(); ++i) {
-          const models::MicroBatch &mb = micros[i];
-          at::Tensor loss =
-              microLoss((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
-          mbLoss += loss.item<double>();
-          loss.backward();
-        }
-      }
+      for (double l : rr.lm->runPasses(micros, microLoss, true))
+        mbLoss += l; // where the heads ran
+      at::Tensor l = at::full({1}, mbLoss, models::onEngine(at::kDouble));
+      rr.lm->shareHeadResult(l);
+      mbLoss = l.item<double>();
       meter.done();
       checkLoss(rr, "sft loss", mbLoss);
       if (c.leader) {

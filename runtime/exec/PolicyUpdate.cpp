@@ -260,40 +260,37 @@ void Worker::runUpdate(MethodCall &c) {
       for (const auto &rs : runs)
         for (auto [u, e] : rs) {
           const auto [p, r] = trimPasses() ? realWidth(*rollout, u, e) : std::make_pair(P, R);
-          // The heads run on r columns, a pipeline's last stage on R.
-          meter.add(e - u, p + r, rr.lm->pipelined() ? R : r, true);
+          // The heads run on the r columns that hold a response token.
+          meter.add(e - u, p + r, r, true);
         }
       std::vector<std::pair<int64_t, int64_t>> passes;
       std::vector<LossWeight> weights;
       weighPasses(*rollout, batches, runs, mbRows, passes, weights);
-      if (rr.lm->pipelined())
-        pipelinedResponses(rr, *rollout, passes, trimPasses(), true,
-                           [&](int i, const at::Tensor &h) {
-                             return microLoss(passes[(size_t)i].first, passes[(size_t)i].second,
-                                              h, weights[(size_t)i]);
-                           });
-      else
-        for (size_t i = 0; i < passes.size(); ++i) {
-          const auto [u, e] = passes[i];
-          // The pass over its own columns; the heads over the response
-          // columns holding a token (as logprob's and values' passes run
-          // them: the same shapes, the same log-probs).
-          int64_t p = P, r = R;
-          models::MicroBatch mb = seqMicro(*rollout, u, e, trimPasses(), p, r);
-          at::Tensor h = rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask).narrow(1, p - 1, r);
-          microLoss(u, e, h, weights[i]).backward();
-        }
+      // Every pass over its own columns; the heads over the response
+      // columns holding a token (as logprob's and values' passes run them:
+      // the same shapes, the same log-probs), on the ranks that hold the
+      // final hidden states (a pipeline's last stage).
+      std::vector<models::MicroBatch> micros;
+      std::vector<std::pair<int64_t, int64_t>> widths;
+      for (auto [u, e] : passes) {
+        int64_t p = P, r = R;
+        micros.push_back(seqMicro(*rollout, u, e, trimPasses(), p, r));
+        widths.push_back({p, r});
+      }
+      rr.lm->runPasses(micros, [&](int i, const at::Tensor &h) {
+        const auto [u, e] = passes[(size_t)i];
+        const auto [p, r] = widths[(size_t)i];
+        return microLoss(u, e, h.narrow(1, p - 1, r), weights[(size_t)i]);
+      }, true);
       meter.done();
       order.reset(); // the plan's row order again
       applyGradients(rr, lrOver);
     }
-  double lastLoss = microLoss.lastLoss;
+  // The loss is where the heads ran (a pipeline's last stage).
+  at::Tensor l = at::full({1}, microLoss.lastLoss, models::onEngine(at::kDouble));
+  rr.lm->shareHeadResult(l);
+  const double lastLoss = l.item<double>();
   digests_[s] = 0;
-  if (rr.lm->pipelined()) { // the loss is the last stage's
-    at::Tensor l = at::full({1}, lastLoss, models::onEngine(at::kDouble));
-    fromLastStage(rr, l);
-    lastLoss = l.item<double>();
-  }
   if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
     digests_[s] = lastLoss;
   else

@@ -81,29 +81,19 @@ at::Tensor Worker::scoreSequences(
   std::optional<c10::NoGradGuard> noGrad;
   if (!train)
     noGrad.emplace();
-  if (rr.lm->pipelined()) {
-    std::vector<double> ls = rr.lm->runPipelined(micros, headOf, train);
-    fromLastStage(rr, out);
-    if (losses) {
-      at::Tensor l = at::zeros({(int64_t)micros.size()}, at::TensorOptions().dtype(at::kDouble));
-      for (size_t i = 0; i < ls.size(); ++i)
-        l[(int64_t)i] = ls[i];
-      l = l.to(models::engineDevice());
-      fromLastStage(rr, l);
-      l = l.cpu();
-      for (int64_t i = 0; i < l.size(0); ++i)
-        losses->push_back(l[i].item<double>());
-    }
-    return out;
-  }
-  for (size_t i = 0; i < micros.size(); ++i) {
-    const models::MicroBatch &mb = micros[i];
-    at::Tensor loss = headOf((int)i, rr.lm->hidden(mb.tokens, mb.positions, mb.keyMask));
-    if (train) {
-      if (losses)
-        losses->push_back(loss.item<double>());
-      loss.backward();
-    }
+  // Every form runs the passes its way; the ranks that ran the heads
+  // share the scores (and the losses) with the form's other ranks.
+  const std::vector<double> ls = rr.lm->runPasses(micros, headOf, train);
+  rr.lm->shareHeadResult(out);
+  if (train && losses) {
+    at::Tensor l = at::zeros({(int64_t)micros.size()}, at::TensorOptions().dtype(at::kDouble));
+    for (size_t i = 0; i < ls.size(); ++i)
+      l[(int64_t)i] = ls[i];
+    l = l.to(models::engineDevice());
+    rr.lm->shareHeadResult(l);
+    l = l.cpu();
+    for (int64_t i = 0; i < l.size(0); ++i)
+      losses->push_back(l[i].item<double>());
   }
   return out;
 }
@@ -254,7 +244,7 @@ void Worker::exportRoles() {
     at::Tensor head;
     if (!actor) {
       head = rr.head.detach().clone();
-      fromLastStage(rr, head);
+      rr.lm->shareHeadResult(head);
     }
     if (rr.pos != 0)
       continue;

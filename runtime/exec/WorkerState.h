@@ -347,21 +347,10 @@ private:
       MethodCall &c, Val &rollout, Span rows,
       const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head,
       int64_t start = -1, int64_t width = -1);
-  at::Tensor seqHidden(RoleRt &rr, Val &ro, int64_t lo, int64_t hi, bool trim = false);
   /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
   /// columns some row uses), with the widths kept: p prompt, r response.
   models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
                               int64_t &r);
-  /// A pipelined pass over `batches` of a rollout: `head` maps each
-  /// batch's hidden states at the response positions [b, R, H] (on the
-  /// last stage) to its value; the values on the last stage, in order.
-  std::vector<double> pipelinedResponses(
-      RoleRt &rr, Val &ro, const std::vector<std::pair<int64_t, int64_t>> &batches, bool trim,
-      bool train, const std::function<at::Tensor(int, const at::Tensor &)> &head,
-      int64_t start = -1, int64_t width = -1);
-  /// `x` from the last stage of this rank's pipeline to every stage of it
-  /// (nothing for a form that is not pipelined). Collective.
-  void fromLastStage(RoleRt &rr, at::Tensor &x);
   std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
                                                       int64_t micro, int64_t budget,
                                                       const std::string &where,

@@ -35,7 +35,7 @@ class Communicator;
 
 namespace hflow::models {
 
-/// One forward (and backward) pass's sequences, for a pipelined form.
+/// One forward (and backward) pass's sequences (runPasses).
 struct MicroBatch {
   at::Tensor tokens, positions, keyMask;
 };
@@ -53,6 +53,7 @@ public:
   //===-- compute ---------------------------------------------------------===//
   /// The final hidden states [B, T, H] (Llama::hidden's semantics: RoPE
   /// `positions`, `keyMask` marking real tokens), replicated on a TP group.
+  /// A pipeline stage has none (it throws): passes run through runPasses.
   virtual at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                             const at::Tensor &keyMask) const = 0;
   /// The logits this rank computes from hidden states: the whole vocabulary,
@@ -77,28 +78,28 @@ public:
   /// whole weights): TP or FSDP group, or the data-parallel group.
   virtual comm::Communicator &group() const = 0;
 
-  /// A pipelined form (pipeline stages) computes no whole hidden states on
-  /// one rank: hidden() throws, and the engine runs its passes through
-  /// runPipelined instead.
-  virtual bool pipelined() const { return false; }
-  /// The last stage's head of a pipelined pass: micro-batch i's final hidden
-  /// states [b, T, H] to a scalar (a loss when training; anything while
-  /// forward only, the head keeping what it computes).
-  using PipelineHead = std::function<at::Tensor(int i, const at::Tensor &hidden)>;
-  /// Runs `micros` through the stages (1F1B when `train`, gradients
-  /// accumulating); on the last stage `head` is called for each, in order,
-  /// and its values are returned (empty on other stages). Collective over
-  /// the pipeline. Throws std::logic_error for a form that is not
-  /// pipelined.
-  virtual std::vector<double> runPipelined(const std::vector<MicroBatch> &micros,
-                                           const PipelineHead &head, bool train) {
-    (void)micros, (void)head, (void)train;
-    throw std::logic_error("runPipelined: " + form() + " is not a pipelined form");
-  }
-  /// For a pipelined form: whether this rank is the last stage (which runs
-  /// the heads) and the group of the stages of its replica. Null otherwise.
-  virtual bool lastStage() const { return true; }
-  virtual comm::Communicator *pipelineGroup() const { return nullptr; }
+  //===-- passes: the schedule is the form's ----------------------------===//
+  /// A pass's head: micro-batch i's final hidden states [b, T, H] to a
+  /// scalar (a loss when training; anything while forward only, the head
+  /// keeping what it computes).
+  using PassHead = std::function<at::Tensor(int i, const at::Tensor &hidden)>;
+  /// Runs `micros` forward, and backward when `train` (gradients
+  /// accumulating), calling `head` on each micro-batch's final hidden
+  /// states, in order, on the ranks that hold them: every rank of a whole,
+  /// sharded or sequence-parallel form (one pass after the other); the last
+  /// stage of a pipeline (Megatron's 1F1B when training). Returns the
+  /// head's values when training (empty on a pipeline's other stages).
+  /// Collective over the form's groups. The engine runs every pass through
+  /// here, so it never asks which schedule a form uses.
+  virtual std::vector<double> runPasses(const std::vector<MicroBatch> &micros,
+                                        const PassHead &head, bool train);
+  /// `x`, computed by the heads, to every rank of the form: a pipeline's
+  /// last stage broadcasts it to its stages; every other form already has
+  /// it everywhere (nothing moves). Collective.
+  virtual void shareHeadResult(at::Tensor &x) const { (void)x; }
+  /// Whether this rank runs the heads (a pipeline's last stage; every rank
+  /// of another form).
+  virtual bool runsHeads() const { return true; }
   /// What of this form decides the transient memory of its passes
   /// (shape::passActivationBytes): whole weights by default.
   virtual shape::PassForm passForm() const { return {}; }

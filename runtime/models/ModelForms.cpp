@@ -22,6 +22,24 @@ double headNormSquared(const std::vector<at::Tensor> &extra) {
 } // namespace
 
 //===----------------------------------------------------------------------===//
+// CausalLM: one pass after the other
+//===----------------------------------------------------------------------===//
+
+std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
+                                        const PassHead &head, bool train) {
+  std::vector<double> values;
+  for (size_t i = 0; i < micros.size(); ++i) {
+    const MicroBatch &mb = micros[i];
+    at::Tensor v = head((int)i, hidden(mb.tokens, mb.positions, mb.keyMask));
+    if (train) {
+      values.push_back(v.item<double>());
+      v.backward();
+    }
+  }
+  return values;
+}
+
+//===----------------------------------------------------------------------===//
 // WholeModel
 //===----------------------------------------------------------------------===//
 

@@ -380,7 +380,14 @@ comm::Communicator &PipelineStage::comm() const { return *p_->pp; }
 at::Tensor PipelineModel::hidden(const at::Tensor &, const at::Tensor &,
                                  const at::Tensor &) const {
   throw std::logic_error("a pipeline stage computes no whole hidden states: the engine "
-                         "runs its passes through runPipelined");
+                         "runs its passes through runPasses");
+}
+
+void PipelineModel::shareHeadResult(at::Tensor &x) const {
+  if (s_.comm().size() == 1)
+    return;
+  x = x.contiguous();
+  s_.comm().broadcast(x, s_.comm().size() - 1);
 }
 
 Generation PipelineModel::generate(const at::Tensor &, const at::Tensor &,

@@ -127,7 +127,7 @@ private:
 /// pp(p) * tp(t) * dp(d) as a CausalLM: this rank's PipelineStage over `pp`
 /// (the stages of its replica and TP index), TP pieces over `tp` (or null),
 /// gradients averaged over `dp` (the ranks of the same stage and TP index,
-/// or null). Pipelined: the engine runs its passes through runPipelined.
+/// or null). Its passes run through the stages in 1F1B order (runPasses).
 /// Holds only its stage (sharded()); does not generate.
 class PipelineModel final : public CausalLM {
 public:
@@ -151,13 +151,12 @@ public:
                       at::Generator &) const override;
   comm::Communicator *lockstepGroup() const override { return &s_.comm(); }
   comm::Communicator &group() const override { return s_.comm(); }
-  bool pipelined() const override { return true; }
-  std::vector<double> runPipelined(const std::vector<MicroBatch> &micros,
-                                   const PipelineHead &head, bool train) override {
+  std::vector<double> runPasses(const std::vector<MicroBatch> &micros, const PassHead &head,
+                                bool train) override {
     return s_.run(micros, head, train);
   }
-  bool lastStage() const override { return s_.stage() == s_.stages() - 1; }
-  comm::Communicator *pipelineGroup() const override { return &s_.comm(); }
+  void shareHeadResult(at::Tensor &x) const override;
+  bool runsHeads() const override { return s_.stage() == s_.stages() - 1; }
   shape::PassForm passForm() const override;
   std::vector<at::Tensor> parameters() const override { return s_.parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override {
