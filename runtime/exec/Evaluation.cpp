@@ -29,7 +29,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
   } drop{this};
   int gen = -1;
   for (auto &[r, rr] : roles_)
-    if (role(r).kind() == RoleKind::Actor && rr.model && !rr.genOnly)
+    if (role(r).kind() == RoleKind::Actor && rr.model && rr.holding != Holding::GenerationRank)
       gen = r; // an actor generating apart is evaluated where it trains
   if (gen < 0)
     return;
@@ -122,7 +122,7 @@ void Worker::syncReference(int phaseIndex) {
     const int root = ar[0];
     senderOf[actor.model()] = root;
     const models::Llama *src = nullptr;
-    if (auto it = roles_.find(a); it != roles_.end() && !it->second.genOnly)
+    if (auto it = roles_.find(a); it != roles_.end() && it->second.holding != Holding::GenerationRank)
       src = it->second.model.get();
     if (j_.rank == root && !src)
       throw RunError("the reference's start of phase " + phases_[phaseIndex].name +
@@ -155,14 +155,14 @@ void Worker::syncReference(int phaseIndex) {
       received[actor.model()] = std::move(dst);
   }
   for (auto &[r, rr] : roles_) {
-    if (role(r).kind() != RoleKind::Reference || (!rr.model && !rr.sharded()))
+    if (role(r).kind() != RoleKind::Reference || (!rr.model && !rr.holdsShards()))
       continue;
     bool withActor = false;
     for (auto &[a, ar] : roles_)
       withActor = withActor || (role(a).kind() == RoleKind::Actor && ar.model &&
                                 role(a).model() == role(r).model());
     if (auto got = received.find(role(r).model()); !withActor && got != received.end()) {
-      if (rr.sharded())
+      if (rr.holdsShards())
         rr.lm->loadFrom(*got->second);
       else
         rr.model->copyFrom(*got->second);
@@ -176,7 +176,7 @@ void Worker::syncReference(int phaseIndex) {
     for (auto &[a, ar] : roles_)
       if (role(a).kind() == RoleKind::Actor && ar.model &&
           role(a).model() == role(r).model()) {
-        if (rr.sharded())
+        if (rr.holdsShards())
           rr.lm->loadFrom(*ar.model); // this rank's shards of them
         else
           rr.model->copyFrom(*ar.model);

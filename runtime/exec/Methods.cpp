@@ -186,15 +186,15 @@ void PassMeter::done() {
   double model = 0;
   for (const shape::PassShape &s : shapes_)
     model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s, width));
-  if (rise > rr_.peakActivations) {
-    rr_.peakActivations = rise;
-    rr_.modelActivations = model;
+  if (rise > rr_.mem.peakActivations) {
+    rr_.mem.peakActivations = rise;
+    rr_.mem.modelActivations = model;
   }
   if (model > 0 && newGrads == 0) {
     const double ratio = (double)rise / model;
-    const bool first = rr_.actRatioHi == 0;
-    rr_.actRatioLo = first ? ratio : std::min(rr_.actRatioLo, ratio);
-    rr_.actRatioHi = first ? ratio : std::max(rr_.actRatioHi, ratio);
+    const bool first = rr_.mem.actRatioHi == 0;
+    rr_.mem.actRatioLo = first ? ratio : std::min(rr_.mem.actRatioLo, ratio);
+    rr_.mem.actRatioHi = first ? ratio : std::max(rr_.mem.actRatioHi, ratio);
   }
 }
 
@@ -377,7 +377,7 @@ void Worker::runGenerate(MethodCall &c) {
   } catch (const std::invalid_argument &e) {
     throw RunError(describe(s) + ": " + e.what());
   }
-  const models::CausalLM *form = rr.gen ? rr.gen.get() : rr.genOnTrain ? rr.lm.get() : nullptr;
+  const models::CausalLM *form = rr.generationShards();
   const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
   const int64_t formTp = form ? form->passForm().tp : 1;
   const double blockBytes = shape::kvBlockBytes(cfg.shape(), cfg.layers, formTp,
@@ -398,7 +398,7 @@ void Worker::runGenerate(MethodCall &c) {
     };
   }
   models::Generation gen;
-  if (rr.gen && !rr.sharded() && !rr.genOnly && rr.model) {
+  if (rr.gen && rr.holding == Holding::Whole && rr.model) {
     // Trained on whole weights, generating tensor parallel on the same
     // ranks: no reshard moves anything, the shard is cut from this rank's
     // own current weights.
@@ -406,9 +406,7 @@ void Worker::runGenerate(MethodCall &c) {
     rr.gen->loadFrom(*rr.model);
   }
   try {
-    gen = rr.gen          ? rr.gen->generate(ptoks, pmask, so, g)
-          : rr.genOnTrain ? rr.lm->generate(ptoks, pmask, so, g)
-                          : rr.model->generate(ptoks, pmask, so, g);
+    gen = form ? form->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
   } catch (const std::invalid_argument &e) {
     throw RunError(describe(s) + ": " + e.what());
   }
@@ -418,10 +416,10 @@ void Worker::runGenerate(MethodCall &c) {
     // first one above its model (which it then reports).
     const double model = rowsNow > 0 ? (double)so.limits.poolBlocks * blockBytes : 0;
     const bool over = (double)gen.kvCacheBytes > model;
-    if ((over && !rr.kvOverModel) || (!rr.kvOverModel && gen.kvCacheBytes > rr.peakKvCache)) {
-      rr.peakKvCache = gen.kvCacheBytes;
-      rr.modelKvCache = model;
-      rr.kvOverModel = over;
+    if ((over && !rr.mem.kvOverModel) || (!rr.mem.kvOverModel && gen.kvCacheBytes > rr.mem.peakKvCache)) {
+      rr.mem.peakKvCache = gen.kvCacheBytes;
+      rr.mem.modelKvCache = model;
+      rr.mem.kvOverModel = over;
     }
   }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;

@@ -72,7 +72,8 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   f.actorWeightSum = [&]() -> std::optional<double> {
     // The actor's weights after the iteration: not finite stops the run.
     for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.lean) && !rr.genOnly) {
+      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.holding == Holding::ShardsOnly) &&
+          rr.holding != Holding::GenerationRank) {
         double s = 0;
         for (auto &p : rr.lm->parameters())
           s += p.detach().to(at::kDouble).sum().item<double>();
@@ -157,7 +158,7 @@ void Worker::printSummary(const at::Tensor &all) {
         for (auto &[ri, rr] : roles_) {
           if (ri != index)
             continue;
-          if (rr.sharded())
+          if (rr.holdsShards())
             model += std::string(rr.optim ? ", trains " : ", holds ") + rr.lm->form() +
                      " shards";
           else if (rr.lm && rr.lm->form().rfind("sp", 0) == 0)
@@ -165,9 +166,9 @@ void Worker::printSummary(const at::Tensor &all) {
                      rr.lm->form() + " sequence chunks";
           if (rr.gen)
             model += ", generates on " + rr.gen->form() + " shards";
-          if (rr.genOnTrain)
+          if (rr.generatesOn == GeneratesOn::TrainingShards)
             model += ", generates on them";
-          if (rr.lean)
+          if (rr.holding == Holding::ShardsOnly)
             model += ", no whole copy";
         }
         model += ")";
@@ -217,12 +218,12 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
     return t.defined() ? (double)t.numel() * (double)t.element_size() : 0.0;
   };
   std::array<double, kMemoryFigures> m{};
-  m[4] = (double)rr.peakActivations;
-  m[5] = (double)rr.peakKvCache;
-  m[6] = rr.modelActivations;
-  m[7] = rr.modelKvCache;
-  m[8] = rr.actRatioLo;
-  m[9] = rr.actRatioHi;
+  m[4] = (double)rr.mem.peakActivations;
+  m[5] = (double)rr.mem.peakKvCache;
+  m[6] = rr.mem.modelActivations;
+  m[7] = rr.mem.modelKvCache;
+  m[8] = rr.mem.actRatioLo;
+  m[9] = rr.mem.actRatioHi;
   std::vector<at::Tensor> params;
   if (rr.lm)
     params = rr.lm->parameters();
@@ -246,7 +247,7 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
   // A whole copy beside shards (a sharded actor generating on whole
   // weights), or a generation-only rank's copy. A whole-weight role's
   // `model` is its weights, counted above.
-  if (rr.model && (rr.sharded() || rr.genOnly))
+  if (rr.model && rr.holding != Holding::Whole)
     for (const at::Tensor &p : rr.model->parameters())
       m[3] += bytesOf(p);
   return m;

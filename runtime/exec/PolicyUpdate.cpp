@@ -291,7 +291,7 @@ void Worker::runUpdate(MethodCall &c) {
   rr.lm->shareHeadResult(l);
   const double lastLoss = l.item<double>();
   digests_[s] = 0;
-  if (rr.sharded()) // shards differ between ranks; the replica's loss agrees
+  if (rr.holdsShards()) // shards differ between ranks; the replica's loss agrees
     digests_[s] = lastLoss;
   else
     for (auto &p : rr.lm->parameters())

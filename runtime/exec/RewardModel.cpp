@@ -224,13 +224,13 @@ void Worker::exportRoles() {
   refreshGenerationCopies();
   for (const auto &[r, dir] : exports_) {
     auto it = roles_.find(r);
-    if (it == roles_.end() || it->second.genOnly)
+    if (it == roles_.end() || it->second.holding == Holding::GenerationRank)
       continue; // not on this rank
     RoleRt &rr = it->second;
     const bool actor = role(r).kind() == RoleKind::Actor;
     const models::Llama *whole = nullptr;
     std::unique_ptr<models::Llama> gathered;
-    if (actor || !rr.sharded()) {
+    if (actor || !rr.holdsShards()) {
       // The actor's first rank has every weight (its generation copy).
       whole = rr.model.get();
     } else {

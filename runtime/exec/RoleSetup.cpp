@@ -101,7 +101,8 @@ void Worker::buildGenerationRank(int r, int pos) {
   RoleRt rt;
   rt.index = r;
   rt.pos = pos;
-  rt.apart = rt.genOnly = true;
+  rt.apart = true;
+  rt.holding = Holding::GenerationRank;
   // The first reshard overwrites every weight; the same start as
   // the training ranks keeps a run without one reproducible.
   rt.model = std::make_unique<models::Llama>(cfg,
@@ -170,7 +171,8 @@ void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
   if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
       (int)rs.size() == tl.tp() * tl.dp()) {
     rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
-    rt.genOnTrain = actor && !apart && sameLayouts;
+    if (actor && !apart && sameLayouts)
+      rt.generatesOn = GeneratesOn::TrainingShards;
   }
   if (!wholeWeights && forms.train == executes::Form::FullyShard &&
       (int)rs.size() == tl.fsdp() * std::max(1, tl.tp())) {
@@ -181,7 +183,7 @@ void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
       (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
     rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
   if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
-    const bool generates = apart || rt.genOnTrain || rows_->genSlots().count(r) > 0 ||
+    const bool generates = apart || rt.generatesOn == GeneratesOn::TrainingShards || rows_->genSlots().count(r) > 0 ||
                            forms.generate == executes::Form::Whole;
     if (!generates)
       throw RunError("actor " + str(ro.name()) + " trains on " + degreesOf(tl).str() +
@@ -243,7 +245,7 @@ void Worker::connectRoles() {
         throw RunError("no communicator for actor " + str(role(r).name()) +
                        "'s reshard group (training and generation ranks)");
     }
-    if (rr.genOnly) {
+    if (rr.holding == Holding::GenerationRank) {
       connectGenerationRank(r, rr);
       continue;
     }
@@ -252,10 +254,10 @@ void Worker::connectRoles() {
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
     rr.comm = it->second;
     buildTrainingForm(r, rr);
-    if (rr.sharded() && loadedFrom_.count(role(r).model()))
+    if (rr.holdsShards() && loadedFrom_.count(role(r).model()))
       loadShards(r, rr);
     buildGenerationForm(r, rr);
-    if (rr.sharded() && trains(r)) {
+    if (rr.holdsShards() && trains(r)) {
       std::vector<at::Tensor> params = rr.lm->parameters();
       if (rr.head.defined()) {
         rr.head.requires_grad_(true);
@@ -292,9 +294,10 @@ void Worker::connectGenerationRank(int r, RoleRt &rr) {
     auto gs = ints(role(r).generate_ranks());
     const int t = role(r).generate()->tp(), replica = rr.pos / t;
     std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
-    rr.genComm = world_->makeSubgroup(
+    rr.groups.gen = world_->makeSubgroup(
         "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
-    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
+    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.groups.gen);
+    rr.generatesOn = GeneratesOn::GenerationShards;
   }
 }
 
@@ -317,15 +320,15 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
       for (int d = 0; d < dps; ++d)
         dpRanks.push_back(rs[d * tps + t]);
       const std::string rn = str(role(r).name());
-      rr.tpComm = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
-      rr.dpComm = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
-      tpc = rr.tpComm.get();
+      rr.groups.tp = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
+      rr.groups.dp = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
+      tpc = rr.groups.tp.get();
     }
     if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
-      rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.dpComm, tpc);
+      rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.groups.dp, tpc);
     else
       rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc,
-                                                            rr.dpComm.get());
+                                                            rr.groups.dp.get());
   } else if (rr.fsdpSize > 1) {
     rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
   } else if (rr.ppSize > 1) {
@@ -348,21 +351,23 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
       tpRanks.push_back(at(stage, replica, m));
     const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
                                                       std::to_string(t);
-    rr.ppComm = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
+    rr.groups.pp = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
     if (dps > 1)
-      rr.dpComm = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
+      rr.groups.dp = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(t), dpRanks);
     if (tps > 1)
-      rr.tpComm = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
+      rr.groups.tp = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(replica), tpRanks);
     try {
-      rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.ppComm,
-                                                      rr.dpComm.get(), rr.tpComm.get());
+      rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.groups.pp,
+                                                      rr.groups.dp.get(), rr.groups.tp.get());
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + rn + ": " + e.what());
     }
   }
-  if (rr.sharded() && trains(r))
+  if (rr.lm && rr.lm->sharded())
+    rr.holding = Holding::ShardsAndCopy; // until buildGenerationForm drops the copy
+  if (rr.holdsShards() && trains(r))
     rr.lm->setTrainable(true); // a reference's shards stay frozen
   if (!rr.lm && rr.model && formsOf(r).train == executes::Form::SequenceParallel &&
       envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0) {
@@ -371,10 +376,10 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
     auto rs = ints(role(r).ranks());
     const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
     std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
-    rr.spComm = world_->makeSubgroup(
+    rr.groups.sp = world_->makeSubgroup(
         "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
     try {
-      rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.spComm,
+      rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.groups.sp,
                                                               *rr.comm);
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + str(role(r).name()) + ": " + e.what());
@@ -428,24 +433,25 @@ void Worker::buildGenerationForm(int r, RoleRt &rr) {
       if (g->second[i] / t == replica)
         members.push_back(rs[i]);
     std::sort(members.begin(), members.end());
-    rr.genComm = world_->makeSubgroup(
+    rr.groups.gen = world_->makeSubgroup(
         "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
-    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.genComm);
-    if (rr.sharded()) {
+    rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.groups.gen);
+    rr.generatesOn = GeneratesOn::GenerationShards;
+    if (rr.holdsShards()) {
       // Training and generation shards are all this rank keeps.
       keepShardsOnly(r, rr);
     }
   }
-  if (rr.genOnTrain && rr.sharded() && !rr.lean) {
+  if (rr.generatesOn == GeneratesOn::TrainingShards && rr.holding == Holding::ShardsAndCopy) {
     // It generates on its training shards: no whole copy to keep.
     keepShardsOnly(r, rr);
   }
-  if (rr.sharded() && rr.apart && !rr.lean) {
+  if (rr.holding == Holding::ShardsAndCopy && rr.apart) {
     // Sharded training apart from its generation ranks: the reshard sends
     // pieces of the shards, so no whole copy stays here either.
     keepShardsOnly(r, rr);
   }
-  if (rr.sharded() && role(r).kind() != RoleKind::Actor && !rr.lean) {
+  if (rr.holding == Holding::ShardsAndCopy && role(r).kind() != RoleKind::Actor) {
     // A critic or reference never generates: its shards (and a critic's
     // head) are all it keeps.
     keepShardsOnly(r, rr);
@@ -455,7 +461,7 @@ void Worker::buildGenerationForm(int r, RoleRt &rr) {
 /// The rank keeps its shards only: the whole model is dropped (built again
 /// from its configuration and seed when something needs it whole).
 void Worker::keepShardsOnly(int r, RoleRt &rr) {
-  rr.lean = true;
+  rr.holding = Holding::ShardsOnly;
   rr.cfg = rr.model->config();
   rr.seed = models::modelSeed(p_.seed(), role(r).model());
   rr.model.reset();

@@ -25,7 +25,7 @@ void Worker::saveState() {
   st.step = globalIter_;
   for (auto &[r, rr] : roles_) {
     const std::string pre = "role/" + str(role(r).name()) + "/";
-    if (rr.sharded())
+    if (rr.holdsShards())
       for (auto &[name, t] : rr.lm->namedWeights())
         st.tensors[pre + "shard/" + name] = t.detach();
     else if (rr.model)
@@ -130,7 +130,7 @@ void Worker::loadState() {
   try {
     for (auto &[r, rr] : roles_) {
       const std::string pre = "role/" + str(role(r).name()) + "/";
-      if (rr.sharded())
+      if (rr.holdsShards())
         for (auto &[name, t] : rr.lm->namedWeights()) {
           at::Tensor dst = t.detach();
           models::restoreInto(st, pre + "shard/" + name, dst);

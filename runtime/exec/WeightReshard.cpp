@@ -169,14 +169,14 @@ void Worker::runReshard(int s) {
   const std::string what = str(ro.name(), "?") + " " + str(rs.from_phase()) + " -> " +
                            str(rs.to_phase());
   auto rit = roles_.find(rs.role());
-  if (rit == roles_.end() || (!rit->second.model && !rit->second.lean))
+  if (rit == roles_.end() || (!rit->second.model && rit->second.holding != Holding::ShardsOnly))
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
   if (rr.apart)
     return runReshardAcross(s, rs, rr, what);
-  if (rr.lean && o_.reshard != "naive")
+  if (rr.holding == Holding::ShardsOnly && o_.reshard != "naive")
     return runReshardLean(s, rs, rr, what);
-  if (rr.lean)
+  if (rr.holding == Holding::ShardsOnly)
     allocateWholeCopy(rr); // the naive baseline gathers into a whole copy
   Communicator &c = *rr.comm;
   const int me = rr.pos;
@@ -187,7 +187,7 @@ void Worker::runReshard(int s) {
                    " parameters, the model has " + std::to_string(named.size()));
   checkReshardParams(rs, named, what);
   c10::NoGradGuard ng;
-  if (rr.sharded())
+  if (rr.holdsShards())
     placeOwnShards(rr, named, what);
   auto piece = [&](const WeightTransfer *t) {
     return named[t->param()].second.detach().index(
@@ -214,7 +214,7 @@ void Worker::runReshard(int s) {
       at::Tensor want = piece(t);
       at::Tensor got = buf.narrow(0, off, want.numel()).view(want.sizes());
       off += want.numel();
-      if (rr.sharded()) {
+      if (rr.holdsShards()) {
         named[t->param()].second.detach().index_put_(
             {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())}, got);
         continue;
@@ -241,7 +241,7 @@ void Worker::runReshardNaive(int s, const Reshard &rs, RoleRt &rr,
                              std::vector<std::pair<std::string, at::Tensor>> &named,
                              const std::string &what) {
   Communicator &c = *rr.comm;
-  if (rr.sharded()) {
+  if (rr.holdsShards()) {
     // DeepSpeed-Chat's way out of sharded training: all-gather every
     // shard, so every rank holds the whole model.
     Communicator &g = rr.lm->group(); // where the whole weights are gathered
@@ -283,7 +283,7 @@ void Worker::finishGenerationCopy(const Reshard &rs, RoleRt &rr,
                                   bool bf16Wire, const std::string &what) {
   Communicator &c = *rr.comm;
   auto ranks = ints(role(rs.role()).ranks());
-  if (bf16Wire && rr.sharded() && !rr.gen)
+  if (bf16Wire && rr.holdsShards() && !rr.gen)
     // The generation copy: what the rank held itself is rounded like what
     // it received (the training shards stay exact float32).
     for (auto &[name, w] : named)
@@ -299,7 +299,7 @@ void Worker::finishGenerationCopy(const Reshard &rs, RoleRt &rr,
       for (auto &[name, w] : rr.gen->namedWeights())
         w.detach().copy_(roundedBf16(w.detach()));
     checkGenerationShards(rs, rr, what);
-  } else if (rr.sharded()) {
+  } else if (rr.holdsShards()) {
     // Every rank assembled its generation copy from different pieces: the
     // copies must be identical.
     double sum = 0;
@@ -322,7 +322,7 @@ void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::str
     sum += w.detach().to(at::kDouble).sum().item<double>();
   const int t = role(rs.role()).generate()->tp();
   const auto &slots = rows_->genSlots().at(rs.role());
-  const auto ranks = ints(rr.genOnly ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
+  const auto ranks = ints(rr.holding == Holding::GenerationRank ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
   at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
                                at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = rr.comm->allGatherFlat(mine.to(models::engineDevice())).cpu();
@@ -486,7 +486,7 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   std::vector<std::pair<std::string, at::Tensor>> named;
   std::vector<std::pair<std::string, models::Box>> boxes;
   const size_t nParams = rs.params() ? rs.params()->size() : 0;
-  if (rr.sharded()) {
+  if (rr.holdsShards()) {
     // In the plan's parameter order; a pipeline stage holds only some of
     // them: the others get an empty box (the plan never has it send them).
     auto weights = rr.lm->namedWeights();
@@ -530,7 +530,7 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   };
   PieceExchange x = exchangePieces(rs, *rr.xcomm, (int)(me - idx.begin()), bf16Wire,
                                    wireBytes, heldType(rr), piece, [&](int i) { return peer.at((size_t)i); });
-  if (rr.genOnly) {
+  if (rr.holding == Holding::GenerationRank) {
     auto dst = rr.model->namedParameters();
     int64_t elems = 0, want = 0;
     if (rr.gen) // only this rank's generation shards arrive
@@ -621,7 +621,7 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
 void Worker::refreshGenerationCopies() {
   for (auto &[r, rr] : roles_) {
     allocateWholeCopy(rr); // a lean actor's, gathered below
-    if (rr.sharded())
+    if (rr.holdsShards())
       rr.lm->gatherInto(*rr.model);
     if (rr.gen)
       rr.gen->loadFrom(*rr.model);
@@ -631,14 +631,14 @@ void Worker::refreshGenerationCopies() {
 /// A lean actor's whole copy, allocated (its values are gathered by the
 /// caller); nothing for any other role.
 void Worker::allocateWholeCopy(RoleRt &rr) {
-  if (rr.lean && !rr.model)
+  if (rr.holding == Holding::ShardsOnly && !rr.model)
     rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
 }
 
 /// Frees the whole copies lean actors built for a moment.
 void Worker::dropWholeCopies() {
   for (auto &[r, rr] : roles_)
-    if (rr.lean)
+    if (rr.holding == Holding::ShardsOnly)
       rr.model.reset();
 }
 

@@ -7,6 +7,7 @@
 //   PhaseSetup.cpp      each train block's run-time shape, checked first
 //   Preflight.cpp       data paths, the --eval rule, the facts ranks agree on
 //   RoleSetup.cpp       each role's model forms, heads and optimizer
+//                       (what a role is on this rank: RoleRuntime.h)
 //   Methods.cpp         the role methods (generate, logprob, values, score,
 //                       sft), one function each, from a table
 //   PolicyUpdate.cpp    update: the actor's and the critic's PPO step
@@ -18,9 +19,11 @@
 //   TrainingState.cpp   checkpoint save and resume
 //   Evaluation.cpp      held-out evaluation, the reference's start
 //   Metrics.cpp         per-iteration metrics and the run summary
-// and the parts with no rank state are components of their own: the row
-// schedule (RowSchedule.h), batch values (BatchValues.h), the trace
-// (Trace.h), the helpers (EngineSupport.h).
+// and the parts with state of their own are objects beside it: rank 0's
+// record of the run (RunLog.h), the checkpoint protocol (Checkpointer.h),
+// each role's form and groups (RoleRuntime.h), the row schedule
+// (RowSchedule.h), batch values (BatchValues.h), the trace (Trace.h), the
+// helpers (EngineSupport.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_WORKERSTATE_H
@@ -37,6 +40,7 @@
 #include "runtime/exec/Builtins.h"
 #include "runtime/exec/Divergence.h"
 #include "runtime/exec/EngineSupport.h"
+#include "runtime/exec/RoleRuntime.h"
 #include "runtime/exec/RowSchedule.h"
 #include "runtime/exec/RunLog.h"
 #include "runtime/exec/RunOptions.h"
@@ -65,8 +69,6 @@
 
 namespace hflow::exec {
 
-using comm::Communicator;
-
 /// What a phase (a train block) needs at run time.
 struct PhaseRt : PhaseShape {
   const plan::Phase *ph = nullptr; // null: a plan without a train block
@@ -87,94 +89,12 @@ struct PhaseRt : PhaseShape {
   std::optional<Val> carry;
 };
 
-/// Per role on this rank: its model forms, head and optimizer.
-struct RoleRt {
-  int index = -1;
-  /// Whole weights: a replicated role's model (`lm` computes with it), or a
-  /// sharded actor's generation copy, which the planned reshard fills. Null
-  /// on a lean role except while something needs the weights whole.
-  std::unique_ptr<models::Llama> model;
-  at::Tensor head; // Critic: value head [1, H]; RewardModel: score head
-  bool headLoaded = false; // the head came from a checkpoint's score.weight
-  int64_t scorePad = 0;    // the padding token a score head skips (scoredPositions)
-  std::unique_ptr<models::AdamW> optim;
-  Communicator *comm = nullptr; // the role's group
-  int pos = -1;                 // this rank's index in the role
-  // The training layout's shards buildRoles chose (1, 1: whole weights):
-  // tp(k) or tp(k) * dp(d) (TP group = a replica), or fsdp(k).
-  int tpSize = 1, fsdpSize = 1, ppSize = 1;
-  std::unique_ptr<Communicator> tpComm, dpComm; // tp x dp: replica, same shard
-  std::unique_ptr<Communicator> spComm; // sp x dp: the ranks sharing a replica's rows
-  std::unique_ptr<Communicator> ppComm; // pp x dp: the stages of this rank's replica
-  /// What the role computes and trains with: whole weights over its group,
-  /// TP or FSDP shards. Null on a generation-only rank.
-  std::unique_ptr<models::CausalLM> lm;
-  bool sharded() const { return lm && lm->sharded(); }
-  // An actor generating tensor parallel (generate: tp(t) or tp(t) * dp(d),
-  // with a planned train -> generate reshard): its generation shards over
-  // the ranks hosting the same generation replica, filled by every reshard;
-  // `model` is then the staging copy the planned boxes land in.
-  std::unique_ptr<Communicator> genComm;
-  std::unique_ptr<models::CausalLM> gen;
-  // Sharded training and sharded generation (or a sharded critic or
-  // reference, which never generates): the rank keeps its shards only
-  // (`model` built on demand from cfg and seed).
-  bool lean = false;
-  // An actor whose generate layout is its tensor-parallel train layout: it
-  // generates on its training shards (`lm`), and nothing moves between.
-  bool genOnTrain = false;
-  models::LlamaConfig cfg;
-  uint64_t seed = 0;
-  // An actor generating on ranks of its own (`place actor.generate on
-  // ...`). On its generation ranks the rank only generates (`genOnly`:
-  // `model` is its generation copy, `pos` its index among the generation
-  // ranks, `comm` their group); on its training ranks it only trains.
-  // `xcomm`: training and generation ranks, for the reshard between them.
-  bool apart = false, genOnly = false;
-  Communicator *xcomm = nullptr;
-  /// Measured (models::MemoryMeter), -1 until something ran: the largest
-  /// rise of the rank's memory during one pass of the role (a minibatch's
-  /// forward and backward passes, or a forward-only call) over what it held
-  /// before, gradients a first backward allocates not counted; the largest
-  /// KV cache of one generation.
-  int64_t peakActivations = -1, peakKvCache = -1;
-  /// The memory model (shape::passActivationBytes, shape::kvCacheBytes) at
-  /// the shapes of the pass and the generation measured above, and the
-  /// range of measured / model over every pass.
-  double modelActivations = 0, modelKvCache = 0;
-  bool kvOverModel = false; ///< a generation's cache exceeded its model
-  double actRatioLo = 0, actRatioHi = 0;
-
-  /// The head's parameters, trained with the model (none for an actor).
-  std::vector<at::Tensor> extra() const {
-    return head.defined() ? std::vector<at::Tensor>{head} : std::vector<at::Tensor>{};
-  }
-};
-
 /// A RewardFn role's rule.
 struct RuleRt {
   std::string name; // as the program names it: RewardFn("name")
   data::RewardRule fn;
 };
 
-/// One call of a role method: the step, its role and its inputs.
-/// A critic's or reward model's scalar head on hidden states [.., H]: the
-/// product in the weights' dtype, the result in float32 (what value and
-/// Bradley-Terry losses and the rollout's values are computed in).
-at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head);
-
-/// Bytes of the gradients a role's parameters hold now.
-int64_t gradBytes(const RoleRt &rr);
-
-/// What this rank holds for a role, in bytes, measured on its tensors:
-/// weights (the training form's parameters and a head), their gradients
-/// (-1 for a role that trains but ran no update: none are allocated yet),
-/// the optimizer's state, and a generation copy beside them (an actor's
-/// whole copy or generation shards); then the peak activations of a pass
-/// and the largest KV cache (-1: none ran), the memory model's figures for
-/// those two, and the range of measured / model over the role's passes.
-constexpr int kMemoryFigures = 10;
-std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
 /// The summary's memory lines: each rank's measured figures per role
 /// (`perRank` columns from `first` on, kMemoryFigures per plan role)
 /// against the plan's counts, then the transient peaks against the memory
@@ -182,27 +102,7 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
 void printMemory(const plan::Plan &p, const at::Tensor &perRank, int first);
 void printTransientMemory(const plan::Plan &p, const at::Tensor &perRank, int first);
 
-/// One pass of a role, measured: the rise of the rank's memory high-water
-/// mark over what it held when the pass began, less the gradients the
-/// pass allocated (a first backward's, which the role then holds); and the
-/// memory model's figure for the same micro-batches (add() each).
-class PassMeter {
-public:
-  explicit PassMeter(RoleRt &rr) : rr_(rr), grads_(gradBytes(rr)) {}
-  /// A micro-batch of `rows` sequences of padded length T, the head on R
-  /// positions.
-  void add(int64_t rows, int64_t T, int64_t R, bool train) {
-    shapes_.push_back({rows, T, R, train});
-  }
-  void done();
-
-private:
-  RoleRt &rr_;
-  int64_t grads_;
-  models::PeakScope peak_;
-  std::vector<shape::PassShape> shapes_;
-};
-
+/// One call of a role method: the step, its role and its inputs.
 struct MethodCall {
   PhaseRt &ph;
   int s;          // the step
