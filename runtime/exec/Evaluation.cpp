@@ -22,11 +22,11 @@ void Worker::evaluate(const std::string &when, int64_t it) {
   evaluatePairs(it < 0 ? when : when + "-" + std::to_string(it + 1));
   if (!evalSet_)
     return;
-  refreshGenerationCopies();
+  refreshGenerationCopies(roles_);
   struct Drop { // lean actors free their whole copy again, however this ends
-    Worker *w;
-    ~Drop() { w->dropWholeCopies(); }
-  } drop{this};
+    std::map<int, RoleRt> &roles;
+    ~Drop() { dropWholeCopies(roles); }
+  } drop{roles_};
   int gen = -1;
   for (auto &[r, rr] : roles_)
     if (role(r).kind() == RoleKind::Actor && rr.model && rr.holding != Holding::GenerationRank)
@@ -92,7 +92,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
 void Worker::syncReference(int phaseIndex) {
   if (phaseIndex == 0)
     return;
-  refreshGenerationCopies();
+  refreshGenerationCopies(roles_);
   // A reference on ranks without its actor: the actor's first training rank
   // broadcasts the current weights (whole, once per phase) to the world,
   // and those ranks take them; every rank decides the same from the plan.
@@ -187,7 +187,7 @@ void Worker::syncReference(int phaseIndex) {
                       str(role(a).name()).c_str());
       }
   }
-  dropWholeCopies();
+  dropWholeCopies(roles_);
 }
 
 } // namespace hflow::exec

@@ -154,49 +154,8 @@ at::Tensor untrim(const at::Tensor &h, int64_t P, int64_t R, int64_t p, int64_t 
 }
 } // namespace
 
-at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head) {
-  return at::linear(h, head).squeeze(-1).to(at::kFloat);
-}
 
-int64_t gradBytes(const RoleRt &rr) {
-  int64_t n = 0;
-  if (rr.lm)
-    for (const at::Tensor &p : rr.lm->parameters())
-      if (p.grad().defined())
-        n += (int64_t)p.grad().nbytes();
-  for (const at::Tensor &p : rr.extra())
-    if (p.grad().defined())
-      n += (int64_t)p.grad().nbytes();
-  return n;
-}
 
-/// The pass's rise against the memory model's figure for its largest
-/// micro-batch. A pass whose backward allocated the role's gradients (its
-/// first) is not compared: its high-water mark was reached before they
-/// all existed, so subtracting them leaves a rise below its activations.
-void PassMeter::done() {
-  const int64_t newGrads = gradBytes(rr_) - grads_;
-  const int64_t rise = peak_.rise() - newGrads;
-  // The model: the largest micro-batch's figure; a pipeline stage keeps
-  // up to inFlight of them at once.
-  shape::PassForm f = rr_.lm->passForm();
-  f.lmHead = !rr_.head.defined(); // a critic's value head computes no logits
-  f.inFlight = std::min<int64_t>(f.inFlight, (int64_t)shapes_.size());
-  const double width = (double)at::elementSize(rr_.lm->config().dtype);
-  double model = 0;
-  for (const shape::PassShape &s : shapes_)
-    model = std::max(model, shape::passActivationBytes(rr_.lm->config().shape(), f, s, width));
-  if (rise > rr_.mem.peakActivations) {
-    rr_.mem.peakActivations = rise;
-    rr_.mem.modelActivations = model;
-  }
-  if (model > 0 && newGrads == 0) {
-    const double ratio = (double)rise / model;
-    const bool first = rr_.mem.actRatioHi == 0;
-    rr_.mem.actRatioLo = first ? ratio : std::min(rr_.mem.actRatioLo, ratio);
-    rr_.mem.actRatioHi = first ? ratio : std::max(rr_.mem.actRatioHi, ratio);
-  }
-}
 
 /// Rows [lo, hi) in consecutive batches for forward passes: `micro` rows
 /// each, or with a token budget (max_batch_tokens) as many rows as keep

@@ -201,57 +201,18 @@ void Worker::printSummary(const at::Tensor &all) {
                 fmtBytes(all[r][2].item<double>()).c_str());
   printMemory(p_, all, 3);
   log_.printStepTimes(p_);
-  if (reshardCount_ > 0)
+  if (resharder_.count() > 0)
     std::printf(o_.reshard == "naive"
                     ? "weight reshards: %d, moved %s by naive gathers (the plan's naive "
                       "figure %s)\n"
                     : "weight reshards: %d, moved %s, planned %s (every one equal to the "
                       "plan)\n",
-                reshardCount_, fmtBytes(reshardBytes_).c_str(),
-                fmtBytes(reshardPlanned_).c_str());
+                resharder_.count(), fmtBytes(resharder_.bytes()).c_str(),
+                fmtBytes(resharder_.planned()).c_str());
   log_.printCurves();
   std::fflush(stdout);
 }
 
-std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
-  auto bytesOf = [](const at::Tensor &t) {
-    return t.defined() ? (double)t.numel() * (double)t.element_size() : 0.0;
-  };
-  std::array<double, kMemoryFigures> m{};
-  m[4] = (double)rr.mem.peakActivations;
-  m[5] = (double)rr.mem.peakKvCache;
-  m[6] = rr.mem.modelActivations;
-  m[7] = rr.mem.modelKvCache;
-  m[8] = rr.mem.actRatioLo;
-  m[9] = rr.mem.actRatioHi;
-  std::vector<at::Tensor> params;
-  if (rr.lm)
-    params = rr.lm->parameters();
-  if (rr.head.defined())
-    params.push_back(rr.head);
-  bool anyGrad = false;
-  for (const at::Tensor &p : params) {
-    m[0] += bytesOf(p);
-    m[1] += bytesOf(p.grad());
-    anyGrad = anyGrad || p.grad().defined();
-  }
-  if (rr.optim && !anyGrad)
-    m[1] = -1; // a role that trains but ran no update yet: none allocated
-  if (rr.optim)
-    for (const auto &[name, t] : rr.optim->state())
-      if (name != "step") // AdamW's moments; the step counter is one number
-        m[2] += bytesOf(t);
-  if (rr.gen)
-    for (const at::Tensor &p : rr.gen->parameters())
-      m[3] += bytesOf(p);
-  // A whole copy beside shards (a sharded actor generating on whole
-  // weights), or a generation-only rank's copy. A whole-weight role's
-  // `model` is its weights, counted above.
-  if (rr.model && rr.holding != Holding::Whole)
-    for (const at::Tensor &p : rr.model->parameters())
-      m[3] += bytesOf(p);
-  return m;
-}
 
 void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
   if (!p.roles())

@@ -21,6 +21,7 @@ void Worker::preparePhases() {
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   std::vector<std::string> unordered;
   rows_.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
+  resharder_.setSchedule(*rows_);
   if (j_.rank == 0 && !o_.quiet)
     for (const std::string &actor : unordered)
       std::printf("[reshard] %s generates on whole weights: the planned assignment "

@@ -221,7 +221,7 @@ void Worker::evaluatePairs(const std::string &label) {
 }
 
 void Worker::exportRoles() {
-  refreshGenerationCopies();
+  refreshGenerationCopies(roles_);
   for (const auto &[r, dir] : exports_) {
     auto it = roles_.find(r);
     if (it == roles_.end() || it->second.holding == Holding::GenerationRank)

@@ -25,6 +25,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -153,6 +154,16 @@ int64_t gradBytes(const RoleRt &rr);
 /// those two, and the range of measured / model over the role's passes.
 constexpr int kMemoryFigures = 10;
 std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
+
+/// Sharded actors' whole copies from their current shards (an all-gather
+/// on each role's ranks: every one of them calls this), and the generation
+/// shards from those. Collective.
+void refreshGenerationCopies(std::map<int, RoleRt> &roles);
+/// A ShardsOnly actor's whole copy, allocated (its values are gathered by
+/// the caller); nothing for any other role.
+void allocateWholeCopy(RoleRt &rr);
+/// Frees the whole copies ShardsOnly roles built for a moment.
+void dropWholeCopies(std::map<int, RoleRt> &roles);
 
 /// One pass of a role, measured: the rise of the rank's memory high-water
 /// mark over what it held when the pass began, less the gradients the

@@ -5,10 +5,11 @@
 // rank sends and receives the planned element ranges (one message per peer),
 // cut from its whole weights or its shards, into its generation copy or its
 // generation shards; the bytes the communicator counted must equal the
-// plan's. Also the whole copies a sharded actor builds for a moment.
+// plan's (WeightReshard.h). Also the whole copies a sharded actor builds
+// for a moment (RoleRuntime.h).
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/WeightReshard.h"
 #include "runtime/models/Device.h"
 
 #include <c10/core/GradMode.h>
@@ -155,27 +156,36 @@ at::Tensor roundedBf16(const at::Tensor &t) {
 
 } // namespace
 
-/// Executes a planned weight reshard: this rank sends and receives exactly
-/// the element ranges the plan lists (one message per peer, all posted at
-/// once). With whole weights it checks every received range bit for bit
-/// against its own copy; out of training shards it assembles its generation
-/// copy (or, lean, its generation shard: runReshardLean). Either way the
-/// bytes the communicator counted must equal the plan's.
-void Worker::runReshard(int s) {
-  using at::indexing::Slice;
-  const Step &st = step(s);
-  const Reshard &rs = *p_.reshards()->Get(st.reshard());
-  const Role &ro = role(rs.role());
-  const std::string what = str(ro.name(), "?") + " " + str(rs.from_phase()) + " -> " +
-                           str(rs.to_phase());
-  auto rit = roles_.find(rs.role());
-  if (rit == roles_.end() || (!rit->second.model && rit->second.holding != Holding::ShardsOnly))
+double WeightResharder::run(int s, const Reshard &rs, std::map<int, RoleRt> &roles,
+                            MetricSums *iteration) {
+  iteration_ = iteration;
+  received_ = 0;
+  const std::string what = str(role(rs.role()).name(), "?") + " " + str(rs.from_phase()) +
+                           " -> " + str(rs.to_phase());
+  auto rit = roles.find(rs.role());
+  if (rit == roles.end() || (!rit->second.model && rit->second.holding != Holding::ShardsOnly))
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
   if (rr.apart)
-    return runReshardAcross(s, rs, rr, what);
-  if (rr.holding == Holding::ShardsOnly && o_.reshard != "naive")
-    return runReshardLean(s, rs, rr, what);
+    across(s, rs, rr, what);
+  else if (rr.holding == Holding::ShardsOnly && o_.reshard != "naive")
+    shardsToShards(s, rs, rr, what);
+  else
+    throughCopy(s, rs, rr, roles, what);
+  iteration_ = nullptr;
+  return received_;
+}
+
+/// Through a whole copy: this rank sends and receives exactly the element
+/// ranges the plan lists (one message per peer, all posted at once). With
+/// whole weights it checks every received range bit for bit against its
+/// own copy; out of training shards it assembles its generation copy (or
+/// its generation shards' staging copy). Either way the bytes the
+/// communicator counted must equal the plan's.
+void WeightResharder::throughCopy(int s, const Reshard &rs, RoleRt &rr,
+                                  std::map<int, RoleRt> &roles, const std::string &what) {
+  using at::indexing::Slice;
+  const Role &ro = role(rs.role());
   if (rr.holding == Holding::ShardsOnly)
     allocateWholeCopy(rr); // the naive baseline gathers into a whole copy
   Communicator &c = *rr.comm;
@@ -194,7 +204,7 @@ void Worker::runReshard(int s) {
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
   if (o_.reshard == "naive")
-    return runReshardNaive(s, rs, rr, named, what);
+    return naive(s, rs, rr, roles, named, what);
   // transfer_dtype: bf16: the pieces travel as bfloat16 (rounded to
   // nearest even) and are widened on arrival; the plan counts wire bytes.
   const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
@@ -232,14 +242,14 @@ void Worker::runReshard(int s) {
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
   finishGenerationCopy(rs, rr, named, bf16Wire, what);
-  reportReshard(s, rs, c, what, measured, ms, false);
+  report(s, rs, c, what, measured, ms, false);
 }
 
 /// --reshard naive, the baseline (DeepSpeed-Chat's way): every rank
 /// gathers the whole model, then keeps what it needs.
-void Worker::runReshardNaive(int s, const Reshard &rs, RoleRt &rr,
-                             std::vector<std::pair<std::string, at::Tensor>> &named,
-                             const std::string &what) {
+void WeightResharder::naive(int s, const Reshard &rs, RoleRt &rr,
+                            std::map<int, RoleRt> &roles, Named &named,
+                            const std::string &what) {
   Communicator &c = *rr.comm;
   if (rr.holdsShards()) {
     // DeepSpeed-Chat's way out of sharded training: all-gather every
@@ -247,10 +257,10 @@ void Worker::runReshardNaive(int s, const Reshard &rs, RoleRt &rr,
     Communicator &g = rr.lm->group(); // where the whole weights are gathered
     const uint64_t before = g.bytesReceived();
     auto t0 = Clock::now();
-    refreshGenerationCopies();
+    refreshGenerationCopies(roles);
     const double ms = msSince(t0);
-    reportReshard(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
-    dropWholeCopies();
+    report(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
+    dropWholeCopies(roles);
     return;
   }
   // Whole weights: each rank contributes an equal slice of the flat
@@ -272,15 +282,14 @@ void Worker::runReshardNaive(int s, const Reshard &rs, RoleRt &rr,
                    "this rank's");
   if (rr.gen)
     rr.gen->loadFrom(*rr.model);
-  reportReshard(s, rs, c, what, measured, ms, true);
+  report(s, rs, c, what, measured, ms, true);
 }
 
 /// After the pieces arrived: the generation shards loaded from the staging
 /// copy (and checked across replicas), or the whole generation copies
 /// checked identical over the role's ranks.
-void Worker::finishGenerationCopy(const Reshard &rs, RoleRt &rr,
-                                  std::vector<std::pair<std::string, at::Tensor>> &named,
-                                  bool bf16Wire, const std::string &what) {
+void WeightResharder::finishGenerationCopy(const Reshard &rs, RoleRt &rr, Named &named,
+                                           bool bf16Wire, const std::string &what) {
   Communicator &c = *rr.comm;
   auto ranks = ints(role(rs.role()).ranks());
   if (bf16Wire && rr.holdsShards() && !rr.gen)
@@ -316,7 +325,8 @@ void Worker::finishGenerationCopy(const Reshard &rs, RoleRt &rr,
 
 /// Ranks hosting the same TP index of different generation replicas must
 /// hold identical generation shards (each assembled them from other pieces).
-void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::string &what) {
+void WeightResharder::checkGenerationShards(const Reshard &rs, RoleRt &rr,
+                                            const std::string &what) {
   double sum = 0;
   for (auto &[name, w] : rr.gen->namedWeights())
     sum += w.detach().to(at::kDouble).sum().item<double>();
@@ -339,7 +349,8 @@ void Worker::checkGenerationShards(const Reshard &rs, RoleRt &rr, const std::str
 /// the training shard that holds it; the generation shard is filled from
 /// the overlap of the two shards and the received pieces, which must cover
 /// it exactly (checked by counting).
-void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+void WeightResharder::shardsToShards(int s, const Reshard &rs, RoleRt &rr,
+                                     const std::string &what) {
   using at::indexing::Slice;
   Communicator &c = *rr.comm;
   const int me = rr.pos;
@@ -452,7 +463,7 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
     for (auto &[name, w] : gen)
       w.detach().copy_(w.detach().to(at::kBFloat16).to(w.scalar_type()));
   checkGenerationShards(rs, rr, what);
-  reportReshard(s, rs, c, what, measured, ms, false);
+  report(s, rs, c, what, measured, ms, false);
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts
@@ -465,10 +476,10 @@ void Worker::runReshardLean(int s, const Reshard &rs, RoleRt &rr, const std::str
 /// generation copy from the pieces; each element must arrive exactly once
 /// and the replicas must end up identical. The plan indexes training ranks,
 /// then generation ranks (Reshard.ranks); the exchange runs on their group.
-void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+void WeightResharder::across(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
   using at::indexing::Slice;
   const auto idx = ints(rs.ranks());
-  const auto me = std::find(idx.begin(), idx.end(), j_.rank);
+  const auto me = std::find(idx.begin(), idx.end(), rank_);
   if (me == idx.end() || !rr.xcomm)
     throw RunError("reshard of " + what + ": this rank is on neither side of the plan");
   // The plan's index -> the position in the reshard group (ascending ranks).
@@ -575,29 +586,30 @@ void Worker::runReshardAcross(int s, const Reshard &rs, RoleRt &rr, const std::s
   if (x.measured != x.plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
                    " bytes, the plan says " + std::to_string(x.plannedIn));
-  reportReshard(s, rs, *rr.xcomm, what, x.measured, x.ms, false);
+  report(s, rs, *rr.xcomm, what, x.measured, x.ms, false);
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts
 /// it, prints the one line per transition and, for planned transfers,
 /// checks the total against the plan.
-void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std::string &what,
-                           int64_t measured, double ms, bool naive) {
-  digests_[s] = (double)measured;
+void WeightResharder::report(int s, const Reshard &rs, Communicator &c, const std::string &what,
+                             int64_t measured, double ms, bool naive) {
+  (void)s;
+  received_ = (double)measured;
   at::Tensor t = at::full({1}, measured, models::onEngine(at::kLong));
   c.allReduceSum(t);
   t = t.cpu();
   if (c.rank() != 0)
     return;
   const int64_t total = t.item<int64_t>();
-  reshardBytes_ += (double)total;
-  reshardPlanned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
+  bytes_ += (double)total;
+  planned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
   // The iteration's weight-reshard bytes and time (the metrics' reshard_*).
-  if (metrics_.has_value()) { // inside an iteration
-    metrics_->reshardBytes += (double)total;
-    metrics_->reshardMs += ms;
+  if (iteration_) { // inside an iteration
+    iteration_->reshardBytes += (double)total;
+    iteration_->reshardMs += ms;
   }
-  ++reshardCount_;
+  ++count_;
   log_.clearBar();
   if (!o_.quiet) {
     if (naive)
@@ -613,33 +625,6 @@ void Worker::reportReshard(int s, const Reshard &rs, Communicator &c, const std:
   if (!naive && total != rs.bytes())
     throw RunError("reshard of " + what + ": the role's ranks received " +
                    std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
-}
-
-/// Sharded actors' whole copies from their current shards (an all-gather
-/// on the role's ranks; every one of them calls this), and the generation
-/// shards from those.
-void Worker::refreshGenerationCopies() {
-  for (auto &[r, rr] : roles_) {
-    allocateWholeCopy(rr); // a lean actor's, gathered below
-    if (rr.holdsShards())
-      rr.lm->gatherInto(*rr.model);
-    if (rr.gen)
-      rr.gen->loadFrom(*rr.model);
-  }
-}
-
-/// A lean actor's whole copy, allocated (its values are gathered by the
-/// caller); nothing for any other role.
-void Worker::allocateWholeCopy(RoleRt &rr) {
-  if (rr.holding == Holding::ShardsOnly && !rr.model)
-    rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
-}
-
-/// Frees the whole copies lean actors built for a moment.
-void Worker::dropWholeCopies() {
-  for (auto &[r, rr] : roles_)
-    if (rr.holding == Holding::ShardsOnly)
-      rr.model.reset();
 }
 
 } // namespace hflow::exec

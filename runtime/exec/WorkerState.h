@@ -15,12 +15,12 @@
 //                       its divergence checks
 //   Preflight.cpp       also: the run's outputs claimed (RunOutputs.h)
 //   ControllerSteps.cpp builtins on the controller, checks between replicas
-//   WeightReshard.cpp   the planned weight reshard and generation copies
 //   TrainingState.cpp   checkpoint save and resume
 //   Evaluation.cpp      held-out evaluation, the reference's start
 //   Metrics.cpp         per-iteration metrics and the run summary
 // and the parts with state of their own are objects beside it: rank 0's
 // record of the run (RunLog.h), the checkpoint protocol (Checkpointer.h),
+// the weight reshard executor (WeightReshard.h),
 // each role's form and groups (RoleRuntime.h), the row schedule
 // (RowSchedule.h), batch values (BatchValues.h), the trace (Trace.h), the
 // helpers (EngineSupport.h).
@@ -47,6 +47,7 @@
 #include "runtime/exec/RunOutputs.h"
 #include "runtime/exec/Trace.h"
 #include "runtime/exec/Watchdog.h"
+#include "runtime/exec/WeightReshard.h"
 #include "runtime/models/CausalLM.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Checkpoint.h"
@@ -266,22 +267,11 @@ private:
                    const std::vector<at::Tensor> &out, const BuiltinContext &ctx);
   void runCheck(int s);
 
-  //===-- weight reshard and generation copies (WeightReshard.cpp) -------------===//
-  void runReshard(int s);
-  void runReshardNaive(int s, const plan::Reshard &rs, RoleRt &rr,
-                       std::vector<std::pair<std::string, at::Tensor>> &named,
-                       const std::string &what);
-  void finishGenerationCopy(const plan::Reshard &rs, RoleRt &rr,
-                            std::vector<std::pair<std::string, at::Tensor>> &named,
-                            bool bf16Wire, const std::string &what);
-  void runReshardLean(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void runReshardAcross(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void checkGenerationShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void reportReshard(int s, const plan::Reshard &rs, Communicator &c, const std::string &what,
-                     int64_t measured, double ms, bool naive);
-  void refreshGenerationCopies();
-  void allocateWholeCopy(RoleRt &rr);
-  void dropWholeCopies();
+  //===-- weight reshard (WeightReshard.h) -----------------------------------===//
+  void runReshard(int s) {
+    digests_[s] = resharder_.run(s, *p_.reshards()->Get(step(s).reshard()), roles_,
+                                 metrics_ ? &*metrics_ : nullptr);
+  }
 
   //===-- training state (TrainingState.cpp) ----------------------------------===//
   void saveState();
@@ -355,6 +345,8 @@ private:
   RunOutputs outputs_;
   /// Rank 0's record of the run: metrics rows, progress, curves, step times.
   RunLog log_{o_, outputs_};
+  /// Every planned weight reshard of this rank's roles.
+  WeightResharder resharder_{p_, o_, log_, j_.rank};
   int currentStep_ = -1;
   /// What the rank does between steps (saving a checkpoint, evaluating,
   /// exporting): named in errors where no step is (Worker::run's where()).
@@ -364,8 +356,6 @@ private:
   int corruptRank_ = -1;
   int64_t stepsRun_ = 0;
   int64_t plannedSteps_ = 0; // what every rank's schedule adds up to so far
-  double reshardBytes_ = 0, reshardPlanned_ = 0;
-  int reshardCount_ = 0;
   Clock::time_point start_ = Clock::now();
   TraceRecorder trace_;
   Checkpointer ck_; ///< the folder, the cadence, the resume point
