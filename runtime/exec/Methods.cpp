@@ -292,6 +292,45 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
 // The methods
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// A generate call's sampling settings: the call's, else the role's
+/// options, else the defaults; the tokenizer's stop and padding ids.
+models::SamplingOptions samplingOptions(const Attrs &a, const Attrs &opts,
+                                        const data::Tokenizer &tok,
+                                        const std::vector<int64_t> &stops) {
+  models::SamplingOptions so;
+  so.maxTokens = (int)attrNum(a, "max_tokens", 16);
+  so.temperature = attrNum(a, "temperature", attrNum(opts, "temperature", 1.0));
+  so.topP = attrNum(a, "top_p", attrNum(opts, "top_p", 1.0));
+  so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
+  so.greedy = attrBool(a, "greedy", false);
+  so.stopToken = tok.eosId();
+  so.moreStopTokens.assign(stops.begin() + 1, stops.end());
+  so.padToken = tok.padId();
+  return so;
+}
+
+/// --dump-values: a replica's generated rows (token ids) as
+/// DIR/NAME.safetensors.
+void dumpGeneration(const std::string &dir, const std::string &name, const std::string &step,
+                    const at::Tensor &ptoks, const at::Tensor &pmask,
+                    const models::Generation &gen, const at::Tensor &rows) {
+  try {
+    std::filesystem::create_directories(dir);
+    models::writeSafetensors(
+        dir + "/" + name + ".safetensors",
+        {{"prompt", ptoks.contiguous()}, {"prompt_mask", pmask.contiguous()},
+         {"response", gen.tokens.contiguous()}, {"response_mask", gen.mask.contiguous()},
+         {"stop", gen.stopped.to(at::kLong).contiguous()}, {"row", rows.contiguous()}},
+        {{"step", step}});
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--dump-values: ") + e.what());
+  }
+}
+
+} // namespace
+
 /// generate: n samples of each of this replica's prompts.
 void Worker::runGenerate(MethodCall &c) {
   PhaseRt &ph = c.ph;
@@ -302,15 +341,7 @@ void Worker::runGenerate(MethodCall &c) {
   Val &pr = input(c, 0);
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
   Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, P, R);
-  models::SamplingOptions so;
-  so.maxTokens = (int)attrNum(a, "max_tokens", 16);
-  so.temperature = attrNum(a, "temperature", attrNum(opts, "temperature", 1.0));
-  so.topP = attrNum(a, "top_p", attrNum(opts, "top_p", 1.0));
-  so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
-  so.greedy = attrBool(a, "greedy", false);
-  so.stopToken = tok_->eosId();
-  so.moreStopTokens.assign(stops_.begin() + 1, stops_.end());
-  so.padToken = tok_->padId();
+  models::SamplingOptions so = samplingOptions(a, opts, *tok_, stops_);
   const int64_t b = sp.hi - sp.lo, n = ph.n;
   at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
   at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
@@ -404,23 +435,10 @@ void Worker::runGenerate(MethodCall &c) {
     metrics_->preempt += (double)gen.stats.preemptions;
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
-  if (!o_.dumpValues.empty() && c.leader) {
-    // What the model saw and wrote: this replica's rows, token ids.
-    const std::string dir =
-        o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1);
-    try {
-      std::filesystem::create_directories(dir);
-      models::writeSafetensors(
-          dir + "/step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo) + ".safetensors",
-          {{"prompt", ptoks.contiguous()}, {"prompt_mask", pmask.contiguous()},
-           {"response", gen.tokens.contiguous()}, {"response_mask", gen.mask.contiguous()},
-           {"stop", gen.stopped.to(at::kLong).contiguous()},
-           {"row", ro_["ids"].narrow(0, lo, hi - lo).contiguous()}},
-          {{"step", describe(s)}});
-    } catch (const std::exception &e) {
-      throw RunError(std::string("--dump-values: ") + e.what());
-    }
-  }
+  if (!o_.dumpValues.empty() && c.leader) // what the model saw and wrote
+    dumpGeneration(o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1),
+                   "step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo),
+                   describe(s), ptoks, pmask, gen, ro_["ids"].narrow(0, lo, hi - lo));
   vals_[c.out.at(0)] = std::move(ro_);
 }
 

@@ -551,33 +551,7 @@ void Worker::finish() {
 
 
 int Worker::run() {
-  auto fail = [&](const std::string &msg, bool commFailure) {
-    // A local child whose collective broke most likely lost a peer that
-    // failed first: give the parent a moment to stop us, so the first
-    // failure is the one the user reads.
-    if (commFailure && j_.localChild)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-    std::fflush(stdout);
-    std::fprintf(stderr, "hflow-run: error: %s\n", msg.c_str());
-    // The rows so far are the failed run's record (and what --resume keeps).
-    if (std::string err = outputs_.publishMetrics(); !err.empty())
-      std::fprintf(stderr, "hflow-run: error: rank 0: --metrics: %s\n", err.c_str());
-    std::fflush(stderr);
-    return 1;
-  };
   const std::string who = "rank " + std::to_string(j_.rank) + ": ";
-  // Where the rank was: the step, else what it was doing between steps
-  // (a checkpoint, an evaluation, an export), in its phase and iteration.
-  auto where = [&]() {
-    if (currentStep_ >= 0)
-      return describe(currentStep_) + ": ";
-    if (activity_.empty())
-      return std::string();
-    return (currentIter_ >= 0 && !currentPhase_.empty()
-                ? currentPhase_ + " iteration " + std::to_string(currentIter_ + 1) + ": "
-                : std::string()) +
-           activity_ + ": ";
-  };
   corruptRank_ = envInt("HFLOW_TEST_CORRUPT_DIGEST", -1);
   watchdog_ = std::make_unique<Watchdog>(j_.timeout, "rank " + std::to_string(j_.rank));
   try {
@@ -605,60 +579,11 @@ int Worker::run() {
     return fail(who + "connecting: " + comm::oneLineError(e), true);
   }
   try {
-    if (j_.rank == envInt("HFLOW_TEST_CRASH_RANK", -1))
-      std::abort(); // fault injection for tests: a worker that dies
-    if (j_.rank == envInt("HFLOW_TEST_HANG_RANK", -1))
-      std::this_thread::sleep_for(std::chrono::hours(1)); // ... or hangs
-    if (!o_.traceFile.empty())
-      world_->barrier(); // one time origin for every rank's trace
-    start_ = Clock::now();
-    trace_.setOrigin(start_);
-    if (o_.resume)
-      loadState();
-    if (j_.rank == 0) {
-      // A resumed run keeps the earlier run's rows before its resume point.
-      ResumePoint at;
-      for (const PhaseRt &ph : phases_)
-        at.phases.push_back(ph.name);
-      at.phase = ck_.resumePhase();
-      at.iteration = ck_.resumeIteration();
-      log_.openMetrics(o_.resume ? &at : nullptr);
-    }
-    if ((evalSet_ || pairsSet_) && !o_.resume) {
-      // Before any training: the starting point of the curve.
-      metrics_.emplace();
-      stepMs_.assign(2 * phases_[0].count, 0.0);
-      evaluate("start", -1);
-      PhaseRt &ph0 = phases_[0];
-      std::string keep = ph0.name;
-      ph0.name = "start";
-      gatherMetrics(ph0, -1, 0, true);
-      ph0.name = keep;
-    }
-    const size_t from = o_.resume ? ck_.resumePhase() : 0;
-    for (size_t i = from; i < phases_.size(); ++i)
-      runPhase(phases_[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
-    finish();
-    activity_ = "writing the report (--report)";
-    if (j_.rank == 0)
-      log_.writeReport("hflow run: " + str(p_.program(), "?"),
-                       "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
-                           (o_.metricsFile.empty() ? std::string() : ", " + o_.metricsFile));
+    work();
   } catch (const RunError &e) {
     return fail(who + where() + e.what(), false);
   } catch (const CommError &e) {
-    // Which peer is gone? The ranks whose heartbeat stopped.
-    std::string why;
-    if (rv_) {
-      auto silent = rv_->silentRanks(std::chrono::milliseconds(1200));
-      for (size_t i = 0; i < silent.size(); ++i)
-        why += (i ? ", " : "") + std::to_string(silent[i]);
-      if (rv_->storeUnresponsive())
-        why = " [rank 0 stopped responding: the rendezvous store it hosts does not answer]";
-      else if (!why.empty())
-        why = " [rank" + std::string(silent.size() > 1 ? "s " : " ") + why +
-              " stopped responding]";
-    }
+    const std::string why = silentPeers();
     const int code = fail(who + where() + e.what() + why, true);
     if (rv_ && rv_->storeUnresponsive())
       std::_Exit(code); // threads blocked on the frozen store would never join
@@ -673,6 +598,97 @@ int Worker::run() {
   if (std::string err = outputs_.publishMetrics(); !err.empty())
     return fail(who + "--metrics: " + err, false);
   return 0;
+}
+
+/// Prints a rank's failure and publishes the metrics rows so far (the
+/// failed run's record, and what --resume keeps); the exit code.
+int Worker::fail(const std::string &msg, bool commFailure) {
+  // A local child whose collective broke most likely lost a peer that
+  // failed first: give the parent a moment to stop us, so the first
+  // failure is the one the user reads.
+  if (commFailure && j_.localChild)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  std::fflush(stdout);
+  std::fprintf(stderr, "hflow-run: error: %s\n", msg.c_str());
+  // The rows so far are the failed run's record (and what --resume keeps).
+  if (std::string err = outputs_.publishMetrics(); !err.empty())
+    std::fprintf(stderr, "hflow-run: error: rank 0: --metrics: %s\n", err.c_str());
+  std::fflush(stderr);
+  return 1;
+}
+
+/// Where the rank was: the step, else what it was doing between steps (a
+/// checkpoint, an evaluation, an export), in its phase and iteration.
+std::string Worker::where() const {
+  if (currentStep_ >= 0)
+    return describe(currentStep_) + ": ";
+  if (activity_.empty())
+    return std::string();
+  return (currentIter_ >= 0 && !currentPhase_.empty()
+              ? currentPhase_ + " iteration " + std::to_string(currentIter_ + 1) + ": "
+              : std::string()) +
+         activity_ + ": ";
+}
+
+/// The run itself, after the rendezvous: every phase, then the totals,
+/// the summary and the report.
+void Worker::work() {
+  if (j_.rank == envInt("HFLOW_TEST_CRASH_RANK", -1))
+    std::abort(); // fault injection for tests: a worker that dies
+  if (j_.rank == envInt("HFLOW_TEST_HANG_RANK", -1))
+    std::this_thread::sleep_for(std::chrono::hours(1)); // ... or hangs
+  if (!o_.traceFile.empty())
+    world_->barrier(); // one time origin for every rank's trace
+  start_ = Clock::now();
+  trace_.setOrigin(start_);
+  if (o_.resume)
+    loadState();
+  if (j_.rank == 0) {
+    // A resumed run keeps the earlier run's rows before its resume point.
+    ResumePoint at;
+    for (const PhaseRt &ph : phases_)
+      at.phases.push_back(ph.name);
+    at.phase = ck_.resumePhase();
+    at.iteration = ck_.resumeIteration();
+    log_.openMetrics(o_.resume ? &at : nullptr);
+  }
+  if ((evalSet_ || pairsSet_) && !o_.resume) {
+    // Before any training: the starting point of the curve.
+    metrics_.emplace();
+    stepMs_.assign(2 * phases_[0].count, 0.0);
+    evaluate("start", -1);
+    PhaseRt &ph0 = phases_[0];
+    std::string keep = ph0.name;
+    ph0.name = "start";
+    gatherMetrics(ph0, -1, 0, true);
+    ph0.name = keep;
+  }
+  const size_t from = o_.resume ? ck_.resumePhase() : 0;
+  for (size_t i = from; i < phases_.size(); ++i)
+    runPhase(phases_[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
+  finish();
+  activity_ = "writing the report (--report)";
+  if (j_.rank == 0)
+    log_.writeReport("hflow run: " + str(p_.program(), "?"),
+                     "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
+                         (o_.metricsFile.empty() ? std::string() : ", " + o_.metricsFile));
+}
+
+/// Which peer is gone when a collective broke: the ranks whose heartbeat
+/// stopped (" [rank 3 stopped responding]"), or "".
+std::string Worker::silentPeers() const {
+  std::string why;
+  if (rv_) {
+    auto silent = rv_->silentRanks(std::chrono::milliseconds(1200));
+    for (size_t i = 0; i < silent.size(); ++i)
+      why += (i ? ", " : "") + std::to_string(silent[i]);
+    if (rv_->storeUnresponsive())
+      why = " [rank 0 stopped responding: the rendezvous store it hosts does not answer]";
+    else if (!why.empty())
+      why = " [rank" + std::string(silent.size() > 1 ? "s " : " ") + why +
+            " stopped responding]";
+  }
+  return why;
 }
 
 int runWorker(const LoadedPlan &plan, const JoinOptions &join, const RunOptions &run) {

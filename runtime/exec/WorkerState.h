@@ -184,6 +184,10 @@ private:
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
   void moveRows(PhaseRt &ph, int s, bool early);
   void finish();
+  void work();
+  int fail(const std::string &msg, bool commFailure);
+  std::string where() const;
+  std::string silentPeers() const;
 
   //===-- role methods (Methods.cpp) ------------------------------------------===//
   void runCompute(PhaseRt &ph, int s, int64_t it);
