@@ -84,7 +84,7 @@ std::string memoryLine(const RankMemory &m) {
   return s;
 }
 
-bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
+void printDryRun(const LoadedPlan &lp, std::FILE *out) {
   const Plan &p = *lp.plan();
   std::fprintf(out, "hflow-run --dry-run: plan %s, flow %s, world size %d, %u steps\n",
                str(p.program(), "?").c_str(), str(p.flow(), "?").c_str(),
@@ -95,18 +95,15 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
                : std::string("?");
   };
   // Each role's model forms, from the table hflowc checked the program
-  // against (runtime/schema/Executes.h).
-  bool executable = true;
+  // against (runtime/schema/Executes.h); the loader refused a plan with a
+  // role on a form it does not list.
   std::map<int, executes::Verdict> forms;
   for (int r = 0; p.roles() && r < (int)p.roles()->size(); ++r) {
     const Role &ro = *p.roles()->Get(r);
     executes::Verdict v = roleForms(p, r);
     forms[r] = v;
     std::string line = "role " + roleName(r) + ": ";
-    if (!v.executed()) {
-      executable = false;
-      line += "NOT EXECUTED: " + v.refusal;
-    } else if (ro.model() < 0) {
+    if (ro.model() < 0) {
       line += "rule " + str(ro.rule(), "?") + " on " + degreesOf(*ro.train()).str();
     } else {
       line += "train " + degreesOf(*ro.train()).str() + " (" + executes::formName(v.train) +
@@ -165,9 +162,7 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
         const Layout &l = gen ? *role.generate() : *role.train();
         const executes::Verdict &v = forms[st.role()];
         what = roleName(st.role()) + "." + str(st.method()) + " on " +
-               (v.executed() ? holding(gen ? v.generate : v.train, l, pos,
-                                       (int)(rs ? rs->size() : 1))
-                             : std::string("a layout hflow-run does not execute"));
+               holding(gen ? v.generate : v.train, l, pos, (int)(rs ? rs->size() : 1));
         break;
       }
       case StepKind::CheckAllGather:
@@ -218,7 +213,6 @@ bool printDryRun(const LoadedPlan &lp, std::FILE *out) {
                    str(st.loc()).c_str());
     }
   }
-  return executable;
 }
 
 } // namespace hflow::exec

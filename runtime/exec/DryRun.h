@@ -16,7 +16,7 @@ namespace hflow::exec {
 /// order: role calls with the rows of the batch it would take, builtins on
 /// the controller, checks with their groups, weight reshards with the bytes
 /// this rank would send and receive. Needs no LibTorch and starts nothing.
-bool printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
+void printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
 
 /// "weights 694.6 KiB, gradients 694.6 KiB, optimizer 1.36 MiB": what the
 /// plan counted one rank of a role holds (the categories above zero).

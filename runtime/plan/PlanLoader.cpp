@@ -1,6 +1,7 @@
 //===- PlanLoader.cpp - read and fully verify a plan file ------------------===//
 
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/plan/RoleForms.h"
 
 #include "runtime/schema/BuiltinTable.h"
 #include "runtime/schema/PlanFormat.h"
@@ -376,6 +377,20 @@ bool checkSemantics(const Plan &p, std::string &error) {
           return c.fail("rank ", r, " schedule is not strictly increasing");
         prev = st;
       }
+  }
+  // What the loader accepts, the engine executes (IREE's verifier promise):
+  // every role's layouts on a form runtime/schema/Executes.h lists, in an
+  // element type it computes in. hflowc refuses such a program at the
+  // role; a plan written some other way is refused here, before any
+  // process starts, never at a worker's role setup.
+  for (size_t i = 0; i < nRoles; ++i) {
+    const executes::Verdict v = roleForms(p, static_cast<int>(i));
+    if (!v.executed()) {
+      const Role *r = p.roles()->Get(i);
+      return c.fail("role ", r->name() ? r->name()->str() : std::to_string(i), ": ",
+                    v.refusal,
+                    " (hflowc refuses such a program; this plan was not checked by it)");
+    }
   }
   return c.ok();
 }

@@ -197,6 +197,18 @@ TEST(PlanVerifier, RefusesUnknownBuiltin) {
       << error;
 }
 
+// What the loader accepts, the engine executes: a role on a layout no form
+// of runtime/schema/Executes.h runs is refused when the plan loads, with
+// the table's own sentence, not by a worker after the rendezvous.
+TEST(PlanVerifier, RefusesALayoutTheRuntimeDoesNotExecute) {
+  std::string error;
+  EXPECT_TRUE(verify(test::buildPpoTestPlan(1, /*criticTp2=*/true), error)) << error;
+  EXPECT_FALSE(verify(test::buildPpoTestPlan(1, false, /*criticCp2=*/true), error));
+  EXPECT_EQ(error, "invalid plan: role critic: train layout cp(2): context parallelism (cp(2)) "
+                   "is not executed by hflow-run yet (hflowc refuses such a program; this plan "
+                   "was not checked by it)");
+}
+
 TEST(PlanVerifier, MeshNominalFigures) {
   std::string error;
   ASSERT_TRUE(verify(test::buildTestPlan({.meshDeviceBandwidth = 2e10}), error)) << error;

@@ -173,9 +173,7 @@ int main(int argc, char **argv) {
   if (!o.calibrateOut.empty())
     return calibrate(lp, o, args, argv[0]);
   if (o.dryRun) {
-    // Non-zero when a role's layout is one hflow-run does not execute.
-    if (!exec::printDryRun(lp, stdout))
-      return error(1, "the plan asks for what hflow-run does not execute (NOT EXECUTED above)");
+    exec::printDryRun(lp, stdout); // what the loader accepted executes
     return 0;
   }
 
