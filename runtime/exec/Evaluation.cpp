@@ -23,7 +23,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
   if (!evalSet_)
     return;
   refreshGenerationCopies(roles_);
-  struct Drop { // lean actors free their whole copy again, however this ends
+  struct Drop { // ShardsOnly actors free their whole copy again, however this ends
     std::map<int, RoleRt> &roles;
     ~Drop() { dropWholeCopies(roles); }
   } drop{roles_};

@@ -594,9 +594,9 @@ void Worker::runSft(MethodCall &c) {
       };
       for (double l : rr.lm->runPasses(micros, microLoss, true))
         mbLoss += l; // where the heads ran
-      at::Tensor l = at::full({1}, mbLoss, models::onEngine(at::kDouble));
-      rr.lm->shareHeadResult(l);
-      mbLoss = l.item<double>();
+      std::vector<double> shared{mbLoss};
+      rr.lm->shareHeadValues(shared);
+      mbLoss = shared[0];
       meter.done();
       checkLoss(rr, "sft loss", mbLoss);
       if (c.leader) {

@@ -65,7 +65,7 @@ private:
   at::Tensor critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
                     double share, double tokShare, double rowShare);
   at::Tensor actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
-                   at::Tensor toks, double share, double tokShare, double rowShare);
+                   double share, double tokShare, double rowShare);
   /// Per-token results of r < R columns back to R (zeros, masked out).
   at::Tensor widen(const at::Tensor &x, int64_t r) const {
     return r < R_ ? at::constant_pad_nd(x, {0, R_ - r}) : x;
@@ -96,11 +96,9 @@ at::Tensor UpdateLoss::operator()(int64_t mlo, int64_t mhi, const at::Tensor &h,
   // pass has a token in): the heads run on those, and their per-token
   // results are widened back to R with zeros (masked out), so every loss
   // reads R columns as the padded computation does.
-  const int64_t r = h.size(1);
-  at::Tensor toks = rollout_["rtoks"].narrow(0, mlo, cnt).narrow(1, 0, r);
   if (ro_.kind() == RoleKind::Critic)
     return critic(mlo, cnt, h, mask, share, tokShare, rowShare);
-  return actor(mlo, cnt, h, mask, toks, share, tokShare, rowShare);
+  return actor(mlo, cnt, h, mask, share, tokShare, rowShare);
 }
 
 at::Tensor UpdateLoss::critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
@@ -125,8 +123,9 @@ at::Tensor UpdateLoss::critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at:
 }
 
 at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::Tensor mask,
-                             at::Tensor toks, double share, double tokShare, double rowShare) {
+                             double share, double tokShare, double rowShare) {
   const int64_t r = h.size(1);
+  at::Tensor toks = rollout_["rtoks"].narrow(0, mlo, cnt).narrow(1, 0, r);
   // Advantages, else the scores themselves (REINFORCE on the raw reward);
   // the old log-probs, else the ones generation reported (equal to a
   // recomputation on the same weights).
@@ -287,9 +286,9 @@ void Worker::runUpdate(MethodCall &c) {
       applyGradients(rr, lrOver);
     }
   // The loss is where the heads ran (a pipeline's last stage).
-  at::Tensor l = at::full({1}, microLoss.lastLoss, models::onEngine(at::kDouble));
-  rr.lm->shareHeadResult(l);
-  const double lastLoss = l.item<double>();
+  std::vector<double> shared{microLoss.lastLoss};
+  rr.lm->shareHeadValues(shared);
+  const double lastLoss = shared[0];
   digests_[s] = 0;
   if (rr.holdsShards()) // shards differ between ranks; the replica's loss agrees
     digests_[s] = lastLoss;

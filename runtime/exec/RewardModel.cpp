@@ -83,17 +83,12 @@ at::Tensor Worker::scoreSequences(
     noGrad.emplace();
   // Every form runs the passes its way; the ranks that ran the heads
   // share the scores (and the losses) with the form's other ranks.
-  const std::vector<double> ls = rr.lm->runPasses(micros, headOf, train);
+  std::vector<double> ls = rr.lm->runPasses(micros, headOf, train);
   rr.lm->shareHeadResult(out);
   if (train && losses) {
-    at::Tensor l = at::zeros({(int64_t)micros.size()}, at::TensorOptions().dtype(at::kDouble));
-    for (size_t i = 0; i < ls.size(); ++i)
-      l[(int64_t)i] = ls[i];
-    l = l.to(models::engineDevice());
-    rr.lm->shareHeadResult(l);
-    l = l.cpu();
-    for (int64_t i = 0; i < l.size(0); ++i)
-      losses->push_back(l[i].item<double>());
+    ls.resize(micros.size()); // the other stages of a pipeline have none yet
+    rr.lm->shareHeadValues(ls);
+    losses->insert(losses->end(), ls.begin(), ls.end());
   }
   return out;
 }

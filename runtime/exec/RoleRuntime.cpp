@@ -96,7 +96,7 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
 /// shards from those.
 void refreshGenerationCopies(std::map<int, RoleRt> &roles) {
   for (auto &[r, rr] : roles) {
-    allocateWholeCopy(rr); // a lean actor's, gathered below
+    allocateWholeCopy(rr); // a ShardsOnly actor's, gathered below
     if (rr.holdsShards())
       rr.lm->gatherInto(*rr.model);
     if (rr.gen)
@@ -104,14 +104,14 @@ void refreshGenerationCopies(std::map<int, RoleRt> &roles) {
   }
 }
 
-/// A lean actor's whole copy, allocated (its values are gathered by the
+/// A ShardsOnly actor's whole copy, allocated (its values are gathered by the
 /// caller); nothing for any other role.
 void allocateWholeCopy(RoleRt &rr) {
   if (rr.holding == Holding::ShardsOnly && !rr.model)
     rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
 }
 
-/// Frees the whole copies lean actors built for a moment.
+/// Frees the whole copies ShardsOnly actors built for a moment.
 void dropWholeCopies(std::map<int, RoleRt> &roles) {
   for (auto &[r, rr] : roles)
     if (rr.holding == Holding::ShardsOnly)

@@ -216,7 +216,7 @@ void RunLog::record(const IterationPlace &at, const IterationFigures &f) {
   const double perIt = (msSince(phaseStart_) / 1000.0) / (double)(it + 1 - phaseFirstIt_);
   const double eta = perIt * (double)(at.total - at.before - it - 1);
   clearBar();
-  printProgress(at, f, perIt, eta);
+  printProgress(at, f, eta);
   if (progressBar_ && !(it + 1 == at.iterations && at.lastPhase))
     drawBar(at, f, perIt, eta);
 }
@@ -300,9 +300,7 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
 
 /// The progress line: every log_every iterations (about 20 a phase by
 /// default), the first, the last and every evaluation.
-void RunLog::printProgress(const IterationPlace &at, const IterationFigures &f, double perIt,
-                           double eta) {
-  (void)perIt;
+void RunLog::printProgress(const IterationPlace &at, const IterationFigures &f, double eta) {
   const MetricSums &tot = f.tot;
   const int64_t it = at.it;
   const int every = o_.logEvery > 0 ? o_.logEvery

@@ -135,8 +135,7 @@ public:
 private:
   std::string row(const IterationPlace &at, const IterationFigures &f,
                   std::vector<std::pair<std::string, double>> &scalars);
-  void printProgress(const IterationPlace &at, const IterationFigures &f, double perIt,
-                     double eta);
+  void printProgress(const IterationPlace &at, const IterationFigures &f, double eta);
   void drawBar(const IterationPlace &at, const IterationFigures &f, double perIt, double eta);
 
   const RunOptions &o_;

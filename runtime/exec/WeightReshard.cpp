@@ -156,7 +156,7 @@ at::Tensor roundedBf16(const at::Tensor &t) {
 
 } // namespace
 
-double WeightResharder::run(int s, const Reshard &rs, std::map<int, RoleRt> &roles,
+double WeightResharder::run(const Reshard &rs, std::map<int, RoleRt> &roles,
                             MetricSums *iteration) {
   iteration_ = iteration;
   received_ = 0;
@@ -167,11 +167,11 @@ double WeightResharder::run(int s, const Reshard &rs, std::map<int, RoleRt> &rol
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
   if (rr.apart)
-    across(s, rs, rr, what);
+    across(rs, rr, what);
   else if (rr.holding == Holding::ShardsOnly && o_.reshard != "naive")
-    shardsToShards(s, rs, rr, what);
+    shardsToShards(rs, rr, what);
   else
-    throughCopy(s, rs, rr, roles, what);
+    throughCopy(rs, rr, roles, what);
   iteration_ = nullptr;
   return received_;
 }
@@ -182,7 +182,7 @@ double WeightResharder::run(int s, const Reshard &rs, std::map<int, RoleRt> &rol
 /// own copy; out of training shards it assembles its generation copy (or
 /// its generation shards' staging copy). Either way the bytes the
 /// communicator counted must equal the plan's.
-void WeightResharder::throughCopy(int s, const Reshard &rs, RoleRt &rr,
+void WeightResharder::throughCopy(const Reshard &rs, RoleRt &rr,
                                   std::map<int, RoleRt> &roles, const std::string &what) {
   using at::indexing::Slice;
   const Role &ro = role(rs.role());
@@ -204,7 +204,7 @@ void WeightResharder::throughCopy(int s, const Reshard &rs, RoleRt &rr,
         {Slice(t->row0(), t->row1()), Slice(t->col0(), t->col1())});
   };
   if (o_.reshard == "naive")
-    return naive(s, rs, rr, roles, named, what);
+    return naive(rs, rr, roles, named, what);
   // transfer_dtype: bf16: the pieces travel as bfloat16 (rounded to
   // nearest even) and are widened on arrival; the plan counts wire bytes.
   const bool bf16Wire = rs.wire_dtype() && str(rs.wire_dtype()) == "bf16";
@@ -242,12 +242,12 @@ void WeightResharder::throughCopy(int s, const Reshard &rs, RoleRt &rr,
     throw RunError("reshard of " + what + ": received " + std::to_string(measured) +
                    " bytes, the plan says " + std::to_string(plannedIn));
   finishGenerationCopy(rs, rr, named, bf16Wire, what);
-  report(s, rs, c, what, measured, ms, false);
+  report(rs, c, what, measured, ms, false);
 }
 
 /// --reshard naive, the baseline (DeepSpeed-Chat's way): every rank
 /// gathers the whole model, then keeps what it needs.
-void WeightResharder::naive(int s, const Reshard &rs, RoleRt &rr,
+void WeightResharder::naive(const Reshard &rs, RoleRt &rr,
                             std::map<int, RoleRt> &roles, Named &named,
                             const std::string &what) {
   Communicator &c = *rr.comm;
@@ -259,7 +259,7 @@ void WeightResharder::naive(int s, const Reshard &rs, RoleRt &rr,
     auto t0 = Clock::now();
     refreshGenerationCopies(roles);
     const double ms = msSince(t0);
-    report(s, rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
+    report(rs, c, what, (int64_t)(g.bytesReceived() - before), ms, true);
     dropWholeCopies(roles);
     return;
   }
@@ -282,7 +282,7 @@ void WeightResharder::naive(int s, const Reshard &rs, RoleRt &rr,
                    "this rank's");
   if (rr.gen)
     rr.gen->loadFrom(*rr.model);
-  report(s, rs, c, what, measured, ms, true);
+  report(rs, c, what, measured, ms, true);
 }
 
 /// After the pieces arrived: the generation shards loaded from the staging
@@ -344,12 +344,12 @@ void WeightResharder::checkGenerationShards(const Reshard &rs, RoleRt &rr,
                      std::to_string(ranks[i]) + " differs from this rank's");
 }
 
-/// The planned reshard of a lean actor: straight from its training shards
+/// The planned reshard of a ShardsOnly actor: straight from its training shards
 /// into its generation shards, no whole copy. Each sent piece is cut from
 /// the training shard that holds it; the generation shard is filled from
 /// the overlap of the two shards and the received pieces, which must cover
 /// it exactly (checked by counting).
-void WeightResharder::shardsToShards(int s, const Reshard &rs, RoleRt &rr,
+void WeightResharder::shardsToShards(const Reshard &rs, RoleRt &rr,
                                      const std::string &what) {
   using at::indexing::Slice;
   Communicator &c = *rr.comm;
@@ -463,7 +463,7 @@ void WeightResharder::shardsToShards(int s, const Reshard &rs, RoleRt &rr,
     for (auto &[name, w] : gen)
       w.detach().copy_(w.detach().to(at::kBFloat16).to(w.scalar_type()));
   checkGenerationShards(rs, rr, what);
-  report(s, rs, c, what, measured, ms, false);
+  report(rs, c, what, measured, ms, false);
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts
@@ -476,7 +476,7 @@ void WeightResharder::shardsToShards(int s, const Reshard &rs, RoleRt &rr,
 /// generation copy from the pieces; each element must arrive exactly once
 /// and the replicas must end up identical. The plan indexes training ranks,
 /// then generation ranks (Reshard.ranks); the exchange runs on their group.
-void WeightResharder::across(int s, const Reshard &rs, RoleRt &rr, const std::string &what) {
+void WeightResharder::across(const Reshard &rs, RoleRt &rr, const std::string &what) {
   using at::indexing::Slice;
   const auto idx = ints(rs.ranks());
   const auto me = std::find(idx.begin(), idx.end(), rank_);
@@ -586,15 +586,14 @@ void WeightResharder::across(int s, const Reshard &rs, RoleRt &rr, const std::st
   if (x.measured != x.plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
                    " bytes, the plan says " + std::to_string(x.plannedIn));
-  report(s, rs, *rr.xcomm, what, x.measured, x.ms, false);
+  report(rs, *rr.xcomm, what, x.measured, x.ms, false);
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts
 /// it, prints the one line per transition and, for planned transfers,
 /// checks the total against the plan.
-void WeightResharder::report(int s, const Reshard &rs, Communicator &c, const std::string &what,
+void WeightResharder::report(const Reshard &rs, Communicator &c, const std::string &what,
                              int64_t measured, double ms, bool naive) {
-  (void)s;
   received_ = (double)measured;
   at::Tensor t = at::full({1}, measured, models::onEngine(at::kLong));
   c.allReduceSum(t);

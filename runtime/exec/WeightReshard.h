@@ -35,12 +35,12 @@ public:
   /// The generation slots, once the row schedule exists.
   void setSchedule(const RowSchedule &rows) { rows_ = &rows; }
 
-  /// Executes reshard `rs` (plan step `s`) of `rr`, a role on this rank
+  /// Executes reshard `rs` of its role on this rank
   /// (`roles`: every role here, which the naive baseline gathers whole);
   /// the iteration's reshard figures go to `iteration` (null outside one).
   /// Returns the bytes this rank received (the step's digest). Collective
   /// over the role's ranks (and its generation ranks).
-  double run(int s, const plan::Reshard &rs, std::map<int, RoleRt> &roles,
+  double run(const plan::Reshard &rs, std::map<int, RoleRt> &roles,
              MetricSums *iteration);
 
   /// The run's reshards as the roles' first ranks counted them: how many,
@@ -52,16 +52,16 @@ public:
 private:
   using Named = std::vector<std::pair<std::string, at::Tensor>>;
   const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
-  void throughCopy(int s, const plan::Reshard &rs, RoleRt &rr, std::map<int, RoleRt> &roles,
+  void throughCopy(const plan::Reshard &rs, RoleRt &rr, std::map<int, RoleRt> &roles,
                    const std::string &what);
-  void naive(int s, const plan::Reshard &rs, RoleRt &rr, std::map<int, RoleRt> &roles,
+  void naive(const plan::Reshard &rs, RoleRt &rr, std::map<int, RoleRt> &roles,
              Named &named, const std::string &what);
   void finishGenerationCopy(const plan::Reshard &rs, RoleRt &rr, Named &named, bool bf16Wire,
                             const std::string &what);
   void checkGenerationShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void shardsToShards(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void across(int s, const plan::Reshard &rs, RoleRt &rr, const std::string &what);
-  void report(int s, const plan::Reshard &rs, Communicator &c, const std::string &what,
+  void shardsToShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  void across(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  void report(const plan::Reshard &rs, Communicator &c, const std::string &what,
               int64_t measured, double ms, bool naive);
 
   const plan::Plan &p_;

@@ -273,7 +273,7 @@ private:
 
   //===-- weight reshard (WeightReshard.h) -----------------------------------===//
   void runReshard(int s) {
-    digests_[s] = resharder_.run(s, *p_.reshards()->Get(step(s).reshard()), roles_,
+    digests_[s] = resharder_.run(*p_.reshards()->Get(step(s).reshard()), roles_,
                                  metrics_ ? &*metrics_ : nullptr);
   }
 

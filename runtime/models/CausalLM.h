@@ -97,6 +97,10 @@ public:
   /// last stage broadcasts it to its stages; every other form already has
   /// it everywhere (nothing moves). Collective.
   virtual void shareHeadResult(at::Tensor &x) const { (void)x; }
+  /// The same for numbers the heads returned (losses): on a pipeline one
+  /// broadcast of `v`, which every stage sizes alike; nothing moves (and
+  /// nothing touches the device) for any other form. Collective.
+  virtual void shareHeadValues(std::vector<double> &v) const { (void)v; }
   /// Whether this rank runs the heads (a pipeline's last stage; every rank
   /// of another form).
   virtual bool runsHeads() const { return true; }

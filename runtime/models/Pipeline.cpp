@@ -383,6 +383,16 @@ at::Tensor PipelineModel::hidden(const at::Tensor &, const at::Tensor &,
                          "runs its passes through runPasses");
 }
 
+void PipelineModel::shareHeadValues(std::vector<double> &v) const {
+  if (s_.comm().size() == 1 || v.empty())
+    return;
+  at::Tensor x = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(engineDevice());
+  shareHeadResult(x);
+  x = x.cpu();
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = x[(int64_t)i].item<double>();
+}
+
 void PipelineModel::shareHeadResult(at::Tensor &x) const {
   if (s_.comm().size() == 1)
     return;

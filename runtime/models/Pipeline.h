@@ -156,6 +156,7 @@ public:
     return s_.run(micros, head, train);
   }
   void shareHeadResult(at::Tensor &x) const override;
+  void shareHeadValues(std::vector<double> &v) const override;
   bool runsHeads() const override { return s_.stage() == s_.stages() - 1; }
   shape::PassForm passForm() const override;
   std::vector<at::Tensor> parameters() const override { return s_.parameters(); }
