@@ -11,7 +11,7 @@ def configure(config, lit):
     for name in ("hflow-run-asan", "hflow-testplan", "hflow-mkdata", "hflow-spm-train", "hflow-hf-logits", "hflow-opt",
                  "hflow-tokenize", "hflow-report",
                  "hflow-kvcache-bench", "hflow-rollout-bench", "hflow-pipeline-bench",
-                 "hflow-placement-bench",
+                 "hflow-placement-bench", "hflow-gpu-rollout",
                  "hflow-run", "hflowc"):
         config.substitutions.append(("%" + name, os.path.join(tools, name)))
     # The folder of them all: bench/*.sh take it as their argument.

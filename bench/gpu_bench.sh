@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# gpu_bench.sh: hflow's rollout against Hugging Face transformers on the same
+# GPU, the same weights, prompts and sampling, and both against the roofline
+# (issue 37; tools/hflow-dev gpu-bench runs it on a GPU node, gpu-bench-dry-run
+# on this machine's CPU).
+#
+#   bench/gpu_bench.sh BIN_DIR WORK DEVICE [PLANS]
+#
+# For every shape of GPU_BENCH_SHAPES (default "qwen2_5_0_5b llama3_8b"; the
+# names of bench/gpu_peer.py's SHAPES, "tiny" for the dry run):
+#   1. gpu_peer.py make: a model directory of that shape with random bf16
+#      weights (no hub here) and GPU_BENCH_PROMPTS prompts (default 32) of
+#      GPU_BENCH_PROMPT_LEN random tokens (default 512);
+#   2. hflow: BIN_DIR/hflow-gpu-rollout (the engine hflow-run's rollout
+#      uses) generates GPU_BENCH_TOKENS tokens (default 256) for each of the
+#      GPU_BENCH_N samples (default 8) of every prompt: 256 rows by default,
+#      all decoding at once;
+#   3. transformers, the same rows: `generate` with a static cache, then
+#      continuous batching (`generate_batch`), each in its own process with
+#      a time limit (GPU_BENCH_PEER_TIMEOUT, default 240 s) so a slow peer
+#      costs a row of the table, not the device time of the rest;
+# then gpu_peer.py report prints the table (tokens/s, hflow's ratio to each
+# peer mode, each as a fraction of the roofline's tokens/s). Where python
+# cannot import transformers (this machine), the peer's rows say so: the dry
+# run proves the script and hflow's side, not the peer.
+#
+# With PLANS (tools/hflow-dev gpu-plans' bench/ folder: grpo_MODEL.bin for
+# each size whose training state fits one H100, grpo_MODEL.refused with
+# hflowc's reason for each that does not), then one GRPO iteration of each
+# plan (bench/gpu/grpo.hflow: 64 prompts of 512 tokens x n = 8, responses
+# up to 1,024 tokens; two iterations, the second reported) through
+# hflow-run on DEVICE, split by stage with the rollout's tokens/s and the
+# log-prob and update passes' MFU (gpu_peer.py stages); GPU_BENCH_GRPO_TIMEOUT
+# (default 420 s) bounds each.
+#
+# GPU_BENCH_PYTHON (default python3; /usr/bin/python3 on Debian) runs the
+# Python side and must import torch. WORK is the benchmark's own folder: a
+# folder holding anything else is refused. Exit 1 when hflow's side fails.
+set -uo pipefail
+BIN="$(realpath "$1")" WORK="$(realpath -m "$2")" DEVICE="$3" PLANS="${4:-}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PY="${GPU_BENCH_PYTHON:-python3}"
+SHAPES="${GPU_BENCH_SHAPES:-qwen2_5_0_5b llama3_8b}"
+PROMPTS="${GPU_BENCH_PROMPTS:-32}" PLEN="${GPU_BENCH_PROMPT_LEN:-512}"
+N="${GPU_BENCH_N:-8}" TOKENS="${GPU_BENCH_TOKENS:-256}"
+PEER_TIMEOUT="${GPU_BENCH_PEER_TIMEOUT:-240}" HFLOW_TIMEOUT="${GPU_BENCH_HFLOW_TIMEOUT:-300}"
+say() { echo "gpu-bench: $*"; }
+
+[ -x "$BIN/hflow-gpu-rollout" ] || { say "$BIN/hflow-gpu-rollout not found: build it first" >&2; exit 2; }
+"$PY" -c 'import torch' 2>/dev/null || { say "$PY cannot import torch" >&2; exit 2; }
+if [ -e "$WORK" ] && [ ! -f "$WORK/.gpu-bench" ] && [ -n "$(ls -A "$WORK" 2>/dev/null)" ]; then
+  say "$WORK holds files the benchmark did not write; choose another folder" >&2; exit 2
+fi
+rm -rf "$WORK"; mkdir -p "$WORK"; : > "$WORK/.gpu-bench"
+PEER_OK=1
+"$PY" -c 'import transformers' 2>/dev/null || PEER_OK=0
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu-bench: GPU: /'
+say "python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')$([ $PEER_OK = 1 ] && "$PY" -c 'import transformers; print(", transformers", transformers.__version__)')"
+say "settings: $PROMPTS prompts x n = $N, prompts of $PLEN tokens, $TOKENS tokens each, temperature 1, no stop"
+
+FAILED=0
+for shape in $SHAPES; do
+  d="$WORK/$shape" m="$WORK/$shape/model"
+  mkdir -p "$d"
+  say "$shape: making the model (random bf16 weights) and the prompts"
+  "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
+    { say "$shape: could not make the model"; FAILED=1; continue; }
+  say "$shape: hflow"
+  if ! timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" --prompts "$m/prompts.json" \
+      --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$d/hflow.json"; then
+    say "$shape: hflow FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
+  fi
+  for mode in static batch; do
+    if [ $PEER_OK = 0 ]; then
+      echo "not run: $PY cannot import transformers" > "$d/transformers-$mode.json.why"; continue
+    fi
+    say "$shape: transformers ($mode)"
+    timeout "$PEER_TIMEOUT" "$PY" "$HERE/gpu_peer.py" transformers "$m" --mode "$mode" \
+      --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$d/transformers-$mode.json" \
+      > "$d/transformers-$mode.log" 2>&1
+    rc=$?
+    tail -n 3 "$d/transformers-$mode.log" | sed 's/^/    /'
+    if [ $rc -ne 0 ]; then
+      rm -f "$d/transformers-$mode.json"
+      if [ $rc -eq 124 ]; then echo "ran past ${PEER_TIMEOUT} s" > "$d/transformers-$mode.json.why"
+      else echo "failed: $(tail -n 1 "$d/transformers-$mode.log" | cut -c1-120)" > "$d/transformers-$mode.json.why"; fi
+    fi
+  done
+  rm -rf "$m" # the weights (16 GB for an 8B) go; the figures stay
+done
+"$PY" "$HERE/gpu_peer.py" report "$WORK" | tee "$WORK/table.md"
+
+# One GRPO iteration per size, split by stage.
+if [ -n "$PLANS" ]; then
+  for f in "$PLANS"/grpo_*.refused; do
+    [ -f "$f" ] || continue
+    m="$(basename "$f" .refused)"; m="${m#grpo_}"
+    say "grpo $m: not run: hflowc refuses it on one device: $(grep -m1 'error:' "$f" | sed 's/^[^ ]* error: //')"
+  done
+  for plan in "$PLANS"/grpo_*.bin; do
+    [ -f "$plan" ] || continue
+    m="$(basename "$plan" .bin)"; m="${m#grpo_}"
+    d="$WORK/grpo_$m"; mkdir -p "$d"
+    "$BIN/hflow-run" --dry-run "$plan" > "$d/dry-run.txt" || { say "grpo $m: the plan does not verify"; FAILED=1; continue; }
+    rows="$(sed -n 's/.*batch: \([0-9]*\), n: \([0-9]*\).*/\1 \2/p' "$PLANS/grpo_$m.hflow" | awk '{print $1 * $2}')"
+    say "grpo $m: hflow-run on $DEVICE ($(grep -o 'micro_batch: [0-9]*' "$PLANS/grpo_$m.hflow"), $rows rows)"
+    if timeout "${GPU_BENCH_GRPO_TIMEOUT:-420}" "$BIN/hflow-run" --device "$DEVICE" \
+        --data-dir "$PLANS" --metrics "$d/metrics.jsonl" "$plan" > "$d/log.txt" 2>&1; then
+      "$PY" "$HERE/gpu_peer.py" stages "$d/metrics.jsonl" "$d/dry-run.txt" --shape "$m" \
+        --prompt-tokens 512 --rows "$rows" | tee "$d/stages.md"
+      # hflow-run's own account: memory measured against the plan's, and
+      # each step's time against the cost model's prediction.
+      sed -n '/^memory per rank/,/^measured \/ predicted/p' "$d/log.txt" | sed 's/^/    /'
+    else
+      say "grpo $m: FAILED (or ran past ${GPU_BENCH_GRPO_TIMEOUT:-420} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
+      FAILED=1
+    fi
+  done
+fi
+exit $FAILED
