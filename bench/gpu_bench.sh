@@ -15,7 +15,12 @@
 #      uses) generates GPU_BENCH_TOKENS tokens (default 256) for each of the
 #      GPU_BENCH_N samples (default 8) of every prompt: 256 rows by default,
 #      all decoding at once;
-#   3. transformers, the same rows: `generate` with a static cache, then
+#   3. for the shapes of GPU_BENCH_PASS_SHAPES (default llama3_8b, and the
+#      dry run's tiny), hflow's log-prob and training passes with their MFU
+#      (hflow-gpu-rollout --passes: GPU_BENCH_PASS_ROWS rows, default 16, of
+#      GPU_BENCH_PASS_TOKENS tokens, default 1,536, in micro-batches of
+#      GPU_BENCH_PASS_MICRO, default 2);
+#   4. transformers, the same rows: `generate` with a static cache, then
 #      continuous batching (`generate_batch`), each in its own process with
 #      a time limit (GPU_BENCH_PEER_TIMEOUT, default 240 s) so a slow peer
 #      costs a row of the table, not the device time of the rest;
@@ -86,6 +91,15 @@ for shape in $SHAPES; do
       else echo "failed: $(tail -n 1 "$d/transformers-$mode.log" | cut -c1-120)" > "$d/transformers-$mode.json.why"; fi
     fi
   done
+  # The training passes, for the shapes whose training state does not fit
+  # one GPU (no GRPO iteration for them below).
+  if [[ " ${GPU_BENCH_PASS_SHAPES-llama3_8b tiny} " == *" $shape "* ]]; then
+    say "$shape: hflow's log-prob and training passes"
+    timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" --device "$DEVICE" \
+      --passes "${GPU_BENCH_PASS_ROWS:-16}" --pass-tokens "${GPU_BENCH_PASS_TOKENS:-1536}" \
+      --micro "${GPU_BENCH_PASS_MICRO:-2}" --out "$d/passes.json" ||
+      { say "$shape: the passes FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1; }
+  fi
   rm -rf "$m" # the weights (16 GB for an 8B) go; the figures stay
 done
 "$PY" "$HERE/gpu_peer.py" report "$WORK" | tee "$WORK/table.md"

@@ -290,6 +290,19 @@ def report(a):
                              % (shape, work, mode, open(p + ".why").read().strip()))
         lines.append("| %s | %s | roofline (%.0f TFLOP/s, %.2f TB/s) | %.0f | | 100%% |"
                      % (shape, work, a.peak_tflops, a.hbm_tbs, roof))
+    passes = []
+    for shape in sorted(os.listdir(a.work)):
+        p = os.path.join(a.work, shape, "passes.json")
+        if os.path.isfile(p):
+            j = json.load(open(p))
+            for which in ("logprob", "train"):
+                x = j[which]
+                passes.append("| %s | %d x %d tokens, micro-batch %d | %s | %.3f | %.1f | %.3f |"
+                              % (shape, j["rows"], j["tokens"], j["micro"], which,
+                                 x["median_s"], x["flops"] / x["median_s"] / 1e12, x["mfu"]))
+    if passes:
+        lines += ["", "| shape | rows | pass | seconds | TFLOP/s | MFU (of %.0f) |" % a.peak_tflops,
+                  "|---|---|---|---|---|---|"] + passes
     print("\n".join(lines))
 
 

@@ -4,6 +4,9 @@
 //                   [--n N] [--device cpu|cuda] [--engine paged|static]
 //                   [--max-seqs S] [--max-batch-tokens T] [--block B]
 //                   [--reps K] [--seed S] [--out OUT.json]
+// hflow-gpu-rollout --hf DIR --passes ROWS --pass-tokens T [--micro M]
+//                   [--device cpu|cuda] [--reps K] [--peak-tflops F]
+//                   [--out OUT.json]
 //
 // hflow's side of the rollout benchmark against transformers
 // (bench/gpu_bench.sh): the model of a Hugging Face directory (config.json
@@ -22,6 +25,18 @@
 // median's tokens per second (generated tokens / seconds) and the engine's
 // counters (prefill and decode time, forwards, the most rows decoding at
 // once, preemptions, the KV pool's bytes).
+//
+// With --passes, the training passes instead (for the shapes whose
+// training state does not fit one GPU, where bench/gpu/grpo.hflow cannot
+// run): ROWS rows of T random tokens in micro-batches of M rows, a
+// log-prob pass (forward, log-softmax and gather of each next token, no
+// gradient) and a training pass (the same forward, the mean log-prob's
+// backward into every weight's gradient), each timed over all ROWS rows
+// after a warm-up micro-batch; MFU = FLOPs / seconds / peak, with 2 FLOPs
+// per matmul parameter and token (the LM head counts, the embedding lookup
+// and the 1-D norms and biases do not) plus causal attention's
+// 2 * layers * heads * head_dim * T per row and token, and three times
+// that for forward and backward (no recomputation is counted).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/NcclBackend.h"
@@ -61,11 +76,17 @@ const char *kUsage =
     "  --block B             positions per KV block (paged; default 16)\n"
     "  --reps K              timed calls (default 1)\n"
     "  --seed S              the sampler's seed (default 1)\n"
-    "  --out FILE            the figures as JSON\n";
+    "  --out FILE            the figures as JSON\n"
+    "  --passes ROWS         time the log-prob and training passes over ROWS rows instead\n"
+    "  --pass-tokens T       tokens per row of --passes\n"
+    "  --micro M             rows per micro-batch of --passes (default 1)\n"
+    "  --peak-tflops F       the device's peak for MFU (default 989: H100 SXM, dense bf16)\n";
 
 struct Args {
   std::string hf, prompts, device = "cpu", engine = "paged", out;
   int64_t maxTokens = 0, n = 1, maxSeqs = 0, maxBatchTokens = 0, block = 16, reps = 1;
+  int64_t passes = 0, passTokens = 0, micro = 1;
+  double peakTflops = 989.0;
   uint64_t seed = 1;
 };
 
@@ -101,10 +122,21 @@ Args parse(int argc, char **argv) {
     else if (f == "--block") a.block = positive(f, v, 1);
     else if (f == "--reps") a.reps = positive(f, v, 1);
     else if (f == "--seed") a.seed = (uint64_t)positive(f, v, 0);
+    else if (f == "--passes") a.passes = positive(f, v, 1);
+    else if (f == "--pass-tokens") a.passTokens = positive(f, v, 2);
+    else if (f == "--micro") a.micro = positive(f, v, 1);
+    else if (f == "--peak-tflops") a.peakTflops = (double)positive(f, v, 1);
     else throw std::invalid_argument("unknown option '" + f + "'");
   }
-  if (a.hf.empty() || a.prompts.empty() || a.maxTokens == 0)
+  if (a.passes > 0) {
+    if (a.hf.empty() || a.passTokens == 0)
+      throw std::invalid_argument("--passes needs --hf and --pass-tokens");
+    if (a.passes % a.micro != 0)
+      throw std::invalid_argument("--passes " + std::to_string(a.passes) +
+                                  " is not a multiple of --micro " + std::to_string(a.micro));
+  } else if (a.hf.empty() || a.prompts.empty() || a.maxTokens == 0) {
     throw std::invalid_argument("--hf, --prompts and --max-tokens are required");
+  }
   if (a.device != "cpu" && a.device != "cuda")
     throw std::invalid_argument("--device is cpu or cuda, not '" + a.device + "'");
   if (a.engine != "paged" && a.engine != "static")
@@ -118,6 +150,80 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Forward FLOPs of one row of T tokens (the file's comment).
+double forwardFlops(const Llama &m, int64_t T) {
+  const LlamaConfig &c = m.config();
+  double matmul = 0;
+  for (const auto &[name, t] : m.namedParameters())
+    if (t.size(0) > 1 && name != "embed")
+      matmul += (double)t.numel();
+  if (c.tieEmbeddings)
+    matmul += (double)c.vocab * c.hidden; // the tied LM head multiplies too
+  return 2.0 * matmul * (double)T +
+         2.0 * c.layers * c.heads * (double)c.headDim() * (double)T * (double)T;
+}
+
+/// --passes: the log-prob and training passes, timed.
+int runPasses(const Args &a) {
+  std::unique_ptr<Llama> model = loadHfLlama(a.hf);
+  const LlamaConfig &c = model->config();
+  model->setTrainable(true);
+  at::Generator g = makeGenerator(a.seed);
+  at::Tensor toks = at::randint(c.vocab, {a.passes, a.passTokens}, g, onEngine(at::kLong));
+  auto sync = [&] { (void)at::zeros({1}, onEngine(at::kFloat)).cpu(); };
+  auto logprob = [&](const at::Tensor &rows) {
+    at::Tensor logits = model->forward(rows.narrow(1, 0, a.passTokens - 1));
+    return tokenLogprobs(logits, rows.narrow(1, 1, a.passTokens - 1));
+  };
+  auto evalPass = [&](int64_t r0) {
+    c10::InferenceMode guard;
+    (void)logprob(toks.narrow(0, r0, a.micro));
+  };
+  auto trainPass = [&](int64_t r0) {
+    at::Tensor loss = -logprob(toks.narrow(0, r0, a.micro)).mean();
+    loss.backward();
+  };
+  std::printf("hflow-gpu-rollout: %s (%lld params, %s) on %s: passes over %lld rows of %lld "
+              "tokens in micro-batches of %lld\n",
+              a.hf.c_str(), (long long)c.paramCount(), c.dtype == at::kBFloat16 ? "bf16" : "f32",
+              a.device.c_str(), (long long)a.passes, (long long)a.passTokens, (long long)a.micro);
+  evalPass(0);
+  trainPass(0);
+  sync();
+  const double fl = forwardFlops(*model, a.passTokens - 1) * (double)a.passes;
+  nlohmann::json j = {{"mode", "passes"}, {"device", a.device}, {"params", c.paramCount()},
+                      {"rows", a.passes}, {"tokens", a.passTokens}, {"micro", a.micro},
+                      {"peak_tflops", a.peakTflops}};
+  for (const char *which : {"logprob", "train"}) {
+    const bool train = std::string(which) == "train";
+    std::vector<double> secs;
+    for (int64_t r = 0; r < a.reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t r0 = 0; r0 < a.passes; r0 += a.micro)
+        train ? trainPass(r0) : evalPass(r0);
+      sync();
+      secs.push_back(secondsSince(t0));
+    }
+    const double med = median(secs), flops = (train ? 3.0 : 1.0) * fl;
+    const double mfu = flops / med / (a.peakTflops * 1e12);
+    std::printf("hflow-gpu-rollout: %s pass: %.3f s, %.1f TFLOP/s, MFU %.3f\n", which, med,
+                flops / med / 1e12, mfu);
+    j[which] = {{"seconds", secs}, {"median_s", med}, {"flops", flops}, {"mfu", mfu}};
+  }
+  if (!a.out.empty()) {
+    std::ofstream f(a.out);
+    f << j.dump(1) << "\n";
+    f.close();
+    if (!f)
+      throw std::runtime_error("cannot write " + a.out);
+  }
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -127,6 +233,8 @@ int main(int argc, char **argv) {
       hflow::comm::bindCudaDevice(0);
       setEngineDevice(c10::Device(c10::kCUDA, 0));
     }
+    if (a.passes > 0)
+      return runPasses(a);
     c10::InferenceMode guard;
 
     std::ifstream pin(a.prompts);
@@ -139,8 +247,7 @@ int main(int argc, char **argv) {
 
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_ptr<Llama> model = loadHfLlama(a.hf);
-    const double loadS =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double loadS = secondsSince(t0);
     const LlamaConfig &c = model->config();
     at::Tensor toks = at::empty({B, P}, at::TensorOptions().dtype(at::kLong));
     for (size_t p = 0; p < prompts.size(); ++p) {
@@ -196,8 +303,7 @@ int main(int argc, char **argv) {
       const auto s0 = std::chrono::steady_clock::now();
       Generation out = generate(toks, mask, o, g, &st);
       generated = (int64_t)std::llround(out.mask.sum().item<double>());
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      const double s = secondsSince(s0);
       secs.push_back(s);
       last = st;
       std::printf("hflow-gpu-rollout: call %lld: %lld tokens in %.3f s: %.0f tokens/s\n",
