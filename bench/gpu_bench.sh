@@ -70,11 +70,16 @@ for shape in $SHAPES; do
   say "$shape: making the model (random bf16 weights) and the prompts"
   "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
     { say "$shape: could not make the model"; FAILED=1; continue; }
-  say "$shape: hflow"
-  if ! timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" --prompts "$m/prompts.json" \
-      --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$d/hflow.json"; then
-    say "$shape: hflow FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
-  fi
+  # hflow's attention as it ships (dense), and on a GPU also LibTorch's
+  # fused kernel (HFLOW_ATTENTION=sdpa, opt-in until gpu-test checks it).
+  for att in dense $([ "$DEVICE" = cuda ] && echo sdpa); do
+    out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
+    say "$shape: hflow ($att attention)"
+    if ! HFLOW_ATTENTION=$att timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" \
+        --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$out"; then
+      say "$shape: hflow ($att attention) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
+    fi
+  done
   for mode in static batch; do
     if [ $PEER_OK = 0 ]; then
       echo "not run: $PY cannot import transformers" > "$d/transformers-$mode.json.why"; continue

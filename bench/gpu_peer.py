@@ -277,6 +277,13 @@ def report(a):
         lines.append("| %s | %s | hflow (%s) | %.0f | 1.00 | %.1f%% |"
                      % (shape, work, h["engine"], h["tokens_per_s"],
                         100 * h["tokens_per_s"] / roof))
+        sd = os.path.join(d, "hflow-sdpa.json")
+        if os.path.isfile(sd):
+            x = json.load(open(sd))
+            lines.append("| %s | %s | hflow (%s, fused attention) | %.0f | %.2f | %.1f%% |"
+                         % (shape, work, x["engine"], x["tokens_per_s"],
+                            h["tokens_per_s"] / x["tokens_per_s"],
+                            100 * x["tokens_per_s"] / roof))
         for mode in ("static", "batch"):
             p = os.path.join(d, "transformers-%s.json" % mode)
             if os.path.isfile(p):

@@ -36,7 +36,10 @@ at::Tensor rotateHalf(const at::Tensor &x);
 /// probabilities back in the inputs' type (no-ops in float32). Returns
 /// [B, n, Tq, hd]. Every form of the model attends through it. A sequence of
 /// 1,024 tokens or more attending to itself (`bias` causal) runs in blocks
-/// of 256 queries, each over the keys up to its last query.
+/// of 256 queries, each over the keys up to its last query. On a GPU with
+/// HFLOW_ATTENTION=sdpa (LibTorch 2.x), LibTorch's fused attention instead
+/// (at::scaled_dot_product_attention with `bias` as its additive mask):
+/// opt-in until a lent GPU has checked it.
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale);
 

@@ -10,12 +10,15 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace hflow::models {
@@ -321,8 +324,29 @@ at::Tensor attendDense(const at::Tensor &q, const at::Tensor &k, const at::Tenso
 constexpr int64_t kQueryBlock = 256, kBlockedFrom = 1024;
 } // namespace
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define HFLOW_HAVE_SDPA 1 // at::scaled_dot_product_attention with its scale argument
+/// HFLOW_ATTENTION=sdpa: attend() on a GPU through LibTorch's fused kernel.
+static bool fusedAttention() {
+  static const bool on = [] {
+    const char *e = std::getenv("HFLOW_ATTENTION");
+    return e && std::string(e) == "sdpa";
+  }();
+  return on;
+}
+#endif
+
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale) {
+#ifdef HFLOW_HAVE_SDPA
+  // LibTorch's fused attention on a GPU (its memory-efficient kernel takes
+  // the additive mask; the scores never reach memory). Opt-in until a lent
+  // GPU has checked it against the CPU (tools/hflow-dev gpu-test) and timed
+  // it (bench/gpu_bench.sh runs the rollout both ways).
+  if (q.is_cuda() && fusedAttention())
+    return at::scaled_dot_product_attention(q, k, v, bias.to(q.scalar_type()), 0.0,
+                                            /*is_causal=*/false, scale);
+#endif
   const int64_t T = q.size(2);
   if (T < kBlockedFrom || k.size(2) != T)
     return attendDense(q, k, v, bias, scale);
