@@ -20,6 +20,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_PAGEDKV_H
 #define HFLOW_RUNTIME_MODELS_PAGEDKV_H
 
+#include "runtime/models/KvBlocks.h"
 #include "runtime/models/Llama.h"
 
 #include <ATen/core/Tensor.h>
@@ -40,16 +41,16 @@ struct KvGeometry {
 };
 
 /// The pool. Block ids are [0, numBlocks()).
-class KvBlockPool {
+class KvBlockPool final : public KvBlocks {
 public:
   /// Allocates every block on the engine's device (onEngine). Throws
   /// std::invalid_argument for a non-positive size.
   KvBlockPool(const KvGeometry &g, int64_t numBlocks, int64_t blockSize);
 
   const KvGeometry &geometry() const { return g_; }
-  int64_t blockSize() const { return blockSize_; }
+  int64_t blockSize() const override { return blockSize_; }
   int64_t numBlocks() const { return (int64_t)refs_.size(); }
-  int64_t freeBlocks() const { return (int64_t)free_.size(); }
+  int64_t freeBlocks() const override { return (int64_t)free_.size(); }
   int64_t usedBlocks() const { return numBlocks() - freeBlocks(); }
   /// The most blocks in use at once since construction.
   int64_t peakUsedBlocks() const { return peak_; }
@@ -58,13 +59,13 @@ public:
 
   /// A free block with one reference. Throws std::logic_error when none is
   /// free (the scheduler checks freeBlocks() first).
-  int allocate();
-  void retain(int block);
+  int allocate() override;
+  void retain(int block) override;
   /// Drops one reference; the block is free again at zero.
-  void release(int block);
-  int refs(int block) const { return refs_.at((size_t)block); }
+  void release(int block) override;
+  int refs(int block) const override { return refs_.at((size_t)block); }
   /// Copies block `from`'s keys and values (every layer) into `to`.
-  void copyBlock(int from, int to);
+  void copyBlock(int from, int to) override;
 
   /// Layer `li`'s keys and values: [numBlocks * blockSize, kvHeads, hd].
   at::Tensor &keys(size_t li) { return k_.at(li); }
