@@ -274,24 +274,21 @@ def report(a):
         roof, _ = roofline(shape, h["prompts"], h["n"], h["prompt_len"], h["max_tokens"],
                            peak, bw)
         work = "%d x (%d + %d)" % (h["rows"], h["prompt_len"], h["max_tokens"])
-        lines.append("| %s | %s | hflow (%s) | %.0f | 1.00 | %.1f%% |"
-                     % (shape, work, h["engine"], h["tokens_per_s"],
-                        100 * h["tokens_per_s"] / roof))
+
+        def row(engine, tps):
+            lines.append("| %s | %s | %s | %.0f | %.2f | %.1f%% |"
+                         % (shape, work, engine, tps, h["tokens_per_s"] / tps, 100 * tps / roof))
+
+        row("hflow (%s)" % h["engine"], h["tokens_per_s"])
         sd = os.path.join(d, "hflow-sdpa.json")
         if os.path.isfile(sd):
             x = json.load(open(sd))
-            lines.append("| %s | %s | hflow (%s, fused attention) | %.0f | %.2f | %.1f%% |"
-                         % (shape, work, x["engine"], x["tokens_per_s"],
-                            h["tokens_per_s"] / x["tokens_per_s"],
-                            100 * x["tokens_per_s"] / roof))
+            row("hflow (%s, fused attention)" % x["engine"], x["tokens_per_s"])
         for mode in ("static", "batch"):
             p = os.path.join(d, "transformers-%s.json" % mode)
             if os.path.isfile(p):
                 t = json.load(open(p))
-                lines.append("| %s | %s | %s | %.0f | %.2f | %.1f%% |"
-                             % (shape, work, t["engine"], t["tokens_per_s"],
-                                h["tokens_per_s"] / t["tokens_per_s"],
-                                100 * t["tokens_per_s"] / roof))
+                row(t["engine"], t["tokens_per_s"])
             elif os.path.isfile(p + ".why"):
                 lines.append("| %s | %s | transformers %s | (%s) | | |"
                              % (shape, work, mode, open(p + ".why").read().strip()))

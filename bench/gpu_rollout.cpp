@@ -154,6 +154,17 @@ double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// Writes `j` to `path` (nothing when it is empty); throws when it cannot.
+void writeJson(const std::string &path, const nlohmann::json &j) {
+  if (path.empty())
+    return;
+  std::ofstream f(path);
+  f << j.dump(1) << "\n";
+  f.close();
+  if (!f)
+    throw std::runtime_error("cannot write " + path);
+}
+
 /// Forward FLOPs of one row of T tokens (the file's comment).
 double forwardFlops(const Llama &m, int64_t T) {
   const LlamaConfig &c = m.config();
@@ -214,13 +225,7 @@ int runPasses(const Args &a) {
                 flops / med / 1e12, mfu);
     j[which] = {{"seconds", secs}, {"median_s", med}, {"flops", flops}, {"mfu", mfu}};
   }
-  if (!a.out.empty()) {
-    std::ofstream f(a.out);
-    f << j.dump(1) << "\n";
-    f.close();
-    if (!f)
-      throw std::runtime_error("cannot write " + a.out);
-  }
+  writeJson(a.out, j);
   return 0;
 }
 
@@ -334,13 +339,7 @@ int main(int argc, char **argv) {
                         {"max_running", last.maxRunning},
                         {"preemptions", last.preemptions},
                         {"kv_pool_bytes", last.poolBlocks * last.blockBytes}};
-    if (!a.out.empty()) {
-      std::ofstream f(a.out);
-      f << j.dump(1) << "\n";
-      f.close();
-      if (!f)
-        throw std::runtime_error("cannot write " + a.out);
-    }
+    writeJson(a.out, j);
     std::printf("hflow-gpu-rollout: median %.3f s: %.0f tokens/s\n", med,
                 (double)generated / med);
   } catch (const std::invalid_argument &e) {

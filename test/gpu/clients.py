@@ -60,6 +60,7 @@ import torch  # noqa: E402
 
 import hf_arch_reference as archref  # noqa: E402
 import seqcls_reference as seqclsref  # noqa: E402
+from read_tensorboard import expected_scalars  # noqa: E402
 from safetensors_f32 import read_safetensors  # noqa: E402
 
 ARCHS = ("llama3", "qwen2", "qwen3", "mistral")
@@ -204,28 +205,6 @@ def agree(mine, theirs, mask, tol):
               "cache (tolerance %g)" % (int(real.sum()), theirs.shape[-1], worst["logits"],
                                         worst["cached"], tol))
     return all(w <= tol for w in worst.values()), detail  # a NaN fails: NaN <= tol is false
-
-
-def expected_scalars(rows):
-    """(tag, step, value, compared) for every number of the metrics rows as
-    Inputs/read_tensorboard.py maps them: tag PHASE/NAME, step the iteration
-    counted over the phases in the file's order; time_s left out, timings
-    and counters present but not compared."""
-    order, last = [], {}
-    for r in rows:
-        if r["phase"] not in last:
-            order.append(r["phase"])
-        last[r["phase"]] = max(last.get(r["phase"], 0), r["iteration"])
-    offset, total = {}, 0
-    for p in order:
-        offset[p], total = total, total + last[p]
-    for r in rows:
-        for k, v in r.items():
-            if k in ("phase", "iteration", "time_s") or not isinstance(v, (int, float)):
-                continue
-            timing = (k in ("iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms", "page_faults")
-                      or k.startswith(("ms_step_", "ms_moves_")))
-            yield "%s/%s" % (r["phase"], k), offset[r["phase"]] + r["iteration"], v, not timing
 
 
 # ----------------------------------------------------------------- checks --
