@@ -1,11 +1,18 @@
 //===- HfTokenizerDetail.h - the Hugging Face tokenizer's parts -------------===//
 //
 // The inside of makeHfTokenizer (runtime/data/Tokenizer.h), split by stage
-// as the tokenizers library is: reading tokenizer.json and its companion
-// configs (HfTokenizerLoad.cpp), encoding: added tokens, normalizers,
-// pre-tokenizers, BPE (HfTokenizerEncode.cpp), decoding
-// (HfTokenizerDecode.cpp), and the pieces they share (HfTokenizer.cpp).
-// Only those files include it.
+// as the tokenizers library is: each stage is a class that reads its part
+// of tokenizer.json and applies it, in a file of its own:
+//
+//   AddedTokens     HfAddedTokens.cpp   split out of the text, leftmost-longest
+//   NormalizerChain HfNormalizer.cpp    NFC/NFD/NFKC/NFKD, Prepend, Replace
+//   PreTokenizerChain HfPreTokenizer.cpp Split (PCRE2), ByteLevel
+//   BpeModel        HfBpeModel.cpp      the vocabulary and merges by rank
+//   DecoderChain    HfDecoder.cpp       ByteLevel, Replace, ByteFallback, Fuse, Strip
+//
+// HfTokenizer (HfTokenizer.cpp) composes them with the post-processor and
+// the companion configs (BOS/EOS/PAD, stop ids, the chat template);
+// HfShared.cpp holds what they share. Only those files include it.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_DATA_HFTOKENIZERDETAIL_H
@@ -145,32 +152,24 @@ struct ByteAlphabet {
 
 const ByteAlphabet &byteAlphabet();
 
-// --- components -------------------------------------------------------------
+// --- what the stages share --------------------------------------------------
 
 /// A piece of text on its way to the model.
 using Pieces = std::vector<std::string>;
 
-struct Normalizer {
-  enum Kind { NFC, NFD, NFKC, NFKD, Prepend, Replace } kind;
-  std::string a, b; ///< Prepend: a; Replace: a -> b
+/// The tokenizer file a stage reads, for its errors: "tokenizer 'PATH':
+/// WHERE: MSG" (WHERE a JSON path in the file).
+struct TokenizerFile {
+  std::string path;
+  [[noreturn]] void fail(const std::string &where, const std::string &msg) const;
 };
 
-struct PreTokenizer {
-  enum Kind { Split, ByteLevel } kind;
-  // Split
-  std::shared_ptr<Regex> regex;
-  std::string literal; ///< a String pattern (when regex is null)
-  enum Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext } behavior = Isolated;
-  // ByteLevel
-  bool addPrefixSpace = false;
-  bool useRegex = false;
-};
+/// A component's "type" (empty when it has none).
+std::string typeOf(const json &j);
 
-struct DecoderStep {
-  enum Kind { ByteLevel, Replace, ByteFallback, Fuse, Strip } kind;
-  std::string a, b;       ///< Replace a -> b; Strip content a
-  int start = 0, stop = 0; ///< Strip
-};
+extern const char *kGpt2Pattern;
+
+// --- added tokens (HfAddedTokens.cpp) ----------------------------------------
 
 struct AddedToken {
   std::string content;
@@ -184,7 +183,118 @@ struct Segment {
   int64_t id = -1;
 };
 
-extern const char *kGpt2Pattern;
+class AddedTokens {
+public:
+  /// tokenizer.json's "added_tokens".
+  void load(const json &a, const TokenizerFile &f);
+  /// `text` split around the tokens whose `normalized` flag is
+  /// `normalizedTokens`, leftmost-longest (lstrip/rstrip take the
+  /// whitespace beside a token).
+  std::vector<Segment> split(const std::string &text, bool normalizedTokens) const;
+  /// The id of the token whose content is `s`, or -1.
+  int64_t idOf(const std::string &s) const;
+  const std::vector<AddedToken> &all() const { return added_; }
+
+private:
+  std::vector<AddedToken> added_;
+  /// By first byte, longest first: indices into added_.
+  std::vector<size_t> raw_[256], norm_[256];
+};
+
+// --- normalizers (HfNormalizer.cpp) ------------------------------------------
+
+class NormalizerChain {
+public:
+  /// tokenizer.json's "normalizer" (a Sequence is flattened).
+  void load(const json &n, const std::string &where, const TokenizerFile &f);
+  std::string apply(std::string s) const;
+
+private:
+  struct Step {
+    enum Kind { NFC, NFD, NFKC, NFKD, Prepend, Replace } kind;
+    std::string a, b; ///< Prepend: a; Replace: a -> b
+  };
+  std::vector<Step> steps_;
+  std::string path_;
+};
+
+// --- pre-tokenizers (HfPreTokenizer.cpp) -------------------------------------
+
+class PreTokenizerChain {
+public:
+  /// tokenizer.json's "pre_tokenizer" (a Sequence is flattened).
+  void load(const json &p, const std::string &where, const TokenizerFile &f);
+  /// The pre-tokens of `text` (ByteLevel's stay raw bytes: the model maps
+  /// them to its alphabet).
+  Pieces apply(const std::string &text) const;
+  /// Whether a ByteLevel step is in the chain (the model then reads bytes
+  /// through GPT-2's alphabet).
+  bool byteLevel() const { return byteLevel_; }
+
+private:
+  struct Step {
+    enum Kind { Split, ByteLevel } kind;
+    // Split
+    std::shared_ptr<Regex> regex;
+    std::string literal; ///< a String pattern (when regex is null)
+    enum Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext } behavior = Isolated;
+    // ByteLevel
+    bool addPrefixSpace = false;
+    bool useRegex = false;
+  };
+  static void splitWith(const Step &p, const std::string &s, Pieces &out);
+  std::vector<Step> steps_;
+  bool byteLevel_ = false;
+};
+
+// --- the model: BPE (HfBpeModel.cpp) -----------------------------------------
+
+class BpeModel {
+public:
+  /// tokenizer.json's "model" (type BPE).
+  void load(const json &m, const TokenizerFile &f);
+  /// Appends the ids of one pre-token (`byteLevel`: its bytes through
+  /// GPT-2's alphabet; else its characters, with byte fallback and unk).
+  void encode(const std::string &word, bool byteLevel, std::vector<int64_t> &ids) const;
+  /// One more than the largest id of the vocabulary.
+  int64_t size() const { return size_; }
+  /// The id of token `s`, or -1.
+  int64_t idOf(const std::string &s) const;
+  const std::unordered_map<std::string, int64_t> &vocab() const { return vocab_; }
+
+private:
+  static uint64_t pairKey(int64_t a, int64_t b) { return (uint64_t(a) << 32) | uint64_t(b); }
+  struct Merge {
+    int32_t rank, id;
+  };
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  bool byteFallback_ = false, ignoreMerges_ = false, fuseUnk_ = false;
+  int64_t byteToken_[256] = {}; ///< byte -> its <0xXX> token (byte fallback)
+  std::vector<int64_t> byteIds_; ///< byte -> id of its byte-level char
+  int64_t unk_ = -1;
+  int64_t size_ = 0;
+};
+
+// --- decoders (HfDecoder.cpp) ------------------------------------------------
+
+class DecoderChain {
+public:
+  /// tokenizer.json's "decoder" (a Sequence is flattened).
+  void load(const json &d, const std::string &where, const TokenizerFile &f);
+  /// The text of a sequence of tokens' strings.
+  std::string apply(std::vector<std::string> toks) const;
+
+private:
+  struct Step {
+    enum Kind { ByteLevel, Replace, ByteFallback, Fuse, Strip } kind;
+    std::string a, b;        ///< Replace a -> b; Strip content a
+    int start = 0, stop = 0; ///< Strip
+  };
+  std::vector<Step> steps_;
+};
+
+// --- the tokenizer (HfTokenizer.cpp) ----------------------------------------
 
 class HfTokenizer final : public Tokenizer {
 public:
@@ -200,85 +310,39 @@ public:
   int64_t padId() const override { return pad_; }
   int64_t bosId() const override { return addBos_ ? bos_ : -1; }
   std::vector<int64_t> stopIds() const override { return stops_; }
-  std::string name() const override { return "hf:" + path_; }
+  std::string name() const override { return "hf:" + file_.path; }
   std::string tokenText(int64_t id) const override;
   std::string chatTemplate() const override { return chatTemplate_; }
   std::string specialTokenText(const std::string &which) const override;
 
 private:
-  [[noreturn]] void fail(const std::string &where, const std::string &msg) const;
-
-  static std::string typeOf(const json &j);
-
-  // --- loading ---------------------------------------------------------
-
-  void loadModel(const json &m);
-
-  void loadAddedTokens(const json &a);
-
-  void loadNormalizer(const json &n, const std::string &where);
-
-  void loadPreTokenizer(const json &p, const std::string &where);
-
-  void loadDecoder(const json &d, const std::string &where);
-
+  /// Every id's text (the model's tokens and the added ones) and which are
+  /// special, for decoding.
+  void buildTokenTable();
   /// ByteLevel (nothing for ids) and TemplateProcessing of the form
   /// [SpecialToken]? Sequence A: the special token is the BOS the runtime
   /// prepends.
   void loadPostProcessor(const json &p, const std::string &where, int64_t &bos);
-
   /// tokenizer_config.json and generation_config.json beside the file.
   void loadConfigs(int64_t templateBos);
-
+  /// An added token's id, else the vocabulary's; -1 for neither.
   int64_t idOfToken(const std::string &s) const;
-
-  // --- encoding --------------------------------------------------------
-
-  static uint64_t pairKey(int64_t a, int64_t b) { return (uint64_t(a) << 32) | uint64_t(b); }
-
-  /// `text` split around the added tokens whose `normalized` flag is
-  /// `normalizedTokens`, leftmost-longest.
-  std::vector<Segment> splitAdded(const std::string &text, bool normalizedTokens) const;
-
-  std::string normalize(std::string s) const;
-
-  static void splitWith(const PreTokenizer &p, const std::string &s, Pieces &out);
-
-  Pieces preTokenize(const std::string &text) const;
-
-  struct Merge {
-    int32_t rank, id;
-  };
-
-  /// Appends the ids of one pre-token.
-  void bpe(const std::string &word, std::vector<int64_t> &ids) const;
-
-  const std::vector<int64_t> &byteIds() const { return byteIds_; }
-
-  // --- decoding --------------------------------------------------------
-
   std::string decodeImpl(const std::vector<int64_t> &ids, bool skipSpecial) const;
 
-  std::string path_;
-  std::unordered_map<std::string, int64_t> vocab_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  TokenizerFile file_;
+  AddedTokens added_;
+  NormalizerChain normalizer_;
+  PreTokenizerChain preTokenizer_;
+  BpeModel model_;
+  DecoderChain decoder_;
   std::vector<std::string> tokenOf_;
-  std::vector<bool> hasToken_, isSpecial_, isAdded_;
-  std::vector<AddedToken> added_;
-  std::vector<size_t> addedRaw_[256], addedNorm_[256];
-  std::vector<Normalizer> normalizers_;
-  std::vector<PreTokenizer> preTokenizers_;
-  std::vector<DecoderStep> decoders_;
-  bool byteLevel_ = false, byteFallback_ = false, ignoreMerges_ = false, fuseUnk_ = false;
-  int64_t byteToken_[256] = {};
-  int64_t unk_ = -1;
+  std::vector<bool> hasToken_, isSpecial_;
   int64_t vocabSize_ = 0;
   int64_t eos_ = -1, bos_ = -1, pad_ = -1;
   bool addBos_ = false;
   std::vector<int64_t> stops_;
   std::string chatTemplate_;
   std::unordered_map<std::string, std::string> specialText_;
-  std::vector<int64_t> byteIds_; ///< byte -> id of its byte-level char
 };
 
 } // namespace hflow::data::hf

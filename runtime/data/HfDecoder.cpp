@@ -1,52 +1,60 @@
-//===- HfTokenizerDecode.cpp - the Hugging Face tokenizer: the decoder chain ---===//
+//===- HfDecoder.cpp - the Hugging Face tokenizer: the decoder chain -------===//
+//
+// tokenizer.json's "decoder": ByteLevel (GPT-2's alphabet back to bytes, one
+// lossy UTF-8 string), Replace, ByteFallback (<0xXX> runs back to bytes),
+// Fuse and Strip, in a Sequence or alone.
+//
+//===----------------------------------------------------------------------===//
 #include "runtime/data/HfTokenizerDetail.h"
 
-#include <utf8proc.h>
+#include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <functional>
-#include <queue>
-#include <set>
-#include <sstream>
-#include <sys/stat.h>
+#include <cctype>
 
 namespace hflow::data::hf {
 
-std::string HfTokenizer::decode(const std::vector<int64_t> &ids) const {
-  return decodeImpl(ids, true);
-}
-
-std::string HfTokenizer::decodeKeepSpecial(const std::vector<int64_t> &ids) const {
-  return decodeImpl(ids, false);
-}
-
-std::string HfTokenizer::tokenText(int64_t id) const {
-  if (id < 0 || id >= (int64_t)tokenOf_.size())
-    return "";
-  return tokenOf_[id];
-}
-
-std::string HfTokenizer::specialTokenText(const std::string &which) const {
-  auto it = specialText_.find(which);
-  return it == specialText_.end() ? "" : it->second;
-}
-
-std::string HfTokenizer::decodeImpl(const std::vector<int64_t> &ids, bool skipSpecial) const {
-  std::vector<std::string> toks;
-  toks.reserve(ids.size());
-  for (int64_t id : ids) {
-    if (id < 0 || id >= (int64_t)tokenOf_.size() || !hasToken_[id])
-      continue;
-    if (skipSpecial && isSpecial_[id])
-      continue;
-    toks.push_back(tokenOf_[id]);
+void DecoderChain::load(const json &d, const std::string &where, const TokenizerFile &f) {
+  if (d.is_null())
+    return;
+  std::string type = typeOf(d);
+  if (type == "Sequence") {
+    const json &list = d.value("decoders", json::array());
+    for (size_t k = 0; k < list.size(); ++k)
+      load(list[k], where + ".decoders[" + std::to_string(k) + "]", f);
+    return;
   }
-  for (const auto &d : decoders_) {
+  Step x{Step::ByteLevel};
+  if (type == "ByteLevel")
+    x.kind = Step::ByteLevel;
+  else if (type == "ByteFallback")
+    x.kind = Step::ByteFallback;
+  else if (type == "Fuse")
+    x.kind = Step::Fuse;
+  else if (type == "Replace") {
+    x.kind = Step::Replace;
+    const json &p = d.value("pattern", json::object());
+    if (!p.contains("String") || !p["String"].is_string())
+      f.fail(where + ".pattern", "only a String pattern is supported for Replace");
+    x.a = p["String"].get<std::string>();
+    x.b = d.value("content", std::string());
+  } else if (type == "Strip") {
+    x.kind = Step::Strip;
+    x.a = d.value("content", std::string(" "));
+    x.start = d.value("start", 0);
+    x.stop = d.value("stop", 0);
+    size_t len = 0;
+    if (x.a.empty() || decodeValidUtf8(x.a, 0, len), len != x.a.size())
+      f.fail(where + ".content", "must be one character");
+  } else
+    f.fail(where, "decoder '" + type + "' is not supported (supported: ByteLevel, "
+                "Replace, ByteFallback, Fuse, Strip, Sequence)");
+  steps_.push_back(x);
+}
+
+std::string DecoderChain::apply(std::vector<std::string> toks) const {
+  for (const auto &d : steps_) {
     switch (d.kind) {
-    case DecoderStep::ByteLevel: {
+    case Step::ByteLevel: {
       // Every token's chars back to bytes; one lossy UTF-8 string.
       const ByteAlphabet &ab = byteAlphabet();
       std::string bytes;
@@ -68,11 +76,11 @@ std::string HfTokenizer::decodeImpl(const std::vector<int64_t> &ids, bool skipSp
       toks = {lossyUtf8(bytes)};
       break;
     }
-    case DecoderStep::Replace:
+    case Step::Replace:
       for (auto &t : toks)
         replaceAll(t, d.a, d.b);
       break;
-    case DecoderStep::ByteFallback: {
+    case Step::ByteFallback: {
       std::vector<std::string> out;
       std::string pending;
       size_t pendingCount = 0;
@@ -103,14 +111,14 @@ std::string HfTokenizer::decodeImpl(const std::vector<int64_t> &ids, bool skipSp
       toks.swap(out);
       break;
     }
-    case DecoderStep::Fuse: {
+    case Step::Fuse: {
       std::string all;
       for (auto &t : toks)
         all += t;
       toks = {all};
       break;
     }
-    case DecoderStep::Strip:
+    case Step::Strip:
       for (auto &t : toks) {
         for (int k = 0; k < d.start && t.compare(0, d.a.size(), d.a) == 0; ++k)
           t.erase(0, d.a.size());
