@@ -94,7 +94,9 @@ figs, missed = [], []
 for name in pairs:
     r = layouts(name)
     pb, nb = r["total_bytes"], r["naive_bytes"]
-    label = name.replace("_", " -> ", 1).replace("tp2dp2", "tp2*dp2")
+    # "tp2dp2_tp4" -> "tp(2) * dp(2) -> tp(4)": layouts in their one printed form.
+    label = " -> ".join(" * ".join(f"{n}({d})" for n, d in re.findall(r"([a-z]+)(\d+)", side))
+                        for side in name.split("_", 1))
     if name in failed:
         mode = failed[name]
         logs = sorted(f for f in os.listdir(work) if f.startswith(f"{name}.{mode}."))

@@ -8,6 +8,8 @@
 #ifndef HFLOW_COMPILER_FRONTEND_AST_H
 #define HFLOW_COMPILER_FRONTEND_AST_H
 
+#include "runtime/schema/Degrees.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -130,12 +132,11 @@ struct ModelDecl {
 
 enum class RoleKind { Actor, Critic, Reference, RewardModel, RewardFn };
 
-/// A parallel layout: degrees of data, fully sharded data (ZeRO-3), tensor,
-/// pipeline, sequence and context parallelism. `fsdp` alone (no degree)
+/// A parallel layout as written: its degrees (runtime/schema/Degrees.h) and
+/// how they were written. `fsdp` alone (no degree)
 /// shards over every device the role has; `auto` leaves the layout to the
 /// planner.
-struct Layout {
-  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+struct Layout : ::hflow::layout::Degrees {
   bool explicitDp = false;   // dp was written (otherwise inferred from devices)
   bool fsdpAll = false;      // bare `fsdp`: the degree is inferred like dp
   bool isAuto = false;       // `auto`

@@ -38,23 +38,6 @@ using namespace mlir::hflow;
 
 namespace {
 
-/// "dp*tp*pp = 3*1*1", with fsdp, sp and cp when they are not 1.
-std::string describe(int64_t dp, LayoutAttr l) {
-  std::string names = "dp", values = std::to_string(dp);
-  auto add = [&](const char *n, int64_t v, bool always) {
-    if (!always && v == 1)
-      return;
-    names += std::string("*") + n;
-    values += "*" + std::to_string(v);
-  };
-  add("fsdp", l.getFsdp(), false);
-  add("tp", l.getTp(), true);
-  add("pp", l.getPp(), true);
-  add("sp", l.getSp(), false);
-  add("cp", l.getCp(), false);
-  return names + " = " + values;
-}
-
 struct PlacePass : public mlir::hflow::impl::HflowPlaceBase<PlacePass> {
   using Base::Base;
 
@@ -413,9 +396,10 @@ private:
                                      fsdp, l.getSp(), l.getCp());
       if (r.size() != devices) {
         InFlightDiagnostic d = role.emitError()
-                               << "the " << phase << " layout " << describe(dp, r)
-                               << " = " << r.size() << " does not match the "
-                               << devices << " devices the role is placed on";
+                               << "the " << phase << " layout "
+                               << ::hflow::planner::toLayout(r).str() << " spans "
+                               << r.size() << " devices, not the " << devices
+                               << " the role is placed on";
         d.attachNote(place.getLoc()) << "placed here";
         ok = false;
       }

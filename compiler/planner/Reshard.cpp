@@ -113,24 +113,6 @@ bool validParams(const std::vector<Param> &params, int64_t layers) {
 
 } // namespace
 
-std::string Layout::str() const {
-  std::string s;
-  auto add = [&](const char *n, int64_t v) {
-    if (v == 1)
-      return;
-    if (!s.empty())
-      s += "*";
-    s += n + std::to_string(v);
-  };
-  add("tp", tp);
-  add("pp", pp);
-  add("sp", sp);
-  add("cp", cp);
-  add("fsdp", fsdp);
-  add("dp", dp);
-  return s.empty() ? "dp1" : s;
-}
-
 Coord coordOf(const Layout &l, int64_t slot) {
   Coord c;
   bool ok = validLayout(l) && slot >= 0 && slot < l.size();

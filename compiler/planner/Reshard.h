@@ -28,6 +28,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_RESHARD_H
 #define HFLOW_COMPILER_PLANNER_RESHARD_H
 
+#include "runtime/schema/Degrees.h"
 #include "runtime/schema/ModelShape.h"
 
 #include <cstdint>
@@ -48,11 +49,8 @@ Box intersect(const Box &a, const Box &b);
 /// Appends a \ b as at most 4 disjoint boxes.
 void subtract(const Box &a, const Box &b, std::vector<Box> &out);
 
-struct Layout {
-  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
-  int64_t size() const { return dp * fsdp * tp * pp * sp * cp; }
-  std::string str() const; // "tp2*dp4", "fsdp8", ...
-};
+/// A layout's degrees (runtime/schema/Degrees.h: one type, one printed form).
+using Layout = ::hflow::layout::Degrees;
 
 struct Coord {
   int64_t tp = 0, sp = 0, cp = 0, fsdp = 0, dp = 0, pp = 0;

@@ -36,11 +36,6 @@ std::string fmtBytes(double b) {
   return buf;
 }
 
-std::string layoutStr(const Layout &l) {
-  return "tp" + std::to_string(l.tp) + "*pp" + std::to_string(l.pp) + "*dp" +
-         std::to_string(l.dp);
-}
-
 /// Keeps the items that fewer than k others dominate. `a` dominates `b`
 /// when every metric of a is <= b's and a's key is lexicographically
 /// smaller. Such a's replace b in any completion with a time no larger and
@@ -938,11 +933,11 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &m
     out += buf;
     for (int r : groups[j]) {
       const RolePlan &p = roles[size_t(r)];
-      std::string l = "    " + rs[size_t(r)].name + ": train " + layoutStr(p.train);
+      std::string l = "    " + rs[size_t(r)].name + ": train " + p.train.str();
       if (p.hasGen) {
         std::snprintf(buf, sizeof buf,
                       ", generate %s (prefill %.3f s, decode %.3f s, transition %.3f s%s)",
-                      layoutStr(p.gen).c_str(), p.generation.prefill,
+                      p.gen.str().c_str(), p.generation.prefill,
                       p.generation.decode, p.transition,
                       p.memory.kvRows < p.memory.kvSeqs
                           ? ("; KV pool " + std::to_string(p.memory.kvRows) + " of " +

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/WorkerState.h"
+#include "runtime/plan/RoleForms.h"
 #include "runtime/models/Device.h"
 
 #include <ATen/ATen.h>
@@ -142,18 +143,18 @@ void Worker::printSummary(const at::Tensor &all) {
           // Not on this rank: its shards as RoleSetup builds them from the
           // plan's verdict (a sharded critic or reference keeps no whole copy).
           const executes::Verdict v = formsOf(index);
-          const Layout &tl = *r->train();
-          if (v.train == executes::Form::TensorParallel)
-            model += std::string(trains(index) ? ", trains" : ", holds") + " tp" +
-                     std::to_string(tl.tp()) + " shards, no whole copy";
-          else if (v.train == executes::Form::Pipeline)
-            model += std::string(trains(index) ? ", trains" : ", holds") + " pp" +
-                     std::to_string(tl.pp()) + " stages, no whole copy";
-          else if (v.train == executes::Form::FullyShard)
-            model += std::string(trains(index) ? ", trains" : ", holds") + " fsdp" +
-                     std::to_string(tl.fsdp()) +
-                     (tl.tp() > 1 ? "*tp" + std::to_string(tl.tp()) : std::string()) +
-                     " shards, no whole copy";
+          const executes::Degrees tl = plan::degreesOf(*r->train());
+          layout::Degrees shard; // the degrees a rank's shard is cut by
+          shard.tp = tl.tp;
+          if (v.train == executes::Form::Pipeline)
+            shard.pp = tl.pp;
+          if (v.train == executes::Form::FullyShard)
+            shard.fsdp = tl.fsdp;
+          const char *what = v.train == executes::Form::Pipeline ? " stages" : " shards";
+          if (v.train == executes::Form::TensorParallel || v.train == executes::Form::Pipeline ||
+              v.train == executes::Form::FullyShard)
+            model += std::string(trains(index) ? ", trains " : ", holds ") + shard.str() +
+                     what + ", no whole copy";
         }
         for (auto &[ri, rr] : roles_) {
           if (ri != index)
@@ -175,17 +176,7 @@ void Worker::printSummary(const at::Tensor &all) {
       } else if (r->kind() == RoleKind::RewardFn) {
         model = "rule " + str(r->rule(), "even_tokens");
       }
-      auto lay = [](const Layout *l) {
-        std::string s = "dp" + std::to_string(l->dp()) + " tp" + std::to_string(l->tp()) +
-                        " pp" + std::to_string(l->pp());
-        if (l->fsdp() > 1)
-          s += " fsdp" + std::to_string(l->fsdp());
-        if (l->sp() > 1)
-          s += " sp" + std::to_string(l->sp());
-        if (l->cp() > 1)
-          s += " cp" + std::to_string(l->cp());
-        return s;
-      };
+      auto lay = [](const Layout *l) { return plan::degreesOf(*l).str(); };
       std::string gen = lay(r->generate());
       if (r->generate_ranks() && r->generate_ranks()->size() > 0)
         gen += " on ranks " + rankList(ints(r->generate_ranks()));

@@ -3,6 +3,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/models/Safetensors.h"
+#include "runtime/schema/Degrees.h"
 
 #include <ATen/ATen.h>
 
@@ -160,7 +161,9 @@ shape::PassForm TensorParallelModel::passForm() const {
 }
 
 std::string TensorParallelModel::form() const {
-  return "tp" + std::to_string(m_.comm().size()); // the shards; dp only replicates them
+  layout::Degrees d; // the shards; dp only replicates them
+  d.tp = m_.comm().size();
+  return d.str();
 }
 
 at::Tensor TensorParallelModel::localLogits(const at::Tensor &hidden) const {
@@ -207,10 +210,11 @@ shape::PassForm FullyShardedModel::passForm() const {
 }
 
 std::string FullyShardedModel::form() const {
-  std::string f = "fsdp" + std::to_string(m_.comm().size());
+  layout::Degrees d;
+  d.fsdp = m_.comm().size();
   if (comm::Communicator *tp = m_.tpComm())
-    f += "*tp" + std::to_string(tp->size());
-  return f;
+    d.tp = tp->size();
+  return d.str();
 }
 
 at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {

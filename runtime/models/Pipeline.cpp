@@ -6,6 +6,7 @@
 #include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/schema/Degrees.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -416,10 +417,11 @@ shape::PassForm PipelineModel::passForm() const {
 }
 
 std::string PipelineModel::form() const {
-  std::string f = "pp" + std::to_string(s_.stages());
+  layout::Degrees d;
+  d.pp = s_.stages();
   if (comm::Communicator *tp = s_.tpComm())
-    f += "*tp" + std::to_string(tp->size());
-  return f;
+    d.tp = tp->size();
+  return d.str();
 }
 
 uint64_t PipelineModel::loadHf(const std::string &dir) {

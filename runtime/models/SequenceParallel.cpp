@@ -13,6 +13,7 @@
 #include "runtime/models/ParallelDetail.h"
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/schema/Degrees.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -163,7 +164,11 @@ SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &s
                                 std::to_string(sp.size()));
 }
 
-std::string SequenceParallelModel::form() const { return "sp" + std::to_string(sp_.size()); }
+std::string SequenceParallelModel::form() const {
+  layout::Degrees d;
+  d.sp = sp_.size();
+  return d.str();
+}
 
 shape::PassForm SequenceParallelModel::passForm() const {
   shape::PassForm f;

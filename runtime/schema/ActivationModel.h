@@ -41,6 +41,7 @@
 #ifndef HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H
 #define HFLOW_RUNTIME_SCHEMA_ACTIVATIONMODEL_H
 
+#include "runtime/schema/Degrees.h"
 #include "runtime/schema/ModelShape.h"
 
 #include <cstdint>
@@ -84,9 +85,7 @@ struct RoleWork {
   int64_t promptLen = 1, responseLen = 1; ///< the longest prompt and response
 };
 /// A role's training layout, as degrees.
-struct RoleLayout {
-  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
-};
+using RoleLayout = layout::Degrees;
 
 /// The largest pass of a role on any rank of `layout`, at the longest
 /// prompt and response: its forward passes, and its updates when it

@@ -26,24 +26,6 @@ std::string unbuiltDegree(const Degrees &l) {
 }
 } // namespace
 
-std::string Degrees::str() const {
-  std::string out;
-  auto add = [&](const char *name, int64_t v) {
-    if (v <= 1)
-      return;
-    if (!out.empty())
-      out += " * ";
-    out += std::string(name) + "(" + s(v) + ")";
-  };
-  add("fsdp", fsdp);
-  add("tp", tp);
-  add("pp", pp);
-  add("sp", sp);
-  add("cp", cp);
-  add("dp", dp);
-  return out.empty() ? "dp(1)" : out;
-}
-
 const char *formName(Form f) {
   switch (f) {
   case Form::None: return "none";

@@ -13,6 +13,7 @@
 #ifndef HFLOW_RUNTIME_SCHEMA_EXECUTES_H
 #define HFLOW_RUNTIME_SCHEMA_EXECUTES_H
 
+#include "runtime/schema/Degrees.h"
 #include "runtime/schema/RoleMethods.h"
 
 #include <cstdint>
@@ -20,16 +21,8 @@
 
 namespace hflow::executes {
 
-/// A layout's degrees (1 when not written).
-struct Degrees {
-  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
-  bool operator==(const Degrees &o) const {
-    return dp == o.dp && fsdp == o.fsdp && tp == o.tp && pp == o.pp && sp == o.sp &&
-           cp == o.cp;
-  }
-  /// "tp(2) * dp(4)": the degrees above 1, as a program writes them.
-  std::string str() const;
-};
+/// A layout's degrees (runtime/schema/Degrees.h).
+using Degrees = layout::Degrees;
 
 /// The model dimensions that decide whether its layers split evenly.
 struct Dims {

@@ -254,11 +254,11 @@ TEST(ReshardParams, StructureAndSplits) {
 //===----------------------------------------------------------------------===//
 
 TEST(ReshardLayout, StrAndCoords) {
-  EXPECT_EQ(L(4, 1, 2, 1).str(), "tp2*dp4");
-  EXPECT_EQ(L(1, 8, 1, 1).str(), "fsdp8");
-  EXPECT_EQ(L(2, 1, 8, 4).str(), "tp8*pp4*dp2");
-  EXPECT_EQ(L(1, 1, 1, 1).str(), "dp1");
-  EXPECT_EQ(L(2, 3, 2, 2, 2, 2).str(), "tp2*pp2*sp2*cp2*fsdp3*dp2");
+  EXPECT_EQ(L(4, 1, 2, 1).str(), "tp(2) * dp(4)");
+  EXPECT_EQ(L(1, 8, 1, 1).str(), "fsdp(8)");
+  EXPECT_EQ(L(2, 1, 8, 4).str(), "tp(8) * pp(4) * dp(2)");
+  EXPECT_EQ(L(1, 1, 1, 1).str(), "dp(1)");
+  EXPECT_EQ(L(2, 3, 2, 2, 2, 2).str(), "fsdp(3) * tp(2) * pp(2) * sp(2) * cp(2) * dp(2)");
   // tp fastest, then sp, cp, fsdp, dp, pp.
   Layout l = L(2, 2, 2, 2, 2, 2);
   EXPECT_EQ(l.size(), 64);
@@ -1071,11 +1071,11 @@ TEST(ReshardPerf, Llama70BAt64And512Ranks) {
     int64_t n = int64_t(p->assignment.size());
     EXPECT_LE(p->maxSendPerRank, p->totalBytes / n * 11 / 10);
   }
-  std::printf("[reshard] 70B tp8*pp4*dp2 -> tp8*dp8 (64 ranks): %.3f s, %zu "
+  std::printf("[reshard] 70B tp(8) * pp(4) * dp(2) -> tp(8) * dp(8) (64 ranks): %.3f s, %zu "
               "transfers, %.1f GB, max recv/rank %.2f GB, max send/rank %.2f GB\n",
               s64, p64.transfers.size(), p64.totalBytes / 1e9,
               p64.maxRecvPerRank / 1e9, p64.maxSendPerRank / 1e9);
-  std::printf("[reshard] 70B tp8*pp8*dp8 -> tp8*dp64 (512 ranks): %.3f s, %zu "
+  std::printf("[reshard] 70B tp(8) * pp(8) * dp(8) -> tp(8) * dp(64) (512 ranks): %.3f s, %zu "
               "transfers, %.1f GB, max recv/rank %.2f GB, max send/rank %.2f GB\n",
               s512, p512.transfers.size(), p512.totalBytes / 1e9,
               p512.maxRecvPerRank / 1e9, p512.maxSendPerRank / 1e9);

@@ -269,7 +269,7 @@ TEST(CostModel, TransitionFromReshardPlanner) {
   double full = transitionSecondsOn(actor, {L(4, 2, 4), L(4, 1, 8), 8}, m, c);
   double reduced = transitionSeconds(actor, L(4, 2, 4), L(4, 1, 8), 32, m, c);
   EXPECT_NEAR(reduced, full, full * 0.05);
-  std::printf("tp4*pp2*dp4 -> tp4*dp8 on 32: full %.4f s, reduced %.4f s\n", full, reduced);
+  std::printf("tp(4) * pp(2) * dp(4) -> tp(4) * dp(8) on 32: full %.4f s, reduced %.4f s\n", full, reduced);
 }
 
 // An f32 actor's transition costs twice a bf16 one's bandwidth term; with

@@ -20,7 +20,7 @@ hflow.place [@b] on @local[2 : 4]
 
 hflow.mesh @local "cpu" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 8, vocab = 16, dtype = f32>
-// expected-error @+1 {{the train layout dp*tp*pp = 3*1*1 = 3 does not match the 4 devices the role is placed on}}
+// expected-error @+1 {{the train layout dp(3) spans 3 devices, not the 4 the role is placed on}}
 hflow.role @a actor(@t) train <dp = 3, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
 // expected-note @+1 {{placed here}}
 hflow.place [@a] on @local[0 : 4]

@@ -25,7 +25,7 @@ hflow.place [@a] on @m[0 : 4]
 
 hflow.mesh @m "cpu" [1 x 4]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 8, vocab = 16, dtype = f32>
-// expected-error @+1 {{the train layout dp*fsdp*tp*pp*cp = 2*4*1*1*2 = 16 does not match the 4 devices the role is placed on}}
+// expected-error @+1 {{the train layout fsdp(4) * cp(2) * dp(2) spans 16 devices, not the 4 the role is placed on}}
 hflow.role @a critic(@t) train <dp = 2, tp = 1, pp = 1, fsdp = 4, cp = 2> generate <dp = 0, tp = 1, pp = 1>
 // expected-note @+1 {{placed here}}
 hflow.place [@a] on @m[0 : 4]
