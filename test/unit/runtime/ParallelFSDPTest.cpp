@@ -234,7 +234,9 @@ void checkFSDPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int t
 
   Llama source(c, kSeed);
   FullyShardedModel lm(source, *fs, tp.get());
-  EXPECT_EQ(lm.form(), "fsdp" + std::to_string(f) + (t > 1 ? "*tp" + std::to_string(t) : ""));
+  EXPECT_EQ(lm.form(), (f > 1 ? "fsdp(" + std::to_string(f) + ")" : std::string()) +
+                          (f > 1 && t > 1 ? " * " : "") +
+                          (t > 1 ? "tp(" + std::to_string(t) + ")" : std::string()));
   lm.setTrainable(true);
 
   // The boxes tile each parameter: counted over the world, every element

@@ -32,7 +32,7 @@ void checkSP(Errors &errs, Communicator &world, const LlamaConfig &c, int s) {
 
   Llama model(c, kSeed);
   SequenceParallelModel lm(model, *sp, world);
-  EXPECT_EQ(lm.form(), "sp" + std::to_string(s));
+  EXPECT_EQ(lm.form(), s > 1 ? "sp(" + std::to_string(s) + ")" : std::string("dp(1)"));
   lm.setTrainable(true);
   at::Tensor logits = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask));
   expectClose(errs, key + "logits", "logits", logits, ref.logits.narrow(0, first, b.B));
