@@ -103,8 +103,8 @@ bool checkRankList(Checker &c, const flatbuffers::Vector<int32_t> *ranks,
   return true;
 }
 
-bool checkSemantics(const Plan &p, std::string &error) {
-  Checker c(error);
+/// The plan's header: world size, source hash, flow, meshes.
+bool checkHeader(Checker &c, const Plan &p) {
   const int world = p.world_size();
   constexpr int kMaxWorld = 1 << 20;
   if (world < 1 || world > kMaxWorld)
@@ -114,9 +114,6 @@ bool checkSemantics(const Plan &p, std::string &error) {
   if (!p.flow() || p.flow()->size() == 0)
     return c.fail("plan names no flow");
 
-  const size_t nModels = len(p.models()), nRoles = len(p.roles()),
-               nGroups = len(p.groups()), nValues = len(p.values()),
-               nSteps = len(p.steps());
   if (len(p.meshes()) == 0)
     return c.fail("plan has no device mesh");
   for (size_t i = 0; i < len(p.meshes()); ++i) {
@@ -131,97 +128,237 @@ bool checkSemantics(const Plan &p, std::string &error) {
       if (!std::isfinite(v) || v < 0)
         return c.fail("mesh ", i, " has a negative or non-finite device or link figure");
   }
-  for (size_t i = 0; i < nModels; ++i) {
-    const Model *m = p.models()->Get(i);
-    const std::string what = "model " + std::to_string(i);
-    if (m->layers() < 1 || m->hidden() < 1 || m->heads() < 1 ||
-        m->kv_heads() < 1 || m->ffn() < 1 || m->vocab() < 1)
-      return c.fail(what, " has a non-positive dimension");
-    // Format 2.9: an explicit head width frees hidden from heads.
-    if (m->head_dim() < 0 || m->head_dim() % 2 != 0)
-      return c.fail(what, " has head_dim ", m->head_dim(), ", not 0 or a positive even number");
-    if (m->head_dim() == 0 && m->hidden() % m->heads() != 0)
-      return c.fail(what, ": hidden ", m->hidden(), " is not divisible by heads ",
-                    m->heads());
-    if (m->heads() % m->kv_heads() != 0)
-      return c.fail(what, ": heads ", m->heads(),
-                    " is not divisible by kv_heads ", m->kv_heads());
-    if (m->params() < 0)
-      return c.fail(what, " has a negative parameter count");
-    if (!(m->rope_theta() > 0) || !std::isfinite(m->rope_theta()))
-      return c.fail(what, " has rope_theta ", m->rope_theta(), ", not a positive number");
-    if (!(m->norm_eps() > 0 && m->norm_eps() < 1))
-      return c.fail(what, " has norm_eps ", m->norm_eps(), ", not a number in (0, 1)");
-    if (m->sliding_window() < 0)
-      return c.fail(what, " has sliding_window ", m->sliding_window(), ", not 0 or positive");
-    if (const RopeScaling *rs = m->rope_scaling()) {
-      for (double v : {rs->factor(), rs->low_freq_factor(), rs->high_freq_factor()})
-        if (!(v > 0) || !std::isfinite(v))
-          return c.fail(what, "'s rope_scaling has a factor ", v, ", not a positive number");
-      if (!(rs->high_freq_factor() > rs->low_freq_factor()) || rs->original_max_positions() < 1)
-        return c.fail(what, "'s rope_scaling needs high_freq_factor > low_freq_factor and "
-                            "original_max_positions >= 1");
-    }
+  return true;
+}
+
+/// Model `i`: positive dimensions that divide as the layers need.
+bool checkModel(Checker &c, const Plan &p, size_t i) {
+  const Model *m = p.models()->Get(i);
+  const std::string what = "model " + std::to_string(i);
+  if (m->layers() < 1 || m->hidden() < 1 || m->heads() < 1 ||
+      m->kv_heads() < 1 || m->ffn() < 1 || m->vocab() < 1)
+    return c.fail(what, " has a non-positive dimension");
+  // Format 2.9: an explicit head width frees hidden from heads.
+  if (m->head_dim() < 0 || m->head_dim() % 2 != 0)
+    return c.fail(what, " has head_dim ", m->head_dim(), ", not 0 or a positive even number");
+  if (m->head_dim() == 0 && m->hidden() % m->heads() != 0)
+    return c.fail(what, ": hidden ", m->hidden(), " is not divisible by heads ",
+                  m->heads());
+  if (m->heads() % m->kv_heads() != 0)
+    return c.fail(what, ": heads ", m->heads(),
+                  " is not divisible by kv_heads ", m->kv_heads());
+  if (m->params() < 0)
+    return c.fail(what, " has a negative parameter count");
+  if (!(m->rope_theta() > 0) || !std::isfinite(m->rope_theta()))
+    return c.fail(what, " has rope_theta ", m->rope_theta(), ", not a positive number");
+  if (!(m->norm_eps() > 0 && m->norm_eps() < 1))
+    return c.fail(what, " has norm_eps ", m->norm_eps(), ", not a number in (0, 1)");
+  if (m->sliding_window() < 0)
+    return c.fail(what, " has sliding_window ", m->sliding_window(), ", not 0 or positive");
+  if (const RopeScaling *rs = m->rope_scaling()) {
+    for (double v : {rs->factor(), rs->low_freq_factor(), rs->high_freq_factor()})
+      if (!(v > 0) || !std::isfinite(v))
+        return c.fail(what, "'s rope_scaling has a factor ", v, ", not a positive number");
+    if (!(rs->high_freq_factor() > rs->low_freq_factor()) || rs->original_max_positions() < 1)
+      return c.fail(what, "'s rope_scaling needs high_freq_factor > low_freq_factor and "
+                          "original_max_positions >= 1");
   }
-  for (size_t i = 0; i < nRoles; ++i) {
-    const Role *r = p.roles()->Get(i);
-    const std::string what = "role " + std::to_string(i);
-    if (r->kind() < RoleKind::MIN || r->kind() > RoleKind::MAX)
-      return c.fail(what, " has an unknown kind ", static_cast<int>(r->kind()));
-    if (r->model() != -1 && !inRange(r->model(), nModels))
-      return c.fail(what, " names model ", r->model(), " of ", nModels);
-    if (r->kind() != RoleKind::RewardFn && r->model() == -1)
-      return c.fail(what, " (", roleKindName(r->kind()), ") has no model");
-    if (!checkRankList(c, r->ranks(), world, what))
+  return true;
+}
+
+/// Role `i`: kind, model, ranks, layouts that span them, memory counts.
+bool checkRole(Checker &c, const Plan &p, size_t i) {
+  const int world = p.world_size();
+  const size_t nModels = len(p.models());
+  const Role *r = p.roles()->Get(i);
+  const std::string what = "role " + std::to_string(i);
+  if (r->kind() < RoleKind::MIN || r->kind() > RoleKind::MAX)
+    return c.fail(what, " has an unknown kind ", static_cast<int>(r->kind()));
+  if (r->model() != -1 && !inRange(r->model(), nModels))
+    return c.fail(what, " names model ", r->model(), " of ", nModels);
+  if (r->kind() != RoleKind::RewardFn && r->model() == -1)
+    return c.fail(what, " (", roleKindName(r->kind()), ") has no model");
+  if (!checkRankList(c, r->ranks(), world, what))
+    return false;
+  const bool apart = len(r->generate_ranks()) > 0;
+  if (apart) {
+    if (r->kind() != RoleKind::Actor)
+      return c.fail(what, " (", roleKindName(r->kind()), ") has generate_ranks");
+    if (!checkRankList(c, r->generate_ranks(), world, what + " generate_ranks"))
       return false;
-    const bool apart = len(r->generate_ranks()) > 0;
-    if (apart) {
-      if (r->kind() != RoleKind::Actor)
-        return c.fail(what, " (", roleKindName(r->kind()), ") has generate_ranks");
-      if (!checkRankList(c, r->generate_ranks(), world, what + " generate_ranks"))
-        return false;
-      for (int g : *r->generate_ranks())
-        for (int t : *r->ranks())
-          if (g == t)
-            return c.fail(what, " generates on rank ", g, ", which also trains");
-    }
-    for (const Layout *l : {r->train(), r->generate()}) {
-      if (!l)
-        return c.fail(what, " has no layout");
-      if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1 || l->fsdp() < 1 ||
-          l->sp() < 1 || l->cp() < 1)
-        return c.fail(what, " has a non-positive parallel degree");
-      int64_t prod = 1;
-      for (int d : {l->dp(), l->tp(), l->pp(), l->fsdp(), l->sp(), l->cp()}) {
-        prod *= d;
-        if (prod > world)
-          break;
-      }
-      const auto *ranks = apart && l == r->generate() ? r->generate_ranks() : r->ranks();
-      if (prod != static_cast<int64_t>(ranks->size()))
-        return c.fail(what, " layout dp*fsdp*tp*pp*sp*cp = ", prod, " but it has ",
-                      ranks->size(), apart && l == r->generate() ? " generation" : "",
-                      " ranks");
-    }
-    // Format 2.7: the counted memory, one entry per rank (or none).
-    if (const size_t nm = len(r->memory())) {
-      if (nm != r->ranks()->size())
-        return c.fail(what, " has memory counts for ", nm, " ranks but ", r->ranks()->size(),
-                      " ranks");
-      for (const RankMemory *m : *r->memory())
-        if (m->weights() < 0 || m->grads() < 0 || m->optimizer() < 0 || m->generation() < 0)
-          return c.fail(what, " has a negative memory count");
-    }
-    // Format 2.8: the transient bounds, one entry per rank (or none).
-    if (const size_t nt = len(r->transient())) {
-      if (nt != r->ranks()->size())
-        return c.fail(what, " has transient memory bounds for ", nt, " ranks but ",
-                      r->ranks()->size(), " ranks");
-      for (const RankTransient *t : *r->transient())
-        if (t->activations() < 0 || t->kv_cache() < 0)
-          return c.fail(what, " has a negative transient memory bound");
-    }
+    for (int g : *r->generate_ranks())
+      for (int t : *r->ranks())
+        if (g == t)
+          return c.fail(what, " generates on rank ", g, ", which also trains");
   }
+  for (const Layout *l : {r->train(), r->generate()}) {
+    if (!l)
+      return c.fail(what, " has no layout");
+    if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1 || l->fsdp() < 1 ||
+        l->sp() < 1 || l->cp() < 1)
+      return c.fail(what, " has a non-positive parallel degree");
+    int64_t prod = 1;
+    for (int d : {l->dp(), l->tp(), l->pp(), l->fsdp(), l->sp(), l->cp()}) {
+      prod *= d;
+      if (prod > world)
+        break;
+    }
+    const auto *ranks = apart && l == r->generate() ? r->generate_ranks() : r->ranks();
+    if (prod != static_cast<int64_t>(ranks->size()))
+      return c.fail(what, " layout ", degreesOf(*l).str(), " spans ",
+                    prod > world ? "more than " + std::to_string(world) : std::to_string(prod),
+                    " ranks but the role has ", ranks->size(),
+                    apart && l == r->generate() ? " generation" : "", " ranks");
+  }
+  // Format 2.7: the counted memory, one entry per rank (or none).
+  if (const size_t nm = len(r->memory())) {
+    if (nm != r->ranks()->size())
+      return c.fail(what, " has memory counts for ", nm, " ranks but ", r->ranks()->size(),
+                    " ranks");
+    for (const RankMemory *m : *r->memory())
+      if (m->weights() < 0 || m->grads() < 0 || m->optimizer() < 0 || m->generation() < 0)
+        return c.fail(what, " has a negative memory count");
+  }
+  // Format 2.8: the transient bounds, one entry per rank (or none).
+  if (const size_t nt = len(r->transient())) {
+    if (nt != r->ranks()->size())
+      return c.fail(what, " has transient memory bounds for ", nt, " ranks but ",
+                    r->ranks()->size(), " ranks");
+    for (const RankTransient *t : *r->transient())
+      if (t->activations() < 0 || t->kv_cache() < 0)
+        return c.fail(what, " has a negative transient memory bound");
+  }
+  return true;
+}
+
+/// Step `i`: its values, and what its kind names (a role's method, a
+/// group, a builtin, a reshard plan).
+bool checkStep(Checker &c, const Plan &p, size_t i) {
+  const size_t nRoles = len(p.roles()), nGroups = len(p.groups()), nValues = len(p.values());
+  const Step *s = p.steps()->Get(i);
+  const std::string what = "step " + std::to_string(i);
+  for (auto *vec : {s->inputs(), s->outputs()})
+    if (vec)
+      for (int v : *vec)
+        if (!inRange(v, nValues))
+          return c.fail(what, " names value ", v, " of ", nValues);
+  switch (s->kind()) {
+  case StepKind::Compute:
+    if (!inRange(s->role(), nRoles))
+      return c.fail(what, " names role ", s->role(), " of ", nRoles);
+    if (!s->method() || s->method()->size() == 0)
+      return c.fail(what, " has no method");
+    if (const Role *r = p.roles()->Get(s->role());
+        !methods::findMethod(methods::Role(int(r->kind())), s->method()->str()))
+      return c.fail(what, at(s), " calls ", roleKindName(r->kind()), " method '",
+                    s->method()->str(), "', which this runtime does not execute (",
+                    roleKindName(r->kind()), " methods: ",
+                    methods::methodList(methods::Role(int(r->kind()))), ")");
+    break;
+  case StepKind::CheckAllGather:
+    if (!inRange(s->group(), nGroups))
+      return c.fail(what, " names group ", s->group(), " of ", nGroups);
+    if (!inRange(s->checks(), i) ||
+        p.steps()->Get(s->checks())->kind() != StepKind::Compute)
+      return c.fail(what, " checks step ", s->checks(),
+                    ", which is not an earlier compute step");
+    break;
+  case StepKind::Builtin:
+    if (!s->method() || s->method()->size() == 0)
+      return c.fail(what, " has no builtin name");
+    if (!knownBuiltin(s->method()->str()))
+      return c.fail(what, at(s), " calls builtin '", s->method()->str(),
+                    "', which this runtime does not execute (builtins: ",
+                    builtins::builtinList(), ", neg, add, sub, mul, div)");
+    if (!s->outputs() || s->outputs()->size() == 0)
+      return c.fail(what, " (builtin) has no output");
+    break;
+  case StepKind::Reshard:
+    if (!inRange(s->reshard(), len(p.reshards())))
+      return c.fail(what, " names reshard ", s->reshard(), " of ",
+                    len(p.reshards()));
+    if (s->role() != p.reshards()->Get(s->reshard())->role())
+      return c.fail(what, " reshards role ", s->role(), " but its plan is for role ",
+                    p.reshards()->Get(s->reshard())->role());
+    break;
+  default:
+    return c.fail(what, " has an unknown kind ", static_cast<int>(s->kind()));
+  }
+  return true;
+}
+
+/// Weight reshard `i`: its ranks, element sizes and transfers (their bytes
+/// add up to the plan's).
+bool checkReshard(Checker &c, const Plan &p, size_t i) {
+  const size_t nRoles = len(p.roles());
+  const Reshard *rs = p.reshards()->Get(i);
+  const std::string what = "reshard " + std::to_string(i);
+  if (!inRange(rs->role(), nRoles))
+    return c.fail(what, " names role ", rs->role(), " of ", nRoles);
+  const Role *ro = p.roles()->Get(rs->role());
+  size_t n = len(ro->ranks());
+  if (len(rs->ranks()) > 0) {
+    // Format 2.4: the role's ranks, then its generate_ranks.
+    std::vector<int> want(ro->ranks()->begin(), ro->ranks()->end());
+    if (ro->generate_ranks())
+      want.insert(want.end(), ro->generate_ranks()->begin(), ro->generate_ranks()->end());
+    if (!std::equal(want.begin(), want.end(), rs->ranks()->begin(), rs->ranks()->end()))
+      return c.fail(what, " indexes ranks that are not its role's ranks then its "
+                          "generate_ranks");
+    n = want.size();
+  } else if (len(ro->generate_ranks()) > 0) {
+    return c.fail(what, " lists no ranks for a role that generates apart");
+  }
+  if (len(rs->assignment()) != n)
+    return c.fail(what, " assigns ", len(rs->assignment()), " slots for ", n,
+                  " ranks");
+  if (rs->bytes_per_element() < 1 || rs->bytes_per_element() > 8)
+    return c.fail(what, " has ", rs->bytes_per_element(), " bytes per element");
+  // Format 2.3: the wire element size (0: the weights' own), either the
+  // weights' own or 2 (bf16, named by wire_dtype, when that is narrower).
+  const int64_t wireBpe = rs->wire_bytes_per_element() ? rs->wire_bytes_per_element()
+                                                        : rs->bytes_per_element();
+  if ((wireBpe != rs->bytes_per_element() && wireBpe != 2) ||
+      wireBpe > rs->bytes_per_element())
+    return c.fail(what, " sends ", rs->wire_bytes_per_element(),
+                  " bytes per element for weights of ", rs->bytes_per_element(),
+                  " (only bf16, 2, or the weights' own size)");
+  const std::string wireDtype = rs->wire_dtype() ? rs->wire_dtype()->str() : "";
+  if (!wireDtype.empty() && wireDtype != "bf16")
+    return c.fail(what, " has the unknown wire dtype '", wireDtype, "'");
+  if (wireDtype == "bf16" ? wireBpe != 2 : wireBpe != rs->bytes_per_element())
+    return c.fail(what, " has wire dtype '", wireDtype, "' with ", wireBpe,
+                  " bytes per element");
+  const size_t nParams = len(rs->params());
+  for (size_t k = 0; k < nParams; ++k) {
+    const WeightParam *wp = rs->params()->Get(k);
+    if (wp->rows() < 1 || wp->cols() < 1 || wp->rows() > (int64_t(1) << 40) ||
+        wp->cols() > (int64_t(1) << 40) || !wp->name())
+      return c.fail(what, " parameter ", k, " has a bad name or shape");
+  }
+  int64_t total = 0;
+  for (size_t k = 0; k < len(rs->transfers()); ++k) {
+    const WeightTransfer *t = rs->transfers()->Get(k);
+    if (!inRange(t->src(), n) || !inRange(t->dst(), n) || t->src() == t->dst() ||
+        !inRange(t->param(), nParams))
+      return c.fail(what, " transfer ", k, " names rank ", t->src(), " -> ",
+                    t->dst(), " or parameter ", t->param(), " out of range");
+    const WeightParam *wp = rs->params()->Get(t->param());
+    if (t->row0() < 0 || t->row0() >= t->row1() || t->row1() > wp->rows() ||
+        t->col0() < 0 || t->col0() >= t->col1() || t->col1() > wp->cols())
+      return c.fail(what, " transfer ", k, " range is outside parameter ",
+                    wp->name()->str());
+    total += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
+  }
+  if (total != rs->bytes())
+    return c.fail(what, " transfers add up to ", total, " bytes, not ", rs->bytes());
+  return true;
+}
+
+/// Groups (their ranks) and values (their kinds and producers).
+bool checkGroupsAndValues(Checker &c, const Plan &p) {
+  const int world = p.world_size();
+  const size_t nGroups = len(p.groups()), nValues = len(p.values()), nSteps = len(p.steps());
   for (size_t i = 0; i < nGroups; ++i)
     if (!checkRankList(c, p.groups()->Get(i)->ranks(), world,
                        "group " + std::to_string(i)))
@@ -234,120 +371,13 @@ bool checkSemantics(const Plan &p, std::string &error) {
       return c.fail("value ", i, " names producer step ", v->producer(), " of ",
                     nSteps);
   }
-  for (size_t i = 0; i < nSteps; ++i) {
-    const Step *s = p.steps()->Get(i);
-    const std::string what = "step " + std::to_string(i);
-    for (auto *vec : {s->inputs(), s->outputs()})
-      if (vec)
-        for (int v : *vec)
-          if (!inRange(v, nValues))
-            return c.fail(what, " names value ", v, " of ", nValues);
-    switch (s->kind()) {
-    case StepKind::Compute:
-      if (!inRange(s->role(), nRoles))
-        return c.fail(what, " names role ", s->role(), " of ", nRoles);
-      if (!s->method() || s->method()->size() == 0)
-        return c.fail(what, " has no method");
-      if (const Role *r = p.roles()->Get(s->role());
-          !methods::findMethod(methods::Role(int(r->kind())), s->method()->str()))
-        return c.fail(what, at(s), " calls ", roleKindName(r->kind()), " method '",
-                      s->method()->str(), "', which this runtime does not execute (",
-                      roleKindName(r->kind()), " methods: ",
-                      methods::methodList(methods::Role(int(r->kind()))), ")");
-      break;
-    case StepKind::CheckAllGather:
-      if (!inRange(s->group(), nGroups))
-        return c.fail(what, " names group ", s->group(), " of ", nGroups);
-      if (!inRange(s->checks(), i) ||
-          p.steps()->Get(s->checks())->kind() != StepKind::Compute)
-        return c.fail(what, " checks step ", s->checks(),
-                      ", which is not an earlier compute step");
-      break;
-    case StepKind::Builtin:
-      if (!s->method() || s->method()->size() == 0)
-        return c.fail(what, " has no builtin name");
-      if (!knownBuiltin(s->method()->str()))
-        return c.fail(what, at(s), " calls builtin '", s->method()->str(),
-                      "', which this runtime does not execute (builtins: ",
-                      builtins::builtinList(), ", neg, add, sub, mul, div)");
-      if (!s->outputs() || s->outputs()->size() == 0)
-        return c.fail(what, " (builtin) has no output");
-      break;
-    case StepKind::Reshard:
-      if (!inRange(s->reshard(), len(p.reshards())))
-        return c.fail(what, " names reshard ", s->reshard(), " of ",
-                      len(p.reshards()));
-      if (s->role() != p.reshards()->Get(s->reshard())->role())
-        return c.fail(what, " reshards role ", s->role(), " but its plan is for role ",
-                      p.reshards()->Get(s->reshard())->role());
-      break;
-    default:
-      return c.fail(what, " has an unknown kind ", static_cast<int>(s->kind()));
-    }
-  }
-  for (size_t i = 0; i < len(p.reshards()); ++i) {
-    const Reshard *rs = p.reshards()->Get(i);
-    const std::string what = "reshard " + std::to_string(i);
-    if (!inRange(rs->role(), nRoles))
-      return c.fail(what, " names role ", rs->role(), " of ", nRoles);
-    const Role *ro = p.roles()->Get(rs->role());
-    size_t n = len(ro->ranks());
-    if (len(rs->ranks()) > 0) {
-      // Format 2.4: the role's ranks, then its generate_ranks.
-      std::vector<int> want(ro->ranks()->begin(), ro->ranks()->end());
-      if (ro->generate_ranks())
-        want.insert(want.end(), ro->generate_ranks()->begin(), ro->generate_ranks()->end());
-      if (!std::equal(want.begin(), want.end(), rs->ranks()->begin(), rs->ranks()->end()))
-        return c.fail(what, " indexes ranks that are not its role's ranks then its "
-                            "generate_ranks");
-      n = want.size();
-    } else if (len(ro->generate_ranks()) > 0) {
-      return c.fail(what, " lists no ranks for a role that generates apart");
-    }
-    if (len(rs->assignment()) != n)
-      return c.fail(what, " assigns ", len(rs->assignment()), " slots for ", n,
-                    " ranks");
-    if (rs->bytes_per_element() < 1 || rs->bytes_per_element() > 8)
-      return c.fail(what, " has ", rs->bytes_per_element(), " bytes per element");
-    // Format 2.3: the wire element size (0: the weights' own), either the
-    // weights' own or 2 (bf16, named by wire_dtype, when that is narrower).
-    const int64_t wireBpe = rs->wire_bytes_per_element() ? rs->wire_bytes_per_element()
-                                                          : rs->bytes_per_element();
-    if ((wireBpe != rs->bytes_per_element() && wireBpe != 2) ||
-        wireBpe > rs->bytes_per_element())
-      return c.fail(what, " sends ", rs->wire_bytes_per_element(),
-                    " bytes per element for weights of ", rs->bytes_per_element(),
-                    " (only bf16, 2, or the weights' own size)");
-    const std::string wireDtype = rs->wire_dtype() ? rs->wire_dtype()->str() : "";
-    if (!wireDtype.empty() && wireDtype != "bf16")
-      return c.fail(what, " has the unknown wire dtype '", wireDtype, "'");
-    if (wireDtype == "bf16" ? wireBpe != 2 : wireBpe != rs->bytes_per_element())
-      return c.fail(what, " has wire dtype '", wireDtype, "' with ", wireBpe,
-                    " bytes per element");
-    const size_t nParams = len(rs->params());
-    for (size_t k = 0; k < nParams; ++k) {
-      const WeightParam *wp = rs->params()->Get(k);
-      if (wp->rows() < 1 || wp->cols() < 1 || wp->rows() > (int64_t(1) << 40) ||
-          wp->cols() > (int64_t(1) << 40) || !wp->name())
-        return c.fail(what, " parameter ", k, " has a bad name or shape");
-    }
-    int64_t total = 0;
-    for (size_t k = 0; k < len(rs->transfers()); ++k) {
-      const WeightTransfer *t = rs->transfers()->Get(k);
-      if (!inRange(t->src(), n) || !inRange(t->dst(), n) || t->src() == t->dst() ||
-          !inRange(t->param(), nParams))
-        return c.fail(what, " transfer ", k, " names rank ", t->src(), " -> ",
-                      t->dst(), " or parameter ", t->param(), " out of range");
-      const WeightParam *wp = rs->params()->Get(t->param());
-      if (t->row0() < 0 || t->row0() >= t->row1() || t->row1() > wp->rows() ||
-          t->col0() < 0 || t->col0() >= t->col1() || t->col1() > wp->cols())
-        return c.fail(what, " transfer ", k, " range is outside parameter ",
-                      wp->name()->str());
-      total += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
-    }
-    if (total != rs->bytes())
-      return c.fail(what, " transfers add up to ", total, " bytes, not ", rs->bytes());
-  }
+  return true;
+}
+
+/// Phases (their steps and batch settings) and every rank's schedule.
+bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
+  const int world = p.world_size();
+  const size_t nSteps = len(p.steps());
   for (size_t i = 0; i < len(p.phases()); ++i) {
     const Phase *ph = p.phases()->Get(i);
     const std::string what = "phase " + std::to_string(i);
@@ -378,6 +408,30 @@ bool checkSemantics(const Plan &p, std::string &error) {
         prev = st;
       }
   }
+  return true;
+}
+
+bool checkSemantics(const Plan &p, std::string &error) {
+  Checker c(error);
+  if (!checkHeader(c, p))
+    return false;
+  for (size_t i = 0; i < len(p.models()); ++i)
+    if (!checkModel(c, p, i))
+      return false;
+  for (size_t i = 0; i < len(p.roles()); ++i)
+    if (!checkRole(c, p, i))
+      return false;
+  if (!checkGroupsAndValues(c, p))
+    return false;
+  for (size_t i = 0; i < len(p.steps()); ++i)
+    if (!checkStep(c, p, i))
+      return false;
+  for (size_t i = 0; i < len(p.reshards()); ++i)
+    if (!checkReshard(c, p, i))
+      return false;
+  if (!checkPhasesAndSchedules(c, p))
+    return false;
+  const size_t nRoles = len(p.roles());
   // What the loader accepts, the engine executes (IREE's verifier promise):
   // every role's layouts on a form runtime/schema/Executes.h lists, in an
   // element type it computes in. hflowc refuses such a program at the
