@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
@@ -168,242 +169,165 @@ static bool parseInt(const std::string &s, long lo, long hi, long &out) {
   return true;
 }
 
-bool parseArgs(const std::vector<std::string> &args, Options &o,
-               std::string &error) {
-  std::vector<std::string> positional;
-  bool commGiven = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], value;
-    bool hasInline = false;
-    if (a.rfind("--", 0) == 0) {
-      auto eq = a.find('=');
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        hasInline = true;
-      }
-    }
-    auto needValue = [&](std::string &v) {
-      if (hasInline) {
-        v = value;
-        return true;
-      }
-      if (i + 1 >= args.size()) {
-        error = "option " + a + " needs a value";
-        return false;
-      }
-      v = args[++i];
-      return true;
-    };
-    auto noValue = [&]() {
-      if (hasInline) {
-        error = "option " + a + " takes no value";
-        return false;
-      }
-      return true;
-    };
-    if (a == "-h" || a == "--help") {
-      if (!noValue())
-        return false;
-      o.help = true;
-    } else if (a == "--version") {
-      if (!noValue())
-        return false;
-      o.version = true;
-    } else if (a == "--quiet" || a == "-q") {
-      if (!noValue())
-        return false;
-      o.run.quiet = true;
-    } else if (a == "--verbose" || a == "-v") {
-      if (!noValue())
-        return false;
-      o.run.verbose = true;
-    } else if (a == "--dry-run") {
-      if (!noValue())
-        return false;
-      o.dryRun = true;
-    } else if (a == "--master-addr") {
-      if (!needValue(o.masterAddr))
-        return false;
-      if (o.masterAddr.empty()) {
-        error = "--master-addr needs a non-empty address";
-        return false;
-      }
-    } else if (a == "--master-port") {
-      std::string v;
-      long p;
-      if (!needValue(v))
-        return false;
-      if (!parseInt(v, 1, 65535, p)) {
-        error = "--master-port '" + v + "' is not a port number (1-65535)";
-        return false;
-      }
-      o.masterPort = (int)p;
-    } else if (a == "--timeout") {
-      std::string v;
-      if (!needValue(v))
-        return false;
-      char *end = nullptr;
-      double t = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(t > 0) || t > 86400 * 7) {
-        error = "--timeout '" + v + "' is not a positive number of seconds";
-        return false;
-      }
-      o.timeoutSeconds = t;
-    } else if (a == "--device") {
-      if (!needValue(o.run.device))
-        return false;
-      if (o.run.device != "cpu" && o.run.device != "cuda") {
-        error = "--device '" + o.run.device + "' is not one of: cpu, cuda";
-        return false;
-      }
-    } else if (a == "--comm") {
-      commGiven = true;
-      if (!needValue(o.run.comm))
-        return false;
-      if (o.run.comm != "gloo" && o.run.comm != "nccl") {
-        error = "--comm '" + o.run.comm + "' is not one of: gloo, nccl";
-        return false;
-      }
-    } else if (a == "--share-gpus") {
-      o.run.shareGpus = true;
-    } else if (a == "--serialize") {
-      if (!noValue())
-        return false;
-      o.run.serialize = true;
-    } else if (a == "--reshard") {
-      if (!needValue(o.run.reshard))
-        return false;
-      if (o.run.reshard != "planned" && o.run.reshard != "naive") {
-        error = "--reshard '" + o.run.reshard + "' is not one of: planned, naive";
-        return false;
-      }
-    } else if (a == "--export-hf") {
-      std::string v;
-      if (!needValue(v))
-        return false;
-      // ROLE=DIR when what precedes '=' is a role name; otherwise a directory.
-      std::string roleName, dir = v;
-      const size_t eq = v.find('=');
-      if (eq != std::string::npos && eq > 0 &&
-          std::all_of(v.begin(), v.begin() + (long)eq, [](char ch) {
-            return std::isalnum((unsigned char)ch) || ch == '_';
-          }) && !std::isdigit((unsigned char)v[0])) {
-        roleName = v.substr(0, eq);
-        dir = v.substr(eq + 1);
-      }
-      if (dir.empty()) {
-        error = "--export-hf needs a directory";
-        return false;
-      }
-      for (const auto &[r, d] : o.run.exportHf)
-        if (r == roleName) {
-          error = "--export-hf is given twice for " +
-                  (roleName.empty() ? std::string("the actor") : "role " + roleName);
-          return false;
-        }
-      o.run.exportHf.emplace_back(roleName, dir);
-    } else if (a == "--calibrate-from") {
-      if (!needValue(o.calibrateFrom))
-        return false;
-      if (o.calibrateFrom.empty()) {
-        error = "--calibrate-from needs a metrics file";
-        return false;
-      }
-    } else if (a == "--calibrate") {
-      if (!needValue(o.calibrateOut))
-        return false;
-      if (o.calibrateOut.empty()) {
-        error = "--calibrate needs a file name";
-        return false;
-      }
-    } else if (a == "--trace") {
-      if (!needValue(o.run.traceFile))
-        return false;
-      if (o.run.traceFile.empty()) {
-        error = "--trace needs a file name";
-        return false;
-      }
-    } else if (a == "--dump-values") {
-      if (!needValue(o.run.dumpValues))
-        return false;
-      if (o.run.dumpValues.empty()) {
-        error = "--dump-values needs a directory";
-        return false;
-      }
-    } else if (a == "--resume") {
-      if (!noValue())
-        return false;
-      o.run.resume = true;
-    } else if (a == "--overwrite") {
-      if (!noValue())
-        return false;
-      o.run.overwrite = true;
-    } else if (a == "--checkpoint-dir") {
-      if (!needValue(o.run.checkpointDir))
-        return false;
-      if (o.run.checkpointDir.empty()) {
-        error = "--checkpoint-dir needs a non-empty value";
-        return false;
-      }
-    } else if (a == "--checkpoint-every") {
-      std::string v;
-      long n;
-      if (!needValue(v))
-        return false;
-      if (!parseInt(v, 0, 1L << 40, n)) {
-        error = "--checkpoint-every '" + v + "' is not a non-negative integer";
-        return false;
-      }
-      o.run.checkpointEvery = n;
-    } else if (a == "--data-dir" || a == "--eval" || a == "--metrics" ||
-               a == "--tokenizer" || a == "--eval-pairs" || a == "--tensorboard" ||
-               a == "--report") {
-      std::string v;
-      if (!needValue(v))
-        return false;
-      if (v.empty()) {
-        error = a + " needs a non-empty value";
-        return false;
-      }
-      (a == "--data-dir" ? o.run.dataDir
-       : a == "--eval"   ? o.run.evalFile
-       : a == "--eval-pairs" ? o.run.evalPairsFile
-       : a == "--metrics" ? o.run.metricsFile
-       : a == "--tensorboard" ? o.run.tensorboardDir
-       : a == "--report" ? o.run.reportFile
-                         : o.run.tokenizer) = v;
-    } else if (a == "--steps" || a == "--eval-every" || a == "--eval-count" ||
-               a == "--log-every") {
-      std::string v;
-      long n;
-      if (!needValue(v))
-        return false;
-      if (!parseInt(v, a == "--steps" ? 0 : 1, 1L << 40, n)) {
-        error = a + " '" + v + "' is not " +
-                (a == "--steps" ? "a non-negative" : "a positive") + " integer";
-        return false;
-      }
-      if (a == "--steps")
-        o.run.steps = n;
-      else if (a == "--eval-every")
-        o.run.evalEvery = (int)std::min(n, 1L << 30);
-      else if (a == "--eval-count")
-        o.run.evalCount = (int)std::min(n, 1L << 30);
-      else
-        o.run.logEvery = (int)std::min(n, 1L << 30);
-    } else if (a == "--") {
-      for (++i; i < args.size(); ++i)
-        positional.push_back(args[i]);
-    } else if (a.size() > 1 && a[0] == '-') {
-      error = "unknown option '" + args[i] + "'";
-      return false;
-    } else {
-      positional.push_back(a);
-    }
+namespace {
+
+/// One option of hflow-run's command line: its names, whether it takes a
+/// value, and what it does with it (false and `error` set to refuse it).
+struct OptionSpec {
+  std::vector<std::string> names;
+  bool takesValue;
+  std::function<bool(Options &, const std::string &name, const std::string &value,
+                     std::string &error)>
+      apply;
+};
+
+/// A flag: sets `*field(o)`.
+OptionSpec flag(std::vector<std::string> names, bool *(*field)(Options &)) {
+  return {std::move(names), false,
+          [field](Options &o, const std::string &, const std::string &, std::string &) {
+            *field(o) = true;
+            return true;
+          }};
+}
+
+/// A non-empty string into `*field(o)`; `emptyMsg` refuses an empty one.
+OptionSpec text(std::vector<std::string> names, std::string *(*field)(Options &),
+                std::string emptyMsg) {
+  return {std::move(names), true,
+          [field, emptyMsg](Options &o, const std::string &name, const std::string &v,
+                            std::string &error) {
+            if (v.empty()) {
+              error = emptyMsg.empty() ? name + " needs a non-empty value" : emptyMsg;
+              return false;
+            }
+            *field(o) = v;
+            return true;
+          }};
+}
+
+/// One of `choices` into `*field(o)`.
+OptionSpec choice(std::vector<std::string> names, std::string *(*field)(Options &),
+                  std::vector<std::string> choices) {
+  return {std::move(names), true,
+          [field, choices](Options &o, const std::string &name, const std::string &v,
+                           std::string &error) {
+            *field(o) = v;
+            if (std::find(choices.begin(), choices.end(), v) != choices.end())
+              return true;
+            std::string list;
+            for (const std::string &c : choices)
+              list += (list.empty() ? "" : ", ") + c;
+            error = name + " '" + v + "' is not one of: " + list;
+            return false;
+          }};
+}
+
+/// An integer in [lo, hi], clamped to `most`, into `*field(o)`.
+template <class T>
+OptionSpec integer(std::vector<std::string> names, T *(*field)(Options &), long lo, long hi,
+                   const char *what, long most = 1L << 40) {
+  return {std::move(names), true,
+          [field, lo, hi, what, most](Options &o, const std::string &name,
+                                      const std::string &v, std::string &error) {
+            long n;
+            if (!parseInt(v, lo, hi, n)) {
+              error = name + " '" + v + "' is not " + what;
+              return false;
+            }
+            *field(o) = (T)std::min(n, most);
+            return true;
+          }};
+}
+
+bool applyTimeout(Options &o, const std::string &, const std::string &v, std::string &error) {
+  char *end = nullptr;
+  double t = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(t > 0) || t > 86400 * 7) {
+    error = "--timeout '" + v + "' is not a positive number of seconds";
+    return false;
   }
-  if (o.help || o.version)
-    return true;
+  o.timeoutSeconds = t;
+  return true;
+}
+
+/// --export-hf [ROLE=]DIR: ROLE=DIR when what precedes '=' is a role name;
+/// otherwise a directory. Once per role.
+bool applyExportHf(Options &o, const std::string &, const std::string &v, std::string &error) {
+  std::string roleName, dir = v;
+  const size_t eq = v.find('=');
+  if (eq != std::string::npos && eq > 0 &&
+      std::all_of(v.begin(), v.begin() + (long)eq,
+                  [](char ch) { return std::isalnum((unsigned char)ch) || ch == '_'; }) &&
+      !std::isdigit((unsigned char)v[0])) {
+    roleName = v.substr(0, eq);
+    dir = v.substr(eq + 1);
+  }
+  if (dir.empty()) {
+    error = "--export-hf needs a directory";
+    return false;
+  }
+  for (const auto &[r, d] : o.run.exportHf)
+    if (r == roleName) {
+      error = "--export-hf is given twice for " +
+              (roleName.empty() ? std::string("the actor") : "role " + roleName);
+      return false;
+    }
+  o.run.exportHf.emplace_back(roleName, dir);
+  return true;
+}
+
+const std::vector<OptionSpec> &optionTable() {
+  static const std::vector<OptionSpec> table = {
+      flag({"-h", "--help"}, [](Options &o) { return &o.help; }),
+      flag({"--version"}, [](Options &o) { return &o.version; }),
+      flag({"--quiet", "-q"}, [](Options &o) { return &o.run.quiet; }),
+      flag({"--verbose", "-v"}, [](Options &o) { return &o.run.verbose; }),
+      flag({"--dry-run"}, [](Options &o) { return &o.dryRun; }),
+      flag({"--share-gpus"}, [](Options &o) { return &o.run.shareGpus; }),
+      flag({"--serialize"}, [](Options &o) { return &o.run.serialize; }),
+      flag({"--resume"}, [](Options &o) { return &o.run.resume; }),
+      flag({"--overwrite"}, [](Options &o) { return &o.run.overwrite; }),
+      text({"--master-addr"}, [](Options &o) { return &o.masterAddr; },
+           "--master-addr needs a non-empty address"),
+      integer<int>({"--master-port"}, [](Options &o) { return &o.masterPort; }, 1, 65535,
+                   "a port number (1-65535)"),
+      {{"--timeout"}, true, applyTimeout},
+      choice({"--device"}, [](Options &o) { return &o.run.device; }, {"cpu", "cuda"}),
+      choice({"--comm"}, [](Options &o) { return &o.run.comm; }, {"gloo", "nccl"}),
+      choice({"--reshard"}, [](Options &o) { return &o.run.reshard; }, {"planned", "naive"}),
+      {{"--export-hf"}, true, applyExportHf},
+      text({"--calibrate-from"}, [](Options &o) { return &o.calibrateFrom; },
+           "--calibrate-from needs a metrics file"),
+      text({"--calibrate"}, [](Options &o) { return &o.calibrateOut; },
+           "--calibrate needs a file name"),
+      text({"--trace"}, [](Options &o) { return &o.run.traceFile; }, "--trace needs a file name"),
+      text({"--dump-values"}, [](Options &o) { return &o.run.dumpValues; },
+           "--dump-values needs a directory"),
+      text({"--checkpoint-dir"}, [](Options &o) { return &o.run.checkpointDir; }, ""),
+      integer<long>({"--checkpoint-every"}, [](Options &o) { return &o.run.checkpointEvery; },
+                       0, 1L << 40, "a non-negative integer"),
+      text({"--data-dir"}, [](Options &o) { return &o.run.dataDir; }, ""),
+      text({"--eval"}, [](Options &o) { return &o.run.evalFile; }, ""),
+      text({"--eval-pairs"}, [](Options &o) { return &o.run.evalPairsFile; }, ""),
+      text({"--metrics"}, [](Options &o) { return &o.run.metricsFile; }, ""),
+      text({"--tensorboard"}, [](Options &o) { return &o.run.tensorboardDir; }, ""),
+      text({"--report"}, [](Options &o) { return &o.run.reportFile; }, ""),
+      text({"--tokenizer"}, [](Options &o) { return &o.run.tokenizer; }, ""),
+      integer<long>({"--steps"}, [](Options &o) { return &o.run.steps; }, 0, 1L << 40,
+                       "a non-negative integer"),
+      integer<int>({"--eval-every"}, [](Options &o) { return &o.run.evalEvery; }, 1, 1L << 40,
+                   "a positive integer", 1L << 30),
+      integer<int>({"--eval-count"}, [](Options &o) { return &o.run.evalCount; }, 1, 1L << 40,
+                   "a positive integer", 1L << 30),
+      integer<int>({"--log-every"}, [](Options &o) { return &o.run.logEvery; }, 1, 1L << 40,
+                   "a positive integer", 1L << 30),
+  };
+  return table;
+}
+
+/// The options' combinations, once every option is read.
+bool checkCombinations(Options &o, const std::vector<std::string> &positional, bool commGiven,
+                       std::string &error) {
   if (!commGiven)
     o.run.comm = o.run.device == "cuda" ? "nccl" : "gloo";
   if (o.run.device == "cuda" && o.run.comm != "nccl") {
@@ -441,6 +365,57 @@ bool parseArgs(const std::vector<std::string> &args, Options &o,
   o.planPath = positional[0];
   o.run.planPath = o.planPath;
   return true;
+}
+
+} // namespace
+
+bool parseArgs(const std::vector<std::string> &args, Options &o, std::string &error) {
+  std::vector<std::string> positional;
+  bool commGiven = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    bool hasInline = false;
+    if (a.rfind("--", 0) == 0) {
+      if (auto eq = a.find('='); eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        hasInline = true;
+      }
+    }
+    if (a == "--") {
+      positional.insert(positional.end(), args.begin() + (long)i + 1, args.end());
+      break;
+    }
+    const OptionSpec *spec = nullptr;
+    for (const OptionSpec &s : optionTable())
+      if (std::find(s.names.begin(), s.names.end(), a) != s.names.end())
+        spec = &s;
+    if (!spec) {
+      if (a.size() > 1 && a[0] == '-') {
+        error = "unknown option '" + args[i] + "'";
+        return false;
+      }
+      positional.push_back(a);
+      continue;
+    }
+    if (!spec->takesValue && hasInline) {
+      error = "option " + a + " takes no value";
+      return false;
+    }
+    if (spec->takesValue && !hasInline) {
+      if (i + 1 >= args.size()) {
+        error = "option " + a + " needs a value";
+        return false;
+      }
+      value = args[++i];
+    }
+    commGiven = commGiven || a == "--comm";
+    if (!spec->apply(o, a, value, error))
+      return false;
+  }
+  if (o.help || o.version)
+    return true;
+  return checkCombinations(o, positional, commGiven, error);
 }
 
 // --- join detection ------------------------------------------------------
