@@ -172,48 +172,41 @@ std::string probeStore(const RendezvousOptions &o, Clock::time_point deadline) {
 
 } // namespace
 
-std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
-  std::unique_ptr<Rendezvous> rv(new Rendezvous(o));
-  const std::string at = "rendezvous at " + rv->where() + ": ";
-  using K = RendezvousError::Kind;
-  if (o.masterPort <= 0 || o.masterPort > 65535)
-    throw RendezvousError(K::Other, at + "invalid port " +
-                                        std::to_string(o.masterPort));
-  auto start = Clock::now();
-  auto deadline = start + o.timeout;
+namespace {
 
-  // 1. Connect. Rank 0 hosts the server; the clients retry until the timeout.
-  c10d::TCPStoreOptions so;
-  so.port = (uint16_t)o.masterPort;
-  so.isServer = o.rank == 0;
-  so.waitWorkers = false;
-  // c10d's client connect rounds its remaining time down to whole seconds
-  // and gives up early when a retry would not fit, so it is unreliable for
-  // short timeouts and for ranks that start before rank 0 listens. A client
-  // therefore first waits for the port to accept connections itself, then
-  // lets c10d connect with a generous timeout.
-  if (o.rank != 0) {
-    std::string lastError;
-    for (;;) {
-      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      if (probeConnect(o.masterAddr, o.masterPort,
-                       std::min(std::max(left, milliseconds(10)), milliseconds(1000)),
-                       lastError))
-        break;
-      if (Clock::now() + milliseconds(100) >= deadline)
-        throw RendezvousError(
-            K::Unreachable,
-            at + "rank " + std::to_string(o.rank) +
-                " could not reach the master (rank 0) within " +
-                formatSeconds(o.timeout) +
-                (lastError.empty() ? "" : " (" + lastError + ")"));
-      std::this_thread::sleep_for(milliseconds(100));
-    }
+using K = RendezvousError::Kind;
+std::string keyOf(int r) { return "hflow/rank/" + std::to_string(r); }
+std::string readKeyOf(int r) { return "hflow/read/" + std::to_string(r); }
+
+/// A client rank: waits until the master's port accepts connections and
+/// answers as hflow's store (c10d's own connect rounds its time down to
+/// whole seconds and gives up early; see join).
+void waitForMaster(const RendezvousOptions &o, Clock::time_point deadline,
+                   const std::string &at) {
+  std::string lastError;
+  for (;;) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (probeConnect(o.masterAddr, o.masterPort,
+                     std::min(std::max(left, milliseconds(10)), milliseconds(1000)),
+                     lastError))
+      break;
+    if (Clock::now() + milliseconds(100) >= deadline)
+      throw RendezvousError(
+          K::Unreachable,
+          at + "rank " + std::to_string(o.rank) +
+              " could not reach the master (rank 0) within " +
+              formatSeconds(o.timeout) +
+              (lastError.empty() ? "" : " (" + lastError + ")"));
+    std::this_thread::sleep_for(milliseconds(100));
   }
-  if (o.rank != 0)
-    if (std::string why = probeStore(o, deadline); !why.empty())
-      throw RendezvousError(K::Other, at + "rank " + std::to_string(o.rank) + ": " + why);
-  so.timeout = std::max(o.timeout, milliseconds(5000));
+  if (std::string why = probeStore(o, deadline); !why.empty())
+    throw RendezvousError(K::Other, at + "rank " + std::to_string(o.rank) + ": " + why);
+}
+
+/// Rank 0 starts the store, the others connect to it; a failure says which.
+c10::intrusive_ptr<c10d::TCPStore> openStore(const RendezvousOptions &o,
+                                             const c10d::TCPStoreOptions &so,
+                                             const std::string &at) {
   c10::intrusive_ptr<c10d::TCPStore> tcp;
   try {
     tcp = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
@@ -237,19 +230,15 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
     throw RendezvousError(K::Unreachable, at + "rank " + std::to_string(o.rank) +
                                               " cannot connect to the master: " + m);
   }
-  tcp->setTimeout(o.timeout);
-  rv->store_ = tcp;
+  return tcp;
+}
 
-  auto keyOf = [](int r) { return "hflow/rank/" + std::to_string(r); };
-  auto readKeyOf = [](int r) { return "hflow/read/" + std::to_string(r); };
-  std::string mine = hashHex(o.planHash) + " " + o.version;
-  for (auto &[name, value] : o.agree)
-    mine += "\n" + name + "\t" + value;
-  std::string lostMaster = at + "rank " + std::to_string(o.rank) +
-                           " lost the connection to the master (rank 0): ";
-
-  // 2. Publish and wait for every rank, polling so a timeout can say who is
-  //    missing.
+/// Publishes this rank's entry and waits for every rank's, polling so a
+/// timeout can say who is missing.
+std::vector<Entry> publishAndGather(c10d::TCPStore &store, const RendezvousOptions &o,
+                                    const std::string &mine, Clock::time_point deadline,
+                                    const std::string &at, const std::string &lostMaster) {
+  c10d::TCPStore *tcp = &store;
   std::vector<Entry> entries(o.worldSize);
   try {
     // One process per rank: a second one joining as the same rank (another
@@ -298,9 +287,14 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
     throw RendezvousError(K::Other, lostMaster + oneLineError(e));
   }
 
-  // 3. Agree: compare every rank with rank 0 (all ranks compute the same).
+  return entries;
+}
+
+/// The first way a rank differs from rank 0 (plan, version, agreed facts),
+/// or "" when all agree.
+std::string firstMismatch(const std::vector<Entry> &entries) {
   std::string mismatch;
-  for (int r = 1; r < o.worldSize && mismatch.empty(); ++r) {
+  for (size_t r = 1; r < entries.size() && mismatch.empty(); ++r) {
     if (entries[r].hash != entries[0].hash)
       mismatch = "rank " + std::to_string(r) + " has plan " + entries[r].hash +
                  " but rank 0 has " + entries[0].hash +
@@ -322,8 +316,14 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
       }
   }
 
-  // 4. Rank 0 hosts the store: it must not go away (e.g. to report the
-  //    mismatch) before every rank has read the keys.
+  return mismatch;
+}
+
+/// Rank 0 hosts the store: it must not go away (e.g. to report a mismatch)
+/// before every rank has read the keys.
+void acknowledge(c10d::TCPStore &store, const RendezvousOptions &o, const std::string &mismatch,
+                 Clock::time_point deadline, const std::string &lostMaster) {
+  c10d::TCPStore *tcp = &store;
   try {
     tcp->set(readKeyOf(o.rank), bytes("1"));
     if (o.rank == 0 && !mismatch.empty()) {
@@ -338,6 +338,46 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
     if (mismatch.empty() && o.rank != 0)
       throw RendezvousError(K::Other, lostMaster + "while acknowledging");
   }
+}
+
+} // namespace
+
+std::unique_ptr<Rendezvous> Rendezvous::join(const RendezvousOptions &o) {
+  std::unique_ptr<Rendezvous> rv(new Rendezvous(o));
+  const std::string at = "rendezvous at " + rv->where() + ": ";
+  if (o.masterPort <= 0 || o.masterPort > 65535)
+    throw RendezvousError(K::Other, at + "invalid port " +
+                                        std::to_string(o.masterPort));
+  auto start = Clock::now();
+  auto deadline = start + o.timeout;
+
+  // 1. Connect. Rank 0 hosts the server; the clients retry until the timeout.
+  c10d::TCPStoreOptions so;
+  so.port = (uint16_t)o.masterPort;
+  so.isServer = o.rank == 0;
+  so.waitWorkers = false;
+  // c10d's client connect rounds its remaining time down to whole seconds
+  // and gives up early when a retry would not fit, so it is unreliable for
+  // short timeouts and for ranks that start before rank 0 listens. A client
+  // therefore first waits for the port to accept connections itself, then
+  // lets c10d connect with a generous timeout.
+  if (o.rank != 0)
+    waitForMaster(o, deadline, at);
+  so.timeout = std::max(o.timeout, milliseconds(5000));
+  c10::intrusive_ptr<c10d::TCPStore> tcp = openStore(o, so, at);
+  tcp->setTimeout(o.timeout);
+  rv->store_ = tcp;
+
+  std::string mine = hashHex(o.planHash) + " " + o.version;
+  for (auto &[name, value] : o.agree)
+    mine += "\n" + name + "\t" + value;
+  std::string lostMaster = at + "rank " + std::to_string(o.rank) +
+                           " lost the connection to the master (rank 0): ";
+  // 2. Publish and wait for every rank; 3. agree with rank 0; 4. rank 0
+  //    stays until every rank has read.
+  const std::vector<Entry> entries = publishAndGather(*tcp, o, mine, deadline, at, lostMaster);
+  const std::string mismatch = firstMismatch(entries);
+  acknowledge(*tcp, o, mismatch, deadline, lostMaster);
   if (!mismatch.empty())
     throw RendezvousError(K::Mismatch, at + mismatch);
   return rv;
