@@ -71,14 +71,107 @@ std::string attrString(Attribute a) {
 
 } // namespace
 
-LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
-                              std::vector<uint8_t> &out) {
+namespace {
+
+using ::hflow::EmitOptions;
+namespace defaults = ::hflow::defaults;
+
+/// Writes one plan: the module's tables in the order the format lists
+/// them (models, roles and their groups, then each phase's values, steps
+/// and weight reshards, the ranks' schedules, the mesh), each by a method
+/// of its own. What a table needs of an earlier one (a model's index, a
+/// role's ranks) is kept here.
+class PlanWriter {
+public:
+  PlanWriter(ModuleOp module, const EmitOptions &options) : module(module), options(options) {
+    b.ForceDefaults(true);
+  }
+
+  LogicalResult write(std::vector<uint8_t> &out);
+
+private:
+  LogicalResult choosePhases();
+  void emitModels();
+  void emitRoles();
+  LogicalResult emitPhase(FlowOp phaseFlow, TrainOp train);
+  LogicalResult emitReshard(ReshardOp rop, const std::string &loc);
+  void emitBuiltin(BuiltinOp bi, const std::string &loc);
+  LogicalResult emitCall(CallOp call, const std::string &loc);
+  void emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep);
+  LogicalResult finish(std::vector<uint8_t> &out);
+
+  int newValue(Value v, const std::string &name, int producer) {
+    valueIndex[v] = values.size();
+    values.push_back(fb::CreateValue(
+        b, b.CreateString(name),
+        static_cast<fb::BatchKind>(cast<BatchType>(v.getType()).getKind()),
+        producer));
+    return static_cast<int>(values.size() - 1);
+  }
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::KeyValue>>>
+  keyValues(DictionaryAttr args, ArrayRef<std::pair<std::string, std::string>> extra = {}) {
+    std::vector<std::pair<std::string, std::string>> all;
+    if (args)
+      for (NamedAttribute na : args)
+        all.push_back({na.getName().str(), attrString(na.getValue())});
+    all.insert(all.end(), extra.begin(), extra.end());
+    std::sort(all.begin(), all.end());
+    std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
+    for (auto &[k, v] : all)
+      kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    return b.CreateVector(kvs);
+  }
+  /// A step's predicted seconds at the phase's workload (format 2.11).
+  double predicted(RoleOp role, llvm::StringRef method) {
+    return firstMesh ? ::hflow::planner::predictedStepSeconds(role, method, *phaseWork, firstMesh,
+                                                              options.calibration, ppo)
+                     : -1.0;
+  }
+  /// The batch moves planned before the next step (format 2.12).
+  double movesPredicted() {
+    const double s = ::hflow::planner::predictedMoveSeconds(moves, firstMesh,
+                                                            options.calibration);
+    moves.clear();
+    return s;
+  }
+
+  ModuleOp module;
+  const EmitOptions &options;
+  flatbuffers::FlatBufferBuilder b;
+  // The phases to lower, the flow the plan is named by, its seed, the mesh.
+  SmallVector<std::pair<FlowOp, TrainOp>> phases;
+  FlowOp flow;
+  int64_t seed = 0;
+  MeshOp mesh, firstMesh;
+  int64_t world = 0;
+  // Models and roles.
+  llvm::DenseMap<Operation *, int> modelIndex;
+  std::vector<flatbuffers::Offset<fb::Model>> models;
+  llvm::StringMap<int> roleIndex;
+  std::vector<flatbuffers::Offset<fb::Role>> roles;
+  std::vector<flatbuffers::Offset<fb::Group>> groups;
+  std::vector<std::vector<int>> roleRanks, roleGenRanks;
+  std::map<int, int> genGroup;                   // role -> group of its generation ranks
+  std::map<int, std::vector<int>> reshardRanks;  // role -> both sides, sorted
+  bool ppo = false;
+  // Values, steps, phases, reshards.
+  llvm::DenseMap<Value, int> valueIndex;
+  std::vector<flatbuffers::Offset<fb::Value>> values;
+  std::vector<flatbuffers::Offset<fb::Step>> steps;
+  std::vector<std::vector<int>> stepRanks;
+  std::vector<flatbuffers::Offset<fb::Phase>> phaseOffs;
+  std::vector<flatbuffers::Offset<fb::Reshard>> reshardOffs;
+  std::vector<::hflow::planner::Workload> phaseWorkloads;
+  const ::hflow::planner::Workload *phaseWork = nullptr;
+  llvm::SmallVector<BatchReshardOp> moves;
+};
+
+/// The phases to lower: every train block in order, or the one flow asked
+/// for (or the only one) without a train block; the seed; the one mesh.
+LogicalResult PlanWriter::choosePhases() {
   SmallVector<FlowOp> flows(module.getOps<FlowOp>());
   SmallVector<TrainOp> trains(module.getOps<TrainOp>());
-  // The phases to lower: every train block in order, or the one flow asked
-  // for (or the only one) without a train block.
-  SmallVector<std::pair<FlowOp, TrainOp>> phases;
-  int64_t seed = options.seed;
+  seed = options.seed;
   if (options.flow.empty() && !trains.empty()) {
     for (TrainOp t : trains) {
       auto f = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr());
@@ -108,7 +201,7 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
            << " flows; choose one with --flow (" << names
            << ") or add a train block";
   }
-  FlowOp flow = phases.front().first;
+  flow = phases.front().first;
   if (TrainOp t = phases.front().second)
     seed = t.getSeedAttr().getInt();
   else if (!trains.empty() && options.flow.empty())
@@ -117,18 +210,17 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   if (meshes.size() != 1)
     return module.emitError() << "expected exactly one mesh, found "
                               << meshes.size();
-  MeshOp mesh = meshes.front();
-  const int64_t world = mesh.getSize();
+  mesh = meshes.front();
+  world = mesh.getSize();
   if (world > (1 << 20))
     return mesh.emitError() << "a mesh of " << world
                             << " devices is larger than a plan supports (2^20)";
 
-  flatbuffers::FlatBufferBuilder b;
-  b.ForceDefaults(true);
+  return success();
+}
 
-  // Models, in declaration order.
-  llvm::DenseMap<Operation *, int> modelIndex;
-  std::vector<flatbuffers::Offset<fb::Model>> models;
+/// Models, in declaration order.
+void PlanWriter::emitModels() {
   for (ModelOp m : module.getOps<ModelOp>()) {
     modelIndex[m] = models.size();
     flatbuffers::Offset<flatbuffers::String> weights;
@@ -149,11 +241,11 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
         ropeScaling, m.getSlidingWindowAttr() ? m.getSlidingWindowAttr().getInt() : 0));
   }
 
-  // Roles and one communicator group per role.
-  llvm::StringMap<int> roleIndex;
-  std::vector<flatbuffers::Offset<fb::Role>> roles;
-  std::vector<flatbuffers::Offset<fb::Group>> groups;
-  std::vector<std::vector<int>> roleRanks, roleGenRanks;
+}
+
+/// Roles and one communicator group per role; an actor generating apart
+/// gets two more groups.
+void PlanWriter::emitRoles() {
   // An actor generating apart: its generation ranks, and both sides sorted
   // (the reshard's ranks), per role index.
   struct Apart {
@@ -162,7 +254,6 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     std::vector<int> genRanks, both;
   };
   std::vector<Apart> aparts;
-  std::map<int, int> genGroup; // role -> group index of its generation ranks
   const ::hflow::planner::Workload transientWorkload =
       ::hflow::planner::largest(::hflow::planner::workloadsOf(module));
   for (RoleOp r : module.getOps<RoleOp>()) {
@@ -237,7 +328,6 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   // Two more groups per actor generating apart (after the one per role,
   // found by name at run time): "<actor>.generate", its generation ranks,
   // and "<actor>.reshard", both sides, for the reshard between them.
-  std::map<int, std::vector<int>> reshardRanks; // role -> both sides, sorted
   for (const Apart &a : aparts) {
     genGroup[a.role] = static_cast<int>(groups.size());
     groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".generate"),
@@ -247,243 +337,209 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
     reshardRanks[a.role] = a.both;
   }
 
-  // Values and steps, phase by phase, in program order.
-  llvm::DenseMap<Value, int> valueIndex;
-  std::vector<flatbuffers::Offset<fb::Value>> values;
-  std::vector<flatbuffers::Offset<fb::Step>> steps;
-  std::vector<std::vector<int>> stepRanks;
-  std::vector<flatbuffers::Offset<fb::Phase>> phaseOffs;
-  auto newValue = [&](Value v, const std::string &name, int producer) {
-    valueIndex[v] = values.size();
-    values.push_back(fb::CreateValue(
-        b, b.CreateString(name),
-        static_cast<fb::BatchKind>(cast<BatchType>(v.getType()).getKind()),
-        producer));
-    return static_cast<int>(values.size() - 1);
-  };
-  auto keyValues = [&](DictionaryAttr args,
-                       ArrayRef<std::pair<std::string, std::string>> extra = {}) {
-    std::vector<std::pair<std::string, std::string>> all;
-    if (args)
-      for (NamedAttribute na : args)
-        all.push_back({na.getName().str(), attrString(na.getValue())});
-    all.insert(all.end(), extra.begin(), extra.end());
-    std::sort(all.begin(), all.end());
-    std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
-    for (auto &[k, v] : all)
-      kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
-    return b.CreateVector(kvs);
-  };
-  std::vector<flatbuffers::Offset<fb::Reshard>> reshardOffs;
-  // Each step's predicted time (format 2.11): the cost model at its phase's
-  // workload (one per train block, in order), on the module's mesh.
-  const std::vector<::hflow::planner::Workload> phaseWorkloads =
-      ::hflow::planner::workloadsOf(module);
-  MeshOp firstMesh;
-  for (MeshOp m : module.getOps<MeshOp>()) {
-    firstMesh = m;
-    break;
-  }
-  bool ppo = false;
-  for (RoleOp r : module.getOps<RoleOp>())
-    ppo = ppo || r.getKind() == RoleKind::Critic;
-  for (auto &[phaseFlow, train] : phases) {
-    const int firstStep = steps.size();
-    // workloadsOf has one workload per train block, in the module's order.
-    size_t workNo = 0;
-    if (train) {
-      size_t i = 0;
-      for (TrainOp t : module.getOps<TrainOp>()) {
-        if (t == train)
-          workNo = i;
-        ++i;
-      }
-    }
-    const ::hflow::planner::Workload &phaseWork =
-        phaseWorkloads[std::min(workNo, phaseWorkloads.size() - 1)];
-    auto predicted = [&](RoleOp role, llvm::StringRef method) {
-      return firstMesh ? ::hflow::planner::predictedStepSeconds(role, method, phaseWork, firstMesh,
-                                                                options.calibration, ppo)
-                       : -1.0;
-    };
-    valueIndex.clear();
-    Block &body = phaseFlow.getBody().front();
-    auto argNames = phaseFlow.getArgNames();
-    for (BlockArgument arg : body.getArguments())
-      newValue(arg,
-               argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
-                        : "arg" + std::to_string(arg.getArgNumber()),
-               -1);
-    // The batch moves planned before the next step (format 2.12).
-    llvm::SmallVector<BatchReshardOp> moves;
-    auto movesPredicted = [&]() {
-      const double s = ::hflow::planner::predictedMoveSeconds(moves, firstMesh,
-                                                              options.calibration);
-      moves.clear();
-      return s;
-    };
-    for (Operation &op : body) {
-      std::string loc = locString(op.getLoc());
-      if (auto mv = dyn_cast<BatchReshardOp>(op)) {
-        moves.push_back(mv);
-        continue;
-      }
-      if (auto rop = dyn_cast<ReshardOp>(op)) {
-        // The weights move as planned: the same plan the pass summarised and
-        // --print-reshard-plan prints, every transfer with its ranges.
-        auto it = roleIndex.find(rop.getRole());
-        auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(rop, rop.getRoleAttr());
-        if (it == roleIndex.end() || !role)
-          return rop.emitError() << "reshards unknown role '" << rop.getRole() << "'";
-        auto plan = ::hflow::planner::planRoleReshard(role);
-        if (!plan)
-          return rop.emitError() << "no reshard plan for role '" << rop.getRole() << "'";
-        if (plan->totalBytes != rop.getBytes())
-          return rop.emitError() << "the plan moves " << plan->totalBytes
-                                 << " bytes, the op says " << rop.getBytes();
-        auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
-        std::vector<flatbuffers::Offset<fb::WeightParam>> params;
-        for (const auto &p : ::hflow::reshard::llamaParams(::hflow::planner::toShape(model)))
-          params.push_back(fb::CreateWeightParam(b, b.CreateString(p.name), p.rows, p.cols));
-        std::vector<fb::WeightTransfer> transfers;
-        transfers.reserve(plan->transfers.size());
-        for (const auto &t : plan->transfers)
-          transfers.emplace_back(t.src, t.dst, t.param, 0, t.box.r0, t.box.r1,
-                                 t.box.c0, t.box.c1);
-        // The plan counts wire bytes (format 2.3): bytes_per_element is the
-        // weights' own size, wire_bytes_per_element what travels.
-        auto wire = ::hflow::planner::wireTypeOf(role, model);
-        if (plan->modelBytes != wire.wireBytes * model.computeParamCount())
-          return rop.emitError() << "the plan counts " << plan->modelBytes
-                                 << " bytes for the model, not "
-                                 << model.computeParamCount() << " x "
-                                 << wire.wireBytes;
-        std::string opWire = rop.getWireDtype() ? rop.getWireDtype()->str() : "";
-        if (opWire != (wire.compressed() ? wire.wire : std::string()))
-          return rop.emitError() << "the op's wire_dtype '" << opWire
-                                 << "' is not the role's ('"
-                                 << (wire.compressed() ? wire.wire : std::string())
-                                 << "')";
-        flatbuffers::Offset<flatbuffers::String> wireName;
-        if (wire.compressed())
-          wireName = b.CreateString(wire.wire);
-        // Format 2.4: a reshard to generation ranks apart lists the ranks it
-        // indexes (training ranks, then generation ranks).
-        std::vector<int> indexed;
-        if (!roleGenRanks[it->second].empty()) {
-          indexed = roleRanks[it->second];
-          indexed.insert(indexed.end(), roleGenRanks[it->second].begin(),
-                         roleGenRanks[it->second].end());
-        }
-        reshardOffs.push_back(fb::CreateReshard(
-            b, it->second, b.CreateString(rop.getFrom().str()),
-            b.CreateString(rop.getTo().str()), b.CreateVector(params),
-            b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
-            plan->totalBytes, plan->lowerBound, plan->naiveBytes,
-            static_cast<int>(wire.weightsBytes), static_cast<int>(wire.wireBytes),
-            wireName, b.CreateVector(indexed)));
-        steps.push_back(fb::CreateStep(
-            b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
-            b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-            -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-            b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
-            predicted(role, "reshard"), movesPredicted()));
-        auto both = reshardRanks.find(it->second);
-        stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
-        continue;
-      }
-      if (auto bi = dyn_cast<BuiltinOp>(op)) {
-        // The controller (rank 0) computes builtins on the batch values.
-        std::vector<int> inputs, outputs;
-        for (Value v : bi.getInputs())
-          inputs.push_back(valueIndex.lookup(v));
-        int step = steps.size();
-        std::string base = bi.getNameAttr() ? bi.getNameAttr().str()
-                                            : "v" + std::to_string(values.size());
-        for (auto [i, r] : llvm::enumerate(bi.getResults()))
-          outputs.push_back(newValue(r, i == 0 ? base : base + ".returns", step));
-        std::vector<std::pair<std::string, std::string>> extra;
-        if (auto sc = bi.getScalarAttr())
-          extra.push_back({"scalar", attrString(sc)});
-        if (bi.getScalarLhs())
-          extra.push_back({"scalar_lhs", "true"});
-        if (auto sr = bi.getScaleRhsAttr())
-          extra.push_back({"scale_rhs", attrString(sr)});
-        auto kvs = keyValues(bi.getArgsAttr(), extra);
-        steps.push_back(fb::CreateStep(
-            b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
-            b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
-            b.CreateString(loc), -1, -1.0, movesPredicted()));
-        stepRanks.push_back({0});
-        continue;
-      }
-      auto call = dyn_cast<CallOp>(op);
-      if (!call)
-        continue;
-      auto it = roleIndex.find(call.getRole());
-      if (it == roleIndex.end())
-        return call.emitError() << "calls unknown role '" << call.getRole() << "'";
-      int role = it->second;
-      if (roleRanks[role].empty())
-        return call.emitError() << "role '" << call.getRole()
-                                << "' has no ranks; run the placement pass first";
-      std::vector<int> inputs, outputs;
-      for (Value v : call.getInputs())
-        inputs.push_back(valueIndex.lookup(v));
-      int computeStep = steps.size();
-      if (Value r = call.getResult())
-        outputs.push_back(newValue(r,
-                                   call.getNameAttr()
-                                       ? call.getNameAttr().str()
-                                       : "v" + std::to_string(values.size()),
-                                   computeStep));
-      // A generate call without max_tokens samples hflow's default, written
-      // into the plan: the runtime never chooses one of its own.
-      std::vector<std::pair<std::string, std::string>> implied;
-      if (call.getMethod() == "generate" &&
-          !(call.getArgsAttr() && call.getArgsAttr().get("max_tokens")))
-        implied.push_back({"max_tokens", std::to_string(defaults::kMaxTokens)});
-      auto kvs = keyValues(call.getArgsAttr(), implied);
-      // An actor generating apart generates on its generation ranks.
-      const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
-      const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
-      auto roleOp = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
-      steps.push_back(fb::CreateStep(
-          b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
-          b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
-          b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
-          movesPredicted()));
-      stepRanks.push_back(ranksHere);
-      steps.push_back(fb::CreateStep(
-          b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
-          b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-          apart ? genGroup.at(role) : role, computeStep,
-          b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-          b.CreateString(loc)));
-      stepRanks.push_back(ranksHere);
-    }
-    if (train) {
-      auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
-      phaseOffs.push_back(fb::CreatePhase(
-          b, b.CreateString(phaseFlow.getSymName().str()), firstStep,
-          static_cast<int>(steps.size()) - firstStep,
-          b.CreateString(train.getData().str()),
-          static_cast<int>(train.getBatchAttr().getInt()),
-          static_cast<int>(train.getNAttr().getInt()),
-          static_cast<int>(train.getMinibatchAttr().getInt()),
-          opt(train.getStepsAttr()), opt(train.getEpochsAttr()),
-          opt(train.getCheckpointEveryAttr()),
-          b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
-                                                  : std::string()),
-          train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr())),
-          static_cast<int>(train.getPromptLenAttr() ? train.getPromptLenAttr().getInt()
-                                                    : defaults::kPromptLen),
-          static_cast<int>(opt(train.getMicroBatchAttr())),
-          b.CreateString(train.getPromptKey() ? train.getPromptKey()->str() : std::string()),
-          b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string())));
-    }
-  }
+}
 
+/// One phase: its flow's values and steps in program order, then its record.
+LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
+  const int firstStep = steps.size();
+  // workloadsOf has one workload per train block, in the module's order.
+  size_t workNo = 0;
+  if (train) {
+    size_t i = 0;
+    for (TrainOp t : module.getOps<TrainOp>()) {
+      if (t == train)
+        workNo = i;
+      ++i;
+    }
+  }
+  phaseWork = &phaseWorkloads[std::min(workNo, phaseWorkloads.size() - 1)];
+  valueIndex.clear();
+  Block &body = phaseFlow.getBody().front();
+  auto argNames = phaseFlow.getArgNames();
+  for (BlockArgument arg : body.getArguments())
+    newValue(arg,
+             argNames ? cast<StringAttr>((*argNames)[arg.getArgNumber()]).str()
+                      : "arg" + std::to_string(arg.getArgNumber()),
+             -1);
+  for (Operation &op : body) {
+    std::string loc = locString(op.getLoc());
+    if (auto mv = dyn_cast<BatchReshardOp>(op)) {
+      moves.push_back(mv);
+    } else if (auto rop = dyn_cast<ReshardOp>(op)) {
+      if (failed(emitReshard(rop, loc)))
+        return failure();
+    } else if (auto bi = dyn_cast<BuiltinOp>(op)) {
+      emitBuiltin(bi, loc);
+    } else if (auto call = dyn_cast<CallOp>(op)) {
+      if (failed(emitCall(call, loc)))
+        return failure();
+    }
+  }
+  emitPhaseRecord(phaseFlow, train, firstStep);
+  return success();
+}
+
+/// The weights move as planned: the same plan the pass summarised and
+/// --print-reshard-plan prints, every transfer with its ranges.
+LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
+  auto it = roleIndex.find(rop.getRole());
+  auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(rop, rop.getRoleAttr());
+  if (it == roleIndex.end() || !role)
+    return rop.emitError() << "reshards unknown role '" << rop.getRole() << "'";
+  auto plan = ::hflow::planner::planRoleReshard(role);
+  if (!plan)
+    return rop.emitError() << "no reshard plan for role '" << rop.getRole() << "'";
+  if (plan->totalBytes != rop.getBytes())
+    return rop.emitError() << "the plan moves " << plan->totalBytes
+                           << " bytes, the op says " << rop.getBytes();
+  auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+  std::vector<flatbuffers::Offset<fb::WeightParam>> params;
+  for (const auto &p : ::hflow::reshard::llamaParams(::hflow::planner::toShape(model)))
+    params.push_back(fb::CreateWeightParam(b, b.CreateString(p.name), p.rows, p.cols));
+  std::vector<fb::WeightTransfer> transfers;
+  transfers.reserve(plan->transfers.size());
+  for (const auto &t : plan->transfers)
+    transfers.emplace_back(t.src, t.dst, t.param, 0, t.box.r0, t.box.r1,
+                           t.box.c0, t.box.c1);
+  // The plan counts wire bytes (format 2.3): bytes_per_element is the
+  // weights' own size, wire_bytes_per_element what travels.
+  auto wire = ::hflow::planner::wireTypeOf(role, model);
+  if (plan->modelBytes != wire.wireBytes * model.computeParamCount())
+    return rop.emitError() << "the plan counts " << plan->modelBytes
+                           << " bytes for the model, not "
+                           << model.computeParamCount() << " x "
+                           << wire.wireBytes;
+  std::string opWire = rop.getWireDtype() ? rop.getWireDtype()->str() : "";
+  if (opWire != (wire.compressed() ? wire.wire : std::string()))
+    return rop.emitError() << "the op's wire_dtype '" << opWire
+                           << "' is not the role's ('"
+                           << (wire.compressed() ? wire.wire : std::string())
+                           << "')";
+  flatbuffers::Offset<flatbuffers::String> wireName;
+  if (wire.compressed())
+    wireName = b.CreateString(wire.wire);
+  // Format 2.4: a reshard to generation ranks apart lists the ranks it
+  // indexes (training ranks, then generation ranks).
+  std::vector<int> indexed;
+  if (!roleGenRanks[it->second].empty()) {
+    indexed = roleRanks[it->second];
+    indexed.insert(indexed.end(), roleGenRanks[it->second].begin(),
+                   roleGenRanks[it->second].end());
+  }
+  reshardOffs.push_back(fb::CreateReshard(
+      b, it->second, b.CreateString(rop.getFrom().str()),
+      b.CreateString(rop.getTo().str()), b.CreateVector(params),
+      b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
+      plan->totalBytes, plan->lowerBound, plan->naiveBytes,
+      static_cast<int>(wire.weightsBytes), static_cast<int>(wire.wireBytes),
+      wireName, b.CreateVector(indexed)));
+  steps.push_back(fb::CreateStep(
+      b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
+      b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
+      -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+      b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
+      predicted(role, "reshard"), movesPredicted()));
+  auto both = reshardRanks.find(it->second);
+  stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
+  return success();
+}
+
+/// The controller (rank 0) computes builtins on the batch values.
+void PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
+  std::vector<int> inputs, outputs;
+  for (Value v : bi.getInputs())
+    inputs.push_back(valueIndex.lookup(v));
+  int step = steps.size();
+  std::string base = bi.getNameAttr() ? bi.getNameAttr().str()
+                                      : "v" + std::to_string(values.size());
+  for (auto [i, r] : llvm::enumerate(bi.getResults()))
+    outputs.push_back(newValue(r, i == 0 ? base : base + ".returns", step));
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (auto sc = bi.getScalarAttr())
+    extra.push_back({"scalar", attrString(sc)});
+  if (bi.getScalarLhs())
+    extra.push_back({"scalar_lhs", "true"});
+  if (auto sr = bi.getScaleRhsAttr())
+    extra.push_back({"scale_rhs", attrString(sr)});
+  auto kvs = keyValues(bi.getArgsAttr(), extra);
+  steps.push_back(fb::CreateStep(
+      b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
+      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+      b.CreateString(loc), -1, -1.0, movesPredicted()));
+  stepRanks.push_back({0});
+}
+
+/// A role's method on its ranks, and the check of its result.
+LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
+  auto it = roleIndex.find(call.getRole());
+  if (it == roleIndex.end())
+    return call.emitError() << "calls unknown role '" << call.getRole() << "'";
+  int role = it->second;
+  if (roleRanks[role].empty())
+    return call.emitError() << "role '" << call.getRole()
+                            << "' has no ranks; run the placement pass first";
+  std::vector<int> inputs, outputs;
+  for (Value v : call.getInputs())
+    inputs.push_back(valueIndex.lookup(v));
+  int computeStep = steps.size();
+  if (Value r = call.getResult())
+    outputs.push_back(newValue(r,
+                               call.getNameAttr()
+                                   ? call.getNameAttr().str()
+                                   : "v" + std::to_string(values.size()),
+                               computeStep));
+  // A generate call without max_tokens samples hflow's default, written
+  // into the plan: the runtime never chooses one of its own.
+  std::vector<std::pair<std::string, std::string>> implied;
+  if (call.getMethod() == "generate" &&
+      !(call.getArgsAttr() && call.getArgsAttr().get("max_tokens")))
+    implied.push_back({"max_tokens", std::to_string(defaults::kMaxTokens)});
+  auto kvs = keyValues(call.getArgsAttr(), implied);
+  // An actor generating apart generates on its generation ranks.
+  const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
+  const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
+  auto roleOp = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
+  steps.push_back(fb::CreateStep(
+      b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
+      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+      b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
+      movesPredicted()));
+  stepRanks.push_back(ranksHere);
+  steps.push_back(fb::CreateStep(
+      b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
+      b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
+      apart ? genGroup.at(role) : role, computeStep,
+      b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
+      b.CreateString(loc)));
+  stepRanks.push_back(ranksHere);
+  return success();
+}
+
+void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep) {
+  if (train) {
+    auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
+    phaseOffs.push_back(fb::CreatePhase(
+        b, b.CreateString(phaseFlow.getSymName().str()), firstStep,
+        static_cast<int>(steps.size()) - firstStep,
+        b.CreateString(train.getData().str()),
+        static_cast<int>(train.getBatchAttr().getInt()),
+        static_cast<int>(train.getNAttr().getInt()),
+        static_cast<int>(train.getMinibatchAttr().getInt()),
+        opt(train.getStepsAttr()), opt(train.getEpochsAttr()),
+        opt(train.getCheckpointEveryAttr()),
+        b.CreateString(train.getCheckpointDir() ? train.getCheckpointDir()->str()
+                                                : std::string()),
+        train.getSeedAttr().getInt(), static_cast<int>(opt(train.getOffPolicyAttr())),
+        static_cast<int>(train.getPromptLenAttr() ? train.getPromptLenAttr().getInt()
+                                                  : defaults::kPromptLen),
+        static_cast<int>(opt(train.getMicroBatchAttr())),
+        b.CreateString(train.getPromptKey() ? train.getPromptKey()->str() : std::string()),
+        b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string())));
+  }
+}
+
+/// The ranks' schedules, the mesh and the plan itself, nested in the file.
+LogicalResult PlanWriter::finish(std::vector<uint8_t> &out) {
   // Steps are visited in order, so each rank's list comes out increasing.
   std::vector<std::vector<int>> perRank(world);
   for (size_t s = 0; s < stepRanks.size(); ++s)
@@ -546,4 +602,32 @@ LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
   out.assign(fileBuilder.GetBufferPointer(),
              fileBuilder.GetBufferPointer() + fileBuilder.GetSize());
   return success();
+}
+
+LogicalResult PlanWriter::write(std::vector<uint8_t> &out) {
+  if (failed(choosePhases()))
+    return failure();
+  emitModels();
+  emitRoles();
+  // Values and steps, phase by phase, in program order.
+  // Each step's predicted time (format 2.11): the cost model at its phase's
+  // workload (one per train block, in order), on the module's mesh.
+  phaseWorkloads = ::hflow::planner::workloadsOf(module);
+  for (MeshOp m : module.getOps<MeshOp>()) {
+    firstMesh = m;
+    break;
+  }
+  for (RoleOp r : module.getOps<RoleOp>())
+    ppo = ppo || r.getKind() == RoleKind::Critic;
+  for (auto &[phaseFlow, train] : phases)
+    if (failed(emitPhase(phaseFlow, train)))
+      return failure();
+  return finish(out);
+}
+
+} // namespace
+
+LogicalResult (::hflow::emitPlan)(ModuleOp module, const EmitOptions &options,
+                              std::vector<uint8_t> &out) {
+  return PlanWriter(module, options).write(out);
 }
