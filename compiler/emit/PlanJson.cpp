@@ -40,6 +40,168 @@ void layout(llvm::json::OStream &j, llvm::StringRef key, const fb::Layout *l) {
   });
 }
 
+/// One mesh of the plan, as an object's fields.
+void meshJson(llvm::json::OStream &j, const fb::Mesh *m) {
+  j.attribute("name", str(m->name()));
+  j.attribute("device", str(m->device()));
+  j.attribute("nodes", m->nodes());
+  j.attribute("per_node", m->per_node());
+  j.attribute("device_memory", m->device_memory());
+  j.attribute("device_bf16_flops", m->device_bf16_flops());
+  j.attribute("device_fp32_flops", m->device_fp32_flops());
+  j.attribute("device_bandwidth", m->device_bandwidth());
+  j.attribute("intra_bandwidth", m->intra_bandwidth());
+  j.attribute("inter_bandwidth", m->inter_bandwidth());
+  j.attribute("intra_given", m->intra_given());
+
+}
+
+/// One model of the plan, as an object's fields.
+void modelJson(llvm::json::OStream &j, const fb::Model *m) {
+  j.attribute("name", str(m->name()));
+  j.attribute("arch", str(m->arch()));
+  j.attribute("layers", m->layers());
+  j.attribute("hidden", m->hidden());
+  j.attribute("heads", m->heads());
+  j.attribute("kv_heads", m->kv_heads());
+  j.attribute("ffn", m->ffn());
+  j.attribute("vocab", m->vocab());
+  j.attribute("dtype", fb::EnumNameDType(m->dtype()));
+  j.attribute("params", m->params());
+  j.attribute("tie_embeddings", m->tie_embeddings());
+  j.attribute("qkv_bias", m->qkv_bias());
+  j.attribute("rope_theta", m->rope_theta());
+  j.attribute("norm_eps", m->norm_eps());
+  if (m->head_dim() != 0)
+    j.attribute("head_dim", m->head_dim());
+  if (m->qk_norm())
+    j.attribute("qk_norm", true);
+  if (const fb::RopeScaling *rs = m->rope_scaling())
+    j.attributeObject("rope_scaling", [&] {
+      j.attribute("rope_type", "llama3");
+      j.attribute("factor", rs->factor());
+      j.attribute("low_freq_factor", rs->low_freq_factor());
+      j.attribute("high_freq_factor", rs->high_freq_factor());
+      j.attribute("original_max_positions", rs->original_max_positions());
+    });
+  if (m->sliding_window() != 0)
+    j.attribute("sliding_window", m->sliding_window());
+  if (m->weights())
+    j.attribute("weights", str(m->weights()));
+
+}
+
+/// One role of the plan, as an object's fields.
+void roleJson(llvm::json::OStream &j, const fb::Role *r) {
+  j.attribute("name", str(r->name()));
+  j.attribute("kind", fb::roleKindName(r->kind()));
+  j.attribute("model", r->model());
+  intArray(j, "ranks", r->ranks());
+  intArray(j, "generate_ranks", r->generate_ranks());
+  layout(j, "train", r->train());
+  layout(j, "generate", r->generate());
+  if (r->rule())
+    j.attribute("rule", str(r->rule()));
+  if (r->kv_pool() > 0)
+    j.attribute("kv_pool", r->kv_pool());
+  j.attributeObject("options", [&] {
+    if (r->options())
+      for (const fb::KeyValue *kv : *r->options())
+        j.attribute(str(kv->key()), str(kv->value()));
+  });
+
+}
+
+/// One step of the plan, as an object's fields.
+void stepJson(llvm::json::OStream &j, const fb::Step *s) {
+  j.attribute("kind", fb::EnumNameStepKind(s->kind()));
+  if (s->kind() != fb::StepKind::CheckAllGather) {
+    if (s->kind() != fb::StepKind::Builtin)
+      j.attribute("role", s->role());
+    j.attribute("method", str(s->method()));
+    intArray(j, "inputs", s->inputs());
+    intArray(j, "outputs", s->outputs());
+    j.attributeObject("attrs", [&] {
+      if (s->attrs())
+        for (const fb::KeyValue *kv : *s->attrs())
+          j.attribute(str(kv->key()), str(kv->value()));
+    });
+  } else {
+    j.attribute("group", s->group());
+    j.attribute("checks", s->checks());
+  }
+  j.attribute("loc", str(s->loc()));
+  if (s->kind() == fb::StepKind::Reshard)
+    j.attribute("reshard", s->reshard());
+  if (s->predicted_s() >= 0)
+    j.attribute("predicted_s", s->predicted_s());
+  if (s->moves_predicted_s() >= 0)
+    j.attribute("moves_predicted_s", s->moves_predicted_s());
+
+}
+
+/// One reshard of the plan, as an object's fields.
+void reshardJson(llvm::json::OStream &j, const fb::Reshard *r) {
+  j.attribute("role", r->role());
+  j.attribute("from_phase", str(r->from_phase()));
+  j.attribute("to_phase", str(r->to_phase()));
+  j.attribute("bytes", r->bytes());
+  j.attribute("lower_bound", r->lower_bound());
+  j.attribute("naive_bytes", r->naive_bytes());
+  j.attribute("bytes_per_element", r->bytes_per_element());
+  j.attribute("wire_bytes_per_element", r->wire_bytes_per_element()
+                                            ? r->wire_bytes_per_element()
+                                            : r->bytes_per_element());
+  j.attribute("wire_dtype", str(r->wire_dtype()));
+  intArray(j, "assignment", r->assignment());
+  intArray(j, "ranks", r->ranks());
+  j.attributeArray("params", [&] {
+    if (r->params())
+      for (const fb::WeightParam *w : *r->params())
+        j.object([&] {
+          j.attribute("name", str(w->name()));
+          j.attribute("rows", w->rows());
+          j.attribute("cols", w->cols());
+        });
+  });
+  // [src, dst, param, row0, row1, col0, col1] per transfer.
+  j.attributeArray("transfers", [&] {
+    if (r->transfers())
+      for (const fb::WeightTransfer *t : *r->transfers())
+        j.array([&] {
+          for (int64_t v : {int64_t(t->src()), int64_t(t->dst()),
+                            int64_t(t->param()), t->row0(), t->row1(),
+                            t->col0(), t->col1()})
+            j.value(v);
+        });
+  });
+
+}
+
+/// One phase of the plan, as an object's fields.
+void phaseJson(llvm::json::OStream &j, const fb::Phase *ph) {
+  j.attribute("flow", str(ph->flow()));
+  j.attribute("first_step", ph->first_step());
+  j.attribute("num_steps", ph->num_steps());
+  j.attribute("data", str(ph->data()));
+  j.attribute("batch", ph->batch());
+  j.attribute("n", ph->n());
+  j.attribute("minibatch", ph->minibatch());
+  j.attribute("train_steps", ph->train_steps());
+  j.attribute("epochs", ph->epochs());
+  j.attribute("checkpoint_every", ph->checkpoint_every());
+  j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
+  j.attribute("seed", ph->seed());
+  j.attribute("off_policy", ph->off_policy());
+  j.attribute("prompt_len", ph->prompt_len());
+  j.attribute("micro_batch", ph->micro_batch());
+  j.attribute("prompt_key", str(ph->prompt_key()).empty() ? std::string("prompt")
+                                                           : str(ph->prompt_key()));
+  j.attribute("answer_key", str(ph->answer_key()).empty() ? std::string("answer")
+                                                           : str(ph->answer_key()));
+
+}
+
 } // namespace
 
 LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
@@ -67,77 +229,17 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
     j.attribute("seed", p.seed());
     j.attributeArray("meshes", [&] {
       for (const fb::Mesh *m : *p.meshes())
-        j.object([&] {
-          j.attribute("name", str(m->name()));
-          j.attribute("device", str(m->device()));
-          j.attribute("nodes", m->nodes());
-          j.attribute("per_node", m->per_node());
-          j.attribute("device_memory", m->device_memory());
-          j.attribute("device_bf16_flops", m->device_bf16_flops());
-          j.attribute("device_fp32_flops", m->device_fp32_flops());
-          j.attribute("device_bandwidth", m->device_bandwidth());
-          j.attribute("intra_bandwidth", m->intra_bandwidth());
-          j.attribute("inter_bandwidth", m->inter_bandwidth());
-          j.attribute("intra_given", m->intra_given());
-        });
+        j.object([&] { meshJson(j, m); });
     });
     j.attributeArray("models", [&] {
       if (p.models())
         for (const fb::Model *m : *p.models())
-          j.object([&] {
-            j.attribute("name", str(m->name()));
-            j.attribute("arch", str(m->arch()));
-            j.attribute("layers", m->layers());
-            j.attribute("hidden", m->hidden());
-            j.attribute("heads", m->heads());
-            j.attribute("kv_heads", m->kv_heads());
-            j.attribute("ffn", m->ffn());
-            j.attribute("vocab", m->vocab());
-            j.attribute("dtype", fb::EnumNameDType(m->dtype()));
-            j.attribute("params", m->params());
-            j.attribute("tie_embeddings", m->tie_embeddings());
-            j.attribute("qkv_bias", m->qkv_bias());
-            j.attribute("rope_theta", m->rope_theta());
-            j.attribute("norm_eps", m->norm_eps());
-            if (m->head_dim() != 0)
-              j.attribute("head_dim", m->head_dim());
-            if (m->qk_norm())
-              j.attribute("qk_norm", true);
-            if (const fb::RopeScaling *rs = m->rope_scaling())
-              j.attributeObject("rope_scaling", [&] {
-                j.attribute("rope_type", "llama3");
-                j.attribute("factor", rs->factor());
-                j.attribute("low_freq_factor", rs->low_freq_factor());
-                j.attribute("high_freq_factor", rs->high_freq_factor());
-                j.attribute("original_max_positions", rs->original_max_positions());
-              });
-            if (m->sliding_window() != 0)
-              j.attribute("sliding_window", m->sliding_window());
-            if (m->weights())
-              j.attribute("weights", str(m->weights()));
-          });
+          j.object([&] { modelJson(j, m); });
     });
     j.attributeArray("roles", [&] {
       if (p.roles())
         for (const fb::Role *r : *p.roles())
-          j.object([&] {
-            j.attribute("name", str(r->name()));
-            j.attribute("kind", fb::roleKindName(r->kind()));
-            j.attribute("model", r->model());
-            intArray(j, "ranks", r->ranks());
-            intArray(j, "generate_ranks", r->generate_ranks());
-            layout(j, "train", r->train());
-            layout(j, "generate", r->generate());
-            if (r->rule())
-              j.attribute("rule", str(r->rule()));
-            if (r->kv_pool() > 0)
-              j.attribute("kv_pool", r->kv_pool());
-            j.attributeObject("options", [&] {
-              if (r->options())
-                for (const fb::KeyValue *kv : *r->options())
-                  j.attribute(str(kv->key()), str(kv->value()));
-            });
-          });
+          j.object([&] { roleJson(j, r); });
     });
     j.attributeArray("groups", [&] {
       if (p.groups())
@@ -159,95 +261,17 @@ LogicalResult (::hflow::printPlanJson)(llvm::ArrayRef<uint8_t> planFile,
     j.attributeArray("steps", [&] {
       if (p.steps())
         for (const fb::Step *s : *p.steps())
-          j.object([&] {
-            j.attribute("kind", fb::EnumNameStepKind(s->kind()));
-            if (s->kind() != fb::StepKind::CheckAllGather) {
-              if (s->kind() != fb::StepKind::Builtin)
-                j.attribute("role", s->role());
-              j.attribute("method", str(s->method()));
-              intArray(j, "inputs", s->inputs());
-              intArray(j, "outputs", s->outputs());
-              j.attributeObject("attrs", [&] {
-                if (s->attrs())
-                  for (const fb::KeyValue *kv : *s->attrs())
-                    j.attribute(str(kv->key()), str(kv->value()));
-              });
-            } else {
-              j.attribute("group", s->group());
-              j.attribute("checks", s->checks());
-            }
-            j.attribute("loc", str(s->loc()));
-            if (s->kind() == fb::StepKind::Reshard)
-              j.attribute("reshard", s->reshard());
-            if (s->predicted_s() >= 0)
-              j.attribute("predicted_s", s->predicted_s());
-            if (s->moves_predicted_s() >= 0)
-              j.attribute("moves_predicted_s", s->moves_predicted_s());
-          });
+          j.object([&] { stepJson(j, s); });
     });
     j.attributeArray("reshards", [&] {
       if (p.reshards())
         for (const fb::Reshard *r : *p.reshards())
-          j.object([&] {
-            j.attribute("role", r->role());
-            j.attribute("from_phase", str(r->from_phase()));
-            j.attribute("to_phase", str(r->to_phase()));
-            j.attribute("bytes", r->bytes());
-            j.attribute("lower_bound", r->lower_bound());
-            j.attribute("naive_bytes", r->naive_bytes());
-            j.attribute("bytes_per_element", r->bytes_per_element());
-            j.attribute("wire_bytes_per_element", r->wire_bytes_per_element()
-                                                      ? r->wire_bytes_per_element()
-                                                      : r->bytes_per_element());
-            j.attribute("wire_dtype", str(r->wire_dtype()));
-            intArray(j, "assignment", r->assignment());
-            intArray(j, "ranks", r->ranks());
-            j.attributeArray("params", [&] {
-              if (r->params())
-                for (const fb::WeightParam *w : *r->params())
-                  j.object([&] {
-                    j.attribute("name", str(w->name()));
-                    j.attribute("rows", w->rows());
-                    j.attribute("cols", w->cols());
-                  });
-            });
-            // [src, dst, param, row0, row1, col0, col1] per transfer.
-            j.attributeArray("transfers", [&] {
-              if (r->transfers())
-                for (const fb::WeightTransfer *t : *r->transfers())
-                  j.array([&] {
-                    for (int64_t v : {int64_t(t->src()), int64_t(t->dst()),
-                                      int64_t(t->param()), t->row0(), t->row1(),
-                                      t->col0(), t->col1()})
-                      j.value(v);
-                  });
-            });
-          });
+          j.object([&] { reshardJson(j, r); });
     });
     j.attributeArray("phases", [&] {
       if (p.phases())
         for (const fb::Phase *ph : *p.phases())
-          j.object([&] {
-            j.attribute("flow", str(ph->flow()));
-            j.attribute("first_step", ph->first_step());
-            j.attribute("num_steps", ph->num_steps());
-            j.attribute("data", str(ph->data()));
-            j.attribute("batch", ph->batch());
-            j.attribute("n", ph->n());
-            j.attribute("minibatch", ph->minibatch());
-            j.attribute("train_steps", ph->train_steps());
-            j.attribute("epochs", ph->epochs());
-            j.attribute("checkpoint_every", ph->checkpoint_every());
-            j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
-            j.attribute("seed", ph->seed());
-            j.attribute("off_policy", ph->off_policy());
-            j.attribute("prompt_len", ph->prompt_len());
-            j.attribute("micro_batch", ph->micro_batch());
-            j.attribute("prompt_key", str(ph->prompt_key()).empty() ? std::string("prompt")
-                                                                     : str(ph->prompt_key()));
-            j.attribute("answer_key", str(ph->answer_key()).empty() ? std::string("answer")
-                                                                     : str(ph->answer_key()));
-          });
+          j.object([&] { phaseJson(j, ph); });
     });
     j.attributeArray("schedules", [&] {
       for (const fb::RankSchedule *s : *p.schedules())
