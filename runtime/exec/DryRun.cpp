@@ -84,16 +84,17 @@ std::string memoryLine(const RankMemory &m) {
   return s;
 }
 
-void printDryRun(const LoadedPlan &lp, std::FILE *out) {
-  const Plan &p = *lp.plan();
-  std::fprintf(out, "hflow-run --dry-run: plan %s, flow %s, world size %d, %u steps\n",
-               str(p.program(), "?").c_str(), str(p.flow(), "?").c_str(),
-               p.world_size(), p.steps() ? p.steps()->size() : 0u);
-  auto roleName = [&](int r) {
-    return r >= 0 && p.roles() && r < (int)p.roles()->size()
-               ? str(p.roles()->Get(r)->name(), "?")
-               : std::string("?");
-  };
+namespace {
+
+/// Role `r`'s name, or "?".
+std::string roleNameOf(const Plan &p, int r) {
+  return r >= 0 && p.roles() && r < (int)p.roles()->size() ? str(p.roles()->Get(r)->name(), "?")
+                                                           : std::string("?");
+}
+
+/// A line per role: its layouts and model forms. Returns the forms.
+std::map<int, executes::Verdict> printRoles(const Plan &p, std::FILE *out) {
+  auto roleName = [&](int r) { return roleNameOf(p, r); };
   // Each role's model forms, from the table hflowc checked the program
   // against (runtime/schema/Executes.h); the loader refused a plan with a
   // role on a form it does not list.
@@ -116,98 +117,123 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
     }
     std::fprintf(out, "%s\n", line.c_str());
   }
+  return forms;
+}
+
+/// What the plan counted rank `rank` holds for each of its roles.
+void printRankMemory(const Plan &p, int rank, std::FILE *out) {
+  auto roleName = [&](int r) { return roleNameOf(p, r); };
+  // What the plan counted this rank holds for each of its roles (2.7).
+  for (int r = 0; p.roles() && r < (int)p.roles()->size(); ++r) {
+    const Role &ro = *p.roles()->Get(r);
+    if (!ro.memory() || !ro.ranks())
+      continue;
+    for (size_t i = 0; i < ro.ranks()->size() && i < ro.memory()->size(); ++i)
+      if (ro.ranks()->Get(i) == rank) {
+        // And what it bounds the phases need on top (2.8).
+        std::string peak;
+        if (ro.transient() && i < ro.transient()->size()) {
+          const RankTransient &t = *ro.transient()->Get(i);
+          peak = "; at most " + bytes(t.activations()) + " of activations";
+          if (t.kv_cache() > 0)
+            peak += ", " + bytes(t.kv_cache()) + " of KV pool";
+        }
+        std::fprintf(out, "  memory %s: %s%s\n", roleName(r).c_str(),
+                     memoryLine(*ro.memory()->Get(i)).c_str(), peak.c_str());
+      }
+    // An actor generating apart: its pool on its generation ranks (2.13).
+    if (ro.generate_ranks() && ro.kv_pool() > 0)
+      for (int g : *ro.generate_ranks())
+        if (g == rank)
+          std::fprintf(out, "  memory %s.generate: at most %s of KV pool\n",
+                       roleName(r).c_str(), bytes(ro.kv_pool()).c_str());
+  }
+}
+
+/// What rank `rank` does in step `st`.
+std::string describeStep(const Plan &p, const Step &st, int rank,
+                         const std::map<int, executes::Verdict> &forms) {
+  auto roleName = [&](int r) { return roleNameOf(p, r); };
+  std::string what;
+  switch (st.kind()) {
+  case StepKind::Compute: {
+    const Role &role = *p.roles()->Get(st.role());
+    const bool gen = str(st.method()) == "generate";
+    const bool apartGen = gen && role.generate_ranks() && role.generate_ranks()->size();
+    auto rs = apartGen ? role.generate_ranks() : role.ranks();
+    int pos = 0;
+    for (size_t i = 0; rs && i < rs->size(); ++i)
+      if (rs->Get(i) == rank)
+        pos = (int)i;
+    const Layout &l = gen ? *role.generate() : *role.train();
+    const executes::Verdict &v = forms.at(st.role());
+    what = roleName(st.role()) + "." + str(st.method()) + " on " +
+           holding(gen ? v.generate : v.train, l, pos, (int)(rs ? rs->size() : 1));
+    break;
+  }
+  case StepKind::CheckAllGather:
+    what = "check step " + std::to_string(st.checks()) + " with group " +
+           str(p.groups()->Get(st.group())->name(), "?");
+    break;
+  case StepKind::Builtin:
+    what = "builtin " + str(st.method(), "?") + " on the controller";
+    break;
+  case StepKind::Reshard: {
+    const Reshard &r = *p.reshards()->Get(st.reshard());
+    auto rs = p.roles()->Get(r.role())->ranks();
+    int me = -1;
+    for (size_t i = 0; rs && i < rs->size(); ++i)
+      if (rs->Get(i) == rank)
+        me = (int)i;
+    int64_t sent = 0, recv = 0;
+    std::map<int, bool> peers;
+    // Wire bytes (format 2.3: bf16 pieces of f32 weights are 2 bytes).
+    const int64_t wireBpe = r.wire_bytes_per_element() ? r.wire_bytes_per_element()
+                                                       : r.bytes_per_element();
+    if (r.transfers())
+      for (const WeightTransfer *t : *r.transfers()) {
+        int64_t b = (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
+        if (t->src() == me) {
+          sent += b;
+          peers[t->dst()] = true;
+        }
+        if (t->dst() == me) {
+          recv += b;
+          peers[t->src()] = true;
+        }
+      }
+    what = "reshard " + roleName(r.role()) + " " + str(r.from_phase()) + " -> " +
+           str(r.to_phase()) + ": send " + bytes(sent) + ", receive " +
+           bytes(recv) + " with " + std::to_string(peers.size()) +
+           (peers.size() == 1 ? " peer" : " peers") +
+           (r.wire_dtype() && r.wire_dtype()->size()
+                ? " (as " + r.wire_dtype()->str() + ")"
+                : std::string());
+    break;
+  }
+  default:
+    what = "step of unknown kind";
+  }
+  return what;
+}
+
+} // namespace
+
+void printDryRun(const LoadedPlan &lp, std::FILE *out) {
+  const Plan &p = *lp.plan();
+  std::fprintf(out, "hflow-run --dry-run: plan %s, flow %s, world size %d, %u steps\n",
+               str(p.program(), "?").c_str(), str(p.flow(), "?").c_str(),
+               p.world_size(), p.steps() ? p.steps()->size() : 0u);
+  const std::map<int, executes::Verdict> forms = printRoles(p, out);
   for (const RankSchedule *s : *p.schedules()) {
     const int rank = s->rank();
     std::fprintf(out, "rank %d: %u steps\n", rank, s->steps() ? s->steps()->size() : 0u);
-    // What the plan counted this rank holds for each of its roles (2.7).
-    for (int r = 0; p.roles() && r < (int)p.roles()->size(); ++r) {
-      const Role &ro = *p.roles()->Get(r);
-      if (!ro.memory() || !ro.ranks())
-        continue;
-      for (size_t i = 0; i < ro.ranks()->size() && i < ro.memory()->size(); ++i)
-        if (ro.ranks()->Get(i) == rank) {
-          // And what it bounds the phases need on top (2.8).
-          std::string peak;
-          if (ro.transient() && i < ro.transient()->size()) {
-            const RankTransient &t = *ro.transient()->Get(i);
-            peak = "; at most " + bytes(t.activations()) + " of activations";
-            if (t.kv_cache() > 0)
-              peak += ", " + bytes(t.kv_cache()) + " of KV pool";
-          }
-          std::fprintf(out, "  memory %s: %s%s\n", roleName(r).c_str(),
-                       memoryLine(*ro.memory()->Get(i)).c_str(), peak.c_str());
-        }
-      // An actor generating apart: its pool on its generation ranks (2.13).
-      if (ro.generate_ranks() && ro.kv_pool() > 0)
-        for (int g : *ro.generate_ranks())
-          if (g == rank)
-            std::fprintf(out, "  memory %s.generate: at most %s of KV pool\n",
-                         roleName(r).c_str(), bytes(ro.kv_pool()).c_str());
-    }
+    printRankMemory(p, rank, out);
     if (!s->steps())
       continue;
     for (int idx : *s->steps()) {
       const Step &st = *p.steps()->Get(idx);
-      std::string what;
-      switch (st.kind()) {
-      case StepKind::Compute: {
-        const Role &role = *p.roles()->Get(st.role());
-        const bool gen = str(st.method()) == "generate";
-        const bool apartGen = gen && role.generate_ranks() && role.generate_ranks()->size();
-        auto rs = apartGen ? role.generate_ranks() : role.ranks();
-        int pos = 0;
-        for (size_t i = 0; rs && i < rs->size(); ++i)
-          if (rs->Get(i) == rank)
-            pos = (int)i;
-        const Layout &l = gen ? *role.generate() : *role.train();
-        const executes::Verdict &v = forms[st.role()];
-        what = roleName(st.role()) + "." + str(st.method()) + " on " +
-               holding(gen ? v.generate : v.train, l, pos, (int)(rs ? rs->size() : 1));
-        break;
-      }
-      case StepKind::CheckAllGather:
-        what = "check step " + std::to_string(st.checks()) + " with group " +
-               str(p.groups()->Get(st.group())->name(), "?");
-        break;
-      case StepKind::Builtin:
-        what = "builtin " + str(st.method(), "?") + " on the controller";
-        break;
-      case StepKind::Reshard: {
-        const Reshard &r = *p.reshards()->Get(st.reshard());
-        auto rs = p.roles()->Get(r.role())->ranks();
-        int me = -1;
-        for (size_t i = 0; rs && i < rs->size(); ++i)
-          if (rs->Get(i) == rank)
-            me = (int)i;
-        int64_t sent = 0, recv = 0;
-        std::map<int, bool> peers;
-        // Wire bytes (format 2.3: bf16 pieces of f32 weights are 2 bytes).
-        const int64_t wireBpe = r.wire_bytes_per_element() ? r.wire_bytes_per_element()
-                                                           : r.bytes_per_element();
-        if (r.transfers())
-          for (const WeightTransfer *t : *r.transfers()) {
-            int64_t b = (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBpe;
-            if (t->src() == me) {
-              sent += b;
-              peers[t->dst()] = true;
-            }
-            if (t->dst() == me) {
-              recv += b;
-              peers[t->src()] = true;
-            }
-          }
-        what = "reshard " + roleName(r.role()) + " " + str(r.from_phase()) + " -> " +
-               str(r.to_phase()) + ": send " + bytes(sent) + ", receive " +
-               bytes(recv) + " with " + std::to_string(peers.size()) +
-               (peers.size() == 1 ? " peer" : " peers") +
-               (r.wire_dtype() && r.wire_dtype()->size()
-                    ? " (as " + r.wire_dtype()->str() + ")"
-                    : std::string());
-        break;
-      }
-      default:
-        what = "step of unknown kind";
-      }
+      const std::string what = describeStep(p, st, rank, forms);
       std::fprintf(out, "  #%-3d %s%s%s\n", idx, what.c_str(),
                    st.loc() && st.loc()->size() ? "  at " : "",
                    str(st.loc()).c_str());
