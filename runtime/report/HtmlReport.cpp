@@ -218,12 +218,13 @@ double median(std::vector<double> v) {
 
 } // namespace
 
-std::string renderHtmlReport(const std::vector<json> &rows, const std::string &title,
-                             const std::string &source) {
-  if (rows.empty())
-    throw std::runtime_error("no metrics rows to report");
-  // One iteration axis: each phase continues where the one before ended
-  // (phases in order of first appearance; "start" is iteration 0).
+namespace {
+
+/// One iteration axis: each phase continues where the one before ended
+/// (phases in order of first appearance; "start" is iteration 0). Fills
+/// each phase's offset on the axis; returns the phases.
+std::vector<Phase> phaseAxis(const std::vector<json> &rows,
+                             std::map<std::string, double> &offset, double &acc) {
   std::vector<Phase> phases;
   std::map<std::string, double> lastIter;
   for (const json &r : rows) {
@@ -236,8 +237,7 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
     }
     lastIter[p] = std::max(lastIter[p], it);
   }
-  std::map<std::string, double> offset;
-  double acc = 0;
+  acc = 0;
   for (Phase &p : phases) {
     offset[p.name] = acc;
     p.start = acc;
@@ -245,6 +245,14 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
     p.end = acc;
   }
   offset["start"] = 0;
+  return phases;
+}
+
+/// Every chart the rows have data for (in `charts`), the titles of those
+/// they have none for (in `absent`); returns how many were drawn.
+int drawCharts(const std::vector<json> &rows, const std::vector<Phase> &phases,
+               std::map<std::string, double> &offset, double acc, std::ostringstream &charts,
+               std::vector<std::string> &absent) {
   auto xOf = [&](const json &r) {
     return offset[r["phase"].get<std::string>()] + r["iteration"].get<double>();
   };
@@ -293,8 +301,6 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
     stage.keys.push_back({"ms_step_" + std::to_string(s), "step " + std::to_string(s)});
   specs.insert(specs.begin() + 9, stage);
 
-  std::ostringstream charts;
-  std::vector<std::string> absent;
   int drawn = 0;
   for (const Spec &sp : specs) {
     std::vector<Series> ss;
@@ -311,7 +317,11 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
     ++drawn;
   }
 
-  // The summary: one row per phase.
+  return drawn;
+}
+
+/// The summary: one row per phase.
+std::string summaryTable(const std::vector<json> &rows, const std::vector<Phase> &phases) {
   std::ostringstream table;
   table << "<table class=\"summary\"><thead><tr><th>phase</th><th>iterations</th>"
            "<th>wall time</th><th>iteration (median)</th><th>reward, first &rarr; last</th>"
@@ -369,6 +379,22 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
   }
   table << "</tbody></table>\n";
 
+  return table.str();
+}
+
+} // namespace
+
+std::string renderHtmlReport(const std::vector<json> &rows, const std::string &title,
+                             const std::string &source) {
+  if (rows.empty())
+    throw std::runtime_error("no metrics rows to report");
+  std::map<std::string, double> offset;
+  double acc = 0;
+  const std::vector<Phase> phases = phaseAxis(rows, offset, acc);
+  std::ostringstream charts;
+  std::vector<std::string> absent;
+  const int drawn = drawCharts(rows, phases, offset, acc, charts, absent);
+  const std::string table = summaryTable(rows, phases);
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>"
     << esc(title) << "</title>\n<style>\n"
@@ -388,7 +414,7 @@ std::string renderHtmlReport(const std::vector<json> &rows, const std::string &t
     << "</style></head>\n<body>\n<h1>" << esc(title) << "</h1>\n<p class=\"source\">"
     << esc(source) << " &middot; " << rows.size() << " rows &middot; " << phases.size()
     << " phase" << (phases.size() == 1 ? "" : "s") << " &middot; " << drawn << " charts</p>\n"
-    << table.str() << "<div class=\"charts\">\n"
+    << table << "<div class=\"charts\">\n"
     << charts.str() << "</div>\n";
   if (!absent.empty()) {
     o << "<p class=\"absent\">Not in this run: ";
