@@ -292,29 +292,27 @@ uint64_t fingerprint(const Transfer &t) {
   return h;
 }
 
-/// Groups the transfers into collectives. Ranks connected by transfers form
-/// components; a component of k >= 2 ranks in which every ordered pair of
-/// distinct members exchanges the same bytes, and each member sends the
-/// same (parameter, box) list to every peer, is an all-gather group. Groups
-/// of the same size and pair volume make one AllGather entry; everything
-/// else one PointToPoint entry. `ts` must be grouped by destination (as
-/// planWeights emits them).
-std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
-                                          int n) {
-  std::vector<Collective> out;
-  if (ts.empty())
-    return out;
+/// Transfers, bytes and a content fingerprint of one ordered pair of ranks.
+struct Pair {
+  int src, dst;
+  int64_t transfers = 0, bytes = 0;
+  uint64_t print = 0;
+};
 
-  // Per ordered pair: transfers, bytes and a content fingerprint, in one
-  // pass over the transfers (grouped by destination).
-  struct Pair {
-    int src, dst;
-    int64_t transfers = 0, bytes = 0;
-    uint64_t print = 0;
-  };
+/// The ranks one set of transfers connects, and their pairs' totals.
+struct Component {
+  int64_t members = 0, transfers = 0, bytes = 0;
+  std::vector<int> pairs;
+};
+
+/// Per ordered pair: transfers, bytes and a content fingerprint, in one
+/// pass over the transfers (grouped by destination); `dstRange` gets each
+/// destination's range in `ts`.
+std::vector<Pair> pairsOf(const std::vector<Transfer> &ts, int n,
+                          std::vector<std::pair<size_t, size_t>> &dstRange) {
   std::vector<Pair> pairs;
   std::vector<int> slot(n, -1); // pair index of (src, current dst)
-  std::vector<std::pair<size_t, size_t>> dstRange(n, {0, 0}); // in ts
+  dstRange.assign(n, {0, 0});
   std::vector<char> dstSeen(n, 0);
   std::vector<int> touched;
   for (size_t i = 0; i < ts.size();) {
@@ -340,7 +338,11 @@ std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
       slot[s] = -1;
   }
 
-  // Components of the ranks connected by a transfer.
+  return pairs;
+}
+
+/// Components of the ranks connected by a transfer, by root.
+std::map<int, Component> componentsOf(const std::vector<Pair> &pairs, int n) {
   std::vector<int> parent(n);
   std::iota(parent.begin(), parent.end(), 0);
   auto find = [&](int x) {
@@ -350,61 +352,77 @@ std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
   };
   for (const Pair &p : pairs)
     parent[find(p.src)] = find(p.dst);
-  struct Comp {
-    int64_t members = 0, transfers = 0, bytes = 0;
-    std::vector<int> pairs;
-  };
-  std::map<int, Comp> comps;
+  std::map<int, Component> comps;
   for (int r = 0; r < n; ++r)
     comps[find(r)].members++;
   for (size_t k = 0; k < pairs.size(); ++k) {
-    Comp &c = comps[find(pairs[k].src)];
+    Component &c = comps[find(pairs[k].src)];
     c.pairs.push_back(int(k));
     c.transfers += pairs[k].transfers;
     c.bytes += pairs[k].bytes;
   }
 
-  // The exact check, for a component whose counts and fingerprints agree:
-  // each sender's sorted (param, box) list is the same for every receiver.
-  auto sameContent = [&](const Comp &c) {
-    std::vector<char> in(n, 0);
-    std::vector<const Transfer *> mine;
-    for (int k : c.pairs) {
-      int d = pairs[k].dst;
-      if (in[d])
-        continue;
-      in[d] = 1;
-      for (size_t i = dstRange[d].first; i < dstRange[d].second; ++i)
-        mine.push_back(&ts[i]);
-    }
-    auto key = [](const Transfer *t) {
-      return std::make_tuple(t->src, t->dst, t->param, t->box.r0, t->box.r1,
-                             t->box.c0, t->box.c1);
-    };
-    std::sort(mine.begin(), mine.end(), [&](const Transfer *a, const Transfer *b) {
-      return key(a) < key(b);
-    });
-    // Runs of one (src, dst); compare each with the src's first run.
-    size_t first = 0;
-    for (size_t i = 0; i < mine.size();) {
-      size_t j = i;
-      while (j < mine.size() && mine[j]->src == mine[i]->src &&
-             mine[j]->dst == mine[i]->dst)
-        ++j;
-      if (mine[first]->src != mine[i]->src) {
-        first = i;
-      } else if (first != i) {
-        for (size_t q = 0; q < j - i; ++q) {
-          const Transfer *x = mine[first + q], *y = mine[i + q];
-          if (x->param != y->param || !(x->box == y->box))
-            return false;
-        }
-      }
-      i = j;
-    }
-    return true;
-  };
+  return comps;
+}
 
+/// The exact check, for a component whose counts and fingerprints agree:
+/// each sender's sorted (param, box) list is the same for every receiver.
+bool sameContent(const Component &c, const std::vector<Transfer> &ts,
+                 const std::vector<Pair> &pairs,
+                 const std::vector<std::pair<size_t, size_t>> &dstRange, int n) {
+  std::vector<char> in(n, 0);
+  std::vector<const Transfer *> mine;
+  for (int k : c.pairs) {
+    int d = pairs[k].dst;
+    if (in[d])
+      continue;
+    in[d] = 1;
+    for (size_t i = dstRange[d].first; i < dstRange[d].second; ++i)
+      mine.push_back(&ts[i]);
+  }
+  auto key = [](const Transfer *t) {
+    return std::make_tuple(t->src, t->dst, t->param, t->box.r0, t->box.r1,
+                           t->box.c0, t->box.c1);
+  };
+  std::sort(mine.begin(), mine.end(), [&](const Transfer *a, const Transfer *b) {
+    return key(a) < key(b);
+  });
+  // Runs of one (src, dst); compare each with the src's first run.
+  size_t first = 0;
+  for (size_t i = 0; i < mine.size();) {
+    size_t j = i;
+    while (j < mine.size() && mine[j]->src == mine[i]->src &&
+           mine[j]->dst == mine[i]->dst)
+      ++j;
+    if (mine[first]->src != mine[i]->src) {
+      first = i;
+    } else if (first != i) {
+      for (size_t q = 0; q < j - i; ++q) {
+        const Transfer *x = mine[first + q], *y = mine[i + q];
+        if (x->param != y->param || !(x->box == y->box))
+          return false;
+      }
+    }
+    i = j;
+  }
+  return true;
+}
+
+/// Groups the transfers into collectives. Ranks connected by transfers form
+/// components; a component of k >= 2 ranks in which every ordered pair of
+/// distinct members exchanges the same bytes, and each member sends the
+/// same (parameter, box) list to every peer, is an all-gather group. Groups
+/// of the same size and pair volume make one AllGather entry; everything
+/// else one PointToPoint entry. `ts` must be grouped by destination (as
+/// planWeights emits them).
+std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
+                                          int n) {
+  std::vector<Collective> out;
+  if (ts.empty())
+    return out;
+  std::vector<std::pair<size_t, size_t>> dstRange;
+  const std::vector<Pair> pairs = pairsOf(ts, n, dstRange);
+  std::map<int, Component> comps = componentsOf(pairs, n);
   std::map<std::pair<int, int64_t>, Collective> gathers; // (k, pair bytes)
   Collective p2p;
   p2p.kind = Collective::PointToPoint;
@@ -426,7 +444,7 @@ std::vector<Collective> detectCollectives(const std::vector<Transfer> &ts,
       gather = p.bytes == p0.bytes && p.transfers == pairs[f].transfers &&
                p.print == pairs[f].print;
     }
-    gather = gather && sameContent(c);
+    gather = gather && sameContent(c, ts, pairs, dstRange, n);
     if (gather) {
       Collective &g = gathers[{int(k), p0.bytes}];
       g.kind = Collective::AllGather;
