@@ -529,6 +529,52 @@ void chooseSources(int r, std::vector<int> &touched, std::vector<int64_t> &setBy
   }
 }
 
+/// The elements each holding key of `from` holds (`held`), each key of
+/// `to` needs (`need`), and every pair's overlap (`overlap[a * kt + b]`),
+/// summed over the parameter classes.
+struct KeyOverlaps {
+  std::vector<int64_t> held, need, overlap;
+};
+KeyOverlaps keyOverlaps(const std::vector<Param> &params, const std::vector<ParamClass> &classes,
+                        const Layout &from, const Layout &to, int64_t layers) {
+  const int64_t kf = keyCount(from), kt = keyCount(to);
+  KeyOverlaps ko{std::vector<int64_t>(kf, 0), std::vector<int64_t>(kt, 0),
+                 std::vector<int64_t>(kf * kt, 0)};
+  std::vector<Box> fromBox(kf), toBox(kt);
+  for (const ParamClass &c : classes) {
+    const Param &p = params[c.rep];
+    for (int64_t a = 0; a < kf; ++a) {
+      fromBox[a] = holding(p, from, slotOfKey(from, a), layers);
+      ko.held[a] += c.count * fromBox[a].area();
+    }
+    for (int64_t b = 0; b < kt; ++b) {
+      toBox[b] = holding(p, to, slotOfKey(to, b), layers);
+      ko.need[b] += c.count * toBox[b].area();
+    }
+    for (int64_t a = 0; a < kf; ++a) {
+      if (fromBox[a].empty())
+        continue;
+      for (int64_t b = 0; b < kt; ++b)
+        ko.overlap[a * kt + b] += c.count * intersect(fromBox[a], toBox[b]).area();
+    }
+  }
+  return ko;
+}
+
+/// The slot each rank hosts: maximise overlap `O(i, j)`; among the maxima,
+/// keep as many ranks on their own slot as possible (weight n+1 per
+/// element beats n fixed points).
+template <class Overlap>
+std::vector<int> overlapAssignment(const Overlap &O, int n, int64_t elems) {
+  const int64_t scale =
+      elems < std::numeric_limits<int64_t>::max() / 4 / (int64_t(n) + 1) ? int64_t(n) + 1 : 1;
+  std::vector<int64_t> cost(size_t(n) * n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      cost[size_t(i) * n + j] = -(O(i, j) * scale + (scale > 1 && i == j));
+  return hungarianMin(cost, n);
+}
+
 } // namespace
 
 Plan planWeights(const std::vector<Param> &params, const Layout &from,
@@ -553,28 +599,9 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   // Overlaps between holding keys, per parameter class.
   std::vector<int> classOf;
   std::vector<ParamClass> classes = classesOf(params, from, to, layers, &classOf);
-  const int64_t kf = keyCount(from), kt = keyCount(to);
-  std::vector<int64_t> held(kf, 0), need(kt, 0), overlap(kf * kt, 0);
-  {
-    std::vector<Box> fromBox(kf), toBox(kt);
-    for (const ParamClass &c : classes) {
-      const Param &p = params[c.rep];
-      for (int64_t a = 0; a < kf; ++a) {
-        fromBox[a] = holding(p, from, slotOfKey(from, a), layers);
-        held[a] += c.count * fromBox[a].area();
-      }
-      for (int64_t b = 0; b < kt; ++b) {
-        toBox[b] = holding(p, to, slotOfKey(to, b), layers);
-        need[b] += c.count * toBox[b].area();
-      }
-      for (int64_t a = 0; a < kf; ++a) {
-        if (fromBox[a].empty())
-          continue;
-        for (int64_t b = 0; b < kt; ++b)
-          overlap[a * kt + b] += c.count * intersect(fromBox[a], toBox[b]).area();
-      }
-    }
-  }
+  const int64_t kt = keyCount(to);
+  const KeyOverlaps ko = keyOverlaps(params, classes, from, to, layers);
+  const std::vector<int64_t> &held = ko.held, &need = ko.need, &overlap = ko.overlap;
   std::vector<int64_t> fromKey(n), toKey(n);
   for (int i = 0; i < n; ++i) {
     fromKey[i] = keyOf(from, i);
@@ -585,19 +612,8 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   // Which rank hosts which generation slot.
   plan.assignment.resize(n);
   std::iota(plan.assignment.begin(), plan.assignment.end(), 0);
-  if (opts.optimizeAssignment && n > 1) {
-    // Maximise overlap; among the maxima, keep as many ranks on their own
-    // slot as possible (weight n+1 per element beats n fixed points).
-    const int64_t scale =
-        elems < std::numeric_limits<int64_t>::max() / 4 / (int64_t(n) + 1)
-            ? int64_t(n) + 1
-            : 1;
-    std::vector<int64_t> cost(size_t(n) * n);
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j)
-        cost[size_t(i) * n + j] = -(O(i, j) * scale + (scale > 1 && i == j));
-    plan.assignment = hungarianMin(cost, n);
-  }
+  if (opts.optimizeAssignment && n > 1)
+    plan.assignment = overlapAssignment(O, n, elems);
 
   // Bounds and the naive figure.
   for (int r = 0; r < n; ++r) {
