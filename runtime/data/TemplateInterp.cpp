@@ -578,202 +578,244 @@ private:
     return mkStr(out);
   }
 
+  /// The filter tojson(indent=, ensure_ascii=, separators=).
+  Value filterToJson(const Value &v, const Node &f, Env &env) {
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    return located(f, [&] {
+      JsonOpts o;
+      if (const Value *ind = kw->find("indent")) {
+        if (!(ind->t == VT::Int || ind->t == VT::Null))
+          throw JsError("If set, indent must be a number");
+        if (ind->t == VT::Int) {
+          if (ind->n < 0 || ind->n > 1000)
+            throw JsError("indent out of range");
+          o.indent = int(ind->n);
+        }
+      }
+      if (const Value *ea = kw->find("ensure_ascii")) {
+        if (ea->t != VT::Bool)
+          throw JsError("If set, ensure_ascii must be a boolean");
+        o.ensureAscii = ea->b;
+      }
+      if (const Value *sp = kw->find("separators")) {
+        if (sp->isArray()) {
+          if (sp->a->size() != 2 || (*sp->a)[0].t != VT::String || (*sp->a)[1].t != VT::String)
+            throw JsError("separators must be a tuple of two strings");
+          o.hasSeparators = true;
+          o.itemSep = (*sp->a)[0].str();
+          o.keySep = (*sp->a)[1].str();
+        } else if (sp->t != VT::Null) {
+          throw JsError("If set, separators must be a tuple of two strings");
+        }
+      }
+      return mkStr(toJson(v, o, 0, true));
+    });
+    
+  }
+
+  /// The filter join(separator).
+  Value filterJoin(const Value &v, const Node &f, Env &env) {
+    if (!(v.t == VT::String || v.isArray()))
+      fail(f, "Cannot apply filter \"join\" to type: " + std::string(typeName(v)));
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    Value sep = !pos.empty() ? pos[0] : kw->find("separator") ? *kw->find("separator") : mkStr("");
+    if (sep.t != VT::String)
+      fail(f, "separator must be a string");
+    return located(f, [&] {
+      std::string out;
+      if (v.t == VT::String) {
+        bool first = true;
+        for (char32_t c : toU32(v.str())) {
+          if (!first)
+            out += sep.str();
+          first = false;
+          appendUtf8(out, c);
+        }
+      } else {
+        for (size_t i = 0; i < v.a->size(); ++i) {
+          if (i)
+            out += sep.str();
+          const Value &e = (*v.a)[i];
+          if (e.t != VT::Null && e.t != VT::Undefined)
+            out += rawStr(e);
+        }
+      }
+      return mkStr(out);
+    });
+    
+  }
+
+  /// The filter int(default) and float(default).
+  Value filterNumber(const Value &v, const Node &f, Env &env) {
+    const std::string &name = f.s;
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    bool isInt = name == "int";
+    Value dflt = !pos.empty() ? pos[0] : kw->find("default") ? *kw->find("default") : (isInt ? mkInt(0) : mkFloat(0));
+    if (v.t == VT::String) {
+      double x = isInt ? jsParseInt(v.str()) : jsParseFloat(v.str());
+      if (std::isnan(x))
+        return dflt;
+      return isInt ? mkInt(x) : mkFloat(x);
+    }
+    if (v.isNumber())
+      return v;
+    if (v.t == VT::Bool)
+      return isInt ? mkInt(v.b ? 1 : 0) : mkFloat(v.b ? 1 : 0);
+    fail(f, "Cannot apply filter \"" + name + "\" to type: " + typeName(v));
+    
+  }
+
+  /// The filter default(value, boolean).
+  Value filterDefault(const Value &v, const Node &f, Env &env) {
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    Value dflt = !pos.empty() ? pos[0] : mkStr("");
+    Value boolean = pos.size() > 1 ? pos[1] : kw->find("boolean") ? *kw->find("boolean") : mkBool(false);
+    if (boolean.t != VT::Bool)
+      fail(f, "`default` filter flag must be a boolean");
+    if (v.t == VT::Undefined || (boolean.b && !truthy(v)))
+      return dflt;
+    return v;
+    
+  }
+
+  /// The filter sort(reverse, case_sensitive, attribute) of an array.
+  Value filterSort(const Value &v, const Node &f, Env &env) {
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    auto opt = [&](size_t i, const char *k, Value d) {
+      if (i < pos.size())
+        return pos[i];
+      if (const Value *x = kw->find(k))
+        return *x;
+      return d;
+    };
+    Value rev = opt(0, "reverse", mkBool(false));
+    if (rev.t != VT::Bool)
+      fail(f, "reverse must be a boolean");
+    Value cs = opt(1, "case_sensitive", mkBool(false));
+    if (cs.t != VT::Bool)
+      fail(f, "case_sensitive must be a boolean");
+    Value attr = opt(2, "attribute", mkNull());
+    if (!(attr.t == VT::String || attr.t == VT::Int || attr.t == VT::Null))
+      fail(f, "attribute must be a string, integer, or null");
+    return located(f, [&] {
+      auto key = [&](const Value &item) {
+        if (attr.t == VT::Null)
+          return item;
+        return attrPath(item, attr.t == VT::Int ? jsNumber(attr.n) : attr.str());
+      };
+      Array out = *v.a;
+      std::stable_sort(out.begin(), out.end(), [&](const Value &a, const Value &b) {
+        int r = compareValues(key(a), key(b), cs.b);
+        return (rev.b ? -r : r) < 0;
+      });
+      return mkArr(std::move(out));
+    });
+      
+  }
+
+  /// The filter selectattr and rejectattr(attribute, test, argument) of an array of objects.
+  Value filterSelectAttr(const Value &v, const Node &f, Env &env) {
+    const std::string &name = f.s;
+    bool select = name == "selectattr";
+    for (auto &it : *v.a)
+      if (!it.isAttrContainer())
+        fail(f, "`" + name + "` can only be applied to array of objects");
+    std::string attr = f.a[0]->s;
+    std::string test = f.a.size() > 1 ? f.a[1]->s : "";
+    Value arg = f.a.size() > 2 ? mkStr(f.a[2]->s) : mkUndef();
+    return located(f, [&] {
+      Array out;
+      for (auto &it : *v.a) {
+        const Value *a = it.o->find(attr);
+        bool r = false;
+        if (a)
+          r = test.empty() ? truthy(*a) : runTest(test, *a, &arg);
+        if (select ? r : !r)
+          out.push_back(it);
+      }
+      return mkArr(std::move(out));
+    });
+      
+  }
+
+  /// The filter map(attribute=, default=) of an array of objects.
+  Value filterMap(const Value &v, const Node &f, Env &env) {
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    const Value *attr = kw->find("attribute");
+    if (!attr || attr->t != VT::String)
+      fail(f, "attribute must be a string");
+    const Value *dflt = kw->find("default");
+    Array out;
+    for (auto &it : *v.a) {
+      if (!it.isAttrContainer())
+        fail(f, "items in map must be an object");
+      Value x = attrPath(it, attr->str());
+      out.push_back(x.t == VT::Undefined ? (dflt ? *dflt : mkUndef()) : x);
+    }
+    return mkArr(std::move(out));
+      
+  }
+
+  /// The filter indent(width, first, blank) of a string.
+  Value filterIndent(const Value &v, const Node &f, Env &env) {
+    Array pos;
+    std::shared_ptr<ObjData> kw;
+    splitArgs(f.a, env, pos, kw);
+    auto opt = [&](size_t i, const char *k, Value d) {
+      if (i < pos.size())
+        return pos[i];
+      if (const Value *x = kw->find(k))
+        return *x;
+      return d;
+    };
+    Value width = opt(0, "width", mkInt(4));
+    if (width.t != VT::Int)
+      fail(f, "width must be a number");
+    if (width.n < 0 || width.n > 100000)
+      fail(f, "width out of range");
+    bool first = truthy(opt(1, "first", mkBool(false)));
+    bool blank = truthy(opt(2, "blank", mkBool(false)));
+    return mkStr(indentLines(v.str(), std::string(size_t(width.n), ' '), first, blank));
+      
+  }
+
   Value applyFilter(const Value &v, const Node &f, Env &env) {
     const std::string &name = f.s;
     if (!f.flag)
       return located(f, [&] { return plainFilter(v, name); });
     // With an argument list.
-    if (name == "tojson") {
-      Array pos;
-      std::shared_ptr<ObjData> kw;
-      splitArgs(f.a, env, pos, kw);
-      return located(f, [&] {
-        JsonOpts o;
-        if (const Value *ind = kw->find("indent")) {
-          if (!(ind->t == VT::Int || ind->t == VT::Null))
-            throw JsError("If set, indent must be a number");
-          if (ind->t == VT::Int) {
-            if (ind->n < 0 || ind->n > 1000)
-              throw JsError("indent out of range");
-            o.indent = int(ind->n);
-          }
-        }
-        if (const Value *ea = kw->find("ensure_ascii")) {
-          if (ea->t != VT::Bool)
-            throw JsError("If set, ensure_ascii must be a boolean");
-          o.ensureAscii = ea->b;
-        }
-        if (const Value *sp = kw->find("separators")) {
-          if (sp->isArray()) {
-            if (sp->a->size() != 2 || (*sp->a)[0].t != VT::String || (*sp->a)[1].t != VT::String)
-              throw JsError("separators must be a tuple of two strings");
-            o.hasSeparators = true;
-            o.itemSep = (*sp->a)[0].str();
-            o.keySep = (*sp->a)[1].str();
-          } else if (sp->t != VT::Null) {
-            throw JsError("If set, separators must be a tuple of two strings");
-          }
-        }
-        return mkStr(toJson(v, o, 0, true));
-      });
-    }
-    if (name == "join") {
-      if (!(v.t == VT::String || v.isArray()))
-        fail(f, "Cannot apply filter \"join\" to type: " + std::string(typeName(v)));
-      Array pos;
-      std::shared_ptr<ObjData> kw;
-      splitArgs(f.a, env, pos, kw);
-      Value sep = !pos.empty() ? pos[0] : kw->find("separator") ? *kw->find("separator") : mkStr("");
-      if (sep.t != VT::String)
-        fail(f, "separator must be a string");
-      return located(f, [&] {
-        std::string out;
-        if (v.t == VT::String) {
-          bool first = true;
-          for (char32_t c : toU32(v.str())) {
-            if (!first)
-              out += sep.str();
-            first = false;
-            appendUtf8(out, c);
-          }
-        } else {
-          for (size_t i = 0; i < v.a->size(); ++i) {
-            if (i)
-              out += sep.str();
-            const Value &e = (*v.a)[i];
-            if (e.t != VT::Null && e.t != VT::Undefined)
-              out += rawStr(e);
-          }
-        }
-        return mkStr(out);
-      });
-    }
-    if (name == "int" || name == "float") {
-      Array pos;
-      std::shared_ptr<ObjData> kw;
-      splitArgs(f.a, env, pos, kw);
-      bool isInt = name == "int";
-      Value dflt = !pos.empty() ? pos[0] : kw->find("default") ? *kw->find("default") : (isInt ? mkInt(0) : mkFloat(0));
-      if (v.t == VT::String) {
-        double x = isInt ? jsParseInt(v.str()) : jsParseFloat(v.str());
-        if (std::isnan(x))
-          return dflt;
-        return isInt ? mkInt(x) : mkFloat(x);
-      }
-      if (v.isNumber())
-        return v;
-      if (v.t == VT::Bool)
-        return isInt ? mkInt(v.b ? 1 : 0) : mkFloat(v.b ? 1 : 0);
-      fail(f, "Cannot apply filter \"" + name + "\" to type: " + typeName(v));
-    }
-    if (name == "default") {
-      Array pos;
-      std::shared_ptr<ObjData> kw;
-      splitArgs(f.a, env, pos, kw);
-      Value dflt = !pos.empty() ? pos[0] : mkStr("");
-      Value boolean = pos.size() > 1 ? pos[1] : kw->find("boolean") ? *kw->find("boolean") : mkBool(false);
-      if (boolean.t != VT::Bool)
-        fail(f, "`default` filter flag must be a boolean");
-      if (v.t == VT::Undefined || (boolean.b && !truthy(v)))
-        return dflt;
-      return v;
-    }
+    if (name == "tojson")
+      return filterToJson(v, f, env);
+    if (name == "join")
+      return filterJoin(v, f, env);
+    if (name == "int" || name == "float")
+      return filterNumber(v, f, env);
+    if (name == "default")
+      return filterDefault(v, f, env);
     if (v.isArray()) {
-      if (name == "sort") {
-        Array pos;
-        std::shared_ptr<ObjData> kw;
-        splitArgs(f.a, env, pos, kw);
-        auto opt = [&](size_t i, const char *k, Value d) {
-          if (i < pos.size())
-            return pos[i];
-          if (const Value *x = kw->find(k))
-            return *x;
-          return d;
-        };
-        Value rev = opt(0, "reverse", mkBool(false));
-        if (rev.t != VT::Bool)
-          fail(f, "reverse must be a boolean");
-        Value cs = opt(1, "case_sensitive", mkBool(false));
-        if (cs.t != VT::Bool)
-          fail(f, "case_sensitive must be a boolean");
-        Value attr = opt(2, "attribute", mkNull());
-        if (!(attr.t == VT::String || attr.t == VT::Int || attr.t == VT::Null))
-          fail(f, "attribute must be a string, integer, or null");
-        return located(f, [&] {
-          auto key = [&](const Value &item) {
-            if (attr.t == VT::Null)
-              return item;
-            return attrPath(item, attr.t == VT::Int ? jsNumber(attr.n) : attr.str());
-          };
-          Array out = *v.a;
-          std::stable_sort(out.begin(), out.end(), [&](const Value &a, const Value &b) {
-            int r = compareValues(key(a), key(b), cs.b);
-            return (rev.b ? -r : r) < 0;
-          });
-          return mkArr(std::move(out));
-        });
-      }
-      if (name == "selectattr" || name == "rejectattr") {
-        bool select = name == "selectattr";
-        for (auto &it : *v.a)
-          if (!it.isAttrContainer())
-            fail(f, "`" + name + "` can only be applied to array of objects");
-        std::string attr = f.a[0]->s;
-        std::string test = f.a.size() > 1 ? f.a[1]->s : "";
-        Value arg = f.a.size() > 2 ? mkStr(f.a[2]->s) : mkUndef();
-        return located(f, [&] {
-          Array out;
-          for (auto &it : *v.a) {
-            const Value *a = it.o->find(attr);
-            bool r = false;
-            if (a)
-              r = test.empty() ? truthy(*a) : runTest(test, *a, &arg);
-            if (select ? r : !r)
-              out.push_back(it);
-          }
-          return mkArr(std::move(out));
-        });
-      }
-      if (name == "map") {
-        Array pos;
-        std::shared_ptr<ObjData> kw;
-        splitArgs(f.a, env, pos, kw);
-        const Value *attr = kw->find("attribute");
-        if (!attr || attr->t != VT::String)
-          fail(f, "attribute must be a string");
-        const Value *dflt = kw->find("default");
-        Array out;
-        for (auto &it : *v.a) {
-          if (!it.isAttrContainer())
-            fail(f, "items in map must be an object");
-          Value x = attrPath(it, attr->str());
-          out.push_back(x.t == VT::Undefined ? (dflt ? *dflt : mkUndef()) : x);
-        }
-        return mkArr(std::move(out));
-      }
+      if (name == "sort")
+        return filterSort(v, f, env);
+      if (name == "selectattr" || name == "rejectattr")
+        return filterSelectAttr(v, f, env);
+      if (name == "map")
+        return filterMap(v, f, env);
       fail(f, "Unknown ArrayValue filter: " + name);
     }
     if (v.t == VT::String) {
-      if (name == "indent") {
-        Array pos;
-        std::shared_ptr<ObjData> kw;
-        splitArgs(f.a, env, pos, kw);
-        auto opt = [&](size_t i, const char *k, Value d) {
-          if (i < pos.size())
-            return pos[i];
-          if (const Value *x = kw->find(k))
-            return *x;
-          return d;
-        };
-        Value width = opt(0, "width", mkInt(4));
-        if (width.t != VT::Int)
-          fail(f, "width must be a number");
-        if (width.n < 0 || width.n > 100000)
-          fail(f, "width out of range");
-        bool first = truthy(opt(1, "first", mkBool(false)));
-        bool blank = truthy(opt(2, "blank", mkBool(false)));
-        return mkStr(indentLines(v.str(), std::string(size_t(width.n), ' '), first, blank));
-      }
+      if (name == "indent")
+        return filterIndent(v, f, env);
       if (name == "replace") {
         Array args = evalArgs(f.a, env, /*alwaysKw=*/true);
         return located(f, [&] { return replaceMethod(v.str(), args); });
