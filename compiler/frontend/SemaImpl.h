@@ -285,6 +285,9 @@ private:
   /// an actor generating on devices of its own (colocated, the two could
   /// not run at once).
   void checkOffPolicy(const ast::TrainDecl &t);
+  std::map<std::string, const ast::Property *> trainProperties(const ast::TrainDecl &t);
+  void checkTrainSamples(ast::TrainDecl &t,
+                         const std::map<std::string, const ast::Property *> &props);
 
   ast::Program &prog_;
   DiagnosticList &diags_;

@@ -11,8 +11,8 @@
 
 namespace hflow::frontend::detail {
 
-void Sema::checkTrain(ast::TrainDecl &t) {
-  lookup(t.flow, Kind::Flow, t.flowLoc);
+/// The train block's properties by key: unknown and repeated keys refused.
+std::map<std::string, const ast::Property *> Sema::trainProperties(const ast::TrainDecl &t) {
   std::map<std::string, const ast::Property *> props;
   static const std::vector<std::string> known = {
       "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
@@ -27,6 +27,75 @@ void Sema::checkTrain(ast::TrainDecl &t) {
     if (!props.emplace(p.key, &p).second)
       diags_.error(p.keyLoc, "property '" + p.key + "' is given twice");
   }
+  return props;
+}
+
+/// The samples per prompt: each generate call's `n` is the train block's
+/// (or it is set on one side only, and that value holds), and the group
+/// estimators need 2 or more.
+void Sema::checkTrainSamples(ast::TrainDecl &t,
+                             const std::map<std::string, const ast::Property *> &props) {
+  std::optional<double> inferredN;
+  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+      f && f->kind == Kind::Flow)
+    for (const ast::Stmt &st : prog_.flows[f->index].body)
+      forEachCall(*st.value, [&](const Expr &call) {
+        if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
+          return;
+        for (const ast::Arg &a : call.args) {
+          if (a.key != "n")
+            continue;
+          std::optional<double> n = a.value->constant;
+          if (a.value->kind == Expr::Kind::Int)
+            n = double(a.value->intValue);
+          if (!n || *n < 1 || *n != std::floor(*n))
+            continue; // reported by the argument's own check
+          if (!props.count("n")) {
+            // Set on one side only: the calls must agree among themselves.
+            if (inferredN && *inferredN != *n)
+              diags_.error(a.value->loc,
+                           call.receiver + ".generate's n = " +
+                               std::to_string(static_cast<int64_t>(*n)) +
+                               " differs from an earlier generate's n = " +
+                               std::to_string(static_cast<int64_t>(*inferredN)) +
+                               "; set n in the train block");
+            inferredN = *n;
+            t.samples = static_cast<int64_t>(*n);
+            continue;
+          }
+          if (t.samples > 0 && *n != double(t.samples))
+            diags_
+                .error(a.value->loc,
+                       call.receiver + ".generate's n = " +
+                           std::to_string(static_cast<int64_t>(*n)) +
+                           " differs from the train block's n = " +
+                           std::to_string(t.samples))
+                .notes.push_back({props.at("n")->value->loc,
+                                  "the train block sets n here"});
+        }
+      });
+  // Group-based estimators compare a prompt's n responses with each other.
+  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+      f && f->kind == Kind::Flow && t.samples < 2)
+    for (const ast::Stmt &st : prog_.flows[f->index].body)
+      forEachCall(*st.value, [&](const Expr &call) {
+        if (call.kind == Expr::Kind::Call &&
+            (call.text == "grpo_advantage" || call.text == "rloo_advantage" ||
+             call.text == "reinforce_pp_baseline"))
+          diags_
+              .error(call.loc, call.text + " compares the n responses of "
+                                           "each prompt, but the train block "
+                                           "has n = " +
+                                           std::to_string(t.samples))
+              .notes.push_back({props.count("n") ? props.at("n")->value->loc
+                                                 : t.loc,
+                                "set n: 2 or more here"});
+      });
+}
+
+void Sema::checkTrain(ast::TrainDecl &t) {
+  lookup(t.flow, Kind::Flow, t.flowLoc);
+  const std::map<std::string, const ast::Property *> props = trainProperties(t);
   auto intProp = [&](const char *key, int64_t &out, bool required,
                      ast::SourceLoc *where = nullptr) {
     auto it = props.find(key);
@@ -112,64 +181,7 @@ void Sema::checkTrain(ast::TrainDecl &t) {
       t.checkpointDir = v.text;
     }
   }
-  // Each generate call's `n` is the train block's n (or it is set on one
-  // side only, and that value holds).
-  std::optional<double> inferredN;
-  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
-      f && f->kind == Kind::Flow)
-    for (const ast::Stmt &st : prog_.flows[f->index].body)
-      forEachCall(*st.value, [&](const Expr &call) {
-        if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
-          return;
-        for (const ast::Arg &a : call.args) {
-          if (a.key != "n")
-            continue;
-          std::optional<double> n = a.value->constant;
-          if (a.value->kind == Expr::Kind::Int)
-            n = double(a.value->intValue);
-          if (!n || *n < 1 || *n != std::floor(*n))
-            continue; // reported by the argument's own check
-          if (!props.count("n")) {
-            // Set on one side only: the calls must agree among themselves.
-            if (inferredN && *inferredN != *n)
-              diags_.error(a.value->loc,
-                           call.receiver + ".generate's n = " +
-                               std::to_string(static_cast<int64_t>(*n)) +
-                               " differs from an earlier generate's n = " +
-                               std::to_string(static_cast<int64_t>(*inferredN)) +
-                               "; set n in the train block");
-            inferredN = *n;
-            t.samples = static_cast<int64_t>(*n);
-            continue;
-          }
-          if (t.samples > 0 && *n != double(t.samples))
-            diags_
-                .error(a.value->loc,
-                       call.receiver + ".generate's n = " +
-                           std::to_string(static_cast<int64_t>(*n)) +
-                           " differs from the train block's n = " +
-                           std::to_string(t.samples))
-                .notes.push_back({props.at("n")->value->loc,
-                                  "the train block sets n here"});
-        }
-      });
-  // Group-based estimators compare a prompt's n responses with each other.
-  if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
-      f && f->kind == Kind::Flow && t.samples < 2)
-    for (const ast::Stmt &st : prog_.flows[f->index].body)
-      forEachCall(*st.value, [&](const Expr &call) {
-        if (call.kind == Expr::Kind::Call &&
-            (call.text == "grpo_advantage" || call.text == "rloo_advantage" ||
-             call.text == "reinforce_pp_baseline"))
-          diags_
-              .error(call.loc, call.text + " compares the n responses of "
-                                           "each prompt, but the train block "
-                                           "has n = " +
-                                           std::to_string(t.samples))
-              .notes.push_back({props.count("n") ? props.at("n")->value->loc
-                                                 : t.loc,
-                                "set n: 2 or more here"});
-      });
+  checkTrainSamples(t, props);
   if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
     diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                      ") does not divide batch (" +
