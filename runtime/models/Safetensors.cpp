@@ -88,6 +88,119 @@ void SafetensorsFile::fail(const std::string &what) const {
   throw std::runtime_error("safetensors " + path_ + ": " + what);
 }
 
+/// The header's JSON object (after the length and its limits).
+nlohmann::json SafetensorsFile::readHeader() {
+  unsigned char lenBytes[8];
+  readAt(0, lenBytes, 8, "the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i)
+    n = (n << 8) | lenBytes[i];
+  if (n > fileSize_ - 8)
+    fail("header length " + std::to_string(n) +
+         " runs past the end of the file (" + std::to_string(fileSize_) +
+         " bytes); is the file truncated?");
+  if (n > kMaxHeaderBytes)
+    fail("header length " + std::to_string(n) + " exceeds the limit of " +
+         std::to_string(kMaxHeaderBytes) + " bytes");
+  headerLen_ = n;
+  dataStart_ = 8 + n;
+  dataLen_ = fileSize_ - dataStart_;
+  std::string text(n, '\0');
+  readAt(8, text.data(), n, "the header");
+
+  json h;
+  try {
+    h = json::parse(text);
+  } catch (const json::parse_error &e) {
+    fail("header is not valid JSON (at byte " + std::to_string(e.byte) +
+         " of " + std::to_string(n) + ")");
+  } catch (const json::exception &e) { // a number out of range
+    fail(std::string("header is not valid: ") + e.what());
+  }
+  if (!h.is_object())
+    fail("header is not a JSON object");
+
+  return h;
+}
+
+/// One tensor's header entry, checked against the data buffer.
+SafetensorsTensorInfo SafetensorsFile::tensorEntry(const std::string &name,
+                                                   const nlohmann::json &v) const {
+  auto bad = [&](const std::string &what) {
+    fail("tensor '" + name + "': " + what);
+  };
+  if (!v.is_object())
+    bad("header entry is not a JSON object");
+  if (!v.contains("dtype") || !v["dtype"].is_string())
+    bad("no \"dtype\" string");
+  if (!v.contains("shape") || !v["shape"].is_array())
+    bad("no \"shape\" array");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+      v["data_offsets"].size() != 2)
+    bad("no \"data_offsets\" [begin, end] pair");
+  SafetensorsTensorInfo info;
+  info.name = name;
+  info.dtype = v["dtype"].get<std::string>();
+  auto st = safetensorsDtype(info.dtype);
+  if (!st)
+    bad("unknown dtype '" + info.dtype +
+        "' (known: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
+  info.scalarType = *st;
+  // Bytes the shape needs; saturates past the file size (no overflow).
+  unsigned __int128 need = elemSize(*st);
+  for (const auto &d : v["shape"]) {
+    if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+      bad("shape " + v["shape"].dump() + " has an entry that is not a "
+          "non-negative integer");
+    uint64_t dim = d.get<uint64_t>();
+    if (dim > uint64_t(INT64_MAX))
+      bad("shape " + v["shape"].dump() + " is too large");
+    info.shape.push_back(static_cast<int64_t>(dim));
+    need *= dim;
+    if (need > (unsigned __int128)fileSize_ + 1)
+      need = (unsigned __int128)fileSize_ + 1;
+  }
+  for (const auto &o : v["data_offsets"])
+    if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
+      bad("data_offsets " + v["data_offsets"].dump() +
+          " are not non-negative integers");
+  info.begin = v["data_offsets"][0].get<uint64_t>();
+  info.end = v["data_offsets"][1].get<uint64_t>();
+  std::string offs = "data_offsets [" + std::to_string(info.begin) + ", " +
+                     std::to_string(info.end) + "]";
+  if (info.begin > info.end)
+    bad(offs + " end before they begin");
+  if (info.end > dataLen_)
+    bad(offs + " run past the end of the data buffer (" +
+        std::to_string(dataLen_) + " bytes); is the file truncated?");
+  if (need != (unsigned __int128)(info.end - info.begin))
+    bad("shape " + shapeString(info.shape) + " of " + info.dtype + " needs " +
+        (need > fileSize_ ? std::string("more bytes than the file has")
+                          : std::to_string((uint64_t)need) + " bytes") +
+        ", but " + offs + " hold " + std::to_string(info.end - info.begin));
+  return info;
+}
+
+/// Sorts the tensors by their bytes; no two non-empty ones may share one.
+void SafetensorsFile::sortAndCheckOverlaps() {
+  std::sort(tensors_.begin(), tensors_.end(), [](const auto &a, const auto &b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  // No two non-empty tensors may share a byte.
+  const SafetensorsTensorInfo *reach = nullptr; // the one ending furthest
+  for (const auto &t : tensors_) {
+    if (t.begin == t.end)
+      continue;
+    if (reach && t.begin < reach->end)
+      fail("tensors '" + reach->name + "' [" + std::to_string(reach->begin) +
+           ", " + std::to_string(reach->end) + ") and '" + t.name + "' [" +
+           std::to_string(t.begin) + ", " + std::to_string(t.end) +
+           ") overlap");
+    if (!reach || t.end > reach->end)
+      reach = &t;
+  }
+}
+
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0)
@@ -102,36 +215,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
     if (fileSize_ < 8)
       fail("truncated: the file has " + std::to_string(fileSize_) +
            " bytes, fewer than the 8-byte header length");
-    unsigned char lenBytes[8];
-    readAt(0, lenBytes, 8, "the header length");
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i)
-      n = (n << 8) | lenBytes[i];
-    if (n > fileSize_ - 8)
-      fail("header length " + std::to_string(n) +
-           " runs past the end of the file (" + std::to_string(fileSize_) +
-           " bytes); is the file truncated?");
-    if (n > kMaxHeaderBytes)
-      fail("header length " + std::to_string(n) + " exceeds the limit of " +
-           std::to_string(kMaxHeaderBytes) + " bytes");
-    headerLen_ = n;
-    dataStart_ = 8 + n;
-    dataLen_ = fileSize_ - dataStart_;
-    std::string text(n, '\0');
-    readAt(8, text.data(), n, "the header");
-
-    json h;
-    try {
-      h = json::parse(text);
-    } catch (const json::parse_error &e) {
-      fail("header is not valid JSON (at byte " + std::to_string(e.byte) +
-           " of " + std::to_string(n) + ")");
-    } catch (const json::exception &e) { // a number out of range
-      fail(std::string("header is not valid: ") + e.what());
-    }
-    if (!h.is_object())
-      fail("header is not a JSON object");
-
+    const nlohmann::json h = readHeader();
     for (auto it = h.begin(); it != h.end(); ++it) {
       const std::string &name = it.key();
       const json &v = it.value();
@@ -145,76 +229,9 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
         }
         continue;
       }
-      auto bad = [&](const std::string &what) {
-        fail("tensor '" + name + "': " + what);
-      };
-      if (!v.is_object())
-        bad("header entry is not a JSON object");
-      if (!v.contains("dtype") || !v["dtype"].is_string())
-        bad("no \"dtype\" string");
-      if (!v.contains("shape") || !v["shape"].is_array())
-        bad("no \"shape\" array");
-      if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-          v["data_offsets"].size() != 2)
-        bad("no \"data_offsets\" [begin, end] pair");
-      SafetensorsTensorInfo info;
-      info.name = name;
-      info.dtype = v["dtype"].get<std::string>();
-      auto st = safetensorsDtype(info.dtype);
-      if (!st)
-        bad("unknown dtype '" + info.dtype +
-            "' (known: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
-      info.scalarType = *st;
-      // Bytes the shape needs; saturates past the file size (no overflow).
-      unsigned __int128 need = elemSize(*st);
-      for (const auto &d : v["shape"]) {
-        if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
-          bad("shape " + v["shape"].dump() + " has an entry that is not a "
-              "non-negative integer");
-        uint64_t dim = d.get<uint64_t>();
-        if (dim > uint64_t(INT64_MAX))
-          bad("shape " + v["shape"].dump() + " is too large");
-        info.shape.push_back(static_cast<int64_t>(dim));
-        need *= dim;
-        if (need > (unsigned __int128)fileSize_ + 1)
-          need = (unsigned __int128)fileSize_ + 1;
-      }
-      for (const auto &o : v["data_offsets"])
-        if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
-          bad("data_offsets " + v["data_offsets"].dump() +
-              " are not non-negative integers");
-      info.begin = v["data_offsets"][0].get<uint64_t>();
-      info.end = v["data_offsets"][1].get<uint64_t>();
-      std::string offs = "data_offsets [" + std::to_string(info.begin) + ", " +
-                         std::to_string(info.end) + "]";
-      if (info.begin > info.end)
-        bad(offs + " end before they begin");
-      if (info.end > dataLen_)
-        bad(offs + " run past the end of the data buffer (" +
-            std::to_string(dataLen_) + " bytes); is the file truncated?");
-      if (need != (unsigned __int128)(info.end - info.begin))
-        bad("shape " + shapeString(info.shape) + " of " + info.dtype + " needs " +
-            (need > fileSize_ ? std::string("more bytes than the file has")
-                              : std::to_string((uint64_t)need) + " bytes") +
-            ", but " + offs + " hold " + std::to_string(info.end - info.begin));
-      tensors_.push_back(std::move(info));
+      tensors_.push_back(tensorEntry(name, v));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const auto &a, const auto &b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    // No two non-empty tensors may share a byte.
-    const SafetensorsTensorInfo *reach = nullptr; // the one ending furthest
-    for (const auto &t : tensors_) {
-      if (t.begin == t.end)
-        continue;
-      if (reach && t.begin < reach->end)
-        fail("tensors '" + reach->name + "' [" + std::to_string(reach->begin) +
-             ", " + std::to_string(reach->end) + ") and '" + t.name + "' [" +
-             std::to_string(t.begin) + ", " + std::to_string(t.end) +
-             ") overlap");
-      if (!reach || t.end > reach->end)
-        reach = &t;
-    }
+    sortAndCheckOverlaps();
     for (size_t i = 0; i < tensors_.size(); ++i)
       index_[tensors_[i].name] = i;
   } catch (...) {

@@ -27,6 +27,7 @@
 #include "runtime/models/Llama.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <map>
@@ -112,6 +113,9 @@ private:
   void readAt(uint64_t offset, void *dst, uint64_t n,
               const std::string &what) const;
   [[noreturn]] void fail(const std::string &what) const;
+  nlohmann::json readHeader();
+  SafetensorsTensorInfo tensorEntry(const std::string &name, const nlohmann::json &v) const;
+  void sortAndCheckOverlaps();
 
   std::string path_;
   int fd_ = -1;
