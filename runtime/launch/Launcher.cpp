@@ -663,10 +663,13 @@ static const char *signalName(int sig) {
   }
 }
 
-int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
-             const std::vector<std::string> &argv) {
-  // Everything the children need is prepared before fork(): after it only
-  // async-signal-safe calls are made.
+namespace {
+
+/// Each child's environment: this process's, less what hflow-run sets,
+/// plus its rank, the world, the master and the job's identity.
+std::vector<std::vector<std::string>> childEnvironments(int worldSize,
+                                                        const std::string &masterAddr,
+                                                        int masterPort) {
   static const char *const kOwned[] = {
       "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=",
       "MASTER_PORT=", "HFLOW_LOCAL_CHILD=", "GROUP_RANK=", "ROLE_RANK=", "HFLOW_JOB_ID="};
@@ -695,55 +698,20 @@ int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
     envs[r].push_back("HFLOW_LOCAL_CHILD=1");
     envs[r].push_back(jobId);
   }
-  std::vector<std::vector<char *>> envps(worldSize);
-  for (int r = 0; r < worldSize; ++r) {
-    for (auto &s : envs[r])
-      envps[r].push_back(const_cast<char *>(s.c_str()));
-    envps[r].push_back(nullptr);
-  }
-  std::vector<char *> args;
-  for (auto &s : argv)
-    args.push_back(const_cast<char *>(s.c_str()));
-  args.push_back(nullptr);
-  const char *exe = "/proc/self/exe";
-  static const char kExecFailed[] = "hflow-run: error: cannot execute /proc/self/exe\n";
+  return envs;
+}
 
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t parent = getpid();
-  std::vector<pid_t> pids(worldSize, -1);
-  std::vector<bool> running(worldSize, false);
+void signalRunning(const std::vector<pid_t> &pids, const std::vector<bool> &running, int sig) {
+  for (size_t r = 0; r < pids.size(); ++r)
+    if (running[r])
+      kill(pids[r], sig);
+}
 
-  auto killAll = [&](int sig) {
-    for (int r = 0; r < worldSize; ++r)
-      if (running[r])
-        kill(pids[r], sig);
-  };
-
-  for (int r = 0; r < worldSize; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "hflow-run: error: cannot start worker rank %d: %s\n",
-                   r, std::strerror(errno));
-      killAll(SIGKILL);
-      for (int q = 0; q < r; ++q)
-        waitpid(pids[q], nullptr, 0);
-      return 1;
-    }
-    if (pid == 0) {
-      // Die with the parent; and if it already died, do not run at all.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent)
-        _exit(1);
-      execve(exe, args.data(), envps[r].data());
-      (void)!write(2, kExecFailed, sizeof kExecFailed - 1);
-      _exit(127);
-    }
-    pids[r] = pid;
-    running[r] = true;
-  }
-
-  // Supervise: the first child that fails is reported, the rest are stopped.
+/// Waits for the children: the first that fails is reported, the rest are
+/// stopped (SIGTERM, then SIGKILL after 5 s). The exit status.
+int superviseChildren(const std::vector<pid_t> &pids, std::vector<bool> &running) {
+  const int worldSize = (int)pids.size();
+  auto killAll = [&](int sig) { signalRunning(pids, running, sig); };
   using Clock = std::chrono::steady_clock;
   int alive = worldSize;
   int failedRank = -1;
@@ -795,6 +763,61 @@ int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
     return 1;
   }
   return 0;
+}
+
+} // namespace
+
+int runLocal(int worldSize, const std::string &masterAddr, int masterPort,
+             const std::vector<std::string> &argv) {
+  // Everything the children need is prepared before fork(): after it only
+  // async-signal-safe calls are made.
+  const std::vector<std::vector<std::string>> envs =
+      childEnvironments(worldSize, masterAddr, masterPort);
+  std::vector<std::vector<char *>> envps(worldSize);
+  for (int r = 0; r < worldSize; ++r) {
+    for (auto &s : envs[r])
+      envps[r].push_back(const_cast<char *>(s.c_str()));
+    envps[r].push_back(nullptr);
+  }
+  std::vector<char *> args;
+  for (auto &s : argv)
+    args.push_back(const_cast<char *>(s.c_str()));
+  args.push_back(nullptr);
+  const char *exe = "/proc/self/exe";
+  static const char kExecFailed[] = "hflow-run: error: cannot execute /proc/self/exe\n";
+
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t parent = getpid();
+  std::vector<pid_t> pids(worldSize, -1);
+  std::vector<bool> running(worldSize, false);
+
+  auto killAll = [&](int sig) { signalRunning(pids, running, sig); };
+
+  for (int r = 0; r < worldSize; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "hflow-run: error: cannot start worker rank %d: %s\n",
+                   r, std::strerror(errno));
+      killAll(SIGKILL);
+      for (int q = 0; q < r; ++q)
+        waitpid(pids[q], nullptr, 0);
+      return 1;
+    }
+    if (pid == 0) {
+      // Die with the parent; and if it already died, do not run at all.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent)
+        _exit(1);
+      execve(exe, args.data(), envps[r].data());
+      (void)!write(2, kExecFailed, sizeof kExecFailed - 1);
+      _exit(127);
+    }
+    pids[r] = pid;
+    running[r] = true;
+  }
+
+  return superviseChildren(pids, running);
 }
 
 } // namespace hflow::launch
