@@ -398,6 +398,120 @@ std::string calibrationJson(const CalibrationMeasurement &m,
   return s;
 }
 
+namespace {
+
+/// What the calibration measures on, said before it starts.
+void printCalibrationStart(const plan::Mesh &mesh, const JoinOptions &j, int threads,
+                           const std::string &which, const models::LlamaConfig &cfg) {
+  std::printf("hflow-run: calibrating on %d local worker processes (%d "
+              "thread%s each) against mesh '%s' (%s): %s fp32, %s "
+              "memory, %s intra-node link%s\n",
+              j.worldSize, threads, threads == 1 ? "" : "s",
+              mesh.name() ? mesh.name()->c_str() : "?",
+              mesh.device() ? mesh.device()->c_str() : "?",
+              human(mesh.device_fp32_flops(), "FLOP/s").c_str(),
+              human(mesh.device_bandwidth(), "B/s").c_str(),
+              human(mesh.intra_bandwidth(), "B/s").c_str(),
+              mesh.intra_given() ? ""
+                                 : " (the cost model's default: the mesh "
+                                   "gives no intra:)");
+  std::printf("hflow-run: model: %s, %d layers, hidden %d, %lld parameters\n",
+              which.c_str(), cfg.layers, cfg.hidden,
+              (long long)cfg.paramCount());
+  std::fflush(stdout);
+}
+
+/// The measurement the constants are derived from: the nominal figures of
+/// the mesh, the ranks' average compute times (`sums`) and the two ranks'
+/// communication.
+CalibrationMeasurement measurementOf(const plan::Mesh &mesh, const models::LlamaConfig &cfg,
+                                     const at::Tensor &sums, const CommFigures &mf) {
+  CalibrationMeasurement m;
+  m.nominalFlops = mesh.device_fp32_flops();
+  m.nominalBandwidth = mesh.device_bandwidth();
+  m.nominalIntra = mesh.intra_bandwidth();
+  const placement::Calibration defaults;
+  m.trainFlopsPerParamToken = defaults.trainFlopsPerParamToken;
+  m.forwardFlopsPerParamToken = defaults.forwardFlopsPerParamToken;
+  m.params = double(cfg.paramCount());
+  m.trainTokens = m.forwardTokens = m.prefillTokens = double(kPassBatch * kPassLen);
+  auto avg = [&](int i) { return sums[i].item<double>(); };
+  m.trainSeconds = avg(0);
+  m.forwardSeconds = avg(1);
+  m.prefillSeconds = avg(2);
+  m.decodeSeconds = avg(3);
+  m.decodeNullSeconds = avg(4);
+  m.decodeComputeSeconds = avg(5);
+  m.decodeBytes = decodeBytes(cfg, double(kDecodeBatch),
+                              double(kDecodePrompt) + (kDecodeSteps - 1) / 2.0);
+  m.decodeComputeFlops = 2.0 * m.params * double(kWideBatch);
+  m.pingPongSeconds = mf.pingPongSeconds;
+  m.bigBytes = mf.bigBytes;
+  m.bigSeconds = mf.bigSeconds;
+
+  return m;
+}
+
+/// Each derived constant with what was measured for it.
+void printDerived(const CalibrationMeasurement &m, const std::vector<DerivedConstant> &derived,
+                  const std::string &outPath) {
+  const double tokens = double(kPassBatch * kPassLen);
+  auto rate = [](double flops, double s) { return human(flops / s, "FLOP/s"); };
+  std::vector<std::pair<std::string, std::string>> why = {
+      {"trainFlopsPerParamToken", "the cost model's count (6 fwd+bwd + 2 recomputation)"},
+      {"forwardFlopsPerParamToken", "the cost model's count"},
+      {"trainEfficiency",
+       "forward+backward, 4 x 128 tokens: " + duration(m.trainSeconds) + ", " +
+           rate(m.trainFlopsPerParamToken * m.params * tokens, m.trainSeconds)},
+      {"forwardEfficiency", "forward, 4 x 128 tokens: " + duration(m.forwardSeconds) +
+                                ", " +
+                                rate(m.forwardFlopsPerParamToken * m.params * tokens,
+                                     m.forwardSeconds)},
+      {"prefillEfficiency", "prefill, 4 x 128 tokens: " + duration(m.prefillSeconds) +
+                                ", " +
+                                rate(m.forwardFlopsPerParamToken * m.params * tokens,
+                                     m.prefillSeconds)},
+      {"decodeComputeEfficiency",
+       "decode step, 64 sequences: " + duration(m.decodeComputeSeconds) + ", " +
+           rate(m.decodeComputeFlops,
+                std::max(1e-12, m.decodeComputeSeconds - m.decodeNullSeconds)) +
+           " beyond the overhead"},
+      {"decodeBandwidthEfficiency",
+       "decode step, 8 sequences: " + duration(m.decodeSeconds) + " for " +
+           human(m.decodeBytes, "B") + ", " +
+           human(m.decodeBytes /
+                     std::max(1e-12, m.decodeSeconds - m.decodeNullSeconds),
+                 "B/s") +
+           " beyond the overhead"},
+      {"decodeStepOverhead", "decode step of the same layers with ~no bytes"},
+      {"linkEfficiency", "16 MiB one way: " + duration(m.bigSeconds) + ", " +
+                             human(m.bigBytes / std::max(1e-12, m.bigSeconds -
+                                                                    m.pingPongSeconds / 2),
+                                   "B/s")},
+      {"alphaIntra", "4-byte round trip / 2 (round trip " +
+                         duration(m.pingPongSeconds) + ")"},
+  };
+  std::printf("\n  %-26s %-12s %s\n", "constant", "value", "measured");
+  for (const DerivedConstant &d : derived) {
+    std::string note;
+    for (auto &[k, w] : why)
+      if (k == d.key)
+        note = w;
+    std::printf("  %-26s %-12s %s", d.key, number(d.value).c_str(), note.c_str());
+    if (d.clamped)
+      std::printf(" [clamped into the accepted range from %s]",
+                  std::isfinite(d.raw) ? number(d.raw).c_str() : "infinity");
+    std::printf("\n");
+  }
+  std::printf("  not measured: alphaInter (needs two nodes), memoryFraction and "
+              "epochs (not machine figures): the defaults apply\n");
+  std::printf("hflow-run: wrote %s (hflowc --calibration %s)\n", outPath.c_str(),
+              outPath.c_str());
+  std::fflush(stdout);
+}
+
+} // namespace
+
 int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
                          const RunOptions &o, const std::string &outPath) {
   comm::setLibraryLogging(o.verbose);
@@ -421,24 +535,8 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
 
     std::string which;
     const models::LlamaConfig cfg = calibrationModel(p, which);
-    if (talk) {
-      std::printf("hflow-run: calibrating on %d local worker processes (%d "
-                  "thread%s each) against mesh '%s' (%s): %s fp32, %s "
-                  "memory, %s intra-node link%s\n",
-                  j.worldSize, threads, threads == 1 ? "" : "s",
-                  mesh.name() ? mesh.name()->c_str() : "?",
-                  mesh.device() ? mesh.device()->c_str() : "?",
-                  human(mesh.device_fp32_flops(), "FLOP/s").c_str(),
-                  human(mesh.device_bandwidth(), "B/s").c_str(),
-                  human(mesh.intra_bandwidth(), "B/s").c_str(),
-                  mesh.intra_given() ? ""
-                                     : " (the cost model's default: the mesh "
-                                       "gives no intra:)");
-      std::printf("hflow-run: model: %s, %d layers, hidden %d, %lld parameters\n",
-                  which.c_str(), cfg.layers, cfg.hidden,
-                  (long long)cfg.paramCount());
-      std::fflush(stdout);
-    }
+    if (talk)
+      printCalibrationStart(mesh, j, threads, which, cfg);
 
     // Compute: every rank at once, as in a job; the figures are averaged.
     world->barrier();
@@ -456,90 +554,15 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
     if (j.rank != 0)
       return 0;
 
-    CalibrationMeasurement m;
-    m.nominalFlops = mesh.device_fp32_flops();
-    m.nominalBandwidth = mesh.device_bandwidth();
-    m.nominalIntra = mesh.intra_bandwidth();
-    const placement::Calibration defaults;
-    m.trainFlopsPerParamToken = defaults.trainFlopsPerParamToken;
-    m.forwardFlopsPerParamToken = defaults.forwardFlopsPerParamToken;
-    m.params = double(cfg.paramCount());
-    m.trainTokens = m.forwardTokens = m.prefillTokens = double(kPassBatch * kPassLen);
-    auto avg = [&](int i) { return sums[i].item<double>(); };
-    m.trainSeconds = avg(0);
-    m.forwardSeconds = avg(1);
-    m.prefillSeconds = avg(2);
-    m.decodeSeconds = avg(3);
-    m.decodeNullSeconds = avg(4);
-    m.decodeComputeSeconds = avg(5);
-    m.decodeBytes = decodeBytes(cfg, double(kDecodeBatch),
-                                double(kDecodePrompt) + (kDecodeSteps - 1) / 2.0);
-    m.decodeComputeFlops = 2.0 * m.params * double(kWideBatch);
-    m.pingPongSeconds = mf.pingPongSeconds;
-    m.bigBytes = mf.bigBytes;
-    m.bigSeconds = mf.bigSeconds;
-
+    const CalibrationMeasurement m = measurementOf(mesh, cfg, sums, mf);
     std::vector<DerivedConstant> derived = deriveCalibration(m);
     std::string json = calibrationJson(m, derived);
     std::string err;
     if (!writeCalibrationFile(outPath, json, err))
       return fail(err);
 
-    if (talk) {
-      const double tokens = double(kPassBatch * kPassLen);
-      auto rate = [](double flops, double s) { return human(flops / s, "FLOP/s"); };
-      std::vector<std::pair<std::string, std::string>> why = {
-          {"trainFlopsPerParamToken", "the cost model's count (6 fwd+bwd + 2 recomputation)"},
-          {"forwardFlopsPerParamToken", "the cost model's count"},
-          {"trainEfficiency",
-           "forward+backward, 4 x 128 tokens: " + duration(m.trainSeconds) + ", " +
-               rate(m.trainFlopsPerParamToken * m.params * tokens, m.trainSeconds)},
-          {"forwardEfficiency", "forward, 4 x 128 tokens: " + duration(m.forwardSeconds) +
-                                    ", " +
-                                    rate(m.forwardFlopsPerParamToken * m.params * tokens,
-                                         m.forwardSeconds)},
-          {"prefillEfficiency", "prefill, 4 x 128 tokens: " + duration(m.prefillSeconds) +
-                                    ", " +
-                                    rate(m.forwardFlopsPerParamToken * m.params * tokens,
-                                         m.prefillSeconds)},
-          {"decodeComputeEfficiency",
-           "decode step, 64 sequences: " + duration(m.decodeComputeSeconds) + ", " +
-               rate(m.decodeComputeFlops,
-                    std::max(1e-12, m.decodeComputeSeconds - m.decodeNullSeconds)) +
-               " beyond the overhead"},
-          {"decodeBandwidthEfficiency",
-           "decode step, 8 sequences: " + duration(m.decodeSeconds) + " for " +
-               human(m.decodeBytes, "B") + ", " +
-               human(m.decodeBytes /
-                         std::max(1e-12, m.decodeSeconds - m.decodeNullSeconds),
-                     "B/s") +
-               " beyond the overhead"},
-          {"decodeStepOverhead", "decode step of the same layers with ~no bytes"},
-          {"linkEfficiency", "16 MiB one way: " + duration(m.bigSeconds) + ", " +
-                                 human(m.bigBytes / std::max(1e-12, m.bigSeconds -
-                                                                        m.pingPongSeconds / 2),
-                                       "B/s")},
-          {"alphaIntra", "4-byte round trip / 2 (round trip " +
-                             duration(m.pingPongSeconds) + ")"},
-      };
-      std::printf("\n  %-26s %-12s %s\n", "constant", "value", "measured");
-      for (const DerivedConstant &d : derived) {
-        std::string note;
-        for (auto &[k, w] : why)
-          if (k == d.key)
-            note = w;
-        std::printf("  %-26s %-12s %s", d.key, number(d.value).c_str(), note.c_str());
-        if (d.clamped)
-          std::printf(" [clamped into the accepted range from %s]",
-                      std::isfinite(d.raw) ? number(d.raw).c_str() : "infinity");
-        std::printf("\n");
-      }
-      std::printf("  not measured: alphaInter (needs two nodes), memoryFraction and "
-                  "epochs (not machine figures): the defaults apply\n");
-      std::printf("hflow-run: wrote %s (hflowc --calibration %s)\n", outPath.c_str(),
-                  outPath.c_str());
-      std::fflush(stdout);
-    }
+    if (talk)
+      printDerived(m, derived, outPath);
     return 0;
   } catch (const comm::RendezvousError &e) {
     return fail(e.what());
