@@ -571,6 +571,82 @@ int runCalibrationWorker(const plan::LoadedPlan &lp, const JoinOptions &j,
   }
 }
 
+namespace {
+
+// Kinds of step and the constants each one's time scales with.
+enum Kind { Train, Forward, Generate, Reshard, Moves, Kinds };
+const char *const kindName[] = {"training", "forward", "generation", "weight reshard",
+                                "batch move"};
+
+/// Each step's measured times from the metrics rows: ms_step_N (the
+/// iteration's slowest rank) and ms_moves_N (the batch moves before step
+/// N, format 2.12 plans).
+void collectStepTimes(const std::vector<nlohmann::json> &rows,
+                      std::map<int, std::vector<double>> &measured,
+                      std::map<int, std::vector<double>> &moves) {
+  for (const nlohmann::json &r : rows)
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (it.key().rfind("ms_step_", 0) == 0 && it->is_number())
+        measured[std::atoi(it.key().c_str() + 8)].push_back(it->get<double>());
+      if (it.key().rfind("ms_moves_", 0) == 0 && it->is_number())
+        moves[std::atoi(it.key().c_str() + 9)].push_back(it->get<double>());
+    }
+}
+
+/// Each constant scaled from what the plan was predicted with (hflowc's
+/// defaults) by its kind's predicted / measured, clamped to the range the
+/// file accepts (the key table).
+std::vector<std::pair<std::string, double>> scaledConstants(const plan::Plan &p,
+                                                            const std::vector<double> &kindRatio) {
+  const placement::Calibration cal;
+  size_t nKeys = 0;
+  const placement::CalibrationKey *keys = placement::calibrationKeys(nKeys);
+  std::vector<std::pair<std::string, double>> out;
+  auto scaleBy = [&](const char *key, double factor) {
+    if (std::isnan(factor) || factor <= 0)
+      return;
+    for (size_t i = 0; i < nKeys; ++i)
+      if (std::string(keys[i].name) == key)
+        out.push_back({key, std::min(keys[i].max,
+                                     std::max(keys[i].min, cal.*keys[i].field * factor))});
+  };
+  auto scale = [&](const char *key, Kind k) { scaleBy(key, kindRatio[k]); };
+  scale("trainEfficiency", Train);
+  scale("forwardEfficiency", Forward);
+  scale("prefillEfficiency", Generate);
+  scale("decodeComputeEfficiency", Generate);
+  scale("decodeBandwidthEfficiency", Generate);
+  scale("linkEfficiency", Reshard);
+  // A move's latency (alpha within a node, across nodes on a mesh of more)
+  // scales by measured / predicted: a latency, not an efficiency.
+  const bool inter = p.meshes() && p.meshes()->size() > 0 && p.meshes()->Get(0)->nodes() > 1;
+  scaleBy(inter ? "alphaInter" : "alphaIntra", 1 / kindRatio[Moves]);
+  return out;
+}
+
+/// The calibration file: the constants, and what each kind measured.
+std::string calibrationText(const std::vector<std::pair<std::string, double>> &out,
+                            const std::vector<double> &kindRatio) {
+  std::string json = "{\n";
+  for (auto &[k, v] : out)
+    json += "  \"" + k + "\": " + number(v) + ",\n";
+  json += "  \"measured\": {";
+  bool first = true;
+  for (int k = 0; k < Kinds; ++k) {
+    if (std::isnan(kindRatio[k]))
+      continue;
+    std::string name = kindName[k];
+    std::replace(name.begin(), name.end(), ' ', '_');
+    json += std::string(first ? "" : ",") + "\n    \"" + name + "_predicted_over_measured\": " +
+            number(kindRatio[k]);
+    first = false;
+  }
+  json += "\n  }\n}\n";
+  return json;
+}
+
+} // namespace
+
 int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsPath,
                          const std::string &outPath, bool quiet) {
   auto fail = [](const std::string &msg) {
@@ -585,24 +661,12 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   } catch (const std::exception &e) {
     return fail(e.what());
   }
-  // Each step's measured time: the median over the iterations that ran it
-  // (ms_step_N is the iteration's slowest rank).
-  // ms_moves_N: the batch moves before step N (format 2.12 plans).
+  // Each step's measured time: the median over the iterations that ran it.
   std::map<int, std::vector<double>> measured, moves;
-  for (const nlohmann::json &r : rows)
-    for (auto it = r.begin(); it != r.end(); ++it) {
-      if (it.key().rfind("ms_step_", 0) == 0 && it->is_number())
-        measured[std::atoi(it.key().c_str() + 8)].push_back(it->get<double>());
-      if (it.key().rfind("ms_moves_", 0) == 0 && it->is_number())
-        moves[std::atoi(it.key().c_str() + 9)].push_back(it->get<double>());
-    }
+  collectStepTimes(rows, measured, moves);
   if (measured.empty())
     return fail(metricsPath + " has no step times (ms_step_N): not the metrics of a run");
   const int steps = p.steps() ? (int)p.steps()->size() : 0;
-  // Kinds of step and the constants each one's time scales with.
-  enum Kind { Train, Forward, Generate, Reshard, Moves, Kinds };
-  const char *kindName[] = {"training", "forward", "generation", "weight reshard",
-                            "batch move"};
   std::vector<std::vector<double>> ratio(Kinds);
   bool predictedAny = false;
   if (!quiet)
@@ -658,48 +722,10 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
       std::sort(ratio[k].begin(), ratio[k].end());
       kindRatio[k] = ratio[k][ratio[k].size() / 2];
     }
-  // Each constant scaled from what the plan was predicted with (hflowc's
-  // defaults), clamped to the range the file accepts (the key table).
-  const placement::Calibration cal;
-  size_t nKeys = 0;
-  const placement::CalibrationKey *keys = placement::calibrationKeys(nKeys);
-  std::vector<std::pair<std::string, double>> out;
-  auto scaleBy = [&](const char *key, double factor) {
-    if (std::isnan(factor) || factor <= 0)
-      return;
-    for (size_t i = 0; i < nKeys; ++i)
-      if (std::string(keys[i].name) == key)
-        out.push_back({key, std::min(keys[i].max,
-                                     std::max(keys[i].min, cal.*keys[i].field * factor))});
-  };
-  auto scale = [&](const char *key, Kind k) { scaleBy(key, kindRatio[k]); };
-  scale("trainEfficiency", Train);
-  scale("forwardEfficiency", Forward);
-  scale("prefillEfficiency", Generate);
-  scale("decodeComputeEfficiency", Generate);
-  scale("decodeBandwidthEfficiency", Generate);
-  scale("linkEfficiency", Reshard);
-  // A move's latency (alpha within a node, across nodes on a mesh of more)
-  // scales by measured / predicted: a latency, not an efficiency.
-  const bool inter = p.meshes() && p.meshes()->size() > 0 && p.meshes()->Get(0)->nodes() > 1;
-  scaleBy(inter ? "alphaInter" : "alphaIntra", 1 / kindRatio[Moves]);
+  const std::vector<std::pair<std::string, double>> out = scaledConstants(p, kindRatio);
   if (out.empty())
     return fail("no modelled step with a measured and a predicted time above 0");
-  std::string json = "{\n";
-  for (auto &[k, v] : out)
-    json += "  \"" + k + "\": " + number(v) + ",\n";
-  json += "  \"measured\": {";
-  bool first = true;
-  for (int k = 0; k < Kinds; ++k) {
-    if (std::isnan(kindRatio[k]))
-      continue;
-    std::string name = kindName[k];
-    std::replace(name.begin(), name.end(), ' ', '_');
-    json += std::string(first ? "" : ",") + "\n    \"" + name + "_predicted_over_measured\": " +
-            number(kindRatio[k]);
-    first = false;
-  }
-  json += "\n  }\n}\n";
+  const std::string json = calibrationText(out, kindRatio);
   std::string err;
   if (!writeCalibrationFile(outPath, json, err))
     return fail(err);
