@@ -107,26 +107,24 @@ std::string text(__int128 v) {
   return neg ? "-" + s : s;
 }
 
-int run(int argc, char **argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (const std::string &a : args)
-    if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      return 0;
-    }
-  if (args.empty())
-    throw UsageError("no task given (the one task is 'arith')");
-  if (args[0] != "arith")
-    throw UsageError("unknown task '" + args[0] + "' (the one task is 'arith')");
-
-  bool haveSeed = false, haveCount = false, haveA = false, haveB = false;
+/// The arith task's options (kUsage).
+struct ArithOptions {
   uint64_t seed = 0, count = 0, maxA = 0, maxB = 0;
   char op = '+';
-  bool pairs = false, chat = false;
-  std::string system;
-  bool haveSystem = false;
+  bool pairs = false, chat = false, haveSystem = false;
+  std::string system, out;
   std::vector<std::string> excludes;
-  std::string out;
+};
+
+/// "a+b=" for the task's operation.
+std::string arithPrompt(const ArithOptions &o, uint64_t a, uint64_t b) {
+  return std::to_string(a) + o.op + std::to_string(b) + "=";
+}
+
+/// The options after the task's name; refuses what kUsage does not allow.
+ArithOptions parseArith(const std::vector<std::string> &args) {
+  ArithOptions o;
+  bool haveSeed = false, haveCount = false, haveA = false, haveB = false;
   const uint64_t kMaxOperand = 999999999999999999ULL; // 18 digits
   for (size_t i = 1; i < args.size(); ++i) {
     std::string opt = args[i], val;
@@ -144,42 +142,42 @@ int run(int argc, char **argv) {
       return args[++i];
     };
     if (opt == "--seed") {
-      seed = parseUnsigned(opt, value(), UINT64_MAX);
+      o.seed = parseUnsigned(opt, value(), UINT64_MAX);
       haveSeed = true;
     } else if (opt == "--count") {
-      count = parseUnsigned(opt, value(), 100000000);
-      if (count == 0)
+      o.count = parseUnsigned(opt, value(), 100000000);
+      if (o.count == 0)
         throw UsageError("--count must be at least 1");
       haveCount = true;
     } else if (opt == "--max-a") {
-      maxA = parseUnsigned(opt, value(), kMaxOperand);
+      o.maxA = parseUnsigned(opt, value(), kMaxOperand);
       haveA = true;
     } else if (opt == "--max-b") {
-      maxB = parseUnsigned(opt, value(), kMaxOperand);
+      o.maxB = parseUnsigned(opt, value(), kMaxOperand);
       haveB = true;
     } else if (opt == "--op") {
       std::string v = value();
       if (v != "+" && v != "-" && v != "*")
         throw UsageError("--op must be +, - or *, not '" + v + "'");
-      op = v[0];
+      o.op = v[0];
     } else if (opt == "--pairs") {
       if (inlineVal)
         throw UsageError("--pairs takes no value");
-      pairs = true;
+      o.pairs = true;
     } else if (opt == "--chat") {
       if (inlineVal)
         throw UsageError("--chat takes no value");
-      chat = true;
+      o.chat = true;
     } else if (opt == "--system") {
-      system = value();
-      haveSystem = true;
+      o.system = value();
+      o.haveSystem = true;
     } else if (opt == "--exclude") {
-      excludes.push_back(value());
+      o.excludes.push_back(value());
     } else if (opt == "-o" || opt == "--output") {
-      if (!out.empty())
+      if (!o.out.empty())
         throw UsageError("-o given twice");
-      out = value();
-      if (out.empty())
+      o.out = value();
+      if (o.out.empty())
         throw UsageError("-o needs a file name");
     } else {
       throw UsageError("unknown argument '" + args[i] + "'");
@@ -190,20 +188,25 @@ int run(int argc, char **argv) {
   if (!haveCount) missing += " --count";
   if (!haveA) missing += " --max-a";
   if (!haveB) missing += " --max-b";
-  if (out.empty()) missing += " -o";
+  if (o.out.empty()) missing += " -o";
   if (!missing.empty())
     throw UsageError("missing:" + missing);
-  if (haveSystem && !chat)
+  if (o.haveSystem && !o.chat)
     throw UsageError("--system needs --chat (a system message is part of a chat)");
-  if (out != "-") {
+  if (o.out != "-") {
     hflow::outputs::IoSet io;
-    for (const std::string &ex : excludes)
+    for (const std::string &ex : o.excludes)
       io.input("the --exclude file", ex);
-    io.outputFile("-o", out);
+    io.outputFile("-o", o.out);
     if (std::string clash = io.check(); !clash.empty())
       throw UsageError(clash);
   }
 
+  return o;
+}
+
+/// The prompts of the --exclude files (a chat row's user messages).
+std::unordered_set<std::string> excludedPrompts(const std::vector<std::string> &excludes) {
   std::unordered_set<std::string> excluded;
   for (const std::string &ex : excludes) {
     hflow::data::Dataset d = hflow::data::Dataset::load(ex);
@@ -218,14 +221,18 @@ int run(int argc, char **argv) {
       }
   }
 
-  auto prompt = [&](uint64_t a, uint64_t b) {
-    return std::to_string(a) + op + std::to_string(b) + "=";
-  };
-  const uint64_t nb = maxB + 1;
-  const unsigned __int128 space = (unsigned __int128)(maxA + 1) * nb;
-  std::mt19937_64 rng(hflow::data::splitmix64(seed));
+  return excluded;
+}
+
+/// `count` distinct (a, b) not excluded, drawn from the seed.
+std::vector<std::pair<uint64_t, uint64_t>> pickOperands(const ArithOptions &o,
+                                                        const std::unordered_set<std::string> &excluded) {
+  auto prompt = [&](uint64_t a, uint64_t b) { return arithPrompt(o, a, b); };
+  const uint64_t nb = o.maxB + 1;
+  const unsigned __int128 space = (unsigned __int128)(o.maxA + 1) * nb;
+  std::mt19937_64 rng(hflow::data::splitmix64(o.seed));
   std::vector<std::pair<uint64_t, uint64_t>> picked;
-  picked.reserve(count);
+  picked.reserve(o.count);
 
   if (space <= 4000000) {
     // Small space: list the allowed pairs, then a partial Fisher-Yates.
@@ -233,26 +240,26 @@ int run(int argc, char **argv) {
     for (uint64_t k = 0; k < (uint64_t)space; ++k)
       if (!excluded.count(prompt(k / nb, k % nb)))
         pool.push_back(k);
-    if (pool.size() < count)
+    if (pool.size() < o.count)
       throw std::runtime_error(
           "only " + std::to_string(pool.size()) + " distinct prompts exist for "
-          "a in [0, " + std::to_string(maxA) + "], b in [0, " +
-          std::to_string(maxB) + "]" + (excluded.empty() ? "" : " outside the "
-          "--exclude files") + "; --count " + std::to_string(count) +
+          "a in [0, " + std::to_string(o.maxA) + "], b in [0, " +
+          std::to_string(o.maxB) + "]" + (excluded.empty() ? "" : " outside the "
+          "--exclude files") + "; --count " + std::to_string(o.count) +
           " asks for more");
-    for (uint64_t i = 0; i < count; ++i) {
+    for (uint64_t i = 0; i < o.count; ++i) {
       uint64_t j = i + uniform(rng, pool.size() - i);
       std::swap(pool[i], pool[j]);
       picked.emplace_back(pool[i] / nb, pool[i] % nb);
     }
   } else {
     // Large space: draw pairs, skipping repeats and excluded prompts.
-    if ((unsigned __int128)count + excluded.size() > space / 2)
-      throw std::runtime_error("--count " + std::to_string(count) +
+    if ((unsigned __int128)o.count + excluded.size() > space / 2)
+      throw std::runtime_error("--count " + std::to_string(o.count) +
                                " is too close to the number of prompts");
     std::unordered_set<std::string> seen;
-    while (picked.size() < count) {
-      uint64_t a = uniform(rng, maxA + 1), b = uniform(rng, nb);
+    while (picked.size() < o.count) {
+      uint64_t a = uniform(rng, o.maxA + 1), b = uniform(rng, nb);
       std::string p = prompt(a, b);
       if (excluded.count(p) || !seen.insert(p).second)
         continue;
@@ -260,29 +267,35 @@ int run(int argc, char **argv) {
     }
   }
 
-  std::mt19937_64 wrong(hflow::data::splitmix64(seed ^ 0x7061697273ULL)); // "pairs"
+  return picked;
+}
+
+/// The JSONL rows of `picked` (with their rejected answers for --pairs).
+std::string arithRows(const ArithOptions &o,
+                      const std::vector<std::pair<uint64_t, uint64_t>> &picked) {
+  std::mt19937_64 wrong(hflow::data::splitmix64(o.seed ^ 0x7061697273ULL)); // "pairs"
   std::string body;
   for (auto [a, b] : picked) {
-    __int128 r = op == '+'   ? (__int128)a + b
-                 : op == '-' ? (__int128)a - (__int128)b
+    __int128 r = o.op == '+'   ? (__int128)a + b
+                 : o.op == '-' ? (__int128)a - (__int128)b
                              : (__int128)a * b;
-    if (chat)
+    if (o.chat)
       body += "{\"prompt\": [" +
-              (haveSystem ? "{\"role\": \"system\", \"content\": " +
-                                nlohmann::json(system).dump() + "}, "
+              (o.haveSystem ? "{\"role\": \"system\", \"content\": " +
+                                nlohmann::json(o.system).dump() + "}, "
                           : std::string()) +
-              "{\"role\": \"user\", \"content\": \"" + prompt(a, b) + "\"}], \"answer\": \"" +
+              "{\"role\": \"user\", \"content\": \"" + arithPrompt(o, a, b) + "\"}], \"answer\": \"" +
               text(r) + "\"";
     else
-      body += "{\"prompt\": \"" + prompt(a, b) + "\", \"answer\": \"" + text(r) + "\"";
-    if (pairs) {
+      body += "{\"prompt\": \"" + arithPrompt(o, a, b) + "\", \"answer\": \"" + text(r) + "\"";
+    if (o.pairs) {
       // A wrong answer from a stream of its own (the prompts stay those
-      // written without --pairs): off by 1 to 10, or any other number of
+      // written without --o.pairs): off by 1 to 10, or any other number of
       // the answers' range.
-      const __int128 lo = op == '-' ? -(__int128)maxB : 0;
-      const __int128 hi = op == '+'   ? (__int128)maxA + maxB
-                          : op == '-' ? (__int128)maxA
-                                      : (__int128)maxA * maxB;
+      const __int128 lo = o.op == '-' ? -(__int128)o.maxB : 0;
+      const __int128 hi = o.op == '+'   ? (__int128)o.maxA + o.maxB
+                          : o.op == '-' ? (__int128)o.maxA
+                                      : (__int128)o.maxA * o.maxB;
       __int128 w = r;
       while (w == r) {
         if (uniform(wrong, 2) == 0) {
@@ -293,21 +306,39 @@ int run(int argc, char **argv) {
         } else {
           w = r + 1;
         }
-        if (op != '-' && w < 0)
+        if (o.op != '-' && w < 0)
           w = r;
       }
       body += ", \"chosen\": \"" + text(r) + "\", \"rejected\": \"" + text(w) + "\"";
     }
     body += "}\n";
   }
-  if (out == "-") {
+  return body;
+}
+
+int run(int argc, char **argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string &a : args)
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+  if (args.empty())
+    throw UsageError("no task given (the one task is 'arith')");
+  if (args[0] != "arith")
+    throw UsageError("unknown task '" + args[0] + "' (the one task is 'arith')");
+
+  const ArithOptions o = parseArith(args);
+  const std::unordered_set<std::string> excluded = excludedPrompts(o.excludes);
+  const std::string body = arithRows(o, pickOperands(o, excluded));
+  if (o.out == "-") {
     std::cout << body << std::flush;
     if (!std::cout)
       throw std::runtime_error("cannot write to standard output: " +
                                hflow::outputs::systemReason(errno));
     return 0;
   }
-  if (std::string err = hflow::outputs::writeWholeFile(out, body); !err.empty())
+  if (std::string err = hflow::outputs::writeWholeFile(o.out, body); !err.empty())
     throw std::runtime_error(err);
   return 0;
 }
