@@ -125,6 +125,56 @@ std::string defaultPlanPath(llvm::StringRef input) {
   return std::string(p);
 }
 
+/// --explain-placement[=k]: the roles verified, then the k best placements
+/// printed. A bad count is refused (the message; "" when fine).
+std::string addExplainPlacement(PassManager &pm, bool writesPlan) {
+  if (explainPlacement.getNumOccurrences() == 0)
+    return "";
+  int k = 3;
+  if (!explainPlacement.empty()) {
+    const std::string &v = explainPlacement.getValue();
+    char *end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000000)
+      return "--explain-placement takes a positive count, not '" + v + "'";
+    k = (int)n;
+  }
+  mlir::hflow::HflowExplainPlacementOptions opts;
+  opts.k = k;
+  opts.calibration = calibrationFile.getValue();
+  opts.executable = writesPlan;
+  pm.addPass(mlir::hflow::createHflowVerifyRoles());
+  pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
+  return "";
+}
+
+/// The plan of the placed module: as JSON (--emit=plan-json), or the binary
+/// plan written through a temporary file and renamed, so an existing plan is
+/// never left half-written. `finishWithErrors` reports the diagnostics.
+template <class Finish>
+int emitPlanFile(ModuleOp module, const ::hflow::placement::Calibration &cal,
+                 const std::string &outPath, Finish &&finishWithErrors) {
+  ::hflow::EmitOptions opts;
+  opts.flow = flowName;
+  opts.compilerVersion = std::string("hflowc ") + HFLOW_VERSION;
+  opts.calibration = cal;
+  std::vector<uint8_t> plan;
+  if (failed(::hflow::emitPlan(module, opts, plan)))
+    return finishWithErrors();
+
+  if (emitKind == Emit::PlanJson) {
+    std::string err, text;
+    llvm::raw_string_ostream os(text);
+    if (failed(::hflow::printPlanJson(plan, os, err)))
+      return fail("internal error: the emitted plan does not verify: " + err, 1);
+    os.flush();
+    return writeOutput(outputFile.empty() ? "-" : outputFile.getValue(), text);
+  }
+
+  return writeOutput(outPath, std::string(reinterpret_cast<const char *>(plan.data()),
+                                          plan.size()));
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -240,23 +290,8 @@ int main(int argc, char **argv) {
   // proposes only what the runtime executes and the rest is refused at the
   // role (hflow-check-executable). --emit=mlir-placed is an analysis.
   const bool writesPlan = emitKind != Emit::MlirPlaced;
-  if (explainPlacement.getNumOccurrences() > 0) {
-    int k = 3;
-    if (!explainPlacement.empty()) {
-      const std::string &v = explainPlacement.getValue();
-      char *end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000000)
-        return fail("--explain-placement takes a positive count, not '" + v + "'");
-      k = (int)n;
-    }
-    mlir::hflow::HflowExplainPlacementOptions opts;
-    opts.k = k;
-    opts.calibration = calibrationFile.getValue();
-    opts.executable = writesPlan;
-    pm.addPass(mlir::hflow::createHflowVerifyRoles());
-    pm.addPass(mlir::hflow::createHflowExplainPlacement(opts));
-  }
+  if (std::string bad = addExplainPlacement(pm, writesPlan); !bad.empty())
+    return fail(bad);
   mlir::hflow::buildHflowPipeline(pm, calibrationFile, writesPlan);
   if (failed(pm.run(*module)))
     return finishWithErrors();
@@ -267,25 +302,5 @@ int main(int argc, char **argv) {
       os << "\n";
     });
 
-  ::hflow::EmitOptions opts;
-  opts.flow = flowName;
-  opts.compilerVersion = std::string("hflowc ") + HFLOW_VERSION;
-  opts.calibration = cal;
-  std::vector<uint8_t> plan;
-  if (failed(::hflow::emitPlan(*module, opts, plan)))
-    return finishWithErrors();
-
-  if (emitKind == Emit::PlanJson) {
-    std::string err, text;
-    llvm::raw_string_ostream os(text);
-    if (failed(::hflow::printPlanJson(plan, os, err)))
-      return fail("internal error: the emitted plan does not verify: " + err, 1);
-    os.flush();
-    return writeOutput(outputFile.empty() ? "-" : outputFile.getValue(), text);
-  }
-
-  // The binary plan: written through a temporary file and renamed, so an
-  // existing plan is never left half-written.
-  return writeOutput(outPath, std::string(reinterpret_cast<const char *>(plan.data()),
-                                          plan.size()));
+  return emitPlanFile(*module, cal, outPath, finishWithErrors);
 }
