@@ -229,6 +229,39 @@ int runPasses(const Args &a) {
   return 0;
 }
 
+/// PROMPTS.json's prompts ({"prompts": [[token, ..], ..]}).
+std::vector<std::vector<int64_t>> readPrompts(const std::string &path) {
+  std::ifstream pin(path);
+  if (!pin)
+    throw std::runtime_error("cannot read " + path);
+  auto prompts = nlohmann::json::parse(pin).at("prompts").get<std::vector<std::vector<int64_t>>>();
+  if (prompts.empty() || prompts[0].empty())
+    throw std::runtime_error(path + ": no prompts");
+  return prompts;
+}
+
+/// The rows: each prompt `n` times in a row, every prompt the same length
+/// and every token in the vocabulary (`path` names the file in errors).
+at::Tensor promptRows(const std::vector<std::vector<int64_t>> &prompts, int64_t n, int64_t vocab,
+                      const std::string &path) {
+  const int64_t P = (int64_t)prompts[0].size(), B = (int64_t)prompts.size() * n;
+  at::Tensor toks = at::empty({B, P}, at::TensorOptions().dtype(at::kLong));
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if ((int64_t)prompts[p].size() != P)
+      throw std::runtime_error(path + ": prompt " + std::to_string(p) + " has " +
+                               std::to_string(prompts[p].size()) + " tokens, prompt 0 has " +
+                               std::to_string(P));
+    for (int64_t t : prompts[p])
+      if (t < 0 || t >= vocab)
+        throw std::runtime_error(path + ": token " + std::to_string(t) +
+                                 " outside the vocabulary of " + std::to_string(vocab));
+    at::Tensor row = at::tensor(prompts[p], at::TensorOptions().dtype(at::kLong));
+    for (int64_t j = 0; j < n; ++j)
+      toks[(int64_t)p * n + j].copy_(row);
+  }
+  return toks;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -242,33 +275,14 @@ int main(int argc, char **argv) {
       return runPasses(a);
     c10::InferenceMode guard;
 
-    std::ifstream pin(a.prompts);
-    if (!pin)
-      throw std::runtime_error("cannot read " + a.prompts);
-    const auto prompts = nlohmann::json::parse(pin).at("prompts").get<std::vector<std::vector<int64_t>>>();
-    if (prompts.empty() || prompts[0].empty())
-      throw std::runtime_error(a.prompts + ": no prompts");
+    const std::vector<std::vector<int64_t>> prompts = readPrompts(a.prompts);
     const int64_t P = (int64_t)prompts[0].size(), B = (int64_t)prompts.size() * a.n;
 
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_ptr<Llama> model = loadHfLlama(a.hf);
     const double loadS = secondsSince(t0);
     const LlamaConfig &c = model->config();
-    at::Tensor toks = at::empty({B, P}, at::TensorOptions().dtype(at::kLong));
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      if ((int64_t)prompts[p].size() != P)
-        throw std::runtime_error(a.prompts + ": prompt " + std::to_string(p) + " has " +
-                                 std::to_string(prompts[p].size()) + " tokens, prompt 0 has " +
-                                 std::to_string(P));
-      for (int64_t t : prompts[p])
-        if (t < 0 || t >= c.vocab)
-          throw std::runtime_error(a.prompts + ": token " + std::to_string(t) +
-                                   " outside the vocabulary of " + std::to_string(c.vocab));
-      at::Tensor row = at::tensor(prompts[p], at::TensorOptions().dtype(at::kLong));
-      for (int64_t j = 0; j < a.n; ++j)
-        toks[(int64_t)p * a.n + j].copy_(row);
-    }
-    toks = toks.to(engineDevice());
+    at::Tensor toks = promptRows(prompts, a.n, c.vocab, a.prompts).to(engineDevice());
     at::Tensor mask = at::ones({B, P}, onEngine(at::kFloat));
 
     SamplingOptions o;
