@@ -122,99 +122,79 @@ std::vector<int64_t> idsOf(const json &j, size_t lineNo) {
   return ids;
 }
 
-int run(int argc, char **argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (const auto &a : args)
-    if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      return 0;
-    }
-  if (args.size() < 2)
-    throw UsageError("expected TOKENIZER and COMMAND");
-  const std::string spec = args[0], cmd = args[1];
+/// The flags of the commands (kUsage).
+struct Flags {
   bool bos = false, time = false, keepSpecial = false, stream = false, tokenize = false,
        keepGoing = false;
-  for (size_t k = 2; k < args.size(); ++k) {
-    const std::string &a = args[k];
-    if (a == "--bos" && cmd == "encode")
-      bos = true;
-    else if (a == "--time" && cmd == "encode")
-      time = true;
-    else if (a == "--keep-special" && cmd == "decode")
-      keepSpecial = true;
-    else if (a == "--stream" && cmd == "decode")
-      stream = true;
-    else if (a == "--tokenize" && cmd == "render")
-      tokenize = true;
-    else if (a == "--keep-going" && cmd == "render")
-      keepGoing = true;
+};
+
+/// info: the tokenizer's name, sizes, special ids, whether it has a template.
+int runInfo(const hflow::data::Tokenizer &tokr) {
+  const hflow::data::Tokenizer *tok = &tokr;
+  ordered_json j;
+  j["name"] = tok->name();
+  j["vocab_size"] = tok->vocabSize();
+  j["bos_id"] = tok->bosId();
+  j["eos_id"] = tok->eosId();
+  j["pad_id"] = tok->padId();
+  j["stop_ids"] = tok->stopIds();
+  j["chat_template"] = !tok->chatTemplate().empty();
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+/// encode: each line's ids (--bos: BOS first; --time: the rate).
+int runEncode(const hflow::data::Tokenizer &tokr, const Flags &f) {
+  const hflow::data::Tokenizer *tok = &tokr;
+  double secs = 0;
+  size_t bytes = 0;
+  forEachLine([&](const json &j, size_t lineNo) {
+    std::string text;
+    if (j.is_string())
+      text = j.get<std::string>();
+    else if (j.is_object() && j.contains("text") && j["text"].is_string())
+      text = j["text"].get<std::string>();
     else
-      throw UsageError("unknown option '" + a + "' for '" + cmd + "'");
-  }
-  if (cmd != "info" && cmd != "encode" && cmd != "decode" && cmd != "render")
-    throw UsageError("unknown command '" + cmd + "' (info, encode, decode, render)");
+      throw LineError(where(lineNo) + "expected a JSON string or {\"text\": \"...\"}");
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> ids = tok->encode(text);
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes += text.size();
+    if (f.bos && tok->bosId() >= 0)
+      ids.insert(ids.begin(), tok->bosId());
+    std::cout << json{{"ids", ids}}.dump() << "\n";
+  });
+  if (f.time)
+    std::fprintf(stderr, "hflow-tokenize: encoded %zu bytes in %.3f s: %.2f MB/s\n",
+                 bytes, secs, secs > 0 ? bytes / secs / 1e6 : 0.0);
+  return 0;
+}
 
-  std::unique_ptr<hflow::data::Tokenizer> tok = hflow::data::makeTokenizer(spec);
-  std::ios::sync_with_stdio(false);
+/// decode: each line's text (--keep-special; --stream: the pieces too).
+int runDecode(const hflow::data::Tokenizer &tokr, const Flags &f) {
+  const hflow::data::Tokenizer *tok = &tokr;
+  forEachLine([&](const json &j, size_t lineNo) {
+    std::vector<int64_t> ids = idsOf(j, lineNo);
+    ordered_json out;
+    out["text"] = f.keepSpecial ? tok->decodeKeepSpecial(ids) : tok->decode(ids);
+    if (f.stream) {
+      hflow::data::StreamDecoder sd(*tok);
+      ordered_json pieces = ordered_json::array();
+      for (int64_t id : ids)
+        pieces.push_back(sd.push(id));
+      pieces.push_back(sd.finish());
+      out["pieces"] = pieces;
+    }
+    // The byte tokenizer may give invalid UTF-8: say so rather than crash.
+    std::cout << out.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
+  });
+  return 0;
+}
 
-  if (cmd == "info") {
-    ordered_json j;
-    j["name"] = tok->name();
-    j["vocab_size"] = tok->vocabSize();
-    j["bos_id"] = tok->bosId();
-    j["eos_id"] = tok->eosId();
-    j["pad_id"] = tok->padId();
-    j["stop_ids"] = tok->stopIds();
-    j["chat_template"] = !tok->chatTemplate().empty();
-    std::cout << j.dump() << "\n";
-    return 0;
-  }
-
-  if (cmd == "encode") {
-    double secs = 0;
-    size_t bytes = 0;
-    forEachLine([&](const json &j, size_t lineNo) {
-      std::string text;
-      if (j.is_string())
-        text = j.get<std::string>();
-      else if (j.is_object() && j.contains("text") && j["text"].is_string())
-        text = j["text"].get<std::string>();
-      else
-        throw LineError(where(lineNo) + "expected a JSON string or {\"text\": \"...\"}");
-      auto t0 = std::chrono::steady_clock::now();
-      std::vector<int64_t> ids = tok->encode(text);
-      secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bytes += text.size();
-      if (bos && tok->bosId() >= 0)
-        ids.insert(ids.begin(), tok->bosId());
-      std::cout << json{{"ids", ids}}.dump() << "\n";
-    });
-    if (time)
-      std::fprintf(stderr, "hflow-tokenize: encoded %zu bytes in %.3f s: %.2f MB/s\n",
-                   bytes, secs, secs > 0 ? bytes / secs / 1e6 : 0.0);
-    return 0;
-  }
-
-  if (cmd == "decode") {
-    forEachLine([&](const json &j, size_t lineNo) {
-      std::vector<int64_t> ids = idsOf(j, lineNo);
-      ordered_json out;
-      out["text"] = keepSpecial ? tok->decodeKeepSpecial(ids) : tok->decode(ids);
-      if (stream) {
-        hflow::data::StreamDecoder sd(*tok);
-        ordered_json pieces = ordered_json::array();
-        for (int64_t id : ids)
-          pieces.push_back(sd.push(id));
-        pieces.push_back(sd.finish());
-        out["pieces"] = pieces;
-      }
-      // The byte tokenizer may give invalid UTF-8: say so rather than crash.
-      std::cout << out.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
-    });
-    return 0;
-  }
-
-  // render
+/// render: each line's chat through the tokenizer's template (--tokenize:
+/// its ids too; --keep-going: a failing line reported, the rest rendered).
+int runRender(const hflow::data::Tokenizer &tokr, const std::string &spec, const Flags &f) {
+  const hflow::data::Tokenizer *tok = &tokr;
   std::string source = tok->chatTemplate();
   if (source.empty())
     throw std::runtime_error("tokenizer '" + spec +
@@ -236,7 +216,7 @@ int run(int argc, char **argv) {
     try {
       text = tmpl.render(vars);
     } catch (const hflow::data::ChatTemplateError &e) {
-      if (!keepGoing)
+      if (!f.keepGoing)
         throw LineError(where(lineNo) + e.what());
       ++failed;
       std::cerr << "hflow-tokenize: error: " << where(lineNo) << e.what() << "\n";
@@ -245,11 +225,53 @@ int run(int argc, char **argv) {
     }
     ordered_json out;
     out["text"] = text;
-    if (tokenize)
+    if (f.tokenize)
       out["ids"] = tok->encode(text);
     std::cout << out.dump() << "\n";
   });
   return failed ? 1 : 0;
+}
+
+int run(int argc, char **argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const auto &a : args)
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+  if (args.size() < 2)
+    throw UsageError("expected TOKENIZER and COMMAND");
+  const std::string spec = args[0], cmd = args[1];
+  Flags f;
+  for (size_t k = 2; k < args.size(); ++k) {
+    const std::string &a = args[k];
+    if (a == "--bos" && cmd == "encode")
+      f.bos = true;
+    else if (a == "--time" && cmd == "encode")
+      f.time = true;
+    else if (a == "--keep-special" && cmd == "decode")
+      f.keepSpecial = true;
+    else if (a == "--stream" && cmd == "decode")
+      f.stream = true;
+    else if (a == "--tokenize" && cmd == "render")
+      f.tokenize = true;
+    else if (a == "--keep-going" && cmd == "render")
+      f.keepGoing = true;
+    else
+      throw UsageError("unknown option '" + a + "' for '" + cmd + "'");
+  }
+  if (cmd != "info" && cmd != "encode" && cmd != "decode" && cmd != "render")
+    throw UsageError("unknown command '" + cmd + "' (info, encode, decode, render)");
+
+  std::unique_ptr<hflow::data::Tokenizer> tok = hflow::data::makeTokenizer(spec);
+  std::ios::sync_with_stdio(false);
+  if (cmd == "info")
+    return runInfo(*tok);
+  if (cmd == "encode")
+    return runEncode(*tok, f);
+  if (cmd == "decode")
+    return runDecode(*tok, f);
+  return runRender(*tok, spec, f);
 }
 
 } // namespace
