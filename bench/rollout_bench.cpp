@@ -56,12 +56,21 @@ double msSince(std::chrono::steady_clock::time_point t0) {
       .count();
 }
 
-} // namespace
+struct Engine {
+  const char *name;
+  std::function<Generation(at::Generator &, RolloutStats *)> run;
+};
 
-int main(int argc, char **argv) {
+/// The command line (the file's comment); `exit` >= 0: exit with it.
+struct BenchArgs {
   int64_t prompts = 32, n = 8, maxTokens = 256;
   int reps = 3, threads = 2;
   double sigma = 0.9;
+  int exit = -1;
+};
+
+BenchArgs parseBenchArgs(int argc, char **argv) {
+  BenchArgs b;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char * {
@@ -72,21 +81,21 @@ int main(int argc, char **argv) {
       return argv[++i];
     };
     if (a == "--prompts")
-      prompts = std::atoll(next());
+      b.prompts = std::atoll(next());
     else if (a == "--n")
-      n = std::atoll(next());
+      b.n = std::atoll(next());
     else if (a == "--max-tokens")
-      maxTokens = std::atoll(next());
+      b.maxTokens = std::atoll(next());
     else if (a == "--reps")
-      reps = std::atoi(next());
+      b.reps = std::atoi(next());
     else if (a == "--threads")
-      threads = std::atoi(next());
+      b.threads = std::atoi(next());
     else if (a == "--sigma")
-      sigma = std::atof(next());
+      b.sigma = std::atof(next());
     else if (a == "--quick") {
-      prompts = 8;
-      maxTokens = 64;
-      reps = 1;
+      b.prompts = 8;
+      b.maxTokens = 64;
+      b.reps = 1;
     } else {
       std::fprintf(stderr,
                    "usage: hflow-rollout-bench [--prompts N] [--n N] [--max-tokens N] "
@@ -98,13 +107,75 @@ int main(int argc, char **argv) {
                    "  --threads N     intra-op threads for every engine (default 2)\n"
                    "  --sigma S       the response lengths' log-normal spread (default 0.9)\n"
                    "  --quick         8 prompts, 64 tokens, 1 run\n");
-      return 2;
+      b.exit = 2;
+      return b;
     }
   }
-  if (prompts < 1 || n < 1 || maxTokens < 1 || reps < 1 || threads < 1 || sigma < 0) {
+  if (b.prompts < 1 || b.n < 1 || b.maxTokens < 1 || b.reps < 1 || b.threads < 1 || b.sigma < 0) {
     std::fprintf(stderr, "hflow-rollout-bench: every count must be positive\n");
-    return 2;
+    b.exit = 2;
+    return b;
   }
+  return b;
+}
+
+/// The table of every engine against the static one, and the check that
+/// the paged variants' tokens are the same (false when not).
+bool printTable(const std::vector<Engine> &engines, const std::vector<std::vector<double>> &ms,
+                const std::vector<Generation> &out, const std::vector<RolloutStats> &st,
+                int64_t n) {
+  const double generated = out[0].mask.sum().item<double>();
+  std::printf("%-9s | %10s %9s %7s | %10s %10s %6s | %7s %10s %9s\n", "engine", "ms", "tok/s",
+              "vs st.", "KV alloc", "KV peak", "of st.", "preempt", "prefill ms", "forwards");
+  const double base = median(ms[0]);
+  for (size_t e = 0; e < engines.size(); ++e) {
+    const double t = median(ms[e]);
+    const bool paged = e > 0;
+    const double alloc = paged ? (double)st[e].poolBlocks * (double)st[e].blockBytes
+                               : (double)out[e].kvCacheBytes;
+    const double peak = paged ? (double)st[e].peakBlocks * (double)st[e].blockBytes : alloc;
+    char pre[32] = "-", fw[32] = "-", pf[32] = "-";
+    if (paged) {
+      std::snprintf(pre, sizeof pre, "%lld", (long long)st[e].preemptions);
+      std::snprintf(fw, sizeof fw, "%lld", (long long)st[e].forwards);
+      std::snprintf(pf, sizeof pf, "%.1f", st[e].prefillMs);
+    }
+    std::printf("%-9s | %10.1f %9.0f %6.2fx | %8.1f MiB %6.1f MiB %5.0f%% | %7s %10s %9s\n",
+                engines[e].name, t, generated / (t / 1000.0), base / t, alloc / 1048576.0,
+                peak / 1048576.0, 100.0 * alloc / (double)out[0].kvCacheBytes, pre, pf, fw);
+  }
+  bool ok = true;
+  for (size_t e = 1; e < engines.size(); ++e)
+    if (!at::equal(out[e].tokens, out[1].tokens) ||
+        out[e].mask.sum().item<double>() != generated) {
+      std::printf("DIFFERENT tokens: %s against paged\n", engines[e].name);
+      ok = false;
+    }
+  std::printf("figures: throughput %.2fx the static engine (paged), %.2fx with half its KV "
+              "bytes, %.2fx with 1/16 (%lld preemptions); KV allocated %.0f%% / %.0f%% of "
+              "static; prefill with n = %lld shared %.1f ms vs unshared %.1f ms (%.2f); paged "
+              "variants' tokens %s\n",
+              base / median(ms[1]), base / median(ms[2]), base / median(ms[3]),
+              (long long)st[3].preemptions,
+              100.0 * (double)st[1].poolBlocks * (double)st[1].blockBytes /
+                  (double)out[0].kvCacheBytes,
+              100.0 * (double)st[2].poolBlocks * (double)st[2].blockBytes /
+                  (double)out[0].kvCacheBytes,
+              (long long)n, st[1].prefillMs, st[4].prefillMs,
+              st[4].prefillMs > 0 ? st[1].prefillMs / st[4].prefillMs : 0.0,
+              ok ? "identical" : "DIFFERENT");
+  return ok;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  const BenchArgs ba = parseBenchArgs(argc, argv);
+  if (ba.exit >= 0)
+    return ba.exit;
+  const int64_t prompts = ba.prompts, n = ba.n, maxTokens = ba.maxTokens;
+  const int reps = ba.reps, threads = ba.threads;
+  const double sigma = ba.sigma;
   at::set_num_threads(threads);
   LlamaConfig c;
   c.name = "L4 H256";
@@ -166,10 +237,6 @@ int main(int argc, char **argv) {
               (long long)P, sigma, meanLen, (long long)capped, (long long)maxTokens,
               c.name.c_str(), (long long)c.paramCount(), threads, at::get_num_threads(), reps);
 
-  struct Engine {
-    const char *name;
-    std::function<Generation(at::Generator &, RolloutStats *)> run;
-  };
   std::vector<Engine> engines = {
       {"static", [&](at::Generator &g, RolloutStats *) { return m.generate(toks, mask, o, g); }},
       {"paged", [&](at::Generator &g, RolloutStats *s) {
@@ -202,45 +269,6 @@ int main(int argc, char **argv) {
       out[e] = engines[e].run(g, &st[e]);
       ms[e].push_back(msSince(t0));
     }
-  const double generated = out[0].mask.sum().item<double>();
-  std::printf("%-9s | %10s %9s %7s | %10s %10s %6s | %7s %10s %9s\n", "engine", "ms", "tok/s",
-              "vs st.", "KV alloc", "KV peak", "of st.", "preempt", "prefill ms", "forwards");
-  const double base = median(ms[0]);
-  for (size_t e = 0; e < engines.size(); ++e) {
-    const double t = median(ms[e]);
-    const bool paged = e > 0;
-    const double alloc = paged ? (double)st[e].poolBlocks * (double)st[e].blockBytes
-                               : (double)out[e].kvCacheBytes;
-    const double peak = paged ? (double)st[e].peakBlocks * (double)st[e].blockBytes : alloc;
-    char pre[32] = "-", fw[32] = "-", pf[32] = "-";
-    if (paged) {
-      std::snprintf(pre, sizeof pre, "%lld", (long long)st[e].preemptions);
-      std::snprintf(fw, sizeof fw, "%lld", (long long)st[e].forwards);
-      std::snprintf(pf, sizeof pf, "%.1f", st[e].prefillMs);
-    }
-    std::printf("%-9s | %10.1f %9.0f %6.2fx | %8.1f MiB %6.1f MiB %5.0f%% | %7s %10s %9s\n",
-                engines[e].name, t, generated / (t / 1000.0), base / t, alloc / 1048576.0,
-                peak / 1048576.0, 100.0 * alloc / (double)out[0].kvCacheBytes, pre, pf, fw);
-  }
-  bool ok = true;
-  for (size_t e = 1; e < engines.size(); ++e)
-    if (!at::equal(out[e].tokens, out[1].tokens) ||
-        out[e].mask.sum().item<double>() != generated) {
-      std::printf("DIFFERENT tokens: %s against paged\n", engines[e].name);
-      ok = false;
-    }
-  std::printf("figures: throughput %.2fx the static engine (paged), %.2fx with half its KV "
-              "bytes, %.2fx with 1/16 (%lld preemptions); KV allocated %.0f%% / %.0f%% of "
-              "static; prefill with n = %lld shared %.1f ms vs unshared %.1f ms (%.2f); paged "
-              "variants' tokens %s\n",
-              base / median(ms[1]), base / median(ms[2]), base / median(ms[3]),
-              (long long)st[3].preemptions,
-              100.0 * (double)st[1].poolBlocks * (double)st[1].blockBytes /
-                  (double)out[0].kvCacheBytes,
-              100.0 * (double)st[2].poolBlocks * (double)st[2].blockBytes /
-                  (double)out[0].kvCacheBytes,
-              (long long)n, st[1].prefillMs, st[4].prefillMs,
-              st[4].prefillMs > 0 ? st[1].prefillMs / st[4].prefillMs : 0.0,
-              ok ? "identical" : "DIFFERENT");
+  const bool ok = printTable(engines, ms, out, st, n);
   return ok ? 0 : 1;
 }
