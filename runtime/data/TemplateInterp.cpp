@@ -11,6 +11,15 @@
 
 namespace hflow::data::tmpl {
 
+/// A filter's argument: positional `i`, else keyword `k`, else `d`.
+static Value argOr(const Array &pos, const ObjData &kw, size_t i, const char *k, const Value &d) {
+  if (i < pos.size())
+    return pos[i];
+  if (const Value *x = kw.find(k))
+    return *x;
+  return d;
+}
+
 class Interp {
 public:
   explicit Interp(std::time_t now) : now_(now) {}
@@ -612,7 +621,7 @@ private:
       }
       return mkStr(toJson(v, o, 0, true));
     });
-    
+
   }
 
   /// The filter join(separator).
@@ -646,7 +655,7 @@ private:
       }
       return mkStr(out);
     });
-    
+
   }
 
   /// The filter int(default) and float(default).
@@ -668,7 +677,7 @@ private:
     if (v.t == VT::Bool)
       return isInt ? mkInt(v.b ? 1 : 0) : mkFloat(v.b ? 1 : 0);
     fail(f, "Cannot apply filter \"" + name + "\" to type: " + typeName(v));
-    
+
   }
 
   /// The filter default(value, boolean).
@@ -683,7 +692,7 @@ private:
     if (v.t == VT::Undefined || (boolean.b && !truthy(v)))
       return dflt;
     return v;
-    
+
   }
 
   /// The filter sort(reverse, case_sensitive, attribute) of an array.
@@ -691,13 +700,7 @@ private:
     Array pos;
     std::shared_ptr<ObjData> kw;
     splitArgs(f.a, env, pos, kw);
-    auto opt = [&](size_t i, const char *k, Value d) {
-      if (i < pos.size())
-        return pos[i];
-      if (const Value *x = kw->find(k))
-        return *x;
-      return d;
-    };
+    auto opt = [&](size_t i, const char *k, Value d) { return argOr(pos, *kw, i, k, d); };
     Value rev = opt(0, "reverse", mkBool(false));
     if (rev.t != VT::Bool)
       fail(f, "reverse must be a boolean");
@@ -720,7 +723,7 @@ private:
       });
       return mkArr(std::move(out));
     });
-      
+
   }
 
   /// The filter selectattr and rejectattr(attribute, test, argument) of an array of objects.
@@ -745,7 +748,7 @@ private:
       }
       return mkArr(std::move(out));
     });
-      
+
   }
 
   /// The filter map(attribute=, default=) of an array of objects.
@@ -765,7 +768,7 @@ private:
       out.push_back(x.t == VT::Undefined ? (dflt ? *dflt : mkUndef()) : x);
     }
     return mkArr(std::move(out));
-      
+
   }
 
   /// The filter indent(width, first, blank) of a string.
@@ -773,13 +776,7 @@ private:
     Array pos;
     std::shared_ptr<ObjData> kw;
     splitArgs(f.a, env, pos, kw);
-    auto opt = [&](size_t i, const char *k, Value d) {
-      if (i < pos.size())
-        return pos[i];
-      if (const Value *x = kw->find(k))
-        return *x;
-      return d;
-    };
+    auto opt = [&](size_t i, const char *k, Value d) { return argOr(pos, *kw, i, k, d); };
     Value width = opt(0, "width", mkInt(4));
     if (width.t != VT::Int)
       fail(f, "width must be a number");
@@ -788,7 +785,7 @@ private:
     bool first = truthy(opt(1, "first", mkBool(false)));
     bool blank = truthy(opt(2, "blank", mkBool(false)));
     return mkStr(indentLines(v.str(), std::string(size_t(width.n), ' '), first, blank));
-      
+
   }
 
   Value applyFilter(const Value &v, const Node &f, Env &env) {
