@@ -38,6 +38,13 @@
 # log-prob and update passes' MFU (gpu_peer.py stages); GPU_BENCH_GRPO_TIMEOUT
 # (default 420 s) bounds each.
 #
+# The whole benchmark keeps to GPU_BENCH_BUDGET seconds (default 420: with
+# the build, the clients' check and the pipeline bench, gpu-bench fits the
+# issue's 8 minutes of device time): each step runs under the smaller of its
+# own limit and what is left, and a step with under 20 s left is skipped and
+# says so. The order is what matters most first: the first shape's rollout
+# against transformers, the GRPO iterations, then the next shapes.
+#
 # GPU_BENCH_PYTHON (default python3; /usr/bin/python3 on Debian) runs the
 # Python side and must import torch. WORK is the benchmark's own folder: a
 # folder holding anything else is refused. Exit 1 when hflow's side fails.
@@ -50,6 +57,15 @@ PROMPTS="${GPU_BENCH_PROMPTS:-32}" PLEN="${GPU_BENCH_PROMPT_LEN:-512}"
 N="${GPU_BENCH_N:-8}" TOKENS="${GPU_BENCH_TOKENS:-256}"
 PEER_TIMEOUT="${GPU_BENCH_PEER_TIMEOUT:-240}" HFLOW_TIMEOUT="${GPU_BENCH_HFLOW_TIMEOUT:-300}"
 say() { echo "gpu-bench: $*"; }
+BUDGET="${GPU_BENCH_BUDGET:-420}" T0=$SECONDS
+# limit WANT: the seconds a step may take (WANT, or what is left of the
+# budget); empty when under 20 s are left.
+limit() {
+  local left=$((BUDGET - (SECONDS - T0)))
+  [ "$left" -lt 20 ] && return 1
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+skipped() { say "$1: skipped: the benchmark's time budget (GPU_BENCH_BUDGET=$BUDGET s) is spent"; }
 
 [ -x "$BIN/hflow-gpu-rollout" ] || { say "$BIN/hflow-gpu-rollout not found: build it first" >&2; exit 2; }
 "$PY" -c 'import torch' 2>/dev/null || { say "$PY cannot import torch" >&2; exit 2; }
@@ -63,19 +79,20 @@ PEER_OK=1
 say "python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')$([ $PEER_OK = 1 ] && "$PY" -c 'import transformers; print(", transformers", transformers.__version__)')"
 say "settings: $PROMPTS prompts x n = $N, prompts of $PLEN tokens, $TOKENS tokens each, temperature 1, no stop"
 
-FAILED=0
-for shape in $SHAPES; do
-  d="$WORK/$shape" m="$WORK/$shape/model"
+rollout_shape() {
+  local shape="$1" d="$WORK/$1" m="$WORK/$1/model" att out mode rc t
   mkdir -p "$d"
   say "$shape: making the model (random bf16 weights) and the prompts"
-  "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
-    { say "$shape: could not make the model"; FAILED=1; continue; }
+  t=$(limit 120) || { skipped "$shape"; return; }
+  timeout "$t" "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
+    { say "$shape: could not make the model"; FAILED=1; return; }
   # hflow's attention as it ships (dense), and on a GPU also LibTorch's
   # fused kernel (HFLOW_ATTENTION=sdpa, opt-in until gpu-test checks it).
   for att in dense $([ "$DEVICE" = cuda ] && echo sdpa); do
     out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
     say "$shape: hflow ($att attention)"
-    if ! HFLOW_ATTENTION=$att timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" \
+    t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($att attention)"; continue; }
+    if ! HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
         --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$out"; then
       say "$shape: hflow ($att attention) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
     fi
@@ -84,15 +101,16 @@ for shape in $SHAPES; do
     if [ $PEER_OK = 0 ]; then
       echo "not run: $PY cannot import transformers" > "$d/transformers-$mode.json.why"; continue
     fi
+    t=$(limit "$PEER_TIMEOUT") || { skipped "$shape: transformers ($mode)"; echo "skipped: the time budget" > "$d/transformers-$mode.json.why"; continue; }
     say "$shape: transformers ($mode)"
-    timeout "$PEER_TIMEOUT" "$PY" "$HERE/gpu_peer.py" transformers "$m" --mode "$mode" \
+    timeout "$t" "$PY" "$HERE/gpu_peer.py" transformers "$m" --mode "$mode" \
       --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$d/transformers-$mode.json" \
       > "$d/transformers-$mode.log" 2>&1
     rc=$?
     tail -n 3 "$d/transformers-$mode.log" | sed 's/^/    /'
     if [ $rc -ne 0 ]; then
       rm -f "$d/transformers-$mode.json"
-      if [ $rc -eq 124 ]; then echo "ran past ${PEER_TIMEOUT} s" > "$d/transformers-$mode.json.why"
+      if [ $rc -eq 124 ]; then echo "ran past ${t} s" > "$d/transformers-$mode.json.why"
       else echo "failed: $(tail -n 1 "$d/transformers-$mode.log" | cut -c1-120)" > "$d/transformers-$mode.json.why"; fi
     fi
   done
@@ -100,17 +118,20 @@ for shape in $SHAPES; do
   # one GPU (no GRPO iteration for them below).
   if [[ " ${GPU_BENCH_PASS_SHAPES-llama3_8b tiny} " == *" $shape "* ]]; then
     say "$shape: hflow's log-prob and training passes"
-    timeout "$HFLOW_TIMEOUT" "$BIN/hflow-gpu-rollout" --hf "$m" --device "$DEVICE" \
+    if t=$(limit "$HFLOW_TIMEOUT"); then
+    timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" --device "$DEVICE" \
       --passes "${GPU_BENCH_PASS_ROWS:-16}" --pass-tokens "${GPU_BENCH_PASS_TOKENS:-1536}" \
       --micro "${GPU_BENCH_PASS_MICRO:-2}" --out "$d/passes.json" ||
-      { say "$shape: the passes FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1; }
+      { say "$shape: the passes FAILED (or ran past its time)"; FAILED=1; }
+    else skipped "$shape: the passes"; fi
   fi
   rm -rf "$m" # the weights (16 GB for an 8B) go; the figures stay
-done
-"$PY" "$HERE/gpu_peer.py" report "$WORK" | tee "$WORK/table.md"
+}
 
 # One GRPO iteration per size, split by stage.
-if [ -n "$PLANS" ]; then
+grpo_all() {
+  [ -n "$PLANS" ] || return 0
+  local f m plan d rows t
   for f in "$PLANS"/grpo_*.refused; do
     [ -f "$f" ] || continue
     m="$(basename "$f" .refused)"; m="${m#grpo_}"
@@ -123,7 +144,8 @@ if [ -n "$PLANS" ]; then
     "$BIN/hflow-run" --dry-run "$plan" > "$d/dry-run.txt" || { say "grpo $m: the plan does not verify"; FAILED=1; continue; }
     rows="$(sed -n 's/.*batch: \([0-9]*\), n: \([0-9]*\).*/\1 \2/p' "$PLANS/grpo_$m.hflow" | awk '{print $1 * $2}')"
     say "grpo $m: hflow-run on $DEVICE ($(grep -o 'micro_batch: [0-9]*' "$PLANS/grpo_$m.hflow"), $rows rows)"
-    if timeout "${GPU_BENCH_GRPO_TIMEOUT:-420}" "$BIN/hflow-run" --device "$DEVICE" \
+    t=$(limit "${GPU_BENCH_GRPO_TIMEOUT:-420}") || { skipped "grpo $m"; continue; }
+    if timeout "$t" "$BIN/hflow-run" --device "$DEVICE" \
         --data-dir "$PLANS" --metrics "$d/metrics.jsonl" "$plan" > "$d/log.txt" 2>&1; then
       "$PY" "$HERE/gpu_peer.py" stages "$d/metrics.jsonl" "$d/dry-run.txt" --shape "$m" \
         --prompt-tokens 512 --rows "$rows" | tee "$d/stages.md"
@@ -131,9 +153,20 @@ if [ -n "$PLANS" ]; then
       # each step's time against the cost model's prediction.
       sed -n '/^memory per rank/,/^measured \/ predicted/p' "$d/log.txt" | sed 's/^/    /'
     else
-      say "grpo $m: FAILED (or ran past ${GPU_BENCH_GRPO_TIMEOUT:-420} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
+      say "grpo $m: FAILED (or ran past ${t} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
       FAILED=1
     fi
   done
-fi
+}
+
+FAILED=0
+first=1
+for shape in $SHAPES; do
+  rollout_shape "$shape"
+  [ $first = 1 ] && grpo_all
+  first=0
+done
+[ -z "$SHAPES" ] && grpo_all
+"$PY" "$HERE/gpu_peer.py" report "$WORK" | tee "$WORK/table.md"
+
 exit $FAILED
