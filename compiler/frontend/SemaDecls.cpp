@@ -259,6 +259,37 @@ void Sema::checkModel(ast::ModelDecl &m) {
   });
 }
 
+namespace {
+
+/// A model directory's config.json, parsed: "" when it is a JSON object,
+/// else what is wrong (a JSON error at the file's line:col).
+std::string readConfigJson(const std::string &config, nlohmann::json &j) {
+  std::ifstream in(config, std::ios::binary);
+  if (!in)
+    return "cannot read " + config + ": no such file, or not readable";
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > (size_t(1) << 24))
+    return config + " is larger than 16 MiB; is it a config.json?";
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error &err) {
+    // Turn the byte offset into line:col of the JSON file.
+    size_t off = std::min<size_t>(err.byte > 0 ? err.byte - 1 : 0, text.size());
+    int line = 1, col = 1;
+    for (size_t i = 0; i < off; ++i, ++col)
+      if (text[i] == '\n') {
+        ++line;
+        col = 0;
+      }
+    return config + ":" + std::to_string(line) + ":" + std::to_string(col) + ": not valid JSON";
+  }
+  if (!j.is_object())
+    return config + " is not a JSON object";
+  return "";
+}
+
+} // namespace
+
 void Sema::checkHfModel(ast::ModelDecl &m) {
   const Expr &e = *m.ctor;
   std::vector<const ast::Arg *> positional;
@@ -278,38 +309,9 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
     dir = fs::path(m.loc.file).parent_path() / dir;
   fs::path config = dir / "config.json";
   m.hfDir = dir.string();
-  std::ifstream in(config, std::ios::binary);
-  if (!in) {
-    diags_.error(dirArg.loc, "cannot read " + config.string() +
-                                 ": no such file, or not readable");
-    return;
-  }
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  if (text.size() > (size_t(1) << 24)) {
-    diags_.error(dirArg.loc, config.string() + " is larger than 16 MiB; is "
-                                               "it a config.json?");
-    return;
-  }
   nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error &err) {
-    // Turn the byte offset into line:col of the JSON file.
-    size_t off = std::min<size_t>(err.byte > 0 ? err.byte - 1 : 0, text.size());
-    int line = 1, col = 1;
-    for (size_t i = 0; i < off; ++i, ++col)
-      if (text[i] == '\n') {
-        ++line;
-        col = 0;
-      }
-    diags_.error(dirArg.loc, config.string() + ":" + std::to_string(line) +
-                                 ":" + std::to_string(col) +
-                                 ": not valid JSON");
-    return;
-  }
-  if (!j.is_object()) {
-    diags_.error(dirArg.loc, config.string() + " is not a JSON object");
+  if (std::string why = readConfigJson(config.string(), j); !why.empty()) {
+    diags_.error(dirArg.loc, why);
     return;
   }
   std::string type = j.value("model_type", std::string());
