@@ -14,6 +14,9 @@
 
 namespace hflow::models {
 
+/// ceil(a / b) for positive b: blocks of `b` positions that hold `a`.
+inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 class KvBlocks {
 public:
   virtual ~KvBlocks() = default;

@@ -26,8 +26,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// The model runner of the engine: RolloutScheduler says what runs in each
 /// iteration; this runs the forwards over the pool and samples.
 class Engine {

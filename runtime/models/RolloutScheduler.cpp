@@ -7,10 +7,6 @@
 
 namespace hflow::models {
 
-namespace {
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-} // namespace
-
 RolloutScheduler::RolloutScheduler(KvBlocks &blocks, const ScheduleLimits &limits,
                                    StopRule stop)
     : blocks_(blocks), lim_(limits), stop_(std::move(stop)) {}
