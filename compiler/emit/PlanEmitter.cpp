@@ -16,6 +16,7 @@
 #include "compiler/planner/Memory.h"
 #include "dialects/hflow/HflowOps.h"
 #include "runtime/schema/Defaults.h"
+#include "runtime/schema/PlanArgs.h"
 #include "runtime/schema/PlanFormat.h"
 #include "compiler/planner/RoleReshard.h"
 #include "compiler/planner/RoleSearch.h"
@@ -31,6 +32,7 @@
 using namespace mlir;
 using namespace mlir::hflow;
 namespace fb = ::hflow::plan;
+namespace planargs = ::hflow::planargs;
 
 namespace {
 
@@ -52,21 +54,21 @@ std::string locString(Location loc) {
   return "<unknown>";
 }
 
-std::string attrString(Attribute a) {
-  if (auto s = dyn_cast<StringAttr>(a))
-    return s.getValue().str();
+/// A compiler attribute as a plan value: its own storage, converted to the
+/// field's by planargs (exactly, or refused).
+planargs::ArgValue argValue(Attribute a) {
+  if (auto bo = dyn_cast<BoolAttr>(a))
+    return planargs::ArgValue::boolean(bo.getValue());
   if (auto i = dyn_cast<IntegerAttr>(a))
-    return std::to_string(i.getInt());
-  if (auto f = dyn_cast<FloatAttr>(a)) {
-    // Shortest text that round-trips, so plans stay byte-identical.
-    llvm::SmallString<32> s;
-    f.getValue().toString(s);
-    return s.str().str();
-  }
+    return planargs::ArgValue::integer(i.getInt());
+  if (auto f = dyn_cast<FloatAttr>(a))
+    return planargs::ArgValue::real(f.getValueAsDouble());
+  if (auto st = dyn_cast<StringAttr>(a))
+    return planargs::ArgValue::string(st.getValue().str());
   std::string out;
   llvm::raw_string_ostream os(out);
   a.print(os);
-  return out;
+  return planargs::ArgValue::string(out);
 }
 
 } // namespace
@@ -92,10 +94,10 @@ public:
 private:
   LogicalResult choosePhases();
   void emitModels();
-  void emitRoles();
+  LogicalResult emitRoles();
   LogicalResult emitPhase(FlowOp phaseFlow, TrainOp train);
   LogicalResult emitReshard(ReshardOp rop, const std::string &loc);
-  void emitBuiltin(BuiltinOp bi, const std::string &loc);
+  LogicalResult emitBuiltin(BuiltinOp bi, const std::string &loc);
   LogicalResult emitCall(CallOp call, const std::string &loc);
   void emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep);
   LogicalResult finish(std::vector<uint8_t> &out);
@@ -108,18 +110,21 @@ private:
         producer));
     return static_cast<int>(values.size() - 1);
   }
-  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::KeyValue>>>
-  keyValues(DictionaryAttr args, ArrayRef<std::pair<std::string, std::string>> extra = {}) {
-    std::vector<std::pair<std::string, std::string>> all;
+  /// A call's keyword arguments (and `extra`, what the compiler adds) as
+  /// the plan's typed CallArgs; an error at `op` for one the table has no
+  /// field for or of the wrong type (a hand-written module).
+  FailureOr<flatbuffers::Offset<fb::CallArgs>> callArgs(Operation *op, DictionaryAttr args,
+                                                        planargs::Named extra = {}) {
+    planargs::Named all;
     if (args)
       for (NamedAttribute na : args)
-        all.push_back({na.getName().str(), attrString(na.getValue())});
+        all.push_back({na.getName().str(), argValue(na.getValue())});
     all.insert(all.end(), extra.begin(), extra.end());
-    std::sort(all.begin(), all.end());
-    std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
-    for (auto &[k, v] : all)
-      kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
-    return b.CreateVector(kvs);
+    flatbuffers::Offset<fb::CallArgs> out;
+    std::string err;
+    if (!planargs::buildCallArgs(b, all, out, &err))
+      return op->emitError() << "keyword argument " << err;
+    return out;
   }
   /// A step's predicted seconds at the phase's workload (format 2.11).
   double predicted(RoleOp role, llvm::StringRef method) {
@@ -245,7 +250,7 @@ void PlanWriter::emitModels() {
 
 /// Roles and one communicator group per role; an actor generating apart
 /// gets two more groups.
-void PlanWriter::emitRoles() {
+LogicalResult PlanWriter::emitRoles() {
   // An actor generating apart: its generation ranks, and both sides sorted
   // (the reshard's ranks), per role index.
   struct Apart {
@@ -287,15 +292,13 @@ void PlanWriter::emitRoles() {
     flatbuffers::Offset<flatbuffers::String> rule;
     if (auto ru = r.getRuleAttr())
       rule = b.CreateString(ru.getValue().str());
-    std::vector<std::pair<std::string, std::string>> opts;
+    planargs::Named opts;
     if (auto d = r.getOptionsAttr())
       for (NamedAttribute na : d)
-        opts.push_back({na.getName().str(), attrString(na.getValue())});
-    std::sort(opts.begin(), opts.end());
-    std::vector<flatbuffers::Offset<fb::KeyValue>> optKvs;
-    for (auto &[k, v] : opts)
-      optKvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
-    auto optVec = b.CreateVector(optKvs);
+        opts.push_back({na.getName().str(), argValue(na.getValue())});
+    flatbuffers::Offset<fb::RoleOptions> optVec;
+    if (std::string err; !planargs::buildRoleOptions(b, opts, optVec, &err))
+      return r.emitError() << "role option " << err;
     roleIndex[r.getSymName()] = roles.size();
     std::vector<fb::RankMemory> memory;
     std::vector<fb::RankTransient> transient;
@@ -336,7 +339,7 @@ void PlanWriter::emitRoles() {
                                      b.CreateVector(a.both)));
     reshardRanks[a.role] = a.both;
   }
-
+  return success();
 }
 
 /// One phase: its flow's values and steps in program order, then its record.
@@ -369,7 +372,8 @@ LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
       if (failed(emitReshard(rop, loc)))
         return failure();
     } else if (auto bi = dyn_cast<BuiltinOp>(op)) {
-      emitBuiltin(bi, loc);
+      if (failed(emitBuiltin(bi, loc)))
+        return failure();
     } else if (auto call = dyn_cast<CallOp>(op)) {
       if (failed(emitCall(call, loc)))
         return failure();
@@ -436,8 +440,7 @@ LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
   steps.push_back(fb::CreateStep(
       b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
       b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-      -1, -1, b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-      b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
+      -1, -1, 0, b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
       predicted(role, "reshard"), movesPredicted()));
   auto both = reshardRanks.find(it->second);
   stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
@@ -445,7 +448,7 @@ LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
 }
 
 /// The controller (rank 0) computes builtins on the batch values.
-void PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
+LogicalResult PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
   std::vector<int> inputs, outputs;
   for (Value v : bi.getInputs())
     inputs.push_back(valueIndex.lookup(v));
@@ -454,19 +457,22 @@ void PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
                                       : "v" + std::to_string(values.size());
   for (auto [i, r] : llvm::enumerate(bi.getResults()))
     outputs.push_back(newValue(r, i == 0 ? base : base + ".returns", step));
-  std::vector<std::pair<std::string, std::string>> extra;
+  planargs::Named extra;
   if (auto sc = bi.getScalarAttr())
-    extra.push_back({"scalar", attrString(sc)});
+    extra.push_back({"scalar", argValue(sc)});
   if (bi.getScalarLhs())
-    extra.push_back({"scalar_lhs", "true"});
+    extra.push_back({"scalar_lhs", planargs::ArgValue::boolean(true)});
   if (auto sr = bi.getScaleRhsAttr())
-    extra.push_back({"scale_rhs", attrString(sr)});
-  auto kvs = keyValues(bi.getArgsAttr(), extra);
+    extra.push_back({"scale_rhs", argValue(sr)});
+  auto args = callArgs(bi, bi.getArgsAttr(), extra);
+  if (failed(args))
+    return failure();
   steps.push_back(fb::CreateStep(
       b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
-      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, *args,
       b.CreateString(loc), -1, -1.0, movesPredicted()));
   stepRanks.push_back({0});
+  return success();
 }
 
 /// A role's method on its ranks, and the check of its result.
@@ -490,27 +496,27 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
                                computeStep));
   // A generate call without max_tokens samples hflow's default, written
   // into the plan: the runtime never chooses one of its own.
-  std::vector<std::pair<std::string, std::string>> implied;
+  planargs::Named implied;
   if (call.getMethod() == "generate" &&
       !(call.getArgsAttr() && call.getArgsAttr().get("max_tokens")))
-    implied.push_back({"max_tokens", std::to_string(defaults::kMaxTokens)});
-  auto kvs = keyValues(call.getArgsAttr(), implied);
+    implied.push_back({"max_tokens", planargs::ArgValue::integer(defaults::kMaxTokens)});
+  auto args = callArgs(call, call.getArgsAttr(), implied);
+  if (failed(args))
+    return failure();
   // An actor generating apart generates on its generation ranks.
   const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
   const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
   auto roleOp = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
   steps.push_back(fb::CreateStep(
       b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
-      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, kvs,
+      b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, *args,
       b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
       movesPredicted()));
   stepRanks.push_back(ranksHere);
   steps.push_back(fb::CreateStep(
       b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
       b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-      apart ? genGroup.at(role) : role, computeStep,
-      b.CreateVector(std::vector<flatbuffers::Offset<fb::KeyValue>>{}),
-      b.CreateString(loc)));
+      apart ? genGroup.at(role) : role, computeStep, 0, b.CreateString(loc)));
   stepRanks.push_back(ranksHere);
   return success();
 }
@@ -608,7 +614,8 @@ LogicalResult PlanWriter::write(std::vector<uint8_t> &out) {
   if (failed(choosePhases()))
     return failure();
   emitModels();
-  emitRoles();
+  if (failed(emitRoles()))
+    return failure();
   // Values and steps, phase by phase, in program order.
   // Each step's predicted time (format 2.11): the cost model at its phase's
   // workload (one per train block, in order), on the module's mesh.

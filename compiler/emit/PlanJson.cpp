@@ -9,6 +9,7 @@
 #include "compiler/emit/PlanEmitter.h"
 
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/schema/PlanArgs.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/JSON.h"
@@ -17,6 +18,19 @@ using namespace mlir;
 namespace fb = ::hflow::plan;
 
 namespace {
+
+/// The fields a typed table sets, as an object's members (sorted by name;
+/// integers, numbers, flags and strings as JSON has them).
+void argsJson(llvm::json::OStream &j, const ::hflow::planargs::Named &fields) {
+  using ::hflow::planargs::Storage;
+  for (const auto &[name, v] : fields)
+    switch (v.storage) {
+    case Storage::Int: j.attribute(name, v.i); break;
+    case Storage::Real: j.attribute(name, v.x); break;
+    case Storage::Bool: j.attribute(name, v.b); break;
+    case Storage::Text: j.attribute(name, v.text); break;
+    }
+}
 
 void intArray(llvm::json::OStream &j, llvm::StringRef key,
               const flatbuffers::Vector<int32_t> *v) {
@@ -104,11 +118,8 @@ void roleJson(llvm::json::OStream &j, const fb::Role *r) {
     j.attribute("rule", str(r->rule()));
   if (r->kv_pool() > 0)
     j.attribute("kv_pool", r->kv_pool());
-  j.attributeObject("options", [&] {
-    if (r->options())
-      for (const fb::KeyValue *kv : *r->options())
-        j.attribute(str(kv->key()), str(kv->value()));
-  });
+  j.attributeObject("options",
+                    [&] { argsJson(j, ::hflow::planargs::setFields(r->options())); });
 
 }
 
@@ -121,11 +132,8 @@ void stepJson(llvm::json::OStream &j, const fb::Step *s) {
     j.attribute("method", str(s->method()));
     intArray(j, "inputs", s->inputs());
     intArray(j, "outputs", s->outputs());
-    j.attributeObject("attrs", [&] {
-      if (s->attrs())
-        for (const fb::KeyValue *kv : *s->attrs())
-          j.attribute(str(kv->key()), str(kv->value()));
-    });
+    j.attributeObject("args",
+                      [&] { argsJson(j, ::hflow::planargs::setFields(s->args())); });
   } else {
     j.attribute("group", s->group());
     j.attribute("checks", s->checks());

@@ -7,10 +7,9 @@
 #include "runtime/rl/Masked.h"
 #include "runtime/rl/Shaping.h"
 
+#include "runtime/schema/BuiltinTable.h"
+
 #include <c10/core/GradMode.h>
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 
 namespace hflow::exec {
@@ -21,132 +20,137 @@ namespace {
   throw std::invalid_argument("builtin " + name + ": " + what);
 }
 
-double number(const std::string &name, const std::map<std::string, std::string> &attrs,
-              const std::string &key, double dflt) {
-  auto it = attrs.find(key);
-  if (it == attrs.end())
-    return dflt;
-  errno = 0;
-  char *end = nullptr;
-  double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    fail(name, key + " = '" + it->second + "' is not a finite number");
-  return v;
-}
-
-bool boolean(const std::string &name, const std::map<std::string, std::string> &attrs,
-             const std::string &key, bool dflt) {
-  auto it = attrs.find(key);
-  if (it == attrs.end())
-    return dflt;
-  if (it->second == "true")
-    return true;
-  if (it->second == "false")
-    return false;
-  fail(name, key + " = '" + it->second + "' is not true or false");
-}
-
 void arity(const std::string &name, const std::vector<at::Tensor> &in, size_t n) {
   if (in.size() != n)
     fail(name, "takes " + std::to_string(n) + " input" + (n == 1 ? "" : "s") +
                    ", got " + std::to_string(in.size()));
 }
 
+using Results = std::vector<at::Tensor>;
+using In = std::vector<at::Tensor>;
+using Impl = Results (*)(const plan::CallArgs &, const In &, const BuiltinContext &);
+
+Results pair(const rl::AdvantageOutput &o) { return {o.advantages, o.returns}; }
+
+// One function per builtin of runtime/schema/BuiltinTable.h; the plan
+// loader has checked every argument against the table, so each reads its
+// typed fields (absent: verl's default) without a further check.
+Results gae(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  return pair(rl::compute_gae_advantage_return(in[0], in[1], ctx.mask, a.gamma().value_or(1.0),
+                                               a.lam().value_or(1.0)));
+}
+Results grpoAdvantage(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  return pair(rl::compute_grpo_outcome_advantage(in[0], ctx.mask, ctx.index,
+                                                 a.epsilon().value_or(1e-6),
+                                                 a.norm_by_std().value_or(true)));
+}
+Results rlooAdvantage(const plan::CallArgs &, const In &in, const BuiltinContext &ctx) {
+  return pair(rl::compute_rloo_outcome_advantage(in[0], ctx.mask, ctx.index));
+}
+Results reinforcePp(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  return pair(rl::compute_reinforce_plus_plus_outcome_advantage(in[0], ctx.mask,
+                                                                a.gamma().value_or(1.0)));
+}
+Results reinforcePpBaseline(const plan::CallArgs &, const In &in, const BuiltinContext &ctx) {
+  return pair(rl::compute_reinforce_plus_plus_baseline_outcome_advantage(in[0], ctx.mask,
+                                                                         ctx.index));
+}
+Results remax(const plan::CallArgs &, const In &in, const BuiltinContext &ctx) {
+  // The baseline is the greedy response's sequence score.
+  return pair(rl::compute_remax_outcome_advantage(in[0], in[1].sum(-1), ctx.mask));
+}
+Results kl(const plan::CallArgs &a, const In &in, const BuiltinContext &) {
+  const std::string kind = a.kind() ? a.kind()->str() : "kl";
+  return {rl::kl_penalty(in[0], in[1], rl::parse_kl_penalty(kind))};
+}
+Results whiten(const plan::CallArgs &, const In &in, const BuiltinContext &ctx) {
+  return {rl::masked_whiten(in[0], ctx.mask)};
+}
+Results clip(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  std::optional<double> lo, hi;
+  if (a.min().has_value())
+    lo = *a.min();
+  if (a.max().has_value())
+    hi = *a.max();
+  if (!lo && !hi)
+    fail("clip", "needs min, max or both");
+  return {ctx.scores ? rl::clip_sequence_reward(in[0], ctx.mask, lo, hi)
+                     : rl::clip_tokens(in[0], ctx.mask, lo, hi)};
+}
+Results runningNorm(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  if (!ctx.moments)
+    fail("running_norm", "has no running moments to update");
+  return {rl::running_normalize_reward(in[0], ctx.mask, *ctx.moments,
+                                       a.epsilon().value_or(1e-8))};
+}
+Results rolloutLogprobs(const plan::CallArgs &, const In &, const BuiltinContext &) {
+  // Answered by the engine from the rollout itself (ControllerSteps.cpp).
+  fail("rollout_logprobs", "is read from the rollout, not computed here");
+}
+
+struct Entry {
+  std::string_view name;
+  Impl fn;
+};
+constexpr Entry kImpls[] = {
+    {"gae", gae},
+    {"grpo_advantage", grpoAdvantage},
+    {"rloo_advantage", rlooAdvantage},
+    {"reinforce_pp", reinforcePp},
+    {"reinforce_pp_baseline", reinforcePpBaseline},
+    {"remax", remax},
+    {"kl", kl},
+    {"whiten", whiten},
+    {"clip", clip},
+    {"running_norm", runningNorm},
+    {"rollout_logprobs", rolloutLogprobs},
+};
+
+/// add, sub, mul, div with a constant (args.scalar, on the left when
+/// args.scalar_lhs) or with a second input scaled by args.scale_rhs; neg.
+Results arithmetic(const std::string &name, const plan::CallArgs &a, const In &in) {
+  if (name == "neg") {
+    arity(name, in, 1);
+    return {-in[0]};
+  }
+  auto apply = [&](const at::Tensor &x, const at::Tensor &y) {
+    return name == "add" ? x + y : name == "sub" ? x - y : name == "mul" ? x * y : x / y;
+  };
+  if (a.scalar().has_value()) {
+    arity(name, in, 1);
+    at::Tensor c = at::full_like(in[0], *a.scalar());
+    return {a.scalar_lhs().value_or(false) ? apply(c, in[0]) : apply(in[0], c)};
+  }
+  arity(name, in, 2);
+  return {apply(in[0], in[1] * a.scale_rhs().value_or(1.0))};
+}
+
 } // namespace
 
-std::vector<at::Tensor> runBuiltin(const std::string &name,
-                                   const std::map<std::string, std::string> &attrs,
+bool hasImplementation(std::string_view name) {
+  if (builtins::isArithmetic(name))
+    return true;
+  for (const Entry &e : kImpls)
+    if (e.name == name)
+      return true;
+  return false;
+}
+
+std::vector<at::Tensor> runBuiltin(const std::string &name, const plan::CallArgs &args,
                                    const std::vector<at::Tensor> &in,
                                    const BuiltinContext &ctx) {
   c10::NoGradGuard noGrad;
   for (const at::Tensor &t : in)
     if (!t.defined() || t.dim() != 2 || !t.sizes().equals(ctx.mask.sizes()))
       fail(name, "inputs must be [B, L] like the response mask");
-  auto pair = [](const rl::AdvantageOutput &o) {
-    return std::vector<at::Tensor>{o.advantages, o.returns};
-  };
-  if (name == "gae") {
-    arity(name, in, 2);
-    return pair(rl::compute_gae_advantage_return(in[0], in[1], ctx.mask,
-                                                 number(name, attrs, "gamma", 1.0),
-                                                 number(name, attrs, "lam", 1.0)));
-  }
-  if (name == "grpo_advantage") {
-    arity(name, in, 1);
-    return pair(rl::compute_grpo_outcome_advantage(
-        in[0], ctx.mask, ctx.index, number(name, attrs, "epsilon", 1e-6),
-        boolean(name, attrs, "norm_by_std", true)));
-  }
-  if (name == "rloo_advantage") {
-    arity(name, in, 1);
-    return pair(rl::compute_rloo_outcome_advantage(in[0], ctx.mask, ctx.index));
-  }
-  if (name == "reinforce_pp") {
-    arity(name, in, 1);
-    return pair(rl::compute_reinforce_plus_plus_outcome_advantage(
-        in[0], ctx.mask, number(name, attrs, "gamma", 1.0)));
-  }
-  if (name == "reinforce_pp_baseline") {
-    arity(name, in, 1);
-    return pair(rl::compute_reinforce_plus_plus_baseline_outcome_advantage(
-        in[0], ctx.mask, ctx.index));
-  }
-  if (name == "remax") {
-    arity(name, in, 2);
-    // The baseline is the greedy response's sequence score.
-    return pair(rl::compute_remax_outcome_advantage(in[0], in[1].sum(-1), ctx.mask));
-  }
-  if (name == "kl") {
-    arity(name, in, 2);
-    auto it = attrs.find("kind");
-    std::string kind = it == attrs.end() ? "kl" : it->second;
-    return {rl::kl_penalty(in[0], in[1], rl::parse_kl_penalty(kind))};
-  }
-  if (name == "whiten") {
-    arity(name, in, 1);
-    return {rl::masked_whiten(in[0], ctx.mask)};
-  }
-  if (name == "clip") {
-    arity(name, in, 1);
-    std::optional<double> lo, hi;
-    if (attrs.count("min"))
-      lo = number(name, attrs, "min", 0);
-    if (attrs.count("max"))
-      hi = number(name, attrs, "max", 0);
-    if (!lo && !hi)
-      fail(name, "needs min, max or both");
-    if (lo && hi && *lo > *hi)
-      fail(name, "min (" + attrs.at("min") + ") is greater than max (" + attrs.at("max") + ")");
-    return {ctx.scores ? rl::clip_sequence_reward(in[0], ctx.mask, lo, hi)
-                       : rl::clip_tokens(in[0], ctx.mask, lo, hi)};
-  }
-  if (name == "running_norm") {
-    arity(name, in, 1);
-    if (!ctx.moments)
-      fail(name, "has no running moments to update");
-    double eps = number(name, attrs, "epsilon", 1e-8);
-    if (!(eps > 0))
-      fail(name, "epsilon must be positive");
-    return {rl::running_normalize_reward(in[0], ctx.mask, *ctx.moments, eps)};
-  }
-  if (name == "neg") {
-    arity(name, in, 1);
-    return {-in[0]};
-  }
-  if (name == "add" || name == "sub" || name == "mul" || name == "div") {
-    auto apply = [&](const at::Tensor &a, const at::Tensor &b) {
-      return name == "add" ? a + b : name == "sub" ? a - b
-             : name == "mul" ? a * b : a / b;
-    };
-    if (attrs.count("scalar")) {
-      arity(name, in, 1);
-      at::Tensor c = at::full_like(in[0], number(name, attrs, "scalar", 0));
-      return {boolean(name, attrs, "scalar_lhs", false) ? apply(c, in[0])
-                                                        : apply(in[0], c)};
+  if (builtins::isArithmetic(name))
+    return arithmetic(name, args, in);
+  const builtins::Builtin *b = builtins::findBuiltin(name);
+  for (const Entry &e : kImpls)
+    if (b && e.name == name) {
+      arity(name, in, size_t(b->numInputs));
+      return e.fn(args, in, ctx);
     }
-    arity(name, in, 2);
-    return {apply(in[0], in[1] * number(name, attrs, "scale_rhs", 1.0))};
-  }
   fail(name, "unknown builtin");
 }
 

@@ -12,11 +12,12 @@
 #define HFLOW_RUNTIME_EXEC_BUILTINS_H
 
 #include "runtime/rl/Shaping.h"
+#include "runtime/schema/plan_generated.h"
 
 #include <ATen/ATen.h>
 
-#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hflow::exec {
@@ -31,14 +32,17 @@ struct BuiltinContext {
   rl::RunningMoments *moments = nullptr;
 };
 
-/// Runs builtin `name` and returns its results (two for advantage
-/// estimators: advantages, returns). Throws std::invalid_argument with a
-/// message naming the builtin for an unknown name, a bad attribute value or
-/// inputs of the wrong number or shape.
-std::vector<at::Tensor> runBuiltin(const std::string &name,
-                                   const std::map<std::string, std::string> &attrs,
+/// Runs builtin `name` with its typed arguments (checked against the
+/// shared table by the plan loader) and returns its results (two for
+/// advantage estimators: advantages, returns). Throws std::invalid_argument
+/// naming the builtin for inputs of the wrong number or shape.
+std::vector<at::Tensor> runBuiltin(const std::string &name, const plan::CallArgs &args,
                                    const std::vector<at::Tensor> &inputs,
                                    const BuiltinContext &ctx);
+
+/// Whether runBuiltin has an implementation of `name` (every name of
+/// runtime/schema/BuiltinTable.h and the arithmetic; a unit test holds it).
+bool hasImplementation(std::string_view name);
 
 } // namespace hflow::exec
 

@@ -58,7 +58,7 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
     ctx.moments = &moments_[s];
   std::vector<at::Tensor> out;
   try {
-    out = exec::runBuiltin(str(st.method()), attrsOf(st.attrs()), inputs, ctx);
+    out = exec::runBuiltin(str(st.method()), *st.args(), inputs, ctx);
   } catch (const std::exception &e) {
     throw RunError(e.what());
   }

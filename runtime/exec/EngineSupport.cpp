@@ -10,7 +10,6 @@
 
 namespace hflow::exec {
 
-using plan::KeyValue;
 
 double msSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -123,35 +122,6 @@ bool fileExists(const std::string &p) {
 std::string dirOf(const std::string &p) {
   auto slash = p.rfind('/');
   return slash == std::string::npos ? "." : p.substr(0, slash);
-}
-
-Attrs attrsOf(const flatbuffers::Vector<flatbuffers::Offset<KeyValue>> *kvs) {
-  Attrs a;
-  if (kvs)
-    for (const KeyValue *kv : *kvs)
-      a[str(kv->key())] = str(kv->value());
-  return a;
-}
-
-double attrNum(const Attrs &a, const std::string &k, double dflt) {
-  auto it = a.find(k);
-  if (it == a.end())
-    return dflt;
-  char *end = nullptr;
-  double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end)
-    throw RunError(k + " = '" + it->second + "' is not a number");
-  return v;
-}
-
-std::string attrStr(const Attrs &a, const std::string &k, const std::string &dflt) {
-  auto it = a.find(k);
-  return it == a.end() ? dflt : it->second;
-}
-
-bool attrBool(const Attrs &a, const std::string &k, bool dflt) {
-  auto it = a.find(k);
-  return it == a.end() ? dflt : it->second == "true" || it->second == "1";
 }
 
 } // namespace hflow::exec

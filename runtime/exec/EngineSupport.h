@@ -1,8 +1,8 @@
 //===- EngineSupport.h - small helpers every part of the engine uses -------===//
 //
 // The error type of messages already phrased for the user, the clock, byte
-// formatting, the plan's FlatBuffers accessors, and a step's attributes
-// (keyword arguments, as strings in the plan).
+// formatting, and the plan's FlatBuffers accessors. A step's keyword
+// arguments are typed plan fields (plan::CallArgs), read where they are used.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_ENGINESUPPORT_H
@@ -67,14 +67,6 @@ std::string fileHash(const std::string &path);
 bool fileExists(const std::string &p);
 /// The directory part of `p` ("." when none).
 std::string dirOf(const std::string &p);
-
-/// A step's or role's attributes (keyword arguments and options).
-using Attrs = std::map<std::string, std::string>;
-Attrs attrsOf(const flatbuffers::Vector<flatbuffers::Offset<plan::KeyValue>> *kvs);
-/// The number `k`, or `dflt` when absent; a RunError when it is no number.
-double attrNum(const Attrs &a, const std::string &k, double dflt);
-std::string attrStr(const Attrs &a, const std::string &k, const std::string &dflt);
-bool attrBool(const Attrs &a, const std::string &k, bool dflt);
 
 } // namespace hflow::exec
 

@@ -74,7 +74,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
                it,
                rit->second,
                role(st.role()),
-               attrsOf(st.attrs()),
+               *st.args(),
                roleOptions(st.role()),
                ints(st.inputs()),
                ints(st.outputs()),
@@ -224,7 +224,7 @@ at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
   PassMeter meter(c.rr);
   const int64_t b = rows.hi - rows.lo;
   const int64_t micro = microBatch(c, b);
-  const int64_t budget = (int64_t)attrNum(c.a, "max_batch_tokens", 0);
+  const int64_t budget = c.a.max_batch_tokens().value_or(0);
   std::vector<at::Tensor> parts;
   const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
                                   budget > 0 ? c.rr.lm->lockstepGroup() : nullptr);
@@ -296,15 +296,15 @@ namespace {
 
 /// A generate call's sampling settings: the call's, else the role's
 /// options, else the defaults; the tokenizer's stop and padding ids.
-models::SamplingOptions samplingOptions(const Attrs &a, const Attrs &opts,
+models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::RoleOptions &opts,
                                         const data::Tokenizer &tok,
                                         const std::vector<int64_t> &stops) {
   models::SamplingOptions so;
-  so.maxTokens = (int)attrNum(a, "max_tokens", 16);
-  so.temperature = attrNum(a, "temperature", attrNum(opts, "temperature", 1.0));
-  so.topP = attrNum(a, "top_p", attrNum(opts, "top_p", 1.0));
-  so.topK = (int)attrNum(a, "top_k", attrNum(opts, "top_k", 0));
-  so.greedy = attrBool(a, "greedy", false);
+  so.maxTokens = (int)a.max_tokens().value_or(16);
+  so.temperature = a.temperature().value_or(opts.temperature().value_or(1.0));
+  so.topP = a.top_p().value_or(opts.top_p().value_or(1.0));
+  so.topK = (int)a.top_k().value_or(opts.top_k().value_or(0));
+  so.greedy = a.greedy().value_or(false);
   so.stopToken = tok.eosId();
   so.moreStopTokens.assign(stops.begin() + 1, stops.end());
   so.padToken = tok.padId();
@@ -335,7 +335,8 @@ void dumpGeneration(const std::string &dir, const std::string &name, const std::
 void Worker::runGenerate(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
-  const Attrs &a = c.a, &opts = c.opts;
+  const plan::CallArgs &a = c.a;
+  const plan::RoleOptions &opts = c.opts;
   const int s = c.s;
   const int64_t it = c.it, P = ph.P, R = ph.R;
   Val &pr = input(c, 0);
@@ -347,7 +348,7 @@ void Worker::runGenerate(MethodCall &c) {
   at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
   at::Generator g =
       models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
-  so.maxBatchTokens = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  so.maxBatchTokens = a.max_batch_tokens().value_or(0);
   // Continuous batching over a paged KV cache. The pool is the plan's
   // (format 2.13: what the compiler left for it on this rank's devices, in
   // bytes), in blocks of this call's size, and no more than the rows the
@@ -357,8 +358,8 @@ void Worker::runGenerate(MethodCall &c) {
   // samples copy it). When the sequences need more than the pool holds,
   // the engine preempts and recomputes.
   so.paged = true;
-  so.limits.blockSize = (int64_t)attrNum(a, "kv_block_size", 16);
-  so.limits.maxSeqs = (int64_t)attrNum(a, "max_num_seqs", 0);
+  so.limits.blockSize = a.kv_block_size().value_or(16);
+  so.limits.maxSeqs = a.max_num_seqs().value_or(0);
   so.limits.maxBatchTokens = so.maxBatchTokens;
   const int64_t rowsNow = ptoks.size(0);
   int64_t rowsAtOnce = rowsNow;
@@ -379,7 +380,7 @@ void Worker::runGenerate(MethodCall &c) {
   if (planPool > 0 && blockBytes > 0)
     so.limits.poolBlocks =
         std::min<int64_t>(so.limits.poolBlocks, (int64_t)((double)planPool / blockBytes));
-  const std::string stop = attrStr(a, "stop", "");
+  const std::string stop = str(a.stop());
   if (!stop.empty()) {
     // A stop string ends a row at the token whose text completes it.
     const data::Tokenizer *tok = tok_.get();
@@ -552,7 +553,7 @@ SftPasses sftPasses(const SftRows &in, int64_t m0, int64_t mbRows, int64_t micro
 void Worker::runSft(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
-  const Attrs &a = c.a;
+  const plan::CallArgs &a = c.a;
   const int s = c.s;
   Val &pr = input(c, 0);
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
@@ -603,7 +604,7 @@ void Worker::runSft(MethodCall &c) {
         metrics_->sftLoss += mbLoss;
         metrics_->sftN += 1;
       }
-      applyGradients(rr, attrNum(a, "lr", 0));
+      applyGradients(rr, a.lr().value_or(0));
       lastLoss = mbLoss;
     }
   digests_[s] = lastLoss;
@@ -617,7 +618,7 @@ void Worker::runLogprob(MethodCall &c) {
   at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, b);
   const models::CausalLM &lm = *c.rr.lm;
   // The call's own temperature, else the one the rollout was sampled at.
-  const double temp = attrNum(c.a, "temperature", c.ph.rolloutTemp);
+  const double temp = c.a.temperature().value_or(c.ph.rolloutTemp);
   at::Tensor lp = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t u, int64_t e) {
                     // h: the batch's response columns that hold a token.
                     return lm.tokenLogprobs(

@@ -140,7 +140,7 @@ void Worker::findRollout(PhaseRt &ph) {
     const Step &st = step(s);
     if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
       continue;
-    ph.R = std::max<int64_t>(ph.R, (int64_t)attrNum(attrsOf(st.attrs()), "max_tokens", 16));
+    ph.R = std::max<int64_t>(ph.R, st.args()->max_tokens().value_or(16));
     if (st.outputs() && st.outputs()->size() > 0) {
       generated.emplace(st.outputs()->Get(0), s);
       if (ph.rolloutValue < 0)
@@ -157,12 +157,12 @@ void Worker::findRollout(PhaseRt &ph) {
   }
   if (ph.rolloutValue >= 0) {
     const Step &gen = step(generated.at(ph.rolloutValue));
-    Attrs a = attrsOf(gen.attrs());
-    ph.rolloutTemp = attrBool(a, "greedy", false)
+    const plan::CallArgs &a = *gen.args();
+    ph.rolloutTemp = a.greedy().value_or(false)
                          ? 1.0
-                         : attrNum(a, "temperature", attrNum(roleOptions(gen.role()),
-                                                             "temperature", 1.0));
-    if (int64_t nAttr = (int64_t)attrNum(a, "n", 0); nAttr > 0)
+                         : a.temperature().value_or(
+                               roleOptions(gen.role()).temperature().value_or(1.0));
+    if (int64_t nAttr = a.n().value_or(0); nAttr > 0)
       ph.n = nAttr;
   }
   // A generate call's token budget must hold one row of this phase's
@@ -171,10 +171,10 @@ void Worker::findRollout(PhaseRt &ph) {
     const Step &st = step(s);
     if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
       continue;
-    Attrs a = attrsOf(st.attrs());
+    const plan::CallArgs &a = *st.args();
     try {
-      models::batchRowsFor((int64_t)attrNum(a, "max_batch_tokens", 0), ph.P,
-                           (int64_t)attrNum(a, "max_tokens", 16), 1);
+      models::batchRowsFor(a.max_batch_tokens().value_or(0), ph.P,
+                           a.max_tokens().value_or(16), 1);
     } catch (const std::invalid_argument &e) {
       throw RunError(describe(s) + ": " + e.what() + " in phase " + ph.name);
     }

@@ -51,11 +51,11 @@ public:
   /// Stops the run on a loss that is not finite.
   using CheckFn = std::function<void(const char *, double)>;
 
-  UpdateLoss(const Attrs &a, const Role &ro, RoleRt &rr, Val &rollout, int64_t R,
+  UpdateLoss(const plan::CallArgs &a, const Role &ro, RoleRt &rr, Val &rollout, int64_t R,
              double temperature, InputFn input, CheckFn check, MetricSums *metrics)
       : a_(a), ro_(ro), rr_(rr), rollout_(rollout), R_(R), temp_(temperature),
         input_(std::move(input)), check_(std::move(check)), m_(metrics),
-        mode_(rl::parse_loss_agg_mode(attrStr(a, "loss_agg", "token-mean"))) {}
+        mode_(rl::parse_loss_agg_mode(str(a.loss_agg(), "token-mean"))) {}
 
   at::Tensor operator()(int64_t mlo, int64_t mhi, const at::Tensor &h, const LossWeight &w);
   /// The actor's weighted losses, summed over every pass of the call.
@@ -71,7 +71,7 @@ private:
     return r < R_ ? at::constant_pad_nd(x, {0, R_ - r}) : x;
   }
 
-  const Attrs &a_;
+  const plan::CallArgs &a_;
   const Role &ro_;
   RoleRt &rr_;
   Val &rollout_;
@@ -112,7 +112,7 @@ at::Tensor UpdateLoss::critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at:
   // against: it is the plain squared error.
   at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();
   auto vl = rl::compute_value_loss(vpred, rets->x().narrow(0, mlo, cnt), oldv, mask,
-                                   attrNum(a_, "clip_value", 0.5), mode_);
+                                   a_.clip_value().value_or(0.5), mode_);
   check_("value loss", vl.vf_loss.item<double>());
   if (m_) { // weighted by the micro-batch's share of the minibatch
     m_->vfLoss += vl.vf_loss.item<double>() * share;
@@ -140,24 +140,24 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   at::Tensor logits = rr_.lm->localLogits(h);
   at::Tensor lp = widen(rr_.lm->tokenLogprobs(logits, toks, temp_), r);
   rl::PolicyLossConfig pc;
-  pc.clip_ratio = attrNum(a_, "clip", 0.2);
-  if (a_.count("clip_low"))
-    pc.clip_ratio_low = attrNum(a_, "clip_low", 0.2);
-  if (a_.count("clip_high"))
-    pc.clip_ratio_high = attrNum(a_, "clip_high", 0.2);
-  pc.clip_ratio_c = attrNum(a_, "clip_ratio_c", 3.0);
+  pc.clip_ratio = a_.clip().value_or(0.2);
+  if (a_.clip_low().has_value())
+    pc.clip_ratio_low = *a_.clip_low();
+  if (a_.clip_high().has_value())
+    pc.clip_ratio_high = *a_.clip_high();
+  pc.clip_ratio_c = a_.clip_ratio_c().value_or(3.0);
   pc.loss_agg_mode = mode_;
   auto pl = rl::compute_policy_loss(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc);
   at::Tensor loss = pl.pg_loss;
   double klv = 0;
   if (ref) {
     at::Tensor kl = rl::compute_kl_loss(lp, ref->x().narrow(0, mlo, cnt), mask,
-                                        rl::parse_kl_penalty(attrStr(a_, "kl", "low_var_kl")),
+                                        rl::parse_kl_penalty(str(a_.kl(), "low_var_kl")),
                                         mode_);
-    loss = loss + kl * attrNum(a_, "kl_coef", 0.001);
+    loss = loss + kl * a_.kl_coef().value_or(0.001);
     klv = kl.item<double>();
   }
-  double entCoef = attrNum(a_, "entropy_coef", 0.0);
+  double entCoef = a_.entropy_coef().value_or(0.0);
   at::Tensor ent;
   {
     at::Tensor e = widen(entCoef > 0 ? rr_.lm->tokenEntropy(logits, temp_)
@@ -213,19 +213,19 @@ void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &b
 void Worker::runUpdate(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
-  const Attrs &a = c.a;
+  const plan::CallArgs &a = c.a;
   const int s = c.s;
   const int64_t P = ph.P, R = ph.R;
   Span rows;
   Val *rollout = &rolloutOf(c, rows);
   const int64_t lo = rows.lo, hi = rows.hi, b = hi - lo;
-  const int64_t budget = (int64_t)attrNum(a, "max_batch_tokens", 0);
+  const int64_t budget = a.max_batch_tokens().value_or(0);
   // Epochs x minibatches of this replica's rows (one optimizer step each)
   // x passes of `micro_batch` sequences whose gradients accumulate (each
   // loss weighted by its share of the minibatch, as verl does).
   const TrainingCut cut = trainingCut(c, b);
   const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
-  const double lrOver = attrNum(a, "lr", 0);
+  const double lrOver = a.lr().value_or(0);
   UpdateLoss microLoss(
       a, c.ro, rr, *rollout, R, ph.rolloutTemp,
       [&](BatchKind k, int nth) { return inputOfKind(c, k, nth); },

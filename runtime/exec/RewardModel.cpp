@@ -102,7 +102,7 @@ at::Tensor Worker::scoreSequences(
 void Worker::runFit(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
-  const Attrs &a = c.a;
+  const plan::CallArgs &a = c.a;
   const int s = c.s;
   Val &pr = input(c, 0);
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
@@ -157,7 +157,7 @@ void Worker::runFit(MethodCall &c) {
         metrics_->rmMargin += o.margin.item<double>();
         metrics_->rmN += 1;
       }
-      applyGradients(rr, attrNum(a, "lr", 0));
+      applyGradients(rr, a.lr().value_or(0));
       lastLoss = mbLoss;
     }
   digests_[s] = lastLoss;

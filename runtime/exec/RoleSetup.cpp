@@ -484,13 +484,13 @@ bool Worker::trains(int r) const {
 /// 1e-6 otherwise, as verl's defaults).
 std::unique_ptr<models::AdamW> Worker::makeOptimizer(int r,
                                                      const std::vector<at::Tensor> &params) const {
-  Attrs a = roleOptions(r);
+  const plan::RoleOptions &a = roleOptions(r);
   models::AdamWOptions ao;
   // A critic's and a reward model's heads start from zero (or a checkpoint).
-  ao.lr = attrNum(a, "lr", role(r).kind() == RoleKind::Actor ? 1e-6 : 1e-5);
-  ao.weightDecay = attrNum(a, "weight_decay", 0.01);
-  ao.clipGrad = attrNum(a, "clip_grad", 1.0);
-  ao.warmup = (int64_t)attrNum(a, "warmup", 0);
+  ao.lr = a.lr().value_or(role(r).kind() == RoleKind::Actor ? 1e-6 : 1e-5);
+  ao.weightDecay = a.weight_decay().value_or(0.01);
+  ao.clipGrad = a.clip_grad().value_or(1.0);
+  ao.warmup = a.warmup().value_or(0);
   return std::make_unique<models::AdamW>(params, ao);
 }
 

@@ -21,17 +21,16 @@ using namespace hflow::plan;
 /// micro_batch, else its phase's (the train block's), else `whole`.
 int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
   const int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
-  const double dflt = phase > 0 ? (double)phase : (double)whole;
-  return std::max<int64_t>(1, (int64_t)attrNum(c.a, "micro_batch", dflt));
+  return std::max<int64_t>(1, c.a.micro_batch().value_or(phase > 0 ? phase : whole));
 }
 
 Worker::TrainingCut Worker::trainingCut(const MethodCall &c, int64_t rows) const {
   const PhaseRt &ph = c.ph;
   TrainingCut t;
-  t.epochs = (int64_t)attrNum(c.a, "epochs", 1);
+  t.epochs = c.a.epochs().value_or(1);
   const int64_t dp = std::max<int64_t>(1, ph.batch * ph.n / std::max<int64_t>(1, rows));
-  const int64_t prompts = (int64_t)attrNum(
-      c.a, "minibatch", ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
+  const int64_t prompts = c.a.minibatch().value_or(
+      ph.ph && ph.ph->minibatch() > 0 ? ph.ph->minibatch() : ph.batch);
   t.minibatch = prompts * ph.n / dp;
   if (t.minibatch <= 0 || rows % t.minibatch != 0)
     t.minibatch = rows;

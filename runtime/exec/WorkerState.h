@@ -110,8 +110,8 @@ struct MethodCall {
   int64_t it;     // the iteration whose sampling seed it uses
   RoleRt &rr;
   const plan::Role &ro;
-  Attrs a;        // the call's keyword arguments
-  Attrs opts;     // the role's options
+  const plan::CallArgs &a;       // the call's keyword arguments
+  const plan::RoleOptions &opts; // the role's options
   std::vector<int> in, out;
   bool leader;    // this rank reports its replica's metrics
 };
@@ -173,7 +173,7 @@ private:
   /// RowSchedule::describe with the phase and iteration in front.
   std::string describe(int s) const;
   bool inMySchedule(int s) const { return mySteps_.count(s) > 0; }
-  Attrs roleOptions(int r) const { return attrsOf(role(r).options()); }
+  const plan::RoleOptions &roleOptions(int r) const { return *role(r).options(); }
 
   //===-- the phase loop (Worker.cpp) -----------------------------------------===//
   void runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter);

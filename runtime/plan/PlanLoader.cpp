@@ -4,6 +4,7 @@
 #include "runtime/plan/RoleForms.h"
 
 #include "runtime/schema/BuiltinTable.h"
+#include "runtime/schema/PlanArgs.h"
 #include "runtime/schema/PlanFormat.h"
 #include "runtime/schema/RoleMethods.h"
 
@@ -49,12 +50,7 @@ static_assert(int(RoleKind::Actor) == int(methods::Role::Actor) &&
 
 /// A builtin step's name: one of the table's builtins, or an arithmetic op.
 bool knownBuiltin(std::string_view name) {
-  if (builtins::findBuiltin(name))
-    return true;
-  for (char op : {'+', '-', '*', '/'})
-    if (name == builtins::opName(op))
-      return true;
-  return name == "neg";
+  return builtins::findBuiltin(name) || builtins::isArithmetic(name);
 }
 
 /// " (at FILE:LINE:COL)" when the step has a source location.
@@ -101,6 +97,59 @@ bool checkRankList(Checker &c, const flatbuffers::Vector<int32_t> *ranks,
     prev = r;
   }
   return true;
+}
+
+/// Every field `set` holds is one of `keywords` with a value its type
+/// accepts (runtime/schema/PlanArgs.h): what a step's method or builtin, or
+/// a role, takes. `whose` names the callee in the message.
+bool checkFields(Checker &c, const std::string &what, const std::string &whose,
+                 const planargs::Named &set, const methods::KeywordArg *begin,
+                 const methods::KeywordArg *end) {
+  for (const auto &[name, v] : set) {
+    const methods::KeywordArg *k =
+        std::find_if(begin, end, [&](const methods::KeywordArg &k) { return k.name == name; });
+    if (k == end) {
+      std::string takes;
+      for (const methods::KeywordArg *t = begin; t != end; ++t)
+        takes += (takes.empty() ? "" : ", ") + std::string(t->name);
+      return c.fail(what, " sets ", whose, " '", name, "', which it does not take (",
+                    takes.empty() ? std::string("it takes none") : "it takes " + takes, ")");
+    }
+    if (std::string why = planargs::checkValue(*k, v); !why.empty())
+      return c.fail(what, " sets ", whose, " '", name, "': ", why);
+  }
+  return true;
+}
+
+/// A compute or builtin step's typed arguments against the shared tables:
+/// after this, no argument can be missing, unknown or out of range at run
+/// time.
+bool checkStepArgs(Checker &c, const std::string &what, const Plan &p, const Step *s) {
+  if (!s->args())
+    return c.fail(what, at(s), " has no argument table");
+  const planargs::Named set = planargs::setFields(s->args());
+  const std::string method = s->method()->str();
+  if (s->kind() == StepKind::Compute) {
+    const methods::Signature *sig = methods::findMethod(
+        methods::Role(int(p.roles()->Get(s->role())->kind())), method);
+    return checkFields(c, what + at(s), method + "'s argument", set, sig->args.begin(),
+                       sig->args.end());
+  }
+  if (const builtins::Builtin *bi = builtins::findBuiltin(method)) {
+    if (!checkFields(c, what + at(s), method + "'s argument", set, bi->keywords,
+                     bi->keywords + bi->numKeywords))
+      return false;
+    const CallArgs &a = *s->args();
+    if (method == "clip" && !a.min().has_value() && !a.max().has_value())
+      return c.fail(what, at(s), " calls clip with neither min nor max");
+    if (a.min().has_value() && a.max().has_value() && *a.min() > *a.max())
+      return c.fail(what, at(s), " sets ", method, "'s min (", *a.min(),
+                    ") above its max (", *a.max(), ")");
+    return true;
+  }
+  return checkFields(c, what + at(s), method + "'s operand", set,
+                     std::begin(builtins::kArithmeticArgs),
+                     std::end(builtins::kArithmeticArgs));
 }
 
 /// The plan's header: world size, source hash, flow, meshes.
@@ -178,6 +227,11 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
     return c.fail(what, " names model ", r->model(), " of ", nModels);
   if (r->kind() != RoleKind::RewardFn && r->model() == -1)
     return c.fail(what, " (", roleKindName(r->kind()), ") has no model");
+  if (!r->options())
+    return c.fail(what, " has no options table");
+  if (!checkFields(c, what, "option", planargs::setFields(r->options()),
+                   std::begin(methods::kRoleOptions), std::end(methods::kRoleOptions)))
+    return false;
   if (!checkRankList(c, r->ranks(), world, what))
     return false;
   const bool apart = len(r->generate_ranks()) > 0;
@@ -254,6 +308,8 @@ bool checkStep(Checker &c, const Plan &p, size_t i) {
                     s->method()->str(), "', which this runtime does not execute (",
                     roleKindName(r->kind()), " methods: ",
                     methods::methodList(methods::Role(int(r->kind()))), ")");
+    if (!checkStepArgs(c, what, p, s))
+      return false;
     break;
   case StepKind::CheckAllGather:
     if (!inRange(s->group(), nGroups))
@@ -272,6 +328,8 @@ bool checkStep(Checker &c, const Plan &p, size_t i) {
                     builtins::builtinList(), ", neg, add, sub, mul, div)");
     if (!s->outputs() || s->outputs()->size() == 0)
       return c.fail(what, " (builtin) has no output");
+    if (!checkStepArgs(c, what, p, s))
+      return false;
     break;
   case StepKind::Reshard:
     if (!inRange(s->reshard(), len(p.reshards())))

@@ -27,14 +27,10 @@ std::string roleDtype(const Plan &p, int r, std::string *where) {
                    : m.dtype() == DType::F16  ? "f16"
                                               : "f64";
   std::string at = "model " + (m.name() ? m.name()->str() : std::string("?")) + "'s dtype";
-  if (ro.options())
-    for (const KeyValue *kv : *ro.options())
-      if (kv->key() && kv->key()->str() == "dtype" && kv->value()) {
-        dt = kv->value()->str();
-        if (dt.size() >= 2 && dt.front() == '"' && dt.back() == '"')
-          dt = dt.substr(1, dt.size() - 2);
-        at = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
-      }
+  if (ro.options() && ro.options()->dtype()) {
+    dt = ro.options()->dtype()->str();
+    at = "role " + (ro.name() ? ro.name()->str() : std::string("?")) + "'s dtype";
+  }
   if (where)
     *where = at;
   return dt;

@@ -66,6 +66,22 @@ inline constexpr Builtin kBuiltins[] = {
      "the log-probs the rollout was sampled with (the behaviour policy's)"},
 };
 
+/// What arithmetic on batch values (add, sub, mul, div, neg) carries: the
+/// constant operand, whether it is the left one, and the factor the second
+/// input is scaled by first (`a - 0.01 * b`). The compiler writes them; a
+/// program does not name them.
+inline constexpr KeywordArg kArithmeticArgs[] = {{"scalar", ArgType::Number},
+                                                 {"scalar_lhs", ArgType::Bool},
+                                                 {"scale_rhs", ArgType::Number}};
+inline constexpr const char *kArithmeticOps[] = {"neg", "add", "sub", "mul", "div"};
+
+inline bool isArithmetic(std::string_view name) {
+  for (const char *op : kArithmeticOps)
+    if (name == op)
+      return true;
+  return false;
+}
+
 inline const Builtin *findBuiltin(std::string_view name) {
   for (const Builtin &b : kBuiltins)
     if (b.name == name)

@@ -120,6 +120,21 @@ inline constexpr KeywordArg kSftArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
     {"epochs", ArgType::Count},    {"lr", ArgType::Positive}};
 
+// What a role may set besides its layouts (the plan's RoleOptions); which
+// role kinds take which is the front end's check, their values the loader's.
+inline constexpr KeywordArg kRoleOptions[] = {
+    {"optimizer", ArgType::Choice, "adamw"},
+    {"lr", ArgType::Positive},
+    {"weight_decay", ArgType::NonNegative},
+    {"clip_grad", ArgType::NonNegative},
+    {"warmup", ArgType::Natural},
+    {"temperature", ArgType::NonNegative},
+    {"top_p", ArgType::Probability},
+    {"top_k", ArgType::Natural},
+    {"memory_utilization", ArgType::Probability},
+    {"dtype", ArgType::Choice, "f32 bf16 f16"},
+    {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"}};
+
 struct Signature {
   std::string_view method;
   Batch input;                 // the kind of the first (required) input

@@ -1,11 +1,15 @@
 //===- PlanVerifierTest.cpp - the runtime refuses every corrupt plan -------===//
 
 #include "runtime/plan/PlanLoader.h"
+#include "runtime/schema/BuiltinTable.h"
 #include "test/unit/TestPlanBuilder.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <set>
 #include <fstream>
 #include <limits>
 #include <tuple>
@@ -195,6 +199,113 @@ TEST(PlanVerifier, RefusesUnknownBuiltin) {
                        "'grpo_advantages', which this runtime does not execute (builtins: gae, "),
             std::string::npos)
       << error;
+}
+
+// A plan of format 2 (call arguments as string pairs) is refused by its
+// version: its fields are not the typed ones this runtime reads.
+TEST(PlanVerifier, RefusesFormatTwoPlans) {
+  std::string error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.major = 2, .minor = 13}), error));
+  EXPECT_NE(error.find("plan format 2.13 is not supported by this hflow-run"),
+            std::string::npos)
+      << error;
+}
+
+// Call arguments are typed fields checked against the shared tables when the
+// plan loads: a field the method does not take, or a value out of its
+// range, is refused with the step's source location; nothing is left for
+// the engine to parse or refuse at run time.
+TEST(PlanVerifier, ChecksTypedArgumentsAgainstTheTables) {
+  using planargs::ArgValue;
+  std::string error;
+  auto verifyArgs = [&](test::TestPlanOptions o) { return verify(test::buildTestPlan(o), error); };
+  EXPECT_TRUE(verifyArgs({.computeArgs = {{"n", ArgValue::integer(4)},
+                                          {"temperature", ArgValue::real(0.7)},
+                                          {"greedy", ArgValue::boolean(false)},
+                                          {"stop", ArgValue::string("\n")}}}))
+      << error;
+  EXPECT_FALSE(verifyArgs({.computeArgs = {{"clip", ArgValue::real(0.2)}}}));
+  EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets generate's argument "
+                   "'clip', which it does not take (it takes n, max_tokens, temperature, "
+                   "top_p, top_k, greedy, stop, max_batch_tokens, max_num_seqs, "
+                   "kv_block_size)");
+  EXPECT_FALSE(verifyArgs({.computeArgs = {{"top_p", ArgValue::real(1.5)}}}));
+  EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets generate's argument "
+                   "'top_p': must be in (0, 1], got 1.5");
+  EXPECT_FALSE(verifyArgs({.computeArgs = {{"n", ArgValue::integer(0)}}}));
+  EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets generate's argument "
+                   "'n': must be positive, got 0");
+  EXPECT_FALSE(verifyArgs({.computeArgs = {{"temperature", ArgValue::real(NAN)}}}));
+  EXPECT_NE(error.find("'temperature': must be a finite number >= 0, got nan"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(verifyArgs({.computeMethod = "update",
+                           .computeArgs = {{"kl", ArgValue::string("k9")}}}));
+  EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets update's argument 'kl': "
+                   "must be one of kl k1 abs mse k2 low_var_kl k3, got 'k9'");
+  // Builtins: their own keywords, clip's bounds in order, arithmetic's operands.
+  EXPECT_TRUE(verifyArgs({.builtin = "gae", .builtinArgs = {{"lam", ArgValue::real(0.95)}}}))
+      << error;
+  EXPECT_FALSE(verifyArgs({.builtin = "gae", .builtinArgs = {{"lam", ArgValue::real(1.5)}}}));
+  EXPECT_EQ(error, "invalid plan: step 2 (at test.hflow:2:13) sets gae's argument 'lam': "
+                   "must be in [0, 1], got 1.5");
+  EXPECT_FALSE(verifyArgs({.builtin = "whiten", .builtinArgs = {{"gamma", ArgValue::real(1)}}}));
+  EXPECT_NE(error.find("sets whiten's argument 'gamma', which it does not take (it takes "
+                       "none)"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(verifyArgs({.builtin = "clip"}));
+  EXPECT_EQ(error, "invalid plan: step 2 (at test.hflow:2:13) calls clip with neither min "
+                   "nor max");
+  EXPECT_FALSE(verifyArgs({.builtin = "clip", .builtinArgs = {{"min", ArgValue::real(2)},
+                                                              {"max", ArgValue::real(1)}}}));
+  EXPECT_EQ(error, "invalid plan: step 2 (at test.hflow:2:13) sets clip's min (2) above its "
+                   "max (1)");
+  EXPECT_TRUE(verifyArgs({.builtin = "sub", .builtinArgs = {{"scale_rhs", ArgValue::real(0.01)}}}))
+      << error;
+  EXPECT_FALSE(verifyArgs({.builtin = "sub", .builtinArgs = {{"lam", ArgValue::real(0.5)}}}));
+  EXPECT_NE(error.find("sets sub's operand 'lam', which it does not take (it takes scalar, "
+                       "scalar_lhs, scale_rhs)"),
+            std::string::npos)
+      << error;
+  // A role's options: the same check against kRoleOptions.
+  EXPECT_TRUE(verifyArgs({.roleOptions = {{"lr", ArgValue::real(1e-6)},
+                                          {"dtype", ArgValue::string("bf16")}}}))
+      << error;
+  EXPECT_FALSE(verifyArgs({.roleOptions = {{"dtype", ArgValue::string("f8")}}}));
+  EXPECT_EQ(error, "invalid plan: role 0 sets option 'dtype': must be one of f32 bf16 f16, "
+                   "got 'f8'");
+  EXPECT_FALSE(verifyArgs({.roleOptions = {{"lr", ArgValue::real(0)}}}));
+  EXPECT_EQ(error, "invalid plan: role 0 sets option 'lr': must be a finite number > 0, got 0");
+}
+
+// The typed fields and the shared tables agree: every keyword a method, a
+// builtin, arithmetic or a role takes has a field of its type's storage, and
+// every field is taken by some keyword.
+TEST(PlanVerifier, EveryTableKeywordHasATypedField) {
+  std::set<std::string> usedCall, usedRole;
+  auto expectField = [](const std::vector<planargs::Field> &fields,
+                        const methods::KeywordArg &k, std::set<std::string> &used) {
+    auto f = std::find_if(fields.begin(), fields.end(),
+                          [&](const planargs::Field &f) { return f.name == k.name; });
+    ASSERT_NE(f, fields.end()) << k.name;
+    EXPECT_EQ(int(f->storage), int(planargs::storageOf(k.type))) << k.name;
+    used.insert(std::string(k.name));
+  };
+  for (methods::Role r : {methods::Role::Actor, methods::Role::Critic, methods::Role::Reference,
+                          methods::Role::RewardModel, methods::Role::RewardFn})
+    for (const methods::Signature &sig : methods::methodsOf(r))
+      for (const methods::KeywordArg &k : sig.args)
+        expectField(planargs::callFields(), k, usedCall);
+  for (const builtins::Builtin &b : builtins::kBuiltins)
+    for (int i = 0; i < b.numKeywords; ++i)
+      expectField(planargs::callFields(), b.keywords[i], usedCall);
+  for (const methods::KeywordArg &k : builtins::kArithmeticArgs)
+    expectField(planargs::callFields(), k, usedCall);
+  for (const methods::KeywordArg &k : methods::kRoleOptions)
+    expectField(planargs::roleOptionFields(), k, usedRole);
+  EXPECT_EQ(usedCall.size(), planargs::callFields().size());
+  EXPECT_EQ(usedRole.size(), planargs::roleOptionFields().size());
 }
 
 // What the loader accepts, the engine executes: a role on a layout no form

@@ -7,10 +7,12 @@
 #ifndef HFLOW_TEST_UNIT_TESTPLANBUILDER_H
 #define HFLOW_TEST_UNIT_TESTPLANBUILDER_H
 
+#include "runtime/schema/PlanArgs.h"
 #include "runtime/schema/PlanFormat.h"
 #include "runtime/schema/plan_generated.h"
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,8 @@ struct TestPlanOptions {
   // check on rank 0: names the loader checks against runtime/schema's tables.
   std::string computeMethod = "generate";
   std::string builtin;
+  // Their keyword arguments, and the actor's options (typed fields).
+  planargs::Named computeArgs, builtinArgs, roleOptions;
   // The mesh's nominal device memory bandwidth (format 2.3; 0: absent).
   double meshDeviceBandwidth = 0;
   // A Reshard of the actor (not scheduled): rank 0 sends rank 1 rows 0-1,
@@ -93,8 +97,18 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   std::vector<RankTransient> transient;
   for (int i = 0; i < o.transientRanks; ++i)
     transient.emplace_back(o.transientActivations, 0);
+  auto typedArgs = [&](const planargs::Named &n) {
+    flatbuffers::Offset<CallArgs> out;
+    std::string err;
+    if (!planargs::buildCallArgs(b, n, out, &err))
+      throw std::logic_error(err);
+    return out;
+  };
+  flatbuffers::Offset<RoleOptions> options;
+  if (std::string err; !planargs::buildRoleOptions(b, o.roleOptions, options, &err))
+    throw std::logic_error(err);
   auto role = CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0,
-                         b.CreateVector(roleRanks), &train, &gen, 0, 0, 0,
+                         b.CreateVector(roleRanks), &train, &gen, 0, options, 0,
                          o.memoryRanks >= 0 ? b.CreateVectorOfStructs(memory) : 0,
                          o.transientRanks >= 0 ? b.CreateVectorOfStructs(transient) : 0);
   auto group = CreateGroup(b, b.CreateString("actor"), b.CreateVector(all));
@@ -102,8 +116,8 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
   auto v1 = CreateValue(b, b.CreateString("rollout"), BatchKind::Rollout, 0);
   std::vector<int> in{0}, out{1}, none;
   auto s0 = CreateStep(b, StepKind::Compute, 0, b.CreateString(o.computeMethod),
-                       b.CreateVector(in), b.CreateVector(out), -1, -1, 0,
-                       b.CreateString("test.hflow:1:1"));
+                       b.CreateVector(in), b.CreateVector(out), -1, -1,
+                       typedArgs(o.computeArgs), b.CreateString("test.hflow:1:1"));
   auto s1 = CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
                        b.CreateVector(none), b.CreateVector(none), 0,
                        o.checkNamesLaterStep ? 1 : 0, 0,
@@ -114,8 +128,8 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
     values.push_back(CreateValue(b, b.CreateString("adv"), BatchKind::Advantages, 2));
     steps.push_back(CreateStep(b, StepKind::Builtin, -1, b.CreateString(o.builtin),
                                b.CreateVector(std::vector<int>{1}),
-                               b.CreateVector(std::vector<int>{2}), -1, -1, 0,
-                               b.CreateString("test.hflow:2:13")));
+                               b.CreateVector(std::vector<int>{2}), -1, -1,
+                               typedArgs(o.builtinArgs), b.CreateString("test.hflow:2:13")));
   }
   std::vector<flatbuffers::Offset<RankSchedule>> scheds;
   for (int r = 0; r < o.worldSize - (o.missingSchedule ? 1 : 0); ++r)
@@ -174,13 +188,13 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = 
       tp2(1, 2, 1, 1, 1, 1), cp2(1, 1, 1, 1, 1, 2), one(1, 1, 1, 1, 1, 1);
   std::vector<flatbuffers::Offset<Role>> roles{
       CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0, vec({0, 1, 2, 3}),
-                 &dp2tp2, &dp4),
+                 &dp2tp2, &dp4, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("ref"), RoleKind::Reference, 0, vec({0, 1}),
-                 &dp2, &dp2),
+                 &dp2, &dp2, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("critic"), RoleKind::Critic, 1, vec({2, 3}),
-                 criticTp2 ? &tp2 : criticCp2 ? &cp2 : &dp2, &dp2),
+                 criticTp2 ? &tp2 : criticCp2 ? &cp2 : &dp2, &dp2, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("reward"), RoleKind::RewardFn, -1, vec({3}),
-                 &one, &one, b.CreateString("even_tokens"))};
+                 &one, &one, b.CreateString("even_tokens"), CreateRoleOptions(b))};
   std::vector<flatbuffers::Offset<Group>> groups{
       CreateGroup(b, b.CreateString("actor"), vec({0, 1, 2, 3})),
       CreateGroup(b, b.CreateString("ref"), vec({0, 1})),
@@ -197,7 +211,8 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = 
   auto compute = [&](int role, const char *method, std::vector<int> in,
                      std::vector<int> out, const char *loc) {
     steps.push_back(CreateStep(b, StepKind::Compute, role, b.CreateString(method),
-                               vec(in), vec(out), -1, -1, 0, b.CreateString(loc)));
+                               vec(in), vec(out), -1, -1, CreateCallArgs(b),
+                               b.CreateString(loc)));
     int checked = (int)steps.size() - 1;
     steps.push_back(CreateStep(b, StepKind::CheckAllGather, -1, b.CreateString(""),
                                vec({}), vec({}), role, checked, 0,

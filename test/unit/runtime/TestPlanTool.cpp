@@ -8,6 +8,8 @@
 //   hflow-testplan --method NAME / --builtin NAME -o plan.bin
 //                                           the compute step calls NAME / a builtin
 //                                           step NAME follows (the loader's tables)
+//   hflow-testplan --arg NAME=X -o plan.bin  the compute step's keyword NAME is the
+//                                           number X (an integer when X is one)
 // and helps shell RUN lines with ports:
 //   hflow-testplan --free-port              prints a free TCP port of 127.0.0.1
 //   hflow-testplan --hold-port P SECONDS    listens on 127.0.0.1:P in a background
@@ -32,7 +34,7 @@ static int usage(const char *msg) {
     std::fprintf(stderr, "hflow-testplan: error: %s\n", msg);
   std::fprintf(msg ? stderr : stdout,
                "usage: hflow-testplan [--world-size N] [--seed N] "
-               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--ppo [--critic-tp2 | --critic-cp2]] -o FILE\n");
+               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--arg NAME=X] [--ppo [--critic-tp2 | --critic-cp2]] -o FILE\n");
   return msg ? 2 : 0;
 }
 
@@ -112,6 +114,19 @@ int main(int argc, char **argv) {
       if (!v)
         return usage((a + " needs a name").c_str());
       (a == "--method" ? o.computeMethod : o.builtin) = v;
+    } else if (a == "--arg") {
+      const char *v = value();
+      const char *eq = v ? std::strchr(v, '=') : nullptr;
+      if (!eq)
+        return usage("--arg needs NAME=X");
+      const std::string name(v, eq), x(eq + 1);
+      char *end = nullptr;
+      const double d = std::strtod(x.c_str(), &end);
+      if (x.empty() || *end)
+        return usage(("--arg " + name + ": '" + x + "' is not a number").c_str());
+      o.computeArgs.push_back(
+          {name, d == (double)(int64_t)d ? hflow::planargs::ArgValue::integer((int64_t)d)
+                                         : hflow::planargs::ArgValue::real(d)});
     } else if (a == "-o") {
       const char *v = value();
       if (!v)
