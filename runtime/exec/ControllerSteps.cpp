@@ -92,7 +92,7 @@ void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor>
   if (ctx.moments) // after this batch's update
     ts.push_back({"moments", ctx.moments->toTensor()});
   ts.push_back({"group", ctx.index});
-  const std::string dir = o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1);
+  const std::string dir = o_.dumpValues + "/" + ph.name + "-" + std::to_string(progress_.iter + 1);
   try {
     std::filesystem::create_directories(dir);
     models::writeSafetensors(dir + "/step-" + std::to_string(s) + "-" + str(step(s).method()) +
@@ -108,8 +108,8 @@ void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor>
 void Worker::runCheck(int s) {
   const Step &st = step(s);
   int checked = st.checks();
-  auto it = groupComm_.find(st.group());
-  if (it == groupComm_.end())
+  auto it = comms_.byGroup.find(st.group());
+  if (it == comms_.byGroup.end())
     throw RunError("this rank is scheduled for the check but is not a member of group " +
                    str(p_.groups()->Get(st.group())->name()));
   Communicator &c = *it->second;

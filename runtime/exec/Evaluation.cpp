@@ -20,7 +20,7 @@ using namespace hflow::plan;
 /// replicas, scored by the reward rule; (sum, count) go to the metrics.
 void Worker::evaluate(const std::string &when, int64_t it) {
   evaluatePairs(it < 0 ? when : when + "-" + std::to_string(it + 1));
-  if (!evalSet_)
+  if (!heldOut_.eval)
     return;
   refreshGenerationCopies(roles_);
   struct Drop { // ShardsOnly actors free their whole copy again, however this ends
@@ -41,8 +41,8 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     return; // one rank per replica scores
   const int dp = std::max(1, (int)ints(ro.ranks()).size() / per);
   const int replica = rr.pos / per;
-  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, evalSet_->size())
-                                     : (int64_t)evalSet_->size();
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, heldOut_.eval->size())
+                                     : (int64_t)heldOut_.eval->size();
   const int64_t lo = replica * N / dp, hi = (replica + 1) * N / dp;
   const int64_t chunk = 64;
   for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
@@ -50,12 +50,12 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     std::vector<std::vector<int64_t>> ps;
     int64_t P = 1;
     for (int64_t i = c0; i < c1; ++i) {
-      const auto &ex = (*evalSet_)[(size_t)i];
-      ps.push_back(promptOf(*evalSet_, ex));
+      const auto &ex = (*heldOut_.eval)[(size_t)i];
+      ps.push_back(text_.promptOf(*heldOut_.eval, ex));
       P = std::max<int64_t>(P, (int64_t)ps.back().size());
     }
     const int64_t B = c1 - c0;
-    at::Tensor toks = at::full({B, P}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+    at::Tensor toks = at::full({B, P}, text_.tok->padId(), at::TensorOptions().dtype(at::kLong));
     at::Tensor mask = at::zeros({B, P});
     for (int64_t b = 0; b < B; ++b)
       for (size_t j = 0; j < ps[b].size(); ++j) {
@@ -63,11 +63,11 @@ void Worker::evaluate(const std::string &when, int64_t it) {
         mask[b][P - (int64_t)ps[b].size() + (int64_t)j] = 1.0f;
       }
     models::SamplingOptions so;
-    so.maxTokens = (int)evalR_;
+    so.maxTokens = (int)heldOut_.evalR;
     so.greedy = true;
-    so.stopToken = tok_->eosId();
-    so.moreStopTokens.assign(stops_.begin() + 1, stops_.end());
-    so.padToken = tok_->padId();
+    so.stopToken = text_.tok->eosId();
+    so.moreStopTokens.assign(text_.stops.begin() + 1, text_.stops.end());
+    so.padToken = text_.tok->padId();
     at::Generator g = models::makeGenerator(1);
     models::Generation out = rr.model->generate(toks.to(models::engineDevice()),
                                                 mask.to(models::engineDevice()), so, g);
@@ -78,9 +78,9 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
-        if (m[b][t] > 0 && !isStop(acc[b][t]))
+        if (m[b][t] > 0 && !text_.isStop(acc[b][t]))
           ids.push_back(acc[b][t]);
-      metrics_->evalSum += evalRule_->fn(tok_->decode(ids), (*evalSet_)[(size_t)(c0 + b)]);
+      metrics_->evalSum += heldOut_.evalRule->fn(text_.tok->decode(ids), (*heldOut_.eval)[(size_t)(c0 + b)]);
       metrics_->evalN += 1;
     }
   }
@@ -147,7 +147,7 @@ void Worker::syncReference(int phaseIndex) {
       at::Tensor buf = j_.rank == root ? srcNamed[i].second.detach().clone()
                                        : at::empty(shapes[i].second,
                                                    models::onEngine(actorCfg.dtype));
-      world_->broadcast(buf, root);
+      comms_.world->broadcast(buf, root);
       if (dst)
         dstNamed[i].second.copy_(buf);
     }

@@ -41,23 +41,23 @@ using namespace hflow::plan;
 // Dispatch
 //===----------------------------------------------------------------------===//
 
-Worker::MethodFn Worker::findMethod(std::string_view name) {
+MethodRunner::Fn MethodRunner::find(std::string_view name) {
   struct Entry {
     std::string_view name;
-    MethodFn fn;
+    Fn fn;
   };
   static const Entry kTable[] = {
-      {"generate", &Worker::runGenerate}, {"logprob", &Worker::runLogprob},
-      {"values", &Worker::runValues},     {"score", &Worker::runScore},
-      {"update", &Worker::runUpdate},     {"sft", &Worker::runSft},
-      {"fit", &Worker::runFit}};
+      {"generate", &MethodRunner::runGenerate}, {"logprob", &MethodRunner::runLogprob},
+      {"values", &MethodRunner::runValues},     {"score", &MethodRunner::runScore},
+      {"update", &MethodRunner::runUpdate},     {"sft", &MethodRunner::runSft},
+      {"fit", &MethodRunner::runFit}};
   for (const Entry &e : kTable)
     if (e.name == name)
       return e.fn;
   return nullptr;
 }
 
-bool executesMethod(std::string_view name) { return Worker::findMethod(name) != nullptr; }
+bool executesMethod(std::string_view name) { return MethodRunner::find(name) != nullptr; }
 
 void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   const Step &st = step(s);
@@ -66,7 +66,7 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
   if (rit == roles_.end())
     throw RunError("this rank is scheduled for the step but is not one of role " +
                    str(role(st.role()).name()) + "'s ranks");
-  MethodFn fn = findMethod(method);
+  MethodRunner::Fn fn = MethodRunner::find(method);
   if (!fn) // the plan loader refuses such a plan; a defence in depth
     throw RunError("method '" + method + "' is not supported by this runtime");
   MethodCall c{ph,
@@ -79,10 +79,10 @@ void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
                ints(st.inputs()),
                ints(st.outputs()),
                rows_->isLeader(s, j_.rank)};
-  (this->*fn)(c);
+  methods_.run(fn, c);
 }
 
-Val &Worker::input(MethodCall &c, int k) {
+Val &MethodRunner::input(MethodCall &c, int k) {
   auto f = vals_.find(c.in.at(k));
   if (f == vals_.end())
     throw RunError("input " + str(p_.values()->Get(c.in[k])->name(), "?") +
@@ -91,7 +91,7 @@ Val &Worker::input(MethodCall &c, int k) {
 }
 
 /// The `nth` input of kind `k`, or null.
-Val *Worker::inputOfKind(MethodCall &c, BatchKind k, int nth) {
+Val *MethodRunner::inputOfKind(MethodCall &c, BatchKind k, int nth) {
   for (size_t i = 0; i < c.in.size(); ++i)
     if (p_.values()->Get(c.in[i])->kind() == k && nth-- == 0)
       return &vals_.at(c.in[i]);
@@ -99,7 +99,7 @@ Val *Worker::inputOfKind(MethodCall &c, BatchKind k, int nth) {
 }
 
 /// The call's rollout and the rows of it this rank works on.
-Val &Worker::rolloutOf(MethodCall &c, Span &rows) {
+Val &MethodRunner::rolloutOf(MethodCall &c, Span &rows) {
   Val *rollout = inputOfKind(c, BatchKind::Rollout);
   if (!rollout)
     throw RunError("the call has no rollout input");
@@ -111,7 +111,7 @@ Val &Worker::rolloutOf(MethodCall &c, Span &rows) {
 }
 
 /// The call's output: `x` in rows `rows` of a new value.
-void Worker::store(MethodCall &c, Span rows, const at::Tensor &x) {
+void MethodRunner::store(MethodCall &c, Span rows, const at::Tensor &x) {
   Val v = makeVal(p_.values()->Get(c.out.at(0))->kind(), c.ph.batch * c.ph.n, c.ph.P, c.ph.R);
   v.x().narrow(0, rows.lo, rows.hi - rows.lo).copy_(x);
   digests_[c.s] = x.to(at::kDouble).sum().item<double>();
@@ -127,7 +127,7 @@ void Worker::store(MethodCall &c, Span rows, const at::Tensor &x) {
 /// longest prompt and response of these rows) and the rest is zeros: the
 /// same values at real positions, up to float rounding (the masked keys
 /// contributed nothing anyway).
-models::MicroBatch Worker::seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
+models::MicroBatch MethodRunner::seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
                                     int64_t &r) {
   const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1), b = hi - lo;
   p = P, r = R;
@@ -164,7 +164,7 @@ at::Tensor untrim(const at::Tensor &h, int64_t P, int64_t R, int64_t p, int64_t 
 /// collectives in every pass) every member ends with as many batches as
 /// the member with the most: the others split their largest batches, as
 /// verl evens out its micro-batch counts over data-parallel ranks.
-std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo, int64_t hi,
+std::vector<std::pair<int64_t, int64_t>> MethodRunner::rowBatches(Val &ro, int64_t lo, int64_t hi,
                                                            int64_t micro, int64_t budget,
                                                            const std::string &where,
                                                            Communicator *equalize) {
@@ -214,7 +214,7 @@ std::vector<std::pair<int64_t, int64_t>> Worker::rowBatches(Val &ro, int64_t lo,
 /// some row, [b, r, H] (r <= R), to [b, r]; the result is [b, R], zeros
 /// beyond r. With another `start`/`width`, the head gets those columns
 /// [b, width, H] (zeros where the batch has no token).
-at::Tensor Worker::forwardResponses(MethodCall &c, Val &rollout, Span rows,
+at::Tensor MethodRunner::forwardResponses(MethodCall &c, Val &rollout, Span rows,
                                     const std::function<at::Tensor(const at::Tensor &, int64_t,
                                                                    int64_t)> &head,
                                     int64_t start, int64_t width) {
@@ -332,7 +332,7 @@ void dumpGeneration(const std::string &dir, const std::string &name, const std::
 } // namespace
 
 /// generate: n samples of each of this replica's prompts.
-void Worker::runGenerate(MethodCall &c) {
+void MethodRunner::runGenerate(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
@@ -342,7 +342,7 @@ void Worker::runGenerate(MethodCall &c) {
   Val &pr = input(c, 0);
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
   Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, P, R);
-  models::SamplingOptions so = samplingOptions(a, opts, *tok_, stops_);
+  models::SamplingOptions so = samplingOptions(a, opts, *text_.tok, text_.stops);
   const int64_t b = sp.hi - sp.lo, n = ph.n;
   at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
   at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
@@ -383,7 +383,7 @@ void Worker::runGenerate(MethodCall &c) {
   const std::string stop = str(a.stop());
   if (!stop.empty()) {
     // A stop string ends a row at the token whose text completes it.
-    const data::Tokenizer *tok = tok_.get();
+    const data::Tokenizer *tok = text_.tok.get();
     so.stopWhen = [tok, stop](int64_t, const std::vector<int64_t> &resp) {
       return tok->decode(resp).find(stop) != std::string::npos;
     };
@@ -437,7 +437,7 @@ void Worker::runGenerate(MethodCall &c) {
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
   if (!o_.dumpValues.empty() && c.leader) // what the model saw and wrote
-    dumpGeneration(o_.dumpValues + "/" + ph.name + "-" + std::to_string(currentIter_ + 1),
+    dumpGeneration(o_.dumpValues + "/" + ph.name + "-" + std::to_string(progress_.iter + 1),
                    "step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo),
                    describe(s), ptoks, pmask, gen, ro_["ids"].narrow(0, lo, hi - lo));
   vals_[c.out.at(0)] = std::move(ro_);
@@ -550,7 +550,7 @@ SftPasses sftPasses(const SftRows &in, int64_t m0, int64_t mbRows, int64_t micro
 
 /// sft: supervised fine-tuning on the data set's answers (prompt + answer +
 /// stop token, right padded; the loss on the answer).
-void Worker::runSft(MethodCall &c) {
+void MethodRunner::runSft(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
@@ -559,7 +559,7 @@ void Worker::runSft(MethodCall &c) {
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
   if (!ph.dataset)
     throw RunError("sft needs a data set with answers");
-  const SftRows in = sftRows(*ph.dataset, pr["ids"].cpu(), sp, *prompts_, *tok_);
+  const SftRows in = sftRows(*ph.dataset, pr["ids"].cpu(), sp, *text_.prompts, *text_.tok);
   const int64_t B = (int64_t)in.len.size();
   // epochs x minibatches (one optimizer step each; `minibatch:` counts
   // prompts over all replicas, as for update) x micro-batches of
@@ -611,7 +611,7 @@ void Worker::runSft(MethodCall &c) {
 }
 
 /// logprob: the log-probabilities of the response tokens.
-void Worker::runLogprob(MethodCall &c) {
+void MethodRunner::runLogprob(MethodCall &c) {
   Span rows;
   Val &rollout = rolloutOf(c, rows);
   const int64_t b = rows.hi - rows.lo;
@@ -638,7 +638,7 @@ void Worker::runLogprob(MethodCall &c) {
 }
 
 /// values: the critic's value head on every response position.
-void Worker::runValues(MethodCall &c) {
+void MethodRunner::runValues(MethodCall &c) {
   Span rows;
   Val &rollout = rolloutOf(c, rows);
   at::Tensor rmask = rollout["rmask"].narrow(0, rows.lo, rows.hi - rows.lo);
@@ -650,7 +650,7 @@ void Worker::runValues(MethodCall &c) {
 
 /// score: a reward rule on the decoded response (RewardFn), or the reward
 /// model's head at the response's last token; the score sits on that token.
-void Worker::runScore(MethodCall &c) {
+void MethodRunner::runScore(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const Role &ro = c.ro;
@@ -684,7 +684,7 @@ void Worker::runScore(MethodCall &c) {
       data::Example ex;
       if (ph.dataset)
         ex = (*ph.dataset)[(size_t)idA[i]];
-      double r = rule.fn(tok_->decode(ids), ex);
+      double r = rule.fn(text_.tok->decode(ids), ex);
       sA[i][std::max<int64_t>(0, lenA[i] - 1)] = (float)r;
     }
     scores = hostScores.to(models::engineDevice());

@@ -29,8 +29,8 @@ constexpr int kBytesSent = MetricSums::kCount, kIterationMs = MetricSums::kCount
 
 /// Sums every rank's metrics on rank 0, which records them (RunLog).
 void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
-  comm::CommStats cs = world_->stats();
-  for (auto &[g, c] : groups_)
+  comm::CommStats cs = comms_.world->stats();
+  for (auto &[g, c] : comms_.groups)
     cs += c->stats();
   // The page faults of this rank's process during the iteration (the
   // kernel's work of mapping memory the allocator returned and took back).
@@ -45,7 +45,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
                                   at::TensorOptions().dtype(at::kDouble))
                         .to(models::engineDevice(), /*non_blocking=*/false, /*copy=*/true);
   // The metrics leave the engine: one copy of every rank's row to the host.
-  at::Tensor all = world_->allGatherFlat(mine).cpu().contiguous();
+  at::Tensor all = comms_.world->allGatherFlat(mine).cpu().contiguous();
   if (j_.rank != 0)
     return;
   const int64_t ranks = all.size(0), width = all.size(1);
@@ -106,7 +106,7 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   for (int r = 0; p_.roles() && r < (int)p_.roles()->size() && at.vocab == 0; ++r)
     if (role(r).kind() == RoleKind::Actor && role(r).model() >= 0)
       at.vocab = p_.models()->Get(role(r).model())->vocab();
-  at.elapsedS = msSince(start_) / 1000.0;
+  at.elapsedS = msSince(progress_.start) / 1000.0;
   log_.record(at, f);
 }
 
@@ -120,7 +120,7 @@ void Worker::printSummary(const at::Tensor &all) {
   std::printf("hflow-run: %s done: %" PRId64 " iteration%s of %zu phase%s on %d ranks in %.1f s "
               "(plan %s, format %u.%u, compiler %s)\n",
               str(p_.program(), "?").c_str(), its, its == 1 ? "" : "s", phases_.size(),
-              phases_.size() == 1 ? "" : "s", p_.world_size(), msSince(start_) / 1000.0,
+              phases_.size() == 1 ? "" : "s", p_.world_size(), msSince(progress_.start) / 1000.0,
               comm::hashHex(lp_.fileHash()).c_str(), lp_.formatMajor(), lp_.formatMinor(),
               str(p_.compiler_version(), "?").c_str());
   std::printf("roles:\n");

@@ -74,7 +74,7 @@ void Worker::preparePhases() {
     hasData_ = hasData_ || ph.dataset.has_value();
   if (p_.models())
     for (const Model *m : *p_.models())
-      synthVocab_ = std::min<int64_t>(synthVocab_, std::max(2, m->vocab()));
+      text_.synthVocab = std::min<int64_t>(text_.synthVocab, std::max(2, m->vocab()));
   if (o_.steps >= 0)
     for (auto &ph : phases_)
       ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
@@ -101,7 +101,7 @@ void Worker::measurePrompts(PhaseRt &ph) {
     int64_t P = 1;
     for (size_t i = 0; i < ph.dataset->size(); ++i) {
       const auto &ex = (*ph.dataset)[i];
-      const std::vector<int64_t> ids = promptOf(*ph.dataset, ex);
+      const std::vector<int64_t> ids = text_.promptOf(*ph.dataset, ex);
       const std::string row = "phase " + ph.name + ": the prompt of row " +
                               std::to_string(ex.index + 1) + " of " + ph.dataPath +
                               " (line " + std::to_string(ex.line) + ")";

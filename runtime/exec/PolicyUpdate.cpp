@@ -5,7 +5,7 @@
 // accumulate, each loss weighted by its share of the minibatch as verl
 // does. UpdateLoss is one pass's loss (the actor's clipped policy loss
 // with its KL and entropy terms, or the critic's clipped value loss);
-// Worker::runUpdate cuts the rows into passes and runs them on the role's
+// MethodRunner::runUpdate cuts the rows into passes and runs them on the role's
 // model form.
 //
 //===----------------------------------------------------------------------===//
@@ -210,7 +210,7 @@ void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &b
 /// update: PPO epochs over minibatches (one optimizer step each) of the
 /// actor's clipped policy loss with optional KL and entropy terms, or the
 /// critic's clipped value loss.
-void Worker::runUpdate(MethodCall &c) {
+void MethodRunner::runUpdate(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;

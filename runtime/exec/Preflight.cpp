@@ -92,10 +92,10 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
   for (const PhaseRt &ph : phases_)
     if (ph.dataset)
       f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
-  f.push_back({"--eval data", evalSet_ ? "FNV-1a " + evalHash_ : "none"});
-  f.push_back({"--eval-pairs data", pairsSet_ ? "FNV-1a " + pairsHash_ : "none"});
-  f.push_back({"the tokenizer", tokIdentity_});
-  f.push_back({"the chat template", tmplIdentity_});
+  f.push_back({"--eval data", heldOut_.eval ? "FNV-1a " + heldOut_.evalHash : "none"});
+  f.push_back({"--eval-pairs data", heldOut_.pairs ? "FNV-1a " + heldOut_.pairsHash : "none"});
+  f.push_back({"the tokenizer", text_.tokIdentity});
+  f.push_back({"the chat template", text_.tmplIdentity});
   for (const char *var : kAgreedEnvironment) {
     const char *v = std::getenv(var);
     f.push_back({std::string("the environment's ") + var, v ? "'" + std::string(v) + "'" : "(unset)"});
@@ -141,7 +141,7 @@ std::string Worker::tokenizerIdentity(const std::string &spec) const {
 
 /// The chat template prompts are rendered with: "FNV-1a <hash>", or "none".
 std::string Worker::templateIdentity() const {
-  const std::string t = tok_ ? tok_->chatTemplate() : std::string();
+  const std::string t = text_.tok ? text_.tok->chatTemplate() : std::string();
   if (t.empty())
     return "none";
   char hex[17];

@@ -27,16 +27,16 @@ namespace hflow::exec {
 
 using namespace hflow::plan;
 
-std::vector<int64_t> Worker::pairSequence(const data::Dataset &ds, const data::Example &ex,
+std::vector<int64_t> MethodRunner::pairSequence(const data::Dataset &ds, const data::Example &ex,
                                           const std::string &response) const {
-  std::vector<int64_t> t = promptOf(ds, ex);
-  std::vector<int64_t> r = tok_->encode(response);
+  std::vector<int64_t> t = text_.promptOf(ds, ex);
+  std::vector<int64_t> r = text_.tok->encode(response);
   t.insert(t.end(), r.begin(), r.end());
-  t.push_back(tok_->eosId());
+  t.push_back(text_.tok->eosId());
   return t;
 }
 
-at::Tensor Worker::scoreSequences(
+at::Tensor MethodRunner::scoreSequences(
     RoleRt &rr, const std::vector<std::vector<int64_t>> &seqs, int64_t micro,
     const std::function<at::Tensor(int, const at::Tensor &)> &lossOf,
     std::vector<double> *losses) {
@@ -46,7 +46,7 @@ at::Tensor Worker::scoreSequences(
   for (const auto &q : seqs)
     L = std::max<int64_t>(L, (int64_t)q.size());
   // Right padded: the positions are 0.. on every row.
-  at::Tensor toks = at::full({N, L}, tok_->padId(), at::TensorOptions().dtype(at::kLong));
+  at::Tensor toks = at::full({N, L}, text_.tok->padId(), at::TensorOptions().dtype(at::kLong));
   at::Tensor mask = at::zeros({N, L});
   for (int64_t i = 0; i < N; ++i) {
     const auto &q = seqs[(size_t)i];
@@ -99,7 +99,7 @@ at::Tensor Worker::scoreSequences(
 /// each) whose gradients accumulate. Each pass's loss is its pairs' summed
 /// -log sigma(r_chosen - r_rejected) over the minibatch's pairs: the
 /// minibatch mean, however it is cut.
-void Worker::runFit(MethodCall &c) {
+void MethodRunner::runFit(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
@@ -164,10 +164,10 @@ void Worker::runFit(MethodCall &c) {
 }
 
 void Worker::evaluatePairs(const std::string &label) {
-  if (!pairsSet_)
+  if (!heldOut_.pairs)
     return;
-  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, pairsSet_->size())
-                                     : (int64_t)pairsSet_->size();
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, heldOut_.pairs->size())
+                                     : (int64_t)heldOut_.pairs->size();
   for (auto &[r, rr] : roles_) {
     if (role(r).kind() != RoleKind::RewardModel || !rr.lm)
       continue;
@@ -175,11 +175,11 @@ void Worker::evaluatePairs(const std::string &label) {
     // role's first rank reports.
     std::vector<std::vector<int64_t>> seqs;
     for (int64_t i = 0; i < N; ++i) {
-      const data::Example &ex = (*pairsSet_)[(size_t)i];
-      seqs.push_back(pairSequence(*pairsSet_, ex, ex.chosen));
-      seqs.push_back(pairSequence(*pairsSet_, ex, ex.rejected));
+      const data::Example &ex = (*heldOut_.pairs)[(size_t)i];
+      seqs.push_back(methods_.pairSequence(*heldOut_.pairs, ex, ex.chosen));
+      seqs.push_back(methods_.pairSequence(*heldOut_.pairs, ex, ex.rejected));
     }
-    at::Tensor sc = scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
+    at::Tensor sc = methods_.scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
     if (rr.pos != 0)
       continue;
     metrics_->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();

@@ -30,10 +30,10 @@ models::LlamaConfig Worker::modelConfig(int m) const {
   std::string err;
   if (!models::LlamaConfig::fromPlan(*p_.models()->Get(m), cfg, err))
     throw RunError(err);
-  if (hasData_ && cfg.vocab < tok_->vocabSize())
+  if (hasData_ && cfg.vocab < text_.tok->vocabSize())
     throw RunError("model " + cfg.name + " has a vocabulary of " +
-                   std::to_string(cfg.vocab) + " but the " + tok_->name() +
-                   " tokenizer needs " + std::to_string(tok_->vocabSize()));
+                   std::to_string(cfg.vocab) + " but the " + text_.tok->name() +
+                   " tokenizer needs " + std::to_string(text_.tok->vocabSize()));
   return cfg;
 }
 
@@ -124,7 +124,7 @@ void Worker::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
       cfg, models::modelSeed(p_.seed(), ro.model()));
   if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
     rt.head = at::zeros({1, cfg.hidden}, models::onEngine(cfg.dtype));
-  rt.scorePad = tok_ ? tok_->padId() : 0;
+  rt.scorePad = text_.tok ? text_.tok->padId() : 0;
   chooseShards(r, rt, forms);
   const std::string wdir = str(p_.models()->Get(ro.model())->weights());
   loadWholeWeights(r, rt, cfg, wdir);
@@ -246,8 +246,8 @@ void Worker::connectRoles() {
       connectGenerationRank(r, rr);
       continue;
     }
-    auto it = groupComm_.find(r);
-    if (it == groupComm_.end())
+    auto it = comms_.byGroup.find(r);
+    if (it == comms_.byGroup.end())
       throw RunError("no communicator for role " + str(role(r).name()) + "'s group");
     rr.comm = it->second;
     buildTrainingForm(r, rr);
@@ -272,8 +272,8 @@ Communicator *Worker::groupNamed(const std::string &name) const {
   if (p_.groups())
     for (size_t g = 0; g < p_.groups()->size(); ++g)
       if (str(p_.groups()->Get(g)->name()) == name) {
-        auto it = groupComm_.find((int)g);
-        return it == groupComm_.end() ? nullptr : it->second;
+        auto it = comms_.byGroup.find((int)g);
+        return it == comms_.byGroup.end() ? nullptr : it->second;
       }
   return nullptr;
 }
@@ -291,7 +291,7 @@ void Worker::connectGenerationRank(int r, RoleRt &rr) {
     auto gs = ints(role(r).generate_ranks());
     const int t = role(r).generate()->tp(), replica = rr.pos / t;
     std::vector<int> members(gs.begin() + replica * t, gs.begin() + (replica + 1) * t);
-    rr.groups.gen = world_->makeSubgroup(
+    rr.groups.gen = comms_.world->makeSubgroup(
         "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
     rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.groups.gen);
     rr.generatesOn = GeneratesOn::GenerationShards;
@@ -317,8 +317,8 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
       for (int d = 0; d < dps; ++d)
         dpRanks.push_back(rs[d * tps + t]);
       const std::string rn = str(role(r).name());
-      rr.groups.tp = world_->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
-      rr.groups.dp = world_->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
+      rr.groups.tp = comms_.world->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
+      rr.groups.dp = comms_.world->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
       tpc = rr.groups.tp.get();
     }
     if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
@@ -348,12 +348,12 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
       tpRanks.push_back(at(stage, replica, m));
     const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
                                                       std::to_string(t);
-    rr.groups.pp = world_->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
+    rr.groups.pp = comms_.world->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
     if (dps > 1)
-      rr.groups.dp = world_->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
+      rr.groups.dp = comms_.world->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(t), dpRanks);
     if (tps > 1)
-      rr.groups.tp = world_->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
+      rr.groups.tp = comms_.world->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(replica), tpRanks);
     try {
       rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.groups.pp,
@@ -373,7 +373,7 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
     auto rs = ints(role(r).ranks());
     const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
     std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
-    rr.groups.sp = world_->makeSubgroup(
+    rr.groups.sp = comms_.world->makeSubgroup(
         "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
     try {
       rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.groups.sp,
@@ -430,7 +430,7 @@ void Worker::buildGenerationForm(int r, RoleRt &rr) {
       if (g->second[i] / t == replica)
         members.push_back(rs[i]);
     std::sort(members.begin(), members.end());
-    rr.groups.gen = world_->makeSubgroup(
+    rr.groups.gen = comms_.world->makeSubgroup(
         "gen-" + str(role(r).name()) + "-" + std::to_string(replica), members);
     rr.gen = std::make_unique<models::TensorParallelModel>(*rr.model, *rr.groups.gen);
     rr.generatesOn = GeneratesOn::GenerationShards;

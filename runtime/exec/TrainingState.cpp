@@ -63,10 +63,10 @@ void Worker::saveState() {
              {"world_size", j_.worldSize},
              {"phase_iterations", iterations},
              {"data", data},
-             {"tokenizer", tokIdentity_},
-             {"chat_template", tmplIdentity_},
+             {"tokenizer", text_.tokIdentity},
+             {"chat_template", text_.tmplIdentity},
              {"samplers", samplers}};
-  ck_.save(st, *world_, o_.quiet, log_);
+  ck_.save(st, *comms_.world, o_.quiet, log_);
 }
 
 
@@ -96,9 +96,9 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
   // The same tokens for the same text: another tokenizer or chat template
   // would train the restored weights on other ids, silently.
   for (const auto &[key, mine, what] :
-       {std::tuple<const char *, std::string, const char *>{"chat_template", tmplIdentity_,
+       {std::tuple<const char *, std::string, const char *>{"chat_template", text_.tmplIdentity,
                                                              "chat template"},
-        {"tokenizer", tokIdentity_, "tokenizer"}}) {
+        {"tokenizer", text_.tokIdentity, "tokenizer"}}) {
     if (!st.meta.contains(key))
       throw RunError(where + " does not record its " + what +
                      " (written by an older hflow-run): it cannot be checked against this run");
@@ -119,7 +119,7 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
 }
 
 void Worker::loadState() {
-  models::CheckpointState st = ck_.loadLatest(*world_);
+  models::CheckpointState st = ck_.loadLatest(*comms_.world);
   const int64_t n = st.step;
   if (st.meta.value("plan", std::string()) != comm::hashHex(lp_.fileHash()))
     throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +

@@ -19,12 +19,12 @@ using namespace hflow::plan;
 
 /// Sequences per forward (and backward) pass of call `c`: its own
 /// micro_batch, else its phase's (the train block's), else `whole`.
-int64_t Worker::microBatch(const MethodCall &c, int64_t whole) const {
+int64_t MethodRunner::microBatch(const MethodCall &c, int64_t whole) const {
   const int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
   return std::max<int64_t>(1, c.a.micro_batch().value_or(phase > 0 ? phase : whole));
 }
 
-Worker::TrainingCut Worker::trainingCut(const MethodCall &c, int64_t rows) const {
+MethodRunner::TrainingCut MethodRunner::trainingCut(const MethodCall &c, int64_t rows) const {
   const PhaseRt &ph = c.ph;
   TrainingCut t;
   t.epochs = c.a.epochs().value_or(1);
@@ -41,7 +41,7 @@ Worker::TrainingCut Worker::trainingCut(const MethodCall &c, int64_t rows) const
 
 /// Averages the gradients over the role's ranks (one all-reduce of all of
 /// them), clips by global norm and steps the optimizer.
-void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
+void MethodRunner::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
   loss.backward();
   applyGradients(rr, lrOverride);
 }
@@ -49,13 +49,13 @@ void Worker::trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride) {
 /// ranks combined (the model form knows how: an all-reduce over the data-
 /// parallel ranks, or nothing after FSDP's reduce-scatter), clipped by the
 /// global norm, and one optimizer step.
-void Worker::applyGradients(RoleRt &rr, double lrOverride) {
+void MethodRunner::applyGradients(RoleRt &rr, double lrOverride) {
   rr.lm->reduceGradients(rr.extra());
   clipAndStep(rr, std::sqrt(rr.lm->gradNormSquared(rr.extra())), lrOverride);
 }
 
 /// A loss this rank computed that is not finite stops the run (Divergence.h).
-void Worker::checkLoss(const RoleRt &rr, const char *what, double v) const {
+void MethodRunner::checkLoss(const RoleRt &rr, const char *what, double v) const {
   if (!std::isfinite(v))
     throw RunError("training diverged: " + str(role(rr.index).name()) + "'s " + what + " is " +
                    nonFiniteName(v) + "; nothing is saved from this state");
@@ -63,7 +63,7 @@ void Worker::checkLoss(const RoleRt &rr, const char *what, double v) const {
 
 /// Clips the gradients to the optimizer's global norm and takes one AdamW
 /// step (at `lrOverride` when it is positive: a call's own `lr:`).
-void Worker::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
+void MethodRunner::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
   // A non-finite gradient never reaches the weights; weights that become
   // non-finite stop the run before anything is saved from them.
   const std::string roleName = str(role(rr.index).name());

@@ -36,13 +36,7 @@ using namespace hflow::plan;
 using comm::CommError;
 using comm::RendezvousError;
 
-std::string Worker::describe(int s) const {
-  std::string out = rows_->describe(s);
-  if (currentIter_ >= 0)
-    out = (currentPhase_.empty() ? "" : currentPhase_ + " ") + "iteration " +
-          std::to_string(currentIter_ + 1) + ": " + out;
-  return out;
-}
+std::string Worker::describe(int s) const { return describeStep(*rows_, progress_, s); }
 
 /// --tokenizer's default: the directory of the actor's hf("dir") weights when
 /// it holds tokenizer.json or tokenizer.model (a released checkpoint is
@@ -80,7 +74,7 @@ void Worker::prepare() {
   for (PhaseRt &ph : phases_) {
     measurePrompts(ph);
     findRollout(ph);
-    evalR_ = std::max(evalR_, ph.R);
+    heldOut_.evalR = std::max(heldOut_.evalR, ph.R);
     if (ph.ph && ph.ph->off_policy() > 0)
       prepareOffPolicy(ph);
     ph.xfers = rows_->transfers(ph);
@@ -124,18 +118,18 @@ void Worker::prepare() {
 void Worker::prepareTokenizer() {
   const std::string tokSpec = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
   preparing("reading the tokenizer '" + tokSpec + "'");
-  tok_ = data::makeTokenizer(tokSpec);
-  tokIdentity_ = tokenizerIdentity(tokSpec);
-  tmplIdentity_ = templateIdentity();
-  prompts_ = std::make_unique<data::PromptEncoder>(*tok_);
-  stops_ = tok_->stopIds();
-  if (j_.rank == 0 && !o_.quiet && tok_->name() != "byte") {
+  text_.tok = data::makeTokenizer(tokSpec);
+  text_.tokIdentity = tokenizerIdentity(tokSpec);
+  text_.tmplIdentity = templateIdentity();
+  text_.prompts = std::make_unique<data::PromptEncoder>(*text_.tok);
+  text_.stops = text_.tok->stopIds();
+  if (j_.rank == 0 && !o_.quiet && text_.tok->name() != "byte") {
     std::string stops;
-    for (int64_t id : stops_)
+    for (int64_t id : text_.stops)
       stops += (stops.empty() ? "" : " ") + std::to_string(id);
     std::printf("[data] tokenizer %s (vocabulary %lld, BOS %lld, stop ids %s, %s)\n",
-                tok_->name().c_str(), (long long)tok_->vocabSize(), (long long)tok_->bosId(),
-                stops.c_str(), prompts_->hasTemplate() ? "chat template" : "no chat template");
+                text_.tok->name().c_str(), (long long)text_.tok->vocabSize(), (long long)text_.tok->bosId(),
+                stops.c_str(), text_.prompts->hasTemplate() ? "chat template" : "no chat template");
   }
 }
 
@@ -160,11 +154,11 @@ void Worker::prepareRules() {
 void Worker::prepareHeldOut() {
   if (!o_.evalFile.empty()) {
     preparing("reading the --eval file '" + o_.evalFile + "'");
-    evalRule_ = chooseEvalRule();
+    heldOut_.evalRule = chooseEvalRule();
     try {
       const std::string path = resolveData(o_.evalFile);
-      evalSet_ = data::Dataset::load(path, dataKeys_);
-      evalHash_ = fileHash(path);
+      heldOut_.eval = data::Dataset::load(path, dataKeys_);
+      heldOut_.evalHash = fileHash(path);
     } catch (const RunError &) {
       throw;
     } catch (const std::exception &e) {
@@ -174,16 +168,16 @@ void Worker::prepareHeldOut() {
   if (!o_.evalPairsFile.empty()) {
     try {
       const std::string path = resolveData(o_.evalPairsFile);
-      pairsSet_ = data::Dataset::load(path);
-      pairsHash_ = fileHash(path);
+      heldOut_.pairs = data::Dataset::load(path);
+      heldOut_.pairsHash = fileHash(path);
     } catch (const RunError &) {
       throw;
     } catch (const std::exception &e) {
       throw RunError(e.what());
     }
-    for (size_t i = 0; i < pairsSet_->size(); ++i)
-      if (!(*pairsSet_)[i].hasPair)
-        throw RunError(pairsSet_->path() + ":" + std::to_string((*pairsSet_)[i].line) +
+    for (size_t i = 0; i < heldOut_.pairs->size(); ++i)
+      if (!(*heldOut_.pairs)[i].hasPair)
+        throw RunError(heldOut_.pairs->path() + ":" + std::to_string((*heldOut_.pairs)[i].line) +
                        ": --eval-pairs needs a preference pair on every row: fields "
                        "'chosen' and 'rejected'");
     bool rm = false;
@@ -228,9 +222,9 @@ void Worker::prepareExports() {
 }
 
 void Worker::connect() {
-  rv_ = joinJob(j_, lp_.fileHash(), agreedFacts());
-  rv_->startHeartbeat();
-  world_ = createWorld(*rv_, j_, o_.comm);
+  comms_.rendezvous = joinJob(j_, lp_.fileHash(), agreedFacts());
+  comms_.rendezvous->startHeartbeat();
+  comms_.world = createWorld(*comms_.rendezvous, j_, o_.comm);
 
   // Every group this rank belongs to, in plan order (the same order on every
   // member, so group creation cannot deadlock). A group of the whole world
@@ -242,12 +236,12 @@ void Worker::connect() {
       if (std::find(rs.begin(), rs.end(), j_.rank) == rs.end())
         continue;
       if ((int)rs.size() == j_.worldSize) {
-        groupComm_[(int)g] = world_.get();
+        comms_.byGroup[(int)g] = comms_.world.get();
         continue;
       }
       std::string name = "g" + std::to_string(g) + "-" + str(grp->name());
-      groups_[(int)g] = world_->makeSubgroup(name, rs);
-      groupComm_[(int)g] = groups_[(int)g].get();
+      comms_.groups[(int)g] = comms_.world->makeSubgroup(name, rs);
+      comms_.byGroup[(int)g] = comms_.groups[(int)g].get();
     }
   connectRoles();
 }
@@ -263,18 +257,18 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
     std::vector<int64_t> t;
     if (ph.dataset) {
       const auto &ex = (*ph.dataset)[(size_t)ids[b]];
-      t = promptOf(*ph.dataset, ex);
+      t = text_.promptOf(*ph.dataset, ex);
     } else {
       // Synthetic prompts of a plan without data: P random tokens.
       at::Generator g = at::make_generator<at::CPUGeneratorImpl>(mix(ph.seed, ids[b]));
-      at::Tensor r = at::randint(1, synthVocab_, {P}, g,
+      at::Tensor r = at::randint(1, text_.synthVocab, {P}, g,
                                  at::TensorOptions().dtype(at::kLong));
       t.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + P);
     }
     idv[b] = ids[b];
     const int64_t pad = P - (int64_t)t.size(); // left padding
     for (int64_t j = 0; j < P; ++j) {
-      toks[b][j] = j < pad ? tok_->padId() : t[j - pad];
+      toks[b][j] = j < pad ? text_.tok->padId() : t[j - pad];
       mask[b][j] = j < pad ? 0.0f : 1.0f;
     }
   }
@@ -311,7 +305,7 @@ void Worker::moveRows(PhaseRt &ph, int s, bool early) {
       received.push_back(&x);
     }
   }
-  world_->exchange(sends, recvs);
+  comms_.world->exchange(sends, recvs);
   for (size_t i = 0; i < received.size(); ++i) {
     const Xfer &x = *received[i];
     BatchKind k = p_.values()->Get(x.value)->kind();
@@ -324,7 +318,7 @@ void Worker::moveRows(PhaseRt &ph, int s, bool early) {
 
 
 void Worker::runIteration(PhaseRt &ph, int64_t it) {
-  currentIter_ = it;
+  progress_.iter = it;
   vals_.clear();
   digests_.clear();
   metrics_.emplace();
@@ -334,7 +328,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   for (int r = 0; r < p_.world_size(); ++r)
     for (int s : ints(p_.schedules()->Get(r)->steps()))
       if (s >= ph.first && s < ph.first + ph.count)
-        ++plannedSteps_;
+        ++progress_.plannedSteps;
   // off_policy: the rollout this iteration trains on was made the
   // iteration before (or by runRolloutAhead); the generate step makes the
   // next iteration's from the next prompts, with the weights the reshard
@@ -343,7 +337,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
   const bool ahead = ph.offPolicy > 0;
   const bool makeNext = !ahead || it + 1 < ph.iterations;
   if (ahead) {
-    activity_ = "sending the rollout made one iteration ahead";
+    progress_.activity = "sending the rollout made one iteration ahead";
     if (ph.carry) {
       vals_[ph.rolloutValue] = std::move(*ph.carry);
       ph.carry.reset();
@@ -352,7 +346,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     // them while this rank generates the next rollout.
     moveRows(ph, -1, /*early=*/true);
     if (!makeNext)
-      plannedSteps_ -= rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+      progress_.plannedSteps -= rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   }
   if (makeNext) {
     const std::vector<int64_t> ids = nextPrompts(ph);
@@ -362,7 +356,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
           makePrompts(ph, ids, vals_[v]);
   }
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
-    currentStep_ = s;
+    progress_.step = s;
     if (ahead && (s == ph.reshardStep || s == ph.genStep || s == ph.genCheckStep) &&
         !makeNext) {
       stepMs_[s - ph.first] = 0;
@@ -397,28 +391,28 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
         std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
     }
     if (o_.serialize)
-      world_->barrier();
+      comms_.world->barrier();
     stepMs_[s - ph.first] = msSince(ts);
   }
-  currentStep_ = -1;
-  const bool evals = evalSet_ || pairsSet_;
+  progress_.step = -1;
+  const bool evals = heldOut_.eval || heldOut_.pairs;
   bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
   if (evals && lastIt)
     evalNow = true;
-  activity_ = "evaluating on the held-out prompts";
+  progress_.activity = "evaluating on the held-out prompts";
   if (evalNow)
     evaluate(ph.name, it);
-  activity_ = "gathering the iteration's metrics";
+  progress_.activity = "gathering the iteration's metrics";
   gatherMetrics(ph, it, msSince(t0), evalNow);
   ++globalIter_;
   if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
       globalIter_ == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
     std::abort(); // fault injection for tests: a worker dies mid-run
-  activity_ = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ck_.dir() + "'";
+  progress_.activity = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ck_.dir() + "'";
   if (ck_.due(globalIter_))
     saveState();
-  activity_.clear();
+  progress_.activity.clear();
 }
 
 /// The next batch of prompt indices: the same on every rank (seeded sampler).
@@ -450,7 +444,7 @@ void Worker::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
     runCheck(s);
     break;
   }
-  ++stepsRun_;
+  ++progress_.stepsRun;
   std::string label = st.kind() == StepKind::Compute ? rows_->callName(s)
                       : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
                       : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
@@ -465,11 +459,11 @@ void Worker::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
 /// off_policy: the first rollout of a phase, before its first iteration:
 /// the reshard, the generate step and its check, on the first prompts.
 void Worker::runRolloutAhead(PhaseRt &ph) {
-  currentIter_ = 0;
+  progress_.iter = 0;
   vals_.clear();
   digests_.clear();
   metrics_.emplace();
-  plannedSteps_ += rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  progress_.plannedSteps += rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   const std::vector<int64_t> ids = nextPrompts(ph);
   for (int v : ints(step(ph.genStep).inputs()))
     if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
@@ -478,10 +472,10 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
     if (s < 0 || !inMySchedule(s))
       continue;
-    currentStep_ = s;
+    progress_.step = s;
     runStep(ph, s, 0, " (ahead)");
   }
-  currentStep_ = -1;
+  progress_.step = -1;
   if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
     ph.carry = std::move(v->second);
   vals_.clear();
@@ -494,7 +488,7 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
 
 
 void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
-  currentPhase_ = ph.name;
+  progress_.phase = ph.name;
   log_.startPhase(firstIter);
   if (firstIter == 0)
     syncReference(phaseIndex);
@@ -502,14 +496,14 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
     runRolloutAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
     runIteration(ph, it);
-  currentIter_ = -1;
+  progress_.iter = -1;
 }
 
 
 void Worker::finish() {
   // Every rank ran its whole schedule, every iteration: the world sum must
   // match the plan.
-  const int64_t planned = plannedSteps_;
+  const int64_t planned = progress_.plannedSteps;
   // What each rank holds per role, measured before an export builds whole
   // copies: four figures per plan role (zeros for roles not on this rank).
   const int nRoles = p_.roles() ? (int)p_.roles()->size() : 0;
@@ -522,28 +516,28 @@ void Worker::finish() {
     for (int k = 0; k < F; ++k)
       held[F * (size_t)r + k] = m[k];
   }
-  activity_ = "exporting (--export-hf)";
+  progress_.activity = "exporting (--export-hf)";
   if (!exports_.empty())
     exportRoles();
-  activity_ = "writing the trace (--trace)";
+  progress_.activity = "writing the trace (--trace)";
   if (trace_.enabled())
-    trace_.write(*world_, j_.rank, p_.world_size(), o_.quiet);
-  activity_ = "checking the run's totals";
-  at::Tensor n = at::full({1}, (int64_t)stepsRun_, models::onEngine(at::kLong));
-  world_->allReduceSum(n);
+    trace_.write(*comms_.world, j_.rank, p_.world_size(), o_.quiet);
+  progress_.activity = "checking the run's totals";
+  at::Tensor n = at::full({1}, (int64_t)progress_.stepsRun, models::onEngine(at::kLong));
+  comms_.world->allReduceSum(n);
   n = n.cpu();
   if (n.item<int64_t>() != planned)
     throw RunError("the ranks ran " + std::to_string(n.item<int64_t>()) +
                    " steps in total but the plan schedules " + std::to_string(planned));
-  comm::CommStats cs = world_->stats();
-  for (auto &[g, c] : groups_)
+  comm::CommStats cs = comms_.world->stats();
+  for (auto &[g, c] : comms_.groups)
     cs += c->stats();
-  std::vector<double> mineV = {(double)stepsRun_, (double)cs.bytesSent,
+  std::vector<double> mineV = {(double)progress_.stepsRun, (double)cs.bytesSent,
                                (double)cs.bytesReceived};
   mineV.insert(mineV.end(), held.begin(), held.end());
   at::Tensor mine = at::tensor(mineV, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor all = world_->allGatherFlat(mine.to(models::engineDevice())).cpu();
-  world_->barrier();
+  at::Tensor all = comms_.world->allGatherFlat(mine.to(models::engineDevice())).cpu();
+  comms_.world->barrier();
   log_.clearBar();
   if (j_.rank == 0 && !o_.quiet)
     printSummary(all);
@@ -585,7 +579,7 @@ int Worker::run() {
   } catch (const CommError &e) {
     const std::string why = silentPeers();
     const int code = fail(who + where() + e.what() + why, true);
-    if (rv_ && rv_->storeUnresponsive())
+    if (comms_.rendezvous && comms_.rendezvous->storeUnresponsive())
       std::_Exit(code); // threads blocked on the frozen store would never join
     return code;
   } catch (const std::bad_alloc &) {
@@ -620,14 +614,14 @@ int Worker::fail(const std::string &msg, bool commFailure) {
 /// Where the rank was: the step, else what it was doing between steps (a
 /// checkpoint, an evaluation, an export), in its phase and iteration.
 std::string Worker::where() const {
-  if (currentStep_ >= 0)
-    return describe(currentStep_) + ": ";
-  if (activity_.empty())
+  if (progress_.step >= 0)
+    return describe(progress_.step) + ": ";
+  if (progress_.activity.empty())
     return std::string();
-  return (currentIter_ >= 0 && !currentPhase_.empty()
-              ? currentPhase_ + " iteration " + std::to_string(currentIter_ + 1) + ": "
+  return (progress_.iter >= 0 && !progress_.phase.empty()
+              ? progress_.phase + " iteration " + std::to_string(progress_.iter + 1) + ": "
               : std::string()) +
-         activity_ + ": ";
+         progress_.activity + ": ";
 }
 
 /// The run itself, after the rendezvous: every phase, then the totals,
@@ -638,9 +632,9 @@ void Worker::work() {
   if (j_.rank == envInt("HFLOW_TEST_HANG_RANK", -1))
     std::this_thread::sleep_for(std::chrono::hours(1)); // ... or hangs
   if (!o_.traceFile.empty())
-    world_->barrier(); // one time origin for every rank's trace
-  start_ = Clock::now();
-  trace_.setOrigin(start_);
+    comms_.world->barrier(); // one time origin for every rank's trace
+  progress_.start = Clock::now();
+  trace_.setOrigin(progress_.start);
   if (o_.resume)
     loadState();
   if (j_.rank == 0) {
@@ -652,7 +646,7 @@ void Worker::work() {
     at.iteration = ck_.resumeIteration();
     log_.openMetrics(o_.resume ? &at : nullptr);
   }
-  if ((evalSet_ || pairsSet_) && !o_.resume) {
+  if ((heldOut_.eval || heldOut_.pairs) && !o_.resume) {
     // Before any training: the starting point of the curve.
     metrics_.emplace();
     stepMs_.assign(2 * phases_[0].count, 0.0);
@@ -667,7 +661,7 @@ void Worker::work() {
   for (size_t i = from; i < phases_.size(); ++i)
     runPhase(phases_[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
   finish();
-  activity_ = "writing the report (--report)";
+  progress_.activity = "writing the report (--report)";
   if (j_.rank == 0)
     log_.writeReport("hflow run: " + str(p_.program(), "?"),
                      "hflow-run, plan " + comm::hashHex(lp_.fileHash()) +
@@ -678,11 +672,11 @@ void Worker::work() {
 /// stopped (" [rank 3 stopped responding]"), or "".
 std::string Worker::silentPeers() const {
   std::string why;
-  if (rv_) {
-    auto silent = rv_->silentRanks(std::chrono::milliseconds(1200));
+  if (comms_.rendezvous) {
+    auto silent = comms_.rendezvous->silentRanks(std::chrono::milliseconds(1200));
     for (size_t i = 0; i < silent.size(); ++i)
       why += (i ? ", " : "") + std::to_string(silent[i]);
-    if (rv_->storeUnresponsive())
+    if (comms_.rendezvous->storeUnresponsive())
       why = " [rank 0 stopped responding: the rendezvous store it hosts does not answer]";
     else if (!why.empty())
       why = " [rank" + std::string(silent.size() > 1 ? "s " : " ") + why +

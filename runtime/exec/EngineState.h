@@ -1,0 +1,156 @@
+//===- EngineState.h - the engine's state objects, shared by its parts -----===//
+//
+// Private to runtime/exec. What a rank holds besides its roles
+// (RoleRuntime.h): each phase's run-time shape, the reward rules, the text
+// side (tokenizer, prompts, stop ids), the held-out sets, where the rank is,
+// its communicators, and one call of a role method. The Worker owns them;
+// the method runner (MethodRunner.h) borrows the ones a method reads.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_ENGINESTATE_H
+#define HFLOW_RUNTIME_EXEC_ENGINESTATE_H
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/Rendezvous.h"
+#include "runtime/data/Dataset.h"
+#include "runtime/data/Prompt.h"
+#include "runtime/data/Rewards.h"
+#include "runtime/data/Tokenizer.h"
+#include "runtime/exec/BatchValues.h"
+#include "runtime/exec/Checkpointer.h"
+#include "runtime/exec/Builtins.h"
+#include "runtime/exec/Divergence.h"
+#include "runtime/exec/EngineSupport.h"
+#include "runtime/exec/RoleRuntime.h"
+#include "runtime/exec/RowSchedule.h"
+#include "runtime/exec/RunLog.h"
+#include "runtime/exec/RunOptions.h"
+#include "runtime/exec/RunOutputs.h"
+#include "runtime/exec/Trace.h"
+#include "runtime/exec/Watchdog.h"
+#include "runtime/exec/WeightReshard.h"
+#include "runtime/models/CausalLM.h"
+#include "runtime/models/MemoryMeter.h"
+#include "runtime/models/Checkpoint.h"
+#include "runtime/models/Optim.h"
+#include "runtime/plan/PlanLoader.h"
+#include "runtime/report/EventFile.h"
+#include "runtime/schema/Executes.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hflow::exec {
+
+
+/// What a phase (a train block) needs at run time.
+struct PhaseRt : PhaseShape {
+  const plan::Phase *ph = nullptr; // null: a plan without a train block
+  std::string name;
+  int64_t P = 1, R = 1, iterations = 1; // prompt and response widths
+  uint64_t seed = 0;
+  std::optional<data::Dataset> dataset;
+  std::string dataPath; // the file it reads
+  std::string dataHash; // FNV-1a of the data file's bytes (empty: synthetic prompts)
+  std::unique_ptr<data::Sampler> sampler;
+  std::vector<Xfer> xfers;
+  double rolloutTemp = 1.0;
+  // off_policy: 1 (one-step off-policy pipelining): the generate step, the
+  // reshard before it and its check run one iteration ahead; `carry` is
+  // the rollout they made for the next iteration (on the generation ranks).
+  int offPolicy = 0;
+  int genStep = -1, genCheckStep = -1, reshardStep = -1;
+  std::optional<Val> carry;
+};
+
+/// A RewardFn role's rule.
+struct RuleRt {
+  std::string name; // as the program names it: RewardFn("name")
+  data::RewardRule fn;
+};
+
+/// The text side of a run: the tokenizer, the prompt encoder over it, its
+/// stop ids, and what identifies both in a checkpoint.
+struct TextSide {
+  std::unique_ptr<data::Tokenizer> tok;
+  std::unique_ptr<data::PromptEncoder> prompts; // over tok
+  std::vector<int64_t> stops;                   // tok->stopIds()
+  std::string tokIdentity, tmplIdentity;        // Preflight.cpp
+  int64_t synthVocab = 256; // token ids of synthetic prompts are below this
+  /// The prompt ids of a row of `ds` (data::PromptEncoder: its ids, BOS +
+  /// text, or a chat rendered with the tokenizer's template).
+  std::vector<int64_t> promptOf(const data::Dataset &ds, const data::Example &ex) const {
+    return prompts->encode(ex, ds.path());
+  }
+  /// True for every id that ends a response.
+  bool isStop(int64_t id) const { return std::find(stops.begin(), stops.end(), id) != stops.end(); }
+};
+
+/// The held-out sets: --eval's prompts and the rule that scores them,
+/// --eval-pairs' preference pairs, and their files' FNV-1a hashes.
+struct HeldOut {
+  std::optional<data::Dataset> eval;
+  std::string evalHash;
+  int64_t evalR = 16;             // response tokens per held-out prompt
+  const RuleRt *evalRule = nullptr;
+  std::optional<data::Dataset> pairs;
+  std::string pairsHash;
+};
+
+/// Where this rank is, for its messages and the run's totals: the step, or
+/// what it does between steps (saving a checkpoint, evaluating, exporting:
+/// named in errors where no step is), the phase and iteration, the steps
+/// run and planned so far.
+struct Progress {
+  int step = -1;
+  std::string activity;
+  std::string phase;
+  int64_t iter = -1;
+  int64_t stepsRun = 0;
+  int64_t plannedSteps = 0; // what every rank's schedule adds up to so far
+  Clock::time_point start = Clock::now();
+};
+
+/// The job's communicators: the rendezvous, the world and one per plan
+/// group this rank is in.
+struct Comms {
+  std::unique_ptr<comm::Rendezvous> rendezvous;
+  std::unique_ptr<Communicator> world;
+  std::map<int, std::unique_ptr<Communicator>> groups; // plan group -> comm
+  std::map<int, Communicator *> byGroup;
+};
+
+/// One call of a role method: the step, its role and its inputs.
+struct MethodCall {
+  PhaseRt &ph;
+  int s;          // the step
+  int64_t it;     // the iteration whose sampling seed it uses
+  RoleRt &rr;
+  const plan::Role &ro;
+  const plan::CallArgs &a;       // the call's keyword arguments
+  const plan::RoleOptions &opts; // the role's options
+  std::vector<int> in, out;
+  bool leader;    // this rank reports its replica's metrics
+};
+
+/// RowSchedule::describe of step `s` with the phase and iteration in front.
+inline std::string describeStep(const RowSchedule &rows, const Progress &at, int s) {
+  std::string out = rows.describe(s);
+  if (at.iter >= 0)
+    out = (at.phase.empty() ? "" : at.phase + " ") + "iteration " + std::to_string(at.iter + 1) +
+          ": " + out;
+  return out;
+}
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_ENGINESTATE_H

@@ -1,0 +1,128 @@
+//===- MethodRunner.h - a role's methods on this rank ----------------------===//
+//
+// Private to runtime/exec. The role methods a Compute step names —
+// generate, logprob, values, score (Methods.cpp), update (PolicyUpdate.cpp),
+// fit (RewardModel.cpp), sft — one function each, chosen once from a table
+// by the plan's method name, with the passes and optimizer steps they share
+// (TrainingStep.cpp). It owns no state of its own: it borrows, by reference,
+// the engine state the Worker owns (EngineState.h) that a method reads or
+// writes — the plan and options, the row schedule, the flow's values and
+// their digests, the iteration's metric sums, the roles and rules, the text
+// side and where the rank is — so the Worker keeps the phase loop and the
+// methods stay apart from it (vLLM's model runner beside its engine core).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_EXEC_METHODRUNNER_H
+#define HFLOW_RUNTIME_EXEC_METHODRUNNER_H
+
+#include "runtime/exec/EngineState.h"
+
+namespace hflow::exec {
+
+class MethodRunner {
+public:
+  /// What the runner borrows from the Worker.
+  struct Borrowed {
+    const plan::Plan &p;
+    const RunOptions &o;
+    const JoinOptions &j;
+    std::optional<RowSchedule> &rows;
+    std::map<int, Val> &vals;
+    std::map<int, double> &digests;
+    std::optional<MetricSums> &metrics;
+    std::map<int, RoleRt> &roles;
+    std::map<int, RuleRt> &rules;
+    TextSide &text;
+    Progress &progress;
+  };
+  explicit MethodRunner(const Borrowed &b)
+      : p_(b.p), o_(b.o), j_(b.j), rows_(b.rows), vals_(b.vals), digests_(b.digests),
+        metrics_(b.metrics), roles_(b.roles), rules_(b.rules), text_(b.text),
+        progress_(b.progress) {}
+
+  /// A role method's executor; null when the runtime has none.
+  using Fn = void (MethodRunner::*)(MethodCall &);
+  static Fn find(std::string_view name);
+  void run(Fn fn, MethodCall &c) { (this->*fn)(c); }
+
+  /// The score head of role `rr` on `seqs` (token sequences, right padded
+  /// into passes of `micro` sequences): each sequence's score at its last
+  /// real token that is not the padding token (the one transformers'
+  /// *ForSequenceClassification scores at), [B]. With `lossOf`, the passes
+  /// train: lossOf(i, scores of pass i) is pass i's loss, its backward runs
+  /// (through the pipeline stages for a pipelined form) and the losses are
+  /// returned; without, forward only. Collective over the role's groups;
+  /// every rank of a pipeline gets the scores.
+  at::Tensor scoreSequences(RoleRt &rr, const std::vector<std::vector<int64_t>> &seqs,
+                            int64_t micro,
+                            const std::function<at::Tensor(int, const at::Tensor &)> &lossOf,
+                            std::vector<double> *losses);
+  /// prompt + response + end-of-sequence token ids of a row of `ds`.
+  std::vector<int64_t> pairSequence(const data::Dataset &ds, const data::Example &ex,
+                                    const std::string &response) const;
+
+private:
+  void runGenerate(MethodCall &c);
+  void runSft(MethodCall &c);
+  void runLogprob(MethodCall &c);
+  void runValues(MethodCall &c);
+  void runScore(MethodCall &c);
+  void runUpdate(MethodCall &c);
+  void runFit(MethodCall &c);
+  Val &input(MethodCall &c, int k);
+  Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
+  Val &rolloutOf(MethodCall &c, Span &rows);
+  int64_t microBatch(const MethodCall &c, int64_t whole) const;
+  /// How a training call (update, sft, fit) cuts this replica's `rows`
+  /// rows: its epochs; the rows of one optimizer step (the call's or the
+  /// phase's `minibatch`, in prompts over all replicas, as verl counts it;
+  /// every row when that does not divide them); the rows of one pass
+  /// (`micro_batch`, at most a minibatch).
+  struct TrainingCut {
+    int64_t epochs = 1, minibatch = 1, micro = 1;
+  };
+  TrainingCut trainingCut(const MethodCall &c, int64_t rows) const;
+  void store(MethodCall &c, Span rows, const at::Tensor &x);
+  /// `head` sees the hidden states of positions [start, start + width) of
+  /// the prompt + response columns ([P - 1, P - 1 + R) by default: the
+  /// positions that predict the response tokens).
+  at::Tensor forwardResponses(
+      MethodCall &c, Val &rollout, Span rows,
+      const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head,
+      int64_t start = -1, int64_t width = -1);
+  /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
+  /// columns some row uses), with the widths kept: p prompt, r response.
+  models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
+                              int64_t &r);
+  std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
+                                                      int64_t micro, int64_t budget,
+                                                      const std::string &where,
+                                                      Communicator *equalize);
+  void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
+  void applyGradients(RoleRt &rr, double lrOverride);
+  void clipAndStep(RoleRt &rr, double norm, double lrOverride);
+  void checkLoss(const RoleRt &rr, const char *what, double v) const;
+
+
+  const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
+  const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
+  const plan::RoleOptions &roleOptions(int r) const { return *role(r).options(); }
+  std::string describe(int s) const { return describeStep(*rows_, progress_, s); }
+  bool isStop(int64_t id) const { return text_.isStop(id); }
+
+  const plan::Plan &p_;
+  const RunOptions &o_;
+  const JoinOptions &j_;
+  std::optional<RowSchedule> &rows_;
+  std::map<int, Val> &vals_;
+  std::map<int, double> &digests_;
+  std::optional<MetricSums> &metrics_;
+  std::map<int, RoleRt> &roles_;
+  std::map<int, RuleRt> &rules_;
+  TextSide &text_;
+  Progress &progress_;
+};
+
+} // namespace hflow::exec
+
+#endif // HFLOW_RUNTIME_EXEC_METHODRUNNER_H
