@@ -7,6 +7,7 @@
 
 #include "dialects/hflow/HflowOps.h"
 #include "dialects/hflow/HflowPasses.h"
+#include "compiler/planner/RoleReshard.h"
 #include "runtime/schema/Executes.h"
 
 #include "mlir/IR/SymbolTable.h"
@@ -21,17 +22,6 @@ using namespace mlir::hflow;
 namespace ex = ::hflow::executes;
 
 namespace {
-
-ex::Degrees degrees(LayoutAttr l) {
-  ex::Degrees d;
-  d.dp = l.getDp();
-  d.fsdp = l.getFsdp();
-  d.tp = l.getTp();
-  d.pp = l.getPp();
-  d.sp = l.getSp();
-  d.cp = l.getCp();
-  return d;
-}
 
 std::string typeName(Type t) {
   if (t.isF32())
@@ -74,7 +64,8 @@ struct CheckExecutablePass
                         int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),
                     "RoleKind mirrors methods::Role");
       ex::Verdict v = ex::roleForms(::hflow::methods::Role(int(role.getKind())), bool(model),
-                                    degrees(role.getTrain()), degrees(role.getGenerate()),
+                                    ::hflow::planner::toLayout(role.getTrain()),
+                                    ::hflow::planner::toLayout(role.getGenerate()),
                                     dims);
       if (!v.executed()) {
         InFlightDiagnostic d = role.emitError()

@@ -27,14 +27,7 @@ MeshOp meshOf(RoleOp role) {
 } // namespace
 
 rs::Layout toLayout(LayoutAttr l) {
-  rs::Layout out;
-  out.dp = l.getDp();
-  out.fsdp = l.getFsdp();
-  out.tp = l.getTp();
-  out.pp = l.getPp();
-  out.sp = l.getSp();
-  out.cp = l.getCp();
-  return out;
+  return {l.getDp(), l.getFsdp(), l.getTp(), l.getPp(), l.getSp(), l.getCp()};
 }
 
 rs::ModelShape toShape(ModelOp m) { return m.shape(); }

@@ -620,9 +620,12 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
       .executed();
 }
 
-std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
-                                 const Mesh &mesh, const Workload &w,
-                                 const SearchOptions &opts) {
+/// The tensor- and pipeline-parallel degrees a role's `devices` can take,
+/// tp outer, pp inner: tp fits a node and divides the heads and the KV heads
+/// (and is executed, with opts.executable), pp divides the layers, and
+/// tp * pp divides the devices; dp is what is left.
+static std::vector<Layout> tpPpLayouts(const RoleSpec &role, int64_t devices, const Mesh &mesh,
+                                       const SearchOptions &opts) {
   std::vector<Layout> out;
   const ModelShape &m = role.model;
   for (int64_t tp : divisorsUpTo(mesh.perNode, devices)) {
@@ -633,23 +636,32 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
     for (int64_t pp : divisorsUpTo(m.layers, devices / tp)) {
       if (devices % (tp * pp) != 0)
         continue;
-      int64_t dp = devices / (tp * pp);
-      // The batch check's rules (hflow-check-batch): the batch's sequences
-      // and an optimizer step's (minibatch x n) split over the replicas.
-      const int64_t mb = w.miniBatch > 0 ? w.miniBatch : w.batch;
-      if (w.sequences() % dp != 0 || (mb * w.n) % dp != 0)
-        continue;
       Layout l;
       l.tp = tp;
       l.pp = pp;
-      l.dp = dp;
-      // Pipeline stages are executed for some roles and combinations only
-      // (a RewardModel not at all yet: tp(1) * dp(N) keeps its search
-      // space, refused by the program's own check).
-      if (opts.executable && pp > 1 && !executesLayouts(role, l, nullptr))
-        continue;
+      l.dp = devices / (tp * pp);
       out.push_back(l);
     }
+  }
+  return out;
+}
+
+std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
+                                 const Mesh &mesh, const Workload &w,
+                                 const SearchOptions &opts) {
+  std::vector<Layout> out;
+  for (const Layout &l : tpPpLayouts(role, devices, mesh, opts)) {
+    // The batch check's rules (hflow-check-batch): the batch's sequences
+    // and an optimizer step's (minibatch x n) split over the replicas.
+    const int64_t mb = w.miniBatch > 0 ? w.miniBatch : w.batch;
+    if (w.sequences() % l.dp != 0 || (mb * w.n) % l.dp != 0)
+      continue;
+    // Pipeline stages are executed for some roles and combinations only
+    // (a RewardModel not at all yet: tp(1) * dp(N) keeps its search
+    // space, refused by the program's own check).
+    if (opts.executable && l.pp > 1 && !executesLayouts(role, l, nullptr))
+      continue;
+    out.push_back(l);
   }
   return out;
 }
@@ -658,30 +670,17 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
                                int64_t devices, const Mesh &mesh, const Workload &w,
                                const SearchOptions &opts) {
   std::vector<Layout> out;
-  const ModelShape &m = role.model;
-  for (int64_t tp : divisorsUpTo(mesh.perNode, devices)) {
-    if (m.heads % tp != 0 || m.kvHeads % tp != 0)
+  for (const Layout &l : tpPpLayouts(role, devices, mesh, opts)) {
+    if (opts.executable && l.pp > 1)
+      continue; // pipeline stages do not generate in hflow-run
+    if (opts.genDividesTrain && (train.tp * train.pp) % (l.tp * l.pp) != 0)
       continue;
-    if (opts.executable && !executesTensorParallel(role, tp))
+    // The batch check: the prompts split over the generation replicas.
+    if (w.batch % l.dp != 0)
       continue;
-    for (int64_t pp : divisorsUpTo(m.layers, devices / tp)) {
-      if (devices % (tp * pp) != 0)
-        continue;
-      if (opts.executable && pp > 1)
-        continue; // pipeline stages do not generate in hflow-run
-      if (opts.genDividesTrain && (train.tp * train.pp) % (tp * pp) != 0)
-        continue;
-      // The batch check: the prompts split over the generation replicas.
-      if (w.batch % (devices / (tp * pp)) != 0)
-        continue;
-      Layout l;
-      l.tp = tp;
-      l.pp = pp;
-      l.dp = devices / (tp * pp);
-      if (opts.executable && train.pp > 1 && !executesLayouts(role, train, &l))
-        continue;
-      out.push_back(l);
-    }
+    if (opts.executable && train.pp > 1 && !executesLayouts(role, train, &l))
+      continue;
+    out.push_back(l);
   }
   return out;
 }

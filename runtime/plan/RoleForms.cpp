@@ -7,14 +7,7 @@
 namespace hflow::plan {
 
 executes::Degrees degreesOf(const Layout &l) {
-  executes::Degrees d;
-  d.dp = l.dp();
-  d.fsdp = l.fsdp();
-  d.tp = l.tp();
-  d.pp = l.pp();
-  d.sp = l.sp();
-  d.cp = l.cp();
-  return d;
+  return {l.dp(), l.fsdp(), l.tp(), l.pp(), l.sp(), l.cp()};
 }
 
 std::string roleDtype(const Plan &p, int r, std::string *where) {

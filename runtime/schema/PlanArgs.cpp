@@ -178,52 +178,61 @@ Named setFields(const plan::RoleOptions *t) {
   return out;
 }
 
-// Strings are created before the table's builder starts (FlatBuffers does
-// not nest them).
-#define HFLOW_MAKE_TEXT(fld, storage)                                           \
-  if (Storage::storage == Storage::Text && f->name == #fld)                     \
-    text[#fld] = b.CreateString(v.text);
+namespace {
+
+using TextOffsets = std::map<std::string, flatbuffers::Offset<flatbuffers::String>>;
+
+// Adding one field, by name, to its table's builder.
 #define HFLOW_ADD_Int(fld) tb.add_##fld(v.i);
 #define HFLOW_ADD_Real(fld) tb.add_##fld(v.x);
 #define HFLOW_ADD_Bool(fld) tb.add_##fld(v.b);
 #define HFLOW_ADD_Text(fld) tb.add_##fld(text.at(#fld));
 #define HFLOW_ADD_FIELD(fld, storage)                                           \
-  if (f->name == #fld) {                                                        \
-    HFLOW_ADD_##storage(fld) continue;                                          \
+  if (f.name == #fld) {                                                         \
+    HFLOW_ADD_##storage(fld) return;                                            \
   }
 
-bool buildCallArgs(flatbuffers::FlatBufferBuilder &b, const Named &values,
-                   flatbuffers::Offset<plan::CallArgs> &out, std::string *err) {
+void addField(plan::CallArgsBuilder &tb, const Field &f, const ArgValue &v,
+              const TextOffsets &text) {
+  HFLOW_CALL_ARGS(HFLOW_ADD_FIELD)
+}
+void addField(plan::RoleOptionsBuilder &tb, const Field &f, const ArgValue &v,
+              const TextOffsets &text) {
+  HFLOW_ROLE_OPTIONS(HFLOW_ADD_FIELD)
+}
+
+/// One table from name/value pairs: the values typed, their strings
+/// created first (FlatBuffers does not nest them in a table being built),
+/// then each field added.
+template <typename TableBuilder>
+bool buildTable(flatbuffers::FlatBufferBuilder &b, const std::vector<Field> &fields,
+                const Named &values, const char *table,
+                flatbuffers::Offset<typename TableBuilder::Table> &out, std::string *err) {
   std::vector<std::pair<const Field *, ArgValue>> vals;
-  if (!typed(callFields(), values, "call arguments", vals, err))
+  if (!typed(fields, values, table, vals, err))
     return false;
-  std::map<std::string, flatbuffers::Offset<flatbuffers::String>> text;
-  for (const auto &[f, v] : vals) {
-    HFLOW_CALL_ARGS(HFLOW_MAKE_TEXT)
-  }
-  plan::CallArgsBuilder tb(b);
-  for (const auto &[f, v] : vals) {
-    HFLOW_CALL_ARGS(HFLOW_ADD_FIELD)
-  }
+  TextOffsets text;
+  for (const auto &[f, v] : vals)
+    if (f->storage == Storage::Text)
+      text[std::string(f->name)] = b.CreateString(v.text);
+  TableBuilder tb(b);
+  for (const auto &[f, v] : vals)
+    addField(tb, *f, v, text);
   out = tb.Finish();
   return true;
 }
 
+} // namespace
+
+bool buildCallArgs(flatbuffers::FlatBufferBuilder &b, const Named &values,
+                   flatbuffers::Offset<plan::CallArgs> &out, std::string *err) {
+  return buildTable<plan::CallArgsBuilder>(b, callFields(), values, "call arguments", out, err);
+}
+
 bool buildRoleOptions(flatbuffers::FlatBufferBuilder &b, const Named &values,
                       flatbuffers::Offset<plan::RoleOptions> &out, std::string *err) {
-  std::vector<std::pair<const Field *, ArgValue>> vals;
-  if (!typed(roleOptionFields(), values, "role options", vals, err))
-    return false;
-  std::map<std::string, flatbuffers::Offset<flatbuffers::String>> text;
-  for (const auto &[f, v] : vals) {
-    HFLOW_ROLE_OPTIONS(HFLOW_MAKE_TEXT)
-  }
-  plan::RoleOptionsBuilder tb(b);
-  for (const auto &[f, v] : vals) {
-    HFLOW_ROLE_OPTIONS(HFLOW_ADD_FIELD)
-  }
-  out = tb.Finish();
-  return true;
+  return buildTable<plan::RoleOptionsBuilder>(b, roleOptionFields(), values, "role options",
+                                              out, err);
 }
 
 std::string checkValue(const methods::KeywordArg &k, const ArgValue &v) {
