@@ -156,27 +156,27 @@ Storage storageOf(methods::ArgType t) {
   }
 }
 
+namespace {
+
 #define HFLOW_READ_FIELD(fld, storage)                                          \
-  if (ArgValue v; read(t->fld(), v))                                            \
+  if (ArgValue v; read(t.fld(), v))                                             \
     out.push_back({#fld, std::move(v)});
 
-Named setFields(const plan::CallArgs *t) {
+void readFields(const plan::CallArgs &t, Named &out) { HFLOW_CALL_ARGS(HFLOW_READ_FIELD) }
+void readFields(const plan::RoleOptions &t, Named &out) { HFLOW_ROLE_OPTIONS(HFLOW_READ_FIELD) }
+
+template <typename Table> Named setFieldsOf(const Table *t) {
   Named out;
-  if (t) {
-    HFLOW_CALL_ARGS(HFLOW_READ_FIELD)
-  }
+  if (t)
+    readFields(*t, out);
   sortByName(out);
   return out;
 }
 
-Named setFields(const plan::RoleOptions *t) {
-  Named out;
-  if (t) {
-    HFLOW_ROLE_OPTIONS(HFLOW_READ_FIELD)
-  }
-  sortByName(out);
-  return out;
-}
+} // namespace
+
+Named setFields(const plan::CallArgs *t) { return setFieldsOf(t); }
+Named setFields(const plan::RoleOptions *t) { return setFieldsOf(t); }
 
 namespace {
 
