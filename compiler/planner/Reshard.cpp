@@ -680,13 +680,7 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
     });
     chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
     forEachPiece(r, [&](int pi, const Box &x, int set) {
-      Transfer t;
-      t.param = pi;
-      t.src = source[set];
-      t.dst = r;
-      t.box = x;
-      t.bytes = x.area() * bpe;
-      plan.transfers.push_back(t);
+      plan.transfers.push_back(Transfer{pi, source[set], r, x, x.area() * bpe});
     });
   }
   for (int r = 0; r < n; ++r) {
@@ -762,13 +756,7 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
     });
     chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
     forEachPiece([&](int pi, const Box &x, int set) {
-      Transfer t;
-      t.param = pi;
-      t.src = source[set];
-      t.dst = r;
-      t.box = x;
-      t.bytes = x.area() * bpe;
-      plan.transfers.push_back(t);
+      plan.transfers.push_back(Transfer{pi, source[set], r, x, x.area() * bpe});
     });
     plan.lowerBound += need * bpe;
     plan.maxExtraPerRank = std::max(plan.maxExtraPerRank, need * bpe);

@@ -207,13 +207,8 @@ private:
   // (the calling convention of @huggingface/jinja).
   Array evalArgs(const std::vector<NodeP> &args, Env &env, bool alwaysKw = false) {
     Array pos;
-    auto kw = std::make_shared<ObjData>();
-    for (auto &a : args)
-      if (a->k != NK::Kwarg)
-        pos.push_back(eval(*a, env));
-    for (auto &a : args)
-      if (a->k == NK::Kwarg)
-        kw->items.emplace_back(a->s, eval(*a->x, env));
+    std::shared_ptr<ObjData> kw;
+    splitArgs(args, env, pos, kw);
     if (!kw->items.empty() || alwaysKw)
       pos.push_back(mkObj(kw, VT::KwArgs));
     return pos;
