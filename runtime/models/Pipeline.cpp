@@ -144,107 +144,28 @@ at::Tensor PipelineStage::tokenEntropy(const at::Tensor &logits, double temperat
 
 comm::Communicator *PipelineStage::tpComm() const { return p_->tp; }
 
-std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
-                                       bool train, Timing *timing) {
+/// One run of a stage: its micro-batches' activations and outputs, the
+/// exchanges with its neighbours, and the schedule (forwards only, or 1F1B).
+class PipelineStage::Schedule {
+public:
   using Clock = std::chrono::steady_clock;
-  Impl &p = *p_;
-  const auto start = Clock::now();
-  double waitMs = 0;
-  const int m = (int)micros.size();
-  std::vector<at::Tensor> inputs(m), outputs(m);
-  std::vector<double> losses(p.isLast() ? m : 0, 0.0);
-  // Every message to a neighbour is one grouped exchange, and a send goes
-  // in the same group as the receive the stage needs next from that side
-  // (Megatron's send_forward_recv_backward and send_backward_recv_forward).
-  // A send completes only when the neighbour posts its receive (NCCL and
-  // Gloo alike), so two sends posted toward each other one by one, an
-  // activation forward while the gradient comes back, would deadlock; in
-  // groups matched one for one they cannot.
-  auto exchange = [&](at::Tensor send, int to, at::Tensor recv, int from) {
-    std::vector<std::pair<int, at::Tensor>> sends, recvs;
-    if (send.defined())
-      sends.emplace_back(to, send);
-    if (recv.defined())
-      recvs.emplace_back(from, recv);
-    if (sends.empty() && recvs.empty())
-      return;
-    const auto t0 = Clock::now();
-    CommScope scope;
-    p.pp->exchange(sends, recvs);
-    waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
-  // Micro-batch i's activation buffer (the previous stage's output), and
-  // the gradient buffer of the output this stage sent on.
-  auto activationBuffer = [&](int i) -> at::Tensor {
-    if (p.isFirst())
-      return {};
-    const at::Tensor &tokens = micros[i].tokens; // [b, T]
-    return at::empty({tokens.size(0), tokens.size(1), p.c.hidden}, onEngine(p.c.dtype));
-  };
-  auto gradientBuffer = [&](int i) -> at::Tensor {
-    if (p.isLast())
-      return {};
-    return at::empty(outputs[i].sizes(), outputs[i].options());
-  };
-  // Forward of micro-batch i on `in` (its received activation; undefined on
-  // the first stage): the last stage's loss, else the activation to send.
-  auto forward = [&](int i, at::Tensor in) -> at::Tensor {
-    const Micro &mb = micros[i];
-    AttnContext a = attnContext(p.c, mb.tokens, mb.positions, mb.keyMask, "PipelineStage");
-    at::Tensor x;
-    if (p.isFirst()) {
-      x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
-               : at::embedding(p.embed, mb.tokens);
-    } else {
-      if (train)
-        in.requires_grad_(true);
-      inputs[i] = in;
-      x = in;
-    }
-    for (size_t l = 0; l < p.layers.size(); ++l)
-      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp);
-    if (p.isLast()) {
-      at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
-      losses[i] = l.item<double>();
-      if (train)
-        outputs[i] = l;
-      return {};
-    }
-    if (train)
-      outputs[i] = x;
-    return x.detach().contiguous();
-  };
-  // Backward of micro-batch i given its output's gradient (undefined on the
-  // last stage): the gradient of its input to send back (undefined on the
-  // first stage).
-  auto backward = [&](int i, const at::Tensor &outGrad) -> at::Tensor {
-    if (p.isLast())
-      outputs[i].backward();
-    else
-      outputs[i].backward(outGrad);
-    at::Tensor g;
-    if (!p.isFirst())
-      g = inputs[i].grad().contiguous();
-    inputs[i] = at::Tensor(); // this micro-batch's activations are freed
-    outputs[i] = at::Tensor();
-    return g;
-  };
-  const int prev = p.k - 1, next = p.k + 1;
-  if (!train) {
+  Schedule(Impl &p, const std::vector<Micro> &micros, const LossFn &loss, bool train)
+      : p(p), micros(micros), loss(loss), train(train), m((int)micros.size()), inputs(m),
+        outputs(m), losses(p.isLast() ? m : 0, 0.0) {}
+
+  /// Forwards only: each micro-batch received, run, sent on.
+  void forwards() {
     c10::NoGradGuard ng;
-    for (int i = 0; i < m; ++i) {
-      at::Tensor in = activationBuffer(i);
-      exchange({}, next, in, prev);
-      exchange(forward(i, in), next, {}, prev);
-    }
-  } else {
-    // 1F1B: stage k runs p - k - 1 forwards ahead, then alternates.
+    for (int i = 0; i < m; ++i)
+      forwardOne(i);
+  }
+
+  /// 1F1B: stage k runs p - k - 1 forwards ahead, then alternates one
+  /// forward and one backward, then drains the backwards.
+  void oneForwardOneBackward() {
     const int warmup = std::min(p.p - p.k - 1, m), steady = m - warmup;
-    for (int i = 0; i < warmup; ++i) {
-      at::Tensor in = activationBuffer(i);
-      exchange({}, next, in, prev);
-      exchange(forward(i, in), next, {}, prev);
-    }
+    for (int i = 0; i < warmup; ++i)
+      forwardOne(i);
     at::Tensor in;
     if (steady > 0) {
       in = activationBuffer(warmup);
@@ -269,12 +190,119 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
       exchange(backward(j, outGrad), prev, {}, prev);
     }
   }
-  if (timing) {
-    timing->totalMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    timing->waitMs = waitMs;
-    timing->computeMs = timing->totalMs - waitMs;
+
+private:
+  // Every message to a neighbour is one grouped exchange, and a send goes
+  // in the same group as the receive the stage needs next from that side
+  // (Megatron's send_forward_recv_backward and send_backward_recv_forward).
+  // A send completes only when the neighbour posts its receive (NCCL and
+  // Gloo alike), so two sends posted toward each other one by one, an
+  // activation forward while the gradient comes back, would deadlock; in
+  // groups matched one for one they cannot.
+  void exchange(at::Tensor send, int to, at::Tensor recv, int from) {
+    std::vector<std::pair<int, at::Tensor>> sends, recvs;
+    if (send.defined())
+      sends.emplace_back(to, send);
+    if (recv.defined())
+      recvs.emplace_back(from, recv);
+    if (sends.empty() && recvs.empty())
+      return;
+    const auto t0 = Clock::now();
+    CommScope scope;
+    p.pp->exchange(sends, recvs);
+    waitMs += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
-  return losses;
+  /// Micro-batch i's activation buffer (the previous stage's output).
+  at::Tensor activationBuffer(int i) const {
+    if (p.isFirst())
+      return {};
+    const at::Tensor &tokens = micros[i].tokens; // [b, T]
+    return at::empty({tokens.size(0), tokens.size(1), p.c.hidden}, onEngine(p.c.dtype));
+  }
+  /// The gradient buffer of the output this stage sent on for micro-batch i.
+  at::Tensor gradientBuffer(int i) const {
+    if (p.isLast())
+      return {};
+    return at::empty(outputs[i].sizes(), outputs[i].options());
+  }
+  /// Receive micro-batch i, run it, send its activation on.
+  void forwardOne(int i) {
+    at::Tensor in = activationBuffer(i);
+    exchange({}, next, in, prev);
+    exchange(forward(i, in), next, {}, prev);
+  }
+  /// Forward of micro-batch i on `in` (its received activation; undefined on
+  /// the first stage): the last stage's loss, else the activation to send.
+  at::Tensor forward(int i, at::Tensor in) {
+    const Micro &mb = micros[i];
+    AttnContext a = attnContext(p.c, mb.tokens, mb.positions, mb.keyMask, "PipelineStage");
+    at::Tensor x;
+    if (p.isFirst()) {
+      x = p.tp ? vocabParallelEmbedding(p.embed, mb.tokens, p.vStart, p.vShard, *p.tp)
+               : at::embedding(p.embed, mb.tokens);
+    } else {
+      if (train)
+        in.requires_grad_(true);
+      inputs[i] = in;
+      x = in;
+    }
+    for (size_t l = 0; l < p.layers.size(); ++l)
+      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp);
+    if (p.isLast()) {
+      at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
+      losses[i] = l.item<double>();
+      if (train)
+        outputs[i] = l;
+      return {};
+    }
+    if (train)
+      outputs[i] = x;
+    return x.detach().contiguous();
+  }
+  /// Backward of micro-batch i given its output's gradient (undefined on the
+  /// last stage): the gradient of its input to send back (undefined on the
+  /// first stage).
+  at::Tensor backward(int i, const at::Tensor &outGrad) {
+    if (p.isLast())
+      outputs[i].backward();
+    else
+      outputs[i].backward(outGrad);
+    at::Tensor g;
+    if (!p.isFirst())
+      g = inputs[i].grad().contiguous();
+    inputs[i] = at::Tensor(); // this micro-batch's activations are freed
+    outputs[i] = at::Tensor();
+    return g;
+  }
+
+  Impl &p;
+  const std::vector<Micro> &micros;
+  const LossFn &loss;
+  const bool train;
+  const int m;
+  const int prev = p.k - 1, next = p.k + 1;
+  std::vector<at::Tensor> inputs, outputs;
+
+public:
+  double waitMs = 0;            // in exchanges
+  std::vector<double> losses;   // the last stage's, per micro-batch
+};
+
+std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
+                                       bool train, Timing *timing) {
+  const auto start = Schedule::Clock::now();
+  Schedule sc(*p_, micros, loss, train);
+  if (train)
+    sc.oneForwardOneBackward();
+  else
+    sc.forwards();
+  if (timing) {
+    timing->totalMs =
+        std::chrono::duration<double, std::milli>(Schedule::Clock::now() - start).count();
+    timing->waitMs = sc.waitMs;
+    timing->computeMs = timing->totalMs - sc.waitMs;
+  }
+  return std::move(sc.losses);
 }
 
 NamedTensors PipelineStage::namedShards() const { return p_->named; }

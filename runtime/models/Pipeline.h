@@ -121,6 +121,7 @@ public:
 
 private:
   struct Impl;
+  class Schedule; // one run(): the exchanges, forwards and backwards in order
   std::unique_ptr<Impl> p_;
 };
 
