@@ -175,23 +175,49 @@ int emitPlanFile(ModuleOp module, const ::hflow::placement::Calibration &cal,
                                           plan.size()));
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
-  llvm::InitLLVM initLLVM(argc, argv);
+/// hflowc's options, its help and its --version line.
+bool parseCommandLine(int argc, char **argv) {
   cl::HideUnrelatedOptions(hflowcCategory);
   cl::AddExtraVersionPrinter([](llvm::raw_ostream &os) {
     os << "hflowc " << HFLOW_VERSION << " (plan format "
        << ::hflow::plan::kFormatMajor << "." << ::hflow::plan::kFormatMinor
        << ")\n";
   });
-  if (!cl::ParseCommandLineOptions(
-          argc, argv,
-          "hflowc: compile an hflow RL post-training program into an execution "
-          "plan\n\n"
-          "  hflowc prog.hflow -o plan.bin     check, place, and write the plan\n"
-          "  hflow-run plan.bin                 then run it\n",
-          &llvm::errs()))
+  return cl::ParseCommandLineOptions(
+      argc, argv,
+      "hflowc: compile an hflow RL post-training program into an execution "
+      "plan\n\n"
+      "  hflowc prog.hflow -o plan.bin     check, place, and write the plan\n"
+      "  hflow-run plan.bin                 then run it\n",
+      &llvm::errs());
+}
+
+/// --calibration's file into `cal` (the defaults when it is not given);
+/// the error, or "".
+std::string loadCalibration(::hflow::placement::Calibration &cal) {
+  if (calibrationFile.getNumOccurrences() == 0)
+    return "";
+  if (calibrationFile.empty())
+    return "--calibration needs a file name";
+  std::string calError;
+  if (!::hflow::placement::loadCalibrationFile(calibrationFile, cal, calError))
+    return calError;
+  return "";
+}
+
+/// The files a compile read besides the program (its imports).
+std::vector<std::pair<std::string, std::string>> importedFiles(const llvm::SourceMgr &sm) {
+  std::vector<std::pair<std::string, std::string>> imported;
+  for (unsigned i = 1; i <= sm.getNumBuffers(); ++i)
+    imported.push_back({"an imported file", sm.getMemoryBuffer(i)->getBufferIdentifier().str()});
+  return imported;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  if (!parseCommandLine(argc, argv))
     return kExitUsage; // a bad command line
   ::hflow::outputs::ignoreFileSizeSignal();
   const bool writesFile = emitKind == Emit::Plan ? outputFile != "-"
@@ -218,13 +244,8 @@ int main(int argc, char **argv) {
   // The calibration file is checked before the program: a bad file is one
   // line, and nothing is compiled or written.
   ::hflow::placement::Calibration cal;
-  if (calibrationFile.getNumOccurrences() > 0) {
-    if (calibrationFile.empty())
-      return fail("--calibration needs a file name");
-    std::string calError;
-    if (!::hflow::placement::loadCalibrationFile(calibrationFile, cal, calError))
-      return fail(calError);
-  }
+  if (std::string calError = loadCalibration(cal); !calError.empty())
+    return fail(calError);
 
   std::string readError;
   std::unique_ptr<llvm::MemoryBuffer> input =
@@ -259,14 +280,8 @@ int main(int argc, char **argv) {
       /*checkDataFiles=*/emitKind == Emit::Plan);
   if (!module)
     return finishWithErrors();
-  {
-    std::vector<std::pair<std::string, std::string>> imported;
-    for (unsigned i = 1; i <= sourceMgr.getNumBuffers(); ++i)
-      imported.push_back({"an imported file",
-                          sourceMgr.getMemoryBuffer(i)->getBufferIdentifier().str()});
-    if (std::string clash = checkOutput(imported); !clash.empty())
-      return fail(clash);
-  }
+  if (std::string clash = checkOutput(importedFiles(sourceMgr)); !clash.empty())
+    return fail(clash);
 
   OpPrintingFlags printFlags;
   if (printDebugLocs)
