@@ -46,7 +46,7 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
       Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n, ph.P,
                         ph.R);
       out.x().copy_(it->second["lp"] * it->second["rmask"]);
-      digests_[s] = out.x().to(at::kDouble).sum().item<double>();
+      record_.digests[s] = out.x().to(at::kDouble).sum().item<double>();
       vals_[st.outputs()->Get(0)] = std::move(out);
       return;
     }
@@ -71,7 +71,7 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
     v.x().copy_(out[i].to(at::kFloat));
     vals_[outputs[i]] = std::move(v);
   }
-  digests_[s] = out.empty() ? 0 : out[0].sum().item<double>();
+  record_.digests[s] = out.empty() ? 0 : out[0].sum().item<double>();
   if (!o_.dumpValues.empty())
     dumpBuiltin(ph, s, inputs, out, ctx);
 }
@@ -113,8 +113,8 @@ void Worker::runCheck(int s) {
     throw RunError("this rank is scheduled for the check but is not a member of group " +
                    str(p_.groups()->Get(st.group())->name()));
   Communicator &c = *it->second;
-  auto d = digests_.find(checked);
-  if (d == digests_.end())
+  auto d = record_.digests.find(checked);
+  if (d == record_.digests.end())
     throw RunError("this rank did not run step " + std::to_string(checked) +
                    ", which it must contribute to the check");
   double mine = d->second;

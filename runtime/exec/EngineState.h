@@ -120,6 +120,20 @@ struct Progress {
   Clock::time_point start = Clock::now();
 };
 
+/// This iteration's record on this rank: its metric sums (empty outside an
+/// iteration), each step's time, the page faults when it began, and each
+/// step's result digest (what the checks between replicas compare).
+struct IterationRecord {
+  std::optional<MetricSums> sums;
+  /// Per step of the phase: [0, count) the step's own time on this rank,
+  /// [count, 2 count) the batch moves that brought its rows (the receive
+  /// side: waiting for a producer counts).
+  std::vector<double> stepMs;
+  /// The process's page faults (minor and major) when the iteration began.
+  double faultsAt = 0;
+  std::map<int, double> digests;
+};
+
 /// The job's communicators: the rendezvous, the world and one per plan
 /// group this rank is in.
 struct Comms {

@@ -80,8 +80,8 @@ void Worker::evaluate(const std::string &when, int64_t it) {
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
         if (m[b][t] > 0 && !text_.isStop(acc[b][t]))
           ids.push_back(acc[b][t]);
-      metrics_->evalSum += heldOut_.evalRule->fn(text_.tok->decode(ids), (*heldOut_.eval)[(size_t)(c0 + b)]);
-      metrics_->evalN += 1;
+      record_.sums->evalSum += heldOut_.evalRule->fn(text_.tok->decode(ids), (*heldOut_.eval)[(size_t)(c0 + b)]);
+      record_.sums->evalN += 1;
     }
   }
 }

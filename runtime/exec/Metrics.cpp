@@ -34,13 +34,13 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     cs += c->stats();
   // The page faults of this rank's process during the iteration (the
   // kernel's work of mapping memory the allocator returned and took back).
-  if (it >= 0 && metrics_.has_value())
-    metrics_->pageFaults = pageFaults() - faultsAt_;
-  std::vector<double> row = metrics_.value_or(MetricSums()).row();
+  if (it >= 0 && record_.sums.has_value())
+    record_.sums->pageFaults = pageFaults() - record_.faultsAt;
+  std::vector<double> row = record_.sums.value_or(MetricSums()).row();
   row.push_back((double)cs.bytesSent);
   row.push_back((double)cs.bytesReceived);
   row.push_back(ms);
-  row.insert(row.end(), stepMs_.begin(), stepMs_.end());
+  row.insert(row.end(), record_.stepMs.begin(), record_.stepMs.end());
   at::Tensor mine = at::from_blob(row.data(), {(int64_t)row.size()},
                                   at::TensorOptions().dtype(at::kDouble))
                         .to(models::engineDevice(), /*non_blocking=*/false, /*copy=*/true);

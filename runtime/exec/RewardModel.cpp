@@ -182,8 +182,8 @@ void Worker::evaluatePairs(const std::string &label) {
     at::Tensor sc = methods_.scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
     if (rr.pos != 0)
       continue;
-    metrics_->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
-    metrics_->pairN += (double)N;
+    record_.sums->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
+    record_.sums->pairN += (double)N;
     if (!o_.dumpValues.empty()) {
       // Every pair's two scores and the token ids they were read from, to
       // check them against another forward (and the pairs' assembly).

@@ -320,10 +320,10 @@ void Worker::moveRows(PhaseRt &ph, int s, bool early) {
 void Worker::runIteration(PhaseRt &ph, int64_t it) {
   progress_.iter = it;
   vals_.clear();
-  digests_.clear();
-  metrics_.emplace();
-  stepMs_.assign(2 * ph.count, 0.0);
-  faultsAt_ = pageFaults();
+  record_.digests.clear();
+  record_.sums.emplace();
+  record_.stepMs.assign(2 * ph.count, 0.0);
+  record_.faultsAt = pageFaults();
   auto t0 = Clock::now();
   for (int r = 0; r < p_.world_size(); ++r)
     for (int s : ints(p_.schedules()->Get(r)->steps()))
@@ -359,7 +359,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     progress_.step = s;
     if (ahead && (s == ph.reshardStep || s == ph.genStep || s == ph.genCheckStep) &&
         !makeNext) {
-      stepMs_[s - ph.first] = 0;
+      record_.stepMs[s - ph.first] = 0;
       continue;
     }
     auto tm = Clock::now();
@@ -368,7 +368,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     // Counted on the ranks that receive rows for the step.
     if (std::any_of(ph.xfers.begin(), ph.xfers.end(),
                     [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
-      stepMs_[ph.count + s - ph.first] = msSince(tm);
+      record_.stepMs[ph.count + s - ph.first] = msSince(tm);
     auto ts = Clock::now();
     if (inMySchedule(s)) {
       if (ahead && s == ph.genStep) {
@@ -392,7 +392,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     }
     if (o_.serialize)
       comms_.world->barrier();
-    stepMs_[s - ph.first] = msSince(ts);
+    record_.stepMs[s - ph.first] = msSince(ts);
   }
   progress_.step = -1;
   const bool evals = heldOut_.eval || heldOut_.pairs;
@@ -461,8 +461,8 @@ void Worker::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
 void Worker::runRolloutAhead(PhaseRt &ph) {
   progress_.iter = 0;
   vals_.clear();
-  digests_.clear();
-  metrics_.emplace();
+  record_.digests.clear();
+  record_.sums.emplace();
   progress_.plannedSteps += rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   const std::vector<int64_t> ids = nextPrompts(ph);
   for (int v : ints(step(ph.genStep).inputs()))
@@ -648,8 +648,8 @@ void Worker::work() {
   }
   if ((heldOut_.eval || heldOut_.pairs) && !o_.resume) {
     // Before any training: the starting point of the curve.
-    metrics_.emplace();
-    stepMs_.assign(2 * phases_[0].count, 0.0);
+    record_.sums.emplace();
+    record_.stepMs.assign(2 * phases_[0].count, 0.0);
     evaluate("start", -1);
     PhaseRt &ph0 = phases_[0];
     std::string keep = ph0.name;

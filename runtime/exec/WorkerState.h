@@ -128,8 +128,8 @@ private:
 
   //===-- weight reshard (WeightReshard.h) -----------------------------------===//
   void runReshard(int s) {
-    digests_[s] = resharder_.run(*p_.reshards()->Get(step(s).reshard()), roles_,
-                                 metrics_ ? &*metrics_ : nullptr);
+    record_.digests[s] = resharder_.run(*p_.reshards()->Get(step(s).reshard()), roles_,
+                                        record_.sums ? &*record_.sums : nullptr);
   }
 
   //===-- training state (TrainingState.cpp) ----------------------------------===//
@@ -176,15 +176,7 @@ private:
   bool hasData_ = false;                   // some phase reads a data set
   std::map<int, std::string> loadedFrom_;  // model index -> HF directory
   std::map<int, Val> vals_;
-  /// This iteration's contributions (empty outside an iteration).
-  std::optional<MetricSums> metrics_;
-  /// Per step of the phase, this iteration: [0, count) the step's own time
-  /// on this rank, [count, 2 count) the batch moves that brought its rows
-  /// (the receive side: waiting for a producer counts).
-  std::vector<double> stepMs_;
-  /// The process's page faults (minor and major) when the iteration began.
-  double faultsAt_ = 0;
-  std::map<int, double> digests_;
+  IterationRecord record_;
   // running_norm's moments per call site (plan step), on the controller;
   // saved in its checkpoint as builtin/<step>/moments.
   std::map<int, rl::RunningMoments> moments_;
@@ -197,7 +189,7 @@ private:
   int corruptRank_ = -1;
   Progress progress_;
   /// The role methods, over the state above they read and write.
-  MethodRunner methods_{{p_, o_, j_, rows_, vals_, digests_, metrics_, roles_, rules_, text_,
+  MethodRunner methods_{{p_, o_, j_, rows_, vals_, record_.digests, record_.sums, roles_, rules_, text_,
                          progress_}};
   TraceRecorder trace_;
   Checkpointer ck_; ///< the folder, the cadence, the resume point
