@@ -7,7 +7,9 @@
 mode=$1 run=$2 testplan=$3 dir=$4 plan=$5 out=$6
 trained() { grep -q '^\[grpo 1/' "$1" 2>/dev/null; }
 wait_trained() {
-  for _ in $(seq 600); do trained "$1" && return 0; sleep 0.1; done
+  # Generous: on a loaded machine two LibTorch processes can take a minute
+  # to reach their first iteration (the wait ends as soon as they do).
+  for _ in $(seq 3000); do trained "$1" && return 0; sleep 0.1; done
   echo "the run did not start training"; return 1
 }
 if [ "$mode" = join ]; then
