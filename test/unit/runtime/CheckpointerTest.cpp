@@ -110,6 +110,7 @@ TEST(Checkpointer, TwoRanksSaveAStepAndReadBackTheOneRankZeroNames) {
     latest >> n;
     EXPECT_EQ(n, 4);
   }
+  g.world->barrier(); // every rank has read `latest` before rank 0 rewrites it
   if (e.rank == 0) // a later save may not be complete yet: rank 0 names the last one
     std::ofstream(dir + "/latest") << "2\n";
   g.world->barrier();
