@@ -89,7 +89,7 @@ public:
     b.ForceDefaults(true);
   }
 
-  LogicalResult write(std::vector<uint8_t> &out);
+  LogicalResult write(std::vector<uint8_t> &bytes);
 
 private:
   LogicalResult choosePhases();
@@ -100,15 +100,15 @@ private:
   LogicalResult emitBuiltin(BuiltinOp bi, const std::string &loc);
   LogicalResult emitCall(CallOp call, const std::string &loc);
   void emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep);
-  LogicalResult finish(std::vector<uint8_t> &out);
+  LogicalResult finish(std::vector<uint8_t> &bytes);
 
   int newValue(Value v, const std::string &name, int producer) {
-    valueIndex[v] = values.size();
-    values.push_back(fb::CreateValue(
+    idx.value[v] = out.values.size();
+    out.values.push_back(fb::CreateValue(
         b, b.CreateString(name),
         static_cast<fb::BatchKind>(cast<BatchType>(v.getType()).getKind()),
         producer));
-    return static_cast<int>(values.size() - 1);
+    return static_cast<int>(out.values.size() - 1);
   }
   /// A call's keyword arguments (and `extra`, what the compiler adds) as
   /// the plan's typed CallArgs; an error at `op` for one the table has no
@@ -149,23 +149,27 @@ private:
   int64_t seed = 0;
   MeshOp mesh, firstMesh;
   int64_t world = 0;
-  // Models and roles.
-  llvm::DenseMap<Operation *, int> modelIndex;
-  std::vector<flatbuffers::Offset<fb::Model>> models;
-  llvm::StringMap<int> roleIndex;
-  std::vector<flatbuffers::Offset<fb::Role>> roles;
-  std::vector<flatbuffers::Offset<fb::Group>> groups;
-  std::vector<std::vector<int>> roleRanks, roleGenRanks;
-  std::map<int, int> genGroup;                   // role -> group of its generation ranks
-  std::map<int, std::vector<int>> reshardRanks;  // role -> both sides, sorted
   bool ppo = false;
-  // Values, steps, phases, reshards.
-  llvm::DenseMap<Value, int> valueIndex;
-  std::vector<flatbuffers::Offset<fb::Value>> values;
-  std::vector<flatbuffers::Offset<fb::Step>> steps;
-  std::vector<std::vector<int>> stepRanks;
-  std::vector<flatbuffers::Offset<fb::Phase>> phaseOffs;
-  std::vector<flatbuffers::Offset<fb::Reshard>> reshardOffs;
+  /// The plan's tables as they are written, in the format's order.
+  struct Tables {
+    std::vector<flatbuffers::Offset<fb::Model>> models;
+    std::vector<flatbuffers::Offset<fb::Role>> roles;
+    std::vector<flatbuffers::Offset<fb::Group>> groups;
+    std::vector<flatbuffers::Offset<fb::Value>> values;
+    std::vector<flatbuffers::Offset<fb::Step>> steps;
+    std::vector<flatbuffers::Offset<fb::Phase>> phases;
+    std::vector<flatbuffers::Offset<fb::Reshard>> reshards;
+  } out;
+  /// Where each op went in them, and the ranks each role and step runs on.
+  struct Index {
+    llvm::DenseMap<Operation *, int> model;
+    llvm::StringMap<int> role;
+    llvm::DenseMap<Value, int> value;
+    std::vector<std::vector<int>> roleRanks, roleGenRanks;
+    std::map<int, int> genGroup;                  // role -> group of its generation ranks
+    std::map<int, std::vector<int>> reshardRanks; // role -> both sides, sorted
+    std::vector<std::vector<int>> stepRanks;
+  } idx;
   std::vector<::hflow::planner::Workload> phaseWorkloads;
   const ::hflow::planner::Workload *phaseWork = nullptr;
   llvm::SmallVector<BatchReshardOp> moves;
@@ -227,14 +231,14 @@ LogicalResult PlanWriter::choosePhases() {
 /// Models, in declaration order.
 void PlanWriter::emitModels() {
   for (ModelOp m : module.getOps<ModelOp>()) {
-    modelIndex[m] = models.size();
+    idx.model[m] = out.models.size();
     flatbuffers::Offset<flatbuffers::String> weights;
     if (auto dir = m->getAttrOfType<StringAttr>("hf_dir"))
       weights = b.CreateString(dir.getValue().str());
     flatbuffers::Offset<fb::RopeScaling> ropeScaling;
     if (auto rs = m.getRopeScaling())
       ropeScaling = fb::CreateRopeScaling(b, (*rs)[0], (*rs)[1], (*rs)[2], (int64_t)(*rs)[3]);
-    models.push_back(fb::CreateModel(
+    out.models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
         m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
         m.getVocabAttr().getInt(), dtypeOf(m.getDtype()), m.computeParamCount(),
@@ -272,20 +276,20 @@ LogicalResult PlanWriter::emitRoles() {
     int model = -1;
     if (auto ref = r.getModelAttr())
       if (auto m = SymbolTable::lookupNearestSymbolFrom<ModelOp>(r, ref))
-        model = modelIndex.lookup(m);
+        model = idx.model.lookup(m);
     auto toLayout = [](LayoutAttr l) {
       auto i = [](int64_t v) { return static_cast<int>(v); };
       return fb::Layout(i(l.getDp()), i(l.getTp()), i(l.getPp()), i(l.getFsdp()),
                         i(l.getSp()), i(l.getCp()));
     };
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
-    roleRanks.push_back(ranks);
-    roleGenRanks.push_back(genRanks);
+    idx.roleRanks.push_back(ranks);
+    idx.roleGenRanks.push_back(genRanks);
     if (!genRanks.empty()) {
       std::vector<int> both = ranks;
       both.insert(both.end(), genRanks.begin(), genRanks.end());
       std::sort(both.begin(), both.end());
-      aparts.push_back({static_cast<int>(roles.size()), r.getSymName().str(), genRanks, both});
+      aparts.push_back({static_cast<int>(out.roles.size()), r.getSymName().str(), genRanks, both});
     }
     auto name = b.CreateString(r.getSymName().str());
     auto rankVec = b.CreateVector(ranks);
@@ -299,7 +303,7 @@ LogicalResult PlanWriter::emitRoles() {
     flatbuffers::Offset<fb::RoleOptions> optVec;
     if (std::string err; !planargs::buildRoleOptions(b, opts, optVec, &err))
       return r.emitError() << "role option " << err;
-    roleIndex[r.getSymName()] = roles.size();
+    idx.role[r.getSymName()] = out.roles.size();
     std::vector<fb::RankMemory> memory;
     std::vector<fb::RankTransient> transient;
     int64_t kvPool = 0;
@@ -321,30 +325,30 @@ LogicalResult PlanWriter::emitRoles() {
           transient.emplace_back(static_cast<int64_t>(rm.activations), apart ? 0 : kvPool);
       }
     }
-    roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
+    out.roles.push_back(fb::CreateRole(b, name, static_cast<fb::RoleKind>(r.getKind()),
                                    model, rankVec, &train, &gen, rule, optVec,
                                    b.CreateVector(genRanks),
                                    b.CreateVectorOfStructs(memory),
                                    b.CreateVectorOfStructs(transient), kvPool));
-    groups.push_back(fb::CreateGroup(b, name, rankVec));
+    out.groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
   // Two more groups per actor generating apart (after the one per role,
   // found by name at run time): "<actor>.generate", its generation ranks,
   // and "<actor>.reshard", both sides, for the reshard between them.
   for (const Apart &a : aparts) {
-    genGroup[a.role] = static_cast<int>(groups.size());
-    groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".generate"),
+    idx.genGroup[a.role] = static_cast<int>(out.groups.size());
+    out.groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".generate"),
                                      b.CreateVector(a.genRanks)));
-    groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".reshard"),
+    out.groups.push_back(fb::CreateGroup(b, b.CreateString(a.name + ".reshard"),
                                      b.CreateVector(a.both)));
-    reshardRanks[a.role] = a.both;
+    idx.reshardRanks[a.role] = a.both;
   }
   return success();
 }
 
 /// One phase: its flow's values and steps in program order, then its record.
 LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
-  const int firstStep = steps.size();
+  const int firstStep = out.steps.size();
   // workloadsOf has one workload per train block, in the module's order.
   size_t workNo = 0;
   if (train) {
@@ -356,7 +360,7 @@ LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
     }
   }
   phaseWork = &phaseWorkloads[std::min(workNo, phaseWorkloads.size() - 1)];
-  valueIndex.clear();
+  idx.value.clear();
   Block &body = phaseFlow.getBody().front();
   auto argNames = phaseFlow.getArgNames();
   for (BlockArgument arg : body.getArguments())
@@ -386,9 +390,9 @@ LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
 /// The weights move as planned: the same plan the pass summarised and
 /// --print-reshard-plan prints, every transfer with its ranges.
 LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
-  auto it = roleIndex.find(rop.getRole());
+  auto it = idx.role.find(rop.getRole());
   auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(rop, rop.getRoleAttr());
-  if (it == roleIndex.end() || !role)
+  if (it == idx.role.end() || !role)
     return rop.emitError() << "reshards unknown role '" << rop.getRole() << "'";
   auto plan = ::hflow::planner::planRoleReshard(role);
   if (!plan)
@@ -425,25 +429,25 @@ LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
   // Format 2.4: a reshard to generation ranks apart lists the ranks it
   // indexes (training ranks, then generation ranks).
   std::vector<int> indexed;
-  if (!roleGenRanks[it->second].empty()) {
-    indexed = roleRanks[it->second];
-    indexed.insert(indexed.end(), roleGenRanks[it->second].begin(),
-                   roleGenRanks[it->second].end());
+  if (!idx.roleGenRanks[it->second].empty()) {
+    indexed = idx.roleRanks[it->second];
+    indexed.insert(indexed.end(), idx.roleGenRanks[it->second].begin(),
+                   idx.roleGenRanks[it->second].end());
   }
-  reshardOffs.push_back(fb::CreateReshard(
+  out.reshards.push_back(fb::CreateReshard(
       b, it->second, b.CreateString(rop.getFrom().str()),
       b.CreateString(rop.getTo().str()), b.CreateVector(params),
       b.CreateVector(plan->assignment), b.CreateVectorOfStructs(transfers),
       plan->totalBytes, plan->lowerBound, plan->naiveBytes,
       static_cast<int>(wire.weightsBytes), static_cast<int>(wire.wireBytes),
       wireName, b.CreateVector(indexed)));
-  steps.push_back(fb::CreateStep(
+  out.steps.push_back(fb::CreateStep(
       b, fb::StepKind::Reshard, it->second, b.CreateString("reshard"),
       b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-      -1, -1, 0, b.CreateString(loc), static_cast<int>(reshardOffs.size() - 1),
+      -1, -1, 0, b.CreateString(loc), static_cast<int>(out.reshards.size() - 1),
       predicted(role, "reshard"), movesPredicted()));
-  auto both = reshardRanks.find(it->second);
-  stepRanks.push_back(both != reshardRanks.end() ? both->second : roleRanks[it->second]);
+  auto both = idx.reshardRanks.find(it->second);
+  idx.stepRanks.push_back(both != idx.reshardRanks.end() ? both->second : idx.roleRanks[it->second]);
   return success();
 }
 
@@ -451,10 +455,10 @@ LogicalResult PlanWriter::emitReshard(ReshardOp rop, const std::string &loc) {
 LogicalResult PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
   std::vector<int> inputs, outputs;
   for (Value v : bi.getInputs())
-    inputs.push_back(valueIndex.lookup(v));
-  int step = steps.size();
+    inputs.push_back(idx.value.lookup(v));
+  int step = out.steps.size();
   std::string base = bi.getNameAttr() ? bi.getNameAttr().str()
-                                      : "v" + std::to_string(values.size());
+                                      : "v" + std::to_string(out.values.size());
   for (auto [i, r] : llvm::enumerate(bi.getResults()))
     outputs.push_back(newValue(r, i == 0 ? base : base + ".returns", step));
   planargs::Named extra;
@@ -467,32 +471,32 @@ LogicalResult PlanWriter::emitBuiltin(BuiltinOp bi, const std::string &loc) {
   auto args = callArgs(bi, bi.getArgsAttr(), extra);
   if (failed(args))
     return failure();
-  steps.push_back(fb::CreateStep(
+  out.steps.push_back(fb::CreateStep(
       b, fb::StepKind::Builtin, -1, b.CreateString(bi.getCallee().str()),
       b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, *args,
       b.CreateString(loc), -1, -1.0, movesPredicted()));
-  stepRanks.push_back({0});
+  idx.stepRanks.push_back({0});
   return success();
 }
 
 /// A role's method on its ranks, and the check of its result.
 LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
-  auto it = roleIndex.find(call.getRole());
-  if (it == roleIndex.end())
+  auto it = idx.role.find(call.getRole());
+  if (it == idx.role.end())
     return call.emitError() << "calls unknown role '" << call.getRole() << "'";
   int role = it->second;
-  if (roleRanks[role].empty())
+  if (idx.roleRanks[role].empty())
     return call.emitError() << "role '" << call.getRole()
                             << "' has no ranks; run the placement pass first";
   std::vector<int> inputs, outputs;
   for (Value v : call.getInputs())
-    inputs.push_back(valueIndex.lookup(v));
-  int computeStep = steps.size();
+    inputs.push_back(idx.value.lookup(v));
+  int computeStep = out.steps.size();
   if (Value r = call.getResult())
     outputs.push_back(newValue(r,
                                call.getNameAttr()
                                    ? call.getNameAttr().str()
-                                   : "v" + std::to_string(values.size()),
+                                   : "v" + std::to_string(out.values.size()),
                                computeStep));
   // A generate call without max_tokens samples hflow's default, written
   // into the plan: the runtime never chooses one of its own.
@@ -504,29 +508,29 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
   if (failed(args))
     return failure();
   // An actor generating apart generates on its generation ranks.
-  const bool apart = call.getMethod() == "generate" && !roleGenRanks[role].empty();
-  const std::vector<int> &ranksHere = apart ? roleGenRanks[role] : roleRanks[role];
+  const bool apart = call.getMethod() == "generate" && !idx.roleGenRanks[role].empty();
+  const std::vector<int> &ranksHere = apart ? idx.roleGenRanks[role] : idx.roleRanks[role];
   auto roleOp = SymbolTable::lookupNearestSymbolFrom<RoleOp>(call, call.getRoleAttr());
-  steps.push_back(fb::CreateStep(
+  out.steps.push_back(fb::CreateStep(
       b, fb::StepKind::Compute, role, b.CreateString(call.getMethod().str()),
       b.CreateVector(inputs), b.CreateVector(outputs), -1, -1, *args,
       b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
       movesPredicted()));
-  stepRanks.push_back(ranksHere);
-  steps.push_back(fb::CreateStep(
+  idx.stepRanks.push_back(ranksHere);
+  out.steps.push_back(fb::CreateStep(
       b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
       b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
-      apart ? genGroup.at(role) : role, computeStep, 0, b.CreateString(loc)));
-  stepRanks.push_back(ranksHere);
+      apart ? idx.genGroup.at(role) : role, computeStep, 0, b.CreateString(loc)));
+  idx.stepRanks.push_back(ranksHere);
   return success();
 }
 
 void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep) {
   if (train) {
     auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
-    phaseOffs.push_back(fb::CreatePhase(
+    out.phases.push_back(fb::CreatePhase(
         b, b.CreateString(phaseFlow.getSymName().str()), firstStep,
-        static_cast<int>(steps.size()) - firstStep,
+        static_cast<int>(out.steps.size()) - firstStep,
         b.CreateString(train.getData().str()),
         static_cast<int>(train.getBatchAttr().getInt()),
         static_cast<int>(train.getNAttr().getInt()),
@@ -545,11 +549,11 @@ void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep)
 }
 
 /// The ranks' schedules, the mesh and the plan itself, nested in the file.
-LogicalResult PlanWriter::finish(std::vector<uint8_t> &out) {
+LogicalResult PlanWriter::finish(std::vector<uint8_t> &bytes) {
   // Steps are visited in order, so each rank's list comes out increasing.
   std::vector<std::vector<int>> perRank(world);
-  for (size_t s = 0; s < stepRanks.size(); ++s)
-    for (int r : stepRanks[s])
+  for (size_t s = 0; s < idx.stepRanks.size(); ++s)
+    for (int r : idx.stepRanks[s])
       perRank[r].push_back(static_cast<int>(s));
   std::vector<flatbuffers::Offset<fb::RankSchedule>> schedules;
   for (int r = 0; r < world; ++r)
@@ -590,9 +594,9 @@ LogicalResult PlanWriter::finish(std::vector<uint8_t> &out) {
       b.CreateVector(sha), b.CreateString(options.compilerVersion),
       b.CreateString(flow.getSymName().str()), static_cast<int>(world),
       seed, b.CreateVector(std::vector<decltype(meshOff)>{meshOff}),
-      b.CreateVector(models), b.CreateVector(roles), b.CreateVector(groups),
-      b.CreateVector(values), b.CreateVector(steps), b.CreateVector(schedules),
-      b.CreateVector(phaseOffs), b.CreateVector(reshardOffs));
+      b.CreateVector(out.models), b.CreateVector(out.roles), b.CreateVector(out.groups),
+      b.CreateVector(out.values), b.CreateVector(out.steps), b.CreateVector(schedules),
+      b.CreateVector(out.phases), b.CreateVector(out.reshards));
   b.Finish(planOff);
 
   flatbuffers::FlatBufferBuilder fileBuilder;
@@ -605,12 +609,12 @@ LogicalResult PlanWriter::finish(std::vector<uint8_t> &out) {
   auto file = fb::CreatePlanFile(fileBuilder, fb::kFormatMajor, fb::kFormatMinor,
                                  fb::checksum(bodyPtr, b.GetSize()), bodyVec);
   fb::FinishSizePrefixedPlanFileBuffer(fileBuilder, file);
-  out.assign(fileBuilder.GetBufferPointer(),
-             fileBuilder.GetBufferPointer() + fileBuilder.GetSize());
+  bytes.assign(fileBuilder.GetBufferPointer(),
+               fileBuilder.GetBufferPointer() + fileBuilder.GetSize());
   return success();
 }
 
-LogicalResult PlanWriter::write(std::vector<uint8_t> &out) {
+LogicalResult PlanWriter::write(std::vector<uint8_t> &bytes) {
   if (failed(choosePhases()))
     return failure();
   emitModels();
@@ -629,7 +633,7 @@ LogicalResult PlanWriter::write(std::vector<uint8_t> &out) {
   for (auto &[phaseFlow, train] : phases)
     if (failed(emitPhase(phaseFlow, train)))
       return failure();
-  return finish(out);
+  return finish(bytes);
 }
 
 } // namespace
