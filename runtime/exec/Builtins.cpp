@@ -83,11 +83,6 @@ Results runningNorm(const plan::CallArgs &a, const In &in, const BuiltinContext 
   return {rl::running_normalize_reward(in[0], ctx.mask, *ctx.moments,
                                        a.epsilon().value_or(1e-8))};
 }
-Results rolloutLogprobs(const plan::CallArgs &, const In &, const BuiltinContext &) {
-  // Answered by the engine from the rollout itself (ControllerSteps.cpp).
-  fail("rollout_logprobs", "is read from the rollout, not computed here");
-}
-
 struct Entry {
   std::string_view name;
   Impl fn;
@@ -103,7 +98,6 @@ constexpr Entry kImpls[] = {
     {"whiten", whiten},
     {"clip", clip},
     {"running_norm", runningNorm},
-    {"rollout_logprobs", rolloutLogprobs},
 };
 
 /// add, sub, mul, div with a constant (args.scalar, on the left when
@@ -128,7 +122,9 @@ Results arithmetic(const std::string &name, const plan::CallArgs &a, const In &i
 } // namespace
 
 bool hasImplementation(std::string_view name) {
-  if (builtins::isArithmetic(name))
+  // rollout_logprobs reads the rollout's own log-probs: the controller
+  // answers it before calling runBuiltin (ControllerSteps.cpp).
+  if (builtins::isArithmetic(name) || name == "rollout_logprobs")
     return true;
   for (const Entry &e : kImpls)
     if (e.name == name)
