@@ -11,17 +11,14 @@
 # and prints a table. The difference between the two columns is the pass
 # pipeline plus plan emission (minus printing the IR). The first row is
 # examples/tiny.hflow: the fixed cost of starting hflowc.
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HFLOWC="${1:-$ROOT/build/bin/hflowc}"
-SIZES="${BENCH_SIZES:-1000 2000 5000}"
-REPEAT="${BENCH_REPEAT:-5}"
+settings BENCH SIZES="1000 2000 5000" REPEAT=5
 GEN="$ROOT/bench/gen_program.py"
 
-[ -x "$HFLOWC" ] || { echo "compile_bench: $HFLOWC not found; build first" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+[ -x "$HFLOWC" ] || die "$HFLOWC not found; build first"
+make_work
 # hflowc warns for a train block's data file it cannot see, and a row must
 # compile with no diagnostic at all: every hflowc runs in $work, beside
 # empty data files of the names the programs read.
@@ -34,7 +31,7 @@ best_of() {
   local best="" t0 t1 dt i
   for ((i = 0; i < REPEAT; i++)); do
     t0=$(date +%s.%N)
-    "$@" >/dev/null 2>&1 || { echo "compile_bench: failed: $*" >&2; exit 1; }
+    "$@" >/dev/null 2>&1 || die "failed: $*"
     t1=$(date +%s.%N)
     dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.4f", b - a}')
     if [ -z "$best" ] || awk -v a="$dt" -v b="$best" 'BEGIN{exit !(a < b)}'; then

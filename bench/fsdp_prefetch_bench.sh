@@ -12,34 +12,25 @@
 # dropped, default 3) and
 # the ratio prefetch / no prefetch. Both runs compute the same numbers
 # (the gathers deliver the same bytes).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-SFT="${PREFETCH_SFT:-40}"
-GRPO="${PREFETCH_GRPO:-20}"
-ROUNDS="${PREFETCH_ROUNDS:-2}"
-WARMUP="${PREFETCH_WARMUP:-3}"
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "fsdp_prefetch_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
+settings PREFETCH SFT=40 GRPO=20 ROUNDS=2 WARMUP=3
+need_tools hflowc hflow-run hflow-mkdata
 [ "$SFT" -gt "$WARMUP" ] && [ "$GRPO" -gt "$WARMUP" ] ||
-  { echo "fsdp_prefetch_bench: PREFETCH_SFT and PREFETCH_GRPO must exceed PREFETCH_WARMUP" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 2000 --max-a 49 --max-b 49 -o "$work/arith_train.jsonl" >/dev/null
-sed -e "s/steps: 250, seed: 1/steps: $SFT, seed: 1/" -e "s/steps: 300, seed: 2/steps: $GRPO, seed: 2/" \
-  "$ROOT/examples/arith_grpo.hflow" >"$work/p.hflow"
-grep -q "steps: $SFT, seed: 1" "$work/p.hflow" && grep -q "steps: $GRPO, seed: 2" "$work/p.hflow" ||
-  { echo "fsdp_prefetch_bench: could not set the steps (examples/arith_grpo.hflow changed)" >&2; exit 1; }
+  die "PREFETCH_SFT and PREFETCH_GRPO must exceed PREFETCH_WARMUP"
+make_work
+arith 1 2000 "$work/arith_train.jsonl"
+set_steps "$ROOT/examples/arith_grpo.hflow" "$work/p.hflow"
+check_steps "$work/p.hflow" examples/arith_grpo.hflow
 "$BIN/hflowc" "$work/p.hflow" -o "$work/p.bin"
 echo "fsdp_prefetch_bench: $ROUNDS rounds of $SFT + $GRPO iterations on 2 ranks, prefetch on then off"
-for ((r = 1; r <= ROUNDS; r++)); do
-  for pf in 1 0; do
-    HFLOW_FSDP_PREFETCH=$pf "$BIN/hflow-run" --quiet --data-dir "$work" \
-      --metrics "$work/pf$pf.$r.jsonl" "$work/p.bin"
-  done
-done
+# Round $2 with HFLOW_FSDP_PREFETCH=$1.
+run() {
+  HFLOW_FSDP_PREFETCH=$1 "$BIN/hflow-run" --quiet --data-dir "$work" \
+    --metrics "$work/pf$1.$2.jsonl" "$work/p.bin"
+}
+alternate run 1 0
 python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
 import json, statistics, sys
 work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -28,33 +28,22 @@
 # eager/hflow (the speed-up of hflow; target >= 2), also per part of the
 # step (bench/grpo_step_report.py: generate, the two log-probs, reward and
 # advantage, update; hflow's from --metrics' ms_step_N).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-STEPS="${GRPO_STEPS:-25}"
-WARMUP="${GRPO_WARMUP:-5}"
-ROUNDS="${GRPO_ROUNDS:-3}"
-MAXTOK="${GRPO_MAX_TOKENS:-16}"
-STOPS="${GRPO_STOP:-}"
-[ "${#STOPS}" -le 1 ] || { echo "grpo_step_bench: GRPO_STOP must be one byte" >&2; exit 1; }
+settings GRPO STEPS=25 WARMUP=5 ROUNDS=3 MAX_TOKENS=16 STOP=
+[ "${#STOP}" -le 1 ] || die "GRPO_STOP must be one byte"
 PY=/usr/bin/python3
 
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "grpo_step_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
-"$PY" -c 'import torch' 2>/dev/null ||
-  { echo "grpo_step_bench: $PY cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
-[ "$STEPS" -gt "$WARMUP" ] || { echo "grpo_step_bench: GRPO_STEPS must exceed GRPO_WARMUP" >&2; exit 1; }
+need_tools hflowc hflow-run hflow-mkdata
+"$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch (apt-get install python3-torch)"
+[ "$STEPS" -gt "$WARMUP" ] || die "GRPO_STEPS must exceed GRPO_WARMUP"
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 512 --max-a 49 --max-b 49 \
-  -o "$work/grpo_prompts.jsonl" >/dev/null
-sed -e "s/max_tokens: 16, temperature: 1.0/max_tokens: $MAXTOK, temperature: 1.0${STOPS:+, stop: \"$STOPS\"}/" \
+make_work
+arith 1 512 "$work/grpo_prompts.jsonl"
+sed -e "s/max_tokens: 16, temperature: 1.0/max_tokens: $MAX_TOKENS, temperature: 1.0${STOP:+, stop: \"$STOP\"}/" \
   "$ROOT/bench/programs/grpo_step.hflow" >"$work/grpo_step.hflow"
-grep -q "max_tokens: $MAXTOK," "$work/grpo_step.hflow" ||
-  { echo "grpo_step_bench: could not set max_tokens" >&2; exit 1; }
+grep -q "max_tokens: $MAX_TOKENS," "$work/grpo_step.hflow" || die "could not set max_tokens"
 "$BIN/hflowc" "$work/grpo_step.hflow" -o "$work/grpo_step.bin"
 
 # hflow-run picks OpenBLAS's kernels for the CPU when OpenBLAS does not know
@@ -65,17 +54,17 @@ core=""
 case "$version" in
   *"kernels, chosen for this CPU"*) core="$(sed -n 's/.*OpenBLAS \([A-Za-z0-9]*\) kernels, chosen.*/\1/p' <<<"$version")" ;;
 esac
-echo "grpo_step_bench: max_tokens $MAXTOK${STOPS:+, stop \"$STOPS\"}; $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager${core:+, then eager with OPENBLAS_CORETYPE=$core}), first $WARMUP of each run dropped"
+echo "grpo_step_bench: max_tokens $MAX_TOKENS${STOP:+, stop \"$STOP\"}; $ROUNDS rounds of $STEPS GRPO iterations each (hflow, then eager${core:+, then eager with OPENBLAS_CORETYPE=$core}), first $WARMUP of each run dropped"
 echo "grpo_step_bench: $version"
 for ((r = 1; r <= ROUNDS; r++)); do
   HFLOW_NUM_THREADS=1 "$BIN/hflow-run" --quiet --data-dir "$work" --steps "$STEPS" \
     --metrics "$work/hflow.$r.jsonl" "$work/grpo_step.bin"
   "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
-    --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAXTOK" --stop "$STOPS" --threads 1 \
+    --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAX_TOKENS" --stop "$STOP" --threads 1 \
     --metrics "$work/eager.$r.jsonl"
   if [ -n "$core" ]; then
     OPENBLAS_CORETYPE="$core" "$PY" "$ROOT/bench/grpo_step_eager.py" --data "$work/grpo_prompts.jsonl" \
-      --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAXTOK" --stop "$STOPS" --threads 1 \
+      --steps "$STEPS" --batch 8 --n 8 --max-tokens "$MAX_TOKENS" --stop "$STOP" --threads 1 \
       --metrics "$work/eagersame.$r.jsonl"
   fi
 done

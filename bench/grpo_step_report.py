@@ -53,6 +53,15 @@ def parts(row, kind):
     return p
 
 
+def print_parts(ours, theirs):
+    """A row per part: the medians of `ours` and `theirs` (parts() of each
+    iteration) and theirs / ours, where ours is not ~0."""
+    for name in PARTS:
+        a, b = med(x[name] for x in ours), med(x[name] for x in theirs)
+        ratio = f"{b / a:12.2f}" if a > 0.05 else f"{'-':>12}"
+        print(f"{'  ' + name:22} {a:10.1f} {b:10.1f} {ratio}")
+
+
 hr, er = runs("hflow"), runs("eager")
 h = [x for r in hr for x in r]
 e = [x for r in er for x in r]
@@ -61,10 +70,7 @@ h_tps, e_tps = med(x["tokens_per_s"] for x in h), med(x["tokens_per_s"] for x in
 hp = [parts(x, "hflow") for x in h]
 ep = [parts(x, "eager") for x in e]
 print(f"{'median ms':22} {'hflow-run':>10} {'eager':>10} {'eager/hflow':>12}")
-for name in PARTS:
-    a, b = med(x[name] for x in hp), med(x[name] for x in ep)
-    ratio = f"{b / a:12.2f}" if a > 0.05 else f"{'-':>12}"
-    print(f"{'  ' + name:22} {a:10.1f} {b:10.1f} {ratio}")
+print_parts(hp, ep)
 print(f"{'step':22} {h_ms:10.1f} {e_ms:10.1f} {e_ms / h_ms:12.2f}")
 print(f"{'generated tokens/s':22} {h_tps:10.0f} {e_tps:10.0f} {h_tps / e_tps:12.2f}")
 print(f"{'iterations':22} {len(h):10d} {len(e):10d}")
@@ -92,10 +98,7 @@ if core:
     s_ms, s_tps = med(x["iteration_ms"] for x in s_), med(x["tokens_per_s"] for x in s_)
     sp = [parts(x, "eager") for x in s_]
     print(f"like for like (eager with OPENBLAS_CORETYPE={core}, hflow-run's kernels):")
-    for name in PARTS:
-        a, b = med(x[name] for x in hp), med(x[name] for x in sp)
-        r_ = f"{b / a:12.2f}" if a > 0.05 else f"{'-':>12}"
-        print(f"{'  ' + name:22} {a:10.1f} {b:10.1f} {r_}")
+    print_parts(hp, sp)
     print(f"figures, like for like: eager {s_ms:.1f} ms/step, {s_tps:.0f} tok/s; hflow speed-up "
           f"{s_ms / h_ms:.2f}x (target >= 2x{'' if s_ms / h_ms >= 2 else ': NOT met'}); per-round "
           "eager medians " + " ".join(f"{med(x['iteration_ms'] for x in r):.1f}" for r in sr))

@@ -95,12 +95,8 @@ int main(int argc, char **argv) {
 
   LlamaConfig small;
   small.name = "L2 H128";
-  small.layers = 2;
-  small.hidden = 128;
-  small.heads = 4;
-  small.kvHeads = 2;
-  small.ffn = 256;
-  small.vocab = 256;
+  small.setShape({/*layers=*/2, /*hidden=*/128, /*heads=*/4, /*kvHeads=*/2,
+                  /*ffn=*/256, /*vocab=*/256});
   LlamaConfig big = small;
   big.name = "L4 H256";
   big.layers = 4;

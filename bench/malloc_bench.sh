@@ -17,29 +17,20 @@
 # system time per run, and the ratio tuned / default. Both sides compute
 # the same numbers (the allocator does not change the arithmetic; checked:
 # equal actor_weight_sum).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-SFT="${MALLOC_SFT:-20}"
-GRPO="${MALLOC_GRPO:-10}"
-ROUNDS="${MALLOC_ROUNDS:-2}"
-WARMUP="${MALLOC_WARMUP:-3}"
-VOCABS="${MALLOC_VOCABS:-256 32000}"
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "malloc_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
+settings MALLOC SFT=20 GRPO=10 ROUNDS=2 WARMUP=3 VOCABS="256 32000"
+need_tools hflowc hflow-run hflow-mkdata
 [ "$SFT" -gt "$WARMUP" ] && [ "$GRPO" -gt "$WARMUP" ] ||
-  { echo "malloc_bench: MALLOC_SFT and MALLOC_GRPO must exceed MALLOC_WARMUP" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 2000 --max-a 49 --max-b 49 -o "$work/arith_train.jsonl" >/dev/null
+  die "MALLOC_SFT and MALLOC_GRPO must exceed MALLOC_WARMUP"
+make_work
+arith 1 2000 "$work/arith_train.jsonl"
 for v in $VOCABS; do
-  sed -e "s/steps: 250, seed: 1/steps: $SFT, seed: 1/" -e "s/steps: 300, seed: 2/steps: $GRPO, seed: 2/" \
-    -e "s/vocab: 256, dtype: f32/vocab: $v, dtype: f32/" "$ROOT/examples/arith_grpo.hflow" >"$work/v$v.hflow"
-  grep -q "vocab: $v," "$work/v$v.hflow" || { echo "malloc_bench: could not set vocab $v" >&2; exit 1; }
-  grep -q "steps: $SFT, seed: 1" "$work/v$v.hflow" && grep -q "steps: $GRPO, seed: 2" "$work/v$v.hflow" ||
-    { echo "malloc_bench: could not set the steps (examples/arith_grpo.hflow changed)" >&2; exit 1; }
+  set_steps "$ROOT/examples/arith_grpo.hflow" "$work/v$v.hflow" \
+    -e "s/vocab: 256, dtype: f32/vocab: $v, dtype: f32/"
+  grep -q "vocab: $v," "$work/v$v.hflow" || die "could not set vocab $v"
+  check_steps "$work/v$v.hflow" examples/arith_grpo.hflow
   "$BIN/hflowc" "$work/v$v.hflow" -o "$work/v$v.bin"
 done
 echo "malloc_bench: $ROUNDS rounds of $SFT + $GRPO iterations on 2 ranks, tuned heap then glibc's default"

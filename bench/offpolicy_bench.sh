@@ -16,37 +16,27 @@
 # behind when pipelined, so the learning curve differs; the demo length,
 # OFFPOLICY_GRPO=300 with OFFPOLICY_SFT=250, shows whether that costs
 # reward).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-SFT="${OFFPOLICY_SFT:-20}"
-GRPO="${OFFPOLICY_GRPO:-40}"
-ROUNDS="${OFFPOLICY_ROUNDS:-2}"
-WARMUP="${OFFPOLICY_WARMUP:-3}"
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "offpolicy_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
-[ "$GRPO" -gt "$WARMUP" ] || { echo "offpolicy_bench: OFFPOLICY_GRPO must exceed OFFPOLICY_WARMUP" >&2; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 2000 --max-a 49 --max-b 49 -o "$work/arith_train.jsonl" >/dev/null
-"$BIN/hflow-mkdata" arith --seed 2 --count 200 --max-a 49 --max-b 49 \
-  --exclude "$work/arith_train.jsonl" -o "$work/arith_eval.jsonl" >/dev/null
-sed -e "s/steps: 250, seed: 1/steps: $SFT, seed: 1/" -e "s/steps: 300, seed: 2,/steps: $GRPO, seed: 2,/" \
-  "$ROOT/examples/arith_grpo_offpolicy.hflow" >"$work/off1.hflow"
-grep -q "steps: $SFT, seed: 1" "$work/off1.hflow" && grep -q "steps: $GRPO, seed: 2," "$work/off1.hflow" ||
-  { echo "offpolicy_bench: could not set the steps (the example changed)" >&2; exit 1; }
+settings OFFPOLICY SFT=20 GRPO=40 ROUNDS=2 WARMUP=3
+need_tools hflowc hflow-run hflow-mkdata
+[ "$GRPO" -gt "$WARMUP" ] || die "OFFPOLICY_GRPO must exceed OFFPOLICY_WARMUP"
+make_work
+arith 1 2000 "$work/arith_train.jsonl"
+arith 2 200 "$work/arith_eval.jsonl" --exclude "$work/arith_train.jsonl"
+set_steps "$ROOT/examples/arith_grpo_offpolicy.hflow" "$work/off1.hflow"
+check_steps "$work/off1.hflow" "the example"
 sed -e "s/off_policy: 1/off_policy: 0/" "$work/off1.hflow" >"$work/off0.hflow"
-grep -q "off_policy: 0 }" "$work/off0.hflow" || { echo "offpolicy_bench: the example changed" >&2; exit 1; }
+grep -q "off_policy: 0 }" "$work/off0.hflow" || die "the example changed"
 for k in 0 1; do "$BIN/hflowc" "$work/off$k.hflow" -o "$work/off$k.bin"; done
 echo "offpolicy_bench: $ROUNDS rounds of $SFT + $GRPO iterations, rank 0 trains, rank 1 generates"
-for ((r = 1; r <= ROUNDS; r++)); do
-  for k in 0 1; do
-    "$BIN/hflow-run" --quiet --data-dir "$work" --eval "$work/arith_eval.jsonl" \
-      --metrics "$work/off$k.$r.jsonl" "$work/off$k.bin"
-  done
-done
+# Round $2 with off_policy: $1.
+run() {
+  "$BIN/hflow-run" --quiet --data-dir "$work" --eval "$work/arith_eval.jsonl" \
+    --metrics "$work/off$1.$2.jsonl" "$work/off$1.bin"
+}
+alternate run 0 1
 python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
 import json, statistics, sys
 work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

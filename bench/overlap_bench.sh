@@ -19,26 +19,18 @@
 # The ranks' trace clocks start at different instants (each counts from its
 # own start); the script aligns them on the iteration boundaries, which
 # follow a collective of all ranks, and reports the skew it removed.
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-STEPS="${OVERLAP_STEPS:-15}"
-WARMUP="${OVERLAP_WARMUP:-3}"
-ROUNDS="${OVERLAP_ROUNDS:-2}"
-TRACE_STEPS="${OVERLAP_TRACE_STEPS:-6}"
+settings OVERLAP STEPS=15 WARMUP=3 ROUNDS=2 TRACE_STEPS=6
 
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "overlap_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
-[ "$STEPS" -gt "$WARMUP" ] || { echo "overlap_bench: OVERLAP_STEPS must exceed OVERLAP_WARMUP" >&2; exit 1; }
-[ "$TRACE_STEPS" -ge 3 ] || { echo "overlap_bench: OVERLAP_TRACE_STEPS must be at least 3" >&2; exit 1; }
+need_tools hflowc hflow-run hflow-mkdata
+[ "$STEPS" -gt "$WARMUP" ] || die "OVERLAP_STEPS must exceed OVERLAP_WARMUP"
+[ "$TRACE_STEPS" -ge 3 ] || die "OVERLAP_TRACE_STEPS must be at least 3"
 BIN="$(cd "$BIN" && pwd)" # hflowc runs from the data's folder below
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 512 --max-a 49 --max-b 49 \
-  -o "$work/overlap_prompts.jsonl" >/dev/null
+make_work
+arith 1 512 "$work/overlap_prompts.jsonl"
 # From the data's folder: hflowc warns for a data file it cannot see.
 (cd "$work" && "$BIN/hflowc" "$ROOT/bench/programs/overlap.hflow" -o "$work/overlap.bin")
 

@@ -19,24 +19,17 @@
 # planned/naive. Target: <= 0.35 where the planned bytes are at most a third
 # of the naive ones. RESHARD_PAIRS (default: all) names the pairs to run,
 # e.g. "fsdp4_tp4 tp4_dp4" (the programs' names without reshard_).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
-STEPS="${RESHARD_STEPS:-5}"
-ROUNDS="${RESHARD_ROUNDS:-2}"
-PAIRS="${RESHARD_PAIRS:-}"
+settings RESHARD STEPS=5 ROUNDS=2 PAIRS=
 
-for t in hflowc hflow-opt hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "reshard_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
-[ "$STEPS" -ge 2 ] || { echo "reshard_bench: RESHARD_STEPS must be at least 2" >&2; exit 1; }
+need_tools hflowc hflow-opt hflow-run hflow-mkdata
+[ "$STEPS" -ge 2 ] || die "RESHARD_STEPS must be at least 2"
 BIN="$(cd "$BIN" && pwd)" # hflowc runs from the data's folder below
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-"$BIN/hflow-mkdata" arith --seed 1 --count 64 --max-a 49 --max-b 49 \
-  -o "$work/reshard_prompts.jsonl" >/dev/null
+make_work
+arith 1 64 "$work/reshard_prompts.jsonl"
 
 echo "reshard_bench: 4 CPU workers, $ROUNDS rounds x $STEPS iterations per mode (planned, naive alternating); the first transition of each run dropped"
 # Every program is planned and compiled, also those RESHARD_PAIRS leaves
@@ -53,8 +46,7 @@ for prog in "$ROOT"/bench/programs/reshard_*.hflow; do
 done
 pairs=()
 for name in ${PAIRS:-${all[*]}}; do
-  [ -f "$work/$name.bin" ] ||
-    { echo "reshard_bench: no bench/programs/reshard_$name.hflow (RESHARD_PAIRS)" >&2; exit 1; }
+  [ -f "$work/$name.bin" ] || die "no bench/programs/reshard_$name.hflow (RESHARD_PAIRS)"
   pairs+=("$name")
   for ((r = 1; r <= ROUNDS; r++)); do
     for mode in planned naive; do

@@ -179,12 +179,8 @@ int main(int argc, char **argv) {
   at::set_num_threads(threads);
   LlamaConfig c;
   c.name = "L4 H256";
-  c.layers = 4;
-  c.hidden = 256;
-  c.heads = 8;
-  c.kvHeads = 4;
-  c.ffn = 688;
-  c.vocab = 1024;
+  c.setShape({/*layers=*/4, /*hidden=*/256, /*heads=*/8, /*kvHeads=*/4,
+              /*ffn=*/688, /*vocab=*/1024});
   Llama m(c, 1234);
 
   // The prompts (left-padded) and each row's stop length.

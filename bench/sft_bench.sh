@@ -24,26 +24,22 @@
 # holding the long row over a short rank's (FSDP's two ranks run in
 # lockstep: the iteration waits for the long rank), what a pass costing
 # exactly its real tokens would give, attention's quadratic cost aside.
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
 if [ "${SFT_QUICK:-0}" = 1 ]; then
   STEPS=2 WARMUP=1 ROUNDS=1 REPEATS=6
 else
-  STEPS="${SFT_STEPS:-8}" WARMUP="${SFT_WARMUP:-2}" ROUNDS="${SFT_ROUNDS:-2}" REPEATS=36
+  settings SFT STEPS=8 WARMUP=2 ROUNDS=2
+  REPEATS=36
 fi
-for t in hflowc hflow-run hflow-mkdata; do
-  [ -x "$BIN/$t" ] || { echo "sft_bench: $BIN/$t not found; build first" >&2; exit 1; }
-done
+need_tools hflowc hflow-run hflow-mkdata
 BIN="$(cd "$BIN" && pwd)" # hflowc runs from the data's folder below
-[ "$STEPS" -gt "$WARMUP" ] || { echo "sft_bench: SFT_STEPS must exceed SFT_WARMUP" >&2; exit 1; }
+[ "$STEPS" -gt "$WARMUP" ] || die "SFT_STEPS must exceed SFT_WARMUP"
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+make_work
 mkdir -p "$work/short" "$work/long"
-"$BIN/hflow-mkdata" arith --seed 1 --count 64 --max-a 49 --max-b 49 \
-  -o "$work/short/sft.jsonl" >/dev/null
+arith 1 64 "$work/short/sft.jsonl"
 # The long set: row 1's prompt behind a preamble of REPEATS x 42 bytes; the
 # other 63 rows as they are.
 python3 - "$work/short/sft.jsonl" "$work/long/sft.jsonl" "$REPEATS" "${SFT_SHORT_BYTES:-0}" <<'PY'
@@ -65,12 +61,12 @@ PY
 (cd "$work/short" && "$BIN/hflowc" "$ROOT/bench/programs/sft.hflow" -o "$work/sft.bin")
 
 echo "sft_bench: 2 CPU workers (fsdp(2)), batch 64; $ROUNDS rounds x $STEPS sft iterations per data set (short, then one long prompt, alternating), first $WARMUP of each run dropped"
-for ((r = 1; r <= ROUNDS; r++)); do
-  for d in short long; do
-    "$BIN/hflow-run" --quiet --data-dir "$work/$d" --steps "$STEPS" \
-      --metrics "$work/$d.$r.jsonl" "$work/sft.bin"
-  done
-done
+# Round $2 on data set $1.
+run() {
+  "$BIN/hflow-run" --quiet --data-dir "$work/$1" --steps "$STEPS" \
+    --metrics "$work/$1.$2.jsonl" "$work/sft.bin"
+}
+alternate run short long
 
 python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
 import json, statistics, sys

@@ -16,14 +16,12 @@
 # Encoding objects: offsets, tokens, masks; hflow returns ids only).
 # TOKENIZER_QUICK=1: 500 mixed strings, the first 500 lines of the docs,
 # one pass of hflow (the test suite's check that the script runs).
-set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build/bin}"
 REFS="${HFLOW_NPM_REFS:-${XDG_CACHE_HOME:-$HOME/.cache}/hflow/npm-refs}"
-[ -x "$BIN/hflow-tokenize" ] || { echo "tokenizer_bench: $BIN/hflow-tokenize not found; build first" >&2; exit 1; }
-[ -d "$REFS/node_modules/@anush008/tokenizers" ] ||
-  { echo "tokenizer_bench: no npm references in $REFS; run tools/hflow-dev refs" >&2; exit 1; }
+need_tools hflow-tokenize
+[ -d "$REFS/node_modules/@anush008/tokenizers" ] || die "no npm references in $REFS; run tools/hflow-dev refs"
 export HFLOW_NPM_REFS="$REFS" RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 if [ "${TOKENIZER_QUICK:-0}" = 1 ]; then
   STRINGS=500 LINES=500 PASSES=1
@@ -31,8 +29,7 @@ else
   STRINGS=20000 LINES=0 PASSES=3
 fi
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+make_work
 inputs="$ROOT/test/integration/Inputs"
 node "$inputs/tokenizer_corpus.js" "$work/mixed.jsonl" "$STRINGS" 99
 find "$ROOT/docs" -name '*.md' -print0 | sort -z | xargs -0 cat >"$work/docs.txt"

@@ -457,6 +457,14 @@ void Sema::checkFlow(ast::FlowDecl &f) {
   currentFlow_ = &f;
   unknownRoles_.clear();
   Scope scope;
+  // A flow's names may not hide the program's declarations: `what` names
+  // the value in the error ("parameter 'p'", "'x'").
+  auto checkShadows = [&](const std::string &name, const ast::SourceLoc &loc,
+                          const std::string &what) {
+    if (symbols_.count(name))
+      diags_.error(loc, what + " shadows a declaration")
+          .notes.push_back({symbols_[name].loc, "declared here"});
+  };
   for (ast::Param &p : f.params) {
     if (p.type != "Prompts") {
       diags_.error(p.typeLoc, "unknown parameter type '" + p.type +
@@ -464,9 +472,7 @@ void Sema::checkFlow(ast::FlowDecl &f) {
       continue;
     }
     p.kind = ast::BatchKind::Prompts;
-    if (symbols_.count(p.name))
-      diags_.error(p.loc, "parameter '" + p.name + "' shadows a declaration")
-          .notes.push_back({symbols_[p.name].loc, "declared here"});
+    checkShadows(p.name, p.loc, "parameter '" + p.name + "'");
     Binding b;
     b.kind = p.kind;
     b.loc = p.loc;
@@ -498,9 +504,7 @@ void Sema::checkFlow(ast::FlowDecl &f) {
                                   " returns nothing to bind");
       continue;
     }
-    if (symbols_.count(s.name))
-      diags_.error(s.nameLoc, "'" + s.name + "' shadows a declaration")
-          .notes.push_back({symbols_[s.name].loc, "declared here"});
+    checkShadows(s.name, s.nameLoc, "'" + s.name + "'");
     Binding b;
     b.loc = s.nameLoc;
     b.hasReturns = t.hasReturns;

@@ -52,14 +52,8 @@ struct CheckExecutablePass
       if (auto m = role.getModelAttr())
         model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, m);
       ex::Dims dims;
-      if (model) {
-        dims.heads = model.getHeads();
-        dims.kvHeads = model.getKvHeads();
-        dims.ffn = model.getFfn();
-        dims.vocab = model.getVocab();
-        dims.layers = model.getLayers();
-        dims.tied = model.getTieEmbeddings();
-      }
+      if (model)
+        dims = ex::dimsOf(model.shape());
       static_assert(int(RoleKind::Actor) == int(::hflow::methods::Role::Actor) &&
                         int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),
                     "RoleKind mirrors methods::Role");

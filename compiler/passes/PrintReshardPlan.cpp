@@ -282,12 +282,8 @@ struct PrintReshardPlanPass
     llvm::json::OStream j(llvm::outs(), 2);
     auto layout = [&](llvm::StringRef key, const rs::Layout &l) {
       j.attributeObject(key, [&] {
-        j.attribute("dp", l.dp);
-        j.attribute("fsdp", l.fsdp);
-        j.attribute("tp", l.tp);
-        j.attribute("pp", l.pp);
-        j.attribute("sp", l.sp);
-        j.attribute("cp", l.cp);
+        for (const auto &[name, value] : ::hflow::layout::kNamedDegrees)
+          j.attribute(name, l.*value);
       });
     };
     j.object([&] {

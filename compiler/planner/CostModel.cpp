@@ -157,6 +157,41 @@ Dims dimsOf(const RoleSpec &role, const Workload &w) {
           double(w.seqLen())};
 }
 double ceilDiv(double a, double b) { return std::ceil(a / b); }
+
+/// A pass (forward, or forward and backward) over `q` sequences of one
+/// data-parallel replica, in micro-batches through the pipeline: its
+/// micro-batch slots, and in each slot one micro-batch through one stage,
+/// its compute and its communication (`allReduces` tensor-parallel
+/// all-reduces per layer, `transfers` pipeline transfers of the
+/// activations). What training and forward passes time alike.
+struct PassTimes {
+  double slots, tauCompute, tauComm;
+};
+PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
+                    const Device &dev, const Mesh &mesh, const Workload &w,
+                    const Calibration &cal, double q, double flopsPerParamToken,
+                    double efficiency, double allReduces, double transfers) {
+  PassTimes out;
+  const Dims d = dimsOf(role, w);
+  const double t = double(l.tp), p = double(l.pp);
+  const double m = double(std::max<int64_t>(w.microBatch, 1));
+  const double M = ceilDiv(q, m);
+  const double mbTokens = m * d.seq;
+  const double peak = peakFlops(dev, role.dtypeBytes);
+  out.tauCompute =
+      flopsPerParamToken * d.P * mbTokens / (t * p * peak * efficiency);
+  const double act = mbTokens * d.h * d.w;
+  out.tauComm = 0;
+  if (l.tp > 1)
+    out.tauComm +=
+        allReduces * (d.L / p) * allReduceSeconds(act, l.tp, false, mesh, cal);
+  if (l.pp > 1)
+    out.tauComm +=
+        transfers *
+        p2pSeconds(act, spansNodes(setDevices, setDevices, mesh), mesh, cal);
+  out.slots = M + p - 1; // pipeline: (M + p - 1) micro-batch slots
+  return out;
+}
 } // namespace
 
 TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
@@ -164,33 +199,24 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
                            const Mesh &mesh, const Workload &w,
                            const Calibration &cal) {
   TimeBreakdown out;
-  const Dims d = dimsOf(role, w);
-  const double t = double(l.tp), p = double(l.pp), dp = double(l.dp);
-  const double m = double(std::max<int64_t>(w.microBatch, 1));
   const double steps = double(w.optimizerSteps());
-  // Sequences of one data-parallel replica per optimizer step, and its
-  // micro-batches.
-  const double q = ceilDiv(double(w.sequences()), steps * dp);
-  const double M = ceilDiv(q, m);
-  const double mbTokens = m * d.seq;
-  const double peak = peakFlops(dev, role.dtypeBytes);
-  // One micro-batch through one pipeline stage.
-  const double tauCompute =
-      cal.trainFlopsPerParamToken * d.P * mbTokens / (t * p * peak * cal.trainEfficiency);
-  const double act = mbTokens * d.h * d.w;
-  double tauComm = 0;
-  if (l.tp > 1) // 2 all-reduces forward, 2 backward per layer (Megatron)
-    tauComm += 4 * (d.L / p) * allReduceSeconds(act, l.tp, false, mesh, cal);
-  if (l.pp > 1) // activations forward, their gradients backward
-    tauComm += 2 * p2pSeconds(act, spansNodes(setDevices, setDevices, mesh), mesh, cal);
-  const double slots = M + p - 1; // pipeline: (M + p - 1) micro-batch slots
+  // Sequences of one data-parallel replica per optimizer step; with tp, 2
+  // all-reduces forward and 2 backward per layer (Megatron); with pp, the
+  // activations forward and their gradients backward.
+  const double q = ceilDiv(double(w.sequences()), steps * double(l.dp));
+  const PassTimes pass =
+      passTimes(role, l, setDevices, dev, mesh, w, cal, q,
+                cal.trainFlopsPerParamToken, cal.trainEfficiency,
+                /*allReduces=*/4, /*transfers=*/2);
+  const Dims d = dimsOf(role, w);
   double grad = 0;
   if (l.dp > 1)
-    grad = allReduceSeconds(d.P * d.w / (t * p), l.dp,
-                            spansNodes(l.tp * l.dp, setDevices, mesh), mesh, cal);
+    grad =
+        allReduceSeconds(d.P * d.w / (double(l.tp) * double(l.pp)), l.dp,
+                         spansNodes(l.tp * l.dp, setDevices, mesh), mesh, cal);
   const double reps = cal.epochs * steps;
-  out.compute = reps * slots * tauCompute;
-  out.comm = reps * (slots * tauComm + grad);
+  out.compute = reps * pass.slots * pass.tauCompute;
+  out.comm = reps * (pass.slots * pass.tauComm + grad);
   return out;
 }
 
@@ -199,24 +225,13 @@ TimeBreakdown forwardSeconds(const RoleSpec &role, const Layout &l,
                              const Mesh &mesh, const Workload &w,
                              const Calibration &cal) {
   TimeBreakdown out;
-  const Dims d = dimsOf(role, w);
-  const double t = double(l.tp), p = double(l.pp), dp = double(l.dp);
-  const double m = double(std::max<int64_t>(w.microBatch, 1));
-  const double q = ceilDiv(double(w.sequences()), dp);
-  const double M = ceilDiv(q, m);
-  const double mbTokens = m * d.seq;
-  const double peak = peakFlops(dev, role.dtypeBytes);
-  const double tauCompute = cal.forwardFlopsPerParamToken * d.P * mbTokens /
-                            (t * p * peak * cal.forwardEfficiency);
-  const double act = mbTokens * d.h * d.w;
-  double tauComm = 0;
-  if (l.tp > 1)
-    tauComm += 2 * (d.L / p) * allReduceSeconds(act, l.tp, false, mesh, cal);
-  if (l.pp > 1)
-    tauComm += p2pSeconds(act, spansNodes(setDevices, setDevices, mesh), mesh, cal);
-  const double slots = M + p - 1;
-  out.compute = slots * tauCompute;
-  out.comm = slots * tauComm;
+  const double q = ceilDiv(double(w.sequences()), double(l.dp));
+  const PassTimes pass =
+      passTimes(role, l, setDevices, dev, mesh, w, cal, q,
+                cal.forwardFlopsPerParamToken, cal.forwardEfficiency,
+                /*allReduces=*/2, /*transfers=*/1);
+  out.compute = pass.slots * pass.tauCompute;
+  out.comm = pass.slots * pass.tauComm;
   return out;
 }
 

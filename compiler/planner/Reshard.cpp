@@ -481,6 +481,22 @@ struct HolderSets {
   std::vector<Holders> holders;          // per entry of reps
   std::vector<std::vector<int>> setIdOf; // per entry, per holder box: its set
   std::vector<std::vector<int>> sets;    // the distinct sets, ascending ranks
+
+  /// Calls f(piece, set) for each part of `want` inside one holder box of
+  /// entry `e`, with that box's set; returns the elements the parts cover
+  /// (all of `want`: the holdings of a layout cover every parameter).
+  template <class F>
+  int64_t forEachPiece(size_t e, const Box &want, F &&f) const {
+    int64_t covered = 0;
+    for (size_t k = 0; k < holders[e].boxes.size(); ++k) {
+      Box x = intersect(want, holders[e].boxes[k]);
+      if (x.empty())
+        continue;
+      covered += x.area();
+      f(x, setIdOf[e][k]);
+    }
+    return covered;
+  }
 };
 
 HolderSets holderSets(const std::vector<Param> &params, const std::vector<size_t> &reps,
@@ -528,6 +544,56 @@ void chooseSources(int r, std::vector<int> &touched, std::vector<int64_t> &setBy
     setBytes[set] = 0;
   }
 }
+
+/// The transfers to each receiving rank in turn from the holder sets of
+/// `from` (planWeights and planWeightsAcross alike): the receiver takes all
+/// its bytes of each set from one member (chooseSources), and the bytes
+/// every rank sends and receives are counted.
+class Receivers {
+public:
+  Receivers(HolderSets hs, int ranks, int64_t bytesPerElement)
+      : hs_(std::move(hs)), bpe_(bytesPerElement), sent_(ranks, 0),
+        recv_(ranks, 0), setBytes_(hs_.sets.size(), 0),
+        source_(hs_.sets.size(), -1) {}
+
+  const HolderSets &holderSets() const { return hs_; }
+
+  /// Receiver r's transfers into the plan: pieces(f) calls f(param, piece,
+  /// set) for each piece r needs (twice: to choose, then to send). Returns
+  /// the elements r receives.
+  template <class NodeOf, class Pieces>
+  int64_t receive(int r, const NodeOf &node, const Pieces &pieces, Plan &plan) {
+    touched_.clear();
+    int64_t elems = 0;
+    pieces([&](int, const Box &x, int set) {
+      if (setBytes_[set] == 0)
+        touched_.push_back(set);
+      setBytes_[set] += x.area() * bpe_;
+      elems += x.area();
+    });
+    chooseSources(r, touched_, setBytes_, hs_.sets, node, sent_, recv_, source_,
+                  plan);
+    pieces([&](int pi, const Box &x, int set) {
+      plan.transfers.push_back(
+          Transfer{pi, source_[set], r, x, x.area() * bpe_});
+    });
+    return elems;
+  }
+
+  /// The most bytes one rank sends and one rank receives, into the plan.
+  void countPeaks(Plan &plan) const {
+    for (size_t r = 0; r < sent_.size(); ++r) {
+      plan.maxSendPerRank = std::max(plan.maxSendPerRank, sent_[r]);
+      plan.maxRecvPerRank = std::max(plan.maxRecvPerRank, recv_[r]);
+    }
+  }
+
+private:
+  HolderSets hs_;
+  int64_t bpe_;
+  std::vector<int64_t> sent_, recv_, setBytes_;
+  std::vector<int> source_, touched_;
+};
 
 /// The elements each holding key of `from` holds (`held`), each key of
 /// `to` needs (`need`), and every pair's overlap (`overlap[a * kt + b]`),
@@ -634,59 +700,37 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   std::vector<size_t> reps;
   for (const ParamClass &c : classes)
     reps.push_back(size_t(c.rep));
-  const HolderSets hs = holderSets(params, reps, from, layers);
-  const auto &holders = hs.holders;
-  const auto &setIdOf = hs.setIdOf;
-  const auto &sets = hs.sets;
-  std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
-  std::vector<int> source(sets.size(), -1), touched;
+  Receivers receivers(holderSets(params, reps, from, layers), n, bpe);
+  const HolderSets &hs = receivers.holderSets();
   std::vector<Box> missing;
   const int64_t rpn = opts.ranksPerNode;
   auto node = [&](int i) { return i / rpn; };
-  // Calls f(param, piece, set) for each piece of N_r \ H_r, a piece being
-  // the part of a missing box inside one holder box.
-  auto forEachPiece = [&](int r, auto &&f) {
-    const int64_t slot = plan.assignment[r];
-    for (size_t pi = 0; pi < params.size(); ++pi) {
-      const Param &p = params[pi];
-      Box needBox = holding(p, to, slot, layers);
-      if (needBox.empty())
-        continue;
-      missing.clear();
-      subtract(needBox, holding(p, from, r, layers), missing);
-      const Holders &h = holders[classOf[pi]];
-      for (const Box &m : missing) {
-        int64_t covered = 0;
-        for (size_t k = 0; k < h.boxes.size(); ++k) {
-          Box x = intersect(m, h.boxes[k]);
-          if (x.empty())
-            continue;
-          covered += x.area();
-          f(int(pi), x, setIdOf[classOf[pi]][k]);
+  for (int r = 0; r < n; ++r) {
+    // Calls f(param, piece, set) for each piece of N_r \ H_r, a piece being
+    // the part of a missing box inside one holder box.
+    auto forEachPiece = [&](auto &&f) {
+      const int64_t slot = plan.assignment[r];
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        const Param &p = params[pi];
+        Box needBox = holding(p, to, slot, layers);
+        if (needBox.empty())
+          continue;
+        missing.clear();
+        subtract(needBox, holding(p, from, r, layers), missing);
+        for (const Box &m : missing) {
+          int64_t covered = hs.forEachPiece(
+              size_t(classOf[pi]), m,
+              [&](const Box &x, int set) { f(int(pi), x, set); });
+          // The holdings of a layout cover every parameter.
+          assert(covered == m.area() &&
+                 "planWeights: an element has no holder");
+          (void)covered;
         }
-        // The holdings of a layout cover every parameter.
-        assert(covered == m.area() && "planWeights: an element has no holder");
-        (void)covered;
       }
-    }
-  };
-  for (int r = 0; r < n; ++r) {
-    // Bytes this rank needs from each holder set.
-    touched.clear();
-    forEachPiece(r, [&](int, const Box &x, int set) {
-      if (setBytes[set] == 0)
-        touched.push_back(set);
-      setBytes[set] += x.area() * bpe;
-    });
-    chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
-    forEachPiece(r, [&](int pi, const Box &x, int set) {
-      plan.transfers.push_back(Transfer{pi, source[set], r, x, x.area() * bpe});
-    });
+    };
+    receivers.receive(r, node, forEachPiece, plan);
   }
-  for (int r = 0; r < n; ++r) {
-    plan.maxSendPerRank = std::max(plan.maxSendPerRank, sent[r]);
-    plan.maxRecvPerRank = std::max(plan.maxRecvPerRank, recv[r]);
-  }
+  receivers.countPeaks(plan);
   plan.collectives = detectCollectives(plan.transfers, n);
   return plan;
 }
@@ -720,12 +764,8 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
   // and an even load.
   std::vector<size_t> all(params.size());
   std::iota(all.begin(), all.end(), size_t(0));
-  const HolderSets hs = holderSets(params, all, from, layers);
-  const auto &holders = hs.holders;
-  const auto &setIdOf = hs.setIdOf;
-  const auto &sets = hs.sets;
-  std::vector<int64_t> sent(n, 0), recv(n, 0), setBytes(sets.size(), 0);
-  std::vector<int> source(sets.size(), -1), touched;
+  Receivers receivers(holderSets(params, all, from, layers), n, bpe);
+  const HolderSets &hs = receivers.holderSets();
   for (int64_t j = 0; j < nt; ++j) {
     const int r = int(nf + j);
     auto forEachPiece = [&](auto &&f) {
@@ -733,40 +773,19 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
         Box want = holding(params[pi], to, j, layers);
         if (want.empty())
           continue;
-        const Holders &h = holders[pi];
-        int64_t covered = 0;
-        for (size_t k = 0; k < h.boxes.size(); ++k) {
-          Box x = intersect(want, h.boxes[k]);
-          if (x.empty())
-            continue;
-          covered += x.area();
-          f(int(pi), x, setIdOf[pi][k]);
-        }
+        int64_t covered = hs.forEachPiece(
+            pi, want, [&](const Box &x, int set) { f(int(pi), x, set); });
         assert(covered == want.area() && "planWeightsAcross: an element has no holder");
         (void)covered;
       }
     };
-    touched.clear();
-    int64_t need = 0;
-    forEachPiece([&](int, const Box &x, int set) {
-      if (setBytes[set] == 0)
-        touched.push_back(set);
-      setBytes[set] += x.area() * bpe;
-      need += x.area();
-    });
-    chooseSources(r, touched, setBytes, sets, node, sent, recv, source, plan);
-    forEachPiece([&](int pi, const Box &x, int set) {
-      plan.transfers.push_back(Transfer{pi, source[set], r, x, x.area() * bpe});
-    });
+    const int64_t need = receivers.receive(r, node, forEachPiece, plan);
     plan.lowerBound += need * bpe;
     plan.maxExtraPerRank = std::max(plan.maxExtraPerRank, need * bpe);
     plan.maxTargetShard = std::max(plan.maxTargetShard, need * bpe);
     plan.naiveBytes += plan.modelBytes;
   }
-  for (int r = 0; r < n; ++r) {
-    plan.maxSendPerRank = std::max(plan.maxSendPerRank, sent[r]);
-    plan.maxRecvPerRank = std::max(plan.maxRecvPerRank, recv[r]);
-  }
+  receivers.countPeaks(plan);
   plan.collectives = detectCollectives(plan.transfers, n);
   return plan;
 }

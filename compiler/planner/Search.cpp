@@ -94,6 +94,17 @@ double timeSum(const std::array<double, kStages> &t) {
   return t[0] + t[1] + t[2];
 }
 
+/// memo[key], computed by make() the first time it is asked for. A
+/// std::map: the reference stays valid while make() fills other entries.
+template <class Map, class Make>
+const typename Map::mapped_type &
+memoised(Map &memo, const typename Map::key_type &key, Make make) {
+  auto it = memo.find(key);
+  if (it == memo.end())
+    it = memo.emplace(key, make()).first;
+  return it->second;
+}
+
 struct Found {
   double seconds;
   int partition;
@@ -216,13 +227,10 @@ struct Ctx {
     TransitionInstance in = transitionInstance(train, gen, n, mesh);
     std::vector<int64_t> key = {r,          in.train.tp, in.train.pp, in.train.dp,
                                 in.gen.tp,  in.gen.pp,   in.gen.dp,   in.ranksPerNode};
-    auto it = transMemo.find(key);
-    if (it != transMemo.end())
-      return it->second;
-    ++stats.transitions;
-    double s = transitionSecondsOn(roles[size_t(r)], in, mesh, cal);
-    transMemo.emplace(std::move(key), s);
-    return s;
+    return memoised(transMemo, key, [&] {
+      ++stats.transitions;
+      return transitionSecondsOn(roles[size_t(r)], in, mesh, cal);
+    });
   }
 
   /// The role's figures in one layout choice; the transition only when asked.
@@ -261,10 +269,9 @@ struct Ctx {
   // Per (role, size): the options fewer than k others dominate.
   std::map<std::pair<int, int>, std::vector<RoleOpt>> roleMemo;
   const std::vector<RoleOpt> &roleOptions(int r, int a) {
-    auto key = std::make_pair(r, a);
-    auto it = roleMemo.find(key);
-    if (it != roleMemo.end())
-      return it->second;
+    return memoised(roleMemo, {r, a}, [&] { return newRoleOptions(r, a); });
+  }
+  std::vector<RoleOpt> newRoleOptions(int r, int a) {
     std::vector<RoleOpt> lower; // transition not yet added
     const Layouts &L = lay(r, a);
     for (int ti = 0; ti < int(L.train.size()); ++ti)
@@ -293,7 +300,7 @@ struct Ctx {
       return timeSum(x.t) < timeSum(y.t);
     });
     stats.roleOptions += int64_t(out.size());
-    return roleMemo.emplace(key, std::move(out)).first->second;
+    return out;
   }
 
   template <class Metrics>
@@ -347,10 +354,9 @@ struct Ctx {
   // Per (set of roles, size): the set's options.
   std::map<std::pair<uint32_t, int>, std::vector<SetOpt>> setMemo;
   const std::vector<SetOpt> &setOptions(uint32_t mask, int a) {
-    auto key = std::make_pair(mask, a);
-    auto it = setMemo.find(key);
-    if (it != setMemo.end())
-      return it->second;
+    return memoised(setMemo, {mask, a}, [&] { return newSetOptions(mask, a); });
+  }
+  std::vector<SetOpt> newSetOptions(uint32_t mask, int a) {
     std::vector<int> members;
     for (int r = 0; r < int(roles.size()); ++r)
       if (mask >> r & 1)
@@ -389,7 +395,7 @@ struct Ctx {
     }
     kDomFilter<3>(partial, opts.k, [](const SetOpt &o) { return o.t; });
     stats.setOptions += int64_t(partial.size());
-    return setMemo.emplace(key, std::move(partial)).first->second;
+    return partial;
   }
 
   /// Up to k placements with every role on the whole mesh (grouping 0),
@@ -575,18 +581,6 @@ bool validate(const std::vector<RoleSpec> &roles, const Mesh &mesh,
 
 // allocationSizes and setPartitions: SearchSpace.cpp.
 
-/// The model dimensions runtime/schema/Executes.h judges a layout by.
-static ::hflow::executes::Dims executesDims(const RoleSpec &role) {
-  ::hflow::executes::Dims d;
-  d.heads = role.model.heads;
-  d.kvHeads = role.model.kvHeads;
-  d.ffn = role.model.ffn;
-  d.vocab = role.model.vocab;
-  d.layers = role.model.layers;
-  d.tied = role.model.tieEmbeddings;
-  return d;
-}
-
 /// hflow-run's tensor-parallel shards of degree tp for this role
 /// (runtime/schema/Executes.h): an Actor, Critic or Reference, split evenly.
 static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
@@ -595,7 +589,9 @@ static bool executesTensorParallel(const RoleSpec &role, int64_t tp) {
   if (role.kind != RoleKind::Actor && role.kind != RoleKind::Critic &&
       role.kind != RoleKind::Reference)
     return false;
-  return ::hflow::executes::tensorParallelProblem(executesDims(role), tp).empty();
+  return ::hflow::executes::tensorParallelProblem(
+             ::hflow::executes::dimsOf(role.model), tp)
+      .empty();
 }
 
 /// hflow-run executes `train` (and, for an actor, `gen`) as written for
@@ -615,8 +611,9 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
                                                        : Role::RewardModel;
   ::hflow::executes::Degrees g;
   g.dp = train.size();
-  return ::hflow::executes::roleForms(kind, true, degrees(train), gen ? degrees(*gen) : g,
-                                      executesDims(role))
+  return ::hflow::executes::roleForms(kind, true, degrees(train),
+                                      gen ? degrees(*gen) : g,
+                                      ::hflow::executes::dimsOf(role.model))
       .executed();
 }
 
@@ -689,17 +686,15 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
 // The search
 //===----------------------------------------------------------------------===//
 
-SearchResult searchPlacement(const std::vector<RoleSpec> &roles,
-                             const Device &device, const Mesh &mesh,
-                             const Workload &workload, const Calibration &cal,
-                             const SearchOptions &opts) {
-  SearchResult res;
-  if (!validate(roles, mesh, workload, opts, res.reason))
-    return res;
-  Ctx ctx(roles, device, mesh, workload, cal, opts);
+/// The partitions of the roles into sets sharing devices (setPartitions).
+using Partitions = std::vector<std::vector<std::vector<int>>>;
+
+/// The branch and bound over every partition: the k best placements into
+/// `top` (docs/placement.md, "Search").
+static void boundedSearch(Ctx &ctx, const Partitions &parts, TopK &top) {
   const int A = int(ctx.sizes.size());
-  const int64_t N = mesh.size();
-  const int R = int(roles.size());
+  const int64_t N = ctx.mesh.size();
+  const int R = int(ctx.roles.size());
 
   // Per set of roles: its smallest allocation and its smallest time in each
   // stage over every allocation (the bound's ingredients).
@@ -723,10 +718,8 @@ SearchResult searchPlacement(const std::vector<RoleSpec> &roles,
     }
   };
 
-  TopK top{opts.k, {}};
   ctx.seed(top);
   ctx.bound = top.bound();
-  std::vector<std::vector<std::vector<int>>> parts = setPartitions(R);
   for (int pi = 0; pi < int(parts.size()); ++pi) {
     const std::vector<std::vector<int>> &groups = parts[size_t(pi)];
     const int K = int(groups.size());
@@ -784,7 +777,7 @@ SearchResult searchPlacement(const std::vector<RoleSpec> &roles,
           }
         }
       ctx.stats.states += int64_t(next.size());
-      kDomFilter<4>(next, opts.k, [](const State &s) {
+      kDomFilter<4>(next, ctx.opts.k, [](const State &s) {
         return std::array<double, 4>{s.m[0], s.m[1], s.m[2], double(s.used)};
       });
       states.swap(next);
@@ -796,43 +789,24 @@ SearchResult searchPlacement(const std::vector<RoleSpec> &roles,
     }
     ctx.bound = top.bound();
   }
-  res.stats = ctx.stats;
-  for (const Found &f : top.items)
-    res.candidates.push_back(ctx.build(parts[size_t(f.partition)], f.partition, f.key));
-  if (res.candidates.empty())
-    res.reason = ctx.reasonEmpty();
-  res.stats = ctx.stats;
-  return res;
 }
 
 //===----------------------------------------------------------------------===//
 // Brute force (tests)
 //===----------------------------------------------------------------------===//
 
-SearchResult bruteForcePlacement(const std::vector<RoleSpec> &roles,
-                                 const Device &device, const Mesh &mesh,
-                                 const Workload &workload,
-                                 const Calibration &cal,
-                                 const SearchOptions &opts) {
-  SearchResult res;
-  if (!validate(roles, mesh, workload, opts, res.reason))
-    return res;
-  Ctx ctx(roles, device, mesh, workload, cal, opts);
+/// Every placement of every partition timed: the k best into `top`.
+static void exhaustiveSearch(Ctx &ctx, const Partitions &parts, TopK &top) {
   const int A = int(ctx.sizes.size());
-  const int64_t N = mesh.size();
-  const int R = int(roles.size());
+  const int64_t N = ctx.mesh.size();
+  const int R = int(ctx.roles.size());
   // Every role's figures in every layout at every size (a table, not a
   // search: each is what Ctx::evaluate computes).
   std::map<std::tuple<int, int, int, int>, Eval> table;
   auto eval = [&](int r, int a, int ti, int gi) -> const Eval & {
-    auto k = std::make_tuple(r, a, ti, gi);
-    auto it = table.find(k);
-    if (it == table.end())
-      it = table.emplace(k, ctx.evaluate(r, a, ti, gi, true)).first;
-    return it->second;
+    return memoised(table, {r, a, ti, gi},
+                    [&] { return ctx.evaluate(r, a, ti, gi, true); });
   };
-  TopK top{opts.k, {}};
-  std::vector<std::vector<std::vector<int>>> parts = setPartitions(R);
   for (int pi = 0; pi < int(parts.size()); ++pi) {
     const auto &groups = parts[size_t(pi)];
     const int K = int(groups.size());
@@ -899,12 +873,47 @@ SearchResult bruteForcePlacement(const std::vector<RoleSpec> &roles,
     };
     pickSize(0, 0);
   }
+}
+
+//===----------------------------------------------------------------------===//
+// Both searches
+//===----------------------------------------------------------------------===//
+
+/// What both searches share: the checks, the context, the partitions, and
+/// the candidates built from the k best placements `fill` puts in `top`.
+static SearchResult
+placements(const std::vector<RoleSpec> &roles, const Device &device,
+           const Mesh &mesh, const Workload &workload, const Calibration &cal,
+           const SearchOptions &opts,
+           void (*fill)(Ctx &, const Partitions &, TopK &)) {
+  SearchResult res;
+  if (!validate(roles, mesh, workload, opts, res.reason))
+    return res;
+  Ctx ctx(roles, device, mesh, workload, cal, opts);
+  const Partitions parts = setPartitions(int(roles.size()));
+  TopK top{opts.k, {}};
+  fill(ctx, parts, top);
   for (const Found &f : top.items)
     res.candidates.push_back(ctx.build(parts[size_t(f.partition)], f.partition, f.key));
   if (res.candidates.empty())
     res.reason = ctx.reasonEmpty();
   res.stats = ctx.stats;
   return res;
+}
+
+SearchResult searchPlacement(const std::vector<RoleSpec> &roles,
+                             const Device &device, const Mesh &mesh,
+                             const Workload &workload, const Calibration &cal,
+                             const SearchOptions &opts) {
+  return placements(roles, device, mesh, workload, cal, opts, boundedSearch);
+}
+
+SearchResult bruteForcePlacement(const std::vector<RoleSpec> &roles,
+                                 const Device &device, const Mesh &mesh,
+                                 const Workload &workload,
+                                 const Calibration &cal,
+                                 const SearchOptions &opts) {
+  return placements(roles, device, mesh, workload, cal, opts, exhaustiveSearch);
 }
 
 //===----------------------------------------------------------------------===//

@@ -198,6 +198,45 @@ std::string jsFloatString(double x) {
   return jsNumber(x);
 }
 
+namespace {
+
+/// The end of the decimal digits of `s` from `i`.
+size_t digitsEnd(const std::string &s, size_t i) {
+  while (i < s.size() && isdigit(static_cast<unsigned char>(s[i])))
+    ++i;
+  return i;
+}
+
+/// The end of a StrDecimalLiteral's digits from `i`: digits, then a '.'
+/// and digits. `any`: there is a digit; without one the '.' is not taken
+/// (and there is no number).
+size_t mantissaEnd(const std::string &s, size_t i, bool &any) {
+  size_t j = digitsEnd(s, i);
+  any = j > i;
+  if (j < s.size() && s[j] == '.') {
+    size_t k = digitsEnd(s, j + 1);
+    if (any || k > j + 1) {
+      j = k;
+      any = true;
+    }
+  }
+  return j;
+}
+
+/// The end of an exponent at `j` (e or E, a sign, digits), or `j` when
+/// there is none there or it has no digit.
+size_t exponentEnd(const std::string &s, size_t j) {
+  if (j >= s.size() || (s[j] != 'e' && s[j] != 'E'))
+    return j;
+  size_t k = j + 1;
+  if (k < s.size() && (s[k] == '+' || s[k] == '-'))
+    ++k;
+  size_t d = digitsEnd(s, k);
+  return d > k ? d : j;
+}
+
+} // namespace
+
 double jsToNumber(const std::string &s0) {
   std::string s = trimBoth(s0);
   if (s.empty())
@@ -228,29 +267,11 @@ double jsToNumber(const std::string &s0) {
     ++i;
   if (s.compare(i, std::string::npos, "Infinity") == 0)
     return s[0] == '-' ? -INFINITY : INFINITY;
-  // Only a StrDecimalLiteral: digits, optional fraction, optional exponent.
-  size_t j = i;
-  bool any = false;
-  while (j < s.size() && isdigit(static_cast<unsigned char>(s[j])))
-    ++j, any = true;
-  if (j < s.size() && s[j] == '.') {
-    ++j;
-    while (j < s.size() && isdigit(static_cast<unsigned char>(s[j])))
-      ++j, any = true;
-  }
-  if (!any)
-    return NAN;
-  if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
-    ++j;
-    if (j < s.size() && (s[j] == '+' || s[j] == '-'))
-      ++j;
-    size_t d = j;
-    while (j < s.size() && isdigit(static_cast<unsigned char>(s[j])))
-      ++j;
-    if (j == d)
-      return NAN;
-  }
-  if (j != s.size())
+  // Only a StrDecimalLiteral, the whole string: digits, optional fraction,
+  // optional exponent (with digits).
+  bool any;
+  size_t j = mantissaEnd(s, i, any);
+  if (!any || exponentEnd(s, j) != s.size())
     return NAN;
   return std::strtod(s.c_str(), nullptr);
 }
@@ -262,8 +283,7 @@ double jsParseInt(const std::string &s0) {
   if (i < s.size() && (s[i] == '+' || s[i] == '-'))
     neg = s[i++] == '-';
   size_t d = i;
-  while (i < s.size() && isdigit(static_cast<unsigned char>(s[i])))
-    ++i;
+  i = digitsEnd(s, d);
   if (i == d)
     return NAN;
   double v = std::strtod(s.substr(d, i - d).c_str(), nullptr);
@@ -277,33 +297,12 @@ double jsParseFloat(const std::string &s0) {
     ++i;
   if (s.compare(i, 8, "Infinity") == 0)
     return s[0] == '-' ? -INFINITY : INFINITY;
-  size_t j = i;
-  bool any = false;
-  while (j < s.size() && isdigit(static_cast<unsigned char>(s[j])))
-    ++j, any = true;
-  if (j < s.size() && s[j] == '.') {
-    size_t k = j + 1;
-    bool frac = false;
-    while (k < s.size() && isdigit(static_cast<unsigned char>(s[k])))
-      ++k, frac = true;
-    if (any || frac) {
-      j = k;
-      any = true;
-    }
-  }
+  // The longest StrDecimalLiteral at the start.
+  bool any;
+  size_t j = mantissaEnd(s, i, any);
   if (!any)
     return NAN;
-  if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
-    size_t k = j + 1;
-    if (k < s.size() && (s[k] == '+' || s[k] == '-'))
-      ++k;
-    size_t d = k;
-    while (k < s.size() && isdigit(static_cast<unsigned char>(s[k])))
-      ++k;
-    if (k > d)
-      j = k;
-  }
-  return std::strtod(s.substr(0, j).c_str(), nullptr);
+  return std::strtod(s.substr(0, exponentEnd(s, j)).c_str(), nullptr);
 }
 
 bool isIntegral(double x) { return std::isfinite(x) && std::floor(x) == x; }

@@ -10,6 +10,16 @@
 
 namespace hflow::data::tmpl {
 
+namespace {
+/// A value of type `t` whose one payload, `field`, is `x`.
+template <class Field, class X> Value tagged(VT t, Field Value::*field, X x) {
+  Value v;
+  v.t = t;
+  v.*field = std::move(x);
+  return v;
+}
+} // namespace
+
 Value mkUndef() { return Value(); }
 
 Value mkNull() {
@@ -18,49 +28,26 @@ Value mkNull() {
   return v;
 }
 
-Value mkBool(bool b) {
-  Value v;
-  v.t = VT::Bool;
-  v.b = b;
-  return v;
-}
+Value mkBool(bool b) { return tagged(VT::Bool, &Value::b, b); }
 
-Value mkInt(double n) {
-  Value v;
-  v.t = VT::Int;
-  v.n = n;
-  return v;
-}
+Value mkInt(double n) { return tagged(VT::Int, &Value::n, n); }
 
-Value mkFloat(double n) {
-  Value v;
-  v.t = VT::Float;
-  v.n = n;
-  return v;
-}
+Value mkFloat(double n) { return tagged(VT::Float, &Value::n, n); }
 
 Value mkStr(std::string s) {
   if (s.size() > kMaxTemplateBytes)
     throw JsError("a string grew to " + std::to_string(s.size()) + " bytes, more than the " +
                   std::to_string(kMaxTemplateBytes >> 20) + " MiB a template may make (the limit)");
-  Value v;
-  v.t = VT::String;
-  v.s = std::make_shared<const std::string>(std::move(s));
-  return v;
+  return tagged(VT::String, &Value::s,
+                std::make_shared<const std::string>(std::move(s)));
 }
 
 Value mkArr(Array a, VT t) {
-  Value v;
-  v.t = t;
-  v.a = std::make_shared<const Array>(std::move(a));
-  return v;
+  return tagged(t, &Value::a, std::make_shared<const Array>(std::move(a)));
 }
 
 Value mkObj(std::shared_ptr<ObjData> o, VT t) {
-  Value v;
-  v.t = t;
-  v.o = std::move(o);
-  return v;
+  return tagged(t, &Value::o, std::move(o));
 }
 
 Value mkFunc(FuncData::Kind kind, std::string name, Value receiver, const Node *macro) {
@@ -69,10 +56,7 @@ Value mkFunc(FuncData::Kind kind, std::string name, Value receiver, const Node *
   f->name = std::move(name);
   f->receiver = std::move(receiver);
   f->macro = macro;
-  Value v;
-  v.t = VT::Function;
-  v.f = std::move(f);
-  return v;
+  return tagged(VT::Function, &Value::f, std::move(f));
 }
 
 Value mkNumber(double n) { return isIntegral(n) ? mkInt(n) : mkFloat(n); }

@@ -106,12 +106,8 @@ models::LlamaConfig calibrationModel(const plan::Plan &p, std::string &which) {
     }
   models::LlamaConfig c;
   c.name = "calibration";
-  c.layers = 2;
-  c.hidden = 256;
-  c.heads = 4;
-  c.kvHeads = 2;
-  c.ffn = 512;
-  c.vocab = 512;
+  c.setShape({/*layers=*/2, /*hidden=*/256, /*heads=*/4, /*kvHeads=*/2,
+              /*ffn=*/512, /*vocab=*/512});
   which = "a small Llama (the plan has no model of at most 4M parameters the "
           "runtime builds)";
   return c;

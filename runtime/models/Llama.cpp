@@ -4,6 +4,7 @@
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 
+#include "runtime/plan/PlanModel.h"
 #include "runtime/schema/plan_generated.h"
 
 #include <c10/core/GradMode.h>
@@ -62,6 +63,20 @@ shape::ModelShape LlamaConfig::shape() const {
   return m;
 }
 
+void LlamaConfig::setShape(const shape::ModelShape &m) {
+  layers = int(m.layers);
+  hidden = int(m.hidden);
+  heads = int(m.heads);
+  kvHeads = int(m.kvHeads);
+  ffn = int(m.ffn);
+  vocab = int(m.vocab);
+  tieEmbeddings = m.tieEmbeddings;
+  qkvBias = m.qkvBias;
+  lmHead = m.lmHead;
+  headSize = int(m.headSize);
+  qkNorm = m.qkNorm;
+}
+
 int64_t LlamaConfig::paramCount() const { return shape::paramCount(shape()); }
 
 bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
@@ -84,18 +99,9 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
     return false;
   }
   c.dtype = m.dtype() == plan::DType::BF16 ? at::kBFloat16 : at::kFloat;
-  c.layers = m.layers();
-  c.hidden = m.hidden();
-  c.heads = m.heads();
-  c.kvHeads = m.kv_heads();
-  c.ffn = m.ffn();
-  c.vocab = m.vocab();
-  c.tieEmbeddings = m.tie_embeddings();
-  c.qkvBias = m.qkv_bias();
+  c.setShape(plan::modelShape(m));
   c.ropeTheta = m.rope_theta();
   c.normEps = m.norm_eps();
-  c.headSize = m.head_dim();
-  c.qkNorm = m.qk_norm();
   if (const plan::RopeScaling *rs = m.rope_scaling()) {
     c.ropeScaling.factor = rs->factor();
     c.ropeScaling.lowFreqFactor = rs->low_freq_factor();

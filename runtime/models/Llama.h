@@ -92,6 +92,9 @@ struct LlamaConfig {
 
   /// The dimensions that decide the parameters (runtime/schema/ModelShape.h).
   shape::ModelShape shape() const;
+  /// Sets those dimensions to `m`'s (shape() then returns `m`); the rest of
+  /// the config (name, RoPE, norms, dtype) stays as it is.
+  void setShape(const shape::ModelShape &m);
   /// The exact parameter count: shape::paramCount(shape()).
   int64_t paramCount() const;
 

@@ -2,6 +2,8 @@
 
 #include "runtime/plan/RoleForms.h"
 
+#include "runtime/plan/PlanModel.h"
+
 #include <string>
 
 namespace hflow::plan {
@@ -39,8 +41,7 @@ executes::Verdict roleForms(const Plan &p, int r) {
                        : nullptr;
   executes::Dims dims;
   if (m)
-    dims = {m->heads(), m->kv_heads(), m->ffn(), m->vocab(), m->layers(),
-            m->tie_embeddings()};
+    dims = executes::dimsOf(modelShape(*m));
   executes::Verdict v = executes::roleForms(methods::Role(int(ro.kind())), m != nullptr,
                                             degreesOf(*ro.train()), degreesOf(*ro.generate()),
                                             dims);

@@ -42,6 +42,25 @@ Groups group_stats(const at::Tensor &s, const at::Tensor &index) {
           std.index_select(0, inverse)};
 }
 
+/// The outcome estimators that score a row against its group (GRPO, RLOO):
+/// the checks, each row's score s (its rewards summed) and its group's
+/// statistics; `perRow(s, groups)` gives each row's advantage [B], spread
+/// over the row's response tokens (advantages and returns alike).
+template <class PerRow>
+AdvantageOutput grouped_outcome_advantage(const at::Tensor &r,
+                                          const at::Tensor &response_mask,
+                                          const at::Tensor &index,
+                                          const char *fn, PerRow perRow) {
+  at::Tensor m = check_rewards_and_mask(r, response_mask, fn);
+  check_index(index, r.size(0), r, fn);
+  at::Tensor s = r.sum(-1);
+  if (s.size(0) == 0)
+    return {r.clone(), r.clone()};
+  at::Tensor a = perRow(s, group_stats(s, index));
+  at::Tensor adv = a.unsqueeze(-1) * m;
+  return {adv, adv};
+}
+
 } // namespace
 
 AdvantageOutput compute_gae_advantage_return(const at::Tensor &r,
@@ -75,42 +94,30 @@ AdvantageOutput compute_grpo_outcome_advantage(const at::Tensor &r,
                                                const at::Tensor &index,
                                                double epsilon,
                                                bool norm_adv_by_std_in_grpo) {
-  const char *fn = "compute_grpo_outcome_advantage";
-  at::Tensor m = check_rewards_and_mask(r, response_mask, fn);
-  check_index(index, r.size(0), r, fn);
-  at::Tensor s = r.sum(-1);
-  if (s.size(0) == 0)
-    return {r.clone(), r.clone()};
-  Groups g = group_stats(s, index);
-  at::Tensor alone = g.count == 1;
-  at::Tensor a;
-  if (norm_adv_by_std_in_grpo) {
-    // verl: id2std = torch.tensor(1.0) (float32) for a group of one, and
-    // `std + epsilon` is then evaluated in float32.
-    const float oneEps = 1.0f + static_cast<float>(epsilon);
-    at::Tensor grouped = (s - g.mean) / (g.std + epsilon);
-    a = at::where(alone, s / static_cast<double>(oneEps), grouped);
-  } else {
-    a = at::where(alone, s, s - g.mean);
-  }
-  at::Tensor adv = a.unsqueeze(-1) * m;
-  return {adv, adv};
+  return grouped_outcome_advantage(
+      r, response_mask, index, "compute_grpo_outcome_advantage",
+      [&](const at::Tensor &s, const Groups &g) {
+        at::Tensor alone = g.count == 1;
+        if (!norm_adv_by_std_in_grpo)
+          return at::where(alone, s, s - g.mean);
+        // verl: id2std = torch.tensor(1.0) (float32) for a group of one, and
+        // `std + epsilon` is then evaluated in float32.
+        const float oneEps = 1.0f + static_cast<float>(epsilon);
+        at::Tensor grouped = (s - g.mean) / (g.std + epsilon);
+        return at::where(alone, s / static_cast<double>(oneEps), grouped);
+      });
 }
 
 AdvantageOutput compute_rloo_outcome_advantage(const at::Tensor &r,
                                                const at::Tensor &response_mask,
                                                const at::Tensor &index) {
-  const char *fn = "compute_rloo_outcome_advantage";
-  at::Tensor m = check_rewards_and_mask(r, response_mask, fn);
-  check_index(index, r.size(0), r, fn);
-  at::Tensor s = r.sum(-1);
-  if (s.size(0) == 0)
-    return {r.clone(), r.clone()};
-  Groups g = group_stats(s, index);
-  at::Tensor loo = s * g.count / (g.count - 1) - g.mean * g.count / (g.count - 1);
-  at::Tensor a = at::where(g.count > 1, loo, s);
-  at::Tensor adv = a.unsqueeze(-1) * m;
-  return {adv, adv};
+  return grouped_outcome_advantage(
+      r, response_mask, index, "compute_rloo_outcome_advantage",
+      [](const at::Tensor &s, const Groups &g) {
+        at::Tensor loo =
+            s * g.count / (g.count - 1) - g.mean * g.count / (g.count - 1);
+        return at::where(g.count > 1, loo, s);
+      });
 }
 
 AdvantageOutput compute_reinforce_plus_plus_outcome_advantage(

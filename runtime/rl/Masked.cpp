@@ -101,6 +101,16 @@ static void check_axis(const at::Tensor &t, std::optional<int64_t> axis,
                  shape_str(t));
 }
 
+/// The public functions' checks: `values` floating, `mask` like it (returned
+/// in its dtype), `axis` (when given) one of its axes.
+static at::Tensor checked_mask(const at::Tensor &values, const at::Tensor &mask,
+                               std::optional<int64_t> axis, const char *fn) {
+  check_floating(values, fn, "values");
+  at::Tensor m = mask_as(mask, "mask", values, "values", fn);
+  check_axis(values, axis, fn);
+  return m;
+}
+
 // The unchecked cores: values floating, m already in the values' dtype.
 static at::Tensor sum_masked(const at::Tensor &values, const at::Tensor &m,
                              std::optional<int64_t> axis) {
@@ -117,24 +127,19 @@ static at::Tensor mean_masked(const at::Tensor &values, const at::Tensor &m,
 
 at::Tensor masked_sum(const at::Tensor &values, const at::Tensor &mask,
                       std::optional<int64_t> axis) {
-  check_floating(values, "masked_sum", "values");
-  at::Tensor m = mask_as(mask, "mask", values, "values", "masked_sum");
-  check_axis(values, axis, "masked_sum");
+  at::Tensor m = checked_mask(values, mask, axis, "masked_sum");
   return sum_masked(values, m, axis);
 }
 
 at::Tensor masked_mean(const at::Tensor &values, const at::Tensor &mask,
                        std::optional<int64_t> axis) {
-  check_floating(values, "masked_mean", "values");
-  at::Tensor m = mask_as(mask, "mask", values, "values", "masked_mean");
-  check_axis(values, axis, "masked_mean");
+  at::Tensor m = checked_mask(values, mask, axis, "masked_mean");
   return mean_masked(values, m, axis);
 }
 
 at::Tensor masked_var(const at::Tensor &values, const at::Tensor &mask,
                       bool unbiased) {
-  check_floating(values, "masked_var", "values");
-  at::Tensor m = mask_as(mask, "mask", values, "values", "masked_var");
+  at::Tensor m = checked_mask(values, mask, std::nullopt, "masked_var");
   at::Tensor mean = mean_masked(values, m, std::nullopt);
   at::Tensor centered = values - mean;
   at::Tensor variance = mean_masked(centered * centered, m, std::nullopt);
@@ -154,8 +159,7 @@ at::Tensor masked_var(const at::Tensor &values, const at::Tensor &mask,
 
 at::Tensor masked_whiten(const at::Tensor &values, const at::Tensor &mask,
                          bool shift_mean) {
-  check_floating(values, "masked_whiten", "values");
-  at::Tensor m = mask_as(mask, "mask", values, "values", "masked_whiten");
+  at::Tensor m = checked_mask(values, mask, std::nullopt, "masked_whiten");
   at::Tensor mean = mean_masked(values, m, std::nullopt);
   at::Tensor var = masked_var(values, m, /*unbiased=*/true);
   at::Tensor whitened = (values - mean) * at::rsqrt(var + 1e-8);

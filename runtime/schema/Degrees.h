@@ -31,6 +31,16 @@ struct Degrees {
   std::string str() const;
 };
 
+/// Each degree with its name, in the fields' order: for readers that take
+/// every degree in turn (a layout's JSON object).
+struct NamedDegree {
+  const char *name;
+  int64_t Degrees::*value;
+};
+inline constexpr NamedDegree kNamedDegrees[] = {
+    {"dp", &Degrees::dp}, {"fsdp", &Degrees::fsdp}, {"tp", &Degrees::tp},
+    {"pp", &Degrees::pp}, {"sp", &Degrees::sp},     {"cp", &Degrees::cp}};
+
 } // namespace hflow::layout
 
 #endif // HFLOW_RUNTIME_SCHEMA_DEGREES_H

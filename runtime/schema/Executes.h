@@ -14,6 +14,7 @@
 #define HFLOW_RUNTIME_SCHEMA_EXECUTES_H
 
 #include "runtime/schema/Degrees.h"
+#include "runtime/schema/ModelShape.h"
 #include "runtime/schema/RoleMethods.h"
 
 #include <cstdint>
@@ -30,6 +31,12 @@ struct Dims {
   int64_t layers = 0;
   bool tied = false; ///< the LM head is the embedding
 };
+
+/// The dimensions of `m` this table judges: what hflowc's model, the
+/// placement search's and the runtime's plan model all give it.
+inline Dims dimsOf(const shape::ModelShape &m) {
+  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings};
+}
 
 /// How a role's weights are held on its ranks for one of its layouts.
 enum class Form {

@@ -1,0 +1,37 @@
+//===- PlanModel.h - a plan's model as the shared model shape -------------===//
+//
+// The runtime reads a plan Model's dimensions here, once, into the type
+// the compiler's ModelOp::shape() gives on the other side of the plan
+// (runtime/schema/ModelShape.h): the Llama config (LlamaConfig::fromPlan)
+// and the runtime's table (RoleForms.cpp) take them from it. Header-only,
+// so the model library uses it without linking the plan loader.
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_PLAN_PLANMODEL_H
+#define HFLOW_RUNTIME_PLAN_PLANMODEL_H
+
+#include "runtime/schema/ModelShape.h"
+#include "runtime/schema/plan_generated.h"
+
+namespace hflow::plan {
+
+/// The dimensions of `m` that decide its parameters. A plan has no LM-head
+/// flag: the shape keeps its default (an LM head, tied or not).
+inline shape::ModelShape modelShape(const Model &m) {
+  shape::ModelShape s;
+  s.layers = m.layers();
+  s.hidden = m.hidden();
+  s.heads = m.heads();
+  s.kvHeads = m.kv_heads();
+  s.ffn = m.ffn();
+  s.vocab = m.vocab();
+  s.tieEmbeddings = m.tie_embeddings();
+  s.qkvBias = m.qkv_bias();
+  s.headSize = m.head_dim();
+  s.qkNorm = m.qk_norm();
+  return s;
+}
+
+} // namespace hflow::plan
+
+#endif // HFLOW_RUNTIME_PLAN_PLANMODEL_H
