@@ -6,7 +6,7 @@
 // ranks of one replica must agree.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/ControllerSteps.h"
 #include "runtime/models/Device.h"
 
 #include "runtime/exec/Builtins.h"
@@ -21,7 +21,7 @@ namespace hflow::exec {
 using namespace hflow::plan;
 
 
-void Worker::runBuiltin(PhaseRt &ph, int s) {
+void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
   const Step &st = step(s);
   BuiltinContext ctx;
   if (ph.rolloutValue >= 0 && vals_.count(ph.rolloutValue)) {
@@ -81,7 +81,7 @@ void Worker::runBuiltin(PhaseRt &ph, int s) {
 /// "in1", "out0", "out1", "mask", "group"; "moments" for running_norm:
 /// count, mean, M2 after this batch), for checking a flow's
 /// arithmetic from outside the runtime.
-void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
+void ControllerSteps::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
                          const std::vector<at::Tensor> &out, const BuiltinContext &ctx) {
   std::vector<std::pair<std::string, at::Tensor>> ts;
   for (size_t i = 0; i < in.size(); ++i)
@@ -105,7 +105,7 @@ void Worker::dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor>
 
 /// The ranks of one replica ran the same rows with the same weights: their
 /// results must be identical. Each member contributes (replica, digest).
-void Worker::runCheck(int s) {
+void ControllerSteps::runCheck(int s) {
   const Step &st = step(s);
   int checked = st.checks();
   auto it = comms_.byGroup.find(st.group());
@@ -120,7 +120,7 @@ void Worker::runCheck(int s) {
   double mine = d->second;
   if (j_.rank == corruptRank_)
     mine += 1.0; // fault injection for tests
-  at::Tensor v = at::tensor({(double)rows_->dpIndexOf(checked, j_.rank), mine},
+  at::Tensor v = at::tensor({(double)s_.rows->dpIndexOf(checked, j_.rank), mine},
                             at::TensorOptions().dtype(at::kDouble));
   at::Tensor all = c.allGatherFlat(v.to(models::engineDevice())).cpu();
   auto members = c.globalRanks();

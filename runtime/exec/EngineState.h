@@ -52,6 +52,19 @@
 namespace hflow::exec {
 
 
+/// What every part of the engine reads — the plan, the run's options, the
+/// rank's place in the job — with the plan's lookups. Each part (the method
+/// runner, the role builder, ...) borrows from the Worker through a struct
+/// of references that derives from this one and is the part's private base:
+/// its members are named once, where the Worker fills them.
+struct EngineContext {
+  const plan::Plan &p_;
+  const RunOptions &o_;
+  const JoinOptions &j_;
+  const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
+  const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
+};
+
 /// What a phase (a train block) needs at run time.
 struct PhaseRt : PhaseShape {
   const plan::Phase *ph = nullptr; // null: a plan without a train block
@@ -106,10 +119,30 @@ struct HeldOut {
   std::string pairsHash;
 };
 
+/// What a rank reads and decides before the rendezvous (Preflight.h): the
+/// row schedule and this rank's steps in it, the text side, the reward
+/// rules, the held-out sets, each phase's run-time shape, the keys the
+/// --eval file is read with and the --export-hf roles. Fixed for the run
+/// afterwards, but for each phase's sampler and the rollout an off-policy
+/// phase carries.
+struct RunSetup {
+  std::optional<RowSchedule> rows;
+  std::set<int> mySteps;
+  TextSide text;
+  std::map<int, RuleRt> rules; // RewardFn role -> its rule
+  HeldOut heldOut;
+  std::vector<PhaseRt> phases;
+  /// The last train block's prompt_key/answer_key (the --eval file is read
+  /// with them).
+  data::DatasetOptions dataKeys;
+  std::vector<std::pair<int, std::string>> exports; // --export-hf: (role, directory)
+  bool hasData = false;                              // some phase reads a data set
+};
+
 /// Where this rank is, for its messages and the run's totals: the step, or
 /// what it does between steps (saving a checkpoint, evaluating, exporting:
 /// named in errors where no step is), the phase and iteration, the steps
-/// run and planned so far.
+/// run and planned so far, the iterations completed.
 struct Progress {
   int step = -1;
   std::string activity;
@@ -117,6 +150,7 @@ struct Progress {
   int64_t iter = -1;
   int64_t stepsRun = 0;
   int64_t plannedSteps = 0; // what every rank's schedule adds up to so far
+  int64_t globalIter = 0;   // iterations completed, all phases
   Clock::time_point start = Clock::now();
 };
 

@@ -1,16 +1,21 @@
 //===- Evaluation.cpp - held-out evaluation, the reference's start --------===//
 //
-// Greedy responses to the held-out prompts (--eval) on the actor's replicas,
-// scored by the reward rule; and at a phase after the first, the reference
-// model takes the actor's current weights.
+// See Evaluator.h: greedy responses to the held-out prompts (--eval) on the
+// actor's replicas, scored by the reward rule; the reward models' held-out
+// pair accuracy (--eval-pairs); and at a phase after the first, the
+// reference model takes the actor's current weights.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/Evaluator.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Safetensors.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
+#include <filesystem>
 
 namespace hflow::exec {
 
@@ -18,9 +23,9 @@ using namespace hflow::plan;
 
 /// Greedy responses to the held-out prompts on the actor's generation
 /// replicas, scored by the reward rule; (sum, count) go to the metrics.
-void Worker::evaluate(const std::string &when, int64_t it) {
+void Evaluator::evaluate(const std::string &when, int64_t it) {
   evaluatePairs(it < 0 ? when : when + "-" + std::to_string(it + 1));
-  if (!heldOut_.eval)
+  if (!s_.heldOut.eval)
     return;
   refreshGenerationCopies(roles_);
   struct Drop { // ShardsOnly actors free their whole copy again, however this ends
@@ -41,8 +46,8 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     return; // one rank per replica scores
   const int dp = std::max(1, (int)ints(ro.ranks()).size() / per);
   const int replica = rr.pos / per;
-  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, heldOut_.eval->size())
-                                     : (int64_t)heldOut_.eval->size();
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, s_.heldOut.eval->size())
+                                     : (int64_t)s_.heldOut.eval->size();
   const int64_t lo = replica * N / dp, hi = (replica + 1) * N / dp;
   const int64_t chunk = 64;
   for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
@@ -50,12 +55,12 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     std::vector<std::vector<int64_t>> ps;
     int64_t P = 1;
     for (int64_t i = c0; i < c1; ++i) {
-      const auto &ex = (*heldOut_.eval)[(size_t)i];
-      ps.push_back(text_.promptOf(*heldOut_.eval, ex));
+      const auto &ex = (*s_.heldOut.eval)[(size_t)i];
+      ps.push_back(s_.text.promptOf(*s_.heldOut.eval, ex));
       P = std::max<int64_t>(P, (int64_t)ps.back().size());
     }
     const int64_t B = c1 - c0;
-    at::Tensor toks = at::full({B, P}, text_.tok->padId(), at::TensorOptions().dtype(at::kLong));
+    at::Tensor toks = at::full({B, P}, s_.text.tok->padId(), at::TensorOptions().dtype(at::kLong));
     at::Tensor mask = at::zeros({B, P});
     for (int64_t b = 0; b < B; ++b)
       for (size_t j = 0; j < ps[b].size(); ++j) {
@@ -63,11 +68,11 @@ void Worker::evaluate(const std::string &when, int64_t it) {
         mask[b][P - (int64_t)ps[b].size() + (int64_t)j] = 1.0f;
       }
     models::SamplingOptions so;
-    so.maxTokens = (int)heldOut_.evalR;
+    so.maxTokens = (int)s_.heldOut.evalR;
     so.greedy = true;
-    so.stopToken = text_.tok->eosId();
-    so.moreStopTokens.assign(text_.stops.begin() + 1, text_.stops.end());
-    so.padToken = text_.tok->padId();
+    so.stopToken = s_.text.tok->eosId();
+    so.moreStopTokens.assign(s_.text.stops.begin() + 1, s_.text.stops.end());
+    so.padToken = s_.text.tok->padId();
     at::Generator g = models::makeGenerator(1);
     models::Generation out = rr.model->generate(toks.to(models::engineDevice()),
                                                 mask.to(models::engineDevice()), so, g);
@@ -78,9 +83,9 @@ void Worker::evaluate(const std::string &when, int64_t it) {
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < out.tokens.size(1); ++t)
-        if (m[b][t] > 0 && !text_.isStop(acc[b][t]))
+        if (m[b][t] > 0 && !s_.text.isStop(acc[b][t]))
           ids.push_back(acc[b][t]);
-      record_.sums->evalSum += heldOut_.evalRule->fn(text_.tok->decode(ids), (*heldOut_.eval)[(size_t)(c0 + b)]);
+      record_.sums->evalSum += s_.heldOut.evalRule->fn(s_.text.tok->decode(ids), (*s_.heldOut.eval)[(size_t)(c0 + b)]);
       record_.sums->evalN += 1;
     }
   }
@@ -89,7 +94,7 @@ void Worker::evaluate(const std::string &when, int64_t it) {
 /// At the start of a phase after the first, a reference model that shares
 /// an actor's model and devices takes the actor's current weights (the
 /// reference of RL after a warm-up is the warmed-up policy).
-void Worker::syncReference(int phaseIndex) {
+void Evaluator::syncReference(int phaseIndex) {
   if (phaseIndex == 0)
     return;
   refreshGenerationCopies(roles_);
@@ -125,18 +130,18 @@ void Worker::syncReference(int phaseIndex) {
     if (auto it = roles_.find(a); it != roles_.end() && it->second.holding != Holding::GenerationRank)
       src = it->second.model.get();
     if (j_.rank == root && !src)
-      throw RunError("the reference's start of phase " + phases_[phaseIndex].name +
+      throw RunError("the reference's start of phase " + s_.phases[phaseIndex].name +
                      ": actor " + str(actor.name()) + " has no whole weights on rank " +
                      std::to_string(root));
     // The actor's weights travel in its own precision.
-    const models::LlamaConfig actorCfg = roleConfig(a);
+    const models::LlamaConfig actorCfg = builder_.roleConfig(a);
     std::unique_ptr<models::Llama> dst;
     if (mine && !src)
       dst = std::make_unique<models::Llama>(actorCfg,
                                             models::modelSeed(p_.seed(), actor.model()));
     // The parameters' shapes, the same on every rank.
     const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes =
-        models::llamaParameterShapes(modelConfig(actor.model()));
+        models::llamaParameterShapes(builder_.modelConfig(actor.model()));
     std::vector<std::pair<std::string, at::Tensor>> srcNamed, dstNamed;
     if (src)
       srcNamed = src->namedParameters();
@@ -169,7 +174,7 @@ void Worker::syncReference(int phaseIndex) {
       log_.clearBar();
       if (rr.pos == 0 && !o_.quiet)
         std::printf("[%s] %s starts from the actor's current weights (sent by rank %d)\n",
-                    phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
+                    s_.phases[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
                     senderOf.at(role(r).model()));
       continue;
     }
@@ -183,11 +188,64 @@ void Worker::syncReference(int phaseIndex) {
         log_.clearBar();
         if (rr.pos == 0 && !o_.quiet)
           std::printf("[%s] %s starts from %s's current weights\n",
-                      phases_[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
+                      s_.phases[phaseIndex].name.c_str(), str(role(r).name()).c_str(),
                       str(role(a).name()).c_str());
       }
   }
   dropWholeCopies(roles_);
+}
+
+/// Every reward model's accuracy on the held-out preference pairs.
+void Evaluator::evaluatePairs(const std::string &label) {
+  if (!s_.heldOut.pairs)
+    return;
+  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, s_.heldOut.pairs->size())
+                                     : (int64_t)s_.heldOut.pairs->size();
+  for (auto &[r, rr] : roles_) {
+    if (role(r).kind() != RoleKind::RewardModel || !rr.lm)
+      continue;
+    // Every replica scores every pair (collectives in step on each); the
+    // role's first rank reports.
+    std::vector<std::vector<int64_t>> seqs;
+    for (int64_t i = 0; i < N; ++i) {
+      const data::Example &ex = (*s_.heldOut.pairs)[(size_t)i];
+      seqs.push_back(methods_.pairSequence(*s_.heldOut.pairs, ex, ex.chosen));
+      seqs.push_back(methods_.pairSequence(*s_.heldOut.pairs, ex, ex.rejected));
+    }
+    at::Tensor sc = methods_.scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
+    if (rr.pos != 0)
+      continue;
+    record_.sums->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
+    record_.sums->pairN += (double)N;
+    if (!o_.dumpValues.empty()) {
+      // Every pair's two scores and the token ids they were read from, to
+      // check them against another forward (and the pairs' assembly).
+      std::error_code ec;
+      std::filesystem::create_directories(o_.dumpValues, ec);
+      const std::string path =
+          o_.dumpValues + "/pairs-" + label + "-" + str(role(r).name()) + ".jsonl";
+      std::string body;
+      char b[128];
+      auto ids = [](const std::vector<int64_t> &q) {
+        std::string out = "[";
+        for (size_t k = 0; k < q.size(); ++k)
+          out += (k ? ", " : "") + std::to_string(q[k]);
+        return out + "]";
+      };
+      for (int64_t i = 0; i < N; ++i) {
+        std::snprintf(b, sizeof b, "{\"row\": %lld, \"chosen\": %.9g, \"rejected\": %.9g",
+                      (long long)i, sc[i][0].item<double>(), sc[i][1].item<double>());
+        body += b;
+        body += ", \"chosen_ids\": " + ids(seqs[(size_t)(2 * i)]) +
+                ", \"rejected_ids\": " + ids(seqs[(size_t)(2 * i + 1)]) + "}\n";
+      }
+      try {
+        models::writeFileAtomic(path, body);
+      } catch (const std::exception &e) {
+        throw RunError(std::string("--dump-values: ") + e.what());
+      }
+    }
+  }
 }
 
 } // namespace hflow::exec

@@ -19,26 +19,21 @@
 
 namespace hflow::exec {
 
-class MethodRunner {
+/// What the method runner borrows from the Worker.
+struct MethodRunnerRefs : EngineContext {
+  std::optional<RowSchedule> &rows_;
+  std::map<int, Val> &vals_;
+  std::map<int, double> &digests_;
+  std::optional<MetricSums> &metrics_;
+  std::map<int, RoleRt> &roles_;
+  std::map<int, RuleRt> &rules_;
+  TextSide &text_;
+  Progress &progress_;
+};
+
+class MethodRunner : MethodRunnerRefs {
 public:
-  /// What the runner borrows from the Worker.
-  struct Borrowed {
-    const plan::Plan &p;
-    const RunOptions &o;
-    const JoinOptions &j;
-    std::optional<RowSchedule> &rows;
-    std::map<int, Val> &vals;
-    std::map<int, double> &digests;
-    std::optional<MetricSums> &metrics;
-    std::map<int, RoleRt> &roles;
-    std::map<int, RuleRt> &rules;
-    TextSide &text;
-    Progress &progress;
-  };
-  explicit MethodRunner(const Borrowed &b)
-      : p_(b.p), o_(b.o), j_(b.j), rows_(b.rows), vals_(b.vals), digests_(b.digests),
-        metrics_(b.metrics), roles_(b.roles), rules_(b.rules), text_(b.text),
-        progress_(b.progress) {}
+  explicit MethodRunner(const MethodRunnerRefs &r) : MethodRunnerRefs(r) {}
 
   /// A role method's executor; null when the runtime has none.
   using Fn = void (MethodRunner::*)(MethodCall &);
@@ -71,6 +66,14 @@ private:
   void runFit(MethodCall &c);
   Val &input(MethodCall &c, int k);
   Val *inputOfKind(MethodCall &c, plan::BatchKind k, int nth = 0);
+  /// The rows of the call's prompts (its first input) this replica trains
+  /// on, with their indices in the phase's data set (on the host);
+  /// `refusal` when the phase reads no data set.
+  struct DataRows {
+    Span rows;
+    at::Tensor ids;
+  };
+  DataRows dataRows(MethodCall &c, const std::string &refusal);
   Val &rolloutOf(MethodCall &c, Span &rows);
   int64_t microBatch(const MethodCall &c, int64_t whole) const;
   /// How a training call (update, sft, fit) cuts this replica's `rows`
@@ -103,24 +106,9 @@ private:
   void clipAndStep(RoleRt &rr, double norm, double lrOverride);
   void checkLoss(const RoleRt &rr, const char *what, double v) const;
 
-
-  const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
-  const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
   const plan::RoleOptions &roleOptions(int r) const { return *role(r).options(); }
   std::string describe(int s) const { return describeStep(*rows_, progress_, s); }
   bool isStop(int64_t id) const { return text_.isStop(id); }
-
-  const plan::Plan &p_;
-  const RunOptions &o_;
-  const JoinOptions &j_;
-  std::optional<RowSchedule> &rows_;
-  std::map<int, Val> &vals_;
-  std::map<int, double> &digests_;
-  std::optional<MetricSums> &metrics_;
-  std::map<int, RoleRt> &roles_;
-  std::map<int, RuleRt> &rules_;
-  TextSide &text_;
-  Progress &progress_;
 };
 
 } // namespace hflow::exec

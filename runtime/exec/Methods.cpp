@@ -8,7 +8,7 @@
 // The losses and estimators are verl's (runtime/rl, docs/rl-algorithms.md).
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/MethodRunner.h"
 #include "runtime/exec/LengthBuckets.h"
 #include "runtime/models/Device.h"
 
@@ -59,35 +59,20 @@ MethodRunner::Fn MethodRunner::find(std::string_view name) {
 
 bool executesMethod(std::string_view name) { return MethodRunner::find(name) != nullptr; }
 
-void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
-  const Step &st = step(s);
-  const std::string method = str(st.method());
-  auto rit = roles_.find(st.role());
-  if (rit == roles_.end())
-    throw RunError("this rank is scheduled for the step but is not one of role " +
-                   str(role(st.role()).name()) + "'s ranks");
-  MethodRunner::Fn fn = MethodRunner::find(method);
-  if (!fn) // the plan loader refuses such a plan; a defence in depth
-    throw RunError("method '" + method + "' is not supported by this runtime");
-  MethodCall c{ph,
-               s,
-               it,
-               rit->second,
-               role(st.role()),
-               *st.args(),
-               roleOptions(st.role()),
-               ints(st.inputs()),
-               ints(st.outputs()),
-               rows_->isLeader(s, j_.rank)};
-  methods_.run(fn, c);
-}
-
 Val &MethodRunner::input(MethodCall &c, int k) {
   auto f = vals_.find(c.in.at(k));
   if (f == vals_.end())
     throw RunError("input " + str(p_.values()->Get(c.in[k])->name(), "?") +
                    " has not reached this rank");
   return f->second;
+}
+
+MethodRunner::DataRows MethodRunner::dataRows(MethodCall &c, const std::string &refusal) {
+  Val &prompts = input(c, 0);
+  const Span rows = rows_->rowsFor(c.ph, c.s, c.in[0], j_.rank);
+  if (!c.ph.dataset)
+    throw RunError(refusal);
+  return {rows, prompts["ids"].cpu()};
 }
 
 /// The `nth` input of kind `k`, or null.
@@ -551,15 +536,12 @@ SftPasses sftPasses(const SftRows &in, int64_t m0, int64_t mbRows, int64_t micro
 /// sft: supervised fine-tuning on the data set's answers (prompt + answer +
 /// stop token, right padded; the loss on the answer).
 void MethodRunner::runSft(MethodCall &c) {
+  const DataRows d = dataRows(c, "sft needs a data set with answers");
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
   const int s = c.s;
-  Val &pr = input(c, 0);
-  Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
-  if (!ph.dataset)
-    throw RunError("sft needs a data set with answers");
-  const SftRows in = sftRows(*ph.dataset, pr["ids"].cpu(), sp, *text_.prompts, *text_.tok);
+  const SftRows in = sftRows(*ph.dataset, d.ids, d.rows, *text_.prompts, *text_.tok);
   const int64_t B = (int64_t)in.len.size();
   // epochs x minibatches (one optimizer step each; `minibatch:` counts
   // prompts over all replicas, as for update) x micro-batches of

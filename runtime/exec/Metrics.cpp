@@ -1,11 +1,11 @@
 //===- Metrics.cpp - per-iteration metrics and the run summary ------------===//
 //
-// Every rank's sums and counts (MetricSums) are gathered on rank 0, which
-// records them (RunLog.h: the progress line, the metrics file); at the end
-// rank 0 prints the run summary.
+// See MetricsReport.h. Every rank's sums and counts (MetricSums) are gathered
+// on rank 0, which records them (RunLog.h: the progress line, the metrics
+// file); at the end rank 0 prints the run summary.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/MetricsReport.h"
 #include "runtime/plan/RoleForms.h"
 #include "runtime/models/Device.h"
 
@@ -28,7 +28,7 @@ constexpr int kBytesSent = MetricSums::kCount, kIterationMs = MetricSums::kCount
               kSteps = MetricSums::kCount + 3;
 
 /// Sums every rank's metrics on rank 0, which records them (RunLog).
-void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
+void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   comm::CommStats cs = comms_.world->stats();
   for (auto &[g, c] : comms_.groups)
     cs += c->stats();
@@ -96,12 +96,12 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       return x.before == ph.first + k;
     }));
   at.offPolicy = ph.offPolicy > 0;
-  for (const PhaseRt &q : phases_) { // the iterations of the earlier phases, and of the run
+  for (const PhaseRt &q : s_.phases) { // the iterations of the earlier phases, and of the run
     if (&q == &ph)
       at.before = at.total;
     at.total += q.iterations;
   }
-  at.lastPhase = &ph == &phases_.back();
+  at.lastPhase = &ph == &s_.phases.back();
   at.evalRan = evalRan;
   for (int r = 0; p_.roles() && r < (int)p_.roles()->size() && at.vocab == 0; ++r)
     if (role(r).kind() == RoleKind::Actor && role(r).model() >= 0)
@@ -113,14 +113,14 @@ void Worker::gatherMetrics(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
 /// Rank 0's summary of a finished run: roles and their forms, each rank's
 /// steps and bytes (`perRank`: [world, 3] steps, sent, received), the weight
 /// reshards against the plan, the held-out curve.
-void Worker::printSummary(const at::Tensor &all) {
+void MetricsReport::printSummary(const at::Tensor &all) {
   int64_t its = 0;
-  for (auto &ph : phases_)
+  for (auto &ph : s_.phases)
     its += ph.iterations;
   std::printf("hflow-run: %s done: %" PRId64 " iteration%s of %zu phase%s on %d ranks in %.1f s "
               "(plan %s, format %u.%u, compiler %s)\n",
-              str(p_.program(), "?").c_str(), its, its == 1 ? "" : "s", phases_.size(),
-              phases_.size() == 1 ? "" : "s", p_.world_size(), msSince(progress_.start) / 1000.0,
+              str(p_.program(), "?").c_str(), its, its == 1 ? "" : "s", s_.phases.size(),
+              s_.phases.size() == 1 ? "" : "s", p_.world_size(), msSince(progress_.start) / 1000.0,
               comm::hashHex(lp_.fileHash()).c_str(), lp_.formatMajor(), lp_.formatMinor(),
               str(p_.compiler_version(), "?").c_str());
   std::printf("roles:\n");
@@ -134,15 +134,15 @@ void Worker::printSummary(const at::Tensor &all) {
         int64_t params = models::LlamaConfig::fromPlan(*m, cfg, err) ? cfg.paramCount()
                                                                       : m->params();
         model = "model " + str(m->name(), "?") + " (" + std::to_string(params) + " params";
-        if (auto it = loadedFrom_.find(r->model()); it != loadedFrom_.end())
+        if (auto it = builder_.loadedFrom().find(r->model()); it != builder_.loadedFrom().end())
           model += ", weights from " + it->second;
         const int index = (int)(std::find(p_.roles()->begin(), p_.roles()->end(), r) -
                                 p_.roles()->begin());
         if (!roles_.count(index) && envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0 &&
             r->kind() != RoleKind::Actor) {
-          // Not on this rank: its shards as RoleSetup builds them from the
+          // Not on this rank: its shards as RoleBuilder builds them from the
           // plan's verdict (a sharded critic or reference keeps no whole copy).
-          const executes::Verdict v = formsOf(index);
+          const executes::Verdict v = builder_.formsOf(index);
           const executes::Degrees tl = plan::degreesOf(*r->train());
           layout::Degrees shard; // the degrees a rank's shard is cut by
           shard.tp = tl.tp;
@@ -153,7 +153,7 @@ void Worker::printSummary(const at::Tensor &all) {
           const char *what = v.train == executes::Form::Pipeline ? " stages" : " shards";
           if (v.train == executes::Form::TensorParallel || v.train == executes::Form::Pipeline ||
               v.train == executes::Form::FullyShard)
-            model += std::string(trains(index) ? ", trains " : ", holds ") + shard.str() +
+            model += std::string(builder_.trains(index) ? ", trains " : ", holds ") + shard.str() +
                      what + ", no whole copy";
         }
         for (auto &[ri, rr] : roles_) {

@@ -7,7 +7,7 @@
 // moves (RowSchedule). Every refusal names the phase and the row.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/Preflight.h"
 
 #include <algorithm>
 
@@ -16,12 +16,13 @@ namespace hflow::exec {
 using namespace hflow::plan;
 
 /// Every train block of the plan as a phase (or one iteration of the flow
-/// on synthetic prompts), with its data read and hashed.
-void Worker::preparePhases() {
+/// on synthetic prompts), with its data read and hashed, then each phase's
+/// prompts, rollout, off-policy steps and batch moves.
+void Preflight::readPhases() {
   const int nSteps = p_.steps() ? (int)p_.steps()->size() : 0;
   std::vector<std::string> unordered;
-  rows_.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
-  resharder_.setSchedule(*rows_);
+  s_.rows.emplace(p_, RowSchedule::generationSlots(p_, &unordered));
+  resharder_.setSchedule(*s_.rows);
   if (j_.rank == 0 && !o_.quiet)
     for (const std::string &actor : unordered)
       std::printf("[reshard] %s generates on whole weights: the planned assignment "
@@ -44,7 +45,7 @@ void Worker::preparePhases() {
         keys.promptField = str(ph->prompt_key());
       if (!str(ph->answer_key()).empty())
         keys.answerField = str(ph->answer_key());
-      dataKeys_ = keys; // the evaluation set reads the last phase's keys
+      s_.dataKeys = keys; // the evaluation set reads the last phase's keys
       try {
         rt.dataset = data::Dataset::load(path, keys);
       } catch (const std::exception &e) {
@@ -59,7 +60,7 @@ void Worker::preparePhases() {
       int64_t perEpoch = (int64_t)((rt.dataset->size() + rt.batch - 1) / rt.batch);
       rt.iterations = ph->train_steps() > 0 ? ph->train_steps()
                                             : std::max<int64_t>(1, ph->epochs()) * perEpoch;
-      phases_.push_back(std::move(rt));
+      s_.phases.push_back(std::move(rt));
     }
   } else {
     // No train block: one iteration of the plan's flow on synthetic prompts.
@@ -68,22 +69,38 @@ void Worker::preparePhases() {
     rt.first = 0;
     rt.count = nSteps;
     rt.seed = (uint64_t)p_.seed();
-    phases_.push_back(std::move(rt));
+    s_.phases.push_back(std::move(rt));
   }
-  for (auto &ph : phases_)
-    hasData_ = hasData_ || ph.dataset.has_value();
+  for (auto &ph : s_.phases)
+    s_.hasData = s_.hasData || ph.dataset.has_value();
   if (p_.models())
     for (const Model *m : *p_.models())
-      text_.synthVocab = std::min<int64_t>(text_.synthVocab, std::max(2, m->vocab()));
+      s_.text.synthVocab = std::min<int64_t>(s_.text.synthVocab, std::max(2, m->vocab()));
   if (o_.steps >= 0)
-    for (auto &ph : phases_)
+    for (auto &ph : s_.phases)
       ph.iterations = std::min<int64_t>(ph.iterations, o_.steps);
+  for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
+    s_.mySteps.insert(s);
+  for (PhaseRt &ph : s_.phases) {
+    measurePrompts(ph);
+    findRollout(ph);
+    s_.heldOut.evalR = std::max(s_.heldOut.evalR, ph.R);
+    if (ph.ph && ph.ph->off_policy() > 0)
+      prepareOffPolicy(ph);
+    ph.xfers = s_.rows->transfers(ph);
+    if (ph.offPolicy > 0) {
+      auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
+      for (Xfer &x : ph.xfers)
+        x.early = x.value == ph.rolloutValue &&
+                  std::find(genRanks.begin(), genRanks.end(), x.src) != genRanks.end();
+    }
+  }
 }
 
 /// Prompt width: the longest prompt of the data set, which must fit the
 /// phase's prompt_len (the plan's memory counts on it): a longer one is
 /// refused here, with its row, before any work.
-void Worker::measurePrompts(PhaseRt &ph) {
+void Preflight::measurePrompts(PhaseRt &ph) {
   if (ph.dataset) {
     preparing("rendering and tokenizing the prompts of phase " + ph.name + " ('" +
               ph.dataPath + "')");
@@ -101,7 +118,7 @@ void Worker::measurePrompts(PhaseRt &ph) {
     int64_t P = 1;
     for (size_t i = 0; i < ph.dataset->size(); ++i) {
       const auto &ex = (*ph.dataset)[i];
-      const std::vector<int64_t> ids = text_.promptOf(*ph.dataset, ex);
+      const std::vector<int64_t> ids = s_.text.promptOf(*ph.dataset, ex);
       const std::string row = "phase " + ph.name + ": the prompt of row " +
                               std::to_string(ex.index + 1) + " of " + ph.dataPath +
                               " (line " + std::to_string(ex.line) + ")";
@@ -134,7 +151,7 @@ void Worker::measurePrompts(PhaseRt &ph) {
 /// are the builtins', its sampling temperature the log-probs'; the
 /// response width holds every generate's. A generate call's token budget
 /// must hold one row of the phase's data: refused here, before any work.
-void Worker::findRollout(PhaseRt &ph) {
+void Preflight::findRollout(PhaseRt &ph) {
   std::map<int, int> generated; // rollout value -> its generate step
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
     const Step &st = step(s);
@@ -161,7 +178,7 @@ void Worker::findRollout(PhaseRt &ph) {
     ph.rolloutTemp = a.greedy().value_or(false)
                          ? 1.0
                          : a.temperature().value_or(
-                               roleOptions(gen.role()).temperature().value_or(1.0));
+                               (*role(gen.role()).options()).temperature().value_or(1.0));
     if (int64_t nAttr = a.n().value_or(0); nAttr > 0)
       ph.n = nAttr;
   }
@@ -176,14 +193,14 @@ void Worker::findRollout(PhaseRt &ph) {
       models::batchRowsFor(a.max_batch_tokens().value_or(0), ph.P,
                            a.max_tokens().value_or(16), 1);
     } catch (const std::invalid_argument &e) {
-      throw RunError(describe(s) + ": " + e.what() + " in phase " + ph.name);
+      throw RunError(s_.rows->describe(s) + ": " + e.what() + " in phase " + ph.name);
     }
   }
 }
 
 /// One-step off-policy: the phase's one generate (of an actor generating
 /// apart), the reshard that feeds it and its check run an iteration ahead.
-void Worker::prepareOffPolicy(PhaseRt &ph) {
+void Preflight::prepareOffPolicy(PhaseRt &ph) {
   ph.offPolicy = ph.ph->off_policy();
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
     const Step &st = step(s);
@@ -213,7 +230,7 @@ void Worker::prepareOffPolicy(PhaseRt &ph) {
       for (int v : *st.inputs())
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
           throw RunError("phase " + ph.name + " has off_policy " +
-                         std::to_string(ph.offPolicy) + ": " + describe(s) +
+                         std::to_string(ph.offPolicy) + ": " + s_.rows->describe(s) +
                          " reads the prompts, which only the generate step may");
   }
 }

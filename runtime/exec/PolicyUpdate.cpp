@@ -9,7 +9,7 @@
 // model form.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/MethodRunner.h"
 #include "runtime/exec/LengthBuckets.h"
 #include "runtime/models/Device.h"
 

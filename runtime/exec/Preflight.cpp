@@ -1,23 +1,151 @@
 //===- Preflight.cpp - what a rank settles before it talks to anyone --------===//
 //
-// The facts prepare() decides alone (Worker.cpp): which data file a path
-// means, which reward rule --eval scores with, and what every rank must
-// agree on at the rendezvous.
+// See Preflight.h. This file: the tokenizer, the reward rules, the held-out
+// sets, the exports, which data file a path means, which reward rule --eval
+// scores with, the outputs claimed, and what every rank must agree on at
+// the rendezvous. Each train block's shape: PhaseSetup.cpp.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/Preflight.h"
 
 #include "runtime/schema/Fnv1a.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace hflow::exec {
 
 using namespace hflow::plan;
 
-std::string Worker::resolveData(const std::string &path) const {
+/// The tokenizer (--tokenizer, else the actor's model's), its stop ids and
+/// the prompt encoder over it.
+void Preflight::readTokenizer() {
+  const std::string tokSpec = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
+  preparing("reading the tokenizer '" + tokSpec + "'");
+  s_.text.tok = data::makeTokenizer(tokSpec);
+  s_.text.tokIdentity = tokenizerIdentity(tokSpec);
+  s_.text.tmplIdentity = templateIdentity();
+  s_.text.prompts = std::make_unique<data::PromptEncoder>(*s_.text.tok);
+  s_.text.stops = s_.text.tok->stopIds();
+  if (j_.rank == 0 && !o_.quiet && s_.text.tok->name() != "byte") {
+    std::string stops;
+    for (int64_t id : s_.text.stops)
+      stops += (stops.empty() ? "" : " ") + std::to_string(id);
+    std::printf("[data] tokenizer %s (vocabulary %lld, BOS %lld, stop ids %s, %s)\n",
+                s_.text.tok->name().c_str(), (long long)s_.text.tok->vocabSize(), (long long)s_.text.tok->bosId(),
+                stops.c_str(), s_.text.prompts->hasTemplate() ? "chat template" : "no chat template");
+  }
+}
+
+/// Each RewardFn role scores with its own rule (the program names it).
+void Preflight::readRules() {
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    if (role(r).kind() != RoleKind::RewardFn)
+      continue;
+    const std::string name = str(role(r).rule());
+    if (name.empty())
+      throw RunError("RewardFn role " + str(role(r).name()) + " names no reward rule");
+    try {
+      s_.rules[r] = {name, data::rewardRule(name)};
+    } catch (const std::exception &e) {
+      throw RunError("RewardFn role " + str(role(r).name()) + ": " + e.what());
+    }
+  }
+
+}
+
+/// --eval's held-out prompts and --eval-pairs' preference pairs.
+void Preflight::readHeldOut() {
+  if (!o_.evalFile.empty()) {
+    preparing("reading the --eval file '" + o_.evalFile + "'");
+    s_.heldOut.evalRule = chooseEvalRule();
+    try {
+      const std::string path = resolveData(o_.evalFile);
+      s_.heldOut.eval = data::Dataset::load(path, s_.dataKeys);
+      s_.heldOut.evalHash = fileHash(path);
+    } catch (const RunError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw RunError(e.what());
+    }
+  }
+  if (!o_.evalPairsFile.empty()) {
+    try {
+      const std::string path = resolveData(o_.evalPairsFile);
+      s_.heldOut.pairs = data::Dataset::load(path);
+      s_.heldOut.pairsHash = fileHash(path);
+    } catch (const RunError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw RunError(e.what());
+    }
+    for (size_t i = 0; i < s_.heldOut.pairs->size(); ++i)
+      if (!(*s_.heldOut.pairs)[i].hasPair)
+        throw RunError(s_.heldOut.pairs->path() + ":" + std::to_string((*s_.heldOut.pairs)[i].line) +
+                       ": --eval-pairs needs a preference pair on every row: fields "
+                       "'chosen' and 'rejected'");
+    bool rm = false;
+    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
+      rm = rm || role(r).kind() == RoleKind::RewardModel;
+    if (!rm)
+      throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
+                     "to evaluate");
+  }
+}
+
+/// --export-hf: which role goes to which folder, refused before any work.
+void Preflight::checkExports() {
+  for (const auto &[name, dir] : o_.exportHf) {
+    // Which role: the named one (an actor or a reward model), else the actor.
+    int which = -1;
+    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
+      if (name.empty() ? role(r).kind() == RoleKind::Actor : str(role(r).name()) == name) {
+        which = r;
+        break;
+      }
+    if (which < 0)
+      throw RunError(name.empty() ? "--export-hf " + dir + ": the program has no actor; "
+                                    "name the role to export: --export-hf ROLE=" + dir
+                                  : "--export-hf " + name + "=" + dir + ": the program has "
+                                    "no role '" + name + "'");
+    const RoleKind k = role(which).kind();
+    if (k != RoleKind::Actor && k != RoleKind::RewardModel)
+      throw RunError("--export-hf " + name + "=" + dir + ": role " + name + " is a " +
+                     (k == RoleKind::Critic ? "Critic" : k == RoleKind::Reference
+                                                             ? "Reference (the actor's start)"
+                                                             : "rule") +
+                     "; hflow exports an actor (a causal LM) or a reward model (a "
+                     "sequence-classification model)");
+    for (const auto &[r, d] : s_.exports)
+      if (d == dir)
+        throw RunError("--export-hf: two roles would be written to " + dir);
+    // Rank 0 claims the folder (claimOutputs: created, checked writable,
+    // marked and locked); no other rank touches it before.
+    s_.exports.emplace_back(which, dir);
+  }
+}
+
+/// --tokenizer's default: the directory of the actor's hf("dir") weights when
+/// it holds tokenizer.json or tokenizer.model (a released checkpoint is
+/// tokenized with its own tokenizer), else "byte".
+std::string Preflight::defaultTokenizer() const {
+  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
+    const plan::Role &ro = role(r);
+    if (ro.kind() != RoleKind::Actor || ro.model() < 0)
+      continue;
+    const std::string dir = str(p_.models()->Get(ro.model())->weights());
+    if (dir.empty())
+      continue;
+    for (const char *f : {"/tokenizer.json", "/tokenizer.model"})
+      if (::access((dir + f).c_str(), R_OK) == 0)
+        return dir;
+  }
+  return "byte";
+}
+
+std::string Preflight::resolveData(const std::string &path) const {
   if (path.empty())
     throw RunError("the train block names no data file");
   // With --data-dir, a relative path means a file there and nowhere else:
@@ -50,13 +178,13 @@ std::string Worker::resolveData(const std::string &path) const {
 /// The rule held-out prompts are scored with (--eval): the one rule the
 /// phases' flows score with, or the one RewardFn role's when no flow calls
 /// one. Several is an error: which one the user meant is theirs to say.
-const RuleRt *Worker::chooseEvalRule() const {
+const RuleRt *Preflight::chooseEvalRule() const {
   std::map<std::string, std::string> called; // rule -> its role
   for (int s = 0; s < (int)(p_.steps() ? p_.steps()->size() : 0); ++s)
-    if (step(s).kind() == StepKind::Compute && rules_.count(step(s).role()))
-      called[rules_.at(step(s).role()).name] = str(role(step(s).role()).name());
+    if (step(s).kind() == StepKind::Compute && s_.rules.count(step(s).role()))
+      called[s_.rules.at(step(s).role()).name] = str(role(step(s).role()).name());
   if (called.empty())
-    for (auto &[r, rule] : rules_)
+    for (auto &[r, rule] : s_.rules)
       called[rule.name] = str(role(r).name());
   if (called.empty())
     throw RunError("--eval scores the held-out responses with a RewardFn role's rule, and "
@@ -68,7 +196,7 @@ const RuleRt *Worker::chooseEvalRule() const {
     throw RunError("--eval scores the held-out responses with one reward rule, but the "
                    "flows score with " + std::to_string(called.size()) + " (" + list + ")");
   }
-  for (auto &[r, rule] : rules_)
+  for (auto &[r, rule] : s_.rules)
     if (rule.name == called.begin()->first)
       return &rule;
   return nullptr;
@@ -78,7 +206,7 @@ const RuleRt *Worker::chooseEvalRule() const {
 /// rendezvous, naming the difference): the options that change what a rank
 /// does or when, the identity of the data every phase reads, and the job's
 /// identity when the launcher gives one.
-std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
+std::vector<std::pair<std::string, std::string>> Preflight::agreedFacts() const {
   std::vector<std::pair<std::string, std::string>> f = {
       {"--steps", std::to_string(o_.steps)},
       {"--tokenizer", o_.tokenizer},
@@ -89,13 +217,13 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
       {"--reshard", o_.reshard},
       {"--serialize", o_.serialize ? "yes" : "no"},
       {"--comm", o_.comm}};
-  for (const PhaseRt &ph : phases_)
+  for (const PhaseRt &ph : s_.phases)
     if (ph.dataset)
       f.push_back({"the data of phase " + ph.name, "FNV-1a " + ph.dataHash});
-  f.push_back({"--eval data", heldOut_.eval ? "FNV-1a " + heldOut_.evalHash : "none"});
-  f.push_back({"--eval-pairs data", heldOut_.pairs ? "FNV-1a " + heldOut_.pairsHash : "none"});
-  f.push_back({"the tokenizer", text_.tokIdentity});
-  f.push_back({"the chat template", text_.tmplIdentity});
+  f.push_back({"--eval data", s_.heldOut.eval ? "FNV-1a " + s_.heldOut.evalHash : "none"});
+  f.push_back({"--eval-pairs data", s_.heldOut.pairs ? "FNV-1a " + s_.heldOut.pairsHash : "none"});
+  f.push_back({"the tokenizer", s_.text.tokIdentity});
+  f.push_back({"the chat template", s_.text.tmplIdentity});
   for (const char *var : kAgreedEnvironment) {
     const char *v = std::getenv(var);
     f.push_back({std::string("the environment's ") + var, v ? "'" + std::string(v) + "'" : "(unset)"});
@@ -113,7 +241,7 @@ std::vector<std::pair<std::string, std::string>> Worker::agreedFacts() const {
 /// What a tokenizer spec reads, as "FNV-1a <hash> (<files>)": the bytes of
 /// its files (a folder's tokenizer files), "byte" for the byte tokenizer.
 /// Two runs with the same identity tokenize alike; a checkpoint records it.
-std::string Worker::tokenizerIdentity(const std::string &spec) const {
+std::string Preflight::tokenizerIdentity(const std::string &spec) const {
   if (spec == "byte")
     return "byte";
   std::vector<std::string> files;
@@ -140,8 +268,8 @@ std::string Worker::tokenizerIdentity(const std::string &spec) const {
 }
 
 /// The chat template prompts are rendered with: "FNV-1a <hash>", or "none".
-std::string Worker::templateIdentity() const {
-  const std::string t = text_.tok ? text_.tok->chatTemplate() : std::string();
+std::string Preflight::templateIdentity() const {
+  const std::string t = s_.text.tok ? s_.text.tok->chatTemplate() : std::string();
   if (t.empty())
     return "none";
   char hex[17];
@@ -152,10 +280,10 @@ std::string Worker::templateIdentity() const {
 /// Rank 0 checks, locks and claims every output of the job before any work
 /// (RunOutputs.h): no output names what the run reads, and no folder holds
 /// anything hflow would destroy.
-void Worker::claimOutputs() {
+void Preflight::claimOutputs() {
   RunInputs in;
   in.files.push_back({"the plan", o_.planPath});
-  for (const PhaseRt &ph : phases_)
+  for (const PhaseRt &ph : s_.phases)
     if (!ph.dataPath.empty())
       in.files.push_back({"the data file of phase " + ph.name, ph.dataPath});
   if (!o_.evalFile.empty())
@@ -172,7 +300,7 @@ void Worker::claimOutputs() {
     if (const std::string w = str(p_.models()->Get(m)->weights()); !w.empty())
       in.folders.push_back({"the weights of model " + str(p_.models()->Get(m)->name(), "?"), w});
   std::vector<std::string> exports;
-  for (const auto &[r, dir] : exports_)
+  for (const auto &[r, dir] : s_.exports)
     exports.push_back(dir);
   // A checkpoint directory no save and no resume uses is not written.
   outputs_.claim(o_, ck_.saves() || o_.resume ? ck_.dir() : std::string(), exports, in);

@@ -11,7 +11,7 @@
 // model back as a sequence-classification checkpoint.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/MethodRunner.h"
 #include "runtime/models/Device.h"
 
 #include "runtime/models/Safetensors.h"
@@ -100,19 +100,18 @@ at::Tensor MethodRunner::scoreSequences(
 /// -log sigma(r_chosen - r_rejected) over the minibatch's pairs: the
 /// minibatch mean, however it is cut.
 void MethodRunner::runFit(MethodCall &c) {
+  const DataRows d = dataRows(c, describe(c.s) + ": fit trains on preference pairs: the phase "
+                                                 "needs a data set whose rows have 'chosen' "
+                                                 "and 'rejected' responses");
+  const Span sp = d.rows;
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
   const int s = c.s;
-  Val &pr = input(c, 0);
-  Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
-  if (!ph.dataset)
-    throw RunError(describe(s) + ": fit trains on preference pairs: the phase needs a data "
-                                 "set whose rows have 'chosen' and 'rejected' responses");
   if (!rr.optim)
     throw RunError(describe(s) + ": reward model " + str(c.ro.name()) + " has no optimizer");
   std::vector<std::vector<int64_t>> seqs; // chosen, rejected, chosen, ...
-  const at::Tensor idsHost = pr["ids"].cpu();
+  const at::Tensor &idsHost = d.ids;
   for (int64_t b = sp.lo; b < sp.hi; ++b) {
     const data::Example &ex = (*ph.dataset)[(size_t)idsHost[b].item<int64_t>()];
     if (!ex.hasPair)
@@ -161,104 +160,6 @@ void MethodRunner::runFit(MethodCall &c) {
       lastLoss = mbLoss;
     }
   digests_[s] = lastLoss;
-}
-
-void Worker::evaluatePairs(const std::string &label) {
-  if (!heldOut_.pairs)
-    return;
-  const int64_t N = o_.evalCount > 0 ? std::min<int64_t>(o_.evalCount, heldOut_.pairs->size())
-                                     : (int64_t)heldOut_.pairs->size();
-  for (auto &[r, rr] : roles_) {
-    if (role(r).kind() != RoleKind::RewardModel || !rr.lm)
-      continue;
-    // Every replica scores every pair (collectives in step on each); the
-    // role's first rank reports.
-    std::vector<std::vector<int64_t>> seqs;
-    for (int64_t i = 0; i < N; ++i) {
-      const data::Example &ex = (*heldOut_.pairs)[(size_t)i];
-      seqs.push_back(methods_.pairSequence(*heldOut_.pairs, ex, ex.chosen));
-      seqs.push_back(methods_.pairSequence(*heldOut_.pairs, ex, ex.rejected));
-    }
-    at::Tensor sc = methods_.scoreSequences(rr, seqs, 64, {}, nullptr).view({-1, 2});
-    if (rr.pos != 0)
-      continue;
-    record_.sums->pairAcc += (sc.select(1, 0) > sc.select(1, 1)).sum().item<double>();
-    record_.sums->pairN += (double)N;
-    if (!o_.dumpValues.empty()) {
-      // Every pair's two scores and the token ids they were read from, to
-      // check them against another forward (and the pairs' assembly).
-      std::error_code ec;
-      std::filesystem::create_directories(o_.dumpValues, ec);
-      const std::string path =
-          o_.dumpValues + "/pairs-" + label + "-" + str(role(r).name()) + ".jsonl";
-      std::string body;
-      char b[128];
-      auto ids = [](const std::vector<int64_t> &q) {
-        std::string out = "[";
-        for (size_t k = 0; k < q.size(); ++k)
-          out += (k ? ", " : "") + std::to_string(q[k]);
-        return out + "]";
-      };
-      for (int64_t i = 0; i < N; ++i) {
-        std::snprintf(b, sizeof b, "{\"row\": %lld, \"chosen\": %.9g, \"rejected\": %.9g",
-                      (long long)i, sc[i][0].item<double>(), sc[i][1].item<double>());
-        body += b;
-        body += ", \"chosen_ids\": " + ids(seqs[(size_t)(2 * i)]) +
-                ", \"rejected_ids\": " + ids(seqs[(size_t)(2 * i + 1)]) + "}\n";
-      }
-      try {
-        models::writeFileAtomic(path, body);
-      } catch (const std::exception &e) {
-        throw RunError(std::string("--dump-values: ") + e.what());
-      }
-    }
-  }
-}
-
-void Worker::exportRoles() {
-  refreshGenerationCopies(roles_);
-  for (const auto &[r, dir] : exports_) {
-    auto it = roles_.find(r);
-    if (it == roles_.end() || it->second.holding == Holding::GenerationRank)
-      continue; // not on this rank
-    RoleRt &rr = it->second;
-    const bool actor = role(r).kind() == RoleKind::Actor;
-    const models::Llama *whole = nullptr;
-    std::unique_ptr<models::Llama> gathered;
-    if (actor || !rr.holdsShards()) {
-      // The actor's first rank has every weight (its generation copy).
-      whole = rr.model.get();
-    } else {
-      // A sharded reward model: its whole weights gathered over its form's
-      // groups; the head from the stage that trains it.
-      gathered = std::make_unique<models::Llama>(
-          rr.lm->config(), models::modelSeed(p_.seed(), role(r).model()));
-      rr.lm->gatherInto(*gathered);
-      whole = gathered.get();
-    }
-    at::Tensor head;
-    if (!actor) {
-      head = rr.head.detach().clone();
-      rr.lm->shareHeadResult(head);
-    }
-    if (rr.pos != 0)
-      continue;
-    if (!whole)
-      throw RunError("--export-hf: role " + str(role(r).name()) +
-                     " has no whole weights on its first rank");
-    try {
-      if (actor)
-        models::exportHf(dir, *whole);
-      else
-        models::exportHfScorer(dir, *whole, head, rr.scorePad);
-    } catch (const std::exception &e) {
-      throw RunError(std::string("--export-hf: ") + e.what());
-    }
-    if (!o_.quiet)
-      std::printf("[export] %s's weights written to %s (Hugging Face format%s)\n",
-                  str(role(r).name()).c_str(), dir.c_str(),
-                  actor ? "" : ", a sequence-classification model");
-  }
 }
 
 } // namespace hflow::exec

@@ -1,4 +1,4 @@
-//===- RoleSetup.cpp - each role's model forms on this rank ---------------===//
+//===- RoleBuilder.cpp - each role's model forms on this rank -------------===//
 //
 // Which roles this rank is on, and for each its model (the plan's shape,
 // checked against the tokenizer; a Hugging Face checkpoint when the model
@@ -8,7 +8,7 @@
 // weights (the reference is the initial actor).
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/RoleBuilder.h"
 #include "runtime/models/Device.h"
 
 #include "runtime/models/ModelForms.h"
@@ -25,19 +25,19 @@ namespace hflow::exec {
 using namespace hflow::plan;
 
 /// Plan model `m`'s configuration, checked against the tokenizer.
-models::LlamaConfig Worker::modelConfig(int m) const {
+models::LlamaConfig RoleBuilder::modelConfig(int m) const {
   models::LlamaConfig cfg;
   std::string err;
   if (!models::LlamaConfig::fromPlan(*p_.models()->Get(m), cfg, err))
     throw RunError(err);
-  if (hasData_ && cfg.vocab < text_.tok->vocabSize())
+  if (s_.hasData && cfg.vocab < s_.text.tok->vocabSize())
     throw RunError("model " + cfg.name + " has a vocabulary of " +
-                   std::to_string(cfg.vocab) + " but the " + text_.tok->name() +
-                   " tokenizer needs " + std::to_string(text_.tok->vocabSize()));
+                   std::to_string(cfg.vocab) + " but the " + s_.text.tok->name() +
+                   " tokenizer needs " + std::to_string(s_.text.tok->vocabSize()));
   return cfg;
 }
 
-models::LlamaConfig Worker::roleConfig(int r) const {
+models::LlamaConfig RoleBuilder::roleConfig(int r) const {
   const Role &ro = role(r);
   models::LlamaConfig cfg = modelConfig(ro.model());
   std::string where;
@@ -49,9 +49,9 @@ models::LlamaConfig Worker::roleConfig(int r) const {
 }
 
 /// Role `r`'s forms by the table hflowc checks programs against.
-executes::Verdict Worker::formsOf(int r) const { return plan::roleForms(p_, r); }
+executes::Verdict RoleBuilder::formsOf(int r) const { return plan::roleForms(p_, r); }
 
-void Worker::buildRoles() {
+void RoleBuilder::build() {
   for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
     const Role &ro = role(r);
     preparing("building role " + str(ro.name()) + " (its model and weights)");
@@ -67,7 +67,7 @@ void Worker::buildRoles() {
       // planned pieces complete them); sharded generation there is not
       // built yet, and is refused before any work.
       const Layout &gl = *ro.generate();
-      if (gl.tp() > 1 && !rows_->genSlots().count(r))
+      if (gl.tp() > 1 && !s_.rows->genSlots().count(r))
         throw RunError("actor " + str(ro.name()) + " generates apart on " +
                        degreesOf(gl).str() + ", which no planned reshard fills: the "
                        "plan has no train -> generate reshard for it");
@@ -92,7 +92,7 @@ void Worker::buildRoles() {
 
 /// A generation rank of an actor generating apart (index `pos` among its
 /// generation ranks): whole weights the planned pieces complete.
-void Worker::buildGenerationRank(int r, int pos) {
+void RoleBuilder::buildGenerationRank(int r, int pos) {
   const Role &ro = role(r);
   const models::LlamaConfig cfg = roleConfig(r);
   RoleRt rt;
@@ -111,7 +111,7 @@ void Worker::buildGenerationRank(int r, int pos) {
 /// role of the model starts from, a head for a critic or reward model, the
 /// shards its training form will hold, a Hugging Face checkpoint's weights
 /// and head, and a whole-weight role's optimizer.
-void Worker::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
+void RoleBuilder::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
   const Role &ro = role(r);
   models::LlamaConfig cfg = roleConfig(r);
   // A critic's or reward model's body has no LM head: its scalar head
@@ -124,7 +124,7 @@ void Worker::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
       cfg, models::modelSeed(p_.seed(), ro.model()));
   if (ro.kind() == RoleKind::Critic || ro.kind() == RoleKind::RewardModel)
     rt.head = at::zeros({1, cfg.hidden}, models::onEngine(cfg.dtype));
-  rt.scorePad = text_.tok ? text_.tok->padId() : 0;
+  rt.scorePad = s_.text.tok ? s_.text.tok->padId() : 0;
   chooseShards(r, rt, forms);
   const std::string wdir = str(p_.models()->Get(ro.model())->weights());
   loadWholeWeights(r, rt, cfg, wdir);
@@ -148,7 +148,7 @@ void Worker::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &forms) {
 
 /// The shards role r trains or computes on (rt.tpSize, fsdpSize, ppSize:
 /// 1, 1, 1 for whole weights), by the plan's verdict.
-void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
+void RoleBuilder::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
   const Role &ro = role(r);
   auto rs = ints(ro.ranks());
   const bool apart = rt.apart;
@@ -180,7 +180,7 @@ void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
       (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
     rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
   if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
-    const bool generates = apart || rt.generatesOn == GeneratesOn::TrainingShards || rows_->genSlots().count(r) > 0 ||
+    const bool generates = apart || rt.generatesOn == GeneratesOn::TrainingShards || s_.rows->genSlots().count(r) > 0 ||
                            forms.generate == executes::Form::Whole;
     if (!generates)
       throw RunError("actor " + str(ro.name()) + " trains on " + degreesOf(tl).str() +
@@ -192,7 +192,7 @@ void Worker::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms) {
 /// hf("dir") with safetensors in it: a whole-weight role starts from those
 /// weights (a sharded role reads only its shard's bytes once its shards
 /// exist, in connect()); a critic or reward model from its score head.
-void Worker::loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig &cfg,
+void RoleBuilder::loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig &cfg,
                               const std::string &wdir) {
   const Role &ro = role(r);
   if (!wdir.empty() && !fileExists(wdir + "/model.safetensors") &&
@@ -234,7 +234,7 @@ void Worker::loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig &cfg,
 /// shards; an actor's generation shards and the groups of an actor
 /// generating apart; the sharded forms' weights from a Hugging Face
 /// directory (each rank reads only its shard) and their optimizers.
-void Worker::connectRoles() {
+void RoleBuilder::connect() {
   for (auto &[r, rr] : roles_) {
     if (rr.apart) {
       rr.xcomm = groupNamed(str(role(r).name()) + ".reshard");
@@ -268,7 +268,7 @@ void Worker::connectRoles() {
 /// Role r's group is plan group r (the emitter writes one per role first);
 /// an actor generating apart has two more, by name: its generation ranks
 /// ("<role>.generate") and both sides ("<role>.reshard"). Null: none.
-Communicator *Worker::groupNamed(const std::string &name) const {
+Communicator *RoleBuilder::groupNamed(const std::string &name) const {
   if (p_.groups())
     for (size_t g = 0; g < p_.groups()->size(); ++g)
       if (str(p_.groups()->Get(g)->name()) == name) {
@@ -280,12 +280,12 @@ Communicator *Worker::groupNamed(const std::string &name) const {
 
 /// A generation rank of an actor generating apart: its group, and with
 /// tensor-parallel generation its replica's shards over the staging copy.
-void Worker::connectGenerationRank(int r, RoleRt &rr) {
+void RoleBuilder::connectGenerationRank(int r, RoleRt &rr) {
   rr.comm = groupNamed(str(role(r).name()) + ".generate");
   if (!rr.comm)
     throw RunError("no communicator for actor " + str(role(r).name()) +
                    "'s generation ranks");
-  if (rows_->genSlots().count(r)) {
+  if (s_.rows->genSlots().count(r)) {
     // Tensor-parallel generation apart: replica = consecutive
     // generation ranks; `model` is the staging copy the pieces land in.
     auto gs = ints(role(r).generate_ranks());
@@ -301,7 +301,7 @@ void Worker::connectGenerationRank(int r, RoleRt &rr) {
 /// The role's training form on this rank: TP shards (with tp x dp groups),
 /// FSDP shards (over TP pieces with fsdp x tp), pipeline stages, sequence
 /// chunks over whole weights, or whole weights replicated.
-void Worker::buildTrainingForm(int r, RoleRt &rr) {
+void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
   if (rr.tpSize > 1) {
     // Tensor-parallel training: this rank keeps its shards only. With
     // dp > 1 (or fsdp x tp) the TP group is the rank's replica (tp is the
@@ -387,7 +387,7 @@ void Worker::buildTrainingForm(int r, RoleRt &rr) {
 }
 
 /// Each rank reads its own shard's boxes from the files, nothing else.
-void Worker::loadShards(int r, RoleRt &rr) {
+void RoleBuilder::loadShards(int r, RoleRt &rr) {
   const std::string &dir = loadedFrom_.at(role(r).model());
   uint64_t bytes = 0;
   try {
@@ -418,8 +418,8 @@ void Worker::loadShards(int r, RoleRt &rr) {
 /// generation shards a reshard fills), and what the rank stops keeping:
 /// a sharded role keeps no whole copy unless a whole-weight generation
 /// needs one.
-void Worker::buildGenerationForm(int r, RoleRt &rr) {
-  if (auto g = rows_->genSlots().find(r); g != rows_->genSlots().end() && !rr.apart) {
+void RoleBuilder::buildGenerationForm(int r, RoleRt &rr) {
+  if (auto g = s_.rows->genSlots().find(r); g != s_.rows->genSlots().end() && !rr.apart) {
     // Tensor-parallel generation: the ranks hosting the slots of this
     // rank's generation replica, ascending (= TP order, checked).
     auto rs = ints(role(r).ranks());
@@ -457,7 +457,7 @@ void Worker::buildGenerationForm(int r, RoleRt &rr) {
 
 /// The rank keeps its shards only: the whole model is dropped (built again
 /// from its configuration and seed when something needs it whole).
-void Worker::keepShardsOnly(int r, RoleRt &rr) {
+void RoleBuilder::keepShardsOnly(int r, RoleRt &rr) {
   rr.holding = Holding::ShardsOnly;
   rr.cfg = rr.model->config();
   rr.seed = models::modelSeed(p_.seed(), role(r).model());
@@ -465,7 +465,7 @@ void Worker::keepShardsOnly(int r, RoleRt &rr) {
 }
 
 /// Whether role `r` has weights it trains (an Actor or a Critic).
-bool Worker::trains(int r) const {
+bool RoleBuilder::trains(int r) const {
   const RoleKind k = role(r).kind();
   if (role(r).model() < 0)
     return false;
@@ -482,9 +482,9 @@ bool Worker::trains(int r) const {
 
 /// Role `r`'s AdamW over `params`, with its options (lr: 1e-5 for a critic,
 /// 1e-6 otherwise, as verl's defaults).
-std::unique_ptr<models::AdamW> Worker::makeOptimizer(int r,
+std::unique_ptr<models::AdamW> RoleBuilder::makeOptimizer(int r,
                                                      const std::vector<at::Tensor> &params) const {
-  const plan::RoleOptions &a = roleOptions(r);
+  const plan::RoleOptions &a = *role(r).options();
   models::AdamWOptions ao;
   // A critic's and a reward model's heads start from zero (or a checkpoint).
   ao.lr = a.lr().value_or(role(r).kind() == RoleKind::Actor ? 1e-6 : 1e-5);
@@ -493,7 +493,5 @@ std::unique_ptr<models::AdamW> Worker::makeOptimizer(int r,
   ao.warmup = a.warmup().value_or(0);
   return std::make_unique<models::AdamW>(params, ao);
 }
-
-// --- one iteration ------------------------------------------------------------
 
 } // namespace hflow::exec

@@ -8,7 +8,7 @@
 // sharded, sequence-parallel, pipelined) with the communicators they run
 // on, the head, the optimizer, and what its passes measured.
 //
-// RoleSetup.cpp builds it; every other engine file reads its form from
+// RoleBuilder.cpp builds it; every other engine file reads its form from
 // here instead of testing flags.
 //
 //===----------------------------------------------------------------------===//

@@ -6,12 +6,14 @@
 // rank; the Checkpointer (Checkpointer.h) writes and reads the files.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/TrainingState.h"
 #include "runtime/models/Checkpoint.h"
+#include "runtime/models/Safetensors.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
+#include <cstdio>
 #include <tuple>
 
 namespace hflow::exec {
@@ -20,9 +22,9 @@ using namespace hflow::plan;
 
 /// Every role's weights, heads and optimizer state on this rank, plus
 /// where the run is: the next checkpoint a resumed run continues from.
-void Worker::saveState() {
+void TrainingState::save() {
   models::CheckpointState st;
-  st.step = globalIter_;
+  st.step = progress_.globalIter;
   for (auto &[r, rr] : roles_) {
     const std::string pre = "role/" + str(role(r).name()) + "/";
     if (rr.holdsShards())
@@ -40,31 +42,31 @@ void Worker::saveState() {
   // off_policy: the rollout made ahead for the next iteration (on the
   // generation ranks) is part of the state: it came from weights this
   // checkpoint no longer has.
-  for (size_t i = 0; i < phases_.size(); ++i)
-    if (phases_[i].carry)
-      for (auto &[name, t] : phases_[i].carry->f)
+  for (size_t i = 0; i < s_.phases.size(); ++i)
+    if (s_.phases[i].carry)
+      for (auto &[name, t] : s_.phases[i].carry->f)
         st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
   // running_norm's moments (the controller's): the next normalisation
   // depends on every reward seen so far.
   for (auto &[s, m] : moments_)
     st.tensors["builtin/" + std::to_string(s) + "/moments"] = m.toTensor();
   nlohmann::json samplers = nlohmann::json::array();
-  for (auto &ph : phases_)
+  for (auto &ph : s_.phases)
     samplers.push_back(ph.sampler ? (int64_t)ph.sampler->position() : 0);
   // What determines the meaning of the state: compared on resume.
   nlohmann::json iterations = nlohmann::json::array(), data = nlohmann::json::array();
-  for (auto &ph : phases_) {
+  for (auto &ph : s_.phases) {
     iterations.push_back(ph.iterations);
     data.push_back(ph.dataHash);
   }
-  st.meta = {{"global_iteration", globalIter_},
+  st.meta = {{"global_iteration", progress_.globalIter},
              {"plan", comm::hashHex(lp_.fileHash())},
              {"rank", j_.rank},
              {"world_size", j_.worldSize},
              {"phase_iterations", iterations},
              {"data", data},
-             {"tokenizer", text_.tokIdentity},
-             {"chat_template", text_.tmplIdentity},
+             {"tokenizer", s_.text.tokIdentity},
+             {"chat_template", s_.text.tmplIdentity},
              {"samplers", samplers}};
   ck_.save(st, *comms_.world, o_.quiet, log_);
 }
@@ -73,7 +75,7 @@ void Worker::saveState() {
 /// A checkpoint means what it says only in the run that wrote it: this
 /// rank's, with the same phases (their lengths decide which phase an
 /// iteration number falls in) over the same data. Refused with what differs.
-void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const {
+void TrainingState::checkResumable(const models::CheckpointState &st, int64_t n) const {
   const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" + ck_.rankDir() +
                             "'";
   for (const char *key : {"rank", "world_size", "phase_iterations", "data"})
@@ -88,7 +90,7 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
                    " ranks, this one has " + std::to_string(j_.worldSize));
   nlohmann::json iterations = nlohmann::json::array(), data = nlohmann::json::array();
   std::string mine;
-  for (auto &ph : phases_) {
+  for (auto &ph : s_.phases) {
     iterations.push_back(ph.iterations);
     data.push_back(ph.dataHash);
     mine += (mine.empty() ? "" : ", ") + ph.name + " " + std::to_string(ph.iterations);
@@ -96,9 +98,9 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
   // The same tokens for the same text: another tokenizer or chat template
   // would train the restored weights on other ids, silently.
   for (const auto &[key, mine, what] :
-       {std::tuple<const char *, std::string, const char *>{"chat_template", text_.tmplIdentity,
+       {std::tuple<const char *, std::string, const char *>{"chat_template", s_.text.tmplIdentity,
                                                              "chat template"},
-        {"tokenizer", text_.tokIdentity, "tokenizer"}}) {
+        {"tokenizer", s_.text.tokIdentity, "tokenizer"}}) {
     if (!st.meta.contains(key))
       throw RunError(where + " does not record its " + what +
                      " (written by an older hflow-run): it cannot be checked against this run");
@@ -111,14 +113,14 @@ void Worker::checkResumable(const models::CheckpointState &st, int64_t n) const 
     throw RunError(where + " was written by a run whose phases have " +
                    st.meta["phase_iterations"].dump() + " iterations; this run has " + mine +
                    " (a different --steps, or another train block)");
-  for (size_t i = 0; i < phases_.size(); ++i)
+  for (size_t i = 0; i < s_.phases.size(); ++i)
     if (st.meta["data"][i] != data[i])
-      throw RunError(where + " was written over other data for phase " + phases_[i].name +
+      throw RunError(where + " was written over other data for phase " + s_.phases[i].name +
                      " (FNV-1a " + st.meta["data"][i].get<std::string>() + ", this run reads " +
                      data[i].get<std::string>() + ")");
 }
 
-void Worker::loadState() {
+void TrainingState::load() {
   models::CheckpointState st = ck_.loadLatest(*comms_.world);
   const int64_t n = st.step;
   if (st.meta.value("plan", std::string()) != comm::hashHex(lp_.fileHash()))
@@ -157,7 +159,7 @@ void Worker::loadState() {
   } catch (const std::exception &e) {
     throw RunError(std::string("--resume: ") + e.what());
   }
-  for (size_t i = 0; i < phases_.size(); ++i) {
+  for (size_t i = 0; i < s_.phases.size(); ++i) {
     const std::string pre = "carry/" + std::to_string(i) + "/";
     Val v;
     v.kind = BatchKind::Rollout;
@@ -171,7 +173,7 @@ void Worker::loadState() {
         throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
                        " has no field " + fd.name);
     v.rows = v.f.at("ptoks").size(0);
-    phases_[i].carry = std::move(v);
+    s_.phases[i].carry = std::move(v);
   }
   for (auto &[name, t] : st.tensors) {
     if (name.rfind("builtin/", 0) != 0)
@@ -185,8 +187,8 @@ void Worker::loadState() {
     } catch (const std::exception &) {
     }
     if (s < 0 || s >= (int)p_.steps()->size() || name.substr(slash) != "/moments" ||
-        Worker::step(s).kind() != StepKind::Builtin ||
-        str(Worker::step(s).method()) != "running_norm")
+        TrainingState::step(s).kind() != StepKind::Builtin ||
+        str(TrainingState::step(s).method()) != "running_norm")
       throw RunError(where + " names no running_norm step of this plan");
     try {
       moments_[s] = rl::RunningMoments::fromTensor(t);
@@ -194,20 +196,20 @@ void Worker::loadState() {
       throw RunError(where + ": " + e.what());
     }
   }
-  globalIter_ = n;
+  progress_.globalIter = n;
   auto samplers = st.meta.value("samplers", nlohmann::json::array());
-  for (size_t i = 0; i < phases_.size() && i < samplers.size(); ++i)
-    if (phases_[i].sampler)
-      phases_[i].sampler->setPosition(samplers[i].get<uint64_t>());
+  for (size_t i = 0; i < s_.phases.size() && i < samplers.size(); ++i)
+    if (s_.phases[i].sampler)
+      s_.phases[i].sampler->setPosition(samplers[i].get<uint64_t>());
   // Which phase and iteration come next.
   std::vector<int64_t> lengths;
-  for (const PhaseRt &ph : phases_)
+  for (const PhaseRt &ph : s_.phases)
     lengths.push_back(ph.iterations);
   ck_.resumeAfter(n, lengths);
   const size_t next = ck_.resumePhase();
-  if (next < phases_.size() && ck_.resumeIteration() > 0 && phases_[next].offPolicy > 0) {
-    const PhaseRt &ph = phases_[next];
-    if (inMySchedule(ph.genStep) && !ph.carry)
+  if (next < s_.phases.size() && ck_.resumeIteration() > 0 && s_.phases[next].offPolicy > 0) {
+    const PhaseRt &ph = s_.phases[next];
+    if (s_.mySteps.count(ph.genStep) && !ph.carry)
       throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +
                      "' holds no rollout made ahead for phase " + ph.name +
                      " (off_policy), which this generation rank needs");
@@ -215,6 +217,53 @@ void Worker::loadState() {
   if (j_.rank == 0 && !o_.quiet)
     std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
                 ck_.dir().c_str());
+}
+
+/// --export-hf (TrainingState.h).
+void TrainingState::exportRoles() {
+  refreshGenerationCopies(roles_);
+  for (const auto &[r, dir] : s_.exports) {
+    auto it = roles_.find(r);
+    if (it == roles_.end() || it->second.holding == Holding::GenerationRank)
+      continue; // not on this rank
+    RoleRt &rr = it->second;
+    const bool actor = role(r).kind() == RoleKind::Actor;
+    const models::Llama *whole = nullptr;
+    std::unique_ptr<models::Llama> gathered;
+    if (actor || !rr.holdsShards()) {
+      // The actor's first rank has every weight (its generation copy).
+      whole = rr.model.get();
+    } else {
+      // A sharded reward model: its whole weights gathered over its form's
+      // groups; the head from the stage that trains it.
+      gathered = std::make_unique<models::Llama>(
+          rr.lm->config(), models::modelSeed(p_.seed(), role(r).model()));
+      rr.lm->gatherInto(*gathered);
+      whole = gathered.get();
+    }
+    at::Tensor head;
+    if (!actor) {
+      head = rr.head.detach().clone();
+      rr.lm->shareHeadResult(head);
+    }
+    if (rr.pos != 0)
+      continue;
+    if (!whole)
+      throw RunError("--export-hf: role " + str(role(r).name()) +
+                     " has no whole weights on its first rank");
+    try {
+      if (actor)
+        models::exportHf(dir, *whole);
+      else
+        models::exportHfScorer(dir, *whole, head, rr.scorePad);
+    } catch (const std::exception &e) {
+      throw RunError(std::string("--export-hf: ") + e.what());
+    }
+    if (!o_.quiet)
+      std::printf("[export] %s's weights written to %s (Hugging Face format%s)\n",
+                  str(role(r).name()).c_str(), dir.c_str(),
+                  actor ? "" : ", a sequence-classification model");
+  }
 }
 
 } // namespace hflow::exec

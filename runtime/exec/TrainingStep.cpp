@@ -9,7 +9,7 @@
 // of the weights after it. The methods themselves are Methods.cpp's.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/exec/WorkerState.h"
+#include "runtime/exec/MethodRunner.h"
 
 #include <cmath>
 

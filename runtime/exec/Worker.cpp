@@ -36,26 +36,6 @@ using namespace hflow::plan;
 using comm::CommError;
 using comm::RendezvousError;
 
-std::string Worker::describe(int s) const { return describeStep(*rows_, progress_, s); }
-
-/// --tokenizer's default: the directory of the actor's hf("dir") weights when
-/// it holds tokenizer.json or tokenizer.model (a released checkpoint is
-/// tokenized with its own tokenizer), else "byte".
-std::string Worker::defaultTokenizer() const {
-  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
-    const plan::Role &ro = role(r);
-    if (ro.kind() != RoleKind::Actor || ro.model() < 0)
-      continue;
-    const std::string dir = str(p_.models()->Get(ro.model())->weights());
-    if (dir.empty())
-      continue;
-    for (const char *f : {"/tokenizer.json", "/tokenizer.model"})
-      if (::access((dir + f).c_str(), R_OK) == 0)
-        return dir;
-  }
-  return "byte";
-}
-
 /// Everything that can fail without talking to anyone: data files,
 /// tokenizer, reward rule, models. Runs before the rendezvous, so a bad
 /// input stops the job before any work.
@@ -66,41 +46,26 @@ void Worker::prepare() {
     if (::stat(o_.dataDir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw RunError("--data-dir '" + o_.dataDir + "' is not a directory");
   }
-  prepareTokenizer();
-  for (int s : ints(p_.schedules()->Get(j_.rank)->steps()))
-    mySteps_.insert(s);
-  prepareRules();
-  preparePhases();
-  for (PhaseRt &ph : phases_) {
-    measurePrompts(ph);
-    findRollout(ph);
-    heldOut_.evalR = std::max(heldOut_.evalR, ph.R);
-    if (ph.ph && ph.ph->off_policy() > 0)
-      prepareOffPolicy(ph);
-    ph.xfers = rows_->transfers(ph);
-    if (ph.offPolicy > 0) {
-      auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
-      for (Xfer &x : ph.xfers)
-        x.early = x.value == ph.rolloutValue &&
-                  std::find(genRanks.begin(), genRanks.end(), x.src) != genRanks.end();
-    }
-  }
-  prepareHeldOut();
+  Preflight pre = preflight();
+  pre.readTokenizer();
+  pre.readRules();
+  pre.readPhases();
+  pre.readHeldOut();
   // Checkpoints: the command line wins over the train block.
   {
     std::vector<Checkpointer::BlockSettings> blocks;
-    for (auto &ph : phases_)
+    for (auto &ph : setup_.phases)
       if (ph.ph)
         blocks.push_back({ph.ph->checkpoint_dir() ? str(ph.ph->checkpoint_dir()) : std::string(),
                           ph.ph->checkpoint_every()});
     ck_.configure(o_, blocks, j_.rank);
   }
-  prepareExports();
+  pre.checkExports();
   if (j_.rank == 0) {
     // Every output checked, locked and its folder claimed before any work;
     // the other ranks write only inside what rank 0 claimed.
     preparing("checking and locking the outputs");
-    claimOutputs();
+    pre.claimOutputs();
     log_.open();
     if (ck_.saves()) {
       try {
@@ -110,119 +75,16 @@ void Worker::prepare() {
       }
     }
   }
-  buildRoles();
+  builder_.build();
 }
 
-/// The tokenizer (--tokenizer, else the actor's model's), its stop ids and
-/// the prompt encoder over it.
-void Worker::prepareTokenizer() {
-  const std::string tokSpec = o_.tokenizer.empty() ? defaultTokenizer() : o_.tokenizer;
-  preparing("reading the tokenizer '" + tokSpec + "'");
-  text_.tok = data::makeTokenizer(tokSpec);
-  text_.tokIdentity = tokenizerIdentity(tokSpec);
-  text_.tmplIdentity = templateIdentity();
-  text_.prompts = std::make_unique<data::PromptEncoder>(*text_.tok);
-  text_.stops = text_.tok->stopIds();
-  if (j_.rank == 0 && !o_.quiet && text_.tok->name() != "byte") {
-    std::string stops;
-    for (int64_t id : text_.stops)
-      stops += (stops.empty() ? "" : " ") + std::to_string(id);
-    std::printf("[data] tokenizer %s (vocabulary %lld, BOS %lld, stop ids %s, %s)\n",
-                text_.tok->name().c_str(), (long long)text_.tok->vocabSize(), (long long)text_.tok->bosId(),
-                stops.c_str(), text_.prompts->hasTemplate() ? "chat template" : "no chat template");
-  }
-}
-
-/// Each RewardFn role scores with its own rule (the program names it).
-void Worker::prepareRules() {
-  for (int r = 0; r < (int)(p_.roles() ? p_.roles()->size() : 0); ++r) {
-    if (role(r).kind() != RoleKind::RewardFn)
-      continue;
-    const std::string name = str(role(r).rule());
-    if (name.empty())
-      throw RunError("RewardFn role " + str(role(r).name()) + " names no reward rule");
-    try {
-      rules_[r] = {name, data::rewardRule(name)};
-    } catch (const std::exception &e) {
-      throw RunError("RewardFn role " + str(role(r).name()) + ": " + e.what());
-    }
-  }
-
-}
-
-/// --eval's held-out prompts and --eval-pairs' preference pairs.
-void Worker::prepareHeldOut() {
-  if (!o_.evalFile.empty()) {
-    preparing("reading the --eval file '" + o_.evalFile + "'");
-    heldOut_.evalRule = chooseEvalRule();
-    try {
-      const std::string path = resolveData(o_.evalFile);
-      heldOut_.eval = data::Dataset::load(path, dataKeys_);
-      heldOut_.evalHash = fileHash(path);
-    } catch (const RunError &) {
-      throw;
-    } catch (const std::exception &e) {
-      throw RunError(e.what());
-    }
-  }
-  if (!o_.evalPairsFile.empty()) {
-    try {
-      const std::string path = resolveData(o_.evalPairsFile);
-      heldOut_.pairs = data::Dataset::load(path);
-      heldOut_.pairsHash = fileHash(path);
-    } catch (const RunError &) {
-      throw;
-    } catch (const std::exception &e) {
-      throw RunError(e.what());
-    }
-    for (size_t i = 0; i < heldOut_.pairs->size(); ++i)
-      if (!(*heldOut_.pairs)[i].hasPair)
-        throw RunError(heldOut_.pairs->path() + ":" + std::to_string((*heldOut_.pairs)[i].line) +
-                       ": --eval-pairs needs a preference pair on every row: fields "
-                       "'chosen' and 'rejected'");
-    bool rm = false;
-    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
-      rm = rm || role(r).kind() == RoleKind::RewardModel;
-    if (!rm)
-      throw RunError("--eval-pairs " + o_.evalPairsFile + ": the program has no reward model "
-                     "to evaluate");
-  }
-}
-
-/// --export-hf: which role goes to which folder, refused before any work.
-void Worker::prepareExports() {
-  for (const auto &[name, dir] : o_.exportHf) {
-    // Which role: the named one (an actor or a reward model), else the actor.
-    int which = -1;
-    for (int r = 0; p_.roles() && r < (int)p_.roles()->size(); ++r)
-      if (name.empty() ? role(r).kind() == RoleKind::Actor : str(role(r).name()) == name) {
-        which = r;
-        break;
-      }
-    if (which < 0)
-      throw RunError(name.empty() ? "--export-hf " + dir + ": the program has no actor; "
-                                    "name the role to export: --export-hf ROLE=" + dir
-                                  : "--export-hf " + name + "=" + dir + ": the program has "
-                                    "no role '" + name + "'");
-    const RoleKind k = role(which).kind();
-    if (k != RoleKind::Actor && k != RoleKind::RewardModel)
-      throw RunError("--export-hf " + name + "=" + dir + ": role " + name + " is a " +
-                     (k == RoleKind::Critic ? "Critic" : k == RoleKind::Reference
-                                                             ? "Reference (the actor's start)"
-                                                             : "rule") +
-                     "; hflow exports an actor (a causal LM) or a reward model (a "
-                     "sequence-classification model)");
-    for (const auto &[r, d] : exports_)
-      if (d == dir)
-        throw RunError("--export-hf: two roles would be written to " + dir);
-    // Rank 0 claims the folder (claimOutputs: created, checked writable,
-    // marked and locked); no other rank touches it before.
-    exports_.emplace_back(which, dir);
-  }
+Preflight Worker::preflight() {
+  return Preflight({cx(), setup_, resharder_, ck_, outputs_,
+                    [this](std::string w) { preparing(std::move(w)); }});
 }
 
 void Worker::connect() {
-  comms_.rendezvous = joinJob(j_, lp_.fileHash(), agreedFacts());
+  comms_.rendezvous = joinJob(j_, lp_.fileHash(), preflight().agreedFacts());
   comms_.rendezvous->startHeartbeat();
   comms_.world = createWorld(*comms_.rendezvous, j_, o_.comm);
 
@@ -243,7 +105,7 @@ void Worker::connect() {
       comms_.groups[(int)g] = comms_.world->makeSubgroup(name, rs);
       comms_.byGroup[(int)g] = comms_.groups[(int)g].get();
     }
-  connectRoles();
+  builder_.connect();
 }
 
 
@@ -257,18 +119,18 @@ void Worker::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out)
     std::vector<int64_t> t;
     if (ph.dataset) {
       const auto &ex = (*ph.dataset)[(size_t)ids[b]];
-      t = text_.promptOf(*ph.dataset, ex);
+      t = setup_.text.promptOf(*ph.dataset, ex);
     } else {
       // Synthetic prompts of a plan without data: P random tokens.
       at::Generator g = at::make_generator<at::CPUGeneratorImpl>(mix(ph.seed, ids[b]));
-      at::Tensor r = at::randint(1, text_.synthVocab, {P}, g,
+      at::Tensor r = at::randint(1, setup_.text.synthVocab, {P}, g,
                                  at::TensorOptions().dtype(at::kLong));
       t.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + P);
     }
     idv[b] = ids[b];
     const int64_t pad = P - (int64_t)t.size(); // left padding
     for (int64_t j = 0; j < P; ++j) {
-      toks[b][j] = j < pad ? text_.tok->padId() : t[j - pad];
+      toks[b][j] = j < pad ? setup_.text.tok->padId() : t[j - pad];
       mask[b][j] = j < pad ? 0.0f : 1.0f;
     }
   }
@@ -311,7 +173,7 @@ void Worker::moveRows(PhaseRt &ph, int s, bool early) {
     BatchKind k = p_.values()->Get(x.value)->kind();
     auto it = vals_.find(x.value);
     if (it == vals_.end())
-      it = vals_.emplace(x.value, makeVal(k, rows_->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
+      it = vals_.emplace(x.value, makeVal(k, setup_.rows->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
     unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, recvs[i].second);
   }
 }
@@ -346,7 +208,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     // them while this rank generates the next rollout.
     moveRows(ph, -1, /*early=*/true);
     if (!makeNext)
-      progress_.plannedSteps -= rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+      progress_.plannedSteps -= setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   }
   if (makeNext) {
     const std::vector<int64_t> ids = nextPrompts(ph);
@@ -370,7 +232,7 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
                     [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
       record_.stepMs[ph.count + s - ph.first] = msSince(tm);
     auto ts = Clock::now();
-    if (inMySchedule(s)) {
+    if (setup_.mySteps.count(s)) {
       if (ahead && s == ph.genStep) {
         // The next iteration's rollout; this one's stays in place.
         std::optional<Val> current;
@@ -395,23 +257,23 @@ void Worker::runIteration(PhaseRt &ph, int64_t it) {
     record_.stepMs[s - ph.first] = msSince(ts);
   }
   progress_.step = -1;
-  const bool evals = heldOut_.eval || heldOut_.pairs;
+  const bool evals = setup_.heldOut.eval || setup_.heldOut.pairs;
   bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
   if (evals && lastIt)
     evalNow = true;
   progress_.activity = "evaluating on the held-out prompts";
   if (evalNow)
-    evaluate(ph.name, it);
+    evaluator_.evaluate(ph.name, it);
   progress_.activity = "gathering the iteration's metrics";
-  gatherMetrics(ph, it, msSince(t0), evalNow);
-  ++globalIter_;
+  report_.gather(ph, it, msSince(t0), evalNow);
+  ++progress_.globalIter;
   if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
-      globalIter_ == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
+      progress_.globalIter == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
     std::abort(); // fault injection for tests: a worker dies mid-run
-  progress_.activity = "saving checkpoint " + std::to_string(globalIter_) + " in '" + ck_.dir() + "'";
-  if (ck_.due(globalIter_))
-    saveState();
+  progress_.activity = "saving checkpoint " + std::to_string(progress_.globalIter) + " in '" + ck_.dir() + "'";
+  if (ck_.due(progress_.globalIter))
+    state_.save();
   progress_.activity.clear();
 }
 
@@ -435,26 +297,52 @@ void Worker::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
     runCompute(ph, s, it);
     break;
   case StepKind::Builtin:
-    runBuiltin(ph, s);
+    controller_.runBuiltin(ph, s);
     break;
   case StepKind::Reshard:
-    runReshard(s);
+    record_.digests[s] = resharder_.run(*p_.reshards()->Get(st.reshard()), roles_,
+                                        record_.sums ? &*record_.sums : nullptr);
     break;
   case StepKind::CheckAllGather:
-    runCheck(s);
+    controller_.runCheck(s);
     break;
   }
   ++progress_.stepsRun;
-  std::string label = st.kind() == StepKind::Compute ? rows_->callName(s)
+  std::string label = st.kind() == StepKind::Compute ? setup_.rows->callName(s)
                       : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
                       : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
-                                                       : "check " + rows_->callName(st.checks());
+                                                       : "check " + setup_.rows->callName(st.checks());
   trace_.span(label + suffix,
               st.kind() == StepKind::Reshard || st.kind() == StepKind::CheckAllGather
                   ? TraceRecorder::kCommunication
                   : TraceRecorder::kCompute,
               tc);
 }
+
+/// A Compute step: its call, run by the method runner.
+void Worker::runCompute(PhaseRt &ph, int s, int64_t it) {
+  const Step &st = step(s);
+  const std::string method = str(st.method());
+  auto rit = roles_.find(st.role());
+  if (rit == roles_.end())
+    throw RunError("this rank is scheduled for the step but is not one of role " +
+                   str(role(st.role()).name()) + "'s ranks");
+  MethodRunner::Fn fn = MethodRunner::find(method);
+  if (!fn) // the plan loader refuses such a plan; a defence in depth
+    throw RunError("method '" + method + "' is not supported by this runtime");
+  MethodCall c{ph,
+               s,
+               it,
+               rit->second,
+               role(st.role()),
+               *st.args(),
+               *role(st.role()).options(),
+               ints(st.inputs()),
+               ints(st.outputs()),
+               setup_.rows->isLeader(s, j_.rank)};
+  methods_.run(fn, c);
+}
+
 
 /// off_policy: the first rollout of a phase, before its first iteration:
 /// the reshard, the generate step and its check, on the first prompts.
@@ -463,14 +351,14 @@ void Worker::runRolloutAhead(PhaseRt &ph) {
   vals_.clear();
   record_.digests.clear();
   record_.sums.emplace();
-  progress_.plannedSteps += rows_->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  progress_.plannedSteps += setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   const std::vector<int64_t> ids = nextPrompts(ph);
   for (int v : ints(step(ph.genStep).inputs()))
     if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
       makePrompts(ph, ids, vals_[v]);
   auto t0 = Clock::now();
   for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
-    if (s < 0 || !inMySchedule(s))
+    if (s < 0 || !setup_.mySteps.count(s))
       continue;
     progress_.step = s;
     runStep(ph, s, 0, " (ahead)");
@@ -491,7 +379,7 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   progress_.phase = ph.name;
   log_.startPhase(firstIter);
   if (firstIter == 0)
-    syncReference(phaseIndex);
+    evaluator_.syncReference(phaseIndex);
   if (ph.offPolicy > 0 && firstIter == 0)
     runRolloutAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
@@ -517,8 +405,8 @@ void Worker::finish() {
       held[F * (size_t)r + k] = m[k];
   }
   progress_.activity = "exporting (--export-hf)";
-  if (!exports_.empty())
-    exportRoles();
+  if (!setup_.exports.empty())
+    state_.exportRoles();
   progress_.activity = "writing the trace (--trace)";
   if (trace_.enabled())
     trace_.write(*comms_.world, j_.rank, p_.world_size(), o_.quiet);
@@ -540,13 +428,12 @@ void Worker::finish() {
   comms_.world->barrier();
   log_.clearBar();
   if (j_.rank == 0 && !o_.quiet)
-    printSummary(all);
+    report_.printSummary(all);
 }
 
 
 int Worker::run() {
   const std::string who = "rank " + std::to_string(j_.rank) + ": ";
-  corruptRank_ = envInt("HFLOW_TEST_CORRUPT_DIGEST", -1);
   watchdog_ = std::make_unique<Watchdog>(j_.timeout, "rank " + std::to_string(j_.rank));
   try {
     prepare();
@@ -636,30 +523,30 @@ void Worker::work() {
   progress_.start = Clock::now();
   trace_.setOrigin(progress_.start);
   if (o_.resume)
-    loadState();
+    state_.load();
   if (j_.rank == 0) {
     // A resumed run keeps the earlier run's rows before its resume point.
     ResumePoint at;
-    for (const PhaseRt &ph : phases_)
+    for (const PhaseRt &ph : setup_.phases)
       at.phases.push_back(ph.name);
     at.phase = ck_.resumePhase();
     at.iteration = ck_.resumeIteration();
     log_.openMetrics(o_.resume ? &at : nullptr);
   }
-  if ((heldOut_.eval || heldOut_.pairs) && !o_.resume) {
+  if ((setup_.heldOut.eval || setup_.heldOut.pairs) && !o_.resume) {
     // Before any training: the starting point of the curve.
     record_.sums.emplace();
-    record_.stepMs.assign(2 * phases_[0].count, 0.0);
-    evaluate("start", -1);
-    PhaseRt &ph0 = phases_[0];
+    record_.stepMs.assign(2 * setup_.phases[0].count, 0.0);
+    evaluator_.evaluate("start", -1);
+    PhaseRt &ph0 = setup_.phases[0];
     std::string keep = ph0.name;
     ph0.name = "start";
-    gatherMetrics(ph0, -1, 0, true);
+    report_.gather(ph0, -1, 0, true);
     ph0.name = keep;
   }
   const size_t from = o_.resume ? ck_.resumePhase() : 0;
-  for (size_t i = from; i < phases_.size(); ++i)
-    runPhase(phases_[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
+  for (size_t i = from; i < setup_.phases.size(); ++i)
+    runPhase(setup_.phases[i], (int)i, o_.resume && i == from ? ck_.resumeIteration() : 0);
   finish();
   progress_.activity = "writing the report (--report)";
   if (j_.rank == 0)

@@ -25,8 +25,8 @@ namespace hflow::launch {
 
 // --- command line --------------------------------------------------------
 
-std::string usage() {
-  return R"(usage: hflow-run [options] PLAN.bin
+/// hflow-run --help: the text, as data (docs/runtime.md describes the options).
+constexpr const char kUsage[] = R"(usage: hflow-run [options] PLAN.bin
        hflow-run --calibrate OUT.json PLAN.bin
 
 Runs an execution plan compiled by hflowc. Without a launcher environment it
@@ -155,7 +155,8 @@ environment (join mode; command-line flags take precedence):
 exit status: 0 success; 2 bad usage or an invalid plan; 1 any runtime
 failure (rendezvous, a worker that died, a failed check, a port in use).
 )";
-}
+
+std::string usage() { return kUsage; }
 
 static bool parseInt(const std::string &s, long lo, long hi, long &out) {
   if (s.empty())
