@@ -3,8 +3,9 @@
 // Private to runtime/exec. The role methods a Compute step names —
 // generate, logprob, values, score (Methods.cpp), update (PolicyUpdate.cpp),
 // fit (RewardModel.cpp), sft — one function each, chosen once from a table
-// by the plan's method name, with the passes and optimizer steps they share
-// (TrainingStep.cpp). It owns no state of its own: it borrows, by reference,
+// by the plan's method name, with the passes they share; the optimizer step
+// and the cut of a training call are TrainingStep.h's. It owns no state of
+// its own but that step: it borrows, by reference,
 // the engine state the Worker owns (EngineState.h) that a method reads or
 // writes — the plan and options, the row schedule, the flow's values and
 // their digests, the iteration's metric sums, the roles and rules, the text
@@ -16,6 +17,7 @@
 #define HFLOW_RUNTIME_EXEC_METHODRUNNER_H
 
 #include "runtime/exec/EngineState.h"
+#include "runtime/exec/TrainingStep.h"
 
 namespace hflow::exec {
 
@@ -75,16 +77,6 @@ private:
   };
   DataRows dataRows(MethodCall &c, const std::string &refusal);
   Val &rolloutOf(MethodCall &c, Span &rows);
-  int64_t microBatch(const MethodCall &c, int64_t whole) const;
-  /// How a training call (update, sft, fit) cuts this replica's `rows`
-  /// rows: its epochs; the rows of one optimizer step (the call's or the
-  /// phase's `minibatch`, in prompts over all replicas, as verl counts it;
-  /// every row when that does not divide them); the rows of one pass
-  /// (`micro_batch`, at most a minibatch).
-  struct TrainingCut {
-    int64_t epochs = 1, minibatch = 1, micro = 1;
-  };
-  TrainingCut trainingCut(const MethodCall &c, int64_t rows) const;
   void store(MethodCall &c, Span rows, const at::Tensor &x);
   /// `head` sees the hidden states of positions [start, start + width) of
   /// the prompt + response columns ([P - 1, P - 1 + R) by default: the
@@ -101,14 +93,11 @@ private:
                                                       int64_t micro, int64_t budget,
                                                       const std::string &where,
                                                       Communicator *equalize);
-  void trainStep(RoleRt &rr, const at::Tensor &loss, double lrOverride);
-  void applyGradients(RoleRt &rr, double lrOverride);
-  void clipAndStep(RoleRt &rr, double norm, double lrOverride);
-  void checkLoss(const RoleRt &rr, const char *what, double v) const;
 
-  const plan::RoleOptions &roleOptions(int r) const { return *role(r).options(); }
   std::string describe(int s) const { return describeStep(*rows_, progress_, s); }
-  bool isStop(int64_t id) const { return text_.isStop(id); }
+
+  /// The optimizer step the training methods share (TrainingStep.h).
+  GradientStep grads_{p_, metrics_};
 };
 
 } // namespace hflow::exec

@@ -208,7 +208,7 @@ at::Tensor MethodRunner::forwardResponses(MethodCall &c, Val &rollout, Span rows
     start = c.ph.P - 1, width = c.ph.R;
   PassMeter meter(c.rr);
   const int64_t b = rows.hi - rows.lo;
-  const int64_t micro = microBatch(c, b);
+  const int64_t micro = microBatchOf(c, b);
   const int64_t budget = c.a.max_batch_tokens().value_or(0);
   std::vector<at::Tensor> parts;
   const auto batches = rowBatches(rollout, rows.lo, rows.hi, micro, budget, describe(c.s),
@@ -548,7 +548,7 @@ void MethodRunner::runSft(MethodCall &c) {
   // `micro_batch` sequences whose gradients accumulate. Each micro-batch's
   // loss is its answer tokens' summed log-loss over the minibatch's answer
   // tokens: the minibatch's token mean, however it is cut.
-  const TrainingCut cut = trainingCut(c, B);
+  const TrainingCut cut = TrainingCut::of(c, B);
   const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   double lastLoss = 0;
   for (int64_t e = 0; e < epochs; ++e)
@@ -581,12 +581,12 @@ void MethodRunner::runSft(MethodCall &c) {
       rr.lm->shareHeadValues(shared);
       mbLoss = shared[0];
       meter.done();
-      checkLoss(rr, "sft loss", mbLoss);
+      grads_.checkLoss(rr, "sft loss", mbLoss);
       if (c.leader) {
         metrics_->sftLoss += mbLoss;
         metrics_->sftN += 1;
       }
-      applyGradients(rr, a.lr().value_or(0));
+      grads_.apply(rr, a.lr().value_or(0));
       lastLoss = mbLoss;
     }
   digests_[s] = lastLoss;
@@ -661,7 +661,7 @@ void MethodRunner::runScore(MethodCall &c) {
     for (int64_t i = 0; i < b; ++i) {
       std::vector<int64_t> ids;
       for (int64_t t = 0; t < lenA[i]; ++t)
-        if (!isStop(acc[i][t]))
+        if (!text_.isStop(acc[i][t]))
           ids.push_back(acc[i][t]);
       data::Example ex;
       if (ph.dataset)

@@ -223,13 +223,13 @@ void MethodRunner::runUpdate(MethodCall &c) {
   // Epochs x minibatches of this replica's rows (one optimizer step each)
   // x passes of `micro_batch` sequences whose gradients accumulate (each
   // loss weighted by its share of the minibatch, as verl does).
-  const TrainingCut cut = trainingCut(c, b);
+  const TrainingCut cut = TrainingCut::of(c, b);
   const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   const double lrOver = a.lr().value_or(0);
   UpdateLoss microLoss(
       a, c.ro, rr, *rollout, R, ph.rolloutTemp,
       [&](BatchKind k, int nth) { return inputOfKind(c, k, nth); },
-      [&](const char *what, double v) { checkLoss(rr, what, v); },
+      [&](const char *what, double v) { grads_.checkLoss(rr, what, v); },
       c.leader ? &*metrics_ : nullptr);
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
@@ -283,7 +283,7 @@ void MethodRunner::runUpdate(MethodCall &c) {
       }, true);
       meter.done();
       order.reset(); // the plan's row order again
-      applyGradients(rr, lrOver);
+      grads_.apply(rr, lrOver);
     }
   // The loss is where the heads ran (a pipeline's last stage).
   std::vector<double> shared{microLoss.lastLoss};

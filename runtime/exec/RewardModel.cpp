@@ -122,7 +122,7 @@ void MethodRunner::runFit(MethodCall &c) {
     seqs.push_back(pairSequence(*ph.dataset, ex, ex.rejected));
   }
   const int64_t B = sp.hi - sp.lo; // pairs
-  const TrainingCut cut = trainingCut(c, B);
+  const TrainingCut cut = TrainingCut::of(c, B);
   const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   double lastLoss = 0;
   for (int64_t e = 0; e < epochs; ++e)
@@ -146,7 +146,7 @@ void MethodRunner::runFit(MethodCall &c) {
       double mbLoss = 0;
       for (double l : losses)
         mbLoss += l;
-      checkLoss(rr, "reward-model loss", mbLoss);
+      grads_.checkLoss(rr, "reward-model loss", mbLoss);
       if (c.leader) {
         at::Tensor pairs = scores.view({-1, 2});
         rl::PreferenceLossOutput o =
@@ -156,7 +156,7 @@ void MethodRunner::runFit(MethodCall &c) {
         metrics_->rmMargin += o.margin.item<double>();
         metrics_->rmN += 1;
       }
-      applyGradients(rr, a.lr().value_or(0));
+      grads_.apply(rr, a.lr().value_or(0));
       lastLoss = mbLoss;
     }
   digests_[s] = lastLoss;
