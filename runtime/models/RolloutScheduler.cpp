@@ -9,24 +9,12 @@ namespace hflow::models {
 
 RolloutScheduler::RolloutScheduler(KvBlocks &blocks, const ScheduleLimits &limits,
                                    StopRule stop)
-    : blocks_(blocks), lim_(limits), stop_(std::move(stop)) {}
+    : kv_(blocks, limits.sharePrefixes), lim_(limits), stop_(std::move(stop)) {}
 
 void RolloutScheduler::add(std::vector<int64_t> prompt, int64_t row) {
-  int g = -1;
-  if (lim_.sharePrefixes) {
-    auto it = byPrompt_.find(prompt);
-    if (it != byPrompt_.end())
-      g = it->second;
-  }
-  if (g < 0) {
-    g = (int)groups_.size();
-    groups_.push_back(PromptGroup{});
-    groups_.back().prompt = prompt;
-    if (lim_.sharePrefixes)
-      byPrompt_.emplace(std::move(prompt), g);
-  }
-  ++groups_[(size_t)g].unfinished;
-  ++groups_[(size_t)g].fresh;
+  const int g = kv_.groupOf(std::move(prompt));
+  ++kv_.group(g).unfinished;
+  ++kv_.group(g).fresh;
   RolloutSeq s;
   s.row = row;
   s.group = g;
@@ -34,75 +22,14 @@ void RolloutScheduler::add(std::vector<int64_t> prompt, int64_t row) {
   seqs_.push_back(std::move(s));
 }
 
-//===-- blocks ------------------------------------------------------------===//
-
-/// Blocks `table` needs so that positions [len, len + q) have a slot of
-/// their own (new blocks, and a copy of a shared last block).
-int64_t RolloutScheduler::blocksNeeded(const std::vector<int> &table, int64_t len,
-                                       int64_t q) const {
-  const int64_t bs = blocks_.blockSize();
-  int64_t need = std::max<int64_t>(0, ceilDiv(len + q, bs) - (int64_t)table.size());
-  if (len % bs != 0 && blocks_.refs(table[(size_t)(len / bs)]) > 1)
-    ++need;
-  return need;
-}
-
-/// Gives positions [len, len + q) of `table` a slot of their own.
-void RolloutScheduler::reserve(std::vector<int> &table, int64_t len, int64_t q) {
-  const int64_t bs = blocks_.blockSize();
-  if (len % bs != 0) {
-    int &last = table[(size_t)(len / bs)];
-    if (blocks_.refs(last) > 1) { // copy on write
-      const int fresh = blocks_.allocate();
-      blocks_.copyBlock(last, fresh);
-      blocks_.release(last);
-      last = fresh;
-    }
-  }
-  while ((int64_t)table.size() * bs < len + q)
-    table.push_back(blocks_.allocate());
-}
-
-void RolloutScheduler::releaseTable(std::vector<int> &table) {
-  for (int b : table)
-    blocks_.release(b);
-  table.clear();
-}
-
-/// Frees the kept prompt of a group no running row uses.
-bool RolloutScheduler::dropIdleGroup() {
-  for (size_t g = 0; g < groups_.size(); ++g)
-    if (groups_[g].cached && groups_[g].running == 0) {
-      uncache((int)g);
-      return true;
-    }
-  return false;
-}
-
-void RolloutScheduler::uncache(int gi) {
-  PromptGroup &g = groups_[(size_t)gi];
-  if (g.cached) {
-    releaseTable(g.blocks);
-    g.cached = false;
-    if (onUncache_)
-      onUncache_(gi);
-  }
-}
-
-/// Whether `need` blocks are free, freeing idle prompts if that helps.
-bool RolloutScheduler::haveBlocks(int64_t need) {
-  while (blocks_.freeBlocks() < need)
-    if (!dropIdleGroup())
-      return false;
-  return true;
-}
+//===-- preemption ------------------------------------------------------===//
 
 void RolloutScheduler::preempt(int si) {
   RolloutSeq &s = seqs_[(size_t)si];
-  releaseTable(s.table);
+  kv_.release(s.table);
   s.len = 0;
   s.joined = -1;
-  --groups_[(size_t)s.group].running;
+  --kv_.group(s.group).running;
   running_.erase(std::find(running_.begin(), running_.end(), si));
   waiting_.push_front(si);
   ++counts_.preemptions;
@@ -115,27 +42,26 @@ void RolloutScheduler::preempt(int si) {
 /// engine samples forks after the forward), or starts the prompt's prefill.
 bool RolloutScheduler::joinShared(int si, JoinBatch &b, int64_t &tokens) {
   RolloutSeq &s = seqs_[(size_t)si];
-  PromptGroup &g = groups_[(size_t)s.group];
+  PromptGroup &g = kv_.group(s.group);
   const int64_t P = (int64_t)g.prompt.size();
   if (g.cached) {
     // The prompt is (or is about to be) in the pool: fork it, sample from
     // its logits.
     s.table = g.blocks;
-    for (int blk : s.table)
-      blocks_.retain(blk);
+    kv_.share(s.table);
     s.len = P;
     b.forkNow.push_back(si);
     return true;
   }
   // The group's first sample: prefill its prompt once.
-  const int64_t need = ceilDiv(P, blocks_.blockSize());
-  if ((lim_.maxBatchTokens > 0 && tokens + P > lim_.maxBatchTokens) || !haveBlocks(need))
+  const int64_t need = ceilDiv(P, kv_.blockSize());
+  if ((lim_.maxBatchTokens > 0 && tokens + P > lim_.maxBatchTokens) || !kv_.haveBlocks(need))
     return false;
   JoinRow r;
   r.group = s.group;
   r.tokens = g.prompt;
   r.forks.push_back(si);
-  reserve(g.blocks, 0, P);
+  kv_.reserve(g.blocks, 0, P);
   g.cached = true; // its blocks are the entry's from now on
   tokens += P;
   b.groupRow[s.group] = b.rows.size();
@@ -147,7 +73,7 @@ bool RolloutScheduler::joinShared(int si, JoinBatch &b, int64_t &tokens) {
 /// its response so far (a preempted sequence, or no prefix sharing).
 bool RolloutScheduler::joinOwn(int si, JoinBatch &b, int64_t &tokens) {
   RolloutSeq &s = seqs_[(size_t)si];
-  PromptGroup &g = groups_[(size_t)s.group];
+  PromptGroup &g = kv_.group(s.group);
   const bool shared = lim_.sharePrefixes && g.cached;
   std::vector<int> table;
   int64_t past = 0;
@@ -165,13 +91,12 @@ bool RolloutScheduler::joinOwn(int si, JoinBatch &b, int64_t &tokens) {
   if (lim_.maxBatchTokens > 0 && tokens + q > lim_.maxBatchTokens)
     return false;
   // The shared blocks count once they are this row's.
-  for (int blk : table)
-    blocks_.retain(blk);
-  if (!haveBlocks(blocksNeeded(table, past, q))) {
-    releaseTable(table);
+  kv_.share(table);
+  if (!kv_.haveBlocks(kv_.needed(table, past, q))) {
+    kv_.release(table);
     return false;
   }
-  reserve(table, past, q);
+  kv_.reserve(table, past, q);
   s.table = std::move(table);
   s.len = past;
   tokens += q;
@@ -191,7 +116,7 @@ JoinBatch RolloutScheduler::scheduleJoin() {
     if (!(lim_.sharePrefixes && fresh ? joinShared(si, b, tokens) : joinOwn(si, b, tokens)))
       break;
     waiting_.pop_front();
-    PromptGroup &g = groups_[(size_t)s.group];
+    PromptGroup &g = kv_.group(s.group);
     if (fresh)
       --g.fresh;
     s.joined = joinCount_++;
@@ -203,7 +128,7 @@ JoinBatch RolloutScheduler::scheduleJoin() {
 }
 
 const std::vector<int> &RolloutScheduler::tableOf(const JoinRow &r) const {
-  return r.group >= 0 ? groups_.at((size_t)r.group).blocks : seqs_.at((size_t)r.seq).table;
+  return r.group >= 0 ? kv_.group(r.group).blocks : seqs_.at((size_t)r.seq).table;
 }
 
 void RolloutScheduler::prefilled(const JoinBatch &b, std::vector<int> &who,
@@ -218,12 +143,11 @@ void RolloutScheduler::prefilled(const JoinBatch &b, std::vector<int> &who,
       from.push_back((int64_t)i);
       continue;
     }
-    const PromptGroup &g = groups_[(size_t)r.group];
+    const PromptGroup &g = kv_.group(r.group);
     for (int si : r.forks) {
       RolloutSeq &s = seqs_[(size_t)si];
       s.table = g.blocks;
-      for (int blk : s.table)
-        blocks_.retain(blk);
+      kv_.share(s.table);
       s.len = (int64_t)g.prompt.size();
       who.push_back(si);
       from.push_back((int64_t)i);
@@ -237,12 +161,12 @@ void RolloutScheduler::releaseForked(const JoinBatch &b) {
   // samples' (the last to write into a shared block writes in place). Only
   // the groups that joined this round can have become so.
   for (const auto &[gi, row] : b.groupRow)
-    if (groups_[(size_t)gi].fresh == 0)
-      uncache(gi);
+    if (kv_.group(gi).fresh == 0)
+      kv_.uncache(gi);
   for (int si : b.forkNow) {
     const int gi = seqs_[(size_t)si].group;
-    if (groups_[(size_t)gi].fresh == 0)
-      uncache(gi);
+    if (kv_.group(gi).fresh == 0)
+      kv_.uncache(gi);
   }
 }
 
@@ -259,14 +183,14 @@ std::vector<int> RolloutScheduler::scheduleDecode() {
     RolloutSeq &s = seqs_[(size_t)si];
     if (s.joined < 0)
       continue; // preempted below for an earlier one
-    while (!haveBlocks(blocksNeeded(s.table, s.len, 1))) {
+    while (!kv_.haveBlocks(kv_.needed(s.table, s.len, 1))) {
       const int victim = running_.back();
       preempt(victim);
       if (victim == si)
         break;
     }
     if (s.joined >= 0)
-      reserve(s.table, s.len, 1);
+      kv_.reserve(s.table, s.len, 1);
   }
   return running_;
 }
@@ -296,12 +220,12 @@ void RolloutScheduler::finish(int si, bool stopped) {
   RolloutSeq &s = seqs_[(size_t)si];
   s.stopped = stopped;
   s.done = true;
-  releaseTable(s.table);
+  kv_.release(s.table);
   s.joined = -1;
-  PromptGroup &g = groups_[(size_t)s.group];
+  PromptGroup &g = kv_.group(s.group);
   --g.running;
   if (--g.unfinished == 0)
-    uncache(s.group);
+    kv_.uncache(s.group);
   running_.erase(std::find(running_.begin(), running_.end(), si));
 }
 

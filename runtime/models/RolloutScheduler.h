@@ -4,7 +4,8 @@
 // split of vLLM v1's scheduler / KV cache manager from its model runner):
 // which waiting sequences join in this iteration and with which tokens,
 // the block table of every row, which sequence gives its blocks up when the
-// pool runs out, and when a sequence ends. The engine (RolloutEngine.cpp)
+// pool runs out, and when a sequence ends; the block tables and the kept
+// prompts are its KvCacheManager's. The engine (RolloutEngine.cpp)
 // runs the forwards and samples; it asks this class what to run and tells
 // it what was sampled. Everything here is host bookkeeping over token lists
 // and block ids (KvBlocks.h): no tensor, no device.
@@ -25,7 +26,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_ROLLOUTSCHEDULER_H
 #define HFLOW_RUNTIME_MODELS_ROLLOUTSCHEDULER_H
 
-#include "runtime/models/KvBlocks.h"
+#include "runtime/models/KvCacheManager.h"
 
 #include <cstdint>
 #include <deque>
@@ -49,17 +50,6 @@ struct StopRule {
   std::vector<int64_t> stopTokens; ///< any of them ends a row after it
   /// Stop strings: called with the row and its response so far.
   std::function<bool(int64_t row, const std::vector<int64_t> &response)> stopWhen;
-};
-
-/// A prompt that rows share: its blocks (one reference held while the
-/// entry is cached).
-struct PromptGroup {
-  std::vector<int64_t> prompt;
-  std::vector<int> blocks;
-  bool cached = false;
-  int unfinished = 0; ///< its rows not yet finished
-  int running = 0;    ///< its rows holding blocks now
-  int fresh = 0;      ///< its rows that never joined (they will fork the prompt)
 };
 
 struct RolloutSeq {
@@ -131,22 +121,16 @@ public:
 
   const RolloutSeq &seq(int si) const { return seqs_.at((size_t)si); }
   const std::vector<RolloutSeq> &seqs() const { return seqs_; }
-  const PromptGroup &group(int g) const { return groups_.at((size_t)g); }
+  const PromptGroup &group(int g) const { return kv_.group(g); }
   /// Called with a group's index when its kept prompt is dropped (the
   /// engine frees the prompt's logits).
-  void onUncache(std::function<void(int group)> f) { onUncache_ = std::move(f); }
+  void onUncache(std::function<void(int group)> f) { kv_.onUncache(std::move(f)); }
   const ScheduleCounts &counts() const { return counts_; }
   /// Samples that forked a kept prompt (counted by the engine when they
   /// sample from its logits).
   void countSharedPrefills(int64_t n) { counts_.sharedPrefills += n; }
 
 private:
-  int64_t blocksNeeded(const std::vector<int> &table, int64_t len, int64_t q) const;
-  void reserve(std::vector<int> &table, int64_t len, int64_t q);
-  void releaseTable(std::vector<int> &table);
-  bool dropIdleGroup();
-  void uncache(int g);
-  bool haveBlocks(int64_t need);
   void preempt(int si);
   void finish(int si, bool stopped);
   /// scheduleJoin's cases for the waiting sequence at the front: false
@@ -154,17 +138,14 @@ private:
   bool joinShared(int si, JoinBatch &b, int64_t &tokens);
   bool joinOwn(int si, JoinBatch &b, int64_t &tokens);
 
-  KvBlocks &blocks_;
+  KvCacheManager kv_; ///< the block tables and the kept prompts
   ScheduleLimits lim_;
   StopRule stop_;
-  std::vector<PromptGroup> groups_;
-  std::map<std::vector<int64_t>, int> byPrompt_;
   std::vector<RolloutSeq> seqs_;
   std::deque<int> waiting_;
   std::vector<int> running_; ///< in joining order
   int64_t joinCount_ = 0;
   ScheduleCounts counts_;
-  std::function<void(int)> onUncache_;
 };
 
 } // namespace hflow::models
