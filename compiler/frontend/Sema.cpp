@@ -62,7 +62,7 @@ void Sema::declareNames() {
     declare(prog_.flows[i].name, Kind::Flow, prog_.flows[i].nameLoc, i);
 }
 
-const Sema::Symbol *Sema::lookup(const std::string &name, Kind kind,
+const Symbol *SemaBase::lookup(const std::string &name, Kind kind,
                    const ast::SourceLoc &loc) {
   auto it = symbols_.find(name);
   if (it == symbols_.end()) {
@@ -79,7 +79,7 @@ const Sema::Symbol *Sema::lookup(const std::string &name, Kind kind,
   return &it->second;
 }
 
-std::map<std::string, const ast::Arg *> Sema::keywordArgs(const Expr &call, const std::vector<std::string> &allowed,
+std::map<std::string, const ast::Arg *> SemaBase::keywordArgs(const Expr &call, const std::vector<std::string> &allowed,
           const std::string &what) {
   std::map<std::string, const ast::Arg *> out;
   for (const ast::Arg &a : call.args) {

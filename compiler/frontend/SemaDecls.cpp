@@ -13,54 +13,7 @@
 
 namespace hflow::frontend::detail {
 
-bool Sema::positiveInt(const Expr &v, int64_t &out, const std::string &what,
-               bool allowZero) {
-  if (v.kind != Expr::Kind::Int) {
-    diags_.error(v.loc, what + " must be an integer");
-    return false;
-  }
-  if (v.intValue < (allowZero ? 0 : 1)) {
-    diags_.error(v.loc, what + (allowZero ? " must not be negative, got "
-                                          : " must be positive, got ") +
-                            std::to_string(v.intValue));
-    return false;
-  }
-  out = v.intValue;
-  return true;
-}
-
-bool Sema::quantity(const ast::Arg *a, units::Kind kind, double &out,
-            const std::string &what) {
-  const Expr &v = *a->value;
-  if (v.kind == Expr::Kind::Int || v.kind == Expr::Kind::Float) {
-    diags_.error(v.loc, what + " needs a unit: it is " + units::kindName(kind));
-    return false;
-  }
-  if (v.kind != Expr::Kind::Quantity) {
-    diags_.error(v.loc, what + " must be " + units::kindName(kind));
-    return false;
-  }
-  auto unit = units::parseUnit(v.unit);
-  if (!unit) {
-    diags_.error(v.loc, "unknown unit '" + v.unit +
-                            "'; sizes: B, KB, MB, GB, TB, KiB..TiB; "
-                            "bandwidths: GB/s, Gbps, ...; rates: TFLOPS, ...");
-    return false;
-  }
-  if (unit->kind != kind) {
-    diags_.error(v.loc, what + " must be " + units::kindName(kind) + ", but '" +
-                            v.text + "' is " + units::kindName(unit->kind));
-    return false;
-  }
-  if (!(v.floatValue > 0)) {
-    diags_.error(v.loc, what + " must be positive");
-    return false;
-  }
-  out = v.floatValue * unit->factor;
-  return true;
-}
-
-void Sema::checkDevice(ast::DeviceDecl &d) {
+void DeclChecker::checkDevice(ast::DeviceDecl &d) {
   const Expr &e = *d.ctor;
   if (e.text != "gpu" && e.text != "cpu") {
     diags_.error(e.loc, "unknown device constructor '" + e.text +
@@ -89,7 +42,7 @@ void Sema::checkDevice(ast::DeviceDecl &d) {
   }
 }
 
-void Sema::checkCluster(ast::ClusterDecl &c) {
+void DeclChecker::checkCluster(ast::ClusterDecl &c) {
   const Expr &e = *c.ctor;
   if (e.text != "mesh") {
     diags_.error(e.loc, "unknown cluster constructor '" + e.text +
@@ -149,30 +102,7 @@ void Sema::checkCluster(ast::ClusterDecl &c) {
                             std::to_string(limits::kMaxDevices) + ")");
 }
 
-bool Sema::boolArg(const Expr &v, const std::string &what, bool &out) {
-  if (v.kind == Expr::Kind::Name && (v.text == "true" || v.text == "false")) {
-    out = v.text == "true";
-    return true;
-  }
-  diags_.error(v.loc, what + " must be true or false");
-  return false;
-}
-
-bool Sema::dtypeArg(const Expr &v, ast::DType &out) {
-  if (v.kind == Expr::Kind::Name && v.text == "f32")
-    out = ast::DType::F32;
-  else if (v.kind == Expr::Kind::Name && v.text == "bf16")
-    out = ast::DType::BF16;
-  else if (v.kind == Expr::Kind::Name && v.text == "f16")
-    out = ast::DType::F16;
-  else {
-    diags_.error(v.loc, "dtype must be one of f32, bf16, f16");
-    return false;
-  }
-  return true;
-}
-
-void Sema::checkModel(ast::ModelDecl &m) {
+void DeclChecker::checkModel(ast::ModelDecl &m) {
   const Expr &e = *m.ctor;
   if (e.text == "hf") {
     checkHfModel(m);
@@ -290,7 +220,7 @@ std::string readConfigJson(const std::string &config, nlohmann::json &j) {
 
 } // namespace
 
-void Sema::checkHfModel(ast::ModelDecl &m) {
+void DeclChecker::checkHfModel(ast::ModelDecl &m) {
   const Expr &e = *m.ctor;
   std::vector<const ast::Arg *> positional;
   for (const auto &a : e.args)
@@ -384,7 +314,7 @@ void Sema::checkHfModel(ast::ModelDecl &m) {
   checkModelBounds(m, [&](const char *) { return dirArg.loc; });
 }
 
-void Sema::checkModelPositions() {
+void DeclChecker::checkModelPositions() {
   // The longest sequence each flow's generate calls make: the train block's
   // prompt_len, else hflow's default (the runtime refuses a longer prompt
   // either way), plus the call's max_tokens.
@@ -453,7 +383,7 @@ void Sema::checkModelPositions() {
   }
 }
 
-bool Sema::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
+bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
   static const char *kHelp = "a layout is a product of dp(N), fsdp(N), tp(N), "
                              "pp(N), sp(N) and cp(N) (e.g. tp(2) * dp(2)), "
                              "`fsdp` alone, or `auto`";
@@ -525,7 +455,7 @@ bool Sema::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen
   return true;
 }
 
-void Sema::checkRole(ast::RoleDecl &r) {
+void DeclChecker::checkRole(ast::RoleDecl &r) {
   const Expr &e = *r.ctor;
   static const std::map<std::string, ast::RoleKind> kinds = {
       {"Actor", ast::RoleKind::Actor},
@@ -592,7 +522,7 @@ void Sema::checkRole(ast::RoleDecl &r) {
   checkTransferDtype(r);
 }
 
-void Sema::checkTransferDtype(ast::RoleDecl &r) {
+void DeclChecker::checkTransferDtype(ast::RoleDecl &r) {
   auto it = r.strings.find("transfer_dtype");
   if (it == r.strings.end())
     return;
@@ -626,7 +556,7 @@ void Sema::checkTransferDtype(ast::RoleDecl &r) {
   r.strings.erase(it);
 }
 
-std::vector<std::string> Sema::roleProperties(ast::RoleKind k) {
+std::vector<std::string> DeclChecker::roleProperties(ast::RoleKind k) {
   std::vector<std::string> props = {"train"};
   if (k == ast::RoleKind::RewardFn)
     return props;
@@ -643,50 +573,7 @@ std::vector<std::string> Sema::roleProperties(ast::RoleKind k) {
   return props;
 }
 
-bool Sema::number(const Expr &v, const std::string &what, double lo, double hi,
-          bool integer, double &out) {
-  bool isNum = v.kind == Expr::Kind::Int ||
-               (!integer && v.kind == Expr::Kind::Float);
-  double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
-  if (!isNum) {
-    diags_.error(v.loc, what + (integer ? " must be an integer"
-                                        : " must be a number"));
-    return false;
-  }
-  if (lo == 0 && hi < 0 && x < 0) {
-    diags_.error(v.loc, what + " must not be negative, got " + v.text);
-    return false;
-  }
-  if (x < lo || (hi >= 0 && x > hi)) {
-    std::ostringstream range;
-    range << what << " must be in [" << lo << ", ";
-    if (hi >= 0)
-      range << hi;
-    else
-      range << "inf";
-    range << "], got " << v.text;
-    diags_.error(v.loc, range.str());
-    return false;
-  }
-  out = x;
-  return true;
-}
-
-bool Sema::unitFraction(const Expr &v, const std::string &what, double &out) {
-  if (v.kind != Expr::Kind::Int && v.kind != Expr::Kind::Float) {
-    diags_.error(v.loc, what + " must be a number");
-    return false;
-  }
-  const double x = v.kind == Expr::Kind::Int ? double(v.intValue) : v.floatValue;
-  if (!(x > 0 && x <= 1)) {
-    diags_.error(v.loc, what + " must be in (0, 1], got " + v.text);
-    return false;
-  }
-  out = x;
-  return true;
-}
-
-bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
+bool DeclChecker::roleOption(ast::RoleDecl &r, const ast::Property &p) {
   auto allowed = roleProperties(r.kind);
   if (p.key == "train" || p.key == "generate" ||
       std::find(allowed.begin(), allowed.end(), p.key) == allowed.end())
@@ -756,7 +643,7 @@ bool Sema::roleOption(ast::RoleDecl &r, const ast::Property &p) {
   return true;
 }
 
-void Sema::checkPlace(ast::PlaceDecl &p) {
+void DeclChecker::checkPlace(ast::PlaceDecl &p) {
   if (p.isAuto) {
     if (!p.mesh.empty())
       lookup(p.mesh, Kind::Cluster, p.meshLoc);

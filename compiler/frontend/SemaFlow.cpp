@@ -8,7 +8,7 @@
 
 namespace hflow::frontend::detail {
 
-Sema::Ty Sema::batchTy(ast::BatchKind k, bool returns) {
+FlowChecker::Ty FlowChecker::batchTy(ast::BatchKind k, bool returns) {
   Ty t;
   t.what = Ty::Batch;
   t.kind = k;
@@ -16,14 +16,14 @@ Sema::Ty Sema::batchTy(ast::BatchKind k, bool returns) {
   return t;
 }
 
-Sema::Ty Sema::constTy(double v) {
+FlowChecker::Ty FlowChecker::constTy(double v) {
   Ty t;
   t.what = Ty::Constant;
   t.value = v;
   return t;
 }
 
-Sema::Ty Sema::typeExpr(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeExpr(Expr &e, Scope &scope) {
   Ty t = typeExprImpl(e, scope);
   if (t.what == Ty::Batch)
     e.batchKind = static_cast<int>(t.kind);
@@ -32,7 +32,7 @@ Sema::Ty Sema::typeExpr(Expr &e, Scope &scope) {
   return t;
 }
 
-Sema::Ty Sema::typeExprImpl(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeExprImpl(Expr &e, Scope &scope) {
   switch (e.kind) {
   case Expr::Kind::Int: return constTy(double(e.intValue));
   case Expr::Kind::Float: return constTy(e.floatValue);
@@ -58,7 +58,7 @@ Sema::Ty Sema::typeExprImpl(Expr &e, Scope &scope) {
   }
 }
 
-Sema::Ty Sema::typeName(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeName(Expr &e, Scope &scope) {
   auto it = scope.find(e.text);
   if (it != scope.end()) {
     it->second.used = true;
@@ -78,7 +78,7 @@ Sema::Ty Sema::typeName(Expr &e, Scope &scope) {
   return {};
 }
 
-Sema::Ty Sema::typeField(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeField(Expr &e, Scope &scope) {
   auto it = scope.find(e.receiver);
   if (it == scope.end()) {
     if (symbols_.count(e.receiver) &&
@@ -108,7 +108,7 @@ Sema::Ty Sema::typeField(Expr &e, Scope &scope) {
   return {};
 }
 
-std::vector<std::pair<Sema::Ty, Expr *>> Sema::batchInputs(Expr &call, Scope &scope) {
+std::vector<std::pair<FlowChecker::Ty, Expr *>> FlowChecker::batchInputs(Expr &call, Scope &scope) {
   std::vector<std::pair<Ty, Expr *>> out;
   for (ast::Arg &a : call.args) {
     if (!a.key.empty())
@@ -127,7 +127,7 @@ std::vector<std::pair<Sema::Ty, Expr *>> Sema::batchInputs(Expr &call, Scope &sc
   return out;
 }
 
-Sema::Ty Sema::typeMethodCall(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeMethodCall(Expr &e, Scope &scope) {
   if (!symbols_.count(e.receiver) && !unknownRoles_.insert(e.receiver).second)
     return {}; // reported at its first use in this flow
   if (!symbols_.count(e.receiver) && e.loc.file != prog_.file &&
@@ -203,7 +203,7 @@ Sema::Ty Sema::typeMethodCall(Expr &e, Scope &scope) {
   return batchTy(static_cast<ast::BatchKind>(*sig->result));
 }
 
-void Sema::noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
+void FlowChecker::noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
   const std::string &name =
       arg.kind == Expr::Kind::Field ? arg.receiver : arg.text;
   if ((arg.kind == Expr::Kind::Name || arg.kind == Expr::Kind::Field) &&
@@ -211,7 +211,7 @@ void Sema::noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
     d.notes.push_back({scope.at(name).loc, "'" + name + "' is defined here"});
 }
 
-void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
+void FlowChecker::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
   using methods::ArgType;
   const std::string what(ka.name);
   if (v.kind == Expr::Kind::Binary || v.kind == Expr::Kind::Neg) {
@@ -317,7 +317,7 @@ void Sema::checkKeyword(Expr &v, const methods::KeywordArg &ka, Scope &scope) {
   }
 }
 
-Sema::Ty Sema::typeBuiltin(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
   const builtins::Builtin *bi = builtins::findBuiltin(e.text);
   if (!bi) {
     diags_.error(e.loc, "unknown function '" + e.text + "'")
@@ -399,7 +399,7 @@ Sema::Ty Sema::typeBuiltin(Expr &e, Scope &scope) {
   return batchTy(result, bi->withReturns);
 }
 
-Sema::Ty Sema::typeBinary(Expr &e, Scope &scope) {
+FlowChecker::Ty FlowChecker::typeBinary(Expr &e, Scope &scope) {
   Ty a = typeExpr(*e.lhs, scope), b = typeExpr(*e.rhs, scope);
   if (a.what == Ty::Error || b.what == Ty::Error)
     return {};
@@ -453,7 +453,7 @@ Sema::Ty Sema::typeBinary(Expr &e, Scope &scope) {
   return batchTy(static_cast<ast::BatchKind>(*r));
 }
 
-void Sema::checkFlow(ast::FlowDecl &f) {
+void FlowChecker::checkFlow(ast::FlowDecl &f) {
   currentFlow_ = &f;
   unknownRoles_.clear();
   Scope scope;

@@ -1,14 +1,15 @@
 //===- SemaImpl.h - the semantic checker's state ----------------------------===//
 //
-// Private to compiler/frontend: the checker class whose member functions
-// live in the file of their concern:
-//   Sema.cpp       names: declarations, redefinitions, lookups, the driver
-//   SemaDecls.cpp  devices, meshes, models (hf("dir") configs), roles,
-//                  layouts, options, placement
-//   SemaFlow.cpp   flows: the kind of every value, method calls, keyword
-//                  arguments, builtins, arithmetic
-//   SemaTrain.cpp  train blocks: data, batch sizes against the flow,
-//                  phases, off-policy pipelining
+// Private to compiler/frontend: the semantic checker, one class per concern
+// over a shared base (the program, the diagnostics, the declared names):
+//   Sema.cpp        names: declarations, redefinitions, lookups, the driver
+//   SemaValues.cpp  one literal: integers, numbers, fractions, quantities
+//   SemaDecls.cpp   DeclChecker: devices, meshes, models (hf("dir")
+//                   configs), roles, layouts, options, placement
+//   SemaFlow.cpp    FlowChecker: the kind of every value, method calls,
+//                   keyword arguments, builtins, arithmetic
+//   SemaTrain.cpp   TrainChecker: data, batch sizes against the flow,
+//                   phases, off-policy pipelining, scoring models
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_COMPILER_FRONTEND_SEMAIMPL_H
@@ -52,57 +53,46 @@ inline std::string joined(const std::vector<std::string> &v) {
   return out;
 }
 
-class Sema {
+/// A declared name: what it names and where.
+enum class Kind { Device, Cluster, Model, Role, Flow };
+inline const char *kindName(Kind k) {
+  switch (k) {
+  case Kind::Device: return "device";
+  case Kind::Cluster: return "cluster";
+  case Kind::Model: return "model";
+  case Kind::Role: return "role";
+  case Kind::Flow: return "flow";
+  }
+  return "?";
+}
+inline const char *kindName(ast::BatchKind k) { return ast::batchKindName(k); }
+struct Symbol {
+  Kind kind;
+  ast::SourceLoc loc;
+  size_t index;
+};
+using Symbols = std::map<std::string, Symbol>;
+
+/// Calls `fn` on every call (method or builtin) in `e`, outermost first.
+template <typename Fn> void forEachCall(const Expr &e, Fn fn) {
+  if (e.kind == Expr::Kind::MethodCall || e.kind == Expr::Kind::Call)
+    fn(e);
+  for (const ast::Arg &a : e.args)
+    forEachCall(*a.value, fn);
+  if (e.lhs)
+    forEachCall(*e.lhs, fn);
+  if (e.rhs)
+    forEachCall(*e.rhs, fn);
+}
+
+/// What every checker shares: the program, the diagnostics, the declared
+/// names, and the checks of a single value (Sema.cpp, SemaValues.cpp).
+class SemaBase {
 public:
-  Sema(ast::Program &p, DiagnosticList &d) : prog_(p), diags_(d) {}
+  SemaBase(ast::Program &p, DiagnosticList &d, Symbols &symbols)
+      : prog_(p), diags_(d), symbols_(symbols) {}
 
-  void run() {
-    declareNames();
-    for (auto &d : prog_.devices)
-      checkDevice(d);
-    for (auto &c : prog_.clusters)
-      checkCluster(c);
-    for (auto &m : prog_.models)
-      checkModel(m);
-    for (auto &r : prog_.roles)
-      checkRole(r);
-    for (auto &p : prog_.places)
-      checkPlace(p);
-    if (prog_.flows.empty())
-      diags_.error({prog_.file, 1, 1, 1},
-                   "program has no flow: declare one with `flow NAME(prompts: "
-                   "Prompts) { ... }`");
-    for (auto &f : prog_.flows)
-      checkFlow(f);
-    for (auto &t : prog_.trains)
-      checkTrain(t);
-    checkScoringModels();
-    checkModelPositions();
-  }
-
-private:
-  enum class Kind { Device, Cluster, Model, Role, Flow };
-  struct Symbol {
-    Kind kind;
-    ast::SourceLoc loc;
-    size_t index;
-  };
-  static const char *kindName(Kind k) {
-    switch (k) {
-    case Kind::Device: return "device";
-    case Kind::Cluster: return "cluster";
-    case Kind::Model: return "model";
-    case Kind::Role: return "role";
-    case Kind::Flow: return "flow";
-    }
-    return "?";
-  }
-
-  void declare(const std::string &name, Kind kind, const ast::SourceLoc &loc,
-               size_t index);
-
-  void declareNames();
-
+protected:
   /// Looks up `name` and requires it to be of `kind`; reports otherwise.
   const Symbol *lookup(const std::string &name, Kind kind,
                        const ast::SourceLoc &loc);
@@ -120,17 +110,40 @@ private:
   bool quantity(const ast::Arg *a, units::Kind kind, double &out,
                 const std::string &what);
 
-  void checkDevice(ast::DeviceDecl &d);
-
-  void checkCluster(ast::ClusterDecl &c);
-
   /// A boolean keyword argument: `true` or `false`.
   bool boolArg(const Expr &v, const std::string &what, bool &out);
 
   bool dtypeArg(const Expr &v, ast::DType &out);
 
-  void checkModel(ast::ModelDecl &m);
+  /// A number property in [lo, hi] (hi < 0: no upper bound).
+  bool number(const Expr &v, const std::string &what, double lo, double hi,
+              bool integer, double &out);
+  /// A number property in (0, 1] (a probability mass, a share).
+  bool unitFraction(const Expr &v, const std::string &what, double &out);
 
+  ast::Program &prog_;
+  DiagnosticList &diags_;
+  Symbols &symbols_;
+};
+
+/// Declarations (SemaDecls.cpp): devices, clusters, models (hf("dir")
+/// configs), roles, layouts, role options, placement; the models' positions
+/// against the program's longest sequence.
+class DeclChecker : SemaBase {
+public:
+  using SemaBase::SemaBase;
+
+  void checkDevice(ast::DeviceDecl &d);
+  void checkCluster(ast::ClusterDecl &c);
+  void checkModel(ast::ModelDecl &m);
+  void checkRole(ast::RoleDecl &r);
+  void checkPlace(ast::PlaceDecl &p);
+  /// hf() models with max_position_embeddings: the program's longest
+  /// sequence (prompt_len + a generate call's max_tokens, where the train
+  /// block states prompt_len) must fit.
+  void checkModelPositions();
+
+private:
   /// `hf("dir")`: the dimensions come from dir/config.json (a Hugging Face
   /// model directory), relative to the file that declares the model.
   void checkHfModel(ast::ModelDecl &m);
@@ -183,8 +196,6 @@ private:
   /// layout.
   bool layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen);
 
-  void checkRole(ast::RoleDecl &r);
-
   /// `transfer_dtype:` (Actor): the element type of the weights on the wire
   /// when they switch from the training to the generation layout. bf16
   /// halves the bytes of f32 weights; the weights' own dtype is a no-op.
@@ -194,18 +205,20 @@ private:
 
   static std::vector<std::string> roleProperties(ast::RoleKind k);
 
-  /// A number property in [lo, hi] (hi < 0: no upper bound).
-  bool number(const Expr &v, const std::string &what, double lo, double hi,
-              bool integer, double &out);
-  /// A number property in (0, 1] (a probability mass, a share).
-  bool unitFraction(const Expr &v, const std::string &what, double &out);
-
   /// Handles a role property other than the layouts; returns false if the
   /// property is not one this role kind takes.
   bool roleOption(ast::RoleDecl &r, const ast::Property &p);
+};
 
-  void checkPlace(ast::PlaceDecl &p);
+/// Flows (SemaFlow.cpp): the kind of every value, method calls, keyword
+/// arguments, builtins, arithmetic.
+class FlowChecker : SemaBase {
+public:
+  using SemaBase::SemaBase;
 
+  void checkFlow(ast::FlowDecl &f);
+
+private:
   struct Binding {
     std::optional<ast::BatchKind> kind; // none: a constant
     double constant = 0;
@@ -225,8 +238,6 @@ private:
   };
   static Ty batchTy(ast::BatchKind k, bool returns = false);
   static Ty constTy(double v);
-  static const char *kindName(ast::BatchKind k) { return ast::batchKindName(k); }
-
   /// Types `e` and records the result on it (batchKind / constant).
   Ty typeExpr(Expr &e, Scope &scope);
 
@@ -253,33 +264,25 @@ private:
 
   Ty typeBinary(Expr &e, Scope &scope);
 
-  void checkFlow(ast::FlowDecl &f);
+  const ast::FlowDecl *currentFlow_ = nullptr;
+  std::set<std::string> unknownRoles_; // of the current flow, reported once
+};
 
-  /// Calls `fn` on every call (method or builtin) in `e`, outermost first.
-  template <typename Fn> static void forEachCall(const Expr &e, Fn fn) {
-    if (e.kind == Expr::Kind::MethodCall || e.kind == Expr::Kind::Call)
-      fn(e);
-    for (const ast::Arg &a : e.args)
-      forEachCall(*a.value, fn);
-    if (e.lhs)
-      forEachCall(*e.lhs, fn);
-    if (e.rhs)
-      forEachCall(*e.rhs, fn);
-  }
+/// Train blocks (SemaTrain.cpp): data, batch sizes against the flow, phases,
+/// off-policy pipelining; the scoring models against their roles.
+class TrainChecker : SemaBase {
+public:
+  using SemaBase::SemaBase;
 
   void checkTrain(ast::TrainDecl &t);
-
   /// Where a model's weights fit its roles: a sequence-classification
   /// checkpoint (a score head, no LM head) serves a RewardModel or a
   /// Critic, never an Actor or Reference; a RewardModel that scores has a
   /// score head to score with, loaded from such a checkpoint or trained by
   /// `fit` in the same or an earlier phase, never zeros.
   void checkScoringModels();
-  /// hf() models with max_position_embeddings: the program's longest
-  /// sequence (prompt_len + a generate call's max_tokens, where the train
-  /// block states prompt_len) must fit.
-  void checkModelPositions();
 
+private:
   /// off_policy: 1 overlaps the rollout of step k+1 with training on step k.
   /// That takes one actor.generate, whose prompts nothing else reads, and
   /// an actor generating on devices of its own (colocated, the two could
@@ -289,11 +292,49 @@ private:
   void checkTrainSamples(ast::TrainDecl &t,
                          const std::map<std::string, const ast::Property *> &props);
 
+};
+
+/// The driver (Sema.cpp): declares the names, then runs each checker over
+/// its declarations in source order.
+class Sema {
+public:
+  Sema(ast::Program &p, DiagnosticList &d) : prog_(p), diags_(d) {}
+
+  void run() {
+    declareNames();
+    DeclChecker decls(prog_, diags_, symbols_);
+    for (auto &d : prog_.devices)
+      decls.checkDevice(d);
+    for (auto &c : prog_.clusters)
+      decls.checkCluster(c);
+    for (auto &m : prog_.models)
+      decls.checkModel(m);
+    for (auto &r : prog_.roles)
+      decls.checkRole(r);
+    for (auto &p : prog_.places)
+      decls.checkPlace(p);
+    if (prog_.flows.empty())
+      diags_.error({prog_.file, 1, 1, 1},
+                   "program has no flow: declare one with `flow NAME(prompts: "
+                   "Prompts) { ... }`");
+    FlowChecker flows(prog_, diags_, symbols_);
+    for (auto &f : prog_.flows)
+      flows.checkFlow(f);
+    TrainChecker trains(prog_, diags_, symbols_);
+    for (auto &t : prog_.trains)
+      trains.checkTrain(t);
+    trains.checkScoringModels();
+    decls.checkModelPositions();
+  }
+
+private:
+  void declare(const std::string &name, Kind kind, const ast::SourceLoc &loc,
+               size_t index);
+  void declareNames();
+
   ast::Program &prog_;
   DiagnosticList &diags_;
-  std::map<std::string, Symbol> symbols_;
-  const ast::FlowDecl *currentFlow_ = nullptr;
-  std::set<std::string> unknownRoles_; // of the current flow, reported once
+  Symbols symbols_;
 };
 
 } // namespace hflow::frontend::detail

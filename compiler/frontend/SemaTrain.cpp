@@ -12,7 +12,7 @@
 namespace hflow::frontend::detail {
 
 /// The train block's properties by key: unknown and repeated keys refused.
-std::map<std::string, const ast::Property *> Sema::trainProperties(const ast::TrainDecl &t) {
+std::map<std::string, const ast::Property *> TrainChecker::trainProperties(const ast::TrainDecl &t) {
   std::map<std::string, const ast::Property *> props;
   static const std::vector<std::string> known = {
       "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
@@ -33,7 +33,7 @@ std::map<std::string, const ast::Property *> Sema::trainProperties(const ast::Tr
 /// The samples per prompt: each generate call's `n` is the train block's
 /// (or it is set on one side only, and that value holds), and the group
 /// estimators need 2 or more.
-void Sema::checkTrainSamples(ast::TrainDecl &t,
+void TrainChecker::checkTrainSamples(ast::TrainDecl &t,
                              const std::map<std::string, const ast::Property *> &props) {
   std::optional<double> inferredN;
   if (const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
@@ -93,7 +93,7 @@ void Sema::checkTrainSamples(ast::TrainDecl &t,
       });
 }
 
-void Sema::checkTrain(ast::TrainDecl &t) {
+void TrainChecker::checkTrain(ast::TrainDecl &t) {
   lookup(t.flow, Kind::Flow, t.flowLoc);
   const std::map<std::string, const ast::Property *> props = trainProperties(t);
   auto intProp = [&](const char *key, int64_t &out, bool required,
@@ -188,7 +188,7 @@ void Sema::checkTrain(ast::TrainDecl &t) {
                                      std::to_string(t.batch) + ")");
 }
 
-void Sema::checkOffPolicy(const ast::TrainDecl &t) {
+void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) {
   const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
   if (!f || f->kind != Kind::Flow)
     return;
@@ -230,7 +230,7 @@ void Sema::checkOffPolicy(const ast::TrainDecl &t) {
         .notes.push_back({gen.loc, "the generate call"});
 }
 
-void Sema::checkScoringModels() {
+void TrainChecker::checkScoringModels() {
   for (const ast::RoleDecl &r : prog_.roles) {
     if (r.model.empty() || !symbols_.count(r.model) ||
         symbols_.at(r.model).kind != Kind::Model)
