@@ -247,7 +247,12 @@ void PlanWriter::emitModels() {
         weights,
         m.getRmsNormEpsAttr() ? m.getRmsNormEpsAttr().getValueAsDouble() : 1e-5,
         m.getHeadDimAttr() ? (int32_t)m.getHeadDimAttr().getInt() : 0, m.getQkNorm(),
-        ropeScaling, m.getSlidingWindowAttr() ? m.getSlidingWindowAttr().getInt() : 0));
+        ropeScaling, m.getSlidingWindowAttr() ? m.getSlidingWindowAttr().getInt() : 0,
+        m.getExpertsAttr() ? (int32_t)m.getExpertsAttr().getInt() : 0,
+        m.getExpertsPerTokenAttr() ? (int32_t)m.getExpertsPerTokenAttr().getInt() : 0,
+        m.getExpertFfnAttr() ? (int32_t)m.getExpertFfnAttr().getInt() : 0, m.getNormTopkProb(),
+        m.getRouterAuxLossCoefAttr() ? m.getRouterAuxLossCoefAttr().getValueAsDouble() : 0.0,
+        m.getRouterAuxLoss()));
   }
 
 }

@@ -100,6 +100,14 @@ void modelJson(llvm::json::OStream &j, const fb::Model *m) {
     });
   if (m->sliding_window() != 0)
     j.attribute("sliding_window", m->sliding_window());
+  if (m->experts() != 0) {
+    j.attribute("experts", m->experts());
+    j.attribute("experts_per_token", m->experts_per_token());
+    j.attribute("expert_ffn", m->expert_ffn());
+    j.attribute("norm_topk_prob", m->norm_topk_prob());
+    j.attribute("router_aux_loss_coef", m->router_aux_loss_coef());
+    j.attribute("router_aux_loss", m->router_aux_loss());
+  }
   if (m->weights())
     j.attribute("weights", str(m->weights()));
 

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace hflow::frontend::detail {
 
@@ -111,8 +112,8 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
   if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
       std::end(kKnownArchs)) {
     diags_.error(e.loc, "unknown model architecture '" + e.text +
-                            "'; known: llama, qwen2, qwen3, and hf(\"dir\") for a "
-                            "Hugging Face config.json");
+                            "'; known: llama, qwen2, qwen3, qwen3_moe, mixtral, and "
+                            "hf(\"dir\") for a Hugging Face config.json");
     return;
   }
   m.arch = e.text;
@@ -120,15 +121,25 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
     if (a.key.empty())
       diags_.error(a.value->loc,
                    "model arguments are named, e.g. layers: 2");
-  auto kw = keywordArgs(e,
-                        {"layers", "hidden", "heads", "kv_heads", "ffn",
-                         "vocab", "dtype", "tie_embeddings", "qkv_bias",
-                         "rope_theta", "rms_norm_eps", "head_dim"},
-                        e.text + "()");
+  // A mixture of experts (qwen3_moe, mixtral) names its experts; its
+  // dense width `ffn` is then optional (the experts' by default).
+  const bool moe = m.arch == "qwen3_moe" || m.arch == "mixtral";
+  std::vector<std::string> keys = {"layers", "hidden", "heads", "kv_heads", "ffn",
+                                   "vocab", "dtype", "tie_embeddings", "qkv_bias",
+                                   "rope_theta", "rms_norm_eps", "head_dim"};
+  if (moe)
+    for (const char *k : {"experts", "experts_per_token", "expert_ffn", "router_aux_loss_coef",
+                          "router_aux_loss"})
+      keys.push_back(k);
+  if (m.arch == "qwen3_moe")
+    keys.push_back("norm_topk_prob");
+  auto kw = keywordArgs(e, keys, e.text + "()");
   // Qwen2 has biases on Q, K and V; Llama and Qwen3 have none. Qwen3
   // normalises each head's q and k (transformers' Qwen3Attention).
   m.qkvBias = m.arch == "qwen2";
-  m.qkNorm = m.arch == "qwen3";
+  m.qkNorm = m.arch == "qwen3" || m.arch == "qwen3_moe";
+  if (moe && !checkMoeArgs(m, kw, e))
+    return;
   if (kw.count("tie_embeddings"))
     boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
   if (kw.count("qkv_bias"))
@@ -161,6 +172,10 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
               {"ffn", &m.ffn},       {"vocab", &m.vocab}};
   bool allOk = true;
   for (const Dim &d : dims) {
+    if (moe && !kw.count(d.key) && std::string(d.key) == "ffn") {
+      m.ffn = m.expertFfn;
+      continue;
+    }
     if (!kw.count(d.key)) {
       diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
       allOk = false;
@@ -187,6 +202,56 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
   checkModelBounds(m, [&](const char *key) {
     return kw.count(key) ? kw[key]->value->loc : e.loc;
   });
+}
+
+bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
+                               std::map<std::string, const ast::Arg *> &kw, const Expr &e) {
+  bool ok = true;
+  struct Dim {
+    const char *key;
+    int64_t *out;
+  } dims[] = {{"experts", &m.experts},
+              {"experts_per_token", &m.expertsPerToken},
+              {"expert_ffn", &m.expertFfn}};
+  for (const Dim &d : dims) {
+    if (!kw.count(d.key)) {
+      diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
+      ok = false;
+      continue;
+    }
+    ok &= positiveInt(*kw[d.key]->value, *d.out, d.key);
+  }
+  if (!ok)
+    return false;
+  if (m.expertsPerToken > m.experts) {
+    diags_.error(kw["experts_per_token"]->value->loc,
+                 "experts_per_token = " + std::to_string(m.expertsPerToken) +
+                     " is more than the " + std::to_string(m.experts) + " experts");
+    return false;
+  }
+  for (auto [key, value, max] :
+       {std::tuple<const char *, int64_t, int64_t>{"experts", m.experts, int64_t(1) << 16},
+        {"expert_ffn", m.expertFfn, limits::kMaxFfn}})
+    if (value > max) {
+      diags_.error(kw[key]->value->loc, std::string(key) + " = " + std::to_string(value) +
+                                            " is larger than the supported maximum " +
+                                            std::to_string(max));
+      return false;
+    }
+  // Mixtral always renormalises the chosen experts' weights; Qwen3-MoE
+  // when asked (transformers' norm_topk_prob, false by default).
+  m.normTopk = m.arch == "mixtral";
+  if (kw.count("norm_topk_prob"))
+    ok &= boolArg(*kw["norm_topk_prob"]->value, "norm_topk_prob", m.normTopk);
+  m.routerAuxCoef = m.arch == "mixtral" ? 0.02 : 0.001; // transformers' defaults
+  if (kw.count("router_aux_loss_coef")) {
+    double c = 0;
+    ok &= number(*kw["router_aux_loss_coef"]->value, "router_aux_loss_coef", 0, -1, false, c);
+    m.routerAuxCoef = c;
+  }
+  if (kw.count("router_aux_loss"))
+    ok &= boolArg(*kw["router_aux_loss"]->value, "router_aux_loss", m.routerAuxLoss);
+  return ok;
 }
 
 namespace {
@@ -271,6 +336,12 @@ void DeclChecker::checkHfModel(ast::ModelDecl &m) {
                      double(arch.rope.originalMaxPositions)};
   m.slidingWindow = arch.slidingWindow;
   m.maxPositions = arch.maxPositions;
+  m.experts = arch.experts;
+  m.expertsPerToken = arch.expertsPerToken;
+  m.expertFfn = arch.expertFfn;
+  m.normTopk = arch.normTopk;
+  m.routerAuxCoef = arch.routerAuxCoef;
+  m.routerAuxLoss = arch.routerAuxLoss;
   // The classic keys: the runtime's hfConfigFromJson reads them with the
   // same code; every problem is reported.
   hfconfig::ClassicKeys keys;

@@ -38,7 +38,7 @@ namespace hflow::frontend::detail {
 
 using ast::Expr;
 
-inline const char *const kKnownArchs[] = {"llama", "qwen2", "qwen3"};
+inline const char *const kKnownArchs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"};
 
 /// "an Actor", "a Critic".
 inline std::string article(const std::string &noun) {
@@ -144,6 +144,12 @@ public:
   void checkModelPositions();
 
 private:
+  /// A mixture's keywords of qwen3_moe(...) and mixtral(...): experts,
+  /// experts_per_token, expert_ffn (required), norm_topk_prob (qwen3_moe),
+  /// router_aux_loss_coef, router_aux_loss.
+  bool checkMoeArgs(ast::ModelDecl &m, std::map<std::string, const ast::Arg *> &kw,
+                    const Expr &e);
+
   /// `hf("dir")`: the dimensions come from dir/config.json (a Hugging Face
   /// model directory), relative to the file that declares the model.
   void checkHfModel(ast::ModelDecl &m);

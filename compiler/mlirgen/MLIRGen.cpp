@@ -71,9 +71,19 @@ public:
                                     ? b_.getDenseF64ArrayAttr(m.ropeScaling)
                                     : DenseF64ArrayAttr(),
                                 m.slidingWindow > 0 ? b_.getI64IntegerAttr(m.slidingWindow)
-                                                    : IntegerAttr());
+                                                    : IntegerAttr(),
+                                IntegerAttr(), IntegerAttr(), IntegerAttr(), false,
+                                FloatAttr(), false);
       if (!m.hfDir.empty())
         op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
+      if (m.experts > 0) {
+        op.setExpertsAttr(b_.getI64IntegerAttr(m.experts));
+        op.setExpertsPerTokenAttr(b_.getI64IntegerAttr(m.expertsPerToken));
+        op.setExpertFfnAttr(b_.getI64IntegerAttr(m.expertFfn));
+        op.setNormTopkProb(m.normTopk);
+        op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.routerAuxCoef));
+        op.setRouterAuxLoss(m.routerAuxLoss);
+      }
       op.setParams(op.computeParamCount());
     }
     for (const auto &r : prog_.roles) {

@@ -148,12 +148,14 @@ bool spansNodes(int64_t span, int64_t setDevices, const Mesh &mesh) {
 //===----------------------------------------------------------------------===//
 
 namespace {
+/// P: the parameters (what moves and is read), A: the active ones (what a
+/// token computes with: a mixture's chosen experts only).
 struct Dims {
-  double P, w, L, h, seq;
+  double P, A, w, L, h, seq;
 };
 Dims dimsOf(const RoleSpec &role, const Workload &w) {
-  return {double(paramCount(role.model)), double(role.dtypeBytes),
-          double(role.model.layers), double(role.model.hidden),
+  return {double(paramCount(role.model)), double(::hflow::shape::activeParamCount(role.model)),
+          double(role.dtypeBytes), double(role.model.layers), double(role.model.hidden),
           double(w.seqLen())};
 }
 double ceilDiv(double a, double b) { return std::ceil(a / b); }
@@ -179,7 +181,7 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
   const double mbTokens = m * d.seq;
   const double peak = peakFlops(dev, role.dtypeBytes);
   out.tauCompute =
-      flopsPerParamToken * d.P * mbTokens / (t * p * peak * efficiency);
+      flopsPerParamToken * d.A * mbTokens / (t * p * peak * efficiency);
   const double act = mbTokens * d.h * d.w;
   out.tauComm = 0;
   if (l.tp > 1)
@@ -254,7 +256,7 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
 
   // Prefill: compute bound; the p stages run one after another for one batch.
   const double prefillAct = b * sp * d.h * d.w;
-  out.prefill = cal.forwardFlopsPerParamToken * d.P * b * sp / (t * peak * cal.prefillEfficiency);
+  out.prefill = cal.forwardFlopsPerParamToken * d.A * b * sp / (t * peak * cal.prefillEfficiency);
   if (gen.tp > 1)
     out.prefill += 2 * d.L * allReduceSeconds(prefillAct, gen.tp, false, mesh, cal);
   if (gen.pp > 1)
@@ -268,7 +270,7 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   const double bwEff = dev.memBandwidth * cal.decodeBandwidthEfficiency;
   const double memBase = d.P * d.w / t / bwEff;        // weights
   const double memSlope = b * kvTok / bwEff;            // per context token
-  const double compute = 2 * d.P * b / (t * peak * cal.decodeComputeEfficiency);
+  const double compute = 2 * d.A * b / (t * peak * cal.decodeComputeEfficiency);
   // Steps j in [0, j0) are compute bound: memBase + memSlope (sp + j) < compute.
   double j0 = 0;
   if (compute > memBase + memSlope * sp)

@@ -10,6 +10,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <cmath>
 #include <limits>
 #include <sstream>
 #include <tuple>
@@ -80,6 +81,9 @@ LogicalResult MeshOp::verify() {
   m.tieEmbeddings = getTieEmbeddings();
   m.headSize = getHeadDimAttr() ? getHeadDimAttr().getInt() : 0;
   m.qkNorm = getQkNorm();
+  m.experts = getExpertsAttr() ? getExpertsAttr().getInt() : 0;
+  m.expertsPerToken = getExpertsPerTokenAttr() ? getExpertsPerTokenAttr().getInt() : 0;
+  m.expertFfn = getExpertFfnAttr() ? getExpertFfnAttr().getInt() : 0;
   return m;
 }
 
@@ -112,6 +116,18 @@ LogicalResult ModelOp::verify() {
                               "high_freq_factor, original_max_position_embeddings] with "
                               "positive factors, high > low";
   }
+  if (getExpertsAttr() || getExpertsPerTokenAttr() || getExpertFfnAttr()) {
+    const int64_t e = getExpertsAttr() ? getExpertsAttr().getInt() : 0;
+    const int64_t k = getExpertsPerTokenAttr() ? getExpertsPerTokenAttr().getInt() : 0;
+    const int64_t f = getExpertFfnAttr() ? getExpertFfnAttr().getInt() : 0;
+    if (e < 1 || k < 1 || k > e || f < 1 || f > kMaxFfn)
+      return emitOpError() << "a mixture of experts needs experts >= 1, 1 <= "
+                              "experts_per_token <= experts and 1 <= expert_ffn <= "
+                           << kMaxFfn << ", got " << e << ", " << k << ", " << f;
+  }
+  if (auto c = getRouterAuxLossCoefAttr();
+      c && !(c.getValueAsDouble() >= 0 && std::isfinite(c.getValueAsDouble())))
+    return emitOpError() << "router_aux_loss_coef must be a non-negative number";
   if (auto w = getSlidingWindowAttr(); w && w.getInt() < 1)
     return emitOpError() << "sliding_window must be positive, got " << w.getInt();
   if (!getHeadDimAttr() && getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)

@@ -65,7 +65,14 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
     k (two [head_dim] weights per layer, counted in `params`);
     `rope_scaling`, Llama 3.1's rescaled RoPE as [factor, low_freq_factor,
     high_freq_factor, original_max_position_embeddings]; `sliding_window`,
-    Mistral's attention window in tokens.
+    Mistral's attention window in tokens. A mixture of experts (Qwen3-MoE,
+    Mixtral) in every layer's MLP: `experts` SwiGLU experts of width
+    `expert_ffn` and a router [experts, hidden] in place of the dense MLP
+    (counted in `params`; `ffn` is then unused), each token through
+    `experts_per_token` of them, their weights renormalised when
+    `norm_topk_prob`; `router_aux_loss_coef` weighs the load-balancing loss,
+    which a training pass adds when `router_aux_loss` is set
+    (config.json's output_router_logits, as transformers decides it).
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
                        I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
@@ -76,7 +83,12 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
                        OptionalAttr<F64Attr>:$rms_norm_eps,
                        OptionalAttr<I64Attr>:$head_dim, UnitAttr:$qk_norm,
                        OptionalAttr<DenseF64ArrayAttr>:$rope_scaling,
-                       OptionalAttr<I64Attr>:$sliding_window);
+                       OptionalAttr<I64Attr>:$sliding_window,
+                       OptionalAttr<I64Attr>:$experts,
+                       OptionalAttr<I64Attr>:$experts_per_token,
+                       OptionalAttr<I64Attr>:$expert_ffn, UnitAttr:$norm_topk_prob,
+                       OptionalAttr<F64Attr>:$router_aux_loss_coef,
+                       UnitAttr:$router_aux_loss);
   let assemblyFormat = [{
     $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`

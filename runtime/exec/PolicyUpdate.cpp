@@ -281,6 +281,11 @@ void MethodRunner::runUpdate(MethodCall &c) {
         const auto [p, r] = widths[(size_t)i];
         return microLoss(u, e, h.narrow(1, p - 1, r), weights[(size_t)i]);
       }, true);
+      // A mixture's load-balancing loss, which the passes added.
+      if (const std::optional<double> aux = rr.lm->lastAuxLoss(); aux && c.leader) {
+        metrics_->moeAux += *aux;
+        metrics_->moeN += 1;
+      }
       meter.done();
       order.reset(); // the plan's row order again
       grads_.apply(rr, lrOver);

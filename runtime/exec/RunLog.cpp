@@ -55,7 +55,9 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::reshardMs,
     &MetricSums::lenClipped,
     &MetricSums::preempt,
-    &MetricSums::pageFaults};
+    &MetricSums::pageFaults,
+    &MetricSums::moeAux,
+    &MetricSums::moeN};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -253,6 +255,9 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
   add("ppo_kl", mean(tot.ppoKl, tot.actorN));
   add("kl_loss", mean(tot.klLoss, tot.actorN));
   add("entropy", mean(tot.entropy, tot.actorN));
+  // Only for a mixture of experts trained with its load-balancing loss.
+  if (tot.moeN > 0)
+    add("moe_aux_loss", mean(tot.moeAux, tot.moeN));
   add("vf_loss", mean(tot.vfLoss, tot.criticN));
   add("vf_clipfrac", mean(tot.vfClip, tot.criticN));
   add("sft_loss", mean(tot.sftLoss, tot.sftN));
@@ -328,6 +333,10 @@ void RunLog::printProgress(const IterationPlace &at, const IterationFigures &f, 
   if (tot.actorN > 0) {
     std::snprintf(b, sizeof b, " pg_loss %.4f kl %.4f entropy %.3f", mean(tot.pgLoss, tot.actorN),
                   mean(tot.klLoss, tot.actorN), mean(tot.entropy, tot.actorN));
+    line += b;
+  }
+  if (tot.moeN > 0) {
+    std::snprintf(b, sizeof b, " moe_aux %.4f", mean(tot.moeAux, tot.moeN));
     line += b;
   }
   if (tot.criticN > 0) {

@@ -46,8 +46,9 @@ struct MetricSums {
   double pairAcc = 0, pairN = 0;                   ///< held-out preference pairs
   double reshardBytes = 0, reshardMs = 0;          ///< weight reshards
   double preempt = 0, pageFaults = 0;              ///< KV preemptions; the process's page faults
+  double moeAux = 0, moeN = 0; ///< a mixture's load-balancing loss in the actor's update
 
-  static constexpr int kCount = 35;
+  static constexpr int kCount = 37;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

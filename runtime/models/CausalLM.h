@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -93,6 +94,11 @@ public:
   /// here, so it never asks which schedule a form uses.
   virtual std::vector<double> runPasses(const std::vector<MicroBatch> &micros,
                                         const PassHead &head, bool train);
+  /// The load-balancing loss the last training passes added to their
+  /// heads' losses (its mean over the micro-batches), for a mixture of
+  /// experts whose config asks for it (LlamaConfig::routerAuxLoss); none
+  /// otherwise.
+  virtual std::optional<double> lastAuxLoss() const { return std::nullopt; }
   /// `x`, computed by the heads, to every rank of the form: a pipeline's
   /// last stage broadcasts it to its stages; every other form already has
   /// it everywhere (nothing moves). Collective.

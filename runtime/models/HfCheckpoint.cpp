@@ -41,17 +41,27 @@ namespace {
 
 /// The files must hold no layer the config lacks: a config with fewer layers
 /// than the checkpoint would otherwise drop the rest without a word.
-void checkNoExtraLayers(const HfWeights &w, const std::string &dir, int layers) {
+void checkNoExtraLayers(const HfWeights &w, const std::string &dir, const LlamaConfig &c) {
   const std::string pre = "model.layers.";
   for (const std::string &name : w.names()) {
     if (name.compare(0, pre.size(), pre) != 0)
       continue;
     const int layer = std::atoi(name.c_str() + pre.size());
-    if (layer >= layers)
+    if (layer >= c.layers)
       throw std::runtime_error("hf weights " + dir + ": tensor '" + name + "' is of layer " +
                                std::to_string(layer) + ", but the config has " +
-                               std::to_string(layers) +
+                               std::to_string(c.layers) +
                                " layers: the config does not describe these weights");
+    // An expert beyond the config's count would be left out unseen.
+    const size_t ex = name.find(".experts.");
+    if (c.experts > 0 && ex != std::string::npos) {
+      const int expert = std::atoi(name.c_str() + ex + 9);
+      if (expert >= c.experts)
+        throw std::runtime_error("hf weights " + dir + ": tensor '" + name + "' is of expert " +
+                                 std::to_string(expert) + ", but the config has " +
+                                 std::to_string(c.experts) +
+                                 " experts: the config does not describe these weights");
+    }
   }
 }
 
@@ -203,7 +213,33 @@ uint64_t HfWeights::bytesRead() const {
   return n;
 }
 
-std::string hfParameterName(const std::string &n) {
+/// A mixture's parameter `rest` ("mlp.router", "mlp.experts.3.up") of a
+/// layer, by model type; "" when it is not one.
+static std::string hfMoeName(const std::string &rest, const std::string &arch) {
+  const bool mixtral = arch == "mixtral";
+  if (!mixtral && arch != "qwen3_moe")
+    return "";
+  const std::string block = mixtral ? "block_sparse_moe." : "mlp.";
+  if (rest == "mlp.router")
+    return block + "gate.weight";
+  const std::string pre = "mlp.experts.";
+  if (rest.compare(0, pre.size(), pre) != 0)
+    return "";
+  size_t dot = rest.find('.', pre.size());
+  if (dot == std::string::npos || dot == pre.size())
+    return "";
+  std::string e = rest.substr(pre.size(), dot - pre.size());
+  if (e.find_first_not_of("0123456789") != std::string::npos)
+    return "";
+  static const std::tuple<const char *, const char *, const char *> kExpert[] = {
+      {"gate", "gate_proj", "w1"}, {"up", "up_proj", "w3"}, {"down", "down_proj", "w2"}};
+  for (const auto &[ours, qwen, mix] : kExpert)
+    if (rest.substr(dot + 1) == ours)
+      return block + "experts." + e + "." + (mixtral ? mix : qwen) + ".weight";
+  return "";
+}
+
+std::string hfParameterName(const std::string &n, const std::string &arch) {
   if (n == "embed")
     return "model.embed_tokens.weight";
   if (n == "final_norm")
@@ -235,6 +271,8 @@ std::string hfParameterName(const std::string &n) {
       for (const auto &[ours, theirs] : kLayer)
         if (rest == ours)
           return "model.layers." + idx + "." + theirs;
+      if (std::string moe = hfMoeName(rest, arch); !moe.empty())
+        return "model.layers." + idx + "." + moe;
     }
   }
   throw std::invalid_argument("no Hugging Face name for parameter '" + n + "'");
@@ -257,11 +295,11 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
                       const std::vector<std::pair<std::string, at::Tensor>> &shards,
                       const std::vector<std::pair<std::string, Box>> &boxes) {
   HfWeights w(dir);
-  checkNoExtraLayers(w, dir, config.layers);
+  checkNoExtraLayers(w, dir, config);
   auto shapes = llamaParameterShapes(config);
   std::map<std::string, std::pair<std::string, std::vector<int64_t>>> byName;
   for (const auto &[name, shape] : shapes) {
-    std::string hf = hfParameterName(name);
+    std::string hf = hfParameterName(name, config.arch);
     std::vector<int64_t> expected =
         hfParameterIs1D(name) ? std::vector<int64_t>{shape[1]} : shape;
     if (!w.has(hf))
@@ -313,12 +351,12 @@ uint64_t loadHfShards(const std::string &dir, const LlamaConfig &config,
 void loadHfIntoLlama(const std::string &dir, Llama &model) {
   HfWeights w(dir);
   auto named = model.namedParameters();
-  checkNoExtraLayers(w, dir, model.config().layers);
+  checkNoExtraLayers(w, dir, model.config());
   // Check every tensor before touching the model: a failed load leaves it
   // as it was.
   std::vector<std::string> hfNames;
   for (const auto &[name, view] : named) {
-    std::string hf = hfParameterName(name);
+    std::string hf = hfParameterName(name, model.config().arch);
     std::vector<int64_t> expected =
         hfParameterIs1D(name) ? std::vector<int64_t>{view.size(1)} : view.sizes().vec();
     if (!w.has(hf))
@@ -368,16 +406,21 @@ void loadHfIntoLlama(const std::string &dir, Llama &model) {
 
 std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) {
   nlohmann::ordered_json j;
-  // llama and qwen2 as before (q/k/v biases make a qwen2); qwen3 and
-  // mistral as configured.
-  const std::string type = cfg.arch == "qwen3" || cfg.arch == "mistral" ? cfg.arch
-                           : cfg.qkvBias                                ? "qwen2"
-                                                                        : "llama";
-  const bool qwen = type == "qwen2";
-  const std::string arch = type == "qwen2"   ? "Qwen2"
-                           : type == "qwen3" ? "Qwen3"
-                           : type == "mistral" ? "Mistral"
-                                               : "Llama";
+  // llama and qwen2 as before (q/k/v biases make a qwen2); qwen3, mistral
+  // and the mixtures as configured.
+  const std::string type = cfg.arch == "qwen3" || cfg.arch == "mistral" ||
+                                   cfg.arch == "qwen3_moe" || cfg.arch == "mixtral"
+                               ? cfg.arch
+                           : cfg.qkvBias ? "qwen2"
+                                         : "llama";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  const bool mistral = type == "mistral" || type == "mixtral";
+  const std::string arch = type == "qwen2"       ? "Qwen2"
+                           : type == "qwen3"     ? "Qwen3"
+                           : type == "qwen3_moe" ? "Qwen3Moe"
+                           : type == "mistral"   ? "Mistral"
+                           : type == "mixtral"   ? "Mixtral"
+                                                 : "Llama";
   j["architectures"] = {arch + (scorer ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = type;
   if (scorer) { // one label: a scalar score (transformers' num_labels = 1)
@@ -387,7 +430,8 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
       j["pad_token_id"] = padToken;
   }
   j["hidden_size"] = cfg.hidden;
-  j["intermediate_size"] = cfg.ffn;
+  // Mixtral's experts are intermediate_size wide.
+  j["intermediate_size"] = type == "mixtral" ? cfg.expertFfn : cfg.ffn;
   j["num_attention_heads"] = cfg.heads;
   j["num_key_value_heads"] = cfg.kvHeads;
   j["num_hidden_layers"] = cfg.layers;
@@ -397,8 +441,24 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
   j["tie_word_embeddings"] = cfg.tieEmbeddings;
   j["hidden_act"] = "silu";
   // Qwen3's config defaults head_dim to 128: always written there.
-  if (cfg.headSize > 0 || type == "qwen3")
+  if (cfg.headSize > 0 || qwen3)
     j["head_dim"] = cfg.headDim();
+  if (type == "qwen3_moe") {
+    j["num_experts"] = cfg.experts;
+    j["num_experts_per_tok"] = cfg.expertsPerToken;
+    j["moe_intermediate_size"] = cfg.expertFfn;
+    j["norm_topk_prob"] = cfg.normTopk;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::ordered_json::array();
+    j["router_aux_loss_coef"] = cfg.routerAuxCoef;
+    j["output_router_logits"] = cfg.routerAuxLoss;
+  } else if (type == "mixtral") {
+    j["num_local_experts"] = cfg.experts;
+    j["num_experts_per_tok"] = cfg.expertsPerToken;
+    j["router_aux_loss_coef"] = cfg.routerAuxCoef;
+    j["router_jitter_noise"] = 0.0;
+    j["output_router_logits"] = cfg.routerAuxLoss;
+  }
   if (cfg.ropeScaling.active())
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", cfg.ropeScaling.factor},
@@ -406,11 +466,11 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
                          {"high_freq_factor", cfg.ropeScaling.highFreqFactor},
                          {"original_max_position_embeddings",
                           cfg.ropeScaling.originalMaxPositions}};
-  if (type == "llama" || type == "qwen3")
+  if (type == "llama" || qwen3)
     j["attention_bias"] = false; // transformers' Llama and Qwen3 would also bias o_proj
-  if (type == "qwen2" || type == "qwen3")
+  if (type == "qwen2" || qwen3)
     j["use_sliding_window"] = false;
-  if (type == "mistral") {
+  if (mistral) {
     if (cfg.slidingWindow > 0)
       j["sliding_window"] = cfg.slidingWindow;
     else
@@ -456,6 +516,12 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   c.qkNorm = arch.qkNorm;
   c.ropeScaling = arch.rope;
   c.slidingWindow = arch.slidingWindow;
+  c.experts = (int)arch.experts;
+  c.expertsPerToken = (int)arch.expertsPerToken;
+  c.expertFfn = (int)arch.expertFfn;
+  c.normTopk = arch.normTopk;
+  c.routerAuxCoef = arch.routerAuxCoef;
+  c.routerAuxLoss = arch.routerAuxLoss;
   // The classic keys: hflowc's hf("dir") reads them with the same code; the
   // first problem is the error.
   hfconfig::ClassicKeys keys;
@@ -582,7 +648,7 @@ std::vector<std::string> exportHfImpl(const std::string &dir, const Llama &model
     // In the model's own precision (config.json's torch_dtype says which).
     t = t.detach().to(at::kCPU, model.config().dtype).contiguous();
     total += t.numel() * t.element_size();
-    all.emplace_back(hfParameterName(name), std::move(t));
+    all.emplace_back(hfParameterName(name, model.config().arch), std::move(t));
   }
   if (score) {
     at::Tensor t = score->detach().to(at::kCPU, model.config().dtype).contiguous();

@@ -3,6 +3,7 @@
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
+#include "runtime/models/Moe.h"
 
 #include "runtime/plan/PlanModel.h"
 #include "runtime/schema/plan_generated.h"
@@ -44,6 +45,11 @@ std::string LlamaConfig::validate() const {
   if (headDim() % 2 != 0)
     return "model " + name + ": head dim " + s(headDim()) +
            " must be even for RoPE";
+  if (experts < 0 || (experts > 0 && (expertsPerToken < 1 || expertsPerToken > experts ||
+                                      expertFfn < 1)))
+    return "model " + name + ": a mixture of " + s(experts) + " experts needs 1 <= " +
+           "experts per token (" + s(expertsPerToken) + ") <= experts and a positive " +
+           "expert width (" + s(expertFfn) + ")";
   return "";
 }
 
@@ -60,6 +66,9 @@ shape::ModelShape LlamaConfig::shape() const {
   m.lmHead = lmHead;
   m.headSize = headSize;
   m.qkNorm = qkNorm;
+  m.experts = experts;
+  m.expertsPerToken = expertsPerToken;
+  m.expertFfn = expertFfn;
   return m;
 }
 
@@ -75,6 +84,9 @@ void LlamaConfig::setShape(const shape::ModelShape &m) {
   lmHead = m.lmHead;
   headSize = int(m.headSize);
   qkNorm = m.qkNorm;
+  experts = int(m.experts);
+  expertsPerToken = int(m.expertsPerToken);
+  expertFfn = int(m.expertFfn);
 }
 
 int64_t LlamaConfig::paramCount() const { return shape::paramCount(shape()); }
@@ -85,10 +97,10 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   c.name = m.name() ? m.name()->str() : "model";
   std::string arch = m.arch() ? m.arch()->str() : "";
   if (!arch.empty() && arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
-      arch != "mistral") {
+      arch != "mistral" && arch != "qwen3_moe" && arch != "mixtral") {
     error = "model " + c.name + ": architecture '" + arch +
-            "' is not supported by this runtime (only 'llama', 'qwen2', 'qwen3' and "
-            "'mistral')";
+            "' is not supported by this runtime (only 'llama', 'qwen2', 'qwen3', "
+            "'mistral', 'qwen3_moe' and 'mixtral')";
     return false;
   }
   c.arch = arch.empty() ? "llama" : arch;
@@ -109,6 +121,20 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
     c.ropeScaling.originalMaxPositions = rs->original_max_positions();
   }
   c.slidingWindow = m.sliding_window();
+  c.normTopk = m.norm_topk_prob();
+  c.routerAuxCoef = m.router_aux_loss_coef();
+  c.routerAuxLoss = m.router_aux_loss();
+  const bool moeArch = c.arch == "qwen3_moe" || c.arch == "mixtral";
+  if (moeArch != (c.experts > 0)) {
+    error = "model " + c.name + ": architecture '" + c.arch + "' with " +
+            std::to_string(c.experts) + " experts: qwen3_moe and mixtral are mixtures of "
+            "experts, the other architectures dense";
+    return false;
+  }
+  if (!(c.routerAuxCoef >= 0) || !std::isfinite(c.routerAuxCoef)) {
+    error = "model " + c.name + ": router_aux_loss_coef must be a non-negative number";
+    return false;
+  }
   error = c.validate();
   if (!error.empty())
     return false;
@@ -139,6 +165,7 @@ struct Llama::Weights {
     at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
     at::Tensor bq, bk, bv;     // undefined without qkv biases
     at::Tensor qNorm, kNorm;   // undefined without q/k norms (Qwen3)
+    MoeWeights moe;            // a mixture's (then no wGate, wUp, wDown)
   };
   at::Tensor embed, finalNorm, head;
   std::vector<Layer> layers;
@@ -146,9 +173,10 @@ struct Llama::Weights {
   std::vector<at::Tensor> all() const {
     std::vector<at::Tensor> v{embed};
     for (auto &l : layers)
-      for (auto *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm,
-                      &l.wGate, &l.wUp, &l.wDown})
-        v.push_back(*t);
+      for (auto *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate, &l.wUp,
+                      &l.wDown, &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down})
+        if (t->defined())
+          v.push_back(*t);
     for (auto &l : layers)
       for (auto *t : {&l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
         if (t->defined())
@@ -180,9 +208,17 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     l.wv = mat(c.kvHeads * hd, H);
     l.wo = mat(H, c.heads * hd);
     l.mlpNorm = at::ones({H}, opts);
-    l.wGate = mat(F, H);
-    l.wUp = mat(F, H);
-    l.wDown = mat(H, F);
+    if (c.experts > 0) {
+      const int64_t E = c.experts, Fe = c.expertFfn;
+      l.moe.router = mat(E, H);
+      l.moe.gate = at::empty({E, Fe, H}, opts).normal_(0.0, 0.02, gen);
+      l.moe.up = at::empty({E, Fe, H}, opts).normal_(0.0, 0.02, gen);
+      l.moe.down = at::empty({E, H, Fe}, opts).normal_(0.0, 0.02, gen);
+    } else {
+      l.wGate = mat(F, H);
+      l.wUp = mat(F, H);
+      l.wDown = mat(H, F);
+    }
     w_->layers.push_back(std::move(l));
   }
   w_->finalNorm = at::ones({H}, opts);
@@ -214,7 +250,8 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     apply(w_->embed);
     for (auto &l : w_->layers)
       for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
-                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
+                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm,
+                            &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down})
         apply(*t);
     apply(w_->finalNorm);
     if (tied)
@@ -260,9 +297,20 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
       add(pre + "attn.k_norm", l.kNorm);
     }
     add(pre + "mlp_norm", l.mlpNorm);
-    add(pre + "mlp.gate", l.wGate);
-    add(pre + "mlp.up", l.wUp);
-    add(pre + "mlp.down", l.wDown);
+    if (!l.moe.router.defined()) {
+      add(pre + "mlp.gate", l.wGate);
+      add(pre + "mlp.up", l.wUp);
+      add(pre + "mlp.down", l.wDown);
+      continue;
+    }
+    // Each expert's weights as views of the stacked ones.
+    add(pre + "mlp.router", l.moe.router);
+    for (int64_t e = 0; e < l.moe.gate.size(0); ++e) {
+      const std::string ex = pre + "mlp.experts." + std::to_string(e) + ".";
+      add(ex + "gate", l.moe.gate[e]);
+      add(ex + "up", l.moe.up[e]);
+      add(ex + "down", l.moe.down[e]);
+    }
   }
   add("final_norm", w_->finalNorm);
   if (w_->head.defined() && !w_->head.is_same(w_->embed))
@@ -422,7 +470,8 @@ at::Tensor positionsFromMask(const at::Tensor &mask) {
 }
 
 at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                         const at::Tensor &keyMask, KvStore *cache) const {
+                         const at::Tensor &keyMask, KvStore *cache,
+                         std::vector<MoeRouting> *routing) const {
   const auto &c = config_;
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument("Llama: tokens must be int64 [B, T]");
@@ -474,8 +523,14 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
     at::Tensor o = attend(q, k, v, bias, scale).transpose(1, 2).reshape({B, T, c.heads * hd});
     x = x + at::linear(o, l.wo);
     h = rmsNorm(x, l.mlpNorm, c.normEps);
-    x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp),
-                       l.wDown);
+    if (l.moe.router.defined()) {
+      MoeRouting r;
+      x = x + moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, routing ? &r : nullptr);
+      if (routing)
+        routing->push_back(std::move(r));
+    }
+    else
+      x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp), l.wDown);
   }
   if (cache)
     cache->commit(keyReal, positions);

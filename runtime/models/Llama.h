@@ -45,6 +45,8 @@ struct Model;
 
 namespace hflow::models {
 
+struct MoeRouting;
+
 struct LlamaConfig {
   std::string name = "llama";
   int layers = 2;
@@ -58,7 +60,8 @@ struct LlamaConfig {
   bool qkvBias = false;       ///< q, k and v have biases (Qwen2)
   double normEps = 1e-5;      ///< RMSNorm epsilon (Llama-2)
   /// The config.json model_type an export writes: "llama", "qwen2",
-  /// "qwen3" or "mistral" (llama and qwen2 follow qkvBias, as before).
+  /// "qwen3", "mistral", "qwen3_moe" or "mixtral" (llama and qwen2 follow
+  /// qkvBias, as before).
   std::string arch = "llama";
   /// config.json's head_dim: one head's width when it is not hidden /
   /// heads (0: hidden / heads). q is [heads * headDim(), hidden].
@@ -71,6 +74,20 @@ struct LlamaConfig {
   /// Mistral's sliding window: a token attends to itself and the
   /// slidingWindow - 1 keys before it (0: no window).
   int64_t slidingWindow = 0;
+  /// A mixture of experts in every layer's MLP (qwen3_moe, mixtral; 0
+  /// experts: the dense SwiGLU of width ffn): a router and `experts` SwiGLU
+  /// experts of width expertFfn; each token goes through the
+  /// expertsPerToken most probable (softmax over the router's logits),
+  /// weighted by their probabilities, renormalised to sum to 1 when
+  /// normTopk (Mixtral always, Qwen3-MoE's norm_topk_prob). Dropless: no
+  /// token is ever dropped for capacity.
+  int experts = 0, expertsPerToken = 0, expertFfn = 0;
+  bool normTopk = false;
+  /// The load-balancing loss's coefficient (router_aux_loss_coef), and
+  /// whether a training pass adds it (output_router_logits, as
+  /// transformers decides it).
+  double routerAuxCoef = 0;
+  bool routerAuxLoss = false;
   /// False for the body of a critic or reward model: its hidden states feed
   /// a scalar head the engine holds, and it has no LM head (tied or not);
   /// logits() and generate() are then errors.
@@ -274,8 +291,11 @@ public:
   /// real tokens at or before it, and always to itself (so a padding
   /// position stays finite). With a `cache`, the tokens continue the cached
   /// sequence and their keys/values are appended to it.
+  /// A mixture's routing of every layer is appended to `routing` when
+  /// given (MoeRouting, runtime/models/Moe.h).
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask, KvStore *cache = nullptr) const;
+                    const at::Tensor &keyMask, KvStore *cache = nullptr,
+                    std::vector<MoeRouting> *routing = nullptr) const;
   /// The LM head on hidden states: [.., H] -> [.., V].
   at::Tensor logits(const at::Tensor &hidden) const;
 

@@ -2,11 +2,13 @@
 #include "runtime/models/ModelForms.h"
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/models/Moe.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/schema/Degrees.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace hflow::models {
@@ -45,6 +47,28 @@ std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
 //===----------------------------------------------------------------------===//
 
 WholeModel::WholeModel(Llama &model, comm::Communicator &dp) : m_(model), dp_(dp) {}
+
+std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
+                                          const PassHead &head, bool train) {
+  const LlamaConfig &c = m_.config();
+  aux_.reset();
+  if (!train || c.experts == 0 || !c.routerAuxLoss)
+    return CausalLM::runPasses(micros, head, train);
+  std::vector<double> values;
+  double auxSum = 0;
+  const double weight = c.routerAuxCoef / double(std::max<size_t>(1, micros.size()));
+  for (size_t i = 0; i < micros.size(); ++i) {
+    const MicroBatch &mb = micros[i];
+    std::vector<MoeRouting> routing;
+    at::Tensor v = head((int)i, m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &routing));
+    at::Tensor aux = loadBalancingLoss(routing, mb.keyMask);
+    values.push_back(v.item<double>());
+    auxSum += aux.item<double>();
+    (v + aux * weight).backward();
+  }
+  aux_ = auxSum / double(std::max<size_t>(1, micros.size()));
+  return values;
+}
 
 at::Tensor WholeModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                               const at::Tensor &keyMask) const {

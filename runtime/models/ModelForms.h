@@ -48,10 +48,19 @@ public:
   /// some replica had one, and stays without one otherwise.
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+  /// One pass after the other; a mixture of experts whose config asks for
+  /// it adds routerAuxCoef x its load-balancing loss (loadBalancingLoss
+  /// over the micro-batch's real tokens), divided by the number of
+  /// micro-batches, to each training pass's loss before the backward
+  /// (the heads' values are returned without it).
+  std::vector<double> runPasses(const std::vector<MicroBatch> &micros, const PassHead &head,
+                                bool train) override;
+  std::optional<double> lastAuxLoss() const override { return aux_; }
 
 private:
   Llama &m_;
   comm::Communicator &dp_;
+  std::optional<double> aux_;
 };
 
 /// What the sharded forms share: each delegates to its model `M` (TPLlama

@@ -182,8 +182,12 @@ private:
 
 /// The Hugging Face name of a Llama::namedParameters() name
 /// ("layers.3.attn.q" -> "model.layers.3.self_attn.q_proj.weight"); throws
-/// std::invalid_argument for an unknown name.
-std::string hfParameterName(const std::string &hflowName);
+/// std::invalid_argument for an unknown name. A mixture's parameters are
+/// named by the model type `arch`: qwen3_moe's "mlp.gate.weight" (the
+/// router) and "mlp.experts.E.{gate,up,down}_proj.weight", mixtral's
+/// "block_sparse_moe.gate.weight" and "block_sparse_moe.experts.E.{w1,w3,
+/// w2}.weight" (gate, up, down).
+std::string hfParameterName(const std::string &hflowName, const std::string &arch = "");
 /// True for the parameters that are 1-D in HF (norms and biases), which
 /// namedParameters() shows as one row [1, n].
 bool hfParameterIs1D(const std::string &hflowName);

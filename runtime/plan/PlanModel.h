@@ -29,6 +29,9 @@ inline shape::ModelShape modelShape(const Model &m) {
   s.qkvBias = m.qkv_bias();
   s.headSize = m.head_dim();
   s.qkNorm = m.qk_norm();
+  s.experts = m.experts();
+  s.expertsPerToken = m.experts_per_token();
+  s.expertFfn = m.expert_ffn();
   return s;
 }
 

@@ -18,10 +18,15 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// cp: not executed for any role yet.
-std::string unbuiltDegree(const Degrees &l) {
+/// cp: not executed for any role yet; a mixture of experts on whole
+/// weights only.
+std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.cp > 1)
     return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
+  if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1))
+    return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
+           "dp(N), in hflow-run yet: its tensor-parallel, fully sharded, pipelined and "
+           "sequence-parallel forms and expert parallelism are not built";
   return "";
 }
 } // namespace
@@ -67,7 +72,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                     std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
     return v;
   }
-  if (std::string why = unbuiltDegree(train); !why.empty())
+  if (std::string why = unbuiltDegree(train, dims); !why.empty())
     return refuse("train", train, why);
   if (train.pp > 1) {
     if (train.fsdp > 1 || train.sp > 1)
@@ -109,7 +114,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     v.train = Form::FullyShard;
   if (!actor)
     return v; // a critic or reference computes on its training form only
-  if (std::string why = unbuiltDegree(gen); !why.empty())
+  if (std::string why = unbuiltDegree(gen, dims); !why.empty())
     return refuse("generate", gen, why);
   if (gen.pp > 1)
     return refuse("generate", gen,

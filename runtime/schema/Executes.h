@@ -30,12 +30,13 @@ struct Dims {
   int64_t heads = 0, kvHeads = 0, ffn = 0, vocab = 0;
   int64_t layers = 0;
   bool tied = false; ///< the LM head is the embedding
+  int64_t experts = 0; ///< a mixture of experts' (0: dense)
 };
 
 /// The dimensions of `m` this table judges: what hflowc's model, the
 /// placement search's and the runtime's plan model all give it.
 inline Dims dimsOf(const shape::ModelShape &m) {
-  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings};
+  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings, m.experts};
 }
 
 /// How a role's weights are held on its ranks for one of its layouts.
@@ -65,8 +66,9 @@ struct Verdict {
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
-    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * tp(t) * dp(d), an Actor generating on "
-    "dp(N) or tp(t) * dp(d), and a RewardFn on dp(N)";
+    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * tp(t) * dp(d) (a mixture of experts "
+    "on dp(N)), an Actor generating on dp(N) or tp(t) * dp(d) (a mixture on dp(N)), and a "
+    "RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

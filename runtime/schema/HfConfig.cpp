@@ -9,10 +9,13 @@ namespace hflow::hfconfig {
 using json = nlohmann::json;
 
 bool supportedModelType(const std::string &type) {
-  return type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral";
+  return type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
+         type == "qwen3_moe" || type == "mixtral";
 }
 
-const char *supportedModelTypes() { return "llama, qwen2, qwen3 and mistral"; }
+const char *supportedModelTypes() {
+  return "llama, qwen2, qwen3, mistral, qwen3_moe and mixtral";
+}
 
 namespace {
 
@@ -77,13 +80,93 @@ std::string readRope(const json &v, const char *key, ArchKeys &out) {
   return "";
 }
 
+/// num_experts etc. into `out`: a positive integer (`required`: the key must
+/// be there), or "" when absent.
+std::string moeInt(const json &j, const char *key, bool required, int64_t &dst) {
+  const json *v = find(j, key);
+  if (!v)
+    return required ? std::string("has no '") + key + "' (a mixture of experts needs it)" : "";
+  if (!positiveInt(*v) || v->get<int64_t>() > (int64_t(1) << 20))
+    return "'" + std::string(key) + "' must be a positive integer, got " + v->dump();
+  dst = v->get<int64_t>();
+  return "";
+}
+
+std::string readMoeKeys(const json &j, const std::string &type, ArchKeys &out) {
+  if (type != "qwen3_moe" && type != "mixtral") {
+    for (const char *key : {"num_experts", "num_local_experts", "n_routed_experts",
+                            "num_experts_per_tok", "moe_intermediate_size",
+                            "shared_expert_intermediate_size", "n_shared_experts"})
+      if (const json *e = find(j, key); e && !(e->is_number() && e->get<double>() == 0))
+        return "'" + std::string(key) + "' " + e->dump() + " describes a mixture of experts, "
+               "which hflow builds for model_type qwen3_moe and mixtral, not " + type;
+    return "";
+  }
+  const bool mixtral = type == "mixtral";
+  // Mixtral's experts are intermediate_size wide (every MLP is a mixture);
+  // Qwen3-MoE's moe_intermediate_size (intermediate_size is its dense
+  // layers', which hflow requires there are none of).
+  for (auto [key, dst] : {std::pair<const char *, int64_t *>{
+                              mixtral ? "num_local_experts" : "num_experts", &out.experts},
+                          {"num_experts_per_tok", &out.expertsPerToken},
+                          {mixtral ? "intermediate_size" : "moe_intermediate_size",
+                           &out.expertFfn}})
+    if (std::string e = moeInt(j, key, true, *dst); !e.empty())
+      return e;
+  if (out.expertsPerToken > out.experts)
+    return "'num_experts_per_tok' " + std::to_string(out.expertsPerToken) +
+           " is more than the " + std::to_string(out.experts) + " experts";
+  // Mixtral always renormalises the chosen experts' weights; Qwen3-MoE
+  // when norm_topk_prob (false by default, as transformers reads it).
+  out.normTopk = mixtral;
+  if (!mixtral)
+    if (const json *n = find(j, "norm_topk_prob")) {
+      if (!n->is_boolean())
+        return "'norm_topk_prob' must be true or false, got " + n->dump();
+      out.normTopk = n->get<bool>();
+    }
+  out.routerAuxCoef = mixtral ? 0.02 : 0.001; // transformers' defaults
+  if (const json *c = find(j, "router_aux_loss_coef")) {
+    if (!c->is_number() || !(c->get<double>() >= 0) || !std::isfinite(c->get<double>()))
+      return "'router_aux_loss_coef' must be a non-negative number, got " + c->dump();
+    out.routerAuxCoef = c->get<double>();
+  }
+  if (const json *o = find(j, "output_router_logits")) {
+    if (!o->is_boolean())
+      return "'output_router_logits' must be true or false, got " + o->dump();
+    out.routerAuxLoss = o->get<bool>();
+  }
+  if (mixtral) {
+    if (const json *n = find(j, "router_jitter_noise");
+        n && !(n->is_number() && n->get<double>() == 0))
+      return "'router_jitter_noise' " + n->dump() +
+             " is not supported: hflow routes without noise (transformers would "
+             "multiply the router's input by random noise while training); set it to 0.0";
+    return "";
+  }
+  if (const json *s = find(j, "decoder_sparse_step");
+      s && !(s->is_number_integer() && s->get<int64_t>() == 1))
+    return "'decoder_sparse_step' " + s->dump() +
+           " is not supported: hflow builds a mixture in every layer (1)";
+  if (const json *m = find(j, "mlp_only_layers"); m && !(m->is_array() && m->empty()))
+    return "'mlp_only_layers' " + m->dump() +
+           " is not supported: hflow builds a mixture in every layer ([])";
+  for (const char *key : {"shared_expert_intermediate_size", "n_shared_experts"})
+    if (const json *e = find(j, key); e && !(e->is_number() && e->get<double>() == 0))
+      return "'" + std::string(key) + "' " + e->dump() +
+             " is not supported: hflow's mixtures have no shared expert";
+  return "";
+}
+
 } // namespace
 
 std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) {
   out = ArchKeys();
   if (!j.is_object())
     return "is not a JSON object";
-  const bool qwen = type == "qwen2" || type == "qwen3";
+  const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  const bool mistral = type == "mistral" || type == "mixtral";
 
   // The MLP: SwiGLU without biases.
   for (const char *key : {"hidden_act", "hidden_activation"})
@@ -97,13 +180,10 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
       return "'mlp_bias' " + b->dump() +
              " is not supported; hflow's MLP projections have no biases";
 
-  // Mixtures of experts.
-  for (const char *key : {"num_experts", "num_local_experts", "n_routed_experts",
-                          "num_experts_per_tok", "moe_intermediate_size",
-                          "shared_expert_intermediate_size", "n_shared_experts"})
-    if (const json *e = find(j, key); e && !(e->is_number() && e->get<double>() == 0))
-      return "'" + std::string(key) + "' " + e->dump() +
-             " describes a mixture of experts; hflow builds dense MLPs only";
+  // Mixtures of experts: Qwen3-MoE and Mixtral; any other model type's
+  // expert keys are refused.
+  if (std::string e = readMoeKeys(j, type, out); !e.empty())
+    return e;
 
   // Attention.
   if (const json *d = find(j, "attention_dropout");
@@ -115,18 +195,18 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
     if (!positiveInt(*h) || h->get<int64_t>() > (int64_t(1) << 20))
       return "'head_dim' must be a positive integer, got " + h->dump();
     out.headDim = h->get<int64_t>();
-  } else if (type == "qwen3" && !j.contains("head_dim")) {
-    out.headDim = 128; // transformers' Qwen3Config default
+  } else if (qwen3 && !j.contains("head_dim")) {
+    out.headDim = 128; // transformers' Qwen3Config and Qwen3MoeConfig default
   }
   if (out.headDim % 2 != 0)
     return "'head_dim' " + std::to_string(out.headDim) + " must be even for RoPE";
-  out.qkNorm = type == "qwen3";
-  if (type == "qwen3" || type == "mistral")
+  out.qkNorm = qwen3;
+  if (qwen3 || mistral)
     if (const json *b = find(j, "attention_bias"); b && b->is_boolean() && b->get<bool>())
       return "'attention_bias' true is not supported for " + type +
-             (type == "qwen3" ? ": transformers' Qwen3 then biases o_proj too, which hflow "
-                                "does not build"
-                              : ": transformers' Mistral has no attention biases");
+             (qwen3 ? ": transformers' Qwen3 then biases o_proj too, which hflow "
+                      "does not build"
+                    : ": transformers' Mistral and Mixtral have no attention biases");
   if (const json *p = find(j, "partial_rotary_factor");
       p && !(p->is_number() && p->get<double>() == 1))
     return "'partial_rotary_factor' " + p->dump() +
@@ -143,7 +223,7 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
     if (const json *u = find(j, "use_sliding_window"); u && !(u->is_boolean() && !u->get<bool>()))
       return "'use_sliding_window' " + u->dump() + " is not supported for " + type +
              ": hflow's attention has no window on some layers only";
-  } else if (type == "mistral") {
+  } else if (mistral) {
     if (const json *w = find(j, "sliding_window")) {
       if (!positiveInt(*w))
         return "'sliding_window' must be a positive integer or null, got " + w->dump();

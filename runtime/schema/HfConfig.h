@@ -30,9 +30,9 @@
 namespace hflow::hfconfig {
 
 /// Whether hflow builds config.json's `model_type`: llama, qwen2, qwen3,
-/// mistral.
+/// mistral, qwen3_moe, mixtral.
 bool supportedModelType(const std::string &type);
-/// "llama, qwen2, qwen3 and mistral", for messages.
+/// "llama, qwen2, qwen3, mistral, qwen3_moe and mixtral", for messages.
 const char *supportedModelTypes();
 
 using ::hflow::rope::RopeScaling;
@@ -45,6 +45,16 @@ struct ArchKeys {
   double ropeTheta = 0;      ///< rope_parameters.rope_theta (0: not there)
   int64_t slidingWindow = 0; ///< mistral's sliding_window; 0: none
   int64_t maxPositions = 0;  ///< max_position_embeddings; 0: not given
+  /// A mixture of experts (qwen3_moe, mixtral; 0 experts: dense): the
+  /// experts, how many each token goes through, one expert's width,
+  /// whether the chosen experts' weights are renormalised to sum to 1, and
+  /// the load-balancing loss's coefficient.
+  int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
+  bool normTopk = false;
+  double routerAuxCoef = 0;
+  /// output_router_logits: whether training adds the load-balancing loss
+  /// (transformers adds it only then; false by default).
+  bool routerAuxLoss = false;
 };
 
 /// Reads the keys above from config.json `j` of model_type `type` and

@@ -39,9 +39,20 @@ std::vector<Param> llamaParams(const ModelShape &m) {
       add(pre + "attn.k_norm", 1, hd, Split::Replicated, l);
     }
     add(pre + "mlp_norm", 1, h, Split::Replicated, l);
-    add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
-    add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
-    add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
+    if (!m.moe()) {
+      add(pre + "mlp.gate", m.ffn, h, Split::Rows, l);
+      add(pre + "mlp.up", m.ffn, h, Split::Rows, l);
+      add(pre + "mlp.down", h, m.ffn, Split::Cols, l);
+      continue;
+    }
+    // The router is replicated; each expert splits as the dense MLP does.
+    add(pre + "mlp.router", m.experts, h, Split::Replicated, l);
+    for (int64_t e = 0; e < m.experts; ++e) {
+      const std::string ex = pre + "mlp.experts." + std::to_string(e) + ".";
+      add(ex + "gate", m.expertFfn, h, Split::Rows, l);
+      add(ex + "up", m.expertFfn, h, Split::Rows, l);
+      add(ex + "down", h, m.expertFfn, Split::Cols, l);
+    }
   }
   add("final_norm", 1, h, Split::Replicated, Param::kLastStage);
   if (m.lmHead && !m.tieEmbeddings)
@@ -52,7 +63,8 @@ std::vector<Param> llamaParams(const ModelShape &m) {
 int64_t layerParamCount(const ModelShape &m) {
   const int64_t h = m.hidden, hd = m.headDim();
   const int64_t q = m.heads * hd, kv = m.kvHeads * hd;
-  int64_t perLayer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * m.ffn;
+  int64_t perLayer = 2 * h + h * q + 2 * h * kv + q * h;
+  perLayer += m.moe() ? m.experts * h + m.experts * 3 * h * m.expertFfn : 3 * h * m.ffn;
   if (m.qkvBias)
     perLayer += q + 2 * kv;
   if (m.qkNorm)
@@ -63,6 +75,11 @@ int64_t layerParamCount(const ModelShape &m) {
 int64_t paramCount(const ModelShape &m) {
   const int64_t h = m.hidden;
   return m.vocab * h + m.layers * layerParamCount(m) + h + (m.lmHead && !m.tieEmbeddings ? h * m.vocab : 0);
+}
+
+int64_t activeParamCount(const ModelShape &m) {
+  const int64_t idle = m.moe() ? (m.experts - m.expertsPerToken) * 3 * m.hidden * m.expertFfn : 0;
+  return paramCount(m) - m.layers * idle;
 }
 
 } // namespace hflow::shape

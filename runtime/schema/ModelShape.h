@@ -52,7 +52,8 @@ struct Param {
   int64_t numel() const { return rows * cols; }
 };
 
-/// The dimensions that decide a Llama/Qwen2/Qwen3/Mistral model's parameters.
+/// The dimensions that decide a Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/Mixtral model's
+/// parameters.
 struct ModelShape {
   int64_t layers = 1, hidden = 1, heads = 1, kvHeads = 1, ffn = 1, vocab = 1;
   bool tieEmbeddings = false, qkvBias = false;
@@ -65,13 +66,22 @@ struct ModelShape {
   int64_t headSize = 0;
   /// Qwen3's per-head RMSNorm of q and k (weights [headDim()] each).
   bool qkNorm = false;
+  /// A mixture of experts in every layer's MLP (Qwen3-MoE, Mixtral): a
+  /// router [experts, hidden] and `experts` SwiGLU experts of width
+  /// expertFfn, each token through expertsPerToken of them. experts 0: the
+  /// dense SwiGLU MLP of width ffn.
+  int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
+  bool moe() const { return experts > 0; }
 
   int64_t headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
   /// Positive sizes, hidden divisible by heads unless the head width is
   /// given: what llamaParams needs.
   bool valid() const {
     return layers >= 1 && hidden >= 1 && heads >= 1 && kvHeads >= 1 && ffn >= 1 &&
-           vocab >= 1 && headSize >= 0 && (headSize > 0 || hidden % heads == 0);
+           vocab >= 1 && headSize >= 0 && (headSize > 0 || hidden % heads == 0) &&
+           experts >= 0 &&
+           (experts == 0 || (expertsPerToken >= 1 && expertsPerToken <= experts &&
+                             expertFfn >= 1));
   }
   /// The shapes of stdlib/models.hflow's Llama 2 presets (tests, benchmarks).
   static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
@@ -81,8 +91,9 @@ struct ModelShape {
 /// Every parameter as a 2-D view (1-D ones as one row), in the order the
 /// runtime's Llama lists them and the reshard planner indexes them: embed;
 /// per layer attn_norm, attn.q[, attn.q_bias], attn.k[, _bias],
-/// attn.v[, _bias], attn.o[, attn.q_norm, attn.k_norm], mlp_norm, mlp.gate,
-/// mlp.up, mlp.down;
+/// attn.v[, _bias], attn.o[, attn.q_norm, attn.k_norm], mlp_norm, then the
+/// dense MLP's mlp.gate, mlp.up, mlp.down, or a mixture's mlp.router and
+/// per expert E mlp.experts.E.gate, mlp.experts.E.up, mlp.experts.E.down;
 /// final_norm; lm_head (absent when tied). Empty when !m.valid().
 std::vector<Param> llamaParams(const ModelShape &m);
 
@@ -93,7 +104,9 @@ std::vector<Param> llamaParams(const ModelShape &m);
 ///            + hidden*(heads*hd)                  q
 ///            + 2*hidden*(kvHeads*hd)              k, v
 ///            + (heads*hd)*hidden                  o
-///            + 3*hidden*ffn                       gate, up, down
+///            + 3*hidden*ffn                       gate, up, down (dense)
+///            | experts*hidden                     router (a mixture)
+///              + experts*3*hidden*expertFfn       its experts' gate, up, down
 ///            + [qkvBias] (heads + 2*kvHeads)*hd   q, k, v biases
 ///            + [qkNorm] 2*hd )                    q, k per-head RMSNorms
 /// + hidden                                        final RMSNorm
@@ -101,6 +114,11 @@ std::vector<Param> llamaParams(const ModelShape &m);
 int64_t paramCount(const ModelShape &m);
 /// One decoder layer's parameters (the `layers *` term above).
 int64_t layerParamCount(const ModelShape &m);
+/// The parameters one token computes with: paramCount, but of a mixture's
+/// experts only the expertsPerToken a token goes through (the router
+/// counts whole: every token scores every expert). What a pass's FLOPs
+/// scale with; memory holds paramCount.
+int64_t activeParamCount(const ModelShape &m);
 
 } // namespace hflow::shape
 

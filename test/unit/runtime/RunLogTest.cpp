@@ -202,11 +202,14 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   m.rewardSum = 1;
   m.pageFaults = 7;
   m.lr = 3;
+  m.moeN = 2;
   const std::vector<double> row = m.row();
   ASSERT_EQ(row.size(), (size_t)exec::MetricSums::kCount);
   EXPECT_EQ(row[0], 1);
   EXPECT_EQ(row[(size_t)exec::MetricSums::column(&exec::MetricSums::lr)], 3);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::pageFaults), exec::MetricSums::kCount - 1);
+  EXPECT_EQ(row[(size_t)exec::MetricSums::column(&exec::MetricSums::pageFaults)], 7);
+  // Fields added later go last, so the order of the others never changes.
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), exec::MetricSums::kCount - 1);
   const exec::MetricSums back = exec::MetricSums::fromRow(row.data());
   EXPECT_EQ(back.row(), row);
 }

@@ -450,6 +450,21 @@ TEST(Safetensors, HfParameterNames) {
   EXPECT_EQ(hfParameterName("lm_head"), "lm_head.weight");
   EXPECT_THROW(hfParameterName("layers.x.attn.q"), std::invalid_argument);
   EXPECT_THROW(hfParameterName("layers.1.attn.z"), std::invalid_argument);
+  // A mixture's names follow the model type.
+  EXPECT_EQ(hfParameterName("layers.1.mlp.router", "qwen3_moe"), "model.layers.1.mlp.gate.weight");
+  EXPECT_EQ(hfParameterName("layers.1.mlp.experts.12.up", "qwen3_moe"),
+            "model.layers.1.mlp.experts.12.up_proj.weight");
+  EXPECT_EQ(hfParameterName("layers.0.mlp.router", "mixtral"),
+            "model.layers.0.block_sparse_moe.gate.weight");
+  EXPECT_EQ(hfParameterName("layers.0.mlp.experts.3.gate", "mixtral"),
+            "model.layers.0.block_sparse_moe.experts.3.w1.weight");
+  EXPECT_EQ(hfParameterName("layers.0.mlp.experts.3.up", "mixtral"),
+            "model.layers.0.block_sparse_moe.experts.3.w3.weight");
+  EXPECT_EQ(hfParameterName("layers.0.mlp.experts.3.down", "mixtral"),
+            "model.layers.0.block_sparse_moe.experts.3.w2.weight");
+  EXPECT_THROW(hfParameterName("layers.0.mlp.router"), std::invalid_argument);
+  EXPECT_THROW(hfParameterName("layers.0.mlp.experts.x.up", "mixtral"), std::invalid_argument);
+  EXPECT_THROW(hfParameterName("layers.0.mlp.experts.1.w1", "mixtral"), std::invalid_argument);
   EXPECT_TRUE(hfParameterIs1D("layers.3.attn.v_bias"));
   EXPECT_TRUE(hfParameterIs1D("final_norm"));
   EXPECT_FALSE(hfParameterIs1D("layers.3.attn.v"));

@@ -1,0 +1,75 @@
+//===- Moe.cpp - a mixture of experts in place of the dense MLP ------------===//
+#include "runtime/models/Moe.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hflow::models {
+
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+                  MoeRouting *routing) {
+  const int64_t H = h.size(-1), E = w.router.size(0);
+  at::Tensor x = h.reshape({-1, H}); // [N, H]
+  // The routing in float32 at least, whatever the model's type (as
+  // transformers' Qwen3-MoE and Mixtral do it).
+  const at::ScalarType rt = at::promote_types(x.scalar_type(), at::kFloat);
+  at::Tensor probs = at::softmax(at::linear(x, w.router).to(rt), -1); // [N, E]
+  auto [top, chosen] = probs.topk(k, -1);                                    // [N, k]
+  if (normTopk)
+    top = top / top.sum(-1, /*keepdim=*/true);
+  if (routing)
+    *routing = {probs, chosen};
+  // Each (token, slot) pair grouped by its expert: one matrix product per
+  // expert over the tokens that chose it, the outputs scattered back with
+  // their weights.
+  at::Tensor flat = chosen.reshape({-1});                            // [N k]
+  at::Tensor order = flat.argsort(/*stable=*/true);                  // by expert
+  at::Tensor token = order.div(k, "floor");                          // its row of x
+  at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
+  at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
+  const int64_t *n = counts.data_ptr<int64_t>();
+  at::Tensor xs = x.index_select(0, token);
+  std::vector<at::Tensor> ys;
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (n[e] == 0)
+      continue;
+    at::Tensor xe = xs.narrow(0, at, n[e]);
+    at::Tensor ye = at::linear(at::silu(at::linear(xe, w.gate[e])) * at::linear(xe, w.up[e]),
+                               w.down[e]);
+    ys.push_back(ye * weight.narrow(0, at, n[e]).unsqueeze(-1));
+    at += n[e];
+  }
+  at::Tensor out = at::zeros_like(x).index_add(0, token, at::cat(ys, 0));
+  return out.view(h.sizes());
+}
+
+at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Tensor &real) {
+  if (layers.empty())
+    throw std::invalid_argument("loadBalancingLoss: no layers");
+  std::vector<at::Tensor> probs, chosen;
+  for (const MoeRouting &r : layers) {
+    probs.push_back(r.probs);
+    chosen.push_back(r.chosen);
+  }
+  at::Tensor p = at::cat(probs, 0); // [L N, E]
+  const int64_t E = p.size(1), rows = p.size(0);
+  at::Tensor w = real.defined()
+                     ? real.reshape({-1}).ne(0).to(p.scalar_type()).repeat({int64_t(layers.size())})
+                     : at::ones({rows}, p.options());
+  if (w.size(0) != rows)
+    throw std::invalid_argument("loadBalancingLoss: " + std::to_string(w.size(0) / layers.size()) +
+                                " token flags for " + std::to_string(rows / layers.size()) +
+                                " routed tokens");
+  at::Tensor n = w.sum().clamp_min(1);
+  // Each token's count of slots per expert: [L N, E].
+  at::Tensor counts = at::one_hot(at::cat(chosen, 0), E).sum(1).to(p.scalar_type());
+  at::Tensor f = (counts * w.unsqueeze(1)).sum(0) / n;
+  at::Tensor P = (p * w.unsqueeze(1)).sum(0) / n;
+  return (f.detach() * P).sum() * double(E);
+}
+
+} // namespace hflow::models

@@ -1,0 +1,53 @@
+//===- Moe.h - a mixture of experts in place of the dense MLP --------------===//
+//
+// Private to runtime/models: the MLP of a Qwen3-MoE or Mixtral layer, as
+// every model form computes it. A router scores each token against every
+// expert; the token goes through its k most probable experts (a softmax over
+// the router's logits, in float32 at least), each a SwiGLU MLP of its own, and their
+// outputs are summed with those probabilities as weights (renormalised to
+// sum to 1 when `normTopk`). Dropless: every token reaches each of its
+// experts whatever the load (no capacity factor).
+//
+//===----------------------------------------------------------------------===//
+#ifndef HFLOW_RUNTIME_MODELS_MOE_H
+#define HFLOW_RUNTIME_MODELS_MOE_H
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace hflow::models {
+
+/// One layer's mixture: the router [E, H] and the experts' stacked weights,
+/// gate and up [E, F, H], down [E, H, F] (expert e's are gate[e], ...).
+struct MoeWeights {
+  at::Tensor router, gate, up, down;
+};
+
+/// What the router chose for N tokens: the softmax over every expert
+/// ([N, E], float32 or wider) and the k experts each token went through (int64
+/// [N, k], most probable first). The load-balancing loss reads both.
+struct MoeRouting {
+  at::Tensor probs, chosen;
+};
+
+/// The mixture's output for `h` [.., H] (the post-attention-normed hidden
+/// states): [.., H] in h's type. Differentiable in h and every weight (the
+/// router through the weights of the chosen experts). With `routing`, what
+/// the router chose is left there.
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+                  MoeRouting *routing = nullptr);
+
+/// The load-balancing loss of one forward's routing (the Switch
+/// Transformer's, as transformers' load_balancing_loss_func computes it),
+/// every layer's tokens together: E * sum_e f_e * P_e, with f_e the share
+/// of the tokens that chose expert e (in any of their k slots: the f_e sum
+/// to k) and P_e the mean probability the router gave e, both over the real
+/// tokens (`real` [N], nonzero = real, the same for every layer; undefined:
+/// all). Its gradient flows through P alone (the choices are discrete). A
+/// float32 (or wider) scalar; `layers` must not be empty.
+at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Tensor &real);
+
+} // namespace hflow::models
+
+#endif // HFLOW_RUNTIME_MODELS_MOE_H
