@@ -9,6 +9,7 @@
 #define HFLOW_COMPILER_FRONTEND_AST_H
 
 #include "runtime/schema/Degrees.h"
+#include "runtime/schema/HfConfig.h"
 
 #include <cstdint>
 #include <map>
@@ -122,13 +123,7 @@ struct ModelDecl {
   bool qkNorm = false;
   std::vector<double> ropeScaling;
   int64_t slidingWindow = 0, maxPositions = 0;
-  // A mixture of experts (qwen3_moe, mixtral; 0 experts: dense): the
-  // experts, how many a token goes through, one expert's width, whether
-  // the chosen weights are renormalised, the load-balancing coefficient.
-  int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
-  bool normTopk = false;
-  double routerAuxCoef = 0;
-  bool routerAuxLoss = false; // output_router_logits: training adds it
+  hfconfig::Mixture moe; // a mixture of experts (qwen3_moe, mixtral)
   std::string hfDir;          // hf("dir"): the config.json it was read from
   SourceLoc hfDirLoc;         // the hf() argument naming it
   std::string hfArch;         // its architectures[0] ("" if none)

@@ -173,7 +173,7 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
   bool allOk = true;
   for (const Dim &d : dims) {
     if (moe && !kw.count(d.key) && std::string(d.key) == "ffn") {
-      m.ffn = m.expertFfn;
+      m.ffn = m.moe.expertFfn;
       continue;
     }
     if (!kw.count(d.key)) {
@@ -210,9 +210,9 @@ bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
   struct Dim {
     const char *key;
     int64_t *out;
-  } dims[] = {{"experts", &m.experts},
-              {"experts_per_token", &m.expertsPerToken},
-              {"expert_ffn", &m.expertFfn}};
+  } dims[] = {{"experts", &m.moe.experts},
+              {"experts_per_token", &m.moe.expertsPerToken},
+              {"expert_ffn", &m.moe.expertFfn}};
   for (const Dim &d : dims) {
     if (!kw.count(d.key)) {
       diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
@@ -223,15 +223,15 @@ bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
   }
   if (!ok)
     return false;
-  if (m.expertsPerToken > m.experts) {
+  if (m.moe.expertsPerToken > m.moe.experts) {
     diags_.error(kw["experts_per_token"]->value->loc,
-                 "experts_per_token = " + std::to_string(m.expertsPerToken) +
-                     " is more than the " + std::to_string(m.experts) + " experts");
+                 "experts_per_token = " + std::to_string(m.moe.expertsPerToken) +
+                     " is more than the " + std::to_string(m.moe.experts) + " experts");
     return false;
   }
   for (auto [key, value, max] :
-       {std::tuple<const char *, int64_t, int64_t>{"experts", m.experts, int64_t(1) << 16},
-        {"expert_ffn", m.expertFfn, limits::kMaxFfn}})
+       {std::tuple<const char *, int64_t, int64_t>{"experts", m.moe.experts, int64_t(1) << 16},
+        {"expert_ffn", m.moe.expertFfn, limits::kMaxFfn}})
     if (value > max) {
       diags_.error(kw[key]->value->loc, std::string(key) + " = " + std::to_string(value) +
                                             " is larger than the supported maximum " +
@@ -240,17 +240,17 @@ bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
     }
   // Mixtral always renormalises the chosen experts' weights; Qwen3-MoE
   // when asked (transformers' norm_topk_prob, false by default).
-  m.normTopk = m.arch == "mixtral";
+  m.moe.normTopk = m.arch == "mixtral";
   if (kw.count("norm_topk_prob"))
-    ok &= boolArg(*kw["norm_topk_prob"]->value, "norm_topk_prob", m.normTopk);
-  m.routerAuxCoef = m.arch == "mixtral" ? 0.02 : 0.001; // transformers' defaults
+    ok &= boolArg(*kw["norm_topk_prob"]->value, "norm_topk_prob", m.moe.normTopk);
+  m.moe.routerAuxCoef = m.arch == "mixtral" ? 0.02 : 0.001; // transformers' defaults
   if (kw.count("router_aux_loss_coef")) {
     double c = 0;
     ok &= number(*kw["router_aux_loss_coef"]->value, "router_aux_loss_coef", 0, -1, false, c);
-    m.routerAuxCoef = c;
+    m.moe.routerAuxCoef = c;
   }
   if (kw.count("router_aux_loss"))
-    ok &= boolArg(*kw["router_aux_loss"]->value, "router_aux_loss", m.routerAuxLoss);
+    ok &= boolArg(*kw["router_aux_loss"]->value, "router_aux_loss", m.moe.routerAuxLoss);
   return ok;
 }
 
@@ -336,12 +336,7 @@ void DeclChecker::checkHfModel(ast::ModelDecl &m) {
                      double(arch.rope.originalMaxPositions)};
   m.slidingWindow = arch.slidingWindow;
   m.maxPositions = arch.maxPositions;
-  m.experts = arch.experts;
-  m.expertsPerToken = arch.expertsPerToken;
-  m.expertFfn = arch.expertFfn;
-  m.normTopk = arch.normTopk;
-  m.routerAuxCoef = arch.routerAuxCoef;
-  m.routerAuxLoss = arch.routerAuxLoss;
+  m.moe = arch.moe;
   // The classic keys: the runtime's hfConfigFromJson reads them with the
   // same code; every problem is reported.
   hfconfig::ClassicKeys keys;

@@ -76,13 +76,13 @@ public:
                                 FloatAttr(), false);
       if (!m.hfDir.empty())
         op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
-      if (m.experts > 0) {
-        op.setExpertsAttr(b_.getI64IntegerAttr(m.experts));
-        op.setExpertsPerTokenAttr(b_.getI64IntegerAttr(m.expertsPerToken));
-        op.setExpertFfnAttr(b_.getI64IntegerAttr(m.expertFfn));
-        op.setNormTopkProb(m.normTopk);
-        op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.routerAuxCoef));
-        op.setRouterAuxLoss(m.routerAuxLoss);
+      if (m.moe.experts > 0) {
+        op.setExpertsAttr(b_.getI64IntegerAttr(m.moe.experts));
+        op.setExpertsPerTokenAttr(b_.getI64IntegerAttr(m.moe.expertsPerToken));
+        op.setExpertFfnAttr(b_.getI64IntegerAttr(m.moe.expertFfn));
+        op.setNormTopkProb(m.moe.normTopk);
+        op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.moe.routerAuxCoef));
+        op.setRouterAuxLoss(m.moe.routerAuxLoss);
       }
       op.setParams(op.computeParamCount());
     }

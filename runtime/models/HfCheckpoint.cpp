@@ -516,12 +516,12 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   c.qkNorm = arch.qkNorm;
   c.ropeScaling = arch.rope;
   c.slidingWindow = arch.slidingWindow;
-  c.experts = (int)arch.experts;
-  c.expertsPerToken = (int)arch.expertsPerToken;
-  c.expertFfn = (int)arch.expertFfn;
-  c.normTopk = arch.normTopk;
-  c.routerAuxCoef = arch.routerAuxCoef;
-  c.routerAuxLoss = arch.routerAuxLoss;
+  c.experts = (int)arch.moe.experts;
+  c.expertsPerToken = (int)arch.moe.expertsPerToken;
+  c.expertFfn = (int)arch.moe.expertFfn;
+  c.normTopk = arch.moe.normTopk;
+  c.routerAuxCoef = arch.moe.routerAuxCoef;
+  c.routerAuxLoss = arch.moe.routerAuxLoss;
   // The classic keys: hflowc's hf("dir") reads them with the same code; the
   // first problem is the error.
   hfconfig::ClassicKeys keys;

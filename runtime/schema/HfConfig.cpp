@@ -107,34 +107,34 @@ std::string readMoeKeys(const json &j, const std::string &type, ArchKeys &out) {
   // Qwen3-MoE's moe_intermediate_size (intermediate_size is its dense
   // layers', which hflow requires there are none of).
   for (auto [key, dst] : {std::pair<const char *, int64_t *>{
-                              mixtral ? "num_local_experts" : "num_experts", &out.experts},
-                          {"num_experts_per_tok", &out.expertsPerToken},
+                              mixtral ? "num_local_experts" : "num_experts", &out.moe.experts},
+                          {"num_experts_per_tok", &out.moe.expertsPerToken},
                           {mixtral ? "intermediate_size" : "moe_intermediate_size",
-                           &out.expertFfn}})
+                           &out.moe.expertFfn}})
     if (std::string e = moeInt(j, key, true, *dst); !e.empty())
       return e;
-  if (out.expertsPerToken > out.experts)
-    return "'num_experts_per_tok' " + std::to_string(out.expertsPerToken) +
-           " is more than the " + std::to_string(out.experts) + " experts";
+  if (out.moe.expertsPerToken > out.moe.experts)
+    return "'num_experts_per_tok' " + std::to_string(out.moe.expertsPerToken) +
+           " is more than the " + std::to_string(out.moe.experts) + " experts";
   // Mixtral always renormalises the chosen experts' weights; Qwen3-MoE
   // when norm_topk_prob (false by default, as transformers reads it).
-  out.normTopk = mixtral;
+  out.moe.normTopk = mixtral;
   if (!mixtral)
     if (const json *n = find(j, "norm_topk_prob")) {
       if (!n->is_boolean())
         return "'norm_topk_prob' must be true or false, got " + n->dump();
-      out.normTopk = n->get<bool>();
+      out.moe.normTopk = n->get<bool>();
     }
-  out.routerAuxCoef = mixtral ? 0.02 : 0.001; // transformers' defaults
+  out.moe.routerAuxCoef = mixtral ? 0.02 : 0.001; // transformers' defaults
   if (const json *c = find(j, "router_aux_loss_coef")) {
     if (!c->is_number() || !(c->get<double>() >= 0) || !std::isfinite(c->get<double>()))
       return "'router_aux_loss_coef' must be a non-negative number, got " + c->dump();
-    out.routerAuxCoef = c->get<double>();
+    out.moe.routerAuxCoef = c->get<double>();
   }
   if (const json *o = find(j, "output_router_logits")) {
     if (!o->is_boolean())
       return "'output_router_logits' must be true or false, got " + o->dump();
-    out.routerAuxLoss = o->get<bool>();
+    out.moe.routerAuxLoss = o->get<bool>();
   }
   if (mixtral) {
     if (const json *n = find(j, "router_jitter_noise");

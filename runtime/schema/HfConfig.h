@@ -37,6 +37,18 @@ const char *supportedModelTypes();
 
 using ::hflow::rope::RopeScaling;
 
+/// A mixture of experts in every layer's MLP (qwen3_moe, mixtral; 0
+/// experts: dense): the experts, how many each token goes through, one
+/// expert's width, whether the chosen experts' weights are renormalised to
+/// sum to 1, the load-balancing loss's coefficient, and whether training
+/// adds that loss (output_router_logits: transformers adds it only then).
+struct Mixture {
+  int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
+  bool normTopk = false;
+  double routerAuxCoef = 0;
+  bool routerAuxLoss = false;
+};
+
 /// What config.json says beyond the classic keys.
 struct ArchKeys {
   int64_t headDim = 0;       ///< head_dim; 0: hidden / heads
@@ -45,16 +57,7 @@ struct ArchKeys {
   double ropeTheta = 0;      ///< rope_parameters.rope_theta (0: not there)
   int64_t slidingWindow = 0; ///< mistral's sliding_window; 0: none
   int64_t maxPositions = 0;  ///< max_position_embeddings; 0: not given
-  /// A mixture of experts (qwen3_moe, mixtral; 0 experts: dense): the
-  /// experts, how many each token goes through, one expert's width,
-  /// whether the chosen experts' weights are renormalised to sum to 1, and
-  /// the load-balancing loss's coefficient.
-  int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
-  bool normTopk = false;
-  double routerAuxCoef = 0;
-  /// output_router_logits: whether training adds the load-balancing loss
-  /// (transformers adds it only then; false by default).
-  bool routerAuxLoss = false;
+  Mixture moe; ///< a mixture of experts' keys (qwen3_moe, mixtral)
 };
 
 /// Reads the keys above from config.json `j` of model_type `type` and
