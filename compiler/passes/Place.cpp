@@ -17,6 +17,7 @@
 #include "compiler/planner/Memory.h"
 #include "compiler/planner/RoleReshard.h"
 #include "compiler/planner/RoleSearch.h"
+#include "runtime/schema/Executes.h"
 
 #include "dialects/hflow/HflowOps.h"
 #include "dialects/hflow/HflowPasses.h"
@@ -248,9 +249,10 @@ private:
                                  << "`place auto` found no placement that fits: "
                                  << found.result.reason;
           if (executable)
-            d.attachNote() << "before writing a plan, the search proposes only what "
-                              "hflow-run executes: no pp, and tp or fsdp for the Actor "
-                              "only (docs/language.md, \"What hflow-run executes\"); "
+            d.attachNote() << "before writing a plan, the search proposes only layouts "
+                              "the runtime executes; "
+                           << ::hflow::executes::kSummary
+                           << " (docs/language.md, \"What hflow-run executes\"); "
                               "--emit=mlir-placed shows the unrestricted search";
           hadError_ = true;
           return;
