@@ -73,8 +73,9 @@ public:
   virtual Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                               const SamplingOptions &opts, at::Generator &gen) const = 0;
   /// The group whose members must run equally many forward passes (FSDP:
-  /// every pass all-gathers), or null.
-  virtual comm::Communicator *lockstepGroup() const = 0;
+  /// every pass all-gathers), or null (the default: a whole or
+  /// tensor-parallel form's ranks may run their passes freely).
+  virtual comm::Communicator *lockstepGroup() const { return nullptr; }
   /// The group the form's weight collectives run on (a gather of the
   /// whole weights): TP or FSDP group, or the data-parallel group.
   virtual comm::Communicator &group() const = 0;

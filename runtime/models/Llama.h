@@ -49,12 +49,9 @@ struct MoeRouting;
 
 struct LlamaConfig {
   std::string name = "llama";
-  int layers = 2;
-  int hidden = 32;
-  int heads = 4;
-  int kvHeads = 4;
-  int ffn = 64;
-  int vocab = 64;
+  /// The dimensions (a tiny model's by default; shape() and setShape()
+  /// carry them to and from shape::ModelShape).
+  int layers = 2, hidden = 32, heads = 4, kvHeads = 4, ffn = 64, vocab = 64;
   double ropeTheta = 10000.0; ///< the rotary base (Llama-2: 1e4, Qwen2.5: 1e6)
   bool tieEmbeddings = false; ///< the LM head is the embedding matrix
   bool qkvBias = false;       ///< q, k and v have biases (Qwen2)

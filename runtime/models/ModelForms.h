@@ -33,7 +33,6 @@ public:
   at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
-  comm::Communicator *lockstepGroup() const override { return nullptr; }
   comm::Communicator &group() const override { return dp_; }
   std::vector<at::Tensor> parameters() const override { return m_.parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
@@ -110,7 +109,6 @@ public:
   at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
-  comm::Communicator *lockstepGroup() const override { return nullptr; }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
 
