@@ -25,6 +25,42 @@ public:
   Generator(MLIRContext &ctx, const ::hflow::ast::Program &p)
       : ctx_(ctx), prog_(p), b_(&ctx) {}
 
+  /// A model declaration as an hflow.model op (its parameter count derived).
+  void model(const ::hflow::ast::ModelDecl &m) {
+    Type dtype = m.dtype == ::hflow::ast::DType::F32    ? b_.getF32Type()
+                 : m.dtype == ::hflow::ast::DType::BF16 ? b_.getBF16Type()
+                                                        : b_.getF16Type();
+    auto op = ModelOp::create(b_, loc(m.nameLoc), m.name, m.arch, m.layers,
+                              m.hidden, m.heads, m.kvHeads, m.ffn, m.vocab,
+                              dtype, IntegerAttr(), m.tieEmbeddings, m.qkvBias,
+                              m.ropeTheta != 10000
+                                  ? b_.getF64FloatAttr(m.ropeTheta)
+                                  : FloatAttr(),
+                              m.normEps != 1e-5 ? b_.getF64FloatAttr(m.normEps)
+                                                : FloatAttr(),
+                              m.headDim > 0 ? b_.getI64IntegerAttr(m.headDim)
+                                            : IntegerAttr(),
+                              m.qkNorm,
+                              m.ropeScaling.size() == 4
+                                  ? b_.getDenseF64ArrayAttr(m.ropeScaling)
+                                  : DenseF64ArrayAttr(),
+                              m.slidingWindow > 0 ? b_.getI64IntegerAttr(m.slidingWindow)
+                                                  : IntegerAttr(),
+                              IntegerAttr(), IntegerAttr(), IntegerAttr(), false,
+                              FloatAttr(), false);
+    if (!m.hfDir.empty())
+      op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
+    if (m.moe.experts > 0) {
+      op.setExpertsAttr(b_.getI64IntegerAttr(m.moe.experts));
+      op.setExpertsPerTokenAttr(b_.getI64IntegerAttr(m.moe.expertsPerToken));
+      op.setExpertFfnAttr(b_.getI64IntegerAttr(m.moe.expertFfn));
+      op.setNormTopkProb(m.moe.normTopk);
+      op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.moe.routerAuxCoef));
+      op.setRouterAuxLoss(m.moe.routerAuxLoss);
+    }
+    op.setParams(op.computeParamCount());
+  }
+
   OwningOpRef<ModuleOp> run() {
     OwningOpRef<ModuleOp> module =
         ModuleOp::create(FileLineColLoc::get(&ctx_, prog_.file, 1, 1));
@@ -52,40 +88,8 @@ public:
                      b_.getI64IntegerAttr(c.perNode), bw(c.intraBandwidth),
                      bw(c.interBandwidth));
     }
-    for (const auto &m : prog_.models) {
-      Type dtype = m.dtype == ::hflow::ast::DType::F32    ? b_.getF32Type()
-                   : m.dtype == ::hflow::ast::DType::BF16 ? b_.getBF16Type()
-                                                          : b_.getF16Type();
-      auto op = ModelOp::create(b_, loc(m.nameLoc), m.name, m.arch, m.layers,
-                                m.hidden, m.heads, m.kvHeads, m.ffn, m.vocab,
-                                dtype, IntegerAttr(), m.tieEmbeddings, m.qkvBias,
-                                m.ropeTheta != 10000
-                                    ? b_.getF64FloatAttr(m.ropeTheta)
-                                    : FloatAttr(),
-                                m.normEps != 1e-5 ? b_.getF64FloatAttr(m.normEps)
-                                                  : FloatAttr(),
-                                m.headDim > 0 ? b_.getI64IntegerAttr(m.headDim)
-                                              : IntegerAttr(),
-                                m.qkNorm,
-                                m.ropeScaling.size() == 4
-                                    ? b_.getDenseF64ArrayAttr(m.ropeScaling)
-                                    : DenseF64ArrayAttr(),
-                                m.slidingWindow > 0 ? b_.getI64IntegerAttr(m.slidingWindow)
-                                                    : IntegerAttr(),
-                                IntegerAttr(), IntegerAttr(), IntegerAttr(), false,
-                                FloatAttr(), false);
-      if (!m.hfDir.empty())
-        op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
-      if (m.moe.experts > 0) {
-        op.setExpertsAttr(b_.getI64IntegerAttr(m.moe.experts));
-        op.setExpertsPerTokenAttr(b_.getI64IntegerAttr(m.moe.expertsPerToken));
-        op.setExpertFfnAttr(b_.getI64IntegerAttr(m.moe.expertFfn));
-        op.setNormTopkProb(m.moe.normTopk);
-        op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.moe.routerAuxCoef));
-        op.setRouterAuxLoss(m.moe.routerAuxLoss);
-      }
-      op.setParams(op.computeParamCount());
-    }
+    for (const auto &m : prog_.models)
+      model(m);
     for (const auto &r : prog_.roles) {
       auto kind = static_cast<RoleKind>(r.kind);
       FlatSymbolRefAttr model =
