@@ -62,8 +62,10 @@ std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
     std::vector<MoeRouting> routing;
     at::Tensor v = head((int)i, m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &routing));
     at::Tensor aux = loadBalancingLoss(routing, mb.keyMask);
-    values.push_back(v.item<double>());
-    auxSum += aux.item<double>();
+    // Both numbers to the host at once (one device round trip a pass).
+    at::Tensor both = at::stack({v.detach().to(at::kDouble), aux.detach().to(at::kDouble)}).cpu();
+    values.push_back(both[0].item<double>());
+    auxSum += both[1].item<double>();
     (v + aux * weight).backward();
   }
   aux_ = auxSum / double(std::max<size_t>(1, micros.size()));
