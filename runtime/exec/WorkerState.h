@@ -17,28 +17,69 @@
 //   Evaluator.h         held-out evaluation, the reference's start
 //   TrainingState.h     checkpoint save and resume, --export-hf
 //   MetricsReport.h     per-iteration metrics and the run summary
+//   IterationRunner.h   one iteration: each step's rows moved and the step
+//                       run, the metrics gathered, a checkpoint when due
 //   RunLog.h, RunOutputs.h, Checkpointer.h, Trace.h, Watchdog.h
 //                       rank 0's record, the outputs, the checkpoint folder
 //                       and cadence, the trace, the setup's watchdog
 //
 // The Worker keeps the phase loop (Worker.cpp): setup, the rendezvous,
-// every phase's iterations, each step's rows moved and the step run, the
-// totals at the end, and the failure path.
+// every phase's iterations, the totals at the end, and the failure path.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_EXEC_WORKERSTATE_H
 #define HFLOW_RUNTIME_EXEC_WORKERSTATE_H
 
-#include "runtime/exec/ControllerSteps.h"
-#include "runtime/exec/EngineState.h"
-#include "runtime/exec/Evaluator.h"
-#include "runtime/exec/MethodRunner.h"
-#include "runtime/exec/MetricsReport.h"
+#include "runtime/exec/IterationRunner.h"
 #include "runtime/exec/Preflight.h"
 #include "runtime/exec/RoleBuilder.h"
-#include "runtime/exec/TrainingState.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
 
 namespace hflow::exec {
+
+/// What a rank holds for the run. The Worker owns it; each part borrows
+/// the pieces it reads and writes.
+struct RankState {
+  RunSetup setup;
+  std::map<int, RoleRt> roles; // roles this rank is on (index -> runtime)
+  Comms comms;
+  std::map<int, Val> vals; // the flow's values on this rank
+  IterationRecord record;
+  Progress progress;
+};
+
+/// The engine's parts over a rank's state and its record (`log`, `trace`,
+/// `ck`); `preparing` tells the setup's watchdog what the role builder is
+/// doing.
+struct Parts {
+  Parts(const EngineContext &cx, const plan::LoadedPlan &lp, RankState &st, RunLog &log,
+        TraceRecorder &trace, Checkpointer &ck, std::function<void(std::string)> preparing)
+      : builder({cx, st.setup, st.roles, st.comms, std::move(preparing)}),
+        resharder(cx.p_, cx.o_, log, cx.j_.rank),
+        methods({cx, st.setup.rows, st.vals, st.record.digests, st.record.sums, st.roles,
+                 st.setup.rules, st.setup.text, st.progress}),
+        controller({cx, st.setup, st.vals, st.record, st.progress, st.comms}),
+        evaluator({cx, st.setup, st.roles, st.comms, st.record, log, methods, builder}),
+        state({cx, lp, st.setup, st.roles, st.comms, ck, log, controller.moments(),
+               st.progress}),
+        report({cx, lp, st.setup, st.roles, st.comms, st.record, st.progress, log, resharder,
+                builder}),
+        iteration({cx, st.setup, st.roles, st.comms, st.vals, st.record, st.progress, log, trace,
+                   ck, resharder, methods, controller, evaluator, report, state}) {}
+
+  RoleBuilder builder;
+  WeightResharder resharder;
+  MethodRunner methods;
+  ControllerSteps controller;
+  Evaluator evaluator;
+  TrainingState state;
+  MetricsReport report;
+  IterationRunner iteration;
+};
 
 class Worker {
 public:
@@ -64,39 +105,25 @@ private:
   }
 
   //===-- the phase loop --------------------------------------------------===//
+  /// The run itself, after the rendezvous: every phase, then the totals,
+  /// the summary and the report.
   void work();
+  /// Phase `ph` from iteration `firstIter` on (IterationRunner).
   void runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter);
-  void runIteration(PhaseRt &ph, int64_t it);
-  void runRolloutAhead(PhaseRt &ph);
-  std::vector<int64_t> nextPrompts(PhaseRt &ph);
-  void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
-  void moveRows(PhaseRt &ph, int s, bool early);
-  void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);
-  void runCompute(PhaseRt &ph, int s, int64_t it);
+  /// The run's totals against the plan, the exports, the trace, the summary.
   void finish();
-
-  //===-- failures --------------------------------------------------------===//
+  /// Prints a rank's failure and publishes the metrics rows so far; the
+  /// exit code.
   int fail(const std::string &msg, bool commFailure);
-  std::string where() const;
-  std::string silentPeers() const;
 
-  const plan::Step &step(int s) const { return *p_.steps()->Get(s); }
-  const plan::Role &role(int r) const { return *p_.roles()->Get(r); }
   /// What every part reads (EngineContext): the plan, options, join.
   EngineContext cx() const { return {p_, o_, j_}; }
-  /// RowSchedule::describe with the phase and iteration in front.
-  std::string describe(int s) const { return describeStep(*setup_.rows, progress_, s); }
 
   const plan::LoadedPlan &lp_;
   const plan::Plan &p_;
   JoinOptions j_;
   RunOptions o_;
-  RunSetup setup_;
-  std::map<int, RoleRt> roles_; // roles this rank is on (index -> runtime)
-  Comms comms_;
-  std::map<int, Val> vals_; // the flow's values on this rank
-  IterationRecord record_;
-  Progress progress_;
+  RankState st_;
   std::unique_ptr<Watchdog> watchdog_; // the setup's (prepare)
   /// What the job writes (rank 0): locks, claimed folders, the metrics log.
   RunOutputs outputs_;
@@ -104,18 +131,8 @@ private:
   RunLog log_{o_, outputs_};
   TraceRecorder trace_;
   Checkpointer ck_; ///< the folder, the cadence, the resume point
-  //===-- the parts, over the state above ---------------------------------===//
-  RoleBuilder builder_{{cx(), setup_, roles_, comms_,
-                        [this](std::string w) { preparing(std::move(w)); }}};
-  WeightResharder resharder_{p_, o_, log_, j_.rank};
-  MethodRunner methods_{{cx(), setup_.rows, vals_, record_.digests, record_.sums, roles_,
-                         setup_.rules, setup_.text, progress_}};
-  ControllerSteps controller_{{cx(), setup_, vals_, record_, progress_, comms_}};
-  Evaluator evaluator_{{cx(), setup_, roles_, comms_, record_, log_, methods_, builder_}};
-  TrainingState state_{{cx(), lp_, setup_, roles_, comms_, ck_, log_, controller_.moments(),
-                        progress_}};
-  MetricsReport report_{{cx(), lp_, setup_, roles_, comms_, record_, progress_, log_,
-                         resharder_, builder_}};
+  Parts parts_{cx(), lp_, st_, log_, trace_, ck_,
+               [this](std::string w) { preparing(std::move(w)); }};
 };
 
 } // namespace hflow::exec

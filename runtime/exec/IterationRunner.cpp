@@ -1,0 +1,286 @@
+//===- IterationRunner.cpp - one iteration of a phase ---------------------===//
+//
+// See IterationRunner.h. Every rank walks the phase's steps in their global
+// order: before a step it sends and receives the batch rows the step's
+// ranks need (RowSchedule), then runs the step if it is in its own
+// schedule.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/IterationRunner.h"
+#include "runtime/models/Device.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace hflow::exec {
+
+using namespace hflow::plan;
+
+void IterationRunner::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out) {
+  const int64_t B = (int64_t)ids.size(), P = ph.P;
+  out = makeVal(BatchKind::Prompts, B, P, ph.R, /*host=*/true); // filled here, then moved
+  auto toks = out["ptoks"].accessor<int64_t, 2>();
+  auto mask = out["pmask"].accessor<float, 2>();
+  auto idv = out["ids"].accessor<int64_t, 1>();
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> t;
+    if (ph.dataset) {
+      const auto &ex = (*ph.dataset)[(size_t)ids[b]];
+      t = setup_.text.promptOf(*ph.dataset, ex);
+    } else {
+      // Synthetic prompts of a plan without data: P random tokens.
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(mix(ph.seed, ids[b]));
+      at::Tensor r = at::randint(1, setup_.text.synthVocab, {P}, g,
+                                 at::TensorOptions().dtype(at::kLong));
+      t.assign(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + P);
+    }
+    idv[b] = ids[b];
+    const int64_t pad = P - (int64_t)t.size(); // left padding
+    for (int64_t j = 0; j < P; ++j) {
+      toks[b][j] = j < pad ? setup_.text.tok->padId() : t[j - pad];
+      mask[b][j] = j < pad ? 0.0f : 1.0f;
+    }
+  }
+  // The prompts enter the engine: one copy per field to its device.
+  if (!models::engineDevice().is_cpu())
+    for (auto &[name, t] : out.f)
+      t = t.to(models::engineDevice());
+}
+
+/// Moves the batch rows step `s`'s ranks need, or with `early` the rows of
+/// the rollout made one iteration ahead (when the iteration starts): one
+/// grouped exchange of every block this rank sends or receives, listed in
+/// the plan's order of transfers on both sides, so the blocks between two
+/// ranks match one for one and ranks that send to each other cannot
+/// deadlock (Communicator::exchange).
+void IterationRunner::moveRows(PhaseRt &ph, int s, bool early) {
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  std::vector<const Xfer *> received;
+  for (const Xfer &x : ph.xfers) {
+    if (x.early != early || (!early && x.before != s))
+      continue;
+    if (x.src == j_.rank) {
+      auto it = vals_.find(x.value);
+      if (it == vals_.end())
+        throw RunError(early ? ph.name + ": this rank should send rows of the rollout made one "
+                                         "iteration ahead, but has none"
+                             : describe(s) + ": this rank should send rows of a value it does "
+                                             "not have");
+      sends.emplace_back(x.dst, packRows(it->second, ph.P, ph.R, x.lo, x.hi));
+    } else if (x.dst == j_.rank) {
+      BatchKind k = p_.values()->Get(x.value)->kind();
+      recvs.emplace_back(x.src, at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
+                                          models::onEngine(at::kByte)));
+      received.push_back(&x);
+    }
+  }
+  comms_.world->exchange(sends, recvs);
+  for (size_t i = 0; i < received.size(); ++i) {
+    const Xfer &x = *received[i];
+    BatchKind k = p_.values()->Get(x.value)->kind();
+    auto it = vals_.find(x.value);
+    if (it == vals_.end())
+      it = vals_.emplace(x.value, makeVal(k, setup_.rows->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
+    unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, recvs[i].second);
+  }
+}
+
+
+void IterationRunner::run(PhaseRt &ph, int64_t it) {
+  progress_.iter = it;
+  vals_.clear();
+  record_.digests.clear();
+  record_.sums.emplace();
+  record_.stepMs.assign(2 * ph.count, 0.0);
+  record_.faultsAt = pageFaults();
+  auto t0 = Clock::now();
+  for (int r = 0; r < p_.world_size(); ++r)
+    for (int s : ints(p_.schedules()->Get(r)->steps()))
+      if (s >= ph.first && s < ph.first + ph.count)
+        ++progress_.plannedSteps;
+  // off_policy: the rollout this iteration trains on was made the
+  // iteration before (or by runRolloutAhead); the generate step makes the
+  // next iteration's from the next prompts, with the weights the reshard
+  // brings now (one update behind), while the rest of the flow trains. The
+  // last iteration makes none.
+  const bool ahead = ph.offPolicy > 0;
+  const bool makeNext = !ahead || it + 1 < ph.iterations;
+  if (ahead) {
+    progress_.activity = "sending the rollout made one iteration ahead";
+    if (ph.carry) {
+      vals_[ph.rolloutValue] = std::move(*ph.carry);
+      ph.carry.reset();
+    }
+    // Its rows leave the generation ranks at once: the training ranks need
+    // them while this rank generates the next rollout.
+    moveRows(ph, -1, /*early=*/true);
+    if (!makeNext)
+      progress_.plannedSteps -= setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  }
+  if (makeNext) {
+    const std::vector<int64_t> ids = nextPrompts(ph);
+    for (int s = ph.first; s < ph.first + ph.count; ++s)
+      for (int v : ints(step(s).inputs()))
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
+          makePrompts(ph, ids, vals_[v]);
+  }
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    progress_.step = s;
+    if (ahead && (s == ph.reshardStep || s == ph.genStep || s == ph.genCheckStep) &&
+        !makeNext) {
+      record_.stepMs[s - ph.first] = 0;
+      continue;
+    }
+    auto tm = Clock::now();
+    moveRows(ph, s, /*early=*/false);
+    trace_.span("rows for step " + std::to_string(s), TraceRecorder::kCommunication, tm);
+    // Counted on the ranks that receive rows for the step.
+    if (std::any_of(ph.xfers.begin(), ph.xfers.end(),
+                    [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
+      record_.stepMs[ph.count + s - ph.first] = msSince(tm);
+    auto ts = Clock::now();
+    if (setup_.mySteps.count(s)) {
+      if (ahead && s == ph.genStep) {
+        // The next iteration's rollout; this one's stays in place.
+        std::optional<Val> current;
+        if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
+          current = std::move(v->second);
+          vals_.erase(v);
+        }
+        runStep(ph, s, it + 1, " (ahead)");
+        ph.carry = std::move(vals_.at(ph.rolloutValue));
+        vals_.erase(ph.rolloutValue);
+        if (current)
+          vals_[ph.rolloutValue] = std::move(*current);
+      } else {
+        runStep(ph, s, it, "");
+      }
+      log_.clearBar();
+      if (o_.verbose)
+        std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
+    }
+    if (o_.serialize)
+      comms_.world->barrier();
+    record_.stepMs[s - ph.first] = msSince(ts);
+  }
+  progress_.step = -1;
+  const bool evals = setup_.heldOut.eval || setup_.heldOut.pairs;
+  bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
+  bool lastIt = it + 1 == ph.iterations;
+  if (evals && lastIt)
+    evalNow = true;
+  progress_.activity = "evaluating on the held-out prompts";
+  if (evalNow)
+    evaluator_.evaluate(ph.name, it);
+  progress_.activity = "gathering the iteration's metrics";
+  report_.gather(ph, it, msSince(t0), evalNow);
+  ++progress_.globalIter;
+  if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
+      progress_.globalIter == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
+    std::abort(); // fault injection for tests: a worker dies mid-run
+  progress_.activity = "saving checkpoint " + std::to_string(progress_.globalIter) + " in '" + ck_.dir() + "'";
+  if (ck_.due(progress_.globalIter))
+    state_.save();
+  progress_.activity.clear();
+}
+
+/// The next batch of prompt indices: the same on every rank (seeded sampler).
+std::vector<int64_t> IterationRunner::nextPrompts(PhaseRt &ph) {
+  if (ph.sampler)
+    return ph.sampler->next((size_t)ph.batch);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < ph.batch; ++i)
+    ids.push_back(i);
+  return ids;
+}
+
+/// Runs step `s` of this rank's schedule (its rows already moved), with
+/// iteration `it`'s sampling seed, and traces it (`suffix` after the name).
+void IterationRunner::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
+  const Step &st = step(s);
+  auto tc = Clock::now();
+  switch (st.kind()) {
+  case StepKind::Compute:
+    runCompute(ph, s, it);
+    break;
+  case StepKind::Builtin:
+    controller_.runBuiltin(ph, s);
+    break;
+  case StepKind::Reshard:
+    record_.digests[s] = resharder_.run(*p_.reshards()->Get(st.reshard()), roles_,
+                                        record_.sums ? &*record_.sums : nullptr);
+    break;
+  case StepKind::CheckAllGather:
+    controller_.runCheck(s);
+    break;
+  }
+  ++progress_.stepsRun;
+  std::string label = st.kind() == StepKind::Compute ? setup_.rows->callName(s)
+                      : st.kind() == StepKind::Builtin ? str(st.method(), "builtin")
+                      : st.kind() == StepKind::Reshard ? "reshard " + str(role(st.role()).name())
+                                                       : "check " + setup_.rows->callName(st.checks());
+  trace_.span(label + suffix,
+              st.kind() == StepKind::Reshard || st.kind() == StepKind::CheckAllGather
+                  ? TraceRecorder::kCommunication
+                  : TraceRecorder::kCompute,
+              tc);
+}
+
+/// A Compute step: its call, run by the method runner.
+void IterationRunner::runCompute(PhaseRt &ph, int s, int64_t it) {
+  const Step &st = step(s);
+  const std::string method = str(st.method());
+  auto rit = roles_.find(st.role());
+  if (rit == roles_.end())
+    throw RunError("this rank is scheduled for the step but is not one of role " +
+                   str(role(st.role()).name()) + "'s ranks");
+  MethodRunner::Fn fn = MethodRunner::find(method);
+  if (!fn) // the plan loader refuses such a plan; a defence in depth
+    throw RunError("method '" + method + "' is not supported by this runtime");
+  MethodCall c{ph,
+               s,
+               it,
+               rit->second,
+               role(st.role()),
+               *st.args(),
+               *role(st.role()).options(),
+               ints(st.inputs()),
+               ints(st.outputs()),
+               setup_.rows->isLeader(s, j_.rank)};
+  methods_.run(fn, c);
+}
+
+
+void IterationRunner::runAhead(PhaseRt &ph) {
+  progress_.iter = 0;
+  vals_.clear();
+  record_.digests.clear();
+  record_.sums.emplace();
+  progress_.plannedSteps += setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
+  const std::vector<int64_t> ids = nextPrompts(ph);
+  for (int v : ints(step(ph.genStep).inputs()))
+    if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+      makePrompts(ph, ids, vals_[v]);
+  auto t0 = Clock::now();
+  for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
+    if (s < 0 || !setup_.mySteps.count(s))
+      continue;
+    progress_.step = s;
+    runStep(ph, s, 0, " (ahead)");
+  }
+  progress_.step = -1;
+  if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
+    ph.carry = std::move(v->second);
+  vals_.clear();
+  log_.clearBar();
+  if (j_.rank == 0 && !o_.quiet)
+    std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
+                "each rollout is generated while the iteration before trains\n",
+                ph.name.c_str(), ph.offPolicy, msSince(t0));
+}
+
+} // namespace hflow::exec
