@@ -471,7 +471,7 @@ at::Tensor FSDPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positio
       x);
 }
 
-at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
+at::Tensor FSDPLlama::localLogits(const at::Tensor &h) const {
   if (!p_->c.lmHead)
     throw std::logic_error("FSDPLlama: model " + p_->c.name + " has no LM head");
   return runUnit(
@@ -484,14 +484,14 @@ at::Tensor FSDPLlama::logits(const at::Tensor &h) const {
 
 comm::Communicator *FSDPLlama::tpComm() const { return p_->tp; }
 
-at::Tensor FSDPLlama::logprobsFrom(const at::Tensor &logits, const at::Tensor &tokens,
+at::Tensor FSDPLlama::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                                    double temperature) const {
   const Impl &p = *p_;
   return p.tp ? vocabParallelLogprobs(logits, tokens, temperature, p.vStart, p.vShard, *p.tp)
               : models::tokenLogprobs(logits, tokens, temperature);
 }
 
-at::Tensor FSDPLlama::entropyFrom(const at::Tensor &logits, double temperature) const {
+at::Tensor FSDPLlama::tokenEntropy(const at::Tensor &logits, double temperature) const {
   const Impl &p = *p_;
   return p.tp ? vocabParallelEntropy(logits, temperature, *p.tp)
               : models::tokenEntropy(logits, temperature);
@@ -503,17 +503,8 @@ at::Tensor FSDPLlama::forward(const at::Tensor &tokens) const {
   at::Tensor pos = at::arange(tokens.size(1), tokens.options())
                        .unsqueeze(0)
                        .expand({tokens.size(0), tokens.size(1)});
-  at::Tensor l = logits(hidden(tokens, pos, at::Tensor()));
+  at::Tensor l = localLogits(hidden(tokens, pos, at::Tensor()));
   return p_->tp ? gatherLastDim(l, *p_->tp) : l;
-}
-
-at::Tensor FSDPLlama::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                                    double temperature) {
-  return models::tokenLogprobs(logits, tokens, temperature);
-}
-
-at::Tensor FSDPLlama::tokenEntropy(const at::Tensor &logits, double temperature) {
-  return models::tokenEntropy(logits, temperature);
 }
 
 NamedTensors FSDPLlama::namedShards() const {

@@ -152,6 +152,21 @@ at::Tensor ShardedForm<M>::hidden(const at::Tensor &tokens, const at::Tensor &po
   return m_.hidden(tokens, positions, keyMask);
 }
 
+template <class M> at::Tensor ShardedForm<M>::localLogits(const at::Tensor &hidden) const {
+  return m_.localLogits(hidden);
+}
+
+template <class M>
+at::Tensor ShardedForm<M>::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                         double temperature) const {
+  return m_.tokenLogprobs(logits, tokens, temperature);
+}
+
+template <class M>
+at::Tensor ShardedForm<M>::tokenEntropy(const at::Tensor &logits, double temperature) const {
+  return m_.tokenEntropy(logits, temperature);
+}
+
 template <class M>
 std::vector<std::pair<std::string, at::Tensor>> ShardedForm<M>::namedWeights() const {
   return m_.namedShards();
@@ -192,20 +207,6 @@ std::string TensorParallelModel::form() const {
   return d.str();
 }
 
-at::Tensor TensorParallelModel::localLogits(const at::Tensor &hidden) const {
-  return m_.logitsShard(hidden);
-}
-
-at::Tensor TensorParallelModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                                              double temperature) const {
-  return m_.tokenLogprobs(logits, tokens, temperature);
-}
-
-at::Tensor TensorParallelModel::tokenEntropy(const at::Tensor &logits,
-                                             double temperature) const {
-  return m_.tokenEntropy(logits, temperature);
-}
-
 Generation TensorParallelModel::generate(const at::Tensor &prompts,
                                          const at::Tensor &promptMask,
                                          const SamplingOptions &opts,
@@ -241,19 +242,6 @@ std::string FullyShardedModel::form() const {
   if (comm::Communicator *tp = m_.tpComm())
     d.tp = tp->size();
   return d.str();
-}
-
-at::Tensor FullyShardedModel::localLogits(const at::Tensor &hidden) const {
-  return m_.logits(hidden);
-}
-
-at::Tensor FullyShardedModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                                            double temperature) const {
-  return m_.logprobsFrom(logits, tokens, temperature);
-}
-
-at::Tensor FullyShardedModel::tokenEntropy(const at::Tensor &logits, double temperature) const {
-  return m_.entropyFrom(logits, temperature);
 }
 
 Generation FullyShardedModel::generate(const at::Tensor &, const at::Tensor &,

@@ -82,6 +82,13 @@ public:
   /// The unsharded model's norm (replicated weights counted once), plus a
   /// replicated head's.
   double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+  /// This member's logits (a vocabulary shard with tp) and the log-probs
+  /// and entropy from them, as M computes them (vocabulary-parallel with
+  /// tp: collective over the TP group).
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
 
 protected:
   /// Takes this member's shards of `whole` (copied); `more` are M's further
@@ -103,10 +110,6 @@ public:
       : ShardedForm(whole, tp), dp_(dp) {}
 
   std::string form() const override;
-  at::Tensor localLogits(const at::Tensor &hidden) const override;
-  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                           double temperature) const override;
-  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
@@ -128,10 +131,6 @@ public:
       : ShardedForm(whole, group, tp) {}
 
   std::string form() const override;
-  at::Tensor localLogits(const at::Tensor &hidden) const override;
-  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                           double temperature) const override;
-  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return &m_.comm(); }

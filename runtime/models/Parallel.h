@@ -124,7 +124,7 @@ public:
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask, KvStore *cache = nullptr) const;
   /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
-  at::Tensor logitsShard(const at::Tensor &hidden) const;
+  at::Tensor localLogits(const at::Tensor &hidden) const;
   /// The full logits [.., V] (all-gather of the shards). Collective.
   at::Tensor logits(const at::Tensor &hidden) const;
   /// Positions 0..T-1, no padding: the gathered logits [B, T, V].
@@ -259,21 +259,17 @@ public:
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const;
   /// The LM head: [.., H] -> [.., V] (full vocabulary), or with tp this
-  /// member's vocabulary shard [.., V/t] (TPLlama::logitsShard). Collective.
-  at::Tensor logits(const at::Tensor &hidden) const;
+  /// member's vocabulary shard [.., V/t] (TPLlama::localLogits). Collective.
+  at::Tensor localLogits(const at::Tensor &hidden) const;
   /// Positions 0..T-1, no padding: the full logits [B, T, V].
   at::Tensor forward(const at::Tensor &tokens) const;
   /// The TP group of fsdp x tp, or null.
   comm::Communicator *tpComm() const;
   /// log p(tokens) and the entropy from logits() as this member has them
   /// (with tp: vocabulary-parallel, collective over the TP group).
-  at::Tensor logprobsFrom(const at::Tensor &logits, const at::Tensor &tokens,
-                          double temperature) const;
-  at::Tensor entropyFrom(const at::Tensor &logits, double temperature) const;
-  /// The local rows' logits are complete: these are Llama's free functions.
-  static at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
-                                  double temperature = 1.0);
-  static at::Tensor tokenEntropy(const at::Tensor &logits, double temperature = 1.0);
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const;
 
   /// This member's shards in Llama::namedParameters() order and names (no
   /// lm_head when tied): each the autograd leaf holding shardBox(name) of

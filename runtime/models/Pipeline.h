@@ -85,7 +85,7 @@ public:
                           Timing *timing = nullptr);
 
   /// The LM head on the last stage: [.., H] -> [.., V], or with tp this
-  /// member's vocabulary shard [.., V/t] (TPLlama::logitsShard).
+  /// member's vocabulary shard [.., V/t] (TPLlama::localLogits).
   at::Tensor logits(const at::Tensor &hidden) const;
   /// log p(tokens) and the entropy from logits() as this member has them
   /// (with tp vocabulary-parallel, collective over the TP group).

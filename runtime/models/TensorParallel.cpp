@@ -297,14 +297,14 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
   return generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);
 }
 
-at::Tensor TPLlama::logitsShard(const at::Tensor &h) const {
+at::Tensor TPLlama::localLogits(const at::Tensor &h) const {
   if (!p_->head.defined())
     throw std::logic_error("TPLlama: model " + p_->c.name + " has no LM head");
   return at::linear(copyToTP(h, *p_->tp), p_->head);
 }
 
 at::Tensor TPLlama::logits(const at::Tensor &h) const {
-  return gatherLastDim(logitsShard(h), *p_->tp);
+  return gatherLastDim(localLogits(h), *p_->tp);
 }
 
 at::Tensor TPLlama::forward(const at::Tensor &tokens) const {

@@ -92,15 +92,15 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   if (c.tieEmbeddings)
     gatherBytes += unitBytes(0);
   const hflow::comm::CommStats before = g.stats();
-  at::Tensor logits = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+  at::Tensor logits = m.localLogits(m.hidden(b.tokens, b.positions, b.mask));
   if (g.size() > 1) {
     EXPECT_EQ(g.stats().ops - before.ops, (uint64_t)calls);
     EXPECT_EQ(g.bytesSent() - before.bytesSent, gatherBytes);
   }
   expectClose(errs, key + "logits", "logits", logits, refRows);
   at::Tensor l = logits.narrow(1, 0, b.T - 1);
-  at::Tensor lp = FSDPLlama::tokenLogprobs(l, b.targets(), kTemp);
-  at::Tensor ent = FSDPLlama::tokenEntropy(l, kTemp);
+  at::Tensor lp = tokenLogprobs(l, b.targets(), kTemp);
+  at::Tensor ent = tokenEntropy(l, kTemp);
   at::Tensor loss = lossOf(lp, ent, b.targetMask());
   int64_t first = g.rank() * all.B / g.size();
   expectClose(errs, key + "loss", "local loss", loss,
@@ -142,10 +142,10 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
     FSDPLlama plain(source, g);
     plain.setPrefetch(false);
     plain.setTrainable(true);
-    at::Tensor pl = plain.logits(plain.hidden(b.tokens, b.positions, b.mask))
+    at::Tensor pl = plain.localLogits(plain.hidden(b.tokens, b.positions, b.mask))
                         .narrow(1, 0, b.T - 1);
-    lossOf(FSDPLlama::tokenLogprobs(pl, b.targets(), kTemp),
-           FSDPLlama::tokenEntropy(pl, kTemp), b.targetMask())
+    lossOf(tokenLogprobs(pl, b.targets(), kTemp),
+           tokenEntropy(pl, kTemp), b.targetMask())
         .backward();
     EXPECT_EQ(plain.prefetchedGathers(), 0);
     NamedTensors plainShards = plain.namedShards();
@@ -176,7 +176,7 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
   // Forward without autograd after the step, against the stepped reference.
   {
     c10::NoGradGuard noGrad;
-    at::Tensor after = m.logits(m.hidden(b.tokens, b.positions, b.mask));
+    at::Tensor after = m.localLogits(m.hidden(b.tokens, b.positions, b.mask));
     expectClose(errs, key + "logits_after_step", "logits after the step", after,
                 ref.model->logits(ref.model->hidden(b.tokens, b.positions, b.mask)));
   }
@@ -188,7 +188,7 @@ void checkFSDP(Errors &errs, Communicator &g, const LlamaConfig &c) {
     EXPECT_TRUE(at::equal(shards[i].second.detach(), initialBoxes[i])) << shards[i].first;
   c10::InferenceMode guard;
   expectClose(errs, key + "logits", "inference logits after loadFrom",
-              m.logits(m.hidden(b.tokens, b.positions, b.mask)), refRows);
+              m.localLogits(m.hidden(b.tokens, b.positions, b.mask)), refRows);
 }
 
 void checkDP(Errors &errs, Communicator &dp, const LlamaConfig &c) {

@@ -19,7 +19,7 @@ void checkTP(Errors &errs, Communicator &tp, const LlamaConfig &c) {
   m.setTrainable(true);
   EXPECT_EQ(m.vocabShard(), c.vocab / tp.size());
   at::Tensor h = m.hidden(b.tokens, b.positions, b.mask);
-  at::Tensor shard = m.logitsShard(h);
+  at::Tensor shard = m.localLogits(h);
   EXPECT_EQ(shard.size(-1), c.vocab / tp.size());
   expectClose(errs, "tp.logits", "logits shard", shard,
               ref.logits.narrow(-1, m.vocabStart(), m.vocabShard()));
@@ -82,7 +82,7 @@ void checkTPxDP(Errors &errs, Communicator &world, const LlamaConfig &c) {
   }
   // Training: the local rows' loss, TP backward, DP average.
   m.setTrainable(true);
-  at::Tensor l = m.logitsShard(m.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
+  at::Tensor l = m.localLogits(m.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
   at::Tensor loss = lossOf(m.tokenLogprobs(l, b.targets(), kTemp),
                            m.tokenEntropy(l, kTemp), b.targetMask());
   at::Tensor global = loss.detach().clone().view({1});
