@@ -85,8 +85,11 @@ using ::hflow::shape::paramCount;
 
 enum class Algorithm { PPO, GRPO };
 
-struct Workload {
-  Algorithm algorithm = Algorithm::PPO;
+/// What one training step asks of the models, as the program sets it: the
+/// batch, its sequences' lengths, its passes and the generation's paged KV
+/// pool. The compiler reads it from the train blocks (planner::Workload,
+/// Memory.h); the placement search's Workload adds its own choices.
+struct StepShape {
   int64_t batch = 1;       // B: prompts per iteration
   int64_t n = 1;           // responses per prompt
   int64_t promptLen = 512;
@@ -96,15 +99,21 @@ struct Workload {
   /// which the memory model counts (the time model keeps m).
   bool microBatchGiven = false;
   int64_t miniBatch = 0;   // prompts per optimizer step; 0: the whole batch
-  /// Generation's paged KV pool: positions per block; the token budget of
-  /// a generation batch (max_batch_tokens, 0: none), which bounds the rows
-  /// at once; and the rows a generation replica holds at once (0: as many
-  /// as the budget admits, else every sequence). Fewer rows than sequences
-  /// generate in waves: the search tries halvings (Search.cpp).
+  /// Generation's paged KV pool: positions per block (the largest
+  /// kv_block_size of the generate calls), and the token budget of a
+  /// generation batch (max_batch_tokens when every generate call sets one:
+  /// the largest; 0: none, the pool holds every sequence of a replica).
   int64_t kvBlockSize = 16;
   int64_t genBatchTokens = 0;
-  int64_t kvRows = 0;
   int64_t seqLen() const { return promptLen + responseLen; }
+};
+
+struct Workload : StepShape {
+  Algorithm algorithm = Algorithm::PPO;
+  /// The rows a generation replica holds at once (0: as many as the
+  /// budget admits, else every sequence). Fewer rows than sequences
+  /// generate in waves: the search tries halvings (Search.cpp).
+  int64_t kvRows = 0;
   int64_t sequences() const { return batch * n; }
   /// The rows a generation replica of `dp` holds at once, and of how many.
   int64_t genSequences(int64_t dp) const {

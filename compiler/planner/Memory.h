@@ -35,6 +35,7 @@
 #ifndef HFLOW_COMPILER_PLANNER_MEMORY_H
 #define HFLOW_COMPILER_PLANNER_MEMORY_H
 
+#include "compiler/planner/CostModel.h"
 #include "dialects/hflow/HflowOps.h"
 #include "runtime/schema/ActivationModel.h"
 #include "runtime/schema/Defaults.h"
@@ -49,25 +50,15 @@
 
 namespace hflow::planner {
 
-/// What one training step asks of the models.
-struct Workload {
-  int64_t batch = 1;       // prompts per step
-  int64_t n = 1;           // responses per prompt
-  int64_t promptLen = defaults::kPromptLen; // tokens
-  int64_t responseLen = defaults::kMaxTokens;
-  int64_t microBatch = 1;  // sequences per forward/backward pass on a device
-  bool microBatchGiven = false; // micro_batch written (else hflow-run's default:
-                                // a replica's rows in one pass)
-  int64_t miniBatch = 0;   // prompts per optimizer step (0: the batch)
-  /// Generation's token budget per batch (`max_batch_tokens`, when every
-  /// generate call of the flow sets one: the largest); 0 = none, the KV
-  /// cache holds every sequence of the device at once.
-  int64_t genBatchTokens = 0;
-  /// Positions per KV block: the largest kv_block_size of the generate
-  /// calls (hflow-run's default where none is given).
-  int64_t kvBlockSize = ::hflow::shape::kKvBlockSize;
-  bool fromTrainBlock = false;
-  int64_t seqLen() const { return promptLen + responseLen; }
+/// What one training step asks of the models (placement::StepShape), with
+/// hflow-run's defaults where the program is silent.
+struct Workload : ::hflow::placement::StepShape {
+  Workload() {
+    promptLen = defaults::kPromptLen;
+    responseLen = defaults::kMaxTokens;
+    kvBlockSize = ::hflow::shape::kKvBlockSize;
+  }
+  bool fromTrainBlock = false; // read from a train block (else the defaults)
 };
 
 /// One workload per train block (its batch sizes and the longest

@@ -59,16 +59,8 @@ pl::Mesh meshOf(MeshOp mesh) {
 
 pl::Workload toPlacement(const Workload &w, bool ppo) {
   pl::Workload pw;
+  static_cast<pl::StepShape &>(pw) = w;
   pw.algorithm = ppo ? pl::Algorithm::PPO : pl::Algorithm::GRPO;
-  pw.batch = w.batch;
-  pw.n = w.n;
-  pw.promptLen = w.promptLen;
-  pw.responseLen = w.responseLen;
-  pw.microBatch = w.microBatch;
-  pw.microBatchGiven = w.microBatchGiven;
-  pw.miniBatch = w.miniBatch;
-  pw.kvBlockSize = w.kvBlockSize;
-  pw.genBatchTokens = w.genBatchTokens;
   return pw;
 }
 

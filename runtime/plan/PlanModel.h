@@ -19,19 +19,23 @@ namespace hflow::plan {
 /// flag: the shape keeps its default (an LM head, tied or not).
 inline shape::ModelShape modelShape(const Model &m) {
   shape::ModelShape s;
+  // The dense decoder's sizes.
   s.layers = m.layers();
   s.hidden = m.hidden();
   s.heads = m.heads();
   s.kvHeads = m.kv_heads();
+  s.headSize = m.head_dim();
   s.ffn = m.ffn();
   s.vocab = m.vocab();
+  // Which weights exist.
   s.tieEmbeddings = m.tie_embeddings();
   s.qkvBias = m.qkv_bias();
-  s.headSize = m.head_dim();
   s.qkNorm = m.qk_norm();
-  s.experts = m.experts();
-  s.expertsPerToken = m.experts_per_token();
-  s.expertFfn = m.expert_ffn();
+  if (m.experts() > 0) { // a mixture of experts (else the shape's dense zeros)
+    s.experts = m.experts();
+    s.expertsPerToken = m.experts_per_token();
+    s.expertFfn = m.expert_ffn();
+  }
   return s;
 }
 
