@@ -586,6 +586,25 @@ void DeclChecker::checkRole(ast::RoleDecl &r) {
     layoutExpr(*p.value, *target, seen);
   }
   checkTransferDtype(r);
+  checkRoutingReplay(r);
+}
+
+void DeclChecker::checkRoutingReplay(ast::RoleDecl &r) {
+  auto it = r.numbers.find("routing_replay");
+  if (it == r.numbers.end() || it->second == 0)
+    return;
+  const ast::Property *prop = nullptr;
+  for (const ast::Property &p : r.props)
+    if (p.key == "routing_replay")
+      prop = &p;
+  auto s = symbols_.find(r.model);
+  if (!prop || r.model.empty() || s == symbols_.end() || s->second.kind != Kind::Model)
+    return; // the model is unknown: reported already
+  const ast::ModelDecl &m = prog_.models[s->second.index];
+  if (m.moe.experts == 0)
+    diags_.error(prop->value->loc,
+                 "routing_replay needs a mixture-of-experts model: model '" + m.name +
+                     "' has dense MLPs (nothing is routed)");
 }
 
 void DeclChecker::checkTransferDtype(ast::RoleDecl &r) {
@@ -634,7 +653,8 @@ std::vector<std::string> DeclChecker::roleProperties(ast::RoleKind k) {
     props.push_back("optimizer");
   if (k == ast::RoleKind::Actor)
     for (const char *s :
-         {"temperature", "top_p", "top_k", "transfer_dtype", "memory_utilization"})
+         {"temperature", "top_p", "top_k", "transfer_dtype", "memory_utilization",
+          "routing_replay"})
       props.push_back(s);
   return props;
 }
@@ -663,6 +683,12 @@ bool DeclChecker::roleOption(ast::RoleDecl &r, const ast::Property &p) {
                           "dtype (f32, bf16 or f16)" +
                               (v.kind == Expr::Kind::Name ? ", got " + v.text
                                                           : std::string()));
+  } else if (p.key == "routing_replay") {
+    // Checked against the model once every property is read
+    // (checkRoutingReplay).
+    bool on = false;
+    if (boolArg(v, "routing_replay", on))
+      r.numbers["routing_replay"] = on ? 1 : 0;
   } else if (p.key == "temperature") {
     if (number(v, "temperature", 0, -1, false, x))
       r.numbers["temperature"] = x;

@@ -208,6 +208,10 @@ private:
   /// Anything else would widen the transfer or change it without saving a
   /// byte (f16 weights as bf16: a warning, and the option is dropped).
   void checkTransferDtype(ast::RoleDecl &r);
+  /// `routing_replay: true` (Actor): the model must be a mixture of
+  /// experts (the rollout records its routing, logprob and update replay
+  /// it).
+  void checkRoutingReplay(ast::RoleDecl &r);
 
   static std::vector<std::string> roleProperties(ast::RoleKind k);
 

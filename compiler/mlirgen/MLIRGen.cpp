@@ -99,7 +99,8 @@ public:
       SmallVector<NamedAttribute> options;
       for (const auto &[key, value] : r.numbers)
         options.push_back(b_.getNamedAttr(
-            key, key == "top_k" || key == "warmup"
+            key, key == "routing_replay" ? Attribute(b_.getBoolAttr(value != 0))
+                 : key == "top_k" || key == "warmup"
                      ? Attribute(b_.getI64IntegerAttr(static_cast<int64_t>(value)))
                      : Attribute(b_.getF64FloatAttr(value))));
       for (const auto &[key, value] : r.strings)

@@ -24,6 +24,23 @@ namespace rs = ::hflow::reshard;
 
 namespace {
 
+/// The bytes of routing a rollout's position carries: an actor with
+/// routing_replay records layers x experts per token int16 ids (the
+/// largest such actor's; 0 without one).
+int64_t replayedRouteBytes(ModuleOp module) {
+  int64_t out = 0;
+  for (RoleOp role : module.getOps<RoleOp>()) {
+    auto opts = role.getOptionsAttr();
+    auto on = opts ? opts.getAs<BoolAttr>("routing_replay") : BoolAttr();
+    if (!on || !on.getValue() || !role.getModelAttr())
+      continue;
+    if (auto m = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+        m && m.getExpertsPerTokenAttr())
+      out = std::max(out, m.getLayersAttr().getInt() * m.getExpertsPerTokenAttr().getInt() * 2);
+  }
+  return out;
+}
+
 struct InsertBatchReshardPass
     : public mlir::hflow::impl::HflowInsertBatchReshardBase<InsertBatchReshardPass> {
   void runOnOperation() override {
@@ -37,12 +54,14 @@ struct InsertBatchReshardPass
            llvm::make_early_inc_range(flow.getOps<BatchReshardOp>()))
         op.erase(); // planned again: the pass is idempotent
       // Rows and bytes per row of a value of each kind (4-byte token ids
-      // and 4-byte per-token figures).
+      // and 4-byte per-token figures; with routing_replay a rollout's
+      // positions carry their experts too, 2 bytes each).
+      const int64_t routeBytes = replayedRouteBytes(module);
       auto shape = [&](BatchKind k) -> std::pair<int64_t, int64_t> {
         if (k == BatchKind::Prompts)
           return {w.batch, w.promptLen * 4};
         if (k == BatchKind::Rollout)
-          return {w.batch * w.n, w.seqLen() * 4};
+          return {w.batch * w.n, w.seqLen() * (4 + routeBytes)};
         return {w.batch * w.n, w.responseLen * 4};
       };
       // Who holds a value: a role's ranks in the call's layout, or the

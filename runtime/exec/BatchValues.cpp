@@ -19,50 +19,56 @@ at::Tensor &Val::operator[](const std::string &name) {
   return it->second;
 }
 
-std::vector<Field> schemaOf(BatchKind k, int64_t P, int64_t R) {
+std::vector<Field> schemaOf(BatchKind k, const Widths &w) {
+  const int64_t P = w.P, R = w.R;
   switch (k) {
   case BatchKind::Prompts:
     return {{"ptoks", at::kLong, P}, {"ids", at::kLong, 0}, {"pmask", at::kFloat, P}};
-  case BatchKind::Rollout:
-    return {{"ptoks", at::kLong, P}, {"rtoks", at::kLong, R}, {"ids", at::kLong, 0},
-            {"group", at::kLong, 0}, {"pmask", at::kFloat, P},
-            {"rmask", at::kFloat, R}, {"lp", at::kFloat, R},
-            // 1: the response ended on a stop token or string; 0: at max_tokens
-            {"stop", at::kLong, 0}};
+  case BatchKind::Rollout: {
+    std::vector<Field> f = {{"ptoks", at::kLong, P}, {"rtoks", at::kLong, R},
+                            {"ids", at::kLong, 0},   {"group", at::kLong, 0},
+                            {"pmask", at::kFloat, P}, {"rmask", at::kFloat, R},
+                            {"lp", at::kFloat, R},
+                            // 1: the response ended on a stop token or string; 0: at max_tokens
+                            {"stop", at::kLong, 0}};
+    if (w.route > 0)
+      f.push_back({"route", at::kShort, (P + R) * w.route});
+    return f;
+  }
   default:
     return {{"x", at::kFloat, R}};
   }
 }
 
-Val makeVal(BatchKind k, int64_t rows, int64_t P, int64_t R, bool host) {
+Val makeVal(BatchKind k, int64_t rows, const Widths &w, bool host) {
   Val v;
   v.kind = k;
   v.rows = rows;
-  for (const Field &fd : schemaOf(k, P, R)) {
+  for (const Field &fd : schemaOf(k, w)) {
     auto opts = host ? at::TensorOptions().dtype(fd.dtype) : models::onEngine(fd.dtype);
-    v.f[fd.name] = fd.width ? at::zeros({rows, fd.width}, opts) : at::zeros({rows}, opts);
+    const double fill = std::string(fd.name) == "route" ? -1 : 0; // no expert recorded
+    v.f[fd.name] = fd.width ? at::full({rows, fd.width}, fill, opts) : at::full({rows}, fill, opts);
   }
   return v;
 }
 
-at::Tensor packRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi) {
+at::Tensor packRows(Val &v, const Widths &w, int64_t lo, int64_t hi) {
   std::vector<at::Tensor> parts;
-  for (const Field &fd : schemaOf(v.kind, P, R))
+  for (const Field &fd : schemaOf(v.kind, w))
     parts.push_back(v[fd.name].narrow(0, lo, hi - lo).contiguous().reshape({-1}).view(at::kByte));
   return at::cat(parts).contiguous();
 }
 
-int64_t packedBytes(BatchKind k, int64_t P, int64_t R, int64_t rows) {
+int64_t packedBytes(BatchKind k, const Widths &w, int64_t rows) {
   int64_t n = 0;
-  for (const Field &fd : schemaOf(k, P, R))
+  for (const Field &fd : schemaOf(k, w))
     n += rows * std::max<int64_t>(1, fd.width) * (int64_t)c10::elementSize(fd.dtype);
   return n;
 }
 
-void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi,
-                const at::Tensor &buf) {
+void unpackRows(Val &v, const Widths &w, int64_t lo, int64_t hi, const at::Tensor &buf) {
   int64_t off = 0;
-  for (const Field &fd : schemaOf(v.kind, P, R)) {
+  for (const Field &fd : schemaOf(v.kind, w)) {
     at::Tensor dst = v[fd.name].narrow(0, lo, hi - lo);
     int64_t n = dst.numel() * (int64_t)c10::elementSize(fd.dtype);
     dst.copy_(buf.narrow(0, off, n).clone().view(fd.dtype).view(dst.sizes()));

@@ -2,8 +2,9 @@
 //
 // A batch value on a rank is a set of named tensors with one row per
 // sequence (prompts: tokens, ids, mask; a rollout adds the response, its
-// mask, the group and the sampling log-probs; every other kind is one float
-// per response token). A rank holds full-size tensors of which only the rows
+// mask, the group and the sampling log-probs, and with routing replay the
+// experts each token went through; every other kind is one float per
+// response token). A rank holds full-size tensors of which only the rows
 // it produced or received are meaningful; rows travel between ranks packed
 // into one byte buffer in schema order.
 //
@@ -30,9 +31,17 @@ struct Field {
   int64_t width;
 };
 
-/// The fields of a batch value of kind `k` (P prompt tokens, R response
-/// tokens per row).
-std::vector<Field> schemaOf(plan::BatchKind k, int64_t P, int64_t R);
+/// A phase's row widths: P prompt tokens, R response tokens per row, and
+/// with routing replay a rollout's `route` numbers per position (a
+/// mixture's layers x experts per token; 0: no routing travels).
+struct Widths {
+  int64_t P = 1, R = 1, route = 0;
+};
+
+/// The fields of a batch value of kind `k` with widths `w`: a rollout with
+/// w.route > 0 adds "route", int16 [rows, (P + R) x route] (the positions'
+/// experts as Generation::routing holds them; -1: none recorded).
+std::vector<Field> schemaOf(plan::BatchKind k, const Widths &w);
 
 /// A batch value on this rank.
 struct Val {
@@ -46,16 +55,16 @@ struct Val {
   at::Tensor x() { return (*this)["x"]; }
 };
 
-/// A value of kind `k` with `rows` rows of zeros.
-/// Zeros on the engine's device (models/Device.h), or on `host` when true
+/// A value of kind `k` with `rows` rows of zeros (a route of -1: none).
+/// On the engine's device (models/Device.h), or on `host` when true
 /// (a batch filled element by element there, then moved in one copy).
-Val makeVal(plan::BatchKind k, int64_t rows, int64_t P, int64_t R, bool host = false);
+Val makeVal(plan::BatchKind k, int64_t rows, const Widths &w, bool host = false);
 /// Rows [lo, hi) of every field, as one byte buffer (schema order).
-at::Tensor packRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi);
+at::Tensor packRows(Val &v, const Widths &w, int64_t lo, int64_t hi);
 /// The size of packRows' buffer for `rows` rows of kind `k`.
-int64_t packedBytes(plan::BatchKind k, int64_t P, int64_t R, int64_t rows);
+int64_t packedBytes(plan::BatchKind k, const Widths &w, int64_t rows);
 /// Writes a packRows buffer back into rows [lo, hi) of `v`.
-void unpackRows(Val &v, int64_t P, int64_t R, int64_t lo, int64_t hi, const at::Tensor &buf);
+void unpackRows(Val &v, const Widths &w, int64_t lo, int64_t hi, const at::Tensor &buf);
 
 } // namespace hflow::exec
 

@@ -43,8 +43,8 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
       // token (zero past the response), as a logprobs value.
       if (it->second.kind != BatchKind::Rollout || ints(st.outputs()).size() != 1)
         throw RunError(describe(s) + ": rollout_logprobs takes one rollout");
-      Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n, ph.P,
-                        ph.R);
+      Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n,
+                        ph.widths());
       out.x().copy_(it->second["lp"] * it->second["rmask"]);
       record_.digests[s] = out.x().to(at::kDouble).sum().item<double>();
       vals_[st.outputs()->Get(0)] = std::move(out);
@@ -67,7 +67,7 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
     throw RunError("the builtin returns " + std::to_string(out.size()) +
                    " values but the plan names " + std::to_string(outputs.size()));
   for (size_t i = 0; i < out.size(); ++i) {
-    Val v = makeVal(p_.values()->Get(outputs[i])->kind(), ph.batch * ph.n, ph.P, ph.R);
+    Val v = makeVal(p_.values()->Get(outputs[i])->kind(), ph.batch * ph.n, ph.widths());
     v.x().copy_(out[i].to(at::kFloat));
     vals_[outputs[i]] = std::move(v);
   }

@@ -83,6 +83,10 @@ struct PhaseRt : PhaseShape {
   int offPolicy = 0;
   int genStep = -1, genCheckStep = -1, reshardStep = -1;
   std::optional<Val> carry;
+  /// routing_replay: a rollout's route numbers per position (the actor's
+  /// layers x experts per token; 0: no routing is recorded or replayed).
+  int64_t routeWidth = 0;
+  Widths widths() const { return {P, R, routeWidth}; }
 };
 
 /// A RewardFn role's rule.

@@ -22,7 +22,7 @@ using namespace hflow::plan;
 
 void IterationRunner::makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out) {
   const int64_t B = (int64_t)ids.size(), P = ph.P;
-  out = makeVal(BatchKind::Prompts, B, P, ph.R, /*host=*/true); // filled here, then moved
+  out = makeVal(BatchKind::Prompts, B, ph.widths(), /*host=*/true); // filled here, then moved
   auto toks = out["ptoks"].accessor<int64_t, 2>();
   auto mask = out["pmask"].accessor<float, 2>();
   auto idv = out["ids"].accessor<int64_t, 1>();
@@ -70,10 +70,10 @@ void IterationRunner::moveRows(PhaseRt &ph, int s, bool early) {
                                          "iteration ahead, but has none"
                              : describe(s) + ": this rank should send rows of a value it does "
                                              "not have");
-      sends.emplace_back(x.dst, packRows(it->second, ph.P, ph.R, x.lo, x.hi));
+      sends.emplace_back(x.dst, packRows(it->second, ph.widths(), x.lo, x.hi));
     } else if (x.dst == j_.rank) {
       BatchKind k = p_.values()->Get(x.value)->kind();
-      recvs.emplace_back(x.src, at::empty({packedBytes(k, ph.P, ph.R, x.hi - x.lo)},
+      recvs.emplace_back(x.src, at::empty({packedBytes(k, ph.widths(), x.hi - x.lo)},
                                           models::onEngine(at::kByte)));
       received.push_back(&x);
     }
@@ -84,8 +84,8 @@ void IterationRunner::moveRows(PhaseRt &ph, int s, bool early) {
     BatchKind k = p_.values()->Get(x.value)->kind();
     auto it = vals_.find(x.value);
     if (it == vals_.end())
-      it = vals_.emplace(x.value, makeVal(k, setup_.rows->rowsOfValue(ph, x.value), ph.P, ph.R)).first;
-    unpackRows(it->second, ph.P, ph.R, x.lo, x.hi, recvs[i].second);
+      it = vals_.emplace(x.value, makeVal(k, setup_.rows->rowsOfValue(ph, x.value), ph.widths())).first;
+    unpackRows(it->second, ph.widths(), x.lo, x.hi, recvs[i].second);
   }
 }
 

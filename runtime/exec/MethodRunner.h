@@ -86,9 +86,11 @@ private:
       const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head,
       int64_t start = -1, int64_t width = -1);
   /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
-  /// columns some row uses), with the widths kept: p prompt, r response.
+  /// columns some row uses), with the widths kept: p prompt, r response;
+  /// with `replayLayers` > 0 the rollout's routing of those columns to
+  /// replay (replayLayers()).
   models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
-                              int64_t &r);
+                              int64_t &r, int64_t replayLayers = 0);
   std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
                                                       int64_t micro, int64_t budget,
                                                       const std::string &where,
@@ -99,6 +101,11 @@ private:
   /// The optimizer step the training methods share (TrainingStep.h).
   GradientStep grads_{p_, metrics_};
 };
+
+/// The layers of the routing call `c` replays over `rollout`: the role's
+/// (a mixture's) when it sets routing_replay and the rollout carries a
+/// route; else 0 (its routers choose).
+int64_t replayLayers(const MethodCall &c, Val &rollout);
 
 } // namespace hflow::exec
 

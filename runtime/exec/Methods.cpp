@@ -97,7 +97,7 @@ Val &MethodRunner::rolloutOf(MethodCall &c, Span &rows) {
 
 /// The call's output: `x` in rows `rows` of a new value.
 void MethodRunner::store(MethodCall &c, Span rows, const at::Tensor &x) {
-  Val v = makeVal(p_.values()->Get(c.out.at(0))->kind(), c.ph.batch * c.ph.n, c.ph.P, c.ph.R);
+  Val v = makeVal(p_.values()->Get(c.out.at(0))->kind(), c.ph.batch * c.ph.n, c.ph.widths());
   v.x().narrow(0, rows.lo, rows.hi - rows.lo).copy_(x);
   digests_[c.s] = x.to(at::kDouble).sum().item<double>();
   vals_[c.out.at(0)] = std::move(v);
@@ -113,7 +113,7 @@ void MethodRunner::store(MethodCall &c, Span rows, const at::Tensor &x) {
 /// same values at real positions, up to float rounding (the masked keys
 /// contributed nothing anyway).
 models::MicroBatch MethodRunner::seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
-                                    int64_t &r) {
+                                    int64_t &r, int64_t replayLayers) {
   const int64_t P = ro["ptoks"].size(1), R = ro["rtoks"].size(1), b = hi - lo;
   p = P, r = R;
   if (trim)
@@ -124,7 +124,18 @@ models::MicroBatch MethodRunner::seqMicro(Val &ro, int64_t lo, int64_t hi, bool 
   mb.keyMask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
                         ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
   mb.positions = models::positionsFromMask(mb.keyMask);
+  if (replayLayers > 0) {
+    // The rollout's routing at the same columns: [b, p + r, L, k].
+    at::Tensor route = ro["route"].narrow(0, lo, b).view({b, P + R, replayLayers, -1});
+    mb.replay = at::cat({route.narrow(1, P - p, p), route.narrow(1, P, r)}, 1);
+  }
   return mb;
+}
+
+int64_t replayLayers(const MethodCall &c, Val &rollout) {
+  if (!c.opts.routing_replay().value_or(false) || !rollout.f.count("route"))
+    return 0;
+  return c.rr.lm->config().layers;
 }
 
 namespace {
@@ -245,7 +256,7 @@ at::Tensor MethodRunner::forwardResponses(MethodCall &c, Val &rollout, Span rows
   std::vector<std::pair<int64_t, int64_t>> widths;
   for (auto [u, e] : runs) {
     int64_t p = c.ph.P, r = c.ph.R;
-    micros.push_back(seqMicro(rollout, u, e, trimPasses(), p, r));
+    micros.push_back(seqMicro(rollout, u, e, trimPasses(), p, r, replayLayers(c, rollout)));
     widths.push_back({p, r});
   }
   parts.resize(runs.size());
@@ -317,6 +328,28 @@ void dumpGeneration(const std::string &dir, const std::string &name, const std::
 } // namespace
 
 /// generate: n samples of each of this replica's prompts.
+namespace {
+/// A generation's rows into rollout `ro` from row `lo` on: the prompts, the
+/// responses, their masks, log-probs and stops, and a recorded routing
+/// ([rows, P + r, L, k] into the rollout's [rows, (P + R) x L x k]).
+void writeGeneration(Val &ro, int64_t lo, const at::Tensor &ptoks, const at::Tensor &pmask,
+                     const models::Generation &gen, const Widths &w) {
+  const int64_t n = gen.tokens.size(0);
+  auto rows = [&](const char *name) { return ro[name].narrow(0, lo, n); };
+  rows("ptoks").copy_(ptoks);
+  rows("pmask").copy_(pmask);
+  rows("rtoks").narrow(1, 0, gen.tokens.size(1)).copy_(gen.tokens);
+  rows("rmask").narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
+  rows("lp").narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
+  rows("stop").copy_(gen.stopped.to(at::kLong));
+  if (gen.routing.defined())
+    rows("route")
+        .view({n, w.P + w.R, w.route})
+        .narrow(1, 0, gen.routing.size(1))
+        .copy_(gen.routing.reshape({n, gen.routing.size(1), w.route}));
+}
+} // namespace
+
 void MethodRunner::runGenerate(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
@@ -326,7 +359,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
   const int64_t it = c.it, P = ph.P, R = ph.R;
   Val &pr = input(c, 0);
   Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
-  Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, P, R);
+  Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, ph.widths());
   models::SamplingOptions so = samplingOptions(a, opts, *text_.tok, text_.stops);
   const int64_t b = sp.hi - sp.lo, n = ph.n;
   at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
@@ -343,6 +376,9 @@ void MethodRunner::runGenerate(MethodCall &c) {
   // samples copy it). When the sequences need more than the pool holds,
   // the engine preempts and recomputes.
   so.paged = true;
+  so.recordRouting = c.opts.routing_replay().value_or(false);
+  if (so.recordRouting && ph.routeWidth == 0) // PhaseSetup sets it for such an actor
+    throw RunError(describe(s) + ": routing_replay without a route in the phase's rollouts");
   so.limits.blockSize = a.kv_block_size().value_or(16);
   so.limits.maxSeqs = a.max_num_seqs().value_or(0);
   so.limits.maxBatchTokens = so.maxBatchTokens;
@@ -399,12 +435,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
     }
   }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
-  ro_["ptoks"].narrow(0, lo, hi - lo).copy_(ptoks);
-  ro_["pmask"].narrow(0, lo, hi - lo).copy_(pmask);
-  ro_["rtoks"].narrow(0, lo, hi - lo).narrow(1, 0, gen.tokens.size(1)).copy_(gen.tokens);
-  ro_["rmask"].narrow(0, lo, hi - lo).narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
-  ro_["lp"].narrow(0, lo, hi - lo).narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
-  ro_["stop"].narrow(0, lo, hi - lo).copy_(gen.stopped.to(at::kLong));
+  writeGeneration(ro_, lo, ptoks, pmask, gen, ph.widths());
   ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
   ro_["group"].narrow(0, lo, hi - lo).copy_(
       at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
@@ -612,9 +643,15 @@ void MethodRunner::runLogprob(MethodCall &c) {
     // How far the policy that sampled the rollout is from the one training
     // on it: |behaviour log-prob - current| per response token (0 up to
     // rounding on policy; one update's drift with off_policy).
-    metrics_->lpGap +=
-        ((lp - rollout["lp"].narrow(0, rows.lo, b)).abs() * rmask).sum().item<double>();
+    at::Tensor gap = (lp - rollout["lp"].narrow(0, rows.lo, b)).abs() * rmask;
+    // The sum and the largest to the host in one copy.
+    at::Tensor both =
+        at::stack({gap.sum(), gap.numel() > 0 ? gap.max() : at::zeros({}, gap.options())})
+            .to(at::kDouble)
+            .cpu();
+    metrics_->lpGap += both[0].item<double>();
     metrics_->lpGapN += rmask.sum().item<double>();
+    metrics_->lpGapMax = std::max(metrics_->lpGapMax, both[1].item<double>());
   }
   store(c, rows, lp);
 }

@@ -64,6 +64,7 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     return v;
   };
   f.lr = column(MetricSums::column(&MetricSums::lr), true);
+  f.tot.lpGapMax = column(MetricSums::column(&MetricSums::lpGapMax), true);
   f.bytes = column(kBytesSent, false);
   f.itMs = column(kIterationMs, true);
   for (int k = 0; k < ph.count; ++k) {

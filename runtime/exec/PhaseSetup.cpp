@@ -182,6 +182,25 @@ void Preflight::findRollout(PhaseRt &ph) {
     if (int64_t nAttr = a.n().value_or(0); nAttr > 0)
       ph.n = nAttr;
   }
+  // routing_replay: the actor's rollouts carry its routing, layers x
+  // experts per token numbers a position (one width for the phase).
+  for (const auto &[value, s] : generated) {
+    const plan::Role &ro = role(step(s).role());
+    if (!ro.options() || !ro.options()->routing_replay().value_or(false))
+      continue;
+    const plan::Model &m = *p_.models()->Get(ro.model());
+    const int64_t w = (int64_t)m.layers() * m.experts_per_token();
+    if (ph.routeWidth > 0 && ph.routeWidth != w)
+      throw RunError("phase " + ph.name + ": two actors replay routings of different widths (" +
+                     std::to_string(ph.routeWidth) + " and " + std::to_string(w) +
+                     " experts a position)");
+    ph.routeWidth = w;
+    if (j_.rank == 0 && !o_.quiet)
+      std::printf("[%s] %s replays its rollouts' routing: %lld experts a position (%d layers x "
+                  "%d) travel with the rows, logprob and update pass each token through them\n",
+                  ph.name.c_str(), str(ro.name()).c_str(), (long long)w, m.layers(),
+                  m.experts_per_token());
+  }
   // A generate call's token budget must hold one row of this phase's
   // data: refused here, before any work.
   for (int s = ph.first; s < ph.first + ph.count; ++s) {

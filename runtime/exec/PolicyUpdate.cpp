@@ -273,7 +273,7 @@ void MethodRunner::runUpdate(MethodCall &c) {
       std::vector<std::pair<int64_t, int64_t>> widths;
       for (auto [u, e] : passes) {
         int64_t p = P, r = R;
-        micros.push_back(seqMicro(*rollout, u, e, trimPasses(), p, r));
+        micros.push_back(seqMicro(*rollout, u, e, trimPasses(), p, r, replayLayers(c, *rollout)));
         widths.push_back({p, r});
       }
       rr.lm->runPasses(micros, [&](int i, const at::Tensor &h) {

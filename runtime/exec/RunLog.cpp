@@ -57,7 +57,8 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::preempt,
     &MetricSums::pageFaults,
     &MetricSums::moeAux,
-    &MetricSums::moeN};
+    &MetricSums::moeN,
+    &MetricSums::lpGapMax};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -271,6 +272,7 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
   add("eval_reward", mean(tot.evalSum, tot.evalN));
   add("eval_pair_acc", mean(tot.pairAcc, tot.pairN));
   add("rollout_lp_gap", mean(tot.lpGap, tot.lpGapN));
+  add("rollout_lp_gap_max", tot.lpGapN > 0 ? tot.lpGapMax : NAN);
   add("tokens_per_s", f.itMs > 0 ? tot.tokens / (f.itMs / 1000.0) : NAN);
   add("iteration_ms", f.itMs);
   add("bytes_moved", f.bytes);

@@ -30,7 +30,7 @@
 namespace hflow::exec {
 
 /// What every rank contributes to an iteration's metrics: sums and counts,
-/// added over ranks by rank 0 (lr: the largest). They travel as one row of
+/// added over ranks by rank 0 (lr, lpGapMax: the largest). They travel as one row of
 /// doubles per rank (row(), in kFields' order) in the iteration's one
 /// all-gather, followed by the communication counters and step times.
 struct MetricSums {
@@ -42,13 +42,14 @@ struct MetricSums {
   double sftLoss = 0, sftN = 0;                    ///< supervised passes
   double evalSum = 0, evalN = 0;                   ///< held-out rewards
   double tokens = 0, lpGap = 0, lpGapN = 0;        ///< generated tokens; rollout log-prob gap
+  double lpGapMax = 0; ///< its largest over the tokens (the ranks' largest, not their sum)
   double rmLoss = 0, rmAcc = 0, rmMargin = 0, rmN = 0; ///< reward-model fit
   double pairAcc = 0, pairN = 0;                   ///< held-out preference pairs
   double reshardBytes = 0, reshardMs = 0;          ///< weight reshards
   double preempt = 0, pageFaults = 0;              ///< KV preemptions; the process's page faults
   double moeAux = 0, moeN = 0; ///< a mixture's load-balancing loss in the actor's update
 
-  static constexpr int kCount = 37;
+  static constexpr int kCount = 38;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

@@ -168,7 +168,7 @@ void TrainingState::load() {
         v.f[name.substr(pre.size())] = t.clone();
     if (v.f.empty())
       continue;
-    for (const Field &fd : schemaOf(BatchKind::Rollout, 1, 1))
+    for (const Field &fd : schemaOf(BatchKind::Rollout, Widths{}))
       if (!v.f.count(fd.name))
         throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
                        " has no field " + fd.name);

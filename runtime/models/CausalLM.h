@@ -39,6 +39,10 @@ namespace hflow::models {
 /// One forward (and backward) pass's sequences (runPasses).
 struct MicroBatch {
   at::Tensor tokens, positions, keyMask;
+  /// A mixture's routing to replay ([B, T, layers, experts per token],
+  /// MoeTrace in Moe.h), or undefined: the routers choose. Only a whole
+  /// model replays; every other form refuses one.
+  at::Tensor replay;
 };
 
 class CausalLM {

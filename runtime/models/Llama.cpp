@@ -469,9 +469,36 @@ at::Tensor positionsFromMask(const at::Tensor &mask) {
   return (mask.ne(0).to(at::kLong).cumsum(-1) - 1).clamp_min(0);
 }
 
+namespace {
+/// A routing replay for B x T tokens of a mixture `c` ([B, T, L, k], ids
+/// below the number of experts; negative: the router's own), as int64 on
+/// the engine; undefined when none is given.
+at::Tensor checkReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t B, int64_t T) {
+  if (!replay.defined())
+    return replay;
+  const std::vector<int64_t> want = {B, T, c.layers, c.expertsPerToken};
+  if (replay.sizes().vec() != want) {
+    auto str = [](at::IntArrayRef d) {
+      std::string out = "[";
+      for (size_t i = 0; i < d.size(); ++i)
+        out += (i ? ", " : "") + std::to_string(d[i]);
+      return out + "]";
+    };
+    throw std::invalid_argument("Llama: a routing replay of shape " + str(replay.sizes()) +
+                                " for [tokens' rows, columns, layers, experts per token] = " +
+                                str(want));
+  }
+  at::Tensor r = replay.to(engineDevice(), at::kLong);
+  if (r.numel() > 0 && r.max().item<int64_t>() >= c.experts)
+    throw std::invalid_argument("Llama: a replayed expert id out of [0, " +
+                                std::to_string(c.experts) + ")");
+  return r;
+}
+} // namespace
+
 at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                          const at::Tensor &keyMask, KvStore *cache,
-                         std::vector<MoeRouting> *routing) const {
+                         MoeTrace *moe) const {
   const auto &c = config_;
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument("Llama: tokens must be int64 [B, T]");
@@ -485,6 +512,7 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
       throw std::invalid_argument("Llama: token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
+  const at::Tensor replay = moe && c.experts > 0 ? checkReplay(c, moe->replay, B, T) : at::Tensor();
   auto fopts = tokens.options().dtype(at::kFloat);
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
 
@@ -525,11 +553,14 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
     h = rmsNorm(x, l.mlpNorm, c.normEps);
     if (l.moe.router.defined()) {
       MoeRouting r;
-      x = x + moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, routing ? &r : nullptr);
-      if (routing)
-        routing->push_back(std::move(r));
-    }
-    else
+      const bool record = moe && moe->record;
+      x = x + moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
+                     replay.defined()
+                         ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
+                         : at::Tensor());
+      if (record)
+        moe->layers.push_back(std::move(r));
+    } else
       x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp), l.wDown);
   }
   if (cache)
@@ -752,6 +783,8 @@ Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMa
                            const SamplingOptions &opts, at::Generator &gen) const {
   if (opts.paged)
     return generatePaged(*this, prompts, promptMask, opts, gen, opts.limits);
+  if (opts.recordRouting)
+    throw std::invalid_argument("generate: only the paged engine records a mixture's routing");
   return generateImpl(prompts, promptMask, opts, gen, /*useCache=*/true);
 }
 

@@ -45,7 +45,7 @@ struct Model;
 
 namespace hflow::models {
 
-struct MoeRouting;
+struct MoeTrace;
 
 struct LlamaConfig {
   std::string name = "llama";
@@ -224,6 +224,9 @@ struct SamplingOptions {
   /// until all stop, the cache grown by concatenation; maxBatchTokens).
   bool paged = false;
   EngineLimits limits;
+  /// A mixture of experts records which experts each token went through
+  /// (Generation::routing; the paged engine only).
+  bool recordRouting = false;
 };
 
 /// What generate() returns for B prompts (R = maxTokens).
@@ -241,6 +244,12 @@ struct Generation {
   at::Tensor stopped;
   /// What the continuous-batching engine did (zeros from the static one).
   RolloutStats stats;
+  /// With SamplingOptions::recordRouting: int16 [B, P + R, layers, experts
+  /// per token], the experts each position's token went through in every
+  /// layer, prompt columns as the prompts are padded and response column j
+  /// at P + j; -1 where no token went (padding, the last sampled token,
+  /// which is never fed back).
+  at::Tensor routing;
 };
 
 /// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as
@@ -288,11 +297,11 @@ public:
   /// real tokens at or before it, and always to itself (so a padding
   /// position stays finite). With a `cache`, the tokens continue the cached
   /// sequence and their keys/values are appended to it.
-  /// A mixture's routing of every layer is appended to `routing` when
-  /// given (MoeRouting, runtime/models/Moe.h).
+  /// A mixture records its routing in `moe` or replays the routing given
+  /// there (MoeTrace, runtime/models/Moe.h; its replay [B, T, L, k]).
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask, KvStore *cache = nullptr,
-                    std::vector<MoeRouting> *routing = nullptr) const;
+                    MoeTrace *moe = nullptr) const;
   /// The LM head on hidden states: [.., H] -> [.., V].
   at::Tensor logits(const at::Tensor &hidden) const;
 

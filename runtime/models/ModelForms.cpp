@@ -33,6 +33,8 @@ std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
   std::vector<double> values;
   for (size_t i = 0; i < micros.size(); ++i) {
     const MicroBatch &mb = micros[i];
+    if (mb.replay.defined()) // the plan loader refuses a mixture on such a form
+      throw std::logic_error("a " + form() + " model does not replay a mixture's routing");
     at::Tensor v = head((int)i, hidden(mb.tokens, mb.positions, mb.keyMask));
     if (train) {
       values.push_back(v.item<double>());
@@ -52,23 +54,34 @@ std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
                                           const PassHead &head, bool train) {
   const LlamaConfig &c = m_.config();
   aux_.reset();
-  if (!train || c.experts == 0 || !c.routerAuxLoss)
+  if (c.experts == 0)
     return CausalLM::runPasses(micros, head, train);
+  const bool aux = train && c.routerAuxLoss;
   std::vector<double> values;
   double auxSum = 0;
   const double weight = c.routerAuxCoef / double(std::max<size_t>(1, micros.size()));
   for (size_t i = 0; i < micros.size(); ++i) {
     const MicroBatch &mb = micros[i];
-    std::vector<MoeRouting> routing;
-    at::Tensor v = head((int)i, m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &routing));
-    at::Tensor aux = loadBalancingLoss(routing, mb.keyMask);
+    MoeTrace trace;
+    trace.record = aux;
+    trace.replay = mb.replay;
+    at::Tensor v = head((int)i, m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &trace));
+    if (!train)
+      continue;
+    if (!aux) {
+      values.push_back(v.item<double>());
+      v.backward();
+      continue;
+    }
+    at::Tensor lb = loadBalancingLoss(trace.layers, mb.keyMask);
     // Both numbers to the host at once (one device round trip a pass).
-    at::Tensor both = at::stack({v.detach().to(at::kDouble), aux.detach().to(at::kDouble)}).cpu();
+    at::Tensor both = at::stack({v.detach().to(at::kDouble), lb.detach().to(at::kDouble)}).cpu();
     values.push_back(both[0].item<double>());
     auxSum += both[1].item<double>();
-    (v + aux * weight).backward();
+    (v + lb * weight).backward();
   }
-  aux_ = auxSum / double(std::max<size_t>(1, micros.size()));
+  if (aux)
+    aux_ = auxSum / double(std::max<size_t>(1, micros.size()));
   return values;
 }
 

@@ -10,7 +10,7 @@
 namespace hflow::models {
 
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
-                  MoeRouting *routing) {
+                  MoeRouting *routing, const at::Tensor &replay) {
   const int64_t H = h.size(-1), E = w.router.size(0);
   at::Tensor x = h.reshape({-1, H}); // [N, H]
   // The routing in float32 at least, whatever the model's type (as
@@ -18,6 +18,18 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
   const at::ScalarType rt = at::promote_types(x.scalar_type(), at::kFloat);
   at::Tensor probs = at::softmax(at::linear(x, w.router).to(rt), -1); // [N, E]
   auto [top, chosen] = probs.topk(k, -1);                                    // [N, k]
+  if (replay.defined()) {
+    if (replay.dim() != 2 || replay.size(0) != x.size(0) || replay.size(1) != k)
+      throw std::invalid_argument("moeMlp: a replay of shape " + std::to_string(replay.size(0)) +
+                                  " x " + std::to_string(replay.dim() > 1 ? replay.size(1) : 0) +
+                                  " for " + std::to_string(x.size(0)) + " tokens and " +
+                                  std::to_string(k) + " experts each");
+    at::Tensor given = replay.to(chosen.device(), at::kLong); // ids < E: the caller's check
+    // A token with a negative id anywhere keeps its router's choice.
+    at::Tensor keep = given.lt(0).any(-1, /*keepdim=*/true); // [N, 1]
+    chosen = at::where(keep, chosen, given);
+    top = probs.gather(-1, chosen);
+  }
   if (normTopk)
     top = top / top.sum(-1, /*keepdim=*/true);
   if (routing)

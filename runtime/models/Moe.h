@@ -31,12 +31,29 @@ struct MoeRouting {
   at::Tensor probs, chosen;
 };
 
+/// A mixture's routing through one forward of every layer: what each
+/// layer's router chose is appended to `layers` when `record` is set, and
+/// with `replay` (int64 [B, T, L, k]: for each token and layer the experts
+/// it goes through, most probable first; a token whose entry holds a
+/// negative id: its own router's choice) each token goes through the
+/// experts given there instead of its router's: rollout routing replay,
+/// which makes a training pass take the experts the rollout took (their
+/// weights are still this router's probabilities of them).
+struct MoeTrace {
+  bool record = false;
+  std::vector<MoeRouting> layers;
+  at::Tensor replay;
+};
+
 /// The mixture's output for `h` [.., H] (the post-attention-normed hidden
 /// states): [.., H] in h's type. Differentiable in h and every weight (the
 /// router through the weights of the chosen experts). With `routing`, what
-/// the router chose is left there.
+/// the router chose is left there. With `replay` (int64 [N, k] for the N
+/// tokens of h; every id below the number of experts), each token whose
+/// row holds no negative id goes through those experts, weighted by the router's probabilities of them
+/// (renormalised with `normTopk`), and `routing` holds them as chosen.
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
-                  MoeRouting *routing = nullptr);
+                  MoeRouting *routing = nullptr, const at::Tensor &replay = at::Tensor());
 
 /// The load-balancing loss of one forward's routing (the Switch
 /// Transformer's, as transformers' load_balancing_loss_func computes it),

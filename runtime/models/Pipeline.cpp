@@ -290,6 +290,9 @@ public:
 
 std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
                                        bool train, Timing *timing) {
+  for (const Micro &m : micros)
+    if (m.replay.defined()) // the plan loader refuses a mixture on a pipeline
+      throw std::logic_error("a pipeline stage does not replay a mixture's routing");
   const auto start = Schedule::Clock::now();
   Schedule sc(*p_, micros, loss, train);
   if (train)

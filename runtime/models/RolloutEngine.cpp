@@ -3,6 +3,7 @@
 #include "runtime/models/RolloutEngine.h"
 
 #include "runtime/models/Device.h"
+#include "runtime/models/Moe.h"
 #include "runtime/models/RolloutScheduler.h"
 
 #include <ATen/ATen.h>
@@ -25,6 +26,79 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+/// A mixture's routing as the engine's forwards record it: for each kept
+/// prompt (a group) and each sequence, the experts of every position it
+/// computed, [position][layer][slot] flattened; -1 where it computed none
+/// (a sequence's prompt positions come from its group's row when the
+/// group prefilled them).
+class RouteLog {
+public:
+  /// Whose tokens a forward's row holds: a group's prompt or a sequence's.
+  struct Owner {
+    bool group;
+    int index;
+  };
+
+  /// The routing `trace` recorded over `rows` x `width` tokens, row i's
+  /// last q[i] columns the positions past[i], past[i] + 1, ... of to[i].
+  void add(const MoeTrace &trace, int64_t rows, int64_t width, const std::vector<Owner> &to,
+           const std::vector<int64_t> &past, const std::vector<int64_t> &q) {
+    if (trace.layers.empty())
+      return;
+    std::vector<at::Tensor> chosen;
+    for (const MoeRouting &r : trace.layers)
+      chosen.push_back(r.chosen);
+    // [rows x width, L, k] to the host in one copy.
+    at::Tensor all = at::stack(chosen, 1).to(at::kShort).cpu().contiguous();
+    L_ = all.size(1), k_ = all.size(2);
+    const int16_t *a = all.data_ptr<int16_t>();
+    const int64_t per = L_ * k_;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::vector<int16_t> &dst = slot(to[(size_t)i]);
+      const int64_t end = past[(size_t)i] + q[(size_t)i];
+      if ((int64_t)dst.size() < end * per)
+        dst.resize((size_t)(end * per), -1);
+      const int16_t *src = a + (i * width + (width - q[(size_t)i])) * per;
+      std::copy(src, src + q[(size_t)i] * per, dst.begin() + past[(size_t)i] * per);
+    }
+  }
+
+  /// Sequence `s`'s routing as Generation::routing's row: prompt position t
+  /// at column pad + t (`plen` prompt tokens), response token j at P + j.
+  void fill(const RolloutSeq &s, int si, int64_t plen, int64_t P, int16_t *row) const {
+    const int64_t per = L_ * k_, pad = P - plen;
+    auto at = [&](const std::vector<int16_t> *v, int64_t pos) -> const int16_t * {
+      return v && (int64_t)v->size() >= (pos + 1) * per && (*v)[(size_t)(pos * per)] >= 0
+                 ? v->data() + pos * per
+                 : nullptr;
+    };
+    const std::vector<int16_t> *own = find(seqs_, si), *group = find(groups_, s.group);
+    const int64_t positions = plen + (int64_t)s.response.size();
+    for (int64_t pos = 0; pos < positions; ++pos) {
+      const int16_t *src = at(own, pos);
+      if (!src && pos < plen)
+        src = at(group, pos);
+      if (src)
+        std::copy(src, src + per, row + (pos < plen ? pad + pos : P + pos - plen) * per);
+    }
+  }
+  int64_t layers() const { return L_; }
+  int64_t slots() const { return k_; }
+
+private:
+  std::vector<int16_t> &slot(const Owner &o) {
+    auto &v = o.group ? groups_ : seqs_;
+    if ((int)v.size() <= o.index)
+      v.resize((size_t)o.index + 1);
+    return v[(size_t)o.index];
+  }
+  static const std::vector<int16_t> *find(const std::vector<std::vector<int16_t>> &v, int i) {
+    return i >= 0 && (size_t)i < v.size() ? &v[(size_t)i] : nullptr;
+  }
+  std::vector<std::vector<int16_t>> groups_, seqs_;
+  int64_t L_ = 0, k_ = 0;
+};
 
 /// The model runner of the engine: RolloutScheduler says what runs in each
 /// iteration; this runs the forwards over the pool and samples.
@@ -53,6 +127,7 @@ public:
   }
 
   const std::vector<RolloutSeq> &seqs() const { return sched_.seqs(); }
+  const RouteLog &routes() const { return routes_; }
   RolloutStats stats() {
     const ScheduleCounts &c = sched_.counts();
     st_.prefillTokens = c.prefillTokens;
@@ -110,7 +185,10 @@ private:
     for (size_t i = 0; i < b.rows.size(); ++i)
       std::copy(b.rows[i].tokens.begin(), b.rows[i].tokens.end(),
                 toks.begin() + (int64_t)i * T + (T - q[i]));
-    at::Tensor logits = forward(toks, kv);
+    std::vector<RouteLog::Owner> owners;
+    for (const JoinRow &r : b.rows)
+      owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
+    at::Tensor logits = forward(toks, kv, owners, past, q);
     // Each row's next token: a sequence samples it; a group keeps the
     // logits and its samples fork the prompt.
     for (size_t i = 0; i < b.rows.size(); ++i)
@@ -142,18 +220,32 @@ private:
       toks.push_back(s.response.back());
     }
     PagedKvStep kv(pool_, tables, past, q);
-    at::Tensor logits = forward(toks, kv);
+    std::vector<RouteLog::Owner> owners;
+    for (int si : rows)
+      owners.push_back({false, si});
+    at::Tensor logits = forward(toks, kv, owners, past, q);
     sched_.decoded(rows);
     sampleInto(rows, logits);
     st_.decodeMs += ms(t0);
   }
 
-  at::Tensor forward(std::vector<int64_t> &toks, PagedKvStep &kv) {
+  /// The step over `toks` [rows x width]; with recordRouting, row i's
+  /// routing is kept for `to[i]` (RouteLog) from position `past[i]` on,
+  /// its last q[i] columns being its tokens.
+  at::Tensor forward(std::vector<int64_t> &toks, PagedKvStep &kv,
+                     const std::vector<RouteLog::Owner> &to = {},
+                     const std::vector<int64_t> &past = {}, const std::vector<int64_t> &q = {}) {
     at::Tensor t = at::from_blob(toks.data(), {kv.rows(), kv.width()},
                                  at::TensorOptions().dtype(at::kLong))
                        .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
     ++st_.forwards;
-    return step_(t, kv.positions(), kv.newMask(), &kv).to(at::kFloat);
+    if (!o_.recordRouting)
+      return step_(t, kv.positions(), kv.newMask(), &kv, nullptr).to(at::kFloat);
+    MoeTrace trace;
+    trace.record = true;
+    at::Tensor logits = step_(t, kv.positions(), kv.newMask(), &kv, &trace).to(at::kFloat);
+    routes_.add(trace, kv.rows(), kv.width(), to, past, q);
+    return logits;
   }
 
   /// Samples each of `who`'s next token from its row of `logits` [n, V]
@@ -201,6 +293,7 @@ private:
   RolloutScheduler sched_;
   std::vector<at::Tensor> promptLogits_; ///< a kept prompt's next-token logits [V]
   RolloutStats st_;
+  RouteLog routes_; ///< with recordRouting
 };
 
 } // namespace
@@ -267,6 +360,9 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
                                               at::TensorOptions().dtype(at::kLong).device(
                                                   gen.device()))
                             .item<int64_t>();
+  std::vector<int64_t> plen((size_t)B);
+  for (int64_t r = 0; r < B; ++r)
+    plen[(size_t)r] = (int64_t)rows[(size_t)r].size();
   Engine e(step, geometry, o, lim, seed);
   for (int64_t r = 0; r < B; ++r)
     e.add(std::move(rows[(size_t)r]), r);
@@ -291,6 +387,18 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
   g.mask.copy_(host(mask, at::kFloat, {B, R}).to(dev));
   g.logprobs.copy_(host(lps, at::kFloat, {B, R}).to(dev));
   g.stopped.copy_(host(stopped, at::kBool, {B}).to(dev));
+  if (o.recordRouting) {
+    // What the routers chose at each position, in the prompts' padded
+    // columns and the responses' (one copy to the engine's device).
+    const RouteLog &rl = e.routes();
+    const int64_t P = prompts.size(1), per = rl.layers() * rl.slots();
+    std::vector<int16_t> route((size_t)(B * (P + R) * per), -1);
+    for (size_t si = 0; si < e.seqs().size(); ++si) {
+      const RolloutSeq &s = e.seqs()[si];
+      rl.fill(s, (int)si, plen[(size_t)s.row], P, route.data() + s.row * (P + R) * per);
+    }
+    g.routing = host(route, at::kShort, {B, P + R, rl.layers(), rl.slots()}).clone().to(dev);
+  }
   g.kvCacheBytes = e.poolBytes();
   g.stats = e.stats();
   if (stats)
@@ -311,8 +419,9 @@ Generation generatePaged(const Llama &model, const at::Tensor &prompts,
                          const at::Tensor &promptMask, const SamplingOptions &opts,
                          at::Generator &gen, const EngineLimits &limits, RolloutStats *stats) {
   NextLogitsFn step = [&model](const at::Tensor &tokens, const at::Tensor &positions,
-                               const at::Tensor &keyMask, KvStore *kv) {
-    return model.logits(model.hidden(tokens, positions, keyMask, kv).select(1, tokens.size(1) - 1));
+                               const at::Tensor &keyMask, KvStore *kv, MoeTrace *moe) {
+    return model.logits(
+        model.hidden(tokens, positions, keyMask, kv, moe).select(1, tokens.size(1) - 1));
   };
   return generatePaged(step, kvGeometryOf(model.config()), prompts, promptMask, opts, gen,
                        limits, stats);

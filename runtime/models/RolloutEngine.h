@@ -43,16 +43,20 @@ namespace hflow::models {
 
 /// A model step for the engine: the logits of each row's last token [B, V]
 /// for `tokens` [B, T] (left-padded) at RoPE `positions`, `keyMask`
-/// marking real tokens, keys and values through `kv`.
+/// marking real tokens, keys and values through `kv`; a mixture records
+/// its routing of every token in `moe` when given (Moe.h).
 using NextLogitsFn = std::function<at::Tensor(const at::Tensor &tokens,
                                               const at::Tensor &positions,
-                                              const at::Tensor &keyMask, KvStore *kv)>;
+                                              const at::Tensor &keyMask, KvStore *kv,
+                                              MoeTrace *moe)>;
 
 /// Samples responses to left-padded prompts ([B, P] int64, [B, P] mask of
 /// real tokens) with continuous batching over a paged KV cache. The result
 /// has Generation's shapes (R = opts.maxTokens; a row's tokens after its
 /// stop are opts.padToken) and `stopped` says why each row ended;
-/// kvCacheBytes is the pool's. opts.maxBatchTokens is ignored (`limits`
+/// kvCacheBytes is the pool's; with opts.recordRouting, `routing` (of a
+/// mixture of `layers` layers and `k` experts per token) what the step
+/// recorded at each token's position. opts.maxBatchTokens is ignored (`limits`
 /// bounds the batch). Throws std::invalid_argument for limits that cannot
 /// hold one sequence. Runs under InferenceMode.
 Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,

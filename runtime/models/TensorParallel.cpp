@@ -283,7 +283,9 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
     // Every member runs the same schedule (it depends only on the sampled
     // tokens, equal on all): a pool of this member's kv heads.
     NextLogitsFn next = [this](const at::Tensor &toks, const at::Tensor &pos,
-                               const at::Tensor &mask, KvStore *kv) {
+                               const at::Tensor &mask, KvStore *kv, MoeTrace *moe) {
+      if (moe) // the plan loader refuses a mixture on tensor-parallel shards
+        throw std::logic_error("TPLlama: a mixture's routing is not recorded on shards");
       return logits(hidden(toks, pos, mask, kv).select(1, toks.size(1) - 1));
     };
     KvGeometry g = kvGeometryOf(p_->c);

@@ -232,6 +232,10 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
   if (!checkFields(c, what, "option", planargs::setFields(r->options()),
                    std::begin(methods::kRoleOptions), std::end(methods::kRoleOptions)))
     return false;
+  if (r->options()->routing_replay().value_or(false) &&
+      (r->kind() != RoleKind::Actor || p.models()->Get(r->model())->experts() == 0))
+    return c.fail(what, " (", roleKindName(r->kind()),
+                  ") sets routing_replay: only an actor of a mixture of experts replays");
   if (!checkRankList(c, r->ranks(), world, what))
     return false;
   const bool apart = len(r->generate_ranks()) > 0;

@@ -133,7 +133,8 @@ inline constexpr KeywordArg kRoleOptions[] = {
     {"top_k", ArgType::Natural},
     {"memory_utilization", ArgType::Probability},
     {"dtype", ArgType::Choice, "f32 bf16 f16"},
-    {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"}};
+    {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"},
+    {"routing_replay", ArgType::Bool}};
 
 struct Signature {
   std::string_view method;

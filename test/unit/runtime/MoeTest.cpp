@@ -6,11 +6,18 @@
 // or not), the weighted sum of those experts' SwiGLU outputs. And a Llama
 // whose layers are mixtures: its parameter list and count as ModelShape
 // defines them, gradients reaching the router and every expert that was
-// chosen, none reaching an expert no token chose.
+// chosen, none reaching an expert no token chose. Rollout routing replay
+// (MoeTrace): moeMlp through given experts against a per-token float64
+// loop of the formulas (the router's probabilities of those experts as
+// weights); replaying a forward's own routing changes no bit; the paged
+// rollout engine's record of every position against a full forward over
+// prompt + response (under prefix sharing and under preemption), -1 where
+// no token went; bad replays refused.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/models/Llama.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/RolloutEngine.h"
 #include "runtime/schema/ModelShape.h"
 
 #include <ATen/ATen.h>
@@ -229,4 +236,216 @@ TEST(Moe, TheLoadBalancingGradientReachesTheRouterOnly) {
   EXPECT_GT(w.router.grad().abs().sum().item<double>(), 0);
   for (at::Tensor *t : {&w.gate, &w.up, &w.down})
     EXPECT_FALSE(t->grad().defined() && t->grad().abs().sum().item<double>() > 0);
+}
+
+//===----------------------------------------------------------------------===//
+// Routing replay
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Token n through experts given[n] (k of them), weighted by the router's
+/// softmax probabilities of them (renormalised over them with `norm`).
+at::Tensor throughGiven(const at::Tensor &x, const MoeWeights &w, const at::Tensor &given,
+                        bool norm) {
+  at::Tensor out = at::zeros_like(x);
+  for (int64_t n = 0; n < x.size(0); ++n) {
+    at::Tensor p = at::softmax(at::mv(w.router, x[n]), 0);
+    double sum = 0;
+    for (int64_t j = 0; j < given.size(1); ++j)
+      sum += p[given[n][j].item<int64_t>()].item<double>();
+    for (int64_t j = 0; j < given.size(1); ++j) {
+      const int64_t e = given[n][j].item<int64_t>();
+      at::Tensor gt = at::mv(w.gate[e], x[n]), u = at::mv(w.up[e], x[n]);
+      at::Tensor y = at::mv(w.down[e], gt * at::sigmoid(gt) * u);
+      const double pe = p[e].item<double>();
+      out[n] += y * (norm ? pe / sum : pe);
+    }
+  }
+  return out;
+}
+
+/// `B` rows of `T` random tokens below `vocab` and their positions 0..T-1.
+std::pair<at::Tensor, at::Tensor> tokensAt(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return {at::randint(vocab, {B, T}, g, at::TensorOptions().dtype(at::kLong)),
+          at::arange(T).unsqueeze(0).expand({B, T}).contiguous()};
+}
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+/// Each layer's smallest gap between a token's k-th and (k+1)-th router
+/// probabilities, [B, T, L]: where it is tiny, float rounding may flip the
+/// choice between two computations of the same forward.
+at::Tensor margins(const MoeTrace &t, int64_t B, int64_t T, int64_t k) {
+  std::vector<at::Tensor> per;
+  for (const MoeRouting &r : t.layers) {
+    at::Tensor top = std::get<0>(r.probs.topk(k + 1, -1));
+    per.push_back((top.select(1, k - 1) - top.select(1, k)).view({B, T}));
+  }
+  return at::stack(per, 2);
+}
+
+} // namespace
+
+TEST(MoeReplay, GivenExpertsAreTheOnesUsed) {
+  auto g = gen(11);
+  for (bool norm : {false, true}) {
+    MoeWeights w = weights(5, 6, 8, g);
+    at::Tensor x = randn({9, 8}, g);
+    // Any k distinct experts a token, not the router's order.
+    at::Tensor given = at::stack({at::randperm(5, g, at::TensorOptions().dtype(at::kLong))
+                                      .narrow(0, 0, 2),
+                                  at::randperm(5, g, at::TensorOptions().dtype(at::kLong))
+                                      .narrow(0, 0, 2)})
+                           .repeat({5, 1})
+                           .narrow(0, 0, 9)
+                           .contiguous();
+    MoeRouting r;
+    at::Tensor got = moeMlp(x, w, 2, norm, &r, given);
+    at::Tensor want = throughGiven(x, w, given, norm);
+    EXPECT_TRUE(at::allclose(got, want, 1e-12, 1e-12))
+        << "norm " << norm << ": largest difference " << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(r.chosen, given)) << "the replayed experts are reported as chosen";
+  }
+}
+
+TEST(MoeReplay, ANegativeRowKeepsItsRoutersChoice) {
+  auto g = gen(12);
+  MoeWeights w = weights(4, 6, 8, g);
+  at::Tensor x = randn({3, 8}, g);
+  MoeRouting own;
+  at::Tensor free = moeMlp(x, w, 2, true, &own);
+  at::Tensor given = at::full({3, 2}, -1, at::TensorOptions().dtype(at::kLong));
+  given[1][0] = (own.chosen[1][0].item<int64_t>() + 1) % 4;
+  given[1][1] = (own.chosen[1][0].item<int64_t>() + 2) % 4;
+  at::Tensor got = moeMlp(x, w, 2, true, nullptr, given);
+  // (Not bit for bit: the experts' matrix products run over other rows.)
+  EXPECT_TRUE(at::allclose(got[0], free[0], 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(got[2], free[2], 1e-12, 1e-12));
+  EXPECT_FALSE(at::allclose(got[1], free[1]));
+  EXPECT_TRUE(at::allclose(got[1], throughGiven(x.narrow(0, 1, 1), w, given.narrow(0, 1, 1),
+                                                true)[0],
+                           1e-12, 1e-12));
+}
+
+TEST(MoeReplay, ReplayingItsOwnRoutingChangesNoBit) {
+  LlamaConfig c = tinyMoe();
+  Llama m(c, 5);
+  auto [tok, pos] = tokensAt(3, 7, c.vocab, 4);
+  MoeTrace rec;
+  rec.record = true;
+  at::Tensor a = m.hidden(tok, pos, at::Tensor(), nullptr, &rec);
+  ASSERT_EQ(rec.layers.size(), 2u);
+  MoeTrace replay;
+  replay.replay = at::stack({rec.layers[0].chosen.view({3, 7, 2}),
+                             rec.layers[1].chosen.view({3, 7, 2})},
+                            2); // [B, T, L, k]
+  at::Tensor b = m.hidden(tok, pos, at::Tensor(), nullptr, &replay);
+  EXPECT_TRUE(at::equal(a, b));
+  // Another routing gives other hidden states.
+  MoeTrace other;
+  other.replay = (replay.replay + 1).remainder(c.experts);
+  EXPECT_FALSE(at::allclose(m.hidden(tok, pos, at::Tensor(), nullptr, &other), a));
+}
+
+TEST(MoeReplay, BadReplaysAreRefused) {
+  LlamaConfig c = tinyMoe();
+  Llama m(c, 5);
+  auto [tok, pos] = tokensAt(2, 4, c.vocab, 4);
+  MoeTrace t;
+  t.replay = at::zeros({2, 4, 3, 2}, at::TensorOptions().dtype(at::kLong)); // 3 layers
+  EXPECT_THROW(m.hidden(tok, pos, at::Tensor(), nullptr, &t), std::invalid_argument);
+  t.replay = at::full({2, 4, 2, 2}, c.experts, at::TensorOptions().dtype(at::kLong));
+  EXPECT_THROW(m.hidden(tok, pos, at::Tensor(), nullptr, &t), std::invalid_argument);
+  auto g = gen(1);
+  MoeWeights w = weights(4, 6, 8, g);
+  EXPECT_THROW(moeMlp(at::zeros({3, 8}, at::kDouble), w, 2, true, nullptr,
+                      at::zeros({2, 2}, at::TensorOptions().dtype(at::kLong))),
+               std::invalid_argument);
+}
+
+TEST(MoeReplay, TheEngineRecordsWhatAFullForwardRoutes) {
+  // Sampled responses to GRPO groups of prompts of different lengths: the
+  // routing the engine recorded at every prompt and response position is
+  // the one a forward over prompt + response computes (up to float ties),
+  // with prefix sharing and without, with a pool so small that sequences
+  // are preempted and recomputed; -1 at padding and at each response's
+  // last token (never fed back).
+  LlamaConfig c = tinyMoe();
+  Llama m(c, 9);
+  const int64_t B = 8, R = 10, k = c.expertsPerToken;
+  auto g = gen(3);
+  const std::vector<int64_t> lens = {5, 3, 6, 2};
+  const int64_t P = 6;
+  at::Tensor ptok = at::randint(1, c.vocab, {B, P}, g, at::TensorOptions().dtype(at::kLong));
+  at::Tensor pmask = at::zeros({B, P}, at::kFloat);
+  for (int64_t r = 0; r < B; ++r) {
+    ptok[r].copy_(ptok[r / 2 * 2]);
+    pmask[r].narrow(0, P - lens[(size_t)(r / 2 % 4)], lens[(size_t)(r / 2 % 4)]).fill_(1);
+  }
+  ptok.masked_fill_(pmask.eq(0), 0);
+  for (int variant = 0; variant < 3; ++variant) {
+    SamplingOptions o;
+    o.maxTokens = R;
+    o.temperature = 1.0;
+    o.recordRouting = true;
+    EngineLimits lim;
+    lim.blockSize = 4;
+    lim.sharePrefixes = variant != 1;
+    if (variant == 2)
+      lim.poolBlocks = (P + R + 3) / 4 + 1;
+    auto gg = gen(5);
+    RolloutStats st;
+    Generation out = generatePaged(m, ptok, pmask, o, gg, lim, &st);
+    if (variant == 2)
+      EXPECT_GT(st.preemptions, 0);
+    ASSERT_EQ(out.routing.sizes(), (std::vector<int64_t>{B, P + R, c.layers, k}));
+    // The full forward over every row's prompt and response.
+    at::Tensor tok = at::cat({ptok, out.tokens}, 1);
+    at::Tensor mask = at::cat({pmask, out.mask}, 1);
+    MoeTrace full;
+    full.record = true;
+    m.hidden(tok, positionsFromMask(mask), mask, nullptr, &full);
+    at::Tensor want = at::stack({full.layers[0].chosen.view({B, P + R, k}),
+                                 full.layers[1].chosen.view({B, P + R, k})},
+                                2);
+    at::Tensor near = margins(full, B, P + R, k).lt(1e-4);
+    at::Tensor got = out.routing.to(at::kLong);
+    int64_t compared = 0, ties = 0;
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t n = (int64_t)out.mask[r].sum().item<float>();
+      for (int64_t t = 0; t < P + R; ++t) {
+        const bool fed = t < P ? pmask[r][t].item<float>() > 0 : t - P < n - 1;
+        for (int64_t l = 0; l < c.layers; ++l) {
+          if (!fed) {
+            EXPECT_TRUE((got[r][t][l] == -1).all().item<bool>())
+                << "variant " << variant << " row " << r << " column " << t;
+            continue;
+          }
+          if (near[r][t][l].item<bool>()) {
+            ++ties;
+            continue;
+          }
+          ++compared;
+          // The same set of experts (the order of equal-rank slots aside).
+          EXPECT_TRUE(at::equal(std::get<0>(got[r][t][l].sort()), std::get<0>(want[r][t][l].sort())))
+              << "variant " << variant << " row " << r << " column " << t << " layer " << l
+              << ": " << got[r][t][l] << " vs " << want[r][t][l];
+        }
+      }
+    }
+    EXPECT_GT(compared, 100) << "ties " << ties;
+  }
+}
+
+TEST(MoeReplay, OnlyThePagedEngineRecords) {
+  LlamaConfig c = tinyMoe();
+  Llama m(c, 9);
+  SamplingOptions o;
+  o.maxTokens = 3;
+  o.recordRouting = true;
+  auto g = gen(1);
+  at::Tensor p = at::ones({1, 2}, at::TensorOptions().dtype(at::kLong));
+  EXPECT_THROW(m.generate(p, at::ones({1, 2}), o, g), std::invalid_argument);
 }

@@ -233,7 +233,7 @@ TEST(RolloutEngine, SamplerFrequenciesMatchTheDistribution) {
   // to top-k 4 (each within 4.5 standard deviations).
   const std::vector<float> l = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f};
   NextLogitsFn step = [&](const at::Tensor &tokens, const at::Tensor &, const at::Tensor &,
-                          KvStore *kv) {
+                          KvStore *kv, MoeTrace *) {
     at::Tensor k = at::zeros({tokens.size(0), 1, tokens.size(1), 2});
     kv->append(0, k, k);
     return at::tensor(l).unsqueeze(0).expand({tokens.size(0), 5}).clone();
