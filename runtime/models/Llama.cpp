@@ -4,6 +4,7 @@
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/Safetensors.h"
 
 #include "runtime/plan/PlanModel.h"
 #include "runtime/schema/plan_generated.h"
@@ -477,17 +478,11 @@ at::Tensor checkReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t B
   if (!replay.defined())
     return replay;
   const std::vector<int64_t> want = {B, T, c.layers, c.expertsPerToken};
-  if (replay.sizes().vec() != want) {
-    auto str = [](at::IntArrayRef d) {
-      std::string out = "[";
-      for (size_t i = 0; i < d.size(); ++i)
-        out += (i ? ", " : "") + std::to_string(d[i]);
-      return out + "]";
-    };
-    throw std::invalid_argument("Llama: a routing replay of shape " + str(replay.sizes()) +
+  if (replay.sizes().vec() != want)
+    throw std::invalid_argument("Llama: a routing replay of shape " +
+                                shapeString(replay.sizes()) +
                                 " for [tokens' rows, columns, layers, experts per token] = " +
-                                str(want));
-  }
+                                shapeString(want));
   at::Tensor r = replay.to(engineDevice(), at::kLong);
   if (r.numel() > 0 && r.max().item<int64_t>() >= c.experts)
     throw std::invalid_argument("Llama: a replayed expert id out of [0, " +

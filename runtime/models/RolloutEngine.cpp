@@ -186,8 +186,9 @@ private:
       std::copy(b.rows[i].tokens.begin(), b.rows[i].tokens.end(),
                 toks.begin() + (int64_t)i * T + (T - q[i]));
     std::vector<RouteLog::Owner> owners;
-    for (const JoinRow &r : b.rows)
-      owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
+    if (o_.recordRouting)
+      for (const JoinRow &r : b.rows)
+        owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
     at::Tensor logits = forward(toks, kv, owners, past, q);
     // Each row's next token: a sequence samples it; a group keeps the
     // logits and its samples fork the prompt.
@@ -221,8 +222,9 @@ private:
     }
     PagedKvStep kv(pool_, tables, past, q);
     std::vector<RouteLog::Owner> owners;
-    for (int si : rows)
-      owners.push_back({false, si});
+    if (o_.recordRouting)
+      for (int si : rows)
+        owners.push_back({false, si});
     at::Tensor logits = forward(toks, kv, owners, past, q);
     sched_.decoded(rows);
     sampleInto(rows, logits);
@@ -230,11 +232,11 @@ private:
   }
 
   /// The step over `toks` [rows x width]; with recordRouting, row i's
-  /// routing is kept for `to[i]` (RouteLog) from position `past[i]` on,
-  /// its last q[i] columns being its tokens.
+  /// routing is kept for `to[i]` (RouteLog; empty otherwise) from position
+  /// `past[i]` on, its last q[i] columns being its tokens.
   at::Tensor forward(std::vector<int64_t> &toks, PagedKvStep &kv,
-                     const std::vector<RouteLog::Owner> &to = {},
-                     const std::vector<int64_t> &past = {}, const std::vector<int64_t> &q = {}) {
+                     const std::vector<RouteLog::Owner> &to, const std::vector<int64_t> &past,
+                     const std::vector<int64_t> &q) {
     at::Tensor t = at::from_blob(toks.data(), {kv.rows(), kv.width()},
                                  at::TensorOptions().dtype(at::kLong))
                        .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
