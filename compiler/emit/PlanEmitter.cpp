@@ -285,7 +285,7 @@ LogicalResult PlanWriter::emitRoles() {
     auto toLayout = [](LayoutAttr l) {
       auto i = [](int64_t v) { return static_cast<int>(v); };
       return fb::Layout(i(l.getDp()), i(l.getTp()), i(l.getPp()), i(l.getFsdp()),
-                        i(l.getSp()), i(l.getCp()));
+                        i(l.getSp()), i(l.getCp()), i(l.getEp()));
     };
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
     idx.roleRanks.push_back(ranks);

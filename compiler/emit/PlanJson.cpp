@@ -51,6 +51,7 @@ void layout(llvm::json::OStream &j, llvm::StringRef key, const fb::Layout *l) {
     j.attribute("fsdp", l->fsdp());
     j.attribute("sp", l->sp());
     j.attribute("cp", l->cp());
+    j.attribute("ep", l->ep());
   });
 }
 

@@ -451,7 +451,7 @@ void DeclChecker::checkModelPositions() {
 
 bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen) {
   static const char *kHelp = "a layout is a product of dp(N), fsdp(N), tp(N), "
-                             "pp(N), sp(N) and cp(N) (e.g. tp(2) * dp(2)), "
+                             "pp(N), sp(N), cp(N) and ep(N) (e.g. tp(2) * dp(2)), "
                              "`fsdp` alone, or `auto`";
   if (e.kind == Expr::Kind::Binary && e.op == '*')
     return layoutExpr(*e.lhs, l, seen) && layoutExpr(*e.rhs, l, seen);
@@ -471,6 +471,11 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
     return false;
   }
   if (e.kind == Expr::Kind::Name && e.text == "fsdp") {
+    if (seen.count("ep")) {
+      diags_.error(e.loc, "a layout has ep or fsdp, not both: ep splits a mixture's "
+                          "experts over data-parallel ranks (write ep(e) * dp(d))");
+      return false;
+    }
     if (seen.count("dp")) {
       diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
                           "parallelism with sharded weights");
@@ -483,7 +488,7 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
     l.fsdpAll = true;
     return true;
   }
-  static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp"};
+  static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp", "ep"};
   if (e.kind != Expr::Kind::Call || !kDims.count(e.text)) {
     diags_.error(e.loc, kHelp);
     return false;
@@ -509,10 +514,15 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
   }
   int64_t *slot = e.text == "dp" ? &l.dp : e.text == "fsdp" ? &l.fsdp
                 : e.text == "tp" ? &l.tp : e.text == "pp" ? &l.pp
-                : e.text == "sp" ? &l.sp : &l.cp;
+                : e.text == "sp" ? &l.sp : e.text == "ep" ? &l.ep : &l.cp;
   *slot = degree;
   if (e.text == "dp")
     l.explicitDp = true;
+  if (seen.count("ep") && seen.count("fsdp")) {
+    diags_.error(e.loc, "a layout has ep or fsdp, not both: ep splits a mixture's "
+                        "experts over data-parallel ranks (write ep(e) * dp(d))");
+    return false;
+  }
   if (seen.count("dp") && (seen.count("fsdp"))) {
     diags_.error(e.loc, "a layout has dp or fsdp, not both: fsdp is data "
                         "parallelism with sharded weights");

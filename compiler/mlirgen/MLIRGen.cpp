@@ -160,9 +160,11 @@ private:
     if (l.isAuto)
       return LayoutAttr::getAuto(&ctx_);
     bool sharded = l.fsdpAll || l.fsdp > 1;
-    int64_t dp = l.explicitDp ? l.dp : sharded ? 1 : 0;
+    // dp counts every data-parallel rank, ep's among them: ep(2) * dp(2)
+    // is dp = 4, ep = 2.
+    int64_t dp = l.explicitDp ? l.dp * l.ep : sharded ? 1 : 0;
     return LayoutAttr::get(&ctx_, dp, l.tp, l.pp, l.fsdpAll ? 0 : l.fsdp, l.sp,
-                           l.cp);
+                           l.cp, l.ep);
   }
 
   /// A folded constant: an integer when integral (max_tokens: 2 * 8).

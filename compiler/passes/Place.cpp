@@ -223,7 +223,8 @@ private:
     // fixes is kept, so then the simple rule below applies.
     auto free = [](LayoutAttr l) {
       return l.isAuto() || (l.getDp() == 0 && l.getTp() == 1 && l.getPp() == 1 &&
-                            l.getFsdp() == 1 && l.getSp() == 1 && l.getCp() == 1);
+                            l.getFsdp() == 1 && l.getSp() == 1 && l.getCp() == 1 &&
+                            l.getEp() == 1);
     };
     bool allFree = llvm::all_of(module.getOps<RoleOp>(), [&](RoleOp r) {
       return r.getKind() == RoleKind::RewardFn ||
@@ -295,7 +296,7 @@ private:
     const auto &best = found.result.candidates.front();
     MLIRContext *ctx = a.getContext();
     auto toAttr = [&](const ::hflow::reshard::Layout &l) {
-      return LayoutAttr::get(ctx, l.dp, l.tp, l.pp, l.fsdp, l.sp, l.cp);
+      return LayoutAttr::get(ctx, l.dp, l.tp, l.pp, l.fsdp, l.sp, l.cp, l.ep);
     };
     OpBuilder b(a);
     for (size_t j = 0; j < best.groups.size(); ++j) {
@@ -340,11 +341,11 @@ private:
                     model.getKvHeadsAttr().getInt() % tp != 0))
         continue;
       LayoutAttr l = gen ? LayoutAttr::get(ctx, devices / tp, tp, 1)
-                         : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1);
+                         : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1, 1);
       best = l; // if none fits, the smallest footprint (largest tp) is kept
       LayoutAttr train = gen ? other : l, generate = gen ? l : other;
       if (train.isAuto())
-        train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1);
+        train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1, 1);
       if (generate.isAuto())
         generate = LayoutAttr::get(ctx, devices, 1, 1);
       auto mem = ::hflow::planner::roleMemory(role, model, train, generate, workload_);
@@ -370,8 +371,10 @@ private:
     bool ok = true;
     auto resolve = [&](LayoutAttr l, StringRef phase) -> LayoutAttr {
       int64_t dp = l.getDp(), fsdp = l.getFsdp();
+      // An inferred dp is a multiple of ep (ep splits the data-parallel
+      // ranks' experts).
       int64_t fixed = l.getTp() * l.getPp() * l.getSp() * l.getCp() *
-                      (dp ? dp : 1) * (fsdp ? fsdp : 1);
+                      (dp ? dp : l.getEp()) * (fsdp ? fsdp : 1);
       if (dp == 0 || fsdp == 0) {
         if (devices % fixed != 0) {
           InFlightDiagnostic d = role.emitError();
@@ -379,7 +382,8 @@ private:
           std::string sep;
           for (auto [n, v] : {std::pair<const char *, int64_t>{"fsdp", fsdp},
                               {"tp", l.getTp()}, {"pp", l.getPp()},
-                              {"sp", l.getSp()}, {"cp", l.getCp()}}) {
+                              {"sp", l.getSp()}, {"cp", l.getCp()},
+                              {"ep", l.getEp()}}) {
             bool always = std::string(n) == "tp" || std::string(n) == "pp";
             if (!always && v <= 1)
               continue;
@@ -392,10 +396,13 @@ private:
           ok = false;
           return l;
         }
-        (dp == 0 ? dp : fsdp) = devices / fixed;
+        if (dp == 0)
+          dp = devices / fixed * l.getEp();
+        else
+          fsdp = devices / fixed;
       }
       LayoutAttr r = LayoutAttr::get(l.getContext(), dp, l.getTp(), l.getPp(),
-                                     fsdp, l.getSp(), l.getCp());
+                                     fsdp, l.getSp(), l.getCp(), l.getEp());
       if (r.size() != devices) {
         InFlightDiagnostic d = role.emitError()
                                << "the " << phase << " layout "
@@ -420,6 +427,17 @@ private:
                                  << "the " << phase << " layout's sp = " << l.getSp()
                                  << " does not divide the " << heads / l.getTp()
                                  << " heads each tensor-parallel rank has";
+          d.attachNote(model.getLoc()) << "model declared here";
+          ok = false;
+        }
+        const int64_t experts = model.shape().experts;
+        if (l.getEp() > 1 && (experts == 0 || experts % l.getEp() != 0)) {
+          InFlightDiagnostic d = role.emitError();
+          d << "the " << phase << " layout's ep = " << l.getEp();
+          if (experts == 0)
+            d << " splits a mixture's experts, but the model is dense";
+          else
+            d << " does not divide the model's " << experts << " experts";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }

@@ -160,10 +160,19 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   const bool trains = roleTrains(role);
 
   const double S = static_cast<double>(std::max<int64_t>(train.shards(), 1));
-  m.weights = P * b / S;
+  // Expert parallelism keeps 1/ep of a mixture's experts on each rank.
+  const ::hflow::shape::ModelShape shape = toShape(model);
+  const double expertParams =
+      double(shape.layers) * double(shape.experts) * 3.0 * double(shape.hidden) *
+      double(shape.expertFfn);
+  auto heldBy = [&](LayoutAttr l) {
+    return P - expertParams * (1.0 - 1.0 / double(std::max<int64_t>(l.getEp(), 1)));
+  };
+  const double Pt = heldBy(train);
+  m.weights = Pt * b / S;
   if (trains) {
-    m.grads = P * b / S;
-    m.optimizer = P * (b >= 4 ? 8 : 12) / S;
+    m.grads = Pt * b / S;
+    m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -182,7 +191,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double tpg = std::max<int64_t>(gen.getTp(), 1);
     const double ppg = std::max<int64_t>(gen.getPp(), 1);
     const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
-    m.genWeights = P * b / (tpg * ppg);
+    m.genWeights = heldBy(gen) * b / (tpg * ppg);
     m.kvSeqs = (int64_t)std::ceil(double(w.batch) * double(w.n) / dpg);
     // A token budget keeps floor(budget / seqLen) sequences (at least one)
     // in generation at once (the runtime's batchRowsFor).
@@ -327,9 +336,10 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
   const bool apart = role.getGenerateRanks() && !role.getGenerateRanks()->empty();
   auto same = [](const rs::Layout &x, const rs::Layout &y) {
     return x.dp == y.dp && x.fsdp == y.fsdp && x.tp == y.tp && x.pp == y.pp &&
-           x.sp == y.sp && x.cp == y.cp;
+           x.sp == y.sp && x.cp == y.cp && x.ep == y.ep;
   };
-  const bool wholeBoth = train.fsdp * train.tp * train.pp == 1 && gen.fsdp * gen.tp * gen.pp == 1;
+  const bool wholeBoth = train.fsdp * train.tp * train.pp * train.ep == 1 &&
+                         gen.fsdp * gen.tp * gen.pp * gen.ep == 1;
   const bool genCopy = kind == RoleKind::Actor && !apart && !same(train, gen) && !wholeBoth;
   auto held = [&](const rs::Layout &l, int64_t slot) {
     int64_t n = 0;

@@ -56,7 +56,7 @@ namespace {
 
 bool validLayout(const Layout &l) {
   return l.dp >= 1 && l.fsdp >= 1 && l.tp >= 1 && l.pp >= 1 && l.sp >= 1 &&
-         l.cp >= 1;
+         l.cp >= 1 && l.ep >= 1 && l.dp % l.ep == 0;
 }
 
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -84,18 +84,20 @@ int64_t slotOf(const Layout &l, const Coord &c) {
 }
 
 /// Slots whose holdings are identical share a key: holdings depend on the
-/// tp, fsdp and pp coordinates only (dp, sp and cp replicate).
+/// tp, fsdp, pp and expert-parallel (dp mod ep) coordinates only (dp, sp
+/// and cp replicate otherwise).
 int64_t keyOf(const Layout &l, int64_t slot) {
   Coord c = coordOf(l, slot);
-  return (c.pp * l.fsdp + c.fsdp) * l.tp + c.tp;
+  return ((c.pp * l.fsdp + c.fsdp) * l.ep + c.dp % l.ep) * l.tp + c.tp;
 }
-int64_t keyCount(const Layout &l) { return l.tp * l.fsdp * l.pp; }
+int64_t keyCount(const Layout &l) { return l.tp * l.fsdp * l.pp * l.ep; }
 /// The lowest slot with key k.
 int64_t slotOfKey(const Layout &l, int64_t k) {
   Coord c;
   c.tp = k % l.tp;
-  c.fsdp = (k / l.tp) % l.fsdp;
-  c.pp = k / (l.tp * l.fsdp);
+  c.dp = (k / l.tp) % l.ep;
+  c.fsdp = (k / (l.tp * l.ep)) % l.fsdp;
+  c.pp = k / (l.tp * l.ep * l.fsdp);
   return slotOf(l, c);
 }
 
@@ -134,13 +136,16 @@ Coord coordOf(const Layout &l, int64_t slot) {
 
 Box holding(const Param &p, const Layout &l, int64_t slot, int64_t layers) {
   bool ok = validLayout(l) && slot >= 0 && slot < l.size() && layers >= 1 &&
-            p.rows >= 1 && p.cols >= 1;
+            p.rows >= 1 && p.cols >= 1 &&
+            (p.expert < 0 || (p.experts >= l.ep && p.experts % l.ep == 0));
   assert(ok && "holding: invalid layout, slot, layer count or parameter");
   if (!ok)
     return Box{};
   Coord c = coordOf(l, slot);
   if (stageOf(p, l.pp, layers) != c.pp)
     return Box{};
+  if (p.expert >= 0 && l.ep > 1 && p.expert / (p.experts / l.ep) != c.dp % l.ep)
+    return Box{}; // another expert-parallel rank's expert
   Box b{0, p.rows, 0, p.cols};
   if (p.tp == Split::Rows)
     std::tie(b.r0, b.r1) = chunkOf(p.rows, l.tp, c.tp);
@@ -222,8 +227,8 @@ std::vector<int> hungarianMin(const std::vector<int64_t> &cost, int n) {
   return rowToCol;
 }
 
-/// Parameters that behave identically in both layouts (same shape, split and
-/// stages) are one class with a multiplicity.
+/// Parameters that behave identically in both layouts (same shape, split,
+/// stages and expert owners) are one class with a multiplicity.
 struct ParamClass {
   int rep = 0;         // a parameter of the class
   int64_t count = 0;   // how many
@@ -232,15 +237,19 @@ struct ParamClass {
 std::vector<ParamClass> classesOf(const std::vector<Param> &params,
                                   const Layout &from, const Layout &to,
                                   int64_t layers, std::vector<int> *classOf) {
-  std::map<std::tuple<int64_t, int64_t, int, int64_t, int64_t>, int> index;
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>, int> index;
   std::vector<ParamClass> classes;
   if (classOf)
     classOf->assign(params.size(), 0);
+  // An expert's owner under each layout's ep (-1: every rank holds it).
+  auto owner = [](const Param &p, const Layout &l) -> int64_t {
+    return p.expert >= 0 && l.ep > 1 ? p.expert / (p.experts / l.ep) : -1;
+  };
   for (size_t i = 0; i < params.size(); ++i) {
     const Param &p = params[i];
     auto key = std::make_tuple(p.rows, p.cols, int(p.tp),
                                stageOf(p, from.pp, layers),
-                               stageOf(p, to.pp, layers));
+                               stageOf(p, to.pp, layers), owner(p, from), owner(p, to));
     auto [it, inserted] = index.emplace(key, int(classes.size()));
     if (inserted)
       classes.push_back(ParamClass{int(i), 0});
@@ -795,8 +804,8 @@ int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
   if (!validLayout(from) || !validLayout(to) || from.size() != to.size() ||
       modelBytes < 0)
     return -1;
-  if (from.fsdp > 1 || from.sp > 1 || from.cp > 1 || to.fsdp > 1 ||
-      to.sp > 1 || to.cp > 1)
+  if (from.fsdp > 1 || from.sp > 1 || from.cp > 1 || from.ep > 1 || to.fsdp > 1 ||
+      to.sp > 1 || to.cp > 1 || to.ep > 1)
     return -1;
   const int64_t tp = from.tp * from.pp, g = to.tp * to.pp;
   if (tp % g != 0)

@@ -13,7 +13,10 @@
 //    first stage, the final norm and LM head on the last);
 //  * fsdp splits each parameter's (tp-local) rows into fsdp chunks of
 //    ceil(rows / fsdp) (FSDP2 / DTensor Shard(0) semantics);
-//  * dp, sp and cp replicate.
+//  * dp, sp and cp replicate, but for ep: a mixture's expert x is held by
+//    the data-parallel ranks whose dp coordinate is owner(x) mod ep, with
+//    owner(x) = x / (experts / ep) (contiguous runs of experts; ep divides
+//    dp, runtime/schema/Degrees.h).
 // Slot order within a layout: tp fastest, then sp, cp, fsdp, dp, pp.
 //
 // Rank i of the role holds training slot i. For the generation layout the
@@ -119,8 +122,9 @@ Plan planWeightsAcross(const std::vector<Param> &params, const Layout &from,
                        const std::vector<int64_t> &nodeOf = {});
 
 /// HybridFlow's per-rank volume (tp - t_g p_g) / (t_g p_g tp) * M for train
-/// (p, t, d) and generation (p_g, t_g) without fsdp/sp/cp; -1 where the
-/// formula does not apply (fsdp, sp or cp > 1, or t_g p_g not dividing t p).
+/// (p, t, d) and generation (p_g, t_g) without fsdp/sp/cp/ep; -1 where the
+/// formula does not apply (fsdp, sp, cp or ep > 1, or t_g p_g not dividing
+/// t p).
 int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
                                int64_t modelBytes);
 

@@ -27,7 +27,7 @@ MeshOp meshOf(RoleOp role) {
 } // namespace
 
 rs::Layout toLayout(LayoutAttr l) {
-  return {l.getDp(), l.getFsdp(), l.getTp(), l.getPp(), l.getSp(), l.getCp()};
+  return {l.getDp(), l.getFsdp(), l.getTp(), l.getPp(), l.getSp(), l.getCp(), l.getEp()};
 }
 
 rs::ModelShape toShape(ModelOp m) { return m.shape(); }

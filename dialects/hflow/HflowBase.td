@@ -61,13 +61,17 @@ def Hflow_BatchKind : I32EnumAttr<"BatchKind", "what a batch value holds", [
 def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
   let mnemonic = "layout";
   let summary = "a parallel layout: data, sharded data, tensor, pipeline, "
-                "sequence and context degrees";
+                "sequence, context and expert degrees";
   let description = [{
     `#hflow.layout<dp = 2, tp = 2, pp = 1>` places a model on dp*tp*pp
     devices. `fsdp` (fully sharded data parallel: weights, gradients and
     optimizer state split over its ranks, ZeRO-3), `sp` (sequence parallel)
     and `cp` (context parallel) default to 1 and are printed only when set;
-    the layout's device count is the product of all six degrees.
+    the layout's device count is the product of these six degrees. `ep`
+    (expert parallel, default 1) divides dp: a mixture of experts splits its
+    experts over each run of ep consecutive data-parallel ranks (Megatron's
+    carving of expert parallelism out of data parallelism), so a program's
+    `ep(2) * dp(2)` is `dp = 4, ep = 2` here.
 
     A degree of 0 for dp or fsdp means "all devices the role is placed on,
     divided by the other degrees", resolved by the placement pass. tp = 0
@@ -76,12 +80,13 @@ def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
   let parameters = (ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp,
                         DefaultValuedParameter<"int64_t", "1">:$fsdp,
                         DefaultValuedParameter<"int64_t", "1">:$sp,
-                        DefaultValuedParameter<"int64_t", "1">:$cp);
+                        DefaultValuedParameter<"int64_t", "1">:$cp,
+                        DefaultValuedParameter<"int64_t", "1">:$ep);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
   let builders = [
     AttrBuilder<(ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp), [{
-      return $_get($_ctxt, dp, tp, pp, 1, 1, 1);
+      return $_get($_ctxt, dp, tp, pp, 1, 1, 1, 1);
     }]>
   ];
   let extraClassDeclaration = [{
@@ -92,7 +97,7 @@ def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
     int64_t shards() const { return getFsdp() * getTp() * getPp(); }
     bool isAuto() const { return getTp() == 0; }
     static LayoutAttr getAuto(::mlir::MLIRContext *ctx) {
-      return get(ctx, 0, 0, 0, 1, 1, 1);
+      return get(ctx, 0, 0, 0, 1, 1, 1, 1);
     }
   }];
 }

@@ -36,9 +36,10 @@ void HflowDialect::initialize() {
 
 LogicalResult
 LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dp,
-                   int64_t tp, int64_t pp, int64_t fsdp, int64_t sp, int64_t cp) {
+                   int64_t tp, int64_t pp, int64_t fsdp, int64_t sp, int64_t cp,
+                   int64_t ep) {
   if (tp == 0) {
-    if (dp != 0 || pp != 0 || fsdp != 1 || sp != 1 || cp != 1)
+    if (dp != 0 || pp != 0 || fsdp != 1 || sp != 1 || cp != 1 || ep != 1)
       return emitError() << "an auto layout (tp = 0) has dp = 0, pp = 0 and "
                             "no other degrees";
     return success();
@@ -53,7 +54,12 @@ LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dp,
     return emitError() << "layout tp, pp, sp and cp must be positive, got tp = "
                        << tp << ", pp = " << pp << ", sp = " << sp
                        << ", cp = " << cp;
-  for (int64_t d : {dp, tp, pp, fsdp, sp, cp})
+  if (ep < 1)
+    return emitError() << "layout ep must be positive, got ep = " << ep;
+  if (dp > 0 && dp % ep != 0)
+    return emitError() << "layout ep = " << ep << " does not divide dp = " << dp
+                       << " (ep splits the experts over data-parallel ranks)";
+  for (int64_t d : {dp, tp, pp, fsdp, sp, cp, ep})
     if (d > (int64_t(1) << 20))
       return emitError() << "layout degree " << d << " is larger than any mesh";
   return success();

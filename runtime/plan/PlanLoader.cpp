@@ -253,8 +253,11 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
     if (!l)
       return c.fail(what, " has no layout");
     if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1 || l->fsdp() < 1 ||
-        l->sp() < 1 || l->cp() < 1)
+        l->sp() < 1 || l->cp() < 1 || l->ep() < 1)
       return c.fail(what, " has a non-positive parallel degree");
+    if (l->dp() % l->ep() != 0)
+      return c.fail(what, " splits its experts over ep ", l->ep(),
+                    " ranks, which does not divide its ", l->dp(), " data-parallel ranks");
     int64_t prod = 1;
     for (int d : {l->dp(), l->tp(), l->pp(), l->fsdp(), l->sp(), l->cp()}) {
       prod *= d;

@@ -9,7 +9,7 @@
 namespace hflow::plan {
 
 executes::Degrees degreesOf(const Layout &l) {
-  return {l.dp(), l.fsdp(), l.tp(), l.pp(), l.sp(), l.cp()};
+  return {l.dp(), l.fsdp(), l.tp(), l.pp(), l.sp(), l.cp(), l.ep()};
 }
 
 std::string roleDtype(const Plan &p, int r, std::string *where) {

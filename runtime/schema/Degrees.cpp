@@ -18,7 +18,8 @@ std::string Degrees::str() const {
   add("pp", pp);
   add("sp", sp);
   add("cp", cp);
-  add("dp", dp);
+  add("ep", ep);
+  add("dp", ep > 1 ? dp / ep : dp);
   return out.empty() ? "dp(1)" : out;
 }
 

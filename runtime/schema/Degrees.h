@@ -2,7 +2,12 @@
 //
 // The degrees of a layout: data, fully sharded data (ZeRO-3), tensor,
 // pipeline, sequence (Ulysses) and context parallelism, 1 where not
-// written. The one type the front end (its Layout adds what was written),
+// written, and expert parallelism, which is carved out of the data-parallel
+// ranks as Megatron carves it: `dp` counts every data-parallel rank (each
+// takes its own rows and holds the dense weights), and `ep` (dividing dp)
+// splits a mixture's experts over each run of ep consecutive of them, so a
+// program's `ep(2) * dp(2)` is dp = 4, ep = 2: four ranks, each holding
+// half the experts, each expert on two of them. The one type the front end (its Layout adds what was written),
 // the planners (placement, reshard, memory), the plan's readers and the
 // runtime's messages share, with one printed form: the degrees above 1 as a
 // program writes them, "fsdp(4) * tp(2)", "tp(2) * pp(2) * dp(2)", and
@@ -18,28 +23,31 @@
 namespace hflow::layout {
 
 struct Degrees {
-  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1;
+  int64_t dp = 1, fsdp = 1, tp = 1, pp = 1, sp = 1, cp = 1, ep = 1;
 
-  /// Ranks the layout spans.
+  /// Ranks the layout spans (ep is within dp).
   int64_t size() const { return dp * fsdp * tp * pp * sp * cp; }
   bool operator==(const Degrees &o) const {
     return dp == o.dp && fsdp == o.fsdp && tp == o.tp && pp == o.pp && sp == o.sp &&
-           cp == o.cp;
+           cp == o.cp && ep == o.ep;
   }
   bool operator!=(const Degrees &o) const { return !(*this == o); }
-  /// The printed form (the file's comment): fsdp, tp, pp, sp, cp, dp.
+  /// The printed form (the file's comment): fsdp, tp, pp, sp, cp, ep, dp
+  /// (with ep, the dp written is dp / ep: "ep(2) * dp(2)").
   std::string str() const;
 };
 
 /// Each degree with its name, in the fields' order: for readers that take
-/// every degree in turn (a layout's JSON object).
+/// every degree in turn (a layout's JSON object: dp there counts every
+/// data-parallel rank, ep among them).
 struct NamedDegree {
   const char *name;
   int64_t Degrees::*value;
 };
 inline constexpr NamedDegree kNamedDegrees[] = {
     {"dp", &Degrees::dp}, {"fsdp", &Degrees::fsdp}, {"tp", &Degrees::tp},
-    {"pp", &Degrees::pp}, {"sp", &Degrees::sp},     {"cp", &Degrees::cp}};
+    {"pp", &Degrees::pp}, {"sp", &Degrees::sp},     {"cp", &Degrees::cp},
+    {"ep", &Degrees::ep}};
 
 } // namespace hflow::layout
 

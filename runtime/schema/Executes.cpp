@@ -23,6 +23,8 @@ const char *kindName(methods::Role k) {
 std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.cp > 1)
     return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
+  if (l.ep > 1)
+    return "expert parallelism (ep(" + s(l.ep) + ")) is not executed by hflow-run yet";
   if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
            "dp(N), in hflow-run yet: its tensor-parallel, fully sharded, pipelined and "
@@ -67,7 +69,8 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   };
   if (!hasModel) { // a rule: no weights, its ranks split the rows
     v.train = Form::None;
-    if (train.tp > 1 || train.fsdp > 1 || train.pp > 1 || train.sp > 1 || train.cp > 1)
+    if (train.tp > 1 || train.fsdp > 1 || train.pp > 1 || train.sp > 1 || train.cp > 1 ||
+        train.ep > 1)
       return refuse("train", train,
                     std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
     return v;

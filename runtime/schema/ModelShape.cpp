@@ -52,6 +52,8 @@ std::vector<Param> llamaParams(const ModelShape &m) {
       add(ex + "gate", m.expertFfn, h, Split::Rows, l);
       add(ex + "up", m.expertFfn, h, Split::Rows, l);
       add(ex + "down", h, m.expertFfn, Split::Cols, l);
+      for (size_t i = ps.size() - 3; i < ps.size(); ++i)
+        ps[i].expert = e, ps[i].experts = m.experts;
     }
   }
   add("final_norm", 1, h, Split::Replicated, Param::kLastStage);

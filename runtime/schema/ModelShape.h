@@ -49,6 +49,9 @@ struct Param {
   /// norm, LM head) for the parameters outside the layers.
   int64_t layer = 0;
   static constexpr int64_t kFirstStage = -1, kLastStage = -2;
+  /// A mixture's expert weight: which of the layer's `experts` it belongs
+  /// to (-1: not an expert's; expert parallelism splits only these).
+  int64_t expert = -1, experts = 0;
   int64_t numel() const { return rows * cols; }
 };
 

@@ -622,6 +622,87 @@ static void expectScaledPlan(const std::vector<Param> &ps, const Layout &from,
   }
 }
 
+TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
+  // A mixture's experts under ep: expert x only on the ranks of ep index
+  // x / (E / ep), whole (or its tp piece); everything else as without ep.
+  // Every plan between layouts with and without ep meets the element-level
+  // lower bound and leaves each rank exactly what it needs.
+  std::mt19937 rng(39);
+  int plans = 0, moved = 0;
+  for (int it = 0; it < 120; ++it) {
+    ModelShape m = shape(1 + rng() % 3, 8, 4, 2, 8, 16);
+    m.experts = std::vector<int64_t>{2, 4, 8}[rng() % 3];
+    m.expertsPerToken = 1 + rng() % 2;
+    m.expertFfn = 4 + 4 * (rng() % 2);
+    const std::vector<Param> ps = llamaParams(m);
+    const int64_t size = std::vector<int64_t>{2, 4, 8}[rng() % 3];
+    std::vector<Layout> ls;
+    for (const Layout &l : layoutsOf(size, m))
+      for (int64_t ep : divisors(l.dp))
+        if (m.experts % ep == 0 && (ep == 1 || l.fsdp == 1)) {
+          Layout e = l;
+          e.ep = ep;
+          ls.push_back(e);
+        }
+    const Layout from = ls[rng() % ls.size()], to = ls[rng() % ls.size()];
+    SCOPED_TRACE(from.str() + " -> " + to.str() + " experts " + std::to_string(m.experts));
+    // Holdings: each expert element on dp / ep replicas (times sp, cp, and
+    // tp for a replicated piece); the rest as without ep.
+    for (const Param &p : ps) {
+      std::vector<int> count(p.rows * p.cols, 0);
+      for (int64_t s = 0; s < from.size(); ++s) {
+        const Box b = holding(p, from, s, m.layers);
+        if (p.expert >= 0 && !b.empty()) {
+          const Coord c = coordOf(from, s);
+          ASSERT_EQ(p.expert / (m.experts / from.ep), c.dp % from.ep) << p.name;
+        }
+        for (int64_t r = b.r0; r < b.r1; ++r)
+          for (int64_t c = b.c0; c < b.c1; ++c)
+            count[r * p.cols + c]++;
+      }
+      const int64_t want = (p.expert >= 0 ? from.dp / from.ep : from.dp) * from.sp * from.cp *
+                           (p.tp == Split::Replicated ? from.tp : 1);
+      for (int x : count)
+        ASSERT_EQ(x, want) << p.name;
+    }
+    Options opts;
+    opts.bytesPerElement = 2;
+    const Plan plan = planWeights(ps, from, to, m.layers, opts);
+    EXPECT_EQ(plan.totalBytes, plan.lowerBound);
+    EXPECT_EQ(bruteForceLowerBound(ps, from, to, m.layers, plan.assignment, 2),
+              plan.lowerBound);
+    Elements start(ps, from, identity(size), m.layers);
+    Elements need(ps, to, plan.assignment, m.layers);
+    Elements now = start;
+    for (const Transfer &t : plan.transfers) {
+      const Param &p = ps[t.param];
+      for (int64_t i = t.box.r0; i < t.box.r1; ++i)
+        for (int64_t j = t.box.c0; j < t.box.c1; ++j) {
+          ASSERT_TRUE(start.has[t.src][t.param][i * p.cols + j]) << "source lacks it";
+          now.has[t.dst][t.param][i * p.cols + j] = 1;
+        }
+    }
+    for (int64_t r = 0; r < size; ++r)
+      for (size_t p = 0; p < ps.size(); ++p)
+        for (size_t e = 0; e < need.has[r][p].size(); ++e)
+          ASSERT_TRUE(!need.has[r][p][e] || now.has[r][p][e]) << ps[p].name;
+    ++plans;
+    moved += plan.totalBytes > 0;
+  }
+  EXPECT_EQ(plans, 120);
+  EXPECT_GT(moved, 60);
+  // ep(2) * dp(2) -> dp(4): each rank fetches exactly the other half of the
+  // experts and nothing else.
+  ModelShape m = shape(2, 8, 4, 2, 8, 16);
+  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 4;
+  Layout ep = L(4, 1, 1, 1);
+  ep.ep = 2;
+  EXPECT_EQ(ep.str(), "ep(2) * dp(2)");
+  const Plan p = planWeights(llamaParams(m), ep, L(4, 1, 1, 1), m.layers, Options{});
+  EXPECT_EQ(p.totalBytes, 4 * 2 * (2 * 3 * 4 * 8) * 2); // ranks x layers x half the experts x bytes
+  EXPECT_EQ(p.maxRecvPerRank, 2 * (2 * 3 * 4 * 8) * 2);
+}
+
 TEST(ReshardPlan, WireElementSizeScalesEveryFigureExactly) {
   // The demo's actor (arith_grpo.hflow): fsdp(2) -> dp(2), and the
   // tiny.hflow pattern tp(2) -> dp(2), on the 361k-parameter Llama.
