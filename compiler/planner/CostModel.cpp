@@ -55,17 +55,17 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   // A critic's or reward model's body has no LM head.
   ModelShape ms = role.model;
   ms.lmHead = ms.lmHead && role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
-  const double P = static_cast<double>(paramCount(ms));
   const double b = static_cast<double>(role.dtypeBytes);
   const double L = static_cast<double>(ms.layers);
   const bool trains = role.trains();
 
   const double S = static_cast<double>(
       std::max<int64_t>(train.fsdp * train.tp * train.pp, 1));
-  m.weights = P * b / S;
+  const double Pt = static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)); // 1/ep of the experts
+  m.weights = Pt * b / S;
   if (trains) {
-    m.grads = P * b / S;
-    m.optimizer = P * (b >= 4 ? 8 : 12) / S;
+    m.grads = Pt * b / S;
+    m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -83,7 +83,7 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double tpg = static_cast<double>(std::max<int64_t>(gen->tp, 1));
     const double ppg = static_cast<double>(std::max<int64_t>(gen->pp, 1));
     const double dpg = static_cast<double>(std::max<int64_t>(gen->dp * gen->fsdp, 1));
-    m.genWeights = P * b / (tpg * ppg);
+    m.genWeights = static_cast<double>(::hflow::shape::heldParamCount(ms, gen->ep)) * b / (tpg * ppg);
     m.kvSeqs = w.genSequences((int64_t)dpg);
     m.kvRows = w.genRowsAtOnce((int64_t)dpg);
     // The paged pool in whole blocks (Memory.h): the rows at once at their
@@ -301,7 +301,10 @@ TransitionInstance transitionInstance(const Layout &train, const Layout &gen,
   const int64_t rpn = mesh.perNode;
   const int64_t genMp = gen.tp * gen.pp;
   int64_t dp = train.dp;
-  if (train.fsdp != 1 || gen.fsdp != 1 || train.sp * train.cp * gen.sp * gen.cp != 1)
+  // With ep the experts' runs span the data-parallel ranks: the whole
+  // layout is the pattern.
+  if (train.fsdp != 1 || gen.fsdp != 1 || train.sp * train.cp * gen.sp * gen.cp != 1 ||
+      train.ep * gen.ep != 1)
     return in;
   if (train.pp == 1) {
     // Every rank's generation shard lies inside its own tp group (when
@@ -323,8 +326,7 @@ TransitionInstance transitionInstance(const Layout &train, const Layout &gen,
 double transitionSecondsOn(const RoleSpec &role, const TransitionInstance &in,
                            const Mesh &mesh, const Calibration &cal) {
   const Layout &a = in.train, &b = in.gen;
-  if (a.tp == b.tp && a.pp == b.pp && a.fsdp == b.fsdp && a.sp == b.sp &&
-      a.cp == b.cp && a.dp == b.dp)
+  if (a == b)
     return 0;
   rs::Options opts;
   opts.bytesPerElement = role.wireBytes > 0 ? role.wireBytes : role.dtypeBytes;

@@ -154,19 +154,16 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   RoleMemory m;
   if (!model)
     return m;
-  const double P = static_cast<double>(roleParamCount(role, model));
   const double b = roleDtypeBytes(role, model);
   const double L = model.getLayersAttr().getInt();
   const bool trains = roleTrains(role);
 
   const double S = static_cast<double>(std::max<int64_t>(train.shards(), 1));
   // Expert parallelism keeps 1/ep of a mixture's experts on each rank.
-  const ::hflow::shape::ModelShape shape = toShape(model);
-  const double expertParams =
-      double(shape.layers) * double(shape.experts) * 3.0 * double(shape.hidden) *
-      double(shape.expertFfn);
   auto heldBy = [&](LayoutAttr l) {
-    return P - expertParams * (1.0 - 1.0 / double(std::max<int64_t>(l.getEp(), 1)));
+    ::hflow::shape::ModelShape s = toShape(model);
+    s.lmHead = roleHasLmHead(role);
+    return double(::hflow::shape::heldParamCount(s, l.getEp()));
   };
   const double Pt = heldBy(train);
   m.weights = Pt * b / S;

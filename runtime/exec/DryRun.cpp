@@ -67,6 +67,12 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
              std::to_string(std::max(1, size / t)) + " of tensor-parallel piece " +
              std::to_string(pos % t) + " of " + std::to_string(t);
     return "fully sharded shard " + std::to_string(pos) + " of " + std::to_string(size);
+  case Form::ExpertParallel: { // ep runs of consecutive data-parallel ranks
+    const int e = std::max(1, l.ep());
+    return "dense weights and expert run " + std::to_string(pos % e) + " of " +
+           std::to_string(e) + ", replica " + std::to_string(pos) + " of " +
+           std::to_string(size);
+  }
   }
   return "?";
 }

@@ -151,9 +151,11 @@ void MetricsReport::printSummary(const at::Tensor &all) {
             shard.pp = tl.pp;
           if (v.train == executes::Form::FullyShard)
             shard.fsdp = tl.fsdp;
+          if (v.train == executes::Form::ExpertParallel)
+            shard.dp = shard.ep = tl.ep;
           const char *what = v.train == executes::Form::Pipeline ? " stages" : " shards";
           if (v.train == executes::Form::TensorParallel || v.train == executes::Form::Pipeline ||
-              v.train == executes::Form::FullyShard)
+              v.train == executes::Form::FullyShard || v.train == executes::Form::ExpertParallel)
             model += std::string(builder_.trains(index) ? ", trains " : ", holds ") + shard.str() +
                      what + ", no whole copy";
         }

@@ -135,7 +135,7 @@ void RoleBuilder::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &for
                                  : "hf(\"" + wdir + "\") is not a sequence-"
                                    "classification checkpoint") +
                    " and no flow trains it (fit); hflowc refuses such a program");
-  if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
+  if (trains(r) && rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1 && rt.epSize == 1) {
     rt.model->setTrainable(true);
     if (rt.head.defined())
       rt.head.requires_grad_(true);
@@ -179,7 +179,10 @@ void RoleBuilder::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms
   if (!wholeWeights && forms.train == executes::Form::Pipeline &&
       (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
     rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
-  if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1)) {
+  if (!wholeWeights && forms.train == executes::Form::ExpertParallel &&
+      (int)rs.size() == tl.dp())
+    rt.epSize = tl.ep(); // its run of experts comes after connect()
+  if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1 || rt.epSize > 1)) {
     const bool generates = apart || rt.generatesOn == GeneratesOn::TrainingShards || s_.rows->genSlots().count(r) > 0 ||
                            forms.generate == executes::Form::Whole;
     if (!generates)
@@ -201,7 +204,7 @@ void RoleBuilder::loadWholeWeights(int r, RoleRt &rt, const models::LlamaConfig 
                    "model.safetensors (nor model.safetensors.index.json): hflow-run "
                    "does not start a Hugging Face model from random weights");
   if (!wdir.empty()) {
-    if (rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1) {
+    if (rt.tpSize == 1 && rt.fsdpSize == 1 && rt.ppSize == 1 && rt.epSize == 1) {
       try {
         models::loadHfIntoLlama(wdir, *rt.model);
       } catch (const std::exception &e) {
@@ -361,6 +364,20 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + rn + ": " + e.what());
     }
+  } else if (rr.epSize > 1) {
+    // Expert parallelism: the data-parallel ranks in runs of e (the
+    // experts' split), the ranks of one ep index holding the same experts.
+    auto rs = ints(role(r).ranks());
+    const int e = rr.epSize, d = (int)rs.size() / e, run = rr.pos / e, idx = rr.pos % e;
+    std::vector<int> epRanks(rs.begin() + run * e, rs.begin() + (run + 1) * e), dpRanks;
+    for (int k = 0; k < d; ++k)
+      dpRanks.push_back(rs[k * e + idx]);
+    const std::string rn = str(role(r).name());
+    rr.groups.ep = comms_.world->makeSubgroup("ep-" + rn + "-" + std::to_string(run), epRanks);
+    rr.groups.edp = comms_.world->makeSubgroup("edp-" + rn + "-" + std::to_string(idx), dpRanks);
+    rr.lm = std::make_unique<models::ExpertParallelModel>(
+        *rr.model, models::modelSeed(p_.seed(), role(r).model()), *rr.groups.ep,
+        *rr.groups.edp, *rr.comm);
   }
   if (rr.lm && rr.lm->sharded())
     rr.holding = Holding::ShardsAndCopy; // until buildGenerationForm drops the copy

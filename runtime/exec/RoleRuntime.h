@@ -86,6 +86,7 @@ struct FormGroups {
   std::unique_ptr<Communicator> sp;     ///< sp x dp: the ranks sharing a replica's rows
   std::unique_ptr<Communicator> pp;     ///< pp x dp: the stages of this rank's replica
   std::unique_ptr<Communicator> gen;    ///< the ranks of this rank's generation replica
+  std::unique_ptr<Communicator> ep, edp; ///< ep x dp: the experts' run, the same experts
 };
 
 /// Per role on this rank: its form, model forms, head and optimizer.
@@ -111,7 +112,7 @@ struct RoleRt {
   Communicator *comm = nullptr;  ///< the role's group (a generation rank: the generation ranks')
   Communicator *xcomm = nullptr; ///< apart: training and generation ranks
   /// The training layout's shards buildRoles chose (1, 1, 1: whole weights).
-  int tpSize = 1, fsdpSize = 1, ppSize = 1;
+  int tpSize = 1, fsdpSize = 1, ppSize = 1, epSize = 1;
   FormGroups groups;
   /// What the role computes and trains with. Null on a generation rank.
   std::unique_ptr<models::CausalLM> lm;

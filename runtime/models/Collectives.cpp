@@ -183,12 +183,18 @@ NamedTensors namedGradients(const Llama &model) {
   NamedTensors out;
   for (const auto &[name, view] : model.namedParameters()) {
     at::Tensor g;
-    for (const auto &leaf : leaves)
-      if (leaf.data_ptr() == view.data_ptr() && leaf.numel() == view.numel()) {
-        if (leaf.grad().defined())
-          g = leaf.grad().detach().reshape(view.sizes()).clone();
-        break;
-      }
+    // The view is a leaf's elements [at, at + numel) (a norm's row, one
+    // expert of a mixture's stack): the same elements of its gradient.
+    for (const auto &leaf : leaves) {
+      const int64_t at = (static_cast<const char *>(view.data_ptr()) -
+                          static_cast<const char *>(leaf.data_ptr())) /
+                         int64_t(view.element_size());
+      if (at < 0 || at + view.numel() > leaf.numel())
+        continue;
+      if (leaf.grad().defined())
+        g = leaf.grad().detach().reshape({-1}).narrow(0, at, view.numel()).reshape(view.sizes()).clone();
+      break;
+    }
     if (!g.defined())
       g = at::zeros(view.sizes(), view.options().requires_grad(false));
     out.emplace_back(name, g);

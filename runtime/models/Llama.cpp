@@ -6,6 +6,7 @@
 #include "runtime/models/Moe.h"
 #include "runtime/models/Safetensors.h"
 
+#include "runtime/comm/Communicator.h"
 #include "runtime/plan/PlanModel.h"
 #include "runtime/schema/plan_generated.h"
 
@@ -273,6 +274,45 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
 
 Llama::~Llama() = default;
 
+void Llama::keepExperts(comm::Communicator &ep) {
+  const int64_t E = config_.experts, e = ep.size();
+  if (E == 0 || e < 1 || E % e != 0)
+    throw std::invalid_argument("model " + config_.name + ": expert parallelism over " +
+                                std::to_string(e) + " ranks needs a mixture whose experts (" +
+                                std::to_string(E) + ") they divide");
+  if (ep_)
+    throw std::logic_error("model " + config_.name + " already keeps a run of its experts");
+  const int64_t El = E / e;
+  firstExpert_ = ep.rank() * El;
+  c10::NoGradGuard noGrad;
+  for (auto &l : w_->layers)
+    for (at::Tensor *t : {&l.moe.gate, &l.moe.up, &l.moe.down})
+      *t = t->narrow(0, firstExpert_, El).clone(); // the rest freed
+  ep_ = &ep;
+}
+
+std::vector<at::Tensor> Llama::expertParameters() const {
+  std::vector<at::Tensor> v;
+  for (auto &l : w_->layers)
+    for (const at::Tensor *t : {&l.moe.gate, &l.moe.up, &l.moe.down})
+      if (t->defined())
+        v.push_back(*t);
+  return v;
+}
+
+std::vector<at::Tensor> Llama::denseParameters() const {
+  std::vector<at::Tensor> v;
+  const std::vector<at::Tensor> experts = expertParameters();
+  for (const at::Tensor &t : parameters()) {
+    bool expert = false;
+    for (const at::Tensor &x : experts)
+      expert = expert || t.is_same(x);
+    if (!expert)
+      v.push_back(t);
+  }
+  return v;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   auto add = [&](std::string name, const at::Tensor &t) {
@@ -307,7 +347,7 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
     // Each expert's weights as views of the stacked ones.
     add(pre + "mlp.router", l.moe.router);
     for (int64_t e = 0; e < l.moe.gate.size(0); ++e) {
-      const std::string ex = pre + "mlp.experts." + std::to_string(e) + ".";
+      const std::string ex = pre + "mlp.experts." + std::to_string(firstExpert_ + e) + ".";
       add(ex + "gate", l.moe.gate[e]);
       add(ex + "up", l.moe.up[e]);
       add(ex + "down", l.moe.down[e]);
@@ -549,10 +589,13 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
     if (l.moe.router.defined()) {
       MoeRouting r;
       const bool record = moe && moe->record;
-      x = x + moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
-                     replay.defined()
-                         ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
-                         : at::Tensor());
+      const at::Tensor given =
+          replay.defined() ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
+                           : at::Tensor();
+      x = x + (ep_ ? moeMlpExpertParallel(h, l.moe, c.expertsPerToken, c.normTopk, *ep_,
+                                          record ? &r : nullptr, given)
+                   : moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
+                            given));
       if (record)
         moe->layers.push_back(std::move(r));
     } else
@@ -776,6 +819,11 @@ Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &prom
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                            const SamplingOptions &opts, at::Generator &gen) const {
+  if (ep_)
+    throw std::logic_error("generate: model " + config_.name + " holds " +
+                           std::to_string(w_->layers.front().moe.gate.size(0)) + " of its " +
+                           std::to_string(config_.experts) +
+                           " experts (expert parallelism): it does not generate");
   if (opts.paged)
     return generatePaged(*this, prompts, promptMask, opts, gen, opts.limits);
   if (opts.recordRouting)

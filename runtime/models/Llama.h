@@ -42,6 +42,9 @@
 namespace hflow::plan {
 struct Model;
 }
+namespace hflow::comm {
+class Communicator;
+}
 
 namespace hflow::models {
 
@@ -268,7 +271,8 @@ public:
   Llama &operator=(const Llama &) = delete;
 
   const LlamaConfig &config() const { return config_; }
-  /// Counted from the weight tensors (equals config().paramCount()).
+  /// Counted from the weight tensors (equals config().paramCount(), but
+  /// for the experts keepExperts dropped).
   int64_t numParameters() const;
 
   /// Every parameter as a 2-D view (1-D ones as one row), named and ordered
@@ -286,6 +290,20 @@ public:
   void setTrainable(bool trainable);
   /// Copies every weight from `other` (same config), bit for bit.
   void copyFrom(const Llama &other);
+
+  /// Expert parallelism: keeps only member `ep.rank()`'s run of every
+  /// mixture's experts, [rank * E/e, (rank + 1) * E/e) for e = ep.size()
+  /// (the rest freed), and from then on each forward sends its tokens to
+  /// their experts' owners over `ep` (moeMlpExpertParallel in Moe.h): every
+  /// member runs equally many forwards, in the same order. The experts keep
+  /// their indices in namedParameters(). Throws std::invalid_argument for a
+  /// dense model or an e not dividing E; generate() then throws.
+  void keepExperts(comm::Communicator &ep);
+  /// The first expert this copy holds (0 unless keepExperts).
+  int64_t firstExpert() const { return firstExpert_; }
+  /// parameters() split: the experts' stacked weights, and all the others.
+  std::vector<at::Tensor> expertParameters() const;
+  std::vector<at::Tensor> denseParameters() const;
 
   /// tokens: int64 [B, T] in [0, vocab). Returns float32 logits [B, T, V],
   /// positions 0..T-1, no padding. Records autograd when trainable.
@@ -323,6 +341,8 @@ private:
   struct Weights;
   LlamaConfig config_;
   std::unique_ptr<Weights> w_;
+  comm::Communicator *ep_ = nullptr; ///< keepExperts' group
+  int64_t firstExpert_ = 0;
 };
 
 /// A model step for the sampling loop: the full-vocabulary logits [B, T, V]

@@ -195,6 +195,59 @@ private:
   WholeModel whole_; ///< the same weights, for what does not depend on sp
 };
 
+/// Expert parallelism (ExpertParallel.cpp): ep(e) * dp(d), carved out of
+/// data parallelism. Every rank holds the dense weights and takes its own
+/// rows; `ep` (e consecutive ranks of the role) splits every layer's
+/// experts, E/e each, and each forward sends the tokens to their experts'
+/// owners and back (moeMlpExpertParallel). `expertDp` is the d ranks
+/// holding the same experts, `group` the role's e * d ranks. Its own Llama
+/// (built from `whole`'s config and `seed`, then `whole`'s weights copied
+/// and the other members' experts dropped); the weights are named as the
+/// whole model's (expert x keeps its index). Does not generate.
+class ExpertParallelModel final : public CausalLM {
+public:
+  ExpertParallelModel(const Llama &whole, uint64_t seed, comm::Communicator &ep,
+                      comm::Communicator &expertDp, comm::Communicator &group);
+  ~ExpertParallelModel() override;
+
+  const LlamaConfig &config() const override { return local_->config(); }
+  std::string form() const override;
+  bool sharded() const override { return true; }
+  at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                    const at::Tensor &keyMask) const override;
+  at::Tensor localLogits(const at::Tensor &hidden) const override;
+  at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                           double temperature) const override;
+  at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                      const SamplingOptions &opts, at::Generator &gen) const override;
+  /// Every forward exchanges tokens over the expert group.
+  comm::Communicator *lockstepGroup() const override { return &ep_; }
+  comm::Communicator &group() const override { return group_; }
+  std::vector<at::Tensor> parameters() const override;
+  std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
+  std::vector<std::pair<std::string, Box>> namedBoxes() const override;
+  void setTrainable(bool trainable) override;
+  void loadFrom(const Llama &whole) override;
+  /// The dense weights from this rank, every expert from its owner (one
+  /// all-gather over the expert group). Collective over `ep`.
+  void gatherInto(Llama &dst) const override;
+  uint64_t loadHf(const std::string &dir) override;
+  /// Dense weights and `extra` averaged over `group`; experts summed over
+  /// `expertDp` and divided by e * d. Collective.
+  void reduceGradients(const std::vector<at::Tensor> &extra) override;
+  double gradNormSquared(const std::vector<at::Tensor> &extra) const override;
+  /// WholeModel's passes (and load-balancing loss) over this rank's Llama.
+  std::vector<double> runPasses(const std::vector<MicroBatch> &micros, const PassHead &head,
+                                bool train) override;
+  std::optional<double> lastAuxLoss() const override;
+
+private:
+  comm::Communicator &ep_, &expertDp_, &group_;
+  std::unique_ptr<Llama> local_;
+  std::unique_ptr<WholeModel> whole_; ///< over local_, for what ep does not change
+};
+
 extern template class ShardedForm<TPLlama>;
 extern template class ShardedForm<FSDPLlama>;
 

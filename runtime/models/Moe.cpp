@@ -5,14 +5,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hflow::models {
 
-at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
-                  MoeRouting *routing, const at::Tensor &replay) {
-  const int64_t H = h.size(-1), E = w.router.size(0);
-  at::Tensor x = h.reshape({-1, H}); // [N, H]
+std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w, int64_t k,
+                                              bool normTopk, MoeRouting *routing,
+                                              const at::Tensor &replay) {
   // The routing in float32 at least, whatever the model's type (as
   // transformers' Qwen3-MoE and Mixtral do it).
   const at::ScalarType rt = at::promote_types(x.scalar_type(), at::kFloat);
@@ -34,6 +34,29 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
     top = top / top.sum(-1, /*keepdim=*/true);
   if (routing)
     *routing = {probs, chosen};
+  return {top, chosen};
+}
+
+at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeights &w) {
+  std::vector<at::Tensor> ys;
+  int64_t at = 0;
+  for (int64_t e = 0; e < w.gate.size(0); ++e) {
+    if (rows[e] == 0)
+      continue;
+    at::Tensor xe = xs.narrow(0, at, rows[e]);
+    ys.push_back(at::linear(at::silu(at::linear(xe, w.gate[e])) * at::linear(xe, w.up[e]),
+                            w.down[e]));
+    at += rows[e];
+  }
+  // No rows: an empty slice of xs, so the result stays in xs's graph.
+  return ys.empty() ? xs.narrow(0, 0, 0) : at::cat(ys, 0);
+}
+
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+                  MoeRouting *routing, const at::Tensor &replay) {
+  const int64_t H = h.size(-1), E = w.router.size(0);
+  at::Tensor x = h.reshape({-1, H}); // [N, H]
+  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
   // Each (token, slot) pair grouped by its expert: one matrix product per
   // expert over the tokens that chose it, the outputs scattered back with
   // their weights.
@@ -42,20 +65,8 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
   at::Tensor token = order.div(k, "floor");                          // its row of x
   at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
   at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
-  const int64_t *n = counts.data_ptr<int64_t>();
-  at::Tensor xs = x.index_select(0, token);
-  std::vector<at::Tensor> ys;
-  int64_t at = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    if (n[e] == 0)
-      continue;
-    at::Tensor xe = xs.narrow(0, at, n[e]);
-    at::Tensor ye = at::linear(at::silu(at::linear(xe, w.gate[e])) * at::linear(xe, w.up[e]),
-                               w.down[e]);
-    ys.push_back(ye * weight.narrow(0, at, n[e]).unsqueeze(-1));
-    at += n[e];
-  }
-  at::Tensor out = at::zeros_like(x).index_add(0, token, at::cat(ys, 0));
+  at::Tensor ys = runExperts(x.index_select(0, token), counts.data_ptr<int64_t>(), w);
+  at::Tensor out = at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
   return out.view(h.sizes());
 }
 

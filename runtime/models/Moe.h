@@ -14,7 +14,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
 #include <vector>
+
+namespace hflow::comm {
+class Communicator;
+}
 
 namespace hflow::models {
 
@@ -54,6 +59,33 @@ struct MoeTrace {
 /// (renormalised with `normTopk`), and `routing` holds them as chosen.
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
                   MoeRouting *routing = nullptr, const at::Tensor &replay = at::Tensor());
+
+/// The same mixture with its experts split over the members of `ep`
+/// (expert parallelism): `w` holds the router over all E experts and this
+/// member's run of them, experts [rank * E/e, (rank + 1) * E/e) (e =
+/// ep.size(), the gate, up and down stacks E/e deep). Each token is routed
+/// here, sent to its experts' owners with one all-to-all (the per-expert
+/// counts first, one all-gather), computed there in grouped matrix products
+/// and sent back with the reverse all-to-all, then summed with its weights
+/// here; the backward runs the two all-to-alls in reverse. Collective over
+/// `ep`: every member calls it once per layer and forward, in the same
+/// order (whatever its token count). The same maths as moeMlp.
+at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
+                                bool normTopk, comm::Communicator &ep,
+                                MoeRouting *routing = nullptr,
+                                const at::Tensor &replay = at::Tensor());
+
+/// What moeMlp and moeMlpExpertParallel share. The router's choice for the
+/// rows of x [N, H] (or the replayed one): each token's k weights and
+/// experts ([N, k]; the weights renormalised with normTopk), `routing`
+/// filled when given.
+std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w, int64_t k,
+                                              bool normTopk, MoeRouting *routing,
+                                              const at::Tensor &replay);
+/// The experts of `w` on rows xs grouped by expert (rows[e] rows for w's
+/// expert e, in order): their outputs in the same order. With no rows, an
+/// empty slice of xs (still in its autograd graph).
+at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeights &w);
 
 /// The load-balancing loss of one forward's routing (the Switch
 /// Transformer's, as transformers' load_balancing_loss_func computes it),

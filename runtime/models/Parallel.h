@@ -74,7 +74,8 @@ void allReduceGradients(const std::vector<at::Tensor> &params,
                         comm::Communicator &dp);
 
 /// A Llama's gradients named and shaped as its namedParameters() (2-D;
-/// zeros where a parameter has no gradient): what the parallel forms are
+/// zeros where a parameter has no gradient; a mixture's expert, a view of
+/// its stack, gets its part of the stack's): what the parallel forms are
 /// compared against.
 NamedTensors namedGradients(const Llama &model);
 

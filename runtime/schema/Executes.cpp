@@ -19,16 +19,21 @@ const char *kindName(methods::Role k) {
 }
 
 /// cp: not executed for any role yet; a mixture of experts on whole
-/// weights only.
-std::string unbuiltDegree(const Degrees &l, const Dims &d) {
+/// weights, or on ep(e) * dp(d) when it trains or computes.
+std::string unbuiltDegree(const Degrees &l, const Dims &d, bool generates) {
   if (l.cp > 1)
     return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
-  if (l.ep > 1)
-    return "expert parallelism (ep(" + s(l.ep) + ")) is not executed by hflow-run yet";
+  if (l.ep > 1 && d.experts == 0)
+    return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
+           "model is dense";
+  if (l.ep > 1 && generates)
+    return "a mixture of experts generates on whole weights, dp(N), in hflow-run yet: "
+           "expert-parallel generation is not built (train on ep(e) * dp(d), generate on "
+           "dp(N))";
   if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
-           "dp(N), in hflow-run yet: its tensor-parallel, fully sharded, pipelined and "
-           "sequence-parallel forms and expert parallelism are not built";
+           "dp(N), or on ep(e) * dp(d) in hflow-run yet: its tensor-parallel, fully "
+           "sharded, pipelined and sequence-parallel forms are not built";
   return "";
 }
 } // namespace
@@ -41,6 +46,7 @@ const char *formName(Form f) {
   case Form::FullyShard: return "fully sharded";
   case Form::SequenceParallel: return "sequence-parallel";
   case Form::Pipeline: return "pipeline";
+  case Form::ExpertParallel: return "expert-parallel";
   }
   return "?";
 }
@@ -75,8 +81,10 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                     std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
     return v;
   }
-  if (std::string why = unbuiltDegree(train, dims); !why.empty())
+  if (std::string why = unbuiltDegree(train, dims, false); !why.empty())
     return refuse("train", train, why);
+  if (train.ep > 1)
+    v.train = Form::ExpertParallel;
   if (train.pp > 1) {
     if (train.fsdp > 1 || train.sp > 1)
       return refuse("train", train,
@@ -117,7 +125,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     v.train = Form::FullyShard;
   if (!actor)
     return v; // a critic or reference computes on its training form only
-  if (std::string why = unbuiltDegree(gen, dims); !why.empty())
+  if (std::string why = unbuiltDegree(gen, dims, true); !why.empty())
     return refuse("generate", gen, why);
   if (gen.pp > 1)
     return refuse("generate", gen,

@@ -51,6 +51,9 @@ enum class Form {
   Pipeline,         // pp(p) * tp(t) * dp(d): each rank one stage's layers
                     // (with tp its TP pieces of them), micro-batches in
                     // 1F1B order
+  ExpertParallel,   // ep(e) * dp(d), a mixture of experts: the dense
+                    // weights on every rank, each expert on the d ranks of
+                    // its ep index; tokens to their experts by all-to-all
 };
 const char *formName(Form f);
 
@@ -67,8 +70,8 @@ struct Verdict {
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * tp(t) * dp(d) (a mixture of experts "
-    "on dp(N)), an Actor generating on dp(N) or tp(t) * dp(d) (a mixture on dp(N)), and a "
-    "RewardFn on dp(N)";
+    "on dp(N) or ep(e) * dp(d)), an Actor generating on dp(N) or tp(t) * dp(d) (a mixture "
+    "on dp(N)), and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

@@ -84,4 +84,9 @@ int64_t activeParamCount(const ModelShape &m) {
   return paramCount(m) - m.layers * idle;
 }
 
+int64_t heldParamCount(const ModelShape &m, int64_t ep) {
+  const int64_t experts = m.layers * m.experts * 3 * m.hidden * m.expertFfn;
+  return ep > 1 ? paramCount(m) - experts + experts / ep : paramCount(m);
+}
+
 } // namespace hflow::shape

@@ -122,6 +122,10 @@ int64_t layerParamCount(const ModelShape &m);
 /// counts whole: every token scores every expert). What a pass's FLOPs
 /// scale with; memory holds paramCount.
 int64_t activeParamCount(const ModelShape &m);
+/// The parameters one rank holds of `m` with its experts split `ep` ways
+/// (expert parallelism; `ep` dividing the experts): paramCount less
+/// (1 - 1/ep) of every expert's weights.
+int64_t heldParamCount(const ModelShape &m, int64_t ep);
 
 } // namespace hflow::shape
 

@@ -1,0 +1,303 @@
+//===- ExpertParallel.cpp - a mixture's experts split over ranks -----------===//
+//
+// Expert parallelism as Megatron carves it out of data parallelism: every
+// rank of a role's ep(e) * dp(d) layout takes its own rows and holds the
+// dense weights (attention, norms, routers, embedding, LM head); each run of
+// e consecutive ranks (an expert-parallel group) splits every layer's
+// experts, E/e each. A layer's mixture routes this rank's tokens, exchanges
+// the per-expert counts, sends each (token, slot) pair to its expert's owner
+// in one all-to-all, runs the owner's experts as grouped matrix products and
+// returns the outputs with the reverse all-to-all (moeMlpExpertParallel).
+// Gradients: the dense weights' are averaged over all e * d ranks; an
+// expert's owner already holds the sum over its group's e ranks' losses
+// (the backward all-to-alls bring them), so they are summed over the d
+// ranks holding the same experts and divided by e * d. See docs/parallel.md.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/models/ModelForms.h"
+#include "runtime/models/Device.h"
+#include "runtime/models/Moe.h"
+#include "runtime/models/ParallelDetail.h"
+#include "runtime/models/Safetensors.h"
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/schema/Degrees.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hflow::models {
+
+using namespace detail;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+/// Sends rows [off_j, off_j + send[j]) of x to member j (x holds the rows
+/// for member 0, then 1, ...) and returns what every member sent here, in
+/// member order (recv[j] rows from j). One exchange; no gradient.
+at::Tensor rawAllToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
+                        const std::vector<int64_t> &recv, comm::Communicator &c) {
+  CommScope scope;
+  const int s = c.size(), me = c.rank();
+  at::Tensor xd = x.detach();
+  std::vector<int64_t> off(s + 1, 0);
+  for (int j = 0; j < s; ++j)
+    off[j + 1] = off[j] + send[j];
+  std::vector<std::pair<int, at::Tensor>> sends, recvs;
+  for (int j = 0; j < s; ++j) {
+    if (j == me)
+      continue;
+    if (send[j] > 0)
+      sends.emplace_back(j, xd.narrow(0, off[j], send[j]).contiguous());
+    if (recv[j] > 0)
+      recvs.emplace_back(j, at::empty({recv[j], x.size(1)}, x.options()));
+  }
+  c.exchange(sends, recvs);
+  std::vector<at::Tensor> parts;
+  size_t next = 0;
+  for (int j = 0; j < s; ++j) {
+    if (j == me)
+      parts.push_back(xd.narrow(0, off[me], send[me]));
+    else if (recv[j] > 0)
+      parts.push_back(recvs[next++].second);
+  }
+  return parts.empty() ? at::empty({0, x.size(1)}, x.options()) : at::cat(parts, 0);
+}
+
+/// The all-to-all with its gradient: the reverse all-to-all.
+struct AllToAllVFn : torch::autograd::Function<AllToAllVFn> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, std::vector<int64_t> send,
+                            std::vector<int64_t> recv, comm::Communicator *c) {
+    ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return rawAllToAllV(x, send, recv, *c);
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list g) {
+    auto *c = reinterpret_cast<comm::Communicator *>(
+        (intptr_t)ctx->saved_data.at("comm").toInt());
+    return {rawAllToAllV(g[0], ctx->saved_data.at("recv").toIntVector(),
+                         ctx->saved_data.at("send").toIntVector(), *c),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
+                     const std::vector<int64_t> &recv, comm::Communicator &c) {
+  return AllToAllVFn::apply(x, send, recv, &c);
+}
+
+bool isExpert(const std::string &name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+} // namespace
+
+at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
+                                bool normTopk, comm::Communicator &ep, MoeRouting *routing,
+                                const at::Tensor &replay) {
+  const int64_t H = h.size(-1), E = w.router.size(0), El = w.gate.size(0);
+  const int e = ep.size(), me = ep.rank();
+  if (El * e != E)
+    throw std::invalid_argument("moeMlpExpertParallel: " + std::to_string(El) +
+                                " experts on each of " + std::to_string(e) +
+                                " members for a router over " + std::to_string(E));
+  at::Tensor x = h.reshape({-1, H}); // [N, H]
+  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  // The (token, slot) pairs by expert, so by owner too (owners hold runs).
+  at::Tensor flat = chosen.reshape({-1});
+  at::Tensor order = flat.argsort(/*stable=*/true);
+  at::Tensor token = order.div(k, "floor");
+  at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
+  // Every member's count per expert: [e, E] (one all-gather).
+  at::Tensor counts = at::bincount(flat, /*weights=*/{}, E);
+  at::Tensor all = ep.allGatherFlat(counts.contiguous()).to(at::kCPU).contiguous();
+  const int64_t *n = all.data_ptr<int64_t>(); // n[j * E + x]
+  std::vector<int64_t> send(e, 0), recv(e, 0), local(El, 0);
+  for (int j = 0; j < e; ++j)
+    for (int64_t l = 0; l < El; ++l) {
+      send[j] += n[me * E + j * El + l];
+      recv[j] += n[j * E + me * El + l];
+      local[l] += n[j * E + me * El + l];
+    }
+  at::Tensor got = allToAllV(x.index_select(0, token), send, recv, ep);
+  // What arrived is by source, then by expert; the experts want it by
+  // expert, then by source.
+  std::vector<int64_t> perm;
+  perm.reserve(got.size(0));
+  std::vector<int64_t> from(e, 0); // each source's first row in `got`
+  for (int j = 1; j < e; ++j)
+    from[j] = from[j - 1] + recv[j - 1];
+  for (int64_t l = 0; l < El; ++l)
+    for (int j = 0; j < e; ++j) {
+      const int64_t c = n[j * E + me * El + l];
+      for (int64_t r = 0; r < c; ++r)
+        perm.push_back(from[j] + r);
+      from[j] += c;
+    }
+  at::Tensor p = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());
+  at::Tensor ys = runExperts(got.index_select(0, p), local.data(), w);
+  at::Tensor back = at::empty_like(p).index_put_({p}, at::arange(p.size(0), p.options()));
+  at::Tensor out = allToAllV(ys.index_select(0, back), recv, send, ep); // x's pairs' outputs
+  return at::zeros_like(x).index_add(0, token, out * weight.unsqueeze(-1)).view(h.sizes());
+}
+
+//===----------------------------------------------------------------------===//
+// ExpertParallelModel
+//===----------------------------------------------------------------------===//
+
+ExpertParallelModel::ExpertParallelModel(const Llama &whole, uint64_t seed,
+                                         comm::Communicator &ep, comm::Communicator &expertDp,
+                                         comm::Communicator &group)
+    : ep_(ep), expertDp_(expertDp), group_(group),
+      local_(std::make_unique<Llama>(whole.config(), seed)) {
+  local_->copyFrom(whole);
+  local_->keepExperts(ep_);
+  whole_ = std::make_unique<WholeModel>(*local_, group_);
+}
+
+ExpertParallelModel::~ExpertParallelModel() = default;
+
+std::string ExpertParallelModel::form() const {
+  layout::Degrees d;
+  d.dp = group_.size();
+  d.ep = ep_.size();
+  return d.str();
+}
+
+at::Tensor ExpertParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
+                                       const at::Tensor &keyMask) const {
+  return local_->hidden(tokens, positions, keyMask);
+}
+
+at::Tensor ExpertParallelModel::localLogits(const at::Tensor &hidden) const {
+  return whole_->localLogits(hidden);
+}
+at::Tensor ExpertParallelModel::tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
+                                              double temperature) const {
+  return whole_->tokenLogprobs(logits, tokens, temperature);
+}
+at::Tensor ExpertParallelModel::tokenEntropy(const at::Tensor &logits, double temperature) const {
+  return whole_->tokenEntropy(logits, temperature);
+}
+
+Generation ExpertParallelModel::generate(const at::Tensor &, const at::Tensor &,
+                                         const SamplingOptions &, at::Generator &) const {
+  throw std::logic_error("expert-parallel shards (" + form() +
+                         ") do not generate: the actor generates on its whole generation copy");
+}
+
+std::vector<at::Tensor> ExpertParallelModel::parameters() const { return local_->parameters(); }
+
+std::vector<std::pair<std::string, at::Tensor>> ExpertParallelModel::namedWeights() const {
+  return local_->namedParameters();
+}
+
+std::vector<std::pair<std::string, Box>> ExpertParallelModel::namedBoxes() const {
+  std::vector<std::pair<std::string, Box>> out;
+  for (const auto &[name, t] : local_->namedParameters())
+    out.push_back({name, Box{0, t.size(0), 0, t.size(1)}});
+  return out;
+}
+
+void ExpertParallelModel::setTrainable(bool trainable) { local_->setTrainable(trainable); }
+
+void ExpertParallelModel::loadFrom(const Llama &whole) {
+  c10::NoGradGuard noGrad;
+  std::map<std::string, at::Tensor> src;
+  for (auto &[name, t] : whole.namedParameters())
+    src.emplace(name, t);
+  for (auto &[name, t] : local_->namedParameters()) {
+    auto it = src.find(name);
+    if (it == src.end() || !it->second.sizes().equals(t.sizes()))
+      throw std::invalid_argument("ExpertParallelModel::loadFrom: " + name +
+                                  " is not in the whole model, or not of its shape");
+    t.copy_(it->second);
+  }
+}
+
+void ExpertParallelModel::gatherInto(Llama &dst) const {
+  c10::NoGradGuard noGrad;
+  std::map<std::string, at::Tensor> out;
+  for (auto &[name, t] : dst.namedParameters())
+    out.emplace(name, t);
+  // The dense weights from here; every member's experts in one all-gather
+  // (all members hold as many, of equal shapes, in the same order).
+  std::vector<at::Tensor> mine;
+  std::vector<std::string> names;
+  for (auto &[name, t] : local_->namedParameters()) {
+    if (isExpert(name)) {
+      mine.push_back(t.reshape({-1}));
+      names.push_back(name);
+      continue;
+    }
+    out.at(name).copy_(t);
+  }
+  const at::Tensor all = ep_.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
+  const LlamaConfig &c = local_->config();
+  const int64_t El = c.experts / ep_.size();
+  for (int j = 0; j < ep_.size(); ++j) {
+    int64_t at = 0;
+    for (const std::string &name : names) {
+      // "layers.<i>.mlp.experts.<x>.<w>": member j's expert x - first + j * El.
+      const size_t pos = name.find(".mlp.experts.") + 13, dot = name.find('.', pos);
+      const int64_t x = std::stoll(name.substr(pos, dot - pos)) - local_->firstExpert() + j * El;
+      const std::string theirs = name.substr(0, pos) + std::to_string(x) + name.substr(dot);
+      at::Tensor d = out.at(theirs);
+      d.copy_(all[j].narrow(0, at, d.numel()).view(d.sizes()));
+      at += d.numel();
+    }
+  }
+}
+
+uint64_t ExpertParallelModel::loadHf(const std::string &dir) {
+  return loadHfShards(dir, local_->config(), namedWeights(), namedBoxes());
+}
+
+void ExpertParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  // The dense weights (and a head) averaged over every rank; the experts'
+  // sums over their group's losses summed over the ranks holding the same
+  // experts, then divided by e * d (allReduceGradients averages over d).
+  std::vector<at::Tensor> dense = local_->denseParameters(), experts = local_->expertParameters();
+  dense.insert(dense.end(), extra.begin(), extra.end());
+  allReduceGradients(dense, group_);
+  allReduceGradients(experts, expertDp_);
+  c10::NoGradGuard noGrad;
+  for (at::Tensor &t : experts)
+    if (t.grad().defined())
+      t.mutable_grad().div_(double(ep_.size()));
+}
+
+double ExpertParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
+  // Dense and head gradients are equal on every rank; the experts' are
+  // this member's, summed over its group.
+  auto sq = [](const std::vector<at::Tensor> &ts) {
+    double s = 0;
+    for (const at::Tensor &t : ts)
+      if (t.grad().defined())
+        s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
+    return s;
+  };
+  at::Tensor mine = at::full({1}, sq(local_->expertParameters()),
+                             at::TensorOptions().dtype(at::kDouble).device(engineDevice()));
+  {
+    CommScope scope;
+    ep_.allReduceSum(mine);
+  }
+  return sq(local_->denseParameters()) + sq(extra) + mine.item<double>();
+}
+
+std::vector<double> ExpertParallelModel::runPasses(const std::vector<MicroBatch> &micros,
+                                                   const PassHead &head, bool train) {
+  return whole_->runPasses(micros, head, train);
+}
+
+std::optional<double> ExpertParallelModel::lastAuxLoss() const { return whole_->lastAuxLoss(); }
+
+} // namespace hflow::models

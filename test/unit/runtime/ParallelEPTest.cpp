@@ -1,0 +1,157 @@
+//===- ParallelEPTest.cpp - expert parallelism against the whole model -----===//
+#include "test/unit/runtime/ParallelFixtures.h"
+
+#include "runtime/models/Moe.h"
+
+#include <gtest/gtest.h>
+
+using namespace partest;
+
+namespace partest {
+namespace {
+
+/// A tiny Qwen3-MoE (8 experts, 2 per token, normalised) or Mixtral (its
+/// softmax over the chosen experts: normTopk always), 2 layers.
+LlamaConfig moe(bool mixtral) {
+  LlamaConfig c;
+  c.name = mixtral ? "mixtral" : "qwen3moe";
+  c.arch = mixtral ? "mixtral" : "qwen3_moe";
+  c.layers = 2, c.hidden = 16, c.heads = 4, c.kvHeads = 2, c.ffn = 24, c.vocab = 40;
+  c.qkNorm = !mixtral;
+  c.experts = 8, c.expertsPerToken = 2, c.expertFfn = 12;
+  c.normTopk = true;
+  return c;
+}
+
+/// ep(e) * dp(n / e) on a world of n: expert groups of e consecutive
+/// members, the members of one ep index the experts' data-parallel group.
+/// Each member takes its rows of the batch (B = 2 n); through the CausalLM
+/// interface against the whole model on the whole batch: logits,
+/// log-probabilities, the loss, the dense and held experts' gradients after
+/// reduceGradients, their norm, one AdamW step and the gathered weights.
+void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
+  const int r = world.rank(), n = world.size(), d = n / e;
+  SCOPED_TRACE(c.name + " ep" + std::to_string(e) + "*dp" + std::to_string(d));
+  const std::string key = "ep." + c.name + ".";
+  const std::string grid = key + std::to_string(e) + "x" + std::to_string(d);
+  std::vector<int> epRanks, dpRanks;
+  for (int k = 0; k < e; ++k)
+    epRanks.push_back(r / e * e + k);
+  for (int k = 0; k < d; ++k)
+    dpRanks.push_back(k * e + r % e);
+  auto ep = world.makeSubgroup(grid + ".ep" + std::to_string(r / e), epRanks);
+  auto edp = world.makeSubgroup(grid + ".edp" + std::to_string(r % e), dpRanks);
+  Batch all = makeBatch(c.vocab, 2 * n);
+  Reference ref = reference(c, all);
+  Batch b = all.rows(2 * r, 2);
+
+  Llama whole(c, kSeed);
+  ExpertParallelModel lm(whole, kSeed, *ep, *edp, world);
+  EXPECT_EQ(lm.form(), e == n ? "ep(" + std::to_string(e) + ")"
+                              : "ep(" + std::to_string(e) + ") * dp(" + std::to_string(d) + ")");
+  // It holds the dense weights and its run of E/e experts, named as the
+  // whole model's.
+  const int64_t El = c.experts / e;
+  int held = 0;
+  for (const auto &[name, t] : lm.namedWeights())
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
+      EXPECT_EQ(x / El, r % e) << name;
+      ++held;
+    }
+  EXPECT_EQ(held, c.layers * El * 3);
+  lm.setTrainable(true);
+  at::Tensor logits = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask));
+  expectClose(errs, key + "logits", "logits", logits, ref.logits.narrow(0, 2 * r, 2));
+  at::Tensor l = logits.narrow(1, 0, b.T - 1);
+  at::Tensor lp = lm.tokenLogprobs(l, b.targets(), kTemp);
+  expectClose(errs, key + "logprobs", "log-probabilities", lp, ref.lp.narrow(0, 2 * r, 2));
+  at::Tensor loss = lossOf(lp, lm.tokenEntropy(l, kTemp), b.targetMask());
+  loss.backward();
+  lm.reduceGradients({});
+  // The held weights' gradients against the whole model's of those names.
+  NamedTensors want;
+  std::map<std::string, at::Tensor> refGrads(ref.grads.begin(), ref.grads.end());
+  NamedTensors got;
+  // A named weight is a view of a leaf (a norm's row, an expert of the
+  // stack): its gradient is the same elements of the leaf's.
+  const std::vector<at::Tensor> leaves = lm.parameters();
+  auto gradOf = [&](const at::Tensor &t) {
+    for (const at::Tensor &p : leaves) {
+      const int64_t at = (static_cast<const char *>(t.data_ptr()) -
+                          static_cast<const char *>(p.data_ptr())) /
+                         int64_t(t.element_size());
+      if (at >= 0 && at + t.numel() <= p.numel())
+        return p.grad().defined() ? p.grad().reshape({-1}).narrow(0, at, t.numel()).view(t.sizes())
+                                  : at::zeros_like(t);
+    }
+    ADD_FAILURE() << "no leaf holds a named weight";
+    return at::Tensor();
+  };
+  for (const auto &[name, t] : lm.namedWeights()) {
+    got.push_back({name, gradOf(t)});
+    want.push_back({name, refGrads.at(name)});
+  }
+  expectGrads(errs, key + "grads", got, want);
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", lm.gradNormSquared({}),
+                    ref.gradNormSq);
+  expectSameAdamWStep(errs, key + "adamw", c, lm.parameters(), lm.gradNormSquared({}), ref,
+                      [&](Llama &dst) { lm.gatherInto(dst); });
+}
+
+} // namespace
+} // namespace partest
+
+// The dispatched mixture against moeMlp on the same tokens: every member
+// routes its own rows; the outputs and the input gradient agree.
+TEST(ParallelEP, DispatchMatchesTheWholeMixture) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool replay : {false, true}) {
+    LlamaConfig c = moe(false);
+    Llama whole(c, kSeed), local(c, kSeed);
+    local.keepExperts(*g.world);
+    EXPECT_EQ(local.firstExpert(), 2 * g.world->rank());
+    // Member r's tokens: r + 1 rows of 3 (uneven counts per member).
+    at::Tensor tokens =
+        at::randint(c.vocab, {g.world->rank() + 1, 3}, at::TensorOptions().dtype(at::kLong));
+    MoeTrace want, got;
+    want.record = got.record = true;
+    if (replay) { // the last layer's first expert forced to 7, then -1: the router's
+      at::Tensor rp = at::full({tokens.size(0), 3, c.layers, 2}, -1, at::kLong);
+      rp.select(2, 1).select(2, 0).fill_(7);
+      rp.select(2, 1).select(2, 1).fill_(g.world->rank());
+      want.replay = got.replay = rp;
+    }
+    whole.setTrainable(true);
+    local.setTrainable(true);
+    at::Tensor pos = at::arange(3).expand({tokens.size(0), 3}).contiguous();
+    at::Tensor hw = whole.hidden(tokens, pos, at::Tensor(), nullptr, &want);
+    at::Tensor hl = local.hidden(tokens, pos, at::Tensor(), nullptr, &got);
+    expectClose(errs, "dispatch.hidden", "hidden states", hl, hw);
+    for (size_t i = 0; i < want.layers.size(); ++i)
+      EXPECT_TRUE(at::equal(got.layers[i].chosen, want.layers[i].chosen));
+    hw.pow(2).sum().backward();
+    hl.pow(2).sum().backward();
+    expectClose(errs, "dispatch.embed.grad", "embedding gradient",
+                local.namedParameters().front().second.grad(),
+                whole.namedParameters().front().second.grad());
+  }
+}
+
+TEST(ParallelEP, TwoRanks) {
+  RUN_AS_RANKS(2);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool mixtral : {false, true})
+    checkEP(errs, *g.world, moe(mixtral), 2);
+}
+
+TEST(ParallelEP, FourRanks) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  checkEP(errs, *g.world, moe(false), 4); // ep(4)
+  checkEP(errs, *g.world, moe(true), 2);  // ep(2) * dp(2)
+}
