@@ -124,6 +124,11 @@ double allGatherSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
   return k / double(n) * bytes / bw(inter, mesh, cal) + k * alpha(inter, cal);
 }
 
+double allToAllSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
+                       const Calibration &cal) {
+  return allGatherSeconds(bytes, n, inter, mesh, cal); // (n-1)/n of it leaves, n-1 peers
+}
+
 double reduceScatterSeconds(double bytes, int64_t n, bool inter,
                             const Mesh &mesh, const Calibration &cal) {
   return allGatherSeconds(bytes, n, inter, mesh, cal);
@@ -172,7 +177,8 @@ struct PassTimes {
 PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
                     const Device &dev, const Mesh &mesh, const Workload &w,
                     const Calibration &cal, double q, double flopsPerParamToken,
-                    double efficiency, double allReduces, double transfers) {
+                    double efficiency, double allReduces, double transfers,
+                    double exchanges) {
   PassTimes out;
   const Dims d = dimsOf(role, w);
   const double t = double(l.tp), p = double(l.pp);
@@ -191,6 +197,12 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
     out.tauComm +=
         transfers *
         p2pSeconds(act, spansNodes(setDevices, setDevices, mesh), mesh, cal);
+  if (l.ep > 1 && role.model.moe()) // each token's k copies to their experts and back
+    out.tauComm += exchanges * (d.L / p) *
+                   allToAllSeconds(act * double(role.model.expertsPerToken), l.ep,
+                                   spansNodes(l.tp * l.sp * l.cp * l.fsdp * l.ep, setDevices,
+                                              mesh),
+                                   mesh, cal);
   out.slots = M + p - 1; // pipeline: (M + p - 1) micro-batch slots
   return out;
 }
@@ -209,13 +221,22 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
                 cal.trainFlopsPerParamToken, cal.trainEfficiency,
-                /*allReduces=*/4, /*transfers=*/2);
+                /*allReduces=*/4, /*transfers=*/2, /*exchanges=*/4);
   const Dims d = dimsOf(role, w);
   double grad = 0;
-  if (l.dp > 1)
-    grad =
-        allReduceSeconds(d.P * d.w / (double(l.tp) * double(l.pp)), l.dp,
-                         spansNodes(l.tp * l.dp, setDevices, mesh), mesh, cal);
+  const double shard = d.P * d.w / (double(l.tp) * double(l.pp));
+  const bool inter = spansNodes(l.tp * l.dp, setDevices, mesh);
+  if (l.ep > 1) {
+    // Dense weights over every data-parallel rank, experts (1/ep of them
+    // here) over the dp / ep ranks holding the same ones.
+    const ModelShape &ms = role.model;
+    const double experts = double(ms.layers) * double(ms.experts) * 3.0 * double(ms.hidden) *
+                           double(ms.expertFfn) * d.w / (double(l.tp) * double(l.pp));
+    grad = allReduceSeconds(shard - experts, l.dp, inter, mesh, cal) +
+           allReduceSeconds(experts / double(l.ep), l.dp / l.ep, inter, mesh, cal);
+  } else if (l.dp > 1) {
+    grad = allReduceSeconds(shard, l.dp, inter, mesh, cal);
+  }
   const double reps = cal.epochs * steps;
   out.compute = reps * pass.slots * pass.tauCompute;
   out.comm = reps * (pass.slots * pass.tauComm + grad);
@@ -231,7 +252,7 @@ TimeBreakdown forwardSeconds(const RoleSpec &role, const Layout &l,
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
                 cal.forwardFlopsPerParamToken, cal.forwardEfficiency,
-                /*allReduces=*/2, /*transfers=*/1);
+                /*allReduces=*/2, /*transfers=*/1, /*exchanges=*/2);
   out.compute = pass.slots * pass.tauCompute;
   out.comm = pass.slots * pass.tauComm;
   return out;

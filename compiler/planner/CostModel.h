@@ -175,6 +175,11 @@ double allGatherSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
                         const Calibration &cal);
 double reduceScatterSeconds(double bytes, int64_t n, bool inter,
                             const Mesh &mesh, const Calibration &cal);
+/// An all-to-all of `bytes` per rank over `n` ranks (pairwise: (n-1)/n of
+/// it leaves each rank, one message per peer): expert parallelism's token
+/// dispatch and combine.
+double allToAllSeconds(double bytes, int64_t n, bool inter, const Mesh &mesh,
+                       const Calibration &cal);
 double p2pSeconds(double bytes, bool inter, const Mesh &mesh,
                   const Calibration &cal);
 

@@ -602,6 +602,7 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
   auto degrees = [](const Layout &l) {
     ::hflow::executes::Degrees d;
     d.dp = l.dp, d.fsdp = l.fsdp, d.tp = l.tp, d.pp = l.pp, d.sp = l.sp, d.cp = l.cp;
+    d.ep = l.ep;
     return d;
   };
   using ::hflow::methods::Role;
@@ -647,18 +648,27 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
                                  const Mesh &mesh, const Workload &w,
                                  const SearchOptions &opts) {
   std::vector<Layout> out;
-  for (const Layout &l : tpPpLayouts(role, devices, mesh, opts)) {
+  const ModelShape &m = role.model;
+  for (const Layout &base : tpPpLayouts(role, devices, mesh, opts)) {
     // The batch check's rules (hflow-check-batch): the batch's sequences
     // and an optimizer step's (minibatch x n) split over the replicas.
     const int64_t mb = w.miniBatch > 0 ? w.miniBatch : w.batch;
-    if (w.sequences() % l.dp != 0 || (mb * w.n) % l.dp != 0)
+    if (w.sequences() % base.dp != 0 || (mb * w.n) % base.dp != 0)
       continue;
-    // Pipeline stages are executed for some roles and combinations only
-    // (a RewardModel not at all yet: tp(1) * dp(N) keeps its search
-    // space, refused by the program's own check).
-    if (opts.executable && l.pp > 1 && !executesLayouts(role, l, nullptr))
-      continue;
-    out.push_back(l);
+    // A mixture's experts split over runs of ep data-parallel ranks (ep
+    // dividing the experts), or not at all.
+    for (int64_t ep : divisorsUpTo(base.dp, m.moe() ? m.experts : 1)) {
+      if (m.moe() && m.experts % ep != 0)
+        continue;
+      Layout l = base;
+      l.ep = ep;
+      // Pipeline stages and a mixture's forms are executed for some roles
+      // and combinations only (a RewardModel not at all yet: tp(1) * dp(N)
+      // keeps its search space, refused by the program's own check).
+      if (opts.executable && (l.pp > 1 || m.moe()) && !executesLayouts(role, l, nullptr))
+        continue;
+      out.push_back(l);
+    }
   }
   return out;
 }
@@ -675,7 +685,8 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
     // The batch check: the prompts split over the generation replicas.
     if (w.batch % l.dp != 0)
       continue;
-    if (opts.executable && train.pp > 1 && !executesLayouts(role, train, &l))
+    if (opts.executable && (train.pp > 1 || role.model.moe()) &&
+        !executesLayouts(role, train, &l))
       continue;
     out.push_back(l);
   }

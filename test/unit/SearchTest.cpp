@@ -566,6 +566,53 @@ TEST(Search, Enumeration) {
     EXPECT_EQ(4 % t.dp, 0) << "training dp " << t.dp;
 }
 
+// A mixture of experts: the search for executed layouts enumerates its
+// forms only (whole weights and ep(e) * dp(d), e dividing the experts and
+// dp; the unrestricted search also has ep on its other layouts), the
+// memory model keeps 1/e of the experts a rank, and a training pass pays
+// the all-to-alls (4 per layer and micro-batch, of each token's k copies)
+// that whole weights do not.
+TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
+  ModelShape m = small();
+  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 256;
+  RoleSpec a = role("a", RoleKind::Actor, m);
+  Workload w;
+  w.batch = 8;
+  w.promptLen = 64;
+  w.responseLen = 64;
+  SearchOptions o;
+  o.executable = true;
+  std::vector<std::pair<int64_t, int64_t>> got; // (dp, ep)
+  for (const Layout &l : trainLayouts(a, 8, mesh(1), w, o)) {
+    EXPECT_EQ(l.tp * l.pp, 1) << "a mixture trains on dp or ep * dp only";
+    got.push_back({l.dp, l.ep});
+  }
+  EXPECT_EQ(got, (std::vector<std::pair<int64_t, int64_t>>{{8, 1}, {8, 2}, {8, 4}}));
+  for (const Layout &g : genLayouts(a, trainLayouts(a, 8, mesh(1), w, o).back(), 8, mesh(1), w, o))
+    EXPECT_EQ(g.tp * g.pp * g.ep, 1) << "a mixture generates on whole weights";
+  Layout whole = L(1, 1, 8), ep4 = L(1, 1, 8);
+  ep4.ep = 4;
+  const double experts = 4.0 * 4 * 3 * 512 * 256; // layers x experts x 3 h f
+  EXPECT_DOUBLE_EQ(double(::hflow::shape::heldParamCount(m, 4)),
+                   double(paramCount(m)) - experts * 3 / 4);
+  Device d = Device::a100_80g();
+  Calibration c;
+  const TimeBreakdown tw = trainSeconds(a, whole, 8, d, mesh(1), w, c);
+  const TimeBreakdown te = trainSeconds(a, ep4, 8, d, mesh(1), w, c);
+  EXPECT_DOUBLE_EQ(te.compute, tw.compute);
+  // Per micro-batch slot (one sequence of 128 tokens): 4 exchanges x 4
+  // layers of 128 x 2 x 512 x 2 bytes over 4 ranks; the gradients: dense
+  // over 8 ranks, a quarter of the experts over 2.
+  const double act = 128.0 * 512 * 2 * 2;
+  const double a2a = 3.0 / 4 * act / 600e9 + 3 * 5e-6;
+  const double P = double(paramCount(m)) * 2, E = experts * 2;
+  const double gradEp = (2 * 7.0 / 8 * (P - E) / 600e9 + 14 * 5e-6) +
+                        (2 * 1.0 / 2 * (E / 4) / 600e9 + 2 * 5e-6);
+  const double gradWhole = 2 * 7.0 / 8 * P / 600e9 + 14 * 5e-6;
+  const double slots = 1; // 8 sequences over 8 replicas, one step
+  EXPECT_NEAR(te.comm - tw.comm, slots * 16 * a2a + gradEp - gradWhole, 1e-12);
+}
+
 // place auto proposes only what the program's own batch check accepts: 96
 // devices and a batch of 1024 once gave a generation dp of 20 (the issue's
 // 13B PPO on 96 A100s); every candidate's dp must now divide the prompts,
