@@ -225,8 +225,12 @@ struct Ctx {
 
   double transition(int r, const Layout &train, const Layout &gen, int64_t n) {
     TransitionInstance in = transitionInstance(train, gen, n, mesh);
-    std::vector<int64_t> key = {r,          in.train.tp, in.train.pp, in.train.dp,
-                                in.gen.tp,  in.gen.pp,   in.gen.dp,   in.ranksPerNode};
+    // Every degree of both layouts: ep(2) * dp(8) -> dp(8) moves experts,
+    // dp(8) -> dp(8) nothing.
+    std::vector<int64_t> key = {r,           in.train.tp,   in.train.pp, in.train.dp,
+                                in.train.ep, in.train.fsdp, in.train.sp, in.train.cp,
+                                in.gen.tp,   in.gen.pp,     in.gen.dp,   in.gen.ep,
+                                in.gen.fsdp, in.gen.sp,     in.gen.cp,   in.ranksPerNode};
     return memoised(transMemo, key, [&] {
       ++stats.transitions;
       return transitionSecondsOn(roles[size_t(r)], in, mesh, cal);

@@ -375,9 +375,13 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     const std::string rn = str(role(r).name());
     rr.groups.ep = comms_.world->makeSubgroup("ep-" + rn + "-" + std::to_string(run), epRanks);
     rr.groups.edp = comms_.world->makeSubgroup("edp-" + rn + "-" + std::to_string(idx), dpRanks);
-    rr.lm = std::make_unique<models::ExpertParallelModel>(
-        *rr.model, models::modelSeed(p_.seed(), role(r).model()), *rr.groups.ep,
-        *rr.groups.edp, *rr.comm);
+    try {
+      rr.lm = std::make_unique<models::ExpertParallelModel>(
+          *rr.model, models::modelSeed(p_.seed(), role(r).model()), *rr.groups.ep,
+          *rr.groups.edp, *rr.comm);
+    } catch (const std::invalid_argument &e) {
+      throw RunError("role " + rn + ": " + e.what());
+    }
   }
   if (rr.lm && rr.lm->sharded())
     rr.holding = Holding::ShardsAndCopy; // until buildGenerationForm drops the copy

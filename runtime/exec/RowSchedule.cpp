@@ -41,7 +41,7 @@ RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered
     for (int r = 0; r < (int)p_.roles()->size(); ++r) {
       const Role &ro = role(r);
       const Layout &tl = *ro.train();
-      const bool whole = tl.tp() * tl.fsdp() * tl.pp() * tl.sp() * tl.cp() == 1;
+      const bool whole = tl.tp() * tl.fsdp() * tl.pp() * tl.sp() * tl.cp() * tl.ep() == 1;
       const bool apart = ro.generate_ranks() && ro.generate_ranks()->size() > 0;
       bool planned = false;
       if (p_.reshards())

@@ -117,7 +117,11 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
   at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
   // Every member's count per expert: [e, E] (one all-gather).
   at::Tensor counts = at::bincount(flat, /*weights=*/{}, E);
-  at::Tensor all = ep.allGatherFlat(counts.contiguous()).to(at::kCPU).contiguous();
+  at::Tensor all;
+  {
+    CommScope scope;
+    all = ep.allGatherFlat(counts.contiguous()).to(at::kCPU).contiguous();
+  }
   const int64_t *n = all.data_ptr<int64_t>(); // n[j * E + x]
   std::vector<int64_t> send(e, 0), recv(e, 0), local(El, 0);
   for (int j = 0; j < e; ++j)
@@ -239,7 +243,11 @@ void ExpertParallelModel::gatherInto(Llama &dst) const {
     }
     out.at(name).copy_(t);
   }
-  const at::Tensor all = ep_.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
+  at::Tensor all;
+  {
+    CommScope scope;
+    all = ep_.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
+  }
   const LlamaConfig &c = local_->config();
   const int64_t El = c.experts / ep_.size();
   for (int j = 0; j < ep_.size(); ++j) {

@@ -223,7 +223,8 @@ public:
                       const SamplingOptions &opts, at::Generator &gen) const override;
   /// Every forward exchanges tokens over the expert group.
   comm::Communicator *lockstepGroup() const override { return &ep_; }
-  comm::Communicator &group() const override { return group_; }
+  /// The expert group: where gatherInto gathers the whole weights.
+  comm::Communicator &group() const override { return ep_; }
   std::vector<at::Tensor> parameters() const override;
   std::vector<std::pair<std::string, at::Tensor>> namedWeights() const override;
   std::vector<std::pair<std::string, Box>> namedBoxes() const override;

@@ -26,6 +26,9 @@ std::string unbuiltDegree(const Degrees &l, const Dims &d, bool generates) {
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
            "model is dense";
+  if (l.ep > 1 && d.experts % l.ep != 0)
+    return "expert parallelism (ep(" + s(l.ep) + ")) splits the experts evenly: it must "
+           "divide the model's " + s(d.experts) + " experts";
   if (l.ep > 1 && generates)
     return "a mixture of experts generates on whole weights, dp(N), in hflow-run yet: "
            "expert-parallel generation is not built (train on ep(e) * dp(d), generate on "

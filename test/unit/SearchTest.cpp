@@ -613,6 +613,41 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
   EXPECT_NEAR(te.comm - tw.comm, slots * 16 * a2a + gradEp - gradWhole, 1e-12);
 }
 
+// The search memoises weight-transition times by the layouts' degrees:
+// ep is one of them (ep(2) * dp(8) -> dp(8) moves experts, dp(8) -> dp(8)
+// nothing), so every candidate's transition is its layouts' own.
+TEST(Search, MixtureTransitionsAreTheirLayouts) {
+  ModelShape m = small();
+  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 256;
+  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, m),
+                                 role("ref", RoleKind::Reference, m)};
+  Workload w;
+  w.batch = 16;
+  w.n = 2;
+  w.promptLen = 64;
+  w.responseLen = 64;
+  SearchOptions o;
+  o.executable = true;
+  o.k = 20;
+  Calibration cal;
+  const Mesh me = mesh(1);
+  SearchResult r = searchPlacement(roles, Device::a100_80g(), me, w, cal, o);
+  ASSERT_FALSE(r.candidates.empty());
+  int withEp = 0;
+  for (const Candidate &c : r.candidates) {
+    const RolePlan &a = c.roles[0];
+    const int64_t n = a.train.size();
+    EXPECT_DOUBLE_EQ(a.transition,
+                     transitionSecondsOn(roles[0], transitionInstance(a.train, a.gen, n, me), me, cal))
+        << a.train.str() << " -> " << a.gen.str();
+    if (a.train.ep > 1) {
+      ++withEp;
+      EXPECT_GT(a.transition, 0) << a.train.str() << " -> " << a.gen.str();
+    }
+  }
+  EXPECT_GT(withEp, 0);
+}
+
 // place auto proposes only what the program's own batch check accepts: 96
 // devices and a batch of 1024 once gave a generation dp of 20 (the issue's
 // 13B PPO on 96 A100s); every candidate's dp must now divide the prompts,
