@@ -26,7 +26,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -94,8 +93,6 @@ at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
                      const std::vector<int64_t> &recv, comm::Communicator &c) {
   return AllToAllVFn::apply(x, send, recv, &c);
 }
-
-bool isExpert(const std::string &name) { return name.find(".mlp.experts.") != std::string::npos; }
 
 } // namespace
 
@@ -200,64 +197,56 @@ Generation ExpertParallelModel::generate(const at::Tensor &, const at::Tensor &,
 std::vector<at::Tensor> ExpertParallelModel::parameters() const { return local_->parameters(); }
 
 std::vector<std::pair<std::string, at::Tensor>> ExpertParallelModel::namedWeights() const {
-  return local_->namedParameters();
+  return whole_->namedWeights(); // this rank's Llama: the held experts, whole
 }
 
 std::vector<std::pair<std::string, Box>> ExpertParallelModel::namedBoxes() const {
-  std::vector<std::pair<std::string, Box>> out;
-  for (const auto &[name, t] : local_->namedParameters())
-    out.push_back({name, Box{0, t.size(0), 0, t.size(1)}});
-  return out;
+  return whole_->namedBoxes();
 }
 
 void ExpertParallelModel::setTrainable(bool trainable) { local_->setTrainable(trainable); }
 
+// Both Llamas list their dense weights in one order and their experts as one
+// stack per layer and weight in one order (Llama::denseParameters,
+// expertParameters): this rank's run of a stack is rows [first, first + E/e).
+
 void ExpertParallelModel::loadFrom(const Llama &whole) {
   c10::NoGradGuard noGrad;
-  std::map<std::string, at::Tensor> src;
-  for (auto &[name, t] : whole.namedParameters())
-    src.emplace(name, t);
-  for (auto &[name, t] : local_->namedParameters()) {
-    auto it = src.find(name);
-    if (it == src.end() || !it->second.sizes().equals(t.sizes()))
-      throw std::invalid_argument("ExpertParallelModel::loadFrom: " + name +
-                                  " is not in the whole model, or not of its shape");
-    t.copy_(it->second);
-  }
+  const std::vector<at::Tensor> dense = local_->denseParameters(), src = whole.denseParameters();
+  const std::vector<at::Tensor> experts = local_->expertParameters(),
+                                stacks = whole.expertParameters();
+  if (dense.size() != src.size() || experts.size() != stacks.size())
+    throw std::invalid_argument("ExpertParallelModel::loadFrom: models differ in structure");
+  for (size_t i = 0; i < dense.size(); ++i)
+    at::Tensor(dense[i]).copy_(src[i]);
+  for (size_t i = 0; i < experts.size(); ++i)
+    at::Tensor(experts[i]).copy_(stacks[i].narrow(0, local_->firstExpert(), experts[i].size(0)));
 }
 
 void ExpertParallelModel::gatherInto(Llama &dst) const {
   c10::NoGradGuard noGrad;
-  std::map<std::string, at::Tensor> out;
-  for (auto &[name, t] : dst.namedParameters())
-    out.emplace(name, t);
-  // The dense weights from here; every member's experts in one all-gather
-  // (all members hold as many, of equal shapes, in the same order).
+  const std::vector<at::Tensor> dense = local_->denseParameters(), out = dst.denseParameters();
+  const std::vector<at::Tensor> experts = local_->expertParameters(),
+                                stacks = dst.expertParameters();
+  if (dense.size() != out.size() || experts.size() != stacks.size())
+    throw std::invalid_argument("ExpertParallelModel::gatherInto: models differ in structure");
+  for (size_t i = 0; i < dense.size(); ++i)
+    at::Tensor(out[i]).copy_(dense[i]);
+  // Every member's runs in one all-gather (all hold stacks of one shape);
+  // member j's run is rows [j E/e, (j + 1) E/e) of each stack.
   std::vector<at::Tensor> mine;
-  std::vector<std::string> names;
-  for (auto &[name, t] : local_->namedParameters()) {
-    if (isExpert(name)) {
-      mine.push_back(t.reshape({-1}));
-      names.push_back(name);
-      continue;
-    }
-    out.at(name).copy_(t);
-  }
+  for (const at::Tensor &t : experts)
+    mine.push_back(t.reshape({-1}));
   at::Tensor all;
   {
     CommScope scope;
     all = ep_.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
   }
-  const LlamaConfig &c = local_->config();
-  const int64_t El = c.experts / ep_.size();
   for (int j = 0; j < ep_.size(); ++j) {
     int64_t at = 0;
-    for (const std::string &name : names) {
-      // "layers.<i>.mlp.experts.<x>.<w>": member j's expert x - first + j * El.
-      const size_t pos = name.find(".mlp.experts.") + 13, dot = name.find('.', pos);
-      const int64_t x = std::stoll(name.substr(pos, dot - pos)) - local_->firstExpert() + j * El;
-      const std::string theirs = name.substr(0, pos) + std::to_string(x) + name.substr(dot);
-      at::Tensor d = out.at(theirs);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int64_t run = experts[i].size(0);
+      at::Tensor d = stacks[i].narrow(0, j * run, run);
       d.copy_(all[j].narrow(0, at, d.numel()).view(d.sizes()));
       at += d.numel();
     }

@@ -34,6 +34,13 @@ ModelShape small() {
   return m;
 }
 
+// The small model with a mixture of 4 experts (top 2, width 256) per layer.
+ModelShape smallMixture() {
+  ModelShape m = small();
+  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 256;
+  return m;
+}
+
 Layout L(int64_t tp, int64_t pp, int64_t dp) {
   Layout l;
   l.tp = tp;
@@ -573,8 +580,7 @@ TEST(Search, Enumeration) {
 // the all-to-alls (4 per layer and micro-batch, of each token's k copies)
 // that whole weights do not.
 TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
-  ModelShape m = small();
-  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 256;
+  const ModelShape m = smallMixture();
   RoleSpec a = role("a", RoleKind::Actor, m);
   Workload w;
   w.batch = 8;
@@ -617,8 +623,7 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
 // ep is one of them (ep(2) * dp(8) -> dp(8) moves experts, dp(8) -> dp(8)
 // nothing), so every candidate's transition is its layouts' own.
 TEST(Search, MixtureTransitionsAreTheirLayouts) {
-  ModelShape m = small();
-  m.experts = 4, m.expertsPerToken = 2, m.expertFfn = 256;
+  const ModelShape m = smallMixture();
   std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, m),
                                  role("ref", RoleKind::Reference, m)};
   Workload w;
