@@ -170,7 +170,12 @@ double ceilDiv(double a, double b) { return std::ceil(a / b); }
 /// micro-batch slots, and in each slot one micro-batch through one stage,
 /// its compute and its communication (`allReduces` tensor-parallel
 /// all-reduces per layer, `transfers` pipeline transfers of the
-/// activations). What training and forward passes time alike.
+/// activations, `exchanges` expert all-to-alls per layer, `splits` times
+/// per layer the keys and values move over a sequence split: context
+/// parallelism's all-gathers (and, training, their reduce-scatters),
+/// Ulysses' all-to-alls of q, k, v and the output). What training and
+/// forward passes time alike. Under sp or cp a rank computes and sends
+/// 1/(sp cp) of the micro-batch's positions.
 struct PassTimes {
   double slots, tauCompute, tauComm;
 };
@@ -178,18 +183,29 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
                     const Device &dev, const Mesh &mesh, const Workload &w,
                     const Calibration &cal, double q, double flopsPerParamToken,
                     double efficiency, double allReduces, double transfers,
-                    double exchanges) {
+                    double exchanges, double splits) {
   PassTimes out;
   const Dims d = dimsOf(role, w);
   const double t = double(l.tp), p = double(l.pp);
+  const double split = double(std::max<int64_t>(1, l.sp) * std::max<int64_t>(1, l.cp));
   const double m = double(std::max<int64_t>(w.microBatch, 1));
   const double M = ceilDiv(q, m);
   const double mbTokens = m * d.seq;
   const double peak = peakFlops(dev, role.dtypeBytes);
   out.tauCompute =
-      flopsPerParamToken * d.A * mbTokens / (t * p * peak * efficiency);
-  const double act = mbTokens * d.h * d.w;
+      flopsPerParamToken * d.A * mbTokens / (t * p * split * peak * efficiency);
+  const double act = mbTokens * d.h * d.w / split; // this rank's positions
   out.tauComm = 0;
+  // A layer's keys and values per rank (its kv heads under tp).
+  const double kv = 2 * (mbTokens / split) * std::max(1.0, double(role.model.kvHeads) / t) *
+                    double(role.model.headDim()) * d.w;
+  const bool splitInter = spansNodes(l.tp * l.sp * l.cp, setDevices, mesh);
+  if (l.cp > 1) // each rank receives the others' keys and values: an all-gather
+    out.tauComm +=
+        splits * (d.L / p) * allGatherSeconds(kv * double(l.cp), l.cp, splitInter, mesh, cal);
+  if (l.sp > 1) // q and the output (a layer's width), k and v: all-to-alls
+    out.tauComm += splits * (d.L / p) *
+                   allToAllSeconds(act * 2 / t + kv, l.sp, splitInter, mesh, cal);
   if (l.tp > 1)
     out.tauComm +=
         allReduces * (d.L / p) * allReduceSeconds(act, l.tp, false, mesh, cal);
@@ -221,11 +237,14 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
                 cal.trainFlopsPerParamToken, cal.trainEfficiency,
-                /*allReduces=*/4, /*transfers=*/2, /*exchanges=*/4);
+                /*allReduces=*/4, /*transfers=*/2, /*exchanges=*/4, /*splits=*/2);
   const Dims d = dimsOf(role, w);
   double grad = 0;
   const double shard = d.P * d.w / (double(l.tp) * double(l.pp));
-  const bool inter = spansNodes(l.tp * l.dp, setDevices, mesh);
+  // The ranks of a sequence split hold replicas too: the all-reduce spans
+  // dp x sp x cp of them.
+  const int64_t replicas = l.dp * std::max<int64_t>(1, l.sp) * std::max<int64_t>(1, l.cp);
+  const bool inter = spansNodes(l.tp * replicas, setDevices, mesh);
   if (l.ep > 1) {
     // Dense weights over every data-parallel rank, experts (1/ep of them
     // here) over the dp / ep ranks holding the same ones.
@@ -234,8 +253,8 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
                            double(ms.expertFfn) * d.w / (double(l.tp) * double(l.pp));
     grad = allReduceSeconds(shard - experts, l.dp, inter, mesh, cal) +
            allReduceSeconds(experts / double(l.ep), l.dp / l.ep, inter, mesh, cal);
-  } else if (l.dp > 1) {
-    grad = allReduceSeconds(shard, l.dp, inter, mesh, cal);
+  } else if (replicas > 1) {
+    grad = allReduceSeconds(shard, replicas, inter, mesh, cal);
   }
   const double reps = cal.epochs * steps;
   out.compute = reps * pass.slots * pass.tauCompute;
@@ -252,7 +271,7 @@ TimeBreakdown forwardSeconds(const RoleSpec &role, const Layout &l,
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
                 cal.forwardFlopsPerParamToken, cal.forwardEfficiency,
-                /*allReduces=*/2, /*transfers=*/1, /*exchanges=*/2);
+                /*allReduces=*/2, /*transfers=*/1, /*exchanges=*/2, /*splits=*/1);
   out.compute = pass.slots * pass.tauCompute;
   out.comm = pass.slots * pass.tauComm;
   return out;

@@ -43,9 +43,21 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
     return "rule, rows of replica " + std::to_string(pos) + " of " + std::to_string(size);
   case Form::Whole:
     return "whole weights, replica " + std::to_string(pos) + " of " + std::to_string(size);
-  case Form::TensorParallel:
+  case Form::TensorParallel: {
+    const int c = std::max(1, l.cp()); // cp x tp: tp fastest, then cp
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
-           ", replica " + std::to_string(pos / t) + " of " + std::to_string(std::max(1, size / t));
+           (c > 1 ? ", context part " + std::to_string(pos / t % c) + " of " + std::to_string(c)
+                  : std::string()) +
+           ", replica " + std::to_string(pos / (t * c)) + " of " +
+           std::to_string(std::max(1, size / (t * c)));
+  }
+  case Form::ContextParallel: {
+    const int c = std::max(1, l.cp());
+    return "whole weights, context part " + std::to_string(pos % c) + " of " +
+           std::to_string(c) + " (sequence chunks " + std::to_string(pos % c) + " and " +
+           std::to_string(2 * c - 1 - pos % c) + " of " + std::to_string(2 * c) +
+           "), replica " + std::to_string(pos / c) + " of " + std::to_string(std::max(1, size / c));
+  }
   case Form::Pipeline: { // tp fastest, then dp, then pp
     const int d = std::max(1, size / (std::max(1, l.pp()) * t));
     return "pipeline stage " + std::to_string(pos / (t * d)) + " of " +

@@ -165,7 +165,8 @@ void MetricsReport::printSummary(const at::Tensor &all) {
           if (rr.holdsShards())
             model += std::string(rr.optim ? ", trains " : ", holds ") + rr.lm->form() +
                      " shards";
-          else if (rr.lm && rr.lm->form().rfind("sp", 0) == 0)
+          else if (rr.lm && (rr.lm->form().rfind("sp", 0) == 0 ||
+                             rr.lm->form().rfind("cp", 0) == 0))
             model += std::string(rr.optim ? ", trains" : ", computes") + " on " +
                      rr.lm->form() + " sequence chunks";
           if (rr.gen)

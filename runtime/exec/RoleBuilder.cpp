@@ -166,7 +166,7 @@ void RoleBuilder::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms
   const bool wholeWeights = envInt("HFLOW_WHOLE_WEIGHTS", 0) != 0;
   const bool sameLayouts = degreesOf(gl) == degreesOf(tl);
   if (!wholeWeights && forms.train == executes::Form::TensorParallel &&
-      (int)rs.size() == tl.tp() * tl.dp()) {
+      (int)rs.size() == tl.tp() * std::max(1, tl.cp()) * tl.dp()) {
     rt.tpSize = tl.tp(); // the shards and their optimizer come after connect()
     if (actor && !apart && sameLayouts)
       rt.generatesOn = GeneratesOn::TrainingShards;
@@ -307,28 +307,38 @@ void RoleBuilder::connectGenerationRank(int r, RoleRt &rr) {
 void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
   if (rr.tpSize > 1) {
     // Tensor-parallel training: this rank keeps its shards only. With
-    // dp > 1 (or fsdp x tp) the TP group is the rank's replica (tp is the
-    // fastest coordinate: consecutive role ranks) and the DP (FSDP) group
-    // the ranks of the same TP index; members create them in role, then
-    // group order.
+    // dp > 1 (or fsdp x tp, or cp x tp) the TP group is the rank's
+    // consecutive tp ranks (tp is the fastest coordinate) and the DP (FSDP)
+    // group every rank of the same TP index; with cp x tp the cp group is
+    // those of its replica (cp the next coordinate). Members create them in
+    // role, then group order.
     Communicator *tpc = rr.comm;
     auto rs = ints(role(r).ranks());
-    const int tps = rr.tpSize, dps = (int)rs.size() / tps;
-    if (dps > 1) {
+    const int tps = rr.tpSize, cps = std::max(1, role(r).train()->cp());
+    const int dps = (int)rs.size() / (tps * cps);
+    const std::string rn = str(role(r).name());
+    if (dps * cps > 1) {
       const int base = rr.pos / tps * tps, t = rr.pos % tps;
       std::vector<int> tpRanks(rs.begin() + base, rs.begin() + base + tps), dpRanks;
-      for (int d = 0; d < dps; ++d)
+      for (int d = 0; d < dps * cps; ++d)
         dpRanks.push_back(rs[d * tps + t]);
-      const std::string rn = str(role(r).name());
       rr.groups.tp = comms_.world->makeSubgroup("tp-" + rn + "-" + std::to_string(base / tps), tpRanks);
       rr.groups.dp = comms_.world->makeSubgroup("dp-" + rn + "-" + std::to_string(t), dpRanks);
       tpc = rr.groups.tp.get();
     }
+    if (cps > 1) {
+      const int replica = rr.pos / (tps * cps), t = rr.pos % tps;
+      std::vector<int> cpRanks;
+      for (int k = 0; k < cps; ++k)
+        cpRanks.push_back(rs[(replica * cps + k) * tps + t]);
+      rr.groups.sp = comms_.world->makeSubgroup(
+          "cp-" + rn + "-" + std::to_string(replica) + "-" + std::to_string(t), cpRanks);
+    }
     if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.groups.dp, tpc);
     else
-      rr.lm = std::make_unique<models::TensorParallelModel>(*rr.model, *tpc,
-                                                            rr.groups.dp.get());
+      rr.lm = std::make_unique<models::TensorParallelModel>(
+          *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get());
   } else if (rr.fsdpSize > 1) {
     rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
   } else if (rr.ppSize > 1) {
@@ -387,18 +397,27 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     rr.holding = Holding::ShardsAndCopy; // until buildGenerationForm drops the copy
   if (rr.holdsShards() && trains(r))
     rr.lm->setTrainable(true); // a reference's shards stay frozen
-  if (!rr.lm && rr.model && formsOf(r).train == executes::Form::SequenceParallel &&
+  const executes::Form trainForm = formsOf(r).train;
+  if (!rr.lm && rr.model &&
+      (trainForm == executes::Form::SequenceParallel ||
+       trainForm == executes::Form::ContextParallel) &&
       envInt("HFLOW_WHOLE_WEIGHTS", 0) == 0) {
-    // Ulysses: whole weights, the replica's rows split by position over
-    // its sp ranks (consecutive: sp is the fastest coordinate here).
+    // Ulysses or context parallelism: whole weights, the replica's rows
+    // split by position over its sp (cp) ranks (consecutive: the fastest
+    // coordinate here).
+    const bool context = trainForm == executes::Form::ContextParallel;
     auto rs = ints(role(r).ranks());
-    const int sps = role(r).train()->sp(), base = rr.pos / sps * sps;
+    const int sps = context ? role(r).train()->cp() : role(r).train()->sp();
+    const int base = rr.pos / sps * sps;
     std::vector<int> members(rs.begin() + base, rs.begin() + base + sps);
-    rr.groups.sp = comms_.world->makeSubgroup(
-        "sp-" + str(role(r).name()) + "-" + std::to_string(base / sps), members);
+    rr.groups.sp = comms_.world->makeSubgroup(std::string(context ? "cp-" : "sp-") +
+                                                  str(role(r).name()) + "-" +
+                                                  std::to_string(base / sps),
+                                              members);
     try {
-      rr.lm = std::make_unique<models::SequenceParallelModel>(*rr.model, *rr.groups.sp,
-                                                              *rr.comm);
+      rr.lm = std::make_unique<models::SequenceParallelModel>(
+          *rr.model, *rr.groups.sp, *rr.comm,
+          context ? models::SplitAttention::Context : models::SplitAttention::Ulysses);
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + str(role(r).name()) + ": " + e.what());
     }

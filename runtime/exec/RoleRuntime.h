@@ -83,7 +83,8 @@ struct RoleMemory {
 /// The communicators of a role's forms on this rank (null: not that form).
 struct FormGroups {
   std::unique_ptr<Communicator> tp, dp; ///< tp x dp: the replica, the same shard
-  std::unique_ptr<Communicator> sp;     ///< sp x dp: the ranks sharing a replica's rows
+  std::unique_ptr<Communicator> sp;     ///< sp or cp x dp: the ranks sharing a replica's rows
+                                        ///< (cp x tp: those of this TP index)
   std::unique_ptr<Communicator> pp;     ///< pp x dp: the stages of this rank's replica
   std::unique_ptr<Communicator> gen;    ///< the ranks of this rank's generation replica
   std::unique_ptr<Communicator> ep, edp; ///< ep x dp: the experts' run, the same experts

@@ -7,6 +7,7 @@
 #include "runtime/schema/Degrees.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -208,15 +209,26 @@ template class ShardedForm<FSDPLlama>;
 // TensorParallelModel
 //===----------------------------------------------------------------------===//
 
+TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator &tp,
+                                         comm::Communicator *dp, comm::Communicator *cp)
+    : ShardedForm(whole, tp), dp_(dp), cp_(cp && cp->size() > 1 ? cp : nullptr) {
+  if (cp_ && !dp_)
+    throw std::invalid_argument("tensor parallelism with cp: the gradients need the group "
+                                "of this TP index (cp x dp)");
+  m_.splitContext(cp_);
+}
+
 shape::PassForm TensorParallelModel::passForm() const {
   shape::PassForm f;
   f.tp = m_.comm().size();
+  f.sp = cp_ ? cp_->size() : 1;
   return f;
 }
 
 std::string TensorParallelModel::form() const {
   layout::Degrees d; // the shards; dp only replicates them
   d.tp = m_.comm().size();
+  d.cp = cp_ ? cp_->size() : 1;
   return d.str();
 }
 
@@ -231,10 +243,20 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
   // The shards' gradients and a head's, averaged over the replicas (tp x
   // dp). Within a TP group a head's gradient is already the same on every
   // member: it sees the same hidden states and the same loss.
+  // Under cp a member's shard gradients come from its positions: their
+  // sum over the cp group is the replica's, so the mean over cp x dp is
+  // multiplied by |cp| (the head's is scaled down in localLogits).
+  std::vector<at::Tensor> params = m_.parameters();
   if (dp_) {
-    std::vector<at::Tensor> params = m_.parameters();
-    params.insert(params.end(), extra.begin(), extra.end());
-    allReduceGradients(params, *dp_);
+    std::vector<at::Tensor> all = params;
+    all.insert(all.end(), extra.begin(), extra.end());
+    allReduceGradients(all, *dp_);
+  }
+  if (cp_) {
+    c10::NoGradGuard ng;
+    for (at::Tensor &p : params)
+      if (p.grad().defined())
+        p.mutable_grad().mul_((double)cp_->size());
   }
 }
 

@@ -102,21 +102,25 @@ protected:
 /// Megatron tensor-parallel shards (TPLlama) over `tp`; with `dp` (tp x dp)
 /// the replicas' gradients (a head's too) are averaged over it. Logits are
 /// vocabulary shards, never gathered to train; a head sees the replicated
-/// hidden states.
+/// hidden states. With `cp` (cp x tp x dp: TPLlama::splitContext) each
+/// member computes its positions of every sequence; `dp` is then every
+/// rank of this TP index (cp x dp), and reduceGradients multiplies the
+/// shards' averaged gradients by |cp| (their sum over the positions).
 class TensorParallelModel final : public ShardedForm<TPLlama> {
 public:
   TensorParallelModel(const Llama &whole, comm::Communicator &tp,
-                      comm::Communicator *dp = nullptr)
-      : ShardedForm(whole, tp), dp_(dp) {}
+                      comm::Communicator *dp = nullptr, comm::Communicator *cp = nullptr);
 
   std::string form() const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
+  /// Under cp every forward gathers over the cp group.
+  comm::Communicator *lockstepGroup() const override { return cp_; }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
 
 private:
-  comm::Communicator *dp_;
+  comm::Communicator *dp_, *cp_;
 };
 
 /// ZeRO-3 shards (FSDPLlama) over `group`: backward reduce-scatters the
@@ -138,18 +142,31 @@ public:
   shape::PassForm passForm() const override;
 };
 
-/// Ulysses sequence parallelism (SequenceParallel.cpp): whole weights (the
-/// role's Llama, not owned) on each member of `sp`; hidden() computes this
-/// member's contiguous chunk of every sequence (padded to a multiple of s)
-/// and trades the sequence split for a head split around attention with
-/// two all-to-alls, then all-gathers the final hidden states. `group` is
-/// the role's whole group (sp x dp): reduceGradients sums the members'
-/// chunk gradients over sp and averages them over the replicas.
+/// How a SequenceParallelModel shares attention's work out.
+enum class SplitAttention {
+  Ulysses, ///< sp(s): contiguous chunks; all-to-alls trade them for heads
+  Context, ///< cp(c): balanced chunks; keys and values all-gathered
+};
+
+/// Whole weights (the role's Llama, not owned) on each member of a group
+/// `split` of s that divides every sequence's positions
+/// (SequenceParallel.cpp). Ulysses sequence parallelism: a contiguous
+/// chunk each (padded to a multiple of s), and two all-to-alls around
+/// attention trade the sequence split for a head split. Context
+/// parallelism: two chunks each, balanced under the causal mask (padded to
+/// a multiple of 2s), every layer all-gathering the keys and values
+/// (backward: a reduce-scatter). Either way hidden() all-gathers the final
+/// hidden states. `group` is the role's whole group (split x dp):
+/// reduceGradients sums the members' gradients over the split and
+/// averages them over the replicas.
 class SequenceParallelModel final : public CausalLM {
 public:
-  SequenceParallelModel(Llama &model, comm::Communicator &sp, comm::Communicator &group);
-  /// Empty when `c`'s heads and kv heads split over `spSize`, else why not.
-  static std::string checkConfig(const LlamaConfig &c, int spSize);
+  SequenceParallelModel(Llama &model, comm::Communicator &split, comm::Communicator &group,
+                        SplitAttention how = SplitAttention::Ulysses);
+  /// Empty when `how` splits `c` over `size` members (a dense model; for
+  /// Ulysses, heads and kv heads divisible by it), else why not.
+  static std::string checkConfig(const LlamaConfig &c, int size,
+                                 SplitAttention how = SplitAttention::Ulysses);
 
   const LlamaConfig &config() const override { return m_.config(); }
   std::string form() const override;
@@ -192,7 +209,8 @@ public:
 private:
   Llama &m_;
   comm::Communicator &sp_, &group_;
-  WholeModel whole_; ///< the same weights, for what does not depend on sp
+  SplitAttention how_;
+  WholeModel whole_; ///< the same weights, for what does not depend on the split
 };
 
 /// Expert parallelism (ExpertParallel.cpp): ep(e) * dp(d), carved out of

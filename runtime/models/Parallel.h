@@ -125,7 +125,15 @@ public:
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask, KvStore *cache = nullptr) const;
   /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
+  /// Under splitContext the head's gradient is divided by the cp group's
+  /// size (every member applies it to the same gathered hidden states).
   at::Tensor localLogits(const at::Tensor &hidden) const;
+  /// Context parallelism over `cp` (cp x tp; null: none): hidden() then
+  /// computes this member's positions of every sequence, balanced under the
+  /// causal mask, all-gathers each layer's keys and values of its kv heads
+  /// over `cp` and the final hidden states at the end (ParallelDetail.h's
+  /// SequenceSplit). Such a model does not generate.
+  void splitContext(comm::Communicator *cp);
   /// The full logits [.., V] (all-gather of the shards). Collective.
   at::Tensor logits(const at::Tensor &hidden) const;
   /// Positions 0..T-1, no padding: the gathered logits [B, T, V].

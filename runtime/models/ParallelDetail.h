@@ -59,13 +59,70 @@ struct AttnContext {
   at::Tensor keyReal;  ///< bool [B, past + T]: the real keys
   int64_t B = 0, T = 0, hd = 0;
   double scale = 1.0;
+  /// Context parallelism: the T queries are this member's positions of
+  /// the sequence, and every layer all-gathers the keys and values of the
+  /// group's members (gatherKeys) before attending; `bias` is [B, 1, T,
+  /// T * |cp|], its keys in the gather's order. Null: the whole sequence.
+  comm::Communicator *cp = nullptr;
 };
+
+//===-- sequence splits: context parallelism (and Ulysses' chunks) -------===//
+
+/// Which of a sequence's positions each member of a group of c computes.
+/// Balanced (context parallelism): the sequence, padded to a multiple of
+/// 2c, is cut into 2c chunks and member r takes chunks r and 2c - 1 - r, so
+/// that under the causal mask every member has the same number of (query,
+/// key) pairs (Megatron's and Llama 3's load balancing). Contiguous
+/// (Ulysses): padded to a multiple of c, member r takes chunk r.
+struct SequenceSplit {
+  comm::Communicator *group = nullptr;
+  int c = 1, r = 0;
+  int64_t T = 0;  ///< the sequence's length
+  int64_t Tp = 0; ///< padded: a multiple of 2c (balanced) or c
+  int64_t Tl = 0; ///< positions per member, Tp / c
+  bool balanced = false;
+  at::Tensor local; ///< int64 [Tl]: the padded positions this member computes, in order
+  at::Tensor order; ///< int64 [Tp]: the position at each slot of an all-gather of
+                    ///< every member's `local` (member order)
+  at::Tensor slotOf; ///< int64 [Tp]: the slot of each position (order's inverse)
+};
+SequenceSplit splitSequence(int64_t T, comm::Communicator &group, bool balanced);
+/// `x` [B, T, ...] padded along dimension 1 to the split's Tp with `fill`.
+at::Tensor padSequence(const at::Tensor &x, const SequenceSplit &s, int64_t fill);
+/// This member's positions of `x` [B, Tp, ...] (dimension 1).
+at::Tensor localPositions(const at::Tensor &x, const SequenceSplit &s);
+/// The attention context of this member's positions under context
+/// parallelism: RoPE tables at its positions, the causal mask of its
+/// queries over every member's keys in the gather's order (attentionBias's
+/// rule, without building the whole [T, T] mask), `cp` set. `tokens`,
+/// `positions` and `keyMask` are the padded [B, Tp] ones (checkTokens
+/// naming `who`).
+AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
+                             const at::Tensor &tokens, const at::Tensor &positions,
+                             const at::Tensor &keyMask, const char *who);
+/// Forward: every member's keys (or values) [B, n, Tl, hd] all-gathered
+/// along dimension 2 in member order. Backward: each member's slice of the
+/// gradient summed over the group and returned to it (a reduce-scatter,
+/// through one grouped exchange). Collective over `cp`.
+at::Tensor gatherKeys(const at::Tensor &x, comm::Communicator &cp);
+/// Forward: every member's positions of `x` [B, Tl, ...] all-gathered,
+/// put in position order and cut to the sequence's T. Backward: this
+/// member's positions of the gradient only (what follows runs on every
+/// member alike: the loss is replicated over the group). Collective.
+at::Tensor gatherSequence(const at::Tensor &x, const SequenceSplit &s);
+/// Identity forward; backward multiplies the gradient by `f` (a weight
+/// applied alike on every member of a sequence split: its gradient enters
+/// the group's sum once).
+at::Tensor scaleGradient(const at::Tensor &x, double f);
 
 /// The layer index of a parameter name ("layers.3.attn.q" -> 3, suffix
 /// "attn.q"), or -1.
 int layerOf(const std::string &name, std::string &suffix);
 /// Norm weights and biases are 1-D (namedParameters shows them as [1, n]).
 bool isVector(const std::string &name);
+/// Throws std::invalid_argument naming `who` unless `tokens` is int64
+/// [B, T > 0] with ids in the vocabulary.
+void checkTokens(const LlamaConfig &c, const at::Tensor &tokens, const char *who);
 /// The RoPE tables and the attention mask of `tokens` at `positions`
 /// (continuing `cache` when given). Throws std::invalid_argument naming
 /// `who` for malformed tokens.
@@ -75,7 +132,9 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
 /// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
 /// weights are this member's shards: the normed input goes through f and
 /// the row-parallel outputs through g; the replicated q/k norms through f
-/// too (each member's heads add their part of the norms' gradient).
+/// too (each member's heads add their part of the norms' gradient). With
+/// `a.cp`, `xIn` is this member's positions and the keys and values are
+/// gathered over the group before attention.
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const AttnContext &a,
                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
                         KvStore *cache = nullptr, size_t li = 0);

@@ -54,14 +54,10 @@ bool isVector(const std::string &name) {
 }
 
 
-AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
-                        const at::Tensor &positions, const at::Tensor &keyMask,
-                        const char *who, const KvStore *cache) {
+void checkTokens(const LlamaConfig &c, const at::Tensor &tokens, const char *who) {
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
-  AttnContext a;
-  a.B = tokens.size(0), a.T = tokens.size(1), a.hd = c.headDim();
-  if (a.T == 0)
+  if (tokens.size(1) == 0)
     throw std::invalid_argument(std::string(who) + ": empty sequence");
   if (tokens.numel() > 0) {
     int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
@@ -69,6 +65,14 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
       throw std::invalid_argument(std::string(who) + ": token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
+}
+
+AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
+                        const at::Tensor &positions, const at::Tensor &keyMask,
+                        const char *who, const KvStore *cache) {
+  checkTokens(c, tokens, who);
+  AttnContext a;
+  a.B = tokens.size(0), a.T = tokens.size(1), a.hd = c.headDim();
   auto fopts = onEngine(at::kFloat);
   std::tie(a.cos, a.sin) = ropeTables(c, positions);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
@@ -109,6 +113,10 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   k = k * a.cos + rotateHalf(k) * a.sin;
   if (cache)
     std::tie(k, v) = cache->append(li, k, v);
+  if (a.cp) { // context parallelism: every member's keys, this member's queries
+    k = gatherKeys(k, *a.cp);
+    v = gatherKeys(v, *a.cp);
+  }
   if (nq > nkv) {
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);

@@ -1,11 +1,14 @@
-//===- SequenceParallel.cpp - Ulysses sequence parallelism ------------------===//
+//===- SequenceParallel.cpp - Ulysses and context parallelism, whole weights ===//
 //
 // SequenceParallelModel (ModelForms.h): whole weights on every member of a
-// sequence-parallel group of s, each computing a contiguous chunk of every
-// sequence. Around attention an all-to-all trades the sequence split for a
-// head split (DeepSpeed-Ulysses): a member attends over the whole sequence
-// with s-th of the heads, then the inverse all-to-all returns its chunk of
-// positions with every head. See docs/parallel.md.
+// group of s, each computing a part of every sequence's positions.
+// Ulysses (sp): a contiguous chunk; around attention an all-to-all trades
+// the sequence split for a head split (DeepSpeed-Ulysses): a member attends
+// over the whole sequence with s-th of the heads, then the inverse
+// all-to-all returns its chunk of positions with every head. Context (cp):
+// two chunks balanced under the causal mask (SequenceSplit); each layer
+// all-gathers the keys and values and attends this member's queries over
+// them (ContextParallel.cpp). See docs/parallel.md.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/models/ModelForms.h"
@@ -75,35 +78,6 @@ struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
   }
 };
 
-/// All-gather along dimension 1 (member order); backward keeps this
-/// member's slice (every member's loss is the same replicated one).
-struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x,
-                            comm::Communicator *c) {
-    ctx->saved_data["n"] = (int64_t)x.size(1);
-    ctx->saved_data["r"] = (int64_t)c->rank();
-    CommScope scope;
-    std::vector<at::Tensor> parts;
-    c->allGather(x.contiguous(), parts);
-    return at::cat(parts, 1);
-  }
-  static variable_list backward(AutogradContext *ctx, variable_list g) {
-    const int64_t n = ctx->saved_data.at("n").toInt(), r = ctx->saved_data.at("r").toInt();
-    return {g[0].narrow(1, r * n, n).contiguous(), at::Tensor()};
-  }
-};
-
-/// Identity forward; backward multiplies the gradient by `f`.
-struct ScaleGradFn : torch::autograd::Function<ScaleGradFn> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, double f) {
-    ctx->saved_data["f"] = f;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext *ctx, variable_list g) {
-    return {g[0] * ctx->saved_data.at("f").toDouble(), at::Tensor()};
-  }
-};
-
 at::Tensor allToAll(const at::Tensor &x, int64_t scatter, int64_t gather,
                     comm::Communicator &c) {
   return c.size() == 1 ? x : AllToAllFn::apply(x, scatter, gather, &c);
@@ -143,58 +117,63 @@ at::Tensor ulyssesLayer(const at::Tensor &xIn, const LayerWeights &w, const Attn
 
 } // namespace
 
-std::string SequenceParallelModel::checkConfig(const LlamaConfig &c, int s) {
+std::string SequenceParallelModel::checkConfig(const LlamaConfig &c, int s,
+                                               SplitAttention how) {
+  const bool context = how == SplitAttention::Context;
+  const std::string what = context ? "context parallelism" : "sequence parallelism";
   if (s < 1)
-    return "sequence parallelism: group size " + std::to_string(s) + " is not positive";
-  if (c.heads % s != 0 || c.kvHeads % s != 0)
+    return what + ": group size " + std::to_string(s) + " is not positive";
+  if (c.experts > 0)
+    return what + " computes dense models only; " + c.name + " is a mixture of experts";
+  if (!context && (c.heads % s != 0 || c.kvHeads % s != 0))
     return "sequence parallelism (Ulysses) splits the heads over the group: heads " +
            std::to_string(c.heads) + " and kv_heads " + std::to_string(c.kvHeads) +
            " must be divisible by " + std::to_string(s);
   return "";
 }
 
-SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &sp,
-                                             comm::Communicator &group)
-    : m_(model), sp_(sp), group_(group), whole_(model, group) {
-  if (std::string e = checkConfig(model.config(), sp.size()); !e.empty())
+SequenceParallelModel::SequenceParallelModel(Llama &model, comm::Communicator &split,
+                                             comm::Communicator &group, SplitAttention how)
+    : m_(model), sp_(split), group_(group), how_(how), whole_(model, group) {
+  if (std::string e = checkConfig(model.config(), split.size(), how); !e.empty())
     throw std::invalid_argument(e);
-  if (group.size() % sp.size() != 0)
-    throw std::invalid_argument("sequence parallelism: the role's group of " +
-                                std::to_string(group.size()) + " is not a multiple of sp " +
-                                std::to_string(sp.size()));
+  if (group.size() % split.size() != 0)
+    throw std::invalid_argument(std::string(how == SplitAttention::Context ? "context"
+                                                                           : "sequence") +
+                                " parallelism: the role's group of " +
+                                std::to_string(group.size()) + " is not a multiple of " +
+                                std::to_string(split.size()));
 }
 
 std::string SequenceParallelModel::form() const {
   layout::Degrees d;
-  d.sp = sp_.size();
+  (how_ == SplitAttention::Context ? d.cp : d.sp) = sp_.size();
   return d.str();
 }
 
 shape::PassForm SequenceParallelModel::passForm() const {
   shape::PassForm f;
-  f.sp = sp_.size();
+  f.sp = sp_.size(); // a member's positions and its share of attention's scores
   return f;
 }
 
 at::Tensor SequenceParallelModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                                          const at::Tensor &keyMask) const {
   const LlamaConfig &c = m_.config();
-  const int s = sp_.size(), r = sp_.rank();
+  const bool context = how_ == SplitAttention::Context;
+  const char *who = context ? "SequenceParallelModel (cp)" : "SequenceParallelModel";
   if (tokens.dim() != 2)
-    throw std::invalid_argument("SequenceParallelModel: tokens must be int64 [B, T]");
+    throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  // Pad every sequence to a multiple of s: padded positions are keys no
-  // query sees (their outputs are dropped after the gather).
-  const int64_t Tp = (T + s - 1) / s * s, Tl = Tp / s;
-  at::Tensor tok = tokens, pos = positions;
+  // Pad every sequence to the split's length: padded positions are keys
+  // no real query sees (their outputs are dropped after the gather).
+  const SequenceSplit split = splitSequence(T, sp_, context);
   at::Tensor mask = keyMask.defined() ? keyMask.to(at::kBool)
                                       : at::ones({B, T}, tokens.options().dtype(at::kBool));
-  if (Tp > T) {
-    tok = at::cat({tok, at::zeros({B, Tp - T}, tok.options())}, 1);
-    pos = at::cat({pos, at::zeros({B, Tp - T}, pos.options())}, 1);
-    mask = at::cat({mask, at::zeros({B, Tp - T}, mask.options())}, 1);
-  }
-  AttnContext a = attnContext(c, tok, pos, mask, "SequenceParallelModel");
+  const at::Tensor tok = padSequence(tokens, split, 0), pos = padSequence(positions, split, 0);
+  mask = padSequence(mask, split, 0);
+  AttnContext a = context ? contextAttention(c, split, tok, pos, mask, who)
+                          : attnContext(c, tok, pos, mask, who);
   // The weights in natural shapes (views of the leaves: gradients reach
   // them), by slot.
   std::vector<LayerWeights> layers(c.layers);
@@ -210,20 +189,24 @@ at::Tensor SequenceParallelModel::hidden(const at::Tensor &tokens, const at::Ten
     else if (name == "final_norm")
       finalNorm = t;
   }
-  at::Tensor x = at::embedding(embed, tok.narrow(1, r * Tl, Tl));
-  at::Tensor cos = a.cos.narrow(2, r * Tl, Tl), sin = a.sin.narrow(2, r * Tl, Tl);
-  for (const LayerWeights &w : layers)
-    x = ulyssesLayer(x, w, a, cos, sin, c.heads, c.kvHeads, c.normEps, sp_);
-  x = rmsNorm(x, finalNorm, c.normEps);
-  at::Tensor h = s == 1 ? x : GatherSequenceFn::apply(x, &sp_);
-  return Tp > T ? h.narrow(1, 0, T) : h;
+  at::Tensor x = at::embedding(embed, localPositions(tok, split));
+  if (context) {
+    for (const LayerWeights &w : layers)
+      x = decoderLayer(x, w, a, c.heads, c.kvHeads, c.normEps, nullptr);
+  } else {
+    const at::Tensor cos = a.cos.narrow(2, split.r * split.Tl, split.Tl);
+    const at::Tensor sin = a.sin.narrow(2, split.r * split.Tl, split.Tl);
+    for (const LayerWeights &w : layers)
+      x = ulyssesLayer(x, w, a, cos, sin, c.heads, c.kvHeads, c.normEps, sp_);
+  }
+  return gatherSequence(rmsNorm(x, finalNorm, c.normEps), split);
 }
 
 at::Tensor SequenceParallelModel::localLogits(const at::Tensor &hidden) const {
   // The LM head runs after the gather, on the same hidden states on every
   // member: its gradient is the replica's on each, so it enters the sum
-  // over the SP group (reduceGradients) divided by s. (Tied, the embedding
-  // adds it to the lookups' gradients, which are per chunk.)
+  // over the group (reduceGradients) divided by s. (Tied, the embedding
+  // adds it to the lookups' gradients, which are per position.)
   if (!m_.config().lmHead)
     throw std::logic_error("SequenceParallelModel: model " + m_.config().name +
                            " has no LM head");
@@ -233,16 +216,16 @@ at::Tensor SequenceParallelModel::localLogits(const at::Tensor &hidden) const {
       head = view;
   const int s = sp_.size();
   if (s > 1 && head.requires_grad())
-    head = ScaleGradFn::apply(head, 1.0 / s);
+    head = scaleGradient(head, 1.0 / s);
   return at::linear(hidden, head);
 }
 
 void SequenceParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
-  // Each member's weight gradients come from its chunk of positions: the
-  // sum over the SP group is the replica's; the mean over the whole group
-  // (sp x dp) times s is that sum averaged over the replicas. A head sees
-  // the gathered hidden states, so its gradient is already the replica's
-  // on every member: the mean alone.
+  // Each member's weight gradients come from its positions: the sum over
+  // the split's group is the replica's; the mean over the whole group
+  // (split x dp) times s is that sum averaged over the replicas. A head
+  // sees the gathered hidden states, so its gradient is already the
+  // replica's on every member: the mean alone.
   std::vector<at::Tensor> params = m_.parameters();
   std::vector<at::Tensor> all = params;
   all.insert(all.end(), extra.begin(), extra.end());

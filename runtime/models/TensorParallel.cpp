@@ -151,6 +151,7 @@ LayerWeights detail::withKvReplicaSums(LayerWeights w, comm::Communicator &tp, i
 struct TPLlama::Impl {
   LlamaConfig c;
   comm::Communicator *tp = nullptr;
+  comm::Communicator *cp = nullptr; ///< splitContext's group, or null
   int t = 1, r = 0;
   int64_t nq = 0, nkv = 0, kvParts = 0, vStart = 0, vShard = 0;
   at::Tensor embed, finalNorm, head;
@@ -266,6 +267,24 @@ int64_t TPLlama::vocabShard() const { return p_->vShard; }
 at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                            const at::Tensor &keyMask, KvStore *cache) const {
   const Impl &p = *p_;
+  if (p.cp && p.cp->size() > 1) {
+    // Context parallelism (cp x tp): this member's positions with its heads.
+    if (cache)
+      throw std::logic_error("TPLlama: a context-parallel model does not generate");
+    if (tokens.dim() != 2)
+      throw std::invalid_argument("TPLlama (cp): tokens must be int64 [B, T]");
+    const SequenceSplit split = splitSequence(tokens.size(1), *p.cp, /*balanced=*/true);
+    at::Tensor mask = keyMask.defined() ? keyMask.to(at::kBool)
+                                        : at::ones(tokens.sizes(), tokens.options().dtype(at::kBool));
+    const at::Tensor tok = padSequence(tokens, split, 0);
+    AttnContext a = contextAttention(p.c, split, tok, padSequence(positions, split, 0),
+                                     padSequence(mask, split, 0), "TPLlama (cp)");
+    at::Tensor x = vocabParallelEmbedding(p.embed, localPositions(tok, split), p.vStart,
+                                          p.vShard, *p.tp);
+    for (size_t i = 0; i < p.layers.size(); ++i)
+      x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp);
+    return gatherSequence(rmsNorm(x, p.finalNorm, p.c.normEps), split);
+  }
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
   at::Tensor x = vocabParallelEmbedding(p.embed, tokens, p.vStart, p.vShard, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
@@ -302,8 +321,13 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
 at::Tensor TPLlama::localLogits(const at::Tensor &h) const {
   if (!p_->head.defined())
     throw std::logic_error("TPLlama: model " + p_->c.name + " has no LM head");
-  return at::linear(copyToTP(h, *p_->tp), p_->head);
+  at::Tensor head = p_->head;
+  if (p_->cp && p_->cp->size() > 1 && head.requires_grad())
+    head = scaleGradient(head, 1.0 / p_->cp->size()); // replicated over the cp group
+  return at::linear(copyToTP(h, *p_->tp), head);
 }
+
+void TPLlama::splitContext(comm::Communicator *cp) { p_->cp = cp; }
 
 at::Tensor TPLlama::logits(const at::Tensor &h) const {
   return gatherLastDim(localLogits(h), *p_->tp);

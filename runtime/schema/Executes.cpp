@@ -18,11 +18,9 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// cp: not executed for any role yet; a mixture of experts on whole
-/// weights, or on ep(e) * dp(d) when it trains or computes.
+/// A mixture of experts on whole weights, or on ep(e) * dp(d) when it
+/// trains or computes.
 std::string unbuiltDegree(const Degrees &l, const Dims &d, bool generates) {
-  if (l.cp > 1)
-    return "context parallelism (cp(" + s(l.cp) + ")) is not executed by hflow-run yet";
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
            "model is dense";
@@ -33,10 +31,10 @@ std::string unbuiltDegree(const Degrees &l, const Dims &d, bool generates) {
     return "a mixture of experts generates on whole weights, dp(N), in hflow-run yet: "
            "expert-parallel generation is not built (train on ep(e) * dp(d), generate on "
            "dp(N))";
-  if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1))
+  if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1 || l.cp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
            "dp(N), or on ep(e) * dp(d) in hflow-run yet: its tensor-parallel, fully "
-           "sharded, pipelined and sequence-parallel forms are not built";
+           "sharded, pipelined, sequence-parallel and context-parallel forms are not built";
   return "";
 }
 } // namespace
@@ -50,6 +48,7 @@ const char *formName(Form f) {
   case Form::SequenceParallel: return "sequence-parallel";
   case Form::Pipeline: return "pipeline";
   case Form::ExpertParallel: return "expert-parallel";
+  case Form::ContextParallel: return "context-parallel";
   }
   return "?";
 }
@@ -88,6 +87,13 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return refuse("train", train, why);
   if (train.ep > 1)
     v.train = Form::ExpertParallel;
+  if (train.cp > 1) {
+    if (train.fsdp > 1 || train.pp > 1 || train.sp > 1)
+      return refuse("train", train,
+                    "context parallelism combined with fsdp, pp or sp is not executed by "
+                    "hflow-run yet; write cp(c) * tp(t) * dp(d)");
+    v.train = Form::ContextParallel; // with tp: tensor-parallel shards, cp within
+  }
   if (train.pp > 1) {
     if (train.fsdp > 1 || train.sp > 1)
       return refuse("train", train,
@@ -121,7 +127,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
       return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
                                     "MLP columns and vocabulary rows per rank: " + why);
-    if (v.train != Form::Pipeline) // pp x tp: TP within each stage
+    if (v.train != Form::Pipeline) // pp x tp: TP within each stage; cp x tp: its shards
       v.train = Form::TensorParallel;
   }
   if (train.fsdp > 1) // with tp: fsdp x tp, FSDP over each rank's TP pieces
@@ -134,10 +140,11 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return refuse("generate", gen,
                   "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "
                   "hflow-run yet; write dp(N) or tp(t) * dp(d)");
-  if (gen.sp > 1)
+  if (gen.sp > 1 || gen.cp > 1)
     return refuse("generate", gen,
-                  "sequence parallelism does not generate (a token at a time); write "
-                  "dp(N) or tp(t) * dp(d)");
+                  std::string(gen.sp > 1 ? "sequence" : "context") +
+                      " parallelism does not generate (a token at a time); write "
+                      "dp(N) or tp(t) * dp(d)");
   if (gen.fsdp > 1)
     return refuse("generate", gen, "FSDP shards do not generate; write dp(N) or tp(t) * dp(d)");
   if (gen.tp > 1) {

@@ -54,6 +54,10 @@ enum class Form {
   ExpertParallel,   // ep(e) * dp(d), a mixture of experts: the dense
                     // weights on every rank, each expert on the d ranks of
                     // its ep index; tokens to their experts by all-to-all
+  ContextParallel,  // cp(c) * dp(d), a dense model: whole weights, each rank
+                    // two chunks of every sequence (balanced under the causal
+                    // mask), keys and values all-gathered per layer; cp x tp
+                    // is TensorParallel (its shards, cp within)
 };
 const char *formName(Form f);
 

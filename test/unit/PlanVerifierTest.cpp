@@ -315,9 +315,10 @@ TEST(PlanVerifier, RefusesALayoutTheRuntimeDoesNotExecute) {
   std::string error;
   EXPECT_TRUE(verify(test::buildPpoTestPlan(1, /*criticTp2=*/true), error)) << error;
   EXPECT_FALSE(verify(test::buildPpoTestPlan(1, false, /*criticCp2=*/true), error));
-  EXPECT_EQ(error, "invalid plan: role critic: train layout cp(2): context parallelism (cp(2)) "
-                   "is not executed by hflow-run yet (hflowc refuses such a program; this plan "
-                   "was not checked by it)");
+  EXPECT_EQ(error, "invalid plan: role critic: train layout pp(2): a pipeline stage holds "
+                   "ceil(layers / pp) = 1 of the 1 layers, so the last of 2 stages would hold "
+                   "none; use fewer stages (hflowc refuses such a program; this plan was not "
+                   "checked by it)");
 }
 
 TEST(PlanVerifier, MeshNominalFigures) {

@@ -619,6 +619,37 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
   EXPECT_NEAR(te.comm - tw.comm, slots * 16 * a2a + gradEp - gradWhole, 1e-12);
 }
 
+// Context parallelism splits a replica's positions: cp(2) * dp(4) computes
+// what dp(8) does in twice the slots at half the positions each, pays per
+// layer an all-gather of the keys and values forward and its
+// reduce-scatter backward, and all-reduces the gradients over the same 8
+// replicas of the weights.
+TEST(Search, SequenceSplitCosts) {
+  const ModelShape m = small(); // 4 layers, 4 kv heads of 64
+  RoleSpec a = role("a", RoleKind::Actor, m);
+  Workload w;
+  w.batch = 8;
+  w.promptLen = 64;
+  w.responseLen = 64;
+  Layout whole = L(1, 1, 8), cp2 = L(1, 1, 4);
+  cp2.cp = 2;
+  Device d = Device::a100_80g();
+  Calibration c;
+  const TimeBreakdown tw = trainSeconds(a, whole, 8, d, mesh(1), w, c);
+  const TimeBreakdown tc = trainSeconds(a, cp2, 8, d, mesh(1), w, c);
+  EXPECT_NEAR(tc.compute, tw.compute, 1e-12 * tw.compute);
+  // A rank's keys and values: 2 x 64 positions x 4 heads x 64 x 2 bytes;
+  // gathered over 2 ranks: half of twice that crosses, one message.
+  const double kv = 2.0 * 64 * 4 * 64 * 2;
+  const double gather = 1.0 / 2 * (2 * kv) / 600e9 + 5e-6;
+  const double slots = 2; // 2 sequences per replica, one per micro-batch
+  EXPECT_NEAR(tc.comm - tw.comm, slots * 2 * 4 * gather, 1e-12);
+  // Forward only: the all-gathers alone.
+  const TimeBreakdown fw = forwardSeconds(a, whole, 8, d, mesh(1), w, c);
+  const TimeBreakdown fc = forwardSeconds(a, cp2, 8, d, mesh(1), w, c);
+  EXPECT_NEAR(fc.comm - fw.comm, slots * 1 * 4 * gather, 1e-12);
+}
+
 // The search memoises weight-transition times by the layouts' degrees:
 // ep is one of them (ep(2) * dp(8) -> dp(8) moves experts, dp(8) -> dp(8)
 // nothing), so every candidate's transition is its layouts' own.

@@ -171,10 +171,11 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
 /// small test plan does not: several roles and models, sub-groups, tp > 1 replicas, a different
 /// generate layout, a rule-based reward role, a one-rank group. The critic
 /// runs dp(2); `criticTp2` lays it out tp(2) instead (tensor-parallel
-/// shards), `criticCp2` cp(2), which hflow-run does not execute yet (hflowc
-/// refuses such a program; hflow-run refuses the plan).
+/// shards), `criticPp2` pp(2), which hflow-run does not execute: the
+/// critic's one layer leaves the second stage empty (hflowc refuses such a
+/// program; hflow-run refuses the plan).
 inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = false,
-                                             bool criticCp2 = false) {
+                                             bool criticPp2 = false) {
   using namespace hflow::plan;
   flatbuffers::FlatBufferBuilder b;
   b.ForceDefaults(true);
@@ -185,14 +186,14 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = 
   auto m1 = CreateModel(b, b.CreateString("tiny_critic"), b.CreateString("llama"),
                         1, 32, 4, 4, 48, 64, DType::F32, 0);
   Layout dp2tp2(2, 2, 1, 1, 1, 1, 1), dp4(4, 1, 1, 1, 1, 1, 1), dp2(2, 1, 1, 1, 1, 1, 1),
-      tp2(1, 2, 1, 1, 1, 1, 1), cp2(1, 1, 1, 1, 1, 2, 1), one(1, 1, 1, 1, 1, 1, 1);
+      tp2(1, 2, 1, 1, 1, 1, 1), pp2(1, 1, 2, 1, 1, 1, 1), one(1, 1, 1, 1, 1, 1, 1);
   std::vector<flatbuffers::Offset<Role>> roles{
       CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0, vec({0, 1, 2, 3}),
                  &dp2tp2, &dp4, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("ref"), RoleKind::Reference, 0, vec({0, 1}),
                  &dp2, &dp2, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("critic"), RoleKind::Critic, 1, vec({2, 3}),
-                 criticTp2 ? &tp2 : criticCp2 ? &cp2 : &dp2, &dp2, 0, CreateRoleOptions(b)),
+                 criticTp2 ? &tp2 : criticPp2 ? &pp2 : &dp2, &dp2, 0, CreateRoleOptions(b)),
       CreateRole(b, b.CreateString("reward"), RoleKind::RewardFn, -1, vec({3}),
                  &one, &one, b.CreateString("even_tokens"), CreateRoleOptions(b))};
   std::vector<flatbuffers::Offset<Group>> groups{

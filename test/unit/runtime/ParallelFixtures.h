@@ -203,7 +203,9 @@ void checkTPGeneration(Errors &errs, Communicator &tp, const LlamaConfig &c,
 /// the CausalLM interface, against the whole model on the whole batch: the
 /// values, the head's gradient, the squared gradient norm, and the weights
 /// after one SGD step of model and head. `form`: "whole" (dp over the
-/// world), "tp", "tpxdp" (pairs), "fsdp", "fsdpxtp" (TP pairs, FSDP across).
+/// world), "tp", "tpxdp" (pairs), "fsdp", "fsdpxtp" (TP pairs, FSDP across),
+/// "sp" and "cp" (pairs, rows across them), "cpxtp" (four: TP pairs, cp
+/// across them).
 void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
                const std::string &form);
 

@@ -151,7 +151,9 @@ void checkTPGeneration(Errors &errs, Communicator &tp, const LlamaConfig &c,
 /// the CausalLM interface, against the whole model on the whole batch: the
 /// values, the head's gradient, the squared gradient norm, and the weights
 /// after one SGD step of model and head. `form`: "whole" (dp over the
-/// world), "tp", "tpxdp" (pairs), "fsdp", "fsdpxtp" (TP pairs, FSDP across).
+/// world), "tp", "tpxdp" (pairs), "fsdp", "fsdpxtp" (TP pairs, FSDP across),
+/// "sp" and "cp" (pairs, rows across them), "cpxtp" (four: TP pairs, cp
+/// across them).
 void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
                const std::string &form) {
   SCOPED_TRACE(c.name + " " + form + " on " + std::to_string(world.size()) + " members");
@@ -206,11 +208,18 @@ void checkHead(Errors &errs, Communicator &world, const LlamaConfig &c,
     dp = world.makeSubgroup(c.name + ".hdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
     lm = std::make_unique<TensorParallelModel>(source, *tp, dp.get());
     part = pair, parts = n / 2;
-  } else if (form == "sp") { // sp(2) x dp(n/2): SP pairs, rows across them
+  } else if (form == "sp" || form == "cp") { // sp(2) or cp(2) x dp(n/2): pairs, rows across
     const int pair = r / 2;
-    tp = world.makeSubgroup(c.name + ".hsp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
-    lm = std::make_unique<SequenceParallelModel>(source, *tp, world);
+    tp = world.makeSubgroup(c.name + ".h" + form + std::to_string(pair),
+                            {2 * pair, 2 * pair + 1});
+    lm = std::make_unique<SequenceParallelModel>(
+        source, *tp, world, form == "cp" ? SplitAttention::Context : SplitAttention::Ulysses);
     part = pair, parts = n / 2;
+  } else if (form == "cpxtp") { // cp(2) x tp(2) on four: TP pairs, cp across them
+    const int pair = r / 2;
+    tp = world.makeSubgroup(c.name + ".hctp" + std::to_string(pair), {2 * pair, 2 * pair + 1});
+    dp = world.makeSubgroup(c.name + ".hccp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+    lm = std::make_unique<TensorParallelModel>(source, *tp, dp.get(), dp.get());
   } else if (form == "fsdpxtp") { // fsdp(n/2) x tp(2): TP pairs, FSDP across
     const int pair = r / 2;
     std::vector<int> across;

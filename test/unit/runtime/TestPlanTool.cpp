@@ -4,7 +4,7 @@
 //   hflow-testplan --world-size 4 [--seed N] [--bad-major] [--bad-checksum] -o plan.bin
 //   hflow-testplan --ppo -o plan.bin        a 4-rank PPO-shaped plan (see below)
 //   hflow-testplan --critic-tp2 -o plan.bin the same with its critic on tp(2)
-//   hflow-testplan --critic-cp2 -o plan.bin ... on cp(2), which hflow-run refuses
+//   hflow-testplan --critic-pp2 -o plan.bin ... on pp(2) with one layer, which hflow-run refuses
 //   hflow-testplan --method NAME / --builtin NAME -o plan.bin
 //                                           the compute step calls NAME / a builtin
 //                                           step NAME follows (the loader's tables)
@@ -34,7 +34,7 @@ static int usage(const char *msg) {
     std::fprintf(stderr, "hflow-testplan: error: %s\n", msg);
   std::fprintf(msg ? stderr : stdout,
                "usage: hflow-testplan [--world-size N] [--seed N] "
-               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--arg NAME=X] [--ppo [--critic-tp2 | --critic-cp2]] -o FILE\n");
+               "[--bad-major] [--bad-checksum] [--method NAME] [--builtin NAME] [--arg NAME=X] [--ppo [--critic-tp2 | --critic-pp2]] -o FILE\n");
   return msg ? 2 : 0;
 }
 
@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
   hflow::test::TestPlanOptions o;
   std::string out;
   long seed = -1;
-  bool ppo = false, criticTp2 = false, criticCp2 = false;
+  bool ppo = false, criticTp2 = false, criticPp2 = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> const char * { return i + 1 < argc ? argv[++i] : nullptr; };
@@ -103,8 +103,8 @@ int main(int argc, char **argv) {
       ppo = true;
     } else if (a == "--critic-tp2") {
       ppo = criticTp2 = true;
-    } else if (a == "--critic-cp2") {
-      ppo = criticCp2 = true;
+    } else if (a == "--critic-pp2") {
+      ppo = criticPp2 = true;
     } else if (a == "--bad-major") {
       o.major = hflow::plan::kFormatMajor + 1;
     } else if (a == "--bad-checksum") {
@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
   if (seed >= 0)
     o.seed = seed;
   std::vector<uint8_t> bytes =
-      ppo ? hflow::test::buildPpoTestPlan(seed >= 0 ? seed : 1, criticTp2, criticCp2) : hflow::test::buildTestPlan(o);
+      ppo ? hflow::test::buildPpoTestPlan(seed >= 0 ? seed : 1, criticTp2, criticPp2) : hflow::test::buildTestPlan(o);
   FILE *f = std::fopen(out.c_str(), "wb");
   if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
     std::fprintf(stderr, "hflow-testplan: error: cannot write %s\n", out.c_str());
