@@ -180,8 +180,15 @@ void RoleBuilder::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms
       (int)rs.size() == tl.pp() * std::max(1, tl.tp()) * tl.dp())
     rt.ppSize = tl.pp(); // its stage (and TP pieces) come after connect()
   if (!wholeWeights && forms.train == executes::Form::ExpertParallel &&
-      (int)rs.size() == tl.dp())
+      (int)rs.size() == tl.dp()) {
     rt.epSize = tl.ep(); // its run of experts comes after connect()
+    if (actor && forms.generate == executes::Form::ExpertParallel) {
+      if (apart || !sameLayouts) // the loader's table refuses both
+        throw RunError("actor " + str(ro.name()) + ": expert-parallel generation runs on "
+                       "its training ranks' shards only");
+      rt.generatesOn = GeneratesOn::TrainingShards; // nothing moves between the two
+    }
+  }
   if (actor && (rt.tpSize > 1 || rt.fsdpSize > 1 || rt.ppSize > 1 || rt.epSize > 1)) {
     const bool generates = apart || rt.generatesOn == GeneratesOn::TrainingShards || s_.rows->genSlots().count(r) > 0 ||
                            forms.generate == executes::Form::Whole;

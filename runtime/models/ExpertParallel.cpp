@@ -18,6 +18,7 @@
 #include "runtime/models/Device.h"
 #include "runtime/models/Moe.h"
 #include "runtime/models/ParallelDetail.h"
+#include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
@@ -188,10 +189,45 @@ at::Tensor ExpertParallelModel::tokenEntropy(const at::Tensor &logits, double te
   return whole_->tokenEntropy(logits, temperature);
 }
 
-Generation ExpertParallelModel::generate(const at::Tensor &, const at::Tensor &,
-                                         const SamplingOptions &, at::Generator &) const {
-  throw std::logic_error("expert-parallel shards (" + form() +
-                         ") do not generate: the actor generates on its whole generation copy");
+Generation ExpertParallelModel::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
+                                         const SamplingOptions &opts, at::Generator &gen) const {
+  // Every forward exchanges tokens over the expert group, but each member
+  // generates its own rows: they finish after different numbers of steps.
+  // So the members run in rounds: before each forward a member says
+  // whether it has one (a sum over the group); a member whose rows are
+  // done keeps serving the others' tokens through its experts
+  // (serveExperts, the same collectives with no token of its own) until
+  // the sum is 0. Every member runs as many rounds as the longest.
+  const Llama &m = *local_;
+  comm::Communicator &ep = ep_;
+  auto round = [&ep](bool busy) {
+    CommScope scope;
+    at::Tensor f = at::full({1}, busy ? 1 : 0, onEngine(at::kLong));
+    ep.allReduceSum(f);
+    return f.item<int64_t>() > 0;
+  };
+  Generation g;
+  if (opts.paged) {
+    NextLogitsFn step = [&](const at::Tensor &tokens, const at::Tensor &positions,
+                            const at::Tensor &keyMask, KvStore *kv, MoeTrace *moe) {
+      round(true);
+      return m.logits(m.hidden(tokens, positions, keyMask, kv, moe).select(1, tokens.size(1) - 1));
+    };
+    g = generatePaged(step, kvGeometryOf(m.config()), prompts, promptMask, opts, gen,
+                      opts.limits);
+  } else {
+    if (opts.recordRouting)
+      throw std::invalid_argument("generate: only the paged engine records a mixture's routing");
+    LogitsFn step = [&](const at::Tensor &tokens, const at::Tensor &positions,
+                        const at::Tensor &keyMask, KvStore *cache) {
+      round(true);
+      return m.logits(m.hidden(tokens, positions, keyMask, cache));
+    };
+    g = generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);
+  }
+  while (round(false))
+    m.serveExperts();
+  return g;
 }
 
 std::vector<at::Tensor> ExpertParallelModel::parameters() const { return local_->parameters(); }

@@ -817,6 +817,17 @@ Generation Llama::generateImpl(const at::Tensor &prompts, const at::Tensor &prom
   return generateWith(step, prompts, promptMask, o, gen, useCache);
 }
 
+void Llama::serveExperts() const {
+  if (!ep_)
+    return;
+  c10::InferenceMode guard;
+  const at::Tensor none = at::empty({0, config_.hidden}, onEngine(config_.dtype));
+  for (const auto &l : w_->layers)
+    if (l.moe.router.defined())
+      (void)moeMlpExpertParallel(none, l.moe, config_.expertsPerToken, config_.normTopk, *ep_,
+                                 nullptr, at::Tensor());
+}
+
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                            const SamplingOptions &opts, at::Generator &gen) const {
   if (ep_)

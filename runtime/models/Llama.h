@@ -297,8 +297,15 @@ public:
   /// their experts' owners over `ep` (moeMlpExpertParallel in Moe.h): every
   /// member runs equally many forwards, in the same order. The experts keep
   /// their indices in namedParameters(). Throws std::invalid_argument for a
-  /// dense model or an e not dividing E; generate() then throws.
+  /// dense model or an e not dividing E; generate() then throws
+  /// (ExpertParallelModel::generate runs its members in lockstep).
   void keepExperts(comm::Communicator &ep);
+  /// Expert parallelism: one forward's collectives with no token of its
+  /// own, so that the members still generating get their tokens through
+  /// this member's experts: every mixture layer, in order, routes nothing,
+  /// runs its experts on what the others send and sends it back.
+  /// Collective over keepExperts' group; a no-op without it.
+  void serveExperts() const;
   /// The first expert this copy holds (0 unless keepExperts).
   int64_t firstExpert() const { return firstExpert_; }
   /// parameters() split: the experts' stacked weights, and all the others.

@@ -221,7 +221,8 @@ private:
 /// holding the same experts, `group` the role's e * d ranks. Its own Llama
 /// (built from `whole`'s config and `seed`, then `whole`'s weights copied
 /// and the other members' experts dropped); the weights are named as the
-/// whole model's (expert x keeps its index). Does not generate.
+/// whole model's (expert x keeps its index). Generates its own rows, the
+/// expert group's members in lockstep rounds (generate).
 class ExpertParallelModel final : public CausalLM {
 public:
   ExpertParallelModel(const Llama &whole, uint64_t seed, comm::Communicator &ep,
@@ -237,6 +238,11 @@ public:
   at::Tensor tokenLogprobs(const at::Tensor &logits, const at::Tensor &tokens,
                            double temperature) const override;
   at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const override;
+  /// Llama::generate's semantics on this member's rows: each forward (a
+  /// prefill chunk or a decode step) sends the tokens to their experts'
+  /// owners. Collective over the expert group: before every forward the
+  /// members sum whether they have one, and a member whose rows are done
+  /// serves the others' tokens (Llama::serveExperts) until none has.
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   /// Every forward exchanges tokens over the expert group.

@@ -44,7 +44,8 @@ executes::Verdict roleForms(const Plan &p, int r) {
     dims = executes::dimsOf(modelShape(*m));
   executes::Verdict v = executes::roleForms(methods::Role(int(ro.kind())), m != nullptr,
                                             degreesOf(*ro.train()), degreesOf(*ro.generate()),
-                                            dims);
+                                            dims,
+                                            ro.generate_ranks() && ro.generate_ranks()->size() > 0);
   if (!v.executed() || !m)
     return v;
   std::string where;

@@ -20,17 +20,13 @@ const char *kindName(methods::Role k) {
 
 /// A mixture of experts on whole weights, or on ep(e) * dp(d) when it
 /// trains or computes.
-std::string unbuiltDegree(const Degrees &l, const Dims &d, bool generates) {
+std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
            "model is dense";
   if (l.ep > 1 && d.experts % l.ep != 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits the experts evenly: it must "
            "divide the model's " + s(d.experts) + " experts";
-  if (l.ep > 1 && generates)
-    return "a mixture of experts generates on whole weights, dp(N), in hflow-run yet: "
-           "expert-parallel generation is not built (train on ep(e) * dp(d), generate on "
-           "dp(N))";
   if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1 || l.cp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
            "dp(N), or on ep(e) * dp(d) in hflow-run yet: its tensor-parallel, fully "
@@ -68,7 +64,7 @@ std::string tensorParallelProblem(const Dims &d, int64_t t) {
 }
 
 Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
-                  const Degrees &gen, const Dims &dims) {
+                  const Degrees &gen, const Dims &dims, bool apart) {
   Verdict v;
   const bool actor = kind == methods::Role::Actor;
   auto refuse = [&](const char *which, const Degrees &l, const std::string &why) {
@@ -83,7 +79,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
                     std::string(kindName(kind)) + " has no weights to shard; write dp(N)");
     return v;
   }
-  if (std::string why = unbuiltDegree(train, dims, false); !why.empty())
+  if (std::string why = unbuiltDegree(train, dims); !why.empty())
     return refuse("train", train, why);
   if (train.ep > 1)
     v.train = Form::ExpertParallel;
@@ -134,8 +130,25 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     v.train = Form::FullyShard;
   if (!actor)
     return v; // a critic or reference computes on its training form only
-  if (std::string why = unbuiltDegree(gen, dims, true); !why.empty())
+  if (std::string why = unbuiltDegree(gen, dims); !why.empty())
     return refuse("generate", gen, why);
+  if (gen.ep > 1) {
+    // On the training shards: each rank generates its own rows, the
+    // expert group in lockstep; nothing moves between the two layouts.
+    if (apart)
+      return refuse("generate", gen,
+                    "an actor generating on ranks of its own generates a mixture on dp(N) "
+                    "in hflow-run yet: expert-parallel generation runs on the training "
+                    "ranks' shards");
+    if (!(gen == train))
+      return refuse("generate", gen,
+                    "expert-parallel generation runs on the training layout's own shards in "
+                    "hflow-run yet (nothing moves between them): write generate: " +
+                        train.str() + ", or generate on dp(N); a generation layout of its own, "
+                        "each rank receiving only its experts, is not built");
+    v.generate = Form::ExpertParallel;
+    return v;
+  }
   if (gen.pp > 1)
     return refuse("generate", gen,
                   "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "

@@ -73,17 +73,19 @@ struct Verdict {
 /// The table in one sentence, for the note under a refusal.
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
-    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d) or pp(p) * tp(t) * dp(d) (a mixture of experts "
-    "on dp(N) or ep(e) * dp(d)), an Actor generating on dp(N) or tp(t) * dp(d) (a mixture "
-    "on dp(N)), and a RewardFn on dp(N)";
+    "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
+    "(a mixture of experts on dp(N) or ep(e) * dp(d)), an Actor generating on dp(N) or "
+    "tp(t) * dp(d) (a mixture on dp(N), or on its training ranks' ep(e) * dp(d)), and a "
+    "RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);
 
 /// The forms hflow-run builds for a role of `kind` with the given layouts
-/// (`gen` matters for actors only), or why it would not execute them.
+/// (`gen` matters for actors only; `apart`: the actor generates on ranks
+/// of its own), or why it would not execute them.
 Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
-                  const Degrees &gen, const Dims &dims);
+                  const Degrees &gen, const Dims &dims, bool apart = false);
 
 /// Why hflow-run would not compute in element type `dtype` ("f32", "bf16",
 /// "f16") for a role of `kind` on the forms `forms`, or "". `what` names

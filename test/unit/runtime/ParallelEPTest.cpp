@@ -155,3 +155,51 @@ TEST(ParallelEP, FourRanks) {
   checkEP(errs, *g.world, moe(false), 4); // ep(4)
   checkEP(errs, *g.world, moe(true), 2);  // ep(2) * dp(2)
 }
+
+// Generation on the expert-parallel shards: each member generates its own
+// rows (member r: r + 1 prompts, greedy up to 4 + 5 r tokens, so they
+// finish after different numbers of forwards and the early ones serve the
+// others' tokens), paged and static, with a token budget (several prefill
+// chunks and batches), recording the routing. Tokens and masks equal the
+// whole model's on the same rows; log-probs and recorded experts agree.
+TEST(ParallelEP, GeneratesInLockstep) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  const int r = g.world->rank();
+  for (bool mixtral : {false, true}) {
+    const LlamaConfig c = moe(mixtral);
+    Llama whole(c, kSeed);
+    ExpertParallelModel lm(whole, kSeed, *g.world, *g.world, *g.world);
+    auto [prompts, mask] = paddedPrompts(c.vocab);
+    at::Tensor mine = prompts.narrow(0, 0, r + 1), myMask = mask.narrow(0, 0, r + 1);
+    for (bool paged : {false, true})
+      for (int64_t budget : {int64_t(0), int64_t(32)}) {
+        SamplingOptions o;
+        o.maxTokens = 4 + 5 * r;
+        o.greedy = true;
+        o.paged = paged;
+        o.recordRouting = paged;
+        o.maxBatchTokens = budget;
+        o.limits.blockSize = 4;
+        if (budget) {
+          o.limits.maxBatchTokens = budget;
+          o.limits.maxSeqs = 2;
+        }
+        const std::string what = c.name + (paged ? " paged" : " static") +
+                                 (budget ? " with a token budget" : "");
+        at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(5);
+        at::Generator g2 = at::make_generator<at::CPUGeneratorImpl>(5);
+        Generation want = whole.generate(mine, myMask, o, g1);
+        Generation got = lm.generate(mine, myMask, o, g2);
+        EXPECT_TRUE(at::equal(got.tokens, want.tokens)) << what << ": tokens differ";
+        EXPECT_TRUE(at::equal(got.mask, want.mask)) << what << ": masks differ";
+        expectClose(errs, "ep.generate.logprobs", what + " logprobs", got.logprobs,
+                    want.logprobs);
+        if (paged) {
+          ASSERT_TRUE(got.routing.defined()) << what;
+          EXPECT_TRUE(at::equal(got.routing, want.routing)) << what << ": recorded experts differ";
+        }
+      }
+  }
+}
