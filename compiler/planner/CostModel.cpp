@@ -84,6 +84,12 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double ppg = static_cast<double>(std::max<int64_t>(gen->pp, 1));
     const double dpg = static_cast<double>(std::max<int64_t>(gen->dp * gen->fsdp, 1));
     m.genWeights = static_cast<double>(::hflow::shape::heldParamCount(ms, gen->ep)) * b / (tpg * ppg);
+    // A mixture generating on its expert-parallel training shards holds no
+    // generation copy.
+    if (gen->ep > 1 && gen->dp == train.dp && gen->ep == train.ep && gen->tp == train.tp &&
+        gen->pp == train.pp && gen->fsdp == train.fsdp && gen->sp == train.sp &&
+        gen->cp == train.cp)
+      m.genWeights = 0;
     m.kvSeqs = w.genSequences((int64_t)dpg);
     m.kvRows = w.genRowsAtOnce((int64_t)dpg);
     // The paged pool in whole blocks (Memory.h): the rows at once at their
@@ -301,6 +307,14 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
     out.prefill += 2 * d.L * allReduceSeconds(prefillAct, gen.tp, false, mesh, cal);
   if (gen.pp > 1)
     out.prefill += (p - 1) * p2pSeconds(prefillAct, ppInter, mesh, cal);
+  // Expert parallelism: each forward sends every token's k copies to
+  // their experts' owners and back (2 all-to-alls a layer).
+  const bool ep = gen.ep > 1 && ms.moe();
+  const bool epInter = spansNodes(gen.tp * gen.ep, setDevices, mesh);
+  if (ep)
+    out.prefill += 2 * d.L *
+                   allToAllSeconds(prefillAct * double(ms.expertsPerToken), gen.ep, epInter,
+                                   mesh, cal);
 
   // Decode: step j (0-based) reads the weights of its TP shard (all stages,
   // in turn) and the KV cache of s_p + j tokens per sequence, or is compute
@@ -308,7 +322,10 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   const double headDim = double(ms.headDim());
   const double kvTok = 2 * d.L * std::max(1.0, double(ms.kvHeads) / t) * headDim * d.w;
   const double bwEff = dev.memBandwidth * cal.decodeBandwidthEfficiency;
-  const double memBase = d.P * d.w / t / bwEff;        // weights
+  // The weights a step reads: its TP shard, with ep the dense weights and
+  // its 1/ep of the experts.
+  const double held = ep ? double(::hflow::shape::heldParamCount(ms, gen.ep)) : d.P;
+  const double memBase = held * d.w / t / bwEff;       // weights
   const double memSlope = b * kvTok / bwEff;            // per context token
   const double compute = 2 * d.A * b / (t * peak * cal.decodeComputeEfficiency);
   // Steps j in [0, j0) are compute bound: memBase + memSlope (sp + j) < compute.
@@ -325,6 +342,10 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
     perStep += 2 * d.L * allReduceSeconds(b * d.h * d.w, gen.tp, false, mesh, cal);
   if (gen.pp > 1)
     perStep += (p - 1) * p2pSeconds(b * d.h * d.w, ppInter, mesh, cal);
+  if (ep)
+    perStep += 2 * d.L *
+               allToAllSeconds(b * d.h * d.w * double(ms.expertsPerToken), gen.ep, epInter,
+                               mesh, cal);
   out.decode = decode + sr * perStep;
   out.prefill *= waves;
   out.decode *= waves;

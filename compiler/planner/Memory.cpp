@@ -189,6 +189,10 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double ppg = std::max<int64_t>(gen.getPp(), 1);
     const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
     m.genWeights = heldBy(gen) * b / (tpg * ppg);
+    // A mixture generating on its expert-parallel training shards holds no
+    // generation copy.
+    if (gen.getEp() > 1 && gen == train)
+      m.genWeights = 0;
     m.kvSeqs = (int64_t)std::ceil(double(w.batch) * double(w.n) / dpg);
     // A token budget keeps floor(budget / seqLen) sequences (at least one)
     // in generation at once (the runtime's batchRowsFor).

@@ -694,6 +694,11 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
       continue;
     out.push_back(l);
   }
+  // A mixture trained on ep(e) * dp(d) also generates on those shards
+  // (nothing moves, no generation copy).
+  if (role.model.moe() && train.ep > 1 && w.batch % train.dp == 0 &&
+      (!opts.executable || executesLayouts(role, train, &train)))
+    out.push_back(train);
   return out;
 }
 

@@ -594,8 +594,25 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
     got.push_back({l.dp, l.ep});
   }
   EXPECT_EQ(got, (std::vector<std::pair<int64_t, int64_t>>{{8, 1}, {8, 2}, {8, 4}}));
-  for (const Layout &g : genLayouts(a, trainLayouts(a, 8, mesh(1), w, o).back(), 8, mesh(1), w, o))
-    EXPECT_EQ(g.tp * g.pp * g.ep, 1) << "a mixture generates on whole weights";
+  const Layout ep4train = trainLayouts(a, 8, mesh(1), w, o).back();
+  bool onItsShards = false;
+  for (const Layout &g : genLayouts(a, ep4train, 8, mesh(1), w, o)) {
+    if (g.ep > 1) { // on the training shards themselves
+      EXPECT_TRUE(g.dp == ep4train.dp && g.ep == ep4train.ep && g.tp == 1 && g.pp == 1);
+      onItsShards = true;
+    } else {
+      EXPECT_EQ(g.tp * g.pp, 1) << "a mixture generates on whole weights or its ep shards";
+    }
+  }
+  EXPECT_TRUE(onItsShards);
+  {
+    // On its shards: no generation copy, the dense weights and 1/4 of the
+    // experts read per decode step, and the tokens' all-to-alls.
+    RoleMemory onShards = roleMemory(a, ep4train, &ep4train, w);
+    EXPECT_EQ(onShards.genWeights, 0);
+    Layout dp8 = L(1, 1, 8);
+    EXPECT_GT(roleMemory(a, ep4train, &dp8, w).genWeights, 0);
+  }
   Layout whole = L(1, 1, 8), ep4 = L(1, 1, 8);
   ep4.ep = 4;
   const double experts = 4.0 * 4 * 3 * 512 * 256; // layers x experts x 3 h f
