@@ -60,7 +60,8 @@ struct CheckExecutablePass
       ex::Verdict v = ex::roleForms(::hflow::methods::Role(int(role.getKind())), bool(model),
                                     ::hflow::planner::toLayout(role.getTrain()),
                                     ::hflow::planner::toLayout(role.getGenerate()),
-                                    dims, static_cast<bool>(role.getGenerateRanks()));
+                                    dims,
+                                    role.getGenerateRanks() && !role.getGenerateRanks()->empty());
       if (!v.executed()) {
         InFlightDiagnostic d = role.emitError()
                                << "role '" << role.getSymName() << "': " << v.refusal;

@@ -140,25 +140,44 @@ AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
                              const at::Tensor &tokens, const at::Tensor &positions,
                              const at::Tensor &keyMask, const char *who) {
   checkTokens(c, tokens, who);
+  if (!s.balanced)
+    throw std::logic_error("contextAttention: context parallelism splits balanced");
   AttnContext a;
   a.B = tokens.size(0), a.T = s.Tl, a.hd = c.headDim();
   a.cp = s.group;
+  a.cpKeyOrder = s.slotOf;
+  a.cpChunk = s.Tl / 2;
+  a.cpStarts = {s.r * a.cpChunk, (2 * s.c - 1 - s.r) * a.cpChunk};
   std::tie(a.cos, a.sin) = ropeTables(c, localPositions(positions, s));
-  // attentionBias's rule with the queries at `local` and the keys in the
-  // gather's order: a query sees the real keys at or before it (within the
+  // attentionBias's rule with the queries at `local` and the keys in
+  // position order: a query sees the real keys at or before it (within the
   // window), and itself always.
-  at::Tensor qIdx = s.local.view({s.Tl, 1}), kIdx = s.order.view({1, s.Tp});
+  at::Tensor qIdx = s.local.view({s.Tl, 1});
+  at::Tensor kIdx = at::arange(s.Tp, s.local.options()).view({1, s.Tp});
   at::Tensor seen = kIdx.le(qIdx);
   if (c.slidingWindow > 0)
     seen = seen & (qIdx - kIdx).lt(c.slidingWindow);
   a.keyReal = keyMask.to(at::kBool);
-  at::Tensor keys = a.keyReal.index_select(1, s.order);
+  const at::Tensor &keys = a.keyReal;
   at::Tensor allowed = (seen.unsqueeze(0) & keys.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
   a.bias = at::zeros({a.B, 1, s.Tl, s.Tp}, keys.options().dtype(at::kFloat))
                .masked_fill(allowed.logical_not().unsqueeze(1),
                             -std::numeric_limits<float>::infinity());
   a.scale = 1.0 / std::sqrt((double)a.hd);
   return a;
+}
+
+at::Tensor attendContext(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const AttnContext &a) {
+  std::vector<at::Tensor> out;
+  int64_t row = 0;
+  for (int64_t start : a.cpStarts) {
+    const int64_t n = a.cpChunk, keys = start + n;
+    out.push_back(attend(q.narrow(2, row, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+                         a.bias.narrow(2, row, n).narrow(3, 0, keys), a.scale));
+    row += n;
+  }
+  return at::cat(out, 2);
 }
 
 at::Tensor gatherKeys(const at::Tensor &x, comm::Communicator &cp) {

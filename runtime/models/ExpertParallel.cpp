@@ -198,19 +198,55 @@ Generation ExpertParallelModel::generate(const at::Tensor &prompts, const at::Te
   // done keeps serving the others' tokens through its experts
   // (serveExperts, the same collectives with no token of its own) until
   // the sum is 0. Every member runs as many rounds as the longest.
+  // A member that fails before its forwards (a prompt row with no token, a
+  // pool too small for its longest prompt) says so in its round, so that
+  // the others stop with a message instead of waiting for its exchanges.
   const Llama &m = *local_;
   comm::Communicator &ep = ep_;
-  auto round = [&ep](bool busy) {
-    CommScope scope;
-    at::Tensor f = at::full({1}, busy ? 1 : 0, onEngine(at::kLong));
-    ep.allReduceSum(f);
-    return f.item<int64_t>() > 0;
+  constexpr int64_t kFailed = int64_t(1) << 40;
+  struct PeerFailed : std::runtime_error {
+    using std::runtime_error::runtime_error;
   };
+  auto round = [&ep](int64_t mine) {
+    CommScope scope;
+    at::Tensor f = at::full({1}, mine, onEngine(at::kLong));
+    ep.allReduceSum(f);
+    const int64_t sum = f.item<int64_t>();
+    if (sum >= kFailed && mine < kFailed)
+      throw PeerFailed("expert-parallel generation: another member of the expert group (" +
+                       ep.name() + ") failed; see its error");
+    return sum > 0;
+  };
+  Generation g;
+  try {
+    g = generateRows(round, prompts, promptMask, opts, gen);
+  } catch (const PeerFailed &) {
+    throw; // every member saw that round: none waits
+  } catch (const std::exception &) {
+    // Tell the members waiting in a round (a failure inside a forward's
+    // exchange leaves them to the communicator's timeout instead).
+    try {
+      round(kFailed);
+    } catch (...) {
+    }
+    throw;
+  }
+  while (round(0))
+    m.serveExperts();
+  return g;
+}
+
+Generation ExpertParallelModel::generateRows(const std::function<bool(int64_t)> &round,
+                                             const at::Tensor &prompts,
+                                             const at::Tensor &promptMask,
+                                             const SamplingOptions &opts,
+                                             at::Generator &gen) const {
+  const Llama &m = *local_;
   Generation g;
   if (opts.paged) {
     NextLogitsFn step = [&](const at::Tensor &tokens, const at::Tensor &positions,
                             const at::Tensor &keyMask, KvStore *kv, MoeTrace *moe) {
-      round(true);
+      round(1);
       return m.logits(m.hidden(tokens, positions, keyMask, kv, moe).select(1, tokens.size(1) - 1));
     };
     g = generatePaged(step, kvGeometryOf(m.config()), prompts, promptMask, opts, gen,
@@ -220,13 +256,11 @@ Generation ExpertParallelModel::generate(const at::Tensor &prompts, const at::Te
       throw std::invalid_argument("generate: only the paged engine records a mixture's routing");
     LogitsFn step = [&](const at::Tensor &tokens, const at::Tensor &positions,
                         const at::Tensor &keyMask, KvStore *cache) {
-      round(true);
+      round(1);
       return m.logits(m.hidden(tokens, positions, keyMask, cache));
     };
     g = generateWith(step, prompts, promptMask, opts, gen, /*useCache=*/true);
   }
-  while (round(false))
-    m.serveExperts();
   return g;
 }
 

@@ -221,7 +221,7 @@ TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator 
 shape::PassForm TensorParallelModel::passForm() const {
   shape::PassForm f;
   f.tp = m_.comm().size();
-  f.sp = cp_ ? cp_->size() : 1;
+  f.sp = f.cp = cp_ ? cp_->size() : 1;
   return f;
 }
 

@@ -11,6 +11,7 @@
 #include "runtime/models/CausalLM.h"
 #include "runtime/models/Parallel.h"
 
+#include <functional>
 #include <memory>
 
 namespace hflow::models {
@@ -268,6 +269,11 @@ public:
   std::optional<double> lastAuxLoss() const override;
 
 private:
+  /// generate's forwards on this member's rows, `round(1)` before each.
+  Generation generateRows(const std::function<bool(int64_t)> &round, const at::Tensor &prompts,
+                          const at::Tensor &promptMask, const SamplingOptions &opts,
+                          at::Generator &gen) const;
+
   comm::Communicator &ep_, &expertDp_, &group_;
   std::unique_ptr<Llama> local_;
   std::unique_ptr<WholeModel> whole_; ///< over local_, for what ep does not change

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace hflow::models::detail {
 
@@ -59,11 +60,17 @@ struct AttnContext {
   at::Tensor keyReal;  ///< bool [B, past + T]: the real keys
   int64_t B = 0, T = 0, hd = 0;
   double scale = 1.0;
-  /// Context parallelism: the T queries are this member's positions of
+  /// Context parallelism: the T queries are this member's two chunks of
   /// the sequence, and every layer all-gathers the keys and values of the
-  /// group's members (gatherKeys) before attending; `bias` is [B, 1, T,
-  /// T * |cp|], its keys in the gather's order. Null: the whole sequence.
+  /// group's members (gatherKeys), puts them in position order
+  /// (`cpKeyOrder`) and attends each chunk over the keys up to its last
+  /// position (attendContext); `bias` is [B, 1, T, T * |cp|], its keys in
+  /// position order, and `keyReal` is [B, T * |cp|]. Null: the whole
+  /// sequence.
   comm::Communicator *cp = nullptr;
+  at::Tensor cpKeyOrder;          ///< int64 [Tp]: the gather's slot of each position
+  int64_t cpChunk = 0;            ///< queries per chunk
+  std::vector<int64_t> cpStarts;  ///< each chunk's first position
 };
 
 //===-- sequence splits: context parallelism (and Ulysses' chunks) -------===//
@@ -93,13 +100,20 @@ at::Tensor padSequence(const at::Tensor &x, const SequenceSplit &s, int64_t fill
 at::Tensor localPositions(const at::Tensor &x, const SequenceSplit &s);
 /// The attention context of this member's positions under context
 /// parallelism: RoPE tables at its positions, the causal mask of its
-/// queries over every member's keys in the gather's order (attentionBias's
-/// rule, without building the whole [T, T] mask), `cp` set. `tokens`,
+/// queries over every position's key (attentionBias's rule, without
+/// building the whole [T, T] mask), `cp` and its chunks set. `tokens`,
 /// `positions` and `keyMask` are the padded [B, Tp] ones (checkTokens
 /// naming `who`).
 AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
                              const at::Tensor &tokens, const at::Tensor &positions,
                              const at::Tensor &keyMask, const char *who);
+/// This member's queries [B, n, Tl, hd] over the keys and values in
+/// position order [B, n, Tp, hd]: each chunk over the keys up to its last
+/// position only (the later ones are masked for all its queries), so the
+/// balanced split gives every member the same work, about half the dense
+/// product's.
+at::Tensor attendContext(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const AttnContext &a);
 /// Forward: every member's keys (or values) [B, n, Tl, hd] all-gathered
 /// along dimension 2 in member order. Backward: each member's slice of the
 /// gradient summed over the group and returned to it (a reduce-scatter,

@@ -113,15 +113,17 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   k = k * a.cos + rotateHalf(k) * a.sin;
   if (cache)
     std::tie(k, v) = cache->append(li, k, v);
-  if (a.cp) { // context parallelism: every member's keys, this member's queries
-    k = gatherKeys(k, *a.cp);
-    v = gatherKeys(v, *a.cp);
+  if (a.cp) { // context parallelism: every member's keys in position order
+    k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
+    v = gatherKeys(v, *a.cp).index_select(2, a.cpKeyOrder);
   }
   if (nq > nkv) {
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);
   }
-  at::Tensor o = attend(q, k, v, a.bias, a.scale).transpose(1, 2).reshape({B, T, nq * hd});
+  at::Tensor o = (a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale))
+                     .transpose(1, 2)
+                     .reshape({B, T, nq * hd});
   at::Tensor y = at::linear(o, w.wo);
   if (tp)
     y = reduceFromTP(y, *tp);

@@ -154,6 +154,8 @@ std::string SequenceParallelModel::form() const {
 shape::PassForm SequenceParallelModel::passForm() const {
   shape::PassForm f;
   f.sp = sp_.size(); // a member's positions and its share of attention's scores
+  if (how_ == SplitAttention::Context)
+    f.cp = sp_.size(); // and every member's keys and values
   return f;
 }
 

@@ -30,10 +30,15 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   const double heads = (double)m.heads / (tp * sp);              // attention heads per rank
   const double n = rows * T / sp;
   const double layers = (double)(f.layers < 0 ? m.layers : f.layers);
+  // Context parallelism: the other members' keys and values, gathered and
+  // repeated to this rank's query heads, held with its own.
+  const double cp = (double)std::max<int64_t>(1, f.cp);
+  const double gathered = 2 * rows * T * ahd * (1 - 1 / cp);
   if (!p.train) {
     // Without backward nothing is kept: the peak is the larger of one
     // layer's working set and the head's (logits, log-softmax, entropy).
-    double x = w * (4 * n * h + 5 * n * ahd + 4 * n * F / tp + 1.6 * rows * heads * T * T);
+    double x = w * (4 * n * h + 5 * n * ahd + gathered + 4 * n * F / tp +
+                    1.6 * rows * heads * T * T);
     if (f.head && f.lmHead)
       x = std::max(x, kF32 * 5 * rows * R * V / tp);
     if (f.fsdp > 1)
@@ -41,7 +46,8 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
     return x;
   }
   // A 16-bit layer also keeps its two norms' float32 inputs.
-  const double kept = w * (6 * n * h + 5 * n * ahd + 4.5 * n * F / tp + rows * heads * T * T) +
+  const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4.5 * n * F / tp +
+                           rows * heads * T * T) +
                       (w < kF32 ? kF32 * 2 * n * h : 0);
   double x = 0;
   if (f.fsdp > 1) // each unit keeps its input; backward recomputes one unit at a time
@@ -76,6 +82,7 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
   PassForm f;
   f.tp = std::max<int64_t>(1, l.tp);
   f.sp = std::max<int64_t>(1, l.sp) * std::max<int64_t>(1, l.cp);
+  f.cp = std::max<int64_t>(1, l.cp);
   f.fsdp = std::max<int64_t>(1, l.fsdp);
   f.layers = ceilDiv(m.layers, pp);
   f.lmHead = lmHead;

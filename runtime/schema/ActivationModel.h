@@ -51,7 +51,9 @@ namespace hflow::shape {
 /// What of a rank's form decides what its passes keep.
 struct PassForm {
   int64_t tp = 1;        ///< tensor-parallel members (heads, ffn, vocabulary split)
-  int64_t sp = 1;        ///< Ulysses members (positions split, heads around attention)
+  int64_t sp = 1;        ///< members splitting the positions (Ulysses sp, or cp)
+  int64_t cp = 1;        ///< of those, context-parallel members: each layer also
+                         ///< holds every member's keys and values (gathered)
   int64_t layers = -1;   ///< decoder layers this rank computes (-1: all of the model's)
   bool head = true;      ///< it runs the head (a pipeline's last stage, or no pipeline)
   bool lmHead = true;    ///< the head is the LM head (logits over the vocabulary),

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 using namespace partest;
@@ -142,6 +143,29 @@ TEST(ContextSplit, BalancedChunks) {
   SequenceSplit u = splitSequence(7, *g.world, /*balanced=*/false);
   EXPECT_EQ(u.Tp, 8);
   EXPECT_EQ(u.local[0].item<int64_t>(), 4 * g.world->rank());
+  // The attention's work: each chunk over the keys up to its last position,
+  // (2c + 1) l^2 query-key pairs on every member (l = 2 here), and the
+  // keys put back in position order.
+  const LlamaConfig c = gqa();
+  Batch b = makeBatch(c.vocab, 1);
+  AttnContext a = contextAttention(c, s, padSequence(b.tokens, s, 0),
+                                   padSequence(b.positions, s, 0),
+                                   padSequence(b.mask.to(at::kBool), s, 0), "test");
+  ASSERT_EQ(a.cpStarts.size(), 2u);
+  EXPECT_EQ(a.cpChunk, 2);
+  const std::vector<int64_t> starts0 = {0, 6}, starts1 = {2, 4};
+  EXPECT_EQ(a.cpStarts, g.world->rank() == 0 ? starts0 : starts1);
+  const int64_t pairs = a.cpChunk * (a.cpStarts[0] + a.cpChunk) +
+                        a.cpChunk * (a.cpStarts[1] + a.cpChunk);
+  EXPECT_EQ(pairs, 5 * 2 * 2);
+  EXPECT_TRUE(at::equal(s.order.index_select(0, a.cpKeyOrder), at::arange(8)));
+  // Every query sees its own key and no later one.
+  for (int64_t q = 0; q < s.Tl; ++q) {
+    const int64_t pos = s.local[q].item<int64_t>();
+    EXPECT_EQ(a.bias[0][0][q][pos].item<float>(), 0.0f);
+    for (int64_t k = pos + 1; k < s.Tp; ++k)
+      EXPECT_TRUE(std::isinf(a.bias[0][0][q][k].item<float>()));
+  }
 }
 
 // cp(2) on the fixtures' 7-token rows (GQA, biases and tied embeddings,

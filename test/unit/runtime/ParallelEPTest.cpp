@@ -201,5 +201,29 @@ TEST(ParallelEP, GeneratesInLockstep) {
           EXPECT_TRUE(at::equal(got.routing, want.routing)) << what << ": recorded experts differ";
         }
       }
+    // A member whose prompts are refused (a row with no token) says so in
+    // its round: the others stop with a message instead of waiting for its
+    // exchanges, and the group generates again afterwards.
+    SamplingOptions o;
+    o.maxTokens = 3;
+    o.greedy = true;
+    o.paged = true;
+    o.limits.blockSize = 4;
+    at::Generator g3 = at::make_generator<at::CPUGeneratorImpl>(5);
+    if (r == 2) {
+      EXPECT_THROW(lm.generate(mine, at::zeros_like(myMask), o, g3), std::invalid_argument);
+    } else {
+      try {
+        lm.generate(mine, myMask, o, g3);
+        ADD_FAILURE() << "generated while a member failed";
+      } catch (const std::runtime_error &e) {
+        EXPECT_NE(std::string(e.what()).find("another member of the expert group"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    at::Generator g4 = at::make_generator<at::CPUGeneratorImpl>(5), g5 = g4.clone();
+    Generation again = lm.generate(mine, myMask, o, g4);
+    EXPECT_TRUE(at::equal(again.tokens, whole.generate(mine, myMask, o, g5).tokens));
   }
 }
