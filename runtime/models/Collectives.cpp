@@ -29,16 +29,16 @@ using torch::autograd::variable_list;
 // Collectives with gradients
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-void saveComm(AutogradContext *ctx, comm::Communicator *c) {
+void detail::saveComm(AutogradContext *ctx, comm::Communicator *c) {
   ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
 }
 
-comm::Communicator &savedComm(AutogradContext *ctx) {
+comm::Communicator &detail::savedComm(AutogradContext *ctx) {
   return *reinterpret_cast<comm::Communicator *>(
       (intptr_t)ctx->saved_data.at("comm").toInt());
 }
+
+namespace {
 
 /// A fresh contiguous copy (the communicator works in place on it).
 at::Tensor contiguousCopy(const at::Tensor &t) {

@@ -32,11 +32,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-comm::Communicator &commOf(AutogradContext *ctx) {
-  return *reinterpret_cast<comm::Communicator *>(
-      (intptr_t)ctx->saved_data.at("comm").toInt());
-}
-
 /// Every member's `x` concatenated along `dim` in member order. No
 /// gradient.
 at::Tensor rawGather(const at::Tensor &x, int64_t dim, comm::Communicator &c) {
@@ -50,11 +45,11 @@ at::Tensor rawGather(const at::Tensor &x, int64_t dim, comm::Communicator &c) {
 /// reduce-scatter of the gradient (slice j to member j, summed).
 struct GatherKeysFn : torch::autograd::Function<GatherKeysFn> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, comm::Communicator *c) {
-    ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+    saveComm(ctx, c);
     return rawGather(x, 2, *c);
   }
   static variable_list backward(AutogradContext *ctx, variable_list g) {
-    comm::Communicator &c = commOf(ctx);
+    comm::Communicator &c = savedComm(ctx);
     CommScope scope;
     const int n = c.size(), r = c.rank();
     std::vector<at::Tensor> slices = g[0].chunk(n, 2);

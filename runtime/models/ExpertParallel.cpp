@@ -76,16 +76,14 @@ at::Tensor rawAllToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
 struct AllToAllVFn : torch::autograd::Function<AllToAllVFn> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, std::vector<int64_t> send,
                             std::vector<int64_t> recv, comm::Communicator *c) {
-    ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+    saveComm(ctx, c);
     ctx->saved_data["send"] = send;
     ctx->saved_data["recv"] = recv;
     return rawAllToAllV(x, send, recv, *c);
   }
   static variable_list backward(AutogradContext *ctx, variable_list g) {
-    auto *c = reinterpret_cast<comm::Communicator *>(
-        (intptr_t)ctx->saved_data.at("comm").toInt());
     return {rawAllToAllV(g[0], ctx->saved_data.at("recv").toIntVector(),
-                         ctx->saved_data.at("send").toIntVector(), *c),
+                         ctx->saved_data.at("send").toIntVector(), savedComm(ctx)),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -19,7 +19,16 @@
 #include <string>
 #include <vector>
 
+namespace torch::autograd {
+struct AutogradContext;
+}
+
 namespace hflow::models::detail {
+
+/// A custom autograd function's communicator, kept in its context between
+/// forward and backward (the Communicator outlives every graph using it).
+void saveComm(torch::autograd::AutogradContext *ctx, comm::Communicator *c);
+comm::Communicator &savedComm(torch::autograd::AutogradContext *ctx);
 
 /// Gloo completes a collective on its own threads, which are not in
 /// InferenceMode, so every buffer it writes must be a normal tensor: the

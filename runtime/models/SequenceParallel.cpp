@@ -34,11 +34,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-comm::Communicator &commOf(AutogradContext *ctx) {
-  return *reinterpret_cast<comm::Communicator *>(
-      (intptr_t)ctx->saved_data.at("comm").toInt());
-}
-
 /// Splits `x` into s equal chunks along `scatter`, sends chunk j to member j
 /// and concatenates what every member sent here along `gather`, in member
 /// order. One exchange; no gradient.
@@ -65,7 +60,7 @@ at::Tensor rawAllToAll(const at::Tensor &x, int64_t scatter, int64_t gather,
 struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, int64_t scatter,
                             int64_t gather, comm::Communicator *c) {
-    ctx->saved_data["comm"] = (int64_t)reinterpret_cast<intptr_t>(c);
+    saveComm(ctx, c);
     ctx->saved_data["scatter"] = scatter;
     ctx->saved_data["gather"] = gather;
     return rawAllToAll(x, scatter, gather, *c);
@@ -73,7 +68,7 @@ struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
   static variable_list backward(AutogradContext *ctx, variable_list g) {
     const int64_t scatter = ctx->saved_data.at("scatter").toInt();
     const int64_t gather = ctx->saved_data.at("gather").toInt();
-    return {rawAllToAll(g[0], gather, scatter, commOf(ctx)), at::Tensor(), at::Tensor(),
+    return {rawAllToAll(g[0], gather, scatter, savedComm(ctx)), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };
