@@ -98,14 +98,35 @@ at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
 at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &ep, MoeRouting *routing,
                                 const at::Tensor &replay) {
-  const int64_t H = h.size(-1), E = w.router.size(0), El = w.gate.size(0);
+  at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
+  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  return combineExpertsParallel(x, top, chosen, w, ep).view(h.sizes());
+}
+
+at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
+                                bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
+                                MoeRouting *routing, const at::Tensor &replay) {
+  // Routed on the replicated input (the same choice on every member); the
+  // weights and the experts' input through f, so that their gradients,
+  // each member's part, are summed over the group; the partial outputs
+  // through g.
+  at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
+  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  at::Tensor xe = copyToTP(x, tp), te = copyToTP(top, tp);
+  at::Tensor y = ep ? combineExpertsParallel(xe, te, chosen, w, *ep)
+                    : combineExperts(xe, te, chosen, w);
+  return reduceFromTP(y, tp).view(h.sizes());
+}
+
+at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
+                                  const at::Tensor &chosen, const MoeWeights &w,
+                                  comm::Communicator &ep) {
+  const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
   const int e = ep.size(), me = ep.rank();
   if (El * e != E)
     throw std::invalid_argument("moeMlpExpertParallel: " + std::to_string(El) +
                                 " experts on each of " + std::to_string(e) +
                                 " members for a router over " + std::to_string(E));
-  at::Tensor x = h.reshape({-1, H}); // [N, H]
-  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
   // The (token, slot) pairs by expert, so by owner too (owners hold runs).
   at::Tensor flat = chosen.reshape({-1});
   at::Tensor order = flat.argsort(/*stable=*/true);
@@ -145,7 +166,7 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
   at::Tensor ys = runExperts(got.index_select(0, p), local.data(), w);
   at::Tensor back = at::empty_like(p).index_put_({p}, at::arange(p.size(0), p.options()));
   at::Tensor out = allToAllV(ys.index_select(0, back), recv, send, ep); // x's pairs' outputs
-  return at::zeros_like(x).index_add(0, token, out * weight.unsqueeze(-1)).view(h.sizes());
+  return at::zeros_like(x).index_add(0, token, out * weight.unsqueeze(-1));
 }
 
 //===----------------------------------------------------------------------===//
@@ -300,21 +321,31 @@ void ExpertParallelModel::gatherInto(Llama &dst) const {
     throw std::invalid_argument("ExpertParallelModel::gatherInto: models differ in structure");
   for (size_t i = 0; i < dense.size(); ++i)
     at::Tensor(out[i]).copy_(dense[i]);
-  // Every member's runs in one all-gather (all hold stacks of one shape);
-  // member j's run is rows [j E/e, (j + 1) E/e) of each stack.
+  const int64_t run = local_->config().experts / ep_.size(), first = local_->firstExpert();
+  for (size_t i = 0; i < experts.size(); ++i)
+    stacks[i].narrow(0, first, run).copy_(experts[i]);
+  std::vector<at::Tensor> all = stacks;
+  gatherExpertRuns(all, first, run, ep_);
+}
+
+void detail::gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, int64_t held,
+                              comm::Communicator &ep) {
+  // Every member's runs in one all-gather (all hold runs of one shape).
+  c10::NoGradGuard noGrad;
   std::vector<at::Tensor> mine;
-  for (const at::Tensor &t : experts)
-    mine.push_back(t.reshape({-1}));
+  for (const at::Tensor &t : stacks)
+    mine.push_back(t.narrow(0, first, held).reshape({-1}));
   at::Tensor all;
   {
     CommScope scope;
-    all = ep_.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
+    all = ep.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
   }
-  for (int j = 0; j < ep_.size(); ++j) {
+  for (int j = 0; j < ep.size(); ++j) {
+    if (j * held == first)
+      continue; // this member's own
     int64_t at = 0;
-    for (size_t i = 0; i < experts.size(); ++i) {
-      const int64_t run = experts[i].size(0);
-      at::Tensor d = stacks[i].narrow(0, j * run, run);
+    for (at::Tensor &t : stacks) {
+      at::Tensor d = t.narrow(0, j * held, held);
       d.copy_(all[j].narrow(0, at, d.numel()).view(d.sizes()));
       at += d.numel();
     }

@@ -510,26 +510,22 @@ at::Tensor positionsFromMask(const at::Tensor &mask) {
   return (mask.ne(0).to(at::kLong).cumsum(-1) - 1).clamp_min(0);
 }
 
-namespace {
-/// A routing replay for B x T tokens of a mixture `c` ([B, T, L, k], ids
-/// below the number of experts; negative: the router's own), as int64 on
-/// the engine; undefined when none is given.
-at::Tensor checkReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t B, int64_t T) {
+at::Tensor checkedReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t B, int64_t T,
+                         const char *who) {
   if (!replay.defined())
     return replay;
   const std::vector<int64_t> want = {B, T, c.layers, c.expertsPerToken};
   if (replay.sizes().vec() != want)
-    throw std::invalid_argument("Llama: a routing replay of shape " +
+    throw std::invalid_argument(std::string(who) + ": a routing replay of shape " +
                                 shapeString(replay.sizes()) +
                                 " for [tokens' rows, columns, layers, experts per token] = " +
                                 shapeString(want));
   at::Tensor r = replay.to(engineDevice(), at::kLong);
   if (r.numel() > 0 && r.max().item<int64_t>() >= c.experts)
-    throw std::invalid_argument("Llama: a replayed expert id out of [0, " +
+    throw std::invalid_argument(std::string(who) + ": a replayed expert id out of [0, " +
                                 std::to_string(c.experts) + ")");
   return r;
 }
-} // namespace
 
 at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
                          const at::Tensor &keyMask, KvStore *cache,
@@ -547,7 +543,7 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
       throw std::invalid_argument("Llama: token id out of [0, " +
                                   std::to_string(c.vocab) + ")");
   }
-  const at::Tensor replay = moe && c.experts > 0 ? checkReplay(c, moe->replay, B, T) : at::Tensor();
+  const at::Tensor replay = moe && c.experts > 0 ? checkedReplay(c, moe->replay, B, T, "Llama") : at::Tensor();
   auto fopts = tokens.options().dtype(at::kFloat);
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
 

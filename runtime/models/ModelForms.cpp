@@ -10,6 +10,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 
 namespace hflow::models {
@@ -51,12 +52,16 @@ std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
 
 WholeModel::WholeModel(Llama &model, comm::Communicator &dp) : m_(model), dp_(dp) {}
 
-std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
-                                          const PassHead &head, bool train) {
-  const LlamaConfig &c = m_.config();
-  aux_.reset();
-  if (c.experts == 0)
-    return CausalLM::runPasses(micros, head, train);
+namespace {
+/// A mixture's passes, one after the other, through `hiddenOf` (a
+/// forward that records each layer's routing in its trace and replays the
+/// micro-batch's): when training with the config's load-balancing loss,
+/// its mean over the micro-batches goes to `auxMean` and each pass's weighted
+/// loss into its backward.
+using TracedHidden = std::function<at::Tensor(const MicroBatch &, MoeTrace *)>;
+std::vector<double> mixturePasses(const LlamaConfig &c, const std::vector<MicroBatch> &micros,
+                                  const CausalLM::PassHead &head, bool train,
+                                  const TracedHidden &hiddenOf, std::optional<double> &auxMean) {
   const bool aux = train && c.routerAuxLoss;
   std::vector<double> values;
   double auxSum = 0;
@@ -66,7 +71,7 @@ std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
     MoeTrace trace;
     trace.record = aux;
     trace.replay = mb.replay;
-    at::Tensor v = head((int)i, m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &trace));
+    at::Tensor v = head((int)i, hiddenOf(mb, &trace));
     if (!train)
       continue;
     if (!aux) {
@@ -82,8 +87,21 @@ std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
     (v + lb * weight).backward();
   }
   if (aux)
-    aux_ = auxSum / double(std::max<size_t>(1, micros.size()));
+    auxMean = auxSum / double(std::max<size_t>(1, micros.size()));
   return values;
+}
+} // namespace
+
+std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
+                                          const PassHead &head, bool train) {
+  aux_.reset();
+  if (m_.config().experts == 0)
+    return CausalLM::runPasses(micros, head, train);
+  return mixturePasses(m_.config(), micros, head, train,
+                       [this](const MicroBatch &mb, MoeTrace *trace) {
+                         return m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, trace);
+                       },
+                       aux_);
 }
 
 at::Tensor WholeModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
@@ -210,12 +228,30 @@ template class ShardedForm<FSDPLlama>;
 //===----------------------------------------------------------------------===//
 
 TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator &tp,
-                                         comm::Communicator *dp, comm::Communicator *cp)
-    : ShardedForm(whole, tp), dp_(dp), cp_(cp && cp->size() > 1 ? cp : nullptr) {
+                                         comm::Communicator *dp, comm::Communicator *cp,
+                                         comm::Communicator *ep, comm::Communicator *expertDp)
+    : ShardedForm(whole, tp, ep && ep->size() > 1 ? ep : nullptr), dp_(dp),
+      cp_(cp && cp->size() > 1 ? cp : nullptr), ep_(ep && ep->size() > 1 ? ep : nullptr),
+      expertDp_(expertDp) {
   if (cp_ && !dp_)
     throw std::invalid_argument("tensor parallelism with cp: the gradients need the group "
                                 "of this TP index (cp x dp)");
+  if (ep_ && (!dp_ || !expertDp_))
+    throw std::invalid_argument("tensor parallelism with ep: the gradients need the group "
+                                "of this TP index and the experts' data-parallel group");
   m_.splitContext(cp_);
+}
+
+std::vector<double> TensorParallelModel::runPasses(const std::vector<MicroBatch> &micros,
+                                                   const PassHead &head, bool train) {
+  aux_.reset();
+  if (m_.config().experts == 0)
+    return CausalLM::runPasses(micros, head, train);
+  return mixturePasses(m_.config(), micros, head, train,
+                       [this](const MicroBatch &mb, MoeTrace *trace) {
+                         return m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, trace);
+                       },
+                       aux_);
 }
 
 shape::PassForm TensorParallelModel::passForm() const {
@@ -229,6 +265,8 @@ std::string TensorParallelModel::form() const {
   layout::Degrees d; // the shards; dp only replicates them
   d.tp = m_.comm().size();
   d.cp = cp_ ? cp_->size() : 1;
+  if (ep_) // ep divides the data-parallel ranks: ep(e) * tp(t)
+    d.dp = d.ep = ep_->size();
   return d.str();
 }
 
@@ -247,6 +285,22 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
   // sum over the cp group is the replica's, so the mean over cp x dp is
   // multiplied by |cp| (the head's is scaled down in localLogits).
   std::vector<at::Tensor> params = m_.parameters();
+  if (ep_) {
+    // ep x tp: the dense shards (and a head) averaged over this TP index's
+    // ranks; an expert's owner already holds the sum over its expert
+    // group's losses (the backward all-to-alls), summed over the ranks
+    // holding the same experts and divided by the data-parallel size
+    // (ExpertParallelModel's rule).
+    std::vector<at::Tensor> dense = m_.denseParameters(), experts = m_.expertParameters();
+    dense.insert(dense.end(), extra.begin(), extra.end());
+    allReduceGradients(dense, *dp_);
+    allReduceGradients(experts, *expertDp_);
+    c10::NoGradGuard noGrad;
+    for (at::Tensor &t : experts)
+      if (t.grad().defined())
+        t.mutable_grad().div_(double(ep_->size()));
+    return;
+  }
   if (dp_) {
     std::vector<at::Tensor> all = params;
     all.insert(all.end(), extra.begin(), extra.end());

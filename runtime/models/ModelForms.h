@@ -107,21 +107,38 @@ protected:
 /// member computes its positions of every sequence; `dp` is then every
 /// rank of this TP index (cp x dp), and reduceGradients multiplies the
 /// shards' averaged gradients by |cp| (their sum over the positions).
+///
+/// A mixture of experts runs on it too: the router replicated, each expert
+/// split along its width over `tp` (Megatron's expert tensor parallelism).
+/// With `ep` (ep(e) * tp(t): ep carved out of the data-parallel ranks, as
+/// ExpertParallelModel carves it) each rank holds the run of E/e experts
+/// of its index in `ep` (the e consecutive data-parallel ranks of its TP
+/// index), tokens go to their experts' owners over `ep`, and `expertDp`
+/// (the ranks of this TP index holding the same experts) sums the experts'
+/// gradients. The load-balancing loss is the whole model's.
 class TensorParallelModel final : public ShardedForm<TPLlama> {
 public:
   TensorParallelModel(const Llama &whole, comm::Communicator &tp,
-                      comm::Communicator *dp = nullptr, comm::Communicator *cp = nullptr);
+                      comm::Communicator *dp = nullptr, comm::Communicator *cp = nullptr,
+                      comm::Communicator *ep = nullptr, comm::Communicator *expertDp = nullptr);
 
   std::string form() const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
-  /// Under cp every forward gathers over the cp group.
-  comm::Communicator *lockstepGroup() const override { return cp_; }
+  /// Under cp every forward gathers over the cp group; under ep every
+  /// forward exchanges tokens over the expert group.
+  comm::Communicator *lockstepGroup() const override { return cp_ ? cp_ : ep_; }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
+  /// A mixture's passes record its routing (the load-balancing loss) and
+  /// replay the micro-batches' (WholeModel's).
+  std::vector<double> runPasses(const std::vector<MicroBatch> &micros, const PassHead &head,
+                                bool train) override;
+  std::optional<double> lastAuxLoss() const override { return aux_; }
 
 private:
-  comm::Communicator *dp_, *cp_;
+  comm::Communicator *dp_, *cp_, *ep_, *expertDp_;
+  std::optional<double> aux_;
 };
 
 /// ZeRO-3 shards (FSDPLlama) over `group`: backward reduce-scatters the

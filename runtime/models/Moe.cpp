@@ -52,11 +52,9 @@ at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeight
   return ys.empty() ? xs.narrow(0, 0, 0) : at::cat(ys, 0);
 }
 
-at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
-                  MoeRouting *routing, const at::Tensor &replay) {
-  const int64_t H = h.size(-1), E = w.router.size(0);
-  at::Tensor x = h.reshape({-1, H}); // [N, H]
-  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
+                          const MoeWeights &w) {
+  const int64_t E = w.router.size(0), k = chosen.size(1);
   // Each (token, slot) pair grouped by its expert: one matrix product per
   // expert over the tokens that chose it, the outputs scattered back with
   // their weights.
@@ -66,8 +64,14 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
   at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
   at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
   at::Tensor ys = runExperts(x.index_select(0, token), counts.data_ptr<int64_t>(), w);
-  at::Tensor out = at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
-  return out.view(h.sizes());
+  return at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
+}
+
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+                  MoeRouting *routing, const at::Tensor &replay) {
+  at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
+  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  return combineExperts(x, top, chosen, w).view(h.sizes());
 }
 
 at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Tensor &real) {

@@ -23,6 +23,8 @@ class Communicator;
 
 namespace hflow::models {
 
+struct LlamaConfig;
+
 /// One layer's mixture: the router [E, H] and the experts' stacked weights,
 /// gate and up [E, F, H], down [E, H, F] (expert e's are gate[e], ...).
 struct MoeWeights {
@@ -75,6 +77,22 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
                                 MoeRouting *routing = nullptr,
                                 const at::Tensor &replay = at::Tensor());
 
+/// The same mixture with tensor parallelism over `tp` (Megatron's expert
+/// tensor parallelism): `w` holds the whole router (replicated) and each
+/// expert's slice of the intermediate width, gate and up rows and down
+/// columns [f0, f0 + F/t) of member tp.rank(); with `ep`, only its run of
+/// experts (ep over the members of its tensor-parallel index, as
+/// moeMlpExpertParallel). `h` is replicated over `tp`: every member routes
+/// it alike, runs its slices and the partial outputs are summed over `tp`
+/// (one all-reduce). The backward sums the input's and the routing
+/// weights' gradients over `tp` (each member's experts give their part), so
+/// the router's gradient is the same on every member. Collective over `tp`
+/// (and `ep`).
+at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
+                                bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
+                                MoeRouting *routing = nullptr,
+                                const at::Tensor &replay = at::Tensor());
+
 /// What moeMlp and moeMlpExpertParallel share. The router's choice for the
 /// rows of x [N, H] (or the replayed one): each token's k weights and
 /// experts ([N, k]; the weights renormalised with normTopk), `routing`
@@ -82,6 +100,16 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
 std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w, int64_t k,
                                               bool normTopk, MoeRouting *routing,
                                               const at::Tensor &replay);
+/// The routed pairs' outputs summed into each token's row: the rows x
+/// [N, H] through the experts `chosen` ([N, k]) weighted by `top` ([N, k]),
+/// every expert of `w` here (combineExperts) or split over `ep` as
+/// moeMlpExpertParallel splits them (combineExpertsParallel, collective).
+/// [N, H] in x's type.
+at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
+                          const MoeWeights &w);
+at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
+                                  const at::Tensor &chosen, const MoeWeights &w,
+                                  comm::Communicator &ep);
 /// The experts of `w` on rows xs grouped by expert (rows[e] rows for w's
 /// expert e, in order): their outputs in the same order. With no rows, an
 /// empty slice of xs (still in its autograd graph).
@@ -96,6 +124,14 @@ at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeight
 /// all). Its gradient flows through P alone (the choices are discrete). A
 /// float32 (or wider) scalar; `layers` must not be empty.
 at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Tensor &real);
+
+/// A routing replay for B x T tokens of the mixture `c` ([B, T, layers,
+/// experts per token], ids below the number of experts; negative: the
+/// router's own) as int64 on the engine; undefined when `replay` is.
+/// Throws std::invalid_argument naming `who` for another shape or an id
+/// out of range.
+at::Tensor checkedReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t B, int64_t T,
+                         const char *who);
 
 } // namespace hflow::models
 

@@ -103,8 +103,14 @@ class TPLlama {
 public:
   /// Takes member tp.rank()'s shards of `full` (copied; `full` may be freed
   /// afterwards). The parameters start frozen, like a new Llama. Throws
-  /// std::invalid_argument when checkConfig fails.
-  TPLlama(const Llama &full, comm::Communicator &tp);
+  /// std::invalid_argument when checkConfig fails. A mixture's router is
+  /// replicated and each expert split along its width (gate and up by
+  /// rows, down by columns: Megatron's expert tensor parallelism); with
+  /// `ep` (expert parallelism over the members of this TP index, ep x tp)
+  /// only the run of E/|ep| experts of member ep->rank() is held, and every
+  /// mixture layer sends its tokens to their experts' owners over `ep`
+  /// (moeMlpTensorParallel).
+  TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep = nullptr);
   ~TPLlama();
   TPLlama(const TPLlama &) = delete;
   TPLlama &operator=(const TPLlama &) = delete;
@@ -123,7 +129,14 @@ public:
   /// replicated on every member. With a `cache` (this member's kv heads
   /// only) the tokens continue the cached sequence. Collective.
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                    const at::Tensor &keyMask, KvStore *cache = nullptr) const;
+                    const at::Tensor &keyMask, KvStore *cache = nullptr,
+                    MoeTrace *moe = nullptr) const;
+  /// The expert group (ep x tp), or null.
+  comm::Communicator *expertComm() const;
+  /// The leaves holding experts (one stack per layer and weight), and the
+  /// others: how ep x tp reduces their gradients.
+  std::vector<at::Tensor> expertParameters() const;
+  std::vector<at::Tensor> denseParameters() const;
   /// This member's logits [.., V/t] (vocabulary [vocabStart(), +V/t)).
   /// Under splitContext the head's gradient is divided by the cp group's
   /// size (every member applies it to the same gathered hidden states).
@@ -173,7 +186,8 @@ public:
   /// Writes the gathered full weights into `dst` (same config). Collective.
   void gatherInto(Llama &dst) const;
   /// The gathered full gradients, named and shaped as
-  /// Llama::namedParameters() (zeros where none). Collective.
+  /// Llama::namedParameters() (zeros where none); with ep, of the held
+  /// experts only. Collective over the TP group.
   NamedTensors gatherGradients() const;
   /// The squared global L2 norm of the gradients: sharded ones summed over
   /// the group, replicated ones (norms, replicated kv heads) counted once.

@@ -8,6 +8,7 @@
 #ifndef HFLOW_RUNTIME_MODELS_PARALLELDETAIL_H
 #define HFLOW_RUNTIME_MODELS_PARALLELDETAIL_H
 
+#include "runtime/models/Moe.h"
 #include "runtime/models/Parallel.h"
 
 #include <c10/core/GradMode.h>
@@ -46,9 +47,16 @@ at::Tensor sumOverReplicas(const at::Tensor &x, comm::Communicator &c, int64_t r
 struct LayerWeights {
   at::Tensor attnNorm, wq, bq, wk, bk, wv, bv, wo, mlpNorm, gate, up, down;
   at::Tensor qNorm, kNorm; ///< Qwen3's per-head norms (undefined without)
+  /// A mixture's layer (router defined; then no gate, up, down): the
+  /// experts' stacks as this member holds them (its run under ep, its
+  /// slice of each expert's width under tp).
+  MoeWeights moe;
 
-  /// The slot of a parameter named "<suffix>" inside "layers.<i>.".
+  /// The slot of a parameter named "<suffix>" inside "layers.<i>." (not an
+  /// expert's: those are rows of the stacks).
   at::Tensor *slot(const std::string &suffix) {
+    if (suffix == "mlp.router")
+      return &moe.router;
     static const std::map<std::string, at::Tensor LayerWeights::*> slots = {
         {"attn_norm", &LayerWeights::attnNorm}, {"attn.q", &LayerWeights::wq},
         {"attn.q_bias", &LayerWeights::bq},     {"attn.k", &LayerWeights::wk},
@@ -152,15 +160,36 @@ void checkTokens(const LlamaConfig &c, const at::Tensor &tokens, const char *who
 AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
                         const at::Tensor &positions, const at::Tensor &keyMask,
                         const char *who, const KvStore *cache = nullptr);
+/// Expert parallelism's gather: `stacks` (a model's expert stacks, [E, ..]
+/// each, every expert) hold this member's run, rows [first, first + held),
+/// and receive every other member's run from it (member j's: rows
+/// [j held, (j + 1) held)). One all-gather over `ep`.
+void gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, int64_t held,
+                      comm::Communicator &ep);
+
+/// How a mixture layer runs in decoderLayer: experts per token and their
+/// weights' normalisation, the expert group (null: every expert here), and
+/// the routing to record (trace->record) and replay (`replay`, checked
+/// [B, T, layers, k], or undefined).
+struct MoeCall {
+  int64_t k = 0;
+  bool normTopk = false;
+  comm::Communicator *ep = nullptr;
+  MoeTrace *trace = nullptr;
+  at::Tensor replay;
+};
+
 /// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
 /// weights are this member's shards: the normed input goes through f and
 /// the row-parallel outputs through g; the replicated q/k norms through f
 /// too (each member's heads add their part of the norms' gradient). With
 /// `a.cp`, `xIn` is this member's positions and the keys and values are
-/// gathered over the group before attention.
+/// gathered over the group before attention. A mixture's layer (w.moe)
+/// needs `moe` (moeMlp, moeMlpExpertParallel or moeMlpTensorParallel).
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const AttnContext &a,
                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
-                        KvStore *cache = nullptr, size_t li = 0);
+                        KvStore *cache = nullptr, size_t li = 0,
+                        const MoeCall *moe = nullptr);
 /// Logits as float32, divided by the temperature (unless 0 or 1).
 at::Tensor scaled(const at::Tensor &logits, double temperature);
 

@@ -93,7 +93,8 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
 /// the row-parallel outputs through g.
 at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
                         const AttnContext &a, int64_t nq, int64_t nkv, double eps,
-                        comm::Communicator *tp, KvStore *cache, size_t li) {
+                        comm::Communicator *tp, KvStore *cache, size_t li,
+                        const MoeCall *moe) {
   const int64_t B = a.B, T = a.T, hd = a.hd;
   at::Tensor x = xIn;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
@@ -129,6 +130,21 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
     y = reduceFromTP(y, *tp);
   x = x + y;
   h = rmsNorm(x, w.mlpNorm, eps);
+  if (w.moe.router.defined()) {
+    if (!moe)
+      throw std::logic_error("decoderLayer: a mixture's layer without its routing settings");
+    MoeRouting r;
+    MoeRouting *rec = moe->trace && moe->trace->record ? &r : nullptr;
+    const at::Tensor given = moe->replay.defined()
+                                 ? moe->replay.select(2, (int64_t)li).reshape({B * T, moe->k})
+                                 : at::Tensor();
+    y = tp ? moeMlpTensorParallel(h, w.moe, moe->k, moe->normTopk, *tp, moe->ep, rec, given)
+        : moe->ep ? moeMlpExpertParallel(h, w.moe, moe->k, moe->normTopk, *moe->ep, rec, given)
+                  : moeMlp(h, w.moe, moe->k, moe->normTopk, rec, given);
+    if (rec)
+      moe->trace->layers.push_back(std::move(r));
+    return x + y;
+  }
   if (tp)
     h = copyToTP(h, *tp);
   y = at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);

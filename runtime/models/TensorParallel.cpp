@@ -43,10 +43,15 @@ TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts) {
   }
   // Norms are replicated: the layer's two and Qwen3's per-head q/k norms
   // (one head's width, shared by every head).
+  // A mixture's router too (each member routes every token alike).
+  auto isExpertDown = [&] {
+    return suffix.rfind("mlp.experts.", 0) == 0 && suffix.size() > 5 &&
+           suffix.compare(suffix.size() - 5, 5, ".down") == 0;
+  };
   if (suffix == "attn_norm" || suffix == "mlp_norm" || suffix == "attn.q_norm" ||
-      suffix == "attn.k_norm")
+      suffix == "attn.k_norm" || suffix == "mlp.router")
     s = TpSplit{};
-  else if (suffix == "attn.o" || suffix == "mlp.down")
+  else if (suffix == "attn.o" || suffix == "mlp.down" || isExpertDown())
     s.dim = 1;
   else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
     s.parts = kvParts;
@@ -148,23 +153,57 @@ LayerWeights detail::withKvReplicaSums(LayerWeights w, comm::Communicator &tp, i
 // TPLlama
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// Whether `name` is one of a mixture's experts, and which ("layers.<i>.
+/// mlp.experts.<x>.<w>": x, w).
+bool expertOf(const std::string &name, int64_t &x, std::string &w) {
+  std::string suffix;
+  if (layerOf(name, suffix) < 0 || suffix.rfind("mlp.experts.", 0) != 0)
+    return false;
+  const size_t dot = suffix.find('.', 12);
+  x = std::stoll(suffix.substr(12, dot - 12));
+  w = suffix.substr(dot + 1);
+  return true;
+}
+
+/// Whether `m` holds every expert of its mixture (not a run of them).
+bool holdsEveryExpert(const Llama &m) {
+  for (const at::Tensor &t : m.expertParameters())
+    if (t.size(0) != m.config().experts)
+      return false;
+  return true;
+}
+} // namespace
+
 struct TPLlama::Impl {
   LlamaConfig c;
   comm::Communicator *tp = nullptr;
   comm::Communicator *cp = nullptr; ///< splitContext's group, or null
+  comm::Communicator *ep = nullptr; ///< ep x tp: the expert group, or null
   int t = 1, r = 0;
   int64_t nq = 0, nkv = 0, kvParts = 0, vStart = 0, vShard = 0;
+  int64_t firstExpert = 0, heldExperts = 0; ///< a mixture's run of experts here
   at::Tensor embed, finalNorm, head;
   std::vector<LayerWeights> layers;
 
-  /// One leaf: split along `dim` into `parts` distinct pieces (member r
-  /// holds piece r / (t / parts)); dim -1: replicated.
+  /// One parameter: split along `dim` into `parts` distinct pieces (member
+  /// r holds piece r / (t / parts)); dim -1: replicated. An expert's is row
+  /// `index` of its layer's stack (the leaf); any other's is its own leaf
+  /// (index -1).
   struct Entry {
     std::string name;
     at::Tensor leaf;
+    int64_t index = -1;
     int dim = -1;
     int64_t parts = 1;
     std::vector<int64_t> fullShape; ///< as in Llama::namedParameters()
+
+    at::Tensor value() const { return index < 0 ? leaf : leaf[index]; }
+    at::Tensor grad() const {
+      if (!leaf.grad().defined())
+        return at::Tensor();
+      return index < 0 ? leaf.grad() : leaf.grad()[index];
+    }
   };
   std::vector<Entry> entries;
 
@@ -185,7 +224,7 @@ struct TPLlama::Impl {
   }
 
   /// The full tensor (2-D view) from every member's piece `mine`.
-  /// Collective.
+  /// Collective over the TP group.
   at::Tensor gather(const Entry &e, const at::Tensor &mine) const {
     if (e.dim < 0 || t == 1)
       return mine.detach().clone();
@@ -212,12 +251,15 @@ std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
            " do not divide one another";
   if (c.ffn % t != 0)
     return "tensor parallelism: ffn " + s(c.ffn) + " is not divisible by " + s(t);
+  if (c.experts > 0 && c.expertFfn % t != 0)
+    return "tensor parallelism: the experts' width " + s(c.expertFfn) +
+           " is not divisible by " + s(t);
   if (c.vocab % t != 0)
     return "tensor parallelism: vocab " + s(c.vocab) + " is not divisible by " + s(t);
   return "";
 }
 
-TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
+TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
@@ -226,10 +268,32 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
   p.r = tp.rank();
   if (std::string e = checkConfig(p.c, p.t); !e.empty())
     throw std::invalid_argument(e);
+  if (!holdsEveryExpert(full))
+    throw std::invalid_argument("TPLlama: model " + p.c.name +
+                                " holds a run of its experts; it needs them all");
+  p.heldExperts = p.c.experts;
+  if (ep && ep->size() > 1) {
+    if (p.c.experts == 0 || p.c.experts % ep->size() != 0)
+      throw std::invalid_argument("TPLlama: expert parallelism over " +
+                                  std::to_string(ep->size()) +
+                                  " members needs a mixture whose experts (" +
+                                  std::to_string(p.c.experts) + ") they divide");
+    p.ep = ep;
+    p.heldExperts = p.c.experts / ep->size();
+    p.firstExpert = ep->rank() * p.heldExperts;
+  }
   const TpGeometry g = tpGeometry(p.c, &tp);
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   p.layers.resize(p.c.layers);
+  // A layer's held experts: each weight's pieces, stacked below into one
+  // leaf (moeMlp's [E, .., ..] stacks), their entries its rows.
+  std::vector<std::map<std::string, std::vector<size_t>>> stacks(p.c.layers);
   for (const auto &[name, view] : full.namedParameters()) {
+    int64_t x = 0;
+    std::string w;
+    const bool expert = expertOf(name, x, w);
+    if (expert && (x < p.firstExpert || x >= p.firstExpert + p.heldExperts))
+      continue; // another expert group's
     Impl::Entry e;
     e.name = name;
     p.spec(name, e.dim, e.parts);
@@ -237,6 +301,11 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
     e.fullShape = view.sizes().vec();
     std::string suffix;
     int layer = layerOf(name, suffix);
+    if (expert) {
+      stacks.at(layer)[w].push_back(p.entries.size());
+      p.entries.push_back(std::move(e));
+      continue;
+    }
     at::Tensor *slot = nullptr;
     if (layer >= 0)
       slot = p.layers.at(layer).slot(suffix);
@@ -251,8 +320,43 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp)
     *slot = e.leaf;
     p.entries.push_back(std::move(e));
   }
+  for (size_t l = 0; l < stacks.size(); ++l)
+    for (auto &[w, rows] : stacks[l]) {
+      at::Tensor *slot = w == "gate" ? &p.layers[l].moe.gate
+                         : w == "up" ? &p.layers[l].moe.up
+                         : w == "down" ? &p.layers[l].moe.down
+                                       : nullptr;
+      if (!slot)
+        throw std::invalid_argument("TPLlama: unknown expert weight " + p.entries[rows[0]].name);
+      std::vector<at::Tensor> pieces;
+      for (size_t i : rows)
+        pieces.push_back(p.entries[i].leaf);
+      *slot = at::stack(pieces);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        p.entries[rows[k]].leaf = *slot;
+        p.entries[rows[k]].index = (int64_t)k;
+      }
+    }
   if (!p.head.defined() && p.c.lmHead)
     p.head = p.embed; // tied
+}
+
+comm::Communicator *TPLlama::expertComm() const { return p_->ep; }
+
+std::vector<at::Tensor> TPLlama::expertParameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &e : p_->entries)
+    if (e.index == 0)
+      out.push_back(e.leaf);
+  return out;
+}
+
+std::vector<at::Tensor> TPLlama::denseParameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &e : p_->entries)
+    if (e.index < 0)
+      out.push_back(e.leaf);
+  return out;
 }
 
 TPLlama::~TPLlama() = default;
@@ -265,12 +369,14 @@ int64_t TPLlama::vocabStart() const { return p_->vStart; }
 int64_t TPLlama::vocabShard() const { return p_->vShard; }
 
 at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
-                           const at::Tensor &keyMask, KvStore *cache) const {
+                           const at::Tensor &keyMask, KvStore *cache, MoeTrace *moe) const {
   const Impl &p = *p_;
   if (p.cp && p.cp->size() > 1) {
     // Context parallelism (cp x tp): this member's positions with its heads.
     if (cache)
       throw std::logic_error("TPLlama: a context-parallel model does not generate");
+    if (p.c.experts > 0) // the plan loader refuses cp on a mixture
+      throw std::logic_error("TPLlama: context parallelism on a mixture of experts");
     if (tokens.dim() != 2)
       throw std::invalid_argument("TPLlama (cp): tokens must be int64 [B, T]");
     const SequenceSplit split = splitSequence(tokens.size(1), *p.cp, /*balanced=*/true);
@@ -286,9 +392,16 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
     return gatherSequence(rmsNorm(x, p.finalNorm, p.c.normEps), split);
   }
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
+  MoeCall mc;
+  if (p.c.experts > 0) {
+    mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep, mc.trace = moe;
+    if (moe)
+      mc.replay = checkedReplay(p.c, moe->replay, a.B, a.T, "TPLlama");
+  }
   at::Tensor x = vocabParallelEmbedding(p.embed, tokens, p.vStart, p.vShard, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
-    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i);
+    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i,
+                     &mc);
   if (cache)
     cache->commit(a.keyReal, positions);
   return rmsNorm(x, p.finalNorm, p.c.normEps);
@@ -298,14 +411,18 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
                              const SamplingOptions &opts, at::Generator &gen) const {
   // Every member samples from the same gathered logits with the same
   // generator state, so all draw the same tokens and stop together.
+  if (p_->ep) // the plan loader refuses generation on ep x tp
+    throw std::logic_error("TPLlama: model " + p_->c.name + " holds " +
+                           std::to_string(p_->heldExperts) + " of its " +
+                           std::to_string(p_->c.experts) +
+                           " experts (ep x tp): it does not generate");
   if (opts.paged) {
     // Every member runs the same schedule (it depends only on the sampled
-    // tokens, equal on all): a pool of this member's kv heads.
+    // tokens, equal on all): a pool of this member's kv heads. A mixture
+    // routes alike on every member, so its recorded routing is the same.
     NextLogitsFn next = [this](const at::Tensor &toks, const at::Tensor &pos,
                                const at::Tensor &mask, KvStore *kv, MoeTrace *moe) {
-      if (moe) // the plan loader refuses a mixture on tensor-parallel shards
-        throw std::logic_error("TPLlama: a mixture's routing is not recorded on shards");
-      return logits(hidden(toks, pos, mask, kv).select(1, toks.size(1) - 1));
+      return logits(hidden(toks, pos, mask, kv, moe).select(1, toks.size(1) - 1));
     };
     KvGeometry g = kvGeometryOf(p_->c);
     g.kvHeads = p_->nkv;
@@ -354,7 +471,7 @@ at::Tensor TPLlama::tokenEntropy(const at::Tensor &shard, double temperature) co
 NamedTensors TPLlama::namedShards() const {
   NamedTensors out;
   for (const auto &e : p_->entries)
-    out.emplace_back(e.name, e.leaf);
+    out.emplace_back(e.name, e.value());
   return out;
 }
 
@@ -370,7 +487,8 @@ std::vector<std::pair<std::string, Box>> TPLlama::namedBoxes() const {
 std::vector<at::Tensor> TPLlama::parameters() const {
   std::vector<at::Tensor> out;
   for (const auto &e : p_->entries)
-    out.push_back(e.leaf);
+    if (e.index <= 0) // a stack of experts once
+      out.push_back(e.leaf);
   return out;
 }
 
@@ -379,31 +497,61 @@ void TPLlama::setTrainable(bool trainable) {
     e.leaf.requires_grad_(trainable);
 }
 
+namespace {
+/// Calls f(entry, whole) for each of this member's entries and the whole
+/// model's parameter of its name (`named`: Llama::namedParameters() of a
+/// model holding every expert); throws naming `who` when they differ.
+template <class E, class F>
+void eachHeld(std::vector<E> &entries, const NamedTensors &named, int64_t first, int64_t held,
+              const char *who, F f) {
+  std::map<std::string, size_t> at;
+  for (size_t i = 0; i < entries.size(); ++i)
+    at.emplace(entries[i].name, i);
+  size_t matched = 0;
+  for (const auto &[name, whole] : named) {
+    int64_t x = 0;
+    std::string w;
+    if (expertOf(name, x, w) && (x < first || x >= first + held))
+      continue; // another expert group's
+    auto it = at.find(name);
+    if (it == at.end() || !whole.sizes().equals(entries[it->second].fullShape))
+      throw std::invalid_argument(std::string(who) + ": parameter " + name + " differs");
+    f(entries[it->second], whole);
+    ++matched;
+  }
+  if (matched != entries.size())
+    throw std::invalid_argument(std::string(who) + ": the model differs in structure");
+}
+} // namespace
+
 void TPLlama::loadFrom(const Llama &full) {
   Impl &p = *p_;
-  auto named = full.namedParameters();
-  if (named.size() != p.entries.size())
-    throw std::invalid_argument("TPLlama::loadFrom: the model differs in structure");
+  if (!holdsEveryExpert(full))
+    throw std::invalid_argument("TPLlama::loadFrom: model " + p.c.name +
+                                " holds a run of its experts, not all");
   c10::NoGradGuard noGrad;
-  for (size_t i = 0; i < named.size(); ++i) {
-    Impl::Entry &e = p.entries[i];
-    if (named[i].first != e.name || !named[i].second.sizes().equals(e.fullShape))
-      throw std::invalid_argument("TPLlama::loadFrom: parameter " + named[i].first +
-                                  " differs");
-    e.leaf.copy_(p.piece(e.name, named[i].second, e.dim, e.parts));
-  }
+  eachHeld(p.entries, full.namedParameters(), p.firstExpert, p.heldExperts,
+           "TPLlama::loadFrom", [&](Impl::Entry &e, const at::Tensor &whole) {
+             e.value().copy_(p.piece(e.name, whole, e.dim, e.parts));
+           });
 }
 
 void TPLlama::gatherInto(Llama &dst) const {
-  const Impl &p = *p_;
-  auto named = dst.namedParameters();
-  if (named.size() != p.entries.size())
-    throw std::invalid_argument("TPLlama::gatherInto: the model differs in structure");
-  for (size_t i = 0; i < named.size(); ++i) {
-    const Impl::Entry &e = p.entries[i];
-    at::Tensor full = p.gather(e, e.leaf);
-    c10::NoGradGuard noGrad;
-    named[i].second.copy_(full.view(named[i].second.sizes()));
+  Impl &p = *p_;
+  if (!holdsEveryExpert(dst))
+    throw std::invalid_argument("TPLlama::gatherInto: model " + p.c.name +
+                                " holds a run of its experts, not all");
+  eachHeld(p.entries, dst.namedParameters(), p.firstExpert, p.heldExperts,
+           "TPLlama::gatherInto", [&](Impl::Entry &e, const at::Tensor &whole) {
+             at::Tensor full = p.gather(e, e.value());
+             c10::NoGradGuard noGrad;
+             at::Tensor(whole).copy_(full.view(whole.sizes()));
+           });
+  if (p.ep) {
+    // Every TP member now holds its expert group's run whole in `dst`; the
+    // other groups' runs come from their owners (of this TP index).
+    std::vector<at::Tensor> stacks = dst.expertParameters();
+    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, *p.ep);
   }
 }
 
@@ -412,7 +560,7 @@ NamedTensors TPLlama::gatherGradients() const {
   c10::NoGradGuard noGrad;
   NamedTensors out;
   for (const auto &e : p.entries) {
-    at::Tensor g = e.leaf.grad().defined() ? e.leaf.grad() : at::zeros_like(e.leaf);
+    at::Tensor g = e.grad().defined() ? e.grad() : at::zeros_like(e.value());
     out.emplace_back(e.name, p.gather(e, g).reshape(e.fullShape));
   }
   return out;
@@ -421,20 +569,32 @@ NamedTensors TPLlama::gatherGradients() const {
 double TPLlama::gradNormSquared() const {
   const Impl &p = *p_;
   CommScope scope;
-  double replicated = 0, sharded = 0;
+  // Replicated ones counted once; a piece split over tp by its first
+  // holder, summed over the group; an expert's also over the expert group
+  // (each holds other experts; after reduceGradients the groups holding
+  // the same experts agree).
+  double replicated = 0, sharded = 0, experts = 0;
   for (const auto &e : p.entries) {
-    if (!e.leaf.grad().defined())
+    at::Tensor g = e.grad();
+    if (!g.defined())
       continue;
-    double s = e.leaf.grad().to(at::kDouble).pow(2).sum().item<double>();
-    if (e.dim < 0)
+    double s = g.to(at::kDouble).pow(2).sum().item<double>();
+    if (e.index >= 0)
+      experts += TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t) ? s : 0;
+    else if (e.dim < 0)
       replicated += s;
     else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) // its piece counted once
       sharded += s;
   }
-  at::Tensor total = at::full({1}, sharded, onEngine(at::kDouble));
+  at::Tensor total = at::tensor({sharded, experts}, at::kDouble).to(engineDevice());
   if (p.t > 1)
     p.tp->allReduceSum(total);
-  return total.item<double>() + replicated;
+  if (p.ep) {
+    at::Tensor ex = total.narrow(0, 1, 1).clone();
+    p.ep->allReduceSum(ex);
+    total.narrow(0, 1, 1).copy_(ex);
+  }
+  return total.sum().item<double>() + replicated;
 }
 
 } // namespace hflow::models

@@ -23,6 +23,21 @@ LlamaConfig moe(bool mixtral) {
   return c;
 }
 
+/// The gradient of a named weight (a view of one of `leaves`: a norm's
+/// row, an expert of its stack): the same elements of the leaf's.
+at::Tensor gradOfView(const std::vector<at::Tensor> &leaves, const at::Tensor &t) {
+  for (const at::Tensor &p : leaves) {
+    const int64_t at = (static_cast<const char *>(t.data_ptr()) -
+                        static_cast<const char *>(p.data_ptr())) /
+                       int64_t(t.element_size());
+    if (at >= 0 && at + t.numel() <= p.numel())
+      return p.grad().defined() ? p.grad().reshape({-1}).narrow(0, at, t.numel()).view(t.sizes())
+                                : at::zeros_like(t);
+  }
+  ADD_FAILURE() << "no leaf holds a named weight";
+  return at::Tensor();
+}
+
 /// ep(e) * dp(n / e) on a world of n: expert groups of e consecutive
 /// members, the members of one ep index the experts' data-parallel group.
 /// Each member takes its rows of the batch (B = 2 n); through the CausalLM
@@ -73,23 +88,9 @@ void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
   NamedTensors want;
   std::map<std::string, at::Tensor> refGrads(ref.grads.begin(), ref.grads.end());
   NamedTensors got;
-  // A named weight is a view of a leaf (a norm's row, an expert of the
-  // stack): its gradient is the same elements of the leaf's.
   const std::vector<at::Tensor> leaves = lm.parameters();
-  auto gradOf = [&](const at::Tensor &t) {
-    for (const at::Tensor &p : leaves) {
-      const int64_t at = (static_cast<const char *>(t.data_ptr()) -
-                          static_cast<const char *>(p.data_ptr())) /
-                         int64_t(t.element_size());
-      if (at >= 0 && at + t.numel() <= p.numel())
-        return p.grad().defined() ? p.grad().reshape({-1}).narrow(0, at, t.numel()).view(t.sizes())
-                                  : at::zeros_like(t);
-    }
-    ADD_FAILURE() << "no leaf holds a named weight";
-    return at::Tensor();
-  };
   for (const auto &[name, t] : lm.namedWeights()) {
-    got.push_back({name, gradOf(t)});
+    got.push_back({name, gradOfView(leaves, t)});
     want.push_back({name, refGrads.at(name)});
   }
   expectGrads(errs, key + "grads", got, want);
@@ -99,8 +100,118 @@ void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
                       [&](Llama &dst) { lm.gatherInto(dst); });
 }
 
+/// ep(e) * tp(t) on a world of n (e = 1: tp(t) * dp(n / t) on a mixture):
+/// TP groups of t consecutive ranks; the d = n / t ranks of one TP index
+/// its data-parallel group, each run of e of them (in data-parallel order)
+/// an expert group, the ranks holding the same experts the experts'
+/// data-parallel group. Each TP group takes its rows of the batch (B = 2
+/// d). Through the CausalLM interface against the whole model on the whole
+/// batch: log-probabilities, the loss, every held shard's gradient after
+/// reduceGradients, their norm, one AdamW step and the gathered weights;
+/// the load-balancing loss of runPasses against the whole model's on the
+/// same rows.
+void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int t) {
+  const int r = world.rank(), n = world.size(), d = n / t, di = r / t, ti = r % t;
+  const std::string what = "ep" + std::to_string(e) + "*tp" + std::to_string(t) + "*dp" +
+                           std::to_string(d / e);
+  SCOPED_TRACE(c.name + " " + what);
+  const std::string key = "eptp." + c.name + ".", grid = key + what;
+  std::vector<int> tpRanks, dpRanks, epRanks, edpRanks;
+  for (int k = 0; k < t; ++k)
+    tpRanks.push_back(di * t + k);
+  for (int k = 0; k < d; ++k)
+    dpRanks.push_back(k * t + ti);
+  for (int k = 0; k < e; ++k)
+    epRanks.push_back((di / e * e + k) * t + ti);
+  for (int k = 0; k < d / e; ++k)
+    edpRanks.push_back((k * e + di % e) * t + ti);
+  auto tp = world.makeSubgroup(grid + ".tp" + std::to_string(di), tpRanks);
+  auto dp = world.makeSubgroup(grid + ".dp" + std::to_string(ti), dpRanks);
+  auto ep = world.makeSubgroup(grid + ".ep" + std::to_string(di / e) + "." + std::to_string(ti),
+                               epRanks);
+  auto edp = world.makeSubgroup(
+      grid + ".edp" + std::to_string(di % e) + "." + std::to_string(ti), edpRanks);
+  Batch all = makeBatch(c.vocab, 2 * d);
+  Reference ref = reference(c, all);
+  Batch b = all.rows(2 * di, 2);
+
+  Llama whole(c, kSeed);
+  TensorParallelModel lm(whole, *tp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr, edp.get());
+  if (e > 1)
+    EXPECT_EQ(lm.form(), "tp(" + std::to_string(t) + ") * ep(" + std::to_string(e) + ")");
+  // It holds its run of E/e experts, each expert's slice of the width,
+  // named as the whole model's.
+  const int64_t El = c.experts / e;
+  std::map<std::string, Box> boxes;
+  for (const auto &[name, box] : lm.namedBoxes())
+    boxes[name] = box;
+  int held = 0;
+  for (const auto &[name, w] : lm.namedWeights())
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
+      EXPECT_EQ(x / El, di % e) << name;
+      const Box bx = boxes.at(name);
+      EXPECT_EQ(bx.numel(), c.expertFfn / t * c.hidden) << name;
+      ++held;
+    }
+  EXPECT_EQ(held, c.layers * El * 3);
+  lm.setTrainable(true);
+  at::Tensor l = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
+  at::Tensor lp = lm.tokenLogprobs(l, b.targets(), kTemp);
+  expectClose(errs, key + "logprobs", "log-probabilities", lp, ref.lp.narrow(0, 2 * di, 2));
+  at::Tensor loss = lossOf(lp, lm.tokenEntropy(l, kTemp), b.targetMask());
+  loss.backward();
+  lm.reduceGradients({});
+  // Every held shard's gradient against its box of the whole model's.
+  std::map<std::string, at::Tensor> refGrads(ref.grads.begin(), ref.grads.end());
+  NamedTensors got, want;
+  const std::vector<at::Tensor> leaves = lm.parameters();
+  for (const auto &[name, w] : lm.namedWeights()) {
+    const Box bx = boxes.at(name);
+    got.push_back({name, gradOfView(leaves, w).reshape({bx.rows(), bx.cols()})});
+    want.push_back({name, refGrads.at(name).narrow(0, bx.r0, bx.rows()).narrow(1, bx.c0, bx.cols())});
+  }
+  expectGrads(errs, key + "grads", got, want);
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", lm.gradNormSquared({}),
+                    ref.gradNormSq);
+  expectSameAdamWStep(errs, key + "adamw", c, lm.parameters(), lm.gradNormSquared({}), ref,
+                      [&](Llama &dst) { lm.gatherInto(dst); });
+
+  // The load-balancing loss through runPasses: the whole model's on these
+  // rows (the stepped weights: both sides took the same step).
+  LlamaConfig withAux = c;
+  withAux.routerAuxLoss = true;
+  withAux.routerAuxCoef = 0.01;
+  Llama stepped(withAux, kSeed);
+  lm.gatherInto(stepped);
+  MoeTrace trace;
+  trace.record = true;
+  (void)stepped.hidden(b.tokens, b.positions, b.mask, nullptr, &trace);
+  const double wantAux = loadBalancingLoss(trace.layers, b.mask).item<double>();
+  TensorParallelModel lm2(stepped, *tp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr,
+                          edp.get());
+  lm2.setTrainable(true);
+  lm2.runPasses({MicroBatch{b.tokens, b.positions, b.mask, at::Tensor()}},
+                [&](int, const at::Tensor &h) { return h.pow(2).mean(); }, /*train=*/true);
+  ASSERT_TRUE(lm2.lastAuxLoss().has_value());
+  EXPECT_GT(wantAux, 1.0); // about k = 2 for a balanced router
+  expectCloseScalar(errs, key + "aux", "load-balancing loss", *lm2.lastAuxLoss(), wantAux);
+}
+
 } // namespace
 } // namespace partest
+
+// ep(2) * tp(2) (4 ranks), and tensor parallelism alone on a mixture (tp(2)
+// * dp(2): every expert on each TP group, split along its width).
+TEST(ParallelEP, WithTensorParallel) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool mixtral : {false, true}) {
+    checkEPxTP(errs, *g.world, moe(mixtral), 2, 2);
+    checkEPxTP(errs, *g.world, moe(mixtral), 1, 2);
+  }
+}
 
 // The dispatched mixture against moeMlp on the same tokens: every member
 // routes its own rows; the outputs and the input gradient agree.
