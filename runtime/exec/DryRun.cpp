@@ -45,8 +45,11 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
     return "whole weights, replica " + std::to_string(pos) + " of " + std::to_string(size);
   case Form::TensorParallel: {
     const int c = std::max(1, l.cp()); // cp x tp: tp fastest, then cp
+    const int e = std::max(1, l.ep());  // ep x tp: runs of e data-parallel ranks
     return "tensor-parallel shard " + std::to_string(pos % t) + " of " + std::to_string(t) +
            (c > 1 ? ", context part " + std::to_string(pos / t % c) + " of " + std::to_string(c)
+                  : std::string()) +
+           (e > 1 ? ", expert run " + std::to_string(pos / t % e) + " of " + std::to_string(e)
                   : std::string()) +
            ", replica " + std::to_string(pos / (t * c)) + " of " +
            std::to_string(std::max(1, size / (t * c)));

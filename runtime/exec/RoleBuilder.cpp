@@ -341,11 +341,28 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
       rr.groups.sp = comms_.world->makeSubgroup(
           "cp-" + rn + "-" + std::to_string(replica) + "-" + std::to_string(t), cpRanks);
     }
+    const int eps = std::max(1, role(r).train()->ep());
+    if (eps > 1 && rr.fsdpSize == 1) {
+      // ep x tp: the data-parallel ranks of this TP index in runs of e (the
+      // experts' split; cp is 1 with a mixture), the ranks of one ep index
+      // among them holding the same experts.
+      const int di = rr.pos / tps, t = rr.pos % tps, run = di / eps;
+      std::vector<int> epRanks, edpRanks;
+      for (int k = 0; k < eps; ++k)
+        epRanks.push_back(rs[(run * eps + k) * tps + t]);
+      for (int k = 0; k < dps / eps; ++k)
+        edpRanks.push_back(rs[(k * eps + di % eps) * tps + t]);
+      rr.groups.ep = comms_.world->makeSubgroup(
+          "ep-" + rn + "-" + std::to_string(run) + "-" + std::to_string(t), epRanks);
+      rr.groups.edp = comms_.world->makeSubgroup(
+          "edp-" + rn + "-" + std::to_string(di % eps) + "-" + std::to_string(t), edpRanks);
+    }
     if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.groups.dp, tpc);
     else
       rr.lm = std::make_unique<models::TensorParallelModel>(
-          *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get());
+          *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get(), rr.groups.ep.get(),
+          rr.groups.edp.get());
   } else if (rr.fsdpSize > 1) {
     rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
   } else if (rr.ppSize > 1) {

@@ -18,8 +18,8 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// A mixture of experts on whole weights, or on ep(e) * dp(d) when it
-/// trains or computes.
+/// A mixture of experts on whole weights, tensor-parallel shards, or
+/// ep(e) * dp(d) and ep(e) * tp(t) * dp(d) when it trains or computes.
 std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
@@ -27,10 +27,10 @@ std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.ep > 1 && d.experts % l.ep != 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits the experts evenly: it must "
            "divide the model's " + s(d.experts) + " experts";
-  if (d.experts > 0 && (l.tp > 1 || l.fsdp > 1 || l.pp > 1 || l.sp > 1 || l.cp > 1))
+  if (d.experts > 0 && (l.fsdp > 1 || l.pp > 1 || l.sp > 1 || l.cp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
-           "dp(N), or on ep(e) * dp(d) in hflow-run yet: its tensor-parallel, fully "
-           "sharded, pipelined, sequence-parallel and context-parallel forms are not built";
+           "tp(t) * dp(d), or with ep(e) in hflow-run yet: its fully sharded, pipelined, "
+           "sequence-parallel and context-parallel forms are not built";
   return "";
 }
 } // namespace
@@ -60,6 +60,9 @@ std::string tensorParallelProblem(const Dims &d, int64_t t) {
     return "ffn " + s(d.ffn) + " is not divisible by tp " + s(t);
   if (d.vocab % t != 0)
     return "vocab " + s(d.vocab) + " is not divisible by tp " + s(t);
+  if (d.experts > 0 && d.expertFfn % t != 0)
+    return "the experts' width expert_ffn " + s(d.expertFfn) + " is not divisible by tp " +
+           s(t);
   return "";
 }
 
@@ -135,6 +138,11 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   if (gen.ep > 1) {
     // On the training shards: each rank generates its own rows, the
     // expert group in lockstep; nothing moves between the two layouts.
+    if (gen.tp > 1)
+      return refuse("generate", gen,
+                    "expert-parallel generation on tensor-parallel shards is not built in "
+                    "hflow-run yet: generate on tp(t) * dp(d) (every expert on each "
+                    "tensor-parallel group), dp(N), or ep(e) * dp(d) trained alike");
     if (apart)
       return refuse("generate", gen,
                     "an actor generating on ranks of its own generates a mixture on dp(N) "

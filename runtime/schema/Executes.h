@@ -31,12 +31,13 @@ struct Dims {
   int64_t layers = 0;
   bool tied = false; ///< the LM head is the embedding
   int64_t experts = 0; ///< a mixture of experts' (0: dense)
+  int64_t expertFfn = 0; ///< each expert's width (a mixture)
 };
 
 /// The dimensions of `m` this table judges: what hflowc's model, the
 /// placement search's and the runtime's plan model all give it.
 inline Dims dimsOf(const shape::ModelShape &m) {
-  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings, m.experts};
+  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings, m.experts, m.expertFfn};
 }
 
 /// How a role's weights are held on its ranks for one of its layouts.
@@ -74,9 +75,9 @@ struct Verdict {
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
-    "(a mixture of experts on dp(N) or ep(e) * dp(d)), an Actor generating on dp(N) or "
-    "tp(t) * dp(d) (a mixture on dp(N), or on its training ranks' ep(e) * dp(d)), and a "
-    "RewardFn on dp(N)";
+    "(a mixture of experts on dp(N), tp(t) * dp(d), ep(e) * dp(d) or ep(e) * tp(t) * dp(d)), "
+    "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on its training ranks' "
+    "ep(e) * dp(d)), and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

@@ -10,6 +10,7 @@
 #include "compiler/planner/Search.h"
 
 #include <algorithm>
+#include <array>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -574,8 +575,9 @@ TEST(Search, Enumeration) {
 }
 
 // A mixture of experts: the search for executed layouts enumerates its
-// forms only (whole weights and ep(e) * dp(d), e dividing the experts and
-// dp; the unrestricted search also has ep on its other layouts), the
+// forms only (whole weights, tp(t) * dp(d), ep(e) * dp(d) and ep(e) * tp(t)
+// * dp(d), e dividing the experts and dp; no pipeline stages; the
+// unrestricted search also has ep on its other layouts), the
 // memory model keeps 1/e of the experts a rank, and a training pass pays
 // the all-to-alls (4 per layer and micro-batch, of each token's k copies)
 // that whole weights do not.
@@ -588,20 +590,24 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
   w.responseLen = 64;
   SearchOptions o;
   o.executable = true;
-  std::vector<std::pair<int64_t, int64_t>> got; // (dp, ep)
+  std::vector<std::array<int64_t, 3>> got; // (tp, dp, ep)
+  Layout ep4train;
   for (const Layout &l : trainLayouts(a, 8, mesh(1), w, o)) {
-    EXPECT_EQ(l.tp * l.pp, 1) << "a mixture trains on dp or ep * dp only";
-    got.push_back({l.dp, l.ep});
+    EXPECT_EQ(l.pp, 1) << "a mixture trains on no pipeline stages yet";
+    got.push_back({l.tp, l.dp, l.ep});
+    if (l.tp == 1 && l.ep == 4)
+      ep4train = l;
   }
-  EXPECT_EQ(got, (std::vector<std::pair<int64_t, int64_t>>{{8, 1}, {8, 2}, {8, 4}}));
-  const Layout ep4train = trainLayouts(a, 8, mesh(1), w, o).back();
+  EXPECT_EQ(got, (std::vector<std::array<int64_t, 3>>{{1, 8, 1}, {1, 8, 2}, {1, 8, 4},
+                                                      {2, 4, 1}, {2, 4, 2}, {2, 4, 4},
+                                                      {4, 2, 1}, {4, 2, 2}}));
   bool onItsShards = false;
   for (const Layout &g : genLayouts(a, ep4train, 8, mesh(1), w, o)) {
     if (g.ep > 1) { // on the training shards themselves
       EXPECT_TRUE(g.dp == ep4train.dp && g.ep == ep4train.ep && g.tp == 1 && g.pp == 1);
       onItsShards = true;
     } else {
-      EXPECT_EQ(g.tp * g.pp, 1) << "a mixture generates on whole weights or its ep shards";
+      EXPECT_EQ(g.pp, 1) << "a mixture generates on whole weights, tp shards or its ep shards";
     }
   }
   EXPECT_TRUE(onItsShards);
