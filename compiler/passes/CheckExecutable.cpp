@@ -52,8 +52,10 @@ struct CheckExecutablePass
       if (auto m = role.getModelAttr())
         model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, m);
       ex::Dims dims;
-      if (model)
+      if (model) {
         dims = ex::dimsOf(model.shape());
+        dims.routerAuxLoss = model.getRouterAuxLoss();
+      }
       static_assert(int(RoleKind::Actor) == int(::hflow::methods::Role::Actor) &&
                         int(RoleKind::RewardFn) == int(::hflow::methods::Role::RewardFn),
                     "RoleKind mirrors methods::Role");

@@ -659,6 +659,11 @@ std::vector<Layout> trainLayouts(const RoleSpec &role, int64_t devices,
     const int64_t mb = w.miniBatch > 0 ? w.miniBatch : w.batch;
     if (w.sequences() % base.dp != 0 || (mb * w.n) % base.dp != 0)
       continue;
+    // Pipeline stages of a mixture are executed without the load-balancing
+    // loss only, which the search's model shape does not tell: it leaves
+    // them to the program.
+    if (opts.executable && m.moe() && base.pp > 1)
+      continue;
     // A mixture's experts split over runs of ep data-parallel ranks (ep
     // dividing the experts), or not at all.
     for (int64_t ep : divisorsUpTo(base.dp, m.moe() ? m.experts : 1)) {

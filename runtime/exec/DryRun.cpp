@@ -63,10 +63,14 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
   }
   case Form::Pipeline: { // tp fastest, then dp, then pp
     const int d = std::max(1, size / (std::max(1, l.pp()) * t));
+    const int e = std::max(1, l.ep()); // pp x ep: runs of e replicas
     return "pipeline stage " + std::to_string(pos / (t * d)) + " of " +
            std::to_string(l.pp()) +
            (t > 1 ? ", tensor-parallel member " + std::to_string(pos % t) + " of " +
                         std::to_string(t)
+                  : std::string()) +
+           (e > 1 ? ", expert run " + std::to_string(pos / t % d % e) + " of " +
+                        std::to_string(e)
                   : std::string()) +
            ", replica " + std::to_string(pos / t % d) + " of " + std::to_string(d);
   }

@@ -152,7 +152,9 @@ void MetricsReport::printSummary(const at::Tensor &all) {
           if (v.train == executes::Form::FullyShard)
             shard.fsdp = tl.fsdp;
           if (v.train == executes::Form::ExpertParallel ||
-              (v.train == executes::Form::TensorParallel && tl.ep > 1))
+              ((v.train == executes::Form::TensorParallel ||
+                v.train == executes::Form::Pipeline) &&
+               tl.ep > 1))
             shard.dp = shard.ep = tl.ep;
           const char *what = v.train == executes::Form::Pipeline ? " stages" : " shards";
           if (v.train == executes::Form::TensorParallel || v.train == executes::Form::Pipeline ||

@@ -386,6 +386,24 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     const std::string rn = str(role(r).name()), sfx = std::to_string(replica) + "-" +
                                                       std::to_string(t);
     rr.groups.pp = comms_.world->makeSubgroup("pp-" + rn + "-" + sfx, ppRanks);
+    const int eps = std::max(1, role(r).train()->ep());
+    if (eps > 1) {
+      // pp x ep: a stage's replicas (of its TP index) in runs of e split its
+      // layers' experts; those of one ep index hold the same ones.
+      std::vector<int> epRanks, edpRanks;
+      for (int k = 0; k < eps; ++k)
+        epRanks.push_back(at(stage, replica / eps * eps + k, t));
+      for (int k = 0; k < dps / eps; ++k)
+        edpRanks.push_back(at(stage, k * eps + replica % eps, t));
+      rr.groups.ep = comms_.world->makeSubgroup(
+          "ppep-" + rn + "-" + std::to_string(stage) + "-" + std::to_string(replica / eps) +
+              "-" + std::to_string(t),
+          epRanks);
+      rr.groups.edp = comms_.world->makeSubgroup(
+          "ppedp-" + rn + "-" + std::to_string(stage) + "-" + std::to_string(replica % eps) +
+              "-" + std::to_string(t),
+          edpRanks);
+    }
     if (dps > 1)
       rr.groups.dp = comms_.world->makeSubgroup("ppdp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(t), dpRanks);
@@ -394,7 +412,8 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
                                            std::to_string(replica), tpRanks);
     try {
       rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.groups.pp,
-                                                      rr.groups.dp.get(), rr.groups.tp.get());
+                                                      rr.groups.dp.get(), rr.groups.tp.get(),
+                                                      rr.groups.ep.get(), rr.groups.edp.get());
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + rn + ": " + e.what());
     }

@@ -124,7 +124,7 @@ at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
   const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
   const int e = ep.size(), me = ep.rank();
   if (El * e != E)
-    throw std::invalid_argument("moeMlpExpertParallel: " + std::to_string(El) +
+    throw std::invalid_argument("expert parallelism: " + std::to_string(El) +
                                 " experts on each of " + std::to_string(e) +
                                 " members for a router over " + std::to_string(E));
   // The (token, slot) pairs by expert, so by owner too (owners hold runs).

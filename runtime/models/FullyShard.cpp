@@ -365,6 +365,10 @@ FSDPLlama::FSDPLlama(const Llama &full, comm::Communicator &group, comm::Communi
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
+  if (p.c.experts > 0) // the plan loader refuses fsdp on a mixture
+    throw std::invalid_argument("FSDPLlama: model " + p.c.name + " is a mixture of " +
+                                std::to_string(p.c.experts) +
+                                " experts, which FSDP shards are not built for");
   p.g = &group;
   p.f = group.size();
   p.r = group.rank();

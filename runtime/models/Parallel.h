@@ -171,27 +171,32 @@ public:
                           double temperature = 1.0) const;
 
   /// The shards in Llama::namedParameters() order and names (natural
-  /// shapes: 1-D norms and biases). Tied: no lm_head entry.
+  /// shapes: 1-D norms and biases). Tied: no lm_head entry. With ep, of the
+  /// held experts only (each a row of its layer's stack).
   NamedTensors namedShards() const;
   /// This member's box of every parameter's 2-D view (namedShards()
   /// order): rows of a column-parallel or vocab-parallel one, columns of a
   /// row-parallel one, the whole of a replicated one (norms; a kv head
   /// shared by several members is the box of its head).
   std::vector<std::pair<std::string, Box>> namedBoxes() const;
-  /// The leaf shards an optimizer steps (each once).
+  /// The leaf shards an optimizer steps (each once: a layer's experts are
+  /// one stack per weight).
   std::vector<at::Tensor> parameters() const;
   void setTrainable(bool trainable);
-  /// Re-takes this member's shards from `full` (same config).
+  /// Re-takes this member's shards from `full` (same config, every expert).
   void loadFrom(const Llama &full);
-  /// Writes the gathered full weights into `dst` (same config). Collective.
+  /// Writes the gathered full weights into `dst` (same config, every
+  /// expert). Collective over the TP group, and with ep over the expert
+  /// group (the other runs of experts from their owners).
   void gatherInto(Llama &dst) const;
   /// The gathered full gradients, named and shaped as
   /// Llama::namedParameters() (zeros where none); with ep, of the held
   /// experts only. Collective over the TP group.
   NamedTensors gatherGradients() const;
   /// The squared global L2 norm of the gradients: sharded ones summed over
-  /// the group, replicated ones (norms, replicated kv heads) counted once.
-  /// Equals the unsharded model's. Collective.
+  /// the group, replicated ones (norms, replicated kv heads) counted once,
+  /// experts with ep also summed over the expert group. Equals the
+  /// unsharded model's. Collective.
   double gradNormSquared() const;
 
 private:

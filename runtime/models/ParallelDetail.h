@@ -149,6 +149,11 @@ at::Tensor scaleGradient(const at::Tensor &x, double f);
 /// The layer index of a parameter name ("layers.3.attn.q" -> 3, suffix
 /// "attn.q"), or -1.
 int layerOf(const std::string &name, std::string &suffix);
+/// Whether `name` is one of a mixture's experts ("layers.<i>.mlp.experts.
+/// <x>.<w>"): its index x and weight w ("gate", "up", "down").
+bool expertOf(const std::string &name, int64_t &x, std::string &w);
+/// Whether `m` holds every expert of its mixture (not a run of them).
+bool holdsEveryExpert(const Llama &m);
 /// Norm weights and biases are 1-D (namedParameters shows them as [1, n]).
 bool isVector(const std::string &name);
 /// Throws std::invalid_argument naming `who` unless `tokens` is int64

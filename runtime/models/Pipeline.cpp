@@ -24,6 +24,8 @@ struct PipelineStage::Impl {
   LlamaConfig c;
   comm::Communicator *pp = nullptr;
   comm::Communicator *tp = nullptr; ///< pp x tp: the stage's TP group (size > 1)
+  comm::Communicator *ep = nullptr; ///< pp x ep: the stage's expert group, or null
+  int64_t firstExpert = 0, heldExperts = 0; ///< a mixture's run of experts here
   int p = 1, k = 0, first = 0, last = 0; ///< stages; this one; its layers [first, last)
   int t = 1, r = 0;                      ///< TP members; this one
   int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
@@ -33,7 +35,29 @@ struct PipelineStage::Impl {
   NamedTensors named;                ///< name -> 2-D view of a leaf (its box's shape)
   std::vector<Box> boxes;            ///< each named's box in the whole parameter
   std::vector<at::Tensor> leaves;
+  /// Each named's leaf, and its row of it for an expert (a layer's experts
+  /// are one stack per weight, as moeMlp takes them), else -1.
+  std::vector<std::pair<size_t, int64_t>> leafOf;
 
+  /// The gradient of named[i] (undefined when none).
+  at::Tensor gradOf(size_t i) const {
+    const at::Tensor &l = leaves[leafOf[i].first];
+    if (!l.grad().defined())
+      return at::Tensor();
+    return leafOf[i].second < 0 ? l.grad() : l.grad()[leafOf[i].second];
+  }
+  /// Whether named[i] is one of a mixture's experts.
+  bool isExpert(size_t i) const { return leafOf[i].second >= 0; }
+  /// The experts' stacks and the other leaves (pp x ep reduces them apart).
+  std::vector<at::Tensor> leavesOf(bool experts) const {
+    // Each dense leaf is one named entry (a tied head's copy its own), each
+    // stack the entries of its rows: counted at row 0.
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < named.size(); ++i)
+      if (isExpert(i) == experts && (!experts || leafOf[i].second == 0))
+        out.push_back(leaves[leafOf[i].first]);
+    return out;
+  }
   bool isFirst() const { return k == 0; }
   bool isLast() const { return k == p - 1; }
   /// The stage holding parameter `name`.
@@ -62,7 +86,7 @@ std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
 }
 
 PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
-                             comm::Communicator *tp)
+                             comm::Communicator *tp, comm::Communicator *ep)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
@@ -73,6 +97,20 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   const TpGeometry g = tpGeometry(p.c, tp);
   p.tp = g.tp, p.t = g.t, p.r = g.r;
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
+  p.heldExperts = p.c.experts;
+  if (!holdsEveryExpert(full))
+    throw std::invalid_argument("PipelineStage: model " + p.c.name +
+                                " holds a run of its experts; it needs them all");
+  if (ep && ep->size() > 1) {
+    if (p.c.experts == 0 || p.c.experts % ep->size() != 0)
+      throw std::invalid_argument("pipeline parallelism with ep(" +
+                                  std::to_string(ep->size()) +
+                                  ") needs a mixture whose experts (" +
+                                  std::to_string(p.c.experts) + ") it divides");
+    p.ep = ep;
+    p.heldExperts = p.c.experts / ep->size();
+    p.firstExpert = ep->rank() * p.heldExperts;
+  }
   std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
   if (p.first >= p.last)
     throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +
@@ -85,14 +123,32 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
     const Box b = p.boxOf(name, view);
     at::Tensor piece = view.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols());
     at::Tensor t = (isVector(name) ? piece.reshape({-1}) : piece).clone(at::MemoryFormat::Contiguous);
+    p.leafOf.emplace_back(p.leaves.size(), -1);
     p.leaves.push_back(t);
     p.named.emplace_back(name, t.view({b.rows(), b.cols()}));
     p.boxes.push_back(b);
     return t;
   };
+  // A layer's held experts: each weight's pieces (named entries), stacked
+  // into one leaf below.
+  std::vector<std::map<std::string, std::vector<size_t>>> stacks(p.layers.size());
   for (const auto &[name, view] : full.namedParameters()) {
     std::string suffix;
     const int layer = layerOf(name, suffix);
+    int64_t x = 0;
+    std::string w;
+    if (layer >= 0 && expertOf(name, x, w)) {
+      if (layer < p.first || layer >= p.last || x < p.firstExpert ||
+          x >= p.firstExpert + p.heldExperts)
+        continue; // another stage's or another expert group's
+      const Box b = p.boxOf(name, view);
+      stacks[layer - p.first][w].push_back(p.named.size());
+      p.named.emplace_back(
+          name, view.detach().narrow(0, b.r0, b.rows()).narrow(1, b.c0, b.cols()).clone());
+      p.boxes.push_back(b);
+      p.leafOf.emplace_back(0, -1); // set with its stack
+      continue;
+    }
     if (layer >= 0) {
       if (layer >= p.first && layer < p.last)
         *p.layers[layer - p.first].slot(suffix) = leaf(name, view);
@@ -109,6 +165,26 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
         p.head = leaf(name, view);
     }
   }
+  for (size_t l = 0; l < stacks.size(); ++l)
+    for (auto &[w, rows] : stacks[l]) {
+      at::Tensor *slot = w == "gate" ? &p.layers[l].moe.gate
+                         : w == "up" ? &p.layers[l].moe.up
+                         : w == "down" ? &p.layers[l].moe.down
+                                       : nullptr;
+      if (!slot)
+        throw std::invalid_argument("PipelineStage: unknown expert weight " +
+                                    p.named[rows[0]].first);
+      std::vector<at::Tensor> pieces;
+      for (size_t i : rows)
+        pieces.push_back(p.named[i].second);
+      *slot = at::stack(pieces);
+      const size_t li = p.leaves.size();
+      p.leaves.push_back(*slot);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        p.named[rows[k]].second = (*slot)[int64_t(k)];
+        p.leafOf[rows[k]] = {li, int64_t(k)};
+      }
+    }
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -143,6 +219,9 @@ at::Tensor PipelineStage::tokenEntropy(const at::Tensor &logits, double temperat
 }
 
 comm::Communicator *PipelineStage::tpComm() const { return p_->tp; }
+comm::Communicator *PipelineStage::expertComm() const { return p_->ep; }
+std::vector<at::Tensor> PipelineStage::expertParameters() const { return p_->leavesOf(true); }
+std::vector<at::Tensor> PipelineStage::denseParameters() const { return p_->leavesOf(false); }
 
 /// One run of a stage: its micro-batches' activations and outputs, the
 /// exchanges with its neighbours, and the schedule (forwards only, or 1F1B).
@@ -246,8 +325,14 @@ private:
       inputs[i] = in;
       x = in;
     }
-    for (size_t l = 0; l < p.layers.size(); ++l)
-      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp);
+    MoeCall mc;
+    if (p.c.experts > 0) {
+      mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep;
+      mc.replay = checkedReplay(p.c, mb.replay, a.B, a.T, "PipelineStage");
+    }
+    for (size_t l = 0; l < p.layers.size(); ++l) // (li: the model's layer, for the replay)
+      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp, nullptr,
+                       size_t(p.first) + l, &mc);
     if (p.isLast()) {
       at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
       losses[i] = l.item<double>();
@@ -290,9 +375,9 @@ public:
 
 std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const LossFn &loss,
                                        bool train, Timing *timing) {
-  for (const Micro &m : micros)
-    if (m.replay.defined()) // the plan loader refuses a mixture on a pipeline
-      throw std::logic_error("a pipeline stage does not replay a mixture's routing");
+  if (train && p_->c.experts > 0 && p_->c.routerAuxLoss) // the plan loader refuses it
+    throw std::logic_error("pipeline stages do not add a mixture's load-balancing loss (its "
+                           "expert shares span every stage's layers)");
   const auto start = Schedule::Clock::now();
   Schedule sc(*p_, micros, loss, train);
   if (train)
@@ -309,6 +394,7 @@ std::vector<double> PipelineStage::run(const std::vector<Micro> &micros, const L
 }
 
 NamedTensors PipelineStage::namedShards() const { return p_->named; }
+
 std::vector<at::Tensor> PipelineStage::parameters() const { return p_->leaves; }
 
 void PipelineStage::setTrainable(bool trainable) {
@@ -339,9 +425,9 @@ void PipelineStage::reduceTiedGradients() {
 double PipelineStage::gradNormSquared() const {
   const Impl &p = *p_;
   CommScope scope;
-  double s = 0;
-  for (size_t i = 0; i < p.leaves.size(); ++i) {
-    const at::Tensor &t = p.leaves[i];
+  double s = 0, experts = 0;
+  for (size_t i = 0; i < p.named.size(); ++i) {
+    const at::Tensor &t = p.leaves[p.leafOf[i].first];
     if (p.tied && p.isLast() && !p.isFirst() && t.is_same(p.head))
       continue; // the tied copy: stage 0 counts the embedding
     // A piece several TP members hold (a norm, a replicated kv head)
@@ -349,23 +435,39 @@ double PipelineStage::gradNormSquared() const {
     const TpSplit sp = p.split(p.named[i].first);
     if (sp.dim < 0 ? p.r != 0 : !sp.firstHolder(p.r, p.t))
       continue;
-    if (t.grad().defined())
-      s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
+    at::Tensor g = p.gradOf(i);
+    if (g.defined())
+      (p.isExpert(i) ? experts : s) += g.to(at::kDouble).pow(2).sum().item<double>();
   }
-  at::Tensor total = at::full({1}, s, onEngine(at::kDouble));
+  // An expert's also over the expert group (each holds other experts).
+  at::Tensor total = at::tensor({s, experts}, at::kDouble).to(engineDevice());
   p.pp->allReduceSum(total);
   if (p.tp)
     p.tp->allReduceSum(total);
-  return total.item<double>();
+  if (p.ep) {
+    at::Tensor ex = total.narrow(0, 1, 1).clone();
+    p.ep->allReduceSum(ex);
+    total.narrow(0, 1, 1).copy_(ex);
+  }
+  return total.sum().item<double>();
 }
 
 void PipelineStage::gatherInto(Llama &dst) const {
   const Impl &p = *p_;
+  if (!holdsEveryExpert(dst))
+    throw std::invalid_argument("PipelineStage::gatherInto: model " + p.c.name +
+                                " holds a run of its experts, not all");
   std::map<std::string, at::Tensor> mine(p.named.begin(), p.named.end());
   CommScope scope;
   for (auto &[name, view] : dst.namedParameters()) {
     // The owning stage's TP members gather the whole parameter, which the
-    // owner then broadcasts along each pipeline.
+    // owner then broadcasts along each pipeline (every stage of which has
+    // the same index in its expert group, so holds the same run).
+    int64_t x = 0;
+    std::string w;
+    if (p.ep && expertOf(name, x, w) &&
+        (x < p.firstExpert || x >= p.firstExpert + p.heldExperts))
+      continue; // another expert group's: below
     const int owner = p.ownerOf(name);
     at::Tensor buf;
     if (owner != p.k)
@@ -377,6 +479,10 @@ void PipelineStage::gatherInto(Llama &dst) const {
     p.pp->broadcast(buf, owner);
     c10::NoGradGuard ng;
     view.copy_(buf);
+  }
+  if (p.ep) {
+    std::vector<at::Tensor> stacks = dst.expertParameters();
+    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, *p.ep);
   }
 }
 
@@ -452,6 +558,8 @@ std::string PipelineModel::form() const {
   d.pp = s_.stages();
   if (comm::Communicator *tp = s_.tpComm())
     d.tp = tp->size();
+  if (comm::Communicator *ep = s_.expertComm()) // ep divides the data-parallel ranks
+    d.dp = d.ep = ep->size();
   return d.str();
 }
 
@@ -464,6 +572,21 @@ void PipelineModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   // accumulated); the replicas of a stage average theirs. A head (a
   // critic's) runs on the last stage only.
   s_.reduceTiedGradients();
+  if (comm::Communicator *ep = s_.expertComm()) {
+    // pp x ep: the dense weights (and a head) averaged over the stage's
+    // replicas; an expert's owner holds the sum over its expert group's
+    // losses, summed over the replicas holding the same experts and
+    // divided by the data-parallel size (ExpertParallelModel's rule).
+    std::vector<at::Tensor> dense = s_.denseParameters(), experts = s_.expertParameters();
+    dense.insert(dense.end(), extra.begin(), extra.end());
+    allReduceGradients(dense, *dp_);
+    allReduceGradients(experts, *expertDp_);
+    c10::NoGradGuard noGrad;
+    for (at::Tensor &t : experts)
+      if (t.grad().defined())
+        t.mutable_grad().div_(double(ep->size()));
+    return;
+  }
   if (dp_) {
     std::vector<at::Tensor> params = s_.parameters();
     params.insert(params.end(), extra.begin(), extra.end());

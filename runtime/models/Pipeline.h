@@ -49,7 +49,15 @@ public:
   /// > 1 this member's TP pieces of them). Parameters start frozen. Throws
   /// std::invalid_argument when a stage would hold no layer (p > L) or
   /// TPLlama::checkConfig fails.
-  PipelineStage(const Llama &full, comm::Communicator &pp, comm::Communicator *tp = nullptr);
+  /// A mixture runs on it as on TPLlama (the router replicated, each expert
+  /// split along its width over tp); with `ep` (the ranks of this stage and
+  /// TP index in the replicas' expert group: pp x ep) it holds the run of
+  /// E/|ep| experts of member ep->rank() and every mixture layer sends its
+  /// tokens to their owners over `ep`. Its passes replay a micro-batch's
+  /// routing; they do not add the load-balancing loss (run() refuses to
+  /// train a config asking for it: its expert shares span every stage).
+  PipelineStage(const Llama &full, comm::Communicator &pp, comm::Communicator *tp = nullptr,
+                comm::Communicator *ep = nullptr);
   ~PipelineStage();
   PipelineStage(const PipelineStage &) = delete;
   PipelineStage &operator=(const PipelineStage &) = delete;
@@ -94,6 +102,11 @@ public:
   at::Tensor tokenEntropy(const at::Tensor &logits, double temperature) const;
   /// The TP group (null without tp).
   comm::Communicator *tpComm() const;
+  /// The expert group (null without ep), and the leaves holding a
+  /// mixture's experts (one stack per layer and weight) and the others.
+  comm::Communicator *expertComm() const;
+  std::vector<at::Tensor> expertParameters() const;
+  std::vector<at::Tensor> denseParameters() const;
 
   /// This stage's parameters, Llama::namedParameters() names and 2-D views
   /// of what this member holds (the embedding on the last stage too when
@@ -129,12 +142,20 @@ private:
 /// (the stages of its replica and TP index), TP pieces over `tp` (or null),
 /// gradients averaged over `dp` (the ranks of the same stage and TP index,
 /// or null). Its passes run through the stages in 1F1B order (runPasses).
-/// Holds only its stage (sharded()); does not generate.
+/// Holds only its stage (sharded()); does not generate. With `ep` (pp(p) *
+/// ep(e) * tp(t) * dp(d)): the stage's expert group, `expertDp` the ranks
+/// of this stage and TP index holding the same experts (the experts'
+/// gradients summed over it).
 class PipelineModel final : public CausalLM {
 public:
   PipelineModel(const Llama &whole, comm::Communicator &pp, comm::Communicator *dp,
-                comm::Communicator *tp = nullptr)
-      : s_(whole, pp, tp), dp_(dp) {}
+                comm::Communicator *tp = nullptr, comm::Communicator *ep = nullptr,
+                comm::Communicator *expertDp = nullptr)
+      : s_(whole, pp, tp, ep), dp_(dp), expertDp_(expertDp) {
+    if (s_.expertComm() && (!dp_ || !expertDp_))
+      throw std::invalid_argument("pipeline parallelism with ep: the gradients need the "
+                                  "stage's data-parallel group and the experts' one");
+  }
 
   const LlamaConfig &config() const override { return s_.config(); }
   std::string form() const override;
@@ -150,7 +171,11 @@ public:
   }
   Generation generate(const at::Tensor &, const at::Tensor &, const SamplingOptions &,
                       at::Generator &) const override;
-  comm::Communicator *lockstepGroup() const override { return &s_.comm(); }
+  /// The stages of a replica share its rows; with ep the replicas of the
+  /// expert group exchange tokens every pass, so they run equally many.
+  comm::Communicator *lockstepGroup() const override {
+    return s_.expertComm() ? s_.expertComm() : &s_.comm();
+  }
   comm::Communicator &group() const override { return s_.comm(); }
   std::vector<double> runPasses(const std::vector<MicroBatch> &micros, const PassHead &head,
                                 bool train) override {
@@ -176,7 +201,7 @@ public:
 
 private:
   PipelineStage s_;
-  comm::Communicator *dp_;
+  comm::Communicator *dp_, *expertDp_;
 };
 
 } // namespace hflow::models

@@ -153,10 +153,7 @@ LayerWeights detail::withKvReplicaSums(LayerWeights w, comm::Communicator &tp, i
 // TPLlama
 //===----------------------------------------------------------------------===//
 
-namespace {
-/// Whether `name` is one of a mixture's experts, and which ("layers.<i>.
-/// mlp.experts.<x>.<w>": x, w).
-bool expertOf(const std::string &name, int64_t &x, std::string &w) {
+bool detail::expertOf(const std::string &name, int64_t &x, std::string &w) {
   std::string suffix;
   if (layerOf(name, suffix) < 0 || suffix.rfind("mlp.experts.", 0) != 0)
     return false;
@@ -166,14 +163,12 @@ bool expertOf(const std::string &name, int64_t &x, std::string &w) {
   return true;
 }
 
-/// Whether `m` holds every expert of its mixture (not a run of them).
-bool holdsEveryExpert(const Llama &m) {
+bool detail::holdsEveryExpert(const Llama &m) {
   for (const at::Tensor &t : m.expertParameters())
     if (t.size(0) != m.config().experts)
       return false;
   return true;
 }
-} // namespace
 
 struct TPLlama::Impl {
   LlamaConfig c;
@@ -428,6 +423,8 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
     g.kvHeads = p_->nkv;
     return generatePaged(next, g, prompts, promptMask, opts, gen, opts.limits);
   }
+  if (opts.recordRouting)
+    throw std::invalid_argument("generate: only the paged engine records a mixture's routing");
   LogitsFn step = [this](const at::Tensor &toks, const at::Tensor &pos,
                          const at::Tensor &mask, KvStore *cache) {
     return logits(hidden(toks, pos, mask, cache));

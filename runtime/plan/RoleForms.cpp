@@ -40,8 +40,10 @@ executes::Verdict roleForms(const Plan &p, int r) {
                        ? p.models()->Get(ro.model())
                        : nullptr;
   executes::Dims dims;
-  if (m)
+  if (m) {
     dims = executes::dimsOf(modelShape(*m));
+    dims.routerAuxLoss = m->router_aux_loss();
+  }
   executes::Verdict v = executes::roleForms(methods::Role(int(ro.kind())), m != nullptr,
                                             degreesOf(*ro.train()), degreesOf(*ro.generate()),
                                             dims,

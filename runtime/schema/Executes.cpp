@@ -18,8 +18,9 @@ const char *kindName(methods::Role k) {
   return "a role";
 }
 
-/// A mixture of experts on whole weights, tensor-parallel shards, or
-/// ep(e) * dp(d) and ep(e) * tp(t) * dp(d) when it trains or computes.
+/// A mixture of experts on whole weights, tensor-parallel shards, pipeline
+/// stages, or ep(e) * dp(d), ep(e) * tp(t) * dp(d) and pp(p) * ep(e) *
+/// dp(d) when it trains or computes.
 std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
@@ -27,10 +28,14 @@ std::string unbuiltDegree(const Degrees &l, const Dims &d) {
   if (l.ep > 1 && d.experts % l.ep != 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits the experts evenly: it must "
            "divide the model's " + s(d.experts) + " experts";
-  if (d.experts > 0 && (l.fsdp > 1 || l.pp > 1 || l.sp > 1 || l.cp > 1))
+  if (d.experts > 0 && (l.fsdp > 1 || l.sp > 1 || l.cp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
-           "tp(t) * dp(d), or with ep(e) in hflow-run yet: its fully sharded, pipelined, "
-           "sequence-parallel and context-parallel forms are not built";
+           "tp(t) * dp(d), pp(p) * dp(d), or with ep(e) in hflow-run yet: its fully "
+           "sharded, sequence-parallel and context-parallel forms are not built";
+  if (d.experts > 0 && l.pp > 1 && l.tp > 1)
+    return "a mixture of experts (" + s(d.experts) + " experts) runs on pipeline stages "
+           "without tensor parallelism in hflow-run yet: train it on pp(p) * ep(e) * dp(d) or "
+           "ep(e) * tp(t) * dp(d)";
   return "";
 }
 } // namespace
@@ -108,6 +113,11 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
       return refuse("train", train,
                     "a tied LM head under pipeline parallelism needs the embedding on the "
                     "first and the last stage, which hflow-run does not execute yet");
+    if (dims.experts > 0 && dims.routerAuxLoss && kind != methods::Role::Reference)
+      return refuse("train", train,
+                    "a mixture's load-balancing loss is not added on pipeline stages in "
+                    "hflow-run yet (its experts' shares of the tokens span every stage's "
+                    "layers): train it with router_aux_loss: false, or without pp");
     v.train = Form::Pipeline;
   }
   if (train.sp > 1) {

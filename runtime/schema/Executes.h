@@ -32,6 +32,9 @@ struct Dims {
   bool tied = false; ///< the LM head is the embedding
   int64_t experts = 0; ///< a mixture of experts' (0: dense)
   int64_t expertFfn = 0; ///< each expert's width (a mixture)
+  /// A mixture whose training passes add the load-balancing loss (not in
+  /// the shape: the caller sets it from the model).
+  bool routerAuxLoss = false;
 };
 
 /// The dimensions of `m` this table judges: what hflowc's model, the
@@ -75,7 +78,8 @@ struct Verdict {
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
-    "(a mixture of experts on dp(N), tp(t) * dp(d), ep(e) * dp(d) or ep(e) * tp(t) * dp(d)), "
+    "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * dp(d), or with ep(e) * dp(d) "
+    "inside those), "
     "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on its training ranks' "
     "ep(e) * dp(d)), and a RewardFn on dp(N)";
 

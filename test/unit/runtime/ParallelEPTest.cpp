@@ -196,10 +196,174 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   ASSERT_TRUE(lm2.lastAuxLoss().has_value());
   EXPECT_GT(wantAux, 1.0); // about k = 2 for a balanced router
   expectCloseScalar(errs, key + "aux", "load-balancing loss", *lm2.lastAuxLoss(), wantAux);
+  // Its gradient too: every router's (replicated, complete on each member
+  // before the data-parallel mean) against the whole model's on these rows.
+  stepped.setTrainable(true);
+  MoeTrace t2;
+  t2.record = true;
+  at::Tensor hw = stepped.hidden(b.tokens, b.positions, b.mask, nullptr, &t2);
+  (hw.pow(2).mean() + loadBalancingLoss(t2.layers, b.mask) * withAux.routerAuxCoef).backward();
+  std::map<std::string, at::Tensor> wholeRouters;
+  for (const auto &[name, w] : stepped.namedParameters())
+    if (name.find("mlp.router") != std::string::npos)
+      wholeRouters[name] = w.grad();
+  const std::vector<at::Tensor> leaves2 = lm2.parameters();
+  int routers = 0;
+  for (const auto &[name, w] : lm2.namedWeights())
+    if (name.find("mlp.router") != std::string::npos) {
+      expectClose(errs, key + "router.grad", "router gradient " + name, gradOfView(leaves2, w),
+                  wholeRouters.at(name));
+      ++routers;
+    }
+  EXPECT_EQ(routers, c.layers);
+}
+
+/// pp(2) * ep(e) * dp(d / e) on a world of 2 d (e = 1: pp(2) * dp(d) on a
+/// mixture): stage k = rank / d, replica rank % d (the slot order: dp, then
+/// pp); each run of e replicas of a stage an expert group (each member
+/// holding E/e experts of the stage's layers), the replicas of one ep
+/// index the experts' data-parallel group. Each replica takes 4 rows of the batch
+/// in `m` micro-batches through PipelineModel: the forward-only pass's
+/// logits (and with a replayed routing the whole model's under the same
+/// replay), a 1F1B training pass, every held piece's gradient after
+/// reduceGradients, the norm, one AdamW step and the gathered weights
+/// against the whole model on the whole batch.
+void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int m) {
+  const int n = world.size(), d = n / 2, k = world.rank() / d, rep = world.rank() % d;
+  const std::string what = "pp2*ep" + std::to_string(e) + "*dp" + std::to_string(d / e) +
+                           " m" + std::to_string(m);
+  SCOPED_TRACE(c.name + " " + what);
+  const std::string key = "ppep." + c.name + ".", grid = key + what;
+  auto pp = world.makeSubgroup(grid + ".pp" + std::to_string(rep), {rep, d + rep});
+  std::vector<int> stageRanks, epRanks, edpRanks;
+  for (int j = 0; j < d; ++j)
+    stageRanks.push_back(k * d + j);
+  for (int j = 0; j < e; ++j)
+    epRanks.push_back(k * d + rep / e * e + j);
+  for (int j = 0; j < d / e; ++j)
+    edpRanks.push_back(k * d + j * e + rep % e);
+  auto dp = world.makeSubgroup(grid + ".dp" + std::to_string(k), stageRanks);
+  auto ep = world.makeSubgroup(grid + ".ep" + std::to_string(k) + "." + std::to_string(rep / e),
+                               epRanks);
+  auto edp = world.makeSubgroup(
+      grid + ".edp" + std::to_string(k) + "." + std::to_string(rep % e), edpRanks);
+  Batch all = makeBatch(c.vocab, 4 * d);
+  Reference ref = reference(c, all);
+  Llama source(c, kSeed);
+  PipelineModel lm(source, *pp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr,
+                   e > 1 ? edp.get() : nullptr);
+  if (e > 1)
+    EXPECT_NE(lm.form().find("ep(" + std::to_string(e) + ")"), std::string::npos) << lm.form();
+  const bool last = lm.runsHeads();
+  const int64_t rows = 4 / m;
+  std::vector<MicroBatch> micros;
+  for (int i = 0; i < m; ++i) {
+    Batch b = all.rows(4 * rep + i * rows, rows);
+    micros.push_back({b.tokens, b.positions, b.mask, at::Tensor()});
+  }
+  // It holds its stage's layers and of their experts its run, each the
+  // source's.
+  const int64_t El = c.experts / e;
+  std::map<std::string, at::Tensor> fullByName;
+  for (auto &[name, w] : source.namedParameters())
+    fullByName[name] = w;
+  int held = 0;
+  for (const auto &[name, w] : lm.namedWeights())
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
+      EXPECT_EQ(x / El, rep % e) << name;
+      EXPECT_TRUE(at::equal(w, fullByName.at(name))) << name;
+      ++held;
+    }
+  EXPECT_EQ(held, c.layers / 2 * El * 3);
+  // Forward only, and under a replayed routing (every token's experts
+  // forced to 2 and 5 in the last layer, to 7 and 0 in the first: both
+  // stages; the rest its router's).
+  for (bool replay : {false, true}) {
+    std::vector<MicroBatch> ms = micros;
+    if (replay)
+      for (MicroBatch &mb : ms) {
+        mb.replay = at::full({mb.tokens.size(0), mb.tokens.size(1), c.layers,
+                              c.expertsPerToken}, -1, at::kLong);
+        mb.replay.select(2, c.layers - 1).select(2, 0).fill_(2);
+        mb.replay.select(2, c.layers - 1).select(2, 1).fill_(5);
+        mb.replay.select(2, 0).select(2, 0).fill_(7);
+        mb.replay.select(2, 0).select(2, 1).fill_(0);
+      }
+    std::vector<at::Tensor> logits(m);
+    lm.runPasses(ms, [&](int i, const at::Tensor &h) {
+      logits[i] = lm.localLogits(h);
+      return at::zeros({});
+    }, false);
+    if (!last)
+      continue;
+    at::Tensor want = ref.logits.narrow(0, 4 * rep, 4);
+    if (replay) {
+      std::vector<at::Tensor> parts;
+      for (const MicroBatch &mb : ms) {
+        MoeTrace t;
+        t.replay = mb.replay;
+        parts.push_back(source.logits(
+            source.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, &t)));
+      }
+      want = at::cat(parts);
+    }
+    expectClose(errs, key + (replay ? "logits.replay" : "logits"), "logits", at::cat(logits),
+                want);
+  }
+  lm.setTrainable(true);
+  lm.runPasses(micros, [&](int i, const at::Tensor &h) {
+    Batch b = all.rows(4 * rep + i * rows, rows);
+    at::Tensor l = lm.localLogits(h).narrow(1, 0, b.T - 1);
+    return lossOf(lm.tokenLogprobs(l, b.targets(), kTemp), lm.tokenEntropy(l, kTemp),
+                  b.targetMask()) / double(m);
+  }, true);
+  lm.reduceGradients({});
+  std::map<std::string, at::Tensor> refGrads(ref.grads.begin(), ref.grads.end());
+  NamedTensors got, want;
+  const std::vector<at::Tensor> leaves = lm.parameters();
+  for (const auto &[name, w] : lm.namedWeights()) {
+    got.push_back({name, gradOfView(leaves, w)});
+    want.push_back({name, refGrads.at(name)});
+  }
+  expectGrads(errs, key + "grads", got, want);
+  expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", lm.gradNormSquared({}),
+                    ref.gradNormSq);
+  expectSameAdamWStep(errs, key + "adamw", c, lm.parameters(), lm.gradNormSquared({}), ref,
+                      [&](Llama &dst) { lm.gatherInto(dst); });
 }
 
 } // namespace
 } // namespace partest
+
+// Pipeline stages of a mixture: pp(2) * ep(2) (4 ranks) and pp(2) alone,
+// one and two micro-batches (1F1B with one in flight and two).
+TEST(ParallelEP, WithPipelineStages) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool mixtral : {false, true})
+    for (int m : {1, 2})
+      checkPPxEP(errs, *g.world, moe(mixtral), 2, m);
+}
+
+TEST(ParallelEP, PipelineStagesAlone) {
+  RUN_AS_RANKS(2);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  checkPPxEP(errs, *g.world, moe(false), 1, 2);
+}
+
+// Expert groups of 2 among 4 replicas (the experts' data-parallel groups of
+// 2 sum their gradients): pp(2) * ep(2) * dp(2) and ep(2) * tp(2) * dp(2)
+// on 8 ranks.
+TEST(ParallelEP, EightRanks) {
+  RUN_AS_RANKS(8);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  checkPPxEP(errs, *g.world, moe(false), 2, 2);
+  checkEPxTP(errs, *g.world, moe(true), 2, 2);
+}
 
 // ep(2) * tp(2) (4 ranks), and tensor parallelism alone on a mixture (tp(2)
 // * dp(2): every expert on each TP group, split along its width).
