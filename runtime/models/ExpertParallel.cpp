@@ -356,18 +356,23 @@ uint64_t ExpertParallelModel::loadHf(const std::string &dir) {
   return loadHfShards(dir, local_->config(), namedWeights(), namedBoxes());
 }
 
-void ExpertParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
-  // The dense weights (and a head) averaged over every rank; the experts'
-  // sums over their group's losses summed over the ranks holding the same
-  // experts, then divided by e * d (allReduceGradients averages over d).
-  std::vector<at::Tensor> dense = local_->denseParameters(), experts = local_->expertParameters();
+void reduceExpertGradients(std::vector<at::Tensor> dense, const std::vector<at::Tensor> &experts,
+                           const std::vector<at::Tensor> &extra, comm::Communicator &dp,
+                           comm::Communicator &expertDp, int e) {
+  // allReduceGradients averages the experts' sums over the d / e ranks
+  // holding them; dividing by e makes it the mean over all d.
   dense.insert(dense.end(), extra.begin(), extra.end());
-  allReduceGradients(dense, group_);
-  allReduceGradients(experts, expertDp_);
+  allReduceGradients(dense, dp);
+  allReduceGradients(experts, expertDp);
   c10::NoGradGuard noGrad;
-  for (at::Tensor &t : experts)
+  for (const at::Tensor &t : experts)
     if (t.grad().defined())
-      t.mutable_grad().div_(double(ep_.size()));
+      at::Tensor(t).mutable_grad().div_(double(e));
+}
+
+void ExpertParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  reduceExpertGradients(local_->denseParameters(), local_->expertParameters(), extra, group_,
+                        expertDp_, ep_.size());
 }
 
 double ExpertParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {

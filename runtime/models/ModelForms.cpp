@@ -90,18 +90,28 @@ std::vector<double> mixturePasses(const LlamaConfig &c, const std::vector<MicroB
     auxMean = auxSum / double(std::max<size_t>(1, micros.size()));
   return values;
 }
+
+/// `form`'s passes over its model `m` (a Llama or a TPLlama): a dense
+/// model's one after the other (CausalLM's), a mixture's through
+/// mixturePasses over m.hidden with its trace.
+template <class M>
+std::vector<double> passesOf(CausalLM &form, const M &m, const std::vector<MicroBatch> &micros,
+                             const CausalLM::PassHead &head, bool train,
+                             std::optional<double> &aux) {
+  aux.reset();
+  if (m.config().experts == 0)
+    return form.CausalLM::runPasses(micros, head, train);
+  return mixturePasses(m.config(), micros, head, train,
+                       [&m](const MicroBatch &mb, MoeTrace *trace) {
+                         return m.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, trace);
+                       },
+                       aux);
+}
 } // namespace
 
 std::vector<double> WholeModel::runPasses(const std::vector<MicroBatch> &micros,
                                           const PassHead &head, bool train) {
-  aux_.reset();
-  if (m_.config().experts == 0)
-    return CausalLM::runPasses(micros, head, train);
-  return mixturePasses(m_.config(), micros, head, train,
-                       [this](const MicroBatch &mb, MoeTrace *trace) {
-                         return m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, trace);
-                       },
-                       aux_);
+  return passesOf(*this, m_, micros, head, train, aux_);
 }
 
 at::Tensor WholeModel::hidden(const at::Tensor &tokens, const at::Tensor &positions,
@@ -244,14 +254,7 @@ TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator 
 
 std::vector<double> TensorParallelModel::runPasses(const std::vector<MicroBatch> &micros,
                                                    const PassHead &head, bool train) {
-  aux_.reset();
-  if (m_.config().experts == 0)
-    return CausalLM::runPasses(micros, head, train);
-  return mixturePasses(m_.config(), micros, head, train,
-                       [this](const MicroBatch &mb, MoeTrace *trace) {
-                         return m_.hidden(mb.tokens, mb.positions, mb.keyMask, nullptr, trace);
-                       },
-                       aux_);
+  return passesOf(*this, m_, micros, head, train, aux_);
 }
 
 shape::PassForm TensorParallelModel::passForm() const {
@@ -286,19 +289,9 @@ void TensorParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) 
   // multiplied by |cp| (the head's is scaled down in localLogits).
   std::vector<at::Tensor> params = m_.parameters();
   if (ep_) {
-    // ep x tp: the dense shards (and a head) averaged over this TP index's
-    // ranks; an expert's owner already holds the sum over its expert
-    // group's losses (the backward all-to-alls), summed over the ranks
-    // holding the same experts and divided by the data-parallel size
-    // (ExpertParallelModel's rule).
-    std::vector<at::Tensor> dense = m_.denseParameters(), experts = m_.expertParameters();
-    dense.insert(dense.end(), extra.begin(), extra.end());
-    allReduceGradients(dense, *dp_);
-    allReduceGradients(experts, *expertDp_);
-    c10::NoGradGuard noGrad;
-    for (at::Tensor &t : experts)
-      if (t.grad().defined())
-        t.mutable_grad().div_(double(ep_->size()));
+    // ep x tp: over the ranks of this TP index (reduceExpertGradients).
+    reduceExpertGradients(m_.denseParameters(), m_.expertParameters(), extra, *dp_,
+                          *expertDp_, ep_->size());
     return;
   }
   if (dp_) {

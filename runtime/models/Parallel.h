@@ -73,6 +73,17 @@ at::Tensor allReduceMax(const at::Tensor &x, comm::Communicator &group);
 void allReduceGradients(const std::vector<at::Tensor> &params,
                         comm::Communicator &dp);
 
+/// Expert parallelism's gradients (every form carving ep out of data
+/// parallelism): `dense` (and `extra`, a head's) averaged over `dp`, the
+/// data-parallel ranks; an expert's owner already holds the sum over its
+/// expert group's e losses (the backward all-to-alls brought them), so
+/// `experts` are summed over `expertDp` (the ranks holding the same ones)
+/// and divided by the data-parallel size: both then the gradient of the
+/// mean loss over the global batch. Collective.
+void reduceExpertGradients(std::vector<at::Tensor> dense, const std::vector<at::Tensor> &experts,
+                           const std::vector<at::Tensor> &extra, comm::Communicator &dp,
+                           comm::Communicator &expertDp, int e);
+
 /// A Llama's gradients named and shaped as its namedParameters() (2-D;
 /// zeros where a parameter has no gradient; a mixture's expert, a view of
 /// its stack, gets its part of the stack's): what the parallel forms are

@@ -154,6 +154,15 @@ int layerOf(const std::string &name, std::string &suffix);
 bool expertOf(const std::string &name, int64_t &x, std::string &w);
 /// Whether `m` holds every expert of its mixture (not a run of them).
 bool holdsEveryExpert(const Llama &m);
+/// The run of a mixture's experts a member of `ep` holds: every expert
+/// without ep (null or size 1), else E/e from ep->rank() * E/e (`group`
+/// then ep). Throws std::invalid_argument naming `who` when `m` holds a run
+/// of its experts already, or ep does not divide them.
+struct ExpertRun {
+  comm::Communicator *group = nullptr;
+  int64_t first = 0, held = 0;
+};
+ExpertRun expertRunOf(const Llama &m, comm::Communicator *ep, const std::string &who);
 /// Norm weights and biases are 1-D (namedParameters shows them as [1, n]).
 bool isVector(const std::string &name);
 /// Throws std::invalid_argument naming `who` unless `tokens` is int64

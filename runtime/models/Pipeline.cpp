@@ -97,20 +97,8 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   const TpGeometry g = tpGeometry(p.c, tp);
   p.tp = g.tp, p.t = g.t, p.r = g.r;
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
-  p.heldExperts = p.c.experts;
-  if (!holdsEveryExpert(full))
-    throw std::invalid_argument("PipelineStage: model " + p.c.name +
-                                " holds a run of its experts; it needs them all");
-  if (ep && ep->size() > 1) {
-    if (p.c.experts == 0 || p.c.experts % ep->size() != 0)
-      throw std::invalid_argument("pipeline parallelism with ep(" +
-                                  std::to_string(ep->size()) +
-                                  ") needs a mixture whose experts (" +
-                                  std::to_string(p.c.experts) + ") it divides");
-    p.ep = ep;
-    p.heldExperts = p.c.experts / ep->size();
-    p.firstExpert = ep->rank() * p.heldExperts;
-  }
+  const ExpertRun run = expertRunOf(full, ep, "PipelineStage");
+  p.ep = run.group, p.firstExpert = run.first, p.heldExperts = run.held;
   std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
   if (p.first >= p.last)
     throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +
@@ -573,18 +561,9 @@ void PipelineModel::reduceGradients(const std::vector<at::Tensor> &extra) {
   // critic's) runs on the last stage only.
   s_.reduceTiedGradients();
   if (comm::Communicator *ep = s_.expertComm()) {
-    // pp x ep: the dense weights (and a head) averaged over the stage's
-    // replicas; an expert's owner holds the sum over its expert group's
-    // losses, summed over the replicas holding the same experts and
-    // divided by the data-parallel size (ExpertParallelModel's rule).
-    std::vector<at::Tensor> dense = s_.denseParameters(), experts = s_.expertParameters();
-    dense.insert(dense.end(), extra.begin(), extra.end());
-    allReduceGradients(dense, *dp_);
-    allReduceGradients(experts, *expertDp_);
-    c10::NoGradGuard noGrad;
-    for (at::Tensor &t : experts)
-      if (t.grad().defined())
-        t.mutable_grad().div_(double(ep->size()));
+    // pp x ep: over the stage's replicas (reduceExpertGradients).
+    reduceExpertGradients(s_.denseParameters(), s_.expertParameters(), extra, *dp_, *expertDp_,
+                          ep->size());
     return;
   }
   if (dp_) {

@@ -170,6 +170,26 @@ bool detail::holdsEveryExpert(const Llama &m) {
   return true;
 }
 
+ExpertRun detail::expertRunOf(const Llama &m, comm::Communicator *ep, const std::string &who) {
+  const LlamaConfig &c = m.config();
+  if (!holdsEveryExpert(m))
+    throw std::invalid_argument(who + ": model " + c.name +
+                                " holds a run of its experts; it needs them all");
+  ExpertRun run;
+  run.held = c.experts;
+  if (ep && ep->size() > 1) {
+    if (c.experts == 0 || c.experts % ep->size() != 0)
+      throw std::invalid_argument(who + ": expert parallelism over " +
+                                  std::to_string(ep->size()) +
+                                  " members needs a mixture whose experts (" +
+                                  std::to_string(c.experts) + ") they divide");
+    run.group = ep;
+    run.held = c.experts / ep->size();
+    run.first = ep->rank() * run.held;
+  }
+  return run;
+}
+
 struct TPLlama::Impl {
   LlamaConfig c;
   comm::Communicator *tp = nullptr;
@@ -263,20 +283,8 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *
   p.r = tp.rank();
   if (std::string e = checkConfig(p.c, p.t); !e.empty())
     throw std::invalid_argument(e);
-  if (!holdsEveryExpert(full))
-    throw std::invalid_argument("TPLlama: model " + p.c.name +
-                                " holds a run of its experts; it needs them all");
-  p.heldExperts = p.c.experts;
-  if (ep && ep->size() > 1) {
-    if (p.c.experts == 0 || p.c.experts % ep->size() != 0)
-      throw std::invalid_argument("TPLlama: expert parallelism over " +
-                                  std::to_string(ep->size()) +
-                                  " members needs a mixture whose experts (" +
-                                  std::to_string(p.c.experts) + ") they divide");
-    p.ep = ep;
-    p.heldExperts = p.c.experts / ep->size();
-    p.firstExpert = ep->rank() * p.heldExperts;
-  }
+  const ExpertRun run = expertRunOf(full, ep, "TPLlama");
+  p.ep = run.group, p.firstExpert = run.first, p.heldExperts = run.held;
   const TpGeometry g = tpGeometry(p.c, &tp);
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   p.layers.resize(p.c.layers);
