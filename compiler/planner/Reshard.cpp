@@ -650,7 +650,45 @@ std::vector<int> overlapAssignment(const Overlap &O, int n, int64_t elems) {
   return hungarianMin(cost, n);
 }
 
+/// overlapAssignment kept to blocks: rank block a (ranks [a B, (a + 1) B))
+/// hosts one whole slot block (slots [b B, (b + 1) B)). Each pair of blocks
+/// is matched within (a Hungarian of B), then the blocks (a Hungarian of n /
+/// B over the pairs' overlaps, ties toward a rank block keeping its own).
+template <class Overlap>
+std::vector<int> blockAssignment(const Overlap &O, int n, int B, int64_t elems) {
+  const int nb = n / B;
+  std::vector<std::vector<int>> inner(size_t(nb) * nb);
+  std::vector<int64_t> value(size_t(nb) * nb, 0);
+  for (int a = 0; a < nb; ++a)
+    for (int b = 0; b < nb; ++b) {
+      auto sub = [&](int i, int j) { return O(a * B + i, b * B + j); };
+      std::vector<int> m = overlapAssignment(sub, B, elems);
+      int64_t v = 0;
+      for (int i = 0; i < B; ++i)
+        v += sub(i, m[size_t(i)]);
+      value[size_t(a) * nb + b] = v;
+      inner[size_t(a) * nb + b] = std::move(m);
+    }
+  auto blockO = [&](int a, int b) { return value[size_t(a) * nb + b]; };
+  const std::vector<int> outer = overlapAssignment(blockO, nb, elems);
+  std::vector<int> out(static_cast<size_t>(n), 0);
+  for (int a = 0; a < nb; ++a) {
+    const int b = outer[size_t(a)];
+    for (int i = 0; i < B; ++i)
+      out[size_t(a * B + i)] = b * B + inner[size_t(a) * nb + b][size_t(i)];
+  }
+  return out;
+}
+
 } // namespace
+
+int64_t expertGroupBlock(const Layout &to, int64_t ranksPerNode, int64_t n) {
+  const int64_t g = to.ep * to.tp, P = ranksPerNode;
+  if (to.ep <= 1 || P <= 1)
+    return 0;
+  const int64_t B = P % g == 0 ? P : g % P == 0 ? g : 0;
+  return B > 1 && B < n && n % B == 0 ? B : 0;
+}
 
 Plan planWeights(const std::vector<Param> &params, const Layout &from,
                  const Layout &to, int64_t layers, const Options &opts) {
@@ -687,8 +725,16 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
   // Which rank hosts which generation slot.
   plan.assignment.resize(n);
   std::iota(plan.assignment.begin(), plan.assignment.end(), 0);
-  if (opts.optimizeAssignment && n > 1)
-    plan.assignment = overlapAssignment(O, n, elems);
+  if (opts.optimizeAssignment && n > 1) {
+    // A mixture's expert-parallel generation group (the e consecutive slots
+    // of a run, with tp each TP group's) exchanges tokens every forward of
+    // every decode step: the assignment keeps each on one node (or on whole
+    // nodes), among such assignments the one that keeps the most in place.
+    if (const int64_t B = expertGroupBlock(to, opts.ranksPerNode, n))
+      plan.assignment = blockAssignment(O, n, int(B), elems);
+    else
+      plan.assignment = overlapAssignment(O, n, elems);
+  }
 
   // Bounds and the naive figure.
   for (int r = 0; r < n; ++r) {

@@ -101,6 +101,14 @@ struct Plan {
   int64_t crossNodeBytes = 0;     // bytes between ranks of different nodes
 };
 
+/// The block of consecutive ranks and slots planWeights keeps together
+/// for a generation layout `to` with ep: its expert groups (ep * tp
+/// consecutive slots) run an all-to-all every forward, so each rank block
+/// of B hosts a whole slot block of B, B the node (ep * tp dividing
+/// `ranksPerNode`) or the group (`ranksPerNode` dividing it). 0: no block
+/// (no ep, one node, or neither divides).
+int64_t expertGroupBlock(const Layout &to, int64_t ranksPerNode, int64_t n);
+
 /// Plans the switch of one role's weights from layout `from` (rank i holds
 /// slot i) to layout `to`. Both layouts must have the same size.
 Plan planWeights(const std::vector<Param> &params, const Layout &from,

@@ -105,7 +105,15 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
     opts.ranksPerNode = mesh.getPerNodeAttr().getInt();
   rs::Plan plan = rs::planWeights(rs::llamaParams(toShape(model)), from, to,
                                   model.getLayersAttr().getInt(), opts);
-  if (plan.totalBytes == 0)
+  // Nothing moves: no reshard, rank i hosts generation slot i. But a
+  // mixture's expert-parallel generation slots are not interchangeable (slot
+  // s holds the experts of run s mod ep): when the ranks already hold their
+  // experts only under another assignment, the reshard stays, moving
+  // nothing, to say which rank hosts which slot.
+  bool identity = true;
+  for (size_t i = 0; i < plan.assignment.size(); ++i)
+    identity = identity && plan.assignment[i] == int(i);
+  if (plan.totalBytes == 0 && (identity || to.ep <= 1))
     return std::nullopt;
   return plan;
 }

@@ -704,6 +704,18 @@ std::vector<Layout> genLayouts(const RoleSpec &role, const Layout &train,
   if (role.model.moe() && train.ep > 1 && w.batch % train.dp == 0 &&
       (!opts.executable || executesLayouts(role, train, &train)))
     out.push_back(train);
+  // And on expert-parallel shards of its own, ep(e) * dp(devices / e): each
+  // rank the dense weights and E/e experts, receiving only what it lacks.
+  if (role.model.moe() && w.batch % devices == 0)
+    for (int64_t e : divisorsUpTo(devices, role.model.experts)) {
+      Layout l;
+      l.dp = devices;
+      l.ep = e;
+      if (e < 2 || role.model.experts % e != 0 || l == train ||
+          (opts.executable && !executesLayouts(role, train, &l)))
+        continue;
+      out.push_back(l);
+    }
   return out;
 }
 

@@ -190,6 +190,12 @@ std::string describeStep(const Plan &p, const Step &st, int rank,
     for (size_t i = 0; rs && i < rs->size(); ++i)
       if (rs->Get(i) == rank)
         pos = (int)i;
+    // The generation slot the rank hosts: the planned assignment's.
+    if (gen && !apartGen && p.reshards())
+      for (const Reshard *r : *p.reshards())
+        if (r->role() == (int)st.role() && str(r->to_phase()) == "generate" &&
+            r->assignment() && pos < (int)r->assignment()->size())
+          pos = r->assignment()->Get(pos);
     const Layout &l = gen ? *role.generate() : *role.train();
     const executes::Verdict &v = forms.at(st.role());
     what = roleName(st.role()) + "." + str(st.method()) + " on " +

@@ -182,10 +182,10 @@ void RoleBuilder::chooseShards(int r, RoleRt &rt, const executes::Verdict &forms
   if (!wholeWeights && forms.train == executes::Form::ExpertParallel &&
       (int)rs.size() == tl.dp()) {
     rt.epSize = tl.ep(); // its run of experts comes after connect()
-    if (actor && forms.generate == executes::Form::ExpertParallel) {
-      if (apart || !sameLayouts) // the loader's table refuses both
+    if (actor && forms.generate == executes::Form::ExpertParallel && sameLayouts) {
+      if (apart) // the loader's table refuses it
         throw RunError("actor " + str(ro.name()) + ": expert-parallel generation runs on "
-                       "its training ranks' shards only");
+                       "its training ranks");
       rt.generatesOn = GeneratesOn::TrainingShards; // nothing moves between the two
     }
   }
@@ -431,7 +431,7 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     try {
       rr.lm = std::make_unique<models::ExpertParallelModel>(
           *rr.model, models::modelSeed(p_.seed(), role(r).model()), *rr.groups.ep,
-          *rr.groups.edp, *rr.comm);
+          rr.groups.edp.get(), *rr.comm);
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + rn + ": " + e.what());
     }
@@ -502,7 +502,43 @@ void RoleBuilder::loadShards(int r, RoleRt &rr) {
 /// a sharded role keeps no whole copy unless a whole-weight generation
 /// needs one.
 void RoleBuilder::buildGenerationForm(int r, RoleRt &rr) {
-  if (auto g = s_.rows->genSlots().find(r); g != s_.rows->genSlots().end() && !rr.apart) {
+  const int genEp = std::max(1, role(r).generate()->ep());
+  if (auto g = s_.rows->genSlots().find(r);
+      g != s_.rows->genSlots().end() && !rr.apart && genEp > 1) {
+    // A mixture's expert-parallel generation shards: the ranks hosting the
+    // slots [run e, (run + 1) e) form an expert group, and slot s holds the
+    // experts of run s mod e, wherever the assignment put it.
+    auto rs = ints(role(r).ranks());
+    const int run = g->second[rr.pos] / genEp;
+    std::vector<std::pair<int, int>> members; // (global rank, slot)
+    for (size_t i = 0; i < rs.size(); ++i)
+      if (g->second[i] / genEp == run)
+        members.push_back({rs[i], g->second[i]});
+    std::sort(members.begin(), members.end());
+    std::vector<int> ranks;
+    std::vector<int64_t> runs;
+    bool inOrder = true;
+    for (auto &[rank, slot] : members) {
+      inOrder = inOrder && slot % genEp == (int)runs.size();
+      ranks.push_back(rank);
+      runs.push_back(slot % genEp);
+    }
+    if (inOrder)
+      runs.clear(); // member j holds run j
+    const std::string rn = str(role(r).name());
+    rr.groups.gen = comms_.world->makeSubgroup("genep-" + rn + "-" + std::to_string(run), ranks);
+    try {
+      rr.gen = std::make_unique<models::ExpertParallelModel>(
+          *rr.model, models::modelSeed(p_.seed(), role(r).model()), *rr.groups.gen, nullptr,
+          *rr.comm, runs);
+    } catch (const std::invalid_argument &e) {
+      throw RunError("role " + rn + ": " + e.what());
+    }
+    rr.generatesOn = GeneratesOn::GenerationShards;
+    if (rr.holdsShards())
+      keepShardsOnly(r, rr); // training and generation shards are all it keeps
+  } else if (auto g = s_.rows->genSlots().find(r);
+             g != s_.rows->genSlots().end() && !rr.apart) {
     // Tensor-parallel generation: the ranks hosting the slots of this
     // rank's generation replica, ascending (= TP order, checked).
     auto rs = ints(role(r).ranks());

@@ -4,6 +4,7 @@
 #include "runtime/exec/EngineSupport.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/Parallel.h"
+#include "runtime/plan/RoleForms.h"
 
 #include <algorithm>
 #include <numeric>
@@ -33,6 +34,16 @@ RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered
     return models::LlamaConfig::fromPlan(*p_.models()->Get(ro.model()), cfg, err) &&
            models::TPLlama::checkConfig(cfg, t).empty() && cfg.kvHeads % t == 0;
   };
+  // Whether role r generates a mixture on expert-parallel shards of their
+  // own (ep(e) * dp(d), not its training layout: on that, it generates on
+  // its training shards and hosts no slot).
+  auto epGeneration = [&](const Role &ro) {
+    const Layout &gl = *ro.generate(), &tl = *ro.train();
+    return ro.kind() == RoleKind::Actor && ro.model() >= 0 && gl.ep() > 1 && gl.tp() <= 1 &&
+           gl.pp() <= 1 && gl.fsdp() <= 1 && gl.sp() <= 1 && gl.cp() <= 1 &&
+           !(degreesOf(gl) == degreesOf(tl));
+  };
+  auto ownShards = [&](const Role &ro) { return tpGeneration(ro) || epGeneration(ro); };
   // An actor trained on whole weights and generating tensor parallel on the
   // same ranks: every rank already holds its generation shard, so the plan
   // has no reshard (nothing moves); rank i hosts slot i and cuts its shard
@@ -47,7 +58,7 @@ RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered
       if (p_.reshards())
         for (const Reshard *rs : *p_.reshards())
           planned = planned || (rs->role() == r && str(rs->to_phase()) == "generate");
-      if (whole && !apart && !planned && tpGeneration(ro) && ro.ranks()) {
+      if (whole && !apart && !planned && ownShards(ro) && ro.ranks()) {
         std::vector<int> slots(ro.ranks()->size());
         std::iota(slots.begin(), slots.end(), 0);
         genSlots_[r] = slots;
@@ -58,9 +69,9 @@ RowSchedule::generationSlots(const Plan &p_, std::vector<std::string> *unordered
   for (const Reshard *rs : *p_.reshards()) {
     const int r = rs->role();
     const Role &ro = role(r);
-    if (str(rs->to_phase()) != "generate" || !tpGeneration(ro))
+    if (str(rs->to_phase()) != "generate" || !ownShards(ro))
       continue;
-    const int t = ro.generate()->tp();
+    const int t = std::max(1, ro.generate()->tp()); // ep: 1, no order to keep
     if (ro.generate_ranks() && ro.generate_ranks()->size() > 0) {
       // Generating apart: generation rank i hosts slot i (nothing to
       // choose), ascending ranks in TP order.

@@ -53,8 +53,9 @@ struct PhaseShape {
 
 class RowSchedule {
 public:
-  /// `genSlots`: the actors that generate on tensor-parallel shards, and the
-  /// generation slot each of their ranks hosts (generationSlots()).
+  /// `genSlots`: the actors that generate on shards of their own (tensor or
+  /// expert parallel), and the generation slot each of their ranks hosts
+  /// (generationSlots()).
   RowSchedule(const plan::Plan &plan, std::map<int, std::vector<int>> genSlots);
 
   /// The actors whose generation runs on tensor-parallel shards: generation
@@ -64,8 +65,12 @@ public:
   /// and v by rows over t). The members of a generation replica form a group ordered by
   /// global rank, so they must host its slots in TP order: an actor whose
   /// planned assignment does not is left out and its name added to
-  /// `unordered` (it generates on whole weights). HFLOW_WHOLE_WEIGHTS=1:
-  /// none. Decided from the plan alone.
+  /// `unordered` (it generates on whole weights). Also the actors of a
+  /// mixture generating on expert-parallel shards of their own (ep(e) *
+  /// dp(d), not the training layout): slot s holds the experts of run s mod
+  /// e, in any order of the ranks (the generation form takes the runs as
+  /// the assignment gives them). HFLOW_WHOLE_WEIGHTS=1: none. Decided from
+  /// the plan alone.
   static std::map<int, std::vector<int>>
   generationSlots(const plan::Plan &plan, std::vector<std::string> *unordered = nullptr);
 

@@ -149,6 +149,47 @@ void placeOwnShards(RoleRt &rr, std::vector<std::pair<std::string, at::Tensor>> 
   }
 }
 
+/// A form's weights and boxes in the plan's parameter order (`names`): a
+/// pipeline stage or an expert-parallel form holds only some of them, the
+/// others an empty tensor and box (the plan never has the rank send or
+/// receive them). Throws when the form lists a weight twice, or one the
+/// plan does not.
+struct HeldInPlanOrder {
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  std::vector<std::pair<std::string, models::Box>> boxes;
+};
+HeldInPlanOrder heldInPlanOrder(const models::CausalLM &form,
+                                const std::vector<std::string> &names, const std::string &what,
+                                const char *which) {
+  const auto weights = form.namedWeights();
+  const auto held = form.namedBoxes();
+  std::map<std::string, size_t> at;
+  for (size_t i = 0; i < weights.size(); ++i)
+    at[weights[i].first] = i;
+  if (at.size() != weights.size() || held.size() != weights.size())
+    throw RunError("reshard of " + what + ": the " + which + " form lists " +
+                   std::to_string(weights.size()) + " weights and " +
+                   std::to_string(held.size()) + " boxes, not each once");
+  HeldInPlanOrder out;
+  size_t found = 0;
+  for (const std::string &name : names) {
+    auto it = at.find(name);
+    if (it == at.end()) {
+      out.weights.emplace_back(name, at::Tensor());
+      out.boxes.emplace_back(name, models::Box{});
+    } else {
+      out.weights.push_back(weights[it->second]);
+      out.boxes.push_back(held[it->second]);
+      ++found;
+    }
+  }
+  if (found != weights.size())
+    throw RunError("reshard of " + what + ": the " + which + " form holds " +
+                   std::to_string(weights.size() - found) +
+                   " weights the plan does not list");
+  return out;
+}
+
 /// Pieces that travelled as bfloat16 (transfer_dtype: bf16), widened back.
 at::Tensor roundedBf16(const at::Tensor &t) {
   return t.to(at::kBFloat16).to(t.scalar_type());
@@ -323,14 +364,17 @@ void WeightResharder::finishGenerationCopy(const Reshard &rs, RoleRt &rr, Named 
   }
 }
 
-/// Ranks hosting the same TP index of different generation replicas must
-/// hold identical generation shards (each assembled them from other pieces).
+/// Ranks hosting the same shard of different generation replicas must hold
+/// identical generation shards (each assembled them from other pieces): the
+/// same TP index, or the same run of a mixture's experts (slot mod tp * ep,
+/// tp the fastest slot coordinate, the experts' owner dp mod ep).
 void WeightResharder::checkGenerationShards(const Reshard &rs, RoleRt &rr,
                                             const std::string &what) {
   double sum = 0;
   for (auto &[name, w] : rr.gen->namedWeights())
     sum += w.detach().to(at::kDouble).sum().item<double>();
-  const int t = role(rs.role()).generate()->tp();
+  const Layout &gl = *role(rs.role()).generate();
+  const int t = std::max(1, gl.tp()) * std::max(1, gl.ep());
   const auto &slots = rows_->genSlots().at(rs.role());
   const auto ranks = ints(rr.holding == Holding::GenerationRank ? role(rs.role()).generate_ranks() : role(rs.role()).ranks());
   at::Tensor mine = at::tensor({(double)(slots[rr.pos] % t), sum},
@@ -372,34 +416,14 @@ void WeightResharder::shardsToShards(const Reshard &rs, RoleRt &rr,
                    std::to_string(rs.bytes_per_element()) +
                    " bytes per element, the model's weights have " + std::to_string(held));
   c10::NoGradGuard ng;
-  // The training form's weights in the plan's parameter order: a pipeline
-  // stage holds only some of them, the others an empty box (the plan never
-  // has this rank send them).
-  std::vector<std::pair<std::string, at::Tensor>> train;
-  std::vector<std::pair<std::string, models::Box>> trainBoxes;
-  {
-    const auto weights = rr.lm->namedWeights();
-    const auto held = rr.lm->namedBoxes();
-    std::map<std::string, size_t> at;
-    for (size_t i = 0; i < weights.size(); ++i)
-      at[weights[i].first] = i;
-    for (size_t k = 0; k < nParams; ++k) {
-      auto it = at.find(shapes[k].first);
-      if (it == at.end()) {
-        train.emplace_back(shapes[k].first, at::Tensor());
-        trainBoxes.emplace_back(shapes[k].first, models::Box{});
-      } else {
-        train.push_back(weights[it->second]);
-        trainBoxes.push_back(held[it->second]);
-      }
-    }
-  }
-  const auto gen = rr.gen->namedWeights();
-  const auto genBoxes = rr.gen->namedBoxes();
-  if (gen.size() != nParams)
-    throw RunError("reshard of " + what + ": the generation form lists " +
-                   std::to_string(gen.size()) + " weights, the plan " +
-                   std::to_string(nParams));
+  // Both forms' weights in the plan's parameter order.
+  std::vector<std::string> names;
+  for (const auto &[name, shape] : shapes)
+    names.push_back(name);
+  HeldInPlanOrder trainForm = heldInPlanOrder(*rr.lm, names, what, "training");
+  HeldInPlanOrder genForm = heldInPlanOrder(*rr.gen, names, what, "generation");
+  const auto &train = trainForm.weights, &gen = genForm.weights;
+  const auto &trainBoxes = trainForm.boxes, &genBoxes = genForm.boxes;
   auto as2d = [](const at::Tensor &t, const models::Box &b) {
     return t.detach().view({b.rows(), b.cols()});
   };
@@ -461,7 +485,8 @@ void WeightResharder::shardsToShards(const Reshard &rs, RoleRt &rr,
                      " arrived or were held (the plan must cover it exactly once)");
   if (bf16Wire)
     for (auto &[name, w] : gen)
-      w.detach().copy_(w.detach().to(at::kBFloat16).to(w.scalar_type()));
+      if (w.defined())
+        w.detach().copy_(w.detach().to(at::kBFloat16).to(w.scalar_type()));
   checkGenerationShards(rs, rr, what);
   report(rs, c, what, measured, ms, false);
 }
@@ -498,24 +523,13 @@ void WeightResharder::across(const Reshard &rs, RoleRt &rr, const std::string &w
   std::vector<std::pair<std::string, models::Box>> boxes;
   const size_t nParams = rs.params() ? rs.params()->size() : 0;
   if (rr.holdsShards()) {
-    // In the plan's parameter order; a pipeline stage holds only some of
-    // them: the others get an empty box (the plan never has it send them).
-    auto weights = rr.lm->namedWeights();
-    auto held = rr.lm->namedBoxes();
-    std::map<std::string, size_t> at;
-    for (size_t i = 0; i < weights.size(); ++i)
-      at[weights[i].first] = i;
-    for (size_t k = 0; k < nParams; ++k) {
-      const std::string name = str(rs.params()->Get(k)->name());
-      auto it = at.find(name);
-      if (it == at.end()) {
-        named.emplace_back(name, at::Tensor());
-        boxes.emplace_back(name, models::Box{});
-      } else {
-        named.push_back(weights[it->second]);
-        boxes.push_back(held[it->second]);
-      }
-    }
+    // In the plan's parameter order (a pipeline stage holds only some).
+    std::vector<std::string> names;
+    for (size_t k = 0; k < nParams; ++k)
+      names.push_back(str(rs.params()->Get(k)->name()));
+    HeldInPlanOrder h = heldInPlanOrder(*rr.lm, names, what, "training");
+    named = std::move(h.weights);
+    boxes = std::move(h.boxes);
   } else if (rr.model) {
     named = rr.model->namedParameters();
   }

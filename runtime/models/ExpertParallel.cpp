@@ -97,10 +97,10 @@ at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
 
 at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &ep, MoeRouting *routing,
-                                const at::Tensor &replay) {
+                                const at::Tensor &replay, const std::vector<int64_t> &runs) {
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
   auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
-  return combineExpertsParallel(x, top, chosen, w, ep).view(h.sizes());
+  return combineExpertsParallel(x, top, chosen, w, ep, runs).view(h.sizes());
 }
 
 at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
@@ -120,7 +120,7 @@ at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_
 
 at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                   const at::Tensor &chosen, const MoeWeights &w,
-                                  comm::Communicator &ep) {
+                                  comm::Communicator &ep, const std::vector<int64_t> &runs) {
   const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
   const int e = ep.size(), me = ep.rank();
   if (El * e != E)
@@ -128,7 +128,19 @@ at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                 " experts on each of " + std::to_string(e) +
                                 " members for a router over " + std::to_string(E));
   // The (token, slot) pairs by expert, so by owner too (owners hold runs).
+  // With `runs`, expert x is renumbered by its owner: the l-th expert of
+  // member j's run becomes j * El + l, and everything below works on those
+  // numbers (member j's block is [j * El, (j + 1) * El) again).
   at::Tensor flat = chosen.reshape({-1});
+  if (!runs.empty()) {
+    checkExpertRuns(runs, e);
+    std::vector<int64_t> key(E);
+    for (int j = 0; j < e; ++j)
+      for (int64_t l = 0; l < El; ++l)
+        key[runs[j] * El + l] = j * El + l;
+    flat = at::tensor(key, at::TensorOptions().dtype(at::kLong)).to(flat.device())
+               .index_select(0, flat);
+  }
   at::Tensor order = flat.argsort(/*stable=*/true);
   at::Tensor token = order.div(k, "floor");
   at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
@@ -174,12 +186,12 @@ at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
 //===----------------------------------------------------------------------===//
 
 ExpertParallelModel::ExpertParallelModel(const Llama &whole, uint64_t seed,
-                                         comm::Communicator &ep, comm::Communicator &expertDp,
-                                         comm::Communicator &group)
+                                         comm::Communicator &ep, comm::Communicator *expertDp,
+                                         comm::Communicator &group, std::vector<int64_t> runs)
     : ep_(ep), expertDp_(expertDp), group_(group),
       local_(std::make_unique<Llama>(whole.config(), seed)) {
   local_->copyFrom(whole);
-  local_->keepExperts(ep_);
+  local_->keepExperts(ep_, std::move(runs));
   whole_ = std::make_unique<WholeModel>(*local_, group_);
 }
 
@@ -325,11 +337,11 @@ void ExpertParallelModel::gatherInto(Llama &dst) const {
   for (size_t i = 0; i < experts.size(); ++i)
     stacks[i].narrow(0, first, run).copy_(experts[i]);
   std::vector<at::Tensor> all = stacks;
-  gatherExpertRuns(all, first, run, ep_);
+  gatherExpertRuns(all, first, run, ep_, local_->expertRuns());
 }
 
 void detail::gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, int64_t held,
-                              comm::Communicator &ep) {
+                              comm::Communicator &ep, const std::vector<int64_t> &runs) {
   // Every member's runs in one all-gather (all hold runs of one shape).
   c10::NoGradGuard noGrad;
   std::vector<at::Tensor> mine;
@@ -341,11 +353,12 @@ void detail::gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, in
     all = ep.allGatherFlat(at::cat(mine).contiguous()); // [e, n]
   }
   for (int j = 0; j < ep.size(); ++j) {
-    if (j * held == first)
+    const int64_t run = runs.empty() ? j : runs[(size_t)j];
+    if (run * held == first)
       continue; // this member's own
     int64_t at = 0;
     for (at::Tensor &t : stacks) {
-      at::Tensor d = t.narrow(0, j * held, held);
+      at::Tensor d = t.narrow(0, run * held, held);
       d.copy_(all[j].narrow(0, at, d.numel()).view(d.sizes()));
       at += d.numel();
     }
@@ -371,8 +384,10 @@ void reduceExpertGradients(std::vector<at::Tensor> dense, const std::vector<at::
 }
 
 void ExpertParallelModel::reduceGradients(const std::vector<at::Tensor> &extra) {
+  if (!expertDp_)
+    throw std::logic_error("ExpertParallelModel: a generation form does not train");
   reduceExpertGradients(local_->denseParameters(), local_->expertParameters(), extra, group_,
-                        expertDp_, ep_.size());
+                        *expertDp_, ep_.size());
 }
 
 double ExpertParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {

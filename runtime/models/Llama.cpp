@@ -274,7 +274,7 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
 
 Llama::~Llama() = default;
 
-void Llama::keepExperts(comm::Communicator &ep) {
+void Llama::keepExperts(comm::Communicator &ep, std::vector<int64_t> runs) {
   const int64_t E = config_.experts, e = ep.size();
   if (E == 0 || e < 1 || E % e != 0)
     throw std::invalid_argument("model " + config_.name + ": expert parallelism over " +
@@ -283,7 +283,10 @@ void Llama::keepExperts(comm::Communicator &ep) {
   if (ep_)
     throw std::logic_error("model " + config_.name + " already keeps a run of its experts");
   const int64_t El = E / e;
-  firstExpert_ = ep.rank() * El;
+  if (!runs.empty())
+    checkExpertRuns(runs, e);
+  firstExpert_ = (runs.empty() ? ep.rank() : runs[(size_t)ep.rank()]) * El;
+  runs_ = std::move(runs);
   c10::NoGradGuard noGrad;
   for (auto &l : w_->layers)
     for (at::Tensor *t : {&l.moe.gate, &l.moe.up, &l.moe.down})
@@ -589,7 +592,7 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
           replay.defined() ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
                            : at::Tensor();
       x = x + (ep_ ? moeMlpExpertParallel(h, l.moe, c.expertsPerToken, c.normTopk, *ep_,
-                                          record ? &r : nullptr, given)
+                                          record ? &r : nullptr, given, runs_)
                    : moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
                             given));
       if (record)
@@ -821,7 +824,7 @@ void Llama::serveExperts() const {
   for (const auto &l : w_->layers)
     if (l.moe.router.defined())
       (void)moeMlpExpertParallel(none, l.moe, config_.expertsPerToken, config_.normTopk, *ep_,
-                                 nullptr, at::Tensor());
+                                 nullptr, at::Tensor(), runs_);
 }
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,

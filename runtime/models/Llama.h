@@ -299,7 +299,11 @@ public:
   /// their indices in namedParameters(). Throws std::invalid_argument for a
   /// dense model or an e not dividing E; generate() then throws
   /// (ExpertParallelModel::generate runs its members in lockstep).
-  void keepExperts(comm::Communicator &ep);
+  /// `runs`: the run each member holds (a permutation of 0 .. e - 1;
+  /// empty: member j holds run j), this one runs[ep.rank()].
+  void keepExperts(comm::Communicator &ep, std::vector<int64_t> runs = {});
+  /// keepExperts' runs (empty: member j holds run j).
+  const std::vector<int64_t> &expertRuns() const { return runs_; }
   /// Expert parallelism: one forward's collectives with no token of its
   /// own, so that the members still generating get their tokens through
   /// this member's experts: every mixture layer, in order, routes nothing,
@@ -350,6 +354,7 @@ private:
   std::unique_ptr<Weights> w_;
   comm::Communicator *ep_ = nullptr; ///< keepExperts' group
   int64_t firstExpert_ = 0;
+  std::vector<int64_t> runs_; ///< keepExperts' runs
 };
 
 /// A model step for the sampling loop: the full-vocabulary logits [B, T, V]

@@ -241,10 +241,16 @@ private:
 /// and the other members' experts dropped); the weights are named as the
 /// whole model's (expert x keeps its index). Generates its own rows, the
 /// expert group's members in lockstep rounds (generate).
+///
+/// An actor's generation form on a layout of its own: `expertDp` null (it
+/// never trains: reduceGradients throws) and `runs` the run each member of
+/// `ep` holds (Llama::keepExperts), the generation slots its ranks host in
+/// the planned assignment, which need not follow their ranks' order.
 class ExpertParallelModel final : public CausalLM {
 public:
   ExpertParallelModel(const Llama &whole, uint64_t seed, comm::Communicator &ep,
-                      comm::Communicator &expertDp, comm::Communicator &group);
+                      comm::Communicator *expertDp, comm::Communicator &group,
+                      std::vector<int64_t> runs = {});
   ~ExpertParallelModel() override;
 
   const LlamaConfig &config() const override { return local_->config(); }
@@ -291,7 +297,9 @@ private:
                           const at::Tensor &promptMask, const SamplingOptions &opts,
                           at::Generator &gen) const;
 
-  comm::Communicator &ep_, &expertDp_, &group_;
+  comm::Communicator &ep_;
+  comm::Communicator *expertDp_;
+  comm::Communicator &group_;
   std::unique_ptr<Llama> local_;
   std::unique_ptr<WholeModel> whole_; ///< over local_, for what ep does not change
 };

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -97,6 +98,24 @@ at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Te
   at::Tensor f = (counts * w.unsqueeze(1)).sum(0) / n;
   at::Tensor P = (p * w.unsqueeze(1)).sum(0) / n;
   return (f.detach() * P).sum() * double(E);
+}
+
+void checkExpertRuns(const std::vector<int64_t> &runs, int64_t e) {
+  std::vector<char> seen((size_t)std::max<int64_t>(e, 0), 0);
+  bool ok = (int64_t)runs.size() == e;
+  for (int64_t r : runs) {
+    ok = ok && r >= 0 && r < e && !seen[(size_t)r];
+    if (ok)
+      seen[(size_t)r] = 1;
+  }
+  if (!ok) {
+    std::string got;
+    for (int64_t r : runs)
+      got += (got.empty() ? "" : ", ") + std::to_string(r);
+    throw std::invalid_argument("expert parallelism: the members' runs of experts [" + got +
+                                "] are not each of the " + std::to_string(e) +
+                                " runs once");
+  }
 }
 
 } // namespace hflow::models

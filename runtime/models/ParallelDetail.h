@@ -177,9 +177,10 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
 /// Expert parallelism's gather: `stacks` (a model's expert stacks, [E, ..]
 /// each, every expert) hold this member's run, rows [first, first + held),
 /// and receive every other member's run from it (member j's: rows
-/// [j held, (j + 1) held)). One all-gather over `ep`.
+/// [runs[j] held, (runs[j] + 1) held), or [j held, ..) when `runs` is
+/// empty). One all-gather over `ep`.
 void gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, int64_t held,
-                      comm::Communicator &ep);
+                      comm::Communicator &ep, const std::vector<int64_t> &runs = {});
 
 /// How a mixture layer runs in decoderLayer: experts per token and their
 /// weights' normalisation, the expert group (null: every expert here), and

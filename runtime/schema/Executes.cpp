@@ -146,8 +146,7 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   if (std::string why = unbuiltDegree(gen, dims); !why.empty())
     return refuse("generate", gen, why);
   if (gen.ep > 1) {
-    // On the training shards: each rank generates its own rows, the
-    // expert group in lockstep; nothing moves between the two layouts.
+    // Each rank generates its own rows, the expert group in lockstep.
     if (gen.tp > 1)
       return refuse("generate", gen,
                     "expert-parallel generation on tensor-parallel shards is not built in "
@@ -157,13 +156,10 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
       return refuse("generate", gen,
                     "an actor generating on ranks of its own generates a mixture on dp(N) "
                     "in hflow-run yet: expert-parallel generation runs on the training "
-                    "ranks' shards");
-    if (!(gen == train))
-      return refuse("generate", gen,
-                    "expert-parallel generation runs on the training layout's own shards in "
-                    "hflow-run yet (nothing moves between them): write generate: " +
-                        train.str() + ", or generate on dp(N); a generation layout of its own, "
-                        "each rank receiving only its experts, is not built");
+                    "ranks");
+    // On the training layout: its own shards. Otherwise generation shards
+    // of its own (the dense weights and E/e experts on each rank), which
+    // the planned reshard fills, each rank receiving only what it lacks.
     v.generate = Form::ExpertParallel;
     return v;
   }

@@ -80,8 +80,8 @@ inline constexpr const char *kSummary =
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
     "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * dp(d), or with ep(e) * dp(d) "
     "inside those), "
-    "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on its training ranks' "
-    "ep(e) * dp(d)), and a RewardFn on dp(N)";
+    "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on ep(e) * dp(d)), "
+    "and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
 std::string tensorParallelProblem(const Dims &d, int64_t t);

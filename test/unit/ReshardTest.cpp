@@ -703,6 +703,45 @@ TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
   EXPECT_EQ(p.maxRecvPerRank, 2 * (2 * 3 * 4 * 8) * 2);
 }
 
+TEST(ReshardExpertParallel, GenerationGroupsStayOnANode) {
+  // ep(16) -> ep(4) * dp(4) on 4 nodes of 4: each generation expert group
+  // (slots 4g .. 4g + 3) exchanges tokens every decode step, so the
+  // assignment keeps it on one node, and among those assignments keeps the
+  // most in place (the plan still meets its bound, element by element).
+  // Without nodes the assignment keeps more in place but spreads every
+  // group over the 4 nodes.
+  ModelShape m = shape(2, 8, 4, 2, 8, 16);
+  m.experts = 16, m.expertsPerToken = 2, m.expertFfn = 4;
+  const std::vector<Param> ps = llamaParams(m);
+  Layout from = L(16, 1, 1, 1), to = L(16, 1, 1, 1);
+  from.ep = 16;
+  to.ep = 4;
+  EXPECT_EQ(expertGroupBlock(to, 4, 16), 4);
+  EXPECT_EQ(expertGroupBlock(to, 2, 16), 4);  // a group on 2 whole nodes
+  EXPECT_EQ(expertGroupBlock(to, 16, 16), 0); // one node: nothing to keep
+  EXPECT_EQ(expertGroupBlock(from, 4, 16), 0); // ep(16) is every rank
+  EXPECT_EQ(expertGroupBlock(L(16, 1, 1, 1), 4, 16), 0);
+  auto spread = [&](const Plan &p, int64_t perNode) {
+    std::map<int, std::set<int>> nodes; // group -> the nodes hosting it
+    for (size_t r = 0; r < p.assignment.size(); ++r)
+      nodes[p.assignment[r] / 4].insert(int(r / perNode));
+    size_t most = 0;
+    for (auto &[g, ns] : nodes)
+      most = std::max(most, ns.size());
+    return most;
+  };
+  Options o;
+  o.ranksPerNode = 4;
+  const Plan kept = planWeights(ps, from, to, m.layers, o);
+  EXPECT_EQ(spread(kept, 4), 1u);
+  EXPECT_EQ(kept.totalBytes, kept.lowerBound);
+  EXPECT_EQ(bruteForceLowerBound(ps, from, to, m.layers, kept.assignment, 2), kept.lowerBound);
+  o.ranksPerNode = 16;
+  const Plan free = planWeights(ps, from, to, m.layers, o);
+  EXPECT_EQ(spread(free, 4), 4u);
+  EXPECT_LT(free.totalBytes, kept.totalBytes);
+}
+
 TEST(ReshardPlan, WireElementSizeScalesEveryFigureExactly) {
   // The demo's actor (arith_grpo.hflow): fsdp(2) -> dp(2), and the
   // tiny.hflow pattern tp(2) -> dp(2), on the 361k-parameter Llama.

@@ -602,15 +602,22 @@ TEST(Search, MixtureLayoutsAndExpertParallelCosts) {
                                                       {2, 4, 1}, {2, 4, 2}, {2, 4, 4},
                                                       {4, 2, 1}, {4, 2, 2}}));
   bool onItsShards = false;
+  std::vector<int64_t> ownEp; // generation layouts of its own with ep
   for (const Layout &g : genLayouts(a, ep4train, 8, mesh(1), w, o)) {
-    if (g.ep > 1) { // on the training shards themselves
-      EXPECT_TRUE(g.dp == ep4train.dp && g.ep == ep4train.ep && g.tp == 1 && g.pp == 1);
-      onItsShards = true;
-    } else {
-      EXPECT_EQ(g.pp, 1) << "a mixture generates on whole weights, tp shards or its ep shards";
+    EXPECT_EQ(g.pp, 1) << "a mixture generates on whole weights, tp shards or ep shards";
+    if (g.ep > 1) {
+      EXPECT_TRUE(g.dp == 8 && g.tp == 1) << "ep(" << g.ep << ") * dp(" << g.dp / g.ep << ")";
+      if (g == ep4train) // on the training shards themselves
+        onItsShards = true;
+      else
+        ownEp.push_back(g.ep);
     }
   }
   EXPECT_TRUE(onItsShards);
+  // ep(2) * dp(4) on shards of its own (e dividing the 8 devices and the 4
+  // experts, other than the training layout), each rank receiving only
+  // what it lacks.
+  EXPECT_EQ(ownEp, (std::vector<int64_t>{2}));
   {
     // On its shards: no generation copy, the dense weights and 1/4 of the
     // experts read per decode step, and the tokens' all-to-alls.

@@ -61,7 +61,7 @@ void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
   Batch b = all.rows(2 * r, 2);
 
   Llama whole(c, kSeed);
-  ExpertParallelModel lm(whole, kSeed, *ep, *edp, world);
+  ExpertParallelModel lm(whole, kSeed, *ep, edp.get(), world);
   EXPECT_EQ(lm.form(), e == n ? "ep(" + std::to_string(e) + ")"
                               : "ep(" + std::to_string(e) + ") * dp(" + std::to_string(d) + ")");
   // It holds the dense weights and its run of E/e experts, named as the
@@ -445,7 +445,7 @@ TEST(ParallelEP, GeneratesInLockstep) {
   for (bool mixtral : {false, true}) {
     const LlamaConfig c = moe(mixtral);
     Llama whole(c, kSeed);
-    ExpertParallelModel lm(whole, kSeed, *g.world, *g.world, *g.world);
+    ExpertParallelModel lm(whole, kSeed, *g.world, g.world.get(), *g.world);
     auto [prompts, mask] = paddedPrompts(c.vocab);
     at::Tensor mine = prompts.narrow(0, 0, r + 1), myMask = mask.narrow(0, 0, r + 1);
     for (bool paged : {false, true})
@@ -501,4 +501,69 @@ TEST(ParallelEP, GeneratesInLockstep) {
     Generation again = lm.generate(mine, myMask, o, g4);
     EXPECT_TRUE(at::equal(again.tokens, whole.generate(mine, myMask, o, g5).tokens));
   }
+}
+
+// An actor's generation form on a layout of its own: the planned assignment
+// may have its ranks host the generation slots in another order than
+// theirs, so member r holds run runs[r] of the experts. Its weights are
+// those experts (named by their indices), every forward sends each token to
+// the member holding its expert, and what it generates, records and gathers
+// is the whole model's; it does not train, and runs that are not a
+// permutation are refused.
+TEST(ParallelEP, GenerationRunsOutOfOrder) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  const int r = g.world->rank();
+  const std::vector<int64_t> runs = {2, 0, 3, 1};
+  for (bool mixtral : {false, true}) {
+    const LlamaConfig c = moe(mixtral);
+    const int64_t El = c.experts / 4;
+    Llama whole(c, kSeed);
+    ExpertParallelModel lm(whole, kSeed, *g.world, nullptr, *g.world, runs);
+    const auto wholeNamed = whole.namedParameters();
+    std::map<std::string, at::Tensor> byName(wholeNamed.begin(), wholeNamed.end());
+    int held = 0;
+    for (const auto &[name, t] : lm.namedWeights())
+      if (name.find(".mlp.experts.") != std::string::npos) {
+        const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
+        EXPECT_EQ(x / El, runs[(size_t)r]) << name;
+        EXPECT_TRUE(at::equal(t, byName.at(name).view(t.sizes()))) << name;
+        ++held;
+      }
+    EXPECT_EQ(held, c.layers * El * 3);
+    Batch all = makeBatch(c.vocab, 8);
+    Reference ref = reference(c, all);
+    Batch b = all.rows(2 * r, 2);
+    {
+      c10::NoGradGuard ng;
+      at::Tensor logits = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask));
+      expectClose(errs, "eprun." + c.name + ".logits", "logits", logits,
+                  ref.logits.narrow(0, 2 * r, 2));
+    }
+    auto [prompts, mask] = paddedPrompts(c.vocab);
+    at::Tensor mine = prompts.narrow(0, 0, r + 1), myMask = mask.narrow(0, 0, r + 1);
+    SamplingOptions o;
+    o.maxTokens = 4 + 5 * r;
+    o.greedy = true;
+    o.paged = true;
+    o.recordRouting = true;
+    o.limits.blockSize = 4;
+    at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(5), g2 = g1.clone();
+    Generation want = whole.generate(mine, myMask, o, g1);
+    Generation got = lm.generate(mine, myMask, o, g2);
+    EXPECT_TRUE(at::equal(got.tokens, want.tokens)) << c.name << ": tokens differ";
+    EXPECT_TRUE(at::equal(got.routing, want.routing)) << c.name << ": recorded experts differ";
+    expectClose(errs, "eprun." + c.name + ".logprobs", "logprobs", got.logprobs, want.logprobs);
+    Llama gathered(c, kSeed + 1);
+    lm.gatherInto(gathered);
+    const auto gatheredNamed = gathered.namedParameters();
+    for (size_t i = 0; i < wholeNamed.size(); ++i)
+      EXPECT_TRUE(at::equal(gatheredNamed[i].second, wholeNamed[i].second))
+          << wholeNamed[i].first;
+    EXPECT_THROW(lm.reduceGradients({}), std::logic_error);
+  }
+  EXPECT_THROW(ExpertParallelModel(Llama(moe(false), kSeed), kSeed, *g.world, nullptr, *g.world,
+                                   {0, 0, 1, 2}),
+               std::invalid_argument);
 }
