@@ -30,12 +30,8 @@ std::string unbuiltDegree(const Degrees &l, const Dims &d) {
            "divide the model's " + s(d.experts) + " experts";
   if (d.experts > 0 && (l.fsdp > 1 || l.sp > 1 || l.cp > 1))
     return "a mixture of experts (" + s(d.experts) + " experts) runs on whole weights, "
-           "tp(t) * dp(d), pp(p) * dp(d), or with ep(e) in hflow-run yet: its fully "
+           "tp(t) * dp(d), pp(p) * tp(t) * dp(d), or with ep(e) in hflow-run yet: its fully "
            "sharded, sequence-parallel and context-parallel forms are not built";
-  if (d.experts > 0 && l.pp > 1 && l.tp > 1)
-    return "a mixture of experts (" + s(d.experts) + " experts) runs on pipeline stages "
-           "without tensor parallelism in hflow-run yet: train it on pp(p) * ep(e) * dp(d) or "
-           "ep(e) * tp(t) * dp(d)";
   return "";
 }
 } // namespace

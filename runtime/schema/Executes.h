@@ -78,7 +78,7 @@ struct Verdict {
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
-    "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * dp(d), or with ep(e) * dp(d) "
+    "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * tp(t) * dp(d), or with ep(e) * dp(d) "
     "inside those), "
     "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on ep(e) * dp(d)), "
     "and a RewardFn on dp(N)";

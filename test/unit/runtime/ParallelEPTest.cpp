@@ -218,42 +218,55 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   EXPECT_EQ(routers, c.layers);
 }
 
-/// pp(2) * ep(e) * dp(d / e) on a world of 2 d (e = 1: pp(2) * dp(d) on a
-/// mixture): stage k = rank / d, replica rank % d (the slot order: dp, then
-/// pp); each run of e replicas of a stage an expert group (each member
-/// holding E/e experts of the stage's layers), the replicas of one ep
-/// index the experts' data-parallel group. Each replica takes 4 rows of the batch
+/// pp(2) * ep(e) * tp(t) * dp(d / e) on a world of 2 d t (e = 1: pp(2) *
+/// tp(t) * dp(d) on a mixture): stage k, replica r, TP member m at rank
+/// (k d + r) t + m (the slot order: tp, then dp, then pp); with t > 1 each
+/// replica of a stage a TP group splitting attention and its experts'
+/// width; the replicas of a stage (of one TP index) in runs of e an expert
+/// group (each member holding E/e experts of the stage's layers), the
+/// replicas of one ep index the experts' data-parallel group. Each replica
+/// takes 4 rows of the batch
 /// in `m` micro-batches through PipelineModel: the forward-only pass's
 /// logits (and with a replayed routing the whole model's under the same
 /// replay), a 1F1B training pass, every held piece's gradient after
 /// reduceGradients, the norm, one AdamW step and the gathered weights
 /// against the whole model on the whole batch.
-void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int m) {
-  const int n = world.size(), d = n / 2, k = world.rank() / d, rep = world.rank() % d;
-  const std::string what = "pp2*ep" + std::to_string(e) + "*dp" + std::to_string(d / e) +
-                           " m" + std::to_string(m);
+void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int m,
+                int t = 1) {
+  // Slot order: tp fastest, then dp, then pp (RoleBuilder's).
+  const int n = world.size(), d = n / (2 * t), ti = world.rank() % t,
+            rep = world.rank() / t % d, k = world.rank() / (t * d);
+  auto at = [&](int stage, int replica, int member) { return (stage * d + replica) * t + member; };
+  const std::string what = "pp2*tp" + std::to_string(t) + "*ep" + std::to_string(e) + "*dp" +
+                           std::to_string(d / e) + " m" + std::to_string(m);
   SCOPED_TRACE(c.name + " " + what);
   const std::string key = "ppep." + c.name + ".", grid = key + what;
-  auto pp = world.makeSubgroup(grid + ".pp" + std::to_string(rep), {rep, d + rep});
-  std::vector<int> stageRanks, epRanks, edpRanks;
+  const std::string at2 = std::to_string(rep) + "." + std::to_string(ti);
+  auto pp = world.makeSubgroup(grid + ".pp" + at2, {at(0, rep, ti), at(1, rep, ti)});
+  std::vector<int> stageRanks, epRanks, edpRanks, tpRanks;
   for (int j = 0; j < d; ++j)
-    stageRanks.push_back(k * d + j);
+    stageRanks.push_back(at(k, j, ti));
   for (int j = 0; j < e; ++j)
-    epRanks.push_back(k * d + rep / e * e + j);
+    epRanks.push_back(at(k, rep / e * e + j, ti));
   for (int j = 0; j < d / e; ++j)
-    edpRanks.push_back(k * d + j * e + rep % e);
-  auto dp = world.makeSubgroup(grid + ".dp" + std::to_string(k), stageRanks);
-  auto ep = world.makeSubgroup(grid + ".ep" + std::to_string(k) + "." + std::to_string(rep / e),
-                               epRanks);
-  auto edp = world.makeSubgroup(
-      grid + ".edp" + std::to_string(k) + "." + std::to_string(rep % e), edpRanks);
+    edpRanks.push_back(at(k, j * e + rep % e, ti));
+  for (int j = 0; j < t; ++j)
+    tpRanks.push_back(at(k, rep, j));
+  const std::string kt = std::to_string(k) + "." + std::to_string(ti);
+  auto dp = world.makeSubgroup(grid + ".dp" + kt, stageRanks);
+  auto ep = world.makeSubgroup(grid + ".ep" + kt + "." + std::to_string(rep / e), epRanks);
+  auto edp = world.makeSubgroup(grid + ".edp" + kt + "." + std::to_string(rep % e), edpRanks);
+  auto tp = world.makeSubgroup(grid + ".tp" + std::to_string(k) + "." + std::to_string(rep),
+                               tpRanks);
   Batch all = makeBatch(c.vocab, 4 * d);
   Reference ref = reference(c, all);
   Llama source(c, kSeed);
-  PipelineModel lm(source, *pp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr,
-                   e > 1 ? edp.get() : nullptr);
+  PipelineModel lm(source, *pp, dp.get(), t > 1 ? tp.get() : nullptr,
+                   e > 1 ? ep.get() : nullptr, e > 1 ? edp.get() : nullptr);
   if (e > 1)
     EXPECT_NE(lm.form().find("ep(" + std::to_string(e) + ")"), std::string::npos) << lm.form();
+  if (t > 1)
+    EXPECT_NE(lm.form().find("tp(" + std::to_string(t) + ")"), std::string::npos) << lm.form();
   const bool last = lm.runsHeads();
   const int64_t rows = 4 / m;
   std::vector<MicroBatch> micros;
@@ -262,17 +275,29 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
     micros.push_back({b.tokens, b.positions, b.mask, at::Tensor()});
   }
   // It holds its stage's layers and of their experts its run, each the
-  // source's.
+  // source's (with tp, its box: the expert's slice of the width).
   const int64_t El = c.experts / e;
   std::map<std::string, at::Tensor> fullByName;
   for (auto &[name, w] : source.namedParameters())
     fullByName[name] = w;
+  std::map<std::string, Box> boxes;
+  for (const auto &[name, box] : lm.namedBoxes())
+    boxes[name] = box;
+  auto boxOf = [&](const std::string &name, const at::Tensor &whole) {
+    const Box bx = boxes.at(name);
+    return whole.reshape({whole.size(0), -1})
+        .narrow(0, bx.r0, bx.rows())
+        .narrow(1, bx.c0, bx.cols());
+  };
   int held = 0;
   for (const auto &[name, w] : lm.namedWeights())
     if (name.find(".mlp.experts.") != std::string::npos) {
       const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
       EXPECT_EQ(x / El, rep % e) << name;
-      EXPECT_TRUE(at::equal(w, fullByName.at(name))) << name;
+      EXPECT_EQ(boxes.at(name).numel(), c.expertFfn / t * c.hidden) << name;
+      EXPECT_TRUE(at::equal(w.reshape(boxOf(name, fullByName.at(name)).sizes()),
+                            boxOf(name, fullByName.at(name))))
+          << name;
       ++held;
     }
   EXPECT_EQ(held, c.layers / 2 * El * 3);
@@ -308,6 +333,8 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
       }
       want = at::cat(parts);
     }
+    if (t > 1) // this member's vocabulary rows of the LM head
+      want = want.narrow(2, boxes.at("lm_head").r0, boxes.at("lm_head").rows());
     expectClose(errs, key + (replay ? "logits.replay" : "logits"), "logits", at::cat(logits),
                 want);
   }
@@ -323,8 +350,9 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   NamedTensors got, want;
   const std::vector<at::Tensor> leaves = lm.parameters();
   for (const auto &[name, w] : lm.namedWeights()) {
-    got.push_back({name, gradOfView(leaves, w)});
-    want.push_back({name, refGrads.at(name)});
+    const Box bx = boxes.at(name);
+    got.push_back({name, gradOfView(leaves, w).reshape({bx.rows(), bx.cols()})});
+    want.push_back({name, boxOf(name, refGrads.at(name))});
   }
   expectGrads(errs, key + "grads", got, want);
   expectCloseScalar(errs, key + "gradnorm2", "squared gradient norm", lm.gradNormSquared({}),
@@ -347,6 +375,18 @@ TEST(ParallelEP, WithPipelineStages) {
       checkPPxEP(errs, *g.world, moe(mixtral), 2, m);
 }
 
+// pp(2) * tp(2) on a mixture: each stage's TP pair splits attention and
+// every expert of its layers along its width (4 ranks), one and two
+// micro-batches.
+TEST(ParallelEP, PipelineStagesWithTensorParallel) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool mixtral : {false, true})
+    for (int m : {1, 2})
+      checkPPxEP(errs, *g.world, moe(mixtral), 1, m, 2);
+}
+
 TEST(ParallelEP, PipelineStagesAlone) {
   RUN_AS_RANKS(2);
   Group g = joinRanks(thisRank());
@@ -356,13 +396,14 @@ TEST(ParallelEP, PipelineStagesAlone) {
 
 // Expert groups of 2 among 4 replicas (the experts' data-parallel groups of
 // 2 sum their gradients): pp(2) * ep(2) * dp(2) and ep(2) * tp(2) * dp(2)
-// on 8 ranks.
+// on 8 ranks; and all three, pp(2) * ep(2) * tp(2).
 TEST(ParallelEP, EightRanks) {
   RUN_AS_RANKS(8);
   Group g = joinRanks(thisRank());
   Errors errs;
   checkPPxEP(errs, *g.world, moe(false), 2, 2);
   checkEPxTP(errs, *g.world, moe(true), 2, 2);
+  checkPPxEP(errs, *g.world, moe(true), 2, 2, 2);
 }
 
 // ep(2) * tp(2) (4 ranks), and tensor parallelism alone on a mixture (tp(2)
