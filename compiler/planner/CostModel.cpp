@@ -392,6 +392,7 @@ double transitionSecondsOn(const RoleSpec &role, const TransitionInstance &in,
   rs::Options opts;
   opts.bytesPerElement = role.wireBytes > 0 ? role.wireBytes : role.dtypeBytes;
   opts.ranksPerNode = in.ranksPerNode;
+  opts.tpOrdered = true; // as the plan's (planRoleReshard)
   rs::Plan plan = rs::planWeights(rs::llamaParams(role.model), a, b,
                                   role.model.layers, opts);
   if (plan.totalBytes == 0)

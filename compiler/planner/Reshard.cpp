@@ -670,7 +670,7 @@ std::vector<int> blockAssignment(const Overlap &O, int n, int B, int64_t elems) 
       inner[size_t(a) * nb + b] = std::move(m);
     }
   auto blockO = [&](int a, int b) { return value[size_t(a) * nb + b]; };
-  const std::vector<int> outer = overlapAssignment(blockO, nb, elems);
+  const std::vector<int> outer = overlapAssignment(blockO, nb, elems * B);
   std::vector<int> out(static_cast<size_t>(n), 0);
   for (int a = 0; a < nb; ++a) {
     const int b = outer[size_t(a)];
@@ -684,10 +684,14 @@ std::vector<int> blockAssignment(const Overlap &O, int n, int B, int64_t elems) 
 
 int64_t expertGroupBlock(const Layout &to, int64_t ranksPerNode, int64_t n) {
   const int64_t g = to.ep * to.tp, P = ranksPerNode;
-  if (to.ep <= 1 || P <= 1)
+  if (to.ep <= 1 || P <= 1 || n <= P)
     return 0;
-  const int64_t B = P % g == 0 ? P : g % P == 0 ? g : 0;
-  return B > 1 && B < n && n % B == 0 ? B : 0;
+  // A node's ranks (whole groups), else a group's (inside one node when g
+  // divides P, on whole nodes when P divides g).
+  for (int64_t B : {P % g == 0 ? P : int64_t(0), P % g == 0 || g % P == 0 ? g : int64_t(0)})
+    if (B > 1 && B < n && n % B == 0)
+      return B;
+  return 0;
 }
 
 Plan planWeights(const std::vector<Param> &params, const Layout &from,
@@ -734,6 +738,15 @@ Plan planWeights(const std::vector<Param> &params, const Layout &from,
       plan.assignment = blockAssignment(O, n, int(B), elems);
     else
       plan.assignment = overlapAssignment(O, n, elems);
+    if (opts.tpOrdered && to.tp > 1) {
+      // Each TP group's ranks, ascending, host its slots in TP order.
+      std::map<int, std::vector<int>> ranksOf; // group -> its ranks
+      for (int r = 0; r < n; ++r)
+        ranksOf[int(plan.assignment[size_t(r)] / to.tp)].push_back(r);
+      for (auto &[g, ranks] : ranksOf)
+        for (size_t i = 0; i < ranks.size(); ++i)
+          plan.assignment[size_t(ranks[i])] = int(g * to.tp + int64_t(i));
+    }
   }
 
   // Bounds and the naive figure.

@@ -84,6 +84,12 @@ struct Options {
   int64_t bytesPerElement = 2;
   int64_t ranksPerNode = 8;     // for the same-node preference
   bool optimizeAssignment = true; // false: rank i hosts generation slot i
+  /// The ranks of each generation TP group (the tp consecutive slots of a
+  /// replica) host its slots in ascending rank order, as hflow-run's TP
+  /// group (a communicator over ascending ranks) needs: within each group
+  /// the optimal assignment's ranks are sorted. The planned bytes are then
+  /// the lower bound of that assignment.
+  bool tpOrdered = false;
 };
 
 struct Plan {

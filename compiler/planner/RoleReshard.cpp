@@ -101,19 +101,21 @@ std::optional<rs::Plan> planRoleReshard(RoleOp role) {
   // The Hungarian step is cubic: beyond kMaxOptimalAssignment ranks the
   // identity assignment is planned (still meeting its own lower bound).
   opts.optimizeAssignment = from.size() <= kMaxOptimalAssignment;
+  opts.tpOrdered = true; // hflow-run's generation TP groups
+
   if (MeshOp mesh = meshOf(role))
     opts.ranksPerNode = mesh.getPerNodeAttr().getInt();
   rs::Plan plan = rs::planWeights(rs::llamaParams(toShape(model)), from, to,
                                   model.getLayersAttr().getInt(), opts);
-  // Nothing moves: no reshard, rank i hosts generation slot i. But a
-  // mixture's expert-parallel generation slots are not interchangeable (slot
-  // s holds the experts of run s mod ep): when the ranks already hold their
-  // experts only under another assignment, the reshard stays, moving
-  // nothing, to say which rank hosts which slot.
+  // Nothing moves: no reshard, rank i hosts generation slot i. But when
+  // the ranks already hold their generation shards only under another
+  // assignment (a mixture's ep(2) * dp(2) -> ep(4): slot s holds the
+  // experts of run s mod ep), the reshard stays, moving nothing, to say
+  // which rank hosts which slot.
   bool identity = true;
   for (size_t i = 0; i < plan.assignment.size(); ++i)
     identity = identity && plan.assignment[i] == int(i);
-  if (plan.totalBytes == 0 && (identity || to.ep <= 1))
+  if (plan.totalBytes == 0 && identity)
     return std::nullopt;
   return plan;
 }

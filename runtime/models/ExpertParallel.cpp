@@ -97,10 +97,10 @@ at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
 
 at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &ep, MoeRouting *routing,
-                                const at::Tensor &replay, const std::vector<int64_t> &runs) {
+                                const at::Tensor &replay, const at::Tensor &ownerKey) {
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
   auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
-  return combineExpertsParallel(x, top, chosen, w, ep, runs).view(h.sizes());
+  return combineExpertsParallel(x, top, chosen, w, ep, ownerKey).view(h.sizes());
 }
 
 at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
@@ -120,7 +120,7 @@ at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_
 
 at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                   const at::Tensor &chosen, const MoeWeights &w,
-                                  comm::Communicator &ep, const std::vector<int64_t> &runs) {
+                                  comm::Communicator &ep, const at::Tensor &ownerKey) {
   const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
   const int e = ep.size(), me = ep.rank();
   if (El * e != E)
@@ -128,18 +128,16 @@ at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                 " experts on each of " + std::to_string(e) +
                                 " members for a router over " + std::to_string(E));
   // The (token, slot) pairs by expert, so by owner too (owners hold runs).
-  // With `runs`, expert x is renumbered by its owner: the l-th expert of
-  // member j's run becomes j * El + l, and everything below works on those
-  // numbers (member j's block is [j * El, (j + 1) * El) again).
+  // With `ownerKey`, expert x is renumbered by its owner: the l-th expert
+  // of member j's run becomes j * El + l, and everything below works on
+  // those numbers (member j's block is [j * El, (j + 1) * El) again).
   at::Tensor flat = chosen.reshape({-1});
-  if (!runs.empty()) {
-    checkExpertRuns(runs, e);
-    std::vector<int64_t> key(E);
-    for (int j = 0; j < e; ++j)
-      for (int64_t l = 0; l < El; ++l)
-        key[runs[j] * El + l] = j * El + l;
-    flat = at::tensor(key, at::TensorOptions().dtype(at::kLong)).to(flat.device())
-               .index_select(0, flat);
+  if (ownerKey.defined()) {
+    if (ownerKey.numel() != E)
+      throw std::invalid_argument("expert parallelism: an owner key of " +
+                                  std::to_string(ownerKey.numel()) + " experts for a router over " +
+                                  std::to_string(E));
+    flat = ownerKey.index_select(0, flat);
   }
   at::Tensor order = flat.argsort(/*stable=*/true);
   at::Tensor token = order.div(k, "floor");

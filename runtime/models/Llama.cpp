@@ -283,8 +283,10 @@ void Llama::keepExperts(comm::Communicator &ep, std::vector<int64_t> runs) {
   if (ep_)
     throw std::logic_error("model " + config_.name + " already keeps a run of its experts");
   const int64_t El = E / e;
-  if (!runs.empty())
-    checkExpertRuns(runs, e);
+  if (!runs.empty()) {
+    checkExpertRuns(runs, e); // one run for each member
+    ownerKey_ = expertOwnerKey(runs, E);
+  }
   firstExpert_ = (runs.empty() ? ep.rank() : runs[(size_t)ep.rank()]) * El;
   runs_ = std::move(runs);
   c10::NoGradGuard noGrad;
@@ -592,7 +594,7 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
           replay.defined() ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
                            : at::Tensor();
       x = x + (ep_ ? moeMlpExpertParallel(h, l.moe, c.expertsPerToken, c.normTopk, *ep_,
-                                          record ? &r : nullptr, given, runs_)
+                                          record ? &r : nullptr, given, ownerKey_)
                    : moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
                             given));
       if (record)
@@ -824,7 +826,7 @@ void Llama::serveExperts() const {
   for (const auto &l : w_->layers)
     if (l.moe.router.defined())
       (void)moeMlpExpertParallel(none, l.moe, config_.expertsPerToken, config_.normTopk, *ep_,
-                                 nullptr, at::Tensor(), runs_);
+                                 nullptr, at::Tensor(), ownerKey_);
 }
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,

@@ -355,6 +355,7 @@ private:
   comm::Communicator *ep_ = nullptr; ///< keepExperts' group
   int64_t firstExpert_ = 0;
   std::vector<int64_t> runs_; ///< keepExperts' runs
+  at::Tensor ownerKey_;       ///< expertOwnerKey(runs_), undefined for none
 };
 
 /// A model step for the sampling loop: the full-vocabulary logits [B, T, V]

@@ -1,5 +1,6 @@
 //===- Moe.cpp - a mixture of experts in place of the dense MLP ------------===//
 #include "runtime/models/Moe.h"
+#include "runtime/models/Device.h"
 
 #include <ATen/ATen.h>
 
@@ -116,6 +117,21 @@ void checkExpertRuns(const std::vector<int64_t> &runs, int64_t e) {
                                 "] are not each of the " + std::to_string(e) +
                                 " runs once");
   }
+}
+
+at::Tensor expertOwnerKey(const std::vector<int64_t> &runs, int64_t experts) {
+  const int64_t e = (int64_t)runs.size();
+  checkExpertRuns(runs, e);
+  if (e == 0 || experts % e != 0)
+    throw std::invalid_argument("expert parallelism: " + std::to_string(e) +
+                                " members do not split " + std::to_string(experts) +
+                                " experts evenly");
+  const int64_t El = experts / e;
+  std::vector<int64_t> key((size_t)experts);
+  for (int64_t j = 0; j < e; ++j)
+    for (int64_t l = 0; l < El; ++l)
+      key[(size_t)(runs[(size_t)j] * El + l)] = j * El + l;
+  return at::tensor(key, at::TensorOptions().dtype(at::kLong)).to(engineDevice());
 }
 
 } // namespace hflow::models

@@ -72,15 +72,15 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
 /// here; the backward runs the two all-to-alls in reverse. Collective over
 /// `ep`: every member calls it once per layer and forward, in the same
 /// order (whatever its token count). The same maths as moeMlp.
-/// `runs`: the run of experts each member holds (member j: experts
-/// [runs[j] * E/e, (runs[j] + 1) * E/e)); empty: member j holds run j. A
-/// generation form whose ranks host their slots in another order than
-/// their ranks' (ExpertParallelModel) passes it.
+/// `ownerKey` (expertOwnerKey): when the members hold their runs of experts
+/// out of order, each expert's number by its owner; undefined: member j
+/// holds run j. A generation form whose ranks host their slots in another
+/// order than their ranks' (ExpertParallelModel) passes it.
 at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &ep,
                                 MoeRouting *routing = nullptr,
                                 const at::Tensor &replay = at::Tensor(),
-                                const std::vector<int64_t> &runs = {});
+                                const at::Tensor &ownerKey = at::Tensor());
 
 /// The same mixture with tensor parallelism over `tp` (Megatron's expert
 /// tensor parallelism): `w` holds the whole router (replicated) and each
@@ -114,7 +114,8 @@ at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::
                           const MoeWeights &w);
 at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                   const at::Tensor &chosen, const MoeWeights &w,
-                                  comm::Communicator &ep, const std::vector<int64_t> &runs = {});
+                                  comm::Communicator &ep,
+                                  const at::Tensor &ownerKey = at::Tensor());
 /// The experts of `w` on rows xs grouped by expert (rows[e] rows for w's
 /// expert e, in order): their outputs in the same order. With no rows, an
 /// empty slice of xs (still in its autograd graph).
@@ -122,6 +123,10 @@ at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeight
 /// Throws std::invalid_argument unless `runs` (the run of experts each of
 /// e members holds) is a permutation of 0 .. e - 1.
 void checkExpertRuns(const std::vector<int64_t> &runs, int64_t e);
+/// With member j of an expert group of e holding run runs[j] of E experts:
+/// each expert's number by its owner, the l-th expert of member j's run
+/// j * E/e + l (int64 [E] on the engine's device). Checks the runs.
+at::Tensor expertOwnerKey(const std::vector<int64_t> &runs, int64_t experts);
 
 /// The load-balancing loss of one forward's routing (the Switch
 /// Transformer's, as transformers' load_balancing_loss_func computes it),

@@ -141,13 +141,18 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen, dims); !why.empty())
     return refuse("generate", gen, why);
+  if (gen.pp > 1)
+    return refuse("generate", gen,
+                  "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "
+                  "hflow-run yet; write dp(N) or tp(t) * dp(d)" +
+                      std::string(gen.ep > 1 ? " (a mixture also ep(e) * dp(d))" : ""));
   if (gen.ep > 1) {
     // Each rank generates its own rows, the expert group in lockstep.
     if (gen.tp > 1)
       return refuse("generate", gen,
                     "expert-parallel generation on tensor-parallel shards is not built in "
                     "hflow-run yet: generate on tp(t) * dp(d) (every expert on each "
-                    "tensor-parallel group), dp(N), or ep(e) * dp(d) trained alike");
+                    "tensor-parallel group), dp(N), or ep(e) * dp(d)");
     if (apart)
       return refuse("generate", gen,
                     "an actor generating on ranks of its own generates a mixture on dp(N) "
@@ -159,10 +164,6 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     v.generate = Form::ExpertParallel;
     return v;
   }
-  if (gen.pp > 1)
-    return refuse("generate", gen,
-                  "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "
-                  "hflow-run yet; write dp(N) or tp(t) * dp(d)");
   if (gen.sp > 1 || gen.cp > 1)
     return refuse("generate", gen,
                   std::string(gen.sp > 1 ? "sequence" : "context") +

@@ -721,6 +721,9 @@ TEST(ReshardExpertParallel, GenerationGroupsStayOnANode) {
   EXPECT_EQ(expertGroupBlock(to, 16, 16), 0); // one node: nothing to keep
   EXPECT_EQ(expertGroupBlock(from, 4, 16), 0); // ep(16) is every rank
   EXPECT_EQ(expertGroupBlock(L(16, 1, 1, 1), 4, 16), 0);
+  Layout twelve = L(12, 1, 1, 1); // 12 ranks on nodes of 8: blocks of a group
+  twelve.ep = 4;
+  EXPECT_EQ(expertGroupBlock(twelve, 8, 12), 4);
   auto spread = [&](const Plan &p, int64_t perNode) {
     std::map<int, std::set<int>> nodes; // group -> the nodes hosting it
     for (size_t r = 0; r < p.assignment.size(); ++r)
@@ -899,6 +902,18 @@ TEST(ReshardCollectives, KnownPatterns) {
   EXPECT_EQ(a.totalBytes, 0);
   EXPECT_TRUE(a.collectives.empty());
   EXPECT_EQ(a.assignment, (std::vector<int>{0, 2, 1, 3}));
+  // In TP order, as hflow-run's generation TP group needs (the compiler's
+  // plans): each group's ranks ascending on its slots, here the identity,
+  // so ranks 1 and 2 fetch their quarters (and the plan meets that
+  // assignment's bound).
+  Options ordered = o;
+  ordered.tpOrdered = true;
+  Plan ao = planWeights(ps, L(2, 1, 2, 1), L(1, 1, 4, 1), 4, ordered);
+  EXPECT_EQ(ao.assignment, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ao.totalBytes, splitBytes / 2);
+  EXPECT_EQ(ao.totalBytes, ao.lowerBound);
+  EXPECT_EQ(bruteForceLowerBound(ps, L(2, 1, 2, 1), L(1, 1, 4, 1), 4, ao.assignment, 2),
+            ao.lowerBound);
 
   // tp4 -> tp2*dp2: ranks {0,1} and {2,3} swap their quarters: two
   // all-gathers of 2 (norms are replicated already).
