@@ -533,6 +533,16 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
 void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep) {
   if (train) {
     auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
+    // The micro-batches hflowc chose (CheckMemory.cpp), one per role.
+    std::vector<int> chosen;
+    if (auto d = train->getAttrOfType<DictionaryAttr>(::hflow::planner::kChosenMicroBatches)) {
+      chosen.assign(out.roles.size(), 0);
+      for (NamedAttribute na : d) {
+        auto it = idx.role.find(na.getName().getValue());
+        if (it != idx.role.end() && size_t(it->second) < chosen.size())
+          chosen[it->second] = static_cast<int>(cast<IntegerAttr>(na.getValue()).getInt());
+      }
+    }
     out.phases.push_back(fb::CreatePhase(
         b, b.CreateString(phaseFlow.getSymName().str()), firstStep,
         static_cast<int>(out.steps.size()) - firstStep,
@@ -549,7 +559,8 @@ void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep)
                                                   : defaults::kPromptLen),
         static_cast<int>(opt(train.getMicroBatchAttr())),
         b.CreateString(train.getPromptKey() ? train.getPromptKey()->str() : std::string()),
-        b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string())));
+        b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string()),
+        chosen.empty() ? 0 : b.CreateVector(chosen)));
   }
 }
 

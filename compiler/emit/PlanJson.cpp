@@ -212,6 +212,11 @@ void phaseJson(llvm::json::OStream &j, const fb::Phase *ph) {
   j.attribute("off_policy", ph->off_policy());
   j.attribute("prompt_len", ph->prompt_len());
   j.attribute("micro_batch", ph->micro_batch());
+  if (ph->micro_batches() && ph->micro_batches()->size())
+    j.attributeArray("micro_batches", [&] {
+      for (int m : *ph->micro_batches())
+        j.value(m);
+    });
   j.attribute("prompt_key", str(ph->prompt_key()).empty() ? std::string("prompt")
                                                            : str(ph->prompt_key()));
   j.attribute("answer_key", str(ph->answer_key()).empty() ? std::string("answer")

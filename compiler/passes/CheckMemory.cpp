@@ -7,6 +7,8 @@
 
 #include "mlir/IR/SymbolTable.h"
 
+#include <cmath>
+
 namespace mlir::hflow {
 #define GEN_PASS_DEF_HFLOWCHECKMEMORY
 #include "dialects/hflow/HflowPasses.h.inc"
@@ -53,8 +55,100 @@ struct CheckMemoryPass
     return !bad;
   }
 
+  /// For each train block that sets no micro_batch, the largest micro-batch
+  /// of each role whose passes at a replica's rows do not fit its set (what
+  /// the set's resident state leaves of the device), recorded on the block
+  /// as `hflow.micro_batches` for the plan (Phase.micro_batches) and every
+  /// later figure (workloadsOf reads it). A role none fits keeps a
+  /// replica's rows: the check below then reports it.
+  void chooseMicroBatches(ModuleOp module) {
+    auto trains = llvm::to_vector(module.getOps<TrainOp>());
+    auto workloads = ::hflow::planner::workloadsOf(module);
+    for (size_t i = 0; i < trains.size() && i < workloads.size(); ++i) {
+      const auto &w = workloads[i];
+      trains[i]->removeAttr(::hflow::planner::kChosenMicroBatches);
+      if (w.microBatchGiven)
+        continue;
+      llvm::SmallVector<NamedAttribute> chosen;
+      for (PlaceOp place : module.getOps<PlaceOp>()) {
+        ::hflow::planner::SetMemory e = ::hflow::planner::setMemory(place, w);
+        if (e.capacity <= 0 || e.total() <= e.capacity)
+          continue;
+        const double budget = e.capacity - e.resident;
+        for (auto &[role, rm] : e.roles) {
+          if (rm.activations <= budget)
+            continue;
+          auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+          const int64_t m = ::hflow::planner::largestMicroBatch(role, model, role.getTrain(), w,
+                                                                budget);
+          if (m > 0)
+            chosen.push_back(NamedAttribute(
+                role.getSymNameAttr(), IntegerAttr::get(IntegerType::get(&getContext(), 64), m)));
+        }
+      }
+      if (!chosen.empty())
+        trains[i]->setAttr(::hflow::planner::kChosenMicroBatches,
+                           DictionaryAttr::get(&getContext(), chosen));
+    }
+  }
+
+  /// How the note names the passes' sizes.
+  static std::string microBatchText(const ::hflow::planner::Workload &w) {
+    if (w.microBatchGiven)
+      return "micro-batches of " + std::to_string(w.microBatch);
+    if (w.chosenMicroBatch.empty())
+      return "each replica's rows in one pass (no micro_batch: none smaller fits either)";
+    std::string out = "no micro_batch: hflowc chose ";
+    bool first = true;
+    for (const auto &[role, m] : w.chosenMicroBatch) {
+      out += (first ? "" : ", ") + role + " " + std::to_string(m);
+      first = false;
+    }
+    return out + " sequences per pass, the largest that fit, the other roles a replica's rows";
+  }
+
+  /// A note naming the smallest change that makes the set fit, with its
+  /// figures: a smaller micro-batch where one sequence per pass would fit,
+  /// else how many ways more the resident state must split.
+  static void smallestChange(PlaceOp place, const ::hflow::planner::Workload &w,
+                             const ::hflow::planner::SetMemory &e, InFlightDiagnostic &d) {
+    // Every role at one sequence per pass: the least the passes need.
+    ::hflow::planner::Workload one = w;
+    one.microBatchGiven = true, one.microBatch = 1;
+    ::hflow::planner::SetMemory least = ::hflow::planner::setMemory(place, one);
+    if (least.total() <= e.capacity) {
+      // Then the largest micro_batch that fits every role of the set (each
+      // size tried: what a pipeline keeps is not monotone in it).
+      for (int64_t m = std::max<int64_t>(1, w.batch * w.n); m >= 1; --m) {
+        one.microBatch = m;
+        const double need = ::hflow::planner::setMemory(place, one).total();
+        if (need <= e.capacity || m == 1) {
+          d.attachNote(place.getLoc()) << "the smallest change: micro_batch: " << m << " ("
+                                       << formatBytes(need) << " per device)";
+          return;
+        }
+      }
+    }
+    const double room = e.capacity - least.transient;
+    if (room <= 0) {
+      d.attachNote(place.getLoc())
+          << "even one sequence per pass needs " << formatBytes(least.transient)
+          << " on top of the resident state (" << least.peakPhase
+          << "): more tp or pp, shorter sequences, or a device with more memory";
+      return;
+    }
+    const double ways = std::ceil(least.resident / room);
+    d.attachNote(place.getLoc())
+        << "the smallest change: at one sequence per pass (" << formatBytes(least.transient)
+        << " at the peak) the resident state (" << formatBytes(least.resident)
+        << ") must fit in " << formatBytes(room) << ": split it at least "
+        << static_cast<int64_t>(ways) << " times as many ways (the product of tp, pp and fsdp), "
+        << "or spread the roles over more devices";
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    chooseMicroBatches(module);
     auto workloads = ::hflow::planner::workloadsOf(module);
     bool hadError = !checkTokenBudgets(module);
     for (PlaceOp place : module.getOps<PlaceOp>()) {
@@ -95,9 +189,7 @@ struct CheckMemoryPass
           << "sizes assume " << w.batch << " prompts x " << w.n
           << " responses of " << w.seqLen() << " tokens (" << w.promptLen
           << " prompt + " << w.responseLen << " response), "
-          << (w.microBatchGiven ? "micro-batches of " + std::to_string(w.microBatch)
-                                : std::string("each replica's rows in one pass (no "
-                                              "micro_batch)"))
+          << microBatchText(w)
           << (w.genBatchTokens > 0
                   ? ", generation batches of at most " + std::to_string(w.genBatchTokens) +
                         " tokens"
@@ -108,10 +200,9 @@ struct CheckMemoryPass
                   ? " (train block " + std::to_string(worst + 1) + " of " +
                         std::to_string(workloads.size()) + ")"
                   : std::string())
-          << (w.microBatchGiven ? "; use more devices, larger tp/pp/fsdp degrees, or a "
-                                  "smaller batch"
-                                : "; use more devices, larger tp/pp/fsdp degrees, a smaller "
-                                  "batch, or set micro_batch");
+          << "; use more devices, larger tp/pp/fsdp degrees, or a smaller batch"
+          << (w.microBatchGiven && w.microBatch > 1 ? " or micro_batch" : "");
+      smallestChange(place, w, e, d);
       hadError = true;
     }
     if (hadError)

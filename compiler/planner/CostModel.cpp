@@ -78,6 +78,7 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   const bool lmHead = ms.lmHead; // a critic's or reward model's body has none
   m.activations = ::hflow::shape::roleActivationBytes(ms, trains, lmHead, rl, rw, b);
+  m.microBatch = rw.microBatch;
 
   if (role.kind == RoleKind::Actor && gen) {
     const double tpg = static_cast<double>(std::max<int64_t>(gen->tp, 1));
@@ -99,6 +100,27 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
                 ::hflow::shape::kvBlockBytes(ms, (int64_t)std::ceil(L / ppg), (int64_t)tpg, bs, b);
   }
   return m;
+}
+
+int64_t largestMicroBatch(const RoleSpec &role, const Layout &train, const Workload &w,
+                          double budget) {
+  ModelShape ms = role.model;
+  ms.lmHead = ms.lmHead && role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
+  ::hflow::shape::RoleLayout rl;
+  rl.dp = train.dp, rl.fsdp = train.fsdp, rl.tp = train.tp;
+  rl.pp = train.pp, rl.sp = train.sp, rl.cp = train.cp;
+  ::hflow::shape::RoleWork rw;
+  rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
+  rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  const double b = static_cast<double>(role.dtypeBytes);
+  if (w.microBatchGiven) {
+    rw.microBatch = w.microBatch;
+    return ::hflow::shape::roleActivationBytes(ms, role.trains(), ms.lmHead, rl, rw, b) <= budget
+               ? 0
+               : -1;
+  }
+  return ::hflow::shape::largestFittingMicroBatch(ms, role.trains(), ms.lmHead, rl, rw, budget,
+                                                  b);
 }
 
 //===----------------------------------------------------------------------===//

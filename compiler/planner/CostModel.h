@@ -150,6 +150,9 @@ struct RoleMemory {
   /// the pool hflowc sizes (Memory.h) is at least the one timed here.
   double genReserve = 0;
   int64_t kvRows = 0, kvSeqs = 0; ///< sequences the pool holds at once, of
+  /// Sequences per pass the activations are counted at: the program's
+  /// micro_batch, or the one the search chose (0: a replica's rows).
+  int64_t microBatch = 0;
   double resident() const { return weights + grads + optimizer; }
   double transient() const {
     return std::max(activations, genWeights + kvCache + genReserve);
@@ -162,6 +165,14 @@ struct RoleMemory {
 /// no generation term).
 RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
                       const Layout *gen, const Workload &w);
+
+/// The largest micro-batch at which `role`'s passes in `train` need at most
+/// `budget` bytes of activations (ActivationModel.h's
+/// largestFittingMicroBatch): 0 when a replica's rows at once fit, -1 when
+/// not even one sequence per pass does. The program's micro_batch, when it
+/// set one, is not a choice: then 0 if it fits, else -1.
+int64_t largestMicroBatch(const RoleSpec &role, const Layout &train, const Workload &w,
+                          double budget);
 
 //===----------------------------------------------------------------------===//
 // Collectives (alpha-beta, NCCL ring algorithms)

@@ -39,6 +39,31 @@ double roleDtypeBytes(RoleOp role, ModelOp model) {
 
 Workload largest(const std::vector<Workload> &ws) {
   Workload out = ws.empty() ? Workload() : ws.front();
+  // A role keeps a chosen micro-batch only if every block that sets none
+  // chose one for it (a block passing a replica's rows is the worst case),
+  // the largest of theirs and of the blocks' own micro_batch.
+  out.chosenMicroBatch.clear();
+  bool first = true;
+  for (const Workload &w : ws) {
+    if (w.microBatchGiven)
+      continue;
+    if (first)
+      out.chosenMicroBatch = w.chosenMicroBatch;
+    first = false;
+    for (auto it = out.chosenMicroBatch.begin(); it != out.chosenMicroBatch.end();) {
+      auto c = w.chosenMicroBatch.find(it->first);
+      if (c == w.chosenMicroBatch.end()) {
+        it = out.chosenMicroBatch.erase(it);
+        continue;
+      }
+      it->second = std::max(it->second, c->second);
+      ++it;
+    }
+  }
+  for (const Workload &w : ws)
+    if (w.microBatchGiven)
+      for (auto &[role, m] : out.chosenMicroBatch)
+        m = std::max(m, w.microBatch);
   for (const Workload &w : ws) {
     out.batch = std::max(out.batch, w.batch);
     out.n = std::max(out.n, w.n);
@@ -47,6 +72,7 @@ Workload largest(const std::vector<Workload> &ws) {
     out.microBatch = std::max(out.microBatch, w.microBatch);
     // hflow-run's default (a replica's rows) is the largest micro-batch.
     out.microBatchGiven = out.microBatchGiven && w.microBatchGiven;
+
     out.miniBatch = std::max(out.miniBatch > 0 ? out.miniBatch : out.batch,
                              w.miniBatch > 0 ? w.miniBatch : w.batch);
     // No budget in one phase means none for the worst case.
@@ -104,6 +130,10 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
       w.microBatch = m.getInt();
       w.microBatchGiven = true;
     }
+    if (auto chosen = t->getAttrOfType<DictionaryAttr>(kChosenMicroBatches))
+      for (NamedAttribute na : chosen)
+        if (auto v = dyn_cast<IntegerAttr>(na.getValue()))
+          w.chosenMicroBatch[na.getName().str()] = v.getInt();
     w.miniBatch = t.getMinibatchAttr().getInt();
     w.fromTrainBlock = true;
     if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr()))
@@ -178,7 +208,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   rl.pp = train.getPp(), rl.sp = train.getSp(), rl.cp = train.getCp();
   ::hflow::shape::RoleWork rw;
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
-  rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
+  rw.microBatch = w.microBatchOf(role.getSymName());
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   const bool lmHead = roleHasLmHead(role);
   m.activations =
@@ -210,6 +240,19 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     m.kvCache = double(m.kvBlocks) * m.kvBlockBytes;
   }
   return m;
+}
+
+int64_t largestMicroBatch(RoleOp role, ModelOp model, LayoutAttr train, const Workload &w,
+                          double budget) {
+  ::hflow::shape::RoleLayout rl;
+  rl.dp = train.getDp(), rl.fsdp = train.getFsdp(), rl.tp = train.getTp();
+  rl.pp = train.getPp(), rl.sp = train.getSp(), rl.cp = train.getCp();
+  ::hflow::shape::RoleWork rw;
+  rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
+  rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  return ::hflow::shape::largestFittingMicroBatch(toShape(model), roleTrains(role),
+                                                  roleHasLmHead(role), rl, rw, budget,
+                                                  roleDtypeBytes(role, model));
 }
 
 void RoleMemory::sizeKvPool(double leftBytes) {

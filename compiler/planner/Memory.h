@@ -45,6 +45,7 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,24 @@ struct Workload : ::hflow::placement::StepShape {
     kvBlockSize = ::hflow::shape::kKvBlockSize;
   }
   bool fromTrainBlock = false; // read from a train block (else the defaults)
+  /// Micro-batches hflowc chose for this train block (it sets none), by
+  /// role: the largest that fits each role's set (CheckMemory.cpp; the
+  /// block's `hflow.micro_batches`). A role not named passes a replica's
+  /// rows at once.
+  std::map<std::string, int64_t> chosenMicroBatch;
+  /// The sequences per pass `role`'s passes run at: the block's
+  /// micro_batch, else the chosen one; 0: a replica's rows.
+  int64_t microBatchOf(llvm::StringRef role) const {
+    if (microBatchGiven)
+      return microBatch;
+    auto it = chosenMicroBatch.find(role.str());
+    return it == chosenMicroBatch.end() ? 0 : it->second;
+  }
 };
+
+/// The train block attribute naming the micro-batches hflowc chose, a
+/// dictionary of role name to sequences per pass.
+inline constexpr const char *kChosenMicroBatches = "hflow.micro_batches";
 
 /// One workload per train block (its batch sizes and the longest
 /// `max_tokens` of its flow's generate calls), in order; one of defaults for
@@ -96,6 +114,13 @@ struct RoleMemory {
     return activations > genWeights + kvCache ? activations : genWeights + kvCache;
   }
 };
+
+/// The largest micro-batch at which `role`'s passes in `train` need at most
+/// `budget` bytes of activations (ActivationModel.h's
+/// largestFittingMicroBatch): 0 when a replica's rows at once fit, -1 when
+/// not even one sequence per pass does.
+int64_t largestMicroBatch(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,
+                          mlir::hflow::LayoutAttr train, const Workload &w, double budget);
 
 /// Bytes per device for `role` with the given (resolved) layouts.
 RoleMemory roleMemory(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model,

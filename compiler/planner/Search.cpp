@@ -237,6 +237,16 @@ struct Ctx {
     });
   }
 
+  /// The workload whose passes' memory the search counts: without the
+  /// program's micro_batch, one sequence per pass (the least any
+  /// micro-batch needs; build() then chooses the largest the set fits, as
+  /// hflowc does for the plan). The time model keeps `w` either way.
+  static Workload onePerPass(Workload x) {
+    if (!x.microBatchGiven)
+      x.microBatchGiven = true, x.microBatch = 1;
+    return x;
+  }
+
   /// The role's figures in one layout choice; the transition only when asked.
   Eval evaluate(int r, int a, int ti, int gi, bool withTransition) {
     const RoleSpec &role = roles[size_t(r)];
@@ -249,7 +259,7 @@ struct Ctx {
       const Layout &g = L.gen[size_t(ti)][size_t(li)];
       Workload wg = w;
       wg.kvRows = rows;
-      e.mem = roleMemory(role, tr, &g, wg);
+      e.mem = roleMemory(role, tr, &g, onePerPass(wg));
       // A pool above one sequence leaves (1 - memory_utilization) of the
       // device free, as hflowc sizes it (Memory.h): it is then at least
       // this one.
@@ -260,7 +270,7 @@ struct Ctx {
         e.transition = transition(r, tr, g, n);
       e.t[kGenerate] = e.gen.total() + e.transition;
     } else {
-      e.mem = roleMemory(role, tr, nullptr, w);
+      e.mem = roleMemory(role, tr, nullptr, onePerPass(w));
     }
     e.t[kPrepare] = forwardSeconds(role, tr, n, dev, mesh, w, cal).total();
     if (role.trains())
@@ -466,8 +476,10 @@ struct Ctx {
         const Layouts &L = lay(r, a);
         rp.train = L.train[size_t(ti)];
         rp.hasGen = roles[size_t(r)].kind == RoleKind::Actor;
-        if (rp.hasGen)
+        if (rp.hasGen) {
           rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(gi)].first)];
+          rp.kvRows = L.genOpts[size_t(ti)][size_t(gi)].second;
+        }
         rp.stage = e.t;
         rp.transition = e.transition;
         rp.generation = e.gen;
@@ -475,7 +487,25 @@ struct Ctx {
         for (int s = 0; s < kStages; ++s)
           st[size_t(s)] += e.t[size_t(s)];
         res += e.res;
-        trans = std::max(trans, e.mem.transientUsed());
+      }
+      // Without the program's micro_batch, each role's passes take the
+      // largest micro-batch that fits what the set's resident state leaves
+      // (none where a replica's rows at once fit): the search fitted the
+      // set at one sequence per pass, so one always does.
+      for (int r : g) {
+        RolePlan &rp = c.roles[size_t(r)];
+        if (!w.microBatchGiven) {
+          const int64_t m = largestMicroBatch(roles[size_t(r)], rp.train, w, memBytes - res);
+          rp.microBatch = m < 0 ? 1 : m; // one fits (the search's test); m < 0: rounding
+          Workload wm = w;
+          wm.kvRows = rp.kvRows;
+          if (rp.microBatch > 0)
+            wm.microBatchGiven = true, wm.microBatch = rp.microBatch;
+          const double reserve = rp.memory.genReserve;
+          rp.memory = roleMemory(roles[size_t(r)], rp.train, rp.hasGen ? &rp.gen : nullptr, wm);
+          rp.memory.genReserve = reserve;
+        }
+        trans = std::max(trans, rp.memory.transientUsed());
       }
       c.setStage.push_back(st);
       c.memoryPerDevice.push_back(res + trans);
@@ -991,6 +1021,8 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &m
                           : "");
         l += buf;
       }
+      if (p.microBatch > 0)
+        l += "; micro-batches of " + std::to_string(p.microBatch) + " sequences";
       std::snprintf(buf, sizeof buf, "; stages %.3f / %.3f / %.3f s\n", p.stage[0],
                     p.stage[1], p.stage[2]);
       out += l + buf;

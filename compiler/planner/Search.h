@@ -55,6 +55,11 @@ struct RolePlan {
   double transition = 0;               // part of stage[kGenerate]
   GenTime generation;
   RoleMemory memory;
+  int64_t kvRows = 0; ///< an actor's KV pool: sequences at once (its option)
+  /// Sequences per pass the search chose because the program set no
+  /// micro_batch and a replica's rows at once do not fit its set
+  /// (largestMicroBatch); 0: none chosen.
+  int64_t microBatch = 0;
 };
 
 struct Candidate {

@@ -13,7 +13,11 @@ namespace hflow::exec {
 using namespace hflow::plan;
 
 int64_t microBatchOf(const MethodCall &c, int64_t whole) {
-  const int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
+  int64_t phase = c.ph.ph ? c.ph.ph->micro_batch() : 0;
+  // Else the one hflowc chose for this role (the plan's micro_batches).
+  if (phase <= 0 && c.ph.ph && c.ph.ph->micro_batches() &&
+      c.rr.index < int(c.ph.ph->micro_batches()->size()))
+    phase = c.ph.ph->micro_batches()->Get(c.rr.index);
   return std::max<int64_t>(1, c.a.micro_batch().value_or(phase > 0 ? phase : whole));
 }
 

@@ -19,7 +19,8 @@
 namespace hflow::exec {
 
 /// Sequences per forward (and backward) pass of call `c`: its own
-/// micro_batch, else its phase's (the train block's), else `whole`.
+/// micro_batch, else its phase's (the train block's), else the one hflowc chose
+/// for its role (the phase's micro_batches), else `whole`.
 int64_t microBatchOf(const MethodCall &c, int64_t whole);
 
 /// How a training call (update, sft, fit) cuts this replica's rows: its

@@ -455,6 +455,15 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
       return c.fail(what, " has off_policy ", ph->off_policy(), " (0 or 1)");
     if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
       return c.fail(what, " has a negative prompt_len or micro_batch");
+    if (const size_t nm = len(ph->micro_batches())) {
+      if (nm != len(p.roles()))
+        return c.fail(what, " has ", nm, " chosen micro-batches for ", len(p.roles()), " roles");
+      for (int m : *ph->micro_batches())
+        if (m < 0)
+          return c.fail(what, " has a negative chosen micro-batch");
+      if (ph->micro_batch() > 0)
+        return c.fail(what, " has chosen micro-batches beside its own micro_batch");
+    }
   }
   if (len(p.schedules()) != static_cast<size_t>(world))
     return c.fail("plan has ", len(p.schedules()), " rank schedules for a world of ",

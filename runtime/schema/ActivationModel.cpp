@@ -95,6 +95,30 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
   return x;
 }
 
+int64_t roleMaxPassRows(const RoleLayout &l, const RoleWork &w) {
+  const int64_t replicas = std::max<int64_t>(1, l.dp) * std::max<int64_t>(1, l.fsdp);
+  const int64_t n = std::max<int64_t>(1, w.n);
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t fwd = ceilDiv(std::max<int64_t>(1, w.batch) * n, replicas);
+  const int64_t upd =
+      ceilDiv(std::max<int64_t>(1, w.miniBatch > 0 ? w.miniBatch : w.batch) * n, replicas);
+  return std::max<int64_t>(1, std::max(fwd, upd));
+}
+
+int64_t largestFittingMicroBatch(const ModelShape &m, bool trains, bool lmHead,
+                                 const RoleLayout &l, RoleWork w, double budget,
+                                 double bytesPerElement) {
+  w.microBatch = 0;
+  if (roleActivationBytes(m, trains, lmHead, l, w, bytesPerElement) <= budget)
+    return 0;
+  for (int64_t mb = roleMaxPassRows(l, w) - 1; mb >= 1; --mb) {
+    w.microBatch = mb;
+    if (roleActivationBytes(m, trains, lmHead, l, w, bytesPerElement) <= budget)
+      return mb;
+  }
+  return -1;
+}
+
 double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
                     double w) {
   const double kv = std::max(1.0, (double)m.kvHeads / (double)std::max<int64_t>(1, tp));

@@ -98,6 +98,22 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
                            const RoleLayout &layout, const RoleWork &w,
                            double bytesPerElement = 4);
 
+/// The rows of the largest pass a role's passes run at once: its forward
+/// passes' (a replica's share of the batch) or its updates' (of a
+/// minibatch), whichever is more. A micro-batch of this many sequences or
+/// more is a replica's rows at once (hflow-run's default).
+int64_t roleMaxPassRows(const RoleLayout &layout, const RoleWork &w);
+
+/// The largest micro-batch (sequences per pass) at which the role's passes
+/// need at most `budget` bytes on top of what its ranks hold, scanning every
+/// size from a replica's rows down (what they keep is not monotone in the
+/// micro-batch under a pipeline: 1F1B keeps min(pp, passes) in flight).
+/// 0: a replica's rows at once fit (no micro-batch needed); -1: not even
+/// one sequence per pass fits. w.microBatch is ignored.
+int64_t largestFittingMicroBatch(const ModelShape &m, bool trains, bool lmHead,
+                                 const RoleLayout &layout, RoleWork w, double budget,
+                                 double bytesPerElement = 4);
+
 /// Bytes of the KV cache a generation holds at its largest: keys and values
 /// of `layers` layers, kvHeads / tp heads, rows sequences of `len`
 /// positions (the prompt and every generated token but the last). A kv

@@ -170,6 +170,22 @@ TEST(PlanVerifier, ChecksTransientBounds) {
   EXPECT_EQ(error, "invalid plan: role 0 has a negative transient memory bound");
 }
 
+// Format 4.1: the micro-batches hflowc chose are one per role, never
+// negative, and only where the phase sets none of its own.
+TEST(PlanVerifier, ChecksChosenMicroBatches) {
+  std::string error;
+  EXPECT_TRUE(verify(test::buildTestPlan({.phaseMicroBatches = 0}), error)) << error;
+  EXPECT_TRUE(verify(test::buildTestPlan({.phaseMicroBatches = 1}), error)) << error;
+  EXPECT_FALSE(verify(test::buildTestPlan({.phaseMicroBatches = 2}), error));
+  EXPECT_EQ(error, "invalid plan: phase 0 has 2 chosen micro-batches for 1 roles");
+  EXPECT_FALSE(
+      verify(test::buildTestPlan({.phaseMicroBatches = 1, .chosenMicroBatch = -3}), error));
+  EXPECT_EQ(error, "invalid plan: phase 0 has a negative chosen micro-batch");
+  EXPECT_FALSE(
+      verify(test::buildTestPlan({.phaseMicroBatches = 1, .phaseMicroBatch = 2}), error));
+  EXPECT_EQ(error, "invalid plan: phase 0 has chosen micro-batches beside its own micro_batch");
+}
+
 TEST(PlanVerifier, RefusesMissingSchedule) {
   std::string error;
   EXPECT_FALSE(verify(test::buildTestPlan({.missingSchedule = true}), error));

@@ -53,6 +53,12 @@ struct TestPlanOptions {
   // each `transientActivations` bytes of activations.
   int transientRanks = -1;
   int64_t transientActivations = 4096;
+  // A phase over every step (format 4.1): `phaseMicroBatches` chosen
+  // micro-batches (-1: no phase), each `chosenMicroBatch`, beside the
+  // phase's own `phaseMicroBatch`.
+  int phaseMicroBatches = -1;
+  int chosenMicroBatch = 4;
+  int phaseMicroBatch = 0;
 };
 
 /// Wraps a finished Plan buffer into a plan file as the compiler does:
@@ -150,6 +156,12 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
         bytes, bytes, bytes, o.reshardBytesPerElement, o.reshardWireBytesPerElement,
         o.reshardWireDtype.empty() ? 0 : b.CreateString(o.reshardWireDtype)));
   }
+  std::vector<flatbuffers::Offset<Phase>> phases;
+  if (o.phaseMicroBatches >= 0)
+    phases.push_back(CreatePhase(
+        b, b.CreateString("step"), 0, static_cast<int>(steps.size()), b.CreateString("p.jsonl"),
+        2, 1, 2, 1, 0, 0, 0, o.seed, 0, 16, o.phaseMicroBatch, 0, 0,
+        b.CreateVector(std::vector<int>(size_t(o.phaseMicroBatches), o.chosenMicroBatch))));
   std::vector<uint8_t> sha(32, 0xab);
   auto planOff = CreatePlan(
       b, b.CreateString("test.hflow"), b.CreateVector(sha),
@@ -159,7 +171,8 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
       b.CreateVector(std::vector<flatbuffers::Offset<Role>>{role}),
       b.CreateVector(std::vector<flatbuffers::Offset<Group>>{group}),
       b.CreateVector(values), b.CreateVector(steps),
-      b.CreateVector(scheds), 0, b.CreateVector(reshards));
+      b.CreateVector(scheds), phases.empty() ? 0 : b.CreateVector(phases),
+      b.CreateVector(reshards));
   b.Finish(planOff);
   std::vector<uint8_t> body(b.GetBufferPointer(),
                             b.GetBufferPointer() + b.GetSize());

@@ -37,8 +37,9 @@ hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2,
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+2 {{the roles placed here need 8.86 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.42 MB at the peak (a's training pass)}}
-// expected-note @+1 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4, KV pools of what the set leaves (at least one sequence) in blocks of 16 positions; use more devices, larger tp/pp/fsdp degrees, or a smaller batch}}
+// expected-error @+3 {{the roles placed here need 8.86 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.42 MB at the peak (a's training pass)}}
+// expected-note @+2 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4, KV pools of what the set leaves (at least one sequence) in blocks of 16 positions; use more devices, larger tp/pp/fsdp degrees, or a smaller batch or micro_batch}}
+// expected-note @+1 {{even one sequence per pass needs 1.63 MB on top of the resident state (a's training pass): more tp or pp, shorter sequences, or a device with more memory}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
@@ -63,8 +64,9 @@ hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 // expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.16 MB; generation: weights 427.26 KB, KV pool 966.66 KB (14 of 256 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+2 {{the roles placed here need 3.02 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.16 MB at the peak (a's training pass)}}
-// expected-note @+1 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1,}}
+// expected-error @+3 {{the roles placed here need 3.02 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.16 MB at the peak (a's training pass)}}
+// expected-note @+2 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1,}}
+// expected-note @+1 {{the smallest change: at one sequence per pass (2.16 MB at the peak) the resident state (854.53 KB) must fit in 335.26 KB: split it at least 3 times as many ways (the product of tp, pp and fsdp), or spread the roles over more devices}}
 hflow.place [@a] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
