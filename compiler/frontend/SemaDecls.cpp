@@ -597,6 +597,25 @@ void DeclChecker::checkRole(ast::RoleDecl &r) {
   }
   checkTransferDtype(r);
   checkRoutingReplay(r);
+  checkRecompute(r);
+}
+
+void DeclChecker::checkRecompute(ast::RoleDecl &r) {
+  if (!r.strings.count("recompute"))
+    return;
+  const ast::Property *prop = nullptr;
+  for (const ast::Property &p : r.props)
+    if (p.key == "recompute")
+      prop = &p;
+  auto s = symbols_.find(r.model);
+  if (!prop || r.model.empty() || s == symbols_.end() || s->second.kind != Kind::Model)
+    return; // the model is unknown: reported already
+  const ast::ModelDecl &m = prog_.models[s->second.index];
+  if (m.moe.experts > 0)
+    diags_.error(prop->value->loc,
+                 "recompute is not built for a mixture of experts yet: model '" + m.name +
+                     "' routes its tokens (a recomputed layer would route them again, and the "
+                     "load-balancing loss reads the first run's routing)");
 }
 
 void DeclChecker::checkRoutingReplay(ast::RoleDecl &r) {
@@ -659,8 +678,10 @@ std::vector<std::string> DeclChecker::roleProperties(ast::RoleKind k) {
     props.push_back("generate");
   props.push_back("dtype");
   if (k == ast::RoleKind::Actor || k == ast::RoleKind::Critic ||
-      k == ast::RoleKind::RewardModel) // a reward model trains with fit
+      k == ast::RoleKind::RewardModel) { // a reward model trains with fit
     props.push_back("optimizer");
+    props.push_back("recompute");
+  }
   if (k == ast::RoleKind::Actor)
     for (const char *s :
          {"temperature", "top_p", "top_k", "transfer_dtype", "memory_utilization",
@@ -693,6 +714,18 @@ bool DeclChecker::roleOption(ast::RoleDecl &r, const ast::Property &p) {
                           "dtype (f32, bf16 or f16)" +
                               (v.kind == Expr::Kind::Name ? ", got " + v.text
                                                           : std::string()));
+  } else if (p.key == "recompute") {
+    // Activation checkpointing: which part of each decoder layer a
+    // training pass runs again in backward (checked against the model and
+    // the layout once every property is read: checkRecompute).
+    if (v.kind == Expr::Kind::Name &&
+        (v.text == "layers" || v.text == "attention" || v.text == "mlp"))
+      r.strings["recompute"] = v.text;
+    else
+      diags_.error(v.loc, "recompute must be one of layers (each decoder layer's input kept, "
+                          "the layer run again in backward), attention (the attention run "
+                          "again, the MLP's activations kept) or mlp (the reverse)" +
+                              (v.kind == Expr::Kind::Name ? ", got " + v.text : std::string()));
   } else if (p.key == "routing_replay") {
     // Checked against the model once every property is read
     // (checkRoutingReplay).

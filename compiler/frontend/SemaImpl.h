@@ -212,6 +212,10 @@ private:
   /// experts (the rollout records its routing, logprob and update replay
   /// it).
   void checkRoutingReplay(ast::RoleDecl &r);
+  /// `recompute:` (a role that trains): not on a mixture of experts (not
+  /// built). Its layout's limits (fsdp and Ulysses sp recompute whole
+  /// layers only) are hflow-check-executable's.
+  void checkRecompute(ast::RoleDecl &r);
 
   static std::vector<std::string> roleProperties(ast::RoleKind k);
 

@@ -81,6 +81,15 @@ struct CheckExecutablePass
           dtype = dt.getValue().str();
           where = "role " + role.getSymName().str() + "'s dtype";
         }
+      if (auto opts = role.getOptionsAttr())
+        if (auto rc = opts.getAs<StringAttr>("recompute"))
+          if (std::string why = ex::recomputeProblem(
+                  rc.getValue().str(), ::hflow::planner::toLayout(role.getTrain()),
+                  model.shape().experts);
+              !why.empty()) {
+            role.emitError() << "role '" << role.getSymName() << "': " << why;
+            hadError = true;
+          }
       if (std::string why = ex::dtypeProblem(dtype, where); !why.empty()) {
         InFlightDiagnostic d = role.emitError() << "role '" << role.getSymName() << "': " << why;
         if (where.rfind("model", 0) == 0)

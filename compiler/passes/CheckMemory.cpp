@@ -98,13 +98,14 @@ struct CheckMemoryPass
       return "micro-batches of " + std::to_string(w.microBatch);
     if (w.chosenMicroBatch.empty())
       return "each replica's rows in one pass (no micro_batch: none smaller fits either)";
-    std::string out = "no micro_batch: hflowc chose ";
+    std::string out = "no micro_batch: hflowc chose micro-batches of ";
     bool first = true;
     for (const auto &[role, m] : w.chosenMicroBatch) {
-      out += (first ? "" : ", ") + role + " " + std::to_string(m);
+      out += (first ? "" : ", ") + std::to_string(m) + (m == 1 ? " sequence" : " sequences") +
+             " for " + role;
       first = false;
     }
-    return out + " sequences per pass, the largest that fit, the other roles a replica's rows";
+    return out + " (the largest that fit), the other roles' passes a replica's rows";
   }
 
   /// A note naming the smallest change that makes the set fit, with its
@@ -128,6 +129,19 @@ struct CheckMemoryPass
           return;
         }
       }
+    }
+    // Recomputing every layer (the roles that set no recompute), at one
+    // sequence per pass.
+    ::hflow::planner::Workload rc = one;
+    rc.microBatch = 1;
+    rc.recomputeLayers = true;
+    const double withRecompute = ::hflow::planner::setMemory(place, rc).total();
+    if (withRecompute <= e.capacity) {
+      d.attachNote(place.getLoc())
+          << "the smallest change: recompute: layers on the roles that train, at one sequence "
+             "per pass (micro_batch: 1): "
+          << formatBytes(withRecompute) << " per device";
+      return;
     }
     const double room = e.capacity - least.transient;
     if (room <= 0) {

@@ -306,6 +306,13 @@ private:
         const auto &plan = best.roles[static_cast<size_t>(r)];
         role.setTrainAttr(toAttr(plan.train));
         role.setGenerateAttr(toAttr(plan.hasGen ? plan.gen : plan.train));
+        if (plan.recomputeChosen) { // the search's choice, written as the option
+          NamedAttrList opts(role.getOptionsAttr() ? role.getOptionsAttr()
+                                                   : DictionaryAttr::get(ctx));
+          opts.set("recompute",
+                   StringAttr::get(ctx, ::hflow::shape::recomputeName(plan.recompute)));
+          role.setOptionsAttr(opts.getDictionary(ctx));
+        }
         roles.push_back(FlatSymbolRefAttr::get(role.getSymNameAttr()));
       }
       auto place = PlaceOp::create(

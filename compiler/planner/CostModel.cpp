@@ -76,6 +76,7 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  rw.recompute = role.recompute;
   const bool lmHead = ms.lmHead; // a critic's or reward model's body has none
   m.activations = ::hflow::shape::roleActivationBytes(ms, trains, lmHead, rl, rw, b);
   m.microBatch = rw.microBatch;
@@ -112,6 +113,7 @@ int64_t largestMicroBatch(const RoleSpec &role, const Layout &train, const Workl
   ::hflow::shape::RoleWork rw;
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  rw.recompute = role.recompute;
   const double b = static_cast<double>(role.dtypeBytes);
   if (w.microBatchGiven) {
     rw.microBatch = w.microBatch;
@@ -262,10 +264,28 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   // all-reduces forward and 2 backward per layer (Megatron); with pp, the
   // activations forward and their gradients backward.
   const double q = ceilDiv(double(w.sequences()), steps * double(l.dp));
+  // Recompute runs the recomputed part's forward again in backward: 2
+  // FLOPs per parameter and token of that part (the layers' share of the
+  // parameters: all of a layer's, or its attention's or MLP's), and its
+  // forward all-reduces under tp (FSDP's units recompute anyway).
+  double again = 0, reduces = 0;
+  if (role.recompute != ::hflow::shape::Recompute::None && l.fsdp <= 1) {
+    const ModelShape &ms = role.model;
+    const double hd = double(ms.headDim()), h = double(ms.hidden);
+    const double attn = h * hd * double(2 * ms.heads + 2 * ms.kvHeads);
+    const double mlp = 3.0 * h * double(ms.ffn);
+    const double share =
+        role.recompute == ::hflow::shape::Recompute::Layers ? 1.0
+        : role.recompute == ::hflow::shape::Recompute::Attention ? attn / (attn + mlp)
+                                                                  : mlp / (attn + mlp);
+    const double layerParams = double(ms.layers) * (attn + mlp);
+    again = 2.0 * share * layerParams / std::max(1.0, double(paramCount(ms)));
+    reduces = role.recompute == ::hflow::shape::Recompute::Layers ? 2 : 1;
+  }
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
-                cal.trainFlopsPerParamToken, cal.trainEfficiency,
-                /*allReduces=*/4, /*transfers=*/2, /*exchanges=*/4, /*splits=*/2);
+                cal.trainFlopsPerParamToken + again, cal.trainEfficiency,
+                /*allReduces=*/4 + reduces, /*transfers=*/2, /*exchanges=*/4, /*splits=*/2);
   const Dims d = dimsOf(role, w);
   double grad = 0;
   const double shard = d.P * d.w / (double(l.tp) * double(l.pp));

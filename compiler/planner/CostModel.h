@@ -13,6 +13,7 @@
 #define HFLOW_COMPILER_PLANNER_COSTMODEL_H
 
 #include "compiler/planner/Reshard.h"
+#include "runtime/schema/ActivationModel.h"
 #include "runtime/schema/CalibrationFile.h"
 
 #include <algorithm>
@@ -74,6 +75,10 @@ struct RoleSpec {
   /// its generation may fill with the resident state, its weights and the
   /// KV pool.
   double memoryUtilization = 0.9;
+  /// The role's recompute option (activation checkpointing): its training
+  /// passes keep less (ActivationModel.h) and run the recomputed part's
+  /// forward again (trainSeconds).
+  ::hflow::shape::Recompute recompute = ::hflow::shape::Recompute::None;
   bool trains() const {
     return kind == RoleKind::Actor || kind == RoleKind::Critic ||
            (kind == RoleKind::RewardModel && fits);

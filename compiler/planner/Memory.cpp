@@ -30,6 +30,13 @@ std::string formatBytes(double bytes) {
   return buf;
 }
 
+::hflow::shape::Recompute roleRecompute(RoleOp role) {
+  if (auto opts = role.getOptionsAttr())
+    if (auto r = opts.getAs<StringAttr>("recompute"))
+      return ::hflow::shape::recomputeOf(r.getValue().str().c_str());
+  return ::hflow::shape::Recompute::None;
+}
+
 double roleDtypeBytes(RoleOp role, ModelOp model) {
   if (auto opts = role.getOptionsAttr())
     if (auto dt = opts.getAs<StringAttr>("dtype"))
@@ -210,6 +217,10 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.microBatch = w.microBatchOf(role.getSymName());
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  rw.recompute = roleRecompute(role);
+  if (w.recomputeLayers && rw.recompute == ::hflow::shape::Recompute::None &&
+      !toShape(model).moe())
+    rw.recompute = ::hflow::shape::Recompute::Layers;
   const bool lmHead = roleHasLmHead(role);
   m.activations =
       ::hflow::shape::roleActivationBytes(toShape(model), trains, lmHead, rl, rw, b);
@@ -250,6 +261,7 @@ int64_t largestMicroBatch(RoleOp role, ModelOp model, LayoutAttr train, const Wo
   ::hflow::shape::RoleWork rw;
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
+  rw.recompute = roleRecompute(role);
   return ::hflow::shape::largestFittingMicroBatch(toShape(model), roleTrains(role),
                                                   roleHasLmHead(role), rl, rw, budget,
                                                   roleDtypeBytes(role, model));

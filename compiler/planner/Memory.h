@@ -65,6 +65,9 @@ struct Workload : ::hflow::placement::StepShape {
   /// block's `hflow.micro_batches`). A role not named passes a replica's
   /// rows at once.
   std::map<std::string, int64_t> chosenMicroBatch;
+  /// What-if figures: every role that sets no recompute recomputes whole
+  /// layers (the memory error's suggestion; never a plan's).
+  bool recomputeLayers = false;
   /// The sequences per pass `role`'s passes run at: the block's
   /// micro_batch, else the chosen one; 0: a replica's rows.
   int64_t microBatchOf(llvm::StringRef role) const {
@@ -185,6 +188,9 @@ std::vector<CountedMemory> countedMemory(mlir::hflow::RoleOp role, mlir::hflow::
 
 /// Bytes per element of a model dtype (f32: 4, bf16/f16: 2).
 double dtypeBytes(mlir::Type t);
+
+/// The role's `recompute` option (None without one).
+::hflow::shape::Recompute roleRecompute(mlir::hflow::RoleOp role);
 
 /// Bytes per weight element of `role`: its `dtype` option, else its model's.
 double roleDtypeBytes(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);

@@ -31,6 +31,7 @@ pl::RoleSpec specOf(RoleOp role, ModelOp model) {
   spec.dtypeBytes = static_cast<int64_t>(roleDtypeBytes(role, model));
   spec.wireBytes = wireTypeOf(role, model).wireBytes;
   spec.memoryUtilization = memoryUtilization(role);
+  spec.recompute = roleRecompute(role);
   return spec;
 }
 
@@ -102,6 +103,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
   pl::SearchOptions opts;
   opts.k = k;
   opts.executable = executable;
+  opts.chooseRecompute = true;
   out.result = pl::searchPlacement(out.roles, dev, m, pw, cal, opts);
   return out;
 }

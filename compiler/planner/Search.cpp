@@ -218,9 +218,29 @@ struct Ctx {
     return L;
   }
 
+  /// The recompute choices of role r: its own option, and also `layers`
+  /// when it trains a dense model and sets none (the search weighs the
+  /// memory it saves against the forward it runs again; hflowc writes the
+  /// choice on the role). A role's option index (the key's second entry)
+  /// is its generation option times this plus the choice.
+  int recomputeCount(int r) const {
+    const RoleSpec &role = roles[size_t(r)];
+    return opts.chooseRecompute && role.trains() && !role.model.moe() &&
+                   role.recompute == ::hflow::shape::Recompute::None
+               ? 2
+               : 1;
+  }
+  RoleSpec specFor(int r, int gi) const {
+    RoleSpec s = roles[size_t(r)];
+    if (gi % recomputeCount(r) == 1)
+      s.recompute = ::hflow::shape::Recompute::Layers;
+    return s;
+  }
+
   int genCount(int r, int a, int ti) {
     const Layouts &L = lay(r, a);
-    return roles[size_t(r)].kind == RoleKind::Actor ? int(L.genOpts[size_t(ti)].size()) : 1;
+    return (roles[size_t(r)].kind == RoleKind::Actor ? int(L.genOpts[size_t(ti)].size()) : 1) *
+           recomputeCount(r);
   }
 
   double transition(int r, const Layout &train, const Layout &gen, int64_t n) {
@@ -249,13 +269,13 @@ struct Ctx {
 
   /// The role's figures in one layout choice; the transition only when asked.
   Eval evaluate(int r, int a, int ti, int gi, bool withTransition) {
-    const RoleSpec &role = roles[size_t(r)];
+    const RoleSpec role = specFor(r, gi);
     const Layouts &L = lay(r, a);
     const int64_t n = sizes[size_t(a)];
     const Layout &tr = L.train[size_t(ti)];
     Eval e;
     if (role.kind == RoleKind::Actor) {
-      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi)];
+      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi / recomputeCount(r))];
       const Layout &g = L.gen[size_t(ti)][size_t(li)];
       Workload wg = w;
       wg.kvRows = rows;
@@ -476,10 +496,13 @@ struct Ctx {
         const Layouts &L = lay(r, a);
         rp.train = L.train[size_t(ti)];
         rp.hasGen = roles[size_t(r)].kind == RoleKind::Actor;
+        const int go = gi / recomputeCount(r);
         if (rp.hasGen) {
-          rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(gi)].first)];
-          rp.kvRows = L.genOpts[size_t(ti)][size_t(gi)].second;
+          rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(go)].first)];
+          rp.kvRows = L.genOpts[size_t(ti)][size_t(go)].second;
         }
+        rp.recompute = specFor(r, gi).recompute;
+        rp.recomputeChosen = rp.recompute != roles[size_t(r)].recompute;
         rp.stage = e.t;
         rp.transition = e.transition;
         rp.generation = e.gen;
@@ -494,15 +517,17 @@ struct Ctx {
       // set at one sequence per pass, so one always does.
       for (int r : g) {
         RolePlan &rp = c.roles[size_t(r)];
+        RoleSpec spec = roles[size_t(r)];
+        spec.recompute = rp.recompute;
         if (!w.microBatchGiven) {
-          const int64_t m = largestMicroBatch(roles[size_t(r)], rp.train, w, memBytes - res);
+          const int64_t m = largestMicroBatch(spec, rp.train, w, memBytes - res);
           rp.microBatch = m < 0 ? 1 : m; // one fits (the search's test); m < 0: rounding
           Workload wm = w;
           wm.kvRows = rp.kvRows;
           if (rp.microBatch > 0)
             wm.microBatchGiven = true, wm.microBatch = rp.microBatch;
           const double reserve = rp.memory.genReserve;
-          rp.memory = roleMemory(roles[size_t(r)], rp.train, rp.hasGen ? &rp.gen : nullptr, wm);
+          rp.memory = roleMemory(spec, rp.train, rp.hasGen ? &rp.gen : nullptr, wm);
           rp.memory.genReserve = reserve;
         }
         trans = std::max(trans, rp.memory.transientUsed());
@@ -1021,8 +1046,11 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &m
                           : "");
         l += buf;
       }
+      if (p.recomputeChosen)
+        l += std::string("; recompute ") + ::hflow::shape::recomputeName(p.recompute);
       if (p.microBatch > 0)
-        l += "; micro-batches of " + std::to_string(p.microBatch) + " sequences";
+        l += "; micro-batches of " + std::to_string(p.microBatch) +
+             (p.microBatch == 1 ? " sequence" : " sequences");
       std::snprintf(buf, sizeof buf, "; stages %.3f / %.3f / %.3f s\n", p.stage[0],
                     p.stage[1], p.stage[2]);
       out += l + buf;

@@ -46,6 +46,11 @@ struct SearchOptions {
   /// for the Actor only and only where its shards split the model evenly.
   /// hflowc sets it before writing a plan.
   bool executable = false;
+  /// A role that trains a dense model and sets no recompute may be given
+  /// `recompute: layers` where that lets a faster placement fit (hflowc
+  /// sets it; it doubles such a role's options, which the brute-force
+  /// tests pay for per role).
+  bool chooseRecompute = false;
 };
 
 struct RolePlan {
@@ -60,6 +65,10 @@ struct RolePlan {
   /// micro_batch and a replica's rows at once do not fit its set
   /// (largestMicroBatch); 0: none chosen.
   int64_t microBatch = 0;
+  /// The role's recompute: its own option, or `layers` where the search
+  /// chose it (recomputeChosen: nothing faster fits without it).
+  ::hflow::shape::Recompute recompute = ::hflow::shape::Recompute::None;
+  bool recomputeChosen = false;
 };
 
 struct Candidate {

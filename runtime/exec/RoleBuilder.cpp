@@ -45,6 +45,8 @@ models::LlamaConfig RoleBuilder::roleConfig(int r) const {
   if (dt != "f32" && dt != "bf16")
     throw RunError(where + " is " + dt + ", which this runtime does not compute in (f32 or bf16)");
   cfg.dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
+  if (ro.options() && ro.options()->recompute())
+    cfg.recompute = shape::recomputeOf(ro.options()->recompute()->c_str());
   return cfg;
 }
 

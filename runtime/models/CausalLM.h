@@ -117,7 +117,11 @@ public:
   virtual bool runsHeads() const { return true; }
   /// What of this form decides the transient memory of its passes
   /// (shape::passActivationBytes): whole weights by default.
-  virtual shape::PassForm passForm() const { return {}; }
+  virtual shape::PassForm passForm() const {
+    shape::PassForm f;
+    f.recompute = config().recompute;
+    return f;
+  }
 
   //===-- weights ---------------------------------------------------------===//
   /// The leaf tensors an optimizer steps (tied weights once).

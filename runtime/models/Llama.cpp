@@ -4,6 +4,7 @@
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
@@ -566,8 +567,26 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
   const double scale = 1.0 / std::sqrt((double)hd);
   const int64_t rep = c.heads / c.kvHeads;
 
+  // The role's recompute option, while a training pass records gradients:
+  // each layer through layerStep (the parallel forms' decoderLayer, the
+  // same operations), keeping what the option says.
+  const bool recompute = c.recompute != shape::Recompute::None && !cache &&
+                         at::GradMode::is_enabled() && c.experts == 0;
+  detail::AttnContext ctx;
+  if (recompute) {
+    ctx.cos = cos, ctx.sin = sin, ctx.bias = bias, ctx.keyReal = keyReal;
+    ctx.B = B, ctx.T = T, ctx.hd = hd, ctx.scale = scale;
+  }
   for (size_t li = 0; li < w_->layers.size(); ++li) {
     const auto &l = w_->layers[li];
+    if (recompute) {
+      detail::LayerWeights lw;
+      lw.attnNorm = l.attnNorm, lw.wq = l.wq, lw.bq = l.bq, lw.wk = l.wk, lw.bk = l.bk;
+      lw.wv = l.wv, lw.bv = l.bv, lw.wo = l.wo, lw.mlpNorm = l.mlpNorm;
+      lw.gate = l.wGate, lw.up = l.wUp, lw.down = l.wDown, lw.qNorm = l.qNorm, lw.kNorm = l.kNorm;
+      x = detail::layerStep(c.recompute, x, lw, ctx, c.heads, c.kvHeads, c.normEps, nullptr);
+      continue;
+    }
     at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
     at::Tensor q = headNorm(at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}), l.qNorm,
                             c.normEps)

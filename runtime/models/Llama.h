@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/schema/ActivationModel.h"
 #include "runtime/schema/ModelShape.h"
 #include "runtime/schema/Rope.h"
 
@@ -96,6 +97,11 @@ struct LlamaConfig {
   /// sequence-classification checkpoint scores at the last token that is
   /// not this one.
   int64_t padToken = -1;
+  /// The role's recompute option (activation checkpointing), not part of
+  /// the maths either: which part of each decoder layer a training pass
+  /// runs again in backward instead of keeping (layerStep; an FSDP unit
+  /// always recomputes).
+  shape::Recompute recompute = shape::Recompute::None;
   /// The weights' element type and the matrix products': at::kFloat or
   /// at::kBFloat16 (the plan's model dtype, or the role's dtype option).
   /// Weights are drawn in float32 and rounded, so a bfloat16 model is the

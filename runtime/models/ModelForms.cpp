@@ -261,6 +261,7 @@ shape::PassForm TensorParallelModel::passForm() const {
   shape::PassForm f;
   f.tp = m_.comm().size();
   f.sp = f.cp = cp_ ? cp_->size() : 1;
+  f.recompute = config().recompute;
   return f;
 }
 
@@ -315,6 +316,7 @@ shape::PassForm FullyShardedModel::passForm() const {
   shape::PassForm f;
   f.fsdp = m_.comm().size();
   f.tp = m_.tpComm() ? m_.tpComm()->size() : 1;
+  f.recompute = config().recompute; // an FSDP unit recomputes whole layers anyway
   return f;
 }
 

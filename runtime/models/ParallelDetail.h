@@ -10,12 +10,14 @@
 
 #include "runtime/models/Moe.h"
 #include "runtime/models/Parallel.h"
+#include "runtime/schema/ActivationModel.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +53,17 @@ struct LayerWeights {
   /// experts' stacks as this member holds them (its run under ep, its
   /// slice of each expert's width under tp).
   MoeWeights moe;
+
+  /// The defined tensors' slots, in a fixed order (a recomputed part's
+  /// weights: layerStep).
+  std::vector<at::Tensor *> tensors() {
+    std::vector<at::Tensor *> out;
+    for (at::Tensor *t : {&attnNorm, &wq, &bq, &wk, &bk, &wv, &bv, &wo, &mlpNorm, &gate, &up,
+                          &down, &qNorm, &kNorm, &moe.router, &moe.gate, &moe.up, &moe.down})
+      if (t->defined())
+        out.push_back(t);
+    return out;
+  }
 
   /// The slot of a parameter named "<suffix>" inside "layers.<i>." (not an
   /// expert's: those are rows of the stacks).
@@ -205,6 +218,32 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w, const Attn
                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
                         KvStore *cache = nullptr, size_t li = 0,
                         const MoeCall *moe = nullptr);
+/// decoderLayer's two halves: x plus the attention's output (its keys and
+/// values appended to `cache` when given), and x plus the MLP's (or the
+/// mixture's). decoderLayer is the one after the other.
+at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
+                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
+                         KvStore *cache, size_t li);
+at::Tensor mlpHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
+                   double eps, comm::Communicator *tp, size_t li, const MoeCall *moe);
+/// decoderLayer under a role's `recompute` option while gradients are
+/// recorded (and no KV cache grows): `Layers` keeps only the layer's input
+/// and runs the whole layer again in backward, `Attention` the attention
+/// half (the MLP's activations kept), `Mlp` the MLP half (the attention's
+/// kept). Bit for bit decoderLayer's forward; its gradients are those of
+/// the same operations run again. Not for a mixture's layers
+/// (std::logic_error: hflowc refuses the option there).
+/// `fn(x, w)` as one autograd node that keeps only `x` and `w`'s tensors
+/// and runs `fn` again (recording) in backward; `fn` itself where nothing
+/// needs a gradient. `fn` must compute the same in both runs and own what
+/// it captures (backward runs after the caller returns).
+at::Tensor recomputedPart(
+    std::function<at::Tensor(const at::Tensor &, const LayerWeights &)> fn,
+    const at::Tensor &x, const LayerWeights &w);
+at::Tensor layerStep(shape::Recompute r, const at::Tensor &x, const LayerWeights &w,
+                     const AttnContext &a, int64_t nq, int64_t nkv, double eps,
+                     comm::Communicator *tp, KvStore *cache = nullptr, size_t li = 0,
+                     const MoeCall *moe = nullptr);
 /// Logits as float32, divided by the temperature (unless 0 or 1).
 at::Tensor scaled(const at::Tensor &logits, double temperature);
 

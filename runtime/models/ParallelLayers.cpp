@@ -88,15 +88,11 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   return a;
 }
 
-/// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
-/// weights are this member's shards: the normed input goes through f and
-/// the row-parallel outputs through g.
-at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
-                        const AttnContext &a, int64_t nq, int64_t nkv, double eps,
-                        comm::Communicator *tp, KvStore *cache, size_t li,
-                        const MoeCall *moe) {
+/// A decoder layer's attention half: x plus the attention's output.
+at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
+                         int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
+                         KvStore *cache, size_t li) {
   const int64_t B = a.B, T = a.T, hd = a.hd;
-  at::Tensor x = xIn;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
   if (tp)
     h = copyToTP(h, *tp);
@@ -128,8 +124,15 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   at::Tensor y = at::linear(o, w.wo);
   if (tp)
     y = reduceFromTP(y, *tp);
-  x = x + y;
-  h = rmsNorm(x, w.mlpNorm, eps);
+  return x + y;
+}
+
+/// A decoder layer's MLP half: x plus the MLP's (or the mixture's) output.
+at::Tensor mlpHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
+                   double eps, comm::Communicator *tp, size_t li, const MoeCall *moe) {
+  const int64_t B = a.B, T = a.T;
+  at::Tensor h = rmsNorm(x, w.mlpNorm, eps);
+  at::Tensor y;
   if (w.moe.router.defined()) {
     if (!moe)
       throw std::logic_error("decoderLayer: a mixture's layer without its routing settings");
@@ -151,6 +154,138 @@ at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
   if (tp)
     y = reduceFromTP(y, *tp);
   return x + y;
+}
+
+/// One decoder layer on `nq` query and `nkv` kv heads. With `tp`, the
+/// weights are this member's shards: the normed input goes through f and
+/// the row-parallel outputs through g.
+at::Tensor decoderLayer(const at::Tensor &xIn, const LayerWeights &w,
+                        const AttnContext &a, int64_t nq, int64_t nkv, double eps,
+                        comm::Communicator *tp, KvStore *cache, size_t li,
+                        const MoeCall *moe) {
+  return mlpHalf(attentionHalf(xIn, w, a, nq, nkv, eps, tp, cache, li), w, a, eps, tp, li, moe);
+}
+
+namespace {
+
+/// What a recomputed part needs in backward: the part itself on given
+/// weights (the layer's defined tensors, in LayerWeights::tensors order).
+struct RecomputeCall : torch::CustomClassHolder {
+  std::function<at::Tensor(const at::Tensor &, const LayerWeights &)> fn;
+  LayerWeights shape; ///< the layer's weights: which slots are defined
+};
+
+LayerWeights withTensors(const LayerWeights &shape, const std::vector<at::Tensor> &ts) {
+  LayerWeights w = shape;
+  size_t i = 0;
+  for (at::Tensor *slot : w.tensors())
+    *slot = ts[i++];
+  return w;
+}
+
+/// One recomputed part as one autograd node whose inputs are its input and
+/// the layer's weights: forward runs it without recording and keeps only
+/// its input; backward runs it again recording and back-propagates through
+/// that (activation checkpointing, as torch.utils.checkpoint's reentrant
+/// variant and Megatron's recompute do).
+struct RecomputeFn : torch::autograd::Function<RecomputeFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x,
+                            at::TensorList weights, c10::intrusive_ptr<RecomputeCall> call) {
+    at::Tensor y = call->fn(x, withTensors(call->shape, weights.vec()));
+    std::vector<at::Tensor> saved = {x};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list gy) {
+    auto holder = ctx->saved_data.at("call").toCapsule();
+    const RecomputeCall *call = static_cast<const RecomputeCall *>(holder.get());
+    torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const size_t nw = saved.size() - 1;
+    torch::autograd::variable_list out(nw + 2);
+    std::vector<at::Tensor> weights, inputs;
+    std::vector<size_t> slot; // out index of each input
+    at::Tensor x = saved[0].detach();
+    if (ctx->needs_input_grad(0)) {
+      x.requires_grad_(true);
+      inputs.push_back(x);
+      slot.push_back(0);
+    }
+    for (size_t i = 0; i < nw; ++i) {
+      at::Tensor wi = saved[1 + i].detach();
+      if (ctx->needs_input_grad(1 + i)) {
+        wi.requires_grad_(true);
+        inputs.push_back(wi);
+        slot.push_back(1 + i);
+      }
+      weights.push_back(wi);
+    }
+    if (inputs.empty())
+      return out;
+    at::Tensor y;
+    {
+      at::AutoGradMode record(true);
+      y = call->fn(x, withTensors(call->shape, weights));
+    }
+    torch::autograd::variable_list grads =
+        torch::autograd::grad({y}, inputs, {gy[0]}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      out[slot[i]] = grads[i];
+    return out;
+  }
+};
+
+} // namespace
+
+at::Tensor recomputedPart(std::function<at::Tensor(const at::Tensor &, const LayerWeights &)> fn,
+                          const at::Tensor &x, const LayerWeights &w) {
+  std::vector<at::Tensor> weights;
+  LayerWeights shape = w;
+  for (at::Tensor *slot : shape.tensors())
+    weights.push_back(*slot);
+  bool wantGrad = x.requires_grad();
+  for (const at::Tensor &t : weights)
+    wantGrad = wantGrad || t.requires_grad();
+  if (!at::GradMode::is_enabled() || !wantGrad)
+    return fn(x, w);
+  auto call = c10::make_intrusive<RecomputeCall>();
+  call->fn = std::move(fn);
+  call->shape = std::move(shape);
+  return RecomputeFn::apply(x, at::TensorList(weights), call);
+}
+
+at::Tensor layerStep(shape::Recompute r, const at::Tensor &x, const LayerWeights &w,
+                     const AttnContext &a, int64_t nq, int64_t nkv, double eps,
+                     comm::Communicator *tp, KvStore *cache, size_t li, const MoeCall *moe) {
+  if (r == shape::Recompute::None || cache || !at::GradMode::is_enabled())
+    return decoderLayer(x, w, a, nq, nkv, eps, tp, cache, li, moe);
+  if (w.moe.router.defined())
+    throw std::logic_error("recompute: a mixture's layers are not recomputed (hflowc refuses "
+                           "the option on a mixture)");
+  // The context is the same in forward and in the recomputation: captured
+  // by value (its tensors are not differentiated).
+  auto attn = [a, nq, nkv, eps, tp, li](const at::Tensor &in, const LayerWeights &lw) {
+    return attentionHalf(in, lw, a, nq, nkv, eps, tp, nullptr, li);
+  };
+  auto mlp = [a, eps, tp, li](const at::Tensor &in, const LayerWeights &lw) {
+    return mlpHalf(in, lw, a, eps, tp, li, nullptr);
+  };
+  switch (r) {
+  case shape::Recompute::Layers:
+    return recomputedPart([attn, mlp](const at::Tensor &in,
+                                  const LayerWeights &lw) { return mlp(attn(in, lw), lw); },
+                      x, w);
+  case shape::Recompute::Attention:
+    return mlp(recomputedPart(attn, x, w), w);
+  case shape::Recompute::Mlp:
+    return recomputedPart(mlp, attn(x, w), w);
+  case shape::Recompute::None:
+    break;
+  }
+  return decoderLayer(x, w, a, nq, nkv, eps, tp, cache, li, moe);
 }
 
 at::Tensor scaled(const at::Tensor &logits, double temperature) {

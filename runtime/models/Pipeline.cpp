@@ -319,8 +319,8 @@ private:
       mc.replay = checkedReplay(p.c, mb.replay, a.B, a.T, "PipelineStage");
     }
     for (size_t l = 0; l < p.layers.size(); ++l) // (li: the model's layer, for the replay)
-      x = decoderLayer(x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp, nullptr,
-                       size_t(p.first) + l, &mc);
+      x = layerStep(p.c.recompute, x, p.layerForForward(l), a, p.nq, p.nkv, p.c.normEps, p.tp,
+                    nullptr, size_t(p.first) + l, &mc);
     if (p.isLast()) {
       at::Tensor l = loss(i, rmsNorm(x, p.finalNorm, p.c.normEps));
       losses[i] = l.item<double>();
@@ -538,6 +538,7 @@ shape::PassForm PipelineModel::passForm() const {
   f.layers = s_.numLayers();
   f.head = s_.stage() == s_.stages() - 1;
   f.inFlight = s_.stages() - s_.stage(); // 1F1B: stage k keeps up to p - k micro-batches
+  f.recompute = config().recompute;
   return f;
 }
 

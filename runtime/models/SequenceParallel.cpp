@@ -151,6 +151,7 @@ shape::PassForm SequenceParallelModel::passForm() const {
   f.sp = sp_.size(); // a member's positions and its share of attention's scores
   if (how_ == SplitAttention::Context)
     f.cp = sp_.size(); // and every member's keys and values
+  f.recompute = config().recompute;
   return f;
 }
 
@@ -189,12 +190,23 @@ at::Tensor SequenceParallelModel::hidden(const at::Tensor &tokens, const at::Ten
   at::Tensor x = at::embedding(embed, localPositions(tok, split));
   if (context) {
     for (const LayerWeights &w : layers)
-      x = decoderLayer(x, w, a, c.heads, c.kvHeads, c.normEps, nullptr);
+      x = layerStep(c.recompute, x, w, a, c.heads, c.kvHeads, c.normEps, nullptr);
   } else {
     const at::Tensor cos = a.cos.narrow(2, split.r * split.Tl, split.Tl);
     const at::Tensor sin = a.sin.narrow(2, split.r * split.Tl, split.Tl);
-    for (const LayerWeights &w : layers)
-      x = ulyssesLayer(x, w, a, cos, sin, c.heads, c.kvHeads, c.normEps, sp_);
+    for (const LayerWeights &w : layers) {
+      if (c.recompute == shape::Recompute::Layers && at::GradMode::is_enabled()) {
+        // Ulysses' layer is one part (hflowc allows only `layers` on sp).
+        x = recomputedPart(
+            [a, cos, sin, heads = c.heads, kvHeads = c.kvHeads, eps = c.normEps,
+             sp = &sp_](const at::Tensor &in, const LayerWeights &lw) {
+              return ulyssesLayer(in, lw, a, cos, sin, heads, kvHeads, eps, *sp);
+            },
+            x, w);
+      } else {
+        x = ulyssesLayer(x, w, a, cos, sin, c.heads, c.kvHeads, c.normEps, sp_);
+      }
+    }
   }
   return gatherSequence(rmsNorm(x, finalNorm, c.normEps), split);
 }

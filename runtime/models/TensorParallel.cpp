@@ -391,7 +391,7 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
     at::Tensor x = vocabParallelEmbedding(p.embed, localPositions(tok, split), p.vStart,
                                           p.vShard, *p.tp);
     for (size_t i = 0; i < p.layers.size(); ++i)
-      x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp);
+      x = layerStep(p.c.recompute, x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp);
     return gatherSequence(rmsNorm(x, p.finalNorm, p.c.normEps), split);
   }
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
@@ -403,8 +403,8 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
   }
   at::Tensor x = vocabParallelEmbedding(p.embed, tokens, p.vStart, p.vShard, *p.tp);
   for (size_t i = 0; i < p.layers.size(); ++i)
-    x = decoderLayer(x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp, cache, i,
-                     &mc);
+    x = layerStep(p.c.recompute, x, p.layerForForward(i), a, p.nq, p.nkv, p.c.normEps, p.tp,
+                  cache, i, &mc);
   if (cache)
     cache->commit(a.keyReal, positions);
   return rmsNorm(x, p.finalNorm, p.c.normEps);

@@ -53,6 +53,12 @@ executes::Verdict roleForms(const Plan &p, int r) {
   std::string where;
   const std::string dt = roleDtype(p, r, &where);
   v.refusal = executes::dtypeProblem(dt, where);
+  if (v.refusal.empty() && ro.options() && ro.options()->recompute()) {
+    const std::string why = executes::recomputeProblem(
+        ro.options()->recompute()->str(), degreesOf(*ro.train()), modelShape(*m).experts);
+    if (!why.empty())
+      v.refusal = "role " + (ro.name() ? ro.name()->str() : std::string()) + ": " + why;
+  }
   return v;
 }
 

@@ -2,6 +2,7 @@
 #include "runtime/schema/ActivationModel.h"
 
 #include <algorithm>
+#include <string>
 
 namespace hflow::shape {
 
@@ -19,6 +20,28 @@ constexpr double kGatheredUnits = 4;
 /// transformers and verl do), and so are a 16-bit norm's statistics.
 constexpr double kF32 = 4;
 } // namespace
+
+Recompute recomputeOf(const char *name) {
+  const std::string s = name ? name : "";
+  return s == "layers" ? Recompute::Layers
+         : s == "attention" ? Recompute::Attention
+         : s == "mlp" ? Recompute::Mlp
+                      : Recompute::None;
+}
+
+const char *recomputeName(Recompute r) {
+  switch (r) {
+  case Recompute::Layers:
+    return "layers";
+  case Recompute::Attention:
+    return "attention";
+  case Recompute::Mlp:
+    return "mlp";
+  case Recompute::None:
+    break;
+  }
+  return "none";
+}
 
 double passActivationBytes(const ModelShape &m, const PassForm &f, const PassShape &p,
                            double w) {
@@ -49,11 +72,24 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4.5 * n * F / tp +
                            rows * heads * T * T) +
                       (w < kF32 ? kF32 * 2 * n * h : 0);
+  // kept's two halves: the attention's (the layer's input and its norm,
+  // q, k, v, the scores and the output) and the MLP's (the middle of the
+  // residual stream, its norm, the gate, up and their product).
+  const double norm32 = w < kF32 ? kF32 * n * h : 0;
+  const double attnKept = w * (3 * n * h + 5 * n * ahd + gathered + rows * heads * T * T) + norm32;
+  const double mlpKept = kept - attnKept;
+  const double inFlight = (double)std::max<int64_t>(1, f.inFlight);
   double x = 0;
   if (f.fsdp > 1) // each unit keeps its input; backward recomputes one unit at a time
     x = w * layers * n * h + kept + w * kGatheredUnits * (double)layerParamCount(m) / tp;
+  else if (f.recompute == Recompute::Layers) // each layer's input; one layer at a time again
+    x = inFlight * layers * w * n * h + kept;
+  else if (f.recompute == Recompute::Attention) // the MLP's and each attention's input
+    x = inFlight * layers * (mlpKept + w * n * h) + attnKept;
+  else if (f.recompute == Recompute::Mlp) // the attention's and each MLP's input
+    x = inFlight * layers * (attnKept + w * n * h) + mlpKept;
   else
-    x = (double)std::max<int64_t>(1, f.inFlight) * layers * kept;
+    x = inFlight * layers * kept;
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
   // logits and loss on the last stage.
@@ -86,6 +122,7 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
   f.fsdp = std::max<int64_t>(1, l.fsdp);
   f.layers = ceilDiv(m.layers, pp);
   f.lmHead = lmHead;
+  f.recompute = w.recompute;
   const int64_t T = w.promptLen + w.responseLen, R = w.responseLen;
   double x = passActivationBytes(m, f, {micro(fwdRows), T, R, false}, bytesPerElement);
   if (trains) {

@@ -48,6 +48,16 @@
 
 namespace hflow::shape {
 
+/// A role's `recompute` option (activation checkpointing): which part of
+/// each decoder layer a training pass runs again in backward instead of
+/// keeping its activations. None: every layer's are kept; Layers: only each
+/// layer's input; Attention: the attention half is recomputed (the MLP's
+/// activations kept); Mlp: the MLP half (the attention's kept).
+enum class Recompute { None, Layers, Attention, Mlp };
+/// The option's spelling ("layers", "attention", "mlp"); None for any other.
+Recompute recomputeOf(const char *name);
+const char *recomputeName(Recompute r);
+
 /// What of a rank's form decides what its passes keep.
 struct PassForm {
   int64_t tp = 1;        ///< tensor-parallel members (heads, ffn, vocabulary split)
@@ -62,6 +72,7 @@ struct PassForm {
                          ///< (1F1B: stage k of p keeps min(p - k, m))
   int64_t fsdp = 1;      ///< FSDP members: units keep their input only and
                          ///< gather whole units (two at once with prefetch)
+  Recompute recompute = Recompute::None; ///< the role's recompute option
 };
 
 /// One forward (and backward) pass of one micro-batch.
@@ -85,6 +96,7 @@ struct RoleWork {
                              ///< a replica's rows: its batch share for a
                              ///< forward pass, its minibatch share for an update)
   int64_t promptLen = 1, responseLen = 1; ///< the longest prompt and response
+  Recompute recompute = Recompute::None;   ///< the role's recompute option
 };
 /// A role's training layout, as degrees.
 using RoleLayout = layout::Degrees;

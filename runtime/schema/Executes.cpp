@@ -183,6 +183,24 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
   return v;
 }
 
+std::string recomputeProblem(const std::string &mode, const layout::Degrees &train,
+                             int64_t experts) {
+  if (mode.empty())
+    return "";
+  if (mode != "layers" && mode != "attention" && mode != "mlp")
+    return "recompute is " + mode + ", not one of layers, attention, mlp";
+  if (experts > 0)
+    return "recompute is not built for a mixture of experts yet";
+  if (mode != "layers" && train.fsdp > 1)
+    return "recompute: " + mode + " on fsdp: an FSDP unit keeps only its input and "
+           "recomputes its whole layer in backward already; write recompute: layers (or "
+           "nothing)";
+  if (mode != "layers" && train.sp > 1)
+    return "recompute: " + mode + " on sp: a Ulysses layer is recomputed whole or not at "
+           "all; write recompute: layers";
+  return "";
+}
+
 std::string dtypeProblem(const std::string &dtype, const std::string &what) {
   if (dtype.empty() || dtype == "f32")
     return "";

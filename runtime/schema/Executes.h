@@ -101,6 +101,15 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
 /// nowhere (its range needs loss scaling).
 std::string dtypeProblem(const std::string &dtype, const std::string &what);
 
+/// Why hflow-run would not execute a role's `recompute` option (`mode`:
+/// "layers", "attention", "mlp"; "" for none) on training layout `train` of
+/// a model with `experts` experts, or "". Every dense form recomputes
+/// whole layers; the halves (attention, mlp) are split where the layer is
+/// decoderLayer (not on fsdp, whose units recompute whole layers always,
+/// nor on Ulysses sp); a mixture recomputes nothing yet.
+std::string recomputeProblem(const std::string &mode, const layout::Degrees &train,
+                             int64_t experts);
+
 } // namespace hflow::executes
 
 #endif // HFLOW_RUNTIME_SCHEMA_EXECUTES_H

@@ -134,7 +134,8 @@ inline constexpr KeywordArg kRoleOptions[] = {
     {"memory_utilization", ArgType::Probability},
     {"dtype", ArgType::Choice, "f32 bf16 f16"},
     {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"},
-    {"routing_replay", ArgType::Bool}};
+    {"routing_replay", ArgType::Bool},
+    {"recompute", ArgType::Choice, "layers attention mlp"}};
 
 struct Signature {
   std::string_view method;

@@ -987,6 +987,38 @@ TEST(Search, ExactAgainstBruteForceGrpoAndCalibrations) {
   }
 }
 
+// With recompute a choice (hflowc's setting): each training role's layout
+// options come with and without `recompute: layers`, and the search stays
+// exact against the brute force; under tight memory the optimum recomputes.
+TEST(Search, ExactAgainstBruteForceWithRecompute) {
+  Calibration cal;
+  SmallCase s = smallSetup(1, false);
+  int chosen = 0;
+  for (double memGB : {1000.0, 0.6, 0.35, 0.2}) {
+    Device dev = Device::a100_80g();
+    dev.memoryBytes = memGB * 1e9;
+    for (int k : {1, 3}) {
+      SearchOptions o;
+      o.k = k;
+      o.chooseRecompute = true;
+      const std::string what = std::to_string(memGB) + " GB, k=" + std::to_string(k);
+      SearchResult fast = searchPlacement(s.roles, dev, s.mesh, s.w, cal, o);
+      expectSame(fast, bruteForcePlacement(s.roles, dev, s.mesh, s.w, cal, o), what);
+      for (const Candidate &c : fast.candidates)
+        for (const RolePlan &p : c.roles) {
+          chosen += p.recomputeChosen;
+          if (p.recomputeChosen)
+            EXPECT_NE(c.str(s.roles).find("recompute layers"), std::string::npos);
+        }
+      // Unconstrained, recomputing only costs time: never chosen.
+      if (memGB == 1000.0)
+        for (const RolePlan &p : fast.candidates.at(0).roles)
+          EXPECT_FALSE(p.recomputeChosen) << what;
+    }
+  }
+  EXPECT_GT(chosen, 0);
+}
+
 TEST(Search, Deterministic) {
   SmallCase s = smallSetup(2, true);
   Calibration cal;
