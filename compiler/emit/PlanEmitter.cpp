@@ -268,8 +268,9 @@ LogicalResult PlanWriter::emitRoles() {
     std::vector<int> genRanks, both;
   };
   std::vector<Apart> aparts;
-  const ::hflow::planner::Workload transientWorkload =
-      ::hflow::planner::largest(::hflow::planner::workloadsOf(module));
+  const std::vector<::hflow::planner::Workload> blockWorkloads =
+      ::hflow::planner::workloadsOf(module);
+  const ::hflow::planner::Workload transientWorkload = ::hflow::planner::largest(blockWorkloads);
   for (RoleOp r : module.getOps<RoleOp>()) {
     std::vector<int> ranks, genRanks;
     if (auto rk = r.getRanks())
@@ -320,8 +321,15 @@ LogicalResult PlanWriter::emitRoles() {
       // The transient bounds at the largest workload of any train block;
       // an actor's KV pool as its generation devices leave it.
       if (!memory.empty()) {
-        const ::hflow::planner::RoleMemory rm = ::hflow::planner::roleMemory(
+        ::hflow::planner::RoleMemory rm = ::hflow::planner::roleMemory(
             r, m, r.getTrain(), r.getGenerate(), transientWorkload);
+        // And each block's own: a pipeline keeps more at some smaller
+        // micro-batches than at a larger one (1F1B), so the merged
+        // workload's is not always the largest.
+        for (const ::hflow::planner::Workload &w : blockWorkloads)
+          rm.activations = std::max(
+              rm.activations,
+              ::hflow::planner::roleMemory(r, m, r.getTrain(), r.getGenerate(), w).activations);
         if (r.getKind() == RoleKind::Actor)
           kvPool = static_cast<int64_t>(
               ::hflow::planner::generationMemory(r, transientWorkload).kvCache);

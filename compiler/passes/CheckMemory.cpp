@@ -63,10 +63,13 @@ struct CheckMemoryPass
   /// replica's rows: the check below then reports it.
   void chooseMicroBatches(ModuleOp module) {
     auto trains = llvm::to_vector(module.getOps<TrainOp>());
+    // A module checked before (hflow-opt on --emit=mlir-placed) carries
+    // the choices: chosen again from a replica's rows.
+    for (TrainOp t : trains)
+      t->removeAttr(::hflow::planner::kChosenMicroBatches);
     auto workloads = ::hflow::planner::workloadsOf(module);
     for (size_t i = 0; i < trains.size() && i < workloads.size(); ++i) {
       const auto &w = workloads[i];
-      trains[i]->removeAttr(::hflow::planner::kChosenMicroBatches);
       if (w.microBatchGiven)
         continue;
       llvm::SmallVector<NamedAttribute> chosen;
@@ -120,7 +123,8 @@ struct CheckMemoryPass
     if (least.total() <= e.capacity) {
       // Then the largest micro_batch that fits every role of the set (each
       // size tried: what a pipeline keeps is not monotone in it).
-      for (int64_t m = std::max<int64_t>(1, w.batch * w.n); m >= 1; --m) {
+      for (int64_t m = std::max<int64_t>(1, std::min(w.batch * w.n, w.microBatch - 1)); m >= 1;
+           --m) {
         one.microBatch = m;
         const double need = ::hflow::planner::setMemory(place, one).total();
         if (need <= e.capacity || m == 1) {
@@ -155,7 +159,7 @@ struct CheckMemoryPass
     d.attachNote(place.getLoc())
         << "the smallest change: at one sequence per pass (" << formatBytes(least.transient)
         << " at the peak) the resident state (" << formatBytes(least.resident)
-        << ") must fit in " << formatBytes(room) << ": split it at least "
+        << ") must fit in " << formatBytes(room) << ": split it about "
         << static_cast<int64_t>(ways) << " times as many ways (the product of tp, pp and fsdp), "
         << "or spread the roles over more devices";
   }

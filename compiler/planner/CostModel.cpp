@@ -77,6 +77,7 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   rw.microBatch = w.microBatchGiven ? w.microBatch : 0;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   rw.recompute = role.recompute;
+  rw.trainSeqsPerRow = role.kind == RoleKind::RewardModel ? 2 : 1; // fit's pairs
   const bool lmHead = ms.lmHead; // a critic's or reward model's body has none
   m.activations = ::hflow::shape::roleActivationBytes(ms, trains, lmHead, rl, rw, b);
   m.microBatch = rw.microBatch;
@@ -114,6 +115,7 @@ int64_t largestMicroBatch(const RoleSpec &role, const Layout &train, const Workl
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   rw.recompute = role.recompute;
+  rw.trainSeqsPerRow = role.kind == RoleKind::RewardModel ? 2 : 1; // fit's pairs
   const double b = static_cast<double>(role.dtypeBytes);
   if (w.microBatchGiven) {
     rw.microBatch = w.microBatch;
@@ -268,7 +270,7 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   // FLOPs per parameter and token of that part (the layers' share of the
   // parameters: all of a layer's, or its attention's or MLP's), and its
   // forward all-reduces under tp (FSDP's units recompute anyway).
-  double again = 0, reduces = 0;
+  double again = 0, reduces = 0, splitsAgain = 0;
   if (role.recompute != ::hflow::shape::Recompute::None && l.fsdp <= 1) {
     const ModelShape &ms = role.model;
     const double hd = double(ms.headDim()), h = double(ms.hidden);
@@ -281,11 +283,15 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
     const double layerParams = double(ms.layers) * (attn + mlp);
     again = 2.0 * share * layerParams / std::max(1.0, double(paramCount(ms)));
     reduces = role.recompute == ::hflow::shape::Recompute::Layers ? 2 : 1;
+    // The attention's sequence exchanges (sp's all-to-alls, cp's gathers)
+    // run again with it.
+    splitsAgain = role.recompute == ::hflow::shape::Recompute::Mlp ? 0 : 1;
   }
   const PassTimes pass =
       passTimes(role, l, setDevices, dev, mesh, w, cal, q,
                 cal.trainFlopsPerParamToken + again, cal.trainEfficiency,
-                /*allReduces=*/4 + reduces, /*transfers=*/2, /*exchanges=*/4, /*splits=*/2);
+                /*allReduces=*/4 + reduces, /*transfers=*/2, /*exchanges=*/4,
+                /*splits=*/2 + splitsAgain);
   const Dims d = dimsOf(role, w);
   double grad = 0;
   const double shard = d.P * d.w / (double(l.tp) * double(l.pp));

@@ -218,6 +218,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   rw.microBatch = w.microBatchOf(role.getSymName());
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   rw.recompute = roleRecompute(role);
+  rw.trainSeqsPerRow = role.getKind() == RoleKind::RewardModel ? 2 : 1; // fit's pairs
   if (w.recomputeLayers && rw.recompute == ::hflow::shape::Recompute::None &&
       !toShape(model).moe())
     rw.recompute = ::hflow::shape::Recompute::Layers;
@@ -262,6 +263,7 @@ int64_t largestMicroBatch(RoleOp role, ModelOp model, LayoutAttr train, const Wo
   rw.batch = w.batch, rw.n = w.n, rw.miniBatch = w.miniBatch;
   rw.promptLen = w.promptLen, rw.responseLen = w.responseLen;
   rw.recompute = roleRecompute(role);
+  rw.trainSeqsPerRow = role.getKind() == RoleKind::RewardModel ? 2 : 1; // fit's pairs
   return ::hflow::shape::largestFittingMicroBatch(toShape(model), roleTrains(role),
                                                   roleHasLmHead(role), rl, rw, budget,
                                                   roleDtypeBytes(role, model));

@@ -223,16 +223,18 @@ struct Ctx {
   /// memory it saves against the forward it runs again; hflowc writes the
   /// choice on the role). A role's option index (the key's second entry)
   /// is its generation option times this plus the choice.
-  int recomputeCount(int r) const {
+  /// (Not on fsdp, whose units recompute whole layers anyway: the same
+  /// option twice.)
+  int recomputeCount(int r, const Layout &train) const {
     const RoleSpec &role = roles[size_t(r)];
-    return opts.chooseRecompute && role.trains() && !role.model.moe() &&
+    return opts.chooseRecompute && role.trains() && !role.model.moe() && train.fsdp <= 1 &&
                    role.recompute == ::hflow::shape::Recompute::None
                ? 2
                : 1;
   }
-  RoleSpec specFor(int r, int gi) const {
+  RoleSpec specFor(int r, const Layout &train, int gi) const {
     RoleSpec s = roles[size_t(r)];
-    if (gi % recomputeCount(r) == 1)
+    if (gi % recomputeCount(r, train) == 1)
       s.recompute = ::hflow::shape::Recompute::Layers;
     return s;
   }
@@ -240,7 +242,7 @@ struct Ctx {
   int genCount(int r, int a, int ti) {
     const Layouts &L = lay(r, a);
     return (roles[size_t(r)].kind == RoleKind::Actor ? int(L.genOpts[size_t(ti)].size()) : 1) *
-           recomputeCount(r);
+           recomputeCount(r, L.train[size_t(ti)]);
   }
 
   double transition(int r, const Layout &train, const Layout &gen, int64_t n) {
@@ -269,13 +271,13 @@ struct Ctx {
 
   /// The role's figures in one layout choice; the transition only when asked.
   Eval evaluate(int r, int a, int ti, int gi, bool withTransition) {
-    const RoleSpec role = specFor(r, gi);
     const Layouts &L = lay(r, a);
     const int64_t n = sizes[size_t(a)];
     const Layout &tr = L.train[size_t(ti)];
+    const RoleSpec role = specFor(r, tr, gi);
     Eval e;
     if (role.kind == RoleKind::Actor) {
-      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi / recomputeCount(r))];
+      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi / recomputeCount(r, tr))];
       const Layout &g = L.gen[size_t(ti)][size_t(li)];
       Workload wg = w;
       wg.kvRows = rows;
@@ -496,12 +498,12 @@ struct Ctx {
         const Layouts &L = lay(r, a);
         rp.train = L.train[size_t(ti)];
         rp.hasGen = roles[size_t(r)].kind == RoleKind::Actor;
-        const int go = gi / recomputeCount(r);
+        const int go = gi / recomputeCount(r, rp.train);
         if (rp.hasGen) {
           rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(go)].first)];
           rp.kvRows = L.genOpts[size_t(ti)][size_t(go)].second;
         }
-        rp.recompute = specFor(r, gi).recompute;
+        rp.recompute = specFor(r, rp.train, gi).recompute;
         rp.recomputeChosen = rp.recompute != roles[size_t(r)].recompute;
         rp.stage = e.t;
         rp.transition = e.transition;

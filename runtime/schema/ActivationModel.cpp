@@ -127,7 +127,8 @@ double roleActivationBytes(const ModelShape &m, bool trains, bool lmHead,
   double x = passActivationBytes(m, f, {micro(fwdRows), T, R, false}, bytesPerElement);
   if (trains) {
     f.inFlight = std::min<int64_t>(pp, ceilDiv(updRows, micro(updRows)));
-    x = std::max(x, passActivationBytes(m, f, {micro(updRows), T, R, true}, bytesPerElement));
+    const int64_t seqs = micro(updRows) * std::max<int64_t>(1, w.trainSeqsPerRow);
+    x = std::max(x, passActivationBytes(m, f, {seqs, T, R, true}, bytesPerElement));
   }
   return x;
 }

@@ -97,6 +97,9 @@ struct RoleWork {
                              ///< forward pass, its minibatch share for an update)
   int64_t promptLen = 1, responseLen = 1; ///< the longest prompt and response
   Recompute recompute = Recompute::None;   ///< the role's recompute option
+  /// Sequences a training pass runs per row: 2 for a reward model's `fit`
+  /// (each row a preference pair, chosen and rejected), else 1.
+  int64_t trainSeqsPerRow = 1;
 };
 /// A role's training layout, as degrees.
 using RoleLayout = layout::Degrees;

@@ -66,7 +66,7 @@ hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // expected-error @+3 {{the roles placed here need 3.02 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.16 MB at the peak (a's training pass)}}
 // expected-note @+2 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1,}}
-// expected-note @+1 {{the smallest change: at one sequence per pass (2.16 MB at the peak) the resident state (854.53 KB) must fit in 335.26 KB: split it at least 3 times as many ways (the product of tp, pp and fsdp), or spread the roles over more devices}}
+// expected-note @+1 {{the smallest change: at one sequence per pass (2.16 MB at the peak) the resident state (854.53 KB) must fit in 335.26 KB: split it about 3 times as many ways (the product of tp, pp and fsdp), or spread the roles over more devices}}
 hflow.place [@a] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
