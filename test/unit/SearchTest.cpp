@@ -21,6 +21,19 @@ using namespace hflow::placement;
 namespace {
 
 ModelShape llama7b() { return ModelShape::llama2_7b(); }
+ModelShape llama13b() { return {40, 5120, 40, 40, 13824, 32000}; }
+
+/// HybridFlow's 13B PPO setting (with ppo13bRoles: actor, critic and
+/// reference of Llama-2-13B): batch 1024, prompts and responses of 1,024
+/// tokens, minibatch 64, no micro_batch.
+Workload ppo13bWorkload() {
+  Workload w;
+  w.batch = 1024;
+  w.promptLen = 1024;
+  w.responseLen = 1024;
+  w.miniBatch = 64;
+  return w;
+}
 ModelShape llama70b() { return ModelShape::llama2_70b(); }
 
 // A small model: few layouts, cheap reshard plans, so brute force is quick.
@@ -79,6 +92,13 @@ Mesh mesh(int64_t nodes, int64_t perNode = 8) {
 //===----------------------------------------------------------------------===//
 // Formulas
 //===----------------------------------------------------------------------===//
+
+namespace {
+std::vector<RoleSpec> ppo13bRoles() {
+  return {role("actor", RoleKind::Actor, llama13b()), role("critic", RoleKind::Critic, llama13b()),
+          role("ref", RoleKind::Reference, llama13b())};
+}
+} // namespace
 
 TEST(CostModel, ParamCount) {
   EXPECT_EQ(paramCount(llama7b()), 6738415616);
@@ -749,15 +769,8 @@ TEST(Search, CandidatesPassTheBatchCheck) {
 // rows than its sequences, within the device and, above one sequence,
 // within memory_utilization of it.
 TEST(Search, KvPoolLets13bPpoFitOn16A100) {
-  ModelShape l13{40, 5120, 40, 40, 13824, 32000}; // Llama-2-13B
-  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, l13),
-                                 role("critic", RoleKind::Critic, l13),
-                                 role("ref", RoleKind::Reference, l13)};
-  Workload w;
-  w.batch = 1024;
-  w.promptLen = 1024;
-  w.responseLen = 1024;
-  w.miniBatch = 64;
+  std::vector<RoleSpec> roles = ppo13bRoles();
+  Workload w = ppo13bWorkload();
   w.microBatchGiven = true; // micro_batch: 1
   SearchOptions o;
   o.k = 3;
@@ -834,9 +847,8 @@ void expectLargestMicroBatches(const SearchResult &r, const std::vector<RoleSpec
 } // namespace
 
 TEST(Search, ChosenMicroBatchIsTheLargestThatFits) {
-  ModelShape l13{40, 5120, 40, 40, 13824, 32000}; // Llama-2-13B
   int64_t chosen = 0, placed = 0;
-  for (const ModelShape &m : {llama7b(), l13})
+  for (const ModelShape &m : {llama7b(), llama13b()})
     for (int64_t nodes : {1, 2, 4})
       for (int64_t batch : {256, 1024})
         for (int64_t len : {512, 1024})
@@ -868,15 +880,8 @@ TEST(Search, ChosenMicroBatchIsTheLargestThatFits) {
 // the choice ("needs at least 238.45 GB per device" at 16 GPUs); now placed
 // at 16 to 128 A100 80GB, the micro-batches the largest that fit.
 TEST(Search, HybridFlow13bPpoFitsWithoutMicroBatch) {
-  ModelShape l13{40, 5120, 40, 40, 13824, 32000};
-  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, l13),
-                                 role("critic", RoleKind::Critic, l13),
-                                 role("ref", RoleKind::Reference, l13)};
-  Workload w;
-  w.batch = 1024;
-  w.promptLen = 1024;
-  w.responseLen = 1024;
-  w.miniBatch = 64;
+  const std::vector<RoleSpec> roles = ppo13bRoles();
+  const Workload w = ppo13bWorkload();
   SearchOptions o;
   o.executable = true;
   const Device dev = Device::a100_80g();
