@@ -312,12 +312,19 @@ LogicalResult PlanWriter::emitRoles() {
     idx.role[r.getSymName()] = out.roles.size();
     std::vector<fb::RankMemory> memory;
     std::vector<fb::RankTransient> transient;
+    std::vector<fb::RankHostMemory> host;
+    bool offloads = false;
     int64_t kvPool = 0;
     if (auto m = r.getModelAttr() ? SymbolTable::lookupNearestSymbolFrom<ModelOp>(
                                         r, r.getModelAttr())
                                   : ModelOp()) {
-      for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m))
+      for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m)) {
         memory.emplace_back(c.weights, c.grads, c.optimizer, c.generation);
+        host.emplace_back(0, 0, c.hostOptimizer);
+        offloads = offloads || c.hostOptimizer > 0;
+      }
+      if (!offloads)
+        host.clear();
       // The transient bounds at the largest workload of any train block;
       // an actor's KV pool as its generation devices leave it.
       if (!memory.empty()) {
@@ -342,7 +349,8 @@ LogicalResult PlanWriter::emitRoles() {
                                    model, rankVec, &train, &gen, rule, optVec,
                                    b.CreateVector(genRanks),
                                    b.CreateVectorOfStructs(memory),
-                                   b.CreateVectorOfStructs(transient), kvPool));
+                                   b.CreateVectorOfStructs(transient), kvPool,
+                                   host.empty() ? 0 : b.CreateVectorOfStructs(host)));
     out.groups.push_back(fb::CreateGroup(b, name, rankVec));
   }
   // Two more groups per actor generating apart (after the one per role,

@@ -127,6 +127,11 @@ void roleJson(llvm::json::OStream &j, const fb::Role *r) {
     j.attribute("rule", str(r->rule()));
   if (r->kv_pool() > 0)
     j.attribute("kv_pool", r->kv_pool());
+  if (r->host_memory() && r->host_memory()->size() > 0) // format 4.2
+    j.attributeArray("host_optimizer", [&] {
+      for (const fb::RankHostMemory *h : *r->host_memory())
+        j.value(h->optimizer());
+    });
   j.attributeObject("options",
                     [&] { argsJson(j, ::hflow::planargs::setFields(r->options())); });
 

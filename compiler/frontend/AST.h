@@ -97,6 +97,8 @@ struct ClusterDecl {
   int64_t nodes = 0, perNode = 0;
   double intraBandwidth = 0;     // bytes/s between devices of a node (0: unknown)
   double interBandwidth = 0;     // bytes/s between nodes (0: unknown)
+  double pcieBandwidth = 0;      // bytes/s between a device and its host (0: unknown)
+  double hostMemory = 0;         // bytes of host memory per node (0: unknown)
 };
 
 enum class DType { F32, BF16, F16 };

@@ -54,7 +54,8 @@ void DeclChecker::checkCluster(ast::ClusterDecl &c) {
   for (const auto &a : e.args)
     if (a.key.empty())
       positional.push_back(&a);
-  auto kw = keywordArgs(e, {"device", "nodes", "per_node", "intra", "inter"},
+  auto kw = keywordArgs(e, {"device", "nodes", "per_node", "intra", "inter", "pcie",
+                            "host_memory"},
                         "mesh()");
   const Expr *device = nullptr;
   if (positional.size() > 1)
@@ -86,6 +87,12 @@ void DeclChecker::checkCluster(ast::ClusterDecl &c) {
     quantity(kw["intra"], units::Kind::Bandwidth, c.intraBandwidth, "intra");
   if (kw.count("inter"))
     quantity(kw["inter"], units::Kind::Bandwidth, c.interBandwidth, "inter");
+  // Offload's figures: the link between a device and its host, and the
+  // host memory of one node (what the roles' offloaded state must fit).
+  if (kw.count("pcie"))
+    quantity(kw["pcie"], units::Kind::Bandwidth, c.pcieBandwidth, "pcie");
+  if (kw.count("host_memory"))
+    quantity(kw["host_memory"], units::Kind::Bytes, c.hostMemory, "host_memory");
   for (const char *key : {"nodes", "per_node"}) {
     if (!kw.count(key)) {
       diags_.error(e.loc, std::string("mesh() needs '") + key + ":'");
@@ -681,6 +688,7 @@ std::vector<std::string> DeclChecker::roleProperties(ast::RoleKind k) {
       k == ast::RoleKind::RewardModel) { // a reward model trains with fit
     props.push_back("optimizer");
     props.push_back("recompute");
+    props.push_back("offload_optimizer");
   }
   if (k == ast::RoleKind::Actor)
     for (const char *s :
@@ -726,6 +734,12 @@ bool DeclChecker::roleOption(ast::RoleDecl &r, const ast::Property &p) {
                           "the layer run again in backward), attention (the attention run "
                           "again, the MLP's activations kept) or mlp (the reverse)" +
                               (v.kind == Expr::Kind::Name ? ", got " + v.text : std::string()));
+  } else if (p.key == "offload_optimizer") {
+    // The share of the decoder layers whose AdamW state lives in host
+    // memory (whole layers, rounded up; 1: all of it, the embeddings and
+    // heads too): docs/runtime.md, "Offload".
+    if (number(v, "offload_optimizer", 0, 1, false, x))
+      r.numbers["offload_optimizer"] = x;
   } else if (p.key == "routing_replay") {
     // Checked against the model once every property is read
     // (checkRoutingReplay).

@@ -86,7 +86,7 @@ public:
       MeshOp::create(b_, loc(c.nameLoc), b_.getStringAttr(c.name),
                      b_.getStringAttr(c.device), b_.getI64IntegerAttr(c.nodes),
                      b_.getI64IntegerAttr(c.perNode), bw(c.intraBandwidth),
-                     bw(c.interBandwidth));
+                     bw(c.interBandwidth), bw(c.pcieBandwidth), bw(c.hostMemory));
     }
     for (const auto &m : prog_.models)
       model(m);

@@ -147,6 +147,25 @@ struct CheckMemoryPass
           << formatBytes(withRecompute) << " per device";
       return;
     }
+    // The optimizer's state in host memory (the roles that train and set
+    // no offload_optimizer), at one sequence per pass, then with
+    // recompute too.
+    for (bool recompute : {false, true}) {
+      ::hflow::planner::Workload off = one;
+      off.microBatch = 1;
+      off.recomputeLayers = recompute;
+      off.offloadOptimizer = true;
+      const ::hflow::planner::SetMemory o = ::hflow::planner::setMemory(place, off);
+      if (o.total() <= e.capacity) {
+        d.attachNote(place.getLoc())
+            << "the smallest change: offload_optimizer: 1 on the roles that train"
+            << (recompute ? ", with recompute: layers" : "")
+            << ", at one sequence per pass (micro_batch: 1): " << formatBytes(o.total())
+            << " per device, " << formatBytes(o.host * double(o.perNode))
+            << " of host memory per node, and each step's optimizer state over PCIe";
+        return;
+      }
+    }
     const double room = e.capacity - least.transient;
     if (room <= 0) {
       d.attachNote(place.getLoc())
@@ -164,11 +183,65 @@ struct CheckMemoryPass
         << "or spread the roles over more devices";
   }
 
+  /// Every node's host memory (the mesh's host_memory, where declared)
+  /// holds what the ranks on its devices offload: the plan's exact counts
+  /// (countedMemory), summed over the node's devices.
+  bool checkHostMemory(ModuleOp module) {
+    bool ok = true;
+    for (MeshOp mesh : module.getOps<MeshOp>()) {
+      if (!mesh.getHostMemoryAttr())
+        continue;
+      const double capacity = mesh.getHostMemoryAttr().getValueAsDouble();
+      const int64_t perNode = std::max<int64_t>(1, mesh.getPerNode());
+      std::map<int64_t, double> node;        // host bytes per node
+      std::map<int64_t, PlaceOp> firstPlace; // a place using it, to point at
+      for (PlaceOp place : module.getOps<PlaceOp>()) {
+        if (place.getMesh() != mesh.getSymName() || place.getPhase())
+          continue;
+        for (Attribute a : place.getRoles()) {
+          auto role =
+              SymbolTable::lookupNearestSymbolFrom<RoleOp>(place, cast<FlatSymbolRefAttr>(a));
+          if (!role || !role.getModelAttr())
+            continue;
+          auto model = SymbolTable::lookupNearestSymbolFrom<ModelOp>(role, role.getModelAttr());
+          if (!model)
+            continue;
+          const auto counted = ::hflow::planner::countedMemory(role, model);
+          for (size_t i = 0; i < counted.size(); ++i) {
+            if (counted[i].hostOptimizer <= 0)
+              continue;
+            const int64_t dv = role.getRanks() && i < role.getRanks()->size()
+                                   ? (*role.getRanks())[i]
+                                   : place.getStart() + static_cast<int64_t>(i);
+            node[dv / perNode] += static_cast<double>(counted[i].hostOptimizer);
+            firstPlace.emplace(dv / perNode, place);
+          }
+        }
+      }
+      for (const auto &[n, bytes] : node) {
+        if (bytes <= capacity)
+          continue;
+        PlaceOp place = firstPlace[n];
+        InFlightDiagnostic d =
+            place.emitError() << "node " << n << " of mesh '" << mesh.getSymName()
+                              << "' keeps " << formatBytes(bytes)
+                              << " of offloaded optimizer state in host memory but has "
+                              << formatBytes(capacity) << " (host_memory)";
+        d.attachNote(mesh.getLoc())
+            << "offload_optimizer keeps that share of each rank's AdamW state in its "
+               "node's host memory; offload less, or spread the roles over more nodes";
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     chooseMicroBatches(module);
     auto workloads = ::hflow::planner::workloadsOf(module);
     bool hadError = !checkTokenBudgets(module);
+    hadError = !checkHostMemory(module) || hadError;
     for (PlaceOp place : module.getOps<PlaceOp>()) {
       auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr());
       if (!mesh)

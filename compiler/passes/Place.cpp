@@ -313,6 +313,12 @@ private:
                    StringAttr::get(ctx, ::hflow::shape::recomputeName(plan.recompute)));
           role.setOptionsAttr(opts.getDictionary(ctx));
         }
+        if (plan.offloadChosen) { // likewise
+          NamedAttrList opts(role.getOptionsAttr() ? role.getOptionsAttr()
+                                                   : DictionaryAttr::get(ctx));
+          opts.set("offload_optimizer", FloatAttr::get(Float64Type::get(ctx), plan.offloadOptimizer));
+          role.setOptionsAttr(opts.getDictionary(ctx));
+        }
         roles.push_back(FlatSymbolRefAttr::get(role.getSymNameAttr()));
       }
       auto place = PlaceOp::create(

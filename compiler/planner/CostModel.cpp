@@ -49,6 +49,22 @@ double peakFlops(const Device &dev, int64_t dtypeBytes) {
 // Memory
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// The AdamW state per device `role`'s offload_optimizer keeps in host
+/// memory in `train` (Memory.h's formula for the optimizer, its share).
+double offloadedOptimizerBytes(const RoleSpec &role, const Layout &train) {
+  if (!role.trains() || role.offloadOptimizer <= 0)
+    return 0;
+  ModelShape ms = role.model;
+  ms.lmHead = ms.lmHead && role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
+  const double S = static_cast<double>(std::max<int64_t>(train.fsdp * train.tp * train.pp, 1));
+  const double optimizer = static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)) *
+                           (role.dtypeBytes >= 4 ? 8 : 12) / S;
+  return optimizer * ::hflow::shape::offloadedStateShare(
+                         ms, role.offloadOptimizer, ms.layers / std::max<int64_t>(1, train.pp));
+}
+} // namespace
+
 RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
                       const Layout *gen, const Workload &w) {
   RoleMemory m;
@@ -66,6 +82,8 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
   if (trains) {
     m.grads = Pt * b / S;
     m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
+    m.hostOptimizer = offloadedOptimizerBytes(role, train);
+    m.optimizer -= m.hostOptimizer;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -313,6 +331,12 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   const double reps = cal.epochs * steps;
   out.compute = reps * pass.slots * pass.tauCompute;
   out.comm = reps * (pass.slots * pass.tauComm + grad);
+  // offload_optimizer: each step brings the offloaded state onto the
+  // device and takes it back over the device's PCIe link. The next unit
+  // comes in while one updates, but the update is a few memory-bound
+  // passes over the same bytes, so the copies are the step's time.
+  if (role.offloadOptimizer > 0)
+    out.comm += reps * 2.0 * offloadedOptimizerBytes(role, l) / mesh.pcieBw;
   return out;
 }
 

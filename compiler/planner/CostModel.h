@@ -56,6 +56,11 @@ struct Mesh {
   int64_t nodes = 1, perNode = 8;
   double intraBw = 600e9; // NVLink
   double interBw = 25e9;  // 200 Gbit/s
+  /// A device's link to its host (offload's copies): PCIe 4.0 x16's
+  /// 32 GB/s each way, of which about 25 are reached.
+  double pcieBw = 25e9;
+  /// A node's host memory for offloaded state (0: not declared, unchecked).
+  double hostMemory = 0;
   int64_t size() const { return nodes * perNode; }
 };
 
@@ -79,6 +84,11 @@ struct RoleSpec {
   /// passes keep less (ActivationModel.h) and run the recomputed part's
   /// forward again (trainSeconds).
   ::hflow::shape::Recompute recompute = ::hflow::shape::Recompute::None;
+  /// The role's offload_optimizer share: that part of its AdamW state lives
+  /// in host memory and crosses the device's PCIe link twice per optimizer
+  /// step (trainSeconds). -1: the program sets none (none offloaded; the
+  /// search may choose 1), 0: it sets 0 (never offloaded).
+  double offloadOptimizer = -1;
   bool trains() const {
     return kind == RoleKind::Actor || kind == RoleKind::Critic ||
            (kind == RoleKind::RewardModel && fits);
@@ -148,6 +158,7 @@ const char *stageName(int s);
 
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
+  double hostOptimizer = 0; ///< in host memory instead (offload_optimizer)
   double activations = 0;                       // transient: a pass
   double genWeights = 0, kvCache = 0;           // transient: generation (the KV pool)
   /// What generation leaves free of the device: (1 - memory_utilization)

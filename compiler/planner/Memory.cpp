@@ -9,6 +9,7 @@
 #include "llvm/ADT/StringExtras.h"
 
 #include <cstdio>
+#include <set>
 
 using namespace mlir;
 using namespace mlir::hflow;
@@ -35,6 +36,17 @@ std::string formatBytes(double bytes) {
     if (auto r = opts.getAs<StringAttr>("recompute"))
       return ::hflow::shape::recomputeOf(r.getValue().str().c_str());
   return ::hflow::shape::Recompute::None;
+}
+
+double roleOffloadOptimizer(RoleOp role) {
+  if (auto opts = role.getOptionsAttr())
+    if (auto u = opts.get("offload_optimizer")) {
+      if (auto f = dyn_cast<FloatAttr>(u))
+        return f.getValueAsDouble();
+      if (auto i = dyn_cast<IntegerAttr>(u))
+        return double(i.getInt());
+    }
+  return -1;
 }
 
 double roleDtypeBytes(RoleOp role, ModelOp model) {
@@ -207,6 +219,19 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   if (trains) {
     m.grads = Pt * b / S;
     m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
+    // offload_optimizer: the state of the first ceil(f * L/pp) layers of
+    // each rank's (and with f = 1 all of it) in host memory instead.
+    const double f = w.offloadOptimizer && roleOffloadOptimizer(role) < 0
+                         ? 1.0
+                         : roleOffloadOptimizer(role);
+    if (f > 0) {
+      ::hflow::shape::ModelShape s = toShape(model);
+      s.lmHead = roleHasLmHead(role);
+      const double share = ::hflow::shape::offloadedStateShare(
+          s, f, (int64_t)L / std::max<int64_t>(1, train.getPp()));
+      m.hostOptimizer = m.optimizer * share;
+      m.optimizer -= m.hostOptimizer;
+    }
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -291,10 +316,12 @@ double memoryUtilization(RoleOp role) {
 
 SetMemory setMemory(PlaceOp place, const Workload &w) {
   SetMemory e;
-  if (auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr()))
+  if (auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr())) {
+    e.perNode = std::max<int64_t>(1, mesh.getPerNode());
     if (auto device = SymbolTable::lookupNearestSymbolFrom<DeviceOp>(
             mesh, StringAttr::get(place.getContext(), mesh.getDevice())))
       e.capacity = device.getMemory().convertToDouble();
+  }
   const bool genPlace = bool(place.getPhase());
   // The resident state first: each KV pool gets what it leaves.
   for (Attribute a : place.getRoles()) {
@@ -316,6 +343,7 @@ SetMemory setMemory(PlaceOp place, const Workload &w) {
         m.kvBlocks = 0;
       }
       e.resident += m.resident();
+      e.host += m.hostOptimizer;
     }
     e.roles.push_back({role, m});
   }
@@ -340,6 +368,9 @@ SetMemory setMemory(PlaceOp place, const Workload &w) {
     std::string text = name + ": weights " + formatBytes(m.weights);
     if (m.grads > 0)
       text += ", gradients " + formatBytes(m.grads) + ", optimizer " + formatBytes(m.optimizer);
+    if (m.hostOptimizer > 0)
+      text += " (and " + formatBytes(m.hostOptimizer) + " in host memory, " +
+              formatBytes(m.hostOptimizer * double(e.perNode)) + " per node)";
     text += "; activations " + formatBytes(m.activations);
     if (m.genWeights > 0)
       text += "; generation: weights " + formatBytes(m.genWeights) + ", " + pool;
@@ -405,6 +436,8 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
       n += rs::holding(p, l, slot, layers).area();
     return n;
   };
+  const double offload = trains ? roleOffloadOptimizer(role) : 0;
+  const int64_t stateBytes = b >= 4 ? 8 : 12; // AdamW's per element
   for (int64_t i = 0; i < train.size(); ++i) {
     CountedMemory m;
     const int64_t n = held(train, i) + head;
@@ -415,7 +448,27 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
       const bool lastStage = i / (train.size() / std::max<int64_t>(1, train.pp)) ==
                              std::max<int64_t>(1, train.pp) - 1;
       m.grads = (head > 0 ? held(train, i) + (lastStage ? head : 0) : n) * b;
-      m.optimizer = n * (b >= 4 ? 8 : 12);
+      m.optimizer = n * stateBytes;
+      if (offload > 0) {
+        // The rank's first ceil(f * held) decoder layers (with f = 1 every
+        // parameter) keep their state in host memory: the runtime's
+        // optimizer decides by the same rule (RoleBuilder).
+        std::set<int64_t> layersHeld;
+        for (const rs::Param &p : params)
+          if (p.layer >= 0 && rs::holding(p, train, i, layers).area() > 0)
+            layersHeld.insert(p.layer);
+        const int64_t cut = ::hflow::shape::offloadedLayers(offload, (int64_t)layersHeld.size());
+        std::set<int64_t> off;
+        for (int64_t l : layersHeld)
+          if ((int64_t)off.size() < cut)
+            off.insert(l);
+        int64_t hostElems = ::hflow::shape::offloadsAll(offload) ? head : 0;
+        for (const rs::Param &p : params)
+          if (::hflow::shape::offloadsAll(offload) || off.count(p.layer))
+            hostElems += rs::holding(p, train, i, layers).area();
+        m.hostOptimizer = hostElems * stateBytes;
+        m.optimizer -= m.hostOptimizer;
+      }
     }
     if (genCopy)
       m.generation = held(gen, i % gen.size()) * b;

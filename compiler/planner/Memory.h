@@ -68,6 +68,9 @@ struct Workload : ::hflow::placement::StepShape {
   /// What-if figures: every role that sets no recompute recomputes whole
   /// layers (the memory error's suggestion; never a plan's).
   bool recomputeLayers = false;
+  /// What-if figures: every role that trains and sets no offload_optimizer
+  /// offloads all of it (the memory error's suggestion; never a plan's).
+  bool offloadOptimizer = false;
   /// The sequences per pass `role`'s passes run at: the block's
   /// micro_batch, else the chosen one; 0: a replica's rows.
   int64_t microBatchOf(llvm::StringRef role) const {
@@ -92,6 +95,8 @@ Workload largest(const std::vector<Workload> &ws);
 
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
+  /// Kept in host memory instead (offload_optimizer): not in `optimizer`.
+  double hostOptimizer = 0;
   double activations = 0;                       // transient: a training pass
   /// Transient: generation. kvCache is the KV pool: roleMemory sets it to
   /// the need (every row at once), setMemory to what the set leaves.
@@ -141,6 +146,10 @@ double memoryUtilization(mlir::hflow::RoleOp role);
 struct SetMemory {
   double resident = 0, transient = 0;
   double capacity = 0; ///< the device's memory (0: no device declared)
+  /// Host memory per device the set keeps instead (offload_optimizer), and
+  /// the mesh's devices per node (host memory is a node's).
+  double host = 0;
+  int64_t perNode = 1;
   std::string peakPhase;
   llvm::SmallVector<std::pair<mlir::hflow::RoleOp, std::string>> lines;
   llvm::SmallVector<std::pair<mlir::hflow::RoleOp, RoleMemory>> roles;
@@ -169,6 +178,9 @@ struct CountedMemory {
   /// generation slot's holding, or none when it generates on its training
   /// weights (the same layout, or whole weights both ways) or apart.
   int64_t generation = 0;
+  /// What the rank keeps in host memory instead (offload_optimizer): the
+  /// AdamW state of its offloaded layers (then not in `optimizer`).
+  int64_t hostOptimizer = 0;
 };
 
 /// CountedMemory for each of the role's ranks (training slot i = the i-th
@@ -191,6 +203,9 @@ double dtypeBytes(mlir::Type t);
 
 /// The role's `recompute` option (None without one).
 ::hflow::shape::Recompute roleRecompute(mlir::hflow::RoleOp role);
+/// The role's offload_optimizer share; -1 where it sets none (then none
+/// is offloaded, and `place auto` may choose it).
+double roleOffloadOptimizer(mlir::hflow::RoleOp role);
 
 /// Bytes per weight element of `role`: its `dtype` option, else its model's.
 double roleDtypeBytes(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);

@@ -32,6 +32,7 @@ pl::RoleSpec specOf(RoleOp role, ModelOp model) {
   spec.wireBytes = wireTypeOf(role, model).wireBytes;
   spec.memoryUtilization = memoryUtilization(role);
   spec.recompute = roleRecompute(role);
+  spec.offloadOptimizer = roleOffloadOptimizer(role); // -1: not set
   return spec;
 }
 
@@ -55,6 +56,10 @@ pl::Mesh meshOf(MeshOp mesh) {
     m.interBw = a.getValueAsDouble();
   else
     m.interBw = m.intraBw;
+  if (auto a = mesh.getPcieAttr())
+    m.pcieBw = a.getValueAsDouble();
+  if (auto a = mesh.getHostMemoryAttr())
+    m.hostMemory = a.getValueAsDouble();
   return m;
 }
 
@@ -104,6 +109,7 @@ ModuleSearch searchModule(ModuleOp module, MeshOp mesh, int k,
   opts.k = k;
   opts.executable = executable;
   opts.chooseRecompute = true;
+  opts.chooseOffload = true;
   out.result = pl::searchPlacement(out.roles, dev, m, pw, cal, opts);
   return out;
 }

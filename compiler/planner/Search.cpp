@@ -138,7 +138,7 @@ struct TopK {
 
 struct Eval {
   std::array<double, kStages> t{};
-  double res = 0, trans = 0;
+  double res = 0, trans = 0, host = 0;
   double transition = 0;
   GenTime gen;
   RoleMemory mem;
@@ -146,13 +146,13 @@ struct Eval {
 
 struct RoleOpt {
   std::array<double, kStages> t{};
-  double res = 0, trans = 0;
+  double res = 0, trans = 0, host = 0;
   std::vector<int> key; // {train index, generation index}
 };
 
 struct SetOpt {
   std::array<double, kStages> t{};
-  double res = 0, trans = 0;
+  double res = 0, trans = 0, host = 0;
   std::vector<int> key; // per role of the set: train index, generation index
 };
 
@@ -171,6 +171,7 @@ struct Ctx {
   const SearchOptions &opts;
   std::vector<int64_t> sizes;
   double memBytes;
+  double hostBytes; ///< host memory per device for offloaded state (kInf: unchecked)
   SearchStats stats;
 
   struct Layouts {
@@ -189,7 +190,9 @@ struct Ctx {
   Ctx(const std::vector<RoleSpec> &r, const Device &d, const Mesh &m,
       const Workload &wl, const Calibration &c, const SearchOptions &o)
       : roles(r), dev(d), mesh(m), w(wl), cal(c), opts(o),
-        sizes(allocationSizes(m)), memBytes(d.memoryBytes * c.memoryFraction) {
+        sizes(allocationSizes(m)), memBytes(d.memoryBytes * c.memoryFraction),
+        hostBytes(m.hostMemory > 0 ? m.hostMemory / double(std::max<int64_t>(1, m.perNode))
+                                   : kInf) {
     layouts.assign(roles.size(), std::vector<Layouts>(sizes.size()));
   }
 
@@ -232,17 +235,32 @@ struct Ctx {
                ? 2
                : 1;
   }
+  /// The offload choices of role r: its own offload_optimizer, and also 1
+  /// when it trains and sets none.
+  int offloadCount(int r) const {
+    const RoleSpec &role = roles[size_t(r)];
+    return opts.chooseOffload && role.trains() && role.offloadOptimizer < 0 ? 2 : 1;
+  }
+  /// A role's option index (the key's second entry) is its generation
+  /// option times this plus the choice: recompute's fastest, then
+  /// offload's.
+  int choiceCount(int r, const Layout &train) const {
+    return recomputeCount(r, train) * offloadCount(r);
+  }
   RoleSpec specFor(int r, const Layout &train, int gi) const {
     RoleSpec s = roles[size_t(r)];
-    if (gi % recomputeCount(r, train) == 1)
+    const int c = gi % choiceCount(r, train), rc = recomputeCount(r, train);
+    if (c % rc == 1)
       s.recompute = ::hflow::shape::Recompute::Layers;
+    if (c / rc == 1)
+      s.offloadOptimizer = 1;
     return s;
   }
 
   int genCount(int r, int a, int ti) {
     const Layouts &L = lay(r, a);
     return (roles[size_t(r)].kind == RoleKind::Actor ? int(L.genOpts[size_t(ti)].size()) : 1) *
-           recomputeCount(r, L.train[size_t(ti)]);
+           choiceCount(r, L.train[size_t(ti)]);
   }
 
   double transition(int r, const Layout &train, const Layout &gen, int64_t n) {
@@ -277,7 +295,7 @@ struct Ctx {
     const RoleSpec role = specFor(r, tr, gi);
     Eval e;
     if (role.kind == RoleKind::Actor) {
-      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi / recomputeCount(r, tr))];
+      const auto &[li, rows] = L.genOpts[size_t(ti)][size_t(gi / choiceCount(r, tr))];
       const Layout &g = L.gen[size_t(ti)][size_t(li)];
       Workload wg = w;
       wg.kvRows = rows;
@@ -299,6 +317,7 @@ struct Ctx {
       e.t[kTrain] = trainSeconds(role, tr, n, dev, mesh, w, cal).total();
     e.res = e.mem.resident();
     e.trans = e.mem.transient();
+    e.host = e.mem.hostOptimizer;
     return e;
   }
 
@@ -313,12 +332,12 @@ struct Ctx {
     for (int ti = 0; ti < int(L.train.size()); ++ti)
       for (int gi = 0; gi < genCount(r, a, ti); ++gi) {
         Eval e = evaluate(r, a, ti, gi, false);
-        if (!(e.res + e.trans <= memBytes))
+        if (!(e.res + e.trans <= memBytes) || !(e.host <= hostBytes))
           continue; // does not fit alone, so fits in no set
-        lower.push_back({e.t, e.res, e.trans, {ti, gi}});
+        lower.push_back({e.t, e.res, e.trans, e.host, {ti, gi}});
       }
     auto metrics = [](const RoleOpt &o) {
-      return std::array<double, 5>{o.t[0], o.t[1], o.t[2], o.res, o.trans};
+      return std::array<double, 6>{o.t[0], o.t[1], o.t[2], o.res, o.trans, o.host};
     };
     std::vector<RoleOpt> out;
     if (roles[size_t(r)].kind == RoleKind::Actor) {
@@ -329,7 +348,7 @@ struct Ctx {
     } else {
       out = std::move(lower);
     }
-    kDomFilter<5>(out, opts.k, metrics);
+    kDomFilter<6>(out, opts.k, metrics);
     // Fastest first (by the option's own time over the stages), so that
     // the set combination can stop at the bound.
     std::stable_sort(out.begin(), out.end(), [](const RoleOpt &x, const RoleOpt &y) {
@@ -342,7 +361,7 @@ struct Ctx {
   template <class Metrics>
   void kDomFilterLazy(std::vector<RoleOpt> &lower, std::vector<RoleOpt> &out,
                       int r, int a, Metrics metrics) {
-    std::vector<std::pair<std::array<double, 5>, size_t>> order;
+    std::vector<std::pair<std::array<double, 6>, size_t>> order;
     for (size_t i = 0; i < lower.size(); ++i)
       order.push_back({metrics(lower[i]), i});
     std::sort(order.begin(), order.end(), [&](const auto &x, const auto &y) {
@@ -360,9 +379,9 @@ struct Ctx {
     for (auto &[v, i] : order) {
       int count = 0;
       for (const RoleOpt &c : out) {
-        std::array<double, 5> cv = metrics(c);
+        std::array<double, 6> cv = metrics(c);
         bool le = true;
-        for (size_t d = 0; d < 5 && le; ++d)
+        for (size_t d = 0; d < 6 && le; ++d)
           le = cv[d] <= v[d];
         if (le && c.key < lower[i].key && ++count >= opts.k)
           break;
@@ -417,15 +436,16 @@ struct Ctx {
             s.t[size_t(st)] = p.t[size_t(st)] + o.t[size_t(st)];
           s.res = p.res + o.res;
           s.trans = std::max(p.trans, o.trans);
-          if (!(s.res + s.trans <= memBytes))
+          s.host = p.host + o.host;
+          if (!(s.res + s.trans <= memBytes) || !(s.host <= hostBytes))
             continue; // more roles only add memory
           s.key = p.key;
           s.key.insert(s.key.end(), o.key.begin(), o.key.end());
           next.push_back(std::move(s));
         }
       }
-      kDomFilter<5>(next, opts.k, [](const SetOpt &o) {
-        return std::array<double, 5>{o.t[0], o.t[1], o.t[2], o.res, o.trans};
+      kDomFilter<6>(next, opts.k, [](const SetOpt &o) {
+        return std::array<double, 6>{o.t[0], o.t[1], o.t[2], o.res, o.trans, o.host};
       });
       partial.swap(next);
     }
@@ -447,7 +467,8 @@ struct Ctx {
       ro.push_back(&roleOptions(r, a));
     std::vector<int> pick(size_t(R), 0);
     int64_t nodes = 0, found = 0;
-    std::function<void(int, double, double)> dfs = [&](int r, double res, double trans) {
+    std::function<void(int, double, double, double)> dfs = [&](int r, double res, double trans,
+                                                               double host) {
       if (found >= opts.k || ++nodes > 100000)
         return;
       if (r == R) {
@@ -466,14 +487,14 @@ struct Ctx {
       }
       for (int i = 0; i < int(ro[size_t(r)]->size()) && found < opts.k; ++i) {
         const RoleOpt &o = (*ro[size_t(r)])[size_t(i)];
-        double nres = res + o.res, ntrans = std::max(trans, o.trans);
-        if (!(nres + ntrans <= memBytes))
+        double nres = res + o.res, ntrans = std::max(trans, o.trans), nhost = host + o.host;
+        if (!(nres + ntrans <= memBytes) || !(nhost <= hostBytes))
           continue;
         pick[size_t(r)] = i;
-        dfs(r + 1, nres, ntrans);
+        dfs(r + 1, nres, ntrans, nhost);
       }
     };
-    dfs(0, 0, 0);
+    dfs(0, 0, 0, 0);
   }
 
   /// Rebuilds a candidate from its partition and key.
@@ -498,13 +519,16 @@ struct Ctx {
         const Layouts &L = lay(r, a);
         rp.train = L.train[size_t(ti)];
         rp.hasGen = roles[size_t(r)].kind == RoleKind::Actor;
-        const int go = gi / recomputeCount(r, rp.train);
+        const int go = gi / choiceCount(r, rp.train);
         if (rp.hasGen) {
           rp.gen = L.gen[size_t(ti)][size_t(L.genOpts[size_t(ti)][size_t(go)].first)];
           rp.kvRows = L.genOpts[size_t(ti)][size_t(go)].second;
         }
-        rp.recompute = specFor(r, rp.train, gi).recompute;
+        const RoleSpec chosen = specFor(r, rp.train, gi);
+        rp.recompute = chosen.recompute;
         rp.recomputeChosen = rp.recompute != roles[size_t(r)].recompute;
+        rp.offloadOptimizer = chosen.offloadOptimizer;
+        rp.offloadChosen = rp.offloadOptimizer != roles[size_t(r)].offloadOptimizer;
         rp.stage = e.t;
         rp.transition = e.transition;
         rp.generation = e.gen;
@@ -521,6 +545,7 @@ struct Ctx {
         RolePlan &rp = c.roles[size_t(r)];
         RoleSpec spec = roles[size_t(r)];
         spec.recompute = rp.recompute;
+        spec.offloadOptimizer = rp.offloadOptimizer;
         if (!w.microBatchGiven) {
           const int64_t m = largestMicroBatch(spec, rp.train, w, memBytes - res);
           rp.microBatch = m < 0 ? 1 : m; // one fits (the search's test); m < 0: rounding
@@ -915,7 +940,7 @@ static void exhaustiveSearch(Ctx &ctx, const Partitions &parts, TopK &top) {
       if (r == R) {
         ++ctx.stats.evaluated;
         std::vector<std::array<double, kStages>> st(static_cast<size_t>(K));
-        std::vector<double> resv(size_t(K), 0), trv(size_t(K), 0);
+        std::vector<double> resv(size_t(K), 0), trv(size_t(K), 0), hostv(size_t(K), 0);
         for (int j = 0; j < K; ++j) {
           for (int q : groups[size_t(j)]) {
             const Eval &e = eval(q, sizeOf[size_t(j)], ti[size_t(q)], gi[size_t(q)]);
@@ -923,8 +948,10 @@ static void exhaustiveSearch(Ctx &ctx, const Partitions &parts, TopK &top) {
               st[size_t(j)][size_t(s)] += e.t[size_t(s)];
             resv[size_t(j)] += e.res;
             trv[size_t(j)] = std::max(trv[size_t(j)], e.trans);
+            hostv[size_t(j)] += e.host;
           }
-          if (!(resv[size_t(j)] + trv[size_t(j)] <= ctx.memBytes))
+          if (!(resv[size_t(j)] + trv[size_t(j)] <= ctx.memBytes) ||
+              !(hostv[size_t(j)] <= ctx.hostBytes))
             return;
         }
         std::array<double, kStages> m{};
@@ -1050,6 +1077,9 @@ std::string Candidate::str(const std::vector<RoleSpec> &rs, const std::string &m
       }
       if (p.recomputeChosen)
         l += std::string("; recompute ") + ::hflow::shape::recomputeName(p.recompute);
+      if (p.offloadChosen)
+        l += "; optimizer state in host memory (" + fmtBytes(p.memory.hostOptimizer) +
+             " per device)";
       if (p.microBatch > 0)
         l += "; micro-batches of " + std::to_string(p.microBatch) +
              (p.microBatch == 1 ? " sequence" : " sequences");

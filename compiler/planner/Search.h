@@ -51,6 +51,12 @@ struct SearchOptions {
   /// sets it; it doubles such a role's options, which the brute-force
   /// tests pay for per role).
   bool chooseRecompute = false;
+  /// A role that trains and sets no offload_optimizer may be given
+  /// `offload_optimizer: 1` where that lets a faster placement fit: its
+  /// PCIe copies cost time, so the search takes it only then (hflowc sets
+  /// it). With the mesh's host_memory, each device's offloaded state stays
+  /// within its share of its node's (host_memory / per_node).
+  bool chooseOffload = false;
 };
 
 struct RolePlan {
@@ -69,6 +75,9 @@ struct RolePlan {
   /// chose it (recomputeChosen: nothing faster fits without it).
   ::hflow::shape::Recompute recompute = ::hflow::shape::Recompute::None;
   bool recomputeChosen = false;
+  /// The role's offload_optimizer: its own, or 1 where the search chose it.
+  double offloadOptimizer = 0;
+  bool offloadChosen = false;
 };
 
 struct Candidate {

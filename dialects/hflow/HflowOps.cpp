@@ -53,9 +53,11 @@ LogicalResult MeshOp::verify() {
     return emitOpError() << "needs at least one node and one device per node, "
                             "got "
                          << getNodesAttr().getInt() << " x " << getPerNodeAttr().getInt();
-  for (auto bw : {getIntraAttr(), getInterAttr()})
+  for (auto bw : {getIntraAttr(), getInterAttr(), getPcieAttr()})
     if (bw && !(bw.getValueAsDouble() > 0))
       return emitOpError() << "link bandwidths must be positive";
+  if (auto h = getHostMemoryAttr(); h && !(h.getValueAsDouble() > 0))
+    return emitOpError() << "host_memory must be positive";
   if (getNodesAttr().getInt() > ::hflow::limits::kMaxDevices ||
       getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices ||
       getNodesAttr().getInt() * getPerNodeAttr().getInt() > ::hflow::limits::kMaxDevices)

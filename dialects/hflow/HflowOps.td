@@ -35,11 +35,14 @@ def Hflow_MeshOp : Hflow_Op<"mesh", [Symbol]> {
     ```
     Devices are numbered node-major: device `n * per_node + i` is device `i`
     of node `n`. `device` names an `hflow.device`; the optional `intra` and
-    `inter` are the link bandwidths (bytes/s) within a node and between nodes.
+    `inter` are the link bandwidths (bytes/s) within a node and between nodes,
+    `pcie` the one between a device and its host (offload's copies), and
+    `host_memory` a node's host memory in bytes (what offloaded state fits).
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$device,
                        I64Attr:$nodes, I64Attr:$per_node,
-                       OptionalAttr<F64Attr>:$intra, OptionalAttr<F64Attr>:$inter);
+                       OptionalAttr<F64Attr>:$intra, OptionalAttr<F64Attr>:$inter,
+                       OptionalAttr<F64Attr>:$pcie, OptionalAttr<F64Attr>:$host_memory);
   let assemblyFormat = "$sym_name $device ` ` `[` $nodes `x` $per_node `]` attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{

@@ -7,12 +7,19 @@
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/comm/Communicator.h"
 
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace hflow::comm {
@@ -67,6 +74,63 @@ int64_t cudaPeakAllocatedBytes(int ordinal) {
 
 void cudaResetPeak(int ordinal) {
   c10::cuda::CUDACachingAllocator::resetPeakStats((c10::DeviceIndex)ordinal);
+}
+
+at::Tensor cudaPinnedBytes(int64_t bytes) {
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+}
+
+namespace {
+/// The side stream offloaded state is copied in on: one per device of this
+/// process (a rank has one).
+c10::cuda::CUDAStream sideStream(int ordinal) {
+  static std::mutex mu;
+  static std::map<int, c10::cuda::CUDAStream> byDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = byDevice.find(ordinal);
+  if (it == byDevice.end())
+    it = byDevice.emplace(ordinal, c10::cuda::getStreamFromPool(false, (c10::DeviceIndex)ordinal))
+             .first;
+  return it->second;
+}
+} // namespace
+
+std::vector<at::Tensor> cudaCopyInOnSideStream(const std::vector<at::Tensor> &src, int ordinal,
+                                               std::shared_ptr<void> &done) {
+  c10::cuda::CUDAGuard guard((c10::DeviceIndex)ordinal);
+  c10::cuda::CUDAStream side = sideStream(ordinal);
+  // The new tensors are allocated on the current stream; the side stream
+  // writes them only after everything queued there (whatever last used
+  // their memory has finished), and the current stream reads them only
+  // after cudaJoinCopies (they are complete).
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream((c10::DeviceIndex)ordinal));
+  ready.block(side);
+  std::vector<at::Tensor> out;
+  out.reserve(src.size());
+  for (const at::Tensor &s : src)
+    out.push_back(at::empty(s.sizes(), s.options().device(at::Device(at::kCUDA, ordinal))
+                                           .pinned_memory(false)));
+  {
+    c10::cuda::CUDAStreamGuard onSide(side);
+    for (size_t i = 0; i < src.size(); ++i)
+      out[i].copy_(src[i], /*non_blocking=*/true);
+  }
+  auto event = std::make_shared<at::cuda::CUDAEvent>();
+  event->record(side);
+  done = event;
+  return out;
+}
+
+void cudaJoinCopies(const std::shared_ptr<void> &done, int ordinal) {
+  if (done)
+    static_cast<at::cuda::CUDAEvent *>(done.get())
+        ->block(c10::cuda::getCurrentCUDAStream((c10::DeviceIndex)ordinal));
+}
+
+void cudaSynchronize(int ordinal) {
+  c10::cuda::CUDAGuard guard((c10::DeviceIndex)ordinal);
+  c10::cuda::device_synchronize();
 }
 
 std::string ncclVersion() {

@@ -17,7 +17,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
 
 namespace c10d {
 class Store;
@@ -56,6 +62,22 @@ at::Generator makeCudaGenerator(uint64_t seed, int ordinal);
 int64_t cudaAllocatedBytes(int ordinal);
 int64_t cudaPeakAllocatedBytes(int ordinal);
 void cudaResetPeak(int ordinal);
+/// `bytes` bytes of pinned (page-locked) host memory, as a uint8 CPU tensor:
+/// what copies to and from device `ordinal` run asynchronously from.
+/// Throws CommError without a CUDA LibTorch.
+at::Tensor cudaPinnedBytes(int64_t bytes);
+/// Copies each of `src` (pinned host tensors) into a new tensor on device
+/// `ordinal` on a side stream of that device, after everything the current
+/// stream has queued so far (so the new tensors' memory is free there);
+/// `done` becomes the copies' event, which cudaJoinCopies makes the
+/// current stream wait for before it reads them. What lets a copy engine
+/// bring in the next unit of offloaded state while the current one
+/// computes. Throws CommError without a CUDA LibTorch.
+std::vector<at::Tensor> cudaCopyInOnSideStream(const std::vector<at::Tensor> &src, int ordinal,
+                                               std::shared_ptr<void> &done);
+void cudaJoinCopies(const std::shared_ptr<void> &done, int ordinal);
+/// Waits until device `ordinal` has finished everything queued on it.
+void cudaSynchronize(int ordinal);
 /// "NCCL 2.28.3" (the version LibTorch was built with), or why there is none.
 std::string ncclVersion();
 /// A ProcessGroupNCCL over `store` (rank `rank` of `size`) on device

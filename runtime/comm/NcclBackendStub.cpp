@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include <ATen/core/Tensor.h>
+
 namespace hflow::comm {
 
 static const char *kNoCuda =
@@ -28,6 +30,13 @@ at::Generator makeCudaGenerator(uint64_t, int) {
 int64_t cudaAllocatedBytes(int) { return 0; }
 int64_t cudaPeakAllocatedBytes(int) { return 0; }
 void cudaResetPeak(int) {}
+at::Tensor cudaPinnedBytes(int64_t) { throw CommError(std::string("pinned memory: ") + kNoCuda); }
+std::vector<at::Tensor> cudaCopyInOnSideStream(const std::vector<at::Tensor> &, int,
+                                               std::shared_ptr<void> &) {
+  throw CommError(std::string("a side-stream copy: ") + kNoCuda);
+}
+void cudaJoinCopies(const std::shared_ptr<void> &, int) { throw CommError(std::string("a side-stream copy: ") + kNoCuda); }
+void cudaSynchronize(int) {}
 std::string ncclVersion() { return "no NCCL (LibTorch without CUDA)"; }
 
 c10::intrusive_ptr<C10dBackend> makeNcclBackend(const c10::intrusive_ptr<c10d::Store> &, int,

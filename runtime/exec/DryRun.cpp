@@ -98,7 +98,7 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
 
 } // namespace
 
-std::string memoryLine(const RankMemory &m) {
+std::string memoryLine(const RankMemory &m, const RankHostMemory *host) {
   std::string s = "weights " + bytes(m.weights());
   if (m.grads() > 0)
     s += ", gradients " + bytes(m.grads());
@@ -106,6 +106,8 @@ std::string memoryLine(const RankMemory &m) {
     s += ", optimizer " + bytes(m.optimizer());
   if (m.generation() > 0)
     s += ", generation copy " + bytes(m.generation());
+  if (host && host->optimizer() > 0)
+    s += "; in host memory: optimizer " + bytes(host->optimizer());
   return s;
 }
 
@@ -164,7 +166,12 @@ void printRankMemory(const Plan &p, int rank, std::FILE *out) {
             peak += ", " + bytes(t.kv_cache()) + " of KV pool";
         }
         std::fprintf(out, "  memory %s: %s%s\n", roleName(r).c_str(),
-                     memoryLine(*ro.memory()->Get(i)).c_str(), peak.c_str());
+                     memoryLine(*ro.memory()->Get(i),
+                                ro.host_memory() && i < ro.host_memory()->size()
+                                    ? ro.host_memory()->Get(i)
+                                    : nullptr)
+                         .c_str(),
+                     peak.c_str());
       }
     // An actor generating apart: its pool on its generation ranks (2.13).
     if (ro.generate_ranks() && ro.kv_pool() > 0)

@@ -8,6 +8,7 @@
 namespace hflow::plan {
 class LoadedPlan;
 struct RankMemory;
+struct RankHostMemory;
 }
 
 namespace hflow::exec {
@@ -19,8 +20,9 @@ namespace hflow::exec {
 void printDryRun(const plan::LoadedPlan &lp, std::FILE *out);
 
 /// "weights 694.6 KiB, gradients 694.6 KiB, optimizer 1.36 MiB": what the
-/// plan counted one rank of a role holds (the categories above zero).
-std::string memoryLine(const plan::RankMemory &m);
+/// plan counted one rank of a role holds (the categories above zero), and
+/// "; in host memory: optimizer 1.02 MiB" where it offloads (`host`).
+std::string memoryLine(const plan::RankMemory &m, const plan::RankHostMemory *host = nullptr);
 
 } // namespace hflow::exec
 

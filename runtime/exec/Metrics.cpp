@@ -215,13 +215,17 @@ void MetricsReport::printSummary(const at::Tensor &all) {
 void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
   if (!p.roles())
     return;
-  static const char *kWhat[4] = {"weights", "gradients", "optimizer", "generation copy"};
+  static const char *kWhat[5] = {"weights", "gradients", "optimizer", "generation copy",
+                                 "optimizer in host memory"};
   bool counted = false; // a plan of format 2.7 or newer, written by hflowc
   for (const Role *ro : *p.roles())
     counted = counted || (ro->memory() && ro->memory()->size() > 0);
   if (!counted)
     return;
   int compared = 0;
+  bool hostCounted = false; // a role offloads (format 4.2)
+  for (const Role *ro : *p.roles())
+    hostCounted = hostCounted || (ro->host_memory() && ro->host_memory()->size() > 0);
   std::vector<std::string> differ;
   std::printf("memory per rank (measured; counted by the plan):\n");
   for (int rank = 0; rank < p.world_size(); ++rank) {
@@ -234,11 +238,16 @@ void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
         if (ro.ranks()->Get(i) != rank)
           continue;
         const RankMemory &pm = *ro.memory()->Get(i);
-        const double planned[4] = {(double)pm.weights(), (double)pm.grads(),
-                                   (double)pm.optimizer(), (double)pm.generation()};
+        // Format 4.2: the host pool's (offload), 0 where the plan has none.
+        const RankHostMemory *hm =
+            ro.host_memory() && i < ro.host_memory()->size() ? ro.host_memory()->Get(i) : nullptr;
+        const double planned[5] = {(double)pm.weights(), (double)pm.grads(),
+                                   (double)pm.optimizer(), (double)pm.generation(),
+                                   hm ? (double)hm->optimizer() : 0.0};
         std::string parts;
-        for (int k = 0; k < 4; ++k) {
-          const double got = all[rank][first + kMemoryFigures * r + k].item<double>();
+        for (int k = 0; k < 5; ++k) {
+          const int fig = k < 4 ? k : 10; // heldMemory's order
+          const double got = all[rank][first + kMemoryFigures * r + fig].item<double>();
           if (got == 0 && planned[k] == 0)
             continue;
           if (got < 0) { // gradients: no update ran
@@ -263,7 +272,8 @@ void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
   }
   if (differ.empty()) {
     std::printf("memory: all %d figures equal the plan's counts (weights, gradients, "
-                "optimizer state, generation copies)\n", compared);
+                "optimizer state, generation copies%s)\n", compared,
+                hostCounted ? "; on the device and in host memory apart" : "");
   } else {
     std::printf("memory: %zu of %d figures differ from the plan's counts%s:", differ.size(),
                 compared,

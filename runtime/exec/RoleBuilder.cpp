@@ -15,10 +15,13 @@
 #include "runtime/models/Pipeline.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/plan/RoleForms.h"
+#include "runtime/schema/ModelShape.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 namespace hflow::exec {
 
@@ -144,7 +147,7 @@ void RoleBuilder::buildRoleModel(int r, RoleRt &rt, const executes::Verdict &for
     std::vector<at::Tensor> params = rt.model->parameters();
     if (rt.head.defined())
       params.push_back(rt.head);
-    rt.optim = makeOptimizer(r, params);
+    rt.optim = makeOptimizer(r, params, rt.model->namedParameters());
   }
 }
 
@@ -272,7 +275,7 @@ void RoleBuilder::connect() {
         rr.head.requires_grad_(true);
         params.push_back(rr.head);
       }
-      rr.optim = makeOptimizer(r, params);
+      rr.optim = makeOptimizer(r, params, rr.lm->namedWeights());
     }
   }
 }
@@ -601,10 +604,59 @@ bool RoleBuilder::trains(int r) const {
   return false;
 }
 
+namespace {
+/// offload_optimizer `f`'s unit for each of `params` (models::AdamW): of
+/// the decoder layers the rank holds, the first ceil(f * held) are units
+/// 0, 1, ... in order; with f = 1 the parameters outside the layers (the
+/// embedding, final norm and heads) are one more, the last. -1: the state
+/// stays on the device. A parameter is placed in its layer by its name in
+/// `named` ("layers.N. ..."), matched by its storage (a view of an expert
+/// stack is the stack); one `named` does not list (a value head) is
+/// outside the layers. hflowc counts the host memory by the same rule
+/// (planner/Memory.cpp, countedMemory).
+std::vector<int> offloadUnits(double f, const std::vector<at::Tensor> &params,
+                              const std::vector<std::pair<std::string, at::Tensor>> &named) {
+  std::vector<int> units(params.size(), -1);
+  if (f <= 0)
+    return units;
+  std::map<const void *, int64_t> layerOf;
+  for (const auto &[name, t] : named) {
+    if (!t.defined() || t.numel() == 0 || name.rfind("layers.", 0) != 0)
+      continue;
+    layerOf[t.storage().data()] = std::stoll(name.substr(7, name.find('.', 7) - 7));
+  }
+  auto layerOfParam = [&](const at::Tensor &p) -> int64_t {
+    if (!p.defined() || p.numel() == 0)
+      return -1;
+    auto it = layerOf.find(p.storage().data());
+    return it == layerOf.end() ? -1 : it->second;
+  };
+  std::set<int64_t> held;
+  for (const at::Tensor &p : params)
+    if (int64_t l = layerOfParam(p); l >= 0)
+      held.insert(l);
+  const int64_t cut = shape::offloadedLayers(f, (int64_t)held.size());
+  std::map<int64_t, int> unitOfLayer;
+  for (int64_t l : held)
+    if ((int64_t)unitOfLayer.size() < cut)
+      unitOfLayer.emplace(l, (int)unitOfLayer.size());
+  const int rest = (int)unitOfLayer.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t l = layerOfParam(params[i]);
+    if (l >= 0 && unitOfLayer.count(l))
+      units[i] = unitOfLayer[l];
+    else if (shape::offloadsAll(f) && (l < 0 || !unitOfLayer.count(l)))
+      units[i] = rest;
+  }
+  return units;
+}
+} // namespace
+
 /// Role `r`'s AdamW over `params`, with its options (lr: 1e-5 for a critic,
-/// 1e-6 otherwise, as verl's defaults).
-std::unique_ptr<models::AdamW> RoleBuilder::makeOptimizer(int r,
-                                                     const std::vector<at::Tensor> &params) const {
+/// 1e-6 otherwise, as verl's defaults) and its offload.
+std::unique_ptr<models::AdamW>
+RoleBuilder::makeOptimizer(int r, const std::vector<at::Tensor> &params,
+                           const std::vector<std::pair<std::string, at::Tensor>> &named) const {
   const plan::RoleOptions &a = *role(r).options();
   models::AdamWOptions ao;
   // A critic's and a reward model's heads start from zero (or a checkpoint).
@@ -612,7 +664,8 @@ std::unique_ptr<models::AdamW> RoleBuilder::makeOptimizer(int r,
   ao.weightDecay = a.weight_decay().value_or(0.01);
   ao.clipGrad = a.clip_grad().value_or(1.0);
   ao.warmup = a.warmup().value_or(0);
-  return std::make_unique<models::AdamW>(params, ao);
+  return std::make_unique<models::AdamW>(params, ao,
+                                         offloadUnits(a.offload_optimizer().value_or(0), params, named));
 }
 
 } // namespace hflow::exec

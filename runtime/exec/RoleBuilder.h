@@ -66,8 +66,11 @@ private:
   void loadShards(int r, RoleRt &rr);
   void buildGenerationForm(int r, RoleRt &rr);
   void keepShardsOnly(int r, RoleRt &rr);
-  std::unique_ptr<models::AdamW> makeOptimizer(int r,
-                                               const std::vector<at::Tensor> &params) const;
+  /// Role `r`'s AdamW over `params`; `named` (the form's named weights)
+  /// places each parameter in its decoder layer for offload_optimizer.
+  std::unique_ptr<models::AdamW>
+  makeOptimizer(int r, const std::vector<at::Tensor> &params,
+                const std::vector<std::pair<std::string, at::Tensor>> &named) const;
 
   std::map<int, std::string> loadedFrom_;
 };

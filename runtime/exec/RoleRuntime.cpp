@@ -75,10 +75,10 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
   }
   if (rr.optim && !anyGrad)
     m[1] = -1; // a role that trains but ran no update yet: none allocated
-  if (rr.optim)
-    for (const auto &[name, t] : rr.optim->state())
-      if (name != "step") // AdamW's moments; the step counter is one number
-        m[2] += bytesOf(t);
+  if (rr.optim) { // AdamW's moments and masters, where they live
+    m[2] = (double)rr.optim->stateBytes(/*host=*/false);
+    m[10] = (double)rr.optim->stateBytes(/*host=*/true);
+  }
   if (rr.gen)
     for (const at::Tensor &p : rr.gen->parameters())
       m[3] += bytesOf(p);

@@ -153,8 +153,10 @@ int64_t gradBytes(const RoleRt &rr);
 /// the optimizer's state, and a generation copy beside them (an actor's
 /// whole copy or generation shards); then the peak activations of a pass
 /// and the largest KV cache (-1: none ran), the memory model's figures for
-/// those two, and the range of measured / model over the role's passes.
-constexpr int kMemoryFigures = 10;
+/// those two, and the range of measured / model over the role's passes;
+/// last, the optimizer's state in host memory (offload_optimizer; the
+/// third figure is then what stays on the device).
+constexpr int kMemoryFigures = 11;
 std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
 
 /// Sharded actors' whole copies from their current shards (an all-gather

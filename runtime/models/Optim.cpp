@@ -1,5 +1,6 @@
 //===- Optim.cpp - AdamW, gradient clipping, learning-rate schedules -------===//
 #include "runtime/models/Optim.h"
+#include "runtime/models/HostPool.h"
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <string>
 
 namespace hflow::models {
 
@@ -21,17 +23,43 @@ double scheduledLr(const AdamWOptions &o, int64_t step) {
   return minLr + (o.lr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o)
-    : params_(std::move(params)), o_(o) {
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf)
+    : params_(std::move(params)), unitOf_(std::move(unitOf)), o_(o) {
+  if (unitOf_.empty())
+    unitOf_.assign(params_.size(), -1);
+  if (unitOf_.size() != params_.size())
+    throw std::invalid_argument("AdamW: " + std::to_string(unitOf_.size()) +
+                                " offload units for " + std::to_string(params_.size()) +
+                                " parameters");
   c10::NoGradGuard ng;
-  for (auto &p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor &p = params_[i];
+    units_ = std::max(units_, unitOf_[i] + 1);
+    const bool mixed = p.scalar_type() != at::kFloat;
+    if (unitOf_[i] >= 0) { // in the host pool
+      m_.push_back(HostPool::zeros(p.sizes(), at::kFloat));
+      v_.push_back(HostPool::zeros(p.sizes(), at::kFloat));
+      master_.push_back(mixed ? HostPool::copyOf(p.detach().to(at::kFloat)) : at::Tensor());
+      continue;
+    }
     // Moments in float32 whatever the parameter's type.
     auto f32 = p.options().dtype(at::kFloat);
     m_.push_back(at::zeros(p.sizes(), f32));
     v_.push_back(at::zeros(p.sizes(), f32));
-    master_.push_back(p.scalar_type() == at::kFloat ? at::Tensor()
-                                                    : p.detach().to(at::kFloat).contiguous());
+    master_.push_back(mixed ? p.detach().to(at::kFloat).contiguous() : at::Tensor());
   }
+}
+
+int64_t AdamW::stateBytes(bool host) const {
+  int64_t n = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if ((unitOf_[i] >= 0) != host)
+      continue;
+    for (const at::Tensor *t : {&m_[i], &v_[i], &master_[i]})
+      if (t->defined())
+        n += (int64_t)t->numel() * (int64_t)t->element_size();
+  }
+  return n;
 }
 
 double AdamW::localGradNormSquared() const {
@@ -68,28 +96,63 @@ double AdamW::step() {
         master_[i].copy_(params_[i].detach());
     masterSet_ = true;
   }
+  // State on the device first, then the offloaded units streamed in turn.
+  std::vector<std::vector<size_t>> byUnit(units_);
   for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor &p = params_[i];
-    if (!p.grad().defined())
+    if (!params_[i].grad().defined())
       continue;
-    const bool mixed = master_[i].defined();
-    // The update's target and gradient: the float32 master and the
-    // widened (clipped) gradient, or the float32 parameter itself.
-    at::Tensor w = mixed ? master_[i] : p;
-    at::Tensor g = mixed ? p.grad().to(at::kFloat) : p.grad();
-    if (mixed && pendingClip_ != 1.0)
-      g.mul_(pendingClip_);
-    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
-    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
-    if (o_.weightDecay != 0)
-      w.mul_(1.0 - lr * o_.weightDecay);
-    at::Tensor denom = (v_[i] / bc2).sqrt_().add_(o_.eps);
-    w.addcdiv_(m_[i], denom, -lr / bc1);
-    if (mixed)
-      p.detach().copy_(w); // rounded to the parameter's type
+    if (unitOf_[i] < 0)
+      update(i, m_[i], v_[i], master_[i], lr, bc1, bc2);
+    else
+      byUnit[unitOf_[i]].push_back(i);
+  }
+  if (units_ > 0) {
+    std::vector<std::vector<at::Tensor>> host;
+    for (const std::vector<size_t> &u : byUnit) {
+      host.emplace_back();
+      for (size_t i : u) {
+        host.back().push_back(m_[i]);
+        host.back().push_back(v_[i]);
+        if (master_[i].defined())
+          host.back().push_back(master_[i]);
+      }
+    }
+    UnitStream stream(host);
+    for (size_t u = 0; u < byUnit.size(); ++u) {
+      std::vector<at::Tensor> dev = stream.next();
+      size_t k = 0;
+      for (size_t i : byUnit[u]) {
+        at::Tensor &m = dev[k++], &v = dev[k++];
+        at::Tensor none;
+        at::Tensor &master = master_[i].defined() ? dev[k++] : none;
+        update(i, m, v, master, lr, bc1, bc2);
+      }
+      stream.writeBack(u, dev);
+    }
+    stream.finish();
   }
   zeroGrad();
   return lr;
+}
+
+void AdamW::update(size_t i, at::Tensor &m, at::Tensor &v, at::Tensor &master, double lr,
+                   double bc1, double bc2) {
+  at::Tensor &p = params_[i];
+  const bool mixed = master.defined();
+  // The update's target and gradient: the float32 master and the widened
+  // (clipped) gradient, or the float32 parameter itself.
+  at::Tensor w = mixed ? master : p;
+  at::Tensor g = mixed ? p.grad().to(at::kFloat) : p.grad();
+  if (mixed && pendingClip_ != 1.0)
+    g.mul_(pendingClip_);
+  m.mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+  v.mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
+  if (o_.weightDecay != 0)
+    w.mul_(1.0 - lr * o_.weightDecay);
+  at::Tensor denom = (v / bc2).sqrt_().add_(o_.eps);
+  w.addcdiv_(m, denom, -lr / bc1);
+  if (mixed)
+    p.detach().copy_(w); // rounded to the parameter's type
 }
 
 void AdamW::zeroGrad() {

@@ -23,6 +23,15 @@
 // after the optimizer was made are the ones it starts from) or from a
 // checkpoint's state.
 //
+// Offload (offload_optimizer): the state of the parameters given a unit
+// (`unitOf[i] >= 0`, a decoder layer or the rest of the model) lives in
+// the host pool (models/HostPool.h). step() updates the parameters whose
+// state stays on the device first, then streams the units in order: each
+// unit's moments and master come onto the device (the next one copying in
+// while this one updates), update there with the same operations, and go
+// back. The result is the same, bit for bit; the device holds two units'
+// state at most during the step.
+//
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_OPTIM_H
 #define HFLOW_RUNTIME_MODELS_OPTIM_H
@@ -51,7 +60,9 @@ double scheduledLr(const AdamWOptions &o, int64_t step);
 
 class AdamW {
 public:
-  AdamW(std::vector<at::Tensor> params, AdamWOptions o);
+  /// `unitOf` (empty: none offloaded) gives each parameter's offload unit,
+  /// -1 for state kept on the device.
+  AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf = {});
 
   const AdamWOptions &options() const { return o_; }
   /// Changes the base learning rate (the schedule scales this one).
@@ -76,10 +87,18 @@ public:
   /// Restores what state() returned; throws std::runtime_error naming the
   /// tensor on a shape mismatch.
   void loadState(const std::vector<std::pair<std::string, at::Tensor>> &s);
+  /// Bytes of state (moments and masters) in the host pool (`host`) or on
+  /// the device.
+  int64_t stateBytes(bool host) const;
 
 private:
+  /// Parameter i's update on `m`, `v` and `master` (where its state is now).
+  void update(size_t i, at::Tensor &m, at::Tensor &v, at::Tensor &master, double lr,
+              double bc1, double bc2);
   std::vector<at::Tensor> params_, m_, v_;
   std::vector<at::Tensor> master_; ///< float32 copies of 16-bit params (else undefined)
+  std::vector<int> unitOf_;        ///< offload unit per parameter (-1: on the device)
+  int units_ = 0;                  ///< offload units (max unitOf_ + 1)
   bool masterSet_ = false;         ///< master_ holds the weights (first step, or loaded)
   double pendingClip_ = 1.0;       ///< clip()'s factor for the 16-bit gradients
   AdamWOptions o_;

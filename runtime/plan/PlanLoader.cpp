@@ -280,6 +280,16 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
       if (m->weights() < 0 || m->grads() < 0 || m->optimizer() < 0 || m->generation() < 0)
         return c.fail(what, " has a negative memory count");
   }
+  // Format 4.2: what each rank keeps in host memory, one entry per rank (or
+  // none, nothing offloaded).
+  if (const size_t nh = len(r->host_memory())) {
+    if (nh != r->ranks()->size())
+      return c.fail(what, " has host memory counts for ", nh, " ranks but ",
+                    r->ranks()->size(), " ranks");
+    for (const RankHostMemory *h : *r->host_memory())
+      if (h->weights() < 0 || h->grads() < 0 || h->optimizer() < 0)
+        return c.fail(what, " has a negative host memory count");
+  }
   // Format 2.8: the transient bounds, one entry per rank (or none).
   if (const size_t nt = len(r->transient())) {
     if (nt != r->ranks()->size())

@@ -127,6 +127,40 @@ int64_t activeParamCount(const ModelShape &m);
 /// (1 - 1/ep) of every expert's weights.
 int64_t heldParamCount(const ModelShape &m, int64_t ep);
 
+/// Offload (offload_optimizer: f): of the decoder layers a rank holds, in
+/// order, how many keep their AdamW state in host memory: ceil(f * held),
+/// with f = 1 every one and the parameters outside the layers (embedding,
+/// final norm, heads) too (offloadsAll). The runtime's optimizer and the
+/// compiler's counts both decide by these.
+inline int64_t offloadedLayers(double fraction, int64_t held) {
+  if (fraction <= 0 || held <= 0)
+    return 0;
+  if (fraction >= 1)
+    return held;
+  const double x = fraction * (double)held;
+  int64_t n = (int64_t)x;
+  if ((double)n < x - 1e-9) // rounded up, not past an exact product
+    ++n;
+  return n < held ? n : held;
+}
+inline bool offloadsAll(double fraction) { return fraction >= 1; }
+/// The share of a rank's AdamW state offload_optimizer `fraction` keeps in
+/// host memory, for a rank holding `layersHeld` decoder layers of `m`'s
+/// (the analytic memory model's: the layers' parameters spread evenly;
+/// the plan counts them exactly).
+inline double offloadedStateShare(const ModelShape &m, double fraction, int64_t layersHeld) {
+  if (fraction <= 0)
+    return 0;
+  if (offloadsAll(fraction))
+    return 1;
+  const double h = (double)m.hidden, v = (double)m.vocab;
+  const double outside = v * h * (m.lmHead && !m.tieEmbeddings ? 2 : 1) + h;
+  const double P = (double)paramCount(m);
+  const double layers = P > outside ? (P - outside) / P : 0;
+  const int64_t held = layersHeld > 0 ? layersHeld : 1;
+  return (double)offloadedLayers(fraction, held) / (double)held * layers;
+}
+
 } // namespace hflow::shape
 
 #endif // HFLOW_RUNTIME_SCHEMA_MODELSHAPE_H

@@ -135,7 +135,8 @@ inline constexpr KeywordArg kRoleOptions[] = {
     {"dtype", ArgType::Choice, "f32 bf16 f16"},
     {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"},
     {"routing_replay", ArgType::Bool},
-    {"recompute", ArgType::Choice, "layers attention mlp"}};
+    {"recompute", ArgType::Choice, "layers attention mlp"},
+    {"offload_optimizer", ArgType::Fraction}};
 
 struct Signature {
   std::string_view method;

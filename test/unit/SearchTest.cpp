@@ -1024,6 +1024,88 @@ TEST(Search, ExactAgainstBruteForceWithRecompute) {
   EXPECT_GT(chosen, 0);
 }
 
+TEST(Search, ExactAgainstBruteForceWithOffload) {
+  // The search may keep a role's AdamW state in host memory (and, with
+  // recompute, also recompute its layers): still exact against brute
+  // force, with and without a node's host memory bounding it.
+  Calibration cal;
+  SmallCase s = smallSetup(1, false);
+  int chosen = 0;
+  // Offload frees the most where little fits: from 0.15 GB per device
+  // down the search takes it, and at 0.1 nothing fits without it; a node's
+  // 0.2 GB of host memory (25 MB a device) leaves room for some of it.
+  for (double hostGB : {0.0, 1.0, 0.2})
+    for (double memGB : {1000.0, 0.15, 0.12, 0.1}) {
+      Device dev = Device::a100_80g();
+      dev.memoryBytes = memGB * 1e9;
+      Mesh m = s.mesh;
+      m.hostMemory = hostGB * 1e9;
+      for (int k : {1, 3}) {
+        SearchOptions o;
+        o.k = k;
+        o.chooseRecompute = true;
+        o.chooseOffload = true;
+        const std::string what = std::to_string(memGB) + " GB, host " +
+                                 std::to_string(hostGB) + " GB, k=" + std::to_string(k);
+        SearchResult fast = searchPlacement(s.roles, dev, m, s.w, cal, o);
+        expectSame(fast, bruteForcePlacement(s.roles, dev, m, s.w, cal, o), what);
+        for (const Candidate &c : fast.candidates) {
+          double host = 0;
+          for (const RolePlan &p : c.roles) {
+            chosen += p.offloadChosen;
+            if (p.offloadChosen) {
+              EXPECT_EQ(p.offloadOptimizer, 1.0);
+              EXPECT_GT(p.memory.hostOptimizer, 0) << what;
+              EXPECT_NE(c.str(s.roles).find("optimizer state in host memory"),
+                        std::string::npos);
+            }
+            host += p.memory.hostOptimizer;
+          }
+          if (hostGB > 0) // every device within its share of its node's
+            EXPECT_LE(host, m.hostMemory / double(m.perNode)) << what;
+        }
+        // Unconstrained, offload only costs time: never chosen.
+        if (memGB == 1000.0)
+          for (const RolePlan &p : fast.candidates.at(0).roles)
+            EXPECT_FALSE(p.offloadChosen) << what;
+      }
+    }
+  EXPECT_GT(chosen, 0);
+}
+
+TEST(Search, Llama70bPpoOn32A100NeedsOffload) {
+  // Issue 40, item 4: Llama-2-70B PPO (actor, critic and reference of
+  // 70B) in HybridFlow's setting fits 32 A100 80GB only with the AdamW
+  // state of the actor and the critic in host memory, and 64 without it
+  // (examples/ppo_llama70b_offload.hflow; docs/cost-model.md, "Offload").
+  std::vector<RoleSpec> roles = {role("actor", RoleKind::Actor, llama70b()),
+                                 role("critic", RoleKind::Critic, llama70b()),
+                                 role("ref", RoleKind::Reference, llama70b())};
+  const Workload w = ppo13bWorkload();
+  SearchOptions o;
+  o.executable = true;
+  o.chooseRecompute = true;
+  Mesh m32 = mesh(4), m64 = mesh(8);
+  m32.hostMemory = m64.hostMemory = 1e12;
+  const Device dev = Device::a100_80g();
+  EXPECT_TRUE(searchPlacement(roles, dev, m32, w, Calibration(), o).candidates.empty());
+  o.chooseOffload = true;
+  SearchResult off = searchPlacement(roles, dev, m32, w, Calibration(), o);
+  ASSERT_FALSE(off.candidates.empty()) << off.reason;
+  const Candidate &c = off.candidates[0];
+  EXPECT_TRUE(c.roles[0].offloadChosen) << c.str(roles);
+  EXPECT_TRUE(c.roles[1].offloadChosen) << c.str(roles);
+  EXPECT_FALSE(c.roles[2].offloadChosen) << c.str(roles); // a reference has no optimizer
+  EXPECT_LE(c.roles[0].memory.hostOptimizer + c.roles[1].memory.hostOptimizer,
+            m32.hostMemory / 8);
+  // 64 GPUs fit without it, and the search does not take it there.
+  SearchResult big = searchPlacement(roles, dev, m64, w, Calibration(), o);
+  ASSERT_FALSE(big.candidates.empty()) << big.reason;
+  for (const RolePlan &p : big.candidates[0].roles)
+    EXPECT_FALSE(p.offloadChosen) << big.candidates[0].str(roles);
+  EXPECT_LT(big.candidates[0].seconds, c.seconds);
+}
+
 TEST(Search, Deterministic) {
   SmallCase s = smallSetup(2, true);
   Calibration cal;
