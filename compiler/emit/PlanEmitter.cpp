@@ -320,8 +320,8 @@ LogicalResult PlanWriter::emitRoles() {
                                   : ModelOp()) {
       for (const ::hflow::planner::CountedMemory &c : ::hflow::planner::countedMemory(r, m)) {
         memory.emplace_back(c.weights, c.grads, c.optimizer, c.generation);
-        host.emplace_back(0, 0, c.hostOptimizer);
-        offloads = offloads || c.hostOptimizer > 0;
+        host.emplace_back(c.hostWeights, c.hostGrads, c.hostOptimizer);
+        offloads = offloads || c.hostWeights + c.hostGrads + c.hostOptimizer > 0;
       }
       if (!offloads)
         host.clear();

@@ -127,11 +127,25 @@ void roleJson(llvm::json::OStream &j, const fb::Role *r) {
     j.attribute("rule", str(r->rule()));
   if (r->kv_pool() > 0)
     j.attribute("kv_pool", r->kv_pool());
-  if (r->host_memory() && r->host_memory()->size() > 0) // format 4.2
+  if (r->host_memory() && r->host_memory()->size() > 0) { // format 4.2
+    int64_t w = 0, g = 0;
+    for (const fb::RankHostMemory *h : *r->host_memory())
+      w += h->weights(), g += h->grads();
+    if (w > 0)
+      j.attributeArray("host_weights", [&] {
+        for (const fb::RankHostMemory *h : *r->host_memory())
+          j.value(h->weights());
+      });
+    if (g > 0)
+      j.attributeArray("host_grads", [&] {
+        for (const fb::RankHostMemory *h : *r->host_memory())
+          j.value(h->grads());
+      });
     j.attributeArray("host_optimizer", [&] {
       for (const fb::RankHostMemory *h : *r->host_memory())
         j.value(h->optimizer());
     });
+  }
   j.attributeObject("options",
                     [&] { argsJson(j, ::hflow::planargs::setFields(r->options())); });
 

@@ -690,6 +690,7 @@ std::vector<std::string> DeclChecker::roleProperties(ast::RoleKind k) {
     props.push_back("recompute");
     props.push_back("offload_optimizer");
   }
+  props.push_back("offload_params");
   if (k == ast::RoleKind::Actor)
     for (const char *s :
          {"temperature", "top_p", "top_k", "transfer_dtype", "memory_utilization",
@@ -740,6 +741,11 @@ bool DeclChecker::roleOption(ast::RoleDecl &r, const ast::Property &p) {
     // heads too): docs/runtime.md, "Offload".
     if (number(v, "offload_optimizer", 0, 1, false, x))
       r.numbers["offload_optimizer"] = x;
+  } else if (p.key == "offload_params") {
+    // Likewise for an FSDP role's weight shards and their gradients
+    // (checked against the layout once placed: CheckExecutable).
+    if (number(v, "offload_params", 0, 1, false, x))
+      r.numbers["offload_params"] = x;
   } else if (p.key == "routing_replay") {
     // Checked against the model once every property is read
     // (checkRoutingReplay).

@@ -8,6 +8,7 @@
 #include "dialects/hflow/HflowOps.h"
 #include "dialects/hflow/HflowPasses.h"
 #include "compiler/planner/RoleReshard.h"
+#include "compiler/planner/Memory.h"
 #include "runtime/schema/Executes.h"
 
 #include "mlir/IR/SymbolTable.h"
@@ -90,6 +91,12 @@ struct CheckExecutablePass
             role.emitError() << "role '" << role.getSymName() << "': " << why;
             hadError = true;
           }
+      if (std::string why = ex::offloadParamsProblem(::hflow::planner::roleOffloadParams(role),
+                                                     ::hflow::planner::toLayout(role.getTrain()));
+          !why.empty()) {
+        role.emitError() << "role '" << role.getSymName() << "': " << why;
+        hadError = true;
+      }
       if (std::string why = ex::dtypeProblem(dtype, where); !why.empty()) {
         InFlightDiagnostic d = role.emitError() << "role '" << role.getSymName() << "': " << why;
         if (where.rfind("model", 0) == 0)

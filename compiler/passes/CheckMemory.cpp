@@ -156,9 +156,18 @@ struct CheckMemoryPass
       off.recomputeLayers = recompute;
       off.offloadOptimizer = true;
       const ::hflow::planner::SetMemory o = ::hflow::planner::setMemory(place, off);
+      // Within the mesh's host memory too, where declared (the set's
+      // devices of one node at most: a node's share).
+      double hostCap = 0;
+      if (auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(place, place.getMeshAttr()))
+        if (auto h = mesh.getHostMemoryAttr())
+          hostCap = h.getValueAsDouble();
+      if (hostCap > 0 && o.host * double(o.perNode) > hostCap)
+        continue;
       if (o.total() <= e.capacity) {
         d.attachNote(place.getLoc())
-            << "the smallest change: offload_optimizer: 1 on the roles that train"
+            << "the smallest change: offload_optimizer: 1 on the roles that train and set "
+               "none"
             << (recompute ? ", with recompute: layers" : "")
             << ", at one sequence per pass (micro_batch: 1): " << formatBytes(o.total())
             << " per device, " << formatBytes(o.host * double(o.perNode))
@@ -208,12 +217,14 @@ struct CheckMemoryPass
             continue;
           const auto counted = ::hflow::planner::countedMemory(role, model);
           for (size_t i = 0; i < counted.size(); ++i) {
-            if (counted[i].hostOptimizer <= 0)
+            const int64_t host =
+                counted[i].hostOptimizer + counted[i].hostWeights + counted[i].hostGrads;
+            if (host <= 0)
               continue;
             const int64_t dv = role.getRanks() && i < role.getRanks()->size()
                                    ? (*role.getRanks())[i]
                                    : place.getStart() + static_cast<int64_t>(i);
-            node[dv / perNode] += static_cast<double>(counted[i].hostOptimizer);
+            node[dv / perNode] += static_cast<double>(host);
             firstPlace.emplace(dv / perNode, place);
           }
         }
@@ -225,11 +236,12 @@ struct CheckMemoryPass
         InFlightDiagnostic d =
             place.emitError() << "node " << n << " of mesh '" << mesh.getSymName()
                               << "' keeps " << formatBytes(bytes)
-                              << " of offloaded optimizer state in host memory but has "
+                              << " of offloaded state in host memory but has "
                               << formatBytes(capacity) << " (host_memory)";
         d.attachNote(mesh.getLoc())
-            << "offload_optimizer keeps that share of each rank's AdamW state in its "
-               "node's host memory; offload less, or spread the roles over more nodes";
+            << "offload_optimizer and offload_params keep that share of each rank's AdamW "
+               "state, weights and gradients in its node's host memory; offload less, or "
+               "spread the roles over more nodes";
         ok = false;
       }
     }

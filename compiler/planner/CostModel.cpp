@@ -61,7 +61,20 @@ double offloadedOptimizerBytes(const RoleSpec &role, const Layout &train) {
   const double optimizer = static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)) *
                            (role.dtypeBytes >= 4 ? 8 : 12) / S;
   return optimizer * ::hflow::shape::offloadedStateShare(
-                         ms, role.offloadOptimizer, ms.layers / std::max<int64_t>(1, train.pp));
+                         ms, role.offloadOptimizer, ms.layers / std::max<int64_t>(1, train.pp),
+                         train.ep);
+}
+/// The weight shards per device `role`'s offload_params keeps in host
+/// memory in `train` (only fsdp layouts execute it).
+double offloadedWeightBytes(const RoleSpec &role, const Layout &train) {
+  if (role.offloadParams <= 0 || train.fsdp <= 1)
+    return 0;
+  ModelShape ms = role.model;
+  ms.lmHead = ms.lmHead && role.kind != RoleKind::Critic && role.kind != RoleKind::RewardModel;
+  const double S = static_cast<double>(std::max<int64_t>(train.fsdp * train.tp * train.pp, 1));
+  const double weights =
+      static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)) * role.dtypeBytes / S;
+  return weights * ::hflow::shape::offloadedStateShare(ms, role.offloadParams, ms.layers, train.ep);
 }
 } // namespace
 
@@ -79,11 +92,21 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
       std::max<int64_t>(train.fsdp * train.tp * train.pp, 1));
   const double Pt = static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)); // 1/ep of the experts
   m.weights = Pt * b / S;
+  m.hostWeights = offloadedWeightBytes(role, train);
+  m.weights -= m.hostWeights;
   if (trains) {
-    m.grads = Pt * b / S;
+    m.grads = Pt * b / S - m.hostWeights;
+    m.hostGrads = m.hostWeights;
     m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
     m.hostOptimizer = offloadedOptimizerBytes(role, train);
     m.optimizer -= m.hostOptimizer;
+    // The step's two offload units on the device (Memory.h).
+    const double fo = role.offloadOptimizer > 0 ? role.offloadOptimizer : 0;
+    const double fp = m.hostWeights > 0 ? role.offloadParams : 0;
+    const double perElem = (fo > 0 ? (b >= 4 ? 8 : 12) : 0) + (fp > 0 ? 2 * b : 0);
+    if (perElem > 0)
+      m.stepStream = 2 * ::hflow::shape::offloadUnitParams(ms, std::max(fo, fp), train.ep, S) *
+                     perElem;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -337,6 +360,11 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   // passes over the same bytes, so the copies are the step's time.
   if (role.offloadOptimizer > 0)
     out.comm += reps * 2.0 * offloadedOptimizerBytes(role, l) / mesh.pcieBw;
+  // offload_params: each pass gathers every unit twice (forward, and again
+  // in backward) from shards copied in, and sends its gradients out; the
+  // step brings the shards and gradients in and the shards back.
+  if (const double hw = offloadedWeightBytes(role, l); hw > 0)
+    out.comm += reps * (pass.slots * 3.0 + 3.0) * hw / mesh.pcieBw;
   return out;
 }
 
@@ -352,6 +380,9 @@ TimeBreakdown forwardSeconds(const RoleSpec &role, const Layout &l,
                 /*allReduces=*/2, /*transfers=*/1, /*exchanges=*/2, /*splits=*/1);
   out.compute = pass.slots * pass.tauCompute;
   out.comm = pass.slots * pass.tauComm;
+  // offload_params: each pass copies the shards in.
+  if (const double hw = offloadedWeightBytes(role, l); hw > 0)
+    out.comm += pass.slots * hw / mesh.pcieBw;
   return out;
 }
 

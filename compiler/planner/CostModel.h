@@ -89,6 +89,10 @@ struct RoleSpec {
   /// step (trainSeconds). -1: the program sets none (none offloaded; the
   /// search may choose 1), 0: it sets 0 (never offloaded).
   double offloadOptimizer = -1;
+  /// Its offload_params share (an FSDP role's weight shards and their
+  /// gradients in host memory; -1 unset): every pass copies the shards in
+  /// over PCIe, a training pass its gradients out too.
+  double offloadParams = -1;
   bool trains() const {
     return kind == RoleKind::Actor || kind == RoleKind::Critic ||
            (kind == RoleKind::RewardModel && fits);
@@ -159,6 +163,8 @@ const char *stageName(int s);
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
   double hostOptimizer = 0; ///< in host memory instead (offload_optimizer)
+  double hostWeights = 0, hostGrads = 0; ///< likewise (offload_params)
+  double stepStream = 0; ///< transient: the step's two offload units (Memory.h)
   double activations = 0;                       // transient: a pass
   double genWeights = 0, kvCache = 0;           // transient: generation (the KV pool)
   /// What generation leaves free of the device: (1 - memory_utilization)
@@ -171,10 +177,10 @@ struct RoleMemory {
   int64_t microBatch = 0;
   double resident() const { return weights + grads + optimizer; }
   double transient() const {
-    return std::max(activations, genWeights + kvCache + genReserve);
+    return std::max({activations, genWeights + kvCache + genReserve, stepStream});
   }
   /// The transient bytes themselves (without the reserve).
-  double transientUsed() const { return std::max(activations, genWeights + kvCache); }
+  double transientUsed() const { return std::max({activations, genWeights + kvCache, stepStream}); }
 };
 
 /// Bytes per device of `role` in `train` (and, for an actor, `gen`; null:

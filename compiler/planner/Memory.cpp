@@ -38,9 +38,11 @@ std::string formatBytes(double bytes) {
   return ::hflow::shape::Recompute::None;
 }
 
-double roleOffloadOptimizer(RoleOp role) {
+namespace {
+/// A number role option, -1 where it is not set.
+double numberOption(RoleOp role, llvm::StringRef name) {
   if (auto opts = role.getOptionsAttr())
-    if (auto u = opts.get("offload_optimizer")) {
+    if (auto u = opts.get(name)) {
       if (auto f = dyn_cast<FloatAttr>(u))
         return f.getValueAsDouble();
       if (auto i = dyn_cast<IntegerAttr>(u))
@@ -48,6 +50,10 @@ double roleOffloadOptimizer(RoleOp role) {
     }
   return -1;
 }
+} // namespace
+
+double roleOffloadOptimizer(RoleOp role) { return numberOption(role, "offload_optimizer"); }
+double roleOffloadParams(RoleOp role) { return numberOption(role, "offload_params"); }
 
 double roleDtypeBytes(RoleOp role, ModelOp model) {
   if (auto opts = role.getOptionsAttr())
@@ -216,8 +222,19 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
   };
   const double Pt = heldBy(train);
   m.weights = Pt * b / S;
+  // offload_params: an FSDP role's shards of its offloaded layers.
+  double paramShare = 0;
+  const double fp = roleOffloadParams(role);
+  ::hflow::shape::ModelShape held = toShape(model);
+  held.lmHead = roleHasLmHead(role);
+  if (fp > 0) {
+    paramShare = ::hflow::shape::offloadedStateShare(held, fp, (int64_t)L, train.getEp());
+    m.hostWeights = m.weights * paramShare;
+    m.weights -= m.hostWeights;
+  }
   if (trains) {
-    m.grads = Pt * b / S;
+    m.grads = Pt * b / S * (1 - paramShare);
+    m.hostGrads = Pt * b / S * paramShare;
     m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
     // offload_optimizer: the state of the first ceil(f * L/pp) layers of
     // each rank's (and with f = 1 all of it) in host memory instead.
@@ -225,13 +242,18 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
                          ? 1.0
                          : roleOffloadOptimizer(role);
     if (f > 0) {
-      ::hflow::shape::ModelShape s = toShape(model);
-      s.lmHead = roleHasLmHead(role);
       const double share = ::hflow::shape::offloadedStateShare(
-          s, f, (int64_t)L / std::max<int64_t>(1, train.getPp()));
+          held, f, (int64_t)L / std::max<int64_t>(1, train.getPp()), train.getEp());
       m.hostOptimizer = m.optimizer * share;
       m.optimizer -= m.hostOptimizer;
     }
+    // The step holds two offload units on the device at once (the one
+    // updating, the next coming in): their state and offloaded weights
+    // and gradients.
+    const double perElem = (f > 0 ? (b >= 4 ? 8 : 12) : 0) + (fp > 0 ? 2 * b : 0);
+    if (perElem > 0)
+      m.stepStream =
+          2 * ::hflow::shape::offloadUnitParams(held, std::max(f, fp), train.getEp(), S) * perElem;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.
@@ -343,7 +365,7 @@ SetMemory setMemory(PlaceOp place, const Workload &w) {
         m.kvBlocks = 0;
       }
       e.resident += m.resident();
-      e.host += m.hostOptimizer;
+      e.host += m.host();
     }
     e.roles.push_back({role, m});
   }
@@ -368,9 +390,9 @@ SetMemory setMemory(PlaceOp place, const Workload &w) {
     std::string text = name + ": weights " + formatBytes(m.weights);
     if (m.grads > 0)
       text += ", gradients " + formatBytes(m.grads) + ", optimizer " + formatBytes(m.optimizer);
-    if (m.hostOptimizer > 0)
-      text += " (and " + formatBytes(m.hostOptimizer) + " in host memory, " +
-              formatBytes(m.hostOptimizer * double(e.perNode)) + " per node)";
+    if (m.host() > 0)
+      text += " (and " + formatBytes(m.host()) + " in host memory, " +
+              formatBytes(m.host() * double(e.perNode)) + " per node)";
     text += "; activations " + formatBytes(m.activations);
     if (m.genWeights > 0)
       text += "; generation: weights " + formatBytes(m.genWeights) + ", " + pool;
@@ -437,7 +459,28 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
     return n;
   };
   const double offload = trains ? roleOffloadOptimizer(role) : 0;
+  const double offloadParams = roleOffloadParams(role);
   const int64_t stateBytes = b >= 4 ? 8 : 12; // AdamW's per element
+  // The elements of slot i's holding in its first ceil(f * held) decoder
+  // layers (with f = 1 every parameter, and the head when `withHead`): the
+  // runtime offloads by the same rule (RoleBuilder, offloadUnits).
+  auto offloadedElements = [&](double f, int64_t i, bool withHead) {
+    std::set<int64_t> layersHeld;
+    for (const rs::Param &p : params)
+      if (p.layer >= 0 && rs::holding(p, train, i, layers).area() > 0)
+        layersHeld.insert(p.layer);
+    const int64_t cut = ::hflow::shape::offloadedLayers(f, (int64_t)layersHeld.size());
+    std::set<int64_t> off;
+    for (int64_t l : layersHeld)
+      if ((int64_t)off.size() < cut)
+        off.insert(l);
+    const bool all = ::hflow::shape::offloadsAll(f);
+    int64_t n = all && withHead ? head : 0;
+    for (const rs::Param &p : params)
+      if (all || off.count(p.layer))
+        n += rs::holding(p, train, i, layers).area();
+    return n;
+  };
   for (int64_t i = 0; i < train.size(); ++i) {
     CountedMemory m;
     const int64_t n = held(train, i) + head;
@@ -449,25 +492,19 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
                              std::max<int64_t>(1, train.pp) - 1;
       m.grads = (head > 0 ? held(train, i) + (lastStage ? head : 0) : n) * b;
       m.optimizer = n * stateBytes;
-      if (offload > 0) {
-        // The rank's first ceil(f * held) decoder layers (with f = 1 every
-        // parameter) keep their state in host memory: the runtime's
-        // optimizer decides by the same rule (RoleBuilder).
-        std::set<int64_t> layersHeld;
-        for (const rs::Param &p : params)
-          if (p.layer >= 0 && rs::holding(p, train, i, layers).area() > 0)
-            layersHeld.insert(p.layer);
-        const int64_t cut = ::hflow::shape::offloadedLayers(offload, (int64_t)layersHeld.size());
-        std::set<int64_t> off;
-        for (int64_t l : layersHeld)
-          if ((int64_t)off.size() < cut)
-            off.insert(l);
-        int64_t hostElems = ::hflow::shape::offloadsAll(offload) ? head : 0;
-        for (const rs::Param &p : params)
-          if (::hflow::shape::offloadsAll(offload) || off.count(p.layer))
-            hostElems += rs::holding(p, train, i, layers).area();
-        m.hostOptimizer = hostElems * stateBytes;
-        m.optimizer -= m.hostOptimizer;
+      if (offload > 0)
+        m.hostOptimizer = offloadedElements(offload, i, /*withHead=*/true) * stateBytes;
+      m.optimizer -= m.hostOptimizer;
+    }
+    // offload_params: an FSDP rank's shards of the same layers (never the
+    // value head, which is not a shard), and a trainer's gradients of them.
+    if (offloadParams > 0) {
+      const int64_t e = offloadedElements(offloadParams, i, /*withHead=*/false) * b;
+      m.hostWeights = e;
+      m.weights -= e;
+      if (trains) {
+        m.hostGrads = e;
+        m.grads -= e;
       }
     }
     if (genCopy)

@@ -95,8 +95,12 @@ Workload largest(const std::vector<Workload> &ws);
 
 struct RoleMemory {
   double weights = 0, grads = 0, optimizer = 0; // resident
-  /// Kept in host memory instead (offload_optimizer): not in `optimizer`.
-  double hostOptimizer = 0;
+  /// Kept in host memory instead (offload_optimizer; offload_params): not
+  /// in `optimizer`, `weights`, `grads`.
+  double hostOptimizer = 0, hostWeights = 0, hostGrads = 0;
+  double host() const { return hostOptimizer + hostWeights + hostGrads; }
+  /// Transient: the optimizer step's two offload units on the device.
+  double stepStream = 0;
   double activations = 0;                       // transient: a training pass
   /// Transient: generation. kvCache is the KV pool: roleMemory sets it to
   /// the need (every row at once), setMemory to what the set leaves.
@@ -119,7 +123,7 @@ struct RoleMemory {
   void sizeKvPool(double leftBytes);
   double resident() const { return weights + grads + optimizer; }
   double transient() const {
-    return activations > genWeights + kvCache ? activations : genWeights + kvCache;
+    return std::max({activations, genWeights + kvCache, stepStream});
   }
 };
 
@@ -181,6 +185,9 @@ struct CountedMemory {
   /// What the rank keeps in host memory instead (offload_optimizer): the
   /// AdamW state of its offloaded layers (then not in `optimizer`).
   int64_t hostOptimizer = 0;
+  /// An FSDP role's weight shards (and a trainer's gradients) in host
+  /// memory instead (offload_params): then not in `weights` / `grads`.
+  int64_t hostWeights = 0, hostGrads = 0;
 };
 
 /// CountedMemory for each of the role's ranks (training slot i = the i-th
@@ -206,6 +213,8 @@ double dtypeBytes(mlir::Type t);
 /// The role's offload_optimizer share; -1 where it sets none (then none
 /// is offloaded, and `place auto` may choose it).
 double roleOffloadOptimizer(mlir::hflow::RoleOp role);
+/// Its offload_params share; -1 where it sets none.
+double roleOffloadParams(mlir::hflow::RoleOp role);
 
 /// Bytes per weight element of `role`: its `dtype` option, else its model's.
 double roleDtypeBytes(mlir::hflow::RoleOp role, mlir::hflow::ModelOp model);

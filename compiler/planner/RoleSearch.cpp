@@ -33,6 +33,7 @@ pl::RoleSpec specOf(RoleOp role, ModelOp model) {
   spec.memoryUtilization = memoryUtilization(role);
   spec.recompute = roleRecompute(role);
   spec.offloadOptimizer = roleOffloadOptimizer(role); // -1: not set
+  spec.offloadParams = roleOffloadParams(role);
   return spec;
 }
 

@@ -317,7 +317,7 @@ struct Ctx {
       e.t[kTrain] = trainSeconds(role, tr, n, dev, mesh, w, cal).total();
     e.res = e.mem.resident();
     e.trans = e.mem.transient();
-    e.host = e.mem.hostOptimizer;
+    e.host = e.mem.hostOptimizer + e.mem.hostWeights + e.mem.hostGrads;
     return e;
   }
 
@@ -599,13 +599,17 @@ struct Ctx {
       for (int ti = 0; ti < int(L.train.size()); ++ti)
         for (int gi = 0; gi < genCount(r, last, ti); ++gi) {
           Eval e = evaluate(r, last, ti, gi, false);
-          best = std::min(best, e.res + e.trans);
+          if (e.host <= hostBytes) // an option over the host bound fits nowhere
+            best = std::min(best, e.res + e.trans);
         }
       std::string why = "role '" + roles[size_t(r)].name + "' fits on no allocation of up to " +
                         std::to_string(sizes[size_t(last)]) + " devices";
       if (L.train.empty())
         why += ": no valid layout (tp must divide heads, kv_heads and the node size; "
                "pp the layers; dp the batch's sequences)";
+      else if (best == kInf)
+        why += ": every layout keeps more in host memory than its " + fmtBytes(hostBytes) +
+               " per device (host_memory / per_node)";
       else
         why += ": it needs at least " + fmtBytes(best) + " per device, each " +
                dev.name + " has " + fmtBytes(memBytes);
@@ -613,7 +617,10 @@ struct Ctx {
     }
     return "every role fits alone, but no grouping of the roles fits the " +
            std::to_string(mesh.size()) + " devices of the mesh with each set's "
-           "roles within " + fmtBytes(memBytes) + " per device";
+           "roles within " + fmtBytes(memBytes) + " per device" +
+           (hostBytes < kInf ? " and " + fmtBytes(hostBytes) +
+                                   " of host memory per device (host_memory / per_node)"
+                             : std::string());
   }
 };
 

@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -77,7 +78,18 @@ void cudaResetPeak(int ordinal) {
 }
 
 at::Tensor cudaPinnedBytes(int64_t bytes) {
-  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  // cudaHostAlloc itself, not ATen's caching host allocator, which rounds
+  // blocks up to powers of two and keeps freed ones: the host pool counts
+  // what it holds exactly, and frees it when its tensor goes.
+  void *data = nullptr;
+  if (cudaHostAlloc(&data, (size_t)bytes, cudaHostAllocDefault) != cudaSuccess || !data) {
+    (void)cudaGetLastError();
+    throw CommError("cannot pin " + std::to_string(bytes) +
+                    " bytes of host memory (cudaHostAlloc) for offloaded state");
+  }
+  return at::from_blob(
+      data, {bytes}, [](void *d) { cudaFreeHost(d); },
+      at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
 namespace {

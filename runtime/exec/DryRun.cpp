@@ -106,8 +106,16 @@ std::string memoryLine(const RankMemory &m, const RankHostMemory *host) {
     s += ", optimizer " + bytes(m.optimizer());
   if (m.generation() > 0)
     s += ", generation copy " + bytes(m.generation());
-  if (host && host->optimizer() > 0)
-    s += "; in host memory: optimizer " + bytes(host->optimizer());
+  if (host && host->weights() + host->grads() + host->optimizer() > 0) {
+    std::string h;
+    if (host->weights() > 0)
+      h += "weights " + bytes(host->weights());
+    if (host->grads() > 0)
+      h += (h.empty() ? "" : ", ") + std::string("gradients ") + bytes(host->grads());
+    if (host->optimizer() > 0)
+      h += (h.empty() ? "" : ", ") + std::string("optimizer ") + bytes(host->optimizer());
+    s += "; in host memory: " + h;
+  }
   return s;
 }
 

@@ -215,8 +215,13 @@ void MetricsReport::printSummary(const at::Tensor &all) {
 void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
   if (!p.roles())
     return;
-  static const char *kWhat[5] = {"weights", "gradients", "optimizer", "generation copy",
-                                 "optimizer in host memory"};
+  static const char *kWhat[7] = {"weights",
+                                 "gradients",
+                                 "optimizer",
+                                 "generation copy",
+                                 "optimizer in host memory",
+                                 "weights in host memory",
+                                 "gradients in host memory"};
   bool counted = false; // a plan of format 2.7 or newer, written by hflowc
   for (const Role *ro : *p.roles())
     counted = counted || (ro->memory() && ro->memory()->size() > 0);
@@ -241,12 +246,14 @@ void printMemory(const plan::Plan &p, const at::Tensor &all, int first) {
         // Format 4.2: the host pool's (offload), 0 where the plan has none.
         const RankHostMemory *hm =
             ro.host_memory() && i < ro.host_memory()->size() ? ro.host_memory()->Get(i) : nullptr;
-        const double planned[5] = {(double)pm.weights(), (double)pm.grads(),
-                                   (double)pm.optimizer(), (double)pm.generation(),
-                                   hm ? (double)hm->optimizer() : 0.0};
+        const double planned[7] = {(double)pm.weights(),        (double)pm.grads(),
+                                   (double)pm.optimizer(),      (double)pm.generation(),
+                                   hm ? (double)hm->optimizer() : 0.0,
+                                   hm ? (double)hm->weights() : 0.0,
+                                   hm ? (double)hm->grads() : 0.0};
         std::string parts;
-        for (int k = 0; k < 5; ++k) {
-          const int fig = k < 4 ? k : 10; // heldMemory's order
+        for (int k = 0; k < 7; ++k) {
+          const int fig = k < 4 ? k : 6 + k; // heldMemory's order: 10, 11, 12
           const double got = all[rank][first + kMemoryFigures * r + fig].item<double>();
           if (got == 0 && planned[k] == 0)
             continue;

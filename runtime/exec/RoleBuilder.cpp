@@ -40,6 +40,54 @@ models::LlamaConfig RoleBuilder::modelConfig(int m) const {
   return cfg;
 }
 
+namespace {
+/// The offload unit (offload_optimizer or offload_params share `f`) of each
+/// of `params` (models::AdamW): of the decoder layers the rank holds, the
+/// first ceil(f * held) are units 0, 1, ... in order; with f = 1 each
+/// parameter outside the layers (the embedding, final norm and heads) is
+/// one more. -1: it stays on the device. A parameter is placed in its layer by its name in
+/// `named` ("layers.N. ..."), matched by its storage (a view of an expert
+/// stack is the stack); one `named` does not list (a value head) is
+/// outside the layers. hflowc counts the host memory by the same rule
+/// (planner/Memory.cpp, countedMemory).
+std::vector<int> offloadUnits(double f, const std::vector<at::Tensor> &params,
+                              const std::vector<std::pair<std::string, at::Tensor>> &named) {
+  std::vector<int> units(params.size(), -1);
+  if (f <= 0)
+    return units;
+  std::map<const void *, int64_t> layerOf;
+  for (const auto &[name, t] : named) {
+    if (!t.defined() || t.numel() == 0 || name.rfind("layers.", 0) != 0)
+      continue;
+    layerOf[t.storage().data()] = std::stoll(name.substr(7, name.find('.', 7) - 7));
+  }
+  auto layerOfParam = [&](const at::Tensor &p) -> int64_t {
+    if (!p.defined() || p.numel() == 0)
+      return -1;
+    auto it = layerOf.find(p.storage().data());
+    return it == layerOf.end() ? -1 : it->second;
+  };
+  std::set<int64_t> held;
+  for (const at::Tensor &p : params)
+    if (int64_t l = layerOfParam(p); l >= 0)
+      held.insert(l);
+  const int64_t cut = shape::offloadedLayers(f, (int64_t)held.size());
+  std::map<int64_t, int> unitOfLayer;
+  for (int64_t l : held)
+    if ((int64_t)unitOfLayer.size() < cut)
+      unitOfLayer.emplace(l, (int)unitOfLayer.size());
+  int rest = (int)unitOfLayer.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t l = layerOfParam(params[i]);
+    if (l >= 0 && unitOfLayer.count(l))
+      units[i] = unitOfLayer[l];
+    else if (shape::offloadsAll(f) && (l < 0 || !unitOfLayer.count(l)))
+      units[i] = rest++; // each one a unit: an embedding is a layer's size or more
+  }
+  return units;
+}
+} // namespace
+
 models::LlamaConfig RoleBuilder::roleConfig(int r) const {
   const Role &ro = role(r);
   models::LlamaConfig cfg = modelConfig(ro.model());
@@ -268,6 +316,14 @@ void RoleBuilder::connect() {
     buildTrainingForm(r, rr);
     if (rr.holdsShards() && loadedFrom_.count(role(r).model()))
       loadShards(r, rr);
+    // offload_params: the FSDP shards of the rank's first ceil(f * held)
+    // layers (all at 1) in host memory, their gradients too.
+    if (const double f = offloadShare(r, /*params=*/true); f > 0 && rr.lm) {
+      std::vector<bool> host;
+      for (int u : offloadUnits(f, rr.lm->parameters(), rr.lm->namedWeights()))
+        host.push_back(u >= 0);
+      rr.lm->offloadShards(host, trains(r));
+    }
     buildGenerationForm(r, rr);
     if (rr.holdsShards() && trains(r)) {
       std::vector<at::Tensor> params = rr.lm->parameters();
@@ -604,53 +660,14 @@ bool RoleBuilder::trains(int r) const {
   return false;
 }
 
-namespace {
-/// offload_optimizer `f`'s unit for each of `params` (models::AdamW): of
-/// the decoder layers the rank holds, the first ceil(f * held) are units
-/// 0, 1, ... in order; with f = 1 the parameters outside the layers (the
-/// embedding, final norm and heads) are one more, the last. -1: the state
-/// stays on the device. A parameter is placed in its layer by its name in
-/// `named` ("layers.N. ..."), matched by its storage (a view of an expert
-/// stack is the stack); one `named` does not list (a value head) is
-/// outside the layers. hflowc counts the host memory by the same rule
-/// (planner/Memory.cpp, countedMemory).
-std::vector<int> offloadUnits(double f, const std::vector<at::Tensor> &params,
-                              const std::vector<std::pair<std::string, at::Tensor>> &named) {
-  std::vector<int> units(params.size(), -1);
-  if (f <= 0)
-    return units;
-  std::map<const void *, int64_t> layerOf;
-  for (const auto &[name, t] : named) {
-    if (!t.defined() || t.numel() == 0 || name.rfind("layers.", 0) != 0)
-      continue;
-    layerOf[t.storage().data()] = std::stoll(name.substr(7, name.find('.', 7) - 7));
-  }
-  auto layerOfParam = [&](const at::Tensor &p) -> int64_t {
-    if (!p.defined() || p.numel() == 0)
-      return -1;
-    auto it = layerOf.find(p.storage().data());
-    return it == layerOf.end() ? -1 : it->second;
-  };
-  std::set<int64_t> held;
-  for (const at::Tensor &p : params)
-    if (int64_t l = layerOfParam(p); l >= 0)
-      held.insert(l);
-  const int64_t cut = shape::offloadedLayers(f, (int64_t)held.size());
-  std::map<int64_t, int> unitOfLayer;
-  for (int64_t l : held)
-    if ((int64_t)unitOfLayer.size() < cut)
-      unitOfLayer.emplace(l, (int)unitOfLayer.size());
-  const int rest = (int)unitOfLayer.size();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t l = layerOfParam(params[i]);
-    if (l >= 0 && unitOfLayer.count(l))
-      units[i] = unitOfLayer[l];
-    else if (shape::offloadsAll(f) && (l < 0 || !unitOfLayer.count(l)))
-      units[i] = rest;
-  }
-  return units;
+
+/// Role `r`'s offload_params (`params`) or offload_optimizer share, 0 unset.
+double RoleBuilder::offloadShare(int r, bool params) const {
+  const plan::RoleOptions *a = role(r).options();
+  if (!a)
+    return 0;
+  return params ? a->offload_params().value_or(0) : a->offload_optimizer().value_or(0);
 }
-} // namespace
 
 /// Role `r`'s AdamW over `params`, with its options (lr: 1e-5 for a critic,
 /// 1e-6 otherwise, as verl's defaults) and its offload.
@@ -664,8 +681,15 @@ RoleBuilder::makeOptimizer(int r, const std::vector<at::Tensor> &params,
   ao.weightDecay = a.weight_decay().value_or(0.01);
   ao.clipGrad = a.clip_grad().value_or(1.0);
   ao.warmup = a.warmup().value_or(0);
-  return std::make_unique<models::AdamW>(params, ao,
-                                         offloadUnits(a.offload_optimizer().value_or(0), params, named));
+  // The units the step streams: those of the larger share (the rule keeps
+  // the same layers first); the state of offload_optimizer's in host memory.
+  const double fo = offloadShare(r, /*params=*/false), fp = offloadShare(r, /*params=*/true);
+  const std::vector<int> state = offloadUnits(fo, params, named);
+  std::vector<bool> hostState;
+  for (int u : state)
+    hostState.push_back(u >= 0);
+  return std::make_unique<models::AdamW>(params, ao, offloadUnits(std::max(fo, fp), params, named),
+                                         hostState);
 }
 
 } // namespace hflow::exec

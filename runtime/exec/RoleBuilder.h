@@ -66,6 +66,7 @@ private:
   void loadShards(int r, RoleRt &rr);
   void buildGenerationForm(int r, RoleRt &rr);
   void keepShardsOnly(int r, RoleRt &rr);
+  double offloadShare(int r, bool params) const;
   /// Role `r`'s AdamW over `params`; `named` (the form's named weights)
   /// places each parameter in its decoder layer for offload_optimizer.
   std::unique_ptr<models::AdamW>

@@ -1,5 +1,6 @@
 //===- RoleRuntime.cpp - a role on this rank: its form, weights and groups -===//
 #include "runtime/exec/RoleRuntime.h"
+#include "runtime/models/HostPool.h"
 
 #include <ATen/ATen.h>
 
@@ -68,9 +69,9 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
   if (rr.head.defined())
     params.push_back(rr.head);
   bool anyGrad = false;
-  for (const at::Tensor &p : params) {
-    m[0] += bytesOf(p);
-    m[1] += bytesOf(p.grad());
+  for (const at::Tensor &p : params) { // on the device, or in host memory
+    m[models::HostPool::holds(p) ? 11 : 0] += bytesOf(p);
+    m[models::HostPool::holds(p.grad()) ? 12 : 1] += bytesOf(p.grad());
     anyGrad = anyGrad || p.grad().defined();
   }
   if (rr.optim && !anyGrad)

@@ -154,9 +154,10 @@ int64_t gradBytes(const RoleRt &rr);
 /// whole copy or generation shards); then the peak activations of a pass
 /// and the largest KV cache (-1: none ran), the memory model's figures for
 /// those two, and the range of measured / model over the role's passes;
-/// last, the optimizer's state in host memory (offload_optimizer; the
-/// third figure is then what stays on the device).
-constexpr int kMemoryFigures = 11;
+/// last, what lives in host memory: the optimizer's state
+/// (offload_optimizer), the weights and their gradients (offload_params);
+/// the first three figures are then what stays on the device.
+constexpr int kMemoryFigures = 13;
 std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr);
 
 /// Sharded actors' whole copies from their current shards (an all-gather

@@ -150,6 +150,16 @@ public:
   /// `extra` (sharded ones summed over the group, replicated ones once), as
   /// the unsharded model would have it. Collective.
   virtual double gradNormSquared(const std::vector<at::Tensor> &extra) const = 0;
+  /// offload_params: moves the parameters `host` marks (parameters()
+  /// order) into the host pool (models/HostPool.h), with zeroed gradients
+  /// there when `withGrads`. Only FSDP units stream their weights in
+  /// (FullyShardedModel); other forms throw std::logic_error, and hflowc
+  /// refuses such a program.
+  virtual void offloadShards(const std::vector<bool> &host, bool withGrads) {
+    (void)host, (void)withGrads;
+    throw std::logic_error(form() + " keeps its weights on the device: offload_params streams "
+                                    "FSDP units only");
+  }
 };
 
 } // namespace hflow::models

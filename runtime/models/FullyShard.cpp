@@ -1,6 +1,7 @@
 //===- FullyShard.cpp - the ZeRO-3 sharded Llama (FSDPLlama) ----------------===//
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/HostPool.h"
 #include "runtime/models/Layers.h"
 
 #include "runtime/comm/Communicator.h"
@@ -332,8 +333,11 @@ variable_list FSDPUnitFn::backward(AutogradContext *ctx, variable_list gy) {
       gfull.push_back(grads[i].defined() ? grads[i] : at::zeros_like(full[j]));
     std::vector<at::Tensor> mine = impl.reduceScatter(call->unit, gfull);
     for (size_t j = 0; j < np; ++j)
-      if (ctx->needs_input_grad(1 + j))
-        out[1 + j] = mine[j];
+      if (ctx->needs_input_grad(1 + j)) {
+        // A shard in host memory (offload_params) takes its gradient there.
+        const at::Tensor &shard = impl.params[impl.units[call->unit].params[j]].shard;
+        out[1 + j] = shard.device() == mine[j].device() ? mine[j] : mine[j].to(shard.device());
+      }
   }
   return out;
 }
@@ -537,6 +541,25 @@ std::vector<at::Tensor> FSDPLlama::parameters() const {
   for (const auto &P : p_->params)
     out.push_back(P.shard);
   return out;
+}
+
+void FSDPLlama::offloadShards(const std::vector<bool> &host, bool withGrads) {
+  if (host.size() != p_->params.size())
+    throw std::invalid_argument("FSDPLlama::offloadShards: " + std::to_string(host.size()) +
+                                " marks for " + std::to_string(p_->params.size()) +
+                                " shards");
+  c10::NoGradGuard ng;
+  for (size_t i = 0; i < host.size(); ++i) {
+    auto &P = p_->params[i];
+    if (!host[i] || HostPool::holds(P.shard))
+      continue;
+    const bool trains = P.shard.requires_grad();
+    at::Tensor h = HostPool::copyOf(P.shard.detach());
+    if (withGrads)
+      h.mutable_grad() = HostPool::zeros(h.sizes(), h.scalar_type());
+    h.requires_grad_(trains);
+    P.shard = h;
+  }
 }
 
 void FSDPLlama::setTrainable(bool trainable) {

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_set>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -14,6 +16,20 @@ namespace hflow::models {
 
 namespace {
 std::atomic<int64_t> gLive{0}, gPeak{0};
+
+/// The host pool's blocks by their data pointer (holds()). Never
+/// destroyed: tensors may be freed during exit.
+std::mutex &gMu = *new std::mutex;
+std::unordered_set<const void *> &gBlocks = *new std::unordered_set<const void *>;
+
+void remember(const void *data) {
+  std::lock_guard<std::mutex> lock(gMu);
+  gBlocks.insert(data);
+}
+void forget(const void *data) {
+  std::lock_guard<std::mutex> lock(gMu);
+  gBlocks.erase(data);
+}
 
 void count(int64_t bytes) {
   const int64_t now = gLive.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -34,9 +50,11 @@ at::Tensor HostPool::zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
     at::Tensor pinned = comm::cudaPinnedBytes(std::max<int64_t>(bytes, 1));
     std::memset(pinned.data_ptr(), 0, (size_t)std::max<int64_t>(bytes, 1));
     count(bytes);
+    remember(pinned.data_ptr());
     return at::from_blob(
         pinned.data_ptr(), sizes,
-        [pinned, bytes](void *) mutable {
+        [pinned, bytes](void *d) mutable {
+          forget(d);
           pinned = at::Tensor();
           gLive.fetch_sub(bytes, std::memory_order_relaxed);
         },
@@ -49,9 +67,11 @@ at::Tensor HostPool::zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
     throw std::bad_alloc();
   std::memset(data, 0, alloc);
   count(bytes);
+  remember(data);
   return at::from_blob(
       data, sizes,
       [bytes](void *d) {
+        forget(d);
         std::free(d);
         gLive.fetch_sub(bytes, std::memory_order_relaxed);
       },
@@ -62,6 +82,13 @@ at::Tensor HostPool::copyOf(const at::Tensor &t) {
   at::Tensor h = zeros(t.sizes(), t.scalar_type());
   h.copy_(t);
   return h;
+}
+
+bool HostPool::holds(const at::Tensor &t) {
+  if (!t.defined() || !t.has_storage() || !t.storage().data())
+    return false;
+  std::lock_guard<std::mutex> lock(gMu);
+  return gBlocks.count(t.storage().data()) > 0;
 }
 
 int64_t HostPool::live() { return gLive.load(std::memory_order_relaxed); }
@@ -103,10 +130,21 @@ std::vector<at::Tensor> UnitStream::next() {
   return now;
 }
 
-void UnitStream::writeBack(size_t u, const std::vector<at::Tensor> &device) {
+void UnitStream::writeBack(size_t u, const std::vector<at::Tensor> &device,
+                           const std::vector<bool> &which) {
   const bool async = engineDevice().is_cuda();
   for (size_t i = 0; i < device.size(); ++i)
-    units_[u][i].copy_(device[i], /*non_blocking=*/async);
+    if (which.empty() || which[i])
+      units_[u][i].copy_(device[i], /*non_blocking=*/async);
+}
+
+UnitStream::~UnitStream() {
+  if (!ahead_.empty() && engineDevice().is_cuda()) {
+    try {
+      comm::cudaJoinCopies(aheadDone_, engineDevice().index());
+    } catch (...) { // nothing to report from a destructor
+    }
+  }
 }
 
 void UnitStream::finish() {

@@ -33,6 +33,8 @@ public:
   static at::Tensor zeros(at::IntArrayRef sizes, at::ScalarType dtype);
   /// A host-pool copy of `t` (any device), contiguous.
   static at::Tensor copyOf(const at::Tensor &t);
+  /// Whether `t`'s storage is in the host pool.
+  static bool holds(const at::Tensor &t);
   /// Bytes of the host pool allocated and not freed, and the most at once.
   static int64_t live();
   static int64_t peak();
@@ -44,10 +46,17 @@ public:
 class UnitStream {
 public:
   explicit UnitStream(std::vector<std::vector<at::Tensor>> units) : units_(std::move(units)) {}
+  /// Joins a copy still under way (a step that threw), so that its
+  /// tensors are not freed while the side stream writes them.
+  ~UnitStream();
+  UnitStream(const UnitStream &) = delete;
+  UnitStream &operator=(const UnitStream &) = delete;
   /// Device copies of unit `u` (u = 0, 1, ... in turn).
   std::vector<at::Tensor> next();
-  /// Copies `device` (what next() returned, updated) back into unit `u`.
-  void writeBack(size_t u, const std::vector<at::Tensor> &device);
+  /// Copies `device` (what next() returned, updated) back into unit `u`:
+  /// those `which` marks (empty: all).
+  void writeBack(size_t u, const std::vector<at::Tensor> &device,
+                 const std::vector<bool> &which = {});
   /// Waits for every write-back (a CUDA engine's are asynchronous).
   void finish();
 

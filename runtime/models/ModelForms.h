@@ -158,6 +158,9 @@ public:
   comm::Communicator *lockstepGroup() const override { return &m_.comm(); }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
+  void offloadShards(const std::vector<bool> &host, bool withGrads) override {
+    m_.offloadShards(host, withGrads);
+  }
 };
 
 /// How a SequenceParallelModel shares attention's work out.

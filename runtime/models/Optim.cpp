@@ -23,20 +23,28 @@ double scheduledLr(const AdamWOptions &o, int64_t step) {
   return minLr + (o.lr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf)
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf,
+             std::vector<bool> hostState)
     : params_(std::move(params)), unitOf_(std::move(unitOf)), o_(o) {
   if (unitOf_.empty())
     unitOf_.assign(params_.size(), -1);
-  if (unitOf_.size() != params_.size())
+  if (hostState.empty())
+    for (int u : unitOf_)
+      hostState.push_back(u >= 0);
+  if (unitOf_.size() != params_.size() || hostState.size() != params_.size())
     throw std::invalid_argument("AdamW: " + std::to_string(unitOf_.size()) +
-                                " offload units for " + std::to_string(params_.size()) +
+                                " offload units and " + std::to_string(hostState.size()) +
+                                " state places for " + std::to_string(params_.size()) +
                                 " parameters");
   c10::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor &p = params_[i];
     units_ = std::max(units_, unitOf_[i] + 1);
     const bool mixed = p.scalar_type() != at::kFloat;
-    if (unitOf_[i] >= 0) { // in the host pool
+    if (hostState[i]) { // in the host pool
+      if (unitOf_[i] < 0)
+        throw std::invalid_argument("AdamW: parameter " + std::to_string(i) +
+                                    " keeps its state in host memory but has no offload unit");
       m_.push_back(HostPool::zeros(p.sizes(), at::kFloat));
       v_.push_back(HostPool::zeros(p.sizes(), at::kFloat));
       master_.push_back(mixed ? HostPool::copyOf(p.detach().to(at::kFloat)) : at::Tensor());
@@ -53,10 +61,8 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> un
 int64_t AdamW::stateBytes(bool host) const {
   int64_t n = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if ((unitOf_[i] >= 0) != host)
-      continue;
     for (const at::Tensor *t : {&m_[i], &v_[i], &master_[i]})
-      if (t->defined())
+      if (t->defined() && HostPool::holds(*t) == host)
         n += (int64_t)t->numel() * (int64_t)t->element_size();
   }
   return n;
@@ -96,38 +102,46 @@ double AdamW::step() {
         master_[i].copy_(params_[i].detach());
     masterSet_ = true;
   }
-  // State on the device first, then the offloaded units streamed in turn.
+  // Parameters with everything on the device first, then the offloaded
+  // units streamed in turn: of each parameter, whichever of its weights,
+  // gradient, moments and master live in the host pool.
   std::vector<std::vector<size_t>> byUnit(units_);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].grad().defined())
       continue;
     if (unitOf_[i] < 0)
-      update(i, m_[i], v_[i], master_[i], lr, bc1, bc2);
+      update(params_[i], params_[i].grad(), m_[i], v_[i], master_[i], lr, bc1, bc2);
     else
       byUnit[unitOf_[i]].push_back(i);
   }
   if (units_ > 0) {
     std::vector<std::vector<at::Tensor>> host;
+    std::vector<std::vector<bool>> back; // what the update changes
     for (const std::vector<size_t> &u : byUnit) {
       host.emplace_back();
+      back.emplace_back();
       for (size_t i : u) {
-        host.back().push_back(m_[i]);
-        host.back().push_back(v_[i]);
-        if (master_[i].defined())
-          host.back().push_back(master_[i]);
+        const at::Tensor grad = params_[i].grad();
+        for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{
+                 &params_[i], &grad, &m_[i], &v_[i], &master_[i]})
+          if (t->defined() && HostPool::holds(*t)) {
+            host.back().push_back(*t);
+            back.back().push_back(t != &grad);
+          }
       }
     }
     UnitStream stream(host);
     for (size_t u = 0; u < byUnit.size(); ++u) {
       std::vector<at::Tensor> dev = stream.next();
       size_t k = 0;
+      auto here = [&](const at::Tensor &t) { return t.defined() && HostPool::holds(t) ? dev[k++] : t; };
       for (size_t i : byUnit[u]) {
-        at::Tensor &m = dev[k++], &v = dev[k++];
-        at::Tensor none;
-        at::Tensor &master = master_[i].defined() ? dev[k++] : none;
-        update(i, m, v, master, lr, bc1, bc2);
+        at::Tensor p = here(params_[i]);
+        at::Tensor g = here(params_[i].grad());
+        at::Tensor m = here(m_[i]), v = here(v_[i]), master = here(master_[i]);
+        update(p, g, m, v, master, lr, bc1, bc2);
       }
-      stream.writeBack(u, dev);
+      stream.writeBack(u, dev, back[u]);
     }
     stream.finish();
   }
@@ -135,14 +149,14 @@ double AdamW::step() {
   return lr;
 }
 
-void AdamW::update(size_t i, at::Tensor &m, at::Tensor &v, at::Tensor &master, double lr,
-                   double bc1, double bc2) {
-  at::Tensor &p = params_[i];
+void AdamW::update(const at::Tensor &p, const at::Tensor &grad, const at::Tensor &m,
+                   const at::Tensor &v, const at::Tensor &master, double lr, double bc1,
+                   double bc2) {
   const bool mixed = master.defined();
   // The update's target and gradient: the float32 master and the widened
   // (clipped) gradient, or the float32 parameter itself.
   at::Tensor w = mixed ? master : p;
-  at::Tensor g = mixed ? p.grad().to(at::kFloat) : p.grad();
+  at::Tensor g = mixed ? grad.to(at::kFloat) : grad;
   if (mixed && pendingClip_ != 1.0)
     g.mul_(pendingClip_);
   m.mul_(o_.beta1).add_(g, 1.0 - o_.beta1);

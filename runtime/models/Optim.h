@@ -29,8 +29,10 @@
 // state stays on the device first, then streams the units in order: each
 // unit's moments and master come onto the device (the next one copying in
 // while this one updates), update there with the same operations, and go
-// back. The result is the same, bit for bit; the device holds two units'
-// state at most during the step.
+// back. A parameter that itself lives in the host pool (offload_params:
+// an FSDP shard and its gradient) comes with its unit the same way. The
+// result is the same, bit for bit; the device holds two units at most
+// during the step.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_OPTIM_H
@@ -61,8 +63,10 @@ double scheduledLr(const AdamWOptions &o, int64_t step);
 class AdamW {
 public:
   /// `unitOf` (empty: none offloaded) gives each parameter's offload unit,
-  /// -1 for state kept on the device.
-  AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf = {});
+  /// -1 for one kept wholly on the device; `hostState` (empty: every
+  /// parameter with a unit) whose state lives in the host pool.
+  AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf = {},
+        std::vector<bool> hostState = {});
 
   const AdamWOptions &options() const { return o_; }
   /// Changes the base learning rate (the schedule scales this one).
@@ -92,9 +96,10 @@ public:
   int64_t stateBytes(bool host) const;
 
 private:
-  /// Parameter i's update on `m`, `v` and `master` (where its state is now).
-  void update(size_t i, at::Tensor &m, at::Tensor &v, at::Tensor &master, double lr,
-              double bc1, double bc2);
+  /// One parameter's update: `p` (updated in place), its gradient, `m`,
+  /// `v` and `master`, wherever they are now (the same device).
+  void update(const at::Tensor &p, const at::Tensor &grad, const at::Tensor &m,
+              const at::Tensor &v, const at::Tensor &master, double lr, double bc1, double bc2);
   std::vector<at::Tensor> params_, m_, v_;
   std::vector<at::Tensor> master_; ///< float32 copies of 16-bit params (else undefined)
   std::vector<int> unitOf_;        ///< offload unit per parameter (-1: on the device)

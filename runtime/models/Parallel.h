@@ -291,6 +291,13 @@ public:
   /// gradient: the unit before), through Communicator::allGatherFlatAsync.
   /// The same bytes arrive, so results are bit-identical either way.
   void setPrefetch(bool on);
+  /// offload_params: the shards `host` marks (parameters() order) move into
+  /// the host pool, with zeroed gradients there when `withGrads` (backward
+  /// adds each micro-batch's reduce-scattered gradient into them). A
+  /// unit's gather then copies its shards in from host memory (ahead of
+  /// the unit, with prefetch), and the optimizer streams them
+  /// (models/Optim.h).
+  void offloadShards(const std::vector<bool> &host, bool withGrads);
   /// Gathers that were started ahead of their unit and used (for tests).
   int64_t prefetchedGathers() const;
 

@@ -286,9 +286,17 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
     if (nh != r->ranks()->size())
       return c.fail(what, " has host memory counts for ", nh, " ranks but ",
                     r->ranks()->size(), " ranks");
-    for (const RankHostMemory *h : *r->host_memory())
+    const double fo = r->options() ? r->options()->offload_optimizer().value_or(0) : 0;
+    const double fp = r->options() ? r->options()->offload_params().value_or(0) : 0;
+    for (const RankHostMemory *h : *r->host_memory()) {
       if (h->weights() < 0 || h->grads() < 0 || h->optimizer() < 0)
         return c.fail(what, " has a negative host memory count");
+      // Only what its options offload lives there.
+      if (h->optimizer() > 0 && !(fo > 0))
+        return c.fail(what, " counts optimizer state in host memory without offload_optimizer");
+      if (h->weights() + h->grads() > 0 && !(fp > 0))
+        return c.fail(what, " counts weights in host memory without offload_params");
+    }
   }
   // Format 2.8: the transient bounds, one entry per rank (or none).
   if (const size_t nt = len(r->transient())) {

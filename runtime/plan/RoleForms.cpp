@@ -59,6 +59,12 @@ executes::Verdict roleForms(const Plan &p, int r) {
     if (!why.empty())
       v.refusal = "role " + (ro.name() ? ro.name()->str() : std::string()) + ": " + why;
   }
+  if (v.refusal.empty() && ro.options() && ro.options()->offload_params()) {
+    const std::string why =
+        executes::offloadParamsProblem(*ro.options()->offload_params(), degreesOf(*ro.train()));
+    if (!why.empty())
+      v.refusal = "role " + (ro.name() ? ro.name()->str() : std::string()) + ": " + why;
+  }
   return v;
 }
 

@@ -201,6 +201,15 @@ std::string recomputeProblem(const std::string &mode, const layout::Degrees &tra
   return "";
 }
 
+std::string offloadParamsProblem(double share, const layout::Degrees &train) {
+  if (share <= 0 || train.fsdp > 1)
+    return "";
+  return "offload_params on " + train.str() +
+         ": only FSDP units gather their weights from where they are kept, so only an fsdp "
+         "layout (fsdp(N), fsdp(f) * tp(t)) streams its shards from host memory; write "
+         "train: fsdp, or offload_optimizer for the AdamW state alone";
+}
+
 std::string dtypeProblem(const std::string &dtype, const std::string &what) {
   if (dtype.empty() || dtype == "f32")
     return "";

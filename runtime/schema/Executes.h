@@ -110,6 +110,12 @@ std::string dtypeProblem(const std::string &dtype, const std::string &what);
 std::string recomputeProblem(const std::string &mode, const layout::Degrees &train,
                              int64_t experts);
 
+/// Why `offload_params: share` (share > 0) is not executed on a role
+/// training on `train`, or "" when it is: only FSDP units gather their
+/// weights, so only fsdp layouts (fsdp(f), fsdp(f) * tp(t)) stream their
+/// shards in from host memory.
+std::string offloadParamsProblem(double share, const layout::Degrees &train);
+
 } // namespace hflow::executes
 
 #endif // HFLOW_RUNTIME_SCHEMA_EXECUTES_H

@@ -144,21 +144,39 @@ inline int64_t offloadedLayers(double fraction, int64_t held) {
   return n < held ? n : held;
 }
 inline bool offloadsAll(double fraction) { return fraction >= 1; }
-/// The share of a rank's AdamW state offload_optimizer `fraction` keeps in
-/// host memory, for a rank holding `layersHeld` decoder layers of `m`'s
-/// (the analytic memory model's: the layers' parameters spread evenly;
-/// the plan counts them exactly).
-inline double offloadedStateShare(const ModelShape &m, double fraction, int64_t layersHeld) {
+/// The share of a rank's parameters (and so of its AdamW state)
+/// offload share `fraction` keeps in host memory, for a rank holding
+/// `layersHeld` decoder layers of `m`'s, 1/ep of its experts (the analytic
+/// memory model's: the layers' parameters spread evenly; the plan counts
+/// them exactly).
+inline double offloadedStateShare(const ModelShape &m, double fraction, int64_t layersHeld,
+                                  int64_t ep = 1) {
   if (fraction <= 0)
     return 0;
   if (offloadsAll(fraction))
     return 1;
   const double h = (double)m.hidden, v = (double)m.vocab;
   const double outside = v * h * (m.lmHead && !m.tieEmbeddings ? 2 : 1) + h;
-  const double P = (double)paramCount(m);
+  const double P = (double)heldParamCount(m, ep);
   const double layers = P > outside ? (P - outside) / P : 0;
   const int64_t held = layersHeld > 0 ? layersHeld : 1;
   return (double)offloadedLayers(fraction, held) / (double)held * layers;
+}
+
+/// The largest offload unit's parameters on a rank holding 1/S of `m`'s
+/// (1/ep of its experts): one decoder layer's, or with every parameter
+/// offloaded the embedding's (each tensor outside the layers is a unit of
+/// its own). The optimizer step holds two units on the device at once.
+inline double offloadUnitParams(const ModelShape &m, double fraction, int64_t ep, double S) {
+  if (fraction <= 0)
+    return 0;
+  const double h = (double)m.hidden, v = (double)m.vocab;
+  const double outside = v * h * (m.lmHead && !m.tieEmbeddings ? 2 : 1) + h;
+  const double P = (double)heldParamCount(m, ep);
+  double unit = (P > outside ? P - outside : 0) / (double)(m.layers > 0 ? m.layers : 1);
+  if (offloadsAll(fraction) && v * h > unit)
+    unit = v * h;
+  return unit / (S > 1 ? S : 1);
 }
 
 } // namespace hflow::shape

@@ -25,7 +25,8 @@ namespace hflow::planargs {
   X(optimizer, Text) X(lr, Real) X(weight_decay, Real) X(clip_grad, Real)       \
   X(warmup, Int) X(temperature, Real) X(top_p, Real) X(top_k, Int)              \
   X(memory_utilization, Real) X(dtype, Text) X(transfer_dtype, Text)           \
-  X(routing_replay, Bool) X(recompute, Text) X(offload_optimizer, Real)
+  X(routing_replay, Bool) X(recompute, Text) X(offload_optimizer, Real) \
+  X(offload_params, Real)
 
 namespace {
 

@@ -136,7 +136,8 @@ inline constexpr KeywordArg kRoleOptions[] = {
     {"transfer_dtype", ArgType::Choice, "f32 bf16 f16"},
     {"routing_replay", ArgType::Bool},
     {"recompute", ArgType::Choice, "layers attention mlp"},
-    {"offload_optimizer", ArgType::Fraction}};
+    {"offload_optimizer", ArgType::Fraction},
+    {"offload_params", ArgType::Fraction}};
 
 struct Signature {
   std::string_view method;

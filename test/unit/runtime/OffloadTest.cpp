@@ -7,6 +7,8 @@
 // are the plain optimizer's bit for bit.
 //
 //===----------------------------------------------------------------------===//
+#include "test/unit/runtime/ParallelFixtures.h"
+
 #include "runtime/models/HostPool.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Optim.h"
@@ -142,4 +144,78 @@ TEST(Offload, StepHoldsAtMostTwoUnitsOnTheDevice) {
   EXPECT_LT(scope.rise(), 4 * unitState);
 }
 
+/// One training pass of `lm` over `b`, as the engine runs it, then the
+/// form's gradient reduction.
+void trainPass(hflow::models::CausalLM &lm, const partest::Batch &b) {
+  std::vector<hflow::models::MicroBatch> micros = {{b.tokens, b.positions, b.mask}};
+  hflow::models::CausalLM::PassHead head = [&](int, const at::Tensor &h) {
+    at::Tensor logits = lm.localLogits(h).narrow(1, 0, b.T - 1);
+    at::Tensor lp = lm.tokenLogprobs(logits, b.targets(), partest::kTemp);
+    at::Tensor ent = lm.tokenEntropy(logits, partest::kTemp);
+    return partest::lossOf(lp, ent, b.targetMask());
+  };
+  lm.runPasses(micros, head, true);
+  lm.reduceGradients({});
+}
+
 } // namespace
+
+// offload_params: FSDP(2) with every shard and its gradient in the host
+// pool (and, the second time, the AdamW state too) trains as the plain
+// form, bit for bit, over three steps in f32 and bf16; the shards and
+// gradients stay in host memory, and the device holds that much less.
+TEST(Offload, FsdpShardsInHostMemoryTrainTheSame) {
+  RUN_AS_RANKS(2);
+  using namespace partest;
+  Group g = joinRanks(thisRank());
+  Communicator &w = *g.world;
+  MemoryMeter::install();
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
+    for (bool state : {false, true}) {
+      SCOPED_TRACE(std::string(dt == at::kFloat ? "f32" : "bf16") +
+                   (state ? ", optimizer too" : ""));
+      LlamaConfig c = gqa();
+      c.dtype = dt;
+      const Batch b = makeBatch(c.vocab);
+      Llama wholeA(c, kSeed), wholeB(c, kSeed);
+      FullyShardedModel plain(wholeA, w), off(wholeB, w);
+      plain.setTrainable(true);
+      off.setTrainable(true);
+      const size_t n = off.parameters().size();
+      int64_t shardBytes = 0;
+      for (const at::Tensor &p : off.parameters())
+        shardBytes += p.numel() * p.element_size();
+      const int64_t before = MemoryMeter::live(), hostBefore = HostPool::live();
+      off.offloadShards(std::vector<bool>(n, true), /*withGrads=*/true);
+      // The shards left the device (the old ones freed), their gradients
+      // are in the host pool from the start.
+      EXPECT_EQ(before - MemoryMeter::live(), shardBytes);
+      EXPECT_EQ(HostPool::live() - hostBefore, 2 * shardBytes);
+      for (const at::Tensor &p : off.parameters()) {
+        EXPECT_TRUE(HostPool::holds(p));
+        EXPECT_TRUE(HostPool::holds(p.grad()));
+      }
+      AdamWOptions o;
+      o.lr = 1e-2, o.weightDecay = 0.1;
+      std::vector<int> units(n);
+      for (size_t i = 0; i < n; ++i)
+        units[i] = int(i / 3); // a few parameters a unit
+      AdamW a(plain.parameters(), o), z(off.parameters(), o, units,
+                                        std::vector<bool>(n, state));
+      EXPECT_EQ(z.stateBytes(/*host=*/true) > 0, state);
+      for (int step = 0; step < 3; ++step) {
+        trainPass(plain, b);
+        trainPass(off, b);
+        const double na = plain.gradNormSquared({}), nz = off.gradNormSquared({});
+        EXPECT_EQ(na, nz) << "step " << step;
+        a.clip(std::sqrt(na)), z.clip(std::sqrt(nz));
+        a.step(), z.step();
+        const auto pa = plain.parameters(), pz = off.parameters();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(at::equal(pa[i], pz[i])) << "parameter " << i << " after step " << step;
+          EXPECT_TRUE(HostPool::holds(pz[i]));
+          EXPECT_TRUE(HostPool::holds(pz[i].grad()));
+        }
+      }
+    }
+}
