@@ -50,6 +50,14 @@ sed -e "$to4" -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2) * tp(2), gen
   -e 's/place actor, ref on local\[0:2\]/place actor, ref on local[0:4]/' -e "$short_grpo" \
   "$EX/arith_grpo.hflow" | case_ fsdp-tp-4 4 1e-4
 
+# Offload (offload.test): the actor's shards, gradients and AdamW state
+# in host memory (pinned on a GPU), streamed in unit by unit.
+sed -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2), generate: dp(2), offload_params: 1, offload_optimizer: 1,/' \
+  -e "$short_grpo" "$EX/arith_grpo.hflow" | case_ offload-2 2 1e-4
+sed -e "$to4" -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2) * tp(2), generate: dp(4), offload_params: 0.5, offload_optimizer: 1,/' \
+  -e 's/place actor, ref on local\[0:2\]/place actor, ref on local[0:4]/' -e "$short_grpo" \
+  "$EX/arith_grpo.hflow" | case_ offload-4 4 1e-4
+
 # Sequence parallelism (sequence-parallel.test).
 sp2='s/Actor(tiny)     { train: fsdp(2), generate: dp(2),/Actor(tiny)     { train: sp(2), generate: dp(2),/; s/Critic(tiny)    { train: dp(2),/Critic(tiny)    { train: sp(2),/; s/^role ref    = Reference(tiny)$/role ref    = Reference(tiny) { train: sp(2) }/; s/RewardFn("arith")/RewardFn("even_tokens")/; s/steps: 250, seed: 1/steps: 3, seed: 1/; s/steps: 300, seed: 2/steps: 4, seed: 2/'
 sed -e "$sp2" "$EX/arith_ppo.hflow" | case_ sp-2 2 1e-4
