@@ -39,8 +39,8 @@ std::string formatBytes(double bytes) {
 }
 
 namespace {
-/// A number role option, -1 where it is not set.
-double numberOption(RoleOp role, llvm::StringRef name) {
+/// A number role option, `unset` where it is not written.
+double numberOption(RoleOp role, llvm::StringRef name, double unset = -1) {
   if (auto opts = role.getOptionsAttr())
     if (auto u = opts.get(name)) {
       if (auto f = dyn_cast<FloatAttr>(u))
@@ -48,7 +48,7 @@ double numberOption(RoleOp role, llvm::StringRef name) {
       if (auto i = dyn_cast<IntegerAttr>(u))
         return double(i.getInt());
     }
-  return -1;
+  return unset;
 }
 } // namespace
 
@@ -326,14 +326,7 @@ void RoleMemory::sizeKvPool(double leftBytes) {
 }
 
 double memoryUtilization(RoleOp role) {
-  if (auto opts = role.getOptionsAttr())
-    if (auto u = opts.get("memory_utilization")) {
-      if (auto f = dyn_cast<FloatAttr>(u))
-        return f.getValueAsDouble();
-      if (auto i = dyn_cast<IntegerAttr>(u))
-        return double(i.getInt());
-    }
-  return kMemoryUtilization;
+  return numberOption(role, "memory_utilization", kMemoryUtilization);
 }
 
 SetMemory setMemory(PlaceOp place, const Workload &w) {
