@@ -286,7 +286,7 @@ LogicalResult PlanWriter::emitRoles() {
     auto toLayout = [](LayoutAttr l) {
       auto i = [](int64_t v) { return static_cast<int>(v); };
       return fb::Layout(i(l.getDp()), i(l.getTp()), i(l.getPp()), i(l.getFsdp()),
-                        i(l.getSp()), i(l.getCp()), i(l.getEp()));
+                        i(l.getSp()), i(l.getCp()), i(l.getEp()), i(l.getFold()));
     };
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
     idx.roleRanks.push_back(ranks);

@@ -52,6 +52,8 @@ void layout(llvm::json::OStream &j, llvm::StringRef key, const fb::Layout *l) {
     j.attribute("sp", l->sp());
     j.attribute("cp", l->cp());
     j.attribute("ep", l->ep());
+    if (l->fold())
+      j.attribute("fold", l->fold());
   });
 }
 

@@ -495,7 +495,8 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
     l.fsdpAll = true;
     return true;
   }
-  static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp", "ep"};
+  static const std::set<std::string> kDims = {"dp", "fsdp", "tp", "pp", "sp", "cp", "ep",
+                                              "etp"};
   if (e.kind != Expr::Kind::Call || !kDims.count(e.text)) {
     diags_.error(e.loc, kHelp);
     return false;
@@ -519,6 +520,18 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
                                            "supports");
     return false;
   }
+  if (e.text == "etp") {
+    if (degree != 1) {
+      diags_.error(e.args[0].value->loc,
+                   "etp(" + std::to_string(degree) +
+                       "): the expert tensor-parallel degree is tp's unless written, and "
+                       "etp(1) (parallel folding: every expert whole, ep taken from the tp "
+                       "ranks) is the one other hflow builds");
+      return false;
+    }
+    l.fold = 1; // checked against tp and ep once the layout is read (foldLayout)
+    return true;
+  }
   int64_t *slot = e.text == "dp" ? &l.dp : e.text == "fsdp" ? &l.fsdp
                 : e.text == "tp" ? &l.tp : e.text == "pp" ? &l.pp
                 : e.text == "sp" ? &l.sp : e.text == "ep" ? &l.ep : &l.cp;
@@ -535,6 +548,31 @@ bool DeclChecker::layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string
                         "parallelism with sharded weights");
     return false;
   }
+  return true;
+}
+
+bool DeclChecker::foldLayout(const Expr &e, ast::Layout &l, const std::set<std::string> &seen) {
+  // Megatron's parallel folding: `tp(t) * ep(t) * etp(1)`. The expert
+  // layers take their expert parallelism from the tensor-parallel ranks
+  // (each holding E/t whole experts), so ep names the same t ranks as tp
+  // and multiplies nothing; the layout keeps ep = 1 and fold = 1
+  // (runtime/schema/Degrees.h).
+  if (!seen.count("ep") || !seen.count("tp") || l.ep != l.tp || l.tp < 2) {
+    diags_.error(e.loc, "etp(1) folds expert parallelism into the tensor-parallel ranks: write "
+                        "tp(t) * ep(t) * etp(1), ep equal to tp (t > 1)" +
+                            std::string(seen.count("ep") && seen.count("tp")
+                                            ? "; here ep is " + std::to_string(l.ep) +
+                                                  " and tp " + std::to_string(l.tp)
+                                            : ""));
+    l.fold = 0;
+    return false;
+  }
+  if (seen.count("fsdp") || seen.count("sp") || seen.count("cp")) {
+    diags_.error(e.loc, "a folded layout (etp(1)) combines with tp, pp and dp only");
+    l.fold = 0;
+    return false;
+  }
+  l.ep = 1;
   return true;
 }
 
@@ -600,7 +638,8 @@ void DeclChecker::checkRole(ast::RoleDecl &r) {
     std::set<std::string> seen;
     target->written = true;
     target->loc = p.value->loc;
-    layoutExpr(*p.value, *target, seen);
+    if (layoutExpr(*p.value, *target, seen) && seen.count("etp"))
+      foldLayout(*p.value, *target, seen);
   }
   checkTransferDtype(r);
   checkRoutingReplay(r);

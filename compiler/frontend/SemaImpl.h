@@ -201,6 +201,9 @@ private:
   /// Parses `tp(2) * dp(4)`, `fsdp`, `fsdp(8) * sp(2)` or `auto` into a
   /// layout.
   bool layoutExpr(const Expr &e, ast::Layout &l, std::set<std::string> &seen);
+  /// A layout with etp(1) (parallel folding): checks tp(t) * ep(t) and
+  /// leaves ep = 1, fold = 1.
+  bool foldLayout(const Expr &e, ast::Layout &l, const std::set<std::string> &seen);
 
   /// `transfer_dtype:` (Actor): the element type of the weights on the wire
   /// when they switch from the training to the generation layout. bf16

@@ -164,7 +164,7 @@ private:
     // is dp = 4, ep = 2.
     int64_t dp = l.explicitDp ? l.dp * l.ep : sharded ? 1 : 0;
     return LayoutAttr::get(&ctx_, dp, l.tp, l.pp, l.fsdpAll ? 0 : l.fsdp, l.sp,
-                           l.cp, l.ep);
+                           l.cp, l.ep, l.fold);
   }
 
   /// A folded constant: an integer when integral (max_tokens: 2 * 8).

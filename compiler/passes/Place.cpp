@@ -224,7 +224,7 @@ private:
     auto free = [](LayoutAttr l) {
       return l.isAuto() || (l.getDp() == 0 && l.getTp() == 1 && l.getPp() == 1 &&
                             l.getFsdp() == 1 && l.getSp() == 1 && l.getCp() == 1 &&
-                            l.getEp() == 1);
+                            l.getEp() == 1 && l.getFold() == 0);
     };
     bool allFree = llvm::all_of(module.getOps<RoleOp>(), [&](RoleOp r) {
       return r.getKind() == RoleKind::RewardFn ||
@@ -296,7 +296,7 @@ private:
     const auto &best = found.result.candidates.front();
     MLIRContext *ctx = a.getContext();
     auto toAttr = [&](const ::hflow::reshard::Layout &l) {
-      return LayoutAttr::get(ctx, l.dp, l.tp, l.pp, l.fsdp, l.sp, l.cp, l.ep);
+      return LayoutAttr::get(ctx, l.dp, l.tp, l.pp, l.fsdp, l.sp, l.cp, l.ep, l.fold);
     };
     OpBuilder b(a);
     for (size_t j = 0; j < best.groups.size(); ++j) {
@@ -354,11 +354,11 @@ private:
                     model.getKvHeadsAttr().getInt() % tp != 0))
         continue;
       LayoutAttr l = gen ? LayoutAttr::get(ctx, devices / tp, tp, 1)
-                         : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1, 1);
+                         : LayoutAttr::get(ctx, 1, tp, 1, devices / tp, 1, 1, 1, 0);
       best = l; // if none fits, the smallest footprint (largest tp) is kept
       LayoutAttr train = gen ? other : l, generate = gen ? l : other;
       if (train.isAuto())
-        train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1, 1);
+        train = LayoutAttr::get(ctx, 1, 1, 1, devices, 1, 1, 1, 0);
       if (generate.isAuto())
         generate = LayoutAttr::get(ctx, devices, 1, 1);
       auto mem = ::hflow::planner::roleMemory(role, model, train, generate, workload_);
@@ -415,7 +415,7 @@ private:
           fsdp = devices / fixed;
       }
       LayoutAttr r = LayoutAttr::get(l.getContext(), dp, l.getTp(), l.getPp(),
-                                     fsdp, l.getSp(), l.getCp(), l.getEp());
+                                     fsdp, l.getSp(), l.getCp(), l.getEp(), l.getFold());
       if (r.size() != devices) {
         InFlightDiagnostic d = role.emitError()
                                << "the " << phase << " layout "
@@ -454,11 +454,17 @@ private:
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }
-        if (model.getLayersAttr().getInt() % l.getPp() != 0) {
+        // Stages hold ceil(layers / pp) layers each and the last the rest
+        // (Megatron's uneven first/last stages do the same job): pp need
+        // not divide the layers, but the last stage must hold one.
+        const int64_t layers = model.getLayersAttr().getInt(),
+                      perStage = (layers + l.getPp() - 1) / l.getPp();
+        if (perStage * (l.getPp() - 1) >= layers) {
           InFlightDiagnostic d = role.emitError()
                                  << "the " << phase << " layout's pp = " << l.getPp()
-                                 << " does not divide the model's "
-                                 << model.getLayersAttr().getInt() << " layers";
+                                 << " leaves its last stage no layer: each stage holds "
+                                    "ceil(layers / pp) = "
+                                 << perStage << " of the model's " << layers << " layers";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }

@@ -61,7 +61,9 @@ double offloadedOptimizerBytes(const RoleSpec &role, const Layout &train) {
   const double optimizer = static_cast<double>(::hflow::shape::heldParamCount(ms, train.ep)) *
                            (role.dtypeBytes >= 4 ? 8 : 12) / S;
   return optimizer * ::hflow::shape::offloadedStateShare(
-                         ms, role.offloadOptimizer, ms.layers / std::max<int64_t>(1, train.pp),
+                         ms, role.offloadOptimizer,
+                         (ms.layers + std::max<int64_t>(1, train.pp) - 1) /
+                             std::max<int64_t>(1, train.pp),
                          train.ep);
 }
 /// The weight shards per device `role`'s offload_params keeps in host
@@ -468,7 +470,7 @@ TransitionInstance transitionInstance(const Layout &train, const Layout &gen,
   // With ep the experts' runs span the data-parallel ranks: the whole
   // layout is the pattern.
   if (train.fsdp != 1 || gen.fsdp != 1 || train.sp * train.cp * gen.sp * gen.cp != 1 ||
-      train.ep * gen.ep != 1)
+      train.ep * gen.ep != 1 || train.fold || gen.fold)
     return in;
   if (train.pp == 1) {
     // Every rank's generation shard lies inside its own tp group (when

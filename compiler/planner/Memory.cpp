@@ -220,7 +220,12 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     s.lmHead = roleHasLmHead(role);
     return double(::hflow::shape::heldParamCount(s, l.getEp()));
   };
-  const double Pt = heldBy(train);
+  // Pipeline stages hold ceil(L / pp) layers each, the last the rest (the
+  // runtime's split): where pp does not divide the layers, the fullest
+  // stage's share (1 where it does).
+  const int64_t pp = std::max<int64_t>(1, train.getPp());
+  const int64_t perStage = ((int64_t)L + pp - 1) / pp;
+  const double Pt = heldBy(train) * double(perStage * pp) / L;
   m.weights = Pt * b / S;
   // offload_params: an FSDP role's shards of its offloaded layers.
   double paramShare = 0;
@@ -243,7 +248,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
                          : roleOffloadOptimizer(role);
     if (f > 0) {
       const double share = ::hflow::shape::offloadedStateShare(
-          held, f, (int64_t)L / std::max<int64_t>(1, train.getPp()), train.getEp());
+          held, f, perStage, train.getEp());
       m.hostOptimizer = m.optimizer * share;
       m.optimizer -= m.hostOptimizer;
     }
@@ -440,7 +445,7 @@ std::vector<CountedMemory> countedMemory(RoleOp role, ModelOp model) {
   const bool apart = role.getGenerateRanks() && !role.getGenerateRanks()->empty();
   auto same = [](const rs::Layout &x, const rs::Layout &y) {
     return x.dp == y.dp && x.fsdp == y.fsdp && x.tp == y.tp && x.pp == y.pp &&
-           x.sp == y.sp && x.cp == y.cp && x.ep == y.ep;
+           x.sp == y.sp && x.cp == y.cp && x.ep == y.ep && x.fold == y.fold;
   };
   const bool wholeBoth = train.fsdp * train.tp * train.pp * train.ep == 1 &&
                          gen.fsdp * gen.tp * gen.pp * gen.ep == 1;

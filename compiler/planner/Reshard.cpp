@@ -56,7 +56,8 @@ namespace {
 
 bool validLayout(const Layout &l) {
   return l.dp >= 1 && l.fsdp >= 1 && l.tp >= 1 && l.pp >= 1 && l.sp >= 1 &&
-         l.cp >= 1 && l.ep >= 1 && l.dp % l.ep == 0;
+         l.cp >= 1 && l.ep >= 1 && l.dp % l.ep == 0 &&
+         (l.fold == 0 || (l.fold == 1 && l.tp > 1 && l.ep == 1 && l.fsdp == 1));
 }
 
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -137,7 +138,8 @@ Coord coordOf(const Layout &l, int64_t slot) {
 Box holding(const Param &p, const Layout &l, int64_t slot, int64_t layers) {
   bool ok = validLayout(l) && slot >= 0 && slot < l.size() && layers >= 1 &&
             p.rows >= 1 && p.cols >= 1 &&
-            (p.expert < 0 || (p.experts >= l.ep && p.experts % l.ep == 0));
+            (p.expert < 0 || (p.experts >= l.ep && p.experts % l.ep == 0)) &&
+            (p.expert < 0 || !l.fold || p.experts % l.tp == 0);
   assert(ok && "holding: invalid layout, slot, layer count or parameter");
   if (!ok)
     return Box{};
@@ -147,6 +149,8 @@ Box holding(const Param &p, const Layout &l, int64_t slot, int64_t layers) {
   if (p.expert >= 0 && l.ep > 1 && p.expert / (p.experts / l.ep) != c.dp % l.ep)
     return Box{}; // another expert-parallel rank's expert
   Box b{0, p.rows, 0, p.cols};
+  if (p.expert >= 0 && l.fold) // parallel folding: whole, on its run's tp member
+    return p.expert / (p.experts / l.tp) == c.tp ? b : Box{};
   if (p.tp == Split::Rows)
     std::tie(b.r0, b.r1) = chunkOf(p.rows, l.tp, c.tp);
   else if (p.tp == Split::Cols)
@@ -243,6 +247,8 @@ std::vector<ParamClass> classesOf(const std::vector<Param> &params,
     classOf->assign(params.size(), 0);
   // An expert's owner under each layout's ep (-1: every rank holds it).
   auto owner = [](const Param &p, const Layout &l) -> int64_t {
+    if (p.expert >= 0 && l.fold) // folded: its tp member, whole (never -1)
+      return l.ep + p.expert / (p.experts / l.tp);
     return p.expert >= 0 && l.ep > 1 ? p.expert / (p.experts / l.ep) : -1;
   };
   for (size_t i = 0; i < params.size(); ++i) {
@@ -864,7 +870,7 @@ int64_t hybridFlowBytesPerRank(const Layout &from, const Layout &to,
       modelBytes < 0)
     return -1;
   if (from.fsdp > 1 || from.sp > 1 || from.cp > 1 || from.ep > 1 || to.fsdp > 1 ||
-      to.sp > 1 || to.cp > 1 || to.ep > 1)
+      to.sp > 1 || to.cp > 1 || to.ep > 1 || from.fold || to.fold)
     return -1;
   const int64_t tp = from.tp * from.pp, g = to.tp * to.pp;
   if (tp % g != 0)

@@ -16,7 +16,8 @@
 //  * dp, sp and cp replicate, but for ep: a mixture's expert x is held by
 //    the data-parallel ranks whose dp coordinate is owner(x) mod ep, with
 //    owner(x) = x / (experts / ep) (contiguous runs of experts; ep divides
-//    dp, runtime/schema/Degrees.h).
+//    dp, runtime/schema/Degrees.h); folded (`fold`: ep(t) * etp(1)), expert
+//    x is whole on the tp member owner(x) = x / (experts / tp).
 // Slot order within a layout: tp fastest, then sp, cp, fsdp, dp, pp.
 //
 // Rank i of the role holds training slot i. For the generation layout the

@@ -27,7 +27,8 @@ MeshOp meshOf(RoleOp role) {
 } // namespace
 
 rs::Layout toLayout(LayoutAttr l) {
-  return {l.getDp(), l.getFsdp(), l.getTp(), l.getPp(), l.getSp(), l.getCp(), l.getEp()};
+  return {l.getDp(), l.getFsdp(), l.getTp(), l.getPp(), l.getSp(), l.getCp(), l.getEp(),
+          l.getFold()};
 }
 
 rs::ModelShape toShape(ModelOp m) { return m.shape(); }

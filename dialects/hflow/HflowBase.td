@@ -71,7 +71,9 @@ def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
     (expert parallel, default 1) divides dp: a mixture of experts splits its
     experts over each run of ep consecutive data-parallel ranks (Megatron's
     carving of expert parallelism out of data parallelism), so a program's
-    `ep(2) * dp(2)` is `dp = 4, ep = 2` here.
+    `ep(2) * dp(2)` is `dp = 4, ep = 2` here. `fold = 1` (default 0) is
+    Megatron's parallel folding, `tp(t) * ep(t) * etp(1)` in a program: the
+    experts split whole over the tp ranks (ep stays 1 here).
 
     A degree of 0 for dp or fsdp means "all devices the role is placed on,
     divided by the other degrees", resolved by the placement pass. tp = 0
@@ -81,12 +83,13 @@ def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
                         DefaultValuedParameter<"int64_t", "1">:$fsdp,
                         DefaultValuedParameter<"int64_t", "1">:$sp,
                         DefaultValuedParameter<"int64_t", "1">:$cp,
-                        DefaultValuedParameter<"int64_t", "1">:$ep);
+                        DefaultValuedParameter<"int64_t", "1">:$ep,
+                        DefaultValuedParameter<"int64_t", "0">:$fold);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
   let builders = [
     AttrBuilder<(ins "int64_t":$dp, "int64_t":$tp, "int64_t":$pp), [{
-      return $_get($_ctxt, dp, tp, pp, 1, 1, 1, 1);
+      return $_get($_ctxt, dp, tp, pp, 1, 1, 1, 1, 0);
     }]>
   ];
   let extraClassDeclaration = [{
@@ -97,7 +100,7 @@ def Hflow_LayoutAttr : AttrDef<Hflow_Dialect, "Layout"> {
     int64_t shards() const { return getFsdp() * getTp() * getPp(); }
     bool isAuto() const { return getTp() == 0; }
     static LayoutAttr getAuto(::mlir::MLIRContext *ctx) {
-      return get(ctx, 0, 0, 0, 1, 1, 1, 1);
+      return get(ctx, 0, 0, 0, 1, 1, 1, 1, 0);
     }
   }];
 }

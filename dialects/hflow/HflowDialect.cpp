@@ -37,9 +37,9 @@ void HflowDialect::initialize() {
 LogicalResult
 LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dp,
                    int64_t tp, int64_t pp, int64_t fsdp, int64_t sp, int64_t cp,
-                   int64_t ep) {
+                   int64_t ep, int64_t fold) {
   if (tp == 0) {
-    if (dp != 0 || pp != 0 || fsdp != 1 || sp != 1 || cp != 1 || ep != 1)
+    if (dp != 0 || pp != 0 || fsdp != 1 || sp != 1 || cp != 1 || ep != 1 || fold != 0)
       return emitError() << "an auto layout (tp = 0) has dp = 0, pp = 0 and "
                             "no other degrees";
     return success();
@@ -56,6 +56,12 @@ LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t dp,
                        << ", cp = " << cp;
   if (ep < 1)
     return emitError() << "layout ep must be positive, got ep = " << ep;
+  if (fold != 0 && fold != 1)
+    return emitError() << "layout fold is 0 or 1, got " << fold;
+  if (fold && (tp < 2 || ep != 1))
+    return emitError() << "a folded layout (fold = 1: the experts whole over the tp ranks) "
+                          "has tp > 1 and ep = 1, got tp = "
+                       << tp << ", ep = " << ep;
   if (dp > 0 && dp % ep != 0)
     return emitError() << "layout ep = " << ep << " does not divide dp = " << dp
                        << " (ep splits the experts over data-parallel ranks)";

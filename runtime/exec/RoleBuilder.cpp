@@ -423,7 +423,7 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     else
       rr.lm = std::make_unique<models::TensorParallelModel>(
           *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get(), rr.groups.ep.get(),
-          rr.groups.edp.get());
+          rr.groups.edp.get(), role(r).train()->fold() != 0);
   } else if (rr.fsdpSize > 1) {
     rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
   } else if (rr.ppSize > 1) {
@@ -472,9 +472,9 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
       rr.groups.tp = comms_.world->makeSubgroup("pptp-" + rn + "-" + std::to_string(stage) + "-" +
                                            std::to_string(replica), tpRanks);
     try {
-      rr.lm = std::make_unique<models::PipelineModel>(*rr.model, *rr.groups.pp,
-                                                      rr.groups.dp.get(), rr.groups.tp.get(),
-                                                      rr.groups.ep.get(), rr.groups.edp.get());
+      rr.lm = std::make_unique<models::PipelineModel>(
+          *rr.model, *rr.groups.pp, rr.groups.dp.get(), rr.groups.tp.get(), rr.groups.ep.get(),
+          rr.groups.edp.get(), role(r).train()->fold() != 0);
     } catch (const std::invalid_argument &e) {
       throw RunError("role " + rn + ": " + e.what());
     }

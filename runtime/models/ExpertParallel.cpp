@@ -105,7 +105,8 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
 
 at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
-                                MoeRouting *routing, const at::Tensor &replay) {
+                                MoeRouting *routing, const at::Tensor &replay,
+                                int64_t foldFirst) {
   // Routed on the replicated input (the same choice on every member); the
   // weights and the experts' input through f, so that their gradients,
   // each member's part, are summed over the group; the partial outputs
@@ -113,8 +114,9 @@ at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
   auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
   at::Tensor xe = copyToTP(x, tp), te = copyToTP(top, tp);
-  at::Tensor y = ep ? combineExpertsParallel(xe, te, chosen, w, *ep)
-                    : combineExperts(xe, te, chosen, w);
+  at::Tensor y = foldFirst >= 0 ? combineExpertRun(xe, te, chosen, w, foldFirst)
+                 : ep          ? combineExpertsParallel(xe, te, chosen, w, *ep)
+                               : combineExperts(xe, te, chosen, w);
   return reduceFromTP(y, tp).view(h.sizes());
 }
 

@@ -239,8 +239,9 @@ template class ShardedForm<FSDPLlama>;
 
 TensorParallelModel::TensorParallelModel(const Llama &whole, comm::Communicator &tp,
                                          comm::Communicator *dp, comm::Communicator *cp,
-                                         comm::Communicator *ep, comm::Communicator *expertDp)
-    : ShardedForm(whole, tp, ep && ep->size() > 1 ? ep : nullptr), dp_(dp),
+                                         comm::Communicator *ep, comm::Communicator *expertDp,
+                                         bool foldExperts)
+    : ShardedForm(whole, tp, ep && ep->size() > 1 ? ep : nullptr, foldExperts), dp_(dp),
       cp_(cp && cp->size() > 1 ? cp : nullptr), ep_(ep && ep->size() > 1 ? ep : nullptr),
       expertDp_(expertDp) {
   if (cp_ && !dp_)
@@ -271,6 +272,7 @@ std::string TensorParallelModel::form() const {
   d.cp = cp_ ? cp_->size() : 1;
   if (ep_) // ep divides the data-parallel ranks: ep(e) * tp(t)
     d.dp = d.ep = ep_->size();
+  d.fold = m_.foldsExperts() ? 1 : 0;
   return d.str();
 }
 

@@ -118,9 +118,13 @@ protected:
 /// gradients. The load-balancing loss is the whole model's.
 class TensorParallelModel final : public ShardedForm<TPLlama> {
 public:
+  /// `foldExperts`: parallel folding (tp(t) * ep(t) * etp(1) * dp(d)):
+  /// the experts whole over `tp` (TPLlama's), reduced over `dp` like the
+  /// other shards; `ep` null.
   TensorParallelModel(const Llama &whole, comm::Communicator &tp,
                       comm::Communicator *dp = nullptr, comm::Communicator *cp = nullptr,
-                      comm::Communicator *ep = nullptr, comm::Communicator *expertDp = nullptr);
+                      comm::Communicator *ep = nullptr, comm::Communicator *expertDp = nullptr,
+                      bool foldExperts = false);
 
   std::string form() const override;
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,

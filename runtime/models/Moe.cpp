@@ -69,6 +69,31 @@ at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::
   return at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
 }
 
+at::Tensor combineExpertRun(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
+                            const MoeWeights &w, int64_t first) {
+  const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
+  if (first < 0 || first + El > E)
+    throw std::invalid_argument("a run of experts [" + std::to_string(first) + ", " +
+                                std::to_string(first + El) + ") for a router over " +
+                                std::to_string(E));
+  // The pairs sorted by expert; this run's are the block of them between
+  // the counts of the experts before it and after it.
+  at::Tensor flat = chosen.reshape({-1});
+  at::Tensor order = flat.argsort(/*stable=*/true);
+  at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
+  const int64_t *n = counts.data_ptr<int64_t>();
+  int64_t before = 0, mine = 0;
+  for (int64_t e = 0; e < first; ++e)
+    before += n[e];
+  for (int64_t e = first; e < first + El; ++e)
+    mine += n[e];
+  order = order.narrow(0, before, mine);
+  at::Tensor token = order.div(k, "floor");
+  at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
+  at::Tensor ys = runExperts(x.index_select(0, token), n + first, w);
+  return at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
+}
+
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
                   MoeRouting *routing, const at::Tensor &replay) {
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]

@@ -93,10 +93,16 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
 /// weights' gradients over `tp` (each member's experts give their part), so
 /// the router's gradient is the same on every member. Collective over `tp`
 /// (and `ep`).
+/// With `foldFirst` >= 0 (Megatron's parallel folding, `tp(t) * ep(t) *
+/// etp(1)`): `w` holds whole experts, the run [foldFirst, foldFirst + E/t)
+/// of member tp.rank(), and each member sums its run's part of every
+/// token's output (combineExpertRun) before the same all-reduce; `ep` is
+/// then null.
 at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
                                 bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
                                 MoeRouting *routing = nullptr,
-                                const at::Tensor &replay = at::Tensor());
+                                const at::Tensor &replay = at::Tensor(),
+                                int64_t foldFirst = -1);
 
 /// What moeMlp and moeMlpExpertParallel share. The router's choice for the
 /// rows of x [N, H] (or the replayed one): each token's k weights and
@@ -116,6 +122,12 @@ at::Tensor combineExpertsParallel(const at::Tensor &x, const at::Tensor &top,
                                   const at::Tensor &chosen, const MoeWeights &w,
                                   comm::Communicator &ep,
                                   const at::Tensor &ownerKey = at::Tensor());
+/// The pairs of experts [first, first + E') only (`w` holds that run of
+/// E' whole experts and the router over all E): this member's part of the
+/// sum, the rest of it on the members holding the other runs (Megatron's
+/// parallel folding: experts whole, split over the tensor-parallel group).
+at::Tensor combineExpertRun(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
+                            const MoeWeights &w, int64_t first);
 /// The experts of `w` on rows xs grouped by expert (rows[e] rows for w's
 /// expert e, in order): their outputs in the same order. With no rows, an
 /// empty slice of xs (still in its autograd graph).

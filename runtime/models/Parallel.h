@@ -121,13 +121,19 @@ public:
   /// only the run of E/|ep| experts of member ep->rank() is held, and every
   /// mixture layer sends its tokens to their experts' owners over `ep`
   /// (moeMlpTensorParallel).
-  TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep = nullptr);
+  /// With `foldExperts` (Megatron's parallel folding, `tp(t) * ep(t) *
+  /// etp(1)`; `ep` null): every expert whole, member r holding the run
+  /// [r E/t, (r + 1) E/t); each mixture layer sums every member's part of
+  /// its output with the all-reduce the dense MLP has (combineExpertRun),
+  /// so it needs no all-to-all and generates like the dense shards.
+  TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep = nullptr,
+          bool foldExperts = false);
   ~TPLlama();
   TPLlama(const TPLlama &) = delete;
   TPLlama &operator=(const TPLlama &) = delete;
 
   /// Empty when `c` can be split over `tpSize` members, else why not.
-  static std::string checkConfig(const LlamaConfig &c, int tpSize);
+  static std::string checkConfig(const LlamaConfig &c, int tpSize, bool foldExperts = false);
 
   const LlamaConfig &config() const;
   comm::Communicator &comm() const;
@@ -142,8 +148,10 @@ public:
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask, KvStore *cache = nullptr,
                     MoeTrace *moe = nullptr) const;
-  /// The expert group (ep x tp), or null.
+  /// The expert group (ep x tp), or null (folded too: the TP group).
   comm::Communicator *expertComm() const;
+  /// Parallel folding: the experts whole over the TP group.
+  bool foldsExperts() const;
   /// The leaves holding experts (one stack per layer and weight), and the
   /// others: how ep x tp reduces their gradients.
   std::vector<at::Tensor> expertParameters() const;

@@ -203,6 +203,9 @@ struct MoeCall {
   int64_t k = 0;
   bool normTopk = false;
   comm::Communicator *ep = nullptr;
+  /// Parallel folding: this TP member's run of whole experts starts here
+  /// (moeMlpTensorParallel's foldFirst); -1: none.
+  int64_t foldFirst = -1;
   MoeTrace *trace = nullptr;
   at::Tensor replay;
 };

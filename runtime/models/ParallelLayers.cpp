@@ -141,7 +141,8 @@ at::Tensor mlpHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext
     const at::Tensor given = moe->replay.defined()
                                  ? moe->replay.select(2, (int64_t)li).reshape({B * T, moe->k})
                                  : at::Tensor();
-    y = tp ? moeMlpTensorParallel(h, w.moe, moe->k, moe->normTopk, *tp, moe->ep, rec, given)
+    y = tp ? moeMlpTensorParallel(h, w.moe, moe->k, moe->normTopk, *tp, moe->ep, rec, given,
+                                  moe->foldFirst)
         : moe->ep ? moeMlpExpertParallel(h, w.moe, moe->k, moe->normTopk, *moe->ep, rec, given)
                   : moeMlp(h, w.moe, moe->k, moe->normTopk, rec, given);
     if (rec)

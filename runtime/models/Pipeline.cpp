@@ -26,6 +26,9 @@ struct PipelineStage::Impl {
   comm::Communicator *tp = nullptr; ///< pp x tp: the stage's TP group (size > 1)
   comm::Communicator *ep = nullptr; ///< pp x ep: the stage's expert group, or null
   int64_t firstExpert = 0, heldExperts = 0; ///< a mixture's run of experts here
+  /// Parallel folding (pp x tp(t) * ep(t) * etp(1)): the run is whole
+  /// experts, TP member r's E/t of them; the TP group gathers the runs.
+  bool fold = false;
   int p = 1, k = 0, first = 0, last = 0; ///< stages; this one; its layers [first, last)
   int t = 1, r = 0;                      ///< TP members; this one
   int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
@@ -68,7 +71,13 @@ struct PipelineStage::Impl {
       return layer / ((c.layers + p - 1) / p);
     return name == "embed" ? 0 : p - 1;
   }
-  TpSplit split(const std::string &name) const { return tpSplitOf(name, t, kvParts); }
+  TpSplit split(const std::string &name) const {
+    int64_t x = 0;
+    std::string w;
+    if (fold && expertOf(name, x, w))
+      return TpSplit{-1, 1}; // whole, on its run's member only
+    return tpSplitOf(name, t, kvParts);
+  }
   /// This member's box of parameter `name` whose 2-D view is `view`.
   Box boxOf(const std::string &name, const at::Tensor &view) const {
     return tpBoxOf(name, view.size(0), view.size(1), split(name), t, r);
@@ -86,7 +95,7 @@ std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
 }
 
 PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
-                             comm::Communicator *tp, comm::Communicator *ep)
+                             comm::Communicator *tp, comm::Communicator *ep, bool foldExperts)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
@@ -97,8 +106,17 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   const TpGeometry g = tpGeometry(p.c, tp);
   p.tp = g.tp, p.t = g.t, p.r = g.r;
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
-  const ExpertRun run = expertRunOf(full, ep, "PipelineStage");
-  p.ep = run.group, p.firstExpert = run.first, p.heldExperts = run.held;
+  if (foldExperts) {
+    if (ep)
+      throw std::invalid_argument("PipelineStage: parallel folding takes its experts' split "
+                                  "from the TP group; it has no expert group of its own");
+    if (std::string e = TPLlama::checkConfig(p.c, p.t, true); !e.empty())
+      throw std::invalid_argument(e);
+  }
+  p.fold = foldExperts && p.tp;
+  const ExpertRun run = expertRunOf(full, p.fold ? p.tp : ep, "PipelineStage");
+  p.ep = p.fold ? nullptr : run.group;
+  p.firstExpert = run.first, p.heldExperts = run.held;
   std::tie(p.first, p.last) = layersOf(p.c.layers, p.p, p.k);
   if (p.first >= p.last)
     throw std::invalid_argument("pipeline parallelism: stage " + std::to_string(p.k) + " of " +
@@ -208,6 +226,7 @@ at::Tensor PipelineStage::tokenEntropy(const at::Tensor &logits, double temperat
 
 comm::Communicator *PipelineStage::tpComm() const { return p_->tp; }
 comm::Communicator *PipelineStage::expertComm() const { return p_->ep; }
+bool PipelineStage::foldsExperts() const { return p_->fold; }
 std::vector<at::Tensor> PipelineStage::expertParameters() const { return p_->leavesOf(true); }
 std::vector<at::Tensor> PipelineStage::denseParameters() const { return p_->leavesOf(false); }
 
@@ -316,6 +335,7 @@ private:
     MoeCall mc;
     if (p.c.experts > 0) {
       mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep;
+      mc.foldFirst = p.fold ? p.firstExpert : -1;
       mc.replay = checkedReplay(p.c, mb.replay, a.B, a.T, "PipelineStage");
     }
     for (size_t l = 0; l < p.layers.size(); ++l) // (li: the model's layer, for the replay)
@@ -420,8 +440,9 @@ double PipelineStage::gradNormSquared() const {
       continue; // the tied copy: stage 0 counts the embedding
     // A piece several TP members hold (a norm, a replicated kv head)
     // counts once: on the first of them.
+    // Folded, each member's experts are its own.
     const TpSplit sp = p.split(p.named[i].first);
-    if (sp.dim < 0 ? p.r != 0 : !sp.firstHolder(p.r, p.t))
+    if (!(p.fold && p.isExpert(i)) && (sp.dim < 0 ? p.r != 0 : !sp.firstHolder(p.r, p.t)))
       continue;
     at::Tensor g = p.gradOf(i);
     if (g.defined())
@@ -453,14 +474,15 @@ void PipelineStage::gatherInto(Llama &dst) const {
     // the same index in its expert group, so holds the same run).
     int64_t x = 0;
     std::string w;
-    if (p.ep && expertOf(name, x, w) &&
+    const bool expert = expertOf(name, x, w);
+    if ((p.ep || p.fold) && expert &&
         (x < p.firstExpert || x >= p.firstExpert + p.heldExperts))
-      continue; // another expert group's: below
+      continue; // another expert group's (folded: TP member's): below
     const int owner = p.ownerOf(name);
     at::Tensor buf;
     if (owner != p.k)
       buf = at::empty(view.sizes(), view.options());
-    else if (p.tp)
+    else if (p.tp && !(p.fold && expert))
       buf = tpGather2D(name, mine.at(name), p.split(name), *p.tp).contiguous();
     else
       buf = mine.at(name).detach().clone();
@@ -468,9 +490,9 @@ void PipelineStage::gatherInto(Llama &dst) const {
     c10::NoGradGuard ng;
     view.copy_(buf);
   }
-  if (p.ep) {
+  if (p.ep || p.fold) {
     std::vector<at::Tensor> stacks = dst.expertParameters();
-    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, *p.ep);
+    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, p.fold ? *p.tp : *p.ep);
   }
 }
 
@@ -549,6 +571,7 @@ std::string PipelineModel::form() const {
     d.tp = tp->size();
   if (comm::Communicator *ep = s_.expertComm()) // ep divides the data-parallel ranks
     d.dp = d.ep = ep->size();
+  d.fold = s_.foldsExperts() ? 1 : 0;
   return d.str();
 }
 

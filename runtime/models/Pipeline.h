@@ -56,8 +56,10 @@ public:
   /// tokens to their owners over `ep`. Its passes replay a micro-batch's
   /// routing; they do not add the load-balancing loss (run() refuses to
   /// train a config asking for it: its expert shares span every stage).
+  /// `foldExperts` (pp x tp(t) * ep(t) * etp(1), Megatron's parallel
+  /// folding): the stage's experts whole over `tp`, as TPLlama folds them.
   PipelineStage(const Llama &full, comm::Communicator &pp, comm::Communicator *tp = nullptr,
-                comm::Communicator *ep = nullptr);
+                comm::Communicator *ep = nullptr, bool foldExperts = false);
   ~PipelineStage();
   PipelineStage(const PipelineStage &) = delete;
   PipelineStage &operator=(const PipelineStage &) = delete;
@@ -105,6 +107,7 @@ public:
   /// The expert group (null without ep), and the leaves holding a
   /// mixture's experts (one stack per layer and weight) and the others.
   comm::Communicator *expertComm() const;
+  bool foldsExperts() const;
   std::vector<at::Tensor> expertParameters() const;
   std::vector<at::Tensor> denseParameters() const;
 
@@ -150,8 +153,8 @@ class PipelineModel final : public CausalLM {
 public:
   PipelineModel(const Llama &whole, comm::Communicator &pp, comm::Communicator *dp,
                 comm::Communicator *tp = nullptr, comm::Communicator *ep = nullptr,
-                comm::Communicator *expertDp = nullptr)
-      : s_(whole, pp, tp, ep), dp_(dp), expertDp_(expertDp) {
+                comm::Communicator *expertDp = nullptr, bool foldExperts = false)
+      : s_(whole, pp, tp, ep, foldExperts), dp_(dp), expertDp_(expertDp) {
     if (s_.expertComm() && (!dp_ || !expertDp_))
       throw std::invalid_argument("pipeline parallelism with ep: the gradients need the "
                                   "stage's data-parallel group and the experts' one");

@@ -198,6 +198,9 @@ struct TPLlama::Impl {
   int t = 1, r = 0;
   int64_t nq = 0, nkv = 0, kvParts = 0, vStart = 0, vShard = 0;
   int64_t firstExpert = 0, heldExperts = 0; ///< a mixture's run of experts here
+  /// Parallel folding (tp(t) * ep(t) * etp(1)): the run is whole experts,
+  /// member r's E/t of them, and the TP group gathers the runs.
+  bool fold = false;
   at::Tensor embed, finalNorm, head;
   std::vector<LayerWeights> layers;
 
@@ -224,6 +227,12 @@ struct TPLlama::Impl {
 
   /// How `name` is split.
   void spec(const std::string &name, int &dim, int64_t &parts) const {
+    int64_t x = 0;
+    std::string w;
+    if (fold && expertOf(name, x, w)) {
+      dim = -1, parts = 1; // a whole expert, held by its run's member only
+      return;
+    }
     TpSplit sp = tpSplitOf(name, t, kvParts);
     dim = sp.dim, parts = sp.parts;
   }
@@ -253,7 +262,7 @@ struct TPLlama::Impl {
   }
 };
 
-std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
+std::string TPLlama::checkConfig(const LlamaConfig &c, int t, bool foldExperts) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (std::string e = c.validate(); !e.empty())
     return e;
@@ -266,7 +275,11 @@ std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
            " do not divide one another";
   if (c.ffn % t != 0)
     return "tensor parallelism: ffn " + s(c.ffn) + " is not divisible by " + s(t);
-  if (c.experts > 0 && c.expertFfn % t != 0)
+  if (foldExperts && (c.experts == 0 || c.experts % t != 0))
+    return "parallel folding (ep(" + s(t) + ") * etp(1)) splits a mixture's experts whole " +
+           "over the tensor-parallel group: experts " + s(c.experts) + " are not divisible by " +
+           s(t);
+  if (!foldExperts && c.experts > 0 && c.expertFfn % t != 0)
     return "tensor parallelism: the experts' width " + s(c.expertFfn) +
            " is not divisible by " + s(t);
   if (c.vocab % t != 0)
@@ -274,17 +287,23 @@ std::string TPLlama::checkConfig(const LlamaConfig &c, int t) {
   return "";
 }
 
-TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep)
+TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *ep,
+                 bool foldExperts)
     : p_(std::make_unique<Impl>()) {
   Impl &p = *p_;
   p.c = full.config();
   p.tp = &tp;
   p.t = tp.size();
   p.r = tp.rank();
-  if (std::string e = checkConfig(p.c, p.t); !e.empty())
+  if (std::string e = checkConfig(p.c, p.t, foldExperts); !e.empty())
     throw std::invalid_argument(e);
-  const ExpertRun run = expertRunOf(full, ep, "TPLlama");
-  p.ep = run.group, p.firstExpert = run.first, p.heldExperts = run.held;
+  if (foldExperts && ep)
+    throw std::invalid_argument("TPLlama: parallel folding takes its experts' split from the "
+                                "TP group; it has no expert group of its own");
+  const ExpertRun run = expertRunOf(full, foldExperts ? &tp : ep, "TPLlama");
+  p.fold = foldExperts && p.t > 1;
+  p.ep = p.fold ? nullptr : run.group;
+  p.firstExpert = run.first, p.heldExperts = run.held;
   const TpGeometry g = tpGeometry(p.c, &tp);
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   p.layers.resize(p.c.layers);
@@ -345,6 +364,7 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *
 }
 
 comm::Communicator *TPLlama::expertComm() const { return p_->ep; }
+bool TPLlama::foldsExperts() const { return p_->fold; }
 
 std::vector<at::Tensor> TPLlama::expertParameters() const {
   std::vector<at::Tensor> out;
@@ -398,6 +418,7 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
   MoeCall mc;
   if (p.c.experts > 0) {
     mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep, mc.trace = moe;
+    mc.foldFirst = p.fold ? p.firstExpert : -1;
     if (moe)
       mc.replay = checkedReplay(p.c, moe->replay, a.B, a.T, "TPLlama");
   }
@@ -552,11 +573,12 @@ void TPLlama::gatherInto(Llama &dst) const {
              c10::NoGradGuard noGrad;
              at::Tensor(whole).copy_(full.view(whole.sizes()));
            });
-  if (p.ep) {
+  if (p.ep || p.fold) {
     // Every TP member now holds its expert group's run whole in `dst`; the
-    // other groups' runs come from their owners (of this TP index).
+    // other groups' runs come from their owners (of this TP index; folded:
+    // the other TP members).
     std::vector<at::Tensor> stacks = dst.expertParameters();
-    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, *p.ep);
+    gatherExpertRuns(stacks, p.firstExpert, p.heldExperts, p.fold ? *p.tp : *p.ep);
   }
 }
 
@@ -584,8 +606,8 @@ double TPLlama::gradNormSquared() const {
     if (!g.defined())
       continue;
     double s = g.to(at::kDouble).pow(2).sum().item<double>();
-    if (e.index >= 0)
-      experts += TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t) ? s : 0;
+    if (e.index >= 0) // folded: each member's experts its own
+      experts += p.fold || TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t) ? s : 0;
     else if (e.dim < 0)
       replicated += s;
     else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) // its piece counted once

@@ -255,6 +255,8 @@ bool checkRole(Checker &c, const Plan &p, size_t i) {
     if (l->dp() < 1 || l->tp() < 1 || l->pp() < 1 || l->fsdp() < 1 ||
         l->sp() < 1 || l->cp() < 1 || l->ep() < 1)
       return c.fail(what, " has a non-positive parallel degree");
+    if (l->fold() != 0 && l->fold() != 1)
+      return c.fail(what, " has a fold of ", l->fold(), ", not 0 or 1");
     if (l->dp() % l->ep() != 0)
       return c.fail(what, " splits its experts over ep ", l->ep(),
                     " ranks, which does not divide its ", l->dp(), " data-parallel ranks");

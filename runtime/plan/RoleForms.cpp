@@ -9,7 +9,7 @@
 namespace hflow::plan {
 
 executes::Degrees degreesOf(const Layout &l) {
-  return {l.dp(), l.fsdp(), l.tp(), l.pp(), l.sp(), l.cp(), l.ep()};
+  return {l.dp(), l.fsdp(), l.tp(), l.pp(), l.sp(), l.cp(), l.ep(), l.fold()};
 }
 
 std::string roleDtype(const Plan &p, int r, std::string *where) {

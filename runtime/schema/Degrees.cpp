@@ -18,7 +18,9 @@ std::string Degrees::str() const {
   add("pp", pp);
   add("sp", sp);
   add("cp", cp);
-  add("ep", ep);
+  add("ep", fold ? tp : ep);
+  if (fold)
+    out += " * etp(1)";
   add("dp", ep > 1 ? dp / ep : dp);
   return out.empty() ? "dp(1)" : out;
 }

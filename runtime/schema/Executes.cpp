@@ -22,6 +22,22 @@ const char *kindName(methods::Role k) {
 /// stages, or ep(e) * dp(d), ep(e) * tp(t) * dp(d) and pp(p) * ep(e) *
 /// dp(d) when it trains or computes.
 std::string unbuiltDegree(const Degrees &l, const Dims &d) {
+  if (l.fold) {
+    if (d.experts == 0)
+      return "parallel folding (ep(t) * etp(1)) splits a mixture's experts over the "
+             "tensor-parallel ranks; this model is dense";
+    if (l.tp <= 1)
+      return "parallel folding takes ep from the tensor-parallel ranks: write tp(t) * ep(t) "
+             "* etp(1) with t > 1";
+    if (d.experts % l.tp != 0)
+      return "parallel folding (ep(" + s(l.tp) + ") * etp(1)) splits the experts whole over "
+             "the tp ranks: " + s(l.tp) + " must divide the model's " + s(d.experts) +
+             " experts";
+    if (l.ep > 1 || l.fsdp > 1 || l.sp > 1 || l.cp > 1)
+      return "parallel folding (ep(t) * etp(1)) runs on tp(t) * dp(d) and pp(p) * tp(t) * "
+             "dp(d) in hflow-run: combined with an ep carved from dp, fsdp, sp or cp it is "
+             "not built";
+  }
   if (l.ep > 1 && d.experts == 0)
     return "expert parallelism (ep(" + s(l.ep) + ")) splits a mixture's experts; this "
            "model is dense";
@@ -50,7 +66,7 @@ const char *formName(Form f) {
   return "?";
 }
 
-std::string tensorParallelProblem(const Dims &d, int64_t t) {
+std::string tensorParallelProblem(const Dims &d, int64_t t, bool fold) {
   if (t <= 1)
     return "";
   if (d.heads % t != 0)
@@ -61,7 +77,7 @@ std::string tensorParallelProblem(const Dims &d, int64_t t) {
     return "ffn " + s(d.ffn) + " is not divisible by tp " + s(t);
   if (d.vocab % t != 0)
     return "vocab " + s(d.vocab) + " is not divisible by tp " + s(t);
-  if (d.experts > 0 && d.expertFfn % t != 0)
+  if (d.experts > 0 && !fold && d.expertFfn % t != 0)
     return "the experts' width expert_ffn " + s(d.expertFfn) + " is not divisible by tp " +
            s(t);
   return "";
@@ -129,7 +145,8 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     v.train = Form::SequenceParallel;
   }
   if (train.tp > 1) {
-    if (std::string why = tensorParallelProblem(dims, train.tp); !why.empty())
+    if (std::string why = tensorParallelProblem(dims, train.tp, train.fold != 0);
+        !why.empty())
       return refuse("train", train, "hflow-run's tensor-parallel shards need whole heads, "
                                     "MLP columns and vocabulary rows per rank: " + why);
     if (v.train != Form::Pipeline) // pp x tp: TP within each stage; cp x tp: its shards
@@ -141,6 +158,11 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
     return v; // a critic or reference computes on its training form only
   if (std::string why = unbuiltDegree(gen, dims); !why.empty())
     return refuse("generate", gen, why);
+  if (gen.fold)
+    return refuse("generate", gen,
+                  "generation on folded experts (ep(t) * etp(1)) is not built in hflow-run "
+                  "yet: generate on tp(t) * dp(d) (each expert split along its width), "
+                  "ep(e) * dp(d) or dp(N); the planned reshard moves the weights there");
   if (gen.pp > 1)
     return refuse("generate", gen,
                   "pipeline parallelism (pp(" + s(gen.pp) + ")) does not generate in "

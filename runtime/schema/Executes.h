@@ -78,13 +78,16 @@ struct Verdict {
 inline constexpr const char *kSummary =
     "hflow-run executes an Actor, a Critic or a Reference on dp(N), tp(t) * dp(d), "
     "fsdp(N), fsdp(f) * tp(t), sp(s) * dp(d), cp(c) * tp(t) * dp(d) or pp(p) * tp(t) * dp(d) "
-    "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * tp(t) * dp(d), or with ep(e) * dp(d) "
-    "inside those), "
+    "(a mixture of experts on dp(N), tp(t) * dp(d), pp(p) * tp(t) * dp(d), with ep(e) * dp(d) "
+    "inside those, or folded: tp(t) * ep(t) * etp(1) * dp(d) and pp(p) * tp(t) * ep(t) * "
+    "etp(1) * dp(d)), "
     "an Actor generating on dp(N) or tp(t) * dp(d) (a mixture also on ep(e) * dp(d)), "
     "and a RewardFn on dp(N)";
 
 /// Why tensor-parallel shards of degree `t` do not split `d` evenly, or "".
-std::string tensorParallelProblem(const Dims &d, int64_t t);
+/// `fold`: the experts split whole (parallel folding), not along their
+/// width.
+std::string tensorParallelProblem(const Dims &d, int64_t t, bool fold = false);
 
 /// The forms hflow-run builds for a role of `kind` with the given layouts
 /// (`gen` matters for actors only; `apart`: the actor generates on ranks

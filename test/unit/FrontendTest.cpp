@@ -44,7 +44,7 @@ TEST(Frontend, TinyExampleIsClean) {
   EXPECT_TRUE(r.diags.all().empty());
   ASSERT_TRUE(r.program);
   EXPECT_EQ(r.program->roles.size(), 4u);
-  EXPECT_EQ(r.program->devices.size(), 5u); // from std/devices
+  EXPECT_EQ(r.program->devices.size(), 6u); // from std/devices
   ASSERT_EQ(r.imported.size(), 1u);
   EXPECT_EQ(r.program->flows.size(), 1u);
   EXPECT_EQ(r.program->models[0].kvHeads, 2);

@@ -625,8 +625,10 @@ static void expectScaledPlan(const std::vector<Param> &ps, const Layout &from,
 TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
   // A mixture's experts under ep: expert x only on the ranks of ep index
   // x / (E / ep), whole (or its tp piece); everything else as without ep.
-  // Every plan between layouts with and without ep meets the element-level
-  // lower bound and leaves each rank exactly what it needs.
+  // Folded (fold: tp(t) * ep(t) * etp(1)), expert x whole on the tp member
+  // x / (E / tp) of each replica. Every plan between layouts with and
+  // without ep or folding meets the element-level lower bound and leaves
+  // each rank exactly what it needs.
   std::mt19937 rng(39);
   int plans = 0, moved = 0;
   for (int it = 0; it < 120; ++it) {
@@ -643,6 +645,10 @@ TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
           Layout e = l;
           e.ep = ep;
           ls.push_back(e);
+          if (ep == 1 && l.tp > 1 && l.fsdp == 1 && m.experts % l.tp == 0) {
+            e.fold = 1;
+            ls.push_back(e);
+          }
         }
     const Layout from = ls[rng() % ls.size()], to = ls[rng() % ls.size()];
     SCOPED_TRACE(from.str() + " -> " + to.str() + " experts " + std::to_string(m.experts));
@@ -654,7 +660,10 @@ TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
         const Box b = holding(p, from, s, m.layers);
         if (p.expert >= 0 && !b.empty()) {
           const Coord c = coordOf(from, s);
-          ASSERT_EQ(p.expert / (m.experts / from.ep), c.dp % from.ep) << p.name;
+          if (from.fold)
+            ASSERT_EQ(p.expert / (m.experts / from.tp), c.tp) << p.name;
+          else
+            ASSERT_EQ(p.expert / (m.experts / from.ep), c.dp % from.ep) << p.name;
         }
         for (int64_t r = b.r0; r < b.r1; ++r)
           for (int64_t c = b.c0; c < b.c1; ++c)
@@ -662,6 +671,7 @@ TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
       }
       const int64_t want = (p.expert >= 0 ? from.dp / from.ep : from.dp) * from.sp * from.cp *
                            (p.tp == Split::Replicated ? from.tp : 1);
+      // (folded: each expert whole on one member of each of the dp replicas)
       for (int x : count)
         ASSERT_EQ(x, want) << p.name;
     }
@@ -691,6 +701,21 @@ TEST(ReshardExpertParallel, HoldingsAndPlansAgainstElements) {
   }
   EXPECT_EQ(plans, 120);
   EXPECT_GT(moved, 60);
+  // tp(2) * ep(2) * etp(1) -> tp(2): each member keeps the width half of
+  // its own experts and fetches that half of the other member's (a quarter
+  // of the experts' elements), the dense shards staying where they are.
+  {
+    ModelShape mf = shape(2, 8, 4, 2, 8, 16);
+    mf.experts = 4, mf.expertsPerToken = 2, mf.expertFfn = 4;
+    Layout fold = L(1, 1, 2, 1);
+    fold.fold = 1;
+    EXPECT_EQ(fold.str(), "tp(2) * ep(2) * etp(1)");
+    EXPECT_NE(fold, L(1, 1, 2, 1));
+    const Plan pf = planWeights(llamaParams(mf), fold, L(1, 1, 2, 1), mf.layers, Options{});
+    // ranks x layers x (2 foreign experts x 3 weights x half their 4 x 8) x bytes
+    EXPECT_EQ(pf.totalBytes, 2 * 2 * (2 * 3 * 2 * 8) * 2);
+    EXPECT_EQ(pf.totalBytes, pf.lowerBound);
+  }
   // ep(2) * dp(2) -> dp(4): each rank fetches exactly the other half of the
   // experts and nothing else.
   ModelShape m = shape(2, 8, 4, 2, 8, 16);

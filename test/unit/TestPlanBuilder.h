@@ -96,7 +96,7 @@ inline std::vector<uint8_t> buildTestPlan(const TestPlanOptions &o = {}) {
                          o.worldSize, 0, 0, 0, o.meshDeviceBandwidth);
   auto model = CreateModel(b, b.CreateString("tiny"), b.CreateString("llama"),
                            2, 32, 4, 2, 64, 64, DType::F32, 0);
-  Layout train(o.worldSize, 1, 1, 1, 1, 1, 1), gen(o.worldSize, 1, 1, 1, 1, 1, 1);
+  Layout train(o.worldSize, 1, 1, 1, 1, 1, 1, 0), gen(o.worldSize, 1, 1, 1, 1, 1, 1, 0);
   std::vector<RankMemory> memory;
   for (int i = 0; i < o.memoryRanks; ++i)
     memory.emplace_back(o.memoryWeights, 0, 0, 0);
@@ -198,8 +198,8 @@ inline std::vector<uint8_t> buildPpoTestPlan(int64_t seed = 1, bool criticTp2 = 
                         4, 2, 64, 64, DType::F32, 22688);
   auto m1 = CreateModel(b, b.CreateString("tiny_critic"), b.CreateString("llama"),
                         1, 32, 4, 4, 48, 64, DType::F32, 0);
-  Layout dp2tp2(2, 2, 1, 1, 1, 1, 1), dp4(4, 1, 1, 1, 1, 1, 1), dp2(2, 1, 1, 1, 1, 1, 1),
-      tp2(1, 2, 1, 1, 1, 1, 1), pp2(1, 1, 2, 1, 1, 1, 1), one(1, 1, 1, 1, 1, 1, 1);
+  Layout dp2tp2(2, 2, 1, 1, 1, 1, 1, 0), dp4(4, 1, 1, 1, 1, 1, 1, 0), dp2(2, 1, 1, 1, 1, 1, 1, 0),
+      tp2(1, 2, 1, 1, 1, 1, 1, 0), pp2(1, 1, 2, 1, 1, 1, 1, 0), one(1, 1, 1, 1, 1, 1, 1, 0);
   std::vector<flatbuffers::Offset<Role>> roles{
       CreateRole(b, b.CreateString("actor"), RoleKind::Actor, 0, vec({0, 1, 2, 3}),
                  &dp2tp2, &dp4, 0, CreateRoleOptions(b)),

@@ -110,10 +110,11 @@ void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
 /// reduceGradients, their norm, one AdamW step and the gathered weights;
 /// the load-balancing loss of runPasses against the whole model's on the
 /// same rows.
-void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int t) {
+void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int t,
+                bool fold = false) {
   const int r = world.rank(), n = world.size(), d = n / t, di = r / t, ti = r % t;
   const std::string what = "ep" + std::to_string(e) + "*tp" + std::to_string(t) + "*dp" +
-                           std::to_string(d / e);
+                           std::to_string(d / e) + (fold ? "*etp1" : "");
   SCOPED_TRACE(c.name + " " + what);
   const std::string key = "eptp." + c.name + ".", grid = key + what;
   std::vector<int> tpRanks, dpRanks, epRanks, edpRanks;
@@ -136,12 +137,16 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   Batch b = all.rows(2 * di, 2);
 
   Llama whole(c, kSeed);
-  TensorParallelModel lm(whole, *tp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr, edp.get());
+  TensorParallelModel lm(whole, *tp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr, edp.get(),
+                         fold);
   if (e > 1)
     EXPECT_EQ(lm.form(), "tp(" + std::to_string(t) + ") * ep(" + std::to_string(e) + ")");
+  if (fold)
+    EXPECT_EQ(lm.form(), "tp(" + std::to_string(t) + ") * ep(" + std::to_string(t) + ") * etp(1)");
   // It holds its run of E/e experts, each expert's slice of the width,
-  // named as the whole model's.
-  const int64_t El = c.experts / e;
+  // named as the whole model's; folded, its TP member's run of E/t whole
+  // experts.
+  const int64_t El = c.experts / (fold ? t : e);
   std::map<std::string, Box> boxes;
   for (const auto &[name, box] : lm.namedBoxes())
     boxes[name] = box;
@@ -149,9 +154,9 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   for (const auto &[name, w] : lm.namedWeights())
     if (name.find(".mlp.experts.") != std::string::npos) {
       const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
-      EXPECT_EQ(x / El, di % e) << name;
+      EXPECT_EQ(x / El, fold ? ti : di % e) << name;
       const Box bx = boxes.at(name);
-      EXPECT_EQ(bx.numel(), c.expertFfn / t * c.hidden) << name;
+      EXPECT_EQ(bx.numel(), c.expertFfn / (fold ? 1 : t) * c.hidden) << name;
       ++held;
     }
   EXPECT_EQ(held, c.layers * El * 3);
@@ -189,7 +194,7 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   (void)stepped.hidden(b.tokens, b.positions, b.mask, nullptr, &trace);
   const double wantAux = loadBalancingLoss(trace.layers, b.mask).item<double>();
   TensorParallelModel lm2(stepped, *tp, dp.get(), nullptr, e > 1 ? ep.get() : nullptr,
-                          edp.get());
+                          edp.get(), fold);
   lm2.setTrainable(true);
   lm2.runPasses({MicroBatch{b.tokens, b.positions, b.mask, at::Tensor()}},
                 [&](int, const at::Tensor &h) { return h.pow(2).mean(); }, /*train=*/true);
@@ -232,13 +237,14 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
 /// reduceGradients, the norm, one AdamW step and the gathered weights
 /// against the whole model on the whole batch.
 void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, int m,
-                int t = 1) {
+                int t = 1, bool fold = false) {
   // Slot order: tp fastest, then dp, then pp (RoleBuilder's).
   const int n = world.size(), d = n / (2 * t), ti = world.rank() % t,
             rep = world.rank() / t % d, k = world.rank() / (t * d);
   auto at = [&](int stage, int replica, int member) { return (stage * d + replica) * t + member; };
   const std::string what = "pp2*tp" + std::to_string(t) + "*ep" + std::to_string(e) + "*dp" +
-                           std::to_string(d / e) + " m" + std::to_string(m);
+                           std::to_string(d / e) + (fold ? "*etp1" : "") + " m" +
+                           std::to_string(m);
   SCOPED_TRACE(c.name + " " + what);
   const std::string key = "ppep." + c.name + ".", grid = key + what;
   const std::string at2 = std::to_string(rep) + "." + std::to_string(ti);
@@ -262,7 +268,10 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   Reference ref = reference(c, all);
   Llama source(c, kSeed);
   PipelineModel lm(source, *pp, dp.get(), t > 1 ? tp.get() : nullptr,
-                   e > 1 ? ep.get() : nullptr, e > 1 ? edp.get() : nullptr);
+                   e > 1 ? ep.get() : nullptr, e > 1 ? edp.get() : nullptr, fold);
+  if (fold)
+    EXPECT_NE(lm.form().find("ep(" + std::to_string(t) + ") * etp(1)"), std::string::npos)
+        << lm.form();
   if (e > 1)
     EXPECT_NE(lm.form().find("ep(" + std::to_string(e) + ")"), std::string::npos) << lm.form();
   if (t > 1)
@@ -276,7 +285,7 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   }
   // It holds its stage's layers and of their experts its run, each the
   // source's (with tp, its box: the expert's slice of the width).
-  const int64_t El = c.experts / e;
+  const int64_t El = c.experts / (fold ? t : e);
   std::map<std::string, at::Tensor> fullByName;
   for (auto &[name, w] : source.namedParameters())
     fullByName[name] = w;
@@ -293,8 +302,8 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   for (const auto &[name, w] : lm.namedWeights())
     if (name.find(".mlp.experts.") != std::string::npos) {
       const int64_t x = std::stoll(name.substr(name.find(".mlp.experts.") + 13));
-      EXPECT_EQ(x / El, rep % e) << name;
-      EXPECT_EQ(boxes.at(name).numel(), c.expertFfn / t * c.hidden) << name;
+      EXPECT_EQ(x / El, fold ? ti : rep % e) << name;
+      EXPECT_EQ(boxes.at(name).numel(), c.expertFfn / (fold ? 1 : t) * c.hidden) << name;
       EXPECT_TRUE(at::equal(w.reshape(boxOf(name, fullByName.at(name)).sizes()),
                             boxOf(name, fullByName.at(name))))
           << name;
@@ -415,6 +424,23 @@ TEST(ParallelEP, WithTensorParallel) {
   for (bool mixtral : {false, true}) {
     checkEPxTP(errs, *g.world, moe(mixtral), 2, 2);
     checkEPxTP(errs, *g.world, moe(mixtral), 1, 2);
+  }
+}
+
+// Megatron's parallel folding, tp(t) * ep(t) * etp(1): every expert whole
+// on one member of each TP group (its run of E/t), the dense weights split
+// as tp splits them; tp(2) * dp(2) and tp(4) on 4 ranks, and pp(2) * tp(2)
+// with one and two micro-batches. The same checks as expert tensor
+// parallelism's above, against the whole model.
+TEST(ParallelEP, FoldedIntoTensorParallel) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  for (bool mixtral : {false, true}) {
+    checkEPxTP(errs, *g.world, moe(mixtral), 1, 2, /*fold=*/true);
+    checkEPxTP(errs, *g.world, moe(mixtral), 1, 4, /*fold=*/true);
+    for (int m : {1, 2})
+      checkPPxEP(errs, *g.world, moe(mixtral), 1, m, 2, /*fold=*/true);
   }
 }
 
