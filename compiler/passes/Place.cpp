@@ -444,6 +444,18 @@ private:
           ok = false;
         }
         const int64_t experts = model.shape().experts;
+        if (l.getFold() && (experts == 0 || experts % l.getTp() != 0)) {
+          InFlightDiagnostic d = role.emitError();
+          d << "the " << phase << " layout folds ep(" << l.getTp()
+            << ") into its tensor-parallel ranks (etp(1))";
+          if (experts == 0)
+            d << ", which splits a mixture's experts, but the model is dense";
+          else
+            d << ", which splits the experts whole over them: " << l.getTp()
+              << " does not divide the model's " << experts << " experts";
+          d.attachNote(model.getLoc()) << "model declared here";
+          ok = false;
+        }
         if (l.getEp() > 1 && (experts == 0 || experts % l.getEp() != 0)) {
           InFlightDiagnostic d = role.emitError();
           d << "the " << phase << " layout's ep = " << l.getEp();

@@ -284,6 +284,8 @@ struct PrintReshardPlanPass
       j.attributeObject(key, [&] {
         for (const auto &[name, value] : ::hflow::layout::kNamedDegrees)
           j.attribute(name, l.*value);
+        if (l.fold)
+          j.attribute("fold", l.fold);
       });
     };
     j.object([&] {

@@ -107,7 +107,9 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double fp = m.hostWeights > 0 ? role.offloadParams : 0;
     const double perElem = (fo > 0 ? (b >= 4 ? 8 : 12) : 0) + (fp > 0 ? 2 * b : 0);
     if (perElem > 0)
-      m.stepStream = 2 * ::hflow::shape::offloadUnitParams(ms, std::max(fo, fp), train.ep, S) *
+      m.stepStream = 2 *
+                     ::hflow::shape::offloadUnitParams(ms, std::max(fo, fp), train.ep,
+                                                       S / double(std::max<int64_t>(1, train.pp))) *
                      perElem;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at

@@ -258,7 +258,8 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double perElem = (f > 0 ? (b >= 4 ? 8 : 12) : 0) + (fp > 0 ? 2 * b : 0);
     if (perElem > 0)
       m.stepStream =
-          2 * ::hflow::shape::offloadUnitParams(held, std::max(f, fp), train.getEp(), S) * perElem;
+          2 * ::hflow::shape::offloadUnitParams(held, std::max(f, fp), train.getEp(), S / double(pp)) *
+          perElem;
   }
   // What hflow-run's passes keep (runtime/schema/ActivationModel.h), at
   // the longest prompt and response.

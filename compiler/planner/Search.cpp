@@ -260,7 +260,8 @@ struct Ctx {
     std::vector<int64_t> key = {r,           in.train.tp,   in.train.pp, in.train.dp,
                                 in.train.ep, in.train.fsdp, in.train.sp, in.train.cp,
                                 in.gen.tp,   in.gen.pp,     in.gen.dp,   in.gen.ep,
-                                in.gen.fsdp, in.gen.sp,     in.gen.cp,   in.ranksPerNode};
+                                in.gen.fsdp, in.gen.sp,     in.gen.cp,   in.ranksPerNode,
+                                in.train.fold, in.gen.fold};
     return memoised(transMemo, key, [&] {
       ++stats.transitions;
       return transitionSecondsOn(roles[size_t(r)], in, mesh, cal);

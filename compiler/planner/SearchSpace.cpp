@@ -88,7 +88,7 @@ static bool executesLayouts(const RoleSpec &role, const Layout &train, const Lay
   auto degrees = [](const Layout &l) {
     ::hflow::executes::Degrees d;
     d.dp = l.dp, d.fsdp = l.fsdp, d.tp = l.tp, d.pp = l.pp, d.sp = l.sp, d.cp = l.cp;
-    d.ep = l.ep;
+    d.ep = l.ep, d.fold = l.fold;
     return d;
   };
   using ::hflow::methods::Role;

@@ -51,6 +51,9 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
                   : std::string()) +
            (e > 1 ? ", expert run " + std::to_string(pos / t % e) + " of " + std::to_string(e)
                   : std::string()) +
+           (l.fold() ? ", expert run " + std::to_string(pos % t) + " of " + std::to_string(t) +
+                           " (whole experts)"
+                     : std::string()) +
            ", replica " + std::to_string(pos / (t * c)) + " of " +
            std::to_string(std::max(1, size / (t * c)));
   }
@@ -72,6 +75,9 @@ std::string holding(executes::Form f, const Layout &l, int pos, int size) {
            (e > 1 ? ", expert run " + std::to_string(pos / t % d % e) + " of " +
                         std::to_string(e)
                   : std::string()) +
+           (l.fold() ? ", expert run " + std::to_string(pos % t) + " of " + std::to_string(t) +
+                           " (whole experts)"
+                     : std::string()) +
            ", replica " + std::to_string(pos / t % d) + " of " + std::to_string(d);
   }
   case Form::SequenceParallel: {

@@ -147,6 +147,7 @@ void MetricsReport::printSummary(const at::Tensor &all) {
           const executes::Degrees tl = plan::degreesOf(*r->train());
           layout::Degrees shard; // the degrees a rank's shard is cut by
           shard.tp = tl.tp;
+          shard.fold = tl.fold;
           if (v.train == executes::Form::Pipeline)
             shard.pp = tl.pp;
           if (v.train == executes::Form::FullyShard)

@@ -421,9 +421,13 @@ void RoleBuilder::buildTrainingForm(int r, RoleRt &rr) {
     if (rr.fsdpSize > 1) // FSDP across the replicas, TP within
       rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.groups.dp, tpc);
     else
-      rr.lm = std::make_unique<models::TensorParallelModel>(
-          *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get(), rr.groups.ep.get(),
-          rr.groups.edp.get(), role(r).train()->fold() != 0);
+      try {
+        rr.lm = std::make_unique<models::TensorParallelModel>(
+            *rr.model, *tpc, rr.groups.dp.get(), rr.groups.sp.get(), rr.groups.ep.get(),
+            rr.groups.edp.get(), role(r).train()->fold() != 0);
+      } catch (const std::invalid_argument &e) {
+        throw RunError("role " + rn + ": " + e.what());
+      }
   } else if (rr.fsdpSize > 1) {
     rr.lm = std::make_unique<models::FullyShardedModel>(*rr.model, *rr.comm);
   } else if (rr.ppSize > 1) {

@@ -294,7 +294,9 @@ struct TpGeometry {
   int t = 1, r = 0;
   int64_t nq = 0, nkv = 0, kvParts = 1, vStart = 0, vShard = 0;
 };
-TpGeometry tpGeometry(const LlamaConfig &c, comm::Communicator *tp);
+/// `foldExperts`: the experts split whole (parallel folding), so their
+/// width need not divide.
+TpGeometry tpGeometry(const LlamaConfig &c, comm::Communicator *tp, bool foldExperts = false);
 /// A layer's weights as the forward uses them: kv heads replicated on
 /// `reps` members sum their gradients over those replicas.
 LayerWeights withKvReplicaSums(LayerWeights w, comm::Communicator &tp, int64_t reps);

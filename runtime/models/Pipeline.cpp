@@ -103,16 +103,12 @@ PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
   p.p = pp.size();
   p.k = pp.rank();
   p.tied = p.c.tieEmbeddings && p.c.lmHead;
-  const TpGeometry g = tpGeometry(p.c, tp);
+  const TpGeometry g = tpGeometry(p.c, tp, foldExperts);
   p.tp = g.tp, p.t = g.t, p.r = g.r;
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
-  if (foldExperts) {
-    if (ep)
-      throw std::invalid_argument("PipelineStage: parallel folding takes its experts' split "
-                                  "from the TP group; it has no expert group of its own");
-    if (std::string e = TPLlama::checkConfig(p.c, p.t, true); !e.empty())
-      throw std::invalid_argument(e);
-  }
+  if (foldExperts && ep)
+    throw std::invalid_argument("PipelineStage: parallel folding takes its experts' split "
+                                "from the TP group; it has no expert group of its own");
   p.fold = foldExperts && p.tp;
   const ExpertRun run = expertRunOf(full, p.fold ? p.tp : ep, "PipelineStage");
   p.ep = p.fold ? nullptr : run.group;

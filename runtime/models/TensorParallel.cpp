@@ -126,10 +126,10 @@ at::Tensor detail::vocabParallelEntropy(const at::Tensor &shard, double temperat
   return m.squeeze(-1) + at::log(sumExp) - sumExpL / sumExp;
 }
 
-TpGeometry detail::tpGeometry(const LlamaConfig &c, comm::Communicator *tp) {
+TpGeometry detail::tpGeometry(const LlamaConfig &c, comm::Communicator *tp, bool foldExperts) {
   TpGeometry g;
   if (tp && tp->size() > 1) {
-    if (std::string e = TPLlama::checkConfig(c, tp->size()); !e.empty())
+    if (std::string e = TPLlama::checkConfig(c, tp->size(), foldExperts); !e.empty())
       throw std::invalid_argument(e);
     g.tp = tp, g.t = tp->size(), g.r = tp->rank();
   }
@@ -304,7 +304,7 @@ TPLlama::TPLlama(const Llama &full, comm::Communicator &tp, comm::Communicator *
   p.fold = foldExperts && p.t > 1;
   p.ep = p.fold ? nullptr : run.group;
   p.firstExpert = run.first, p.heldExperts = run.held;
-  const TpGeometry g = tpGeometry(p.c, &tp);
+  const TpGeometry g = tpGeometry(p.c, &tp, foldExperts);
   p.nq = g.nq, p.nkv = g.nkv, p.kvParts = g.kvParts, p.vStart = g.vStart, p.vShard = g.vShard;
   p.layers.resize(p.c.layers);
   // A layer's held experts: each weight's pieces, stacked below into one

@@ -163,10 +163,12 @@ inline double offloadedStateShare(const ModelShape &m, double fraction, int64_t 
   return (double)offloadedLayers(fraction, held) / (double)held * layers;
 }
 
-/// The largest offload unit's parameters on a rank holding 1/S of `m`'s
-/// (1/ep of its experts): one decoder layer's, or with every parameter
-/// offloaded the embedding's (each tensor outside the layers is a unit of
-/// its own). The optimizer step holds two units on the device at once.
+/// The largest offload unit's parameters on a rank holding 1/S of each of
+/// `m`'s layers (S = fsdp * tp: a pipeline stage holds its layers whole
+/// but for those; 1/ep of its experts): one decoder layer's, or with every
+/// parameter offloaded the embedding's (each tensor outside the layers is a
+/// unit of its own). The optimizer step holds two units on the device at
+/// once.
 inline double offloadUnitParams(const ModelShape &m, double fraction, int64_t ep, double S) {
   if (fraction <= 0)
     return 0;

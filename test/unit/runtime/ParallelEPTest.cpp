@@ -430,8 +430,9 @@ TEST(ParallelEP, WithTensorParallel) {
 // Megatron's parallel folding, tp(t) * ep(t) * etp(1): every expert whole
 // on one member of each TP group (its run of E/t), the dense weights split
 // as tp splits them; tp(2) * dp(2) and tp(4) on 4 ranks, and pp(2) * tp(2)
-// with one and two micro-batches. The same checks as expert tensor
-// parallelism's above, against the whole model.
+// with one and two micro-batches, and experts whose width tp does not
+// divide. The same checks as expert tensor parallelism's above, against
+// the whole model.
 TEST(ParallelEP, FoldedIntoTensorParallel) {
   RUN_AS_RANKS(4);
   Group g = joinRanks(thisRank());
@@ -442,6 +443,15 @@ TEST(ParallelEP, FoldedIntoTensorParallel) {
     for (int m : {1, 2})
       checkPPxEP(errs, *g.world, moe(mixtral), 1, m, 2, /*fold=*/true);
   }
+  // Whole experts need no width that tp divides: expert_ffn 10 on tp(4)
+  // (refused without folding).
+  LlamaConfig odd = moe(false);
+  odd.expertFfn = 10;
+  odd.name = "qwen3moe-ffn10"; // groups of its own names
+  EXPECT_FALSE(TPLlama::checkConfig(odd, 4).empty());
+  EXPECT_TRUE(TPLlama::checkConfig(odd, 4, /*foldExperts=*/true).empty());
+  checkEPxTP(errs, *g.world, odd, 1, 4, /*fold=*/true);
+  checkPPxEP(errs, *g.world, odd, 1, 2, 2, /*fold=*/true);
 }
 
 // The dispatched mixture against moeMlp on the same tokens: every member
