@@ -54,21 +54,6 @@ at::Tensor runExperts(const at::Tensor &xs, const int64_t *rows, const MoeWeight
   return ys.empty() ? xs.narrow(0, 0, 0) : at::cat(ys, 0);
 }
 
-at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
-                          const MoeWeights &w) {
-  const int64_t E = w.router.size(0), k = chosen.size(1);
-  // Each (token, slot) pair grouped by its expert: one matrix product per
-  // expert over the tokens that chose it, the outputs scattered back with
-  // their weights.
-  at::Tensor flat = chosen.reshape({-1});                            // [N k]
-  at::Tensor order = flat.argsort(/*stable=*/true);                  // by expert
-  at::Tensor token = order.div(k, "floor");                          // its row of x
-  at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
-  at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
-  at::Tensor ys = runExperts(x.index_select(0, token), counts.data_ptr<int64_t>(), w);
-  return at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
-}
-
 at::Tensor combineExpertRun(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
                             const MoeWeights &w, int64_t first) {
   const int64_t E = w.router.size(0), El = w.gate.size(0), k = chosen.size(1);
@@ -76,10 +61,12 @@ at::Tensor combineExpertRun(const at::Tensor &x, const at::Tensor &top, const at
     throw std::invalid_argument("a run of experts [" + std::to_string(first) + ", " +
                                 std::to_string(first + El) + ") for a router over " +
                                 std::to_string(E));
-  // The pairs sorted by expert; this run's are the block of them between
-  // the counts of the experts before it and after it.
-  at::Tensor flat = chosen.reshape({-1});
-  at::Tensor order = flat.argsort(/*stable=*/true);
+  // Each (token, slot) pair grouped by its expert: one matrix product per
+  // expert over the tokens that chose it, the outputs scattered back with
+  // their weights. This run's pairs are the block of the sorted ones
+  // between the counts of the experts before it and after it.
+  at::Tensor flat = chosen.reshape({-1});           // [N k]
+  at::Tensor order = flat.argsort(/*stable=*/true); // by expert
   at::Tensor counts = at::bincount(flat, /*weights=*/{}, E).to(at::kCPU);
   const int64_t *n = counts.data_ptr<int64_t>();
   int64_t before = 0, mine = 0;
@@ -92,6 +79,11 @@ at::Tensor combineExpertRun(const at::Tensor &x, const at::Tensor &top, const at
   at::Tensor weight = top.reshape({-1}).index_select(0, order).to(x.scalar_type());
   at::Tensor ys = runExperts(x.index_select(0, token), n + first, w);
   return at::zeros_like(x).index_add(0, token, ys * weight.unsqueeze(-1));
+}
+
+at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::Tensor &chosen,
+                          const MoeWeights &w) {
+  return combineExpertRun(x, top, chosen, w, 0); // every expert: the run from 0
 }
 
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,

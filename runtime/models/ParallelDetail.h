@@ -265,7 +265,9 @@ struct TpSplit {
 /// The split of parameter `name` (Llama::namedParameters() names): q, k, v,
 /// gate, up, their biases, the embedding and the LM head by rows (k and v
 /// into `kvParts` pieces), o and down by columns, norms replicated.
-TpSplit tpSplitOf(const std::string &name, int t, int64_t kvParts);
+/// `foldExperts` (parallel folding): an expert's weights are whole
+/// (replicated in this sense: dim -1), held by its run's member only.
+TpSplit tpSplitOf(const std::string &name, int t, int64_t kvParts, bool foldExperts = false);
 /// Member r's box of the parameter's 2-D view [rows, cols] (a 1-D one is
 /// [1, n] and splits along its columns).
 Box tpBoxOf(const std::string &name, int64_t rows, int64_t cols, TpSplit s, int t, int r);

@@ -71,13 +71,7 @@ struct PipelineStage::Impl {
       return layer / ((c.layers + p - 1) / p);
     return name == "embed" ? 0 : p - 1;
   }
-  TpSplit split(const std::string &name) const {
-    int64_t x = 0;
-    std::string w;
-    if (fold && expertOf(name, x, w))
-      return TpSplit{-1, 1}; // whole, on its run's member only
-    return tpSplitOf(name, t, kvParts);
-  }
+  TpSplit split(const std::string &name) const { return tpSplitOf(name, t, kvParts, fold); }
   /// This member's box of parameter `name` whose 2-D view is `view`.
   Box boxOf(const std::string &name, const at::Tensor &view) const {
     return tpBoxOf(name, view.size(0), view.size(1), split(name), t, r);

@@ -32,10 +32,12 @@ using torch::autograd::variable_list;
 // The tensor-parallel layout (shared with FSDPLlama's fsdp x tp)
 //===----------------------------------------------------------------------===//
 
-TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts) {
+TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts, bool foldExperts) {
   std::string suffix;
   const int layer = layerOf(name, suffix);
   TpSplit s{0, t};
+  if (foldExperts && layer >= 0 && suffix.rfind("mlp.experts.", 0) == 0)
+    return TpSplit{}; // a whole expert, held by its run's member only
   if (layer < 0) {
     if (name == "final_norm")
       s = TpSplit{};
@@ -227,13 +229,7 @@ struct TPLlama::Impl {
 
   /// How `name` is split.
   void spec(const std::string &name, int &dim, int64_t &parts) const {
-    int64_t x = 0;
-    std::string w;
-    if (fold && expertOf(name, x, w)) {
-      dim = -1, parts = 1; // a whole expert, held by its run's member only
-      return;
-    }
-    TpSplit sp = tpSplitOf(name, t, kvParts);
+    TpSplit sp = tpSplitOf(name, t, kvParts, fold);
     dim = sp.dim, parts = sp.parts;
   }
 
