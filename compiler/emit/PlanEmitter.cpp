@@ -236,8 +236,17 @@ void PlanWriter::emitModels() {
     if (auto dir = m->getAttrOfType<StringAttr>("hf_dir"))
       weights = b.CreateString(dir.getValue().str());
     flatbuffers::Offset<fb::RopeScaling> ropeScaling;
-    if (auto rs = m.getRopeScaling())
-      ropeScaling = fb::CreateRopeScaling(b, (*rs)[0], (*rs)[1], (*rs)[2], (int64_t)(*rs)[3]);
+    if (auto rs = m.getRopeScaling()) {
+      if (rs->size() == 8) // YaRN (low/high: Llama 3.1's defaults, unused)
+        ropeScaling = fb::CreateRopeScaling(b, (*rs)[0], 1.0, 4.0, (int64_t)(*rs)[3], true,
+                                            (*rs)[4], (*rs)[5], (*rs)[6], (*rs)[7]);
+      else
+        ropeScaling =
+            fb::CreateRopeScaling(b, (*rs)[0], (*rs)[1], (*rs)[2], (int64_t)(*rs)[3]);
+    }
+    auto count = [](IntegerAttr a, int64_t dflt = 0) {
+      return a ? (int32_t)a.getInt() : (int32_t)dflt;
+    };
     out.models.push_back(fb::CreateModel(
         b, b.CreateString(m.getSymName().str()), b.CreateString(m.getArch().str()),
         m.getLayersAttr().getInt(), m.getHiddenAttr().getInt(), m.getHeadsAttr().getInt(), m.getKvHeadsAttr().getInt(), m.getFfnAttr().getInt(),
@@ -252,7 +261,13 @@ void PlanWriter::emitModels() {
         m.getExpertsPerTokenAttr() ? (int32_t)m.getExpertsPerTokenAttr().getInt() : 0,
         m.getExpertFfnAttr() ? (int32_t)m.getExpertFfnAttr().getInt() : 0, m.getNormTopkProb(),
         m.getRouterAuxLossCoefAttr() ? m.getRouterAuxLossCoefAttr().getValueAsDouble() : 0.0,
-        m.getRouterAuxLoss()));
+        m.getRouterAuxLoss(), count(m.getSharedExpertsAttr()), count(m.getDenseLayersAttr()),
+        m.getSigmoidRouter(), count(m.getExpertGroupsAttr(), 1),
+        count(m.getTopkGroupsAttr(), 1),
+        m.getRoutedScalingAttr() ? m.getRoutedScalingAttr().getValueAsDouble() : 1.0,
+        count(m.getQLoraRankAttr()), count(m.getKvLoraRankAttr()),
+        count(m.getQkNopeHeadDimAttr()), count(m.getQkRopeHeadDimAttr()),
+        count(m.getVHeadDimAttr()), m.getRopeInterleave()));
   }
 
 }

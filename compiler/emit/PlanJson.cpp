@@ -95,6 +95,16 @@ void modelJson(llvm::json::OStream &j, const fb::Model *m) {
     j.attribute("qk_norm", true);
   if (const fb::RopeScaling *rs = m->rope_scaling())
     j.attributeObject("rope_scaling", [&] {
+      if (rs->yarn()) {
+        j.attribute("rope_type", "yarn");
+        j.attribute("factor", rs->factor());
+        j.attribute("original_max_positions", rs->original_max_positions());
+        j.attribute("beta_fast", rs->beta_fast());
+        j.attribute("beta_slow", rs->beta_slow());
+        j.attribute("mscale", rs->mscale());
+        j.attribute("mscale_all_dim", rs->mscale_all_dim());
+        return;
+      }
       j.attribute("rope_type", "llama3");
       j.attribute("factor", rs->factor());
       j.attribute("low_freq_factor", rs->low_freq_factor());
@@ -110,6 +120,22 @@ void modelJson(llvm::json::OStream &j, const fb::Model *m) {
     j.attribute("norm_topk_prob", m->norm_topk_prob());
     j.attribute("router_aux_loss_coef", m->router_aux_loss_coef());
     j.attribute("router_aux_loss", m->router_aux_loss());
+    if (m->sigmoid_router()) { // DeepSeek-V3's mixture
+      j.attribute("shared_experts", m->shared_experts());
+      j.attribute("dense_layers", m->dense_layers());
+      j.attribute("sigmoid_router", true);
+      j.attribute("expert_groups", m->expert_groups());
+      j.attribute("topk_groups", m->topk_groups());
+      j.attribute("routed_scaling", m->routed_scaling());
+    }
+  }
+  if (m->kv_lora_rank() != 0) { // DeepSeek's latent attention
+    j.attribute("q_lora_rank", m->q_lora_rank());
+    j.attribute("kv_lora_rank", m->kv_lora_rank());
+    j.attribute("qk_nope_head_dim", m->qk_nope_head_dim());
+    j.attribute("qk_rope_head_dim", m->qk_rope_head_dim());
+    j.attribute("v_head_dim", m->v_head_dim());
+    j.attribute("rope_interleave", m->rope_interleave());
   }
   if (m->weights())
     j.attribute("weights", str(m->weights()));

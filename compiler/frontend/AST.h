@@ -119,13 +119,15 @@ struct ModelDecl {
   // From a config.json (runtime/schema/HfConfig.h): the head width when it
   // is not hidden / heads (0), Qwen3's q/k norms, Llama 3.1's rope_scaling
   // as [factor, low_freq_factor, high_freq_factor, original_max_positions]
-  // (empty: none), Mistral's sliding window (0: none), and
+  // or DeepSeek-V3's YaRN as [factor, 0, 0, original_max_positions,
+  // beta_fast, beta_slow, mscale, mscale_all_dim] (empty: none), Mistral's sliding window (0: none), and
   // max_position_embeddings (0: not given).
   int64_t headDim = 0;
   bool qkNorm = false;
   std::vector<double> ropeScaling;
   int64_t slidingWindow = 0, maxPositions = 0;
-  hfconfig::Mixture moe; // a mixture of experts (qwen3_moe, mixtral)
+  hfconfig::Mixture moe; // a mixture of experts (qwen3_moe, mixtral, deepseek_v3)
+  hfconfig::Latent mla;  // DeepSeek's latent attention (deepseek_v3; kvLoraRank 0: none)
   std::string hfDir;          // hf("dir"): the config.json it was read from
   SourceLoc hfDirLoc;         // the hf() argument naming it
   std::string hfArch;         // its architectures[0] ("" if none)

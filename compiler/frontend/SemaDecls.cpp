@@ -119,7 +119,7 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
   if (std::find(std::begin(kKnownArchs), std::end(kKnownArchs), e.text) ==
       std::end(kKnownArchs)) {
     diags_.error(e.loc, "unknown model architecture '" + e.text +
-                            "'; known: llama, qwen2, qwen3, qwen3_moe, mixtral, and "
+                            "'; known: llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, and "
                             "hf(\"dir\") for a Hugging Face config.json");
     return;
   }
@@ -130,22 +130,37 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
                    "model arguments are named, e.g. layers: 2");
   // A mixture of experts (qwen3_moe, mixtral) names its experts; its
   // dense width `ffn` is then optional (the experts' by default).
-  const bool moe = m.arch == "qwen3_moe" || m.arch == "mixtral";
+  const bool deepseek = m.arch == "deepseek_v3";
+  const bool moe = m.arch == "qwen3_moe" || m.arch == "mixtral" || deepseek;
   std::vector<std::string> keys = {"layers", "hidden", "heads", "kv_heads", "ffn",
-                                   "vocab", "dtype", "tie_embeddings", "qkv_bias",
-                                   "rope_theta", "rms_norm_eps", "head_dim"};
-  if (moe)
-    for (const char *k : {"experts", "experts_per_token", "expert_ffn", "router_aux_loss_coef",
-                          "router_aux_loss"})
+                                   "vocab", "dtype", "tie_embeddings", "rope_theta",
+                                   "rms_norm_eps"};
+  if (!deepseek) // (DeepSeek's latent attention has its own widths, no biases)
+    for (const char *k : {"qkv_bias", "head_dim"})
       keys.push_back(k);
-  if (m.arch == "qwen3_moe")
+  if (moe)
+    for (const char *k : {"experts", "experts_per_token", "expert_ffn"})
+      keys.push_back(k);
+  if (moe && !deepseek) // (DeepSeek-V3's router has no load-balancing loss)
+    for (const char *k : {"router_aux_loss_coef", "router_aux_loss"})
+      keys.push_back(k);
+  if (m.arch == "qwen3_moe" || deepseek)
     keys.push_back("norm_topk_prob");
+  if (deepseek)
+    for (const char *k : {"shared_experts", "dense_layers", "expert_groups", "topk_groups",
+                          "routed_scaling", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                          "qk_rope_head_dim", "v_head_dim", "rope_interleave", "yarn_factor",
+                          "yarn_original_max_positions", "yarn_beta_fast", "yarn_beta_slow",
+                          "yarn_mscale", "yarn_mscale_all_dim"})
+      keys.push_back(k);
   auto kw = keywordArgs(e, keys, e.text + "()");
   // Qwen2 has biases on Q, K and V; Llama and Qwen3 have none. Qwen3
   // normalises each head's q and k (transformers' Qwen3Attention).
   m.qkvBias = m.arch == "qwen2";
   m.qkNorm = m.arch == "qwen3" || m.arch == "qwen3_moe";
   if (moe && !checkMoeArgs(m, kw, e))
+    return;
+  if (deepseek && !checkDeepseekArgs(m, kw, e))
     return;
   if (kw.count("tie_embeddings"))
     boolArg(*kw["tie_embeddings"]->value, "tie_embeddings", m.tieEmbeddings);
@@ -183,6 +198,10 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
       m.ffn = m.moe.expertFfn;
       continue;
     }
+    if (deepseek && !kw.count(d.key) && std::string(d.key) == "kv_heads") {
+      m.kvHeads = m.heads; // (read below: heads comes first)
+      continue;
+    }
     if (!kw.count(d.key)) {
       diags_.error(e.loc, e.text + "() needs '" + d.key + ":'");
       allOk = false;
@@ -203,6 +222,20 @@ void DeclChecker::checkModel(ast::ModelDecl &m) {
   }
   if (!allOk)
     return;
+  if (deepseek && !kw.count("kv_heads"))
+    m.kvHeads = m.heads;
+  if (deepseek && m.kvHeads != m.heads) {
+    diags_.error(kw["kv_heads"]->value->loc,
+                 "deepseek_v3's latent attention gives every head its own key and value: "
+                 "kv_heads must equal heads (" + std::to_string(m.heads) + ")");
+    return;
+  }
+  if (deepseek && m.moe.denseLayers >= m.layers) {
+    diags_.error(kw["dense_layers"]->value->loc,
+                 "dense_layers = " + std::to_string(m.moe.denseLayers) +
+                     " leaves no layer of the " + std::to_string(m.layers) + " a mixture");
+    return;
+  }
   // A head_dim equal to hidden / heads says what the default says.
   if (m.headDim > 0 && m.headDim * m.heads == m.hidden)
     m.headDim = 0;
@@ -246,11 +279,14 @@ bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
       return false;
     }
   // Mixtral always renormalises the chosen experts' weights; Qwen3-MoE
-  // when asked (transformers' norm_topk_prob, false by default).
-  m.moe.normTopk = m.arch == "mixtral";
+  // when asked (transformers' norm_topk_prob, false by default), DeepSeek-V3
+  // unless asked not to (true by default).
+  m.moe.normTopk = m.arch == "mixtral" || m.arch == "deepseek_v3";
   if (kw.count("norm_topk_prob"))
     ok &= boolArg(*kw["norm_topk_prob"]->value, "norm_topk_prob", m.moe.normTopk);
-  m.moe.routerAuxCoef = m.arch == "mixtral" ? 0.02 : 0.001; // transformers' defaults
+  m.moe.routerAuxCoef = m.arch == "mixtral"       ? 0.02 // transformers' defaults
+                        : m.arch == "deepseek_v3" ? 0.0  // (no load-balancing loss)
+                                                  : 0.001;
   if (kw.count("router_aux_loss_coef")) {
     double c = 0;
     ok &= number(*kw["router_aux_loss_coef"]->value, "router_aux_loss_coef", 0, -1, false, c);
@@ -258,6 +294,103 @@ bool DeclChecker::checkMoeArgs(ast::ModelDecl &m,
   }
   if (kw.count("router_aux_loss"))
     ok &= boolArg(*kw["router_aux_loss"]->value, "router_aux_loss", m.moe.routerAuxLoss);
+  return ok;
+}
+
+bool DeclChecker::checkDeepseekArgs(ast::ModelDecl &m,
+                                    std::map<std::string, const ast::Arg *> &kw,
+                                    const Expr &e) {
+  bool ok = true;
+  hfconfig::Mixture &x = m.moe;
+  hfconfig::Latent &a = m.mla;
+  x.sigmoid = true;
+  x.groups = x.topkGroups = 1;
+  x.routedScaling = 1.0;
+  // Required: the latent attention's widths; optional: the rest (q_lora_rank
+  // absent: one q projection; no shared experts, no dense layers, one group).
+  struct Count {
+    const char *key;
+    int64_t *out;
+    bool required, zeroOk;
+  } counts[] = {{"kv_lora_rank", &a.kvLoraRank, true, false},
+                {"qk_nope_head_dim", &a.qkNopeDim, true, false},
+                {"qk_rope_head_dim", &a.qkRopeDim, true, false},
+                {"v_head_dim", &a.vHeadDim, true, false},
+                {"q_lora_rank", &a.qLoraRank, false, false},
+                {"shared_experts", &x.sharedExperts, false, true},
+                {"dense_layers", &x.denseLayers, false, true},
+                {"expert_groups", &x.groups, false, false},
+                {"topk_groups", &x.topkGroups, false, false}};
+  for (const Count &c : counts) {
+    if (!kw.count(c.key)) {
+      if (c.required) {
+        diags_.error(e.loc, e.text + "() needs '" + c.key + ":'");
+        ok = false;
+      }
+      continue;
+    }
+    ok &= positiveInt(*kw[c.key]->value, *c.out, c.key, c.zeroOk);
+  }
+  if (!ok)
+    return false;
+  for (const Count &c : counts)
+    if (*c.out > limits::kMaxFfn) {
+      diags_.error(kw[c.key]->value->loc, std::string(c.key) + " = " + std::to_string(*c.out) +
+                                              " is larger than the supported maximum " +
+                                              std::to_string(limits::kMaxFfn));
+      return false;
+    }
+  if (a.qkRopeDim % 2 != 0) {
+    diags_.error(kw["qk_rope_head_dim"]->value->loc,
+                 "qk_rope_head_dim must be even (RoPE rotates pairs), got " +
+                     std::to_string(a.qkRopeDim));
+    return false;
+  }
+  auto at = [&](const char *key) { return kw.count(key) ? kw[key]->value->loc : e.loc; };
+  if (x.experts % x.groups != 0 || x.experts / x.groups < 2) {
+    diags_.error(at("expert_groups"), "expert_groups = " + std::to_string(x.groups) +
+                                          " must divide the " + std::to_string(x.experts) +
+                                          " experts into groups of at least 2 (a group scores "
+                                          "by its best two)");
+    return false;
+  }
+  if (x.topkGroups > x.groups || x.expertsPerToken > x.topkGroups * (x.experts / x.groups)) {
+    diags_.error(at("topk_groups"),
+                 "topk_groups = " + std::to_string(x.topkGroups) + " must be at most the " +
+                     std::to_string(x.groups) + " groups and keep at least the " +
+                     std::to_string(x.expertsPerToken) + " experts a token takes");
+    return false;
+  }
+  if (kw.count("routed_scaling"))
+    ok &= number(*kw["routed_scaling"]->value, "routed_scaling", 1e-9, -1, false,
+                 x.routedScaling);
+  a.interleave = true; // DeepSeek's checkpoints
+  if (kw.count("rope_interleave"))
+    ok &= boolArg(*kw["rope_interleave"]->value, "rope_interleave", a.interleave);
+  // YaRN: [factor, 0, 0, original, beta_fast, beta_slow, mscale, mscale_all_dim].
+  const bool anyYarn = kw.count("yarn_factor") || kw.count("yarn_original_max_positions") ||
+                       kw.count("yarn_beta_fast") || kw.count("yarn_beta_slow") ||
+                       kw.count("yarn_mscale") || kw.count("yarn_mscale_all_dim");
+  if (anyYarn) {
+    if (!kw.count("yarn_factor") || !kw.count("yarn_original_max_positions")) {
+      diags_.error(e.loc, "YaRN needs both 'yarn_factor:' and 'yarn_original_max_positions:'");
+      return false;
+    }
+    double factor = 0, orig = 0, fast = 32, slow = 1, ms = 0, msAll = 0;
+    ok &= number(*kw["yarn_factor"]->value, "yarn_factor", 1.0 + 1e-9, -1, false, factor);
+    ok &= number(*kw["yarn_original_max_positions"]->value, "yarn_original_max_positions", 1,
+                 -1, true, orig);
+    if (kw.count("yarn_beta_fast"))
+      ok &= number(*kw["yarn_beta_fast"]->value, "yarn_beta_fast", 1e-9, -1, false, fast);
+    if (kw.count("yarn_beta_slow"))
+      ok &= number(*kw["yarn_beta_slow"]->value, "yarn_beta_slow", 1e-9, -1, false, slow);
+    if (kw.count("yarn_mscale"))
+      ok &= number(*kw["yarn_mscale"]->value, "yarn_mscale", 0, -1, false, ms);
+    if (kw.count("yarn_mscale_all_dim"))
+      ok &= number(*kw["yarn_mscale_all_dim"]->value, "yarn_mscale_all_dim", 0, -1, false,
+                   msAll);
+    m.ropeScaling = {factor, 0, 0, orig, fast, slow, ms, msAll};
+  }
   return ok;
 }
 
@@ -338,12 +471,17 @@ void DeclChecker::checkHfModel(ast::ModelDecl &m) {
   }
   m.headDim = arch.headDim;
   m.qkNorm = arch.qkNorm;
-  if (arch.rope.active())
+  if (arch.rope.yarn())
+    m.ropeScaling = {arch.rope.factor,       0, 0, double(arch.rope.originalMaxPositions),
+                     arch.rope.betaFast,     arch.rope.betaSlow,
+                     arch.rope.mscale,       arch.rope.mscaleAllDim};
+  else if (arch.rope.active())
     m.ropeScaling = {arch.rope.factor, arch.rope.lowFreqFactor, arch.rope.highFreqFactor,
                      double(arch.rope.originalMaxPositions)};
   m.slidingWindow = arch.slidingWindow;
   m.maxPositions = arch.maxPositions;
   m.moe = arch.moe;
+  m.mla = arch.mla;
   // The classic keys: the runtime's hfConfigFromJson reads them with the
   // same code; every problem is reported.
   hfconfig::ClassicKeys keys;

@@ -38,7 +38,8 @@ namespace hflow::frontend::detail {
 
 using ast::Expr;
 
-inline const char *const kKnownArchs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"};
+inline const char *const kKnownArchs[] = {"llama",     "qwen2",   "qwen3",
+                                          "qwen3_moe", "mixtral", "deepseek_v3"};
 
 /// "an Actor", "a Critic".
 inline std::string article(const std::string &noun) {
@@ -150,6 +151,14 @@ private:
   bool checkMoeArgs(ast::ModelDecl &m, std::map<std::string, const ast::Arg *> &kw,
                     const Expr &e);
 
+  /// deepseek_v3(...)'s own keywords: its shared experts, dense first
+  /// layers and grouped sigmoid router, its latent attention's ranks and
+  /// head widths, and YaRN (yarn_factor, yarn_original_max_positions and
+  /// the optional coefficients). The mixture's common keywords come from
+  /// checkMoeArgs.
+  bool checkDeepseekArgs(ast::ModelDecl &m, std::map<std::string, const ast::Arg *> &kw,
+                         const Expr &e);
+
   /// `hf("dir")`: the dimensions come from dir/config.json (a Hugging Face
   /// model directory), relative to the file that declares the model.
   void checkHfModel(ast::ModelDecl &m);
@@ -186,7 +195,7 @@ private:
       }
     if (!allOk)
       return;
-    if (m.headDim == 0 && m.hidden % m.heads != 0)
+    if (m.headDim == 0 && m.mla.kvLoraRank == 0 && m.hidden % m.heads != 0)
       diags_.error(where("heads"),
                    "hidden (" + std::to_string(m.hidden) +
                        ") is not divisible by heads (" +

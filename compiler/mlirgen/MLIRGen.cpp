@@ -41,13 +41,15 @@ public:
                               m.headDim > 0 ? b_.getI64IntegerAttr(m.headDim)
                                             : IntegerAttr(),
                               m.qkNorm,
-                              m.ropeScaling.size() == 4
+                              m.ropeScaling.size() == 4 || m.ropeScaling.size() == 8
                                   ? b_.getDenseF64ArrayAttr(m.ropeScaling)
                                   : DenseF64ArrayAttr(),
                               m.slidingWindow > 0 ? b_.getI64IntegerAttr(m.slidingWindow)
                                                   : IntegerAttr(),
                               IntegerAttr(), IntegerAttr(), IntegerAttr(), false,
-                              FloatAttr(), false);
+                              FloatAttr(), false, IntegerAttr(), IntegerAttr(), false,
+                              IntegerAttr(), IntegerAttr(), FloatAttr(), IntegerAttr(),
+                              IntegerAttr(), IntegerAttr(), IntegerAttr(), IntegerAttr(), false);
     if (!m.hfDir.empty())
       op->setAttr("hf_dir", b_.getStringAttr(m.hfDir));
     if (m.moe.experts > 0) {
@@ -57,6 +59,25 @@ public:
       op.setNormTopkProb(m.moe.normTopk);
       op.setRouterAuxLossCoefAttr(b_.getF64FloatAttr(m.moe.routerAuxCoef));
       op.setRouterAuxLoss(m.moe.routerAuxLoss);
+      if (m.moe.sigmoid) { // DeepSeek-V3's mixture
+        if (m.moe.sharedExperts > 0)
+          op.setSharedExpertsAttr(b_.getI64IntegerAttr(m.moe.sharedExperts));
+        if (m.moe.denseLayers > 0)
+          op.setDenseLayersAttr(b_.getI64IntegerAttr(m.moe.denseLayers));
+        op.setSigmoidRouter(true);
+        op.setExpertGroupsAttr(b_.getI64IntegerAttr(m.moe.groups));
+        op.setTopkGroupsAttr(b_.getI64IntegerAttr(m.moe.topkGroups));
+        op.setRoutedScalingAttr(b_.getF64FloatAttr(m.moe.routedScaling));
+      }
+    }
+    if (m.mla.kvLoraRank > 0) { // DeepSeek's latent attention
+      if (m.mla.qLoraRank > 0)
+        op.setQLoraRankAttr(b_.getI64IntegerAttr(m.mla.qLoraRank));
+      op.setKvLoraRankAttr(b_.getI64IntegerAttr(m.mla.kvLoraRank));
+      op.setQkNopeHeadDimAttr(b_.getI64IntegerAttr(m.mla.qkNopeDim));
+      op.setQkRopeHeadDimAttr(b_.getI64IntegerAttr(m.mla.qkRopeDim));
+      op.setVHeadDimAttr(b_.getI64IntegerAttr(m.mla.vHeadDim));
+      op.setRopeInterleave(m.mla.interleave);
     }
     op.setParams(op.computeParamCount());
   }

@@ -466,17 +466,16 @@ private:
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }
-        // Stages hold ceil(layers / pp) layers each and the last the rest
-        // (Megatron's uneven first/last stages do the same job): pp need
-        // not divide the layers, but the last stage must hold one.
-        const int64_t layers = model.getLayersAttr().getInt(),
-                      perStage = (layers + l.getPp() - 1) / l.getPp();
-        if (perStage * (l.getPp() - 1) >= layers) {
+        // Stages split the layers evenly, the first layers mod pp one more
+        // (shape::stageFirstLayer; Megatron's uneven first/last stages do
+        // the same job): pp need not divide the layers, but every stage
+        // must hold one.
+        const int64_t layers = model.getLayersAttr().getInt();
+        if (l.getPp() > layers) {
           InFlightDiagnostic d = role.emitError()
                                  << "the " << phase << " layout's pp = " << l.getPp()
-                                 << " leaves its last stage no layer: each stage holds "
-                                    "ceil(layers / pp) = "
-                                 << perStage << " of the model's " << layers << " layers";
+                                 << " is more than the model's " << layers
+                                 << " layers: every pipeline stage must hold one";
           d.attachNote(model.getLoc()) << "model declared here";
           ok = false;
         }

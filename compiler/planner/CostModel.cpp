@@ -274,8 +274,14 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
   const double act = mbTokens * d.h * d.w / split; // this rank's positions
   out.tauComm = 0;
   // A layer's keys and values per rank (its kv heads under tp).
-  const double kv = 2 * (mbTokens / split) * std::max(1.0, double(role.model.kvHeads) / t) *
-                    double(role.model.headDim()) * d.w;
+  // (A latent attention gathers its expanded keys and values: each head's
+  // qk and v widths.)
+  const double kv = role.model.mla()
+                        ? (mbTokens / split) * std::max(1.0, double(role.model.heads) / t) *
+                              double(role.model.qkHeadDim() + role.model.vHeadDim) * d.w
+                        : 2 * (mbTokens / split) *
+                              std::max(1.0, double(role.model.kvHeads) / t) *
+                              double(role.model.headDim()) * d.w;
   const bool splitInter = spansNodes(l.tp * l.sp * l.cp, setDevices, mesh);
   if (l.cp > 1) // each rank receives the others' keys and values: an all-gather
     out.tauComm +=
@@ -319,7 +325,8 @@ TimeBreakdown trainSeconds(const RoleSpec &role, const Layout &l,
   if (role.recompute != ::hflow::shape::Recompute::None && l.fsdp <= 1) {
     const ModelShape &ms = role.model;
     const double hd = double(ms.headDim()), h = double(ms.hidden);
-    const double attn = h * hd * double(2 * ms.heads + 2 * ms.kvHeads);
+    const double attn = ms.mla() ? double(::hflow::shape::attentionParamCount(ms))
+                                 : h * hd * double(2 * ms.heads + 2 * ms.kvHeads);
     const double mlp = 3.0 * h * double(ms.ffn);
     const double share =
         role.recompute == ::hflow::shape::Recompute::Layers ? 1.0
@@ -426,8 +433,9 @@ GenTime generateSeconds(const RoleSpec &role, const Layout &gen,
   // Decode: step j (0-based) reads the weights of its TP shard (all stages,
   // in turn) and the KV cache of s_p + j tokens per sequence, or is compute
   // bound, whichever is slower.
-  const double headDim = double(ms.headDim());
-  const double kvTok = 2 * d.L * std::max(1.0, double(ms.kvHeads) / t) * headDim * d.w;
+  const double kvTok =
+      ms.mla() ? d.L * ms.kvCacheWidthPerRank((int64_t)t) * d.w // the latent, whole
+               : 2 * d.L * std::max(1.0, double(ms.kvHeads) / t) * double(ms.headDim()) * d.w;
   const double bwEff = dev.memBandwidth * cal.decodeBandwidthEfficiency;
   // The weights a step reads: its TP shard, with ep the dense weights and
   // its 1/ep of the experts.

@@ -220,11 +220,11 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     s.lmHead = roleHasLmHead(role);
     return double(::hflow::shape::heldParamCount(s, l.getEp()));
   };
-  // Pipeline stages hold ceil(L / pp) layers each, the last the rest (the
-  // runtime's split): where pp does not divide the layers, the fullest
-  // stage's share (1 where it does).
+  // Pipeline stages split the layers evenly, the first L mod pp one more
+  // (the runtime's split, shape::stageFirstLayer): where pp does not
+  // divide the layers, the fullest stage's share (1 where it does).
   const int64_t pp = std::max<int64_t>(1, train.getPp());
-  const int64_t perStage = ((int64_t)L + pp - 1) / pp;
+  const int64_t perStage = ::hflow::shape::maxStageLayers((int64_t)L, pp);
   const double Pt = heldBy(train) * double(perStage * pp) / L;
   m.weights = Pt * b / S;
   // offload_params: an FSDP role's shards of its offloaded layers.
@@ -241,7 +241,7 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     m.grads = Pt * b / S * (1 - paramShare);
     m.hostGrads = Pt * b / S * paramShare;
     m.optimizer = Pt * (b >= 4 ? 8 : 12) / S;
-    // offload_optimizer: the state of the first ceil(f * L/pp) layers of
+    // offload_optimizer: the state of the first ceil(f * held) layers of
     // each rank's (and with f = 1 all of it) in host memory instead.
     const double f = w.offloadOptimizer && roleOffloadOptimizer(role) < 0
                          ? 1.0

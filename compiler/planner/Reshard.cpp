@@ -74,7 +74,7 @@ int64_t stageOf(const Param &p, int64_t pp, int64_t layers) {
     return 0;
   if (p.layer == Param::kLastStage)
     return pp - 1;
-  return p.layer / ceilDiv(layers, pp);
+  return ::hflow::shape::stageOfLayer(layers, pp, p.layer); // balanced, as the runtime's
 }
 
 /// The slot with these coordinates (inverse of coordOf).

@@ -71,6 +71,9 @@ LogicalResult MeshOp::verify() {
 // ModelOp
 //===----------------------------------------------------------------------===//
 
+/// An optional count's value, `dflt` when absent.
+static int64_t countOf(IntegerAttr a, int64_t dflt = 0) { return a ? a.getInt() : dflt; }
+
 ::hflow::shape::ModelShape ModelOp::shape() {
   ::hflow::shape::ModelShape m;
   m.layers = getLayersAttr().getInt();
@@ -86,6 +89,15 @@ LogicalResult MeshOp::verify() {
   m.experts = getExpertsAttr() ? getExpertsAttr().getInt() : 0;
   m.expertsPerToken = getExpertsPerTokenAttr() ? getExpertsPerTokenAttr().getInt() : 0;
   m.expertFfn = getExpertFfnAttr() ? getExpertFfnAttr().getInt() : 0;
+  auto count = [](IntegerAttr a) { return countOf(a); };
+  m.sharedExperts = count(getSharedExpertsAttr());
+  m.denseLayers = count(getDenseLayersAttr());
+  m.routerBias = getSigmoidRouter();
+  m.qLoraRank = count(getQLoraRankAttr());
+  m.kvLoraRank = count(getKvLoraRankAttr());
+  m.qkNopeDim = count(getQkNopeHeadDimAttr());
+  m.qkRopeDim = count(getQkRopeHeadDimAttr());
+  m.vHeadDim = count(getVHeadDimAttr());
   return m;
 }
 
@@ -112,11 +124,39 @@ LogicalResult ModelOp::verify() {
   if (auto hd = getHeadDimAttr(); hd && (hd.getInt() < 2 || hd.getInt() % 2 != 0))
     return emitOpError() << "head_dim must be a positive even number, got " << hd.getInt();
   if (auto rs = getRopeScaling()) {
-    if (rs->size() != 4 || !((*rs)[0] > 0 && (*rs)[1] > 0 && (*rs)[2] > (*rs)[1] &&
-                             (*rs)[3] >= 1))
+    const bool yarn = rs->size() == 8;
+    if (yarn) {
+      if (!((*rs)[0] > 1 && (*rs)[3] >= 1 && (*rs)[4] > 0 && (*rs)[5] > 0 && (*rs)[6] >= 0 &&
+            (*rs)[7] >= 0) ||
+          getArch() != "deepseek_v3")
+        return emitOpError() << "a YaRN rope_scaling must be [factor > 1, 0, 0, "
+                                "original_max_position_embeddings, beta_fast, beta_slow, "
+                                "mscale, mscale_all_dim] on a deepseek_v3 model";
+    } else if (rs->size() != 4 || !((*rs)[0] > 0 && (*rs)[1] > 0 && (*rs)[2] > (*rs)[1] &&
+                                    (*rs)[3] >= 1)) {
       return emitOpError() << "rope_scaling must be [factor, low_freq_factor, "
                               "high_freq_factor, original_max_position_embeddings] with "
                               "positive factors, high > low";
+    }
+  }
+  {
+    // DeepSeek-V3's: its latent attention and router with its arch only,
+    // and a shape that fits (ModelShape::valid).
+    const ::hflow::shape::ModelShape m = shape();
+    const bool deepseek = getArch() == "deepseek_v3";
+    if (deepseek != m.mla() || deepseek != getSigmoidRouter() ||
+        (!deepseek && (m.sharedExperts || m.denseLayers || getRopeInterleave() ||
+                       getExpertGroupsAttr() || getTopkGroupsAttr() || getRoutedScalingAttr())))
+      return emitOpError() << "a latent attention, a sigmoid router, shared experts, dense first "
+                              "layers and grouped routing are DeepSeek-V3's (deepseek_v3), "
+                              "which has the first two";
+    const int64_t groups = countOf(getExpertGroupsAttr(), 1),
+                  kept = countOf(getTopkGroupsAttr(), 1);
+    if (deepseek && (!m.valid() || groups < 1 || m.experts % groups != 0 || kept < 1 ||
+                     kept > groups))
+      return emitOpError() << "a DeepSeek-V3 model needs positive latent ranks and head widths, "
+                              "expert_groups dividing the experts and 1 <= topk_groups <= "
+                              "expert_groups";
   }
   if (getExpertsAttr() || getExpertsPerTokenAttr() || getExpertFfnAttr()) {
     const int64_t e = getExpertsAttr() ? getExpertsAttr().getInt() : 0;

@@ -76,6 +76,17 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
     `norm_topk_prob`; `router_aux_loss_coef` weighs the load-balancing loss,
     which a training pass adds when `router_aux_loss` is set
     (config.json's output_router_logits, as transformers decides it).
+    DeepSeek-V3 ("deepseek_v3"): `shared_experts` SwiGLUs beside the routed
+    ones (one of width shared_experts * expert_ffn), the first
+    `dense_layers` layers dense (width `ffn`), and `sigmoid_router`: sigmoid
+    scores and a score-correction bias [experts] per layer (counted in
+    `params`), the experts in `expert_groups` groups of which each token
+    keeps `topk_groups`, the chosen weights times `routed_scaling`; its
+    multi-head latent attention: `q_lora_rank` (absent: one q projection),
+    `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`,
+    `rope_interleave`; and YaRN's rope_scaling as [factor, 0, 0,
+    original_max_position_embeddings, beta_fast, beta_slow, mscale,
+    mscale_all_dim].
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$arch,
                        I64Attr:$layers, I64Attr:$hidden, I64Attr:$heads,
@@ -91,7 +102,17 @@ def Hflow_ModelOp : Hflow_Op<"model", [Symbol]> {
                        OptionalAttr<I64Attr>:$experts_per_token,
                        OptionalAttr<I64Attr>:$expert_ffn, UnitAttr:$norm_topk_prob,
                        OptionalAttr<F64Attr>:$router_aux_loss_coef,
-                       UnitAttr:$router_aux_loss);
+                       UnitAttr:$router_aux_loss,
+                       OptionalAttr<I64Attr>:$shared_experts,
+                       OptionalAttr<I64Attr>:$dense_layers, UnitAttr:$sigmoid_router,
+                       OptionalAttr<I64Attr>:$expert_groups,
+                       OptionalAttr<I64Attr>:$topk_groups,
+                       OptionalAttr<F64Attr>:$routed_scaling,
+                       OptionalAttr<I64Attr>:$q_lora_rank,
+                       OptionalAttr<I64Attr>:$kv_lora_rank,
+                       OptionalAttr<I64Attr>:$qk_nope_head_dim,
+                       OptionalAttr<I64Attr>:$qk_rope_head_dim,
+                       OptionalAttr<I64Attr>:$v_head_dim, UnitAttr:$rope_interleave);
   let assemblyFormat = [{
     $sym_name $arch ` ` `<` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
     `heads` `=` $heads `,` `kv_heads` `=` $kv_heads `,` `ffn` `=` $ffn `,`

@@ -144,7 +144,8 @@ double decodeStepSeconds(const models::Llama &model, int64_t batch, int64_t prom
 /// K and V of `ctx` tokens of `batch` sequences, 4-byte (float32) elements.
 double decodeBytes(const models::LlamaConfig &c, double batch, double ctx) {
   const double w = 4;
-  const double kvTok = 2.0 * c.layers * c.kvHeads * c.headDim() * w;
+  const double kvTok = c.mla() ? (double)c.layers * (double)c.shape().kvCacheWidth() * w
+                              : 2.0 * c.layers * c.kvHeads * c.headDim() * w;
   return double(c.paramCount()) * w + batch * kvTok * ctx;
 }
 

@@ -135,7 +135,7 @@ models::MicroBatch MethodRunner::seqMicro(Val &ro, int64_t lo, int64_t hi, bool 
 int64_t replayLayers(const MethodCall &c, Val &rollout) {
   if (!c.opts.routing_replay().value_or(false) || !rollout.f.count("route"))
     return 0;
-  return c.rr.lm->config().layers;
+  return c.rr.lm->config().moeLayers(); // (DeepSeek's dense first layers route nothing)
 }
 
 namespace {

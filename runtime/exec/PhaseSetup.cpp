@@ -189,7 +189,9 @@ void Preflight::findRollout(PhaseRt &ph) {
     if (!ro.options() || !ro.options()->routing_replay().value_or(false))
       continue;
     const plan::Model &m = *p_.models()->Get(ro.model());
-    const int64_t w = (int64_t)m.layers() * m.experts_per_token();
+    // (the mixture layers only: DeepSeek's dense first layers route nothing)
+    const int64_t layers = (int64_t)m.layers() - m.dense_layers();
+    const int64_t w = layers * m.experts_per_token();
     if (ph.routeWidth > 0 && ph.routeWidth != w)
       throw RunError("phase " + ph.name + ": two actors replay routings of different widths (" +
                      std::to_string(ph.routeWidth) + " and " + std::to_string(w) +
@@ -198,7 +200,7 @@ void Preflight::findRollout(PhaseRt &ph) {
     if (j_.rank == 0 && !o_.quiet)
       std::printf("[%s] %s replays its rollouts' routing: %lld experts a position (%d layers x "
                   "%d) travel with the rows, logprob and update pass each token through them\n",
-                  ph.name.c_str(), str(ro.name()).c_str(), (long long)w, m.layers(),
+                  ph.name.c_str(), str(ro.name()).c_str(), (long long)w, (int)layers,
                   m.experts_per_token());
   }
   // A generate call's token budget must hold one row of this phase's

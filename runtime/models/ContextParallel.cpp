@@ -139,6 +139,8 @@ AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
     throw std::logic_error("contextAttention: context parallelism splits balanced");
   AttnContext a;
   a.B = tokens.size(0), a.T = s.Tl, a.hd = c.headDim();
+  if (c.mla())
+    a.hd = c.qkNopeDim + c.qkRopeDim, a.ropeInterleave = c.ropeInterleave;
   a.cp = s.group;
   a.cpKeyOrder = s.slotOf;
   a.cpChunk = s.Tl / 2;
@@ -158,7 +160,7 @@ AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
   a.bias = at::zeros({a.B, 1, s.Tl, s.Tp}, keys.options().dtype(at::kFloat))
                .masked_fill(allowed.logical_not().unsqueeze(1),
                             -std::numeric_limits<float>::infinity());
-  a.scale = 1.0 / std::sqrt((double)a.hd);
+  a.scale = c.attentionScale();
   return a;
 }
 

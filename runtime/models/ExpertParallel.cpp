@@ -95,24 +95,25 @@ at::Tensor allToAllV(const at::Tensor &x, const std::vector<int64_t> &send,
 
 } // namespace
 
-at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
-                                bool normTopk, comm::Communicator &ep, MoeRouting *routing,
-                                const at::Tensor &replay, const at::Tensor &ownerKey) {
+at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w,
+                                const RouterRule &rule, comm::Communicator &ep,
+                                MoeRouting *routing, const at::Tensor &replay,
+                                const at::Tensor &ownerKey) {
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
-  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  auto [top, chosen] = routeTokens(x, w, rule, routing, replay);
   return combineExpertsParallel(x, top, chosen, w, ep, ownerKey).view(h.sizes());
 }
 
-at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
-                                bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
-                                MoeRouting *routing, const at::Tensor &replay,
-                                int64_t foldFirst) {
+at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w,
+                                const RouterRule &rule, comm::Communicator &tp,
+                                comm::Communicator *ep, MoeRouting *routing,
+                                const at::Tensor &replay, int64_t foldFirst) {
   // Routed on the replicated input (the same choice on every member); the
   // weights and the experts' input through f, so that their gradients,
   // each member's part, are summed over the group; the partial outputs
   // through g.
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
-  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  auto [top, chosen] = routeTokens(x, w, rule, routing, replay);
   at::Tensor xe = copyToTP(x, tp), te = copyToTP(top, tp);
   at::Tensor y = foldFirst >= 0 ? combineExpertRun(xe, te, chosen, w, foldFirst)
                  : ep          ? combineExpertsParallel(xe, te, chosen, w, *ep)

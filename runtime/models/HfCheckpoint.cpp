@@ -47,6 +47,10 @@ void checkNoExtraLayers(const HfWeights &w, const std::string &dir, const LlamaC
     if (name.compare(0, pre.size(), pre) != 0)
       continue;
     const int layer = std::atoi(name.c_str() + pre.size());
+    // DeepSeek-V3's multi-token-prediction layers follow the decoder's:
+    // not built, so not read (as transformers skips them).
+    if (layer >= c.layers && layer < c.layers + c.mtpLayers)
+      continue;
     if (layer >= c.layers)
       throw std::runtime_error("hf weights " + dir + ": tensor '" + name + "' is of layer " +
                                std::to_string(layer) + ", but the config has " +
@@ -217,11 +221,13 @@ uint64_t HfWeights::bytesRead() const {
 /// layer, by model type; "" when it is not one.
 static std::string hfMoeName(const std::string &rest, const std::string &arch) {
   const bool mixtral = arch == "mixtral";
-  if (!mixtral && arch != "qwen3_moe")
+  if (!mixtral && arch != "qwen3_moe" && arch != "deepseek_v3")
     return "";
   const std::string block = mixtral ? "block_sparse_moe." : "mlp.";
   if (rest == "mlp.router")
     return block + "gate.weight";
+  if (rest == "mlp.router_bias" && arch == "deepseek_v3")
+    return "mlp.gate.e_score_correction_bias";
   const std::string pre = "mlp.experts.";
   if (rest.compare(0, pre.size(), pre) != 0)
     return "";
@@ -261,6 +267,16 @@ std::string hfParameterName(const std::string &n, const std::string &arch) {
       {"mlp.gate", "mlp.gate_proj.weight"},
       {"mlp.up", "mlp.up_proj.weight"},
       {"mlp.down", "mlp.down_proj.weight"},
+      // DeepSeek-V3's latent attention and shared experts.
+      {"attn.q_a", "self_attn.q_a_proj.weight"},
+      {"attn.q_a_norm", "self_attn.q_a_layernorm.weight"},
+      {"attn.q_b", "self_attn.q_b_proj.weight"},
+      {"attn.kv_a", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attn.kv_a_norm", "self_attn.kv_a_layernorm.weight"},
+      {"attn.kv_b", "self_attn.kv_b_proj.weight"},
+      {"mlp.shared.gate", "mlp.shared_experts.gate_proj.weight"},
+      {"mlp.shared.up", "mlp.shared_experts.up_proj.weight"},
+      {"mlp.shared.down", "mlp.shared_experts.down_proj.weight"},
   };
   if (n.compare(0, 7, "layers.") == 0) {
     size_t dot = n.find('.', 7);
@@ -409,7 +425,8 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
   // llama and qwen2 as before (q/k/v biases make a qwen2); qwen3, mistral
   // and the mixtures as configured.
   const std::string type = cfg.arch == "qwen3" || cfg.arch == "mistral" ||
-                                   cfg.arch == "qwen3_moe" || cfg.arch == "mixtral"
+                                   cfg.arch == "qwen3_moe" || cfg.arch == "mixtral" ||
+                                   cfg.arch == "deepseek_v3"
                                ? cfg.arch
                            : cfg.qkvBias ? "qwen2"
                                          : "llama";
@@ -420,6 +437,7 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
                            : type == "qwen3_moe" ? "Qwen3Moe"
                            : type == "mistral"   ? "Mistral"
                            : type == "mixtral"   ? "Mixtral"
+                           : type == "deepseek_v3" ? "DeepseekV3"
                                                  : "Llama";
   j["architectures"] = {arch + (scorer ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = type;
@@ -452,6 +470,30 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
     j["mlp_only_layers"] = nlohmann::ordered_json::array();
     j["router_aux_loss_coef"] = cfg.routerAuxCoef;
     j["output_router_logits"] = cfg.routerAuxLoss;
+  } else if (type == "deepseek_v3") {
+    j["n_routed_experts"] = cfg.experts;
+    j["num_experts_per_tok"] = cfg.expertsPerToken;
+    j["moe_intermediate_size"] = cfg.expertFfn;
+    j["n_shared_experts"] = cfg.sharedExperts;
+    j["first_k_dense_replace"] = cfg.denseLayers;
+    j["moe_layer_freq"] = 1;
+    j["n_group"] = cfg.groups;
+    j["topk_group"] = cfg.topkGroups;
+    j["topk_method"] = "noaux_tc";
+    j["scoring_func"] = "sigmoid";
+    j["norm_topk_prob"] = cfg.normTopk;
+    j["routed_scaling_factor"] = cfg.routedScaling;
+    if (cfg.qLoraRank > 0)
+      j["q_lora_rank"] = cfg.qLoraRank;
+    else
+      j["q_lora_rank"] = nullptr;
+    j["kv_lora_rank"] = cfg.kvLoraRank;
+    j["qk_nope_head_dim"] = cfg.qkNopeDim;
+    j["qk_rope_head_dim"] = cfg.qkRopeDim;
+    j["v_head_dim"] = cfg.vHeadDim;
+    j["rope_interleave"] = cfg.ropeInterleave;
+    j["num_nextn_predict_layers"] = 0; // not built, not written
+    j["attention_bias"] = false;
   } else if (type == "mixtral") {
     j["num_local_experts"] = cfg.experts;
     j["num_experts_per_tok"] = cfg.expertsPerToken;
@@ -459,7 +501,17 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
     j["router_jitter_noise"] = 0.0;
     j["output_router_logits"] = cfg.routerAuxLoss;
   }
-  if (cfg.ropeScaling.active())
+  if (cfg.ropeScaling.yarn()) {
+    const rope::RopeScaling &r = cfg.ropeScaling;
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"rope_type", "yarn"},
+                         {"factor", r.factor},
+                         {"original_max_position_embeddings", r.originalMaxPositions},
+                         {"beta_fast", r.betaFast},
+                         {"beta_slow", r.betaSlow},
+                         {"mscale", r.mscale},
+                         {"mscale_all_dim", r.mscaleAllDim}};
+  } else if (cfg.ropeScaling.active())
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", cfg.ropeScaling.factor},
                          {"low_freq_factor", cfg.ropeScaling.lowFreqFactor},
@@ -522,6 +574,19 @@ LlamaConfig hfConfigFromJson(const std::string &pathArg) {
   c.normTopk = arch.moe.normTopk;
   c.routerAuxCoef = arch.moe.routerAuxCoef;
   c.routerAuxLoss = arch.moe.routerAuxLoss;
+  c.sharedExperts = (int)arch.moe.sharedExperts;
+  c.denseLayers = (int)arch.moe.denseLayers;
+  c.sigmoidRouter = arch.moe.sigmoid;
+  c.groups = (int)arch.moe.groups;
+  c.topkGroups = (int)arch.moe.topkGroups;
+  c.routedScaling = arch.moe.routedScaling;
+  c.qLoraRank = (int)arch.mla.qLoraRank;
+  c.kvLoraRank = (int)arch.mla.kvLoraRank;
+  c.qkNopeDim = (int)arch.mla.qkNopeDim;
+  c.qkRopeDim = (int)arch.mla.qkRopeDim;
+  c.vHeadDim = (int)arch.mla.vHeadDim;
+  c.ropeInterleave = c.mla() && arch.mla.interleave;
+  c.mtpLayers = (int)arch.mtpLayers;
   // The classic keys: hflowc's hf("dir") reads them with the same code; the
   // first problem is the error.
   hfconfig::ClassicKeys keys;

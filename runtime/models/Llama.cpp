@@ -36,7 +36,7 @@ std::string LlamaConfig::validate() const {
            "must all be positive";
   if (headSize < 0)
     return "model " + name + ": head_dim " + s(headSize) + " is negative";
-  if (headSize == 0 && hidden % heads != 0)
+  if (kvLoraRank == 0 && headSize == 0 && hidden % heads != 0)
     return "model " + name + ": hidden " + s(hidden) +
            " is not divisible by heads " + s(heads);
   if (slidingWindow < 0)
@@ -45,7 +45,7 @@ std::string LlamaConfig::validate() const {
   if (heads % kvHeads != 0)
     return "model " + name + ": heads " + s(heads) +
            " is not divisible by kv_heads " + s(kvHeads);
-  if (headDim() % 2 != 0)
+  if (kvLoraRank == 0 && headDim() % 2 != 0)
     return "model " + name + ": head dim " + s(headDim()) +
            " must be even for RoPE";
   if (experts < 0 || (experts > 0 && (expertsPerToken < 1 || expertsPerToken > experts ||
@@ -53,7 +53,39 @@ std::string LlamaConfig::validate() const {
     return "model " + name + ": a mixture of " + s(experts) + " experts needs 1 <= " +
            "experts per token (" + s(expertsPerToken) + ") <= experts and a positive " +
            "expert width (" + s(expertFfn) + ")";
+  if (sharedExperts < 0 || denseLayers < 0 || denseLayers > layers ||
+      (experts == 0 && (sharedExperts > 0 || denseLayers > 0 || sigmoidRouter)))
+    return "model " + name + ": shared experts (" + s(sharedExperts) + "), dense first layers (" +
+           s(denseLayers) + ") and a sigmoid router need a mixture, and at most the " +
+           s(layers) + " layers dense";
+  if (sigmoidRouter && (groups < 1 || topkGroups < 1 || topkGroups > groups ||
+                        experts % groups != 0 || experts / groups < 2 ||
+                        expertsPerToken > topkGroups * (experts / groups) ||
+                        !(routedScaling > 0) || !std::isfinite(routedScaling)))
+    return "model " + name + ": a grouped router of " + s(experts) + " experts in " + s(groups) +
+           " groups keeping " + s(topkGroups) + " (each group at least 2 experts, the kept " +
+           "groups' experts at least the " + s(expertsPerToken) + " a token takes, a " +
+           "positive scaling)";
+  if (kvLoraRank < 0 || qLoraRank < 0 ||
+      (kvLoraRank > 0 && (qkNopeDim < 1 || qkRopeDim < 2 || qkRopeDim % 2 != 0 || vHeadDim < 1 ||
+                          kvHeads != heads)) ||
+      (kvLoraRank == 0 && (qLoraRank || qkNopeDim || qkRopeDim || vHeadDim)))
+    return "model " + name + ": a latent attention needs positive ranks and head widths, an " +
+           "even RoPE part and kv_heads equal to heads (kv_lora_rank " + s(kvLoraRank) +
+           ", qk_rope_head_dim " + s(qkRopeDim) + ")";
+  if (ropeScaling.yarn() && !mla())
+    return "model " + name + ": YaRN's RoPE is built for DeepSeek-V3's latent attention only";
   return "";
+}
+
+double LlamaConfig::attentionScale() const {
+  const int qk = mla() ? qkNopeDim + qkRopeDim : headDim();
+  double scale = 1.0 / std::sqrt((double)qk);
+  if (mla() && ropeScaling.yarn() && ropeScaling.mscaleAllDim > 0) {
+    const double m = rope::yarnMscale(ropeScaling.factor, ropeScaling.mscaleAllDim);
+    scale *= m * m;
+  }
+  return scale;
 }
 
 shape::ModelShape LlamaConfig::shape() const {
@@ -72,6 +104,14 @@ shape::ModelShape LlamaConfig::shape() const {
   m.experts = experts;
   m.expertsPerToken = expertsPerToken;
   m.expertFfn = expertFfn;
+  m.sharedExperts = sharedExperts;
+  m.denseLayers = denseLayers;
+  m.routerBias = sigmoidRouter;
+  m.qLoraRank = qLoraRank;
+  m.kvLoraRank = kvLoraRank;
+  m.qkNopeDim = qkNopeDim;
+  m.qkRopeDim = qkRopeDim;
+  m.vHeadDim = vHeadDim;
   return m;
 }
 
@@ -90,6 +130,14 @@ void LlamaConfig::setShape(const shape::ModelShape &m) {
   experts = int(m.experts);
   expertsPerToken = int(m.expertsPerToken);
   expertFfn = int(m.expertFfn);
+  sharedExperts = int(m.sharedExperts);
+  denseLayers = int(m.denseLayers);
+  sigmoidRouter = m.routerBias;
+  qLoraRank = int(m.qLoraRank);
+  kvLoraRank = int(m.kvLoraRank);
+  qkNopeDim = int(m.qkNopeDim);
+  qkRopeDim = int(m.qkRopeDim);
+  vHeadDim = int(m.vHeadDim);
 }
 
 int64_t LlamaConfig::paramCount() const { return shape::paramCount(shape()); }
@@ -100,10 +148,10 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
   c.name = m.name() ? m.name()->str() : "model";
   std::string arch = m.arch() ? m.arch()->str() : "";
   if (!arch.empty() && arch != "llama" && arch != "qwen2" && arch != "qwen3" &&
-      arch != "mistral" && arch != "qwen3_moe" && arch != "mixtral") {
+      arch != "mistral" && arch != "qwen3_moe" && arch != "mixtral" && arch != "deepseek_v3") {
     error = "model " + c.name + ": architecture '" + arch +
             "' is not supported by this runtime (only 'llama', 'qwen2', 'qwen3', "
-            "'mistral', 'qwen3_moe' and 'mixtral')";
+            "'mistral', 'qwen3_moe', 'mixtral' and 'deepseek_v3')";
     return false;
   }
   c.arch = arch.empty() ? "llama" : arch;
@@ -122,16 +170,37 @@ bool LlamaConfig::fromPlan(const plan::Model &m, LlamaConfig &out,
     c.ropeScaling.lowFreqFactor = rs->low_freq_factor();
     c.ropeScaling.highFreqFactor = rs->high_freq_factor();
     c.ropeScaling.originalMaxPositions = rs->original_max_positions();
+    if (rs->yarn()) {
+      c.ropeScaling.kind = rope::RopeScaling::Kind::Yarn;
+      c.ropeScaling.betaFast = rs->beta_fast();
+      c.ropeScaling.betaSlow = rs->beta_slow();
+      c.ropeScaling.mscale = rs->mscale();
+      c.ropeScaling.mscaleAllDim = rs->mscale_all_dim();
+    }
   }
   c.slidingWindow = m.sliding_window();
   c.normTopk = m.norm_topk_prob();
   c.routerAuxCoef = m.router_aux_loss_coef();
   c.routerAuxLoss = m.router_aux_loss();
-  const bool moeArch = c.arch == "qwen3_moe" || c.arch == "mixtral";
+  c.groups = m.expert_groups();
+  c.topkGroups = m.topk_groups();
+  c.routedScaling = m.routed_scaling();
+  c.ropeInterleave = m.rope_interleave();
+  const bool moeArch = c.arch == "qwen3_moe" || c.arch == "mixtral" || c.arch == "deepseek_v3";
   if (moeArch != (c.experts > 0)) {
     error = "model " + c.name + ": architecture '" + c.arch + "' with " +
-            std::to_string(c.experts) + " experts: qwen3_moe and mixtral are mixtures of "
-            "experts, the other architectures dense";
+            std::to_string(c.experts) + " experts: qwen3_moe, mixtral and deepseek_v3 are " +
+            "mixtures of experts, the other architectures dense";
+    return false;
+  }
+  // DeepSeek-V3's latent attention and router come together, and only
+  // with its arch.
+  const bool deepseek = c.arch == "deepseek_v3";
+  if (deepseek != c.mla() || deepseek != c.sigmoidRouter ||
+      (!deepseek && (c.sharedExperts > 0 || c.denseLayers > 0 || c.ropeInterleave))) {
+    error = "model " + c.name + ": architecture '" + c.arch +
+            "': a latent attention, a sigmoid router, shared experts and dense first layers " +
+            "are DeepSeek-V3's (deepseek_v3), which has the first two";
     return false;
   }
   if (!(c.routerAuxCoef >= 0) || !std::isfinite(c.routerAuxCoef)) {
@@ -164,26 +233,35 @@ uint64_t modelSeed(int64_t planSeed, int modelIndex) {
 }
 
 struct Llama::Weights {
-  struct Layer {
-    at::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
-    at::Tensor bq, bk, bv;     // undefined without qkv biases
-    at::Tensor qNorm, kNorm;   // undefined without q/k norms (Qwen3)
-    MoeWeights moe;            // a mixture's (then no wGate, wUp, wDown)
-  };
+  /// A layer's weights as decoderLayer takes them (ParallelDetail.h).
+  using Layer = detail::LayerWeights;
   at::Tensor embed, finalNorm, head;
   std::vector<Layer> layers;
 
+  /// A layer's tensors in the order parameters() lists them: the
+  /// projections and stacks, then the biases and q/k norms (after every
+  /// layer's), then DeepSeek's (latent attention, shared experts, router
+  /// bias) last.
+  static std::vector<at::Tensor *> firstOf(Layer &l) {
+    return {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.gate, &l.up,
+            &l.down, &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down};
+  }
+  static std::vector<at::Tensor *> secondOf(Layer &l) {
+    return {&l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm};
+  }
+  static std::vector<at::Tensor *> thirdOf(Layer &l) {
+    return {&l.qA, &l.qANorm, &l.qB, &l.kvA, &l.kvANorm, &l.kvB, &l.sharedGate, &l.sharedUp,
+            &l.sharedDown, &l.moe.bias};
+  }
+
   std::vector<at::Tensor> all() const {
     std::vector<at::Tensor> v{embed};
-    for (auto &l : layers)
-      for (auto *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate, &l.wUp,
-                      &l.wDown, &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down})
-        if (t->defined())
-          v.push_back(*t);
-    for (auto &l : layers)
-      for (auto *t : {&l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm})
-        if (t->defined())
-          v.push_back(*t);
+    auto &self = const_cast<Weights &>(*this);
+    for (auto *group : {&firstOf, &secondOf, &thirdOf})
+      for (auto &l : self.layers)
+        for (at::Tensor *t : (*group)(l))
+          if (t->defined())
+            v.push_back(*t);
     v.push_back(finalNorm);
     if (head.defined() && !head.is_same(embed))
       v.push_back(head);
@@ -206,21 +284,44 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
   for (int i = 0; i < c.layers; ++i) {
     Weights::Layer l;
     l.attnNorm = at::ones({H}, opts);
-    l.wq = mat(c.heads * hd, H);
-    l.wk = mat(c.kvHeads * hd, H);
-    l.wv = mat(c.kvHeads * hd, H);
-    l.wo = mat(H, c.heads * hd);
+    if (c.mla()) {
+      const int64_t qk = c.heads * (c.qkNopeDim + c.qkRopeDim);
+      if (c.qLoraRank > 0) {
+        l.qA = mat(c.qLoraRank, H);
+        l.qANorm = at::ones({c.qLoraRank}, opts);
+        l.qB = mat(qk, c.qLoraRank);
+      } else {
+        l.wq = mat(qk, H);
+      }
+      l.kvA = mat(c.kvLoraRank + c.qkRopeDim, H);
+      l.kvANorm = at::ones({c.kvLoraRank}, opts);
+      l.kvB = mat(c.heads * (c.qkNopeDim + c.vHeadDim), c.kvLoraRank);
+      l.wo = mat(H, c.heads * c.vHeadDim);
+    } else {
+      l.wq = mat(c.heads * hd, H);
+      l.wk = mat(c.kvHeads * hd, H);
+      l.wv = mat(c.kvHeads * hd, H);
+      l.wo = mat(H, c.heads * hd);
+    }
     l.mlpNorm = at::ones({H}, opts);
-    if (c.experts > 0) {
+    if (c.moeLayer(i)) {
       const int64_t E = c.experts, Fe = c.expertFfn;
       l.moe.router = mat(E, H);
       l.moe.gate = at::empty({E, Fe, H}, opts).normal_(0.0, 0.02, gen);
       l.moe.up = at::empty({E, Fe, H}, opts).normal_(0.0, 0.02, gen);
       l.moe.down = at::empty({E, H, Fe}, opts).normal_(0.0, 0.02, gen);
+      if (c.sharedExperts > 0) {
+        const int64_t Fs = c.sharedExperts * Fe;
+        l.sharedGate = mat(Fs, H);
+        l.sharedUp = mat(Fs, H);
+        l.sharedDown = mat(H, Fs);
+      }
+      if (c.sigmoidRouter) // zeros, as transformers initialises it
+        l.moe.bias = at::zeros({E}, opts);
     } else {
-      l.wGate = mat(F, H);
-      l.wUp = mat(F, H);
-      l.wDown = mat(H, F);
+      l.gate = mat(F, H);
+      l.up = mat(F, H);
+      l.down = mat(H, F);
     }
     w_->layers.push_back(std::move(l));
   }
@@ -244,7 +345,9 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
       l.kNorm = at::ones({hd}, opts);
     }
   // Every weight through `f` (a tied head stays the embedding).
-  auto eachWeight = [&](const std::function<at::Tensor(const at::Tensor &)> &f) {
+  // (DeepSeek's router bias stays float32 in a 16-bit model, as
+  // transformers keeps it: `rounding` false leaves it.)
+  auto eachWeight = [&](const std::function<at::Tensor(const at::Tensor &)> &f, bool rounding) {
     const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
     auto apply = [&](at::Tensor &t) {
       if (t.defined())
@@ -252,10 +355,9 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     };
     apply(w_->embed);
     for (auto &l : w_->layers)
-      for (at::Tensor *t : {&l.attnNorm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlpNorm, &l.wGate,
-                            &l.wUp, &l.wDown, &l.bq, &l.bk, &l.bv, &l.qNorm, &l.kNorm,
-                            &l.moe.router, &l.moe.gate, &l.moe.up, &l.moe.down})
-        apply(*t);
+      for (at::Tensor *t : l.tensors())
+        if (!(rounding && t == &l.moe.bias))
+          apply(*t);
     apply(w_->finalNorm);
     if (tied)
       w_->head = w_->embed;
@@ -264,12 +366,12 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
   };
   // A 16-bit model: the same draws, rounded (ties to even).
   if (c.dtype != at::kFloat)
-    eachWeight([&](const at::Tensor &t) { return t.to(c.dtype); });
+    eachWeight([&](const at::Tensor &t) { return t.to(c.dtype); }, true);
   // Drawn on the host (the same weights on every device), then placed on
   // the engine's device once.
   if (!engineDevice().is_cpu()) {
     const at::Device dev = engineDevice();
-    eachWeight([&](const at::Tensor &t) { return t.to(dev); });
+    eachWeight([&](const at::Tensor &t) { return t.to(dev); }, false);
   }
 }
 
@@ -293,7 +395,8 @@ void Llama::keepExperts(comm::Communicator &ep, std::vector<int64_t> runs) {
   c10::NoGradGuard noGrad;
   for (auto &l : w_->layers)
     for (at::Tensor *t : {&l.moe.gate, &l.moe.up, &l.moe.down})
-      *t = t->narrow(0, firstExpert_, El).clone(); // the rest freed
+      if (t->defined()) // (not on DeepSeek's dense first layers)
+        *t = t->narrow(0, firstExpert_, El).clone(); // the rest freed
   ep_ = &ep;
 }
 
@@ -329,6 +432,19 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
     const auto &l = w_->layers[i];
     const std::string pre = "layers." + std::to_string(i) + ".";
     add(pre + "attn_norm", l.attnNorm);
+    if (l.kvA.defined()) { // latent attention (shape::llamaParams' order)
+      if (l.qA.defined()) {
+        add(pre + "attn.q_a", l.qA);
+        add(pre + "attn.q_a_norm", l.qANorm);
+        add(pre + "attn.q_b", l.qB);
+      } else {
+        add(pre + "attn.q", l.wq);
+      }
+      add(pre + "attn.kv_a", l.kvA);
+      add(pre + "attn.kv_a_norm", l.kvANorm);
+      add(pre + "attn.kv_b", l.kvB);
+      add(pre + "attn.o", l.wo);
+    } else {
     add(pre + "attn.q", l.wq);
     if (l.bq.defined())
       add(pre + "attn.q_bias", l.bq);
@@ -343,20 +459,28 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
       add(pre + "attn.q_norm", l.qNorm);
       add(pre + "attn.k_norm", l.kNorm);
     }
+    }
     add(pre + "mlp_norm", l.mlpNorm);
     if (!l.moe.router.defined()) {
-      add(pre + "mlp.gate", l.wGate);
-      add(pre + "mlp.up", l.wUp);
-      add(pre + "mlp.down", l.wDown);
+      add(pre + "mlp.gate", l.gate);
+      add(pre + "mlp.up", l.up);
+      add(pre + "mlp.down", l.down);
       continue;
     }
     // Each expert's weights as views of the stacked ones.
     add(pre + "mlp.router", l.moe.router);
+    if (l.moe.bias.defined())
+      add(pre + "mlp.router_bias", l.moe.bias);
     for (int64_t e = 0; e < l.moe.gate.size(0); ++e) {
       const std::string ex = pre + "mlp.experts." + std::to_string(firstExpert_ + e) + ".";
       add(ex + "gate", l.moe.gate[e]);
       add(ex + "up", l.moe.up[e]);
       add(ex + "down", l.moe.down[e]);
+    }
+    if (l.sharedGate.defined()) {
+      add(pre + "mlp.shared.gate", l.sharedGate);
+      add(pre + "mlp.shared.up", l.sharedUp);
+      add(pre + "mlp.shared.down", l.sharedDown);
     }
   }
   add("final_norm", w_->finalNorm);
@@ -472,7 +596,7 @@ at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
 }
 
 std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Tensor &positions) {
-  const int64_t hd = c.headDim();
+  const int64_t hd = c.ropeDim();
   auto dopts = positions.options().dtype(at::kDouble);
   at::Tensor invFreq;
   if (!c.ropeScaling.active()) {
@@ -485,6 +609,8 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
   }
   at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
+  if (const double af = rope::ropeAttentionFactor(c.ropeScaling); af != 1.0) // YaRN's
+    return {(emb.cos() * af).to(c.dtype).unsqueeze(1), (emb.sin() * af).to(c.dtype).unsqueeze(1)};
   return {emb.cos().to(c.dtype).unsqueeze(1), emb.sin().to(c.dtype).unsqueeze(1)};
 }
 
@@ -520,11 +646,11 @@ at::Tensor checkedReplay(const LlamaConfig &c, const at::Tensor &replay, int64_t
                          const char *who) {
   if (!replay.defined())
     return replay;
-  const std::vector<int64_t> want = {B, T, c.layers, c.expertsPerToken};
+  const std::vector<int64_t> want = {B, T, c.moeLayers(), c.expertsPerToken};
   if (replay.sizes().vec() != want)
     throw std::invalid_argument(std::string(who) + ": a routing replay of shape " +
                                 shapeString(replay.sizes()) +
-                                " for [tokens' rows, columns, layers, experts per token] = " +
+                                " for [tokens' rows, columns, mixture layers, experts per token] = " +
                                 shapeString(want));
   at::Tensor r = replay.to(engineDevice(), at::kLong);
   if (r.numel() > 0 && r.max().item<int64_t>() >= c.experts)
@@ -539,90 +665,28 @@ at::Tensor Llama::hidden(const at::Tensor &tokens, const at::Tensor &positions,
   const auto &c = config_;
   if (tokens.dim() != 2 || tokens.scalar_type() != at::kLong)
     throw std::invalid_argument("Llama: tokens must be int64 [B, T]");
-  const int64_t B = tokens.size(0), T = tokens.size(1), hd = c.headDim();
-  if (T == 0)
-    throw std::invalid_argument("Llama: empty sequence");
   requireOnEngine(tokens, "Llama forward: tokens");
-  if (tokens.numel() > 0) {
-    int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
-    if (lo < 0 || hi >= c.vocab)
-      throw std::invalid_argument("Llama: token id out of [0, " +
-                                  std::to_string(c.vocab) + ")");
+  // RoPE's tables at each token's own position, the mask of the keys
+  // (the cached ones, then these) each query sees, the softmax scale.
+  const detail::AttnContext a = detail::attnContext(c, tokens, positions, keyMask, "Llama", cache);
+  detail::MoeCall mc;
+  if (c.experts > 0) {
+    mc.rule = routerRule(c), mc.firstMoeLayer = c.denseLayers, mc.trace = moe;
+    mc.ep = ep_, mc.ownerKey = ownerKey_;
+    if (moe)
+      mc.replay = checkedReplay(c, moe->replay, a.B, a.T, "Llama");
   }
-  const at::Tensor replay = moe && c.experts > 0 ? checkedReplay(c, moe->replay, B, T, "Llama") : at::Tensor();
-  auto fopts = tokens.options().dtype(at::kFloat);
   at::Tensor x = at::embedding(w_->embed, tokens); // [B, T, H]
-
-  // RoPE (rotate-half convention) at each token's own position: [B, 1, T, hd].
-  auto [cos, sin] = ropeTables(c, positions);
-
-  // Keys: the cached ones, then these (attentionBias says which each
-  // query sees).
-  const int64_t past = cache ? cache->past() : 0;
-  at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
-                                         : at::ones({B, T}, fopts.dtype(at::kBool));
+  // Each layer through the decoder layer every form shares, under the
+  // role's recompute option while a training pass records gradients
+  // (layerStep keeps what the option says).
+  // (a mixture's layers are not recomputed: hflowc refuses the option there)
+  const shape::Recompute recompute = c.experts > 0 ? shape::Recompute::None : c.recompute;
+  for (size_t li = 0; li < w_->layers.size(); ++li)
+    x = detail::layerStep(recompute, x, w_->layers[li], a, c.heads, c.kvHeads, c.normEps,
+                          nullptr, cache, li, &mc);
   if (cache)
-    keyReal = cache->keyReal(keyReal);
-  at::Tensor bias = attentionBias(keyReal, past, T, c.slidingWindow);
-  const double scale = 1.0 / std::sqrt((double)hd);
-  const int64_t rep = c.heads / c.kvHeads;
-
-  // The role's recompute option, while a training pass records gradients:
-  // each layer through layerStep (the parallel forms' decoderLayer, the
-  // same operations), keeping what the option says.
-  const bool recompute = c.recompute != shape::Recompute::None && !cache &&
-                         at::GradMode::is_enabled() && c.experts == 0;
-  detail::AttnContext ctx;
-  if (recompute) {
-    ctx.cos = cos, ctx.sin = sin, ctx.bias = bias, ctx.keyReal = keyReal;
-    ctx.B = B, ctx.T = T, ctx.hd = hd, ctx.scale = scale;
-  }
-  for (size_t li = 0; li < w_->layers.size(); ++li) {
-    const auto &l = w_->layers[li];
-    if (recompute) {
-      detail::LayerWeights lw;
-      lw.attnNorm = l.attnNorm, lw.wq = l.wq, lw.bq = l.bq, lw.wk = l.wk, lw.bk = l.bk;
-      lw.wv = l.wv, lw.bv = l.bv, lw.wo = l.wo, lw.mlpNorm = l.mlpNorm;
-      lw.gate = l.wGate, lw.up = l.wUp, lw.down = l.wDown, lw.qNorm = l.qNorm, lw.kNorm = l.kNorm;
-      x = detail::layerStep(c.recompute, x, lw, ctx, c.heads, c.kvHeads, c.normEps, nullptr);
-      continue;
-    }
-    at::Tensor h = rmsNorm(x, l.attnNorm, c.normEps);
-    at::Tensor q = headNorm(at::linear(h, l.wq, l.bq).view({B, T, c.heads, hd}), l.qNorm,
-                            c.normEps)
-                       .transpose(1, 2);
-    at::Tensor k = headNorm(at::linear(h, l.wk, l.bk).view({B, T, c.kvHeads, hd}), l.kNorm,
-                            c.normEps)
-                       .transpose(1, 2);
-    at::Tensor v = at::linear(h, l.wv, l.bv).view({B, T, c.kvHeads, hd}).transpose(1, 2);
-    q = q * cos + rotateHalf(q) * sin;
-    k = k * cos + rotateHalf(k) * sin;
-    if (cache)
-      std::tie(k, v) = cache->append(li, k, v);
-    if (rep > 1) {
-      k = k.repeat_interleave(rep, 1);
-      v = v.repeat_interleave(rep, 1);
-    }
-    at::Tensor o = attend(q, k, v, bias, scale).transpose(1, 2).reshape({B, T, c.heads * hd});
-    x = x + at::linear(o, l.wo);
-    h = rmsNorm(x, l.mlpNorm, c.normEps);
-    if (l.moe.router.defined()) {
-      MoeRouting r;
-      const bool record = moe && moe->record;
-      const at::Tensor given =
-          replay.defined() ? replay.select(2, (int64_t)li).reshape({B * T, c.expertsPerToken})
-                           : at::Tensor();
-      x = x + (ep_ ? moeMlpExpertParallel(h, l.moe, c.expertsPerToken, c.normTopk, *ep_,
-                                          record ? &r : nullptr, given, ownerKey_)
-                   : moeMlp(h, l.moe, c.expertsPerToken, c.normTopk, record ? &r : nullptr,
-                            given));
-      if (record)
-        moe->layers.push_back(std::move(r));
-    } else
-      x = x + at::linear(at::silu(at::linear(h, l.wGate)) * at::linear(h, l.wUp), l.wDown);
-  }
-  if (cache)
-    cache->commit(keyReal, positions);
+    cache->commit(a.keyReal, positions);
   return rmsNorm(x, w_->finalNorm, c.normEps);
 }
 
@@ -842,17 +906,17 @@ void Llama::serveExperts() const {
     return;
   c10::InferenceMode guard;
   const at::Tensor none = at::empty({0, config_.hidden}, onEngine(config_.dtype));
+  const RouterRule rule = routerRule(config_);
   for (const auto &l : w_->layers)
     if (l.moe.router.defined())
-      (void)moeMlpExpertParallel(none, l.moe, config_.expertsPerToken, config_.normTopk, *ep_,
-                                 nullptr, at::Tensor(), ownerKey_);
+      (void)moeMlpExpertParallel(none, l.moe, rule, *ep_, nullptr, at::Tensor(), ownerKey_);
 }
 
 Generation Llama::generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                            const SamplingOptions &opts, at::Generator &gen) const {
   if (ep_)
     throw std::logic_error("generate: model " + config_.name + " holds " +
-                           std::to_string(w_->layers.front().moe.gate.size(0)) + " of its " +
+                           std::to_string(config_.experts / ep_->size()) + " of its " +
                            std::to_string(config_.experts) +
                            " experts (expert parallelism): it does not generate");
   if (opts.paged)

@@ -89,6 +89,32 @@ struct LlamaConfig {
   /// transformers decides it).
   double routerAuxCoef = 0;
   bool routerAuxLoss = false;
+  /// DeepSeek-V3's mixture (arch "deepseek_v3"): sharedExperts SwiGLUs of
+  /// width expertFfn (one of sharedExperts * expertFfn) beside the routed
+  /// ones, the first denseLayers layers dense (width ffn), and, with
+  /// sigmoidRouter, its router: sigmoid scores plus the score-correction
+  /// bias (mlp.router_bias, not trained) pick the experts, within the
+  /// topkGroups best of `groups` groups (a group scored by its best two),
+  /// and the chosen experts' scores (without the bias, renormalised with
+  /// normTopk) times routedScaling weigh them.
+  int sharedExperts = 0, denseLayers = 0;
+  bool sigmoidRouter = false;
+  int groups = 1, topkGroups = 1;
+  double routedScaling = 1.0;
+  /// DeepSeek's multi-head latent attention (kvLoraRank 0: none;
+  /// shape::ModelShape says which weights): each head's query and key
+  /// qkNopeDim wide without RoPE and qkRopeDim with it, its value vHeadDim,
+  /// the key's RoPE part shared by every head; RoPE's pairs interleaved
+  /// (ropeInterleave, as DeepSeek's checkpoints hold them) or in halves. A
+  /// KV cache holds each token's normed latent and its key's RoPE part
+  /// (kvLoraRank + qkRopeDim), and decoding attends in the latent space
+  /// (the up-projections absorbed into the query and the output).
+  int qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0, vHeadDim = 0;
+  bool ropeInterleave = false;
+  /// Not part of the maths: DeepSeek-V3's multi-token-prediction layers
+  /// (num_nextn_predict_layers) a Hugging Face checkpoint holds after the
+  /// decoder's, which hflow neither builds nor reads (as transformers).
+  int mtpLayers = 0;
   /// False for the body of a critic or reward model: its hidden states feed
   /// a scalar head the engine holds, and it has no LM head (tied or not);
   /// logits() and generate() are then errors.
@@ -109,6 +135,18 @@ struct LlamaConfig {
   at::ScalarType dtype = at::kFloat;
 
   int headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
+  bool mla() const { return kvLoraRank > 0; }
+  /// RoPE's width: the head's, or under latent attention its RoPE part.
+  int ropeDim() const { return mla() ? qkRopeDim : headDim(); }
+  /// Whether layer `l` is a mixture's.
+  bool moeLayer(int64_t l) const { return experts > 0 && l >= denseLayers; }
+  /// The layers holding a mixture (a routing record's and replay's layer
+  /// axis: mixture layer j is decoder layer denseLayers + j).
+  int moeLayers() const { return experts > 0 ? layers - denseLayers : 0; }
+  /// The attention's softmax scale: 1 / sqrt(query width), under latent
+  /// attention with YaRN times yarnMscale(factor, mscale_all_dim)^2
+  /// (transformers' DeepseekV3Attention).
+  double attentionScale() const;
 
   /// Empty when the config is usable; otherwise one line saying why.
   std::string validate() const;

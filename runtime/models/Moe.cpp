@@ -1,6 +1,7 @@
 //===- Moe.cpp - a mixture of experts in place of the dense MLP ------------===//
 #include "runtime/models/Moe.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Llama.h"
 
 #include <ATen/ATen.h>
 
@@ -12,14 +13,59 @@
 
 namespace hflow::models {
 
-std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w, int64_t k,
-                                              bool normTopk, MoeRouting *routing,
+RouterRule routerRule(const LlamaConfig &c) {
+  RouterRule r;
+  r.k = c.expertsPerToken;
+  r.normTopk = c.normTopk;
+  r.sigmoid = c.sigmoidRouter;
+  r.groups = c.groups;
+  r.topkGroups = c.topkGroups;
+  r.scaling = c.routedScaling;
+  return r;
+}
+
+namespace {
+/// DeepSeek-V3's choice: the k largest of `choice` [N, E] within each
+/// token's topkGroups best groups (a group scored by the sum of its two
+/// largest values; the other groups' values read as 0).
+at::Tensor groupLimitedTopk(const at::Tensor &choice, const RouterRule &rule) {
+  const int64_t N = choice.size(0), E = choice.size(1);
+  at::Tensor masked = choice;
+  if (rule.groups > 1 && rule.topkGroups < rule.groups) {
+    at::Tensor grouped = choice.view({N, rule.groups, E / rule.groups});
+    at::Tensor groupScore = std::get<0>(grouped.topk(2, -1)).sum(-1);      // [N, groups]
+    at::Tensor kept = std::get<1>(groupScore.topk(rule.topkGroups, -1));   // [N, topkGroups]
+    at::Tensor keep = at::zeros_like(groupScore, at::kBool)
+                          .scatter_(1, kept, true)
+                          .unsqueeze(-1)
+                          .expand_as(grouped)
+                          .reshape({N, E});
+    masked = choice.masked_fill(keep.logical_not(), 0.0);
+  }
+  return std::get<1>(masked.topk(rule.k, -1));
+}
+} // namespace
+
+std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w,
+                                              const RouterRule &rule, MoeRouting *routing,
                                               const at::Tensor &replay) {
+  const int64_t k = rule.k;
   // The routing in float32 at least, whatever the model's type (as
-  // transformers' Qwen3-MoE and Mixtral do it).
+  // transformers' Qwen3-MoE, Mixtral and DeepSeek-V3 do it).
   const at::ScalarType rt = at::promote_types(x.scalar_type(), at::kFloat);
-  at::Tensor probs = at::softmax(at::linear(x, w.router).to(rt), -1); // [N, E]
-  auto [top, chosen] = probs.topk(k, -1);                                    // [N, k]
+  at::Tensor probs, top, chosen;
+  if (rule.sigmoid) {
+    probs = at::sigmoid(at::linear(x.to(rt), w.router.to(rt))); // [N, E]
+    at::Tensor choice = probs.detach();
+    if (w.bias.defined())
+      choice = choice + w.bias.detach().to(rt);
+    chosen = groupLimitedTopk(choice, rule);
+  } else {
+    // (the softmax of the logits in the weights' type, then widened: what
+    // transformers' Qwen3-MoE and Mixtral compute)
+    probs = at::softmax(at::linear(x, w.router).to(rt), -1);
+    chosen = std::get<1>(probs.topk(k, -1));
+  }
   if (replay.defined()) {
     if (replay.dim() != 2 || replay.size(0) != x.size(0) || replay.size(1) != k)
       throw std::invalid_argument("moeMlp: a replay of shape " + std::to_string(replay.size(0)) +
@@ -30,10 +76,13 @@ std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeig
     // A token with a negative id anywhere keeps its router's choice.
     at::Tensor keep = given.lt(0).any(-1, /*keepdim=*/true); // [N, 1]
     chosen = at::where(keep, chosen, given);
-    top = probs.gather(-1, chosen);
   }
-  if (normTopk)
-    top = top / top.sum(-1, /*keepdim=*/true);
+  top = probs.gather(-1, chosen);
+  if (rule.normTopk)
+    top = rule.sigmoid ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20)
+                       : top / top.sum(-1, /*keepdim=*/true);
+  if (rule.scaling != 1.0)
+    top = top * rule.scaling;
   if (routing)
     *routing = {probs, chosen};
   return {top, chosen};
@@ -86,11 +135,19 @@ at::Tensor combineExperts(const at::Tensor &x, const at::Tensor &top, const at::
   return combineExpertRun(x, top, chosen, w, 0); // every expert: the run from 0
 }
 
-at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, const RouterRule &rule,
                   MoeRouting *routing, const at::Tensor &replay) {
   at::Tensor x = h.reshape({-1, h.size(-1)}); // [N, H]
-  auto [top, chosen] = routeTokens(x, w, k, normTopk, routing, replay);
+  auto [top, chosen] = routeTokens(x, w, rule, routing, replay);
   return combineExperts(x, top, chosen, w).view(h.sizes());
+}
+
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
+                  MoeRouting *routing, const at::Tensor &replay) {
+  RouterRule rule;
+  rule.k = k;
+  rule.normTopk = normTopk;
+  return moeMlp(h, w, rule, routing, replay);
 }
 
 at::Tensor loadBalancingLoss(const std::vector<MoeRouting> &layers, const at::Tensor &real) {

@@ -26,14 +26,36 @@ namespace hflow::models {
 struct LlamaConfig;
 
 /// One layer's mixture: the router [E, H] and the experts' stacked weights,
-/// gate and up [E, F, H], down [E, H, F] (expert e's are gate[e], ...).
+/// gate and up [E, F, H], down [E, H, F] (expert e's are gate[e], ...);
+/// with a sigmoid router (RouterRule::sigmoid), its score-correction bias
+/// [E].
 struct MoeWeights {
-  at::Tensor router, gate, up, down;
+  at::Tensor router, gate, up, down, bias;
 };
 
-/// What the router chose for N tokens: the softmax over every expert
-/// ([N, E], float32 or wider) and the k experts each token went through (int64
-/// [N, k], most probable first). The load-balancing loss reads both.
+/// How a router picks a token's experts and weighs them. Softmax (Qwen3-MoE,
+/// Mixtral): the k most probable of softmax(logits), weighted by their
+/// probabilities (renormalised to sum to 1 with normTopk). Sigmoid
+/// (DeepSeek-V3's noaux_tc): scores s = sigmoid(logits); the choice reads
+/// s + bias, the experts in `groups` consecutive groups of which the
+/// topkGroups whose two best choice values sum highest are kept (the
+/// others' choice values set to 0), then the k largest choice values; the
+/// weights are their s (without the bias), divided by their sum (+ 1e-20)
+/// with normTopk, times `scaling`.
+struct RouterRule {
+  int64_t k = 0;
+  bool normTopk = false;
+  bool sigmoid = false;
+  int64_t groups = 1, topkGroups = 1;
+  double scaling = 1.0;
+};
+/// The rule of `c`'s mixture.
+RouterRule routerRule(const LlamaConfig &c);
+
+/// What the router chose for N tokens: the softmax over every expert (a
+/// sigmoid router's scores; [N, E], float32 or wider) and the k experts
+/// each token went through (int64 [N, k], most probable first). The
+/// load-balancing loss reads both.
 struct MoeRouting {
   at::Tensor probs, chosen;
 };
@@ -59,6 +81,9 @@ struct MoeTrace {
 /// tokens of h; every id below the number of experts), each token whose
 /// row holds no negative id goes through those experts, weighted by the router's probabilities of them
 /// (renormalised with `normTopk`), and `routing` holds them as chosen.
+at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, const RouterRule &rule,
+                  MoeRouting *routing = nullptr, const at::Tensor &replay = at::Tensor());
+/// The softmax rule with k experts a token, renormalised with normTopk.
 at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool normTopk,
                   MoeRouting *routing = nullptr, const at::Tensor &replay = at::Tensor());
 
@@ -76,8 +101,8 @@ at::Tensor moeMlp(const at::Tensor &h, const MoeWeights &w, int64_t k, bool norm
 /// out of order, each expert's number by its owner; undefined: member j
 /// holds run j. A generation form whose ranks host their slots in another
 /// order than their ranks' (ExpertParallelModel) passes it.
-at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
-                                bool normTopk, comm::Communicator &ep,
+at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w,
+                                const RouterRule &rule, comm::Communicator &ep,
                                 MoeRouting *routing = nullptr,
                                 const at::Tensor &replay = at::Tensor(),
                                 const at::Tensor &ownerKey = at::Tensor());
@@ -98,8 +123,9 @@ at::Tensor moeMlpExpertParallel(const at::Tensor &h, const MoeWeights &w, int64_
 /// of member tp.rank(), and each member sums its run's part of every
 /// token's output (combineExpertRun) before the same all-reduce; `ep` is
 /// then null.
-at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_t k,
-                                bool normTopk, comm::Communicator &tp, comm::Communicator *ep,
+at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w,
+                                const RouterRule &rule, comm::Communicator &tp,
+                                comm::Communicator *ep,
                                 MoeRouting *routing = nullptr,
                                 const at::Tensor &replay = at::Tensor(),
                                 int64_t foldFirst = -1);
@@ -108,8 +134,8 @@ at::Tensor moeMlpTensorParallel(const at::Tensor &h, const MoeWeights &w, int64_
 /// rows of x [N, H] (or the replayed one): each token's k weights and
 /// experts ([N, k]; the weights renormalised with normTopk), `routing`
 /// filled when given.
-std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w, int64_t k,
-                                              bool normTopk, MoeRouting *routing,
+std::pair<at::Tensor, at::Tensor> routeTokens(const at::Tensor &x, const MoeWeights &w,
+                                              const RouterRule &rule, MoeRouting *routing,
                                               const at::Tensor &replay);
 /// The routed pairs' outputs summed into each token's row: the rows x
 /// [N, H] through the experts `chosen` ([N, k]) weighted by `top` ([N, k]),

@@ -13,7 +13,7 @@
 namespace hflow::models {
 
 int64_t KvGeometry::bytesPerBlock(int64_t blockSize) const {
-  return 2 * layers * blockSize * kvHeads * headDim * (int64_t)c10::elementSize(dtype);
+  return layers * blockSize * kvHeads * (headDim + values()) * (int64_t)c10::elementSize(dtype);
 }
 
 KvBlockPool::KvBlockPool(const KvGeometry &g, int64_t numBlocks, int64_t blockSize)
@@ -27,7 +27,7 @@ KvBlockPool::KvBlockPool(const KvGeometry &g, int64_t numBlocks, int64_t blockSi
   const int64_t slots = numBlocks * blockSize;
   for (int64_t l = 0; l < g.layers; ++l) {
     k_.push_back(at::zeros({slots, g.kvHeads, g.headDim}, onEngine(g.dtype)));
-    v_.push_back(at::zeros({slots, g.kvHeads, g.headDim}, onEngine(g.dtype)));
+    v_.push_back(at::zeros({slots, g.kvHeads, g.values()}, onEngine(g.dtype)));
   }
   refs_.assign((size_t)numBlocks, 0);
   for (int64_t b = numBlocks - 1; b >= 0; --b)
@@ -137,15 +137,16 @@ at::Tensor PagedKvStep::keyReal(const at::Tensor &newReal) const {
 std::pair<at::Tensor, at::Tensor> PagedKvStep::append(size_t li, const at::Tensor &k,
                                                       const at::Tensor &v) {
   // [B, kv, T, hd] -> [B * T, kv, hd]: the real tokens into their slots.
-  const int64_t B = rows(), kv = k.size(1), hd = k.size(3);
+  // (The values' width vd may differ: 0 under latent attention.)
+  const int64_t B = rows(), kv = k.size(1), hd = k.size(3), vd = v.size(3);
   at::Tensor &pk = pool_.keys(li), &pv = pool_.values(li);
   pk.index_copy_(0, newSlots_,
                  k.transpose(1, 2).reshape({B * T_, kv, hd}).index_select(0, newRows_));
   pv.index_copy_(0, newSlots_,
-                 v.transpose(1, 2).reshape({B * T_, kv, hd}).index_select(0, newRows_));
+                 v.transpose(1, 2).reshape({B * T_, kv, vd}).index_select(0, newRows_));
   // Each row's keys through its table, right-aligned: [B, kv, K, hd].
   return {pk.index_select(0, gather_).view({B, K_, kv, hd}).transpose(1, 2),
-          pv.index_select(0, gather_).view({B, K_, kv, hd}).transpose(1, 2)};
+          pv.index_select(0, gather_).view({B, K_, kv, vd}).transpose(1, 2)};
 }
 
 } // namespace hflow::models

@@ -35,6 +35,10 @@ namespace hflow::models {
 struct KvGeometry {
   int64_t layers = 0, kvHeads = 0, headDim = 0;
   at::ScalarType dtype = at::kFloat;
+  /// The values' width when not headDim (-1): DeepSeek's latent attention
+  /// keeps one "key" of the latent and RoPE part and no value (0).
+  int64_t valueDim = -1;
+  int64_t values() const { return valueDim < 0 ? headDim : valueDim; }
   /// Bytes of one block of `blockSize` positions over every layer, keys and
   /// values.
   int64_t bytesPerBlock(int64_t blockSize) const;
@@ -67,7 +71,8 @@ public:
   /// Copies block `from`'s keys and values (every layer) into `to`.
   void copyBlock(int from, int to) override;
 
-  /// Layer `li`'s keys and values: [numBlocks * blockSize, kvHeads, hd].
+  /// Layer `li`'s keys and values: [numBlocks * blockSize, kvHeads, hd]
+  /// (the values' width KvGeometry::values()).
   at::Tensor &keys(size_t li) { return k_.at(li); }
   at::Tensor &values(size_t li) { return v_.at(li); }
 

@@ -49,17 +49,25 @@ at::Tensor sumOverReplicas(const at::Tensor &x, comm::Communicator &c, int64_t r
 struct LayerWeights {
   at::Tensor attnNorm, wq, bq, wk, bk, wv, bv, wo, mlpNorm, gate, up, down;
   at::Tensor qNorm, kNorm; ///< Qwen3's per-head norms (undefined without)
+  /// DeepSeek's latent attention (kvA defined; then no wk, wv, and wq only
+  /// without a q bottleneck): q_a, its norm and q_b, kv_a, its norm and
+  /// kv_b (the per-head ones this member's heads' rows under tp).
+  at::Tensor qA, qANorm, qB, kvA, kvANorm, kvB;
   /// A mixture's layer (router defined; then no gate, up, down): the
   /// experts' stacks as this member holds them (its run under ep, its
-  /// slice of each expert's width under tp).
+  /// slice of each expert's width under tp), and its shared experts'
+  /// SwiGLU (split as the dense MLP under tp; undefined without).
   MoeWeights moe;
+  at::Tensor sharedGate, sharedUp, sharedDown;
 
   /// The defined tensors' slots, in a fixed order (a recomputed part's
   /// weights: layerStep).
   std::vector<at::Tensor *> tensors() {
     std::vector<at::Tensor *> out;
     for (at::Tensor *t : {&attnNorm, &wq, &bq, &wk, &bk, &wv, &bv, &wo, &mlpNorm, &gate, &up,
-                          &down, &qNorm, &kNorm, &moe.router, &moe.gate, &moe.up, &moe.down})
+                          &down, &qNorm, &kNorm, &moe.router, &moe.gate, &moe.up, &moe.down,
+                          &qA, &qANorm, &qB, &kvA, &kvANorm, &kvB, &moe.bias, &sharedGate,
+                          &sharedUp, &sharedDown})
       if (t->defined())
         out.push_back(t);
     return out;
@@ -70,7 +78,15 @@ struct LayerWeights {
   at::Tensor *slot(const std::string &suffix) {
     if (suffix == "mlp.router")
       return &moe.router;
+    if (suffix == "mlp.router_bias")
+      return &moe.bias;
     static const std::map<std::string, at::Tensor LayerWeights::*> slots = {
+        {"attn.q_a", &LayerWeights::qA},        {"attn.q_a_norm", &LayerWeights::qANorm},
+        {"attn.q_b", &LayerWeights::qB},        {"attn.kv_a", &LayerWeights::kvA},
+        {"attn.kv_a_norm", &LayerWeights::kvANorm}, {"attn.kv_b", &LayerWeights::kvB},
+        {"mlp.shared.gate", &LayerWeights::sharedGate},
+        {"mlp.shared.up", &LayerWeights::sharedUp},
+        {"mlp.shared.down", &LayerWeights::sharedDown},
         {"attn_norm", &LayerWeights::attnNorm}, {"attn.q", &LayerWeights::wq},
         {"attn.q_bias", &LayerWeights::bq},     {"attn.k", &LayerWeights::wk},
         {"attn.k_bias", &LayerWeights::bk},     {"attn.v", &LayerWeights::wv},
@@ -88,8 +104,10 @@ struct AttnContext {
   at::Tensor cos, sin; ///< [B, 1, T, hd]
   at::Tensor bias;     ///< [B, 1, T, past + T], 0 or -inf
   at::Tensor keyReal;  ///< bool [B, past + T]: the real keys
-  int64_t B = 0, T = 0, hd = 0;
+  int64_t B = 0, T = 0, hd = 0; ///< hd: a head's query (and key) width
   double scale = 1.0;
+  /// Latent attention: RoPE's pairs interleaved (LlamaConfig::ropeInterleave).
+  bool ropeInterleave = false;
   /// Context parallelism: the T queries are this member's two chunks of
   /// the sequence, and every layer all-gathers the keys and values of the
   /// group's members (gatherKeys), puts them in position order
@@ -200,9 +218,14 @@ void gatherExpertRuns(std::vector<at::Tensor> &stacks, int64_t first, int64_t he
 /// the routing to record (trace->record) and replay (`replay`, checked
 /// [B, T, layers, k], or undefined).
 struct MoeCall {
-  int64_t k = 0;
-  bool normTopk = false;
+  RouterRule rule;
+  /// The first mixture layer (a dense first layer has no routing: the
+  /// replay's layer axis counts the mixture layers only).
+  int64_t firstMoeLayer = 0;
   comm::Communicator *ep = nullptr;
+  /// With `ep`: moeMlpExpertParallel's owner key (undefined: member j
+  /// holds run j).
+  at::Tensor ownerKey;
   /// Parallel folding: this TP member's run of whole experts starts here
   /// (moeMlpTensorParallel's foldFirst); -1: none.
   int64_t foldFirst = -1;

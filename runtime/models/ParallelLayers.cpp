@@ -74,6 +74,8 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   AttnContext a;
   a.B = tokens.size(0), a.T = tokens.size(1), a.hd = c.headDim();
   auto fopts = onEngine(at::kFloat);
+  if (c.mla())
+    a.hd = c.qkNopeDim + c.qkRopeDim, a.ropeInterleave = c.ropeInterleave;
   std::tie(a.cos, a.sin) = ropeTables(c, positions);
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
@@ -84,14 +86,102 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
     keyReal = cache->keyReal(keyReal);
   a.keyReal = keyReal;
   a.bias = attentionBias(keyReal, past, a.T, c.slidingWindow);
-  a.scale = 1.0 / std::sqrt((double)a.hd);
+  a.scale = c.attentionScale();
   return a;
 }
+
+namespace {
+/// DeepSeek's RoPE pairs are interleaved (x0 x1 | x2 x3 | ...): their
+/// even elements first, then their odd ones, so that rotate-half rotates
+/// each pair (transformers' apply_rotary_pos_emb_interleave). [.., d].
+at::Tensor deinterleave(const at::Tensor &x) {
+  const int64_t d = x.size(-1);
+  std::vector<int64_t> pairs = x.sizes().vec();
+  pairs.back() = d / 2;
+  pairs.push_back(2);
+  return x.reshape(pairs).transpose(-1, -2).reshape(x.sizes());
+}
+
+/// The SwiGLU down(silu(gate h) * up h).
+at::Tensor swiglu(const at::Tensor &h, const at::Tensor &gate, const at::Tensor &up,
+                  const at::Tensor &down) {
+  return at::linear(at::silu(at::linear(h, gate)) * at::linear(h, up), down);
+}
+
+/// DeepSeek's multi-head latent attention's half of a layer (x plus its
+/// output) on `nq` heads (this member's under tp). Without a KV store each
+/// head's key and value are expanded from the latent; with one, the store
+/// keeps each token's normed latent and roped key part (one "head" of
+/// kvLoraRank + qkRopeDim, no value), and the queries attend in the latent
+/// space: q_nope through each head's key up-projection, the output through
+/// its value up-projection (the same products, associated otherwise).
+at::Tensor latentAttentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
+                               int64_t nq, double eps, comm::Communicator *tp, KvStore *cache,
+                               size_t li) {
+  const int64_t B = a.B, T = a.T, R = a.cos.size(-1); // R: the RoPE part
+  const int64_t C = w.kvANorm.size(-1), nope = a.hd - R;
+  const int64_t vd = w.kvB.size(0) / nq - nope;
+  at::Tensor h = rmsNorm(x, w.attnNorm, eps);
+  // The latents' norms keep RMSNorm's default eps, 1e-6, whatever the
+  // model's (transformers' DeepseekV3Attention and DeepSeek's own code).
+  constexpr double kLatentEps = 1e-6;
+  // Under tp the latents are replicated: each member's heads add their
+  // part of the latents' gradient, summed by f (copyToTP) before the
+  // replicated down-projections and norms.
+  auto f = [&](const at::Tensor &t) { return tp ? copyToTP(t, *tp) : t; };
+  at::Tensor q = w.qA.defined()
+                     ? at::linear(f(rmsNorm(at::linear(h, w.qA), w.qANorm, kLatentEps)), w.qB)
+                     : at::linear(f(h), w.wq);
+  q = q.view({B, T, nq, a.hd}).transpose(1, 2); // [B, nq, T, nope + R]
+  at::Tensor kvA = at::linear(h, w.kvA);        // [B, T, C + R]
+  at::Tensor latent = f(at::cat({rmsNorm(kvA.narrow(-1, 0, C), w.kvANorm, kLatentEps),
+                                 kvA.narrow(-1, C, R)},
+                                -1));
+  at::Tensor c = latent.narrow(-1, 0, C);
+  at::Tensor kRot = latent.narrow(-1, C, R).unsqueeze(1); // [B, 1, T, R]
+  at::Tensor qNope = q.narrow(-1, 0, nope), qRot = q.narrow(-1, nope, R);
+  if (a.ropeInterleave) {
+    qRot = deinterleave(qRot);
+    kRot = deinterleave(kRot);
+  }
+  qRot = qRot * a.cos + rotateHalf(qRot) * a.sin;
+  kRot = kRot * a.cos + rotateHalf(kRot) * a.sin;
+  at::Tensor o; // [B, nq, T, vd]
+  if (cache) {
+    at::Tensor kv = at::cat({c.unsqueeze(1), kRot}, -1); // [B, 1, T, C + R]
+    at::Tensor none = kv.narrow(-1, 0, 0);
+    std::tie(kv, none) = cache->append(li, kv, none);
+    const int64_t K = kv.size(2);
+    at::Tensor up = w.kvB.view({nq, nope + vd, C});
+    at::Tensor qLatent = at::matmul(qNope, up.narrow(1, 0, nope)); // [B, nq, T, C]
+    at::Tensor keys = kv.expand({B, nq, K, C + R});
+    at::Tensor oLatent = attend(at::cat({qLatent, qRot}, -1), keys, keys.narrow(-1, 0, C),
+                                a.bias, a.scale); // [B, nq, T, C]
+    o = at::matmul(oLatent, up.narrow(1, nope, vd).transpose(1, 2));
+  } else {
+    at::Tensor kvUp = at::linear(c, w.kvB).view({B, T, nq, nope + vd}).transpose(1, 2);
+    at::Tensor k = at::cat({kvUp.narrow(-1, 0, nope), kRot.expand({B, nq, T, R})}, -1);
+    at::Tensor v = kvUp.narrow(-1, nope, vd);
+    q = at::cat({qNope, qRot}, -1);
+    if (a.cp) { // context parallelism: every member's keys in position order
+      k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
+      v = gatherKeys(v.contiguous(), *a.cp).index_select(2, a.cpKeyOrder);
+    }
+    o = a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale);
+  }
+  at::Tensor y = at::linear(o.transpose(1, 2).reshape({B, T, nq * vd}), w.wo);
+  if (tp)
+    y = reduceFromTP(y, *tp);
+  return x + y;
+}
+} // namespace
 
 /// A decoder layer's attention half: x plus the attention's output.
 at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext &a,
                          int64_t nq, int64_t nkv, double eps, comm::Communicator *tp,
                          KvStore *cache, size_t li) {
+  if (w.kvA.defined())
+    return latentAttentionHalf(x, w, a, nq, eps, tp, cache, li);
   const int64_t B = a.B, T = a.T, hd = a.hd;
   at::Tensor h = rmsNorm(x, w.attnNorm, eps);
   if (tp)
@@ -138,20 +228,26 @@ at::Tensor mlpHalf(const at::Tensor &x, const LayerWeights &w, const AttnContext
       throw std::logic_error("decoderLayer: a mixture's layer without its routing settings");
     MoeRouting r;
     MoeRouting *rec = moe->trace && moe->trace->record ? &r : nullptr;
-    const at::Tensor given = moe->replay.defined()
-                                 ? moe->replay.select(2, (int64_t)li).reshape({B * T, moe->k})
-                                 : at::Tensor();
-    y = tp ? moeMlpTensorParallel(h, w.moe, moe->k, moe->normTopk, *tp, moe->ep, rec, given,
-                                  moe->foldFirst)
-        : moe->ep ? moeMlpExpertParallel(h, w.moe, moe->k, moe->normTopk, *moe->ep, rec, given)
-                  : moeMlp(h, w.moe, moe->k, moe->normTopk, rec, given);
+    const int64_t k = moe->rule.k;
+    const at::Tensor given =
+        moe->replay.defined()
+            ? moe->replay.select(2, (int64_t)li - moe->firstMoeLayer).reshape({B * T, k})
+            : at::Tensor();
+    y = tp ? moeMlpTensorParallel(h, w.moe, moe->rule, *tp, moe->ep, rec, given, moe->foldFirst)
+        : moe->ep ? moeMlpExpertParallel(h, w.moe, moe->rule, *moe->ep, rec, given, moe->ownerKey)
+                  : moeMlp(h, w.moe, moe->rule, rec, given);
     if (rec)
       moe->trace->layers.push_back(std::move(r));
+    if (w.sharedGate.defined()) // DeepSeek's shared experts: a dense MLP beside
+      y = y + (tp ? reduceFromTP(swiglu(copyToTP(h, *tp), w.sharedGate, w.sharedUp,
+                                        w.sharedDown),
+                                 *tp)
+                  : swiglu(h, w.sharedGate, w.sharedUp, w.sharedDown));
     return x + y;
   }
   if (tp)
     h = copyToTP(h, *tp);
-  y = at::linear(at::silu(at::linear(h, w.gate)) * at::linear(h, w.up), w.down);
+  y = swiglu(h, w.gate, w.up, w.down);
   if (tp)
     y = reduceFromTP(y, *tp);
   return x + y;

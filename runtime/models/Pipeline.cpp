@@ -68,7 +68,7 @@ struct PipelineStage::Impl {
     std::string suffix;
     const int layer = layerOf(name, suffix);
     if (layer >= 0)
-      return layer / ((c.layers + p - 1) / p);
+      return (int)shape::stageOfLayer(c.layers, p, layer);
     return name == "embed" ? 0 : p - 1;
   }
   TpSplit split(const std::string &name) const { return tpSplitOf(name, t, kvParts, fold); }
@@ -84,8 +84,7 @@ struct PipelineStage::Impl {
 };
 
 std::pair<int, int> PipelineStage::layersOf(int layers, int p, int k) {
-  const int c = (layers + p - 1) / p;
-  return {std::min(layers, k * c), std::min(layers, (k + 1) * c)};
+  return {(int)shape::stageFirstLayer(layers, p, k), (int)shape::stageFirstLayer(layers, p, k + 1)};
 }
 
 PipelineStage::PipelineStage(const Llama &full, comm::Communicator &pp,
@@ -324,7 +323,7 @@ private:
     }
     MoeCall mc;
     if (p.c.experts > 0) {
-      mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep;
+      mc.rule = routerRule(p.c), mc.firstMoeLayer = p.c.denseLayers, mc.ep = p.ep;
       mc.foldFirst = p.fold ? p.firstExpert : -1;
       mc.replay = checkedReplay(p.c, mb.replay, a.B, a.T, "PipelineStage");
     }

@@ -1,8 +1,9 @@
 //===- Pipeline.h - a pipeline stage of the Llama and its 1F1B schedule -----===//
 //
 // Pipeline parallelism over a group of p members (a pp group): member k
-// holds stage k, the decoder layers [k c, min((k+1) c, L)) with c =
-// ceil(L / p) (the reshard planner's pp holding, docs/reshard.md §2), the
+// holds stage k, the decoder layers shape::stageFirstLayer(L, p, k) up to
+// stage k + 1's (balanced: the first L mod p stages one more than the
+// others; the reshard planner's pp holding, docs/reshard.md §2), the
 // embedding on stage 0, the final norm and the LM head on stage p - 1 (a
 // tied head: the last stage keeps its own copy of the embedding, whose
 // gradient is summed with stage 0's). run() pushes micro-batches through

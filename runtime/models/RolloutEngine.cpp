@@ -413,6 +413,8 @@ KvGeometry kvGeometryOf(const LlamaConfig &c) {
   g.layers = c.layers;
   g.kvHeads = c.kvHeads;
   g.headDim = c.headDim();
+  if (c.mla()) // one latent "key" a token, no value (latentAttentionHalf)
+    g.kvHeads = 1, g.headDim = c.kvLoraRank + c.qkRopeDim, g.valueDim = 0;
   g.dtype = c.dtype;
   return g;
 }

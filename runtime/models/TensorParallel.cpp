@@ -50,10 +50,17 @@ TpSplit detail::tpSplitOf(const std::string &name, int t, int64_t kvParts, bool 
     return suffix.rfind("mlp.experts.", 0) == 0 && suffix.size() > 5 &&
            suffix.compare(suffix.size() - 5, 5, ".down") == 0;
   };
+  // So are a latent attention's down-projections and their norms, and
+  // DeepSeek's router bias; its per-head up-projections split by heads.
   if (suffix == "attn_norm" || suffix == "mlp_norm" || suffix == "attn.q_norm" ||
-      suffix == "attn.k_norm" || suffix == "mlp.router")
+      suffix == "attn.k_norm" || suffix == "mlp.router" || suffix == "mlp.router_bias" ||
+      suffix == "attn.q_a" || suffix == "attn.q_a_norm" || suffix == "attn.kv_a" ||
+      suffix == "attn.kv_a_norm")
     s = TpSplit{};
-  else if (suffix == "attn.o" || suffix == "mlp.down" || isExpertDown())
+  else if (suffix == "attn.q_b" || suffix == "attn.kv_b")
+    return s; // rows, t parts
+  else if (suffix == "attn.o" || suffix == "mlp.down" || suffix == "mlp.shared.down" ||
+           isExpertDown())
     s.dim = 1;
   else if (suffix.rfind("attn.k", 0) == 0 || suffix.rfind("attn.v", 0) == 0)
     s.parts = kvParts;
@@ -278,6 +285,9 @@ std::string TPLlama::checkConfig(const LlamaConfig &c, int t, bool foldExperts) 
   if (!foldExperts && c.experts > 0 && c.expertFfn % t != 0)
     return "tensor parallelism: the experts' width " + s(c.expertFfn) +
            " is not divisible by " + s(t);
+  if (c.sharedExperts > 0 && (int64_t)c.sharedExperts * c.expertFfn % t != 0)
+    return "tensor parallelism: the shared experts' width " +
+           s((int64_t)c.sharedExperts * c.expertFfn) + " is not divisible by " + s(t);
   if (c.vocab % t != 0)
     return "tensor parallelism: vocab " + s(c.vocab) + " is not divisible by " + s(t);
   return "";
@@ -413,7 +423,8 @@ at::Tensor TPLlama::hidden(const at::Tensor &tokens, const at::Tensor &positions
   AttnContext a = attnContext(p.c, tokens, positions, keyMask, "TPLlama", cache);
   MoeCall mc;
   if (p.c.experts > 0) {
-    mc.k = p.c.expertsPerToken, mc.normTopk = p.c.normTopk, mc.ep = p.ep, mc.trace = moe;
+    mc.rule = routerRule(p.c), mc.firstMoeLayer = p.c.denseLayers, mc.ep = p.ep;
+    mc.trace = moe;
     mc.foldFirst = p.fold ? p.firstExpert : -1;
     if (moe)
       mc.replay = checkedReplay(p.c, moe->replay, a.B, a.T, "TPLlama");
@@ -445,7 +456,8 @@ Generation TPLlama::generate(const at::Tensor &prompts, const at::Tensor &prompt
       return logits(hidden(toks, pos, mask, kv, moe).select(1, toks.size(1) - 1));
     };
     KvGeometry g = kvGeometryOf(p_->c);
-    g.kvHeads = p_->nkv;
+    if (!p_->c.mla()) // (a latent is whole on every member)
+      g.kvHeads = p_->nkv;
     return generatePaged(next, g, prompts, promptMask, opts, gen, opts.limits);
   }
   if (opts.recordRouting)

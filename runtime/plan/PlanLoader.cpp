@@ -208,10 +208,29 @@ bool checkModel(Checker &c, const Plan &p, size_t i) {
     for (double v : {rs->factor(), rs->low_freq_factor(), rs->high_freq_factor()})
       if (!(v > 0) || !std::isfinite(v))
         return c.fail(what, "'s rope_scaling has a factor ", v, ", not a positive number");
-    if (!(rs->high_freq_factor() > rs->low_freq_factor()) || rs->original_max_positions() < 1)
+    if ((!rs->yarn() && !(rs->high_freq_factor() > rs->low_freq_factor())) ||
+        rs->original_max_positions() < 1)
       return c.fail(what, "'s rope_scaling needs high_freq_factor > low_freq_factor and "
                           "original_max_positions >= 1");
+    if (rs->yarn())
+      for (double v : {rs->beta_fast(), rs->beta_slow(), rs->mscale(), rs->mscale_all_dim()})
+        if (!(v >= 0) || !std::isfinite(v))
+          return c.fail(what, "'s YaRN rope_scaling has a coefficient ", v,
+                        ", not a finite non-negative number");
   }
+  // Format 5.1: DeepSeek-V3's counts (LlamaConfig::validate checks how
+  // they fit together).
+  for (int64_t v : {(int64_t)m->shared_experts(), (int64_t)m->dense_layers(),
+                    (int64_t)m->q_lora_rank(), (int64_t)m->kv_lora_rank(),
+                    (int64_t)m->qk_nope_head_dim(), (int64_t)m->qk_rope_head_dim(),
+                    (int64_t)m->v_head_dim()})
+    if (v < 0)
+      return c.fail(what, " has a negative DeepSeek-V3 dimension ", v);
+  if (m->expert_groups() < 1 || m->topk_groups() < 1 || !(m->routed_scaling() > 0) ||
+      !std::isfinite(m->routed_scaling()))
+    return c.fail(what, " has expert_groups ", m->expert_groups(), ", topk_groups ",
+                  m->topk_groups(), " and routed_scaling ", m->routed_scaling(),
+                  ": each must be positive");
   return true;
 }
 

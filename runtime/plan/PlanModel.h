@@ -35,7 +35,16 @@ inline shape::ModelShape modelShape(const Model &m) {
     s.experts = m.experts();
     s.expertsPerToken = m.experts_per_token();
     s.expertFfn = m.expert_ffn();
+    // DeepSeek-V3's (zeros and false in every other plan).
+    s.sharedExperts = m.shared_experts();
+    s.denseLayers = m.dense_layers();
+    s.routerBias = m.sigmoid_router();
   }
+  s.qLoraRank = m.q_lora_rank();
+  s.kvLoraRank = m.kv_lora_rank();
+  s.qkNopeDim = m.qk_nope_head_dim();
+  s.qkRopeDim = m.qk_rope_head_dim();
+  s.vHeadDim = m.v_head_dim();
   return s;
 }
 

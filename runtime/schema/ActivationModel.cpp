@@ -49,7 +49,7 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   const double rows = (double)std::max<int64_t>(0, p.rows), T = (double)std::max<int64_t>(0, p.seqLen);
   const double R = (double)std::max<int64_t>(0, p.respLen);
   const double h = (double)m.hidden, F = (double)m.ffn, V = (double)m.vocab;
-  const double ahd = (double)m.heads * (double)m.headDim() / tp; // q width per rank
+  const double ahd = (double)m.heads * (double)m.qkHeadDim() / tp; // q width per rank
   const double heads = (double)m.heads / (tp * sp);              // attention heads per rank
   const double n = rows * T / sp;
   const double layers = (double)(f.layers < 0 ? m.layers : f.layers);
@@ -159,6 +159,8 @@ int64_t largestFittingMicroBatch(const ModelShape &m, bool trains, bool lmHead,
 
 double kvCacheBytes(const ModelShape &m, int64_t layers, int64_t tp, int64_t rows, int64_t len,
                     double w) {
+  if (m.mla()) // the latent and the key's RoPE part, whole on every tp rank
+    return w * (double)layers * (double)m.kvCacheWidth() * (double)rows * (double)len;
   const double kv = std::max(1.0, (double)m.kvHeads / (double)std::max<int64_t>(1, tp));
   return w * 2.0 * (double)layers * kv * (double)m.headDim() * (double)rows * (double)len;
 }

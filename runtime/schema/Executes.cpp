@@ -80,6 +80,8 @@ std::string tensorParallelProblem(const Dims &d, int64_t t, bool fold) {
   if (d.experts > 0 && !fold && d.expertFfn % t != 0)
     return "the experts' width expert_ffn " + s(d.expertFfn) + " is not divisible by tp " +
            s(t);
+  if (d.sharedFfn % t != 0)
+    return "the shared experts' width " + s(d.sharedFfn) + " is not divisible by tp " + s(t);
   return "";
 }
 
@@ -115,12 +117,11 @@ Verdict roleForms(methods::Role kind, bool hasModel, const Degrees &train,
       return refuse("train", train,
                     "pipeline parallelism combined with fsdp or sp is not executed by "
                     "hflow-run yet; write pp(p) * tp(t) * dp(d)");
-    const int64_t per = (dims.layers + train.pp - 1) / train.pp;
-    if (dims.layers > 0 && per * (train.pp - 1) >= dims.layers)
+    if (dims.layers > 0 && train.pp > dims.layers)
       return refuse("train", train,
-                    "a pipeline stage holds ceil(layers / pp) = " + s(per) + " of the " +
-                        s(dims.layers) + " layers, so the last of " + s(train.pp) +
-                        " stages would hold none; use fewer stages");
+                    "its " + s(train.pp) + " pipeline stages are more than the model's " +
+                        s(dims.layers) + " layers: every stage must hold one; use at most " +
+                        s(dims.layers) + " stages");
     if (dims.tied && methods::hasLmHead(kind))
       return refuse("train", train,
                     "a tied LM head under pipeline parallelism needs the embedding on the "

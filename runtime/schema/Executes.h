@@ -35,12 +35,16 @@ struct Dims {
   /// A mixture whose training passes add the load-balancing loss (not in
   /// the shape: the caller sets it from the model).
   bool routerAuxLoss = false;
+  /// DeepSeek-V3's shared experts' width (shared_experts * expert_ffn; 0:
+  /// none), split over tp as the dense MLP is.
+  int64_t sharedFfn = 0;
 };
 
 /// The dimensions of `m` this table judges: what hflowc's model, the
 /// placement search's and the runtime's plan model all give it.
 inline Dims dimsOf(const shape::ModelShape &m) {
-  return {m.heads, m.kvHeads, m.ffn, m.vocab, m.layers, m.tieEmbeddings, m.experts, m.expertFfn};
+  return {m.heads,       m.kvHeads,   m.ffn,         m.vocab, m.layers,
+          m.tieEmbeddings, m.experts, m.expertFfn, false,   m.sharedExperts * m.expertFfn};
 }
 
 /// How a role's weights are held on its ranks for one of its layouts.

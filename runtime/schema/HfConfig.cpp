@@ -2,6 +2,7 @@
 #include "runtime/schema/HfConfig.h"
 
 #include <cmath>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 namespace hflow::hfconfig {
@@ -10,11 +11,11 @@ using json = nlohmann::json;
 
 bool supportedModelType(const std::string &type) {
   return type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
-         type == "qwen3_moe" || type == "mixtral";
+         type == "qwen3_moe" || type == "mixtral" || type == "deepseek_v3";
 }
 
 const char *supportedModelTypes() {
-  return "llama, qwen2, qwen3, mistral, qwen3_moe and mixtral";
+  return "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral and deepseek_v3";
 }
 
 namespace {
@@ -29,8 +30,12 @@ std::string quoted(const json &v) { return v.is_string() ? "'" + v.get<std::stri
 
 bool positiveInt(const json &v) { return v.is_number_integer() && v.get<int64_t>() > 0; }
 
-/// rope_scaling / rope_parameters: none, "default" or "llama3".
-std::string readRope(const json &v, const char *key, ArchKeys &out) {
+std::string readYarn(const json &v, const std::string &k, ArchKeys &out);
+
+/// rope_scaling / rope_parameters: none, "default", "llama3", or "yarn"
+/// (DeepSeek-V3's, for model_type deepseek_v3 only).
+std::string readRope(const json &v, const char *key, const std::string &modelType,
+                     ArchKeys &out) {
   const std::string k = key;
   if (!v.is_object())
     return "'" + k + "' must be an object or null, got " + v.dump();
@@ -46,11 +51,17 @@ std::string readRope(const json &v, const char *key, ArchKeys &out) {
   }
   if (!type || (type->is_string() && type->get<std::string>() == "default"))
     return "";
-  if (!type->is_string() || type->get<std::string>() != "llama3")
+  const bool yarn = type->is_string() && type->get<std::string>() == "yarn";
+  if (yarn && modelType != "deepseek_v3")
+    return "'" + k + "' of type 'yarn' is supported for model_type deepseek_v3 only, not " +
+           modelType;
+  if (!yarn && (!type->is_string() || type->get<std::string>() != "llama3"))
     return "'" + k + "' of type " + quoted(*type) +
-           " is not supported; hflow builds RoPE without rescaling or with "
-           "Llama 3.1's (\"rope_type\": \"llama3\")";
+           " is not supported; hflow builds RoPE without rescaling, with "
+           "Llama 3.1's (\"rope_type\": \"llama3\") or, for deepseek_v3, YaRN";
   RopeScaling r;
+  if (yarn)
+    return readYarn(v, k, out);
   auto number = [&](const char *name, double &dst, bool required) -> std::string {
     const json *x = find(v, name);
     if (!x)
@@ -80,6 +91,53 @@ std::string readRope(const json &v, const char *key, ArchKeys &out) {
   return "";
 }
 
+/// DeepSeek-V3's YaRN: factor and original_max_position_embeddings
+/// required; beta_fast, beta_slow (transformers' defaults 32 and 1),
+/// mscale and mscale_all_dim optional; attention_factor and truncate
+/// refused unless they say what hflow builds.
+std::string readYarn(const json &v, const std::string &k, ArchKeys &out) {
+  RopeScaling r;
+  r.kind = RopeScaling::Kind::Yarn;
+  auto number = [&](const char *name, double &dst, bool required, bool zeroOk) -> std::string {
+    const json *x = find(v, name);
+    if (!x)
+      return required ? "'" + k + "' of type 'yarn' has no '" + name + "'" : "";
+    if (!x->is_number() || !std::isfinite(x->get<double>()) ||
+        !(zeroOk ? x->get<double>() >= 0 : x->get<double>() > 0))
+      return "'" + k + "." + name + "' must be a " + (zeroOk ? "non-negative" : "positive") +
+             " number, got " + x->dump();
+    dst = x->get<double>();
+    return "";
+  };
+  for (auto [name, dst, required, zeroOk] :
+       {std::tuple<const char *, double *, bool, bool>{"factor", &r.factor, true, false},
+        {"beta_fast", &r.betaFast, false, false},
+        {"beta_slow", &r.betaSlow, false, false},
+        {"mscale", &r.mscale, false, true},
+        {"mscale_all_dim", &r.mscaleAllDim, false, true}})
+    if (std::string e = number(name, *dst, required, zeroOk); !e.empty())
+      return e;
+  if (!(r.factor > 1))
+    return "'" + k + ".factor' " + json(r.factor).dump() +
+           " must be larger than 1 for YaRN";
+  const json *o = find(v, "original_max_position_embeddings");
+  if (!o)
+    return "'" + k + "' of type 'yarn' has no 'original_max_position_embeddings'";
+  if (!positiveInt(*o))
+    return "'" + k + ".original_max_position_embeddings' must be a positive integer, got " +
+           o->dump();
+  r.originalMaxPositions = o->get<int64_t>();
+  if (const json *a = find(v, "attention_factor"))
+    return "'" + k + ".attention_factor' " + a->dump() +
+           " is not supported: hflow derives YaRN's attention factor from mscale and "
+           "mscale_all_dim";
+  if (const json *t = find(v, "truncate"); t && !(t->is_boolean() && t->get<bool>()))
+    return "'" + k + ".truncate' " + t->dump() +
+           " is not supported: hflow truncates YaRN's correction range (true)";
+  out.rope = r;
+  return "";
+}
+
 /// num_experts etc. into `out`: a positive integer (`required`: the key must
 /// be there), or "" when absent.
 std::string moeInt(const json &j, const char *key, bool required, int64_t &dst) {
@@ -92,14 +150,121 @@ std::string moeInt(const json &j, const char *key, bool required, int64_t &dst) 
   return "";
 }
 
+/// A non-negative integer key with a default (transformers' for
+/// DeepseekV3Config): `dst` keeps `dflt` when the key is absent or null.
+std::string countKey(const json &j, const char *key, int64_t dflt, bool positive,
+                     int64_t &dst) {
+  dst = dflt;
+  const json *v = find(j, key);
+  if (!v)
+    return "";
+  if (!v->is_number_integer() || v->get<int64_t>() < (positive ? 1 : 0) ||
+      v->get<int64_t>() > (int64_t(1) << 20))
+    return "'" + std::string(key) + "' must be a " + (positive ? "positive" : "non-negative") +
+           " integer, got " + v->dump();
+  dst = v->get<int64_t>();
+  return "";
+}
+
+/// DeepSeek-V3's mixture and latent attention, every key with
+/// DeepseekV3Config's default when absent (as transformers reads the file).
+std::string readDeepseekKeys(const json &j, ArchKeys &out) {
+  Mixture &m = out.moe;
+  Latent &a = out.mla;
+  int64_t freq = 1, qLora = 1536;
+  for (auto [key, dflt, positive, dst] :
+       {std::tuple<const char *, int64_t, bool, int64_t *>{"n_routed_experts", 256, true,
+                                                           &m.experts},
+        {"num_experts_per_tok", 8, true, &m.expertsPerToken},
+        {"moe_intermediate_size", 2048, true, &m.expertFfn},
+        {"n_shared_experts", 1, false, &m.sharedExperts},
+        {"first_k_dense_replace", 3, false, &m.denseLayers},
+        {"n_group", 8, true, &m.groups},
+        {"topk_group", 4, true, &m.topkGroups},
+        {"moe_layer_freq", 1, true, &freq},
+        {"kv_lora_rank", 512, true, &a.kvLoraRank},
+        {"qk_nope_head_dim", 128, true, &a.qkNopeDim},
+        {"qk_rope_head_dim", 64, true, &a.qkRopeDim},
+        {"v_head_dim", 128, true, &a.vHeadDim},
+        {"num_nextn_predict_layers", 0, false, &out.mtpLayers}})
+    if (std::string e = countKey(j, key, dflt, positive, *dst); !e.empty())
+      return e;
+  // q_lora_rank null: q is one projection (DeepSeek-V2-Lite).
+  if (j.contains("q_lora_rank") && j["q_lora_rank"].is_null())
+    qLora = 0;
+  else if (std::string e = countKey(j, "q_lora_rank", 1536, true, qLora); !e.empty())
+    return e;
+  a.qLoraRank = qLora;
+  if (freq != 1)
+    return "'moe_layer_freq' " + std::to_string(freq) +
+           " is not supported: hflow builds a mixture in every layer after the first "
+           "first_k_dense_replace (1)";
+  if (a.qkRopeDim % 2 != 0)
+    return "'qk_rope_head_dim' " + std::to_string(a.qkRopeDim) + " must be even for RoPE";
+  if (m.expertsPerToken > m.experts)
+    return "'num_experts_per_tok' " + std::to_string(m.expertsPerToken) +
+           " is more than the " + std::to_string(m.experts) + " experts";
+  if (m.experts % m.groups != 0)
+    return "'n_group' " + std::to_string(m.groups) + " does not divide the " +
+           std::to_string(m.experts) + " routed experts";
+  if (m.topkGroups > m.groups)
+    return "'topk_group' " + std::to_string(m.topkGroups) + " is more than n_group " +
+           std::to_string(m.groups);
+  if (m.expertsPerToken > m.topkGroups * (m.experts / m.groups))
+    return "'num_experts_per_tok' " + std::to_string(m.expertsPerToken) +
+           " is more than the experts of the topk_group (" + std::to_string(m.topkGroups) +
+           ") groups a token keeps";
+  if (m.experts / m.groups < 2)
+    return "'n_group' " + std::to_string(m.groups) +
+           " leaves fewer than 2 experts a group: a group scores by its best two";
+  if (const json *t = find(j, "topk_method");
+      t && !(t->is_string() && t->get<std::string>() == "noaux_tc"))
+    return "'topk_method' " + quoted(*t) +
+           " is not supported: hflow routes as DeepSeek-V3 does ('noaux_tc')";
+  if (const json *f = find(j, "scoring_func");
+      f && !(f->is_string() && f->get<std::string>() == "sigmoid"))
+    return "'scoring_func' " + quoted(*f) +
+           " is not supported: hflow scores DeepSeek-V3's experts with a sigmoid";
+  m.sigmoid = true;
+  m.normTopk = true; // DeepseekV3Config's default
+  if (const json *n = find(j, "norm_topk_prob")) {
+    if (!n->is_boolean())
+      return "'norm_topk_prob' must be true or false, got " + n->dump();
+    m.normTopk = n->get<bool>();
+  }
+  m.routedScaling = 2.5;
+  if (const json *r = find(j, "routed_scaling_factor")) {
+    if (!r->is_number() || !(r->get<double>() > 0) || !std::isfinite(r->get<double>()))
+      return "'routed_scaling_factor' must be a positive number, got " + r->dump();
+    m.routedScaling = r->get<double>();
+  }
+  if (const json *i = find(j, "rope_interleave")) {
+    if (!i->is_boolean())
+      return "'rope_interleave' must be true or false, got " + i->dump();
+    a.interleave = i->get<bool>();
+  }
+  if (const json *b = find(j, "attention_bias"); b && !(b->is_boolean() && !b->get<bool>()))
+    return "'attention_bias' " + b->dump() +
+           " is not supported for deepseek_v3: hflow's latent attention has no biases";
+  // transformers' DeepseekV3 trains without a load-balancing loss (its
+  // router has none; aux_loss_alpha and seq_aux are DeepSeek's own
+  // pretraining code's), as hflow does.
+  if (const json *o = find(j, "output_router_logits"); o && !(o->is_boolean() && !o->get<bool>()))
+    return "'output_router_logits' " + o->dump() +
+           " is not supported for deepseek_v3: its router has no load-balancing loss";
+  return "";
+}
+
 std::string readMoeKeys(const json &j, const std::string &type, ArchKeys &out) {
+  if (type == "deepseek_v3")
+    return readDeepseekKeys(j, out);
   if (type != "qwen3_moe" && type != "mixtral") {
     for (const char *key : {"num_experts", "num_local_experts", "n_routed_experts",
                             "num_experts_per_tok", "moe_intermediate_size",
                             "shared_expert_intermediate_size", "n_shared_experts"})
       if (const json *e = find(j, key); e && !(e->is_number() && e->get<double>() == 0))
         return "'" + std::string(key) + "' " + e->dump() + " describes a mixture of experts, "
-               "which hflow builds for model_type qwen3_moe and mixtral, not " + type;
+               "which hflow builds for model_type qwen3_moe, mixtral and deepseek_v3, not " + type;
     return "";
   }
   const bool mixtral = type == "mixtral";
@@ -164,6 +329,13 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
   out = ArchKeys();
   if (!j.is_object())
     return "is not a JSON object";
+  // DeepSeek-V3's released weights are float8 with block scales: hflow
+  // reads floating-point weights as they are, so it refuses them rather
+  // than read the scales' blocks as weights.
+  if (const json *q = find(j, "quantization_config"))
+    return "'quantization_config' " + q->dump() +
+           " is not supported: hflow reads unquantized weights (F32, BF16, F16); "
+           "dequantize the checkpoint first (e.g. DeepSeek-V3's fp8 weights to bf16)";
   const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
   const bool mistral = type == "mistral" || type == "mixtral";
@@ -191,7 +363,10 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
     return "'attention_dropout' " + d->dump() +
            " is not supported: hflow trains without dropout (transformers "
            "would drop attention weights while training); set it to 0.0";
-  if (const json *h = find(j, "head_dim")) {
+  if (type == "deepseek_v3") {
+    // transformers sets head_dim to qk_rope_head_dim; the latent
+    // attention's widths are its own keys (readDeepseekKeys).
+  } else if (const json *h = find(j, "head_dim")) {
     if (!positiveInt(*h) || h->get<int64_t>() > (int64_t(1) << 20))
       return "'head_dim' must be a positive integer, got " + h->dump();
     out.headDim = h->get<int64_t>();
@@ -242,10 +417,10 @@ std::string readArchKeys(const json &j, const std::string &type, ArchKeys &out) 
 
   // RoPE.
   if (const json *r = find(j, "rope_scaling"))
-    if (std::string e = readRope(*r, "rope_scaling", out); !e.empty())
+    if (std::string e = readRope(*r, "rope_scaling", type, out); !e.empty())
       return e;
   if (const json *r = find(j, "rope_parameters"))
-    if (std::string e = readRope(*r, "rope_parameters", out); !e.empty())
+    if (std::string e = readRope(*r, "rope_parameters", type, out); !e.empty())
       return e;
 
   if (const json *m = find(j, "max_position_embeddings")) {

@@ -30,9 +30,10 @@
 namespace hflow::hfconfig {
 
 /// Whether hflow builds config.json's `model_type`: llama, qwen2, qwen3,
-/// mistral, qwen3_moe, mixtral.
+/// mistral, qwen3_moe, mixtral, deepseek_v3.
 bool supportedModelType(const std::string &type);
-/// "llama, qwen2, qwen3, mistral, qwen3_moe and mixtral", for messages.
+/// "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral and deepseek_v3", for
+/// messages.
 const char *supportedModelTypes();
 
 using ::hflow::rope::RopeScaling;
@@ -47,6 +48,26 @@ struct Mixture {
   bool normTopk = false;
   double routerAuxCoef = 0;
   bool routerAuxLoss = false;
+  /// DeepSeek-V3 (deepseek_v3): n_shared_experts SwiGLUs beside the routed
+  /// ones (one of width sharedExperts * expertFfn), the first denseLayers
+  /// layers dense (first_k_dense_replace), and its router: sigmoid scores,
+  /// a score-correction bias that picks the experts (not their weights),
+  /// the experts in `groups` groups of which each token keeps the best
+  /// topkGroups, and the chosen weights times routedScaling.
+  int64_t sharedExperts = 0, denseLayers = 0, groups = 1, topkGroups = 1;
+  bool sigmoid = false;
+  double routedScaling = 1.0;
+};
+
+/// DeepSeek's multi-head latent attention (deepseek_v3; kvLoraRank 0:
+/// none): q through a rank-qLoraRank bottleneck (0: one projection), keys
+/// and values from a shared kvLoraRank latent, each head's query and key
+/// qkNopeDim wide without RoPE and qkRopeDim with it (the key's RoPE part
+/// shared by the heads), its value vHeadDim; RoPE's pairs interleaved
+/// (rope_interleave) or in halves.
+struct Latent {
+  int64_t qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0, vHeadDim = 0;
+  bool interleave = true;
 };
 
 /// What config.json says beyond the classic keys.
@@ -57,7 +78,12 @@ struct ArchKeys {
   double ropeTheta = 0;      ///< rope_parameters.rope_theta (0: not there)
   int64_t slidingWindow = 0; ///< mistral's sliding_window; 0: none
   int64_t maxPositions = 0;  ///< max_position_embeddings; 0: not given
-  Mixture moe; ///< a mixture of experts' keys (qwen3_moe, mixtral)
+  Mixture moe; ///< a mixture of experts' keys (qwen3_moe, mixtral, deepseek_v3)
+  Latent mla;  ///< deepseek_v3's latent attention
+  /// deepseek_v3's num_nextn_predict_layers: multi-token-prediction layers
+  /// the checkpoint holds after the decoder's, which hflow (as
+  /// transformers) neither builds nor loads.
+  int64_t mtpLayers = 0;
 };
 
 /// Reads the keys above from config.json `j` of model_type `type` and

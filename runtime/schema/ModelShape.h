@@ -75,8 +75,50 @@ struct ModelShape {
   /// dense SwiGLU MLP of width ffn.
   int64_t experts = 0, expertsPerToken = 0, expertFfn = 0;
   bool moe() const { return experts > 0; }
+  /// DeepSeek-V3's mixture: `sharedExperts` SwiGLUs every token goes
+  /// through beside its routed ones (one of width sharedExperts *
+  /// expertFfn: mlp.shared.gate, .up, .down), the first `denseLayers`
+  /// layers dense (width ffn), and the router's score-correction bias
+  /// [experts] (mlp.router_bias: it picks the experts, never weighs them,
+  /// and is not trained).
+  int64_t sharedExperts = 0, denseLayers = 0;
+  bool routerBias = false;
+  /// DeepSeek's multi-head latent attention (kvLoraRank 0: none; then the
+  /// other four are 0 too): attn.q_a [qLoraRank, hidden], attn.q_a_norm,
+  /// attn.q_b [heads * (qkNopeDim + qkRopeDim), qLoraRank] (qLoraRank 0:
+  /// attn.q [heads * (qkNopeDim + qkRopeDim), hidden]), attn.kv_a
+  /// [kvLoraRank + qkRopeDim, hidden], attn.kv_a_norm, attn.kv_b
+  /// [heads * (qkNopeDim + vHeadDim), kvLoraRank], attn.o [hidden, heads *
+  /// vHeadDim].
+  int64_t qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0, vHeadDim = 0;
+  bool mla() const { return kvLoraRank > 0; }
 
   int64_t headDim() const { return headSize > 0 ? headSize : heads > 0 ? hidden / heads : 0; }
+  /// One head's query and key width: headDim(), or under latent attention
+  /// qkNopeDim + qkRopeDim.
+  int64_t qkHeadDim() const { return mla() ? qkNopeDim + qkRopeDim : headDim(); }
+  /// One head's value width (and its share of the o projection's columns).
+  int64_t valueHeadDim() const { return mla() ? vHeadDim : headDim(); }
+  /// What one token keeps per layer for later tokens to attend to, in
+  /// elements (a KV cache's width): its keys and values, 2 kvHeads
+  /// headDim(); under latent attention the latent and the key's RoPE part,
+  /// kvLoraRank + qkRopeDim, whatever the heads (and whole on every
+  /// tensor-parallel rank).
+  int64_t kvCacheWidth() const {
+    return mla() ? kvLoraRank + qkRopeDim : 2 * kvHeads * headDim();
+  }
+  /// kvCacheWidth() on one of `tp` tensor-parallel ranks: its kv heads
+  /// (at least one: replicated ones), or the whole latent.
+  double kvCacheWidthPerRank(int64_t tp) const {
+    if (mla())
+      return (double)kvCacheWidth();
+    const double kv = (double)kvHeads / (double)(tp > 1 ? tp : 1);
+    return 2.0 * (kv > 1 ? kv : 1.0) * (double)headDim();
+  }
+  /// Whether layer `l` is a mixture's (else the dense SwiGLU of width ffn).
+  bool moeLayer(int64_t l) const { return moe() && l >= denseLayers; }
+  /// The layers holding a mixture.
+  int64_t moeLayers() const { return moe() ? layers - denseLayers : 0; }
   /// Positive sizes, hidden divisible by heads unless the head width is
   /// given: what llamaParams needs.
   bool valid() const {
@@ -84,7 +126,13 @@ struct ModelShape {
            vocab >= 1 && headSize >= 0 && (headSize > 0 || hidden % heads == 0) &&
            experts >= 0 &&
            (experts == 0 || (expertsPerToken >= 1 && expertsPerToken <= experts &&
-                             expertFfn >= 1));
+                             expertFfn >= 1)) &&
+           sharedExperts >= 0 && denseLayers >= 0 && denseLayers <= layers &&
+           (experts > 0 || (sharedExperts == 0 && denseLayers == 0 && !routerBias)) &&
+           qLoraRank >= 0 && kvLoraRank >= 0 &&
+           (kvLoraRank == 0 ? qLoraRank == 0 && qkNopeDim == 0 && qkRopeDim == 0 &&
+                                  vHeadDim == 0
+                            : qkNopeDim >= 1 && qkRopeDim >= 1 && vHeadDim >= 1);
   }
   /// The shapes of stdlib/models.hflow's Llama 2 presets (tests, benchmarks).
   static ModelShape llama2_7b() { return {32, 4096, 32, 32, 11008, 32000}; }
@@ -94,14 +142,18 @@ struct ModelShape {
 /// Every parameter as a 2-D view (1-D ones as one row), in the order the
 /// runtime's Llama lists them and the reshard planner indexes them: embed;
 /// per layer attn_norm, attn.q[, attn.q_bias], attn.k[, _bias],
-/// attn.v[, _bias], attn.o[, attn.q_norm, attn.k_norm], mlp_norm, then the
-/// dense MLP's mlp.gate, mlp.up, mlp.down, or a mixture's mlp.router and
-/// per expert E mlp.experts.E.gate, mlp.experts.E.up, mlp.experts.E.down;
-/// final_norm; lm_head (absent when tied). Empty when !m.valid().
+/// attn.v[, _bias], attn.o[, attn.q_norm, attn.k_norm] (latent attention:
+/// [attn.q_a, attn.q_a_norm, attn.q_b | attn.q], attn.kv_a, attn.kv_a_norm,
+/// attn.kv_b, attn.o), mlp_norm, then the dense MLP's mlp.gate, mlp.up,
+/// mlp.down, or a mixture's mlp.router[, mlp.router_bias] and per expert E
+/// mlp.experts.E.gate, mlp.experts.E.up, mlp.experts.E.down[, then
+/// mlp.shared.gate, mlp.shared.up, mlp.shared.down]; final_norm; lm_head
+/// (absent when tied). Empty when !m.valid().
 std::vector<Param> llamaParams(const ModelShape &m);
 
 /// The exact parameter count: the sum of llamaParams(m)'s sizes, without
-/// building the list (hd = headDim()):
+/// building the list (hd = headDim(); a latent attention's and DeepSeek's
+/// mixture's terms as their parameters above, layerParamCount):
 ///   vocab*hidden                                  embedding
 /// + layers * ( 2*hidden                           two RMSNorm weights
 ///            + hidden*(heads*hd)                  q
@@ -115,7 +167,14 @@ std::vector<Param> llamaParams(const ModelShape &m);
 /// + hidden                                        final RMSNorm
 /// + [lmHead && !tieEmbeddings] hidden*vocab       LM head
 int64_t paramCount(const ModelShape &m);
-/// One decoder layer's parameters (the `layers *` term above).
+/// One layer's attention parameters (q, k, v, o, their biases and norms;
+/// a latent attention's projections and norms).
+int64_t attentionParamCount(const ModelShape &m);
+/// Decoder layer `l`'s parameters (the `layers *` term above; the layers
+/// differ only where the first denseLayers are dense). Without `l`: the
+/// mean over the layers, rounded down (what an analytic model that spreads
+/// the layers' parameters evenly takes).
+int64_t layerParamCount(const ModelShape &m, int64_t l);
 int64_t layerParamCount(const ModelShape &m);
 /// The parameters one token computes with: paramCount, but of a mixture's
 /// experts only the expertsPerToken a token goes through (the router
@@ -126,6 +185,32 @@ int64_t activeParamCount(const ModelShape &m);
 /// (expert parallelism; `ep` dividing the experts): paramCount less
 /// (1 - 1/ep) of every expert's weights.
 int64_t heldParamCount(const ModelShape &m, int64_t ep);
+
+/// Pipeline parallelism's stages over `layers` decoder layers, balanced:
+/// of `pp` stages, the first layers % pp hold ceil(layers / pp) layers and
+/// the others floor(layers / pp) (DeepSeek-V3's 61 layers on 12 stages: one
+/// of 6, eleven of 5). Stage k holds [stageFirstLayer(k),
+/// stageFirstLayer(k + 1)). Every stage holds a layer when pp <= layers.
+/// The runtime's PipelineStage, the reshard planner and the memory and
+/// time models all split by these.
+inline int64_t stageFirstLayer(int64_t layers, int64_t pp, int64_t k) {
+  if (pp <= 1)
+    return k <= 0 ? 0 : layers;
+  const int64_t q = layers / pp, r = layers % pp;
+  return k * q + (k < r ? k : r);
+}
+/// The stage holding layer `l`.
+inline int64_t stageOfLayer(int64_t layers, int64_t pp, int64_t l) {
+  if (pp <= 1)
+    return 0;
+  const int64_t q = layers / pp, r = layers % pp;
+  // The first r stages hold q + 1 layers, the rest q.
+  return l < r * (q + 1) ? l / (q + 1) : r + (l - r * (q + 1)) / (q > 0 ? q : 1);
+}
+/// The most layers a stage holds: ceil(layers / pp) (the first stage's).
+inline int64_t maxStageLayers(int64_t layers, int64_t pp) {
+  return pp <= 1 ? layers : (layers + pp - 1) / pp;
+}
 
 /// Offload (offload_optimizer: f): of the decoder layers a rank holds, in
 /// order, how many keep their AdamW state in host memory: ceil(f * held),

@@ -331,10 +331,9 @@ TEST(PlanVerifier, RefusesALayoutTheRuntimeDoesNotExecute) {
   std::string error;
   EXPECT_TRUE(verify(test::buildPpoTestPlan(1, /*criticTp2=*/true), error)) << error;
   EXPECT_FALSE(verify(test::buildPpoTestPlan(1, false, /*criticCp2=*/true), error));
-  EXPECT_EQ(error, "invalid plan: role critic: train layout pp(2): a pipeline stage holds "
-                   "ceil(layers / pp) = 1 of the 1 layers, so the last of 2 stages would hold "
-                   "none; use fewer stages (hflowc refuses such a program; this plan was not "
-                   "checked by it)");
+  EXPECT_EQ(error, "invalid plan: role critic: train layout pp(2): its 2 pipeline stages are "
+                   "more than the model's 1 layers: every stage must hold one; use at most 1 "
+                   "stages (hflowc refuses such a program; this plan was not checked by it)");
 }
 
 TEST(PlanVerifier, MeshNominalFigures) {

@@ -36,12 +36,12 @@ hflow.place [@a] on @local[0 : 4]
 
 // -----
 
-hflow.mesh @local "cpu" [1 x 4]
+hflow.mesh @local "cpu" [1 x 8]
 // expected-note @+1 {{model declared here}}
 hflow.model @t "llama" <layers = 5, hidden = 64, heads = 4, kv_heads = 2, ffn = 8, vocab = 16, dtype = f32>
-// expected-error @+1 {{the train layout's pp = 4 leaves its last stage no layer: each stage holds ceil(layers / pp) = 2 of the model's 5 layers}}
-hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 4> generate <dp = 0, tp = 1, pp = 1>
-hflow.place [@a] on @local[0 : 4]
+// expected-error @+1 {{the train layout's pp = 8 is more than the model's 5 layers: every pipeline stage must hold one}}
+hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 8> generate <dp = 0, tp = 1, pp = 1>
+hflow.place [@a] on @local[0 : 8]
 
 // -----
 

@@ -23,6 +23,26 @@ LlamaConfig moe(bool mixtral) {
   return c;
 }
 
+/// A tiny DeepSeek-V3: a dense first layer, then mixtures of 8 experts (2
+/// a token, 4 groups of which a token keeps 2, a shared expert, a sigmoid
+/// router with a score-correction bias, the weights times 2.5), and the
+/// latent attention (a q bottleneck, interleaved RoPE pairs, YaRN).
+LlamaConfig deepseek(bool qLora = true) {
+  LlamaConfig c;
+  c.name = qLora ? "dsv3" : "dsv3-noqlora";
+  c.arch = "deepseek_v3";
+  c.layers = 3, c.hidden = 16, c.heads = 4, c.kvHeads = 4, c.ffn = 24, c.vocab = 40;
+  c.experts = 8, c.expertsPerToken = 2, c.expertFfn = 12, c.normTopk = true;
+  c.sharedExperts = 1, c.denseLayers = 1, c.sigmoidRouter = true;
+  c.groups = 4, c.topkGroups = 2, c.routedScaling = 2.5;
+  c.qLoraRank = qLora ? 8 : 0, c.kvLoraRank = 6, c.qkNopeDim = 4, c.qkRopeDim = 4,
+  c.vHeadDim = 6, c.ropeInterleave = true;
+  c.ropeScaling.kind = hflow::rope::RopeScaling::Kind::Yarn;
+  c.ropeScaling.factor = 4, c.ropeScaling.originalMaxPositions = 8;
+  c.ropeScaling.mscale = 1.0, c.ropeScaling.mscaleAllDim = 0.8;
+  return c;
+}
+
 /// The gradient of a named weight (a view of one of `leaves`: a norm's
 /// row, an expert of its stack): the same elements of the leaf's.
 at::Tensor gradOfView(const std::vector<at::Tensor> &leaves, const at::Tensor &t) {
@@ -74,7 +94,7 @@ void checkEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e) {
       EXPECT_EQ(x / El, r % e) << name;
       ++held;
     }
-  EXPECT_EQ(held, c.layers * El * 3);
+  EXPECT_EQ(held, c.moeLayers() * El * 3);
   lm.setTrainable(true);
   at::Tensor logits = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask));
   expectClose(errs, key + "logits", "logits", logits, ref.logits.narrow(0, 2 * r, 2));
@@ -159,7 +179,7 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
       EXPECT_EQ(bx.numel(), c.expertFfn / (fold ? 1 : t) * c.hidden) << name;
       ++held;
     }
-  EXPECT_EQ(held, c.layers * El * 3);
+  EXPECT_EQ(held, c.moeLayers() * El * 3);
   lm.setTrainable(true);
   at::Tensor l = lm.localLogits(lm.hidden(b.tokens, b.positions, b.mask)).narrow(1, 0, b.T - 1);
   at::Tensor lp = lm.tokenLogprobs(l, b.targets(), kTemp);
@@ -209,18 +229,21 @@ void checkEPxTP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
   at::Tensor hw = stepped.hidden(b.tokens, b.positions, b.mask, nullptr, &t2);
   (hw.pow(2).mean() + loadBalancingLoss(t2.layers, b.mask) * withAux.routerAuxCoef).backward();
   std::map<std::string, at::Tensor> wholeRouters;
+  auto isRouter = [](const std::string &name) { // (not DeepSeek's untrained bias)
+    return name.size() > 10 && name.compare(name.size() - 10, 10, "mlp.router") == 0;
+  };
   for (const auto &[name, w] : stepped.namedParameters())
-    if (name.find("mlp.router") != std::string::npos)
+    if (isRouter(name))
       wholeRouters[name] = w.grad();
   const std::vector<at::Tensor> leaves2 = lm2.parameters();
   int routers = 0;
   for (const auto &[name, w] : lm2.namedWeights())
-    if (name.find("mlp.router") != std::string::npos) {
+    if (isRouter(name)) {
       expectClose(errs, key + "router.grad", "router gradient " + name, gradOfView(leaves2, w),
                   wholeRouters.at(name));
       ++routers;
     }
-  EXPECT_EQ(routers, c.layers);
+  EXPECT_EQ(routers, c.moeLayers());
 }
 
 /// pp(2) * ep(e) * tp(t) * dp(d / e) on a world of 2 d t (e = 1: pp(2) *
@@ -309,7 +332,11 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
           << name;
       ++held;
     }
-  EXPECT_EQ(held, c.layers / 2 * El * 3);
+  const auto [lo, hi] = PipelineStage::layersOf(c.layers, 2, k);
+  int64_t moeHere = 0; // (DeepSeek's dense first layer has none)
+  for (int l = lo; l < hi; ++l)
+    moeHere += c.moeLayer(l) ? 1 : 0;
+  EXPECT_EQ(held, moeHere * El * 3);
   // Forward only, and under a replayed routing (every token's experts
   // forced to 2 and 5 in the last layer, to 7 and 0 in the first: both
   // stages; the rest its router's).
@@ -317,10 +344,10 @@ void checkPPxEP(Errors &errs, Communicator &world, const LlamaConfig &c, int e, 
     std::vector<MicroBatch> ms = micros;
     if (replay)
       for (MicroBatch &mb : ms) {
-        mb.replay = at::full({mb.tokens.size(0), mb.tokens.size(1), c.layers,
+        mb.replay = at::full({mb.tokens.size(0), mb.tokens.size(1), c.moeLayers(),
                               c.expertsPerToken}, -1, at::kLong);
-        mb.replay.select(2, c.layers - 1).select(2, 0).fill_(2);
-        mb.replay.select(2, c.layers - 1).select(2, 1).fill_(5);
+        mb.replay.select(2, c.moeLayers() - 1).select(2, 0).fill_(2);
+        mb.replay.select(2, c.moeLayers() - 1).select(2, 1).fill_(5);
         mb.replay.select(2, 0).select(2, 0).fill_(7);
         mb.replay.select(2, 0).select(2, 1).fill_(0);
       }
@@ -452,6 +479,42 @@ TEST(ParallelEP, FoldedIntoTensorParallel) {
   EXPECT_TRUE(TPLlama::checkConfig(odd, 4, /*foldExperts=*/true).empty());
   checkEPxTP(errs, *g.world, odd, 1, 4, /*fold=*/true);
   checkPPxEP(errs, *g.world, odd, 1, 2, 2, /*fold=*/true);
+}
+
+// DeepSeek-V3 (latent attention, shared experts, a dense first layer, the
+// grouped sigmoid router) on every form its mixture runs on: ep(2) * dp(2),
+// tp(2) * dp(2), tp(4), ep(2) * tp(2), folded tp(2) and tp(4), pp(2) with
+// one and two micro-batches, pp(2) * tp(2) folded; without the q bottleneck
+// on ep(2) * tp(2). The same checks as the other mixtures' against the
+// whole model.
+TEST(ParallelEP, DeepSeekV3) {
+  RUN_AS_RANKS(4);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  const LlamaConfig c = deepseek();
+  checkEP(errs, *g.world, c, 2);
+  checkEPxTP(errs, *g.world, c, 1, 2);
+  checkEPxTP(errs, *g.world, c, 1, 4);
+  checkEPxTP(errs, *g.world, c, 2, 2);
+  checkEPxTP(errs, *g.world, c, 1, 2, /*fold=*/true);
+  checkEPxTP(errs, *g.world, c, 1, 4, /*fold=*/true);
+  for (int m : {1, 2})
+    checkPPxEP(errs, *g.world, c, 1, m);
+  checkPPxEP(errs, *g.world, c, 1, 2, 2, /*fold=*/true);
+  checkPPxEP(errs, *g.world, c, 2, 2);
+  checkEPxTP(errs, *g.world, deepseek(false), 2, 2);
+}
+
+// DeepSeek-V3 generating on tp(2): each member's cache (static and paged)
+// holds the whole latents, its heads attend in the latent space; greedy
+// tokens equal the whole model's, sampled ones too, log-probabilities close.
+TEST(ParallelEP, DeepSeekV3GeneratesOnTensorParallelShards) {
+  RUN_AS_RANKS(2);
+  Group g = joinRanks(thisRank());
+  Errors errs;
+  const LlamaConfig c = deepseek();
+  auto [toks, mask] = paddedPrompts(c.vocab);
+  checkTPGeneration(errs, *g.world, c, toks, mask);
 }
 
 // The dispatched mixture against moeMlp on the same tokens: every member
@@ -608,7 +671,7 @@ TEST(ParallelEP, GenerationRunsOutOfOrder) {
         EXPECT_TRUE(at::equal(t, byName.at(name).view(t.sizes()))) << name;
         ++held;
       }
-    EXPECT_EQ(held, c.layers * El * 3);
+    EXPECT_EQ(held, c.moeLayers() * El * 3);
     Batch all = makeBatch(c.vocab, 8);
     Reference ref = reference(c, all);
     Batch b = all.rows(2 * r, 2);
