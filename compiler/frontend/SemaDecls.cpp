@@ -518,6 +518,23 @@ void DeclChecker::checkHfModel(ast::ModelDecl &m) {
     dtypeArg(*kw["dtype"]->value, m.dtype);
   if (!ok)
     return;
+  // DeepSeek-V3: every head its own key and value (transformers' eager
+  // attention breaks on fewer kv heads), and a mixture after the dense
+  // first layers.
+  if (type == "deepseek_v3" && m.kvHeads != m.heads) {
+    diags_.error(dirArg.loc, config.string() + ": 'num_key_value_heads' " +
+                                 std::to_string(m.kvHeads) +
+                                 " must equal num_attention_heads (" + std::to_string(m.heads) +
+                                 "): the latent attention gives every head its own key and value");
+    return;
+  }
+  if (type == "deepseek_v3" && m.moe.denseLayers >= m.layers) {
+    diags_.error(dirArg.loc, config.string() + ": 'first_k_dense_replace' " +
+                                 std::to_string(m.moe.denseLayers) + " leaves no layer of the " +
+                                 std::to_string(m.layers) +
+                                 " a mixture (transformers' default is 3)");
+    return;
+  }
   // A head_dim equal to hidden / heads says what the default says: the
   // plan is the one it would be without the key.
   if (m.headDim > 0 && m.headDim * m.heads == m.hidden)

@@ -131,7 +131,12 @@ RoleMemory roleMemory(const RoleSpec &role, const Layout &train,
     const double tpg = static_cast<double>(std::max<int64_t>(gen->tp, 1));
     const double ppg = static_cast<double>(std::max<int64_t>(gen->pp, 1));
     const double dpg = static_cast<double>(std::max<int64_t>(gen->dp * gen->fsdp, 1));
-    m.genWeights = static_cast<double>(::hflow::shape::heldParamCount(ms, gen->ep)) * b / (tpg * ppg);
+    // (a latent attention's down-projections whole on every TP rank)
+    const double repl = static_cast<double>(::hflow::shape::tpReplicatedParamCount(ms));
+    m.genWeights =
+        (static_cast<double>(::hflow::shape::heldParamCount(ms, gen->ep)) - repl) * b /
+            (tpg * ppg) +
+        repl * b / ppg;
     // A mixture generating on its expert-parallel training shards holds no
     // generation copy.
     if (gen->ep > 1 && gen->dp == train.dp && gen->ep == train.ep && gen->tp == train.tp &&

@@ -283,7 +283,9 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     const double tpg = std::max<int64_t>(gen.getTp(), 1);
     const double ppg = std::max<int64_t>(gen.getPp(), 1);
     const double dpg = std::max<int64_t>(gen.getDp() * gen.getFsdp(), 1);
-    m.genWeights = heldBy(gen) * b / (tpg * ppg);
+    // (a latent attention's down-projections whole on every TP rank)
+    const double repl = double(::hflow::shape::tpReplicatedParamCount(toShape(model)));
+    m.genWeights = (heldBy(gen) - repl) * b / (tpg * ppg) + repl * b / ppg;
     // A mixture generating on its expert-parallel training shards holds no
     // generation copy.
     if (gen.getEp() > 1 && gen == train)

@@ -153,8 +153,9 @@ LogicalResult ModelOp::verify() {
     const int64_t groups = countOf(getExpertGroupsAttr(), 1),
                   kept = countOf(getTopkGroupsAttr(), 1);
     if (deepseek && (!m.valid() || groups < 1 || m.experts % groups != 0 || kept < 1 ||
-                     kept > groups))
+                     kept > groups || m.kvHeads != m.heads))
       return emitOpError() << "a DeepSeek-V3 model needs positive latent ranks and head widths, "
+                              "kv_heads equal to heads, fewer dense_layers than layers, "
                               "expert_groups dividing the experts and 1 <= topk_groups <= "
                               "expert_groups";
   }
@@ -172,7 +173,8 @@ LogicalResult ModelOp::verify() {
     return emitOpError() << "router_aux_loss_coef must be a non-negative number";
   if (auto w = getSlidingWindowAttr(); w && w.getInt() < 1)
     return emitOpError() << "sliding_window must be positive, got " << w.getInt();
-  if (!getHeadDimAttr() && getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
+  if (!getHeadDimAttr() && !getKvLoraRankAttr() &&
+      getHiddenAttr().getInt() % getHeadsAttr().getInt() != 0)
     return emitOpError() << "hidden (" << getHiddenAttr().getInt()
                          << ") is not divisible by heads (" << getHeadsAttr().getInt() << ")";
   if (getHeadsAttr().getInt() % getKvHeadsAttr().getInt() != 0)

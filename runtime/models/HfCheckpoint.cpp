@@ -43,13 +43,27 @@ namespace {
 /// than the checkpoint would otherwise drop the rest without a word.
 void checkNoExtraLayers(const HfWeights &w, const std::string &dir, const LlamaConfig &c) {
   const std::string pre = "model.layers.";
+  // A plan's config does not carry num_nextn_predict_layers: the
+  // directory's config.json says how many there are.
+  int64_t mtp = c.mtpLayers;
+  if (mtp == 0 && c.arch == "deepseek_v3") {
+    std::error_code ec;
+    const fs::path config = fs::path(dir) / "config.json";
+    if (fs::is_regular_file(config, ec)) {
+      std::ifstream in(config);
+      const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("num_nextn_predict_layers") &&
+          j["num_nextn_predict_layers"].is_number_integer())
+        mtp = std::max<int64_t>(0, j["num_nextn_predict_layers"].get<int64_t>());
+    }
+  }
   for (const std::string &name : w.names()) {
     if (name.compare(0, pre.size(), pre) != 0)
       continue;
     const int layer = std::atoi(name.c_str() + pre.size());
     // DeepSeek-V3's multi-token-prediction layers follow the decoder's:
     // not built, so not read (as transformers skips them).
-    if (layer >= c.layers && layer < c.layers + c.mtpLayers)
+    if (layer >= c.layers && layer < c.layers + mtp)
       continue;
     if (layer >= c.layers)
       throw std::runtime_error("hf weights " + dir + ": tensor '" + name + "' is of layer " +
@@ -503,6 +517,9 @@ std::string hfConfigJson(const LlamaConfig &cfg, bool scorer, int64_t padToken) 
   }
   if (cfg.ropeScaling.yarn()) {
     const rope::RopeScaling &r = cfg.ropeScaling;
+    // (transformers before 5 takes YaRN's factor as max_position_embeddings /
+    // original_max_position_embeddings: the two agree)
+    j["max_position_embeddings"] = (int64_t)std::llround(r.factor * (double)r.originalMaxPositions);
     j["rope_scaling"] = {{"type", "yarn"},
                          {"rope_type", "yarn"},
                          {"factor", r.factor},

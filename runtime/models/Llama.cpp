@@ -53,10 +53,10 @@ std::string LlamaConfig::validate() const {
     return "model " + name + ": a mixture of " + s(experts) + " experts needs 1 <= " +
            "experts per token (" + s(expertsPerToken) + ") <= experts and a positive " +
            "expert width (" + s(expertFfn) + ")";
-  if (sharedExperts < 0 || denseLayers < 0 || denseLayers > layers ||
+  if (sharedExperts < 0 || denseLayers < 0 || (experts > 0 && denseLayers >= layers) ||
       (experts == 0 && (sharedExperts > 0 || denseLayers > 0 || sigmoidRouter)))
     return "model " + name + ": shared experts (" + s(sharedExperts) + "), dense first layers (" +
-           s(denseLayers) + ") and a sigmoid router need a mixture, and at most the " +
+           s(denseLayers) + ") and a sigmoid router need a mixture, and fewer than the " +
            s(layers) + " layers dense";
   if (sigmoidRouter && (groups < 1 || topkGroups < 1 || topkGroups > groups ||
                         experts % groups != 0 || experts / groups < 2 ||
@@ -345,9 +345,7 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
       l.kNorm = at::ones({hd}, opts);
     }
   // Every weight through `f` (a tied head stays the embedding).
-  // (DeepSeek's router bias stays float32 in a 16-bit model, as
-  // transformers keeps it: `rounding` false leaves it.)
-  auto eachWeight = [&](const std::function<at::Tensor(const at::Tensor &)> &f, bool rounding) {
+  auto eachWeight = [&](const std::function<at::Tensor(const at::Tensor &)> &f) {
     const bool tied = w_->head.defined() && w_->head.is_same(w_->embed);
     auto apply = [&](at::Tensor &t) {
       if (t.defined())
@@ -356,8 +354,7 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
     apply(w_->embed);
     for (auto &l : w_->layers)
       for (at::Tensor *t : l.tensors())
-        if (!(rounding && t == &l.moe.bias))
-          apply(*t);
+        apply(*t);
     apply(w_->finalNorm);
     if (tied)
       w_->head = w_->embed;
@@ -366,12 +363,12 @@ Llama::Llama(const LlamaConfig &c, uint64_t seed)
   };
   // A 16-bit model: the same draws, rounded (ties to even).
   if (c.dtype != at::kFloat)
-    eachWeight([&](const at::Tensor &t) { return t.to(c.dtype); }, true);
+    eachWeight([&](const at::Tensor &t) { return t.to(c.dtype); });
   // Drawn on the host (the same weights on every device), then placed on
   // the engine's device once.
   if (!engineDevice().is_cpu()) {
     const at::Device dev = engineDevice();
-    eachWeight([&](const at::Tensor &t) { return t.to(dev); }, false);
+    eachWeight([&](const at::Tensor &t) { return t.to(dev); });
   }
 }
 

@@ -212,11 +212,16 @@ bool checkModel(Checker &c, const Plan &p, size_t i) {
         rs->original_max_positions() < 1)
       return c.fail(what, "'s rope_scaling needs high_freq_factor > low_freq_factor and "
                           "original_max_positions >= 1");
-    if (rs->yarn())
-      for (double v : {rs->beta_fast(), rs->beta_slow(), rs->mscale(), rs->mscale_all_dim()})
+    if (rs->yarn()) {
+      for (double v : {rs->beta_fast(), rs->beta_slow()})
+        if (!(v > 0) || !std::isfinite(v))
+          return c.fail(what, "'s YaRN rope_scaling has a rotation bound ", v,
+                        ", not a positive number");
+      for (double v : {rs->mscale(), rs->mscale_all_dim()})
         if (!(v >= 0) || !std::isfinite(v))
-          return c.fail(what, "'s YaRN rope_scaling has a coefficient ", v,
+          return c.fail(what, "'s YaRN rope_scaling has an mscale ", v,
                         ", not a finite non-negative number");
+    }
   }
   // Format 5.1: DeepSeek-V3's counts (LlamaConfig::validate checks how
   // they fit together).

@@ -123,11 +123,11 @@ struct ModelShape {
   /// given: what llamaParams needs.
   bool valid() const {
     return layers >= 1 && hidden >= 1 && heads >= 1 && kvHeads >= 1 && ffn >= 1 &&
-           vocab >= 1 && headSize >= 0 && (headSize > 0 || hidden % heads == 0) &&
+           vocab >= 1 && headSize >= 0 && (headSize > 0 || kvLoraRank > 0 || hidden % heads == 0) &&
            experts >= 0 &&
            (experts == 0 || (expertsPerToken >= 1 && expertsPerToken <= experts &&
                              expertFfn >= 1)) &&
-           sharedExperts >= 0 && denseLayers >= 0 && denseLayers <= layers &&
+           sharedExperts >= 0 && denseLayers >= 0 && (experts == 0 || denseLayers < layers) &&
            (experts > 0 || (sharedExperts == 0 && denseLayers == 0 && !routerBias)) &&
            qLoraRank >= 0 && kvLoraRank >= 0 &&
            (kvLoraRank == 0 ? qLoraRank == 0 && qkNopeDim == 0 && qkRopeDim == 0 &&
@@ -210,6 +210,18 @@ inline int64_t stageOfLayer(int64_t layers, int64_t pp, int64_t l) {
 /// The most layers a stage holds: ceil(layers / pp) (the first stage's).
 inline int64_t maxStageLayers(int64_t layers, int64_t pp) {
   return pp <= 1 ? layers : (layers + pp - 1) / pp;
+}
+
+/// A latent attention's parameters every tensor-parallel rank holds whole:
+/// each layer's q and kv down-projections and their norms (0 without
+/// latent attention). The memory models count them unsplit (at tp 32 they
+/// are 2 GB of DeepSeek-V3's 42 GB a rank); the other replicated tensors
+/// (norms, routers) are small and counted as split.
+inline int64_t tpReplicatedParamCount(const ModelShape &m) {
+  if (!m.mla())
+    return 0;
+  return m.layers * (m.qLoraRank * m.hidden + m.qLoraRank +
+                     (m.kvLoraRank + m.qkRopeDim) * m.hidden + m.kvLoraRank);
 }
 
 /// Offload (offload_optimizer: f): of the decoder layers a rank holds, in
