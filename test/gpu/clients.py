@@ -16,8 +16,9 @@ tools/hflow-dev gpu-bundle carries; --check, on the node, runs the clients
 on that folder (and hflow-hf-logits, a runtime tool, on save_pretrained's
 checkpoints). Without either flag it does both in one go.
 
-  1. tiny random Llama-3.1, Qwen2, Qwen3 and Mistral checkpoints
-     (Inputs/hf_arch_reference.py make), f32 and bf16: hflow-hf-logits (one
+  1. tiny random Llama-3.1, Qwen2, Qwen3, Mistral and DeepSeek-V3
+     checkpoints (Inputs/hf_arch_reference.py make), f32 and bf16:
+     hflow-hf-logits (one
      forward, and through the KV cache) against transformers'
      AutoModelForCausalLM on the same left-padded rows, given the attention
      mask and hflow's positions (models::positionsFromMask), at every real
@@ -441,6 +442,10 @@ def main():
     for i, arch in enumerate(ARCHS):
         c.check("%s f32 checkpoint" % arch, c.arch, arch, "f32", 11 + i)
         c.check("%s bf16 checkpoint" % arch, c.arch, arch, "bf16", 21 + i)
+    # DeepSeek-V3 (latent attention, grouped sigmoid router): seeds whose
+    # routing is not near a tie (the reference's make refuses the others).
+    c.check("deepseek_v3 f32 checkpoint", c.arch, "deepseek_v3", "f32", 1)
+    c.check("deepseek_v3 bf16 checkpoint", c.arch, "deepseek_v3", "bf16", 3)
     c.check("hflow's export of the demo", c.demo_export)
     for i, arch in enumerate(ARCHS):
         c.check("hflow's export of a trained %s" % arch, c.hf_export, arch, "f32", 41 + i)
