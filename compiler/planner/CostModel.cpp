@@ -274,8 +274,13 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
   const double M = ceilDiv(q, m);
   const double mbTokens = m * d.seq;
   const double peak = peakFlops(dev, role.dtypeBytes);
+  // A pipeline runs at its fullest stage's pace: Ls layers of the L
+  // (shape::maxStageLayers; L / p where p divides them), the layers'
+  // compute split L / Ls ways.
+  const double Ls = double(::hflow::shape::maxStageLayers(role.model.layers, l.pp));
+  const double stages = d.L / Ls;
   out.tauCompute =
-      flopsPerParamToken * d.A * mbTokens / (t * p * split * peak * efficiency);
+      flopsPerParamToken * d.A * mbTokens / (t * stages * split * peak * efficiency);
   const double act = mbTokens * d.h * d.w / split; // this rank's positions
   out.tauComm = 0;
   // A layer's keys and values per rank (its kv heads under tp).
@@ -290,19 +295,19 @@ PassTimes passTimes(const RoleSpec &role, const Layout &l, int64_t setDevices,
   const bool splitInter = spansNodes(l.tp * l.sp * l.cp, setDevices, mesh);
   if (l.cp > 1) // each rank receives the others' keys and values: an all-gather
     out.tauComm +=
-        splits * (d.L / p) * allGatherSeconds(kv * double(l.cp), l.cp, splitInter, mesh, cal);
+        splits * Ls * allGatherSeconds(kv * double(l.cp), l.cp, splitInter, mesh, cal);
   if (l.sp > 1) // q and the output (a layer's width), k and v: all-to-alls
-    out.tauComm += splits * (d.L / p) *
+    out.tauComm += splits * Ls *
                    allToAllSeconds(act * 2 / t + kv, l.sp, splitInter, mesh, cal);
   if (l.tp > 1)
     out.tauComm +=
-        allReduces * (d.L / p) * allReduceSeconds(act, l.tp, false, mesh, cal);
+        allReduces * Ls * allReduceSeconds(act, l.tp, false, mesh, cal);
   if (l.pp > 1)
     out.tauComm +=
         transfers *
         p2pSeconds(act, spansNodes(setDevices, setDevices, mesh), mesh, cal);
   if (l.ep > 1 && role.model.moe()) // each token's k copies to their experts and back
-    out.tauComm += exchanges * (d.L / p) *
+    out.tauComm += exchanges * Ls *
                    allToAllSeconds(act * double(role.model.expertsPerToken), l.ep,
                                    spansNodes(l.tp * l.sp * l.cp * l.fsdp * l.ep, setDevices,
                                               mesh),
