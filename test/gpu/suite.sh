@@ -43,7 +43,7 @@ refs() {
     name="${line%% *}"
     echo "$name"
   done | xargs -P 4 -I{} bash -c '"$0" --device cpu --quiet --timeout '"$TIMEOUT"' \
-      --data-dir "$1/data" --metrics "$2/{}.cpu.jsonl" "$1/{}.bin" > "$2/{}.cpu.log" 2>&1 ||
+      --data-dir "$1/data" --metrics "$2/{}.ref.jsonl" "$1/{}.bin" > "$2/{}.ref.log" 2>&1 ||
       echo "reference {} failed" >> "$2/refs-failed"' "$RUN" "$PLANS" "$WORK"
 }
 refs & REFS=$!
@@ -66,7 +66,8 @@ wait "$REFS"
 [ -f "$WORK/refs-failed" ] && sed 's/^/gpu-suite: /' "$WORK/refs-failed"
 
 compare() { # name
-  local name="$1" a="$WORK/$1.$DEVICE.jsonl" b="$WORK/$1.cpu.jsonl"
+  # (the references' own files: with DEVICE cpu the two runs are apart)
+  local name="$1" a="$WORK/$1.$DEVICE.jsonl" b="$WORK/$1.ref.jsonl"
   [ -s "$a" ] && [ -s "$b" ] || { say "$name: no metrics (see $WORK/$name.*.log)"; return 1; }
   if grep -q "weight reshards:" "$WORK/$name.$DEVICE.log" &&
      ! grep -q "every one equal to the plan" "$WORK/$name.$DEVICE.log"; then
