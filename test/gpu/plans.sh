@@ -50,6 +50,15 @@ sed -e "$to4" -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2) * tp(2), gen
   -e 's/place actor, ref on local\[0:2\]/place actor, ref on local[0:4]/' -e "$short_grpo" \
   "$EX/arith_grpo.hflow" | case_ fsdp-tp-4 4 1e-4
 
+# The fault checks' run (suite.sh fault, not a case): fsdp-tp-4 with a GRPO
+# phase long enough that a rank is killed or frozen in its middle.
+sed -e "$to4" -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2) * tp(2), generate: dp(4),/' \
+  -e 's/place actor, ref on local\[0:2\]/place actor, ref on local[0:4]/' \
+  -e 's/steps: 250, seed: 1/steps: 4, seed: 1/; s/steps: 300, seed: 2/steps: 100000, seed: 2/' \
+  "$EX/arith_grpo.hflow" > "$OUT/src/fault-4.hflow"
+(cd "$OUT/data" && "$HFLOWC" "$OUT/src/fault-4.hflow" -o "$OUT/fault-4.bin" 2>/dev/null ||
+  "$HFLOWC" "$OUT/src/fault-4.hflow" -o "$OUT/fault-4.bin")
+
 # Offload (offload.test): the actor's shards, gradients and AdamW state
 # in host memory (pinned on a GPU), streamed in unit by unit.
 sed -e 's/train: fsdp(2), generate: dp(2),/train: fsdp(2), generate: dp(2), offload_params: 1, offload_optimizer: 1,/' \

@@ -121,7 +121,10 @@ children() {
 # A rank killed (SIGKILL) or frozen (SIGSTOP) in the middle of a run: the
 # run stops, naming rank 1, within --timeout + 10 s; never a hang.
 fault() { # signal
-  local sig="$1" d="$WORK/fault-$1" plan="$PLANS/fsdp-tp-4.bin" t=10 pid child=""
+  # (plans.sh's long fault-4 run: a case's few steps can end before the
+  # rank is found)
+  local sig="$1" d="$WORK/fault-$1" plan="$PLANS/fault-4.bin" t=10 pid child=""
+  [ -f "$plan" ] || plan="$PLANS/fsdp-tp-4.bin"
   mkdir -p "$d"
   "$RUN" "${gpuflags[@]}" --timeout "$t" --data-dir "$PLANS/data" --steps 100000 \
     --metrics "$d/m.jsonl" "$plan" > "$d/log" 2>&1 &
