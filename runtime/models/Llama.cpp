@@ -442,19 +442,19 @@ std::vector<std::pair<std::string, at::Tensor>> Llama::namedParameters() const {
       add(pre + "attn.kv_b", l.kvB);
       add(pre + "attn.o", l.wo);
     } else {
-    add(pre + "attn.q", l.wq);
-    if (l.bq.defined())
-      add(pre + "attn.q_bias", l.bq);
-    add(pre + "attn.k", l.wk);
-    if (l.bk.defined())
-      add(pre + "attn.k_bias", l.bk);
-    add(pre + "attn.v", l.wv);
-    if (l.bv.defined())
-      add(pre + "attn.v_bias", l.bv);
-    add(pre + "attn.o", l.wo);
-    if (l.qNorm.defined()) {
-      add(pre + "attn.q_norm", l.qNorm);
-      add(pre + "attn.k_norm", l.kNorm);
+      add(pre + "attn.q", l.wq);
+      if (l.bq.defined())
+        add(pre + "attn.q_bias", l.bq);
+      add(pre + "attn.k", l.wk);
+      if (l.bk.defined())
+        add(pre + "attn.k_bias", l.bk);
+      add(pre + "attn.v", l.wv);
+      if (l.bv.defined())
+        add(pre + "attn.v_bias", l.bv);
+      add(pre + "attn.o", l.wo);
+      if (l.qNorm.defined()) {
+        add(pre + "attn.q_norm", l.qNorm);
+        add(pre + "attn.k_norm", l.kNorm);
     }
     }
     add(pre + "mlp_norm", l.mlpNorm);

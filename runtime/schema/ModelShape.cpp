@@ -40,19 +40,19 @@ std::vector<Param> llamaParams(const ModelShape &m) {
       add(pre + "attn.kv_b", m.heads * (m.qkNopeDim + m.vHeadDim), m.kvLoraRank, Split::Rows, l);
       add(pre + "attn.o", h, m.heads * m.vHeadDim, Split::Cols, l);
     } else {
-    add(pre + "attn.q", qDim, h, Split::Rows, l);
-    if (m.qkvBias) // 1-D, split along its length like q's rows
-      add(pre + "attn.q_bias", 1, qDim, Split::Cols, l);
-    add(pre + "attn.k", kvDim, h, Split::Rows, l);
-    if (m.qkvBias)
-      add(pre + "attn.k_bias", 1, kvDim, Split::Cols, l);
-    add(pre + "attn.v", kvDim, h, Split::Rows, l);
-    if (m.qkvBias)
-      add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
-    add(pre + "attn.o", h, qDim, Split::Cols, l);
-    if (m.qkNorm) { // one head's width, shared by every head: replicated
-      add(pre + "attn.q_norm", 1, hd, Split::Replicated, l);
-      add(pre + "attn.k_norm", 1, hd, Split::Replicated, l);
+      add(pre + "attn.q", qDim, h, Split::Rows, l);
+      if (m.qkvBias) // 1-D, split along its length like q's rows
+        add(pre + "attn.q_bias", 1, qDim, Split::Cols, l);
+      add(pre + "attn.k", kvDim, h, Split::Rows, l);
+      if (m.qkvBias)
+        add(pre + "attn.k_bias", 1, kvDim, Split::Cols, l);
+      add(pre + "attn.v", kvDim, h, Split::Rows, l);
+      if (m.qkvBias)
+        add(pre + "attn.v_bias", 1, kvDim, Split::Cols, l);
+      add(pre + "attn.o", h, qDim, Split::Cols, l);
+      if (m.qkNorm) { // one head's width, shared by every head: replicated
+        add(pre + "attn.q_norm", 1, hd, Split::Replicated, l);
+        add(pre + "attn.k_norm", 1, hd, Split::Replicated, l);
     }
     }
     add(pre + "mlp_norm", 1, h, Split::Replicated, l);
