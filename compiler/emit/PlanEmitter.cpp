@@ -591,7 +591,10 @@ void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep)
         static_cast<int>(opt(train.getMicroBatchAttr())),
         b.CreateString(train.getPromptKey() ? train.getPromptKey()->str() : std::string()),
         b.CreateString(train.getAnswerKey() ? train.getAnswerKey()->str() : std::string()),
-        chosen.empty() ? 0 : b.CreateVector(chosen)));
+        chosen.empty() ? 0 : b.CreateVector(chosen),
+        train.getStalenessAttr() ? static_cast<int>(train.getStalenessAttr().getInt()) : -1,
+        train.getStalenessBoundAttr() ? static_cast<int>(train.getStalenessBoundAttr().getInt())
+                                      : -1));
   }
 }
 

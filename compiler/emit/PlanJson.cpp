@@ -257,6 +257,8 @@ void phaseJson(llvm::json::OStream &j, const fb::Phase *ph) {
   j.attribute("checkpoint_dir", str(ph->checkpoint_dir()));
   j.attribute("seed", ph->seed());
   j.attribute("off_policy", ph->off_policy());
+  j.attribute("staleness", ph->staleness());
+  j.attribute("staleness_bound", ph->staleness_bound());
   j.attribute("prompt_len", ph->prompt_len());
   j.attribute("micro_batch", ph->micro_batch());
   if (ph->micro_batches() && ph->micro_batches()->size())

@@ -230,8 +230,10 @@ struct TrainDecl {
   int64_t promptLen = 0;        // longest prompt in tokens (0: planner default)
   int64_t microBatch = 0;       // sequences per forward pass (0: default)
   int64_t offPolicy = 0;        // 1: rollout k+1 overlaps training on k
+  int64_t staleness = -1;       // the declared bound in policy versions (-1: none)
+  int64_t stalenessBound = -1;  // Sema's: the flow's bound (-1: none, see SemaStaleness.cpp)
   std::string promptKey, answerKey; // data fields (empty: "prompt", "answer")
-  SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc;
+  SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc, stalenessLoc;
 };
 
 /// `import "PATH"`, resolved by the front end to the file it loaded.

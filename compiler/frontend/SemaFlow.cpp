@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/frontend/SemaImpl.h"
+#include "runtime/schema/RolloutRejection.h"
 
 namespace hflow::frontend::detail {
 
@@ -195,12 +196,79 @@ FlowChecker::Ty FlowChecker::typeMethodCall(Expr &e, Scope &scope) {
       noteDefinition(d, *arg, scope);
     }
   }
+  if (e.text == "update" && rd.kind == ast::RoleKind::Actor && (kw.count("rollout_is") || kw.count("rollout_rs") ||
+                             kw.count("rollout_is_threshold") || kw.count("rollout_rs_threshold")))
+    checkRolloutCorrection(e, kw, inputs, scope);
   if (!sig->result) {
     Ty t;
     t.what = Ty::Nothing;
     return t;
   }
   return batchTy(static_cast<ast::BatchKind>(*sig->result));
+}
+
+void FlowChecker::checkRolloutCorrection(const Expr &e,
+                                         const std::map<std::string, const ast::Arg *> &kw,
+                                         const std::vector<std::pair<Ty, Expr *>> &inputs,
+                                         Scope &scope) {
+  auto text = [&](const char *k) -> std::string {
+    auto it = kw.find(k);
+    return it != kw.end() && it->second->value->kind == Expr::Kind::String
+               ? it->second->value->text
+               : std::string();
+  };
+  auto at = [&](const char *k) { return kw.at(k)->value->loc; };
+  const bool rs = kw.count("rollout_rs"), rsThreshold = kw.count("rollout_rs_threshold");
+  if (rs && !rsThreshold)
+    diags_.error(at("rollout_rs"), "rollout_rs needs rollout_rs_threshold: one bound for "
+                                   "every option, or one per option (\"0.5_2.0\" for a k1 "
+                                   "option's lower and upper ratio)");
+  if (rsThreshold && !rs)
+    diags_.error(at("rollout_rs_threshold"),
+                 "rollout_rs_threshold bounds rollout_rs's options, which are not set");
+  if (rs && rsThreshold && !text("rollout_rs").empty() && !text("rollout_rs_threshold").empty()) {
+    try {
+      rollout::parseRejectionOptions(text("rollout_rs"), text("rollout_rs_threshold"));
+    } catch (const std::invalid_argument &err) {
+      const std::string why = err.what();
+      diags_.error(why.rfind("unknown option", 0) == 0 || why.rfind("no option", 0) == 0
+                       ? at("rollout_rs")
+                       : at("rollout_rs_threshold"),
+                   std::string("rollout correction: ") + err.what());
+    }
+  }
+  const bool weighs = kw.count("rollout_is") && text("rollout_is") != "none" &&
+                      !(kw.at("rollout_is")->value->kind == Expr::Kind::Name &&
+                        kw.at("rollout_is")->value->text == "none");
+  if (kw.count("rollout_is_threshold") && !weighs)
+    diags_.error(at("rollout_is_threshold"),
+                 "rollout_is_threshold truncates rollout_is's weights, which are not set");
+  if (!weighs && !rs)
+    return;
+  // The old log-probs (the first log-probs input): the proximal policy's,
+  // recomputed by actor.logprob, against the rollout's own.
+  const Expr *old = nullptr;
+  for (size_t i = 1; i < inputs.size() && !old; ++i)
+    if (inputs[i].first.what == Ty::Batch && inputs[i].first.kind == ast::BatchKind::LogProbs)
+      old = inputs[i].second;
+  if (!old) {
+    diags_.error(e.loc, "the rollout correction compares the update's old log-probs with the "
+                        "rollout's, but " + e.receiver + ".update takes none: pass " +
+                        e.receiver + ".logprob(rollout)");
+    return;
+  }
+  if (old->kind == Expr::Kind::Name && scope.count(old->text) &&
+      scope.at(old->text).rolloutLogprobs) {
+    auto &d = diags_.error(old->loc, "the rollout correction compares the old log-probs with "
+                                     "the rollout's, but '" + old->text +
+                                     "' are the rollout's own (every weight would be 1): "
+                                     "recompute them with " + e.receiver + ".logprob(rollout)");
+    noteDefinition(d, *old, scope);
+  } else if (old->kind == Expr::Kind::Call && old->text == "rollout_logprobs") {
+    diags_.error(old->loc, "the rollout correction compares the old log-probs with the "
+                           "rollout's, but these are the rollout's own (every weight would "
+                           "be 1): recompute them with " + e.receiver + ".logprob(rollout)");
+  }
 }
 
 void FlowChecker::noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope) {
@@ -508,6 +576,7 @@ void FlowChecker::checkFlow(ast::FlowDecl &f) {
     Binding b;
     b.loc = s.nameLoc;
     b.hasReturns = t.hasReturns;
+    b.rolloutLogprobs = e.kind == Expr::Kind::Call && e.text == "rollout_logprobs";
     if (t.what == Ty::Batch)
       b.kind = t.kind;
     else

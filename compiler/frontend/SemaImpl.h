@@ -252,6 +252,7 @@ private:
     bool used = false;
     bool hasReturns = false; // an advantage estimator's result
     bool poisoned = false;   // its definition had an error: stay quiet
+    bool rolloutLogprobs = false; // rollout_logprobs(...): the rollout's own log-probs
   };
   using Scope = std::map<std::string, Binding>;
 
@@ -280,6 +281,12 @@ private:
 
   Ty typeMethodCall(Expr &e, Scope &scope);
 
+  /// An actor update's rollout correction (rollout_is, rollout_rs and
+  /// their thresholds): the options verl takes, and old log-probs that are
+  /// recomputed, not the rollout's own.
+  void checkRolloutCorrection(const Expr &e,
+                              const std::map<std::string, const ast::Arg *> &kw,
+                              const std::vector<std::pair<Ty, Expr *>> &inputs, Scope &scope);
   void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope);
 
   /// Checks a keyword argument's value against its declared type. A number
@@ -314,6 +321,14 @@ private:
   /// an actor generating on devices of its own (colocated, the two could
   /// not run at once).
   void checkOffPolicy(const ast::TrainDecl &t);
+  /// Whether the flow can run its rollout ahead (checkOffPolicy's
+  /// conditions); `report`: say why not, at off_policy.
+  bool canRunAhead(const ast::TrainDecl &t, bool report);
+  /// staleness (SemaStaleness.cpp): the bound of the flow's schedule in
+  /// policy versions, from the actor's optimizer steps per rollout and the
+  /// rollout's lag; the schedule a declared bound allows; a program whose
+  /// bound exceeds its declaration refused at it.
+  void checkStaleness(ast::TrainDecl &t);
   std::map<std::string, const ast::Property *> trainProperties(const ast::TrainDecl &t);
   void checkTrainSamples(ast::TrainDecl &t,
                          const std::map<std::string, const ast::Property *> &props);

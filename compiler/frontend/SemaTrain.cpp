@@ -17,7 +17,7 @@ std::map<std::string, const ast::Property *> TrainChecker::trainProperties(const
   static const std::vector<std::string> known = {
       "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
       "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy",
-      "prompt_key", "answer_key"};
+      "staleness", "prompt_key", "answer_key"};
   for (const ast::Property &p : t.props) {
     if (std::find(known.begin(), known.end(), p.key) == known.end()) {
       diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
@@ -164,6 +164,16 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
   }
   if (t.offPolicy > 0)
     checkOffPolicy(t);
+  if (auto it = props.find("staleness"); it != props.end()) {
+    const Expr &v = *it->second->value;
+    t.stalenessLoc = v.loc;
+    if (v.kind != Expr::Kind::Int || v.intValue < 0)
+      diags_.error(v.loc, "staleness takes a count of policy versions (0 or more): how many "
+                          "optimizer steps of the actor a token's weights may be behind the "
+                          "weights it trains");
+    else
+      t.staleness = v.intValue;
+  }
   bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
   if (hasSteps == hasEpochs)
     diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
@@ -182,16 +192,19 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
     }
   }
   checkTrainSamples(t, props);
+  checkStaleness(t);
   if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
     diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                      ") does not divide batch (" +
                                      std::to_string(t.batch) + ")");
 }
 
-void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) {
+void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) { canRunAhead(t, true); }
+
+bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report) {
   const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
   if (!f || f->kind != Kind::Flow)
-    return;
+    return false;
   const ast::FlowDecl &flow = prog_.flows[f->index];
   std::vector<const Expr *> gens;
   std::map<std::string, int> promptUses;
@@ -206,28 +219,34 @@ void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) {
               ++promptUses[p.name];
     });
   if (gens.size() != 1) {
-    diags_.error(t.offPolicyLoc, "off_policy: 1 needs exactly one generate call in flow '" +
-                                     t.flow + "', which has " + std::to_string(gens.size()));
-    return;
+    if (report)
+      diags_.error(t.offPolicyLoc, "off_policy: 1 needs exactly one generate call in flow '" +
+                                       t.flow + "', which has " + std::to_string(gens.size()));
+    return false;
   }
   const Expr &gen = *gens[0];
+  bool ok = true;
   for (auto &[name, uses] : promptUses)
-    if (uses > 1)
-      diags_.error(t.offPolicyLoc, "off_policy: 1 runs " + gen.receiver +
-                                       ".generate one step ahead, so it must be the only "
-                                       "call that reads '" + name + "' (read " +
-                                       std::to_string(uses) + " times)")
-          .notes.push_back({gen.loc, "the generate call"});
+    if (uses > 1) {
+      ok = false;
+      if (report)
+        diags_.error(t.offPolicyLoc, "off_policy: 1 runs " + gen.receiver +
+                                         ".generate one step ahead, so it must be the only "
+                                         "call that reads '" + name + "' (read " +
+                                         std::to_string(uses) + " times)")
+            .notes.push_back({gen.loc, "the generate call"});
+    }
   bool apart = false;
   for (const auto &q : prog_.places)
     if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == gen.receiver)
       apart = true;
-  if (!apart)
+  if (!apart && report)
     diags_.error(t.offPolicyLoc, "off_policy: 1 overlaps " + gen.receiver +
                                      "'s rollout with its training, which needs the "
                                      "rollout on devices of its own: add `place " +
                                      gen.receiver + ".generate on MESH[a:b]`")
         .notes.push_back({gen.loc, "the generate call"});
+  return ok && apart;
 }
 
 void TrainChecker::checkScoringModels() {

@@ -165,7 +165,9 @@ public:
           t.checkpointDir.empty() ? StringAttr() : b_.getStringAttr(t.checkpointDir),
           opt(t.promptLen), opt(t.microBatch), opt(t.offPolicy),
           t.promptKey.empty() ? StringAttr() : b_.getStringAttr(t.promptKey),
-          t.answerKey.empty() ? StringAttr() : b_.getStringAttr(t.answerKey));
+          t.answerKey.empty() ? StringAttr() : b_.getStringAttr(t.answerKey),
+          t.staleness >= 0 ? b_.getI64IntegerAttr(t.staleness) : IntegerAttr(),
+          t.stalenessBound >= 0 ? b_.getI64IntegerAttr(t.stalenessBound) : IntegerAttr());
     }
     return module;
   }

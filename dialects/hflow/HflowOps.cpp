@@ -500,6 +500,14 @@ LogicalResult TrainOp::verify() {
                          << batch << ")";
   if (static_cast<bool>(getStepsAttr()) == static_cast<bool>(getEpochsAttr()))
     return emitOpError() << "needs exactly one of steps and epochs";
+  if (auto k = getStalenessAttr(); k && k.getInt() < 0)
+    return emitOpError() << "staleness " << k.getInt() << " is negative";
+  if (auto b = getStalenessBoundAttr(); b && b.getInt() < 0)
+    return emitOpError() << "staleness_bound " << b.getInt() << " is negative";
+  if (getStalenessAttr() && getStalenessBoundAttr() &&
+      getStalenessBoundAttr().getInt() > getStalenessAttr().getInt())
+    return emitOpError() << "staleness_bound " << getStalenessBoundAttr().getInt()
+                         << " exceeds the declared staleness " << getStalenessAttr().getInt();
   return success();
 }
 

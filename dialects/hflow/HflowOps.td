@@ -338,6 +338,9 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     size activations and the KV cache for `hflow-check-memory`.
     `off_policy = 1` runs the rollout of step k+1 on the actor's generation
     devices while step k trains (one-step off-policy pipelining).
+    `staleness` is the declared bound, in policy versions (the actor's
+    optimizer steps), between a token's sampling weights and the weights it
+    trains; `staleness_bound` is the schedule's, which never exceeds it.
     `prompt_key` and `answer_key` name the data set's fields (a name or a
     dotted path; absent: "prompt" and "answer").
   }];
@@ -350,7 +353,9 @@ def Hflow_TrainOp : Hflow_Op<"train", [
                        OptionalAttr<I64Attr>:$micro_batch,
                        OptionalAttr<I64Attr>:$off_policy,
                        OptionalAttr<StrAttr>:$prompt_key,
-                       OptionalAttr<StrAttr>:$answer_key);
+                       OptionalAttr<StrAttr>:$answer_key,
+                       OptionalAttr<I64Attr>:$staleness,
+                       OptionalAttr<I64Attr>:$staleness_bound);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }

@@ -30,7 +30,10 @@ std::vector<Field> schemaOf(BatchKind k, const Widths &w) {
                             {"pmask", at::kFloat, P}, {"rmask", at::kFloat, R},
                             {"lp", at::kFloat, R},
                             // 1: the response ended on a stop token or string; 0: at max_tokens
-                            {"stop", at::kLong, 0}};
+                            {"stop", at::kLong, 0},
+                            // the policy version (the actor's optimizer steps) of the
+                            // weights that sampled each response token; -1: no token
+                            {"version", at::kInt, R}};
     if (w.route > 0)
       f.push_back({"route", at::kShort, (P + R) * w.route});
     return f;
@@ -46,7 +49,9 @@ Val makeVal(BatchKind k, int64_t rows, const Widths &w, bool host) {
   v.rows = rows;
   for (const Field &fd : schemaOf(k, w)) {
     auto opts = host ? at::TensorOptions().dtype(fd.dtype) : models::onEngine(fd.dtype);
-    const double fill = std::string(fd.name) == "route" ? -1 : 0; // no expert recorded
+    // No expert recorded; no token sampled.
+    const double fill =
+        std::string(fd.name) == "route" || std::string(fd.name) == "version" ? -1 : 0;
     v.f[fd.name] = fd.width ? at::full({rows, fd.width}, fill, opts) : at::full({rows}, fill, opts);
   }
   return v;

@@ -81,6 +81,9 @@ struct PhaseRt : PhaseShape {
   // reshard before it and its check run one iteration ahead; `carry` is
   // the rollout they made for the next iteration (on the generation ranks).
   int offPolicy = 0;
+  /// The declared staleness and the plan's bound (-1: none): every token
+  /// an actor's optimizer step reads is checked against the bound.
+  int staleness = -1, stalenessBound = -1;
   int genStep = -1, genCheckStep = -1, reshardStep = -1;
   std::optional<Val> carry;
   /// routing_replay: a rollout's route numbers per position (the actor's

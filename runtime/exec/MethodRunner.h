@@ -77,6 +77,7 @@ private:
   };
   DataRows dataRows(MethodCall &c, const std::string &refusal);
   Val &rolloutOf(MethodCall &c, Span &rows);
+  std::optional<Val> rolloutCorrection(MethodCall &c, Val &rollout, Span rows);
   void store(MethodCall &c, Span rows, const at::Tensor &x);
   /// `head` sees the hidden states of positions [start, start + width) of
   /// the prompt + response columns ([P - 1, P - 1 + R) by default: the
@@ -99,7 +100,7 @@ private:
   std::string describe(int s) const { return describeStep(*rows_, progress_, s); }
 
   /// The optimizer step the training methods share (TrainingStep.h).
-  GradientStep grads_{p_, metrics_};
+  GradientStep grads_{p_, metrics_, j_.rank};
 };
 
 /// The layers of the routing call `c` replays over `rollout`: the role's

@@ -307,18 +307,21 @@ models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::Rol
   return so;
 }
 
-/// --dump-values: a replica's generated rows (token ids) as
+/// --dump-values: a replica's generated rows (token ids, and the policy
+/// version that sampled each response token) as
 /// DIR/NAME.safetensors.
 void dumpGeneration(const std::string &dir, const std::string &name, const std::string &step,
                     const at::Tensor &ptoks, const at::Tensor &pmask,
-                    const models::Generation &gen, const at::Tensor &rows) {
+                    const models::Generation &gen, const at::Tensor &rows,
+                    const at::Tensor &version) {
   try {
     std::filesystem::create_directories(dir);
     models::writeSafetensors(
         dir + "/" + name + ".safetensors",
         {{"prompt", ptoks.contiguous()}, {"prompt_mask", pmask.contiguous()},
          {"response", gen.tokens.contiguous()}, {"response_mask", gen.mask.contiguous()},
-         {"stop", gen.stopped.to(at::kLong).contiguous()}, {"row", rows.contiguous()}},
+         {"stop", gen.stopped.to(at::kLong).contiguous()}, {"row", rows.contiguous()},
+         {"version", version.contiguous()}},
         {{"step", step}});
   } catch (const std::exception &e) {
     throw RunError(std::string("--dump-values: ") + e.what());
@@ -333,7 +336,7 @@ namespace {
 /// responses, their masks, log-probs and stops, and a recorded routing
 /// ([rows, P + r, L, k] into the rollout's [rows, (P + R) x L x k]).
 void writeGeneration(Val &ro, int64_t lo, const at::Tensor &ptoks, const at::Tensor &pmask,
-                     const models::Generation &gen, const Widths &w) {
+                     const models::Generation &gen, const Widths &w, int64_t version) {
   const int64_t n = gen.tokens.size(0);
   auto rows = [&](const char *name) { return ro[name].narrow(0, lo, n); };
   rows("ptoks").copy_(ptoks);
@@ -342,6 +345,11 @@ void writeGeneration(Val &ro, int64_t lo, const at::Tensor &ptoks, const at::Ten
   rows("rmask").narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
   rows("lp").narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
   rows("stop").copy_(gen.stopped.to(at::kLong));
+  // Every response token was sampled by the weights of this version.
+  rows("version")
+      .narrow(1, 0, gen.mask.size(1))
+      .copy_(at::where(gen.mask > 0, at::full({}, version, gen.mask.options().dtype(at::kInt)),
+                       at::full({}, -1, gen.mask.options().dtype(at::kInt))));
   if (gen.routing.defined())
     rows("route")
         .view({n, w.P + w.R, w.route})
@@ -416,7 +424,12 @@ void MethodRunner::runGenerate(MethodCall &c) {
     // own current weights.
     c10::NoGradGuard ng;
     rr.gen->loadFrom(*rr.model);
+    if (rr.optim)
+      rr.copyVersion = rr.optim->steps();
   }
+  const int64_t version = rr.generationVersion();
+  if (!form)
+    logWeightHash(rr, "generate", version, j_.rank);
   try {
     gen = form ? form->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
   } catch (const std::invalid_argument &e) {
@@ -435,7 +448,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
     }
   }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
-  writeGeneration(ro_, lo, ptoks, pmask, gen, ph.widths());
+  writeGeneration(ro_, lo, ptoks, pmask, gen, ph.widths(), version);
   ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
   ro_["group"].narrow(0, lo, hi - lo).copy_(
       at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
@@ -453,9 +466,12 @@ void MethodRunner::runGenerate(MethodCall &c) {
   }
   digests_[s] = gen.tokens.sum().item<double>() + gen.logprobs.to(at::kDouble).sum().item<double>();
   if (!o_.dumpValues.empty() && c.leader) // what the model saw and wrote
-    dumpGeneration(o_.dumpValues + "/" + ph.name + "-" + std::to_string(progress_.iter + 1),
+    // In the folder of the iteration that trains on it (off_policy: the
+    // next one; a phase's first rollout is made ahead of its first).
+    dumpGeneration(o_.dumpValues + "/" + ph.name + "-" + std::to_string(it + 1),
                    "step-" + std::to_string(s) + "-generate-rows" + std::to_string(lo),
-                   describe(s), ptoks, pmask, gen, ro_["ids"].narrow(0, lo, hi - lo));
+                   describe(s), ptoks, pmask, gen, ro_["ids"].narrow(0, lo, hi - lo),
+                   ro_["version"].narrow(0, lo, hi - lo));
   vals_[c.out.at(0)] = std::move(ro_);
 }
 

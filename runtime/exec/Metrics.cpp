@@ -65,6 +65,8 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   };
   f.lr = column(MetricSums::column(&MetricSums::lr), true);
   f.tot.lpGapMax = column(MetricSums::column(&MetricSums::lpGapMax), true);
+  f.tot.stalMax = column(MetricSums::column(&MetricSums::stalMax), true);
+  f.tot.corrWMax = column(MetricSums::column(&MetricSums::corrWMax), true);
   f.bytes = column(kBytesSent, false);
   f.itMs = column(kIterationMs, true);
   for (int k = 0; k < ph.count; ++k) {
@@ -97,6 +99,7 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
       return x.before == ph.first + k;
     }));
   at.offPolicy = ph.offPolicy > 0;
+  at.staleness = ph.staleness;
   for (const PhaseRt &q : s_.phases) { // the iterations of the earlier phases, and of the run
     if (&q == &ph)
       at.before = at.total;

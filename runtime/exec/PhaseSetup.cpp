@@ -85,6 +85,10 @@ void Preflight::readPhases() {
     measurePrompts(ph);
     findRollout(ph);
     s_.heldOut.evalR = std::max(s_.heldOut.evalR, ph.R);
+    if (ph.ph) {
+      ph.staleness = ph.ph->staleness();
+      ph.stalenessBound = ph.ph->staleness_bound();
+    }
     if (ph.ph && ph.ph->off_policy() > 0)
       prepareOffPolicy(ph);
     ph.xfers = s_.rows->transfers(ph);

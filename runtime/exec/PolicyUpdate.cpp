@@ -16,9 +16,14 @@
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Losses.h"
+#include "runtime/rl/RolloutCorrection.h"
+#include "runtime/models/Safetensors.h"
+#include "runtime/schema/RolloutRejection.h"
 
 #include <ATen/ATen.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <utility>
@@ -51,11 +56,16 @@ public:
   /// Stops the run on a loss that is not finite.
   using CheckFn = std::function<void(const char *, double)>;
 
+  /// `correction`: the rollout correction's weights ("w", absent without
+  /// importance weights) and response mask ("m") over the rollout's rows,
+  /// or null.
   UpdateLoss(const plan::CallArgs &a, const Role &ro, RoleRt &rr, Val &rollout, int64_t R,
-             double temperature, InputFn input, CheckFn check, MetricSums *metrics)
+             double temperature, InputFn input, CheckFn check, MetricSums *metrics,
+             Val *correction)
       : a_(a), ro_(ro), rr_(rr), rollout_(rollout), R_(R), temp_(temperature),
         input_(std::move(input)), check_(std::move(check)), m_(metrics),
-        mode_(rl::parse_loss_agg_mode(str(a.loss_agg(), "token-mean"))) {}
+        mode_(rl::parse_loss_agg_mode(str(a.loss_agg(), "token-mean"))),
+        correction_(correction) {}
 
   at::Tensor operator()(int64_t mlo, int64_t mhi, const at::Tensor &h, const LossWeight &w);
   /// The actor's weighted losses, summed over every pass of the call.
@@ -81,6 +91,7 @@ private:
   CheckFn check_;
   MetricSums *m_; // the leader's; null elsewhere
   rl::LossAggMode mode_;
+  Val *correction_;
 };
 
 at::Tensor UpdateLoss::operator()(int64_t mlo, int64_t mhi, const at::Tensor &h,
@@ -91,7 +102,11 @@ at::Tensor UpdateLoss::operator()(int64_t mlo, int64_t mhi, const at::Tensor &h,
                                                                             : w.row;
   const double share = w.share * modeWeight, tokShare = w.share * w.tok,
                rowShare = w.share * w.row;
-  at::Tensor mask = rollout_["rmask"].narrow(0, mlo, cnt);
+  // The rollout correction's mask (verl's modified response_mask) in
+  // place of the rollout's, for every term of the actor's loss.
+  at::Tensor mask = correction_ && ro_.kind() == RoleKind::Actor
+                        ? (*correction_)["m"].narrow(0, mlo, cnt)
+                        : rollout_["rmask"].narrow(0, mlo, cnt);
   // h holds the first r <= R response columns (the ones some row of the
   // pass has a token in): the heads run on those, and their per-token
   // results are widened back to R with zeros (masked out), so every loss
@@ -139,6 +154,11 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt) : rollout_["lp"].narrow(0, mlo, cnt);
   at::Tensor logits = rr_.lm->localLogits(h);
   at::Tensor lp = widen(rr_.lm->tokenLogprobs(logits, toks, temp_), r);
+  // Rejection sampling dropped every token of this pass: nothing to learn
+  // from it (a loss of 0 that still runs the backward every rank of a
+  // lockstep group runs; its figures count nowhere).
+  if (correction_ && mask.sum().item<double>() == 0)
+    return lp.sum() * 0.0;
   rl::PolicyLossConfig pc;
   pc.clip_ratio = a_.clip().value_or(0.2);
   if (a_.clip_low().has_value())
@@ -147,7 +167,11 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
     pc.clip_ratio_high = *a_.clip_high();
   pc.clip_ratio_c = a_.clip_ratio_c().value_or(3.0);
   pc.loss_agg_mode = mode_;
-  auto pl = rl::compute_policy_loss(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc);
+  std::optional<at::Tensor> isWeights;
+  if (correction_ && correction_->f.count("w"))
+    isWeights = (*correction_)["w"].narrow(0, mlo, cnt);
+  auto pl = rl::compute_policy_loss(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc,
+                                    isWeights);
   at::Tensor loss = pl.pg_loss;
   double klv = 0;
   if (ref) {
@@ -183,7 +207,7 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
 /// Every pass of a minibatch of `mbRows` rows (a bucket, or a whole
 /// micro-batch of `batches`; `runs[k]`: micro-batch k's passes) with its
 /// weights.
-void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &batches,
+void weighPasses(const at::Tensor &rmask, const std::vector<std::pair<int64_t, int64_t>> &batches,
                  const std::vector<std::vector<std::pair<int64_t, int64_t>>> &runs,
                  int64_t mbRows, std::vector<std::pair<int64_t, int64_t>> &passes,
                  std::vector<LossWeight> &weights) {
@@ -191,12 +215,12 @@ void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &b
     const auto [mlo, mhi] = batches[k];
     const double share = double(mhi - mlo) / double(mbRows);
     const double toks =
-        runs[k].size() > 1 ? rollout["rmask"].narrow(0, mlo, mhi - mlo).sum().item<double>() : 0;
+        runs[k].size() > 1 ? rmask.narrow(0, mlo, mhi - mlo).sum().item<double>() : 0;
     for (auto [u, e] : runs[k]) {
       LossWeight w{share};
       if (runs[k].size() > 1) {
         w.row = double(e - u) / double(mhi - mlo);
-        w.tok = toks > 0 ? rollout["rmask"].narrow(0, u, e - u).sum().item<double>() / toks
+        w.tok = toks > 0 ? rmask.narrow(0, u, e - u).sum().item<double>() / toks
                          : w.row;
       }
       passes.push_back({u, e});
@@ -205,7 +229,119 @@ void weighPasses(Val &rollout, const std::vector<std::pair<int64_t, int64_t>> &b
   }
 }
 
+/// The staleness of the tokens of rows [lo, lo + n) that the actor's
+/// optimizer step from version `w` trains on: each token's w less the
+/// version that sampled it. A token from newer weights, or staler than the
+/// plan's bound, stops the run; the leader adds the figures to `m`.
+void recordStaleness(Val &rollout, int64_t lo, int64_t n, int64_t w, int bound,
+                     const std::string &where, MetricSums *m) {
+  at::Tensor v = rollout["version"].narrow(0, lo, n).to(at::kLong);
+  at::Tensor tok = (rollout["rmask"].narrow(0, lo, n) > 0).logical_and(v >= 0);
+  const int64_t count = tok.sum().item<int64_t>();
+  if (count == 0)
+    return;
+  at::Tensor st = (w - v).masked_select(tok);
+  const int64_t lowest = st.min().item<int64_t>(), highest = st.max().item<int64_t>();
+  if (lowest < 0)
+    throw RunError(where + ": a token sampled by policy version " +
+                   std::to_string(w - lowest) + " trains the actor at version " +
+                   std::to_string(w) + ", which is older: the rollout's versions are wrong");
+  if (bound >= 0 && highest > bound)
+    throw RunError(where + ": a token sampled by policy version " +
+                   std::to_string(w - highest) + " trains the actor at version " +
+                   std::to_string(w) + ", " + std::to_string(highest) +
+                   " versions later: above the plan's staleness bound " + std::to_string(bound));
+  if (m) {
+    m->stalSum += st.sum().item<double>();
+    m->stalN += (double)count;
+    m->staleN += (st > 0).sum().item<double>();
+    m->stalMax = std::max(m->stalMax, (double)highest);
+  }
+}
+
 } // namespace
+
+/// An actor update's rollout correction (rollout_is, rollout_rs) over rows
+/// `rows` of the rollout, from its old log-probs (the proximal policy's)
+/// and the rollout's own; nothing when the call sets none. The leader adds
+/// its figures to the metrics; --dump-values writes its inputs and results.
+std::optional<Val> MethodRunner::rolloutCorrection(MethodCall &c, Val &rollout, Span rows) {
+  const plan::CallArgs &a = c.a;
+  rl::RolloutCorrectionConfig cfg;
+  try {
+    cfg.level = rl::parse_correction_level(str(a.rollout_is(), "none"));
+    if (a.rollout_rs())
+      cfg.rejection = rollout::parseRejectionOptions(str(a.rollout_rs()),
+                                                     str(a.rollout_rs_threshold()));
+  } catch (const std::invalid_argument &e) { // the plan loader refuses such a plan
+    throw RunError(describe(c.s) + ": " + e.what());
+  }
+  if (a.rollout_is_threshold())
+    cfg.threshold = *a.rollout_is_threshold();
+  else if (cfg.level == rl::CorrectionLevel::Decoupled)
+    cfg.threshold.reset(); // AReaL's cap: none unless set
+  if (cfg.level == rl::CorrectionLevel::None && cfg.rejection.empty())
+    return std::nullopt;
+  Val *old = inputOfKind(c, BatchKind::LogProbs, 0);
+  if (!old) // hflowc refuses such a program
+    throw RunError(describe(c.s) + ": the rollout correction needs the update's old log-probs");
+  const int64_t lo = rows.lo, b = rows.hi - rows.lo;
+  at::Tensor oldLp = old->x().narrow(0, lo, b), behav = rollout["lp"].narrow(0, lo, b),
+             rmask = rollout["rmask"].narrow(0, lo, b);
+  rl::RolloutCorrection rc;
+  try {
+    rc = rl::compute_rollout_correction(oldLp, behav, rmask, cfg);
+  } catch (const std::invalid_argument &e) {
+    throw RunError(describe(c.s) + ": " + e.what());
+  }
+  Val v;
+  v.kind = BatchKind::LogProbs;
+  v.rows = rollout.rows;
+  v.f["m"] = rollout["rmask"].clone();
+  v.f["m"].narrow(0, lo, b).copy_(rc.mask);
+  if (rc.weights.defined()) {
+    v.f["w"] = at::zeros_like(rollout["rmask"]);
+    v.f["w"].narrow(0, lo, b).copy_(rc.weights);
+  }
+  if (c.leader) {
+    metrics_->corrN += rc.tokens;
+    metrics_->corrWSum += rc.weightSum;
+    metrics_->corrHigh += rc.high;
+    metrics_->corrRejected += rc.rejected;
+    metrics_->corrWMax = std::max(metrics_->corrWMax, rc.weightMax);
+    metrics_->corrOn = 1;
+    metrics_->corrWeighs = rc.weights.defined() ? 1 : 0;
+  }
+  if (!o_.dumpValues.empty() && c.leader) {
+    std::vector<std::pair<std::string, at::Tensor>> ts = {
+        {"old_log_prob", oldLp.contiguous()},
+        {"rollout_log_prob", behav.contiguous()},
+        {"response_mask", rmask.contiguous()},
+        {"modified_response_mask", rc.mask.contiguous()},
+        {"row", rollout["ids"].narrow(0, lo, b).contiguous()}};
+    if (rc.weights.defined())
+      ts.push_back({"rollout_is_weights", rc.weights.contiguous()});
+    const std::string dir =
+        o_.dumpValues + "/" + c.ph.name + "-" + std::to_string(progress_.iter + 1);
+    char threshold[40] = "";
+    if (a.rollout_is_threshold())
+      std::snprintf(threshold, sizeof threshold, "%.17g", *a.rollout_is_threshold());
+    try {
+      std::filesystem::create_directories(dir);
+      models::writeSafetensors(dir + "/step-" + std::to_string(c.s) +
+                                   "-update-correction-rows" + std::to_string(lo) +
+                                   ".safetensors",
+                               ts, {{"step", describe(c.s)},
+                                    {"rollout_is", str(a.rollout_is(), "none")},
+                                    {"rollout_is_threshold", threshold},
+                                    {"rollout_rs", str(a.rollout_rs())},
+                                    {"rollout_rs_threshold", str(a.rollout_rs_threshold())}});
+    } catch (const std::exception &e) {
+      throw RunError(std::string("--dump-values: ") + e.what());
+    }
+  }
+  return v;
+}
 
 /// update: PPO epochs over minibatches (one optimizer step each) of the
 /// actor's clipped policy loss with optional KL and entropy terms, or the
@@ -226,11 +362,16 @@ void MethodRunner::runUpdate(MethodCall &c) {
   const TrainingCut cut = TrainingCut::of(c, b);
   const int64_t epochs = cut.epochs, mbRows = cut.minibatch, micro = cut.micro;
   const double lrOver = a.lr().value_or(0);
+  // The rollout correction: once over this replica's rows (it depends on
+  // the old and the rollout's log-probs only, which the update leaves).
+  std::optional<Val> correction;
+  if (c.ro.kind() == RoleKind::Actor)
+    correction = rolloutCorrection(c, *rollout, rows);
   UpdateLoss microLoss(
       a, c.ro, rr, *rollout, R, ph.rolloutTemp,
       [&](BatchKind k, int nth) { return inputOfKind(c, k, nth); },
       [&](const char *what, double v) { grads_.checkLoss(rr, what, v); },
-      c.leader ? &*metrics_ : nullptr);
+      c.leader ? &*metrics_ : nullptr, correction ? &*correction : nullptr);
   for (int64_t e = 0; e < epochs; ++e)
     for (int64_t m0 = 0; m0 < b; m0 += mbRows) {
       // max_batch_tokens: micro-batches by a token budget instead (each
@@ -251,6 +392,8 @@ void MethodRunner::runUpdate(MethodCall &c) {
           std::vector<Val *> vals;
           for (int v : c.in)
             vals.push_back(&vals_.at(v));
+          if (correction)
+            vals.push_back(&*correction);
           order.emplace(std::move(vals), lo + m0, bk.perm);
           runs = std::move(bk.runs);
         }
@@ -264,7 +407,8 @@ void MethodRunner::runUpdate(MethodCall &c) {
         }
       std::vector<std::pair<int64_t, int64_t>> passes;
       std::vector<LossWeight> weights;
-      weighPasses(*rollout, batches, runs, mbRows, passes, weights);
+      weighPasses(correction ? (*correction)["m"] : (*rollout)["rmask"], batches, runs, mbRows,
+                  passes, weights);
       // Every pass over its own columns; the heads over the response
       // columns holding a token (as logprob's and values' passes run them:
       // the same shapes, the same log-probs), on the ranks that hold the
@@ -288,6 +432,10 @@ void MethodRunner::runUpdate(MethodCall &c) {
       }
       meter.done();
       order.reset(); // the plan's row order again
+      if (c.ro.kind() == RoleKind::Actor && rr.optim && ph.stalenessBound >= 0 &&
+          rollout->f.count("version"))
+        recordStaleness(*rollout, lo + m0, mbRows, rr.optim->steps(), ph.stalenessBound,
+                        describe(s), c.leader ? &*metrics_ : nullptr);
       grads_.apply(rr, lrOver);
     }
   // The loss is where the heads ran (a pipeline's last stage).

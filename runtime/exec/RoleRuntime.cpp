@@ -1,10 +1,14 @@
 //===- RoleRuntime.cpp - a role on this rank: its form, weights and groups -===//
 #include "runtime/exec/RoleRuntime.h"
+#include "runtime/exec/EngineSupport.h"
 #include "runtime/models/HostPool.h"
+#include "runtime/schema/Fnv1a.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace hflow::exec {
 
@@ -92,6 +96,25 @@ std::array<double, kMemoryFigures> heldMemory(const RoleRt &rr) {
   return m;
 }
 
+void logWeightHash(const RoleRt &rr, const char *event, int64_t version, int rank) {
+  static const char *path = std::getenv("HFLOW_TEST_WEIGHT_HASHES");
+  if (!path || !*path || !rr.model || rr.holdsShards())
+    return;
+  uint64_t h = kFnv1a64Offset;
+  for (auto &[name, t] : rr.model->namedParameters()) {
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    h = fnv1a64(c.data_ptr(), (size_t)c.nbytes(), h);
+  }
+  const std::string file = std::string(path) + ".rank" + std::to_string(rank);
+  std::FILE *f = std::fopen(file.c_str(), "a");
+  if (!f)
+    throw RunError("HFLOW_TEST_WEIGHT_HASHES: cannot open " + file);
+  std::fprintf(f, "%s %d version %lld hash %016llx\n", event, rr.index, (long long)version,
+               (unsigned long long)h);
+  if (std::fclose(f) != 0)
+    throw RunError("HFLOW_TEST_WEIGHT_HASHES: cannot write " + file);
+}
+
 /// Sharded actors' whole copies from their current shards (an all-gather
 /// on the role's ranks; every one of them calls this), and the generation
 /// shards from those.
@@ -102,6 +125,8 @@ void refreshGenerationCopies(std::map<int, RoleRt> &roles) {
       rr.lm->gatherInto(*rr.model);
     if (rr.gen)
       rr.gen->loadFrom(*rr.model);
+    if (rr.optim) // the copies now hold the training weights
+      rr.copyVersion = rr.optim->steps();
   }
 }
 

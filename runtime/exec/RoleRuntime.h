@@ -122,7 +122,19 @@ struct RoleRt {
   /// the planned boxes land in.
   std::unique_ptr<models::CausalLM> gen;
   RoleMemory mem;
+  /// The policy version (the actor's optimizer steps) of the weights a
+  /// generation copy or generation shards hold: set by every reshard into
+  /// them and every refresh from the training weights.
+  int64_t copyVersion = 0;
 
+  /// The policy version of the weights this rank generates with: its
+  /// copy's, or its training weights' own steps when it generates on them.
+  int64_t generationVersion() const {
+    const bool onTrainingWeights =
+        !apart && ((holding == Holding::Whole && generatesOn == GeneratesOn::WholeWeights) ||
+                   generatesOn == GeneratesOn::TrainingShards);
+    return onTrainingWeights && optim ? optim->steps() : copyVersion;
+  }
   /// Whether the rank trains or computes on shards (ShardsAndCopy or
   /// ShardsOnly).
   bool holdsShards() const {
@@ -143,6 +155,13 @@ struct RoleRt {
 /// product in the weights' dtype, the result in float32 (what value and
 /// Bradley-Terry losses and the rollout's values are computed in).
 at::Tensor scalarHead(const at::Tensor &h, const at::Tensor &head);
+
+/// HFLOW_TEST_WEIGHT_HASHES=PATH (tests): appends to PATH.rank<rank> one
+/// line "<event> <role index> version <v> hash <FNV-1a of the whole
+/// weights' bytes>" for a rank holding the role's whole weights (nothing
+/// otherwise); the version check compares a generation's with the training
+/// step's of the same version.
+void logWeightHash(const RoleRt &rr, const char *event, int64_t version, int rank);
 
 /// Bytes of the gradients a role's parameters hold now.
 int64_t gradBytes(const RoleRt &rr);

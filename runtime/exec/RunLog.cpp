@@ -58,7 +58,18 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::pageFaults,
     &MetricSums::moeAux,
     &MetricSums::moeN,
-    &MetricSums::lpGapMax};
+    &MetricSums::lpGapMax,
+    &MetricSums::stalSum,
+    &MetricSums::stalN,
+    &MetricSums::staleN,
+    &MetricSums::stalMax,
+    &MetricSums::corrN,
+    &MetricSums::corrWSum,
+    &MetricSums::corrHigh,
+    &MetricSums::corrRejected,
+    &MetricSums::corrOn,
+    &MetricSums::corrWeighs,
+    &MetricSums::corrWMax};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -273,6 +284,25 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
   add("eval_pair_acc", mean(tot.pairAcc, tot.pairN));
   add("rollout_lp_gap", mean(tot.lpGap, tot.lpGapN));
   add("rollout_lp_gap_max", tot.lpGapN > 0 ? tot.lpGapMax : NAN);
+  // The staleness of the tokens the actor trained on: in an asynchronous
+  // phase (off_policy or a declared staleness).
+  if ((at.offPolicy || at.staleness >= 0) && tot.stalN > 0) {
+    add("staleness_mean", tot.stalSum / tot.stalN);
+    add("staleness_max", tot.stalMax);
+    add("stale_token_frac", tot.staleN / tot.stalN);
+  }
+  // The rollout correction (an actor update's rollout_is / rollout_rs):
+  // the weights' mean over the tokens (after truncation; a decoupled cap's
+  // zeros included), the largest before it, the share above the threshold,
+  // and the share rejection sampling dropped.
+  if (tot.corrOn > 0 && tot.corrN > 0) {
+    if (tot.corrWeighs > 0) {
+      add("rollout_is_mean", tot.corrWSum / tot.corrN);
+      add("rollout_is_max", tot.corrWMax);
+      add("rollout_is_high_frac", tot.corrHigh / tot.corrN);
+    }
+    add("rollout_rs_masked_frac", tot.corrRejected / tot.corrN);
+  }
   add("tokens_per_s", f.itMs > 0 ? tot.tokens / (f.itMs / 1000.0) : NAN);
   add("iteration_ms", f.itMs);
   add("bytes_moved", f.bytes);

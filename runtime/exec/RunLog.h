@@ -30,7 +30,7 @@
 namespace hflow::exec {
 
 /// What every rank contributes to an iteration's metrics: sums and counts,
-/// added over ranks by rank 0 (lr, lpGapMax: the largest). They travel as one row of
+/// added over ranks by rank 0 (lr, lpGapMax, stalMax, corrWMax: the largest). They travel as one row of
 /// doubles per rank (row(), in kFields' order) in the iteration's one
 /// all-gather, followed by the communication counters and step times.
 struct MetricSums {
@@ -48,8 +48,19 @@ struct MetricSums {
   double reshardBytes = 0, reshardMs = 0;          ///< weight reshards
   double preempt = 0, pageFaults = 0;              ///< KV preemptions; the process's page faults
   double moeAux = 0, moeN = 0; ///< a mixture's load-balancing loss in the actor's update
+  /// The actor's updates: its optimizer steps' staleness (the version being
+  /// updated less the version that sampled the token) over the tokens they
+  /// read: the sum, the tokens, those with staleness above 0, the largest
+  /// (the ranks' largest).
+  double stalSum = 0, stalN = 0, staleN = 0, stalMax = 0;
+  /// The actor's rollout correction over the tokens of its updates: the
+  /// tokens, the weights' sum, those above the threshold, those rejection
+  /// sampling dropped, whether any update corrected (and weighed: 1 per
+  /// rank), the largest weight before truncation (the ranks' largest).
+  double corrN = 0, corrWSum = 0, corrHigh = 0, corrRejected = 0, corrOn = 0,
+         corrWeighs = 0, corrWMax = 0;
 
-  static constexpr int kCount = 38;
+  static constexpr int kCount = 49;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.
@@ -101,6 +112,7 @@ struct IterationPlace {
   int firstStep = 0;
   std::vector<bool> stepHasMoves; ///< per step of the phase: batch moves precede it
   bool offPolicy = false;
+  int staleness = -1; ///< the phase's declared staleness (-1: none)
   int64_t before = 0, total = 0; ///< iterations of the earlier phases; of the run
   bool lastPhase = false;
   bool evalRan = false;

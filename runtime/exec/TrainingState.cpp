@@ -168,6 +168,10 @@ void TrainingState::load() {
         v.f[name.substr(pre.size())] = t.clone();
     if (v.f.empty())
       continue;
+    // A checkpoint from before plan format 5.2 carries no versions: its
+    // tokens count as unknown (-1), which the staleness check skips.
+    if (!v.f.count("version") && v.f.count("rtoks"))
+      v.f["version"] = at::full(v.f.at("rtoks").sizes(), -1, v.f.at("rtoks").options().dtype(at::kInt));
     for (const Field &fd : schemaOf(BatchKind::Rollout, Widths{}))
       if (!v.f.count(fd.name))
         throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +

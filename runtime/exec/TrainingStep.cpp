@@ -71,6 +71,8 @@ void GradientStep::clipAndStep(RoleRt &rr, double norm, double lrOverride) {
                    " is not finite (gradient norm " + std::to_string(norm) +
                    ", learning rate " + std::to_string(lr) +
                    "); nothing is saved from this state");
+  if (p_.roles()->Get(rr.index)->kind() == plan::RoleKind::Actor)
+    logWeightHash(rr, "train", rr.optim->steps(), rank_);
   metrics_->gradNorm += norm;
   metrics_->gradRank = 1; // this rank stepped: it counts in the mean over ranks
   metrics_->lr = lr;

@@ -37,8 +37,8 @@ struct TrainingCut {
 /// of a loss; its figures go to the iteration's metric sums.
 class GradientStep {
 public:
-  GradientStep(const plan::Plan &p, std::optional<MetricSums> &metrics)
-      : p_(p), metrics_(metrics) {}
+  GradientStep(const plan::Plan &p, std::optional<MetricSums> &metrics, int rank)
+      : p_(p), metrics_(metrics), rank_(rank) {}
 
   /// The gradients of the role's ranks combined (the model form knows how:
   /// an all-reduce over the data-parallel ranks, or nothing after FSDP's
@@ -53,6 +53,7 @@ private:
 
   const plan::Plan &p_;
   std::optional<MetricSums> &metrics_;
+  int rank_;
 };
 
 } // namespace hflow::exec

@@ -213,8 +213,28 @@ double WeightResharder::run(const Reshard &rs, std::map<int, RoleRt> &roles,
     shardsToShards(rs, rr, what);
   else
     throughCopy(rs, rr, roles, what);
+  rr.copyVersion = versionOfCopy(rr, what);
   iteration_ = nullptr;
   return received_;
+}
+
+/// The policy version the reshard brought: the training ranks' optimizer
+/// steps. Apart, the generation ranks learn it from them (each training
+/// rank adds its steps and a 1; all of them must agree).
+int64_t WeightResharder::versionOfCopy(RoleRt &rr, const std::string &what) {
+  if (!rr.apart)
+    return rr.optim ? rr.optim->steps() : rr.copyVersion;
+  const int64_t mine = rr.optim ? rr.optim->steps() : 0;
+  at::Tensor t = at::tensor({mine, mine * mine, (int64_t)(rr.optim ? 1 : 0)},
+                            at::TensorOptions().dtype(at::kLong))
+                     .to(models::engineDevice());
+  rr.xcomm->allReduceSum(t);
+  t = t.cpu();
+  const int64_t sum = t[0].item<int64_t>(), sq = t[1].item<int64_t>(), n = t[2].item<int64_t>();
+  if (n <= 0 || sum % n != 0 || sq != n * (sum / n) * (sum / n))
+    throw RunError("reshard of " + what + ": the training ranks' weights are at different "
+                   "policy versions (optimizer steps)");
+  return sum / n;
 }
 
 /// Through a whole copy: this rank sends and receives exactly the element

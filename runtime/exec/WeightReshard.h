@@ -61,6 +61,7 @@ private:
   void checkGenerationShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void shardsToShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void across(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
+  int64_t versionOfCopy(RoleRt &rr, const std::string &what);
   void report(const plan::Reshard &rs, Communicator &c, const std::string &what,
               int64_t measured, double ms, bool naive);
 

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sys/stat.h>
@@ -145,6 +146,19 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   log_.startPhase(firstIter);
   if (firstIter == 0)
     parts_.evaluator.syncReference(phaseIndex);
+  // The schedule's staleness, as the plan states it (a declared bound, or
+  // an asynchronous phase's).
+  if (j_.rank == 0 && !o_.quiet && ph.stalenessBound >= 0 &&
+      (ph.staleness >= 0 || ph.offPolicy > 0)) {
+    log_.clearBar();
+    std::printf("[%s] staleness bound %d: a token trains at most %d policy version%s after the "
+                "weights that sampled it (%s; the rollout %s)\n",
+                ph.name.c_str(), ph.stalenessBound, ph.stalenessBound,
+                ph.stalenessBound == 1 ? "" : "s",
+                ph.staleness >= 0 ? ("declared " + std::to_string(ph.staleness)).c_str()
+                                  : "none declared",
+                ph.offPolicy > 0 ? "one iteration ahead" : "synchronous");
+  }
   if (ph.offPolicy > 0 && firstIter == 0)
     parts_.iteration.runAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)

@@ -7,6 +7,7 @@
 #include "runtime/schema/PlanArgs.h"
 #include "runtime/schema/PlanFormat.h"
 #include "runtime/schema/RoleMethods.h"
+#include "runtime/schema/RolloutRejection.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -132,8 +133,21 @@ bool checkStepArgs(Checker &c, const std::string &what, const Plan &p, const Ste
   if (s->kind() == StepKind::Compute) {
     const methods::Signature *sig = methods::findMethod(
         methods::Role(int(p.roles()->Get(s->role())->kind())), method);
-    return checkFields(c, what + at(s), method + "'s argument", set, sig->args.begin(),
-                       sig->args.end());
+    if (!checkFields(c, what + at(s), method + "'s argument", set, sig->args.begin(),
+                     sig->args.end()))
+      return false;
+    const CallArgs &a = *s->args();
+    if (static_cast<bool>(a.rollout_rs()) != static_cast<bool>(a.rollout_rs_threshold()))
+      return c.fail(what, at(s), " sets one of rollout_rs and rollout_rs_threshold without "
+                                 "the other");
+    if (a.rollout_rs()) {
+      try {
+        rollout::parseRejectionOptions(a.rollout_rs()->str(), a.rollout_rs_threshold()->str());
+      } catch (const std::invalid_argument &e) {
+        return c.fail(what, at(s), "'s rollout_rs: ", e.what());
+      }
+    }
+    return true;
   }
   if (const builtins::Builtin *bi = builtins::findBuiltin(method)) {
     if (!checkFields(c, what + at(s), method + "'s argument", set, bi->keywords,
@@ -497,6 +511,12 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
       return c.fail(what, " has a non-positive batch, n or minibatch");
     if (ph->off_policy() < 0 || ph->off_policy() > 1)
       return c.fail(what, " has off_policy ", ph->off_policy(), " (0 or 1)");
+    if (ph->staleness() < -1 || ph->staleness_bound() < -1)
+      return c.fail(what, " has staleness ", ph->staleness(), " and bound ",
+                    ph->staleness_bound(), " (-1: none, else 0 or more)");
+    if (ph->staleness() >= 0 && ph->staleness_bound() > ph->staleness())
+      return c.fail(what, "'s schedule has staleness bound ", ph->staleness_bound(),
+                    ", above the declared staleness ", ph->staleness());
     if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
       return c.fail(what, " has a negative prompt_len or micro_batch");
     if (const size_t nm = len(ph->micro_batches())) {

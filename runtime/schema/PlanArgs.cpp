@@ -19,7 +19,9 @@ namespace hflow::planargs {
   X(clip_high, Real) X(clip_ratio_c, Real) X(kl_coef, Real) X(kl, Text)         \
   X(entropy_coef, Real) X(loss_agg, Text) X(clip_value, Real) X(gamma, Real)    \
   X(lam, Real) X(norm_by_std, Bool) X(epsilon, Real) X(kind, Text) X(min, Real) \
-  X(max, Real) X(scalar, Real) X(scalar_lhs, Bool) X(scale_rhs, Real)
+  X(max, Real) X(scalar, Real) X(scalar_lhs, Bool) X(scale_rhs, Real)          \
+  X(rollout_is, Text) X(rollout_is_threshold, Real) X(rollout_rs, Text)         \
+  X(rollout_rs_threshold, Text)
 
 #define HFLOW_ROLE_OPTIONS(X)                                                   \
   X(optimizer, Text) X(lr, Real) X(weight_decay, Real) X(clip_grad, Real)       \

@@ -104,7 +104,13 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"entropy_coef", ArgType::NonNegative},
     {"lr", ArgType::Positive},
     {"loss_agg", ArgType::Choice,
-     "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"}};
+     "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm"},
+    // the rollout correction of stale or mismatched behaviour log-probs
+    // (runtime/rl/RolloutCorrection.h)
+    {"rollout_is", ArgType::Choice, "none token sequence decoupled"},
+    {"rollout_is_threshold", ArgType::Positive},
+    {"rollout_rs", ArgType::String},
+    {"rollout_rs_threshold", ArgType::String}};
 inline constexpr KeywordArg kCriticUpdateArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
     {"max_batch_tokens", ArgType::Count},

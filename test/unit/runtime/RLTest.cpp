@@ -16,6 +16,7 @@
 #include "runtime/rl/KL.h"
 #include "runtime/rl/Losses.h"
 #include "runtime/rl/Masked.h"
+#include "runtime/rl/RolloutCorrection.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -217,6 +218,31 @@ Outputs run(const json &c, Variant variant) {
             {"ppo_kl", o.ppo_kl},
             {"pg_clipfrac_lower", o.pg_clipfrac_lower},
             {"pg_losses", o.pg_losses}};
+  }
+  if (fn == "rollout_correction") {
+    RolloutCorrectionConfig cfg;
+    cfg.level = P.at("level").is_null()
+                    ? CorrectionLevel::None
+                    : parse_correction_level(P.at("level").get<std::string>());
+    cfg.threshold = optParam(P, "threshold");
+    if (!P.at("rs").is_null())
+      cfg.rejection = hflow::rollout::parseRejectionOptions(
+          P.at("rs").get<std::string>(), P.at("rs_threshold").get<std::string>());
+    RolloutCorrection o = compute_rollout_correction(in("old_log_prob"), in("rollout_log_prob"),
+                                                     in("response_mask"), cfg);
+    // The figures in the values' dtype, as the reference compares them.
+    auto scalar = [&](double v) { return at::scalar_tensor(v, o.mask.scalar_type()); };
+    Outputs out = {{"mask", o.mask},
+                   {"tokens", scalar(o.tokens)},
+                   {"rejected", scalar(o.rejected)},
+                   {"seq_rejected", scalar(o.seqRejected)}};
+    if (o.weights.defined()) {
+      out["weights"] = o.weights;
+      out["weight_sum"] = scalar(o.weightSum);
+      out["weight_max"] = scalar(o.weightMax);
+      out["high"] = scalar(o.high);
+    }
+    return out;
   }
   if (fn == "value_loss") {
     ValueLossOutput o = compute_value_loss(

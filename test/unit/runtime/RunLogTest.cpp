@@ -204,15 +204,19 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   m.lr = 3;
   m.moeN = 2;
   m.lpGapMax = 5;
+  m.corrWMax = 9;
   const std::vector<double> row = m.row();
   ASSERT_EQ(row.size(), (size_t)exec::MetricSums::kCount);
   EXPECT_EQ(row[0], 1);
   EXPECT_EQ(row[(size_t)exec::MetricSums::column(&exec::MetricSums::lr)], 3);
   EXPECT_EQ(row[(size_t)exec::MetricSums::column(&exec::MetricSums::pageFaults)], 7);
-  // Fields added later go last, so the order of the others never changes.
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), exec::MetricSums::kCount - 2);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), exec::MetricSums::kCount - 1);
-  EXPECT_EQ(row.back(), 5);
+  // Fields added later go last, so the order of the others never changes:
+  // moeN and lpGapMax were the last two of the first 38.
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), 36);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), 37);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::corrWMax), exec::MetricSums::kCount - 1);
+  EXPECT_EQ(row[37], 5);
+  EXPECT_EQ(row.back(), 9);
   const exec::MetricSums back = exec::MetricSums::fromRow(row.data());
   EXPECT_EQ(back.row(), row);
 }

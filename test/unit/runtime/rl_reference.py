@@ -18,6 +18,7 @@ JSON: {"cases": [{"name", "fn", "params", "inputs", "outputs"}]}, a tensor is
 import argparse
 import json
 import math
+import os
 import struct
 import sys
 
@@ -227,6 +228,80 @@ def remax(r, b, m):
             ret[i][t] = acc
     adv = [[ret[i][t] - b[i] * m[i][t] for t in range(L)] for i in range(B)]
     return adv, ret
+
+
+# ----------------------------------------------------- rollout correction --
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def rollout_correction(old, ro, m, level, threshold, rs, rs_threshold):
+    """verl's compute_rollout_correction_and_rejection_mask (rollout_corr_helper.py
+    @ b178a3cd): truncated IS weights at level token/sequence and the rejection
+    mask of the rs options; AReaL's decoupled behav_imp_weight (level
+    "decoupled", threshold = the cap or None). Returns the weights, the
+    modified mask and the figures hflow reports."""
+    B, L = len(old), len(old[0])
+    d = [[old[i][t] - ro[i][t] for t in range(L)] for i in range(B)]
+    bound = lambda x: min(max(x, -20.0), 20.0)
+    ds = [[bound(x) for x in r] for r in d]
+    valid = [[m[i][t] != 0 for t in range(L)] for i in range(B)]
+    out = {"tokens": sum(1.0 for r in valid for v in r if v)}
+    if level is not None:
+        if level == "decoupled":
+            w = [[math.exp(x) for x in r] for r in d]
+        elif level == "token":
+            w = [[math.exp(x) for x in r] for r in ds]
+        else:
+            w = []
+            for i in range(B):
+                s_ = sum(d[i][t] * m[i][t] for t in range(L) if m[i][t] != 0)
+                w.append([math.exp(bound(s_))] * L)
+        cap = math.inf if threshold is None else threshold
+        out["weight_max"] = max(w[i][t] for i in range(B) for t in range(L) if valid[i][t])
+        out["high"] = sum(1.0 for i in range(B) for t in range(L) if valid[i][t] and w[i][t] > cap)
+        if level == "decoupled":
+            w = [[(w[i][t] if valid[i][t] and not w[i][t] > cap else 0.0) * m[i][t]
+                  for t in range(L)] for i in range(B)]
+        else:
+            w = [[min(w[i][t] * m[i][t], cap) for t in range(L)] for i in range(B)]
+        out["weights"] = w
+        out["weight_sum"] = sum(sum(r) for r in w)
+    keep = [[1.0] * L for _ in range(B)]
+    if rs:
+        opts = [o.strip() for o in rs.split(",") if o.strip()]
+        specs = [x.strip() for x in str(rs_threshold).split(",") if x.strip()]
+        if len(specs) == 1:
+            specs = specs * len(opts)
+        for o, spec in zip(opts, specs):
+            k = o[-2:]
+            if k == "k1":
+                lo_s, up_s = spec.split("_") if "_" in spec else (str(1.0 / float(spec)), spec)
+                lo, up = math.log(float(lo_s)), math.log(float(up_s))
+            else:
+                up = float(spec)
+            tok = [[(-x if k == "k1" else 0.5 * x * x if k == "k2" else math.exp(x) - 1.0 - x)
+                    for x in r] for r in ds]
+            for i in range(B):
+                vals = [tok[i][t] for t in range(L) if m[i][t] != 0]
+                if o.startswith("seq_sum"):
+                    row = [sum(v * m[i][t] for t, v in enumerate(tok[i]) if m[i][t] != 0)] * L
+                elif o.startswith("seq_mean"):
+                    row = [sum(v * m[i][t] for t, v in enumerate(tok[i]) if m[i][t] != 0)
+                           / (sum(m[i]) + EPS_MASK)] * L
+                elif o.startswith("seq_max"):
+                    row = [max(vals) if vals else 0.0] * L
+                else:
+                    row = tok[i]
+                for t in range(L):
+                    ok = (lo <= row[t] <= up) if k == "k1" else row[t] <= up
+                    keep[i][t] *= 1.0 if ok else 0.0
+    mask = [[m[i][t] * keep[i][t] for t in range(L)] for i in range(B)]
+    out["mask"] = mask
+    out["rejected"] = sum(m[i][t] - mask[i][t] for i in range(B) for t in range(L))
+    out["seq_rejected"] = sum(1.0 for i in range(B)
+                              if any(valid[i][t] and keep[i][t] == 0 for t in range(L)))
+    return out
 
 
 # ----------------------------------------------------------------- losses --
@@ -479,6 +554,38 @@ def build_cases():
             dict({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None,
                   "clip_ratio_c": 3.0, "mode": mode}, **agg))
 
+    # -- rollout correction: stale behaviour log-probs against recomputed ones,
+    # a log ratio past the safety bound (25, -30), a far outlier (-12) and an
+    # empty row
+    g = Gen(61)
+    rol = g.uniform(-4.0, -0.05, B, L)
+    dd = g.randn(B, L, scale=0.5)
+    dd[0][0], dd[0][1], dd[3][2] = 25.0, -30.0, -12.0
+    prox = [[r + e for r, e in zip(rr, re)] for rr, re in zip(rol, dd)]
+    rc_in = {"old_log_prob": prox, "rollout_log_prob": rol, "response_mask": mm}
+
+    def rc(name, level, threshold, rs, rs_threshold, inputs=rc_in):
+        add(f"rollout_correction_{name}", "rollout_correction", inputs,
+            rollout_correction(inputs["old_log_prob"], inputs["rollout_log_prob"], mm, level,
+                               threshold, rs, rs_threshold),
+            {"level": level, "threshold": threshold, "rs": rs, "rs_threshold": rs_threshold})
+
+    for level in ("token", "sequence"):
+        for threshold in (2.0, 1.2):
+            rc(f"{level}_{threshold}", level, threshold, None, None)
+    for opt in RS_OPTIONS:
+        spec = ("0.7_1.6" if opt.endswith("k1") else "0.08" if opt.startswith("token")
+                else "1.5" if opt.startswith("seq_sum") else "0.15" if opt.startswith("seq_mean")
+                else "0.6")
+        rc(f"rs_{opt}", None, None, opt, spec)
+    rc("token_rs_two", "token", 2.0, "token_k1,seq_mean_k3", "1.5,0.05")
+    rc("sequence_rs_k1_upper", "sequence", 5.0, "seq_mean_k1", "1.3")
+    # AReaL's: no safety bound, so keep the log ratios finite in exp
+    capped = [[r + min(e, 5.0) for r, e in zip(rr, re)] for rr, re in zip(rol, dd)]
+    for cap in (None, 1.3):
+        rc(f"decoupled_cap{cap}", "decoupled", cap, None, None,
+           dict(rc_in, old_log_prob=capped))
+
     # -- value loss
     g = Gen(7)
     V = g.randn(B, L)
@@ -577,6 +684,23 @@ def check_verl(root, cases):
           "kl_penalty", "kl_penalty_forward", "compute_rewards", "compute_entropy_loss",
           "AdaptiveKLController"], C)
     C["compute_policy_loss"] = load_policy(root, C)
+    helper = f"{root}/verl/trainer/ppo/rollout_corr_helper.py"
+    if os.path.exists(helper):  # verl's rollout correction (late 2025)
+        class Proto:
+            @staticmethod
+            def from_dict(tensors):
+                return types.SimpleNamespace(batch=tensors)
+        M = {"torch": torch, "verl_F": verl_F, "DataProto": Proto, "math": math,
+             "Optional": __import__("typing").Optional, "Any": __import__("typing").Any,
+             "SAFETY_BOUND": 20.0}
+        src = open(helper).read()
+        M["SUPPORTED_ROLLOUT_RS_OPTIONS"] = set(RS_OPTIONS)
+        M["TOKEN_LEVEL_ROLLOUT_RS_OPTIONS"] = {"token_k1", "token_k2", "token_k3"}
+        load(helper, ["_parse_rollout_rs_thresholds", "compute_rollout_rejection_mask",
+                      "compute_rs_metrics", "compute_rollout_correction_weights",
+                      "compute_is_metrics", "compute_offpolicy_metrics",
+                      "compute_rollout_correction_and_rejection_mask"], M)
+        C["rollout_corr"] = M["compute_rollout_correction_and_rejection_mask"]
 
     def t(spec):
         return torch.tensor(spec["data"], dtype=torch.float64).reshape(spec["shape"])
@@ -659,6 +783,19 @@ def check_verl(root, cases):
             got["values"] = vals
         elif fn == "entropy_loss":
             got["out"] = C["compute_entropy_loss"](t(I["logits"]), t(I["response_mask"]), P["mode"])
+        elif fn == "rollout_correction":
+            if P["level"] == "decoupled" or "rollout_corr" not in C:
+                continue  # AReaL's, not verl's; or a verl without rollout_corr_helper.py
+            w, mask, _ = C["rollout_corr"](
+                t(I["old_log_prob"]), t(I["rollout_log_prob"]), t(I["response_mask"]),
+                rollout_is=P["level"], rollout_is_threshold=P["threshold"],
+                rollout_rs=P["rs"], rollout_rs_threshold=P["rs_threshold"])
+            got = {"mask": mask}
+            keys = ["mask"]
+            if w is not None:
+                got["weights"] = w.batch["rollout_is_weights"]
+                keys.append("weights")
+            O = {k: O[k] for k in keys}
         else:
             raise RuntimeError(f"no verl check for {fn}")
         for k, spec in O.items():
