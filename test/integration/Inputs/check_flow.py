@@ -13,7 +13,7 @@ import os
 import struct
 import sys
 
-FORMATS = {"F64": ("d", 8), "I64": ("q", 8), "F32": ("f", 4)}
+FORMATS = {"F64": ("d", 8), "I64": ("q", 8), "F32": ("f", 4), "I32": ("i", 4)}
 
 
 def load(path):

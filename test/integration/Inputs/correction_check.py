@@ -13,33 +13,24 @@ written out in Python floats, and checked against verl's own code by
 rl_reference.py --check-verl). Weights within 1e-5 relative, masks equal.
 """
 import glob
-import json
 import os
-import struct
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "unit", "runtime"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "unit", "runtime"))
+sys.path.insert(0, HERE)
 from rl_reference import rollout_correction  # noqa: E402
+from staleness_check import read_safetensors  # noqa: E402
 
 
 def read(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    fmt = {"I32": "i", "I64": "q", "F32": "f", "F64": "d"}
+    """The file's tensors as nested lists (rows of a matrix), and its metadata."""
+    tensors, meta = read_safetensors(path)
     out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = t["data_offsets"]
-        c = fmt[t["dtype"]]
-        vals = struct.unpack("<%d%s" % ((hi - lo) // struct.calcsize(c), c), data[lo:hi])
-        shape = t["shape"]
-        out[name] = [list(vals[i * shape[1]:(i + 1) * shape[1]]) for i in range(shape[0])] \
-            if len(shape) == 2 else list(vals)
-    return out, header.get("__metadata__", {})
+    for name, (shape, vals) in tensors.items():
+        out[name] = [vals[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])] \
+            if len(shape) == 2 else vals
+    return out, meta
 
 
 def main(dumpdir, phase):

@@ -41,12 +41,13 @@ def same(a, b):
 
 
 def read_safetensors(path):
-    """The named int tensors of a safetensors file, as flat lists."""
+    """The tensors of a safetensors file, {name: (shape, flat values)}, and
+    its metadata (struct and json only)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         data = f.read()
-    fmt = {"I32": "i", "I64": "q", "F32": "f"}
+    fmt = {"I32": "i", "I64": "q", "F32": "f", "F64": "d"}
     out = {}
     for name, t in header.items():
         if name == "__metadata__":
@@ -56,7 +57,7 @@ def read_safetensors(path):
         size = struct.calcsize(c)
         vals = struct.unpack("<%d%s" % ((hi - lo) // size, c), data[lo:hi])
         out[name] = (t["shape"], list(vals))
-    return out
+    return out, header.get("__metadata__", {})
 
 
 def versions(hashes, dumpdir, phase):
@@ -78,7 +79,7 @@ def versions(hashes, dumpdir, phase):
     i = 1
     while os.path.isdir(f"{dumpdir}/{phase}-{i}"):
         for path in sorted(glob.glob(f"{dumpdir}/{phase}-{i}/step-*-generate-rows*.safetensors")):
-            t = read_safetensors(path)
+            t, _ = read_safetensors(path)
             (rows, width), ver = t["version"]
             _, mask = t["response_mask"]
             w = len(mask) // rows
