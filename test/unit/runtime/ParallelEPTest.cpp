@@ -3,6 +3,7 @@
 
 #include "runtime/models/Moe.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 using namespace partest;
@@ -528,9 +529,11 @@ TEST(ParallelEP, DispatchMatchesTheWholeMixture) {
     Llama whole(c, kSeed), local(c, kSeed);
     local.keepExperts(*g.world);
     EXPECT_EQ(local.firstExpert(), 2 * g.world->rank());
-    // Member r's tokens: r + 1 rows of 3 (uneven counts per member).
-    at::Tensor tokens =
-        at::randint(c.vocab, {g.world->rank() + 1, 3}, at::TensorOptions().dtype(at::kLong));
+    // Member r's tokens: r + 1 rows of 3 (uneven counts per member), drawn
+    // from a seeded generator so every run checks the same ones.
+    at::Generator draw = at::detail::createCPUGenerator(kSeed + (uint64_t)g.world->rank());
+    at::Tensor tokens = at::randint(c.vocab, {g.world->rank() + 1, 3}, draw,
+                                    at::TensorOptions().dtype(at::kLong));
     MoeTrace want, got;
     want.record = got.record = true;
     if (replay) { // the last layer's first expert forced to 7, then -1: the router's
