@@ -235,8 +235,9 @@ void weighPasses(const at::Tensor &rmask, const std::vector<std::pair<int64_t, i
 /// plan's bound, stops the run; the leader adds the figures to `m`.
 void recordStaleness(Val &rollout, int64_t lo, int64_t n, int64_t w, int bound,
                      const std::string &where, MetricSums *m) {
-  at::Tensor v = rollout["version"].narrow(0, lo, n).to(at::kLong);
-  at::Tensor tok = (rollout["rmask"].narrow(0, lo, n) > 0).logical_and(v >= 0);
+  // On the host: the figures below read back with no device sync each.
+  at::Tensor v = rollout["version"].narrow(0, lo, n).to(at::kCPU, at::kLong);
+  at::Tensor tok = (rollout["rmask"].narrow(0, lo, n).cpu() > 0).logical_and(v >= 0);
   const int64_t count = tok.sum().item<int64_t>();
   if (count == 0)
     return;
@@ -309,7 +310,6 @@ std::optional<Val> MethodRunner::rolloutCorrection(MethodCall &c, Val &rollout, 
     metrics_->corrHigh += rc.high;
     metrics_->corrRejected += rc.rejected;
     metrics_->corrWMax = std::max(metrics_->corrWMax, rc.weightMax);
-    metrics_->corrOn = 1;
     metrics_->corrWeighs = rc.weights.defined() ? 1 : 0;
   }
   if (!o_.dumpValues.empty() && c.leader) {
@@ -322,7 +322,7 @@ std::optional<Val> MethodRunner::rolloutCorrection(MethodCall &c, Val &rollout, 
     if (rc.weights.defined())
       ts.push_back({"rollout_is_weights", rc.weights.contiguous()});
     const std::string dir =
-        o_.dumpValues + "/" + c.ph.name + "-" + std::to_string(progress_.iter + 1);
+        o_.dumpValues + "/" + c.ph.name + "-" + std::to_string(c.it + 1);
     char threshold[40] = "";
     if (a.rollout_is_threshold())
       std::snprintf(threshold, sizeof threshold, "%.17g", *a.rollout_is_threshold());

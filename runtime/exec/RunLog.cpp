@@ -67,7 +67,6 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::corrWSum,
     &MetricSums::corrHigh,
     &MetricSums::corrRejected,
-    &MetricSums::corrOn,
     &MetricSums::corrWeighs,
     &MetricSums::corrWMax};
 
@@ -295,7 +294,7 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
   // the weights' mean over the tokens (after truncation; a decoupled cap's
   // zeros included), the largest before it, the share above the threshold,
   // and the share rejection sampling dropped.
-  if (tot.corrOn > 0 && tot.corrN > 0) {
+  if (tot.corrN > 0) {
     if (tot.corrWeighs > 0) {
       add("rollout_is_mean", tot.corrWSum / tot.corrN);
       add("rollout_is_max", tot.corrWMax);

@@ -55,12 +55,12 @@ struct MetricSums {
   double stalSum = 0, stalN = 0, staleN = 0, stalMax = 0;
   /// The actor's rollout correction over the tokens of its updates: the
   /// tokens, the weights' sum, those above the threshold, those rejection
-  /// sampling dropped, whether any update corrected (and weighed: 1 per
-  /// rank), the largest weight before truncation (the ranks' largest).
-  double corrN = 0, corrWSum = 0, corrHigh = 0, corrRejected = 0, corrOn = 0,
-         corrWeighs = 0, corrWMax = 0;
+  /// sampling dropped, whether an update weighed (1 per rank), the largest
+  /// weight before truncation (the ranks' largest).
+  double corrN = 0, corrWSum = 0, corrHigh = 0, corrRejected = 0, corrWeighs = 0,
+         corrWMax = 0;
 
-  static constexpr int kCount = 49;
+  static constexpr int kCount = 48;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.
