@@ -245,6 +245,16 @@ struct RolloutStats {
   double prefillMs = 0, decodeMs = 0;
 };
 
+class RolloutSession;
+
+/// A partial rollout's call of the paged engine (RolloutSession.h).
+struct SessionCall {
+  RolloutSession *session = nullptr; ///< null: an ordinary call
+  std::vector<int64_t> tags;         ///< one per group of the call's prompts
+  int64_t deliver = 0;               ///< groups the call returns
+  int64_t version = 0;               ///< the policy version of the weights
+};
+
 /// How generate() samples. temperature 0 (or greedy) takes the argmax.
 struct SamplingOptions {
   int maxTokens = 16;
@@ -274,6 +284,9 @@ struct SamplingOptions {
   /// A mixture of experts records which experts each token went through
   /// (Generation::routing; the paged engine only).
   bool recordRouting = false;
+  /// With a session, the paged engine continues the session's sequences
+  /// and returns the groups it finishes (RolloutSession::run).
+  SessionCall session;
 };
 
 /// What generate() returns for B prompts (R = maxTokens).
@@ -297,6 +310,12 @@ struct Generation {
   /// at P + j; -1 where no token went (padding, the last sampled token,
   /// which is never fed back).
   at::Tensor routing;
+  /// From a session's call (SamplingOptions::session): the delivered rows'
+  /// prompts ([B, P] int64, left-padded, and their float mask), the policy
+  /// version of each response token (int32 [B, R], -1 past the response)
+  /// and each row's group tag.
+  at::Tensor prompts, promptMask, versions;
+  std::vector<int64_t> tags;
 };
 
 /// A rectangle [r0, r1) x [c0, c1) of a parameter's 2-D view (as

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace hflow::models {
 
@@ -11,13 +12,23 @@ RolloutScheduler::RolloutScheduler(KvBlocks &blocks, const ScheduleLimits &limit
                                    StopRule stop)
     : kv_(blocks, limits.sharePrefixes), lim_(limits), stop_(std::move(stop)) {}
 
-void RolloutScheduler::add(std::vector<int64_t> prompt, int64_t row) {
+void RolloutScheduler::add(std::vector<int64_t> prompt, int64_t row,
+                           std::vector<int64_t> response, std::vector<float> logprobs) {
+  if (response.size() != logprobs.size())
+    throw std::invalid_argument("rollout: a resumed response of " +
+                                std::to_string(response.size()) + " tokens with " +
+                                std::to_string(logprobs.size()) + " log-probs");
+  if (!response.empty() && (int64_t)response.size() >= stop_.maxTokens)
+    throw std::invalid_argument("rollout: a resumed response already at max tokens");
   const int g = kv_.groupOf(std::move(prompt));
   ++kv_.group(g).unfinished;
-  ++kv_.group(g).fresh;
+  if (response.empty()) // a fresh sample forks the kept prompt
+    ++kv_.group(g).fresh;
   RolloutSeq s;
   s.row = row;
   s.group = g;
+  s.response = std::move(response);
+  s.logprobs = std::move(logprobs);
   waiting_.push_back((int)seqs_.size());
   seqs_.push_back(std::move(s));
 }

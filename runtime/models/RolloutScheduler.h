@@ -93,8 +93,12 @@ class RolloutScheduler {
 public:
   RolloutScheduler(KvBlocks &blocks, const ScheduleLimits &limits, StopRule stop);
 
-  /// Queues row `row`'s prompt (sequences are numbered in the order added).
-  void add(std::vector<int64_t> prompt, int64_t row);
+  /// Queues row `row`'s prompt (sequences are numbered in the order added);
+  /// with a response (and its log-probs), a sequence paused after sampling
+  /// it: it joins as a preempted one does, its prompt and response
+  /// recomputed (a partial rollout resumed on new weights).
+  void add(std::vector<int64_t> prompt, int64_t row, std::vector<int64_t> response = {},
+           std::vector<float> logprobs = {});
   bool finished() const { return waiting_.empty() && running_.empty(); }
 
   /// Admits what joins now (the file's comment); reserves its blocks.
