@@ -594,7 +594,8 @@ void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep)
         chosen.empty() ? 0 : b.CreateVector(chosen),
         train.getStalenessAttr() ? static_cast<int>(train.getStalenessAttr().getInt()) : -1,
         train.getStalenessBoundAttr() ? static_cast<int>(train.getStalenessBoundAttr().getInt())
-                                      : -1));
+                                      : -1,
+        static_cast<int>(opt(train.getPartialHorizonAttr()))));
   }
 }
 

@@ -259,6 +259,7 @@ void phaseJson(llvm::json::OStream &j, const fb::Phase *ph) {
   j.attribute("off_policy", ph->off_policy());
   j.attribute("staleness", ph->staleness());
   j.attribute("staleness_bound", ph->staleness_bound());
+  j.attribute("partial_horizon", ph->partial_horizon());
   j.attribute("prompt_len", ph->prompt_len());
   j.attribute("micro_batch", ph->micro_batch());
   if (ph->micro_batches() && ph->micro_batches()->size())

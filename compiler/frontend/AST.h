@@ -232,6 +232,7 @@ struct TrainDecl {
   int64_t offPolicy = 0;        // 1: rollout k+1 overlaps training on k
   int64_t staleness = -1;       // the declared bound in policy versions (-1: none)
   int64_t stalenessBound = -1;  // Sema's: the flow's bound (-1: none, see SemaStaleness.cpp)
+  int64_t partialHorizon = 0;   // Sema's: syncs a response may span (0: none, partial rollouts)
   std::string promptKey, answerKey; // data fields (empty: "prompt", "answer")
   SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc, stalenessLoc;
 };

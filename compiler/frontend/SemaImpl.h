@@ -323,7 +323,12 @@ private:
   void checkOffPolicy(const ast::TrainDecl &t);
   /// Whether the flow can run its rollout ahead (checkOffPolicy's
   /// conditions); `report`: say why not, at off_policy.
-  bool canRunAhead(const ast::TrainDecl &t, bool report);
+  /// Whether the flow's rollout can be made ahead of its training
+  /// (off_policy: one generate call, the only reader of its prompts, on
+  /// devices of its own), reporting why not at the declaration when
+  /// `report`; with `apart` false, all but the devices (partial rollouts
+  /// need the rest).
+  bool canRunAhead(const ast::TrainDecl &t, bool report, bool apart = true);
   /// staleness (SemaStaleness.cpp): the bound of the flow's schedule in
   /// policy versions, from the actor's optimizer steps per rollout and the
   /// rollout's lag; the schedule a declared bound allows; a program whose

@@ -12,11 +12,20 @@
 // does the rollout's split across generation replicas (every replica takes
 // the new weights at the same reshard).
 //
+// Partial rollouts add J: a generate call returns when `batch` groups are
+// done and leaves the unfinished sequences for the next call, on the next
+// weights; no group stays past J calls after it was admitted, so a token
+// is delivered at most J iterations after its sampling and the bound is
+// U·(L + J + 1) - 1.
+//
 // `staleness: k` declares the largest bound the run may have. hflowc then
 // picks the most asynchronous schedule within it (the rollout one
-// iteration ahead when the flow can run it so and U·2 - 1 <= k), records
-// the bound in the plan (hflow-run checks every token against it), and
-// refuses a program whose bound exceeds k, at the declaration.
+// iteration ahead when the flow can run it so and U·2 - 1 <= k; then the
+// largest J with U·(L + J + 1) - 1 <= k when the flow's one generate call
+// is the only reader of its prompts and records no routing), records the
+// bound and J in the plan (hflow-run checks every token against the
+// bound), and refuses a program whose bound exceeds k, at the
+// declaration.
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/frontend/SemaImpl.h"
@@ -108,7 +117,23 @@ void TrainChecker::checkStaleness(ast::TrainDecl &t) {
   const int64_t L = t.offPolicy;
   if (U == 0) // no optimizer step of the actor reads a token: no bound (-1)
     return;
-  t.stalenessBound = U * (L + 1) - 1;
+  // Partial rollouts within what k leaves, where the flow allows them: its
+  // rollout's groups then come from several calls, so the generate call
+  // must be the only reader of the prompts (the rollout carries its own),
+  // and a mixture's recorded routing would mix two versions' routers.
+  t.partialHorizon = 0;
+  if (t.staleness >= 0) {
+    const int64_t J = (t.staleness + 1) / U - 1 - L;
+    bool replay = false;
+    if (symbols_.count(actor) && symbols_.at(actor).kind == Kind::Role) {
+      const ast::RoleDecl &r = prog_.roles[symbols_.at(actor).index];
+      auto it = r.numbers.find("routing_replay");
+      replay = it != r.numbers.end() && it->second != 0;
+    }
+    if (J > 0 && !replay && canRunAhead(t, false, /*apart=*/false))
+      t.partialHorizon = J;
+  }
+  t.stalenessBound = U * (L + t.partialHorizon + 1) - 1;
   if (t.staleness < 0 || t.stalenessBound <= t.staleness)
     return;
   auto &d = diags_.error(

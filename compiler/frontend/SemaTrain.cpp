@@ -201,7 +201,7 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
 
 void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) { canRunAhead(t, true); }
 
-bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report) {
+bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needApart) {
   const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
   if (!f || f->kind != Kind::Flow)
     return false;
@@ -236,6 +236,8 @@ bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report) {
                                          std::to_string(uses) + " times)")
             .notes.push_back({gen.loc, "the generate call"});
     }
+  if (!needApart)
+    return ok;
   bool apart = false;
   for (const auto &q : prog_.places)
     if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == gen.receiver)

@@ -167,7 +167,8 @@ public:
           t.promptKey.empty() ? StringAttr() : b_.getStringAttr(t.promptKey),
           t.answerKey.empty() ? StringAttr() : b_.getStringAttr(t.answerKey),
           t.staleness >= 0 ? b_.getI64IntegerAttr(t.staleness) : IntegerAttr(),
-          t.stalenessBound >= 0 ? b_.getI64IntegerAttr(t.stalenessBound) : IntegerAttr());
+          t.stalenessBound >= 0 ? b_.getI64IntegerAttr(t.stalenessBound) : IntegerAttr(),
+          t.partialHorizon > 0 ? b_.getI64IntegerAttr(t.partialHorizon) : IntegerAttr());
     }
     return module;
   }

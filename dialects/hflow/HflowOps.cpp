@@ -508,6 +508,12 @@ LogicalResult TrainOp::verify() {
       getStalenessBoundAttr().getInt() > getStalenessAttr().getInt())
     return emitOpError() << "staleness_bound " << getStalenessBoundAttr().getInt()
                          << " exceeds the declared staleness " << getStalenessAttr().getInt();
+  if (auto j = getPartialHorizonAttr()) {
+    if (j.getInt() < 1)
+      return emitOpError() << "partial_horizon " << j.getInt() << " is not positive";
+    if (!getStalenessAttr() || !getStalenessBoundAttr())
+      return emitOpError() << "partial_horizon needs a declared staleness and its bound";
+  }
   return success();
 }
 

@@ -341,6 +341,9 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     `staleness` is the declared bound, in policy versions (the actor's
     optimizer steps), between a token's sampling weights and the weights it
     trains; `staleness_bound` is the schedule's, which never exceeds it.
+    `partial_horizon` (partial rollouts): a generate call returns the
+    first `batch` groups done and continues the others in later calls,
+    none more than `partial_horizon` calls after it was admitted.
     `prompt_key` and `answer_key` name the data set's fields (a name or a
     dotted path; absent: "prompt" and "answer").
   }];
@@ -355,7 +358,8 @@ def Hflow_TrainOp : Hflow_Op<"train", [
                        OptionalAttr<StrAttr>:$prompt_key,
                        OptionalAttr<StrAttr>:$answer_key,
                        OptionalAttr<I64Attr>:$staleness,
-                       OptionalAttr<I64Attr>:$staleness_bound);
+                       OptionalAttr<I64Attr>:$staleness_bound,
+                       OptionalAttr<I64Attr>:$partial_horizon);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }

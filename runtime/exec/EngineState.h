@@ -84,6 +84,12 @@ struct PhaseRt : PhaseShape {
   /// The declared staleness and the plan's bound (-1: none): every token
   /// an actor's optimizer step reads is checked against the bound.
   int staleness = -1, stalenessBound = -1;
+  /// Partial rollouts (the plan's partial_horizon, 0: none): the generate
+  /// step's calls continue the sequences the call before left unfinished
+  /// (RolloutSession). Its first call admits `leads` too: the prompts of
+  /// the next partialHorizon batches, drawn ahead.
+  int partialHorizon = 0;
+  std::optional<Val> leads;
   int genStep = -1, genCheckStep = -1, reshardStep = -1;
   std::optional<Val> carry;
   /// routing_replay: a rollout's route numbers per position (the actor's

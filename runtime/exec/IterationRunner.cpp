@@ -127,6 +127,8 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
       for (int v : ints(step(s).inputs()))
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
           makePrompts(ph, ids, vals_[v]);
+    if (!ahead && it == 0)
+      drawLeads(ph);
   }
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
     progress_.step = s;
@@ -168,6 +170,7 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
     record_.stepMs[s - ph.first] = msSince(ts);
   }
   progress_.step = -1;
+  ph.leads.reset(); // admitted by the phase's first generate call
   const bool evals = setup_.heldOut.eval || setup_.heldOut.pairs;
   bool evalNow = evals && o_.evalEvery > 0 && (it + 1) % o_.evalEvery == 0;
   bool lastIt = it + 1 == ph.iterations;
@@ -186,6 +189,20 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
   if (ck_.due(progress_.globalIter))
     state_.save();
   progress_.activity.clear();
+}
+
+/// Partial rollouts: the prompts of the partialHorizon batches after the
+/// first, drawn on every rank (the sampler stays the same everywhere) and
+/// admitted by the phase's first generate call, so that its calls have
+/// groups in flight from then on.
+void IterationRunner::drawLeads(PhaseRt &ph) {
+  if (ph.partialHorizon <= 0)
+    return;
+  std::vector<int64_t> ids;
+  for (int k = 0; k < ph.partialHorizon; ++k)
+    for (int64_t id : nextPrompts(ph))
+      ids.push_back(id);
+  makePrompts(ph, ids, ph.leads.emplace());
 }
 
 /// The next batch of prompt indices: the same on every rank (seeded sampler).
@@ -265,6 +282,7 @@ void IterationRunner::runAhead(PhaseRt &ph) {
   for (int v : ints(step(ph.genStep).inputs()))
     if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
       makePrompts(ph, ids, vals_[v]);
+  drawLeads(ph);
   auto t0 = Clock::now();
   for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
     if (s < 0 || !setup_.mySteps.count(s))
@@ -273,6 +291,7 @@ void IterationRunner::runAhead(PhaseRt &ph) {
     runStep(ph, s, 0, " (ahead)");
   }
   progress_.step = -1;
+  ph.leads.reset();
   if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
     ph.carry = std::move(v->second);
   vals_.clear();

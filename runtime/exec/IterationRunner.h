@@ -59,6 +59,7 @@ public:
 
 private:
   std::vector<int64_t> nextPrompts(PhaseRt &ph);
+  void drawLeads(PhaseRt &ph);
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
   void moveRows(PhaseRt &ph, int s, bool early);
   void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);

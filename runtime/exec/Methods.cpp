@@ -14,6 +14,7 @@
 
 #include "runtime/exec/Methods.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
@@ -26,6 +27,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -307,6 +310,34 @@ models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::Rol
   return so;
 }
 
+/// HFLOW_TEST_RESPONSE_LENGTHS=MEDIAN,SIGMA (benchmarks: a long-tailed
+/// workload, as bench/rollout_bench.cpp's): sample j of prompt id i ends
+/// after exactly min(max tokens, max(1, round(MEDIAN x exp(SIGMA x z))))
+/// tokens, z a standard normal drawn from (i, j); a stop token does not end
+/// it before (the reward reads the text before the first one). `tags`:
+/// the prompt id of each group of `n` rows of an ordinary call (empty: a
+/// session's, whose rows are numbered id x n + j already).
+std::function<bool(int64_t, const std::vector<int64_t> &)>
+responseLengths(const std::string &spec, int64_t maxTokens, int64_t n,
+                std::vector<int64_t> tags) {
+  double median = 0, sigma = -1;
+  char extra = 0;
+  if (std::sscanf(spec.c_str(), "%lf,%lf%c", &median, &sigma, &extra) != 2 ||
+      !(median >= 1) || !(sigma >= 0) || !std::isfinite(median) || !std::isfinite(sigma))
+    throw RunError("HFLOW_TEST_RESPONSE_LENGTHS='" + spec +
+                   "': expected MEDIAN,SIGMA (a median of at least 1 token, a spread of 0 "
+                   "or more)");
+  return [=](int64_t row, const std::vector<int64_t> &resp) {
+    const int64_t key = tags.empty() ? row : tags.at((size_t)(row / n)) * n + row % n;
+    const double u1 = std::max(models::rolloutUniform(0x5eed, key, 0), 1e-300),
+                 u2 = models::rolloutUniform(0x5eed, key, 1);
+    const double z = std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+    const int64_t len = std::clamp<int64_t>((int64_t)std::llround(median * std::exp(sigma * z)),
+                                            1, std::max<int64_t>(1, maxTokens));
+    return (int64_t)resp.size() >= len;
+  };
+}
+
 /// --dump-values: a replica's generated rows (token ids, and the policy
 /// version that sampled each response token) as
 /// DIR/NAME.safetensors.
@@ -345,11 +376,15 @@ void writeGeneration(Val &ro, int64_t lo, const at::Tensor &ptoks, const at::Ten
   rows("rmask").narrow(1, 0, gen.mask.size(1)).copy_(gen.mask);
   rows("lp").narrow(1, 0, gen.logprobs.size(1)).copy_(gen.logprobs);
   rows("stop").copy_(gen.stopped.to(at::kLong));
-  // Every response token was sampled by the weights of this version.
+  // Every response token was sampled by the weights of this version, or
+  // (a partial rollout's) by the version the session recorded for it.
   rows("version")
       .narrow(1, 0, gen.mask.size(1))
-      .copy_(at::where(gen.mask > 0, at::full({}, version, gen.mask.options().dtype(at::kInt)),
-                       at::full({}, -1, gen.mask.options().dtype(at::kInt))));
+      .copy_(gen.versions.defined()
+                 ? gen.versions
+                 : at::where(gen.mask > 0,
+                             at::full({}, version, gen.mask.options().dtype(at::kInt)),
+                             at::full({}, -1, gen.mask.options().dtype(at::kInt))));
   if (gen.routing.defined())
     rows("route")
         .view({n, w.P + w.R, w.route})
@@ -370,8 +405,29 @@ void MethodRunner::runGenerate(MethodCall &c) {
   Val ro_ = makeVal(BatchKind::Rollout, ph.batch * ph.n, ph.widths());
   models::SamplingOptions so = samplingOptions(a, opts, *text_.tok, text_.stops);
   const int64_t b = sp.hi - sp.lo, n = ph.n;
-  at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
-  at::Tensor pmask = pr["pmask"].narrow(0, sp.lo, b).repeat_interleave(n, 0);
+  at::Tensor ptoks = pr["ptoks"].narrow(0, sp.lo, b), pmask = pr["pmask"].narrow(0, sp.lo, b),
+             pids = pr["ids"].narrow(0, sp.lo, b);
+  // Partial rollouts: this replica's session continues the sequences its
+  // last call left; the first call admits this replica's rows of the
+  // batches drawn ahead too.
+  models::RolloutSession *session = nullptr;
+  if (ph.partialHorizon > 0 && s == ph.genStep) {
+    auto &slot = rr.sessions[s];
+    if (!slot)
+      slot = std::make_unique<models::RolloutSession>(n, ph.partialHorizon);
+    session = slot.get();
+    if (ph.leads) {
+      std::vector<at::Tensor> t{ptoks}, m{pmask}, i{pids};
+      for (int64_t k = 0; k < ph.leads->rows / ph.batch; ++k) {
+        t.push_back((*ph.leads)["ptoks"].narrow(0, k * ph.batch + sp.lo, b));
+        m.push_back((*ph.leads)["pmask"].narrow(0, k * ph.batch + sp.lo, b));
+        i.push_back((*ph.leads)["ids"].narrow(0, k * ph.batch + sp.lo, b));
+      }
+      ptoks = at::cat(t), pmask = at::cat(m), pids = at::cat(i);
+    }
+  }
+  ptoks = ptoks.repeat_interleave(n, 0);
+  pmask = pmask.repeat_interleave(n, 0);
   at::Generator g =
       models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = a.max_batch_tokens().value_or(0);
@@ -390,7 +446,8 @@ void MethodRunner::runGenerate(MethodCall &c) {
   so.limits.blockSize = a.kv_block_size().value_or(16);
   so.limits.maxSeqs = a.max_num_seqs().value_or(0);
   so.limits.maxBatchTokens = so.maxBatchTokens;
-  const int64_t rowsNow = ptoks.size(0);
+  // (a session's rows in flight: up to horizon + 1 batches of this replica's)
+  const int64_t rowsNow = session ? (ph.partialHorizon + 1) * b * n : ptoks.size(0);
   int64_t rowsAtOnce = rowsNow;
   try {
     rowsAtOnce = models::batchRowsFor(so.maxBatchTokens, ptoks.size(1), so.maxTokens, rowsNow);
@@ -417,6 +474,23 @@ void MethodRunner::runGenerate(MethodCall &c) {
       return tok->decode(resp).find(stop) != std::string::npos;
     };
   }
+  if (const char *spec = std::getenv("HFLOW_TEST_RESPONSE_LENGTHS"); spec && *spec) {
+    // Benchmarks: a long-tailed workload (see responseLengths).
+    std::vector<int64_t> tags;
+    if (!session) {
+      const at::Tensor h = pids.cpu();
+      tags.assign(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
+    }
+    so.stopWhen = responseLengths(spec, so.maxTokens, n, std::move(tags));
+    so.stopToken = -1;
+    so.moreStopTokens.clear();
+  }
+  if (session) {
+    const at::Tensor h = pids.cpu().contiguous();
+    so.session = models::SessionCall{session,
+                                     {h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel()},
+                                     b, 0};
+  }
   models::Generation gen;
   if (rr.gen && rr.holding == Holding::Whole && rr.model) {
     // Trained on whole weights, generating tensor parallel on the same
@@ -428,6 +502,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
       rr.copyVersion = rr.optim->steps();
   }
   const int64_t version = rr.generationVersion();
+  so.session.version = version;
   if (!form)
     logWeightHash(rr, "generate", version, j_.rank);
   try {
@@ -448,8 +523,15 @@ void MethodRunner::runGenerate(MethodCall &c) {
     }
   }
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
+  if (session) {
+    // The delivered groups: their own prompts and ids.
+    ptoks = gen.prompts, pmask = gen.promptMask;
+    ro_["ids"].narrow(0, lo, hi - lo).copy_(
+        at::tensor(gen.tags, at::TensorOptions().dtype(at::kLong)).to(ro_["ids"].device()));
+  } else {
+    ro_["ids"].narrow(0, lo, hi - lo).copy_(pids.repeat_interleave(n, 0));
+  }
   writeGeneration(ro_, lo, ptoks, pmask, gen, ph.widths(), version);
-  ro_["ids"].narrow(0, lo, hi - lo).copy_(pr["ids"].narrow(0, sp.lo, b).repeat_interleave(n, 0));
   ro_["group"].narrow(0, lo, hi - lo).copy_(
       at::arange(sp.lo, sp.hi, models::onEngine(at::kLong)).repeat_interleave(n, 0));
   if (c.leader) {
@@ -712,10 +794,11 @@ void MethodRunner::runScore(MethodCall &c) {
     at::Tensor hostScores = at::zeros({b, R});
     auto sA = hostScores.accessor<float, 2>();
     for (int64_t i = 0; i < b; ++i) {
+      // The text before the first stop token (a row ends at it, but for a
+      // benchmark's imposed lengths: HFLOW_TEST_RESPONSE_LENGTHS).
       std::vector<int64_t> ids;
-      for (int64_t t = 0; t < lenA[i]; ++t)
-        if (!text_.isStop(acc[i][t]))
-          ids.push_back(acc[i][t]);
+      for (int64_t t = 0; t < lenA[i] && !text_.isStop(acc[i][t]); ++t)
+        ids.push_back(acc[i][t]);
       data::Example ex;
       if (ph.dataset)
         ex = (*ph.dataset)[(size_t)idA[i]];

@@ -91,6 +91,8 @@ void Preflight::readPhases() {
     }
     if (ph.ph && ph.ph->off_policy() > 0)
       prepareOffPolicy(ph);
+    if (ph.ph && ph.ph->partial_horizon() > 0)
+      preparePartial(ph);
     ph.xfers = s_.rows->transfers(ph);
     if (ph.offPolicy > 0) {
       auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
@@ -258,6 +260,40 @@ void Preflight::prepareOffPolicy(PhaseRt &ph) {
                          std::to_string(ph.offPolicy) + ": " + s_.rows->describe(s) +
                          " reads the prompts, which only the generate step may");
   }
+}
+
+void Preflight::preparePartial(PhaseRt &ph) {
+  ph.partialHorizon = ph.ph->partial_horizon();
+  const std::string what =
+      "phase " + ph.name + " has partial rollouts (horizon " + std::to_string(ph.partialHorizon) + ")";
+  int gen = -1;
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute || str(st.method()) != "generate")
+      continue;
+    if (gen >= 0)
+      throw RunError(what + " and more than one generate step");
+    gen = s;
+  }
+  if (gen < 0)
+    throw RunError(what + " but no generate step");
+  if (ph.genStep >= 0 && ph.genStep != gen)
+    throw RunError(what + ": its generate step is not the off-policy one");
+  ph.genStep = gen;
+  if (gen >= 0 && step(gen).outputs() && step(gen).outputs()->size() > 0 &&
+      step(gen).outputs()->Get(0) != ph.rolloutValue)
+    throw RunError(what + ": its generate step does not make the phase's rollout");
+  const Role &gr = role(step(gen).role());
+  if (gr.options() && gr.options()->routing_replay().value_or(false))
+    throw RunError(what + ", but actor " + str(gr.name()) +
+                   " records its routing (routing_replay), which a response spanning two "
+                   "weight syncs cannot replay");
+  for (int s = ph.first; s < ph.first + ph.count; ++s)
+    if (s != gen && step(s).inputs())
+      for (int v : *step(s).inputs())
+        if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+          throw RunError(what + ": " + s_.rows->describe(s) +
+                         " reads the prompts, which only the generate step may");
 }
 
 } // namespace hflow::exec

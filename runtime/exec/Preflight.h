@@ -59,6 +59,9 @@ private:
   void measurePrompts(PhaseRt &ph);
   void findRollout(PhaseRt &ph);
   void prepareOffPolicy(PhaseRt &ph);
+  /// Partial rollouts: the phase's one generate step, the only reader of
+  /// the prompts (its rollout's groups come from several calls' prompts).
+  void preparePartial(PhaseRt &ph);
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::string defaultTokenizer() const;

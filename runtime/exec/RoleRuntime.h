@@ -20,6 +20,7 @@
 #include "runtime/models/Llama.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/Optim.h"
+#include "runtime/models/RolloutSession.h"
 #include "runtime/schema/ActivationModel.h"
 
 #include <ATen/ATen.h>
@@ -126,6 +127,9 @@ struct RoleRt {
   /// generation copy or generation shards hold: set by every reshard into
   /// them and every refresh from the training weights.
   int64_t copyVersion = 0;
+  /// Partial rollouts: each generate step's sequences in flight between
+  /// its calls, by step (checkpointed).
+  std::map<int, std::unique_ptr<models::RolloutSession>> sessions;
 
   /// The policy version of the weights this rank generates with: its
   /// copy's, or its training weights' own steps when it generates on them.

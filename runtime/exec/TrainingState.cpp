@@ -46,6 +46,12 @@ void TrainingState::save() {
     if (s_.phases[i].carry)
       for (auto &[name, t] : s_.phases[i].carry->f)
         st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
+  // Partial rollouts: the sequences a generate step left unfinished (they
+  // continue in its next call).
+  for (auto &[r, rr] : roles_)
+    for (const auto &[step, session] : rr.sessions)
+      for (auto &[name, t] : session->state())
+        st.tensors["session/" + str(role(r).name()) + "/" + std::to_string(step) + "/" + name] = t;
   // running_norm's moments (the controller's): the next normalisation
   // depends on every reward seen so far.
   for (auto &[s, m] : moments_)
@@ -179,6 +185,7 @@ void TrainingState::load() {
     v.rows = v.f.at("ptoks").size(0);
     s_.phases[i].carry = std::move(v);
   }
+  loadSessions(st, n);
   for (auto &[name, t] : st.tensors) {
     if (name.rfind("builtin/", 0) != 0)
       continue;
@@ -218,9 +225,63 @@ void TrainingState::load() {
                      "' holds no rollout made ahead for phase " + ph.name +
                      " (off_policy), which this generation rank needs");
   }
+  if (next < s_.phases.size() && ck_.resumeIteration() > 0 &&
+      s_.phases[next].partialHorizon > 0) {
+    const PhaseRt &ph = s_.phases[next];
+    auto rr = roles_.find(step(ph.genStep).role());
+    if (s_.mySteps.count(ph.genStep) &&
+        (rr == roles_.end() || !rr->second.sessions.count(ph.genStep)))
+      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +
+                     "' holds no partial rollouts of phase " + ph.name +
+                     ", which this generation rank continues");
+  }
   if (j_.rank == 0 && !o_.quiet)
     std::printf("[resume] from iteration %lld (checkpoint in %s)\n", (long long)n,
                 ck_.dir().c_str());
+}
+
+/// The partial rollouts' sessions of a checkpoint ("session/ROLE/STEP/..."),
+/// each into its role's runtime on this rank.
+void TrainingState::loadSessions(const models::CheckpointState &st, int64_t n) {
+  std::map<std::pair<std::string, int>, std::map<std::string, at::Tensor>> found;
+  for (auto &[name, t] : st.tensors) {
+    if (name.rfind("session/", 0) != 0)
+      continue;
+    const size_t a = name.find('/', 8), b = a == std::string::npos ? a : name.find('/', a + 1);
+    int s = -1;
+    try {
+      if (b != std::string::npos)
+        s = std::stoi(name.substr(a + 1, b - a - 1));
+    } catch (const std::exception &) {
+    }
+    if (s < 0)
+      throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.rankDir() +
+                     "': " + name + " names no generate step");
+    found[{name.substr(8, a - 8), s}][name.substr(b + 1)] = t;
+  }
+  for (auto &[key, tensors] : found) {
+    const auto &[roleName, s] = key;
+    const std::string where = "--resume: checkpoint " + std::to_string(n) + " in '" +
+                              ck_.rankDir() + "': the partial rollouts of " + roleName +
+                              " at step " + std::to_string(s);
+    const PhaseRt *ph = nullptr;
+    for (const PhaseRt &p : s_.phases)
+      if (p.genStep == s && p.partialHorizon > 0)
+        ph = &p;
+    RoleRt *rr = nullptr;
+    for (auto &[r, rt] : roles_)
+      if (str(role(r).name()) == roleName)
+        rr = &rt;
+    if (!ph || !rr || step(s).role() != rr->index)
+      throw RunError(where + ": this plan has no such generate step with partial rollouts");
+    auto session = std::make_unique<models::RolloutSession>(ph->n, ph->partialHorizon);
+    try {
+      session->restore(tensors);
+    } catch (const std::exception &e) {
+      throw RunError(where + ": " + e.what());
+    }
+    rr->sessions[s] = std::move(session);
+  }
 }
 
 /// --export-hf (TrainingState.h).

@@ -45,6 +45,8 @@ public:
 
 private:
   void checkResumable(const models::CheckpointState &st, int64_t n) const;
+  /// The partial rollouts' sessions of checkpoint `n` into the roles.
+  void loadSessions(const models::CheckpointState &st, int64_t n);
 };
 
 } // namespace hflow::exec

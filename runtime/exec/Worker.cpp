@@ -151,13 +151,18 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
   if (j_.rank == 0 && !o_.quiet && ph.stalenessBound >= 0 &&
       (ph.staleness >= 0 || ph.offPolicy > 0)) {
     log_.clearBar();
+    const std::string partial =
+        ph.partialHorizon > 0
+            ? "; partial rollouts: a response may span " + std::to_string(ph.partialHorizon) +
+                  " weight sync" + (ph.partialHorizon == 1 ? "" : "s")
+            : std::string();
     std::printf("[%s] staleness bound %d: a token trains at most %d policy version%s after the "
-                "weights that sampled it (%s; the rollout %s)\n",
+                "weights that sampled it (%s; the rollout %s%s)\n",
                 ph.name.c_str(), ph.stalenessBound, ph.stalenessBound,
                 ph.stalenessBound == 1 ? "" : "s",
                 ph.staleness >= 0 ? ("declared " + std::to_string(ph.staleness)).c_str()
                                   : "none declared",
-                ph.offPolicy > 0 ? "one iteration ahead" : "synchronous");
+                ph.offPolicy > 0 ? "one iteration ahead" : "synchronous", partial.c_str());
   }
   if (ph.offPolicy > 0 && firstIter == 0)
     parts_.iteration.runAhead(ph);

@@ -517,6 +517,11 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
     if (ph->staleness() >= 0 && ph->staleness_bound() > ph->staleness())
       return c.fail(what, "'s schedule has staleness bound ", ph->staleness_bound(),
                     ", above the declared staleness ", ph->staleness());
+    if (ph->partial_horizon() < 0)
+      return c.fail(what, " has partial_horizon ", ph->partial_horizon(), " (0 or more)");
+    if (ph->partial_horizon() > 0 && (ph->staleness() < 0 || ph->staleness_bound() < 0))
+      return c.fail(what, " has partial_horizon ", ph->partial_horizon(),
+                    " without a declared staleness and its bound");
     if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
       return c.fail(what, " has a negative prompt_len or micro_batch");
     if (const size_t nm = len(ph->micro_batches())) {

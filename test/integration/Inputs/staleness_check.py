@@ -9,9 +9,14 @@
       rollouts --dump-values wrote in DUMPDIR/PHASE-<i> (the iteration that
       trains on them) hold that version on every response token, -1 on
       none, in the order the generations ran.
+  partial HASHES DUMPDIR PHASE HORIZON
+      as versions, for partial rollouts: the rollout the i-th generation
+      delivered holds versions of that generation's weights or of the
+      HORIZON before it (never later, never earlier), non-decreasing along
+      each response, and some response holds two.
   staleness METRICS.jsonl PHASE FIRST LATER
       the phase's staleness_max is FIRST in its first iteration and LATER
-      in every other.
+      in every other (or, with one number list A,B,..., those).
 """
 import glob
 import json
@@ -60,7 +65,9 @@ def read_safetensors(path):
     return out, header.get("__metadata__", {})
 
 
-def versions(hashes, dumpdir, phase):
+def logged(hashes):
+    """The generations' versions in the order they ran, each checked
+    against the trained weights' hash of that version."""
     trained, generated = {}, []
     for path in glob.glob(hashes + ".rank*"):
         for line in open(path):
@@ -75,7 +82,13 @@ def versions(hashes, dumpdir, phase):
         if trained.get(v) != h:
             sys.exit(f"a generation at version {v} had weights {h}, "
                      f"the training step to version {v} made {trained.get(v)}")
-    dumps = []
+    return [v for v, _ in generated]
+
+
+def rollouts(dumpdir, phase):
+    """Each iteration's dumped generation rows: (path, rows of (mask,
+    version) per response column), in iteration order."""
+    out = []
     i = 1
     while os.path.isdir(f"{dumpdir}/{phase}-{i}"):
         for path in sorted(glob.glob(f"{dumpdir}/{phase}-{i}/step-*-generate-rows*.safetensors")):
@@ -83,29 +96,66 @@ def versions(hashes, dumpdir, phase):
             (rows, width), ver = t["version"]
             _, mask = t["response_mask"]
             w = len(mask) // rows
-            seen = set()
-            for r in range(rows):
-                for c in range(width):
-                    m = mask[r * w + c] if c < w else 0
-                    v = ver[r * width + c]
-                    if (m > 0) != (v >= 0):
-                        sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
-                    if v >= 0:
-                        seen.add(v)
-            if len(seen) != 1:
-                sys.exit(f"{path}: versions {sorted(seen)} in one rollout")
-            dumps.append(seen.pop())
+            out.append((path, [[(mask[r * w + c] if c < w else 0, ver[r * width + c])
+                                for c in range(width)] for r in range(rows)]))
         i += 1
-    got = [v for v, _ in generated]
+    return out
+
+
+def partial(hashes, dumpdir, phase, horizon):
+    got = logged(hashes)
+    dumps = rollouts(dumpdir, phase)
+    if len(dumps) != len(got):
+        sys.exit(f"{len(dumps)} dumped rollouts for {len(got)} generations")
+    spanning = tokens = 0
+    for i, (path, rows) in enumerate(dumps):
+        allowed = set(got[max(0, i - int(horizon)):i + 1])
+        for r, row in enumerate(rows):
+            seen = []
+            for c, (m, v) in enumerate(row):
+                if (m > 0) != (v >= 0):
+                    sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
+                if v >= 0:
+                    if v not in allowed:
+                        sys.exit(f"{path}: row {r} column {c}: version {v}, not one of the "
+                                 f"weights of generations {i - int(horizon)} to {i} {sorted(allowed)}")
+                    if seen and v < seen[-1]:
+                        sys.exit(f"{path}: row {r}: version {v} after {seen[-1]}")
+                    seen.append(v)
+            tokens += len(seen)
+            spanning += len(set(seen)) > 1
+    if not spanning:
+        sys.exit("no response spans two generations: nothing was partial")
+    print(f"{len(got)} generations at versions {got}; {tokens} tokens each of one of its "
+          f"generation's last {int(horizon) + 1} versions; {spanning} responses span two")
+
+
+def versions(hashes, dumpdir, phase):
+    got = logged(hashes)
+    dumps = []
+    for path, rows in rollouts(dumpdir, phase):
+        seen = set()
+        for r, row in enumerate(rows):
+            for c, (m, v) in enumerate(row):
+                if (m > 0) != (v >= 0):
+                    sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
+                if v >= 0:
+                    seen.add(v)
+        if len(seen) != 1:
+            sys.exit(f"{path}: versions {sorted(seen)} in one rollout")
+        dumps.append(seen.pop())
     if dumps != got:
         sys.exit(f"the dumped rollouts' versions {dumps} are not the logged {got}")
-    print(f"{len(generated)} generations: versions {got}, each the weights of that training step")
+    print(f"{len(got)} generations: versions {got}, each the weights of that training step")
 
 
-def staleness(metrics, phase, first, later):
+def staleness(metrics, phase, first, later=None):
     ms = [m for m in load(metrics) if m["phase"] == phase]
     got = [m.get("staleness_max") for m in ms]
-    want = [float(first)] + [float(later)] * (len(ms) - 1)
+    if later is None:  # FIRST is the whole list: a,b,c,...
+        want = [float(x) for x in first.split(",")]
+    else:
+        want = [float(first)] + [float(later)] * (len(ms) - 1)
     if got != want:
         sys.exit(f"staleness_max per iteration {got}, expected {want}")
     frac = [m["stale_token_frac"] for m in ms]
@@ -113,4 +163,5 @@ def staleness(metrics, phase, first, later):
 
 
 if __name__ == "__main__":
-    {"same": same, "versions": versions, "staleness": staleness}[sys.argv[1]](*sys.argv[2:])
+    {"same": same, "versions": versions, "partial": partial,
+     "staleness": staleness}[sys.argv[1]](*sys.argv[2:])
