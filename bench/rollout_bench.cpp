@@ -222,8 +222,13 @@ int main(int argc, char **argv) {
   const int64_t staticKv = 2 * c.layers * B * c.kvHeads * c.headDim() * (P + longest - 1) * elt;
   EngineLimits full, half, small, unshared;
   unshared.sharePrefixes = false;
-  half.poolBlocks = staticKv / 2 / kvGeometryOf(c).bytesPerBlock(half.blockSize);
-  small.poolBlocks = staticKv / 16 / kvGeometryOf(c).bytesPerBlock(small.blockSize);
+  // (never below one sequence at its longest and a block: with few rows a
+  // sixteenth of the static bytes holds none, and the engine refuses it)
+  const int64_t oneSeq = (P + maxTokens + half.blockSize - 1) / half.blockSize + 1;
+  half.poolBlocks = std::max<int64_t>(
+      oneSeq, staticKv / 2 / kvGeometryOf(c).bytesPerBlock(half.blockSize));
+  small.poolBlocks = std::max<int64_t>(
+      oneSeq, staticKv / 16 / kvGeometryOf(c).bytesPerBlock(small.blockSize));
 
   std::printf("hflow-rollout-bench: %lld prompts x n = %lld (%lld rows), prompts %lld-%lld "
               "tokens, response lengths log-normal (median 32, sigma %.2f): mean %.1f, %lld "

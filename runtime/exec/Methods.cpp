@@ -541,6 +541,12 @@ void MethodRunner::runGenerate(MethodCall &c) {
       // Rows cut at max_tokens (they did not stop).
       metrics_->lenClipped += (double)(hi - lo) - gen.stopped.sum().item<double>();
     }
+    if (c.out.at(0) == ph.rolloutValue)
+      metrics_->genForwards += (double)gen.stats.forwards;
+    if (session) {
+      metrics_->inFlight += (double)session->inFlight();
+      metrics_->partialCalls += 1;
+    }
     metrics_->tokens += gen.mask.sum().item<double>();
     // Sequences the rollout engine preempted (its KV pool ran out) and
     // recomputed: the pool or max_num_seqs is smaller than the load.

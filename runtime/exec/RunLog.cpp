@@ -68,7 +68,10 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::corrHigh,
     &MetricSums::corrRejected,
     &MetricSums::corrWeighs,
-    &MetricSums::corrWMax};
+    &MetricSums::corrWMax,
+    &MetricSums::genForwards,
+    &MetricSums::inFlight,
+    &MetricSums::partialCalls};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -290,6 +293,13 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
     add("staleness_max", tot.stalMax);
     add("stale_token_frac", tot.staleN / tot.stalN);
   }
+  // How the rollout was made there: the engine's forwards (a GPU's decode
+  // step costs about the same at any batch, so the forwards are its time),
+  // and with partial rollouts the groups the calls left in flight.
+  if ((at.offPolicy || at.staleness >= 0) && tot.genForwards > 0)
+    add("rollout_forwards", tot.genForwards);
+  if (tot.partialCalls > 0)
+    add("rollout_in_flight", tot.inFlight);
   // The rollout correction (an actor update's rollout_is / rollout_rs):
   // the weights' mean over the tokens (after truncation; a decoupled cap's
   // zeros included), the largest before it, the share above the threshold,

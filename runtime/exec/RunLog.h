@@ -59,8 +59,13 @@ struct MetricSums {
   /// weight before truncation (the ranks' largest).
   double corrN = 0, corrWSum = 0, corrHigh = 0, corrRejected = 0, corrWeighs = 0,
          corrWMax = 0;
+  /// The rollout's generation: the engine's model forwards (its decode
+  /// steps and joining forwards, summed over the generation replicas);
+  /// partial rollouts: the groups left in flight after the calls, and the
+  /// calls.
+  double genForwards = 0, inFlight = 0, partialCalls = 0;
 
-  static constexpr int kCount = 48;
+  static constexpr int kCount = 51;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

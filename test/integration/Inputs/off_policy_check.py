@@ -22,7 +22,7 @@ import sys
 TIMING = ("time_s", "iteration_ms", "tokens_per_s", "bytes_moved", "reshard_ms", "page_faults")
 GENERATED = ("response_length",)
 # An asynchronous phase's own figures (the synchronous run reports none).
-ASYNC = ("staleness_mean", "staleness_max", "stale_token_frac")
+ASYNC = ("staleness_mean", "staleness_max", "stale_token_frac", "rollout_forwards")
 
 
 def load(path, phase):

@@ -204,7 +204,7 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   m.lr = 3;
   m.moeN = 2;
   m.lpGapMax = 5;
-  m.corrWMax = 9;
+  m.partialCalls = 9;
   const std::vector<double> row = m.row();
   ASSERT_EQ(row.size(), (size_t)exec::MetricSums::kCount);
   EXPECT_EQ(row[0], 1);
@@ -214,7 +214,8 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   // moeN and lpGapMax were the last two of the first 38.
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), 36);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), 37);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::corrWMax), exec::MetricSums::kCount - 1);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::partialCalls),
+            exec::MetricSums::kCount - 1);
   EXPECT_EQ(row[37], 5);
   EXPECT_EQ(row.back(), 9);
   const exec::MetricSums back = exec::MetricSums::fromRow(row.data());

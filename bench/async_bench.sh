@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# async_bench.sh: asynchronous RL on a long-tailed workload (issue 41): the
+# synchronous schedule, one step ahead, and `staleness: 2` with partial
+# rollouts, on the same devices and data.
+#
+#   bench/async_bench.sh [BIN_DIR]     (default: build/bin)
+#
+# examples/arith_grpo_offpolicy.hflow: the actor trains on rank 0 (with the
+# reference and the reward) and generates on rank 1. Three schedules, each
+# declared as a staleness (hflowc picks the schedule and states its bound):
+#   sync      staleness: 0  each side waits while the other works
+#   one-step  staleness: 1  rank 1 generates the next rollout while rank 0
+#                           trains (off_policy 1)
+#   partial   staleness: 2  one step ahead, and partial rollouts (horizon
+#                           1): a rollout returns when `batch` groups are
+#                           done; the longest responses continue in the next
+#                           call, on the next weights
+# Every response is held to a log-normal length (HFLOW_TEST_RESPONSE_LENGTHS
+# = ASYNC_LENGTHS, "MEDIAN,SIGMA", default 32,0.9, bench/rollout_bench's
+# tail; at most ASYNC_MAX_TOKENS, 256, its longest); the reward reads the
+# text before the first stop token. ASYNC_BATCH prompts (4) x ASYNC_N samples (4) per
+# iteration; ASYNC_SFT supervised (250, the demo's) then ASYNC_GRPO GRPO
+# iterations (60), the held-out reward every ASYNC_EVAL_EVERY (10, and
+# after the last); ASYNC_ROUNDS rounds (2) alternating the schedules, each
+# run alone. Reports per schedule the median GRPO iteration time (the first
+# ASYNC_WARMUP of each run dropped, default 3) and its throughput against
+# the synchronous one, the median time of the generate step (rank 1) and of
+# rank 0's training steps, the engine's forwards per rollout, the tokens'
+# mean staleness, and the held-out reward curve of the last round.
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BIN="${1:-$ROOT/build/bin}"
+settings ASYNC SFT=250 GRPO=60 ROUNDS=2 WARMUP=3 BATCH=4 N=4 MAX_TOKENS=256 LENGTHS=32,0.9 \
+  EVAL_EVERY=10
+need_tools hflowc hflow-run hflow-mkdata
+[ "$GRPO" -gt "$WARMUP" ] || die "ASYNC_GRPO must exceed ASYNC_WARMUP"
+make_work
+arith 1 2000 "$work/arith_train.jsonl"
+arith 2 200 "$work/arith_eval.jsonl" --exclude "$work/arith_train.jsonl"
+for k in 0 1 2; do
+  set_steps "$ROOT/examples/arith_grpo_offpolicy.hflow" "$work/k$k.hflow" \
+    -e "s/max_tokens: 4,/max_tokens: $MAX_TOKENS,/" \
+    -e "s/batch: 32, n: 8,/batch: $BATCH, n: $N,/" -e "s/off_policy: 1 }/staleness: $k }/"
+  check_steps "$work/k$k.hflow" "the example"
+  grep -q "max_tokens: $MAX_TOKENS," "$work/k$k.hflow" && grep -q "batch: $BATCH, n: $N," "$work/k$k.hflow" &&
+    grep -q "staleness: $k }" "$work/k$k.hflow" || die "could not set the workload (the example changed)"
+  "$BIN/hflowc" "$work/k$k.hflow" -o "$work/k$k.bin"
+done
+echo "async_bench: $ROUNDS rounds of $SFT + $GRPO iterations, batch $BATCH x n $N, lengths log-normal ($LENGTHS, at most $MAX_TOKENS); rank 0 trains, rank 1 generates"
+# Round $2 of schedule staleness $1.
+run() {
+  HFLOW_TEST_RESPONSE_LENGTHS="$LENGTHS" "$BIN/hflow-run" --quiet --data-dir "$work" \
+    --eval "$work/arith_eval.jsonl" --eval-every "$EVAL_EVERY" \
+    --metrics "$work/k$1.$2.jsonl" "$work/k$1.bin"
+}
+alternate run 0 1 2
+python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
+import json, statistics, sys
+work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+names = {0: "sync", 1: "one-step", 2: "partial"}
+def rows(k, r):
+    return [x for x in (json.loads(l) for l in open(f"{work}/k{k}.{r}.jsonl") if l.strip())
+            if x["phase"] == "grpo"]
+def med(k, f):
+    v = []
+    for r in range(1, rounds + 1):
+        v += [f(x) for x in rows(k, r)[warmup:]]
+    v = [x for x in v if x is not None]
+    return statistics.median(v) if v else float("nan")
+# The generate step is the only step rank 1 runs: the example's step 3
+# (hflow-run --verbose lists the steps); rank 0's are the others.
+def steps(x):
+    return {k: v for k, v in x.items() if k.startswith("ms_step_")}
+gen_key = "ms_step_3"
+if gen_key not in rows(0, 1)[0]:
+    sys.exit("async_bench: the example's generate step is no longer step 3")
+it = {k: med(k, lambda x: x["iteration_ms"]) for k in names}
+gen = {k: med(k, lambda x: x.get(gen_key)) for k in names}
+train = {k: med(k, lambda x: sum(v for s, v in steps(x).items() if s != gen_key)) for k in names}
+fw = {k: med(k, lambda x: x.get("rollout_forwards")) for k in names}
+st = {k: med(k, lambda x: x.get("staleness_mean")) for k in names}
+print(f"{'':28}" + "".join(f"{names[k]:>12}" for k in names))
+print(f"{'median GRPO ms/iteration':28}" + "".join(f"{it[k]:12.1f}" for k in names))
+print(f"{'throughput vs sync':28}" + "".join(f"{it[0] / it[k]:11.2f}x" for k in names))
+print(f"{'generate step ms (rank 1)':28}" + "".join(f"{gen[k]:12.1f}" for k in names))
+print(f"{'training steps ms (rank 0)':28}" + "".join(f"{train[k]:12.1f}" for k in names))
+print(f"{'engine forwards / rollout':28}" + "".join(f"{fw[k]:12.0f}" for k in names))
+print(f"{'mean staleness (versions)':28}" + "".join(f"{st[k]:12.2f}" for k in names))
+curves = {k: [(x["iteration"], x["eval_reward"]) for x in rows(k, rounds) if "eval_reward" in x]
+          for k in names}
+its = [i for i, _ in curves[0]]
+print("held-out reward by iteration (last round):")
+print(f"{'  iteration':28}" + "".join(f"{names[k]:>12}" for k in names))
+for n, i in enumerate(its):
+    print(f"{'  ' + str(i):28}" + "".join(
+        f"{dict(curves[k]).get(i, float('nan')):12.3f}" for k in names))
+PY
