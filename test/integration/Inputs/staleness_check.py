@@ -66,38 +66,48 @@ def read_safetensors(path):
 
 
 def logged(hashes):
-    """The generations' versions in the order they ran, each checked
+    """The versions of the generations, one per iteration in the order they
+    ran (every generation rank logs the same sequence), each checked
     against the trained weights' hash of that version."""
-    trained, generated = {}, []
-    for path in glob.glob(hashes + ".rank*"):
+    trained, generated = {}, {}
+    for path in sorted(glob.glob(hashes + ".rank*")):
         for line in open(path):
             event, role, _, v, _, h = line.split()
             if event == "train":
                 trained[int(v)] = h
             else:
-                generated.append((int(v), h))
+                generated.setdefault(path, []).append((int(v), h))
     if not generated:
         sys.exit("no generation logged its weights")
-    for v, h in generated:
-        if trained.get(v) != h:
-            sys.exit(f"a generation at version {v} had weights {h}, "
-                     f"the training step to version {v} made {trained.get(v)}")
-    return [v for v, _ in generated]
+    for gens in generated.values():
+        for v, h in gens:
+            if trained.get(v) != h:
+                sys.exit(f"a generation at version {v} had weights {h}, "
+                         f"the training step to version {v} made {trained.get(v)}")
+    seqs = {path: [v for v, _ in gens] for path, gens in generated.items()}
+    got = next(iter(seqs.values()))
+    for path, seq in seqs.items():
+        if seq != got:
+            sys.exit(f"{path} generated at versions {seq}, another rank at {got}")
+    return got
 
 
 def rollouts(dumpdir, phase):
-    """Each iteration's dumped generation rows: (path, rows of (mask,
-    version) per response column), in iteration order."""
+    """Each iteration's dumped generation rows, in iteration order: a list
+    (one per replica's file) of (path, rows of (mask, version) per response
+    column)."""
     out = []
     i = 1
     while os.path.isdir(f"{dumpdir}/{phase}-{i}"):
+        files = []
         for path in sorted(glob.glob(f"{dumpdir}/{phase}-{i}/step-*-generate-rows*.safetensors")):
             t, _ = read_safetensors(path)
             (rows, width), ver = t["version"]
             _, mask = t["response_mask"]
             w = len(mask) // rows
-            out.append((path, [[(mask[r * w + c] if c < w else 0, ver[r * width + c])
-                                for c in range(width)] for r in range(rows)]))
+            files.append((path, [[(mask[r * w + c] if c < w else 0, ver[r * width + c])
+                                  for c in range(width)] for r in range(rows)]))
+        out.append(files)
         i += 1
     return out
 
@@ -108,22 +118,24 @@ def partial(hashes, dumpdir, phase, horizon):
     if len(dumps) != len(got):
         sys.exit(f"{len(dumps)} dumped rollouts for {len(got)} generations")
     spanning = tokens = 0
-    for i, (path, rows) in enumerate(dumps):
+    for i, files in enumerate(dumps):
         allowed = set(got[max(0, i - int(horizon)):i + 1])
-        for r, row in enumerate(rows):
-            seen = []
-            for c, (m, v) in enumerate(row):
-                if (m > 0) != (v >= 0):
-                    sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
-                if v >= 0:
-                    if v not in allowed:
-                        sys.exit(f"{path}: row {r} column {c}: version {v}, not one of the "
-                                 f"weights of generations {i - int(horizon)} to {i} {sorted(allowed)}")
-                    if seen and v < seen[-1]:
-                        sys.exit(f"{path}: row {r}: version {v} after {seen[-1]}")
-                    seen.append(v)
-            tokens += len(seen)
-            spanning += len(set(seen)) > 1
+        for path, rows in files:
+            for r, row in enumerate(rows):
+                seen = []
+                for c, (m, v) in enumerate(row):
+                    if (m > 0) != (v >= 0):
+                        sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
+                    if v >= 0:
+                        if v not in allowed:
+                            sys.exit(f"{path}: row {r} column {c}: version {v}, not one of the "
+                                     f"weights of generations {i - int(horizon)} to {i} "
+                                     f"{sorted(allowed)}")
+                        if seen and v < seen[-1]:
+                            sys.exit(f"{path}: row {r}: version {v} after {seen[-1]}")
+                        seen.append(v)
+                tokens += len(seen)
+                spanning += len(set(seen)) > 1
     if not spanning:
         sys.exit("no response spans two generations: nothing was partial")
     print(f"{len(got)} generations at versions {got}; {tokens} tokens each of one of its "
@@ -133,16 +145,17 @@ def partial(hashes, dumpdir, phase, horizon):
 def versions(hashes, dumpdir, phase):
     got = logged(hashes)
     dumps = []
-    for path, rows in rollouts(dumpdir, phase):
+    for files in rollouts(dumpdir, phase):
         seen = set()
-        for r, row in enumerate(rows):
-            for c, (m, v) in enumerate(row):
-                if (m > 0) != (v >= 0):
-                    sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
-                if v >= 0:
-                    seen.add(v)
+        for path, rows in files:
+            for r, row in enumerate(rows):
+                for c, (m, v) in enumerate(row):
+                    if (m > 0) != (v >= 0):
+                        sys.exit(f"{path}: row {r} column {c}: version {v}, mask {m}")
+                    if v >= 0:
+                        seen.add(v)
         if len(seen) != 1:
-            sys.exit(f"{path}: versions {sorted(seen)} in one rollout")
+            sys.exit(f"{files[0][0]}: versions {sorted(seen)} in one rollout")
         dumps.append(seen.pop())
     if dumps != got:
         sys.exit(f"the dumped rollouts' versions {dumps} are not the logged {got}")
