@@ -25,8 +25,9 @@
 # run alone. Reports per schedule the median GRPO iteration time (the first
 # ASYNC_WARMUP of each run dropped, default 3) and its throughput against
 # the synchronous one, the median time of the generate step (rank 1) and of
-# rank 0's training steps, the engine's forwards per rollout, the tokens'
-# mean staleness, and the held-out reward curve of the last round.
+# rank 0's steps (the reshard and the checks apart), the engine's forwards
+# per rollout, the tokens' mean staleness, and the held-out reward curve of
+# the last round.
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 BIN="${1:-$ROOT/build/bin}"
@@ -45,6 +46,7 @@ for k in 0 1 2; do
   grep -q "max_tokens: $MAX_TOKENS," "$work/k$k.hflow" && grep -q "batch: $BATCH, n: $N," "$work/k$k.hflow" &&
     grep -q "staleness: $k }" "$work/k$k.hflow" || die "could not set the workload (the example changed)"
   "$BIN/hflowc" "$work/k$k.hflow" -o "$work/k$k.bin"
+  "$BIN/hflowc" "$work/k$k.hflow" --emit=plan-json -o "$work/k$k.json"
 done
 echo "async_bench: $ROUNDS rounds of $SFT + $GRPO iterations, batch $BATCH x n $N, lengths log-normal ($LENGTHS, at most $MAX_TOKENS); rank 0 trains, rank 1 generates"
 # Round $2 of schedule staleness $1.
@@ -67,23 +69,30 @@ def med(k, f):
         v += [f(x) for x in rows(k, r)[warmup:]]
     v = [x for x in v if x is not None]
     return statistics.median(v) if v else float("nan")
-# The generate step is the only step rank 1 runs: the example's step 3
-# (hflow-run --verbose lists the steps); rank 0's are the others.
+# The generate step (rank 1) and its check, from each plan; the reshard
+# (both ranks); rank 0's steps are the others.
+def kinds(k):
+    steps = json.load(open(f"{work}/k{k}.json"))["steps"]
+    gen = [i for i, s in enumerate(steps) if s.get("method") == "generate"]
+    if len(gen) != 1:
+        sys.exit(f"async_bench: plan k{k} has {len(gen)} generate steps")
+    side = {f"ms_step_{i}" for i, s in enumerate(steps)
+            if s.get("kind") in ("Reshard", "CheckAllGather")}
+    return f"ms_step_{gen[0]}", side
 def steps(x):
     return {k: v for k, v in x.items() if k.startswith("ms_step_")}
-gen_key = "ms_step_3"
-if gen_key not in rows(0, 1)[0]:
-    sys.exit("async_bench: the example's generate step is no longer step 3")
 it = {k: med(k, lambda x: x["iteration_ms"]) for k in names}
-gen = {k: med(k, lambda x: x.get(gen_key)) for k in names}
-train = {k: med(k, lambda x: sum(v for s, v in steps(x).items() if s != gen_key)) for k in names}
+gen = {k: med(k, lambda x, g=kinds(k)[0]: x.get(g)) for k in names}
+train = {k: med(k, lambda x, g=kinds(k): sum(v for s, v in steps(x).items()
+                                              if s != g[0] and s not in g[1]))
+         for k in names}
 fw = {k: med(k, lambda x: x.get("rollout_forwards")) for k in names}
 st = {k: med(k, lambda x: x.get("staleness_mean")) for k in names}
 print(f"{'':28}" + "".join(f"{names[k]:>12}" for k in names))
 print(f"{'median GRPO ms/iteration':28}" + "".join(f"{it[k]:12.1f}" for k in names))
 print(f"{'throughput vs sync':28}" + "".join(f"{it[0] / it[k]:11.2f}x" for k in names))
 print(f"{'generate step ms (rank 1)':28}" + "".join(f"{gen[k]:12.1f}" for k in names))
-print(f"{'training steps ms (rank 0)':28}" + "".join(f"{train[k]:12.1f}" for k in names))
+print(f"{'rank 0 steps ms':28}" + "".join(f"{train[k]:12.1f}" for k in names))
 print(f"{'engine forwards / rollout':28}" + "".join(f"{fw[k]:12.0f}" for k in names))
 print(f"{'mean staleness (versions)':28}" + "".join(f"{st[k]:12.2f}" for k in names))
 curves = {k: [(x["iteration"], x["eval_reward"]) for x in rows(k, rounds) if "eval_reward" in x]

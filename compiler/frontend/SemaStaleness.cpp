@@ -12,11 +12,11 @@
 // does the rollout's split across generation replicas (every replica takes
 // the new weights at the same reshard).
 //
-// Partial rollouts add J: a generate call returns when `batch` groups are
-// done and leaves the unfinished sequences for the next call, on the next
-// weights; no group stays past J calls after it was admitted, so a token
-// is delivered at most J iterations after its sampling and the bound is
-// U·(L + J + 1) - 1.
+// Partial rollouts add J: the first generate call admits J batches more
+// than it delivers, every call delivers a batch of done groups and leaves
+// the unfinished sequences for the next call, on the next weights; a group
+// leaves at most J calls after it came, so a token is delivered at most J
+// iterations after its sampling and the bound is U·(L + J + 1) - 1.
 //
 // `staleness: k` declares the largest bound the run may have. hflowc then
 // picks the most asynchronous schedule within it (the rollout one

@@ -105,6 +105,7 @@ Workload largest(const std::vector<Workload> &ws) {
                              ? 0
                              : std::max(out.genBatchTokens, w.genBatchTokens);
     out.kvBlockSize = std::max(out.kvBlockSize, w.kvBlockSize);
+    out.genBatches = std::max(out.genBatches, w.genBatches);
   }
   return out;
 }
@@ -160,6 +161,8 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
         if (auto v = dyn_cast<IntegerAttr>(na.getValue()))
           w.chosenMicroBatch[na.getName().str()] = v.getInt();
     w.miniBatch = t.getMinibatchAttr().getInt();
+    if (auto j = t.getPartialHorizonAttr())
+      w.genBatches = j.getInt() + 1;
     w.fromTrainBlock = true;
     if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr()))
       generateDemands({flow}, w);
@@ -290,7 +293,8 @@ RoleMemory roleMemory(RoleOp role, ModelOp model, LayoutAttr train,
     // generation copy.
     if (gen.getEp() > 1 && gen == train)
       m.genWeights = 0;
-    m.kvSeqs = (int64_t)std::ceil(double(w.batch) * double(w.n) / dpg);
+    // (partial rollouts: every batch in flight)
+    m.kvSeqs = (int64_t)std::ceil(double(w.batch) * double(w.n) * double(w.genBatches) / dpg);
     // A token budget keeps floor(budget / seqLen) sequences (at least one)
     // in generation at once (the runtime's batchRowsFor).
     m.kvRowsCap = m.kvSeqs;

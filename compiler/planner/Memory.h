@@ -60,6 +60,9 @@ struct Workload : ::hflow::placement::StepShape {
     kvBlockSize = ::hflow::shape::kKvBlockSize;
   }
   bool fromTrainBlock = false; // read from a train block (else the defaults)
+  /// Partial rollouts: the batches a generation replica holds in flight
+  /// (partial_horizon + 1; the KV pool counts them all).
+  int64_t genBatches = 1;
   /// Micro-batches hflowc chose for this train block (it sets none), by
   /// role: the largest that fits each role's set (CheckMemory.cpp; the
   /// block's `hflow.micro_batches`). A role not named passes a replica's

@@ -341,9 +341,10 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     `staleness` is the declared bound, in policy versions (the actor's
     optimizer steps), between a token's sampling weights and the weights it
     trains; `staleness_bound` is the schedule's, which never exceeds it.
-    `partial_horizon` (partial rollouts): a generate call returns the
-    first `batch` groups done and continues the others in later calls,
-    none more than `partial_horizon` calls after it was admitted.
+    `partial_horizon` (partial rollouts): the generate calls keep
+    `partial_horizon` batches in flight beyond their own; each returns a
+    batch of done groups and continues the others in later calls, a group
+    leaving at most `partial_horizon` calls after it came.
     `prompt_key` and `answer_key` name the data set's fields (a name or a
     dotted path; absent: "prompt" and "answer").
   }];

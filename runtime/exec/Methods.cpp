@@ -507,7 +507,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
     logWeightHash(rr, "generate", version, j_.rank);
   try {
     gen = form ? form->generate(ptoks, pmask, so, g) : rr.model->generate(ptoks, pmask, so, g);
-  } catch (const std::invalid_argument &e) {
+  } catch (const std::logic_error &e) { // bad limits; a partial rollout's broken invariant
     throw RunError(describe(s) + ": " + e.what());
   }
   {

@@ -168,6 +168,11 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
     parts_.iteration.runAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
     parts_.iteration.run(ph, it);
+  // Partial rollouts: the sequences still in flight end with their phase
+  // (nothing trains on them; later checkpoints need not hold them).
+  if (ph.partialHorizon > 0)
+    for (auto &[r, rr] : st_.roles)
+      rr.sessions.erase(ph.genStep);
   st_.progress.iter = -1;
 }
 

@@ -113,8 +113,14 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
       e.add(groups_[gi].prompt, groups_[gi].serial * n_ + j, s.response, s.logprobs);
       who.emplace_back(gi, j);
     }
-  // Enough: `deliver` groups done, and every group admitted `horizon`
-  // calls ago or earlier.
+  // Enough: `deliver` groups done, and the groups that would stay behind
+  // can still leave in time. A call delivers the `deliver` done groups
+  // admitted first (a short group may overtake a long one); a group must
+  // leave at most `horizon` calls after it came, and each later call takes
+  // at most `deliver` groups, so of the groups left behind, those due
+  // within d calls (d = 0 .. horizon - 1) must number at most d x deliver.
+  // The caller admits `horizon` batches more than it delivers on its first
+  // call and a batch on each after, so decoding on always gets there.
   std::vector<int64_t> open(groups_.size(), 0);
   for (const auto &[gi, j] : who)
     ++open[gi];
@@ -126,20 +132,39 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
         counted[i] = true;
         --open[who[i].first];
       }
-    int64_t doneGroups = 0;
+    // The groups left behind, by the calls they have left (their admission
+    // + horizon, less this call): 0 would be too late.
+    std::vector<int64_t> byDue((size_t)horizon_ + 1, 0);
+    int64_t taken = 0;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      if (open[gi] == 0)
-        ++doneGroups;
-      else if (groups_[gi].admitted + horizon_ <= calls_)
+      if (open[gi] == 0 && taken < call.deliver) {
+        ++taken;
+        continue;
+      }
+      const int64_t d = groups_[gi].admitted + horizon_ - calls_;
+      if (d < 0)
+        return false;
+      if (d < horizon_)
+        ++byDue[(size_t)d];
+    }
+    if (taken < call.deliver)
+      return false;
+    int64_t due = 0;
+    for (int64_t d = 0; d < horizon_; ++d) {
+      due += byDue[(size_t)d];
+      if (due > d * call.deliver)
         return false;
     }
-    return doneGroups >= call.deliver;
+    return true;
   };
   if (!enough())
     e.runUntil(enough);
   if (!enough())
-    throw std::logic_error("rollout session: every sequence ended with fewer than " +
-                           std::to_string(call.deliver) + " groups done");
+    throw std::logic_error("rollout session: every sequence ended, and " +
+                           std::to_string(call.deliver) +
+                           " groups cannot leave with none past the horizon of " +
+                           std::to_string(horizon_) +
+                           " (more batches were admitted than the horizon holds)");
   // The engine's sequences back into the groups: the tokens this call
   // sampled carry its version.
   const std::vector<RolloutSeq> &seqs = e.seqs();
@@ -152,7 +177,7 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
     s.done = q.done;
     s.stopped = q.stopped;
   }
-  // The groups done first in admission order leave.
+  // The first groups leave.
   const int64_t B = call.deliver * n_;
   Generation out = emptyGeneration(B, R, o.padToken, prompts.options());
   std::vector<int64_t> tok((size_t)(B * R), o.padToken), ptok((size_t)(B * P), o.padToken);
@@ -167,6 +192,12 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
       kept.push_back(std::move(g));
       continue;
     }
+    if (calls_ - g.admitted > horizon_)
+      throw std::logic_error("rollout session: a group leaves " +
+                             std::to_string(calls_ - g.admitted) +
+                             " calls after it came, past the horizon of " +
+                             std::to_string(horizon_) +
+                             " (more batches were admitted than the horizon holds)");
     for (const Sample &s : g.samples) {
       const int64_t pad = P - (int64_t)g.prompt.size();
       for (size_t t = 0; t < g.prompt.size(); ++t) {
@@ -185,6 +216,10 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
     }
   }
   groups_ = std::move(kept);
+  for (const Group &g : groups_)
+    if (g.admitted + horizon_ <= calls_)
+      throw std::logic_error("rollout session: a group stays past the horizon of " +
+                             std::to_string(horizon_));
   ++calls_;
   auto dev = prompts.device();
   auto host = [](auto &v, at::ScalarType t, std::vector<int64_t> shape) {

@@ -9,14 +9,18 @@
 // the sync that came between, recomputes their prompt and response (as the
 // engine recomputes a preempted sequence) and continues them.
 //
-// What a call decodes to: at least `deliver` groups done, and every group
-// admitted `horizon` calls ago or earlier done (so no token waits more than
-// `horizon` syncs between its sampling and its delivery: the staleness
-// bound the compiler states counts on it). It returns the `deliver` done
-// groups admitted first (in admission order; a group is a prompt's n
-// samples, delivered together). Horizon 0 with every prompt delivered is
-// generatePaged.
-//
+// What a call decodes to: `deliver` groups done (a group is a prompt's n
+// samples, delivered together), and the groups it leaves behind able to
+// leave in time. It returns the `deliver` done groups admitted first (a
+// short group may overtake a long one), and a group must leave at most
+// `horizon` calls after it came (so no token waits more than `horizon`
+// syncs between its sampling and its delivery: the staleness bound the
+// compiler states counts on it); later calls take `deliver` groups each,
+// so of the groups left behind those due within d calls must be at most
+// d x deliver, for every d below the horizon. The caller admits `horizon`
+// batches more than it delivers on its first call and a batch on each
+// after. Horizon 0 with every prompt delivered is generatePaged.
+
 // Every token keeps the version of the weights that sampled it and its
 // log-prob under them (Generation::versions, ::logprobs): a response may
 // hold tokens of several versions. A sequence's t-th draw is keyed by the
