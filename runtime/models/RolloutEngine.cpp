@@ -120,25 +120,11 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
     e.add(std::move(rows[(size_t)r]), r);
   e.run();
   // Results in one copy each to the engine's device.
-  std::vector<int64_t> tok((size_t)(B * R), o.padToken);
-  std::vector<float> mask((size_t)(B * R), 0.f), lps((size_t)(B * R), 0.f);
-  std::vector<uint8_t> stopped((size_t)B, 0);
-  for (const RolloutSeq &s : e.seqs()) {
-    for (size_t t = 0; t < s.response.size(); ++t) {
-      tok[(size_t)s.row * R + t] = s.response[t];
-      mask[(size_t)s.row * R + t] = 1.f;
-      lps[(size_t)s.row * R + t] = s.logprobs[t];
-    }
-    stopped[(size_t)s.row] = s.stopped;
-  }
-  auto dev = prompts.device();
-  auto host = [](auto &v, at::ScalarType t, std::vector<int64_t> shape) {
-    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(t));
-  };
-  g.tokens.copy_(host(tok, at::kLong, {B, R}).to(dev));
-  g.mask.copy_(host(mask, at::kFloat, {B, R}).to(dev));
-  g.logprobs.copy_(host(lps, at::kFloat, {B, R}).to(dev));
-  g.stopped.copy_(host(stopped, at::kBool, {B}).to(dev));
+  detail::HostRows out(B, R, o.padToken);
+  for (const RolloutSeq &s : e.seqs())
+    out.put(s.row, s.response, s.logprobs, s.stopped);
+  const auto dev = prompts.device();
+  out.into(g, dev);
   if (o.recordRouting) {
     // What the routers chose at each position, in the prompts' padded
     // columns and the responses' (one copy to the engine's device).
@@ -149,7 +135,8 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
       const RolloutSeq &s = e.seqs()[si];
       rl.fill(s, (int)si, plen[(size_t)s.row], P, route.data() + s.row * (P + R) * per);
     }
-    g.routing = host(route, at::kShort, {B, P + R, rl.layers(), rl.slots()}).clone().to(dev);
+    g.routing = detail::HostRows::toDevice(route, at::kShort,
+                                           {B, P + R, rl.layers(), rl.slots()}, dev);
   }
   g.kvCacheBytes = e.poolBytes();
   g.stats = e.stats();

@@ -308,6 +308,44 @@ private:
   RouteLog routes_; ///< with recordRouting
 };
 
+/// A generation's rows gathered on the host, then copied once each to the
+/// engine's device (Generation's fields; a row's tokens after its response
+/// are the padding token).
+struct HostRows {
+  int64_t B, R;
+  std::vector<int64_t> tok;
+  std::vector<float> mask, lps;
+  std::vector<uint8_t> stopped;
+  HostRows(int64_t B, int64_t R, int64_t pad)
+      : B(B), R(R), tok((size_t)(B * R), pad), mask((size_t)(B * R), 0.f),
+        lps((size_t)(B * R), 0.f), stopped((size_t)B, 0) {}
+  /// Row `row`: a response, its log-probs and why it ended.
+  void put(int64_t row, const std::vector<int64_t> &response, const std::vector<float> &logprobs,
+           bool stop) {
+    for (size_t t = 0; t < response.size(); ++t) {
+      tok[(size_t)(row * R) + t] = response[t];
+      mask[(size_t)(row * R) + t] = 1.f;
+      lps[(size_t)(row * R) + t] = logprobs[t];
+    }
+    stopped[(size_t)row] = stop;
+  }
+  /// `v` ([shape] of `type`) copied to `dev`.
+  template <class T>
+  static at::Tensor toDevice(std::vector<T> &v, at::ScalarType type, at::IntArrayRef shape,
+                             at::Device dev) {
+    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(type))
+        .to(dev, /*non_blocking=*/false, /*copy=*/true);
+  }
+  /// Into `g`'s tokens, mask, log-probs and stops (allocated by
+  /// emptyGeneration).
+  void into(Generation &g, at::Device dev) {
+    g.tokens.copy_(toDevice(tok, at::kLong, {B, R}, dev));
+    g.mask.copy_(toDevice(mask, at::kFloat, {B, R}, dev));
+    g.logprobs.copy_(toDevice(lps, at::kFloat, {B, R}, dev));
+    g.stopped.copy_(toDevice(stopped, at::kBool, {B}, dev));
+  }
+};
+
 /// The prompts' real tokens, row by row (to the host once); `longest` is
 /// set to the longest. Throws std::invalid_argument for an empty row.
 std::vector<std::vector<int64_t>> promptRows(const at::Tensor &prompts,

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -177,14 +178,13 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
     s.done = q.done;
     s.stopped = q.stopped;
   }
-  // The first groups leave.
+  // The `deliver` done groups admitted first leave.
   const int64_t B = call.deliver * n_;
   Generation out = emptyGeneration(B, R, o.padToken, prompts.options());
-  std::vector<int64_t> tok((size_t)(B * R), o.padToken), ptok((size_t)(B * P), o.padToken);
-  std::vector<float> mask((size_t)(B * R), 0.f), lps((size_t)(B * R), 0.f),
-      pmask((size_t)(B * P), 0.f);
+  detail::HostRows rowsOut(B, R, o.padToken);
+  std::vector<int64_t> ptok((size_t)(B * P), o.padToken);
+  std::vector<float> pmask((size_t)(B * P), 0.f);
   std::vector<int32_t> ver((size_t)(B * R), -1);
-  std::vector<uint8_t> stopped((size_t)B, 0);
   int64_t row = 0;
   std::deque<Group> kept;
   for (Group &g : groups_) {
@@ -204,13 +204,8 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
         ptok[(size_t)(row * P + pad) + t] = g.prompt[t];
         pmask[(size_t)(row * P + pad) + t] = 1.f;
       }
-      for (size_t t = 0; t < s.response.size(); ++t) {
-        tok[(size_t)row * R + t] = s.response[t];
-        mask[(size_t)row * R + t] = 1.f;
-        lps[(size_t)row * R + t] = s.logprobs[t];
-        ver[(size_t)row * R + t] = s.versions[t];
-      }
-      stopped[(size_t)row] = s.stopped;
+      rowsOut.put(row, s.response, s.logprobs, s.stopped);
+      std::copy(s.versions.begin(), s.versions.end(), ver.begin() + row * R);
       out.tags.push_back(g.tag);
       ++row;
     }
@@ -221,17 +216,11 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
       throw std::logic_error("rollout session: a group stays past the horizon of " +
                              std::to_string(horizon_));
   ++calls_;
-  auto dev = prompts.device();
-  auto host = [](auto &v, at::ScalarType t, std::vector<int64_t> shape) {
-    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(t));
-  };
-  out.tokens.copy_(host(tok, at::kLong, {B, R}).to(dev));
-  out.mask.copy_(host(mask, at::kFloat, {B, R}).to(dev));
-  out.logprobs.copy_(host(lps, at::kFloat, {B, R}).to(dev));
-  out.stopped.copy_(host(stopped, at::kBool, {B}).to(dev));
-  out.prompts = host(ptok, at::kLong, {B, P}).to(dev, /*non_blocking=*/false, /*copy=*/true);
-  out.promptMask = host(pmask, at::kFloat, {B, P}).to(dev, false, true);
-  out.versions = host(ver, at::kInt, {B, R}).to(dev, false, true);
+  const auto dev = prompts.device();
+  rowsOut.into(out, dev);
+  out.prompts = detail::HostRows::toDevice(ptok, at::kLong, {B, P}, dev);
+  out.promptMask = detail::HostRows::toDevice(pmask, at::kFloat, {B, P}, dev);
+  out.versions = detail::HostRows::toDevice(ver, at::kInt, {B, R}, dev);
   out.kvCacheBytes = e.poolBytes();
   out.stats = e.stats();
   return out;
