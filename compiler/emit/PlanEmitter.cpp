@@ -99,7 +99,8 @@ private:
   LogicalResult emitReshard(ReshardOp rop, const std::string &loc);
   LogicalResult emitBuiltin(BuiltinOp bi, const std::string &loc);
   LogicalResult emitCall(CallOp call, const std::string &loc);
-  void emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep);
+  LogicalResult emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep);
+  FailureOr<std::vector<int>> streamSteps(TrainOp train, int firstStep);
   LogicalResult finish(std::vector<uint8_t> &bytes);
 
   int newValue(Value v, const std::string &name, int producer) {
@@ -169,6 +170,18 @@ private:
     std::map<int, int> genGroup;                  // role -> group of its generation ranks
     std::map<int, std::vector<int>> reshardRanks; // role -> both sides, sorted
     std::vector<std::vector<int>> stepRanks;
+    /// Per role: its training layout is data parallel only (no collective
+    /// in a pass: a consumer may run a streamed step on any of its rows).
+    std::vector<bool> rolePlainDp;
+    /// Per role: it records its rollouts' routing (routing_replay).
+    std::vector<bool> roleReplays;
+    /// The compute steps: role, method, inputs, outputs.
+    struct CallStep {
+      int role;
+      std::string method;
+      std::vector<int> inputs, outputs;
+    };
+    std::map<int, CallStep> calls;
   } idx;
   std::vector<::hflow::planner::Workload> phaseWorkloads;
   const ::hflow::planner::Workload *phaseWork = nullptr;
@@ -306,6 +319,16 @@ LogicalResult PlanWriter::emitRoles() {
     fb::Layout train = toLayout(r.getTrain()), gen = toLayout(r.getGenerate());
     idx.roleRanks.push_back(ranks);
     idx.roleGenRanks.push_back(genRanks);
+    idx.rolePlainDp.push_back(train.tp() <= 1 && train.pp() <= 1 && train.fsdp() <= 1 &&
+                              train.sp() <= 1 && train.cp() <= 1 && train.ep() <= 1);
+    {
+      bool replay = false;
+      if (auto d = r.getOptionsAttr())
+        if (auto v = d.get("routing_replay"))
+          if (auto ba = dyn_cast<BoolAttr>(v))
+            replay = ba.getValue();
+      idx.roleReplays.push_back(replay);
+    }
     if (!genRanks.empty()) {
       std::vector<int> both = ranks;
       both.insert(both.end(), genRanks.begin(), genRanks.end());
@@ -419,8 +442,7 @@ LogicalResult PlanWriter::emitPhase(FlowOp phaseFlow, TrainOp train) {
         return failure();
     }
   }
-  emitPhaseRecord(phaseFlow, train, firstStep);
-  return success();
+  return emitPhaseRecord(phaseFlow, train, firstStep);
 }
 
 /// The weights move as planned: the same plan the pass summarised and
@@ -553,6 +575,7 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
       b.CreateString(loc), -1, roleOp ? predicted(roleOp, call.getMethod()) : -1.0,
       movesPredicted()));
   idx.stepRanks.push_back(ranksHere);
+  idx.calls[computeStep] = {role, call.getMethod().str(), inputs, outputs};
   out.steps.push_back(fb::CreateStep(
       b, fb::StepKind::CheckAllGather, -1, b.CreateString(""),
       b.CreateVector(std::vector<int>{}), b.CreateVector(std::vector<int>{}),
@@ -561,8 +584,88 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
   return success();
 }
 
-void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep) {
+/// `stream: true`: the steps of the phase [firstStep, end) that take the
+/// rollout's groups as they finish (Phase.stream_steps), or a located
+/// error when none can.
+FailureOr<std::vector<int>> PlanWriter::streamSteps(TrainOp train, int firstStep) {
+  if ((train.getOffPolicyAttr() && train.getOffPolicyAttr().getInt() > 0) ||
+      train.getPartialHorizonAttr())
+    return train.emitError() << "stream: true takes the synchronous schedule";
+  std::vector<int> gens;
+  for (int s = firstStep; s < (int)out.steps.size(); ++s)
+    if (auto c = idx.calls.find(s); c != idx.calls.end() && c->second.method == "generate")
+      gens.push_back(s);
+  if (gens.size() != 1)
+    return train.emitError() << "stream: true streams the rollout of the flow's one generate "
+                                "call, but it has "
+                             << gens.size();
+  const Index::CallStep &gen = idx.calls.at(gens[0]);
+  const std::vector<int> &genRanks = idx.roleGenRanks[gen.role];
+  std::string actor;
+  for (auto &[name, r] : idx.role)
+    if (r == gen.role)
+      actor = name.str();
+  if (genRanks.empty())
+    return train.emitError() << "stream: true needs " << actor
+                             << "'s generation on devices of its own (`place " << actor
+                             << ".generate on MESH[a:b]`): on the ranks that train, the "
+                                "steps after it cannot run while it generates";
+  if (idx.roleReplays[gen.role])
+    return train.emitError() << "stream: true sends each group's tokens as it finishes, but "
+                             << actor << " records its routing (routing_replay), which "
+                                         "travels with the whole rollout";
+  if (gen.outputs.size() != 1)
+    return train.emitError() << "stream: true: the generate call has no rollout";
+  const int rollout = gen.outputs[0];
+  std::vector<int> steps;
+  std::string why;
+  for (int s = gens[0] + 1; s < (int)out.steps.size(); ++s) {
+    auto c = idx.calls.find(s);
+    if (c == idx.calls.end())
+      continue;
+    const Index::CallStep &cs = c->second;
+    std::string name;
+    for (auto &[n, r] : idx.role)
+      if (r == cs.role)
+        name = n.str();
+    const std::string call = name + "." + cs.method;
+    if (cs.method != "logprob" && cs.method != "values" && cs.method != "score")
+      continue;
+    if (cs.inputs != std::vector<int>{rollout}) {
+      why = call + " reads more than the rollout";
+      continue;
+    }
+    bool shared = false;
+    for (int r : idx.stepRanks[s])
+      shared = shared || std::find(genRanks.begin(), genRanks.end(), r) != genRanks.end();
+    if (shared) {
+      why = call + " runs on generation ranks";
+      continue;
+    }
+    if (!idx.rolePlainDp[cs.role]) {
+      why = call + " runs on a form whose ranks pass collectives (tp, pp, fsdp, sp, cp, ep)";
+      continue;
+    }
+    steps.push_back(s);
+  }
+  if (steps.empty())
+    return train.emitError() << "stream: true, but no step of the flow can take the rollout's "
+                                "groups as they finish (a logprob, values or score call that "
+                                "reads only the rollout, on data-parallel ranks apart from the "
+                                "generation's)"
+                             << (why.empty() ? std::string() : ": " + why);
+  return steps;
+}
+
+LogicalResult PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep) {
   if (train) {
+    std::vector<int> stream;
+    if (train.getStream()) {
+      auto s = streamSteps(train, firstStep);
+      if (failed(s))
+        return failure();
+      stream = *s;
+    }
     auto opt = [](IntegerAttr a) { return a ? a.getInt() : int64_t(0); };
     // The micro-batches hflowc chose (CheckMemory.cpp), one per role.
     std::vector<int> chosen;
@@ -595,8 +698,10 @@ void PlanWriter::emitPhaseRecord(FlowOp phaseFlow, TrainOp train, int firstStep)
         train.getStalenessAttr() ? static_cast<int>(train.getStalenessAttr().getInt()) : -1,
         train.getStalenessBoundAttr() ? static_cast<int>(train.getStalenessBoundAttr().getInt())
                                       : -1,
-        static_cast<int>(opt(train.getPartialHorizonAttr()))));
+        static_cast<int>(opt(train.getPartialHorizonAttr())),
+        stream.empty() ? 0 : b.CreateVector(stream)));
   }
+  return success();
 }
 
 /// The ranks' schedules, the mesh and the plan itself, nested in the file.

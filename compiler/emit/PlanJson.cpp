@@ -260,6 +260,11 @@ void phaseJson(llvm::json::OStream &j, const fb::Phase *ph) {
   j.attribute("staleness", ph->staleness());
   j.attribute("staleness_bound", ph->staleness_bound());
   j.attribute("partial_horizon", ph->partial_horizon());
+  if (ph->stream_steps() && ph->stream_steps()->size())
+    j.attributeArray("stream_steps", [&] {
+      for (int s : *ph->stream_steps())
+        j.value(s);
+    });
   j.attribute("prompt_len", ph->prompt_len());
   j.attribute("micro_batch", ph->micro_batch());
   if (ph->micro_batches() && ph->micro_batches()->size())

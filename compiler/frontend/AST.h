@@ -233,8 +233,9 @@ struct TrainDecl {
   int64_t staleness = -1;       // the declared bound in policy versions (-1: none)
   int64_t stalenessBound = -1;  // Sema's: the flow's bound (-1: none, see SemaStaleness.cpp)
   int64_t partialHorizon = 0;   // Sema's: syncs a response may span (0: none, partial rollouts)
+  bool stream = false;          // `stream: true`: row-local steps take the rollout's groups as they finish
   std::string promptKey, answerKey; // data fields (empty: "prompt", "answer")
-  SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc, stalenessLoc;
+  SourceLoc dataLoc, batchLoc, minibatchLoc, offPolicyLoc, stalenessLoc, streamLoc;
 };
 
 /// `import "PATH"`, resolved by the front end to the file it loaded.

@@ -17,7 +17,7 @@ std::map<std::string, const ast::Property *> TrainChecker::trainProperties(const
   static const std::vector<std::string> known = {
       "data", "batch", "n", "steps", "epochs", "minibatch", "seed",
       "checkpoint", "log_every", "prompt_len", "micro_batch", "off_policy",
-      "staleness", "prompt_key", "answer_key"};
+      "staleness", "stream", "prompt_key", "answer_key"};
   for (const ast::Property &p : t.props) {
     if (std::find(known.begin(), known.end(), p.key) == known.end()) {
       diags_.error(p.keyLoc, "unknown train property '" + p.key + "'")
@@ -174,6 +174,15 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
     else
       t.staleness = v.intValue;
   }
+  if (auto it = props.find("stream"); it != props.end()) {
+    const Expr &v = *it->second->value;
+    t.streamLoc = v.loc;
+    if (v.kind != Expr::Kind::Name || (v.text != "true" && v.text != "false"))
+      diags_.error(v.loc, "stream takes true (the steps that read only the rollout take its "
+                          "groups as they finish) or false");
+    else
+      t.stream = v.text == "true";
+  }
   bool hasSteps = props.count("steps"), hasEpochs = props.count("epochs");
   if (hasSteps == hasEpochs)
     diags_.error(t.loc, "train block needs exactly one of 'steps:' and "
@@ -193,6 +202,16 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
   }
   checkTrainSamples(t, props);
   checkStaleness(t);
+  if (t.stream && (t.offPolicy > 0 || t.partialHorizon > 0))
+    diags_.error(t.streamLoc,
+                 "stream: true streams a rollout into the steps of its own iteration, but "
+                 "flow '" + t.flow + "' trains on a rollout made " +
+                 (t.partialHorizon > 0 ? "over several calls (partial rollouts)"
+                                       : "one iteration ahead") +
+                 ", whole before its iteration starts")
+        .notes.push_back({t.stalenessLoc.line > 0 ? t.stalenessLoc : t.offPolicyLoc,
+                          "the schedule is chosen here; streaming takes staleness: 0 "
+                          "(or off_policy: 0)"});
   if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
     diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                      ") does not divide batch (" +

@@ -168,7 +168,8 @@ public:
           t.answerKey.empty() ? StringAttr() : b_.getStringAttr(t.answerKey),
           t.staleness >= 0 ? b_.getI64IntegerAttr(t.staleness) : IntegerAttr(),
           t.stalenessBound >= 0 ? b_.getI64IntegerAttr(t.stalenessBound) : IntegerAttr(),
-          t.partialHorizon > 0 ? b_.getI64IntegerAttr(t.partialHorizon) : IntegerAttr());
+          t.partialHorizon > 0 ? b_.getI64IntegerAttr(t.partialHorizon) : IntegerAttr(),
+          t.stream ? b_.getUnitAttr() : UnitAttr());
     }
     return module;
   }

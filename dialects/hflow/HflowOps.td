@@ -345,6 +345,10 @@ def Hflow_TrainOp : Hflow_Op<"train", [
     `partial_horizon` batches in flight beyond their own; each returns a
     batch of done groups and continues the others in later calls, a group
     leaving at most `partial_horizon` calls after it came.
+    `stream` (synchronous schedule, generation on devices of its own): the
+    steps that read only the rollout (logprob, values, score on plain
+    data-parallel forms) take each group as it finishes, while the longest
+    responses are still generated; the plan lists them (Phase.stream_steps).
     `prompt_key` and `answer_key` name the data set's fields (a name or a
     dotted path; absent: "prompt" and "answer").
   }];
@@ -360,7 +364,8 @@ def Hflow_TrainOp : Hflow_Op<"train", [
                        OptionalAttr<StrAttr>:$answer_key,
                        OptionalAttr<I64Attr>:$staleness,
                        OptionalAttr<I64Attr>:$staleness_bound,
-                       OptionalAttr<I64Attr>:$partial_horizon);
+                       OptionalAttr<I64Attr>:$partial_horizon,
+                       UnitAttr:$stream);
   let assemblyFormat = "$flow attr-dict";
   let hasVerifier = 1;
 }

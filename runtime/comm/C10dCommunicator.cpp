@@ -365,6 +365,75 @@ void C10dCommunicator::recv(at::Tensor &t, int peer) {
   count({0, nbytes(t)});
 }
 
+namespace {
+/// A send in flight, joined by wait().
+class C10dPending : public PendingOp {
+public:
+  const C10dCommunicator::Impl *impl = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> holder; // alive until the send completed
+  std::string what;
+  bool done = false;
+  void wait() override {
+    if (done)
+      return;
+    try {
+      impl->wait(work);
+    } catch (const std::exception &e) {
+      impl->fail(what.c_str(), e);
+    }
+    done = true;
+  }
+};
+} // namespace
+
+std::unique_ptr<PendingOp> C10dCommunicator::isend(const at::Tensor &t, int peer, int tag) {
+  requireOnBackend("isend", impl_->view(), t);
+  if (peer < 0 || peer >= impl_->size || peer == impl_->rank || tag < 2)
+    throw CommError(impl_->name + " isend: invalid peer " + std::to_string(peer) + " or tag " +
+                    std::to_string(tag));
+  auto op = std::make_unique<C10dPending>();
+  op->impl = impl_.get();
+  op->holder = {t};
+  op->what = "send to " + std::to_string(peer);
+  try {
+    op->work = impl_->pg->send(op->holder, peer, tag);
+  } catch (const std::exception &e) {
+    impl_->fail(op->what.c_str(), e);
+  }
+  count({nbytes(t), 0});
+  return op;
+}
+
+int C10dCommunicator::recvAny(at::Tensor &t, const std::vector<int> &peers, int tag) {
+  requireOnBackend("recvAny", impl_->view(), t);
+  if (peers.empty() || tag < 2)
+    throw CommError(impl_->name + " recvAny: no peer, or tag " + std::to_string(tag));
+  for (int q : peers)
+    if (q < 0 || q >= impl_->size || q == impl_->rank)
+      throw CommError(impl_->name + " recvAny: invalid peer " + std::to_string(q));
+  if (peers.size() > 1 && !impl_->gloo())
+    throw CommError(impl_->name + ": NCCL receives from one peer at a time, not from any of " +
+                    std::to_string(peers.size()));
+  int src = peers[0];
+  try {
+    std::vector<at::Tensor> v{t};
+    c10::intrusive_ptr<c10d::Work> w = peers.size() == 1 ? impl_->pg->recv(v, src, tag)
+                                                         : impl_->pg->recvAnysource(v, tag);
+    impl_->wait(w);
+    if (peers.size() > 1)
+      src = w->sourceRank();
+  } catch (const std::exception &e) {
+    impl_->fail("recv", e);
+  }
+  if (std::find(peers.begin(), peers.end(), src) == peers.end())
+    throw CommError(impl_->name + " recv: a message under tag " + std::to_string(tag) +
+                    " came from rank " + std::to_string(src) + ", which this rank does not "
+                    "expect one from");
+  count({0, nbytes(t)});
+  return src;
+}
+
 void C10dCommunicator::exchange(std::vector<std::pair<int, at::Tensor>> &sends,
                                 std::vector<std::pair<int, at::Tensor>> &recvs) {
   OpBytes b;

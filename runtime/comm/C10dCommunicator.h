@@ -61,6 +61,8 @@ public:
   void allGather(const at::Tensor &in, std::vector<at::Tensor> &out) override;
   at::Tensor allGatherFlat(const at::Tensor &in) override;
   std::unique_ptr<PendingGather> allGatherFlatAsync(const at::Tensor &in) override;
+  std::unique_ptr<PendingOp> isend(const at::Tensor &t, int peer, int tag) override;
+  int recvAny(at::Tensor &t, const std::vector<int> &peers, int tag) override;
   void broadcast(at::Tensor &t, int root) override;
   void send(at::Tensor &t, int peer) override;
   void exchange(std::vector<std::pair<int, at::Tensor>> &sends,

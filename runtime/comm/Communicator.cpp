@@ -24,6 +24,14 @@ private:
 };
 } // namespace
 
+std::unique_ptr<PendingOp> Communicator::isend(const at::Tensor &, int, int) {
+  throw CommError(name() + ": this backend has no non-blocking point-to-point messages");
+}
+
+int Communicator::recvAny(at::Tensor &, const std::vector<int> &, int) {
+  throw CommError(name() + ": this backend has no tagged receive from any of several ranks");
+}
+
 std::unique_ptr<PendingGather> Communicator::allGatherFlatAsync(const at::Tensor &in) {
   return std::make_unique<DoneGather>(allGatherFlat(in));
 }

@@ -90,6 +90,15 @@ public:
   virtual at::Tensor wait() = 0;
 };
 
+/// A send in flight (Communicator::isend).
+class PendingOp {
+public:
+  virtual ~PendingOp() = default;
+  /// Blocks until the message left (CommError on failure or after the
+  /// group's timeout). Call once.
+  virtual void wait() = 0;
+};
+
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -131,6 +140,18 @@ public:
   /// other: a send completes only when its receiver has posted the matching
   /// receive (Gloo and NCCL alike), so two ranks that send() to each other
   /// before they recv() deadlock.
+  /// A send posted now and completed by wait(), under message tag `tag`
+  /// (>= 2: exchange uses 1), so this rank works while it travels: a
+  /// generation rank sends each group of a rollout as it finishes. `t`
+  /// must stay alive and unchanged until wait() returned. Messages between
+  /// two ranks under one tag match in the order they are posted. Counted
+  /// when posted. The default refuses.
+  virtual std::unique_ptr<PendingOp> isend(const at::Tensor &t, int peer, int tag);
+  /// Receives into `t` the next message under `tag` from whichever of
+  /// `peers` sent one first (with one peer, from it), and returns that
+  /// peer; its size must be `t`'s. Gloo matches any source; NCCL only one
+  /// peer. The default refuses.
+  virtual int recvAny(at::Tensor &t, const std::vector<int> &peers, int tag);
   virtual void exchange(std::vector<std::pair<int, at::Tensor>> &sends,
                         std::vector<std::pair<int, at::Tensor>> &recvs) = 0;
   virtual void barrier() = 0;

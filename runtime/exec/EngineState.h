@@ -90,7 +90,7 @@ struct PhaseRt : PhaseShape {
   /// the next partialHorizon batches, drawn ahead.
   int partialHorizon = 0;
   std::optional<Val> leads;
-  int genStep = -1, genCheckStep = -1, reshardStep = -1;
+  int genCheckStep = -1, reshardStep = -1; // (genStep: PhaseShape's)
   std::optional<Val> carry;
   /// routing_replay: a rollout's route numbers per position (the actor's
   /// layers x experts per token; 0: no routing is recorded or replayed).
@@ -191,6 +191,15 @@ struct Comms {
 };
 
 /// One call of a role method: the step, its role and its inputs.
+/// Streaming, on a generation rank: the spans of rows (each one group's
+/// share of one consumer's rows) it sends as soon as every row of one
+/// ended, and how (IterationRunner::streamSend); `send` gets the rollout
+/// with the span's rows written.
+struct StreamOut {
+  std::vector<Span> pieces;
+  std::function<void(Val &ro, size_t piece)> send;
+};
+
 struct MethodCall {
   PhaseRt &ph;
   int s;          // the step
@@ -201,6 +210,10 @@ struct MethodCall {
   const plan::RoleOptions &opts; // the role's options
   std::vector<int> in, out;
   bool leader;    // this rank reports its replica's metrics
+  // Streaming: the rows of the rollout this call runs on (a finished group's
+  // share of this rank's), written into the output made by the calls before.
+  std::optional<Span> chunk = std::nullopt;
+  StreamOut *stream = nullptr; // the generate step's, streaming
 };
 
 /// RowSchedule::describe of step `s` with the phase and iteration in front.

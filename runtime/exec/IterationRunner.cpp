@@ -61,7 +61,7 @@ void IterationRunner::moveRows(PhaseRt &ph, int s, bool early) {
   std::vector<std::pair<int, at::Tensor>> sends, recvs;
   std::vector<const Xfer *> received;
   for (const Xfer &x : ph.xfers) {
-    if (x.early != early || (!early && x.before != s))
+    if (x.early != early || (!early && x.before != s) || x.streamed)
       continue;
     if (x.src == j_.rank) {
       auto it = vals_.find(x.value);
@@ -145,8 +145,17 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
                     [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
       record_.stepMs[ph.count + s - ph.first] = msSince(tm);
     auto ts = Clock::now();
+    const bool streamed =
+        std::find(ph.streamSteps.begin(), ph.streamSteps.end(), s) != ph.streamSteps.end();
+    if (streamed) {
+      // Run on each group as it came (receiveStream), timed there.
+      record_.stepMs[s - ph.first] = streamMs_[s];
+      continue;
+    }
     if (setup_.mySteps.count(s)) {
-      if (ahead && s == ph.genStep) {
+      if (!ph.streamSteps.empty() && s == ph.genStep) {
+        generateStreaming(ph, s, it);
+      } else if (ahead && s == ph.genStep) {
         // The next iteration's rollout; this one's stays in place.
         std::optional<Val> current;
         if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
@@ -165,6 +174,8 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
     }
+    if (!ph.streamSteps.empty() && s == ph.genStep && !setup_.mySteps.count(s))
+      receiveStream(ph, it);
     if (o_.serialize)
       comms_.world->barrier();
     record_.stepMs[s - ph.first] = msSince(ts);
@@ -217,12 +228,13 @@ std::vector<int64_t> IterationRunner::nextPrompts(PhaseRt &ph) {
 
 /// Runs step `s` of this rank's schedule (its rows already moved), with
 /// iteration `it`'s sampling seed, and traces it (`suffix` after the name).
-void IterationRunner::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix) {
+void IterationRunner::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix,
+                              StreamOut *stream) {
   const Step &st = step(s);
   auto tc = Clock::now();
   switch (st.kind()) {
   case StepKind::Compute:
-    runCompute(ph, s, it);
+    runCompute(ph, s, it, stream);
     break;
   case StepKind::Builtin:
     controller_.runBuiltin(ph, s);
@@ -248,7 +260,8 @@ void IterationRunner::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix
 }
 
 /// A Compute step: its call, run by the method runner.
-void IterationRunner::runCompute(PhaseRt &ph, int s, int64_t it) {
+void IterationRunner::runCompute(PhaseRt &ph, int s, int64_t it, StreamOut *stream,
+                                 std::optional<Span> chunk) {
   const Step &st = step(s);
   const std::string method = str(st.method());
   auto rit = roles_.find(st.role());
@@ -267,7 +280,9 @@ void IterationRunner::runCompute(PhaseRt &ph, int s, int64_t it) {
                *role(st.role()).options(),
                ints(st.inputs()),
                ints(st.outputs()),
-               setup_.rows->isLeader(s, j_.rank)};
+               setup_.rows->isLeader(s, j_.rank),
+               chunk,
+               stream};
   methods_.run(fn, c);
 }
 

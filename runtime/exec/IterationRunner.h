@@ -62,8 +62,16 @@ private:
   void drawLeads(PhaseRt &ph);
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
   void moveRows(PhaseRt &ph, int s, bool early);
-  void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix);
-  void runCompute(PhaseRt &ph, int s, int64_t it);
+  void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix, StreamOut *stream = nullptr);
+  void runCompute(PhaseRt &ph, int s, int64_t it, StreamOut *stream = nullptr,
+                  std::optional<Span> chunk = std::nullopt);
+  // Streaming (Streaming.cpp): the generate step of a generation rank,
+  // sending each finished group's rows to its consumers; a consumer's
+  // receipt of them, running the stream steps on each as it comes.
+  void generateStreaming(PhaseRt &ph, int s, int64_t it);
+  void receiveStream(PhaseRt &ph, int64_t it);
+  void runChunk(PhaseRt &ph, int64_t it, Span rows);
+  std::map<int, double> streamMs_; // streamed steps: this iteration's time on chunks
   /// RowSchedule::describe with the phase and iteration in front.
   std::string describe(int s) const { return describeStep(*setup_.rows, progress_, s); }
 };

@@ -95,11 +95,21 @@ Val &MethodRunner::rolloutOf(MethodCall &c, Span &rows) {
   for (int v : c.in)
     if (p_.values()->Get(v)->kind() == BatchKind::Rollout)
       rows = rows_->rowsFor(c.ph, c.s, v, j_.rank);
+  if (c.chunk)
+    rows = *c.chunk;
   return *rollout;
 }
 
 /// The call's output: `x` in rows `rows` of a new value.
 void MethodRunner::store(MethodCall &c, Span rows, const at::Tensor &x) {
+  if (c.chunk) { // a group's rows of the output the earlier chunks began
+    auto it = vals_.find(c.out.at(0));
+    if (it == vals_.end())
+      it = vals_.emplace(c.out.at(0), makeVal(p_.values()->Get(c.out.at(0))->kind(),
+                                              c.ph.batch * c.ph.n, c.ph.widths())).first;
+    it->second.x().narrow(0, rows.lo, rows.hi - rows.lo).copy_(x);
+    return;
+  }
   Val v = makeVal(p_.values()->Get(c.out.at(0))->kind(), c.ph.batch * c.ph.n, c.ph.widths());
   v.x().narrow(0, rows.lo, rows.hi - rows.lo).copy_(x);
   digests_[c.s] = x.to(at::kDouble).sum().item<double>();
@@ -491,6 +501,61 @@ void MethodRunner::runGenerate(MethodCall &c) {
                                      {h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel()},
                                      b, 0};
   }
+  // Streaming: each piece's rows go to its consumer once all have ended,
+  // while the engine goes on with the others.
+  const int64_t lo = sp.lo * n, hi = sp.hi * n;
+  std::vector<std::vector<size_t>> piecesOf;      // local row -> pieces
+  std::vector<int64_t> piecesLeft;                // rows a piece waits for
+  std::vector<models::Generation> rowDone;        // ended rows, one each
+  if (c.stream && !c.stream->pieces.empty() && !session) {
+    piecesOf.resize((size_t)(hi - lo));
+    rowDone.resize((size_t)(hi - lo));
+    for (size_t k = 0; k < c.stream->pieces.size(); ++k) {
+      const Span &q = c.stream->pieces[k];
+      if (q.lo < lo || q.hi > hi || q.lo >= q.hi)
+        throw RunError(describe(s) + ": streams rows " + std::to_string(q.lo) + "-" +
+                       std::to_string(q.hi - 1) + ", which this replica does not make");
+      for (int64_t r = q.lo; r < q.hi; ++r)
+        piecesOf[(size_t)(r - lo)].push_back(k);
+      piecesLeft.push_back(q.hi - q.lo);
+    }
+    const int64_t pad = so.padToken;
+    so.onRowDone = [&, pad](int64_t row, const std::vector<int64_t> &resp,
+                            const std::vector<float> &lps, bool stopped) {
+      if (row < 0 || row >= hi - lo)
+        return;
+      // The row as the whole generation will have it: one row of tokens
+      // (padded), its mask, log-probs and stop.
+      std::vector<int64_t> tok((size_t)R, pad);
+      std::vector<float> m((size_t)R, 0.f), l((size_t)R, 0.f);
+      for (size_t t = 0; t < resp.size() && (int64_t)t < R; ++t)
+        tok[t] = resp[t], m[t] = 1.f, l[t] = lps[t];
+      const at::Device dev = ro_["rtoks"].device();
+      auto toDev = [&](auto &v, at::ScalarType type) {
+        return at::from_blob(v.data(), {1, R}, at::TensorOptions().dtype(type))
+            .to(dev, /*non_blocking=*/false, /*copy=*/true);
+      };
+      models::Generation one;
+      one.tokens = toDev(tok, at::kLong);
+      one.mask = toDev(m, at::kFloat);
+      one.logprobs = toDev(l, at::kFloat);
+      one.stopped = at::full({1}, stopped, at::TensorOptions().dtype(at::kBool).device(dev));
+      rowDone[(size_t)row] = std::move(one);
+      for (size_t k : piecesOf[(size_t)row]) {
+        if (--piecesLeft[k] != 0)
+          continue;
+        const Span &q = c.stream->pieces[k];
+        for (int64_t r = q.lo; r < q.hi; ++r) {
+          const int64_t l = r - lo;
+          writeGeneration(ro_, r, ptoks.narrow(0, l, 1), pmask.narrow(0, l, 1),
+                          rowDone[(size_t)l], ph.widths(), rr.generationVersion());
+          ro_["ids"].narrow(0, r, 1).copy_(pids.narrow(0, l / n, 1));
+          ro_["group"].narrow(0, r, 1).fill_(sp.lo + l / n);
+        }
+        c.stream->send(ro_, k);
+      }
+    };
+  }
   models::Generation gen;
   if (rr.gen && rr.holding == Holding::Whole && rr.model) {
     // Trained on whole weights, generating tensor parallel on the same
@@ -522,7 +587,6 @@ void MethodRunner::runGenerate(MethodCall &c) {
       rr.mem.kvOverModel = over;
     }
   }
-  const int64_t lo = sp.lo * n, hi = sp.hi * n;
   if (session) {
     // The delivered groups: their own prompts and ids.
     ptoks = gen.prompts, pmask = gen.promptMask;

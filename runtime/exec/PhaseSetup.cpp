@@ -93,6 +93,8 @@ void Preflight::readPhases() {
       prepareOffPolicy(ph);
     if (ph.ph && ph.ph->partial_horizon() > 0)
       preparePartial(ph);
+    if (ph.ph && ph.ph->stream_steps() && ph.ph->stream_steps()->size() > 0)
+      prepareStream(ph);
     ph.xfers = s_.rows->transfers(ph);
     if (ph.offPolicy > 0) {
       auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
@@ -294,6 +296,17 @@ void Preflight::preparePartial(PhaseRt &ph) {
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
           throw RunError(what + ": " + s_.rows->describe(s) +
                          " reads the prompts, which only the generate step may");
+}
+
+/// Streaming (the plan loader checked the steps): the phase's generate
+/// step, and the steps that take its groups as they finish.
+void Preflight::prepareStream(PhaseRt &ph) {
+  for (int s = ph.first; s < ph.first + ph.count; ++s)
+    if (step(s).kind() == StepKind::Compute && str(step(s).method()) == "generate")
+      ph.genStep = s;
+  ph.streamSteps = ints(ph.ph->stream_steps());
+  if (ph.genStep < 0 || step(ph.genStep).outputs()->Get(0) != ph.rolloutValue)
+    throw RunError("phase " + ph.name + " streams a rollout its generate step does not make");
 }
 
 } // namespace hflow::exec

@@ -62,6 +62,7 @@ private:
   /// Partial rollouts: the phase's one generate step, the only reader of
   /// the prompts (its rollout's groups come from several calls' prompts).
   void preparePartial(PhaseRt &ph);
+  void prepareStream(PhaseRt &ph);
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::string defaultTokenizer() const;

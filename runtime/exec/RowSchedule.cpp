@@ -231,13 +231,28 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
     }
     return out;
   };
+  // Streamed steps run right after the generate step, on rows only the
+  // generation ranks send.
+  const std::set<int> streamed(ph.streamSteps.begin(), ph.streamSteps.end());
+  std::vector<int> order, genRanks;
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    if (streamed.count(s))
+      continue;
+    order.push_back(s);
+    if (s == ph.genStep && !streamed.empty()) {
+      order.insert(order.end(), ph.streamSteps.begin(), ph.streamSteps.end());
+      genRanks = ranksOfStep(s);
+    }
+  }
+  for (int s : order) {
     const Step &st = step(s);
     if (st.kind() != StepKind::Compute && st.kind() != StepKind::Builtin)
       continue;
+    const bool stream = streamed.count(s) > 0;
     std::vector<int> inputs = ints(st.inputs());
-    if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0)
-      inputs.push_back(ph.rolloutValue); // the mask and the groups
+    if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0 &&
+        std::find(inputs.begin(), inputs.end(), ph.rolloutValue) == inputs.end())
+      inputs.push_back(ph.rolloutValue); // the mask and the groups (once)
     // Sources are ranks that hold the rows before this step: a rank that
     // receives rows for this step cannot forward them in the same step.
     std::vector<std::pair<int, std::pair<int, Span>>> received; // (value, (rank, rows))
@@ -261,7 +276,9 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
             std::vector<int> holders;
             for (int q = 0; q < W; ++q)
               for (const Span &x : h[q])
-                if (x.lo <= c[k] && x.hi >= c[k + 1] && q != r) {
+                if (x.lo <= c[k] && x.hi >= c[k + 1] && q != r &&
+                    (!stream || std::find(genRanks.begin(), genRanks.end(), q) !=
+                                    genRanks.end())) {
                   holders.push_back(q);
                   break;
                 }
@@ -279,7 +296,7 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
                 continue;
               }
             }
-            xfers.push_back({v, c[k], c[k + 1], src, r, s});
+            xfers.push_back({v, c[k], c[k + 1], src, r, s, false, stream});
           }
           received.push_back({v, {r, m}});
         }

@@ -40,6 +40,9 @@ struct Xfer {
   // off_policy: rows of the carried rollout that leave its generation ranks:
   // moved when the iteration starts, not before the step that needs them.
   bool early = false;
+  // Streaming: rows of the rollout a generation rank sends group by group
+  // as they finish, for a stream step (Phase.stream_steps), not before it.
+  bool streamed = false;
 };
 
 /// What the schedule needs of a phase: its steps and batch geometry.
@@ -49,6 +52,12 @@ struct PhaseShape {
   /// samples per prompt
   int64_t batch = defaults::kSyntheticPrompts, n = 1;
   int rolloutValue = -1;    ///< the value the phase's generate produces
+  /// Streaming: the phase's generate step and the steps that take its
+  /// rollout's groups as they finish (Phase.stream_steps); the schedule
+  /// places those steps right after the generate step, their rows sent by
+  /// the generation ranks alone.
+  int genStep = -1;
+  std::vector<int> streamSteps;
 };
 
 class RowSchedule {

@@ -287,6 +287,14 @@ struct SamplingOptions {
   /// With a session, the paged engine continues the session's sequences
   /// and returns the groups it finishes (RolloutSession::run).
   SessionCall session;
+  /// Streaming (the paged engine, without a session): called once per row
+  /// as it ends, after the engine iteration that ended it, with the row's
+  /// index among the prompts, its response, their log-probs, and whether a
+  /// stop token or rule ended it (else max_tokens). The engine's work is
+  /// the same with or without it.
+  std::function<void(int64_t row, const std::vector<int64_t> &response,
+                     const std::vector<float> &logprobs, bool stopped)>
+      onRowDone;
 };
 
 /// What generate() returns for B prompts (R = maxTokens).

@@ -118,7 +118,20 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
   detail::Engine e(step, geometry, o, lim, seed);
   for (int64_t r = 0; r < B; ++r)
     e.add(std::move(rows[(size_t)r]), r);
-  e.run();
+  if (o.onRowDone) {
+    // Each row to the caller once, after the iteration that ended it.
+    std::vector<char> told((size_t)B, 0);
+    e.runUntil([&] {
+      for (const RolloutSeq &s : e.seqs())
+        if (s.done && !told[(size_t)s.row]) {
+          told[(size_t)s.row] = 1;
+          o.onRowDone(s.row, s.response, s.logprobs, s.stopped);
+        }
+      return false;
+    });
+  } else {
+    e.run();
+  }
   // Results in one copy each to the engine's device.
   detail::HostRows out(B, R, o.padToken);
   for (const RolloutSeq &s : e.seqs())

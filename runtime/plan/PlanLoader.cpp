@@ -497,6 +497,59 @@ bool checkGroupsAndValues(Checker &c, const Plan &p) {
   return true;
 }
 
+/// A phase's stream_steps (format 5.4): compute steps reading only the
+/// rollout of the phase's one generate step, its actor generating apart in
+/// the synchronous schedule, each on data-parallel ranks apart from the
+/// generation's.
+bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::string &what) {
+  const int first = ph.first_step(), end = first + ph.num_steps();
+  if (ph.off_policy() != 0 || ph.partial_horizon() != 0)
+    return c.fail(what, " streams its rollout but trains on one made ahead (off_policy ",
+                  ph.off_policy(), ", partial_horizon ", ph.partial_horizon(), ")");
+  int gen = -1;
+  for (int s = first; s < end; ++s) {
+    const Step *st = p.steps()->Get(s);
+    if (st->kind() == StepKind::Compute && st->method() && st->method()->str() == "generate") {
+      if (gen >= 0)
+        return c.fail(what, " streams its rollout but has two generate steps");
+      gen = s;
+    }
+  }
+  if (gen < 0)
+    return c.fail(what, " streams its rollout but has no generate step");
+  const Step *g = p.steps()->Get(gen);
+  const Role *actor = p.roles()->Get(g->role());
+  if (!len(actor->generate_ranks()))
+    return c.fail(what, " streams its rollout, but its actor generates on the ranks that "
+                        "train");
+  if (!g->outputs() || g->outputs()->size() != 1)
+    return c.fail(what, "'s generate step has no rollout");
+  const int rollout = g->outputs()->Get(0);
+  int last = gen;
+  for (int s : *ph.stream_steps()) {
+    if (s <= last || s >= end)
+      return c.fail(what, " streams step ", s, ": not ascending after its generate step ",
+                    gen, " within the phase");
+    last = s;
+    const Step *st = p.steps()->Get(s);
+    const std::string m = st->method() ? st->method()->str() : "";
+    if (st->kind() != StepKind::Compute || (m != "logprob" && m != "values" && m != "score"))
+      return c.fail(what, " streams step ", s, ", which is not a logprob, values or score call");
+    if (!st->inputs() || st->inputs()->size() != 1 || st->inputs()->Get(0) != rollout)
+      return c.fail(what, " streams step ", s, ", which reads more than the rollout");
+    const Role *r = p.roles()->Get(st->role());
+    const Layout *l = r->train();
+    if (l && (l->tp() > 1 || l->pp() > 1 || l->fsdp() > 1 || l->sp() > 1 || l->cp() > 1 ||
+              l->ep() > 1))
+      return c.fail(what, " streams step ", s, " on a form whose ranks pass collectives");
+    for (int q : *r->ranks())
+      for (int gq : *actor->generate_ranks())
+        if (q == gq)
+          return c.fail(what, " streams step ", s, " on generation rank ", q);
+  }
+  return true;
+}
+
 /// Phases (their steps and batch settings) and every rank's schedule.
 bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
   const int world = p.world_size();
@@ -524,6 +577,8 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
                     " without a declared staleness and its bound");
     if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
       return c.fail(what, " has a negative prompt_len or micro_batch");
+    if (len(ph->stream_steps()) && !checkStreamSteps(c, p, *ph, what))
+      return false;
     if (const size_t nm = len(ph->micro_batches())) {
       if (nm != len(p.roles()))
         return c.fail(what, " has ", nm, " chosen micro-batches for ", len(p.roles()), " roles");

@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -46,12 +47,23 @@ int64_t simulate(const plan::Plan &p, const RowSchedule &rs, const exec::PhaseSh
     return h;
   };
   int64_t moved = 0;
+  // Streamed steps run right after the generate step (their rows arrive
+  // while it generates).
+  std::vector<int> order;
   for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    if (std::find(ph.streamSteps.begin(), ph.streamSteps.end(), s) != ph.streamSteps.end())
+      continue;
+    order.push_back(s);
+    if (s == ph.genStep)
+      order.insert(order.end(), ph.streamSteps.begin(), ph.streamSteps.end());
+  }
+  for (int s : order) {
     const plan::Step &st = *p.steps()->Get(s);
     if (st.kind() != plan::StepKind::Compute && st.kind() != plan::StepKind::Builtin)
       continue;
     std::vector<int> inputs = exec::ints(st.inputs());
-    if (st.kind() == plan::StepKind::Builtin && ph.rolloutValue >= 0)
+    if (st.kind() == plan::StepKind::Builtin && ph.rolloutValue >= 0 &&
+        std::find(inputs.begin(), inputs.end(), ph.rolloutValue) == inputs.end())
       inputs.push_back(ph.rolloutValue);
     // What arrives before this step, from holders as of before it.
     std::map<std::pair<int, int>, std::multiset<int64_t>> arrived; // (value, rank)
@@ -122,6 +134,47 @@ TEST(RowSchedule, PpoPlanMovesEveryNeededRowOnce) {
       //   actor.update: the scores (made on rank 3) to ranks 0, 1 and 2     3N/2
 EXPECT_EQ(simulate(p, rs, ph, xfers), 4 * N) << "batch " << batch << ", n " << n;
     }
+}
+
+// Streaming: the reference's log-probs placed right after the generate
+// step, their rows sent by generation ranks alone and marked streamed; the
+// rows moved in all are the same.
+TEST(RowSchedule, StreamedStepTakesRowsFromTheGenerationRanks) {
+  plan::LoadedPlan lp;
+  const plan::Plan &p = load(test::buildPpoTestPlan(1, /*criticTp2=*/true), lp);
+  RowSchedule rs(p, RowSchedule::generationSlots(p));
+  exec::PhaseShape ph;
+  ph.first = 0;
+  ph.count = (int)p.steps()->size();
+  ph.batch = 8;
+  ph.n = 2;
+  ph.rolloutValue = 1;
+  for (int s = 0; s < ph.count; ++s) {
+    const plan::Step &st = *p.steps()->Get(s);
+    if (st.kind() != plan::StepKind::Compute)
+      continue;
+    const std::string m = st.method()->str();
+    const std::string role = p.roles()->Get(st.role())->name()->str();
+    if (m == "generate")
+      ph.genStep = s;
+    if (m == "logprob" && role == "ref")
+      ph.streamSteps.push_back(s);
+  }
+  ASSERT_GE(ph.genStep, 0);
+  ASSERT_EQ(ph.streamSteps.size(), 1u);
+  const auto xfers = rs.transfers(ph);
+  const std::vector<int> gen = rs.ranksOfStep(ph.genStep);
+  int streamed = 0;
+  for (const exec::Xfer &x : xfers) {
+    EXPECT_EQ(x.streamed, x.before == ph.streamSteps[0]);
+    if (!x.streamed)
+      continue;
+    ++streamed;
+    EXPECT_EQ(x.value, ph.rolloutValue);
+    EXPECT_NE(std::find(gen.begin(), gen.end(), x.src), gen.end()) << "from rank " << x.src;
+  }
+  EXPECT_GT(streamed, 0);
+  EXPECT_EQ(simulate(p, rs, ph, xfers), 4 * ph.batch * ph.n);
 }
 
 TEST(RowSchedule, ReplicasAndLeaders) {
