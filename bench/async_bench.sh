@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # async_bench.sh: asynchronous RL on a long-tailed workload (issue 41): the
-# synchronous schedule, one step ahead, and `staleness: 2` with partial
-# rollouts, on the same devices and data.
+# synchronous schedule (plain and streamed), one step ahead, and
+# `staleness: 2` with partial rollouts, on the same devices and data.
 #
 #   bench/async_bench.sh [BIN_DIR]     (default: build/bin)
 #
 # examples/arith_grpo_offpolicy.hflow: the actor trains on rank 0 (with the
-# reference and the reward) and generates on rank 1. Three schedules, each
+# reference and the reward) and generates on rank 1. Four schedules, each
 # declared as a staleness (hflowc picks the schedule and states its bound):
 #   sync      staleness: 0  each side waits while the other works
+#   streamed  staleness: 0, stream: true  synchronous, rank 0 computes the
+#                           reference's log-probs and the reward of each
+#                           group as it finishes, under the generation
 #   one-step  staleness: 1  rank 1 generates the next rollout while rank 0
 #                           trains (off_policy 1)
 #   partial   staleness: 2  one step ahead, and partial rollouts (horizon
@@ -38,13 +41,16 @@ need_tools hflowc hflow-run hflow-mkdata
 make_work
 arith 1 2000 "$work/arith_train.jsonl"
 arith 2 200 "$work/arith_eval.jsonl" --exclude "$work/arith_train.jsonl"
-for k in 0 1 2; do
+# k: the staleness declared (0, 1, 2); 3: staleness 0 with `stream: true`.
+for k in 0 1 2 3; do
+  sched="staleness: $k }"
+  [ "$k" = 3 ] && sched="staleness: 0, stream: true }"
   set_steps "$ROOT/examples/arith_grpo_offpolicy.hflow" "$work/k$k.hflow" \
     -e "s/max_tokens: 4,/max_tokens: $MAX_TOKENS,/" \
-    -e "s/batch: 32, n: 8,/batch: $BATCH, n: $N,/" -e "s/off_policy: 1 }/staleness: $k }/"
+    -e "s/batch: 32, n: 8,/batch: $BATCH, n: $N,/" -e "s/off_policy: 1 }/$sched/"
   check_steps "$work/k$k.hflow" "the example"
   grep -q "max_tokens: $MAX_TOKENS," "$work/k$k.hflow" && grep -q "batch: $BATCH, n: $N," "$work/k$k.hflow" &&
-    grep -q "staleness: $k }" "$work/k$k.hflow" || die "could not set the workload (the example changed)"
+    grep -q "$sched" "$work/k$k.hflow" || die "could not set the workload (the example changed)"
   "$BIN/hflowc" "$work/k$k.hflow" -o "$work/k$k.bin"
   "$BIN/hflowc" "$work/k$k.hflow" --emit=plan-json -o "$work/k$k.json"
 done
@@ -55,11 +61,11 @@ run() {
     --eval "$work/arith_eval.jsonl" --eval-every "$EVAL_EVERY" \
     --metrics "$work/k$1.$2.jsonl" "$work/k$1.bin"
 }
-alternate run 0 1 2
+alternate run 0 3 1 2
 python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
 import json, statistics, sys
 work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-names = {0: "sync", 1: "one-step", 2: "partial"}
+names = {0: "sync", 3: "streamed", 1: "one-step", 2: "partial"}
 def rows(k, r):
     return [x for x in (json.loads(l) for l in open(f"{work}/k{k}.{r}.jsonl") if l.strip())
             if x["phase"] == "grpo"]

@@ -28,6 +28,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <map>
+#include <set>
 
 using namespace mlir;
 using namespace mlir::hflow;
@@ -619,6 +620,7 @@ FailureOr<std::vector<int>> PlanWriter::streamSteps(TrainOp train, int firstStep
   const int rollout = gen.outputs[0];
   std::vector<int> steps;
   std::string why;
+  std::set<int> trained; // roles whose weights a step since the generate wrote
   for (int s = gens[0] + 1; s < (int)out.steps.size(); ++s) {
     auto c = idx.calls.find(s);
     if (c == idx.calls.end())
@@ -629,6 +631,14 @@ FailureOr<std::vector<int>> PlanWriter::streamSteps(TrainOp train, int firstStep
       if (r == cs.role)
         name = n.str();
     const std::string call = name + "." + cs.method;
+    if (cs.method == "update" || cs.method == "sft" || cs.method == "fit")
+      trained.insert(cs.role);
+    if (trained.count(cs.role)) {
+      // Run early, it would read the weights before that step's update.
+      if (cs.method == "logprob" || cs.method == "values" || cs.method == "score")
+        why = call + " follows an update of " + name;
+      continue;
+    }
     if (cs.method != "logprob" && cs.method != "values" && cs.method != "score")
       continue;
     if (cs.inputs != std::vector<int>{rollout}) {

@@ -329,6 +329,7 @@ private:
   /// `report`; with `apart` false, all but the devices (partial rollouts
   /// need the rest).
   bool canRunAhead(const ast::TrainDecl &t, bool report, bool apart = true);
+  void checkStream(const ast::TrainDecl &t);
   /// staleness (SemaStaleness.cpp): the bound of the flow's schedule in
   /// policy versions, from the actor's optimizer steps per rollout and the
   /// rollout's lag; the schedule a declared bound allows; a program whose

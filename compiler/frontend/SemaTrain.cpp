@@ -212,6 +212,8 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
         .notes.push_back({t.stalenessLoc.line > 0 ? t.stalenessLoc : t.offPolicyLoc,
                           "the schedule is chosen here; streaming takes staleness: 0 "
                           "(or off_policy: 0)"});
+  else if (t.stream)
+    checkStream(t);
   if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
     diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                      ") does not divide batch (" +
@@ -219,6 +221,46 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
 }
 
 void TrainChecker::checkOffPolicy(const ast::TrainDecl &t) { canRunAhead(t, true); }
+
+/// `stream: true`: one generate call, its actor generating apart and not
+/// recording its routing (the plan writer then picks the steps).
+void TrainChecker::checkStream(const ast::TrainDecl &t) {
+  const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+  if (!f || f->kind != Kind::Flow)
+    return;
+  std::vector<const Expr *> gens;
+  for (const ast::Stmt &st : prog_.flows[f->index].body)
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::MethodCall && call.text == "generate")
+        gens.push_back(&call);
+    });
+  if (gens.size() != 1) {
+    diags_.error(t.streamLoc, "stream: true streams the rollout of flow '" + t.flow +
+                                  "''s one generate call, but it has " +
+                                  std::to_string(gens.size()));
+    return;
+  }
+  const std::string actor = gens[0]->receiver;
+  bool apart = false;
+  for (const auto &q : prog_.places)
+    if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == actor)
+      apart = true;
+  if (!apart)
+    diags_.error(t.streamLoc, "stream: true needs " + actor +
+                                  "'s generation on devices of its own (`place " + actor +
+                                  ".generate on MESH[a:b]`): on the ranks that train, the "
+                                  "steps after it cannot run while it generates")
+        .notes.push_back({gens[0]->loc, "the generate call"});
+  if (symbols_.count(actor) && symbols_.at(actor).kind == Kind::Role) {
+    const ast::RoleDecl &r = prog_.roles[symbols_.at(actor).index];
+    auto it = r.numbers.find("routing_replay");
+    if (it != r.numbers.end() && it->second != 0)
+      diags_.error(t.streamLoc, "stream: true sends each group's tokens as it finishes, but " +
+                                    actor + " records its routing (routing_replay), which "
+                                    "travels with the whole rollout")
+          .notes.push_back({r.loc, "the role is declared here"});
+  }
+}
 
 bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needApart) {
   const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;

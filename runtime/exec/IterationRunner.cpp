@@ -148,8 +148,10 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
     const bool streamed =
         std::find(ph.streamSteps.begin(), ph.streamSteps.end(), s) != ph.streamSteps.end();
     if (streamed) {
-      // Run on each group as it came (receiveStream), timed there.
+      // Run on each group as it came (receiveStream), timed there; the
+      // wait for the rows counts as the first stream step's moves.
       record_.stepMs[s - ph.first] = streamMs_[s];
+      record_.stepMs[ph.count + s - ph.first] = streamWaitMs_[s];
       continue;
     }
     if (setup_.mySteps.count(s)) {
@@ -174,11 +176,15 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
       if (o_.verbose)
         std::printf("[rank %d] %s: %.1f ms\n", j_.rank, describe(s).c_str(), msSince(ts));
     }
-    if (!ph.streamSteps.empty() && s == ph.genStep && !setup_.mySteps.count(s))
+    double received = 0; // timed as the stream steps' (not the generate step's)
+    if (!ph.streamSteps.empty() && s == ph.genStep && !setup_.mySteps.count(s)) {
+      auto tr = Clock::now();
       receiveStream(ph, it);
+      received = msSince(tr);
+    }
     if (o_.serialize)
       comms_.world->barrier();
-    record_.stepMs[s - ph.first] = msSince(ts);
+    record_.stepMs[s - ph.first] = msSince(ts) - received;
   }
   progress_.step = -1;
   ph.leads.reset(); // admitted by the phase's first generate call

@@ -71,7 +71,8 @@ private:
   void generateStreaming(PhaseRt &ph, int s, int64_t it);
   void receiveStream(PhaseRt &ph, int64_t it);
   void runChunk(PhaseRt &ph, int64_t it, Span rows);
-  std::map<int, double> streamMs_; // streamed steps: this iteration's time on chunks
+  std::map<int, double> streamMs_;     // streamed steps: this iteration's time on chunks
+  std::map<int, double> streamWaitMs_; // and the time waiting for the rows (first step's)
   /// RowSchedule::describe with the phase and iteration in front.
   std::string describe(int s) const { return describeStep(*setup_.rows, progress_, s); }
 };

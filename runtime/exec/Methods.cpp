@@ -508,6 +508,9 @@ void MethodRunner::runGenerate(MethodCall &c) {
   std::vector<int64_t> piecesLeft;                // rows a piece waits for
   std::vector<models::Generation> rowDone;        // ended rows, one each
   if (c.stream && !c.stream->pieces.empty() && !session) {
+    if (so.recordRouting) // (the loader refuses such a plan)
+      throw RunError(describe(s) + ": streams its rows, but records their routing, which a "
+                                   "piece does not carry");
     piecesOf.resize((size_t)(hi - lo));
     rowDone.resize((size_t)(hi - lo));
     for (size_t k = 0; k < c.stream->pieces.size(); ++k) {

@@ -10,6 +10,8 @@
 #include "runtime/exec/Preflight.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 namespace hflow::exec {
 
@@ -96,6 +98,20 @@ void Preflight::readPhases() {
     if (ph.ph && ph.ph->stream_steps() && ph.ph->stream_steps()->size() > 0)
       prepareStream(ph);
     ph.xfers = s_.rows->transfers(ph);
+    if (!ph.streamSteps.empty() && o_.comm == "nccl") {
+      // NCCL receives from one peer at a time: a consumer takes the groups
+      // of one generation replica only.
+      std::map<int, std::set<int>> from;
+      for (const Xfer &x : ph.xfers)
+        if (x.streamed)
+          from[x.dst].insert(x.src);
+      for (auto &[dst, srcs] : from)
+        if (srcs.size() > 1)
+          throw RunError("phase " + ph.name + " streams its rollout to rank " +
+                         std::to_string(dst) + " from " + std::to_string(srcs.size()) +
+                         " generation replicas, which NCCL cannot receive from in the order "
+                         "their groups finish (one peer at a time); run it with --comm gloo");
+    }
     if (ph.offPolicy > 0) {
       auto genRanks = ints(role(step(ph.genStep).role()).generate_ranks());
       for (Xfer &x : ph.xfers)

@@ -287,7 +287,9 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
                              std::to_string(c[k]) + "-" + std::to_string(c[k + 1] - 1) +
                              " of " + str(p_.values()->Get(v)->name(), "a value") +
                              " (the plan's schedule is inconsistent)");
-            int src = holders[(size_t)(r + k) % holders.size()];
+            // (a streamed piece always from its replica's first rank: a
+            // consumer then waits on as few ranks as there are replicas)
+            int src = stream ? holders[0] : holders[(size_t)(r + k) % holders.size()];
             if (!xfers.empty()) {
               Xfer &b = xfers.back();
               if (b.value == v && b.src == src && b.dst == r && b.before == s &&

@@ -53,7 +53,16 @@ void IterationRunner::generateStreaming(PhaseRt &ph, int s, int64_t it) {
     heads.push_back(head);
     heads.push_back(body);
   };
-  runStep(ph, s, it, "", out.pieces.empty() ? nullptr : &out);
+  try {
+    runStep(ph, s, it, "", out.pieces.empty() ? nullptr : &out);
+  } catch (...) {
+    // The run ends; the sends posted may still read their buffers, which
+    // stay alive until the process exits.
+    static std::vector<std::unique_ptr<comm::PendingOp>> abandoned;
+    for (auto &op : sent)
+      abandoned.push_back(std::move(op));
+    throw;
+  }
   auto tw = Clock::now();
   for (auto &op : sent)
     op->wait();
@@ -67,6 +76,8 @@ void IterationRunner::generateStreaming(PhaseRt &ph, int s, int64_t it) {
 
 void IterationRunner::receiveStream(PhaseRt &ph, int64_t it) {
   streamMs_.clear();
+  streamWaitMs_.clear();
+  double waited = 0;
   std::map<int, int64_t> left; // rows still to come, by generation rank
   for (const Xfer &x : ph.xfers)
     if (x.streamed && x.dst == j_.rank)
@@ -82,6 +93,9 @@ void IterationRunner::receiveStream(PhaseRt &ph, int64_t it) {
     std::vector<int> peers;
     for (auto &[q, n] : left)
       peers.push_back(q);
+    progress_.step = ph.genStep;
+    progress_.activity = "receiving the rollout's groups as they finish";
+    auto tw = Clock::now();
     at::Tensor head = at::empty({2}, models::onEngine(at::kLong));
     const int q = comms_.world->recvAny(head, peers, kHeadTag);
     at::Tensor h = head.cpu();
@@ -103,12 +117,19 @@ void IterationRunner::receiveStream(PhaseRt &ph, int64_t it) {
                                 models::onEngine(at::kByte));
     comms_.world->recvAny(body, {q}, kBodyTag);
     unpackRows(vals_.at(ph.rolloutValue), ph.widths(), lo, hi, body);
+    waited += msSince(tw);
+    progress_.activity.clear();
     for (int64_t r = lo; r < hi; ++r)
       got[(size_t)r] = 1;
     if ((left[q] -= hi - lo) == 0)
       left.erase(q);
     runChunk(ph, it, {lo, hi});
   }
+  for (int s : ph.streamSteps)
+    if (setup_.mySteps.count(s)) {
+      streamWaitMs_[s] = waited;
+      break;
+    }
   // Each stream step's check compares what the whole step computed.
   for (int s : ph.streamSteps) {
     if (!setup_.mySteps.count(s))
@@ -142,7 +163,7 @@ void IterationRunner::runChunk(PhaseRt &ph, int64_t it, Span rows) {
                     std::to_string(part.hi - 1) + ")",
                 TraceRecorder::kCompute, tc);
   }
-  progress_.step = -1;
+  progress_.step = ph.genStep; // (still receiving the generate step's rows)
 }
 
 } // namespace hflow::exec

@@ -525,6 +525,9 @@ bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::str
   if (!g->outputs() || g->outputs()->size() != 1)
     return c.fail(what, "'s generate step has no rollout");
   const int rollout = g->outputs()->Get(0);
+  if (actor->options() && actor->options()->routing_replay().value_or(false))
+    return c.fail(what, " streams its rollout, but its actor records its routing "
+                        "(routing_replay), which travels with the whole rollout");
   int last = gen;
   for (int s : *ph.stream_steps()) {
     if (s <= last || s >= end)
@@ -537,6 +540,15 @@ bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::str
       return c.fail(what, " streams step ", s, ", which is not a logprob, values or score call");
     if (!st->inputs() || st->inputs()->size() != 1 || st->inputs()->Get(0) != rollout)
       return c.fail(what, " streams step ", s, ", which reads more than the rollout");
+    // Run right after the generate step: no step between may write the
+    // role's weights.
+    for (int q = gen + 1; q < s; ++q) {
+      const Step *u = p.steps()->Get(q);
+      const std::string um = u->method() ? u->method()->str() : "";
+      if (u->kind() == StepKind::Compute && u->role() == st->role() &&
+          (um == "update" || um == "sft" || um == "fit"))
+        return c.fail(what, " streams step ", s, ", but step ", q, " before it trains its role");
+    }
     const Role *r = p.roles()->Get(st->role());
     const Layout *l = r->train();
     if (l && (l->tp() > 1 || l->pp() > 1 || l->fsdp() > 1 || l->sp() > 1 || l->cp() > 1 ||
