@@ -563,6 +563,13 @@ LogicalResult PlanWriter::emitCall(CallOp call, const std::string &loc) {
   if (call.getMethod() == "generate" &&
       !(call.getArgsAttr() && call.getArgsAttr().get("max_tokens")))
     implied.push_back({"max_tokens", planargs::ArgValue::integer(defaults::kMaxTokens)});
+  // GSPO averages per sequence (as verl): the update's loss_agg, when the
+  // program names none, is written as that.
+  if (call.getMethod() == "update" && call.getArgsAttr() &&
+      !call.getArgsAttr().get("loss_agg"))
+    if (auto pl = call.getArgsAttr().getAs<StringAttr>("policy_loss");
+        pl && pl.getValue() == "gspo")
+      implied.push_back({"loss_agg", planargs::ArgValue::string("seq-mean-token-mean")});
   auto args = callArgs(call, call.getArgsAttr(), implied);
   if (failed(args))
     return failure();

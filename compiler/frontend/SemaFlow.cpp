@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/frontend/SemaImpl.h"
+#include "runtime/schema/Defaults.h"
 #include "runtime/schema/RolloutRejection.h"
 
 namespace hflow::frontend::detail {
@@ -199,12 +200,69 @@ FlowChecker::Ty FlowChecker::typeMethodCall(Expr &e, Scope &scope) {
   if (e.text == "update" && rd.kind == ast::RoleKind::Actor && (kw.count("rollout_is") || kw.count("rollout_rs") ||
                              kw.count("rollout_is_threshold") || kw.count("rollout_rs_threshold")))
     checkRolloutCorrection(e, kw, inputs, scope);
+  if (e.text == "update" && rd.kind == ast::RoleKind::Actor && kw.count("policy_loss"))
+    checkPolicyObjective(kw);
   if (!sig->result) {
     Ty t;
     t.what = Ty::Nothing;
     return t;
   }
   return batchTy(static_cast<ast::BatchKind>(*sig->result));
+}
+
+namespace {
+/// A choice argument's text (a name or a string), or "".
+std::string choiceText(const std::map<std::string, const ast::Arg *> &kw, const char *k) {
+  auto it = kw.find(k);
+  if (it == kw.end())
+    return "";
+  const Expr &v = *it->second->value;
+  return v.kind == Expr::Kind::Name || v.kind == Expr::Kind::String ? v.text : "";
+}
+} // namespace
+
+void FlowChecker::checkPolicyObjective(const std::map<std::string, const ast::Arg *> &kw) {
+  const std::string pl = choiceText(kw, "policy_loss");
+  if (pl != "gspo" && pl != "cispo")
+    return;
+  if (kw.count("clip_ratio_c"))
+    diags_.error(kw.at("clip_ratio_c")->value->loc,
+                 "clip_ratio_c bounds vanilla PPO's dual clip, which policy_loss: " + pl +
+                     " does not have")
+        .notes.push_back({kw.at("policy_loss")->value->loc, "the objective is chosen here"});
+  const std::string agg = choiceText(kw, "loss_agg");
+  if (pl == "gspo" && !agg.empty() && agg != "seq-mean-token-mean")
+    diags_.error(kw.at("loss_agg")->value->loc,
+                 "policy_loss: gspo averages each sequence's tokens, then the sequences "
+                 "(seq-mean-token-mean, as verl does), so the update's loss_agg must be "
+                 "\"seq-mean-token-mean\" (or absent), not \"" + agg + "\"")
+        .notes.push_back({kw.at("policy_loss")->value->loc, "the objective is chosen here"});
+}
+
+void FlowChecker::checkOverlong(const Expr &e, const std::map<std::string, const ast::Arg *> &kw) {
+  if (!kw.count("buffer")) {
+    diags_.error(e.loc, "overlong_penalty() needs buffer: the last tokens before max_tokens "
+                        "over which the penalty grows to -factor (DAPO's overlong buffer)");
+    return;
+  }
+  const Expr &b = *kw.at("buffer")->value;
+  if (b.kind != Expr::Kind::Int || !currentFlow_)
+    return; // (the keyword's own check reports a non-count)
+  // The rollout's width: the flow's generate call's max_tokens.
+  for (const ast::Stmt &st : currentFlow_->body)
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind != Expr::Kind::MethodCall || call.text != "generate")
+        return;
+      int64_t maxTokens = defaults::kMaxTokens;
+      for (const ast::Arg &a : call.args)
+        if (a.key == "max_tokens" && a.value->kind == Expr::Kind::Int)
+          maxTokens = a.value->intValue;
+      if (b.intValue > maxTokens)
+        diags_.error(b.loc, "overlong_penalty() buffer " + std::to_string(b.intValue) +
+                                " is longer than the responses (" + call.receiver +
+                                ".generate's max_tokens " + std::to_string(maxTokens) + ")")
+            .notes.push_back({call.loc, "the generate call"});
+    });
 }
 
 void FlowChecker::checkRolloutCorrection(const Expr &e,
@@ -403,6 +461,8 @@ FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
       for (int k = 0; k < bi->numKeywords; ++k)
         if (bi->keywords[k].name == a.key)
           checkKeyword(*a.value, bi->keywords[k], scope);
+  if (e.text == "overlong_penalty")
+    checkOverlong(e, kw);
   if (e.text == "clip") {
     // Bounds: at least one, and min <= max.
     auto value = [&](const char *key) -> std::optional<double> {

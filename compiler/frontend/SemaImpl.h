@@ -287,6 +287,11 @@ private:
   void checkRolloutCorrection(const Expr &e,
                               const std::map<std::string, const ast::Arg *> &kw,
                               const std::vector<std::pair<Ty, Expr *>> &inputs, Scope &scope);
+  /// An actor update's policy_loss against the options it ignores or fixes
+  /// (GSPO's per-sequence aggregation; no dual clip in GSPO or CISPO).
+  void checkPolicyObjective(const std::map<std::string, const ast::Arg *> &kw);
+  /// overlong_penalty(): its buffer, within the flow's generate max_tokens.
+  void checkOverlong(const Expr &e, const std::map<std::string, const ast::Arg *> &kw);
   void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope);
 
   /// Checks a keyword argument's value against its declared type. A number

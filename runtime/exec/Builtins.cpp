@@ -83,6 +83,18 @@ Results runningNorm(const plan::CallArgs &a, const In &in, const BuiltinContext 
   return {rl::running_normalize_reward(in[0], ctx.mask, *ctx.moments,
                                        a.epsilon().value_or(1e-8))};
 }
+Results overlongPenalty(const plan::CallArgs &a, const In &in, const BuiltinContext &ctx) {
+  // The rollout's width is the generate call's max_tokens (verl's
+  // max_resp_len); hflowc requires the buffer and bounds it by it.
+  if (!a.buffer().has_value())
+    fail("overlong_penalty", "needs buffer");
+  try {
+    return {rl::overlong_penalty(in[0], ctx.mask, in[0].size(1), *a.buffer(),
+                                 a.factor().value_or(1.0))};
+  } catch (const std::invalid_argument &e) {
+    fail("overlong_penalty", e.what());
+  }
+}
 struct Entry {
   std::string_view name;
   Impl fn;
@@ -98,6 +110,7 @@ constexpr Entry kImpls[] = {
     {"whiten", whiten},
     {"clip", clip},
     {"running_norm", runningNorm},
+    {"overlong_penalty", overlongPenalty},
 };
 
 /// add, sub, mul, div with a constant (args.scalar, on the left when

@@ -65,7 +65,15 @@ public:
       : a_(a), ro_(ro), rr_(rr), rollout_(rollout), R_(R), temp_(temperature),
         input_(std::move(input)), check_(std::move(check)), m_(metrics),
         mode_(rl::parse_loss_agg_mode(str(a.loss_agg(), "token-mean"))),
-        correction_(correction) {}
+        policyLoss_(rl::parse_policy_loss(str(a.policy_loss(), "vanilla"))),
+        correction_(correction) {
+    // GSPO averages per sequence whatever the update's mode (as verl): the
+    // plan sets the update's loss_agg to seq-mean-token-mean with it, so
+    // every term weighs its pass the same way.
+    if (policyLoss_ == rl::PolicyLossKind::Gspo && mode_ != rl::LossAggMode::SeqMeanTokenMean)
+      throw RunError("policy_loss gspo aggregates seq-mean-token-mean, but the update's "
+                     "loss_agg is " + str(a.loss_agg(), "token-mean"));
+  }
 
   at::Tensor operator()(int64_t mlo, int64_t mhi, const at::Tensor &h, const LossWeight &w);
   /// The actor's weighted losses, summed over every pass of the call.
@@ -91,6 +99,7 @@ private:
   CheckFn check_;
   MetricSums *m_; // the leader's; null elsewhere
   rl::LossAggMode mode_;
+  rl::PolicyLossKind policyLoss_;
   Val *correction_;
 };
 
@@ -160,6 +169,7 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   if (correction_ && mask.sum().item<double>() == 0)
     return lp.sum() * 0.0;
   rl::PolicyLossConfig pc;
+  pc.kind = policyLoss_;
   pc.clip_ratio = a_.clip().value_or(0.2);
   if (a_.clip_low().has_value())
     pc.clip_ratio_low = *a_.clip_low();
@@ -170,8 +180,8 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   std::optional<at::Tensor> isWeights;
   if (correction_ && correction_->f.count("w"))
     isWeights = (*correction_)["w"].narrow(0, mlo, cnt);
-  auto pl = rl::compute_policy_loss(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc,
-                                    isWeights);
+  auto pl = rl::compute_policy_objective(oldLp, lp, adv->x().narrow(0, mlo, cnt), mask, pc,
+                                         isWeights);
   at::Tensor loss = pl.pg_loss;
   double klv = 0;
   if (ref) {

@@ -147,6 +147,14 @@ bool checkStepArgs(Checker &c, const std::string &what, const Plan &p, const Ste
         return c.fail(what, at(s), "'s rollout_rs: ", e.what());
       }
     }
+    const std::string pl = a.policy_loss() ? a.policy_loss()->str() : "vanilla";
+    if (pl != "vanilla" && a.clip_ratio_c().has_value())
+      return c.fail(what, at(s), " sets clip_ratio_c, a dual clip policy_loss ", pl,
+                    " does not have");
+    if (pl == "gspo" && (!a.loss_agg() || a.loss_agg()->str() != "seq-mean-token-mean"))
+      return c.fail(what, at(s), " has policy_loss gspo with loss_agg ",
+                    a.loss_agg() ? a.loss_agg()->str() : std::string("absent"),
+                    " (GSPO aggregates seq-mean-token-mean)");
     return true;
   }
   if (const builtins::Builtin *bi = builtins::findBuiltin(method)) {
@@ -156,6 +164,8 @@ bool checkStepArgs(Checker &c, const std::string &what, const Plan &p, const Ste
     const CallArgs &a = *s->args();
     if (method == "clip" && !a.min().has_value() && !a.max().has_value())
       return c.fail(what, at(s), " calls clip with neither min nor max");
+    if (method == "overlong_penalty" && !a.buffer().has_value())
+      return c.fail(what, at(s), " calls overlong_penalty without its buffer");
     if (a.min().has_value() && a.max().has_value() && *a.min() > *a.max())
       return c.fail(what, at(s), " sets ", method, "'s min (", *a.min(),
                     ") above its max (", *a.max(), ")");

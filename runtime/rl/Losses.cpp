@@ -50,6 +50,64 @@ PolicyLossOutput compute_policy_loss(const at::Tensor &old_log_prob,
   return {pgLoss, clipfrac, ppoKl, clipfracLower, pgLosses};
 }
 
+PolicyLossKind parse_policy_loss(const std::string &name) {
+  if (name == "vanilla")
+    return PolicyLossKind::Vanilla;
+  if (name == "gspo")
+    return PolicyLossKind::Gspo;
+  if (name == "cispo")
+    return PolicyLossKind::Cispo;
+  throw std::invalid_argument("unknown policy_loss '" + name + "' (vanilla, gspo, cispo)");
+}
+
+PolicyLossOutput compute_policy_objective(const at::Tensor &old_log_prob,
+                                          const at::Tensor &log_prob,
+                                          const at::Tensor &advantages,
+                                          const at::Tensor &response_mask,
+                                          const PolicyLossConfig &config,
+                                          const std::optional<at::Tensor> &rollout_is_weights) {
+  if (config.kind == PolicyLossKind::Vanilla)
+    return compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, config,
+                               rollout_is_weights);
+  const char *fn = config.kind == PolicyLossKind::Gspo ? "compute_policy_loss_gspo"
+                                                       : "compute_policy_loss_cispo";
+  check_floating(log_prob, fn, "log_prob");
+  check_like(old_log_prob, "old_log_prob", log_prob, "log_prob", fn);
+  check_like(advantages, "advantages", log_prob, "log_prob", fn);
+  at::Tensor m = mask_as(response_mask, "response_mask", log_prob, "log_prob", fn);
+  if (rollout_is_weights)
+    check_like(*rollout_is_weights, "rollout_is_weights", log_prob, "log_prob", fn);
+  const double lo = config.clip_ratio_low.value_or(config.clip_ratio);
+  const double hi = config.clip_ratio_high.value_or(config.clip_ratio);
+  const at::Tensor &A = advantages;
+  const at::Tensor zero = at::zeros({}, log_prob.options());
+  if (config.kind == PolicyLossKind::Gspo) {
+    at::Tensor d = log_prob - old_log_prob;
+    at::Tensor len = m.sum(-1).clamp_min(1);
+    at::Tensor seq = (d * m).sum(-1) / len;
+    at::Tensor logS = at::clamp_max(log_prob - log_prob.detach() + seq.detach().unsqueeze(-1),
+                                    10.0);
+    at::Tensor s = at::exp(logS);
+    at::Tensor l1 = -A * s;
+    at::Tensor l2 = -A * at::clamp(s, 1.0 - lo, 1.0 + hi);
+    at::Tensor pgLosses = at::maximum(l1, l2);
+    if (rollout_is_weights)
+      pgLosses = pgLosses * *rollout_is_weights;
+    at::Tensor pgLoss = agg_loss(pgLosses, m, LossAggMode::SeqMeanTokenMean, config.agg);
+    at::Tensor clipfrac = masked_mean(at::gt(l2, l1).to(A.scalar_type()), m);
+    return {pgLoss, clipfrac, masked_mean(-d, m), zero, pgLosses};
+  }
+  at::Tensor d = at::clamp(log_prob - old_log_prob, -20.0, 20.0);
+  at::Tensor ratio = at::exp(d);
+  at::Tensor clipped = at::clamp(ratio, 1.0 - lo, 1.0 + hi);
+  at::Tensor pgLosses = -clipped.detach() * A * log_prob;
+  if (rollout_is_weights)
+    pgLosses = pgLosses * *rollout_is_weights;
+  at::Tensor pgLoss = agg_loss(pgLosses, m, config.loss_agg_mode, config.agg);
+  at::Tensor clipfrac = masked_mean(at::ne(ratio, clipped).to(A.scalar_type()), m);
+  return {pgLoss, clipfrac, masked_mean(-d, m), zero, pgLosses};
+}
+
 ValueLossOutput compute_value_loss(const at::Tensor &vpreds,
                                    const at::Tensor &returns,
                                    const at::Tensor &values,

@@ -12,12 +12,21 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 
 namespace hflow::rl {
+
+/// The policy objective (verl's policy_loss registry: "vanilla", "gspo",
+/// "cispo").
+enum class PolicyLossKind { Vanilla, Gspo, Cispo };
+
+/// "vanilla" | "gspo" | "cispo"; throws std::invalid_argument otherwise.
+PolicyLossKind parse_policy_loss(const std::string &name);
 
 /// verl's actor clip settings (ActorConfig clip_ratio, clip_ratio_low,
 /// clip_ratio_high, clip_ratio_c) plus the aggregation.
 struct PolicyLossConfig {
+  PolicyLossKind kind = PolicyLossKind::Vanilla;
   double clip_ratio = 0.2;               ///< epsilon
   std::optional<double> clip_ratio_low;  ///< epsilon_lo, defaults to clip_ratio
   std::optional<double> clip_ratio_high; ///< epsilon_hi, defaults to clip_ratio
@@ -52,6 +61,31 @@ PolicyLossOutput compute_policy_loss(const at::Tensor &old_log_prob,
                                      const PolicyLossConfig &config = {},
                                      const std::optional<at::Tensor> &rollout_is_weights =
                                          std::nullopt);
+
+/// The objective `config.kind` names: compute_policy_loss (vanilla), or
+///
+/// GSPO (compute_policy_loss_gspo; Zheng et al. 2025): per row the sequence
+/// ratio s = exp(min(sum_t (lp - old) m / max(sum_t m, 1), 10)), carried to
+/// every token as exp(lp - sg(lp) + sg(log s)) so that d s_t / d lp_t = s;
+///   pg_losses = max(-A*s, -A*clamp(s, 1-eps_lo, 1+eps_hi)) (times the
+///   rollout weights), pg_loss = agg_loss(pg_losses, m, seq-mean-token-mean)
+///   whatever config.loss_agg_mode says (as verl); pg_clipfrac =
+///   masked_mean([L2 > L1], m), ppo_kl = masked_mean(old - lp, m),
+///   pg_clipfrac_lower = 0; no dual clip.
+///
+/// CISPO (compute_policy_loss_cispo; MiniMax-M1 2025): the token ratio
+/// r = exp(clamp(lp - old, -20, 20)) clipped to [1-eps_lo, 1+eps_hi] and
+/// held constant: pg_losses = -sg(clip(r)) * A * lp (times the rollout
+/// weights), aggregated by config.loss_agg_mode; pg_clipfrac =
+/// masked_mean([r != clip(r)], m), ppo_kl = masked_mean(-clamp(lp - old),
+/// m), pg_clipfrac_lower = 0; no dual clip.
+PolicyLossOutput compute_policy_objective(const at::Tensor &old_log_prob,
+                                          const at::Tensor &log_prob,
+                                          const at::Tensor &advantages,
+                                          const at::Tensor &response_mask,
+                                          const PolicyLossConfig &config = {},
+                                          const std::optional<at::Tensor> &rollout_is_weights =
+                                              std::nullopt);
 
 struct ValueLossOutput {
   at::Tensor vf_loss;     ///< 0-dim

@@ -55,6 +55,21 @@ at::Tensor clip_sequence_reward(const at::Tensor &scores, const at::Tensor &mask
   return scores + last_token_onehot(mask, scores.scalar_type()) * (clampTo(seq, lo, hi) - seq);
 }
 
+at::Tensor overlong_penalty(const at::Tensor &scores, const at::Tensor &mask, int64_t max_len,
+                            int64_t buffer, double factor, at::Tensor *penalty) {
+  checkPair(scores, mask, "overlong_penalty");
+  if (buffer < 1 || buffer > max_len || !(factor >= 0))
+    throw std::invalid_argument("overlong_penalty: buffer " + std::to_string(buffer) +
+                                " must be in [1, " + std::to_string(max_len) +
+                                "] and factor " + std::to_string(factor) + " at least 0");
+  at::Tensor n = (mask != 0).to(scores.scalar_type()).sum(-1, /*keepdim=*/true);
+  at::Tensor exceed = n - (double)(max_len - buffer);
+  at::Tensor pen = at::clamp_max(-exceed / (double)buffer * factor, 0.0) * (n > 0);
+  if (penalty)
+    *penalty = pen.squeeze(-1);
+  return scores + last_token_onehot(mask, scores.scalar_type()) * pen;
+}
+
 at::Tensor clip_tokens(const at::Tensor &values, const at::Tensor &mask,
                        std::optional<double> lo, std::optional<double> hi) {
   checkPair(values, mask, "clip_tokens");

@@ -61,6 +61,15 @@ struct RunningMoments {
 at::Tensor running_normalize_reward(const at::Tensor &scores, const at::Tensor &mask,
                                     RunningMoments &moments, double eps);
 
+/// DAPO's overlong reward shaping (verl's DAPORewardManager with
+/// overlong_buffer): a response of n tokens (its mask's count) longer than
+/// max_len - buffer earns min(-(n - (max_len - buffer)) / buffer * factor, 0)
+/// more reward, at its last response token; a row without a token is left
+/// as it is. `penalty` gets each row's addition ([B], the scores' dtype).
+/// Throws std::invalid_argument for buffer < 1 or > max_len, or factor < 0.
+at::Tensor overlong_penalty(const at::Tensor &scores, const at::Tensor &mask, int64_t max_len,
+                            int64_t buffer, double factor, at::Tensor *penalty = nullptr);
+
 } // namespace hflow::rl
 
 #endif // HFLOW_RUNTIME_RL_SHAPING_H

@@ -62,6 +62,9 @@ inline constexpr Builtin kBuiltins[] = {
     {"running_norm", 1, {Batch::Scores}, Batch::Scores, false,
      {{"epsilon", ArgType::Positive}}, 1,
      "sequence rewards normalised by the running mean and std of all seen so far"},
+    {"overlong_penalty", 1, {Batch::Scores}, Batch::Scores, false,
+     {{"buffer", ArgType::Count}, {"factor", ArgType::NonNegative}}, 2,
+     "DAPO's overlong shaping: past max_tokens - buffer, -factor per buffer's length"},
     {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, false, {}, 0,
      "the log-probs the rollout was sampled with (the behaviour policy's)"},
 };

@@ -97,7 +97,7 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"minibatch", ArgType::Count},   {"micro_batch", ArgType::Count},
     {"max_batch_tokens", ArgType::Count},
     {"epochs", ArgType::Count},      {"clip", ArgType::Fraction},
-    {"clip_low", ArgType::Fraction}, {"clip_high", ArgType::Fraction},
+    {"clip_low", ArgType::NonNegative}, {"clip_high", ArgType::NonNegative},
     {"clip_ratio_c", ArgType::AboveOne}, // dual-clip bound: verl requires > 1
     {"kl_coef", ArgType::NonNegative},
     {"kl", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"},
@@ -110,7 +110,10 @@ inline constexpr KeywordArg kActorUpdateArgs[] = {
     {"rollout_is", ArgType::Choice, "none token sequence decoupled"},
     {"rollout_is_threshold", ArgType::Positive},
     {"rollout_rs", ArgType::String},
-    {"rollout_rs_threshold", ArgType::String}};
+    {"rollout_rs_threshold", ArgType::String},
+    // the policy objective (runtime/rl/Losses.h): the clipped PPO surrogate,
+    // GSPO's sequence ratio, CISPO's clipped weights
+    {"policy_loss", ArgType::Choice, "vanilla gspo cispo"}};
 inline constexpr KeywordArg kCriticUpdateArgs[] = {
     {"minibatch", ArgType::Count}, {"micro_batch", ArgType::Count},
     {"max_batch_tokens", ArgType::Count},

@@ -17,6 +17,7 @@
 #include "runtime/rl/Losses.h"
 #include "runtime/rl/Masked.h"
 #include "runtime/rl/RolloutCorrection.h"
+#include "runtime/rl/Shaping.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -200,6 +201,38 @@ Outputs run(const json &c, Variant variant) {
   if (fn == "remax")
     return adv(compute_remax_outcome_advantage(in("token_level_rewards"),
                                                in("reward_baselines"), in("response_mask")));
+  if (fn == "policy_loss" && P.contains("policy_loss")) {
+    // GSPO and CISPO, and the gradient of the loss in the log-probs.
+    PolicyLossConfig cfg;
+    cfg.kind = parse_policy_loss(P.at("policy_loss").get<std::string>());
+    cfg.clip_ratio = P.at("clip_ratio").get<double>();
+    cfg.clip_ratio_low = optParam(P, "clip_ratio_low");
+    cfg.clip_ratio_high = optParam(P, "clip_ratio_high");
+    cfg.loss_agg_mode = parse_loss_agg_mode(P.at("mode").get<std::string>());
+    cfg.agg = aggOptions(P);
+    std::optional<at::Tensor> w;
+    if (I.contains("rollout_is_weights"))
+      w = in("rollout_is_weights");
+    at::Tensor lp = in("log_prob").clone().requires_grad_(true);
+    PolicyLossOutput o = compute_policy_objective(in("old_log_prob"), lp, in("advantages"),
+                                                  in("response_mask"), cfg, w);
+    o.pg_loss.backward();
+    at::Tensor grad = lp.grad();
+    return {{"pg_loss", o.pg_loss.detach()},
+            {"pg_clipfrac", o.pg_clipfrac},
+            {"ppo_kl", o.ppo_kl.detach()},
+            {"pg_clipfrac_lower", o.pg_clipfrac_lower},
+            {"pg_losses", o.pg_losses.detach()},
+            {"grad_log_prob", grad}};
+  }
+  if (fn == "overlong_penalty") {
+    at::Tensor pen;
+    at::Tensor out = overlong_penalty(in("scores"), in("response_mask"),
+                                      P.at("max_len").get<int64_t>(),
+                                      P.at("buffer").get<int64_t>(),
+                                      P.at("factor").get<double>(), &pen);
+    return {{"scores", out}, {"penalty", pen}};
+  }
   if (fn == "policy_loss") {
     PolicyLossConfig cfg;
     cfg.clip_ratio = P.at("clip_ratio").get<double>();
@@ -345,7 +378,7 @@ TEST(RLReference, CoversEveryFunction) {
                         "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
                         "policy_loss", "value_loss", "kl_penalty", "kl_loss",
                         "compute_rewards", "apply_kl_penalty", "adaptive_kl",
-                        "entropy_loss"})
+                        "entropy_loss", "overlong_penalty"})
     EXPECT_GT(fns[f], 0) << "no reference case for " << f;
 }
 
