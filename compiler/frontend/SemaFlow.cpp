@@ -245,9 +245,18 @@ void FlowChecker::checkOverlong(const Expr &e, const std::map<std::string, const
                         "over which the penalty grows to -factor (DAPO's overlong buffer)");
     return;
   }
+  // A literal or a folded constant (a `let` of one), else not checked here.
+  auto number = [](const Expr &v) -> std::optional<double> {
+    if (v.constant)
+      return *v.constant;
+    if (v.kind == Expr::Kind::Int)
+      return double(v.intValue);
+    return std::nullopt;
+  };
   const Expr &b = *kw.at("buffer")->value;
-  if (b.kind != Expr::Kind::Int || !currentFlow_)
+  if (!number(b) || !currentFlow_)
     return; // (the keyword's own check reports a non-count)
+  const double buffer = *number(b);
   // The rollout's width: the flow's generate call's max_tokens.
   for (const ast::Stmt &st : currentFlow_->body)
     forEachCall(*st.value, [&](const Expr &call) {
@@ -255,10 +264,13 @@ void FlowChecker::checkOverlong(const Expr &e, const std::map<std::string, const
         return;
       int64_t maxTokens = defaults::kMaxTokens;
       for (const ast::Arg &a : call.args)
-        if (a.key == "max_tokens" && a.value->kind == Expr::Kind::Int)
-          maxTokens = a.value->intValue;
-      if (b.intValue > maxTokens)
-        diags_.error(b.loc, "overlong_penalty() buffer " + std::to_string(b.intValue) +
+        if (a.key == "max_tokens") {
+          if (!number(*a.value))
+            return; // (not a constant: the runtime checks the rollout's width)
+          maxTokens = (int64_t)*number(*a.value);
+        }
+      if (buffer > (double)maxTokens)
+        diags_.error(b.loc, "overlong_penalty() buffer " + std::to_string((int64_t)buffer) +
                                 " is longer than the responses (" + call.receiver +
                                 ".generate's max_tokens " + std::to_string(maxTokens) + ")")
             .notes.push_back({call.loc, "the generate call"});

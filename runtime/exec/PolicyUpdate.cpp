@@ -40,8 +40,8 @@ namespace {
 /// bucket of a micro-batch also weighs its terms by what they average
 /// over: `tok` its response tokens over the micro-batch's (token means:
 /// clip fractions, ppo_kl, and every loss under token-mean), `row` its
-/// rows over the micro-batch's (the other aggregations' sequence means,
-/// and the metrics' denominators); seq-mean-token-sum-norm adds its
+/// rows with a token over the micro-batch's (the other aggregations'
+/// sequence means, and the metrics' denominators); seq-mean-token-sum-norm adds its
 /// sequences' sums (1). A whole micro-batch: all 1.
 struct LossWeight {
   double share = 1, tok = 1, row = 1;
@@ -226,10 +226,16 @@ void weighPasses(const at::Tensor &rmask, const std::vector<std::pair<int64_t, i
     const double share = double(mhi - mlo) / double(mbRows);
     const double toks =
         runs[k].size() > 1 ? rmask.narrow(0, mlo, mhi - mlo).sum().item<double>() : 0;
+    // The sequence means count the rows with a token left (rejection
+    // sampling may mask whole rows), as verl's over the whole micro-batch.
+    auto seqs = [&](int64_t a, int64_t b) {
+      return (rmask.narrow(0, a, b - a).sum(1) > 0).sum().item<double>();
+    };
+    const double rows = runs[k].size() > 1 ? seqs(mlo, mhi) : 0;
     for (auto [u, e] : runs[k]) {
       LossWeight w{share};
       if (runs[k].size() > 1) {
-        w.row = double(e - u) / double(mhi - mlo);
+        w.row = rows > 0 ? seqs(u, e) / rows : double(e - u) / double(mhi - mlo);
         w.tok = toks > 0 ? rmask.narrow(0, u, e - u).sum().item<double>() / toks
                          : w.row;
       }

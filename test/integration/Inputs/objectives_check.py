@@ -8,6 +8,8 @@
   objectives_check.py metric METRICS.jsonl PHASE KEY
       KEY of every iteration of PHASE: all finite, printed as positive or
       not.
+  objectives_check.py differ A.jsonl B.jsonl PHASE KEY
+      KEY of PHASE's first iteration differs between the two runs.
 """
 import json
 import math
@@ -70,11 +72,26 @@ def metric(path, phase, key):
           f"{'all positive' if all(v > 0 for v in vals) else 'not all positive'}")
 
 
+def differ(a_path, b_path, phase, key):
+    def first(path):
+        for l in open(path):
+            x = json.loads(l) if l.strip() else {}
+            if x.get("phase") == phase:
+                return x.get(key)
+        sys.exit(f"objectives_check: no {phase} iteration in {path}")
+    a, b = first(a_path), first(b_path)
+    if a is None or b is None or a == b:
+        sys.exit(f"objectives_check: {key} of {phase} iteration 1: {a} and {b}")
+    print(f"{key} of {phase} iteration 1 differs: {a} against {b}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "overlong":
         overlong(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
                  float(sys.argv[6]))
     elif sys.argv[1] == "metric":
         metric(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "differ":
+        differ(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         sys.exit(__doc__)
