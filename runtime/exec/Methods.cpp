@@ -506,18 +506,23 @@ void MethodRunner::runGenerate(MethodCall &c) {
   const int64_t lo = sp.lo * n, hi = sp.hi * n;
   std::vector<std::vector<size_t>> piecesOf;      // local row -> pieces
   std::vector<int64_t> piecesLeft;                // rows a piece waits for
-  std::vector<models::Generation> rowDone;        // ended rows, one each
+  struct Ended {
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+    bool stopped = false;
+  };
+  std::vector<Ended> ended; // this replica's rows that ended, by local row
   if (c.stream && !c.stream->pieces.empty() && !session) {
     if (so.recordRouting) // (the loader refuses such a plan)
       throw RunError(describe(s) + ": streams its rows, but records their routing, which a "
                                    "piece does not carry");
     piecesOf.resize((size_t)(hi - lo));
-    rowDone.resize((size_t)(hi - lo));
+    ended.resize((size_t)(hi - lo));
     for (size_t k = 0; k < c.stream->pieces.size(); ++k) {
       const Span &q = c.stream->pieces[k];
-      if (q.lo < lo || q.hi > hi || q.lo >= q.hi)
+      if (q.lo < lo || q.hi > hi || q.lo >= q.hi || (q.lo - lo) / n != (q.hi - 1 - lo) / n)
         throw RunError(describe(s) + ": streams rows " + std::to_string(q.lo) + "-" +
-                       std::to_string(q.hi - 1) + ", which this replica does not make");
+                       std::to_string(q.hi - 1) + ", which are not of one group it makes");
       for (int64_t r = q.lo; r < q.hi; ++r)
         piecesOf[(size_t)(r - lo)].push_back(k);
       piecesLeft.push_back(q.hi - q.lo);
@@ -527,34 +532,41 @@ void MethodRunner::runGenerate(MethodCall &c) {
                             const std::vector<float> &lps, bool stopped) {
       if (row < 0 || row >= hi - lo)
         return;
-      // The row as the whole generation will have it: one row of tokens
-      // (padded), its mask, log-probs and stop.
-      std::vector<int64_t> tok((size_t)R, pad);
-      std::vector<float> m((size_t)R, 0.f), l((size_t)R, 0.f);
-      for (size_t t = 0; t < resp.size() && (int64_t)t < R; ++t)
-        tok[t] = resp[t], m[t] = 1.f, l[t] = lps[t];
-      const at::Device dev = ro_["rtoks"].device();
-      auto toDev = [&](auto &v, at::ScalarType type) {
-        return at::from_blob(v.data(), {1, R}, at::TensorOptions().dtype(type))
-            .to(dev, /*non_blocking=*/false, /*copy=*/true);
-      };
-      models::Generation one;
-      one.tokens = toDev(tok, at::kLong);
-      one.mask = toDev(m, at::kFloat);
-      one.logprobs = toDev(l, at::kFloat);
-      one.stopped = at::full({1}, stopped, at::TensorOptions().dtype(at::kBool).device(dev));
-      rowDone[(size_t)row] = std::move(one);
+      ended[(size_t)row] = {resp, lps, stopped};
       for (size_t k : piecesOf[(size_t)row]) {
         if (--piecesLeft[k] != 0)
           continue;
+        // The piece's rows as the whole generation will write them: its
+        // tokens (padded), mask, log-probs and stops, one copy each to the
+        // rollout's device; its group's prompt, id and index.
         const Span &q = c.stream->pieces[k];
-        for (int64_t r = q.lo; r < q.hi; ++r) {
-          const int64_t l = r - lo;
-          writeGeneration(ro_, r, ptoks.narrow(0, l, 1), pmask.narrow(0, l, 1),
-                          rowDone[(size_t)l], ph.widths(), rr.generationVersion());
-          ro_["ids"].narrow(0, r, 1).copy_(pids.narrow(0, l / n, 1));
-          ro_["group"].narrow(0, r, 1).fill_(sp.lo + l / n);
+        const int64_t rows = q.hi - q.lo, l0 = q.lo - lo;
+        std::vector<int64_t> tok((size_t)(rows * R), pad);
+        std::vector<float> m((size_t)(rows * R), 0.f), lp((size_t)(rows * R), 0.f);
+        std::vector<uint8_t> stop((size_t)rows, 0);
+        for (int64_t i = 0; i < rows; ++i) {
+          const Ended &e = ended[(size_t)(l0 + i)];
+          for (size_t t = 0; t < e.tokens.size() && (int64_t)t < R; ++t) {
+            tok[(size_t)(i * R) + t] = e.tokens[t];
+            m[(size_t)(i * R) + t] = 1.f;
+            lp[(size_t)(i * R) + t] = e.logprobs[t];
+          }
+          stop[(size_t)i] = e.stopped;
         }
+        const at::Device dev = ro_["rtoks"].device();
+        auto toDev = [&](auto &v, at::ScalarType type, at::IntArrayRef shape) {
+          return at::from_blob(v.data(), shape, at::TensorOptions().dtype(type))
+              .to(dev, /*non_blocking=*/false, /*copy=*/true);
+        };
+        models::Generation piece;
+        piece.tokens = toDev(tok, at::kLong, {rows, R});
+        piece.mask = toDev(m, at::kFloat, {rows, R});
+        piece.logprobs = toDev(lp, at::kFloat, {rows, R});
+        piece.stopped = toDev(stop, at::kBool, {rows});
+        writeGeneration(ro_, q.lo, ptoks.narrow(0, l0, rows), pmask.narrow(0, l0, rows), piece,
+                        ph.widths(), rr.generationVersion());
+        ro_["ids"].narrow(0, q.lo, rows).copy_(pids.narrow(0, l0 / n, 1).expand({rows}));
+        ro_["group"].narrow(0, q.lo, rows).fill_(sp.lo + l0 / n);
         c.stream->send(ro_, k);
       }
     };
