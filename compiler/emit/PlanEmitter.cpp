@@ -607,12 +607,15 @@ FailureOr<std::vector<int>> PlanWriter::streamSteps(TrainOp train, int firstStep
     return train.emitError() << "stream: true streams the rollout of the flow's one generate "
                                 "call, but it has "
                              << gens.size();
+  auto roleName = [&](int role) {
+    for (auto &[name, r] : idx.role)
+      if (r == role)
+        return name.str();
+    return std::string();
+  };
   const Index::CallStep &gen = idx.calls.at(gens[0]);
   const std::vector<int> &genRanks = idx.roleGenRanks[gen.role];
-  std::string actor;
-  for (auto &[name, r] : idx.role)
-    if (r == gen.role)
-      actor = name.str();
+  const std::string actor = roleName(gen.role);
   if (genRanks.empty())
     return train.emitError() << "stream: true needs " << actor
                              << "'s generation on devices of its own (`place " << actor
@@ -633,10 +636,7 @@ FailureOr<std::vector<int>> PlanWriter::streamSteps(TrainOp train, int firstStep
     if (c == idx.calls.end())
       continue;
     const Index::CallStep &cs = c->second;
-    std::string name;
-    for (auto &[n, r] : idx.role)
-      if (r == cs.role)
-        name = n.str();
+    const std::string name = roleName(cs.role);
     const std::string call = name + "." + cs.method;
     if (cs.method == "update" || cs.method == "sft" || cs.method == "fit")
       trained.insert(cs.role);

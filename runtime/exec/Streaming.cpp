@@ -41,8 +41,7 @@ void IterationRunner::generateStreaming(PhaseRt &ph, int s, int64_t it) {
       r = e;
     }
   }
-  std::vector<std::unique_ptr<comm::PendingOp>> sent;
-  std::vector<at::Tensor> heads;
+  std::vector<std::unique_ptr<comm::PendingOp>> sent; // (each holds its buffer)
   out.send = [&](Val &ro, size_t k) {
     const Span q = out.pieces[k];
     at::Tensor head = at::tensor({q.lo, q.hi}, at::TensorOptions().dtype(at::kLong))
@@ -50,8 +49,6 @@ void IterationRunner::generateStreaming(PhaseRt &ph, int s, int64_t it) {
     at::Tensor body = packRows(ro, ph.widths(), q.lo, q.hi);
     sent.push_back(comms_.world->isend(head, dsts[k], kHeadTag));
     sent.push_back(comms_.world->isend(body, dsts[k], kBodyTag));
-    heads.push_back(head);
-    heads.push_back(body);
   };
   try {
     runStep(ph, s, it, "", out.pieces.empty() ? nullptr : &out);

@@ -7,6 +7,21 @@
 namespace hflow::rl {
 using namespace detail;
 
+namespace {
+/// A policy objective's inputs checked against `log_prob` (dtype, shape,
+/// device); the mask in its dtype.
+at::Tensor policyMask(const char *fn, const at::Tensor &old_log_prob, const at::Tensor &log_prob,
+                      const at::Tensor &advantages, const at::Tensor &response_mask,
+                      const std::optional<at::Tensor> &rollout_is_weights) {
+  check_floating(log_prob, fn, "log_prob");
+  check_like(old_log_prob, "old_log_prob", log_prob, "log_prob", fn);
+  check_like(advantages, "advantages", log_prob, "log_prob", fn);
+  if (rollout_is_weights)
+    check_like(*rollout_is_weights, "rollout_is_weights", log_prob, "log_prob", fn);
+  return mask_as(response_mask, "response_mask", log_prob, "log_prob", fn);
+}
+} // namespace
+
 PolicyLossOutput compute_policy_loss(const at::Tensor &old_log_prob,
                                      const at::Tensor &log_prob,
                                      const at::Tensor &advantages,
@@ -14,12 +29,8 @@ PolicyLossOutput compute_policy_loss(const at::Tensor &old_log_prob,
                                      const PolicyLossConfig &config,
                                      const std::optional<at::Tensor> &rollout_is_weights) {
   const char *fn = "compute_policy_loss";
-  check_floating(log_prob, fn, "log_prob");
-  check_like(old_log_prob, "old_log_prob", log_prob, "log_prob", fn);
-  check_like(advantages, "advantages", log_prob, "log_prob", fn);
-  at::Tensor m = mask_as(response_mask, "response_mask", log_prob, "log_prob", fn);
-  if (rollout_is_weights)
-    check_like(*rollout_is_weights, "rollout_is_weights", log_prob, "log_prob", fn);
+  at::Tensor m = policyMask(fn, old_log_prob, log_prob, advantages, response_mask,
+                            rollout_is_weights);
   if (!(config.clip_ratio_c > 1.0))
     fail(fn, "clip_ratio_c (the dual-clip lower bound) must be > 1.0, got " +
                  std::to_string(config.clip_ratio_c));
@@ -71,12 +82,8 @@ PolicyLossOutput compute_policy_objective(const at::Tensor &old_log_prob,
                                rollout_is_weights);
   const char *fn = config.kind == PolicyLossKind::Gspo ? "compute_policy_loss_gspo"
                                                        : "compute_policy_loss_cispo";
-  check_floating(log_prob, fn, "log_prob");
-  check_like(old_log_prob, "old_log_prob", log_prob, "log_prob", fn);
-  check_like(advantages, "advantages", log_prob, "log_prob", fn);
-  at::Tensor m = mask_as(response_mask, "response_mask", log_prob, "log_prob", fn);
-  if (rollout_is_weights)
-    check_like(*rollout_is_weights, "rollout_is_weights", log_prob, "log_prob", fn);
+  at::Tensor m = policyMask(fn, old_log_prob, log_prob, advantages, response_mask,
+                            rollout_is_weights);
   const double lo = config.clip_ratio_low.value_or(config.clip_ratio);
   const double hi = config.clip_ratio_high.value_or(config.clip_ratio);
   const at::Tensor &A = advantages;
