@@ -10,11 +10,11 @@
 
 namespace hflow::frontend::detail {
 
-FlowChecker::Ty FlowChecker::batchTy(ast::BatchKind k, bool returns) {
+FlowChecker::Ty FlowChecker::batchTy(ast::BatchKind k, const builtins::Fields *fields) {
   Ty t;
   t.what = Ty::Batch;
   t.kind = k;
-  t.hasReturns = returns;
+  t.fields = fields;
   return t;
 }
 
@@ -50,7 +50,7 @@ FlowChecker::Ty FlowChecker::typeExprImpl(Expr &e, Scope &scope) {
       diags_.error(e.loc, std::string("cannot negate ") + kindName(t.kind));
       return {};
     }
-    t.hasReturns = false;
+    t.fields = nullptr;
     return t;
   }
   case Expr::Kind::Binary: return typeBinary(e, scope);
@@ -68,7 +68,7 @@ FlowChecker::Ty FlowChecker::typeName(Expr &e, Scope &scope) {
       return {};
     if (!it->second.kind)
       return constTy(it->second.constant);
-    return batchTy(*it->second.kind, it->second.hasReturns);
+    return batchTy(*it->second.kind, it->second.fields);
   }
   if (auto s = symbols_.find(e.text); s != symbols_.end()) {
     diags_.error(e.loc, "'" + e.text + "' is a " + kindName(s->second.kind) +
@@ -96,17 +96,20 @@ FlowChecker::Ty FlowChecker::typeField(Expr &e, Scope &scope) {
   b.used = true;
   if (b.poisoned)
     return {};
-  if (b.hasReturns && (e.text == "returns" || e.text == "advantages"))
-    return batchTy(e.text == "returns" ? ast::BatchKind::Returns
-                                       : ast::BatchKind::Advantages);
+  if (b.fields && b.kind && e.text == b.fields->self)
+    return batchTy(*b.kind);
+  if (b.fields && e.text == b.fields->second)
+    return batchTy(static_cast<ast::BatchKind>(b.fields->secondKind));
   auto &d = diags_.error(e.loc, "'" + e.receiver + "' has no field '" + e.text + "'");
-  d.notes.push_back({b.loc, b.hasReturns
-                                ? "'" + e.receiver +
-                                      "' is an advantage estimate; its fields "
-                                      "are .advantages and .returns"
-                                : "'" + e.receiver + "' is defined here; only "
-                                      "an advantage estimator's result has "
-                                      "fields (.advantages, .returns)"});
+  d.notes.push_back(
+      {b.loc, b.fields ? "'" + e.receiver + "' is " +
+                             (b.fields->second == "returns" ? "an advantage estimate"
+                                                              : "filter_groups' kept rollout") +
+                             "; its fields are ." + std::string(b.fields->self) + " and ." +
+                             std::string(b.fields->second)
+                       : "'" + e.receiver + "' is defined here; only "
+                             "an advantage estimator's result (.advantages, .returns) and "
+                             "filter_groups' (.rollout, .scores) have fields"});
   return {};
 }
 
@@ -475,6 +478,11 @@ FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
           checkKeyword(*a.value, bi->keywords[k], scope);
   if (e.text == "overlong_penalty")
     checkOverlong(e, kw);
+  if (e.text == "filter_groups" && !kw.count("max_draws"))
+    diags_.error(e.loc, "filter_groups() needs max_draws: the most draws of the train block's "
+                        "batch of prompts an iteration may take to fill its batch with groups "
+                        "whose rewards differ (verl's max_num_gen_batches); hflowc plans the "
+                        "generation for that many");
   if (e.text == "clip") {
     // Bounds: at least one, and min <= max.
     auto value = [&](const char *key) -> std::optional<double> {
@@ -536,7 +544,7 @@ FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
       bi->result == builtins::kAnyNumeric
           ? inputs[0].first.kind
           : static_cast<ast::BatchKind>(bi->result);
-  return batchTy(result, bi->withReturns);
+  return batchTy(result, bi->fields.any() ? &bi->fields : nullptr);
 }
 
 FlowChecker::Ty FlowChecker::typeBinary(Expr &e, Scope &scope) {
@@ -647,7 +655,7 @@ void FlowChecker::checkFlow(ast::FlowDecl &f) {
     checkShadows(s.name, s.nameLoc, "'" + s.name + "'");
     Binding b;
     b.loc = s.nameLoc;
-    b.hasReturns = t.hasReturns;
+    b.fields = t.fields;
     b.rolloutLogprobs = e.kind == Expr::Kind::Call && e.text == "rollout_logprobs";
     if (t.what == Ty::Batch)
       b.kind = t.kind;
@@ -661,6 +669,134 @@ void FlowChecker::checkFlow(ast::FlowDecl &f) {
   for (auto &[name, b] : scope)
     if (!b.used)
       diags_.warning(b.loc, "value '" + name + "' is never used");
+  checkFilterGroups(f);
+}
+
+void FlowChecker::checkFilterGroups(const ast::FlowDecl &f) {
+  const Expr *filter = nullptr;
+  size_t at = 0;
+  for (size_t i = 0; i < f.body.size(); ++i) {
+    const ast::Stmt &st = f.body[i];
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind != Expr::Kind::Call || call.text != "filter_groups")
+        return;
+      if (filter) {
+        diags_.error(call.loc, "a flow filters its groups once: this is its second "
+                               "filter_groups")
+            .notes.push_back({filter->loc, "the first"});
+        return;
+      }
+      if (&call != st.value.get() || st.name.empty()) {
+        diags_.error(call.loc, "bind filter_groups' result with a let (`let kept = "
+                               "filter_groups(rollout, score, max_draws: 4)`): it is the kept "
+                               "rollout, and `kept.scores` its scores");
+        return;
+      }
+      filter = &call;
+      at = i;
+    });
+  }
+  if (!filter)
+    return;
+  std::vector<const Expr *> inputs;
+  for (const ast::Arg &a : filter->args)
+    if (a.key.empty())
+      inputs.push_back(a.value.get());
+  if (inputs.size() != 2)
+    return; // (reported by typeBuiltin)
+  // The rollout: the result of a generate call, bound by a let.
+  size_t gen = f.body.size();
+  if (inputs[0]->kind == Expr::Kind::Name)
+    for (size_t i = 0; i < at; ++i)
+      if (f.body[i].name == inputs[0]->text && f.body[i].value->kind == Expr::Kind::MethodCall &&
+          f.body[i].value->text == "generate")
+        gen = i;
+  if (gen == f.body.size()) {
+    diags_.error(inputs[0]->loc, "filter_groups generates again on fresh prompts until the "
+                                 "batch is full: its first input must be the rollout a "
+                                 "generate call returns, by the name its let gives it");
+    return;
+  }
+  const ast::Stmt &genStmt = f.body[gen];
+  // The values computed from the rollout before the filter.
+  std::set<std::string> unfiltered{genStmt.name};
+  for (size_t i = gen + 1; i < at; ++i) {
+    const ast::Stmt &st = f.body[i];
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::MethodCall &&
+          (call.text == "update" || call.text == "sft" || call.text == "fit"))
+        diags_.error(call.loc, call.receiver + "." + call.text +
+                                   " trains between the generate call and filter_groups, "
+                                   "which repeats those steps on fresh prompts until its "
+                                   "batch is full; train after the filter")
+            .notes.push_back({filter->loc, "the filter"});
+    });
+    bool derived = false;
+    forEachUse(*st.value, [&](const std::string &n, const Expr &) {
+      derived = derived || unfiltered.count(n);
+    });
+    if (derived && !st.name.empty())
+      unfiltered.insert(st.name);
+  }
+  bool scored = false;
+  forEachUse(*inputs[1], [&](const std::string &n, const Expr &) {
+    scored = scored || unfiltered.count(n);
+  });
+  if (!scored)
+    diags_.error(inputs[1]->loc, "filter_groups compares the rewards of each group of '" +
+                                     genStmt.name + "': its scores must be computed from it")
+        .notes.push_back({genStmt.nameLoc, "the rollout is defined here"});
+  // After the filter, only its result (and what is computed from it, and
+  // constants) stands for the batch: anything else is of another draw.
+  std::set<std::string> kept{f.body[at].name}, constants;
+  for (const ast::Stmt &st : f.body)
+    if (!st.name.empty() && st.value->constant)
+      constants.insert(st.name);
+  for (size_t i = at + 1; i < f.body.size(); ++i) {
+    bool clean = true;
+    forEachUse(*f.body[i].value, [&](const std::string &n, const Expr &use) {
+      if (kept.count(n) || constants.count(n))
+        return;
+      clean = false;
+      if (unfiltered.count(n))
+        diags_.error(use.loc, "'" + n + "' is computed from the rollout before filter_groups "
+                                        "dropped its groups and drew new ones; after the filter, "
+                                        "compute from its result '" + f.body[at].name + "'" +
+                                        (n == genStmt.name ? "" : " (and its .scores)"))
+            .notes.push_back({filter->loc, "the filter"});
+      else
+        diags_.error(use.loc, "'" + n + "' is not computed from filter_groups' result '" +
+                                  f.body[at].name + "': after the filter, the batch is the "
+                                  "kept groups, drawn over several batches of prompts")
+            .notes.push_back({filter->loc, "the filter"});
+    });
+    if (clean && !f.body[i].name.empty())
+      kept.insert(f.body[i].name);
+  }
+  // The prompts change with every draw: only the filtered generate call
+  // reads them (before it too, a step would read the first draw's alone).
+  std::set<std::string> params;
+  for (const ast::Param &p : f.params)
+    params.insert(p.name);
+  for (size_t i = 0; i < f.body.size(); ++i) {
+    if (i == gen || i > at)
+      continue; // (after the filter: reported above)
+    forEachUse(*f.body[i].value, [&](const std::string &n, const Expr &use) {
+      if (params.count(n))
+        diags_.error(use.loc, "'" + n + "' is drawn anew for every draw of filter_groups: "
+                                        "only the generate call it filters reads it")
+            .notes.push_back({filter->loc, "the filter"});
+    });
+  }
+  // Nothing in the span keeps state across draws.
+  for (size_t i = gen + 1; i < at; ++i)
+    forEachCall(*f.body[i].value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::Call && call.text == "running_norm")
+        diags_.error(call.loc, "running_norm before filter_groups would count every draw's "
+                               "rewards, the dropped groups' too; normalise the kept ones after "
+                               "the filter")
+            .notes.push_back({filter->loc, "the filter"});
+    });
 }
 
 } // namespace hflow::frontend::detail

@@ -86,6 +86,20 @@ template <typename Fn> void forEachCall(const Expr &e, Fn fn) {
     forEachCall(*e.rhs, fn);
 }
 
+/// Calls `fn` on every use of a flow value in `e` (a name, a field's
+/// receiver), with the expression that names it.
+template <typename Fn> void forEachUse(const Expr &e, Fn fn) {
+  if (e.kind == Expr::Kind::Name || e.kind == Expr::Kind::Field)
+    fn(e.kind == Expr::Kind::Name ? e.text : e.receiver, e);
+  for (const ast::Arg &a : e.args)
+    if (a.key.empty()) // keyword arguments are constants
+      forEachUse(*a.value, fn);
+  if (e.lhs)
+    forEachUse(*e.lhs, fn);
+  if (e.rhs)
+    forEachUse(*e.rhs, fn);
+}
+
 /// What every checker shares: the program, the diagnostics, the declared
 /// names, and the checks of a single value (Sema.cpp, SemaValues.cpp).
 class SemaBase {
@@ -250,7 +264,8 @@ private:
     double constant = 0;
     ast::SourceLoc loc;
     bool used = false;
-    bool hasReturns = false; // an advantage estimator's result
+    /// A builtin result with fields (an advantage estimator's, filter_groups').
+    const builtins::Fields *fields = nullptr;
     bool poisoned = false;   // its definition had an error: stay quiet
     bool rolloutLogprobs = false; // rollout_logprobs(...): the rollout's own log-probs
   };
@@ -261,9 +276,9 @@ private:
     enum { Error, Constant, Batch, Nothing } what = Error;
     ast::BatchKind kind = ast::BatchKind::Prompts;
     double value = 0;
-    bool hasReturns = false;
+    const builtins::Fields *fields = nullptr;
   };
-  static Ty batchTy(ast::BatchKind k, bool returns = false);
+  static Ty batchTy(ast::BatchKind k, const builtins::Fields *fields = nullptr);
   static Ty constTy(double v);
   /// Types `e` and records the result on it (batchKind / constant).
   Ty typeExpr(Expr &e, Scope &scope);
@@ -292,6 +307,11 @@ private:
   void checkPolicyObjective(const std::map<std::string, const ast::Arg *> &kw);
   /// overlong_penalty(): its buffer, within the flow's generate max_tokens.
   void checkOverlong(const Expr &e, const std::map<std::string, const ast::Arg *> &kw);
+  /// filter_groups(): bound once by a let, on the rollout of a generate
+  /// call and scores computed from it; nothing between trains, and nothing
+  /// after reads the unfiltered values (the span from the generate call to
+  /// the filter repeats on fresh prompts).
+  void checkFilterGroups(const ast::FlowDecl &f);
   void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope);
 
   /// Checks a keyword argument's value against its declared type. A number
@@ -335,6 +355,9 @@ private:
   /// need the rest).
   bool canRunAhead(const ast::TrainDecl &t, bool report, bool apart = true);
   void checkStream(const ast::TrainDecl &t);
+  /// A flow with filter_groups draws more prompts within its iteration: not
+  /// with a rollout made ahead or streamed.
+  void checkFilterSchedule(const ast::TrainDecl &t);
   /// staleness (SemaStaleness.cpp): the bound of the flow's schedule in
   /// policy versions, from the actor's optimizer steps per rollout and the
   /// rollout's lag; the schedule a declared bound allows; a program whose

@@ -81,7 +81,7 @@ void TrainChecker::checkTrainSamples(ast::TrainDecl &t,
       forEachCall(*st.value, [&](const Expr &call) {
         if (call.kind == Expr::Kind::Call &&
             (call.text == "grpo_advantage" || call.text == "rloo_advantage" ||
-             call.text == "reinforce_pp_baseline"))
+             call.text == "reinforce_pp_baseline" || call.text == "filter_groups"))
           diags_
               .error(call.loc, call.text + " compares the n responses of "
                                            "each prompt, but the train block "
@@ -214,6 +214,7 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
                           "(or off_policy: 0)"});
   else if (t.stream)
     checkStream(t);
+  checkFilterSchedule(t);
   if (t.minibatch > 0 && t.batch > 0 && t.batch % t.minibatch != 0)
     diags_.error(t.minibatchLoc, "minibatch (" + std::to_string(t.minibatch) +
                                      ") does not divide batch (" +
@@ -260,6 +261,34 @@ void TrainChecker::checkStream(const ast::TrainDecl &t) {
                                     "travels with the whole rollout")
           .notes.push_back({r.loc, "the role is declared here"});
   }
+}
+
+void TrainChecker::checkFilterSchedule(const ast::TrainDecl &t) {
+  const Symbol *f = symbols_.count(t.flow) ? &symbols_.at(t.flow) : nullptr;
+  if (!f || f->kind != Kind::Flow)
+    return;
+  const Expr *filter = nullptr;
+  for (const ast::Stmt &st : prog_.flows[f->index].body)
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::Call && call.text == "filter_groups" && !filter)
+        filter = &call;
+    });
+  if (!filter)
+    return;
+  if (t.offPolicy > 0 || t.partialHorizon > 0)
+    diags_.error(filter->loc, "filter_groups draws more prompts and generates again within "
+                              "its iteration, but flow '" + t.flow + "' trains on a rollout "
+                              "made " + (t.partialHorizon > 0 ? "over several calls (partial "
+                                                                "rollouts)"
+                                                              : "one iteration ahead"))
+        .notes.push_back({t.stalenessLoc.line > 0 ? t.stalenessLoc : t.offPolicyLoc,
+                          "the schedule is chosen here; filtering takes staleness: 0 "
+                          "(or off_policy: 0)"});
+  if (t.stream)
+    diags_.error(t.streamLoc, "stream: true streams each group on as it finishes, but "
+                              "filter_groups keeps or drops whole groups on their rewards "
+                              "first")
+        .notes.push_back({filter->loc, "the filter"});
 }
 
 bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needApart) {

@@ -224,7 +224,10 @@ private:
     switch (e.kind) {
     case K::Name: return scope.at(e.text);
     case K::Field:
-      return scope.at(e.text == "returns" ? e.receiver + ".returns" : e.receiver);
+      // The second result (`.returns`, `.scores`) under its field's name;
+      // the first result's field is the value itself.
+      return scope.count(e.receiver + "." + e.text) ? scope.at(e.receiver + "." + e.text)
+                                                    : scope.at(e.receiver);
     case K::MethodCall: return methodCall(e, scope, "");
     case K::Call: return builtin(e, scope, "").front();
     case K::Neg:
@@ -318,8 +321,8 @@ private:
     SmallVector<Value> inputs = positional(e, scope);
     SmallVector<Type> types{batchType(*e.batchKind)};
     const auto *bi = ::hflow::builtins::findBuiltin(e.text);
-    if (bi && bi->withReturns)
-      types.push_back(batchType(int(::hflow::ast::BatchKind::Returns)));
+    if (bi && bi->fields.any())
+      types.push_back(batchType(int(bi->fields.secondKind)));
     auto op = BuiltinOp::create(b_, loc(e.loc), types, e.text, inputs,
                                 kwargs(e, scope), FloatAttr(), false, FloatAttr(),
                                 name.empty() ? StringAttr() : b_.getStringAttr(name));
@@ -357,14 +360,18 @@ private:
         ValueRange rs = builtin(e, scope, s.name);
         scope[s.name] = rs.front();
         if (rs.size() == 2)
-          scope[s.name + ".returns"] = rs[1];
+          scope[s.name + "." + std::string(
+                                   ::hflow::builtins::findBuiltin(e.text)->fields.second)] = rs[1];
         continue;
       }
       Value v = value(e, scope);
       if (e.kind == K::Name || e.kind == K::Field) {
-        // `let a2 = adv`: another name for the same value (and its returns).
-        if (e.kind == K::Name && scope.count(e.text + ".returns"))
-          scope[s.name + ".returns"] = scope.at(e.text + ".returns");
+        // `let a2 = adv`: another name for the same value (and its second
+        // result).
+        if (e.kind == K::Name)
+          for (const char *f : {".returns", ".scores"})
+            if (scope.count(e.text + f))
+              scope[s.name + f] = scope.at(e.text + f);
       } else if (auto def = v.getDefiningOp<BuiltinOp>()) {
         def.setNameAttr(b_.getStringAttr(s.name)); // the op this let created
       }

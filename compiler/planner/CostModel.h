@@ -124,6 +124,11 @@ struct StepShape {
   /// the largest; 0: none, the pool holds every sequence of a replica).
   int64_t kvBlockSize = 16;
   int64_t genBatchTokens = 0;
+  /// Dynamic sampling (filter_groups): the most draws of the batch an
+  /// iteration generates (its max_draws; 1 without a filter). The search
+  /// plans generation for all of them (the worst case the program allows);
+  /// each draw holds what one generation of the batch does.
+  int64_t genDraws = 1;
   int64_t seqLen() const { return promptLen + responseLen; }
 };
 

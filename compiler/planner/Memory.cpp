@@ -106,6 +106,7 @@ Workload largest(const std::vector<Workload> &ws) {
                              : std::max(out.genBatchTokens, w.genBatchTokens);
     out.kvBlockSize = std::max(out.kvBlockSize, w.kvBlockSize);
     out.genBatches = std::max(out.genBatches, w.genBatches);
+    out.genDraws = std::max(out.genDraws, w.genDraws);
   }
   return out;
 }
@@ -164,8 +165,14 @@ std::vector<Workload> workloadsOf(ModuleOp module) {
     if (auto j = t.getPartialHorizonAttr())
       w.genBatches = j.getInt() + 1;
     w.fromTrainBlock = true;
-    if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr()))
+    if (auto flow = SymbolTable::lookupNearestSymbolFrom<FlowOp>(t, t.getFlowAttr())) {
       generateDemands({flow}, w);
+      flow.walk([&](BuiltinOp b) {
+        if (b.getCallee() == "filter_groups" && b.getArgsAttr())
+          if (auto d = b.getArgsAttr().getAs<IntegerAttr>("max_draws"))
+            w.genDraws = std::max<int64_t>(1, d.getInt());
+      });
+    }
     out.push_back(w);
   }
   if (out.empty()) {

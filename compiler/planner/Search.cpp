@@ -299,7 +299,7 @@ struct Ctx {
       e.gen = generateSeconds(role, g, n, dev, mesh, wg, cal);
       if (withTransition)
         e.transition = transition(r, tr, g, n);
-      e.t[kGenerate] = e.gen.total() + e.transition;
+      e.t[kGenerate] = e.gen.total() * double(std::max<int64_t>(1, w.genDraws)) + e.transition;
     } else {
       e.mem = roleMemory(role, tr, nullptr, onePerPass(w));
     }

@@ -373,8 +373,13 @@ void BuiltinOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
   if (getResults().empty() || !getNameAttr())
     return;
   setNameFn(getResults().front(), getNameAttr().getValue());
+  // The second result by its field's name (`adv_returns`, `kept_scores`).
+  const auto *b = ::hflow::builtins::findBuiltin(getCallee().str());
   if (getResults().size() == 2)
-    setNameFn(getResults()[1], (getNameAttr().getValue() + "_returns").str());
+    setNameFn(getResults()[1],
+              (getNameAttr().getValue() + "_" +
+               (b && b->fields.any() ? std::string(b->fields.second) : std::string("2")))
+                  .str());
 }
 
 LogicalResult BuiltinOp::verify() {
@@ -386,8 +391,9 @@ LogicalResult BuiltinOp::verify() {
   StringRef callee = getCallee();
   if (getResults().empty())
     return emitOpError() << "'" << callee << "' must have a result";
-  // rollout_logprobs reads a rollout (checked against its signature below).
-  if (callee != "rollout_logprobs")
+  // rollout_logprobs and filter_groups read a rollout (checked against
+  // their signatures below).
+  if (callee != "rollout_logprobs" && callee != "filter_groups")
     for (Value v : getInputs())
       if (!m::isNumeric(kindOf(v)))
         return emitOpError() << "'" << callee << "' takes numeric batches, not "
@@ -443,15 +449,16 @@ LogicalResult BuiltinOp::verify() {
       return emitOpError() << "'" << callee << "' input " << i + 1 << " must be "
                            << m::batchName(b->inputs[i]) << ", got "
                            << m::batchName(kindOf(getInputs()[i]));
-  size_t want = b->withReturns ? 2 : 1;
+  size_t want = b->fields.any() ? 2 : 1;
   if (getResults().size() != want)
     return emitOpError() << "'" << callee << "' has " << want << " result"
                          << (want == 1 ? "" : "s");
   m::Batch out = b->result == bi::kAnyNumeric ? kindOf(getInputs()[0]) : b->result;
   if (kindOf(getResults()[0]) != out)
     return emitOpError() << "'" << callee << "' returns " << m::batchName(out);
-  if (want == 2 && kindOf(getResults()[1]) != m::Batch::Returns)
-    return emitOpError() << "'" << callee << "' returns returns second";
+  if (want == 2 && kindOf(getResults()[1]) != b->fields.secondKind)
+    return emitOpError() << "'" << callee << "' returns "
+                         << m::batchName(b->fields.secondKind) << " second";
   if (auto args = getArgsAttr())
     for (NamedAttribute na : args) {
       const bi::KeywordArg *k = nullptr;

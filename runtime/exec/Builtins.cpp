@@ -135,9 +135,10 @@ Results arithmetic(const std::string &name, const plan::CallArgs &a, const In &i
 } // namespace
 
 bool hasImplementation(std::string_view name) {
-  // rollout_logprobs reads the rollout's own log-probs: the controller
-  // answers it before calling runBuiltin (ControllerSteps.cpp).
-  if (builtins::isArithmetic(name) || name == "rollout_logprobs")
+  // rollout_logprobs reads the rollout's own log-probs, and filter_groups
+  // keeps groups across draws (GroupFilter.cpp): the controller answers
+  // them before calling runBuiltin (ControllerSteps.cpp).
+  if (builtins::isArithmetic(name) || name == "rollout_logprobs" || name == "filter_groups")
     return true;
   for (const Entry &e : kImpls)
     if (e.name == name)

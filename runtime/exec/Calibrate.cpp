@@ -44,6 +44,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -578,16 +579,41 @@ const char *const kindName[] = {"training", "forward", "generation", "weight res
 /// Each step's measured times from the metrics rows: ms_step_N (the
 /// iteration's slowest rank) and ms_moves_N (the batch moves before step
 /// N, format 2.12 plans).
-void collectStepTimes(const std::vector<nlohmann::json> &rows,
+void collectStepTimes(const plan::Plan &p, const std::vector<nlohmann::json> &rows,
                       std::map<int, std::vector<double>> &measured,
                       std::map<int, std::vector<double>> &moves) {
-  for (const nlohmann::json &r : rows)
-    for (auto it = r.begin(); it != r.end(); ++it) {
-      if (it.key().rfind("ms_step_", 0) == 0 && it->is_number())
-        measured[std::atoi(it.key().c_str() + 8)].push_back(it->get<double>());
-      if (it.key().rfind("ms_moves_", 0) == 0 && it->is_number())
-        moves[std::atoi(it.key().c_str() + 9)].push_back(it->get<double>());
+  // Dynamic sampling: the steps from a filter's generate step to it ran
+  // once per draw; the plan predicts one draw.
+  std::set<int> span;
+  for (int s = 0; p.steps() && s < (int)p.steps()->size(); ++s) {
+    const plan::Step &f = *p.steps()->Get(s);
+    if (f.kind() != plan::StepKind::Builtin || !f.method() || f.method()->str() != "filter_groups" ||
+        !f.inputs() || f.inputs()->size() == 0)
+      continue;
+    for (int g = s - 1; g >= 0; --g) {
+      const plan::Step &q = *p.steps()->Get(g);
+      if (q.outputs() && q.outputs()->size() > 0 && q.outputs()->Get(0) == f.inputs()->Get(0)) {
+        for (int k = g; k <= s; ++k)
+          span.insert(k);
+        break;
+      }
     }
+  }
+  for (const nlohmann::json &r : rows) {
+    const double draws =
+        r.contains("filter_draws") && r["filter_draws"].is_number() ? r["filter_draws"].get<double>() : 1;
+    auto perDraw = [&](int s, double ms) { return span.count(s) && draws > 1 ? ms / draws : ms; };
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (it.key().rfind("ms_step_", 0) == 0 && it->is_number()) {
+        const int s = std::atoi(it.key().c_str() + 8);
+        measured[s].push_back(perDraw(s, it->get<double>()));
+      }
+      if (it.key().rfind("ms_moves_", 0) == 0 && it->is_number()) {
+        const int s = std::atoi(it.key().c_str() + 9);
+        moves[s].push_back(perDraw(s, it->get<double>()));
+      }
+    }
+  }
 }
 
 /// Each constant scaled from what the plan was predicted with (hflowc's
@@ -660,7 +686,7 @@ int calibrateFromMetrics(const plan::LoadedPlan &lp, const std::string &metricsP
   }
   // Each step's measured time: the median over the iterations that ran it.
   std::map<int, std::vector<double>> measured, moves;
-  collectStepTimes(rows, measured, moves);
+  collectStepTimes(p, rows, measured, moves);
   if (measured.empty())
     return fail(metricsPath + " has no step times (ms_step_N): not the metrics of a run");
   const int steps = p.steps() ? (int)p.steps()->size() : 0;

@@ -23,9 +23,11 @@ using namespace hflow::plan;
 
 void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
   const Step &st = step(s);
+  if (s == ph.filterStep)
+    return runFilter(ph, s);
   BuiltinContext ctx;
-  if (ph.rolloutValue >= 0 && vals_.count(ph.rolloutValue)) {
-    Val &ro = vals_.at(ph.rolloutValue);
+  if (const int mv = ph.maskValueFor(s); mv >= 0 && vals_.count(mv)) {
+    Val &ro = vals_.at(mv);
     ctx.mask = ro["rmask"].to(at::kDouble);
     ctx.index = ro["group"].clone();
   } else {
@@ -74,6 +76,52 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
   record_.digests[s] = out.empty() ? 0 : out[0].sum().item<double>();
   if (!o_.dumpValues.empty())
     dumpBuiltin(ph, s, inputs, out, ctx);
+}
+
+void ControllerSteps::runFilter(PhaseRt &ph, int s) {
+  const Step &st = step(s);
+  auto in = ints(st.inputs());
+  auto out = ints(st.outputs());
+  for (int v : in)
+    if (!vals_.count(v))
+      throw RunError("input " + str(p_.values()->Get(v)->name(), "?") +
+                     " has not reached the controller");
+  if (ph.draw == 0)
+    filter_.reset();
+  const int64_t kept = filter_.add(vals_.at(in[0]), vals_.at(in[1]).x(), ph.n);
+  record_.digests[s] = (double)kept;
+  const bool full = filter_.keptGroups() >= ph.batch;
+  if (full) {
+    auto [rollout, scores] = filter_.take(ph.batch, ph.n);
+    filter_.release(); // (the counts stay for the metrics)
+    Val sv = makeVal(p_.values()->Get(out[1])->kind(), ph.batch * ph.n, ph.widths());
+    sv.x().copy_(scores);
+    vals_[out[0]] = std::move(rollout);
+    vals_[out[1]] = std::move(sv);
+  }
+  if (o_.dumpValues.empty())
+    return;
+  // This draw's scores, mask, prompt ids and kept groups; with the last,
+  // the kept rollout's prompt ids, scores and mask.
+  std::vector<std::pair<std::string, at::Tensor>> ts{
+      {"scores", vals_.at(in[1]).x().to(at::kDouble).cpu()},
+      {"mask", vals_.at(in[0])["rmask"].to(at::kDouble).cpu()},
+      {"ids", vals_.at(in[0])["ids"].to(at::kDouble).cpu()},
+      {"kept", filter_.drawKept().back().to(at::kDouble)}};
+  if (full) {
+    ts.push_back({"out_ids", vals_.at(out[0])["ids"].to(at::kDouble).cpu()});
+    ts.push_back({"out_scores", vals_.at(out[1]).x().to(at::kDouble).cpu()});
+    ts.push_back({"out_mask", vals_.at(out[0])["rmask"].to(at::kDouble).cpu()});
+  }
+  const std::string dir = o_.dumpValues + "/" + ph.name + "-" + std::to_string(progress_.iter + 1);
+  try {
+    std::filesystem::create_directories(dir);
+    models::writeSafetensors(dir + "/step-" + std::to_string(s) + "-filter_groups-draw" +
+                                 std::to_string(ph.draw + 1) + ".safetensors",
+                             ts, {{"step", describe(s)}});
+  } catch (const std::exception &e) {
+    throw RunError(std::string("--dump-values: ") + e.what());
+  }
 }
 
 /// --dump-values DIR: a builtin's inputs, outputs, mask and groups as

@@ -12,6 +12,7 @@
 #define HFLOW_RUNTIME_EXEC_CONTROLLERSTEPS_H
 
 #include "runtime/exec/EngineState.h"
+#include "runtime/exec/GroupFilter.h"
 
 #include <map>
 #include <vector>
@@ -39,13 +40,19 @@ public:
   /// running_norm's moments per call site (plan step): checkpointed as
   /// builtin/<step>/moments.
   std::map<int, rl::RunningMoments> &moments() { return moments_; }
+  /// filter_groups' draws of the current iteration (rank 0).
+  const GroupFilter &filter() const { return filter_; }
 
 private:
+  /// filter_groups (dynamic sampling): one draw's groups; the kept rollout
+  /// and its scores once `batch` groups are kept.
+  void runFilter(PhaseRt &ph, int s);
   void dumpBuiltin(const PhaseRt &ph, int s, const std::vector<at::Tensor> &in,
                    const std::vector<at::Tensor> &out, const BuiltinContext &ctx);
   std::string describe(int s) const { return describeStep(*s_.rows, progress_, s); }
 
   std::map<int, rl::RunningMoments> moments_;
+  GroupFilter filter_;
   int corruptRank_; ///< HFLOW_TEST_CORRUPT_DIGEST: a fault injected for tests
 };
 

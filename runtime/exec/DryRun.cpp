@@ -197,8 +197,9 @@ void printRankMemory(const Plan &p, int rank, std::FILE *out) {
 }
 
 /// What rank `rank` does in step `st`.
-std::string describeStep(const Plan &p, const Step &st, int rank,
+std::string describeStep(const Plan &p, int s, int rank,
                          const std::map<int, executes::Verdict> &forms) {
+  const Step &st = *p.steps()->Get(s);
   auto roleName = [&](int r) { return roleNameOf(p, r); };
   std::string what;
   switch (st.kind()) {
@@ -229,6 +230,19 @@ std::string describeStep(const Plan &p, const Step &st, int rank,
     break;
   case StepKind::Builtin:
     what = "builtin " + str(st.method(), "?") + " on the controller";
+    if (str(st.method()) == "filter_groups") {
+      // Dynamic sampling: the span from the generate step of its rollout.
+      int gen = -1;
+      for (int q = 0; q < s; ++q)
+        if (const Step &g = *p.steps()->Get(q);
+            g.kind() == StepKind::Compute && str(g.method()) == "generate" && g.outputs() &&
+            st.inputs() && g.outputs()->Get(0) == st.inputs()->Get(0))
+          gen = q;
+      what += ": steps #" + std::to_string(gen) + "-#" + std::to_string(s) +
+              " repeat on the next prompts until the batch's groups all have rewards that "
+              "differ, at most " + std::to_string(st.args()->max_draws().value_or(1)) +
+              " draws";
+    }
     break;
   case StepKind::Reshard: {
     const Reshard &r = *p.reshards()->Get(st.reshard());
@@ -285,7 +299,7 @@ void printDryRun(const LoadedPlan &lp, std::FILE *out) {
       continue;
     for (int idx : *s->steps()) {
       const Step &st = *p.steps()->Get(idx);
-      const std::string what = describeStep(p, st, rank, forms);
+      const std::string what = describeStep(p, idx, rank, forms);
       std::fprintf(out, "  #%-3d %s%s%s\n", idx, what.c_str(),
                    st.loc() && st.loc()->size() ? "  at " : "",
                    str(st.loc()).c_str());

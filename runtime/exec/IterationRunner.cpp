@@ -92,6 +92,7 @@ void IterationRunner::moveRows(PhaseRt &ph, int s, bool early) {
 
 void IterationRunner::run(PhaseRt &ph, int64_t it) {
   progress_.iter = it;
+  ph.draw = 0;
   vals_.clear();
   record_.digests.clear();
   record_.sums.emplace();
@@ -143,7 +144,7 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
     // Counted on the ranks that receive rows for the step.
     if (std::any_of(ph.xfers.begin(), ph.xfers.end(),
                     [&](const Xfer &x) { return x.before == s && x.dst == j_.rank; }))
-      record_.stepMs[ph.count + s - ph.first] = msSince(tm);
+      record_.stepMs[ph.count + s - ph.first] += msSince(tm);
     auto ts = Clock::now();
     const bool streamed =
         std::find(ph.streamSteps.begin(), ph.streamSteps.end(), s) != ph.streamSteps.end();
@@ -184,7 +185,10 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
     }
     if (o_.serialize)
       comms_.world->barrier();
-    record_.stepMs[s - ph.first] = msSince(ts) - received;
+    // (+=: a step of a filter's span runs once per draw)
+    record_.stepMs[s - ph.first] += msSince(ts) - received;
+    if (s == ph.filterStep && !filterDone(ph))
+      s = ph.genStep - 1; // the next draw
   }
   progress_.step = -1;
   ph.leads.reset(); // admitted by the phase's first generate call
@@ -206,6 +210,64 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
   if (ck_.due(progress_.globalIter))
     state_.save();
   progress_.activity.clear();
+}
+
+/// After the filter_groups step of draw ph.draw (dynamic sampling): the
+/// controller tells every rank whether its batch is full (one broadcast).
+/// Full: true, and the controller counts the draws. Not yet: the values
+/// the span made are dropped, the next prompts drawn (the same on every
+/// rank) and false returned, for the span to run again. Out of draws: every
+/// rank stops with the same error.
+bool IterationRunner::filterDone(PhaseRt &ph) {
+  enum : int { kMore = 0, kFull = 1, kShort = 2 };
+  const Step &fs = step(ph.filterStep);
+  const int64_t maxDraws = fs.args()->max_draws().value_or(1);
+  at::Tensor t = at::zeros({4}, at::TensorOptions().dtype(at::kDouble));
+  if (j_.rank == 0) {
+    const GroupFilter &f = controller_.filter();
+    const int state = f.keptGroups() >= ph.batch ? kFull : f.draws() >= maxDraws ? kShort : kMore;
+    t = at::tensor({(double)state, (double)f.draws(), (double)f.keptGroups(),
+                    (double)f.droppedGroups()},
+                   at::TensorOptions().dtype(at::kDouble));
+  }
+  t = t.to(models::engineDevice());
+  comms_.world->broadcast(t, 0);
+  t = t.cpu();
+  const int state = (int)t[0].item<double>();
+  const int64_t draws = (int64_t)t[1].item<double>(), kept = (int64_t)t[2].item<double>(),
+                dropped = (int64_t)t[3].item<double>();
+  if (state == kShort)
+    throw RunError("after " + std::to_string(draws) + " draw" +
+                   (draws == 1 ? "" : "s") + " of " + std::to_string(ph.batch) +
+                   " prompts, only " + std::to_string(kept) + " of the " +
+                   std::to_string(ph.batch) + " groups the batch needs have rewards that "
+                   "differ (" + std::to_string(dropped) + " dropped as all equal): raise "
+                   "max_draws, or train on prompts the model solves some of the time");
+  if (state == kFull) {
+    if (j_.rank == 0 && record_.sums) {
+      record_.sums->filterDraws += (double)draws;
+      record_.sums->filterDropped += (double)dropped;
+    }
+    return true;
+  }
+  ++ph.draw;
+  // The span's values give way to the next draw's; the controller keeps
+  // the groups it kept.
+  std::set<int> span;
+  for (int q = ph.genStep; q <= ph.filterStep; ++q) {
+    span.insert(q);
+    for (int v : ints(step(q).outputs()))
+      vals_.erase(v);
+  }
+  const std::vector<int64_t> ids = nextPrompts(ph);
+  for (auto it = vals_.begin(); it != vals_.end();)
+    it = it->second.kind == BatchKind::Prompts ? vals_.erase(it) : std::next(it);
+  for (int s = ph.first; s < ph.first + ph.count; ++s)
+    for (int v : ints(step(s).inputs()))
+      if (p_.values()->Get(v)->kind() == BatchKind::Prompts && !vals_.count(v))
+        makePrompts(ph, ids, vals_[v]);
+  progress_.plannedSteps += setup_.rows->plannedOf(span);
+  return false;
 }
 
 /// Partial rollouts: the prompts of the partialHorizon batches after the

@@ -59,6 +59,9 @@ public:
 
 private:
   std::vector<int64_t> nextPrompts(PhaseRt &ph);
+  /// Dynamic sampling: after the filter step, whether the batch is full
+  /// (else the next draw is prepared).
+  bool filterDone(PhaseRt &ph);
   void drawLeads(PhaseRt &ph);
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
   void moveRows(PhaseRt &ph, int s, bool early);

@@ -439,7 +439,10 @@ void MethodRunner::runGenerate(MethodCall &c) {
   ptoks = ptoks.repeat_interleave(n, 0);
   pmask = pmask.repeat_interleave(n, 0);
   at::Generator g =
-      models::makeGenerator(mix(mix(ph.seed, (uint64_t)it), (uint64_t)sp.lo * 7919 + (uint64_t)s));
+      // (a filter's later draws: their own streams)
+      models::makeGenerator(mix(ph.draw > 0 ? mix(mix(ph.seed, (uint64_t)it), 0xd4a3u + (uint64_t)ph.draw)
+                                            : mix(ph.seed, (uint64_t)it),
+                                (uint64_t)sp.lo * 7919 + (uint64_t)s));
   so.maxBatchTokens = a.max_batch_tokens().value_or(0);
   // Continuous batching over a paged KV cache. The pool is the plan's
   // (format 2.13: what the compiler left for it on this rank's devices, in

@@ -97,6 +97,7 @@ void Preflight::readPhases() {
       preparePartial(ph);
     if (ph.ph && ph.ph->stream_steps() && ph.ph->stream_steps()->size() > 0)
       prepareStream(ph);
+    prepareFilter(ph);
     ph.xfers = s_.rows->transfers(ph);
     if (!ph.streamSteps.empty() && o_.comm == "nccl") {
       // NCCL receives from one peer at a time: a consumer takes the groups
@@ -190,8 +191,11 @@ void Preflight::findRollout(PhaseRt &ph) {
   }
   for (int s = ph.first; s < ph.first + ph.count && generated.size() > 1; ++s) {
     const Step &st = step(s);
-    if (st.kind() == StepKind::Compute && str(st.method()) == "update" && st.inputs() &&
-        st.inputs()->size() > 0 && generated.count(st.inputs()->Get(0))) {
+    // The rollout an update trains on, or the one filter_groups filters.
+    const bool update = st.kind() == StepKind::Compute && str(st.method()) == "update";
+    const bool filter = st.kind() == StepKind::Builtin && str(st.method()) == "filter_groups";
+    if ((update || filter) && st.inputs() && st.inputs()->size() > 0 &&
+        generated.count(st.inputs()->Get(0))) {
       ph.rolloutValue = st.inputs()->Get(0);
       break;
     }
@@ -312,6 +316,28 @@ void Preflight::preparePartial(PhaseRt &ph) {
         if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
           throw RunError(what + ": " + s_.rows->describe(s) +
                          " reads the prompts, which only the generate step may");
+}
+
+/// Dynamic sampling (the plan loader checked the steps): the filter_groups
+/// step, its kept rollout, and the generate step its span starts at.
+void Preflight::prepareFilter(PhaseRt &ph) {
+  for (int s = ph.first; s < ph.first + ph.count; ++s)
+    if (step(s).kind() == StepKind::Builtin && str(step(s).method()) == "filter_groups") {
+      ph.filterStep = s;
+      ph.keptValue = step(s).outputs()->Get(0);
+    }
+  if (ph.filterStep < 0)
+    return;
+  const int rollout = step(ph.filterStep).inputs()->Get(0);
+  for (int s = ph.first; s < ph.filterStep; ++s)
+    if (step(s).kind() == StepKind::Compute && str(step(s).method()) == "generate" &&
+        step(s).outputs()->Get(0) == rollout)
+      ph.genStep = s;
+  if (ph.genStep < 0 || rollout != ph.rolloutValue)
+    throw RunError("phase " + ph.name + " filters a rollout its generate step does not make");
+  if (ph.n < 2) // (a plan without a train block: its synthetic phase)
+    throw RunError("phase " + ph.name + " filters groups of n = " + std::to_string(ph.n) +
+                   " responses; filter_groups compares 2 or more");
 }
 
 /// Streaming (the plan loader checked the steps): the phase's generate

@@ -63,6 +63,8 @@ private:
   /// the prompts (its rollout's groups come from several calls' prompts).
   void preparePartial(PhaseRt &ph);
   void prepareStream(PhaseRt &ph);
+  /// The phase's filter_groups step (dynamic sampling), if any.
+  void prepareFilter(PhaseRt &ph);
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::string defaultTokenizer() const;

@@ -250,9 +250,9 @@ std::vector<Xfer> RowSchedule::transfers(const PhaseShape &ph) const {
       continue;
     const bool stream = streamed.count(s) > 0;
     std::vector<int> inputs = ints(st.inputs());
-    if (st.kind() == StepKind::Builtin && ph.rolloutValue >= 0 &&
-        std::find(inputs.begin(), inputs.end(), ph.rolloutValue) == inputs.end())
-      inputs.push_back(ph.rolloutValue); // the mask and the groups (once)
+    if (const int mv = ph.maskValueFor(s); st.kind() == StepKind::Builtin && mv >= 0 &&
+        std::find(inputs.begin(), inputs.end(), mv) == inputs.end())
+      inputs.push_back(mv); // the mask and the groups (once)
     // Sources are ranks that hold the rows before this step: a rank that
     // receives rows for this step cannot forward them in the same step.
     std::vector<std::pair<int, std::pair<int, Span>>> received; // (value, (rank, rows))

@@ -58,6 +58,16 @@ struct PhaseShape {
   /// the generation ranks alone.
   int genStep = -1;
   std::vector<int> streamSteps;
+  /// Dynamic sampling (filter_groups): its step and the kept rollout it
+  /// makes (-1: none). The steps from genStep to it repeat on fresh prompts
+  /// (draw 1, 2, ...) until the batch is full; the builtins after it take
+  /// the kept rollout's mask and groups.
+  int filterStep = -1, keptValue = -1;
+  int draw = 0;
+  /// The rollout whose mask and groups builtin step `s` reads.
+  int maskValueFor(int s) const {
+    return filterStep >= 0 && s > filterStep ? keptValue : rolloutValue;
+  }
 };
 
 class RowSchedule {

@@ -71,7 +71,9 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::corrWMax,
     &MetricSums::genForwards,
     &MetricSums::inFlight,
-    &MetricSums::partialCalls};
+    &MetricSums::partialCalls,
+    &MetricSums::filterDraws,
+    &MetricSums::filterDropped};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -300,6 +302,12 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
     add("rollout_forwards", tot.genForwards);
   if (tot.partialCalls > 0)
     add("rollout_in_flight", tot.inFlight);
+  // Dynamic sampling: the draws of the generate-to-filter span this
+  // iteration (1: the first batch was full) and the groups dropped.
+  if (tot.filterDraws > 0) {
+    add("filter_draws", tot.filterDraws);
+    add("filter_dropped_groups", tot.filterDropped);
+  }
   // The rollout correction (an actor update's rollout_is / rollout_rs):
   // the weights' mean over the tokens (after truncation; a decoupled cap's
   // zeros included), the largest before it, the share above the threshold,

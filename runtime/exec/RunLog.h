@@ -64,8 +64,11 @@ struct MetricSums {
   /// partial rollouts: the groups left in flight after the calls, and the
   /// calls.
   double genForwards = 0, inFlight = 0, partialCalls = 0;
+  /// Dynamic sampling (filter_groups): the iteration's draws and the groups
+  /// dropped as all equal (the controller's).
+  double filterDraws = 0, filterDropped = 0;
 
-  static constexpr int kCount = 51;
+  static constexpr int kCount = 53;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

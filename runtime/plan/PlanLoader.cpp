@@ -166,6 +166,8 @@ bool checkStepArgs(Checker &c, const std::string &what, const Plan &p, const Ste
       return c.fail(what, at(s), " calls clip with neither min nor max");
     if (method == "overlong_penalty" && !a.buffer().has_value())
       return c.fail(what, at(s), " calls overlong_penalty without its buffer");
+    if (method == "filter_groups" && !a.max_draws().has_value())
+      return c.fail(what, at(s), " calls filter_groups without its max_draws");
     if (a.min().has_value() && a.max().has_value() && *a.min() > *a.max())
       return c.fail(what, at(s), " sets ", method, "'s min (", *a.min(),
                     ") above its max (", *a.max(), ")");
@@ -572,6 +574,91 @@ bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::str
   return true;
 }
 
+/// A phase's filter_groups step (DAPO's dynamic sampling): one, on the
+/// rollout of a generate step of the phase and scores of it; no step from
+/// the generate step to the filter trains (the span repeats on fresh
+/// prompts), and no step after it reads a value the span made but the
+/// filter's results.
+bool checkFilterSteps(Checker &c, const Plan &p, const Phase &ph, const std::string &what) {
+  const int first = ph.first_step(), end = first + ph.num_steps();
+  auto method = [&](int s) {
+    const Step *st = p.steps()->Get(s);
+    return st->method() ? st->method()->str() : std::string();
+  };
+  int filter = -1;
+  for (int s = first; s < end; ++s)
+    if (p.steps()->Get(s)->kind() == StepKind::Builtin && method(s) == "filter_groups") {
+      if (filter >= 0)
+        return c.fail(what, " has two filter_groups steps, ", filter, " and ", s);
+      filter = s;
+    }
+  if (filter < 0)
+    return true;
+  const Step *f = p.steps()->Get(filter);
+  if (ph.off_policy() != 0 || ph.partial_horizon() != 0 || len(ph.stream_steps()))
+    return c.fail(what, " filters its groups (step ", filter,
+                  ") but trains on a rollout made ahead or streamed");
+  if (ph.n() < 2)
+    return c.fail(what, " filters groups of n = ", ph.n(), " responses (it needs 2 or more)");
+  if (!f->inputs() || f->inputs()->size() != 2 || !f->outputs() || f->outputs()->size() != 2)
+    return c.fail(what, "'s filter_groups step ", filter, " has not two inputs and two results");
+  int gen = -1;
+  for (int s = first; s < filter; ++s) {
+    const Step *st = p.steps()->Get(s);
+    if (st->kind() == StepKind::Compute && method(s) == "generate" && st->outputs() &&
+        st->outputs()->size() == 1 && st->outputs()->Get(0) == f->inputs()->Get(0))
+      gen = s;
+  }
+  if (gen < 0)
+    return c.fail(what, "'s filter_groups step ", filter,
+                  " filters no rollout of a generate step before it");
+  // The controller (rank 0) runs the filter and tells every rank its state.
+  const RankSchedule *r0 = p.schedules() && p.schedules()->size() > 0 ? p.schedules()->Get(0)
+                                                                       : nullptr;
+  bool onController = false;
+  if (r0 && r0->steps())
+    for (int q : *r0->steps())
+      onController = onController || q == filter;
+  if (!onController)
+    return c.fail(what, "'s filter_groups step ", filter, " is not scheduled on rank 0");
+  std::set<int> made, after; // values made in the span; at the filter or after
+  for (int s = gen; s <= filter; ++s) {
+    const Step *st = p.steps()->Get(s);
+    const std::string m = method(s);
+    if (st->kind() == StepKind::Compute && (m == "update" || m == "sft" || m == "fit"))
+      return c.fail(what, "'s step ", s, " trains between the generate step ", gen,
+                    " and filter_groups (step ", filter, "), which repeat");
+    if (st->kind() == StepKind::Builtin && m == "running_norm")
+      return c.fail(what, "'s step ", s, " (running_norm) would update its moments once per "
+                                         "draw of filter_groups (step ", filter, ")");
+    if (s < filter && st->outputs())
+      for (int v : *st->outputs())
+        made.insert(v);
+  }
+  if (!made.count(f->inputs()->Get(1)))
+    return c.fail(what, "'s filter_groups step ", filter, " compares scores not made from its "
+                                                          "rollout");
+  for (int s = filter; s < end; ++s) {
+    const Step *st = p.steps()->Get(s);
+    if (s > filter && st->inputs())
+      for (int v : *st->inputs())
+        if (!after.count(v))
+          return c.fail(what, "'s step ", s, " reads value ", v,
+                        ", not made from filter_groups' result (step ", filter, ")");
+    if (st->outputs())
+      for (int v : *st->outputs())
+        after.insert(v);
+  }
+  // The prompts change with every draw: only the generate step reads them.
+  for (int s = first; s < end; ++s)
+    if (const Step *st = p.steps()->Get(s); s != gen && st->inputs())
+      for (int v : *st->inputs())
+        if (v >= 0 && v < (int)len(p.values()) && p.values()->Get(v)->kind() == BatchKind::Prompts)
+          return c.fail(what, "'s step ", s, " reads the prompts, which filter_groups (step ",
+                        filter, ") draws anew");
+  return true;
+}
+
 /// Phases (their steps and batch settings) and every rank's schedule.
 bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
   const int world = p.world_size();
@@ -600,6 +687,8 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
     if (ph->prompt_len() < 0 || ph->micro_batch() < 0)
       return c.fail(what, " has a negative prompt_len or micro_batch");
     if (len(ph->stream_steps()) && !checkStreamSteps(c, p, *ph, what))
+      return false;
+    if (!checkFilterSteps(c, p, *ph, what))
       return false;
     if (const size_t nm = len(ph->micro_batches())) {
       if (nm != len(p.roles()))

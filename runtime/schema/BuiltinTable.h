@@ -24,49 +24,66 @@ using methods::KeywordArg;
 
 inline constexpr Batch kAnyNumeric = Batch::Prompts; // marker in `inputs`
 
+/// A builtin's second result and the fields a flow reads its two results
+/// by: an advantage estimator's `.advantages` (the value itself) and
+/// `.returns`; filter_groups' kept rollout and its `.scores`.
+struct Fields {
+  std::string_view self;   // the first result's field name ("": no fields)
+  std::string_view second; // the second result's
+  Batch secondKind;
+  bool any() const { return !second.empty(); }
+};
+inline constexpr Fields kNoFields{"", "", Batch::Prompts};
+inline constexpr Fields kReturns{"advantages", "returns", Batch::Returns};
+inline constexpr Fields kKeptScores{"rollout", "scores", Batch::Scores};
+
 struct Builtin {
   std::string_view name;
   int numInputs;
   Batch inputs[2];        // kinds of the positional inputs; kAnyNumeric: any
   Batch result;           // kAnyNumeric: the kind of the first input
-  bool withReturns;       // a second result, `.returns`
+  Fields fields;          // a second result and the results' field names
   KeywordArg keywords[2];
   int numKeywords;
   std::string_view summary;
 };
 
 inline constexpr Builtin kBuiltins[] = {
-    {"gae", 2, {Batch::Scores, Batch::Values}, Batch::Advantages, true,
+    {"gae", 2, {Batch::Scores, Batch::Values}, Batch::Advantages, kReturns,
      {{"gamma", ArgType::Fraction}, {"lam", ArgType::Fraction}}, 2,
      "generalized advantage estimation from token rewards and values"},
-    {"grpo_advantage", 1, {Batch::Scores}, Batch::Advantages, true,
+    {"grpo_advantage", 1, {Batch::Scores}, Batch::Advantages, kReturns,
      {{"norm_by_std", ArgType::Bool}, {"epsilon", ArgType::Positive}}, 2,
      "GRPO outcome advantage: the score against its group's mean (and std)"},
-    {"rloo_advantage", 1, {Batch::Scores}, Batch::Advantages, true, {}, 0,
+    {"rloo_advantage", 1, {Batch::Scores}, Batch::Advantages, kReturns, {}, 0,
      "RLOO: the score against the mean of the other samples of its group"},
-    {"reinforce_pp", 1, {Batch::Scores}, Batch::Advantages, true,
+    {"reinforce_pp", 1, {Batch::Scores}, Batch::Advantages, kReturns,
      {{"gamma", ArgType::Fraction}}, 1,
      "REINFORCE++: discounted returns, whitened over the batch"},
-    {"reinforce_pp_baseline", 1, {Batch::Scores}, Batch::Advantages, true, {}, 0,
+    {"reinforce_pp_baseline", 1, {Batch::Scores}, Batch::Advantages, kReturns, {}, 0,
      "REINFORCE++ with the group mean as baseline, whitened over the batch"},
-    {"remax", 2, {Batch::Scores, Batch::Scores}, Batch::Advantages, true, {}, 0,
+    {"remax", 2, {Batch::Scores, Batch::Scores}, Batch::Advantages, kReturns, {}, 0,
      "ReMax: returns minus the greedy response's score"},
-    {"kl", 2, {Batch::LogProbs, Batch::LogProbs}, Batch::KL, false,
+    {"kl", 2, {Batch::LogProbs, Batch::LogProbs}, Batch::KL, kNoFields,
      {{"kind", ArgType::Choice, "kl k1 abs mse k2 low_var_kl k3"}}, 1,
      "per-token KL estimate between two log-probabilities"},
-    {"whiten", 1, {kAnyNumeric}, kAnyNumeric, false, {}, 0,
+    {"whiten", 1, {kAnyNumeric}, kAnyNumeric, kNoFields, {}, 0,
      "(x - mean) / std over the valid tokens of the batch"},
-    {"clip", 1, {kAnyNumeric}, kAnyNumeric, false,
+    {"clip", 1, {kAnyNumeric}, kAnyNumeric, kNoFields,
      {{"min", ArgType::Number}, {"max", ArgType::Number}}, 2,
      "clamped to [min, max]: scores as sequence rewards, other kinds per token"},
-    {"running_norm", 1, {Batch::Scores}, Batch::Scores, false,
+    {"running_norm", 1, {Batch::Scores}, Batch::Scores, kNoFields,
      {{"epsilon", ArgType::Positive}}, 1,
      "sequence rewards normalised by the running mean and std of all seen so far"},
-    {"overlong_penalty", 1, {Batch::Scores}, Batch::Scores, false,
+    {"overlong_penalty", 1, {Batch::Scores}, Batch::Scores, kNoFields,
      {{"buffer", ArgType::Count}, {"factor", ArgType::NonNegative}}, 2,
      "DAPO's overlong shaping: past max_tokens - buffer, -factor per buffer's length"},
-    {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, false, {}, 0,
+    {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, kNoFields, {}, 0,
      "the log-probs the rollout was sampled with (the behaviour policy's)"},
+    {"filter_groups", 2, {Batch::Rollout, Batch::Scores}, Batch::Rollout, kKeptScores,
+     {{"max_draws", ArgType::Count}}, 1,
+     "DAPO's dynamic sampling: groups whose rewards all equal are dropped and "
+     "fresh prompts drawn until the batch is full (at most max_draws draws)"},
 };
 
 /// What arithmetic on batch values (add, sub, mul, div, neg) carries: the

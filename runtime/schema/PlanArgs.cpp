@@ -21,7 +21,8 @@ namespace hflow::planargs {
   X(lam, Real) X(norm_by_std, Bool) X(epsilon, Real) X(kind, Text) X(min, Real) \
   X(max, Real) X(scalar, Real) X(scalar_lhs, Bool) X(scale_rhs, Real)          \
   X(rollout_is, Text) X(rollout_is_threshold, Real) X(rollout_rs, Text)         \
-  X(rollout_rs_threshold, Text) X(policy_loss, Text) X(buffer, Int) X(factor, Real)
+  X(rollout_rs_threshold, Text) X(policy_loss, Text) X(buffer, Int) X(factor, Real) \
+  X(max_draws, Int)
 
 #define HFLOW_ROLE_OPTIONS(X)                                                   \
   X(optimizer, Text) X(lr, Real) X(weight_decay, Real) X(clip_grad, Real)       \

@@ -992,6 +992,33 @@ TEST(Search, ExactAgainstBruteForceGrpoAndCalibrations) {
   }
 }
 
+// Dynamic sampling (filter_groups' max_draws): the search plans generation
+// for every draw an iteration may take, stays exact against the brute
+// force, and the best placement's iteration is slower than with one draw,
+// by no more than the generation it repeats.
+TEST(Search, FilterDrawsRepeatGeneration) {
+  SmallCase s = smallSetup(2, false);
+  s.roles.erase(s.roles.begin() + 1); // no critic
+  s.roles.push_back(role("reward", RoleKind::RewardModel, small()));
+  s.w.algorithm = Algorithm::GRPO;
+  s.w.n = 8;
+  Device dev = Device::a100_80g();
+  dev.memoryBytes = 0.8e9;
+  SearchOptions o;
+  o.k = 3;
+  SearchResult one = searchPlacement(s.roles, dev, s.mesh, s.w, Calibration(), o);
+  s.w.genDraws = 3;
+  SearchResult three = searchPlacement(s.roles, dev, s.mesh, s.w, Calibration(), o);
+  expectSame(three, bruteForcePlacement(s.roles, dev, s.mesh, s.w, Calibration(), o),
+             "GRPO, 3 draws");
+  ASSERT_FALSE(one.candidates.empty());
+  ASSERT_FALSE(three.candidates.empty());
+  const Candidate &a = one.candidates[0], &b = three.candidates[0];
+  EXPECT_GT(b.seconds, a.seconds);
+  // At most the one-draw placement with its generation three times.
+  EXPECT_LE(b.seconds, 3 * a.seconds);
+}
+
 // With recompute a choice (hflowc's setting): each training role's layout
 // options come with and without `recompute: layers`, and the search stays
 // exact against the brute force; under tight memory the optimum recomputes.

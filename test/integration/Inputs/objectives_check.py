@@ -19,7 +19,7 @@ import sys
 
 
 def load(path):
-    """A safetensors file's float64 tensors, as nested lists."""
+    """A safetensors file's float64 and int64 tensors, as nested lists."""
     b = open(path, "rb").read()
     n = struct.unpack("<Q", b[:8])[0]
     head = json.loads(b[8:8 + n])
@@ -28,10 +28,11 @@ def load(path):
     for k, v in head.items():
         if k == "__metadata__":
             continue
-        if v["dtype"] != "F64":
+        if v["dtype"] not in ("F64", "I64"):
             continue
         lo, hi = v["data_offsets"]
-        flat = list(struct.unpack(f"<{(hi - lo) // 8}d", data[lo:hi]))
+        code = "d" if v["dtype"] == "F64" else "q"
+        flat = list(struct.unpack(f"<{(hi - lo) // 8}{code}", data[lo:hi]))
         rows, cols = v["shape"] if len(v["shape"]) == 2 else (1, v["shape"][0])
         out[k] = [flat[r * cols:(r + 1) * cols] for r in range(rows)]
     return out

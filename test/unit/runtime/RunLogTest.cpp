@@ -214,10 +214,11 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   // moeN and lpGapMax were the last two of the first 38.
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), 36);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), 37);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::partialCalls),
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::partialCalls), 50);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::filterDropped),
             exec::MetricSums::kCount - 1);
   EXPECT_EQ(row[37], 5);
-  EXPECT_EQ(row.back(), 9);
+  EXPECT_EQ(row[50], 9);
   const exec::MetricSums back = exec::MetricSums::fromRow(row.data());
   EXPECT_EQ(back.row(), row);
 }
