@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/data/ChatTemplate.h"
+#include "runtime/data/Conversation.h"
 #include "runtime/data/Prompt.h"
 #include "runtime/data/Tokenizer.h"
 
@@ -63,6 +64,19 @@ const char *kUsage =
     "                            raise_exception, a bad message) gives\n"
     "                            {\"error\": ...} and the next lines are\n"
     "                            rendered; the exit status is still 1\n"
+    "  episode   in: {\"messages\": [...the prompt's chat...], \"turns\": [\n"
+    "            {\"assistant\": TEXT}, {\"assistant_chars\": TEXT} (encoded a\n"
+    "            character at a time) or {\"assistant_ids\": [...]}, {\"role\":\n"
+    "            \"tool\", \"content\": TEXT}, ...]}: a multi-turn episode built\n"
+    "            turn by turn as a rollout builds it (runtime/data/\n"
+    "            Conversation.h): the model's turns appended as sampled (an\n"
+    "            assistant TEXT is encoded, then \"stop\"'s ids or the first\n"
+    "            stop id), the others as the template renders them.\n"
+    "            out: {\"ids\": [...], \"trained\": [0|1, ...], \"generated\":\n"
+    "            [[...], ...], \"messages\": [...], \"drifts\": N, \"text\": the\n"
+    "            ids decoded with special tokens, \"states\": [{\"messages\",\n"
+    "            \"text\", \"appended\" (the turn's text), \"drifts\"} at the\n"
+    "            start and after each environment turn]}\n"
     "\n"
     "Exit status: 0 on success; 1 when the tokenizer cannot be loaded or an\n"
     "input line is bad (the error names its line; lines before it are\n"
@@ -232,6 +246,85 @@ int runRender(const hflow::data::Tokenizer &tokr, const std::string &spec, const
   return failed ? 1 : 0;
 }
 
+/// episode: each line's scripted episode through a Conversation.
+int runEpisode(const hflow::data::Tokenizer &tok, const std::string &spec) {
+  const std::string source = tok.chatTemplate();
+  if (source.empty())
+    throw std::runtime_error("tokenizer '" + spec +
+                             "' has no chat template (tokenizer_config.json's "
+                             "chat_template)");
+  auto tmpl = std::make_shared<const hflow::data::ChatTemplate>(hflow::data::ChatTemplate::parse(
+      source, hflow::data::PromptEncoder::templateOrigin(tok)));
+  const std::vector<int64_t> stops = tok.stopIds();
+  forEachLine<ordered_json>([&](const ordered_json &j, size_t lineNo) {
+    if (!j.is_object() || !j.contains("messages") || !j.contains("turns") ||
+        !j["turns"].is_array())
+      throw LineError(where(lineNo) + "expected an object with 'messages' and 'turns'");
+    try {
+      hflow::data::Conversation c(tok, tmpl, j["messages"]);
+      // The stop token a scripted model ends its turns on.
+      std::vector<int64_t> stop;
+      if (j.contains("stop"))
+        stop = tok.encode(j["stop"].get<std::string>());
+      else if (!stops.empty())
+        stop = {stops.front()};
+      ordered_json generated = ordered_json::array(), states = ordered_json::array();
+      auto state = [&](size_t appended) {
+        const std::vector<int64_t> tail(c.ids().end() - (std::ptrdiff_t)appended, c.ids().end());
+        states.push_back({{"messages", c.messages()},
+                          {"text", tok.decodeKeepSpecial(c.ids())},
+                          {"appended", tok.decodeKeepSpecial(tail)},
+                          {"drifts", c.drifts()}});
+      };
+      state(c.ids().size());
+      for (const ordered_json &t : j["turns"]) {
+        if (t.contains("assistant") || t.contains("assistant_ids") ||
+            t.contains("assistant_chars")) {
+          std::vector<int64_t> ids;
+          if (t.contains("assistant_ids")) {
+            ids = t["assistant_ids"].get<std::vector<int64_t>>();
+          } else if (t.contains("assistant_chars")) {
+            // A model that spelled its text character by character (ids a
+            // re-tokenization of the text would not give back).
+            const std::string text = t["assistant_chars"].get<std::string>();
+            for (size_t i = 0; i < text.size();) {
+              size_t n = 1;
+              while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80)
+                ++n;
+              for (int64_t id : tok.encode(text.substr(i, n)))
+                ids.push_back(id);
+              i += n;
+            }
+            ids.insert(ids.end(), stop.begin(), stop.end());
+          } else {
+            ids = tok.encode(t["assistant"].get<std::string>());
+            ids.insert(ids.end(), stop.begin(), stop.end());
+          }
+          c.assistant(ids);
+          generated.push_back(ids);
+        } else {
+          state(c.environment(t.at("role").get<std::string>(),
+                              t.at("content").get<std::string>()));
+        }
+      }
+      ordered_json out;
+      out["ids"] = c.ids();
+      out["trained"] = c.trained();
+      out["generated"] = generated;
+      out["messages"] = c.messages();
+      out["drifts"] = c.drifts();
+      out["text"] = tok.decodeKeepSpecial(c.ids());
+      out["states"] = states;
+      std::cout << out.dump() << "\n";
+    } catch (const LineError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw LineError(where(lineNo) + e.what());
+    }
+  });
+  return 0;
+}
+
 int run(int argc, char **argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   for (const auto &a : args)
@@ -260,8 +353,8 @@ int run(int argc, char **argv) {
     else
       throw UsageError("unknown option '" + a + "' for '" + cmd + "'");
   }
-  if (cmd != "info" && cmd != "encode" && cmd != "decode" && cmd != "render")
-    throw UsageError("unknown command '" + cmd + "' (info, encode, decode, render)");
+  if (cmd != "info" && cmd != "encode" && cmd != "decode" && cmd != "render" && cmd != "episode")
+    throw UsageError("unknown command '" + cmd + "' (info, encode, decode, render, episode)");
 
   std::unique_ptr<hflow::data::Tokenizer> tok = hflow::data::makeTokenizer(spec);
   std::ios::sync_with_stdio(false);
@@ -271,6 +364,8 @@ int run(int argc, char **argv) {
     return runEncode(*tok, f);
   if (cmd == "decode")
     return runDecode(*tok, f);
+  if (cmd == "episode")
+    return runEpisode(*tok, spec);
   return runRender(*tok, spec, f);
 }
 
