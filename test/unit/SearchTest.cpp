@@ -971,12 +971,18 @@ TEST(Search, ExactAgainstBruteForce) {
   EXPECT_GT(tight, 0);
 }
 
-TEST(Search, ExactAgainstBruteForceGrpoAndCalibrations) {
+/// The small case as GRPO: no critic, a reward model, 8 responses a prompt.
+static SmallCase grpoSetup() {
   SmallCase s = smallSetup(2, false);
   s.roles.erase(s.roles.begin() + 1); // no critic
   s.roles.push_back(role("reward", RoleKind::RewardModel, small()));
   s.w.algorithm = Algorithm::GRPO;
   s.w.n = 8;
+  return s;
+}
+
+TEST(Search, ExactAgainstBruteForceGrpoAndCalibrations) {
+  SmallCase s = grpoSetup();
   s.mesh.interBw = 5e9; // slow links: splitting the mesh costs more
   for (double eff : {0.2, 0.6}) {
     Calibration cal;
@@ -997,11 +1003,7 @@ TEST(Search, ExactAgainstBruteForceGrpoAndCalibrations) {
 // force, and the best placement's iteration is slower than with one draw,
 // by no more than the generation it repeats.
 TEST(Search, FilterDrawsRepeatGeneration) {
-  SmallCase s = smallSetup(2, false);
-  s.roles.erase(s.roles.begin() + 1); // no critic
-  s.roles.push_back(role("reward", RoleKind::RewardModel, small()));
-  s.w.algorithm = Algorithm::GRPO;
-  s.w.n = 8;
+  SmallCase s = grpoSetup();
   Device dev = Device::a100_80g();
   dev.memoryBytes = 0.8e9;
   SearchOptions o;
