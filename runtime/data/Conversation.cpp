@@ -34,60 +34,61 @@ std::string Conversation::render(const nlohmann::ordered_json &messages,
 }
 
 void Conversation::assistant(const std::vector<int64_t> &generated) {
+  if (!messages_.empty() && messages_.back().value("role", "") == "assistant")
+    throw std::logic_error("two model turns without an environment turn between them");
+  // The message: the text without the stop token it ended on (a stop id,
+  // or a special token such as an end of turn that is not one).
+  const std::vector<int64_t> stops = tok_.stopIds();
+  std::vector<int64_t> body = generated;
+  stopText_.clear();
+  if (!body.empty() && (std::find(stops.begin(), stops.end(), body.back()) != stops.end() ||
+                        tok_.decode({body.back()}).empty())) {
+    stopText_ = tok_.decodeKeepSpecial({body.back()});
+    body.pop_back();
+  }
+  messages_.push_back({{"role", "assistant"}, {"content", tok_.decode(body)}});
   ids_.insert(ids_.end(), generated.begin(), generated.end());
   trained_.insert(trained_.end(), generated.size(), 1);
   seen_ += tok_.decodeKeepSpecial(generated);
-  // The message: the text without the stop token it ended on.
-  const std::vector<int64_t> stops = tok_.stopIds();
-  std::vector<int64_t> body = generated;
-  while (!body.empty() && std::find(stops.begin(), stops.end(), body.back()) != stops.end())
-    body.pop_back();
-  messages_.push_back({{"role", "assistant"}, {"content", tok_.decode(body)}});
 }
 
-size_t Conversation::environment(const std::string &role, const std::string &content) {
-  const nlohmann::ordered_json before = messages_;
-  messages_.push_back({{"role", role}, {"content", content}});
-  const std::string full = render(messages_, true);
-  std::string tail;
-  if (full.size() >= seen_.size() && full.compare(0, seen_.size(), seen_) == 0) {
-    tail = full.substr(seen_.size());
-  } else {
-    // The template renders the conversation otherwise than the model saw
-    // it: keep what it saw; the new turn is the template's text after the
-    // model's last message (its closing, the environment's message, the
-    // next generation prompt), found where the rendering of the
-    // conversation before this turn and this one's agree.
-    ++drifts_;
-    const std::string prev = render(before, false);
-    const size_t n = std::min(prev.size(), full.size());
-    const size_t k =
-        (size_t)(std::mismatch(prev.begin(), prev.begin() + (std::ptrdiff_t)n, full.begin()).first -
-                 prev.begin());
-    size_t cut = k;
-    const std::string said = before.back().value("content", "");
-    auto trimmed = [](std::string t) {
-      const size_t a = t.find_first_not_of(" \t\r\n");
-      if (a == std::string::npos)
-        return std::string();
-      return t.substr(a, t.find_last_not_of(" \t\r\n") - a + 1);
-    };
-    for (const std::string &c : {said, trimmed(said)}) {
-      if (c.empty() || c.size() > k)
-        continue;
-      const size_t at = full.rfind(c, k - c.size());
-      if (at != std::string::npos) {
-        cut = at + c.size();
-        break;
-      }
-    }
-    tail = full.substr(cut);
-  }
+size_t Conversation::environment(const nlohmann::ordered_json &turn) {
+  if (messages_.empty() || messages_.back().value("role", "") != "assistant")
+    throw std::logic_error("an environment turn follows a model turn");
+  if (!turn.is_array() || turn.empty())
+    throw std::invalid_argument("an environment turn is a non-empty list of messages");
+  nlohmann::ordered_json next = messages_;
+  for (const auto &m : turn)
+    next.push_back(m);
+  // The template's text after the model's message: the history rendered
+  // with a sentinel for that message's content, whatever the template does
+  // to the text it had (trims it, drops its reasoning).
+  static const std::string kSentinel = "\x1e" "hflow-model-turn" "\x1f";
+  nlohmann::ordered_json marked = next;
+  marked[messages_.size() - 1]["content"] = kSentinel;
+  const std::string withSentinel = render(marked, true);
+  const size_t at = withSentinel.rfind(kSentinel);
+  if (at == std::string::npos || withSentinel.find(kSentinel) != at)
+    throw std::runtime_error("the chat template does not render a model turn's text as it is "
+                             "given, so hflow cannot tell where the environment's turn begins");
+  std::string tail = withSentinel.substr(at + kSentinel.size());
+  // Its closing begins with the stop token the model sampled: already there.
+  if (!stopText_.empty() && tail.compare(0, stopText_.size(), stopText_) == 0)
+    tail.erase(0, stopText_.size());
+  const std::string full = render(next, true); // (throws before anything changes)
+  messages_ = std::move(next);
   const std::vector<int64_t> add = tok_.encode(tail);
   ids_.insert(ids_.end(), add.begin(), add.end());
   trained_.insert(trained_.end(), add.size(), 0);
   seen_ += tok_.decodeKeepSpecial(add);
+  // The template would show the model another conversation than its ids.
+  if (full != seen_)
+    ++drifts_;
   return add.size();
+}
+
+size_t Conversation::environment(const std::string &role, const std::string &content) {
+  return environment(nlohmann::ordered_json::array({{{"role", role}, {"content", content}}}));
 }
 
 } // namespace data

@@ -10,14 +10,14 @@
 //   - the environment's turn (a tool result, a user reply): the text the
 //     template adds for it, and for the next generation prompt, encoded and
 //     appended (not trained).
-// The environment's text is what the template renders for the whole
-// conversation beyond what the model has seen: the rendering of the
-// messages so far must begin with the text of the tokens so far. When it
-// does not (the template rewrites an earlier turn, e.g. trims the model's
-// text or drops its reasoning), the tokens already there stay as they are,
-// the new turn is the template's rendering beyond the conversation before
-// it, and the turn counts as a drift (the text the template would give the
-// model differs from what it saw).
+// The environment's turn is the template's text after the model's message
+// (found by rendering the messages with a sentinel for that message's
+// text, so whatever the template does to it does not matter): its closing,
+// less the stop token the model sampled (already there), the environment's
+// messages, the next generation prompt. When the template's rendering of
+// the whole conversation differs from the text of the ids (it trims the
+// model's text, drops an earlier turn's reasoning), the ids stay as they
+// are and the turn counts as a drift.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_DATA_CONVERSATION_H
@@ -46,17 +46,19 @@ public:
   /// The model's turn: the ids it sampled, a stop id last when it stopped
   /// on one. Appended as they are, trained.
   void assistant(const std::vector<int64_t> &generated);
-  /// The environment's turn: a message of `role` ("tool", "user", ...)
-  /// and the next generation prompt. Returns the ids appended (not
-  /// trained). Throws ChatTemplateError when the template raises.
+  /// The environment's turn after a model turn: its messages (a list of
+  /// {"role", "content"}; several tool results go in one turn) and the next
+  /// generation prompt. Returns the ids appended (not trained). Throws
+  /// ChatTemplateError when the template raises (nothing changes then).
+  size_t environment(const nlohmann::ordered_json &messages);
   size_t environment(const std::string &role, const std::string &content);
 
   const std::vector<int64_t> &ids() const { return ids_; }
   /// 1 where ids() holds a token the model sampled, else 0.
   const std::vector<uint8_t> &trained() const { return trained_; }
   const nlohmann::ordered_json &messages() const { return messages_; }
-  /// The environment's turns whose text the template renders otherwise
-  /// than the model saw the conversation before them.
+  /// The environment's turns after which the template renders the whole
+  /// conversation otherwise than the text of the ids.
   int drifts() const { return drifts_; }
 
 private:
@@ -68,6 +70,7 @@ private:
   std::vector<int64_t> ids_;
   std::vector<uint8_t> trained_;
   std::string seen_; ///< the text of ids_ (special tokens as their text)
+  std::string stopText_; ///< the stop token the last model turn ended on
   int drifts_ = 0;
 };
 

@@ -66,8 +66,10 @@ const char *kUsage =
     "                            rendered; the exit status is still 1\n"
     "  episode   in: {\"messages\": [...the prompt's chat...], \"turns\": [\n"
     "            {\"assistant\": TEXT}, {\"assistant_chars\": TEXT} (encoded a\n"
-    "            character at a time) or {\"assistant_ids\": [...]}, {\"role\":\n"
-    "            \"tool\", \"content\": TEXT}, ...]}: a multi-turn episode built\n"
+    "            character at a time), {\"assistant_cut\": TEXT} (no stop\n"
+    "            token) or {\"assistant_ids\": [...]}, {\"role\": \"tool\",\n"
+    "            \"content\": TEXT} or {\"environment\": [messages]}, ...]}: a\n"
+    "            multi-turn episode built\n"
     "            turn by turn as a rollout builds it (runtime/data/\n"
     "            Conversation.h): the model's turns appended as sampled (an\n"
     "            assistant TEXT is encoded, then \"stop\"'s ids or the first\n"
@@ -279,7 +281,7 @@ int runEpisode(const hflow::data::Tokenizer &tok, const std::string &spec) {
       state(c.ids().size());
       for (const ordered_json &t : j["turns"]) {
         if (t.contains("assistant") || t.contains("assistant_ids") ||
-            t.contains("assistant_chars")) {
+            t.contains("assistant_chars") || t.contains("assistant_cut")) {
           std::vector<int64_t> ids;
           if (t.contains("assistant_ids")) {
             ids = t["assistant_ids"].get<std::vector<int64_t>>();
@@ -296,6 +298,9 @@ int runEpisode(const hflow::data::Tokenizer &tok, const std::string &spec) {
               i += n;
             }
             ids.insert(ids.end(), stop.begin(), stop.end());
+          } else if (t.contains("assistant_cut")) {
+            // A turn cut at its token limit: no stop token.
+            ids = tok.encode(t["assistant_cut"].get<std::string>());
           } else {
             ids = tok.encode(t["assistant"].get<std::string>());
             ids.insert(ids.end(), stop.begin(), stop.end());
@@ -303,8 +308,10 @@ int runEpisode(const hflow::data::Tokenizer &tok, const std::string &spec) {
           c.assistant(ids);
           generated.push_back(ids);
         } else {
-          state(c.environment(t.at("role").get<std::string>(),
-                              t.at("content").get<std::string>()));
+          state(t.contains("environment")
+                    ? c.environment(t["environment"])
+                    : c.environment(t.at("role").get<std::string>(),
+                                    t.at("content").get<std::string>()));
         }
       }
       ordered_json out;

@@ -13,9 +13,10 @@
 //     after turn, and nothing else;
 //   - after the prompt and after each environment turn without a drift, the
 //     text of the ids is byte for byte @huggingface/jinja's rendering of
-//     the messages so far with the generation prompt; with a drift (the
-//     template renders the model's turn otherwise than it was sampled), the
-//     turn's text is the end of that rendering;
+//     the messages so far with the generation prompt;
+//   - drifted or not, each environment turn's text is the template's text
+//     after the model's message (rendered with a sentinel for its content),
+//     less the end-of-turn token the model sampled;
 //   - re-tokenizing the whole text gives other ids for some episodes, and
 //     their sampled ids still stand.
 // Prints one line per template; exits 1 on any mismatch.
@@ -39,6 +40,7 @@ const TEMPLATES = [
   { name: "llama3_1", pkg: "tokenizer-llama3_1", stop: "<|eot_id|>" },
 ];
 
+const SENTINEL = "\u001ehflow-check\u001f";
 const special = (v) => (typeof v === "string" ? v : v && typeof v.content === "string" ? v.content : null);
 const episodes = fs.readFileSync(episodesPath, "utf8").split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l));
 let failed = false;
@@ -86,9 +88,20 @@ for (const t of TEMPLATES) {
       if (k > 0) ++envTurns;
       const drifted = k > 0 && s.drifts > r.states[k - 1].drifts;
       const want = render(s.messages);
-      // Drifted or not, the turn's text is the template's for it.
-      if (k > 0 && !want.endsWith(s.appended))
-        fail(`${name}: state ${k}: appended ${JSON.stringify(s.appended)}, not the end of the template's ${JSON.stringify(want)}`);
+      // Drifted or not, the turn's text is the template's after the model's
+      // message (rendered with a sentinel for its text), less the end of
+      // turn token the model sampled.
+      if (k > 0) {
+        const msgs = s.messages.map((m) => ({ ...m }));
+        let a = msgs.length - 1;
+        while (msgs[a].role !== "assistant") --a;
+        msgs[a].content = SENTINEL;
+        let tail = render(msgs).split(SENTINEL).pop();
+        const turn = lines[i].turns.filter((x) => !("role" in x) && !("environment" in x))[k - 1];
+        if (!("assistant_cut" in turn) && tail.startsWith(lines[i].stop)) tail = tail.slice(lines[i].stop.length);
+        if (s.appended !== tail)
+          fail(`${name}: state ${k}: appended ${JSON.stringify(s.appended)}, but the template's turn is ${JSON.stringify(tail)}`);
+      }
       if (drifted) {
         ++drifts;
         return;
