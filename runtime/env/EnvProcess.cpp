@@ -75,14 +75,25 @@ int makeRuleset(const std::vector<std::string> &readDirs,
                 const std::vector<std::string> &readFiles, const std::string &rwDir,
                 std::string &why) {
   const int abi = landlockAbi();
-  if (abi < 1) {
-    why = "this kernel has no Landlock (it confines the environment's files)";
+  if (abi < 3) {
+    why = abi < 1 ? "this kernel has no Landlock (it confines the environment's files)"
+                  : "this kernel's Landlock (ABI " + std::to_string(abi) +
+                        ") cannot deny truncating files (ABI 3, Linux 6.2)";
     return -1;
   }
   const uint64_t handled = handledRights(abi);
-  landlock_ruleset_attr attr{};
-  attr.handled_access_fs = handled;
-  const int fd = (int)syscall(__NR_landlock_create_ruleset, &attr, sizeof attr, 0);
+  // landlock_ruleset_attr as of ABI 6 (the system's header may be older):
+  // from ABI 6, signals and abstract UNIX sockets are scoped to the domain
+  // too (it cannot signal hflow-run or the other ranks).
+  struct {
+    uint64_t handled_access_fs, handled_access_net, scoped;
+  } attr{handled, 0, 0};
+  size_t attrSize = sizeof(uint64_t);
+  if (abi >= 6) {
+    attr.scoped = (1ULL << 0) | (1ULL << 1); // ABSTRACT_UNIX_SOCKET | SIGNAL
+    attrSize = sizeof attr;
+  }
+  const int fd = (int)syscall(__NR_landlock_create_ruleset, &attr, attrSize, 0);
   if (fd < 0) {
     why = std::string("landlock_create_ruleset: ") + std::strerror(errno);
     return -1;
@@ -184,9 +195,21 @@ std::string lastLine(const std::string &path) {
 } // namespace
 
 bool isolationAvailable(std::string *why) {
-  if (landlockAbi() < 1) {
+  const int abi = landlockAbi();
+  if (abi < 3) {
     if (why)
-      *why = "this kernel has no Landlock";
+      *why = abi < 1 ? "this kernel has no Landlock"
+                     : "this kernel's Landlock is ABI " + std::to_string(abi) + " (3 needed)";
+    return false;
+  }
+  // A network namespace, tried in a child.
+  const pid_t pid = fork();
+  if (pid == 0)
+    _exit(unshare(CLONE_NEWNET) == 0 || unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0 ? 0 : 1);
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    if (why)
+      *why = "this process cannot make a network namespace (unshare)";
     return false;
   }
   return true;
@@ -216,12 +239,15 @@ void EnvProcess::start() {
   // Arguments naming files (a script) by a relative path still name them
   // from the folder the child runs in.
   std::vector<std::string> args{program};
-  std::vector<std::string> readFiles{program};
+  std::vector<std::string> readFiles{program}, readDirs{"/usr", "/lib", "/lib64", "/lib32",
+                                                        "/bin", "/sbin", "/etc"};
   for (size_t i = 1; i < argv_.size(); ++i) {
     const std::string &a = argv_[i];
     if (!a.empty() && a[0] != '-' && fs::is_regular_file(a, ec)) {
       args.push_back(fs::absolute(a).string());
+      // A script, and what sits beside it (its modules), readable.
       readFiles.push_back(fs::canonical(a).string());
+      readDirs.push_back(fs::canonical(a).parent_path().string());
     } else {
       args.push_back(a);
     }
@@ -240,22 +266,31 @@ void EnvProcess::start() {
   int ruleset = -1;
   if (limits_.isolate) {
     std::string why;
-    ruleset = makeRuleset({"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc"},
-                          readFiles, folder, why);
+    ruleset = makeRuleset(readDirs, readFiles, folder, why);
     if (ruleset < 0)
       throw EnvError("cannot isolate the environment: " + why);
   }
+  // Its standard error, this start's (a restart begins it again; the
+  // reply's `why` quotes its last line).
   const std::string errLog = folder + "/stderr.log";
-  const int errFd = open(errLog.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  int inPair[2], outPair[2], report[2];
+  int errFd = -1, inPair[2] = {-1, -1}, outPair[2] = {-1, -1}, report[2] = {-1, -1};
+  auto closeAll = [&] {
+    for (int fd : {errFd, inPair[0], inPair[1], outPair[0], outPair[1], report[0], report[1],
+                   ruleset})
+      if (fd >= 0)
+        close(fd);
+  };
+  errFd = open(errLog.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (errFd < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, inPair) != 0 ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, outPair) != 0 ||
       pipe2(report, O_CLOEXEC) != 0) {
     const int err = errno;
-    if (ruleset >= 0)
-      close(ruleset);
+    closeAll();
     throw EnvError("cannot start the environment: " + std::string(std::strerror(err)));
   }
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  const int maxFd = (int)std::min<rlim_t>(files.rlim_cur, 65536);
   const rlimit mem{(rlim_t)limits_.memoryBytes, (rlim_t)limits_.memoryBytes};
   const rlimit fsize{(rlim_t)limits_.maxFileBytes, (rlim_t)limits_.maxFileBytes};
   const rlimit core{0, 0};
@@ -277,7 +312,9 @@ void EnvProcess::start() {
       die(kStdio);
     // Nothing of hflow-run's (sockets of its process groups, files) reaches
     // the program: every other descriptor closes at exec.
-    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+      for (int fd = 3; fd < maxFd; ++fd) // (a kernel before 5.11)
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -343,32 +380,29 @@ void EnvProcess::stop() {
 }
 
 std::string EnvProcess::reap(bool kill) {
-  auto describe = [](int st) -> std::string {
-    if (WIFEXITED(st))
-      return "exited with code " + std::to_string(WEXITSTATUS(st));
-    if (WIFSIGNALED(st))
-      return "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" +
-             strsignal(WTERMSIG(st)) + ")";
-    return "ended";
-  };
   std::string why;
-  int st = 0;
   if (!kill) {
-    // It closed its output: give it a moment to exit on its own.
+    // It closed its output: give it a moment to exit on its own (seen, not
+    // reaped: its process group id stays its own until the kill below).
     for (int i = 0; i < 40 && why.empty(); ++i) {
-      if (waitpid(pid_, &st, WNOHANG) == pid_)
-        why = describe(st);
-      else
+      siginfo_t info{};
+      if (waitid(P_PID, (id_t)pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == pid_) {
+        const int code = info.si_status;
+        why = info.si_code == CLD_EXITED
+                  ? "exited with code " + std::to_string(code)
+                  : "was killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
+      } else {
         usleep(5000);
+      }
     }
     if (why.empty())
       why = "closed its output";
   }
   ::kill(-pid_, SIGKILL); // its process group: what it left running too
-  if (why.empty() || why == "closed its output") {
-    ::kill(pid_, SIGKILL);
-    while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-    }
+  ::kill(pid_, SIGKILL);
+  int st = 0;
+  while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
   }
   close(in_);
   close(out_);
@@ -402,6 +436,18 @@ EnvReply EnvProcess::request(const std::string &line) {
     std::snprintf(buf, sizeof buf, "no reply within %g s", limits_.timeoutS);
     return fail(EnvStatus::TimedOut, buf);
   };
+  // Nothing may be waiting from it: a line nobody asked for would be taken
+  // for this request's reply.
+  {
+    char c;
+    const ssize_t n = recv(out_, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n > 0) {
+      reap(true);
+      return fail(EnvStatus::BadReply, "it wrote a line no request asked for");
+    }
+    if (n == 0)
+      return fail(EnvStatus::Crashed, reap(false));
+  }
   // Send it (the process may be slow to read, or dead).
   const std::string msg = line + "\n";
   size_t sent = 0;
@@ -427,6 +473,11 @@ EnvReply EnvProcess::request(const std::string &line) {
   char chunk[65536];
   for (;;) {
     const size_t nl = buf.find('\n');
+    if (nl != std::string::npos && (int64_t)nl > limits_.maxReplyBytes) {
+      reap(true);
+      return fail(EnvStatus::Flooded, "its reply is longer than " +
+                                          std::to_string(limits_.maxReplyBytes) + " bytes");
+    }
     if (nl != std::string::npos) {
       std::string reply = buf.substr(0, nl);
       if (!reply.empty() && reply.back() == '\r')

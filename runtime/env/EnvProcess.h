@@ -11,19 +11,24 @@
 //     writes at most `maxFileBytes` (RLIMIT_FSIZE), no core files;
 //   - isolated (`isolate`, the default): a network namespace of its own
 //     (no interface up: no network at all, abstract UNIX sockets included),
-//     and Landlock: it may read and execute the system's directories (/usr,
-//     /lib, /lib64, /bin, /sbin, /etc) and the files its command names, read
-//     and write only its working folder (and /dev/null), nothing else;
-//     a kernel without either refuses to start it (never a silent
-//     fallback);
-//   - its standard error goes to `stderr.log` in its folder, its
-//     environment is cleared (PATH, HOME and TMPDIR: the folder, LANG).
+//     and Landlock (ABI 3, Linux 6.2, or later): it may read and execute the
+//     system's directories (/usr, /lib, /lib64, /bin, /sbin, /etc), the files
+//     its command names and the folders they are in, read and write only its
+//     working folder (and /dev/null), nothing else; from Landlock ABI 6 it
+//     cannot signal processes outside its domain either. A kernel without
+//     either refuses to start it (never a silent fallback);
+//   - its standard error goes to `stderr.log` in its folder (begun anew at
+//     each start), its environment is cleared (PATH, HOME and TMPDIR: the
+//     folder, LANG), no descriptor of the caller's reaches it;
+//   - it is killed when the thread that started it ends (PR_SET_PDEATHSIG:
+//     start it from a thread that lives as long as it should).
 //
 // A request that does not get a proper reply (the process died, hung,
-// flooded its output or wrote something that is not one JSON object) ends
-// with a status saying so, the process killed (its whole process group);
-// the next request starts it again. Only a process that cannot start at all
-// (a missing program, a kernel without the isolation) throws.
+// flooded its output, wrote something that is not one JSON object, or a
+// line no request asked for) ends with a status saying so, the process
+// killed (its whole process group); the next request starts it again. Only
+// a process that cannot start at all (a missing program, a kernel without
+// the isolation) throws.
 //
 // Plain C++17 and POSIX (no LibTorch).
 //
@@ -102,7 +107,8 @@ private:
 };
 
 /// Whether this kernel lets a process isolate itself as EnvProcess does
-/// (a network namespace and Landlock); `why` says what is missing.
+/// (a network namespace, tried in a child, and Landlock ABI 3 or later);
+/// `why` says what is missing.
 bool isolationAvailable(std::string *why = nullptr);
 
 } // namespace hflow::env

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -43,7 +45,9 @@ protected:
   /// Writes a Python environment: `body` handles one request `req` (a dict)
   /// and returns the reply (a dict), in a loop over stdin's lines.
   std::string script(const std::string &name, const std::string &body) {
-    const std::string path = (root_ / (name + ".py")).string();
+    // (in a folder of their own: an environment may read its script's)
+    fs::create_directories(root_ / "scripts");
+    const std::string path = (root_ / "scripts" / (name + ".py")).string();
     std::ofstream out(path);
     out << "import json, sys, os, socket, time\n"
            "n = 0\n"
@@ -140,7 +144,7 @@ TEST_F(EnvTest, FloodingAndGarbageAreBadReplies) {
   EXPECT_NE(r.why.find("more than 65536 bytes without a newline"), std::string::npos) << r.why;
   EXPECT_FALSE(f.running());
 
-  const std::string garbage = (root_ / "garbage.py").string();
+  const std::string garbage = (root_ / "scripts" / "garbage.py").string();
   std::ofstream(garbage) << "import sys\n"
                             "for line in sys.stdin:\n"
                             "    print('[1, 2]' if 'list' in line else\n"
@@ -177,8 +181,19 @@ TEST_F(EnvTest, MemoryIsLimited) {
 
 TEST_F(EnvTest, IsolatedFromTheNetworkAndFromFilesOutsideItsFolder) {
   std::string why;
-  if (!isolationAvailable(&why))
-    GTEST_SKIP() << why; // hflow-run refuses an isolated environment here
+  if (!isolationAvailable(&why)) {
+    // This kernel cannot isolate: an isolated environment is refused, with
+    // the reason (never started unconfined).
+    EnvProcess e({"python3", script("refused", "    return {}")}, folder("refused"), quick());
+    try {
+      e.request("{}");
+      FAIL() << "an isolated environment started on a kernel that cannot isolate it (" << why
+             << ")";
+    } catch (const EnvError &err) {
+      EXPECT_NE(std::string(err.what()).find("cannot"), std::string::npos) << err.what();
+    }
+    return;
+  }
   // A listening socket of this process on loopback.
   const int srv = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -189,7 +204,8 @@ TEST_F(EnvTest, IsolatedFromTheNetworkAndFromFilesOutsideItsFolder) {
   socklen_t len = sizeof a;
   getsockname(srv, (sockaddr *)&a, &len);
   const int port = ntohs(a.sin_port);
-  const std::string outside = (root_ / "outside.txt").string();
+  fs::create_directories(root_ / "elsewhere");
+  const std::string outside = (root_ / "elsewhere" / "outside.txt").string();
   std::ofstream(outside) << "secret\n";
   const std::string body =
       "    out = {}\n"
@@ -243,4 +259,102 @@ TEST_F(EnvTest, AProgramThatCannotStartIsAnError) {
         << err.what();
   }
   EXPECT_THROW(EnvProcess({}, folder("x")), EnvError);
+}
+
+TEST_F(EnvTest, ALineNoRequestAskedForIsABadReply) {
+  const std::string path = (root_ / "stray.py").string();
+  std::ofstream(path) << "import sys, time\n"
+                         "for line in sys.stdin:\n"
+                         "    print('{\"ok\": 1}', flush=True)\n"
+                         "    time.sleep(0.2)\n"
+                         "    print('{\"stray\": 1}', flush=True)\n";
+  EnvProcess e({"python3", path}, folder("stray"), quick());
+  ASSERT_EQ(e.request("{}").status, EnvStatus::Ok);
+  usleep(600 * 1000); // the stray line is written meanwhile
+  EnvReply r = e.request("{}");
+  EXPECT_EQ(r.status, EnvStatus::BadReply);
+  EXPECT_NE(r.why.find("a line no request asked for"), std::string::npos) << r.why;
+  EXPECT_EQ(e.request("{}").status, EnvStatus::Ok); // started again
+}
+
+TEST_F(EnvTest, WhatItStartedDiesWithIt) {
+  EnvLimits l = quick();
+  l.timeoutS = 0.5;
+  EnvProcess e({"python3", script("spawn",
+                                  "    if req.get('hang'):\n"
+                                  "        time.sleep(1000)\n"
+                                  "    import subprocess\n"
+                                  "    p = subprocess.Popen(['sleep', '1000'])\n"
+                                  "    return {'pid': p.pid}")},
+               folder("spawn"), l);
+  EnvReply r = e.request("{}");
+  ASSERT_EQ(r.status, EnvStatus::Ok) << r.why;
+  const int pid = nlohmann::json::parse(r.line)["pid"];
+  ASSERT_EQ(kill(pid, 0), 0); // the grandchild runs
+  EXPECT_EQ(e.request("{\"hang\": true}").status, EnvStatus::TimedOut);
+  // Killed with its process group: gone, or a zombie until init reaps it.
+  bool dead = false;
+  for (int i = 0; i < 200 && !dead; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string all;
+    std::getline(stat, all);
+    const size_t paren = all.rfind(')');
+    dead = !stat.good() || (paren != std::string::npos && paren + 2 < all.size() &&
+                            (all[paren + 2] == 'Z' || all[paren + 2] == 'X'));
+    if (!dead)
+      usleep(10 * 1000);
+  }
+  EXPECT_TRUE(dead) << "process " << pid << " outlived the environment";
+}
+
+TEST_F(EnvTest, NoDescriptorOrVariableOfTheCallerReachesIt) {
+  // A descriptor of this process without close-on-exec, and a variable.
+  const int leak = open((root_ / "leak.txt").c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_GE(leak, 0);
+  setenv("HFLOW_ENV_TEST_SECRET", "x", 1);
+  EnvLimits l = quick();
+  l.isolate = false; // (/proc is outside an isolated environment's reach)
+  EnvProcess e({"python3", script("fds",
+                                  "    fds = {}\n"
+                                  "    for f in os.listdir('/proc/self/fd'):\n"
+                                  "        try:\n"
+                                  "            fds[f] = os.readlink('/proc/self/fd/' + f)\n"
+                                  "        except OSError:\n"
+                                  "            pass\n"
+                                  "    return {'fds': fds, 'env': sorted(os.environ)}")},
+               folder("fds"), l);
+  EnvReply r = e.request("{}");
+  close(leak);
+  unsetenv("HFLOW_ENV_TEST_SECRET");
+  ASSERT_EQ(r.status, EnvStatus::Ok) << r.why;
+  auto j = nlohmann::json::parse(r.line);
+  // 0, 1, 2 (and the one listdir had open): nothing of this process's.
+  EXPECT_LE(j["fds"].size(), 4u) << j.dump();
+  for (auto &[fd, target] : j["fds"].items())
+    EXPECT_EQ(target.get<std::string>().find("leak.txt"), std::string::npos) << j.dump();
+  const std::vector<std::string> want{"HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE",
+                                      "PYTHONUNBUFFERED", "TMPDIR"};
+  // (Python may add LC_CTYPE when it coerces the locale)
+  std::vector<std::string> got;
+  for (const auto &k : j["env"])
+    if (k != "LC_CTYPE")
+      got.push_back(k);
+  EXPECT_EQ(got, want) << j.dump();
+}
+
+TEST_F(EnvTest, FilesItWritesAreLimited) {
+  EnvLimits l = quick();
+  l.maxFileBytes = 1 << 20;
+  EnvProcess e({"python3", script("big",
+                                  "    try:\n"
+                                  "        with open('big.bin', 'wb') as f:\n"
+                                  "            f.write(b'x' * (2 << 20))\n"
+                                  "        return {'write': 'ok'}\n"
+                                  "    except OSError as e:\n"
+                                  "        return {'write': str(e)}")},
+               folder("big"), l);
+  EnvReply r = e.request("{}");
+  ASSERT_EQ(r.status, EnvStatus::Ok) << r.why;
+  EXPECT_NE(r.line.find("File too large"), std::string::npos) << r.line;
+  EXPECT_LE(fs::file_size(folder("big") + "/big.bin"), uintmax_t(1) << 20);
 }
