@@ -36,6 +36,8 @@ std::vector<Field> schemaOf(BatchKind k, const Widths &w) {
                             {"version", at::kInt, R}};
     if (w.route > 0)
       f.push_back({"route", at::kShort, (P + R) * w.route});
+    if (w.turns)
+      f.push_back({"ratt", at::kFloat, R});
     return f;
   }
   default:
@@ -55,6 +57,17 @@ Val makeVal(BatchKind k, int64_t rows, const Widths &w, bool host) {
     v.f[fd.name] = fd.width ? at::full({rows, fd.width}, fill, opts) : at::full({rows}, fill, opts);
   }
   return v;
+}
+
+at::Tensor presentMask(Val &rollout) {
+  auto it = rollout.f.find("ratt");
+  return it != rollout.f.end() ? it->second : rollout["rmask"];
+}
+
+at::Tensor lastTrained(const at::Tensor &rmask) {
+  const int64_t R = rmask.size(1);
+  at::Tensor pos = at::arange(R, rmask.options().dtype(at::kLong)).unsqueeze(0);
+  return at::where(rmask > 0, pos, at::full_like(pos, -1)).amax(1);
 }
 
 at::Tensor packRows(Val &v, const Widths &w, int64_t lo, int64_t hi) {

@@ -36,11 +36,18 @@ struct Field {
 /// mixture's layers x experts per token; 0: no routing travels).
 struct Widths {
   int64_t P = 1, R = 1, route = 0;
+  /// A multi-turn rollout (an environment's turns among the model's): its
+  /// response holds tokens the model did not sample, and a rollout carries
+  /// "ratt" beside "rmask".
+  bool turns = false;
 };
 
 /// The fields of a batch value of kind `k` with widths `w`: a rollout with
 /// w.route > 0 adds "route", int16 [rows, (P + R) x route] (the positions'
-/// experts as Generation::routing holds them; -1: none recorded).
+/// experts as Generation::routing holds them; -1: none recorded); a
+/// multi-turn one (w.turns) adds "ratt", float [rows, R]: 1 at every
+/// response position a token occupies, the environment's included, while
+/// "rmask" marks the model's own tokens, the ones trained.
 std::vector<Field> schemaOf(plan::BatchKind k, const Widths &w);
 
 /// A batch value on this rank.
@@ -59,6 +66,14 @@ struct Val {
 /// On the engine's device (models/Device.h), or on `host` when true
 /// (a batch filled element by element there, then moved in one copy).
 Val makeVal(plan::BatchKind k, int64_t rows, const Widths &w, bool host = false);
+/// A rollout's response positions that hold a token: "ratt" in a
+/// multi-turn rollout (the model's and the environment's tokens, which
+/// every pass attends to), else "rmask". The loss and the RL builtins use
+/// "rmask" alone.
+at::Tensor presentMask(Val &rollout);
+/// Each row's last response position the model sampled (the last 1 of
+/// "rmask"), -1 for a row without one: where a sequence's reward sits.
+at::Tensor lastTrained(const at::Tensor &rmask);
 /// Rows [lo, hi) of every field, as one byte buffer (schema order).
 at::Tensor packRows(Val &v, const Widths &w, int64_t lo, int64_t hi);
 /// The size of packRows' buffer for `rows` rows of kind `k`.

@@ -16,7 +16,7 @@ bool trimPasses() {
 
 std::pair<int64_t, int64_t> realWidth(Val &ro, int64_t lo, int64_t hi) {
   const int64_t p = ro["pmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
-  const int64_t r = ro["rmask"].narrow(0, lo, hi - lo).sum(1).max().item<float>();
+  const int64_t r = presentMask(ro).narrow(0, lo, hi - lo).sum(1).max().item<float>();
   return {std::max<int64_t>(1, p), std::max<int64_t>(1, r)};
 }
 
@@ -28,7 +28,7 @@ bool lengthBuckets() {
 Buckets lengthBucketsOf(Val &ro, int64_t lo, int64_t hi,
                         const std::vector<std::pair<int64_t, int64_t>> &batches) {
   at::Tensor pm = ro["pmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
-  at::Tensor rm = ro["rmask"].narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
+  at::Tensor rm = presentMask(ro).narrow(0, lo, hi - lo).sum(1).cpu().to(at::kLong);
   auto pa = pm.accessor<int64_t, 1>(), ra = rm.accessor<int64_t, 1>();
   std::vector<std::pair<int64_t, int64_t>> lengths((size_t)(hi - lo));
   for (int64_t i = 0; i < hi - lo; ++i)

@@ -58,6 +58,15 @@ public:
   std::vector<int64_t> pairSequence(const data::Dataset &ds, const data::Example &ex,
                                     const std::string &response) const;
 
+  /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
+  /// columns some row uses), with the widths kept: p prompt, r response;
+  /// with `replayLayers` > 0 the rollout's routing of those columns to
+  /// replay (replayLayers()).
+  /// (Every token present is attended to: presentMask(), the environment's
+  /// tokens of a multi-turn rollout included.)
+  static models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
+                                     int64_t &r, int64_t replayLayers = 0);
+
 private:
   void runGenerate(MethodCall &c);
   void runSft(MethodCall &c);
@@ -86,12 +95,6 @@ private:
       MethodCall &c, Val &rollout, Span rows,
       const std::function<at::Tensor(const at::Tensor &, int64_t, int64_t)> &head,
       int64_t start = -1, int64_t width = -1);
-  /// The sequences of rows [lo, hi) as one pass's input (`trim`: only the
-  /// columns some row uses), with the widths kept: p prompt, r response;
-  /// with `replayLayers` > 0 the rollout's routing of those columns to
-  /// replay (replayLayers()).
-  models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
-                              int64_t &r, int64_t replayLayers = 0);
   std::vector<std::pair<int64_t, int64_t>> rowBatches(Val &ro, int64_t lo, int64_t hi,
                                                       int64_t micro, int64_t budget,
                                                       const std::string &where,

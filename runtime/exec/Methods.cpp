@@ -135,7 +135,7 @@ models::MicroBatch MethodRunner::seqMicro(Val &ro, int64_t lo, int64_t hi, bool 
   mb.tokens = at::cat({ro["ptoks"].narrow(0, lo, b).narrow(1, P - p, p),
                        ro["rtoks"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
   mb.keyMask = at::cat({ro["pmask"].narrow(0, lo, b).narrow(1, P - p, p),
-                        ro["rmask"].narrow(0, lo, b).narrow(1, 0, r)}, 1);
+                        presentMask(ro).narrow(0, lo, b).narrow(1, 0, r)}, 1);
   mb.positions = models::positionsFromMask(mb.keyMask);
   if (replayLayers > 0) {
     // The rollout's routing at the same columns: [b, p + r, L, k].
@@ -184,7 +184,7 @@ std::vector<std::pair<int64_t, int64_t>> MethodRunner::rowBatches(Val &ro, int64
     return out;
   }
   // Row widths on the host: the cut is planned there.
-  auto pm = ro["pmask"].sum(1).cpu(), rm = ro["rmask"].sum(1).cpu();
+  auto pm = ro["pmask"].sum(1).cpu(), rm = presentMask(ro).sum(1).cpu();
   auto pa = pm.accessor<float, 1>(), ra = rm.accessor<float, 1>();
   int64_t u = lo;
   while (u < hi) {
@@ -866,7 +866,12 @@ void MethodRunner::runScore(MethodCall &c) {
   at::Tensor rmask = (*rollout)["rmask"].narrow(0, lo, b);
   at::Tensor rtoks = (*rollout)["rtoks"].narrow(0, lo, b);
   at::Tensor scores;
-  at::Tensor len = rmask.sum(1).to(at::kLong);
+  // The tokens a response holds, and where its score sits: its last token,
+  // or in a multi-turn rollout the model's last (an environment's turns
+  // hold tokens the model did not sample).
+  const bool turns = rollout->f.count("ratt") > 0;
+  at::Tensor len = presentMask(*rollout).narrow(0, lo, b).sum(1).to(at::kLong);
+  at::Tensor scoredAt = turns ? lastTrained(rmask) : len - 1;
   if (ro.kind() == RoleKind::RewardFn) {
     // This role's own rule: a program may declare several. The rule reads
     // text, so the responses leave the engine (one copy to the host) and
@@ -874,24 +879,32 @@ void MethodRunner::runScore(MethodCall &c) {
     const RuleRt &rule = rules_.at(step(c.s).role());
     if (!ph.dataset && rules::findRule(rule.name)->needsData)
       throw RunError("reward rule '" + rule.name + "' needs a data set");
-    const at::Tensor hostToks = rtoks.cpu(), hostLen = len.cpu();
+    const at::Tensor hostToks = rtoks.cpu(), hostLen = len.cpu(), hostAt = scoredAt.cpu();
     const at::Tensor hostIds = (*rollout)["ids"].narrow(0, lo, b).cpu();
     auto acc = hostToks.accessor<int64_t, 2>();
     auto lenA = hostLen.accessor<int64_t, 1>();
+    auto atA = hostAt.accessor<int64_t, 1>();
     auto idA = hostIds.accessor<int64_t, 1>();
     at::Tensor hostScores = at::zeros({b, R});
     auto sA = hostScores.accessor<float, 2>();
     for (int64_t i = 0; i < b; ++i) {
       // The text before the first stop token (a row ends at it, but for a
       // benchmark's imposed lengths: HFLOW_TEST_RESPONSE_LENGTHS).
+      // A multi-turn response: every turn's text, its stop tokens left out.
       std::vector<int64_t> ids;
-      for (int64_t t = 0; t < lenA[i] && !text_.isStop(acc[i][t]); ++t)
+      for (int64_t t = 0; t < lenA[i]; ++t) {
+        if (text_.isStop(acc[i][t])) {
+          if (turns)
+            continue;
+          break;
+        }
         ids.push_back(acc[i][t]);
+      }
       data::Example ex;
       if (ph.dataset)
         ex = (*ph.dataset)[(size_t)idA[i]];
       double r = rule.fn(text_.tok->decode(ids), ex);
-      sA[i][std::max<int64_t>(0, lenA[i] - 1)] = (float)r;
+      sA[i][std::max<int64_t>(0, atA[i])] = (float)r;
     }
     scores = hostScores.to(models::engineDevice());
   } else {
@@ -905,12 +918,12 @@ void MethodRunner::runScore(MethodCall &c) {
         [&](const at::Tensor &h, int64_t u, int64_t e) {
           const int64_t m = e - u;
           at::Tensor toks = at::cat({ro_["ptoks"].narrow(0, u, m), ro_["rtoks"].narrow(0, u, m)}, 1);
-          at::Tensor mask = at::cat({ro_["pmask"].narrow(0, u, m), ro_["rmask"].narrow(0, u, m)}, 1);
+          at::Tensor mask = at::cat({ro_["pmask"].narrow(0, u, m), presentMask(ro_).narrow(0, u, m)}, 1);
           at::Tensor at_ = models::scoredPositions(toks, mask, rr.scorePad);
           at::Tensor hl = h.gather(1, at_.view({m, 1, 1}).expand({m, 1, h.size(2)})).squeeze(1);
           at::Tensor sc = scalarHead(hl, rr.head);
-          at::Tensor ln = len.narrow(0, u - lo, m);
-          return at::zeros({m, R}, sc.options().dtype(at::kFloat)).scatter_(1, (ln - 1).clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
+          at::Tensor pos = scoredAt.narrow(0, u - lo, m);
+          return at::zeros({m, R}, sc.options().dtype(at::kFloat)).scatter_(1, pos.clamp_min(0).unsqueeze(1), sc.unsqueeze(1));
         },
         0, P + R);
   }
