@@ -64,9 +64,11 @@ protected:
   fs::path root_;
 };
 
+/// Limits for a test: a generous time per reply (a loaded machine starts
+/// Python slowly; only the hang tests wait for a timeout, a short one).
 EnvLimits quick() {
   EnvLimits l;
-  l.timeoutS = 5;
+  l.timeoutS = 60;
   l.memoryBytes = int64_t(512) << 20;
   return l;
 }
@@ -114,21 +116,20 @@ TEST_F(EnvTest, ACrashEndsTheRequestAndTheNextStartsItAgain) {
 
 TEST_F(EnvTest, AHangTimesOutAndIsKilled) {
   EnvLimits l = quick();
-  l.timeoutS = 0.5;
+  l.timeoutS = 3;
   EnvProcess e({"python3", script("hang",
                                   "    if req.get('hang'):\n"
                                   "        time.sleep(1000)\n"
                                   "    return {'turn': n}")},
                folder("hang"), l);
-  ASSERT_EQ(e.request("{}").status, EnvStatus::Ok);
   auto t0 = std::chrono::steady_clock::now();
   EnvReply r = e.request("{\"hang\": true}");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.status, EnvStatus::TimedOut);
-  EXPECT_NE(r.why.find("no reply within 0.5 s"), std::string::npos) << r.why;
-  EXPECT_LT(s, 30.0); // it returned (the sleep was 1000 s)
+  EXPECT_NE(r.why.find("no reply within 3 s"), std::string::npos) << r.why;
+  EXPECT_LT(s, 60.0); // it returned (the sleep was 1000 s)
   EXPECT_FALSE(e.running());
-  EXPECT_EQ(e.request("{}").status, EnvStatus::Ok);
+  EXPECT_EQ(e.request("{}").status, EnvStatus::Ok); // started again
 }
 
 TEST_F(EnvTest, FloodingAndGarbageAreBadReplies) {
@@ -166,17 +167,16 @@ TEST_F(EnvTest, FloodingAndGarbageAreBadReplies) {
 TEST_F(EnvTest, MemoryIsLimited) {
   EnvLimits l = quick();
   l.memoryBytes = int64_t(256) << 20;
-  const std::string body = "    b = bytearray(1 << 30)\n"
-                           "    return {'allocated': len(b)}";
-  EnvProcess e({"python3", script("hog", body)}, folder("hog"), l);
-  EnvReply r = e.request("{}");
+  // (Python leaves the pages of a failed allocation untouched: both asks
+  // are quick.)
+  EnvProcess e({"python3", script("hog", "    b = bytearray(req['mb'] << 20)\n"
+                                         "    return {'allocated': len(b)}")},
+               folder("hog"), l);
+  EnvReply r = e.request("{\"mb\": 32}"); // under the limit
+  ASSERT_EQ(r.status, EnvStatus::Ok) << r.why;
+  r = e.request("{\"mb\": 1024}"); // over it
   EXPECT_EQ(r.status, EnvStatus::Crashed);
   EXPECT_NE(r.why.find("MemoryError"), std::string::npos) << r.why;
-  // The same program under a limit above it allocates.
-  l.memoryBytes = int64_t(4) << 30;
-  EnvProcess ok({"python3", script("hog2", body)}, folder("hog2"), l);
-  r = ok.request("{}");
-  ASSERT_EQ(r.status, EnvStatus::Ok) << r.why;
 }
 
 TEST_F(EnvTest, IsolatedFromTheNetworkAndFromFilesOutsideItsFolder) {
@@ -266,11 +266,11 @@ TEST_F(EnvTest, ALineNoRequestAskedForIsABadReply) {
   std::ofstream(path) << "import sys, time\n"
                          "for line in sys.stdin:\n"
                          "    print('{\"ok\": 1}', flush=True)\n"
-                         "    time.sleep(0.2)\n"
+                         "    time.sleep(0.1)\n"
                          "    print('{\"stray\": 1}', flush=True)\n";
   EnvProcess e({"python3", path}, folder("stray"), quick());
   ASSERT_EQ(e.request("{}").status, EnvStatus::Ok);
-  usleep(600 * 1000); // the stray line is written meanwhile
+  usleep(2000 * 1000); // the stray line is written meanwhile (0.1 s after the reply)
   EnvReply r = e.request("{}");
   EXPECT_EQ(r.status, EnvStatus::BadReply);
   EXPECT_NE(r.why.find("a line no request asked for"), std::string::npos) << r.why;
@@ -279,7 +279,7 @@ TEST_F(EnvTest, ALineNoRequestAskedForIsABadReply) {
 
 TEST_F(EnvTest, WhatItStartedDiesWithIt) {
   EnvLimits l = quick();
-  l.timeoutS = 0.5;
+  l.timeoutS = 3;
   EnvProcess e({"python3", script("spawn",
                                   "    if req.get('hang'):\n"
                                   "        time.sleep(1000)\n"
@@ -294,7 +294,7 @@ TEST_F(EnvTest, WhatItStartedDiesWithIt) {
   EXPECT_EQ(e.request("{\"hang\": true}").status, EnvStatus::TimedOut);
   // Killed with its process group: gone, or a zombie until init reaps it.
   bool dead = false;
-  for (int i = 0; i < 200 && !dead; ++i) {
+  for (int i = 0; i < 1000 && !dead; ++i) {
     std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
     std::string all;
     std::getline(stat, all);
