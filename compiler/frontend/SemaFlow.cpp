@@ -205,6 +205,8 @@ FlowChecker::Ty FlowChecker::typeMethodCall(Expr &e, Scope &scope) {
     checkRolloutCorrection(e, kw, inputs, scope);
   if (e.text == "update" && rd.kind == ast::RoleKind::Actor && kw.count("policy_loss"))
     checkPolicyObjective(kw);
+  if (e.text == "generate")
+    checkEpisode(e, kw);
   if (!sig->result) {
     Ty t;
     t.what = Ty::Nothing;
@@ -240,6 +242,35 @@ void FlowChecker::checkPolicyObjective(const std::map<std::string, const ast::Ar
                  "(seq-mean-token-mean, as verl does), so the update's loss_agg must be "
                  "\"seq-mean-token-mean\" (or absent), not \"" + agg + "\"")
         .notes.push_back({kw.at("policy_loss")->value->loc, "the objective is chosen here"});
+}
+
+void FlowChecker::checkEpisode(const Expr &e, const std::map<std::string, const ast::Arg *> &kw) {
+  const bool env = kw.count("env") > 0;
+  for (const char *k : {"max_turns", "turn_tokens", "env_timeout", "env_memory_mb", "env_isolate"})
+    if (!env && kw.count(k))
+      diags_.error(kw.at(k)->value->loc, std::string(k) + " is an option of a multi-turn episode, "
+                                         "but this generate call has no env: (the environment's "
+                                         "command)");
+  if (!env)
+    return;
+  if (!kw.count("max_turns"))
+    diags_.error(e.loc, "a generate call with env: needs max_turns: the most turns the model "
+                        "takes in an episode");
+  auto number = [&](const char *k) -> std::optional<double> {
+    if (!kw.count(k))
+      return std::nullopt;
+    const Expr &v = *kw.at(k)->value;
+    if (v.constant)
+      return *v.constant;
+    if (v.kind == Expr::Kind::Int)
+      return double(v.intValue);
+    return std::nullopt;
+  };
+  const double maxTokens = number("max_tokens").value_or(double(defaults::kMaxTokens));
+  if (auto t = number("turn_tokens"); t && *t > maxTokens)
+    diags_.error(kw.at("turn_tokens")->value->loc,
+                 "turn_tokens " + std::to_string((int64_t)*t) + " is more than the whole "
+                 "episode's response holds (max_tokens " + std::to_string((int64_t)maxTokens) + ")");
 }
 
 void FlowChecker::checkOverlong(const Expr &e, const std::map<std::string, const ast::Arg *> &kw) {
@@ -540,6 +571,17 @@ FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
   }
   if (!ok)
     return {};
+  if (e.text == "env_reward") {
+    const Expr *arg = inputs[0].second;
+    const auto b = arg->kind == Expr::Kind::Name ? scope.find(arg->text) : scope.end();
+    if (b == scope.end() || !b->second.episode) {
+      auto &d = diags_.error(arg->loc, "env_reward reads the rewards of an episode's environment: "
+                                       "its input must be the rollout of a generate call with "
+                                       "env:, by the name its let gives it");
+      noteDefinition(d, *arg, scope);
+      return {};
+    }
+  }
   ast::BatchKind result =
       bi->result == builtins::kAnyNumeric
           ? inputs[0].first.kind
@@ -657,6 +699,9 @@ void FlowChecker::checkFlow(ast::FlowDecl &f) {
     b.loc = s.nameLoc;
     b.fields = t.fields;
     b.rolloutLogprobs = e.kind == Expr::Kind::Call && e.text == "rollout_logprobs";
+    if (e.kind == Expr::Kind::MethodCall && e.text == "generate")
+      for (const ast::Arg &a : e.args)
+        b.episode = b.episode || a.key == "env";
     if (t.what == Ty::Batch)
       b.kind = t.kind;
     else

@@ -268,6 +268,7 @@ private:
     const builtins::Fields *fields = nullptr;
     bool poisoned = false;   // its definition had an error: stay quiet
     bool rolloutLogprobs = false; // rollout_logprobs(...): the rollout's own log-probs
+    bool episode = false; // a generate call's with env: (multi-turn episodes)
   };
   using Scope = std::map<std::string, Binding>;
 
@@ -312,6 +313,9 @@ private:
   /// after reads the unfiltered values (the span from the generate call to
   /// the filter repeats on fresh prompts).
   void checkFilterGroups(const ast::FlowDecl &f);
+  /// A generate call's multi-turn options: env: with max_turns, the others
+  /// only with env:, turn_tokens within max_tokens.
+  void checkEpisode(const Expr &e, const std::map<std::string, const ast::Arg *> &kw);
   void noteDefinition(Diagnostic &d, const Expr &arg, Scope &scope);
 
   /// Checks a keyword argument's value against its declared type. A number

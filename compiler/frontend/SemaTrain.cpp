@@ -273,6 +273,23 @@ void TrainChecker::checkFilterSchedule(const ast::TrainDecl &t) {
       if (call.kind == Expr::Kind::Call && call.text == "filter_groups" && !filter)
         filter = &call;
     });
+  // A generate call with an environment: its episodes run within the
+  // iteration too.
+  const Expr *episode = nullptr;
+  for (const ast::Stmt &st : prog_.flows[f->index].body)
+    forEachCall(*st.value, [&](const Expr &call) {
+      if (call.kind == Expr::Kind::MethodCall && call.text == "generate" && !episode)
+        for (const ast::Arg &a : call.args)
+          if (a.key == "env")
+            episode = &call;
+    });
+  if (episode && (t.offPolicy > 0 || t.partialHorizon > 0 || t.stream))
+    diags_.error(episode->loc, "a generate call with env: runs its episodes turn by turn within "
+                               "its iteration, but flow '" + t.flow + "' " +
+                               (t.stream ? "streams its rollout" : "makes its rollout ahead"))
+        .notes.push_back({t.stream ? t.streamLoc
+                                   : (t.stalenessLoc.line > 0 ? t.stalenessLoc : t.offPolicyLoc),
+                          "the schedule is chosen here"});
   if (!filter)
     return;
   if (t.offPolicy > 0 || t.partialHorizon > 0)

@@ -104,6 +104,25 @@ struct CheckExecutablePass
         hadError = true;
       }
     }
+    // A multi-turn generate call: one environment per rank, so one rank a
+    // replica (its tp/pp/sp/cp ranks would each ask their own).
+    module.walk([&](CallOp call) {
+      if (call.getMethod() != "generate" || !call.getArgsAttr() || !call.getArgsAttr().get("env"))
+        return;
+      auto role = SymbolTable::lookupNearestSymbolFrom<RoleOp>(
+          call, StringAttr::get(call.getContext(), call.getRole()));
+      if (!role || !role.getGenerate())
+        return;
+      const auto l = ::hflow::planner::toLayout(role.getGenerate());
+      auto one = [](int64_t d) { return std::max<int64_t>(1, d); };
+      if (one(l.tp) * one(l.pp) * one(l.sp) * one(l.cp) > 1) {
+        call.emitError() << "a generate call with env: runs one environment per rank, but "
+                         << role.getSymName() << " generates with several ranks a replica (tp "
+                         << l.tp << ", pp " << l.pp << ", sp " << l.sp << ", cp " << l.cp
+                         << "), which would each ask their own; generate data parallel";
+        hadError = true;
+      }
+    });
     if (hadError)
       signalPassFailure();
   }

@@ -393,7 +393,7 @@ LogicalResult BuiltinOp::verify() {
     return emitOpError() << "'" << callee << "' must have a result";
   // rollout_logprobs and filter_groups read a rollout (checked against
   // their signatures below).
-  if (callee != "rollout_logprobs" && callee != "filter_groups")
+  if (callee != "rollout_logprobs" && callee != "filter_groups" && callee != "env_reward")
     for (Value v : getInputs())
       if (!m::isNumeric(kindOf(v)))
         return emitOpError() << "'" << callee << "' takes numeric batches, not "

@@ -20,6 +20,19 @@ Conversation::Conversation(const Tokenizer &tok, std::shared_ptr<const ChatTempl
   seen_ = tok_.decodeKeepSpecial(ids_);
 }
 
+Conversation::Conversation(const Tokenizer &tok, std::shared_ptr<const ChatTemplate> tmpl,
+                           nlohmann::ordered_json messages, std::vector<int64_t> promptIds)
+    : tok_(tok), tmpl_(std::move(tmpl)), messages_(std::move(messages)) {
+  if (!tmpl_)
+    throw std::runtime_error("a multi-turn episode needs a chat template, and the tokenizer '" +
+                             tok.name() + "' has none (tokenizer_config.json's chat_template)");
+  if (!messages_.is_array())
+    throw std::runtime_error("a conversation starts from a list of messages");
+  ids_ = std::move(promptIds);
+  trained_.assign(ids_.size(), 0);
+  seen_ = tok_.decodeKeepSpecial(ids_);
+}
+
 std::string Conversation::render(const nlohmann::ordered_json &messages,
                                  bool generationPrompt) const {
   nlohmann::ordered_json vars;

@@ -42,6 +42,10 @@ public:
   /// template. Throws ChatTemplateError when the template raises.
   Conversation(const Tokenizer &tok, std::shared_ptr<const ChatTemplate> tmpl,
                nlohmann::ordered_json messages);
+  /// Starts from the prompt's ids as the model sees them (a rollout's
+  /// prompt, however it was encoded), `messages` its chat.
+  Conversation(const Tokenizer &tok, std::shared_ptr<const ChatTemplate> tmpl,
+               nlohmann::ordered_json messages, std::vector<int64_t> promptIds);
 
   /// The model's turn: the ids it sampled, a stop id last when it stopped
   /// on one. Appended as they are, trained.

@@ -39,6 +39,8 @@ public:
   std::string text(const Example &ex, const std::string &where) const;
 
   bool hasTemplate() const { return tmpl_ != nullptr; }
+  /// The parsed chat template (null: none).
+  std::shared_ptr<const ChatTemplate> chatTemplate() const { return tmpl_; }
   /// How errors name a tokenizer's chat template: "<dir>/tokenizer_config.json:
   /// chat_template" (ChatTemplateError's ORIGIN).
   static std::string templateOrigin(const Tokenizer &tok);

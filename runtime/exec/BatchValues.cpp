@@ -36,8 +36,11 @@ std::vector<Field> schemaOf(BatchKind k, const Widths &w) {
                             {"version", at::kInt, R}};
     if (w.route > 0)
       f.push_back({"route", at::kShort, (P + R) * w.route});
-    if (w.turns)
+    if (w.turns) {
       f.push_back({"ratt", at::kFloat, R});
+      // the rewards its environment gave, summed (env_reward)
+      f.push_back({"envr", at::kFloat, 0});
+    }
     return f;
   }
   default:

@@ -47,7 +47,8 @@ struct Widths {
 /// experts as Generation::routing holds them; -1: none recorded); a
 /// multi-turn one (w.turns) adds "ratt", float [rows, R]: 1 at every
 /// response position a token occupies, the environment's included, while
-/// "rmask" marks the model's own tokens, the ones trained.
+/// "rmask" marks the model's own tokens, the ones trained; and "envr",
+/// float [rows]: the rewards its environment gave, summed.
 std::vector<Field> schemaOf(plan::BatchKind k, const Widths &w);
 
 /// A batch value on this rank.

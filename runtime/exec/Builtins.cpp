@@ -138,7 +138,8 @@ bool hasImplementation(std::string_view name) {
   // rollout_logprobs reads the rollout's own log-probs, and filter_groups
   // keeps groups across draws (GroupFilter.cpp): the controller answers
   // them before calling runBuiltin (ControllerSteps.cpp).
-  if (builtins::isArithmetic(name) || name == "rollout_logprobs" || name == "filter_groups")
+  if (builtins::isArithmetic(name) || name == "rollout_logprobs" || name == "filter_groups" ||
+      name == "env_reward")
     return true;
   for (const Entry &e : kImpls)
     if (e.name == name)

@@ -40,6 +40,23 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
     if (it == vals_.end())
       throw RunError("input " + str(p_.values()->Get(v)->name(), "?") +
                      " has not reached the controller");
+    if (str(st.method()) == "env_reward") {
+      // The rewards the episode's environment gave, summed, on the model's
+      // last token (none: the episode has no token the model sampled).
+      Val &ro = it->second;
+      if (ro.kind != BatchKind::Rollout || !ro.f.count("envr") || ints(st.outputs()).size() != 1)
+        throw RunError(describe(s) + ": env_reward takes the rollout of a generate call with "
+                                     "an environment");
+      Val out = makeVal(p_.values()->Get(st.outputs()->Get(0))->kind(), ph.batch * ph.n,
+                        ph.widths());
+      at::Tensor at_ = lastTrained(ro["rmask"]);
+      at::Tensor has = at_ >= 0;
+      out.x().scatter_(1, at_.clamp_min(0).unsqueeze(1),
+                       (ro["envr"] * has.to(at::kFloat)).unsqueeze(1));
+      record_.digests[s] = out.x().to(at::kDouble).sum().item<double>();
+      vals_[st.outputs()->Get(0)] = std::move(out);
+      return;
+    }
     if (str(st.method()) == "rollout_logprobs") {
       // The log-probs the generator recorded while sampling, per response
       // token (zero past the response), as a logprobs value.

@@ -95,7 +95,12 @@ struct PhaseRt : PhaseShape {
   /// routing_replay: a rollout's route numbers per position (the actor's
   /// layers x experts per token; 0: no routing is recorded or replayed).
   int64_t routeWidth = 0;
-  Widths widths() const { return {P, R, routeWidth}; }
+  /// Multi-turn episodes (a generate call with `env:`): the rollouts carry
+  /// "ratt" and "envr"; each such step's environment command, its words
+  /// with the files it names found as data files are.
+  bool turns = false;
+  std::map<int, std::vector<std::string>> envArgv;
+  Widths widths() const { return {P, R, routeWidth, turns}; }
 };
 
 /// A RewardFn role's rule.

@@ -17,9 +17,16 @@
 #define HFLOW_RUNTIME_EXEC_METHODRUNNER_H
 
 #include "runtime/exec/EngineState.h"
+#include "runtime/env/EnvProcess.h"
 #include "runtime/exec/TrainingStep.h"
 
 namespace hflow::exec {
+
+/// A generate call's sampling settings: the call's, else the role's
+/// options, else the defaults; the tokenizer's stop and padding ids.
+models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::RoleOptions &opts,
+                                        const data::Tokenizer &tok,
+                                        const std::vector<int64_t> &stops);
 
 /// What the method runner borrows from the Worker.
 struct MethodRunnerRefs : EngineContext {
@@ -68,6 +75,11 @@ public:
                                      int64_t &r, int64_t replayLayers = 0);
 
 private:
+  /// generate with `env:`: multi-turn episodes (Episodes.cpp).
+  void runEpisodes(MethodCall &c);
+  env::EnvProcess &environmentOf(MethodCall &c);
+  std::map<int, std::unique_ptr<env::EnvProcess>> envs_; ///< per generate step
+
   void runGenerate(MethodCall &c);
   void runSft(MethodCall &c);
   void runLogprob(MethodCall &c);

@@ -301,10 +301,6 @@ at::Tensor MethodRunner::forwardResponses(MethodCall &c, Val &rollout, Span rows
 // The methods
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-/// A generate call's sampling settings: the call's, else the role's
-/// options, else the defaults; the tokenizer's stop and padding ids.
 models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::RoleOptions &opts,
                                         const data::Tokenizer &tok,
                                         const std::vector<int64_t> &stops) {
@@ -319,6 +315,8 @@ models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::Rol
   so.padToken = tok.padId();
   return so;
 }
+
+namespace {
 
 /// HFLOW_TEST_RESPONSE_LENGTHS=MEDIAN,SIGMA (benchmarks: a long-tailed
 /// workload, as bench/rollout_bench.cpp's): sample j of prompt id i ends
@@ -404,6 +402,8 @@ void writeGeneration(Val &ro, int64_t lo, const at::Tensor &ptoks, const at::Ten
 } // namespace
 
 void MethodRunner::runGenerate(MethodCall &c) {
+  if (c.a.env())
+    return runEpisodes(c);
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;

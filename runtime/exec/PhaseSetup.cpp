@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace hflow::exec {
 
@@ -98,6 +99,7 @@ void Preflight::readPhases() {
     if (ph.ph && ph.ph->stream_steps() && ph.ph->stream_steps()->size() > 0)
       prepareStream(ph);
     prepareFilter(ph);
+    prepareEpisodes(ph);
     ph.xfers = s_.rows->transfers(ph);
     if (!ph.streamSteps.empty() && o_.comm == "nccl") {
       // NCCL receives from one peer at a time: a consumer takes the groups
@@ -338,6 +340,35 @@ void Preflight::prepareFilter(PhaseRt &ph) {
   if (ph.n < 2) // (a plan without a train block: its synthetic phase)
     throw RunError("phase " + ph.name + " filters groups of n = " + std::to_string(ph.n) +
                    " responses; filter_groups compares 2 or more");
+}
+
+/// Multi-turn episodes: the phase's rollouts carry their environments'
+/// tokens and rewards; each such generate step's command, split at spaces,
+/// a word that names a file found as a data file is (--data-dir, else the
+/// current directory, then the program's).
+void Preflight::prepareEpisodes(PhaseRt &ph) {
+  for (int s = ph.first; s < ph.first + ph.count; ++s) {
+    const Step &st = step(s);
+    if (st.kind() != StepKind::Compute || str(st.method()) != "generate" || !st.args() ||
+        !st.args()->env())
+      continue;
+    ph.turns = true;
+    std::vector<std::string> argv;
+    std::istringstream words(st.args()->env()->str());
+    for (std::string w; words >> w;) {
+      if (!argv.empty() && w[0] != '-' && w.find_first_of("/.") != std::string::npos) {
+        try {
+          w = resolveData(w);
+        } catch (const RunError &) {
+          // (not a file: an argument as it is)
+        }
+      }
+      argv.push_back(w);
+    }
+    if (argv.empty())
+      throw RunError(s_.rows->describe(s) + ": its environment's command is empty");
+    ph.envArgv[s] = std::move(argv);
+  }
 }
 
 /// Streaming (the plan loader checked the steps): the phase's generate

@@ -65,6 +65,8 @@ private:
   void prepareStream(PhaseRt &ph);
   /// The phase's filter_groups step (dynamic sampling), if any.
   void prepareFilter(PhaseRt &ph);
+  /// The phase's multi-turn generate steps (with `env:`), if any.
+  void prepareEpisodes(PhaseRt &ph);
   std::string resolveData(const std::string &path) const;
   const RuleRt *chooseEvalRule() const;
   std::string defaultTokenizer() const;

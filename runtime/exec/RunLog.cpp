@@ -73,7 +73,11 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::inFlight,
     &MetricSums::partialCalls,
     &MetricSums::filterDraws,
-    &MetricSums::filterDropped};
+    &MetricSums::filterDropped,
+    &MetricSums::envEpisodes,
+    &MetricSums::envTurns,
+    &MetricSums::envFailures,
+    &MetricSums::envDrifts};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -307,6 +311,13 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
   if (tot.filterDraws > 0) {
     add("filter_draws", tot.filterDraws);
     add("filter_dropped_groups", tot.filterDropped);
+  }
+  // Multi-turn episodes: the model's turns per episode, the share whose
+  // environment failed, the turns that drifted.
+  if (tot.envEpisodes > 0) {
+    add("env_turns", tot.envTurns / tot.envEpisodes);
+    add("env_failed_frac", tot.envFailures / tot.envEpisodes);
+    add("env_drifts", tot.envDrifts);
   }
   // The rollout correction (an actor update's rollout_is / rollout_rs):
   // the weights' mean over the tokens (after truncation; a decoupled cap's

@@ -67,8 +67,12 @@ struct MetricSums {
   /// Dynamic sampling (filter_groups): the iteration's draws and the groups
   /// dropped as all equal (the controller's).
   double filterDraws = 0, filterDropped = 0;
+  /// Multi-turn episodes (a generate call with `env:`): the episodes, their
+  /// model turns, those whose environment failed, and the environment turns
+  /// the chat template renders otherwise than the episode's ids.
+  double envEpisodes = 0, envTurns = 0, envFailures = 0, envDrifts = 0;
 
-  static constexpr int kCount = 53;
+  static constexpr int kCount = 57;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

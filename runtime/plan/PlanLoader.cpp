@@ -579,6 +579,48 @@ bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::str
 /// the generate step to the filter trains (the span repeats on fresh
 /// prompts), and no step after it reads a value the span made but the
 /// filter's results.
+/// A phase's multi-turn generate steps (with an environment): their
+/// options, a rollout made within its iteration, and env_reward on such a
+/// rollout only.
+bool checkEpisodeSteps(Checker &c, const Plan &p, const Phase &ph, const std::string &what) {
+  const int first = ph.first_step(), end = first + ph.num_steps();
+  std::set<int> episodes; // rollouts of generate steps with an environment
+  for (int s = first; s < end; ++s) {
+    const Step *st = p.steps()->Get(s);
+    const std::string m = st->method() ? st->method()->str() : "";
+    const CallArgs *a = st->args();
+    if (st->kind() == StepKind::Compute && m == "generate" && a) {
+      const bool env = a->env() && a->env()->size() > 0;
+      if (!env && (a->max_turns() || a->turn_tokens() || a->env_timeout() ||
+                   a->env_memory_mb() || a->env_isolate()))
+        return c.fail(what, "'s generate step ", s, " sets an environment's options without one");
+      if (!env)
+        continue;
+      if (!a->max_turns())
+        return c.fail(what, "'s generate step ", s, " has an environment but no max_turns");
+      if (ph.off_policy() != 0 || ph.partial_horizon() != 0 || len(ph.stream_steps()))
+        return c.fail(what, "'s generate step ", s, " has an environment, but the phase makes "
+                                                    "its rollout ahead or streams it");
+      const Role *r = p.roles()->Get(st->role());
+      if (const Layout *g = r->generate();
+          g && g->tp() * g->pp() * g->sp() * g->cp() > 1)
+        return c.fail(what, "'s generate step ", s, " has an environment, but its actor generates "
+                                                    "with several ranks a replica");
+      if (r->options() && r->options()->routing_replay().value_or(false))
+        return c.fail(what, "'s generate step ", s, " has an environment, but its actor "
+                                                    "records its routing (routing_replay)");
+      if (st->outputs())
+        for (int v : *st->outputs())
+          episodes.insert(v);
+    }
+    if (st->kind() == StepKind::Builtin && m == "env_reward" &&
+        (!st->inputs() || st->inputs()->size() != 1 || !episodes.count(st->inputs()->Get(0))))
+      return c.fail(what, "'s env_reward step ", s,
+                    " reads no rollout of a generate step with an environment before it");
+  }
+  return true;
+}
+
 bool checkFilterSteps(Checker &c, const Plan &p, const Phase &ph, const std::string &what) {
   const int first = ph.first_step(), end = first + ph.num_steps();
   auto method = [&](int s) {
@@ -688,7 +730,7 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
       return c.fail(what, " has a negative prompt_len or micro_batch");
     if (len(ph->stream_steps()) && !checkStreamSteps(c, p, *ph, what))
       return false;
-    if (!checkFilterSteps(c, p, *ph, what))
+    if (!checkFilterSteps(c, p, *ph, what) || !checkEpisodeSteps(c, p, *ph, what))
       return false;
     if (const size_t nm = len(ph->micro_batches())) {
       if (nm != len(p.roles()))

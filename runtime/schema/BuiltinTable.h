@@ -80,6 +80,8 @@ inline constexpr Builtin kBuiltins[] = {
      "DAPO's overlong shaping: past max_tokens - buffer, -factor per buffer's length"},
     {"rollout_logprobs", 1, {Batch::Rollout}, Batch::LogProbs, kNoFields, {}, 0,
      "the log-probs the rollout was sampled with (the behaviour policy's)"},
+    {"env_reward", 1, {Batch::Rollout}, Batch::Scores, kNoFields, {}, 0,
+     "the rewards a multi-turn episode's environment gave, summed, on the model's last token"},
     {"filter_groups", 2, {Batch::Rollout, Batch::Scores}, Batch::Rollout, kKeptScores,
      {{"max_draws", ArgType::Count}}, 1,
      "DAPO's dynamic sampling: groups whose rewards all equal are dropped and "

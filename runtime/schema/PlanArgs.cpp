@@ -22,7 +22,8 @@ namespace hflow::planargs {
   X(max, Real) X(scalar, Real) X(scalar_lhs, Bool) X(scale_rhs, Real)          \
   X(rollout_is, Text) X(rollout_is_threshold, Real) X(rollout_rs, Text)         \
   X(rollout_rs_threshold, Text) X(policy_loss, Text) X(buffer, Int) X(factor, Real) \
-  X(max_draws, Int)
+  X(max_draws, Int) X(env, Text) X(max_turns, Int) X(turn_tokens, Int)                \
+  X(env_timeout, Real) X(env_memory_mb, Int) X(env_isolate, Bool)
 
 #define HFLOW_ROLE_OPTIONS(X)                                                   \
   X(optimizer, Text) X(lr, Real) X(weight_decay, Real) X(clip_grad, Real)       \

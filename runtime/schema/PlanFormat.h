@@ -18,7 +18,7 @@ namespace hflow::plan {
 /// Bumped when an older runtime could misread a newer plan.
 inline constexpr uint32_t kFormatMajor = 5;
 /// Bumped for additions that older runtimes of the same major may ignore.
-inline constexpr uint32_t kFormatMinor = 6;
+inline constexpr uint32_t kFormatMinor = 7;
 
 /// FNV-1a, 64 bit, over the nested plan body. Not a cryptographic hash: it
 /// detects corruption (truncation, flipped bits), not tampering.

@@ -86,7 +86,13 @@ inline constexpr KeywordArg kGenerateArgs[] = {
     {"temperature", ArgType::NonNegative}, {"top_p", ArgType::Probability},
     {"top_k", ArgType::Natural},     {"greedy", ArgType::Bool},
     {"stop", ArgType::String},       {"max_batch_tokens", ArgType::Count},
-    {"max_num_seqs", ArgType::Count}, {"kv_block_size", ArgType::Count}};
+    {"max_num_seqs", ArgType::Count}, {"kv_block_size", ArgType::Count},
+    // a multi-turn episode with an environment (docs/environments.md): its
+    // command line, the most model turns, the tokens of one turn, and the
+    // environment's limits (seconds per reply, MiB of memory, isolation)
+    {"env", ArgType::String},        {"max_turns", ArgType::Count},
+    {"turn_tokens", ArgType::Count}, {"env_timeout", ArgType::Positive},
+    {"env_memory_mb", ArgType::Count}, {"env_isolate", ArgType::Bool}};
 inline constexpr KeywordArg kForwardArgs[] = {
     {"micro_batch", ArgType::Count}, {"temperature", ArgType::NonNegative},
     {"max_batch_tokens", ArgType::Count}};

@@ -129,7 +129,7 @@ hflow.builtin "whiten"(%s) : (!hflow.batch<scores>) -> ()
 // -----
 
 %s = builtin.unrealized_conversion_cast to !hflow.batch<scores>
-// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, clip, running_norm, overlong_penalty, rollout_logprobs, filter_groups, add, sub, mul, div, neg}}
+// expected-error @+1 {{unknown builtin 'softmax'; builtins: gae, grpo_advantage, rloo_advantage, reinforce_pp, reinforce_pp_baseline, remax, kl, whiten, clip, running_norm, overlong_penalty, rollout_logprobs, env_reward, filter_groups, add, sub, mul, div, neg}}
 %x = hflow.builtin "softmax"(%s) : (!hflow.batch<scores>) -> !hflow.batch<scores>
 
 // -----

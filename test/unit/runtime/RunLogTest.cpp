@@ -215,7 +215,8 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::moeN), 36);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), 37);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::partialCalls), 50);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::filterDropped),
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::filterDropped), 52);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::envDrifts),
             exec::MetricSums::kCount - 1);
   EXPECT_EQ(row[37], 5);
   EXPECT_EQ(row[50], 9);
