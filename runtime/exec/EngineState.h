@@ -133,6 +133,10 @@ struct HeldOut {
   std::string evalHash;
   int64_t evalR = 16;             // response tokens per held-out prompt
   const RuleRt *evalRule = nullptr;
+  /// A program whose rollouts are episodes (a generate call with `env:`):
+  /// the held-out prompts are played as greedy episodes with that step's
+  /// environment (the last such step) and scored with its rewards.
+  int envStep = -1;
   std::optional<data::Dataset> pairs;
   std::string pairsHash;
 };

@@ -14,6 +14,7 @@
 // "envr" (env_reward reads them).
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/exec/Episodes.h"
 #include "runtime/exec/MethodRunner.h"
 
 #include "runtime/data/Conversation.h"
@@ -34,29 +35,27 @@ namespace hflow::exec {
 
 using namespace hflow::plan;
 
-/// This rank's environment process of generate step `s`, started on first
-/// use in a folder of its own ($TMPDIR/hflow-env-XXXXXX).
-env::EnvProcess &MethodRunner::environmentOf(MethodCall &c) {
-  auto &slot = envs_[c.s];
+env::EnvProcess &MethodRunner::environment(const PhaseRt &ph, int s, const plan::CallArgs &a) {
+  auto &slot = envs_[s];
   if (slot)
     return *slot;
-  const auto argv = c.ph.envArgv.find(c.s);
-  if (argv == c.ph.envArgv.end() || argv->second.empty())
-    throw RunError(describe(c.s) + ": its environment has no command");
+  const auto argv = ph.envArgv.find(s);
+  if (argv == ph.envArgv.end() || argv->second.empty())
+    throw RunError(describe(s) + ": its environment has no command");
   const char *tmp = std::getenv("TMPDIR");
   std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/hflow-env-XXXXXX";
   if (!::mkdtemp(pattern.data()))
-    throw RunError(describe(c.s) + ": cannot make a folder for its environment in '" +
+    throw RunError(describe(s) + ": cannot make a folder for its environment in '" +
                    pattern.substr(0, pattern.rfind('/')) + "'");
   env::EnvLimits lim;
-  lim.timeoutS = c.a.env_timeout().value_or(10.0);
-  lim.memoryBytes = c.a.env_memory_mb().value_or(1024) << 20;
-  lim.isolate = c.a.env_isolate().value_or(true);
+  lim.timeoutS = a.env_timeout().value_or(10.0);
+  lim.memoryBytes = a.env_memory_mb().value_or(1024) << 20;
+  lim.isolate = a.env_isolate().value_or(true);
   slot = std::make_unique<env::EnvProcess>(argv->second, pattern, lim);
   try {
     slot->start();
   } catch (const env::EnvError &e) {
-    throw RunError(describe(c.s) + ": " + e.what());
+    throw RunError(describe(s) + ": " + e.what());
   }
   return *slot;
 }
@@ -117,6 +116,135 @@ Turn readReply(const std::string &line) {
 
 } // namespace
 
+void EpisodeBatch::add(data::Conversation c, int64_t prompt, int64_t ep, int64_t smp,
+                       int64_t r, std::string ans) {
+  conv.push_back(std::move(c));
+  promptLen.push_back(prompt);
+  episode.push_back(ep);
+  sample.push_back(smp);
+  row.push_back(r);
+  answer.push_back(std::move(ans));
+}
+
+void playEpisodes(EpisodeBatch &b, env::EnvProcess &env, const EpisodeEngine &engine,
+                  models::SamplingOptions so, const EpisodeRules &rules) {
+  const size_t rows = b.size();
+  const int64_t R = rules.responseTokens;
+  const int64_t turnTokens = std::min<int64_t>(rules.turnTokens > 0 ? rules.turnTokens : R, R);
+  b.used.assign(rows, 0);
+  b.turns.assign(rows, 0);
+  b.lps.assign(rows, {});
+  b.reward.assign(rows, 0.0);
+  b.failed.assign(rows, 0);
+  b.stopped.assign(rows, 0);
+  std::vector<uint8_t> active(rows, 1);
+  auto failEpisode = [&](size_t i, const std::string &why) {
+    b.failed[i] = 1;
+    active[i] = 0;
+    b.failures.push_back("the episode of " +
+                         (rules.heldOut ? std::string("held-out row ") + std::to_string(b.row[i])
+                                        : "row " + std::to_string(b.row[i]) + " (prompt " +
+                                              std::to_string(b.episode[i]) + ", sample " +
+                                              std::to_string(b.sample[i]) + ")") +
+                         " failed: " + why);
+  };
+  for (int64_t turn = 1; turn <= rules.maxTurns; ++turn) {
+    std::vector<size_t> act;
+    for (size_t i = 0; i < rows; ++i)
+      if (active[i])
+        act.push_back(i);
+    if (act.empty())
+      break;
+    // The running conversations, left-padded; each turn at most
+    // turn_tokens, and no more than a row's response has left.
+    int64_t L = 0, room = 0;
+    for (size_t i : act) {
+      L = std::max<int64_t>(L, (int64_t)b.conv[i].ids().size());
+      room = std::max<int64_t>(room, R - b.used[i]);
+    }
+    const int64_t A = (int64_t)act.size(), maxNew = std::min(turnTokens, room);
+    at::Tensor tp = at::full({A, L}, rules.padId, at::TensorOptions().dtype(at::kLong));
+    at::Tensor tm = at::zeros({A, L});
+    for (int64_t j = 0; j < A; ++j) {
+      const auto &ids = b.conv[act[(size_t)j]].ids();
+      const int64_t pad = L - (int64_t)ids.size();
+      for (size_t t = 0; t < ids.size(); ++t) {
+        tp[j][pad + (int64_t)t] = ids[t];
+        tm[j][pad + (int64_t)t] = 1.0f;
+      }
+    }
+    so.maxTokens = maxNew;
+    so.limits.poolBlocks = shape::kvPoolBlocks(A, L + maxNew, so.limits.blockSize);
+    if (rules.poolBytes > 0 && rules.blockBytes > 0)
+      so.limits.poolBlocks = std::min<int64_t>(so.limits.poolBlocks,
+                                               (int64_t)((double)rules.poolBytes / rules.blockBytes));
+    models::Generation gen;
+    try {
+      gen = engine(tp.to(models::engineDevice()), tm.to(models::engineDevice()), so);
+    } catch (const std::logic_error &e) {
+      throw RunError(rules.where + ": turn " + std::to_string(turn) + ": " + e.what());
+    }
+    b.forwards += gen.stats.forwards;
+    b.preempted += gen.stats.preemptions;
+    const at::Tensor toks = gen.tokens.cpu(), mask = gen.mask.cpu(), lp = gen.logprobs.cpu(),
+                     stop = gen.stopped.defined() ? gen.stopped.cpu() : at::zeros({A}, at::kBool);
+    for (int64_t j = 0; j < A; ++j) {
+      const size_t i = act[(size_t)j];
+      std::vector<int64_t> sampled;
+      for (int64_t t = 0; t < toks.size(1) && mask[j][t].item<float>() > 0 &&
+                          b.used[i] + (int64_t)sampled.size() < R;
+           ++t) {
+        sampled.push_back(toks[j][t].item<int64_t>());
+        b.lps[i].push_back(lp[j][t].item<float>());
+      }
+      const int64_t count = mask[j].sum().item<float>();
+      b.stopped[i] = stop[j].item<bool>() && (int64_t)sampled.size() == count;
+      b.conv[i].assistant(sampled);
+      b.used[i] += (int64_t)sampled.size();
+      ++b.turns[i];
+      // The environment's answer to the conversation so far.
+      const bool last = turn == rules.maxTurns || b.used[i] >= R;
+      nlohmann::ordered_json req;
+      req["episode"] = b.episode[i];
+      req["sample"] = b.sample[i];
+      req["turn"] = turn;
+      req["last"] = last;
+      if (rules.heldOut)
+        req["held_out"] = true;
+      req["answer"] = b.answer[i];
+      req["messages"] = b.conv[i].messages();
+      const env::EnvReply rep = env.request(req.dump());
+      if (rep.status != env::EnvStatus::Ok) {
+        failEpisode(i, std::string("its environment ") + env::statusName(rep.status) + ": " +
+                           rep.why);
+        continue;
+      }
+      const Turn reply = readReply(rep.line);
+      if (!reply.why.empty()) {
+        env.stop(); // (its state no longer matches the episode's)
+        failEpisode(i, "its environment's reply: " + reply.why);
+        continue;
+      }
+      b.reward[i] += reply.reward;
+      if (reply.done || last) {
+        active[i] = 0;
+        continue;
+      }
+      size_t added = 0;
+      try {
+        added = b.conv[i].environment(reply.messages);
+      } catch (const std::exception &e) {
+        failEpisode(i, std::string("rendering the environment's turn: ") + e.what());
+        continue;
+      }
+      b.lps[i].insert(b.lps[i].end(), added, 0.f);
+      b.used[i] += (int64_t)added;
+      if (b.used[i] >= R) // the response is full: the turn is cut there
+        active[i] = 0;
+    }
+  }
+}
+
 void MethodRunner::runEpisodes(MethodCall &c) {
   PhaseRt &ph = c.ph;
   RoleRt &rr = c.rr;
@@ -130,22 +258,17 @@ void MethodRunner::runEpisodes(MethodCall &c) {
                                  "template, and the tokenizer '" + text_.tok->name() +
                    "' has none (give hflow-run --tokenizer a directory whose "
                    "tokenizer_config.json has a chat_template)");
-  env::EnvProcess &env = environmentOf(c);
+  env::EnvProcess &env = environment(ph, s, a);
   Val &pr = input(c, 0);
   const Span sp = rows_->rowsFor(ph, s, c.in[0], j_.rank);
   const int64_t b = sp.hi - sp.lo, rows = b * n, lo = sp.lo * n;
-  const int64_t maxTurns = a.max_turns().value_or(1);
-  const int64_t turnTokens = std::min<int64_t>(a.turn_tokens().value_or(R), R);
 
   // Every episode's conversation, from its prompt's ids as the model sees
   // them and its chat (a text prompt as one user message).
   const at::Tensor ptH = pr["ptoks"].narrow(0, sp.lo, b).cpu(),
                    pmH = pr["pmask"].narrow(0, sp.lo, b).cpu(),
                    idH = pr["ids"].narrow(0, sp.lo, b).cpu();
-  std::vector<data::Conversation> conv;
-  std::vector<int64_t> promptLen, used((size_t)rows, 0);
-  std::vector<std::string> answers;
-  conv.reserve((size_t)rows);
+  EpisodeBatch eps;
   for (int64_t i = 0; i < b; ++i) {
     std::vector<int64_t> ids;
     for (int64_t t = 0; t < P; ++t)
@@ -163,11 +286,9 @@ void MethodRunner::runEpisodes(MethodCall &c) {
       messages = nlohmann::ordered_json::array(
           {{{"role", "user"}, {"content", text_.tok->decode(ids)}}});
     }
-    for (int64_t k = 0; k < n; ++k) {
-      conv.emplace_back(*text_.tok, tmpl, messages, ids);
-      promptLen.push_back((int64_t)ids.size());
-      answers.push_back(answer);
-    }
+    for (int64_t k = 0; k < n; ++k)
+      eps.add(data::Conversation(*text_.tok, tmpl, messages, ids), (int64_t)ids.size(),
+              idH[i].item<int64_t>(), k, lo + i * n + k, answer);
   }
 
   models::SamplingOptions so = samplingOptions(a, c.opts, *text_.tok, text_.stops);
@@ -189,118 +310,26 @@ void MethodRunner::runEpisodes(MethodCall &c) {
   // The KV pool of each turn: its rows at their whole conversation, no
   // more than the plan left for it (the engine preempts beyond).
   const models::LlamaConfig &cfg = form ? form->config() : rr.model->config();
-  const double blockBytes =
+  EpisodeRules rules;
+  rules.maxTurns = a.max_turns().value_or(1);
+  rules.turnTokens = a.turn_tokens().value_or(R);
+  rules.responseTokens = R;
+  rules.padId = text_.tok->padId();
+  rules.blockBytes =
       shape::kvBlockBytes(cfg.shape(), cfg.layers, form ? form->passForm().tp : 1,
                           so.limits.blockSize, (double)at::elementSize(cfg.dtype));
-  const int64_t planPool = p_.roles()->Get(rr.index)->kv_pool();
-
-  std::vector<std::vector<float>> lps((size_t)rows);
-  std::vector<double> reward((size_t)rows, 0.0);
-  std::vector<uint8_t> active((size_t)rows, 1), failed((size_t)rows, 0), stopped((size_t)rows, 0);
-  int64_t turnsTaken = 0, forwards = 0, preempted = 0;
-  std::vector<std::string> failures;
-  auto failEpisode = [&](int64_t i, const std::string &why) {
-    failed[(size_t)i] = 1;
-    active[(size_t)i] = 0;
-    failures.push_back("the episode of row " + std::to_string(lo + i) + " (prompt " +
-                       std::to_string(idH[i / n].item<int64_t>()) + ", sample " +
-                       std::to_string(i % n) + ") failed: " + why);
-  };
-  for (int64_t turn = 1; turn <= maxTurns; ++turn) {
-    std::vector<int64_t> act;
-    for (int64_t i = 0; i < rows; ++i)
-      if (active[(size_t)i])
-        act.push_back(i);
-    if (act.empty())
-      break;
-    // The running conversations, left-padded; each turn at most
-    // turn_tokens, and no more than a row's response has left.
-    int64_t L = 0, room = 0;
-    for (int64_t i : act) {
-      L = std::max<int64_t>(L, (int64_t)conv[(size_t)i].ids().size());
-      room = std::max<int64_t>(room, R - used[(size_t)i]);
-    }
-    const int64_t A = (int64_t)act.size(), maxNew = std::min(turnTokens, room);
-    at::Tensor tp = at::full({A, L}, text_.tok->padId(), at::TensorOptions().dtype(at::kLong));
-    at::Tensor tm = at::zeros({A, L});
-    for (int64_t j = 0; j < A; ++j) {
-      const auto &ids = conv[(size_t)act[(size_t)j]].ids();
-      const int64_t pad = L - (int64_t)ids.size();
-      for (size_t t = 0; t < ids.size(); ++t) {
-        tp[j][pad + (int64_t)t] = ids[t];
-        tm[j][pad + (int64_t)t] = 1.0f;
-      }
-    }
-    so.maxTokens = maxNew;
-    so.limits.poolBlocks = shape::kvPoolBlocks(A, L + maxNew, so.limits.blockSize);
-    if (planPool > 0 && blockBytes > 0)
-      so.limits.poolBlocks =
-          std::min<int64_t>(so.limits.poolBlocks, (int64_t)((double)planPool / blockBytes));
-    models::Generation gen;
-    try {
-      const at::Tensor tpe = tp.to(models::engineDevice()), tme = tm.to(models::engineDevice());
-      gen = form ? form->generate(tpe, tme, so, g) : rr.model->generate(tpe, tme, so, g);
-    } catch (const std::logic_error &e) {
-      throw RunError(describe(s) + ": turn " + std::to_string(turn) + ": " + e.what());
-    }
-    forwards += gen.stats.forwards;
-    preempted += gen.stats.preemptions;
-    const at::Tensor toks = gen.tokens.cpu(), mask = gen.mask.cpu(), lp = gen.logprobs.cpu(),
-                     stop = gen.stopped.defined() ? gen.stopped.cpu() : at::zeros({A}, at::kBool);
-    for (int64_t j = 0; j < A; ++j) {
-      const int64_t i = act[(size_t)j];
-      const size_t iu = (size_t)i;
-      std::vector<int64_t> sampled;
-      for (int64_t t = 0; t < toks.size(1) && mask[j][t].item<float>() > 0 &&
-                          used[iu] + (int64_t)sampled.size() < R;
-           ++t) {
-        sampled.push_back(toks[j][t].item<int64_t>());
-        lps[iu].push_back(lp[j][t].item<float>());
-      }
-      const int64_t count = mask[j].sum().item<float>();
-      stopped[iu] = stop[j].item<bool>() && (int64_t)sampled.size() == count;
-      conv[iu].assistant(sampled);
-      used[iu] += (int64_t)sampled.size();
-      ++turnsTaken;
-      // The environment's answer to the conversation so far.
-      const bool last = turn == maxTurns || used[iu] >= R;
-      nlohmann::ordered_json req;
-      req["episode"] = idH[i / n].item<int64_t>();
-      req["sample"] = i % n;
-      req["turn"] = turn;
-      req["last"] = last;
-      req["answer"] = answers[iu];
-      req["messages"] = conv[iu].messages();
-      const env::EnvReply rep = env.request(req.dump());
-      if (rep.status != env::EnvStatus::Ok) {
-        failEpisode(i, std::string("its environment ") + env::statusName(rep.status) + ": " +
-                           rep.why);
-        continue;
-      }
-      const Turn reply = readReply(rep.line);
-      if (!reply.why.empty()) {
-        env.stop(); // (its state no longer matches the episode's)
-        failEpisode(i, "its environment's reply: " + reply.why);
-        continue;
-      }
-      reward[iu] += reply.reward;
-      if (reply.done || last) {
-        active[iu] = 0;
-        continue;
-      }
-      size_t added = 0;
-      try {
-        added = conv[iu].environment(reply.messages);
-      } catch (const std::exception &e) {
-        failEpisode(i, std::string("rendering the environment's turn: ") + e.what());
-        continue;
-      }
-      lps[iu].insert(lps[iu].end(), added, 0.f);
-      used[iu] += (int64_t)added;
-      if (used[iu] >= R) // the response is full: the turn is cut there
-        active[iu] = 0;
-    }
-  }
+  rules.poolBytes = p_.roles()->Get(rr.index)->kv_pool();
+  rules.where = describe(s);
+  playEpisodes(
+      eps, env,
+      [&](const at::Tensor &tp, const at::Tensor &tm, models::SamplingOptions &o) {
+        return form ? form->generate(tp, tm, o, g) : rr.model->generate(tp, tm, o, g);
+      },
+      so, rules);
+  const std::vector<std::string> &failures = eps.failures;
+  int64_t turnsTaken = 0;
+  for (int64_t t : eps.turns)
+    turnsTaken += t;
 
   // The episodes into the rollout's rows, on the host, then one copy per
   // field to the rollout's device.
@@ -318,24 +347,24 @@ void MethodRunner::runEpisodes(MethodCall &c) {
   int64_t trainedTokens = 0, drifts = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const size_t iu = (size_t)i;
-    const auto &ids = conv[iu].ids();
-    const auto &tr = conv[iu].trained();
-    const int64_t len = std::min<int64_t>((int64_t)ids.size() - promptLen[iu], R);
+    const auto &ids = eps.conv[iu].ids();
+    const auto &tr = eps.conv[iu].trained();
+    const int64_t len = std::min<int64_t>((int64_t)ids.size() - eps.promptLen[iu], R);
     for (int64_t t = 0; t < len; ++t) {
-      const size_t k = (size_t)(promptLen[iu] + t);
+      const size_t k = (size_t)(eps.promptLen[iu] + t);
       rt[i][t] = ids[k];
       ra[i][t] = 1.0f;
-      const bool model = tr[k] && !failed[iu];
+      const bool model = tr[k] && !eps.failed[iu];
       rm[i][t] = model ? 1.0f : 0.0f;
-      rl[i][t] = model && (size_t)t < lps[iu].size() ? lps[iu][(size_t)t] : 0.0f;
+      rl[i][t] = model && (size_t)t < eps.lps[iu].size() ? eps.lps[iu][(size_t)t] : 0.0f;
       rv[i][t] = model ? (int32_t)version : -1;
       trainedTokens += model;
     }
-    host["stop"][i] = (int64_t)stopped[iu];
-    host["envr"][i] = failed[iu] ? 0.0f : (float)reward[iu];
+    host["stop"][i] = (int64_t)eps.stopped[iu];
+    host["envr"][i] = eps.failed[iu] ? 0.0f : (float)eps.reward[iu];
     host["ids"][i] = idH[i / n].item<int64_t>();
     host["group"][i] = sp.lo + i / n;
-    drifts += conv[iu].drifts();
+    drifts += eps.conv[iu].drifts();
   }
   Val ro_ = makeVal(BatchKind::Rollout, ph.batch * n, w);
   for (auto &[name, t] : host.f)
@@ -349,14 +378,14 @@ void MethodRunner::runEpisodes(MethodCall &c) {
     if (c.out.at(0) == ph.rolloutValue) {
       metrics_->lenSum += (double)trainedTokens;
       metrics_->lenN += (double)rows;
-      metrics_->genForwards += (double)forwards;
+      metrics_->genForwards += (double)eps.forwards;
       metrics_->envEpisodes += (double)rows;
       metrics_->envTurns += (double)turnsTaken;
       metrics_->envFailures += (double)failures.size();
       metrics_->envDrifts += (double)drifts;
     }
     metrics_->tokens += (double)trainedTokens;
-    metrics_->preempt += (double)preempted;
+    metrics_->preempt += (double)eps.preempted;
   }
   if (!o_.dumpValues.empty() && c.leader) {
     // This rank's episodes: ids, the model's tokens, every token, rewards.

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/Evaluator.h"
+#include "runtime/exec/Episodes.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Safetensors.h"
 
@@ -15,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <filesystem>
 
 namespace hflow::exec {
@@ -50,6 +52,8 @@ void Evaluator::evaluate(const std::string &when, int64_t it) {
                                      : (int64_t)s_.heldOut.eval->size();
   const int64_t lo = replica * N / dp, hi = (replica + 1) * N / dp;
   const int64_t chunk = 64;
+  if (s_.heldOut.envStep >= 0)
+    return evaluateEpisodes(gen, lo, hi);
   for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
     const int64_t c1 = std::min(hi, c0 + chunk);
     std::vector<std::vector<int64_t>> ps;
@@ -88,6 +92,71 @@ void Evaluator::evaluate(const std::string &when, int64_t it) {
       record_.sums->evalSum += s_.heldOut.evalRule->fn(s_.text.tok->decode(ids), (*s_.heldOut.eval)[(size_t)(c0 + b)]);
       record_.sums->evalN += 1;
     }
+  }
+}
+
+void Evaluator::evaluateEpisodes(int gen, int64_t lo, int64_t hi) {
+  const int s = s_.heldOut.envStep;
+  const PhaseRt *ph = nullptr;
+  for (const PhaseRt &p : s_.phases)
+    if (s >= p.first && s < p.first + p.count)
+      ph = &p;
+  if (!ph)
+    throw RunError("--eval: the environment's generate step " + std::to_string(s) +
+                   " is in no phase");
+  const plan::CallArgs &a = *step(s).args();
+  std::shared_ptr<const data::ChatTemplate> tmpl =
+      s_.text.prompts ? s_.text.prompts->chatTemplate() : nullptr;
+  if (!tmpl)
+    throw RunError("--eval plays the held-out prompts as episodes, rendered with the "
+                   "tokenizer's chat template, and the tokenizer '" + s_.text.tok->name() +
+                   "' has none");
+  env::EnvProcess &env = methods_.environment(*ph, s, a);
+  const RoleRt &rr = roles_.at(gen);
+  const data::Dataset &ds = *s_.heldOut.eval;
+  models::SamplingOptions so =
+      samplingOptions(a, *role(gen).options(), *s_.text.tok, s_.text.stops);
+  so.greedy = true;
+  so.paged = true;
+  so.limits.blockSize = a.kv_block_size().value_or(16);
+  so.limits.maxSeqs = a.max_num_seqs().value_or(0);
+  EpisodeRules rules;
+  rules.maxTurns = a.max_turns().value_or(1);
+  rules.turnTokens = a.turn_tokens().value_or(ph->R);
+  rules.responseTokens = ph->R;
+  rules.padId = s_.text.tok->padId();
+  rules.heldOut = true;
+  rules.where = "the held-out evaluation";
+  at::Generator g = models::makeGenerator(1); // (greedy: unused)
+  const int64_t chunk = 64;
+  for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
+    const int64_t c1 = std::min(hi, c0 + chunk);
+    EpisodeBatch eps;
+    for (int64_t i = c0; i < c1; ++i) {
+      const data::Example &ex = ds[(size_t)i];
+      std::vector<int64_t> ids = s_.text.promptOf(ds, ex);
+      nlohmann::ordered_json messages =
+          ex.messages.empty()
+              ? nlohmann::ordered_json::array({{{"role", "user"}, {"content", ex.prompt}}})
+              : nlohmann::ordered_json::parse(ex.messages);
+      const int64_t len = (int64_t)ids.size();
+      eps.add(data::Conversation(*s_.text.tok, tmpl, std::move(messages), std::move(ids)), len,
+              i, 0, i, ex.answer);
+    }
+    playEpisodes(
+        eps, env,
+        [&](const at::Tensor &tp, const at::Tensor &tm, models::SamplingOptions &o) {
+          return rr.model->generate(tp, tm, o, g);
+        },
+        so, rules);
+    for (size_t i = 0; i < eps.size(); ++i) {
+      record_.sums->evalSum += eps.failed[i] ? 0.0 : eps.reward[i];
+      record_.sums->evalN += 1;
+      record_.sums->evalTurns += (double)eps.turns[i];
+    }
+    for (const std::string &f : eps.failures)
+      std::fprintf(stderr, "[rank %d] --eval: %s (environment folder %s)\n", j_.rank, f.c_str(),
+                   env.folder().c_str());
   }
 }
 

@@ -1,7 +1,8 @@
 //===- Evaluator.h - held-out evaluation, the reference's start -----------===//
 //
 // Private to runtime/exec. Greedy responses to the held-out prompts
-// (--eval) on the actor's replicas, scored by the reward rule; every reward
+// (--eval) on the actor's replicas, scored by the reward rule (or played as
+// episodes with the program's environment); every reward
 // model's accuracy on the held-out preference pairs (--eval-pairs); and at
 // a phase after the first, the reference model takes the actor's current
 // weights. It owns no state: the figures go to the iteration's record.
@@ -45,6 +46,11 @@ private:
   /// this rank, into pairAcc / pairN (its first rank's); with
   /// --dump-values, every pair's scores to DIR/pairs-<label>-<role>.jsonl.
   void evaluatePairs(const std::string &label);
+  /// The held-out rows [lo, hi) as greedy episodes with the environment of
+  /// the program's multi-turn generate step, on actor role `gen`'s whole
+  /// model: the environment's rewards into evalSum, the model's turns
+  /// into evalTurns.
+  void evaluateEpisodes(int gen, int64_t lo, int64_t hi);
 };
 
 } // namespace hflow::exec

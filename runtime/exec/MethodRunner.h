@@ -74,10 +74,15 @@ public:
   static models::MicroBatch seqMicro(Val &ro, int64_t lo, int64_t hi, bool trim, int64_t &p,
                                      int64_t &r, int64_t replayLayers = 0);
 
+  /// This rank's environment process of generate step `s` of phase `ph`
+  /// (its call's arguments `a`), started on first use in a folder of its
+  /// own ($TMPDIR/hflow-env-XXXXXX); the held-out evaluation plays its
+  /// episodes with the same one.
+  env::EnvProcess &environment(const PhaseRt &ph, int s, const plan::CallArgs &a);
+
 private:
   /// generate with `env:`: multi-turn episodes (Episodes.cpp).
   void runEpisodes(MethodCall &c);
-  env::EnvProcess &environmentOf(MethodCall &c);
   std::map<int, std::unique_ptr<env::EnvProcess>> envs_; ///< per generate step
 
   void runGenerate(MethodCall &c);

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <sys/stat.h>
 
 namespace hflow::exec {
 
@@ -360,7 +361,12 @@ void Preflight::prepareEpisodes(PhaseRt &ph) {
         try {
           w = resolveData(w);
         } catch (const RunError &) {
-          // (not a file: an argument as it is)
+          // The program's own folder, where an environment that ships with
+          // it is (else not a file: an argument as it is).
+          const std::string beside = dirOf(str(p_.program())) + "/" + w;
+          struct stat st;
+          if (w[0] != '/' && ::stat(beside.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+            w = beside;
         }
       }
       argv.push_back(w);

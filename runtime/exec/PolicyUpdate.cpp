@@ -163,10 +163,11 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt) : rollout_["lp"].narrow(0, mlo, cnt);
   at::Tensor logits = rr_.lm->localLogits(h);
   at::Tensor lp = widen(rr_.lm->tokenLogprobs(logits, toks, temp_), r);
-  // Rejection sampling dropped every token of this pass: nothing to learn
-  // from it (a loss of 0 that still runs the backward every rank of a
-  // lockstep group runs; its figures count nowhere).
-  if (correction_ && mask.sum().item<double>() == 0)
+  // No token of this pass is trained (rejection sampling dropped them all,
+  // or every episode's environment failed): nothing to learn from it (a
+  // loss of 0 that still runs the backward every rank of a lockstep group
+  // runs; its figures count nowhere).
+  if (mask.sum().item<double>() == 0)
     return lp.sum() * 0.0;
   rl::PolicyLossConfig pc;
   pc.kind = policyLoss_;

@@ -60,7 +60,12 @@ void Preflight::readRules() {
 void Preflight::readHeldOut() {
   if (!o_.evalFile.empty()) {
     preparing("reading the --eval file '" + o_.evalFile + "'");
-    s_.heldOut.evalRule = chooseEvalRule();
+    for (int s = 0; s < (int)(p_.steps() ? p_.steps()->size() : 0); ++s)
+      if (step(s).kind() == StepKind::Compute && str(step(s).method()) == "generate" &&
+          step(s).args() && step(s).args()->env())
+        s_.heldOut.envStep = s;
+    if (s_.heldOut.envStep < 0)
+      s_.heldOut.evalRule = chooseEvalRule();
     try {
       const std::string path = resolveData(o_.evalFile);
       s_.heldOut.eval = data::Dataset::load(path, s_.dataKeys);

@@ -77,7 +77,8 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::envEpisodes,
     &MetricSums::envTurns,
     &MetricSums::envFailures,
-    &MetricSums::envDrifts};
+    &MetricSums::envDrifts,
+    &MetricSums::evalTurns};
 
 int MetricSums::column(double MetricSums::*f) {
   for (int i = 0; i < kCount; ++i)
@@ -226,7 +227,13 @@ void RunLog::record(const IterationPlace &at, const IterationFigures &f) {
     return;
   if (it < 0) {
     if (tot.evalN > 0)
-      std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)tot.evalN);
+    {
+      if (tot.evalTurns > 0)
+        std::printf("[start] held-out reward %.3f (%d episodes, %.2f turns)\n", evalR,
+                    (int)tot.evalN, mean(tot.evalTurns, tot.evalN));
+      else
+        std::printf("[start] held-out reward %.3f (%d prompts)\n", evalR, (int)tot.evalN);
+    }
     if (tot.pairN > 0)
       std::printf("[start] held-out preference accuracy %.3f (%d pairs)\n", pairAcc,
                   (int)tot.pairN);
@@ -289,6 +296,8 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
                        : NAN);
   add("lr", f.lr > 0 ? f.lr : NAN);
   add("eval_reward", mean(tot.evalSum, tot.evalN));
+  if (tot.evalTurns > 0)
+    add("eval_turns", mean(tot.evalTurns, tot.evalN));
   add("eval_pair_acc", mean(tot.pairAcc, tot.pairN));
   add("rollout_lp_gap", mean(tot.lpGap, tot.lpGapN));
   add("rollout_lp_gap_max", tot.lpGapN > 0 ? tot.lpGapMax : NAN);
@@ -412,8 +421,12 @@ void RunLog::printProgress(const IterationPlace &at, const IterationFigures &f, 
     line += b;
   }
   if (at.evalRan && tot.evalN > 0) {
-    std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)",
-                  mean(tot.evalSum, tot.evalN), (int)tot.evalN);
+    if (tot.evalTurns > 0)
+      std::snprintf(b, sizeof b, " | held-out reward %.3f (%d episodes, %.2f turns)",
+                    mean(tot.evalSum, tot.evalN), (int)tot.evalN, mean(tot.evalTurns, tot.evalN));
+    else
+      std::snprintf(b, sizeof b, " | held-out reward %.3f (%d prompts)",
+                    mean(tot.evalSum, tot.evalN), (int)tot.evalN);
     line += b;
   }
   if (at.evalRan && tot.pairN > 0) {

@@ -71,8 +71,11 @@ struct MetricSums {
   /// model turns, those whose environment failed, and the environment turns
   /// the chat template renders otherwise than the episode's ids.
   double envEpisodes = 0, envTurns = 0, envFailures = 0, envDrifts = 0;
+  /// Held-out episodes (--eval of a program with an environment): the
+  /// model's turns over them (evalN counts them).
+  double evalTurns = 0;
 
-  static constexpr int kCount = 57;
+  static constexpr int kCount = 58;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

@@ -57,8 +57,10 @@ options:
                        the program's own)
   --steps N            run at most N iterations of each train phase
   --eval FILE          held-out prompts (JSONL): greedy responses scored by the
-                       program's RewardFn, before training, every --eval-every
-                       iterations and at the end of each phase
+                       program's RewardFn (a program with an environment:
+                       greedy episodes scored by its rewards), before
+                       training, every --eval-every iterations and at the
+                       end of each phase
   --eval-every N       evaluate every N iterations (default: only at the start
                        and at the end of each phase)
   --eval-count N       use the first N held-out prompts (default: all)

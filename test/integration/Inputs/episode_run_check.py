@@ -34,7 +34,8 @@ def main():
         for line in open(path):
             e = json.loads(line)
             r = e["request"]
-            log.setdefault((r["episode"], r["sample"]), []).append(e)
+            if not r.get("held_out"):
+                log.setdefault((r["episode"], r["sample"]), []).append(e)
     rows = []
     for path in glob.glob(os.path.join(dump, "*", "step-*-episodes-rows*.safetensors")):
         t = load(path)

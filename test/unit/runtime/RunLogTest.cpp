@@ -216,7 +216,8 @@ TEST(RunLog, MetricSumsTravelAsOneRowInAFixedOrder) {
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::lpGapMax), 37);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::partialCalls), 50);
   EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::filterDropped), 52);
-  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::envDrifts),
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::envDrifts), 56);
+  EXPECT_EQ(exec::MetricSums::column(&exec::MetricSums::evalTurns),
             exec::MetricSums::kCount - 1);
   EXPECT_EQ(row[37], 5);
   EXPECT_EQ(row[50], 9);
