@@ -54,6 +54,14 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
       out.x().scatter_(1, at_.clamp_min(0).unsqueeze(1),
                        (ro["envr"] * has.to(at::kFloat)).unsqueeze(1));
       record_.digests[s] = out.x().to(at::kDouble).sum().item<double>();
+      if (v == ph.rolloutValue && record_.sums) {
+        // The reward of the rollout the phase trains on (reward_mean/std),
+        // as a reward rule's is: a failed episode's is 0.
+        const at::Tensor per = ro["envr"].to(at::kDouble);
+        record_.sums->rewardSum += per.sum().item<double>();
+        record_.sums->rewardSq += per.pow(2).sum().item<double>();
+        record_.sums->rewardN += (double)per.size(0);
+      }
       vals_[st.outputs()->Get(0)] = std::move(out);
       return;
     }
