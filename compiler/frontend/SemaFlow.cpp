@@ -256,6 +256,10 @@ void FlowChecker::checkEpisode(const Expr &e, const std::map<std::string, const 
   if (!kw.count("max_turns"))
     diags_.error(e.loc, "a generate call with env: needs max_turns: the most turns the model "
                         "takes in an episode");
+  if (kw.count("max_batch_tokens"))
+    diags_.error(kw.at("max_batch_tokens")->value->loc,
+                 "max_batch_tokens does not bound a multi-turn episode's generation (its prompt "
+                 "grows every turn); bound it with max_num_seqs");
   auto number = [&](const char *k) -> std::optional<double> {
     if (!kw.count(k))
       return std::nullopt;

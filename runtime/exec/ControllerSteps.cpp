@@ -54,7 +54,12 @@ void ControllerSteps::runBuiltin(PhaseRt &ph, int s) {
       out.x().scatter_(1, at_.clamp_min(0).unsqueeze(1),
                        (ro["envr"] * has.to(at::kFloat)).unsqueeze(1));
       record_.digests[s] = out.x().to(at::kDouble).sum().item<double>();
-      if (v == ph.rolloutValue && record_.sums) {
+      bool scored = false; // a rule or reward model reports the reward instead
+      for (int q = ph.first; q < ph.first + ph.count; ++q)
+        if (step(q).kind() == StepKind::Compute && str(step(q).method()) == "score" &&
+            step(q).inputs() && step(q).inputs()->size() > 0 && step(q).inputs()->Get(0) == v)
+          scored = true;
+      if (v == ph.rolloutValue && record_.sums && !scored) {
         // The reward of the rollout the phase trains on (reward_mean/std),
         // as a reward rule's is: a failed episode's is 0.
         const at::Tensor per = ro["envr"].to(at::kDouble);

@@ -89,6 +89,10 @@ Turn readReply(const std::string &line) {
     }
     t.done = j["done"].get<bool>();
   }
+  if (j.contains("messages") && j.contains("content")) {
+    t.why = "it has both \"messages\" and \"content\"";
+    return t;
+  }
   if (j.contains("messages")) {
     if (!j["messages"].is_array()) {
       t.why = "its \"messages\" is not a list";
@@ -109,6 +113,11 @@ Turn readReply(const std::string &line) {
     }
     t.messages.push_back({{"role", j.value("role", "tool")}, {"content", j["content"]}});
   }
+  for (const auto &m : t.messages)
+    if (m["role"] == "assistant") {
+      t.why = "it speaks as the assistant (the model's role)";
+      return t;
+    }
   if (!t.done && t.messages.empty())
     t.why = "it neither ends the episode (\"done\": true) nor says anything (\"content\")";
   return t;
@@ -250,7 +259,10 @@ void MethodRunner::runEpisodes(MethodCall &c) {
   RoleRt &rr = c.rr;
   const plan::CallArgs &a = c.a;
   const int s = c.s;
-  const int64_t it = c.it, P = ph.P, R = ph.R, n = ph.n;
+  // The episode's response: this call's max_tokens (the phase's rollouts
+  // are as wide as its widest generate call).
+  const int64_t it = c.it, P = ph.P, n = ph.n,
+                R = std::min<int64_t>(a.max_tokens().value_or(16), ph.R);
   std::shared_ptr<const data::ChatTemplate> tmpl =
       text_.prompts ? text_.prompts->chatTemplate() : nullptr;
   if (!tmpl)
@@ -295,6 +307,7 @@ void MethodRunner::runEpisodes(MethodCall &c) {
   so.paged = true;
   so.limits.blockSize = a.kv_block_size().value_or(16);
   so.limits.maxSeqs = a.max_num_seqs().value_or(0);
+  so.stopWhen = stopStringMatcher(a, text_.tok.get()); // (each turn's own text)
   at::Generator g = models::makeGenerator(
       mix(ph.draw > 0 ? mix(mix(ph.seed, (uint64_t)it), 0xd4a3u + (uint64_t)ph.draw)
                       : mix(ph.seed, (uint64_t)it),

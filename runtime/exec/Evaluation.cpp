@@ -96,6 +96,8 @@ void Evaluator::evaluate(const std::string &when, int64_t it) {
 }
 
 void Evaluator::evaluateEpisodes(int gen, int64_t lo, int64_t hi) {
+  if (lo >= hi)
+    return;
   const int s = s_.heldOut.envStep;
   const PhaseRt *ph = nullptr;
   for (const PhaseRt &p : s_.phases)
@@ -120,10 +122,12 @@ void Evaluator::evaluateEpisodes(int gen, int64_t lo, int64_t hi) {
   so.paged = true;
   so.limits.blockSize = a.kv_block_size().value_or(16);
   so.limits.maxSeqs = a.max_num_seqs().value_or(0);
+  so.stopWhen = stopStringMatcher(a, s_.text.tok.get());
+  const int64_t R = std::min<int64_t>(a.max_tokens().value_or(16), ph->R);
   EpisodeRules rules;
   rules.maxTurns = a.max_turns().value_or(1);
-  rules.turnTokens = a.turn_tokens().value_or(ph->R);
-  rules.responseTokens = ph->R;
+  rules.turnTokens = a.turn_tokens().value_or(R);
+  rules.responseTokens = R;
   rules.padId = s_.text.tok->padId();
   rules.heldOut = true;
   rules.where = "the held-out evaluation";

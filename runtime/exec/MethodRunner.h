@@ -28,6 +28,12 @@ models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::Rol
                                         const data::Tokenizer &tok,
                                         const std::vector<int64_t> &stops);
 
+/// A generate call's `stop:` string as the engine's stop test: true once
+/// the text of the response so far holds it (of a multi-turn episode: of
+/// the turn); null without one.
+std::function<bool(int64_t, const std::vector<int64_t> &)>
+stopStringMatcher(const plan::CallArgs &a, const data::Tokenizer *tok);
+
 /// What the method runner borrows from the Worker.
 struct MethodRunnerRefs : EngineContext {
   std::optional<RowSchedule> &rows_;

@@ -301,6 +301,17 @@ at::Tensor MethodRunner::forwardResponses(MethodCall &c, Val &rollout, Span rows
 // The methods
 //===----------------------------------------------------------------------===//
 
+std::function<bool(int64_t, const std::vector<int64_t> &)>
+stopStringMatcher(const plan::CallArgs &a, const data::Tokenizer *tok) {
+  const std::string stop = str(a.stop());
+  if (stop.empty())
+    return nullptr;
+  // A stop string ends a row at the token whose text completes it.
+  return [tok, stop](int64_t, const std::vector<int64_t> &resp) {
+    return tok->decode(resp).find(stop) != std::string::npos;
+  };
+}
+
 models::SamplingOptions samplingOptions(const plan::CallArgs &a, const plan::RoleOptions &opts,
                                         const data::Tokenizer &tok,
                                         const std::vector<int64_t> &stops) {
@@ -479,14 +490,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
   if (planPool > 0 && blockBytes > 0)
     so.limits.poolBlocks =
         std::min<int64_t>(so.limits.poolBlocks, (int64_t)((double)planPool / blockBytes));
-  const std::string stop = str(a.stop());
-  if (!stop.empty()) {
-    // A stop string ends a row at the token whose text completes it.
-    const data::Tokenizer *tok = text_.tok.get();
-    so.stopWhen = [tok, stop](int64_t, const std::vector<int64_t> &resp) {
-      return tok->decode(resp).find(stop) != std::string::npos;
-    };
-  }
+  so.stopWhen = stopStringMatcher(a, text_.tok.get());
   if (const char *spec = std::getenv("HFLOW_TEST_RESPONSE_LENGTHS"); spec && *spec) {
     // Benchmarks: a long-tailed workload (see responseLengths).
     std::vector<int64_t> tags;
@@ -927,6 +931,8 @@ void MethodRunner::runScore(MethodCall &c) {
         },
         0, P + R);
   }
+  if (turns) // a failed episode (no token the model sampled) has no score
+    scores = scores * (scoredAt >= 0).to(scores.scalar_type()).unsqueeze(1);
   if (c.leader && (c.in.at(0) == ph.rolloutValue || ph.rolloutValue < 0)) {
     // The reward of the rollout the phase trains on, not of a baseline.
     at::Tensor per = scores.sum(1).to(at::kDouble);

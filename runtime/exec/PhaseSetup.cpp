@@ -357,15 +357,18 @@ void Preflight::prepareEpisodes(PhaseRt &ph) {
     std::vector<std::string> argv;
     std::istringstream words(st.args()->env()->str());
     for (std::string w; words >> w;) {
-      if (!argv.empty() && w[0] != '-' && w.find_first_of("/.") != std::string::npos) {
+      // (the program itself only when it names a path: "python3.11" is a
+      // command on the PATH)
+      if (w[0] != '-' &&
+          (argv.empty() ? w.find('/') : w.find_first_of("/.")) != std::string::npos) {
         try {
           w = resolveData(w);
         } catch (const RunError &) {
           // The program's own folder, where an environment that ships with
           // it is (else not a file: an argument as it is).
           const std::string beside = dirOf(str(p_.program())) + "/" + w;
-          struct stat st;
-          if (w[0] != '/' && ::stat(beside.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+          struct stat info;
+          if (w[0] != '/' && ::stat(beside.c_str(), &info) == 0 && S_ISREG(info.st_mode))
             w = beside;
         }
       }

@@ -132,6 +132,8 @@ at::Tensor UpdateLoss::critic(int64_t mlo, int64_t cnt, const at::Tensor &h, at:
   if (!rets)
     throw RunError("a critic update needs the returns (e.g. adv.returns)");
   at::Tensor vpred = widen(scalarHead(h, rr_.head), h.size(1));
+  if (mask.sum().item<double>() == 0) // no trained token: as the actor's
+    return vpred.sum() * 0.0;
   // Without the rollout's values the clipped loss has nothing to clip
   // against: it is the plain squared error.
   at::Tensor oldv = vals ? vals->x().narrow(0, mlo, cnt) : vpred.detach();

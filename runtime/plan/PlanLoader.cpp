@@ -574,11 +574,6 @@ bool checkStreamSteps(Checker &c, const Plan &p, const Phase &ph, const std::str
   return true;
 }
 
-/// A phase's filter_groups step (DAPO's dynamic sampling): one, on the
-/// rollout of a generate step of the phase and scores of it; no step from
-/// the generate step to the filter trains (the span repeats on fresh
-/// prompts), and no step after it reads a value the span made but the
-/// filter's results.
 /// A phase's multi-turn generate steps (with an environment): their
 /// options, a rollout made within its iteration, and env_reward on such a
 /// rollout only.
@@ -596,8 +591,16 @@ bool checkEpisodeSteps(Checker &c, const Plan &p, const Phase &ph, const std::st
         return c.fail(what, "'s generate step ", s, " sets an environment's options without one");
       if (!env)
         continue;
-      if (!a->max_turns())
-        return c.fail(what, "'s generate step ", s, " has an environment but no max_turns");
+      if (!a->max_turns() || *a->max_turns() < 1)
+        return c.fail(what, "'s generate step ", s, " has an environment but no max_turns of "
+                                                    "1 or more");
+      if (a->turn_tokens() &&
+          (*a->turn_tokens() < 1 || *a->turn_tokens() > a->max_tokens().value_or(16)))
+        return c.fail(what, "'s generate step ", s, " has turn_tokens ", *a->turn_tokens(),
+                      ", not from 1 to its max_tokens");
+      if (a->max_batch_tokens())
+        return c.fail(what, "'s generate step ", s, " has an environment and max_batch_tokens "
+                                                    "(an episode's prompt grows every turn)");
       if (ph.off_policy() != 0 || ph.partial_horizon() != 0 || len(ph.stream_steps()))
         return c.fail(what, "'s generate step ", s, " has an environment, but the phase makes "
                                                     "its rollout ahead or streams it");
@@ -621,6 +624,11 @@ bool checkEpisodeSteps(Checker &c, const Plan &p, const Phase &ph, const std::st
   return true;
 }
 
+/// A phase's filter_groups step (DAPO's dynamic sampling): one, on the
+/// rollout of a generate step of the phase and scores of it; no step from
+/// the generate step to the filter trains (the span repeats on fresh
+/// prompts), and no step after it reads a value the span made but the
+/// filter's results.
 bool checkFilterSteps(Checker &c, const Plan &p, const Phase &ph, const std::string &what) {
   const int first = ph.first_step(), end = first + ph.num_steps();
   auto method = [&](int s) {
