@@ -244,7 +244,8 @@ TEST(PlanVerifier, ChecksTypedArgumentsAgainstTheTables) {
   EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets generate's argument "
                    "'clip', which it does not take (it takes n, max_tokens, temperature, "
                    "top_p, top_k, greedy, stop, max_batch_tokens, max_num_seqs, "
-                   "kv_block_size)");
+                   "kv_block_size, env, max_turns, turn_tokens, env_timeout, "
+                   "env_memory_mb, env_isolate)");
   EXPECT_FALSE(verifyArgs({.computeArgs = {{"top_p", ArgValue::real(1.5)}}}));
   EXPECT_EQ(error, "invalid plan: step 0 (at test.hflow:1:1) sets generate's argument "
                    "'top_p': must be in (0, 1], got 1.5");

@@ -59,16 +59,18 @@ TEST(BatchValues, AMultiTurnRolloutAttendsToTheEnvironmentsTokens) {
   EXPECT_TRUE(at::equal(lastTrained(v["rmask"]), at::tensor({6, 2}, at::kLong)));
   // Widths and buckets count the tokens present.
   EXPECT_EQ(realWidth(v, 0, 2), (std::pair<int64_t, int64_t>(2, 7)));
-  // The packed rows carry "ratt" and come back unchanged.
+  // The packed rows carry "ratt" (a float per response column) and
+  // "envr" (the environment's reward, a float per row), and come back
+  // unchanged.
   const Widths w{2, 8, 0, true};
   at::Tensor buf = packRows(v, w, 0, 2);
   EXPECT_EQ(buf.numel(), packedBytes(plan::BatchKind::Rollout, w, 2));
   EXPECT_EQ(packedBytes(plan::BatchKind::Rollout, w, 2) -
                 packedBytes(plan::BatchKind::Rollout, Widths{2, 8, 0, false}, 2),
-            2 * 8 * 4);
+            2 * 8 * 4 + 2 * 4);
   Val back = makeVal(plan::BatchKind::Rollout, 2, w, true);
   unpackRows(back, w, 0, 2, buf);
-  for (const char *f : {"rtoks", "rmask", "ratt", "pmask"})
+  for (const char *f : {"rtoks", "rmask", "ratt", "envr", "pmask"})
     EXPECT_TRUE(at::equal(back[f], v[f])) << f;
 }
 
