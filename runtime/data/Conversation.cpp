@@ -9,12 +9,8 @@ namespace data {
 
 Conversation::Conversation(const Tokenizer &tok, std::shared_ptr<const ChatTemplate> tmpl,
                            nlohmann::ordered_json messages)
-    : tok_(tok), tmpl_(std::move(tmpl)), messages_(std::move(messages)) {
-  if (!tmpl_)
-    throw std::runtime_error("a multi-turn episode needs a chat template, and the tokenizer '" +
-                             tok.name() + "' has none (tokenizer_config.json's chat_template)");
-  if (!messages_.is_array())
-    throw std::runtime_error("a conversation starts from a list of messages");
+    : Conversation(tok, std::move(tmpl), std::move(messages), {}) {
+  // (the prompt as the template renders it)
   ids_ = tok_.encode(render(messages_, true));
   trained_.assign(ids_.size(), 0);
   seen_ = tok_.decodeKeepSpecial(ids_);

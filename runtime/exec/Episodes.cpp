@@ -313,12 +313,7 @@ void MethodRunner::runEpisodes(MethodCall &c) {
                       : mix(ph.seed, (uint64_t)it),
           (uint64_t)sp.lo * 7919 + (uint64_t)s));
   const models::CausalLM *form = rr.generationShards();
-  if (rr.gen && rr.holding == Holding::Whole && rr.model) {
-    c10::NoGradGuard ng;
-    rr.gen->loadFrom(*rr.model);
-    if (rr.optim)
-      rr.copyVersion = rr.optim->steps();
-  }
+  cutGenerationShard(rr);
   const int64_t version = rr.generationVersion();
   // The KV pool of each turn: its rows at their whole conversation, no
   // more than the plan left for it (the engine preempts beyond).

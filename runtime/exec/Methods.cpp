@@ -579,15 +579,7 @@ void MethodRunner::runGenerate(MethodCall &c) {
     };
   }
   models::Generation gen;
-  if (rr.gen && rr.holding == Holding::Whole && rr.model) {
-    // Trained on whole weights, generating tensor parallel on the same
-    // ranks: no reshard moves anything, the shard is cut from this rank's
-    // own current weights.
-    c10::NoGradGuard ng;
-    rr.gen->loadFrom(*rr.model);
-    if (rr.optim)
-      rr.copyVersion = rr.optim->steps();
-  }
+  cutGenerationShard(rr);
   const int64_t version = rr.generationVersion();
   so.session.version = version;
   if (!form)

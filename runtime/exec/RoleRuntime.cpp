@@ -5,6 +5,7 @@
 #include "runtime/schema/Fnv1a.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -135,6 +136,15 @@ void refreshGenerationCopies(std::map<int, RoleRt> &roles) {
 void allocateWholeCopy(RoleRt &rr) {
   if (rr.holding == Holding::ShardsOnly && !rr.model)
     rr.model = std::make_unique<models::Llama>(rr.cfg, rr.seed);
+}
+
+void cutGenerationShard(RoleRt &rr) {
+  if (!rr.gen || rr.holding != Holding::Whole || !rr.model)
+    return;
+  c10::NoGradGuard ng;
+  rr.gen->loadFrom(*rr.model);
+  if (rr.optim)
+    rr.copyVersion = rr.optim->steps();
 }
 
 /// Frees the whole copies ShardsOnly actors built for a moment.

@@ -190,6 +190,10 @@ void refreshGenerationCopies(std::map<int, RoleRt> &roles);
 /// A ShardsOnly actor's whole copy, allocated (its values are gathered by
 /// the caller); nothing for any other role.
 void allocateWholeCopy(RoleRt &rr);
+/// A role trained on whole weights that generates tensor parallel on the
+/// same ranks: its generation shard cut from this rank's current weights
+/// (no reshard moves anything); nothing for any other role.
+void cutGenerationShard(RoleRt &rr);
 /// Frees the whole copies ShardsOnly roles built for a moment.
 void dropWholeCopies(std::map<int, RoleRt> &roles);
 
