@@ -224,6 +224,23 @@ std::string choiceText(const std::map<std::string, const ast::Arg *> &kw, const 
   const Expr &v = *it->second->value;
   return v.kind == Expr::Kind::Name || v.kind == Expr::Kind::String ? v.text : "";
 }
+
+/// Keyword `k`'s value when it is known here: a folded constant or an
+/// integer literal (with `floats`, a float literal too); else none.
+std::optional<double> literalNumber(const std::map<std::string, const ast::Arg *> &kw,
+                                    const char *k, bool floats = false) {
+  auto it = kw.find(k);
+  if (it == kw.end())
+    return std::nullopt;
+  const Expr &v = *it->second->value;
+  if (v.constant)
+    return *v.constant;
+  if (v.kind == Expr::Kind::Int)
+    return double(v.intValue);
+  if (floats && v.kind == Expr::Kind::Float)
+    return v.floatValue;
+  return std::nullopt;
+}
 } // namespace
 
 void FlowChecker::checkPolicyObjective(const std::map<std::string, const ast::Arg *> &kw) {
@@ -260,16 +277,7 @@ void FlowChecker::checkEpisode(const Expr &e, const std::map<std::string, const 
     diags_.error(kw.at("max_batch_tokens")->value->loc,
                  "max_batch_tokens does not bound a multi-turn episode's generation (its prompt "
                  "grows every turn); bound it with max_num_seqs");
-  auto number = [&](const char *k) -> std::optional<double> {
-    if (!kw.count(k))
-      return std::nullopt;
-    const Expr &v = *kw.at(k)->value;
-    if (v.constant)
-      return *v.constant;
-    if (v.kind == Expr::Kind::Int)
-      return double(v.intValue);
-    return std::nullopt;
-  };
+  auto number = [&](const char *k) { return literalNumber(kw, k); };
   const double maxTokens = number("max_tokens").value_or(double(defaults::kMaxTokens));
   if (auto t = number("turn_tokens"); t && *t > maxTokens)
     diags_.error(kw.at("turn_tokens")->value->loc,
@@ -520,18 +528,7 @@ FlowChecker::Ty FlowChecker::typeBuiltin(Expr &e, Scope &scope) {
                         "generation for that many");
   if (e.text == "clip") {
     // Bounds: at least one, and min <= max.
-    auto value = [&](const char *key) -> std::optional<double> {
-      if (!kw.count(key))
-        return std::nullopt;
-      const Expr &v = *kw.at(key)->value;
-      if (v.constant)
-        return *v.constant;
-      if (v.kind == Expr::Kind::Int)
-        return double(v.intValue);
-      if (v.kind == Expr::Kind::Float)
-        return v.floatValue;
-      return std::nullopt;
-    };
+    auto value = [&](const char *key) { return literalNumber(kw, key, /*floats=*/true); };
     if (!kw.count("min") && !kw.count("max")) {
       diags_.error(e.loc, "clip() needs min:, max: or both");
       return {};
