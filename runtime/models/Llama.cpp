@@ -9,6 +9,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/plan/PlanModel.h"
+#include "runtime/schema/ActivationModel.h"
 #include "runtime/schema/plan_generated.h"
 
 #include <c10/core/GradMode.h>
@@ -542,8 +543,9 @@ at::Tensor attendDense(const at::Tensor &q, const at::Tensor &k, const at::Tenso
   return at::matmul(att, v);
 }
 /// Queries per block of a long sequence's attention, and the length from
-/// which it is cut into blocks.
-constexpr int64_t kQueryBlock = 256, kBlockedFrom = 1024;
+/// which it is cut into blocks (the activation model counts the same).
+constexpr int64_t kQueryBlock = shape::kAttentionQueryBlock,
+                  kBlockedFrom = shape::kAttentionBlockedFrom;
 } // namespace
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)

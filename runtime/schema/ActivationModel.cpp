@@ -19,6 +19,36 @@ constexpr double kGatheredUnits = 4;
 /// weights' dtype (a 16-bit model's logits are upcast before the softmax, as
 /// transformers and verl do), and so are a 16-bit norm's statistics.
 constexpr double kF32 = 4;
+
+/// The attention's scores, per row and head of a layer: `kept`, the
+/// elements autograd keeps for backward (T x T, or the causal blocks'
+/// sum); `work`, the most one statement computes at once (T x T, or the
+/// largest block's).
+struct ScoreElems {
+  double kept, work;
+};
+ScoreElems scoreElems(int64_t T, bool blocked) {
+  if (!blocked || T < kAttentionBlockedFrom)
+    return {(double)T * (double)T, (double)T * (double)T};
+  double kept = 0, work = 0;
+  for (int64_t a = 0; a < T; a += kAttentionQueryBlock) {
+    const double block = (double)std::min(kAttentionQueryBlock, T - a) *
+                         (double)std::min(a + kAttentionQueryBlock, T);
+    kept += block;
+    work = std::max(work, block);
+  }
+  return {kept, work};
+}
+
+/// Bytes per score element. The softmax runs in float32 whatever the
+/// weights' dtype: autograd keeps its float32 output and, for 16-bit
+/// weights, the copy cast back that the product with the values keeps
+/// (4 + w); the statement at its peak holds the scaled product, its sum
+/// with the mask and the softmax's output (3 x 4 bytes in float32; in
+/// 16-bit the product and the cast back in w, its float32 copy, the sum
+/// and the softmax in 4: 2 w + 12).
+double keptScoreBytes(double w) { return w < kF32 ? kF32 + w : kF32; }
+double workScoreBytes(double w) { return w < kF32 ? 3 * kF32 + 2 * w : 3 * kF32; }
 } // namespace
 
 Recompute recomputeOf(const char *name) {
@@ -57,11 +87,20 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   // repeated to this rank's query heads, held with its own.
   const double cp = (double)std::max<int64_t>(1, f.cp);
   const double gathered = 2 * rows * T * ahd * (1 - 1 / cp);
+  // The scores (context parallelism's chunks taken whole: dense), and the
+  // additive mask, [rows, 1, T / cp, T] float32, alive through the pass's
+  // forward.
+  const ScoreElems se = scoreElems(p.seqLen, cp == 1);
+  const double scoresKept = rows * heads * se.kept * keptScoreBytes(w);
+  const double scoresWork = rows * heads * se.work * workScoreBytes(w);
+  const double mask = kF32 * rows * T * T / cp;
   if (!p.train) {
     // Without backward nothing is kept: the peak is the larger of one
     // layer's working set and the head's (logits, log-softmax, entropy).
-    double x = w * (4 * n * h + 5 * n * ahd + gathered + 4 * n * F / tp +
-                    1.6 * rows * heads * T * T);
+    // The scores' statement runs while the MLP's intermediates are not
+    // alive: the larger of the two.
+    double x = w * (4 * n * h + 5 * n * ahd + gathered) +
+               std::max(w * 4 * n * F / tp, scoresWork + mask);
     if (f.head && f.lmHead)
       x = std::max(x, kF32 * 5 * rows * R * V / tp);
     if (f.fsdp > 1)
@@ -69,14 +108,13 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
     return x;
   }
   // A 16-bit layer also keeps its two norms' float32 inputs.
-  const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4.5 * n * F / tp +
-                           rows * heads * T * T) +
-                      (w < kF32 ? kF32 * 2 * n * h : 0);
+  const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4.5 * n * F / tp) +
+                      scoresKept + (w < kF32 ? kF32 * 2 * n * h : 0);
   // kept's two halves: the attention's (the layer's input and its norm,
   // q, k, v, the scores and the output) and the MLP's (the middle of the
   // residual stream, its norm, the gate, up and their product).
   const double norm32 = w < kF32 ? kF32 * n * h : 0;
-  const double attnKept = w * (3 * n * h + 5 * n * ahd + gathered + rows * heads * T * T) + norm32;
+  const double attnKept = w * (3 * n * h + 5 * n * ahd + gathered) + scoresKept + norm32;
   const double mlpKept = kept - attnKept;
   const double inFlight = (double)std::max<int64_t>(1, f.inFlight);
   double x = 0;
@@ -90,6 +128,11 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
     x = inFlight * layers * (attnKept + w * n * h) + mlpKept;
   else
     x = inFlight * layers * kept;
+  // A layer's attention at its peak: the scores' statement and the mask on
+  // top of what is kept, before that layer's MLP has kept anything.
+  const double scoresPeak = scoresWork - rows * heads * std::min(se.work, se.kept) *
+                                             keptScoreBytes(w) + mask;
+  x += std::max(0.0, scoresPeak - mlpKept);
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
   // logits and loss on the last stage.

@@ -6,34 +6,46 @@
 // and response) and the runtime compares its measured peaks with (at each
 // pass's actual shape; docs/cost-model.md, "Activations").
 //
-// hflow-run computes in float32 with an unfused attention (the scores of
-// every head are a [T, T] matrix) and keeps every layer's activations for
-// backward (no recomputation), except FSDP, whose units keep only their
-// input and recompute in backward. Per decoder layer and training pass,
-// with n = rows * T / sp tokens on the rank, heads a and ffn F split over
-// tp, the constants in float32 elements:
+// hflow-run computes with an unfused attention (the scores of every head
+// are a [T, T] matrix, or causal blocks of 256 queries from 1,024
+// positions) and keeps every layer's activations for backward (no
+// recomputation), except FSDP, whose units keep only their input and
+// recompute in backward. Per decoder layer and training pass, with
+// n = rows * T / sp tokens on the rank, heads a and ffn F split over tp,
+// the constants in elements of w bytes (the weights' dtype):
 //
-//   kept  = 6 n h + 5 n (a / tp) hd + 4.5 n F / tp + rows (a / (tp sp)) T^2
+//   kept  = 6 n h + 5 n (a / tp) hd + 4.5 n F / tp     (+ 2 n h float32 norm
+//           inputs in 16-bit)
+//           + rows (a / (tp sp)) S_kept  scores of 4 bytes (float32) or
+//                                        4 + w (16-bit: the softmax's float32
+//                                        output and its copy cast back)
 //   head  = 6 rows R V / tp                        (LM or value head, loss;
 //                                                   on the last stage only)
 //   train = inFlight * layers * kept + head + 5 rows T h
-//           (the last term: the embedding's output or the activations a
-//           stage receives and sends, their gradients, the final norm;
-//           FSDP keeps layers * n h + one layer's kept + 4 gathered units
-//           instead of the first)
-//   forward only = max(4 n h + 5 n (a / tp) hd + 4 n F / tp
-//                      + 1.6 rows (a / (tp sp)) T^2,   one layer's working set
+//           + max(0, the last layer's scores statement - its MLP half)
+//           (5 rows T h: the embedding's output or the activations a stage
+//           receives and sends, their gradients, the final norm; the
+//           statement: scaled product, sum with the mask, softmax, 12 or
+//           12 + 2 w bytes a score of the largest block, beside the mask,
+//           rows T^2 float32; FSDP keeps layers * n h + one layer's kept +
+//           4 gathered units instead of the first term)
+//   forward only = max(4 n h + 5 n (a / tp) hd + max(4 n F / tp, the
+//                      statement and the mask),    one layer's working set
 //                      5 rows R V / tp)                 the head's
 //                  (+ 4 gathered units under FSDP, as above)
 //
-// The residual stream's tensors (input, normed, middle) and the attention's
-// q, k, v, scores and output are what autograd saves; the constants were
-// fitted to the runtime's measured peaks (MemoryMeter) over 25 shapes of
-// whole-weight Llamas (h 128-256, F/h 2-6, heads 4-8, T 16-128, R 4-64,
-// V 256-1024) and checked on 9 others (MemoryMeterTest: training within
-// 5%, forward-only within 12%). Through the engine, every form's passes
-// (whole, tp, fsdp, sp, pp, pp x tp; the actor's and the critic's, sft's
-// too) measured 0.70 to 1.25 times the model.
+// S_kept = T^2, or over the blocks the sum of each block's queries times
+// its keys (about T^2 / 2). The residual stream's tensors (input, normed,
+// middle) and the attention's q, k, v, scores and output are what
+// autograd saves; the non-score constants were fitted to the runtime's
+// measured peaks (MemoryMeter) over 25 shapes of whole-weight Llamas
+// (h 128-256, F/h 2-6, heads 4-8, T 16-128, R 4-64, V 256-1024) and
+// checked on 9 others (MemoryMeterTest: training within 5%, forward-only
+// within 12%), the score terms follow attend() and were checked at 160 to
+// 2,048 positions in float32 and bfloat16 (0.87 to 1.00). Through the
+// engine, every form's passes (whole, tp, fsdp, sp, pp, pp x tp; the
+// actor's and the critic's, sft's too) measured 0.70 to 1.25 times the
+// model.
 //
 // Plain C++17, never throws.
 //
@@ -57,6 +69,13 @@ enum class Recompute { None, Layers, Attention, Mlp };
 /// The option's spelling ("layers", "attention", "mlp"); None for any other.
 Recompute recomputeOf(const char *name);
 const char *recomputeName(Recompute r);
+
+/// runtime/models/Llama.cpp's attend(): a sequence of at least
+/// kAttentionBlockedFrom positions attending to itself takes its queries in
+/// blocks of kAttentionQueryBlock, each over the keys up to its last query
+/// (half the scores of the dense form, in blocks the heap reuses). The
+/// model below counts its scores the same way.
+inline constexpr int64_t kAttentionQueryBlock = 256, kAttentionBlockedFrom = 1024;
 
 /// What of a rank's form decides what its passes keep.
 struct PassForm {

@@ -19,11 +19,18 @@ hflow.place [@a, @c] on @m[0 : 2]
 // activation model of runtime/schema/ActivationModel.h, f32):
 //   kept per layer = 6 n h + 5 n h + 4.5 n F + rows heads T^2
 //                  = 147,456 + 122,880 + 221,184 + 147,456 = 638,976
-//   a (trains, dp = 2): 2 layers kept + 5 rows T h + 6 rows R V
-//                  = 1,277,952 + 122,880 + 196,608 = 1,597,440 x 4 B = 6.39 MB
-//   c (fsdp = 2: each unit keeps its input, one layer recomputed, two units
-//     of 36,992 parameters gathered; a value head, no logits)
-//                  = 2 n h + 638,976 + 73,984 + 122,880 = 884,992 x 4 B = 3.54 MB
+//   the last layer's attention at its peak adds the scores' statement (the
+//     scaled product and its sum with the mask beside the kept softmax:
+//     2 rows heads T^2) and the mask (rows T^2), less that layer's MLP
+//     half, not kept yet (3 n h + 4.5 n F)
+//                  = 294,912 + 36,864 - 294,912 = 36,864
+//   a (trains, dp = 2): 2 layers kept + that + 5 rows T h + 6 rows R V + F h
+//                  = 1,277,952 + 36,864 + 122,880 + 196,608 + 8,192
+//                  = 1,642,496 x 4 B = 6.57 MB
+//   c (fsdp = 2: each unit keeps its input, one layer recomputed, four
+//     units of 36,992 parameters gathered; a value head, no logits)
+//                  = 2 n h + 638,976 + 147,968 + 36,864 + 122,880 + 8,192
+//                  = 1,004,032 x 4 B = 4.02 MB
 // The tiny llama has P = 106,816 parameters in f32:
 //   a (dp = 2): weights P*4 = 427.26 KB, gradients the same, optimizer P*8
 //   c (fsdp = 2): half of each, without the LM head (a critic's body has
@@ -31,15 +38,15 @@ hflow.place [@a, @c] on @m[0 : 2]
 hflow.device @small "gpu" <memory = 1.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.42 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
+// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.57 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
-// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 3.87 MB}}
+// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 4.02 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+3 {{the roles placed here need 8.86 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.42 MB at the peak (a's training pass)}}
+// expected-error @+3 {{the roles placed here need 9.00 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.57 MB at the peak (a's training pass)}}
 // expected-note @+2 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4, KV pools of what the set leaves (at least one sequence) in blocks of 16 positions; use more devices, larger tp/pp/fsdp degrees, or a smaller batch or micro_batch}}
-// expected-note @+1 {{even one sequence per pass needs 1.63 MB on top of the resident state (a's training pass): more tp or pp, shorter sequences, or a device with more memory}}
+// expected-note @+1 {{even one sequence per pass needs 1.67 MB on top of the resident state (a's training pass): more tp or pp, shorter sequences, or a device with more memory}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
@@ -58,15 +65,15 @@ hflow.train @f {batch = 8 : i64, data = "p.jsonl", minibatch = 8 : i64, n = 2 : 
 // bytes resident; the generation copy P * 4 = 427,264 bytes. At the default
 // memory_utilization 0.9 of 2.5 MB the pool gets 2,250,000 - 854,528 -
 // 427,264 = 968,208 bytes: 118 blocks (966.66 KB), 14 sequences at once. The
-// training pass (2.16 MB) is the peak and does not fit.
+// training pass (2.36 MB) is the peak and does not fit.
 hflow.device @small "gpu" <memory = 2.5e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.16 MB; generation: weights 427.26 KB, KV pool 966.66 KB (14 of 256 sequences at once)}}
+// expected-note @+1 {{a: weights 213.63 KB, gradients 213.63 KB, optimizer 427.26 KB; activations 2.36 MB; generation: weights 427.26 KB, KV pool 966.66 KB (14 of 256 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+3 {{the roles placed here need 3.02 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.16 MB at the peak (a's training pass)}}
+// expected-error @+3 {{the roles placed here need 3.22 MB per device but each small has 2.50 MB: 854.53 KB resident (weights, gradients, optimizer state) + 2.36 MB at the peak (a's training pass)}}
 // expected-note @+2 {{sizes assume 64 prompts x 8 responses of 128 tokens (64 prompt + 64 response), micro-batches of 1,}}
-// expected-note @+1 {{the smallest change: at one sequence per pass (2.16 MB at the peak) the resident state (854.53 KB) must fit in 335.26 KB: split it about 3 times as many ways (the product of tp, pp and fsdp), or spread the roles over more devices}}
+// expected-note @+1 {{the smallest change: at one sequence per pass (2.36 MB at the peak) the resident state (854.53 KB) must fit in 138.66 KB: split it about 7 times as many ways (the product of tp, pp and fsdp), or spread the roles over more devices}}
 hflow.place [@a] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
