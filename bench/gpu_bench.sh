@@ -38,6 +38,11 @@
 # log-prob and update passes' MFU (gpu_peer.py stages); GPU_BENCH_GRPO_TIMEOUT
 # (default 420 s) bounds each.
 #
+# With PLANS, then the offload check (issue 40): bench/gpu/offload.hflow,
+# Qwen2.5-1.5B GRPO planned for a 24 GB GPU, which hflowc refuses without
+# `offload_optimizer` and compiles with it, run once on DEVICE; hflow-run's
+# memory measured against the plan's (GPU_BENCH_OFFLOAD_TIMEOUT, 240 s).
+#
 # The whole benchmark keeps to GPU_BENCH_BUDGET seconds (default 420: with
 # the build, the clients' check and the pipeline bench, gpu-bench fits the
 # issue's 8 minutes of device time): each step runs under the smaller of its
@@ -159,14 +164,43 @@ grpo_all() {
   done
 }
 
+# The offload check (issue 40): bench/gpu/offload.hflow as plans.sh
+# compiled it (hflowc refuses it without offload_optimizer), one run on
+# DEVICE; hflow-run's own account of the memory it measured against the
+# plan's figures for the 24 GB device: passed when every counted figure
+# (on the device and in host memory) equals the plan's and every pass's
+# peak is within the plan's bound.
+offload_check() {
+  [ -n "$PLANS" ] && [ -f "$PLANS/offload.bin" ] || return 0
+  local d="$WORK/offload" t
+  mkdir -p "$d"
+  say "offload: without offload_optimizer hflowc refuses the program: $(grep -m1 'error:' "$PLANS/offload.without" | sed 's/^[^ ]* error: //')"
+  grep -E '^ *(place|actor|ref):? ' "$PLANS/offload.explain" | sed 's/^ */    /'
+  t=$(limit "${GPU_BENCH_OFFLOAD_TIMEOUT:-240}") || { skipped "offload"; return; }
+  say "offload: hflow-run on $DEVICE (the actor's AdamW state in host memory)"
+  if timeout "$t" "$BIN/hflow-run" --device "$DEVICE" --data-dir "$PLANS" \
+      --metrics "$d/metrics.jsonl" "$PLANS/offload.bin" > "$d/log.txt" 2>&1; then
+    sed -n '/^memory per rank/,/^KV pools/p' "$d/log.txt" | sed 's/^/    /'
+    if grep -q '^memory: all [0-9]* figures equal' "$d/log.txt" &&
+        grep -q '^transient memory: all [0-9]* figures within' "$d/log.txt"; then
+      say "offload: passed: every counted figure equals the plan's, every pass within its bound"
+    else
+      say "offload: FAILED: the measured memory is not the plan's (above)"; FAILED=1
+    fi
+  else
+    say "offload: FAILED (or ran past ${t} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
+    FAILED=1
+  fi
+}
+
 FAILED=0
 first=1
 for shape in $SHAPES; do
   rollout_shape "$shape"
-  [ $first = 1 ] && grpo_all
+  [ $first = 1 ] && { grpo_all; offload_check; }
   first=0
 done
-[ -z "$SHAPES" ] && grpo_all
+[ -z "$SHAPES" ] && { grpo_all; offload_check; }
 "$PY" "$HERE/gpu_peer.py" report "$WORK" | tee "$WORK/table.md"
 
 exit $FAILED
