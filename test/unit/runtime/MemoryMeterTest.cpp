@@ -86,6 +86,29 @@ TEST(MemoryMeter, GenerationReportsItsKVCacheBytes) {
   EXPECT_EQ(m.generate(prompts, at::Tensor(), o, g).kvCacheBytes, 0);
 }
 
+/// The rise of the high-water mark over one whole-weight pass shaped as
+/// the engine runs it: the hidden states of `rows` random sequences of T
+/// tokens, the LM head on the last R positions, their log-probabilities
+/// and (when `entropy`) entropies; backward when `train`.
+int64_t passPeak(Llama &m, int64_t rows, int64_t T, int64_t R, bool train, bool entropy) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(2);
+  at::Tensor toks =
+      at::randint(1, m.config().vocab, {rows, T}, g, at::TensorOptions().dtype(at::kLong));
+  at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kLong))
+                       .unsqueeze(0).expand({rows, T}).contiguous();
+  at::Tensor mask = at::ones({rows, T}, at::TensorOptions().dtype(at::kFloat));
+  PeakScope scope;
+  at::Tensor h = m.hidden(toks, pos, mask).narrow(1, T - R - 1, R);
+  at::Tensor logits = m.logits(h);
+  at::Tensor lp = hflow::models::tokenLogprobs(logits, toks.narrow(1, T - R, R), 0.7);
+  at::Tensor loss = -lp.mean();
+  if (entropy)
+    loss = loss + 0 * hflow::models::tokenEntropy(logits.detach(), 0.7).mean();
+  if (train)
+    loss.backward();
+  return scope.rise();
+}
+
 // The activation model (runtime/schema/ActivationModel.h) against the
 // measured peak of whole-weight passes shaped as the engine runs them
 // (hidden states, the LM head on the last R positions, log-probabilities
@@ -105,23 +128,7 @@ TEST(MemoryMeter, ActivationModelMatchesMeasuredPasses) {
     m.setTrainable(true);
     struct S { int64_t rows, T, R; };
     for (S sh : {S{48, 16, 4}, S{8, 64, 32}, S{2, 160, 40}}) {
-      auto g = at::make_generator<at::CPUGeneratorImpl>(2);
-      at::Tensor toks =
-          at::randint(1, c.vocab, {sh.rows, sh.T}, g, at::TensorOptions().dtype(at::kLong));
-      at::Tensor pos = at::arange(sh.T, at::TensorOptions().dtype(at::kLong))
-                           .unsqueeze(0).expand({sh.rows, sh.T}).contiguous();
-      at::Tensor mask = at::ones({sh.rows, sh.T}, at::TensorOptions().dtype(at::kFloat));
-      auto pass = [&](bool train) {
-        PeakScope scope;
-        at::Tensor h = m.hidden(toks, pos, mask).narrow(1, sh.T - sh.R - 1, sh.R);
-        at::Tensor logits = m.logits(h);
-        at::Tensor lp = hflow::models::tokenLogprobs(logits, toks.narrow(1, sh.T - sh.R, sh.R), 0.7);
-        at::Tensor ent = hflow::models::tokenEntropy(logits.detach(), 0.7);
-        at::Tensor loss = -lp.mean() + 0 * ent.mean();
-        if (train)
-          loss.backward();
-        return scope.rise();
-      };
+      auto pass = [&](bool train) { return passPeak(m, sh.rows, sh.T, sh.R, train, true); };
       {
         c10::NoGradGuard ng;
         const double got = (double)pass(false);
@@ -173,22 +180,7 @@ TEST(MemoryMeter, ActivationModelMatchesLongSequences) {
     Llama m(c, 1);
     m.setTrainable(true);
     const double w = k.bf16 ? 2 : 4;
-    auto g = at::make_generator<at::CPUGeneratorImpl>(2);
-    at::Tensor toks =
-        at::randint(1, c.vocab, {k.rows, k.T}, g, at::TensorOptions().dtype(at::kLong));
-    at::Tensor pos = at::arange(k.T, at::TensorOptions().dtype(at::kLong))
-                         .unsqueeze(0).expand({k.rows, k.T}).contiguous();
-    at::Tensor mask = at::ones({k.rows, k.T}, at::TensorOptions().dtype(at::kFloat));
-    auto pass = [&](bool train) {
-      PeakScope scope;
-      at::Tensor h = m.hidden(toks, pos, mask).narrow(1, k.T - k.R - 1, k.R);
-      at::Tensor logits = m.logits(h);
-      at::Tensor lp = hflow::models::tokenLogprobs(logits, toks.narrow(1, k.T - k.R, k.R), 0.7);
-      at::Tensor loss = -lp.mean();
-      if (train)
-        loss.backward();
-      return scope.rise();
-    };
+    auto pass = [&](bool train) { return passPeak(m, k.rows, k.T, k.R, train, false); };
     double got;
     {
       c10::NoGradGuard ng;
