@@ -157,9 +157,10 @@ AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
   a.keyReal = keyMask.to(at::kBool);
   const at::Tensor &keys = a.keyReal;
   at::Tensor allowed = (seen.unsqueeze(0) & keys.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
-  a.bias = at::zeros({a.B, 1, s.Tl, s.Tp}, keys.options().dtype(at::kFloat))
-               .masked_fill(allowed.logical_not().unsqueeze(1),
-                            -std::numeric_limits<float>::infinity());
+  // -inf, then 0 where allowed, in place (as attentionBias).
+  a.bias = at::full({a.B, 1, s.Tl, s.Tp}, -std::numeric_limits<float>::infinity(),
+                    keys.options().dtype(at::kFloat))
+               .masked_fill_(allowed.unsqueeze(1), 0.0);
   a.scale = c.attentionScale();
   return a;
 }

@@ -581,10 +581,18 @@ at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
   // enough for the heap to reuse (the dense [B, n, T, T] scores of a
   // 1,500-token row are 36 MB, mapped and faulted in afresh every pass).
   // Short sequences, every test's and the demo's, keep the dense form.
+  // Keys and values contiguous once: a strided k or v (the heads a
+  // transposed view of [B, T, heads, hd], as the projections leave them
+  // without GQA's repeat) would make each block's product copy its narrowed
+  // keys again, and autograd keep every copy (w hd T^2 / 256 a row and head
+  // more, a third of a bf16 layer's scores). Narrowed along T, the
+  // contiguous ones fold into the batched product as views. The values are
+  // the same, and so is every product.
+  const at::Tensor kc = k.contiguous(), vc = v.contiguous();
   std::vector<at::Tensor> out;
   for (int64_t a = 0; a < T; a += kQueryBlock) {
     const int64_t n = std::min(kQueryBlock, T - a), keys = a + n;
-    out.push_back(attendDense(q.narrow(2, a, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
+    out.push_back(attendDense(q.narrow(2, a, n), kc.narrow(2, 0, keys), vc.narrow(2, 0, keys),
                               bias.narrow(2, a, n).narrow(3, 0, keys), scale));
   }
   return at::cat(out, 2);
@@ -622,8 +630,13 @@ at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int
   if (window > 0)
     seen = seen & (qIdx - kIdx).lt(window);
   at::Tensor allowed = (seen.unsqueeze(0) & keyReal.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
-  return at::zeros({B, 1, T, K}, keyReal.options().dtype(at::kFloat))
-      .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+  // -inf, then 0 where allowed, in place: the same values as zeros
+  // filled with -inf where not allowed, without a second f32 [B, T, K]
+  // and the negated mask beside the first (5 bytes an element at the
+  // peak, not 10; the activation model counts 4).
+  return at::full({B, 1, T, K}, -std::numeric_limits<float>::infinity(),
+                  keyReal.options().dtype(at::kFloat))
+      .masked_fill_(allowed.unsqueeze(1), 0.0);
 }
 
 at::Tensor scoredPositions(const at::Tensor &tokens, const at::Tensor &mask, int64_t padToken) {
