@@ -129,9 +129,9 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   else
     x = inFlight * layers * kept;
   // A layer's attention at its peak: the scores' statement and the mask on
-  // top of what is kept, before that layer's MLP has kept anything.
-  const double scoresPeak = scoresWork - rows * heads * std::min(se.work, se.kept) *
-                                             keptScoreBytes(w) + mask;
+  // top of what is kept (the statement's own softmax is among it), before
+  // that layer's MLP has kept anything.
+  const double scoresPeak = scoresWork - rows * heads * se.work * keptScoreBytes(w) + mask;
   x += std::max(0.0, scoresPeak - mlpKept);
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
