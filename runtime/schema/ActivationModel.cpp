@@ -98,9 +98,10 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
     // Without backward nothing is kept: the peak is the larger of one
     // layer's working set and the head's (logits, log-softmax, entropy).
     // The scores' statement runs while the MLP's intermediates are not
-    // alive: the larger of the two.
+    // alive: the larger of the two. The mask lives through every layer
+    // (the MLP's too), and is gone before the head.
     double x = w * (4 * n * h + 5 * n * ahd + gathered) +
-               std::max(w * 4 * n * F / tp, scoresWork + mask);
+               std::max(w * 4 * n * F / tp, scoresWork) + mask;
     if (f.head && f.lmHead)
       x = std::max(x, kF32 * 5 * rows * R * V / tp);
     if (f.fsdp > 1)
@@ -108,7 +109,7 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
     return x;
   }
   // A 16-bit layer also keeps its two norms' float32 inputs.
-  const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4.5 * n * F / tp) +
+  const double kept = w * (6 * n * h + 5 * n * ahd + gathered + 4 * n * F / tp) +
                       scoresKept + (w < kF32 ? kF32 * 2 * n * h : 0);
   // kept's two halves: the attention's (the layer's input and its norm,
   // q, k, v, the scores and the output) and the MLP's (the middle of the
@@ -132,7 +133,10 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   // top of what is kept (the statement's own softmax is among it), before
   // that layer's MLP has kept anything.
   const double scoresPeak = scoresWork - rows * heads * se.work * keptScoreBytes(w) + mask;
-  x += std::max(0.0, scoresPeak - mlpKept);
+  // Or the last layer's MLP in backward: the gradients of its product and
+  // of the gate's and the up projection's outputs beside what it keeps.
+  const double mlpBackward = w * 2 * n * F / tp;
+  x += std::max({0.0, scoresPeak - mlpKept, mlpBackward});
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
   // logits and loss on the last stage.

@@ -14,7 +14,7 @@
 // n = rows * T / sp tokens on the rank, heads a and ffn F split over tp,
 // the constants in elements of w bytes (the weights' dtype):
 //
-//   kept  = 6 n h + 5 n (a / tp) hd + 4.5 n F / tp     (+ 2 n h float32 norm
+//   kept  = 6 n h + 5 n (a / tp) hd + 4 n F / tp       (+ 2 n h float32 norm
 //           inputs in 16-bit)
 //           + rows (a / (tp sp)) S_kept  scores of 4 bytes (float32) or
 //                                        4 + w (16-bit: the softmax's float32
@@ -22,15 +22,18 @@
 //   head  = 6 rows R V / tp                        (LM or value head, loss;
 //                                                   on the last stage only)
 //   train = inFlight * layers * kept + head + 5 rows T h
-//           + max(0, the last layer's scores statement - its MLP half)
+//           + max(the last layer's scores statement - its MLP half,
+//                 2 n F / tp)
 //           (5 rows T h: the embedding's output or the activations a stage
 //           receives and sends, their gradients, the final norm; the
 //           statement: scaled product, sum with the mask, softmax, 12 or
 //           12 + 2 w bytes a score of the largest block, beside the mask,
-//           rows T^2 float32; FSDP keeps layers * n h + one layer's kept +
-//           4 gathered units instead of the first term)
+//           rows T^2 float32; 2 n F: the gradients the last layer's MLP
+//           computes in backward beside what it keeps; FSDP keeps
+//           layers * n h + one layer's kept + 4 gathered units instead of
+//           the first term)
 //   forward only = max(4 n h + 5 n (a / tp) hd + max(4 n F / tp, the
-//                      statement and the mask),    one layer's working set
+//                      statement) + the mask,      one layer's working set
 //                      5 rows R V / tp)                 the head's
 //                  (+ 4 gathered units under FSDP, as above)
 //
@@ -42,7 +45,9 @@
 // (h 128-256, F/h 2-6, heads 4-8, T 16-128, R 4-64, V 256-1024) and
 // checked on 9 others (MemoryMeterTest: training within 5%, forward-only
 // within 12%), the score terms follow attend() and were checked at 160 to
-// 2,048 positions in float32 and bfloat16 (0.87 to 1.00). Through the
+// 2,048 positions in float32 and bfloat16 (0.87 to 1.05), the MLP's
+// (4 n F kept, 2 n F in backward) at ffn 4 to 32 times hidden and 2 to 8
+// layers (0.95 to 1.02). Through the
 // engine, every form's passes (whole, tp, fsdp, sp, pp, pp x tp; the
 // actor's and the critic's, sft's too) measured 0.70 to 1.25 times the
 // model.

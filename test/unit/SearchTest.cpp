@@ -355,17 +355,18 @@ TEST(Memory, AgreesWithHflowcExample) {
   EXPECT_DOUBLE_EQ(a.resident(), 26953662464.0);
   // The actor's update (runtime/schema/ActivationModel.h, bf16): one
   // sequence of n = T = 1024 tokens on tp 4, every one of its 32 layers
-  // kept: 6 n h + 5 n (h / 4) + 4.5 n F / 4 = 25,165,824 + 5,242,880 +
-  // 12,681,216 = 43,089,920 elements x 2 bytes; the scores of 32 / 4
+  // kept: 6 n h + 5 n (h / 4) + 4 n F / 4 = 25,165,824 + 5,242,880 +
+  // 11,272,192 = 41,680,896 elements x 2 bytes; the scores of 32 / 4
   // heads, in causal blocks of 256 queries (T >= 1024): 256 x (256 + 512 +
   // 768 + 1024) = 655,360 a head, 6 bytes each (the f32 softmax and its
   // bf16 copy): 31,457,280 bytes; the two norms' f32 inputs, 2 n h x 4
-  // bytes: 151,191,552 bytes a layer, x 32; then 5 n h x 2 bytes, the
-  // head's 6 R V / 4 in f32 (98,304,000) and one F h / 4 weight gradient x
-  // 2. The last layer's scores statement (one block: 8 x 262,144 x (16 -
-  // 6) bytes, and the 4 T^2 byte mask: 25,165,824) is below that layer's
-  // MLP half and adds nothing.
-  EXPECT_DOUBLE_EQ(a.activations, 151191552.0 * 32 + 41943040.0 + 98304000.0 + 22544384.0);
+  // bytes: 148,373,504 bytes a layer, x 32; then 5 n h x 2 bytes, the
+  // head's 6 R V / 4 in f32 (98,304,000), one F h / 4 weight gradient x 2
+  // and the last layer's MLP backward, 2 n F / 4 x 2 (11,272,192), larger
+  // than its scores statement beyond that layer's MLP half (one block: 8 x
+  // 262,144 x (16 - 6) bytes, and the 4 T^2 byte mask: 25,165,824).
+  EXPECT_DOUBLE_EQ(a.activations,
+                   148373504.0 * 32 + 41943040.0 + 98304000.0 + 22544384.0 + 11272192.0);
   EXPECT_DOUBLE_EQ(a.genWeights, 6738415616.0);
   // The KV pool at every sequence: 256 / 8 = 32 rows of 1024 / 16 = 64
   // blocks, and one more, each 2 * 32 * (32 / 2) * 128 * 2 * 16 bytes.
@@ -373,11 +374,12 @@ TEST(Memory, AgreesWithHflowcExample) {
   EXPECT_EQ(a.kvRows, 32);
   EXPECT_EQ(a.kvSeqs, 32);
   // The reference's forward pass on tp 2: the larger of one layer's
-  // working set, (4 n h + 5 n (h / 2)) x 2 bytes and the larger of the
-  // MLP's 4 n F / 2 x 2 and the scores statement (16 heads x one block of
-  // 262,144 x 16 bytes, and the mask, 4 T^2): 54,525,952 + 71,303,168,
-  // and the head's 5 R V / 2 in f32.
-  EXPECT_DOUBLE_EQ(r.activations, std::max(54525952.0 + 71303168.0, 4.0 * 5 * 512 * 32000 / 2));
+  // working set, (4 n h + 5 n (h / 2)) x 2 bytes, the larger of the MLP's
+  // 4 n F / 2 x 2 and the scores statement (16 heads x one block of
+  // 262,144 x 16 bytes) and the mask (4 T^2): 54,525,952 + 67,108,864 +
+  // 4,194,304, and the head's 5 R V / 2 in f32.
+  EXPECT_DOUBLE_EQ(r.activations,
+                   std::max(54525952.0 + 67108864.0 + 4194304.0, 4.0 * 5 * 512 * 32000 / 2));
   // A critic's body has no LM head: (P - V h) * 16 / 2 bytes.
   EXPECT_DOUBLE_EQ(c.resident(), (6738415616.0 - 32000.0 * 4096) * 16 / 2);
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
@@ -388,23 +390,23 @@ TEST(Memory, AgreesWithHflowcExample) {
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
   EXPECT_EQ(gb(a.transient()), "15.33 GB");
   EXPECT_EQ(gb(a.optimizer), "20.22 GB");
-  EXPECT_EQ(gb(a.activations), "5.00 GB");
+  EXPECT_EQ(gb(a.activations), "4.92 GB");
   EXPECT_EQ(mb(r.activations), "163.84 MB");
-  EXPECT_EQ(gb(set2), "59.94 GB");
+  EXPECT_EQ(gb(set2), "59.78 GB");
   EXPECT_EQ(gb(c.optimizer), "39.64 GB");
-  EXPECT_EQ(gb(c.activations), "7.08 GB");
+  EXPECT_EQ(gb(c.activations), "6.92 GB");
 }
 
 // Case 2: the same program on a100_40g with the actor in `train: tp(2) *
 // pp(2) * dp(4), generate: tp(4)`, `max_tokens: 1024` and the train block
 // `batch: 128, n: 2, prompt_len: 256, micro_batch: 2`. hflowc:
-//   error: the roles placed here need 53.11 GB per device but each a100_40g
-//   has 40.00 GB: 33.69 GB resident ... + 19.42 GB at the peak (actor's
+//   error: the roles placed here need 52.72 GB per device but each a100_40g
+//   has 40.00 GB: 33.69 GB resident ... + 19.03 GB at the peak (actor's
 //   training pass)
 //   note: actor: weights 3.37 GB, gradients 3.37 GB, optimizer 20.22 GB;
-//         activations 19.42 GB; generation: weights 3.37 GB, KV pool 10.74 GB
+//         activations 19.03 GB; generation: weights 3.37 GB, KV pool 10.74 GB
 //   note: ref: weights 6.74 GB; activations 655.36 MB
-//   error: ... need 71.50 GB ...: 52.86 GB resident ... + 18.64 GB at the
+//   error: ... need 71.10 GB ...: 52.86 GB resident ... + 18.24 GB at the
 //   peak (critic's training pass)
 TEST(Memory, AgreesWithHflowcVariant) {
   Workload w;
@@ -423,26 +425,27 @@ TEST(Memory, AgreesWithHflowcVariant) {
   RoleMemory c = roleMemory(critic, L(2, 1, 8), nullptr, w);
   // By hand: micro-batches of 2 sequences, n = 2 * 1280 = 2560 tokens on
   // tp 2; the first of 2 stages keeps 2 micro-batches of its 16 layers:
-  //   6 n h + 5 n (h / 2) + 4.5 n F / 2 = 152,535,040 elements x 2 bytes,
+  //   6 n h + 5 n (h / 2) + 4 n F / 2 = 145,489,920 elements x 2 bytes,
   //   the scores of 2 rows x 16 heads in causal blocks, 256 x (256 + 512 +
   //   768 + 1024 + 1280) = 983,040 each, x 6 bytes (188,743,680), the
-  //   norms' 2 n h x 4 bytes: 577,699,840 bytes, x 2 x 16; then 5 n h x 2
-  //   bytes, the head's 6 * 2 R V / 2 in f32 (786,432,000) and one F h / 2
-  //   weight gradient x 2 (the scores statement is below the MLP half).
-  EXPECT_DOUBLE_EQ(a.activations,
-                   577699840.0 * 2 * 16 + 104857600.0 + 786432000.0 + 45088768.0);
+  //   norms' 2 n h x 4 bytes: 563,609,600 bytes, x 2 x 16; then 5 n h x 2
+  //   bytes, the head's 6 * 2 R V / 2 in f32 (786,432,000), one F h / 2
+  //   weight gradient x 2 and the last layer's MLP backward, 2 n F / 2 x 2
+  //   (56,360,960; the scores statement is below the MLP half).
+  EXPECT_DOUBLE_EQ(a.activations, 563609600.0 * 2 * 16 + 104857600.0 + 786432000.0 +
+                                      45088768.0 + 56360960.0);
   EXPECT_DOUBLE_EQ(a.kvCache, (64.0 * 80 + 1) * (2.0 * 32 * 8 * 128 * 2 * 16));
   const double set1 = a.resident() + r.resident() + std::max(a.transient(), r.transient());
   const double set2 = c.resident() + c.transient();
-  EXPECT_EQ(gb(set1), "53.11 GB");
+  EXPECT_EQ(gb(set1), "52.72 GB");
   EXPECT_EQ(gb(a.resident() + r.resident()), "33.69 GB");
-  EXPECT_EQ(gb(a.transient()), "19.42 GB");
-  EXPECT_EQ(gb(a.activations), "19.42 GB");
+  EXPECT_EQ(gb(a.transient()), "19.03 GB");
+  EXPECT_EQ(gb(a.activations), "19.03 GB");
   EXPECT_EQ(gb(a.genWeights), "3.37 GB");
   EXPECT_EQ(gb(a.kvCache), "10.74 GB");
   EXPECT_EQ(mb(r.activations), "655.36 MB");
-  EXPECT_EQ(gb(set2), "71.50 GB");
-  EXPECT_EQ(gb(c.activations), "18.64 GB");
+  EXPECT_EQ(gb(set2), "71.10 GB");
+  EXPECT_EQ(gb(c.activations), "18.24 GB");
 }
 
 //===----------------------------------------------------------------------===//

@@ -17,20 +17,21 @@ hflow.place [@a, @c] on @m[0 : 2]
 // tokens (max_tokens of the flow's generate), micro-batches of 4 rows of
 // T = 96 tokens, n = 384 tokens per pass, the head on R = 32 (the
 // activation model of runtime/schema/ActivationModel.h, f32):
-//   kept per layer = 6 n h + 5 n h + 4.5 n F + rows heads T^2
-//                  = 147,456 + 122,880 + 221,184 + 147,456 = 638,976
-//   the last layer's attention at its peak adds the scores' statement (the
-//     scaled product and its sum with the mask beside the kept softmax:
-//     2 rows heads T^2) and the mask (rows T^2), less that layer's MLP
-//     half, not kept yet (3 n h + 4.5 n F)
-//                  = 294,912 + 36,864 - 294,912 = 36,864
+//   kept per layer = 6 n h + 5 n h + 4 n F + rows heads T^2
+//                  = 147,456 + 122,880 + 196,608 + 147,456 = 614,400
+//   then the larger of the last layer's attention at its peak (the
+//     scores' statement, the scaled product and its sum with the mask
+//     beside the kept softmax: 2 rows heads T^2, and the mask, rows T^2,
+//     less that layer's MLP half, not kept yet: 3 n h + 4 n F)
+//                  = 294,912 + 36,864 - 270,336 = 61,440
+//   and its MLP's backward (2 n F) = 98,304
 //   a (trains, dp = 2): 2 layers kept + that + 5 rows T h + 6 rows R V + F h
-//                  = 1,277,952 + 36,864 + 122,880 + 196,608 + 8,192
-//                  = 1,642,496 x 4 B = 6.57 MB
+//                  = 1,228,800 + 98,304 + 122,880 + 196,608 + 8,192
+//                  = 1,654,784 x 4 B = 6.62 MB
 //   c (fsdp = 2: each unit keeps its input, one layer recomputed, four
 //     units of 36,992 parameters gathered; a value head, no logits)
-//                  = 2 n h + 638,976 + 147,968 + 36,864 + 122,880 + 8,192
-//                  = 1,004,032 x 4 B = 4.02 MB
+//                  = 2 n h + 614,400 + 147,968 + 98,304 + 122,880 + 8,192
+//                  = 1,040,896 x 4 B = 4.16 MB
 // The tiny llama has P = 106,816 parameters in f32:
 //   a (dp = 2): weights P*4 = 427.26 KB, gradients the same, optimizer P*8
 //   c (fsdp = 2): half of each, without the LM head (a critic's body has
@@ -38,15 +39,15 @@ hflow.place [@a, @c] on @m[0 : 2]
 hflow.device @small "gpu" <memory = 1.0e+06, bf16 = 1.0e+12, fp32 = 1.0e+12, bandwidth = 1.0e+10>
 hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
-// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.57 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
+// expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.62 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
-// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 4.02 MB}}
+// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 4.16 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
-// expected-error @+3 {{the roles placed here need 9.00 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.57 MB at the peak (a's training pass)}}
+// expected-error @+3 {{the roles placed here need 9.05 MB per device but each small has 1.00 MB: 2.43 MB resident (weights, gradients, optimizer state) + 6.62 MB at the peak (a's training pass)}}
 // expected-note @+2 {{sizes assume 8 prompts x 2 responses of 96 tokens (64 prompt + 32 response), micro-batches of 4, KV pools of what the set leaves (at least one sequence) in blocks of 16 positions; use more devices, larger tp/pp/fsdp degrees, or a smaller batch or micro_batch}}
-// expected-note @+1 {{even one sequence per pass needs 1.67 MB on top of the resident state (a's training pass): more tp or pp, shorter sequences, or a device with more memory}}
+// expected-note @+1 {{even one sequence per pass needs 1.68 MB on top of the resident state (a's training pass): more tp or pp, shorter sequences, or a device with more memory}}
 hflow.place [@a, @c, @r] on @m[0 : 2]
 hflow.flow @f {
 ^bb0(%p: !hflow.batch<prompts>):
