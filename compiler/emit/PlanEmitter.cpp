@@ -300,6 +300,13 @@ LogicalResult PlanWriter::emitRoles() {
   const std::vector<::hflow::planner::Workload> blockWorkloads =
       ::hflow::planner::workloadsOf(module);
   const ::hflow::planner::Workload transientWorkload = ::hflow::planner::largest(blockWorkloads);
+  // Each block's workload at the longest sequences of any (not the merged
+  // one: a block whose passes fit at a replica's rows chooses no
+  // micro-batch, and the merged workload would pass the largest block's
+  // rows at once).
+  std::vector<::hflow::planner::Workload> blockBounds = blockWorkloads;
+  for (::hflow::planner::Workload &w : blockBounds)
+    w.promptLen = transientWorkload.promptLen, w.responseLen = transientWorkload.responseLen;
   for (RoleOp r : module.getOps<RoleOp>()) {
     std::vector<int> ranks, genRanks;
     if (auto rk = r.getRanks())
@@ -364,15 +371,14 @@ LogicalResult PlanWriter::emitRoles() {
       }
       if (!offloads)
         host.clear();
-      // The transient bounds at the largest workload of any train block;
-      // an actor's KV pool as its generation devices leave it.
+      // The transient bound: the largest of each train block's passes (its
+      // rows and micro-batches) at the program's longest sequences (a
+      // block's passes may run longer than its own prompt_len +
+      // max_tokens: sft's answers); an actor's KV pool as its generation
+      // devices leave it.
       if (!memory.empty()) {
-        ::hflow::planner::RoleMemory rm = ::hflow::planner::roleMemory(
-            r, m, r.getTrain(), r.getGenerate(), transientWorkload);
-        // And each block's own: a pipeline keeps more at some smaller
-        // micro-batches than at a larger one (1F1B), so the merged
-        // workload's is not always the largest.
-        for (const ::hflow::planner::Workload &w : blockWorkloads)
+        ::hflow::planner::RoleMemory rm;
+        for (const ::hflow::planner::Workload &w : blockBounds)
           rm.activations = std::max(
               rm.activations,
               ::hflow::planner::roleMemory(r, m, r.getTrain(), r.getGenerate(), w).activations);
