@@ -352,12 +352,13 @@ void MethodRunner::runEpisodes(MethodCall &c) {
   auto ra = host["ratt"].accessor<float, 2>();
   auto rl = host["lp"].accessor<float, 2>();
   auto rv = host["version"].accessor<int32_t, 2>();
-  int64_t trainedTokens = 0, drifts = 0;
+  int64_t trainedTokens = 0, drifts = 0, allTokens = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const size_t iu = (size_t)i;
     const auto &ids = eps.conv[iu].ids();
     const auto &tr = eps.conv[iu].trained();
     const int64_t len = std::min<int64_t>((int64_t)ids.size() - eps.promptLen[iu], R);
+    allTokens += std::max<int64_t>(0, len);
     for (int64_t t = 0; t < len; ++t) {
       const size_t k = (size_t)(eps.promptLen[iu] + t);
       rt[i][t] = ids[k];
@@ -391,6 +392,7 @@ void MethodRunner::runEpisodes(MethodCall &c) {
       metrics_->envTurns += (double)turnsTaken;
       metrics_->envFailures += (double)failures.size();
       metrics_->envDrifts += (double)drifts;
+      metrics_->envTokens += (double)allTokens;
     }
     metrics_->tokens += (double)trainedTokens;
     metrics_->preempt += (double)eps.preempted;

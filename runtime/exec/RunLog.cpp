@@ -78,6 +78,7 @@ const std::array<double MetricSums::*, MetricSums::kCount> MetricSums::kFields =
     &MetricSums::envTurns,
     &MetricSums::envFailures,
     &MetricSums::envDrifts,
+    &MetricSums::envTokens,
     &MetricSums::evalTurns};
 
 int MetricSums::column(double MetricSums::*f) {
@@ -322,11 +323,15 @@ std::string RunLog::row(const IterationPlace &at, const IterationFigures &f,
     add("filter_dropped_groups", tot.filterDropped);
   }
   // Multi-turn episodes: the model's turns per episode, the share whose
-  // environment failed, the turns that drifted.
+  // environment failed, the turns that drifted, and the tokens after the
+  // prompt per episode, the environment's too (verl's response_length of a
+  // multi-turn rollout, its attention mask's; response_length is the
+  // model's, the tokens trained).
   if (tot.envEpisodes > 0) {
     add("env_turns", tot.envTurns / tot.envEpisodes);
     add("env_failed_frac", tot.envFailures / tot.envEpisodes);
     add("env_drifts", tot.envDrifts);
+    add("env_response_length", tot.envTokens / tot.envEpisodes);
   }
   // The rollout correction (an actor update's rollout_is / rollout_rs):
   // the weights' mean over the tokens (after truncation; a decoupled cap's

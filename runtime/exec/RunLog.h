@@ -68,14 +68,16 @@ struct MetricSums {
   /// dropped as all equal (the controller's).
   double filterDraws = 0, filterDropped = 0;
   /// Multi-turn episodes (a generate call with `env:`): the episodes, their
-  /// model turns, those whose environment failed, and the environment turns
-  /// the chat template renders otherwise than the episode's ids.
-  double envEpisodes = 0, envTurns = 0, envFailures = 0, envDrifts = 0;
+  /// model turns, those whose environment failed, the environment turns
+  /// the chat template renders otherwise than the episode's ids, and every
+  /// token after the prompts (the model's and the environment's, as the
+  /// rollout holds them; lenSum counts the model's).
+  double envEpisodes = 0, envTurns = 0, envFailures = 0, envDrifts = 0, envTokens = 0;
   /// Held-out episodes (--eval of a program with an environment): the
   /// model's turns over them (evalN counts them).
   double evalTurns = 0;
 
-  static constexpr int kCount = 58;
+  static constexpr int kCount = 59;
   /// Every field, in the order a row holds them.
   static const std::array<double MetricSums::*, kCount> kFields;
   /// The column of field `f` in a row.

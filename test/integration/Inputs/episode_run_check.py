@@ -1,6 +1,6 @@
 """A multi-turn run (test/integration/episodes.test) against its environments' logs.
 
-  episode_run_check.py DUMP_DIR ENV_ROOT HFLOW_TOKENIZE TOKENIZER_DIR STOP_IDS_JSON
+  episode_run_check.py DUMP_DIR ENV_ROOT HFLOW_TOKENIZE TOKENIZER_DIR STOP_IDS_JSON [METRICS]
 
 DUMP_DIR holds the runtime's episode dumps (step-*-episodes-rows*.safetensors
 of every iteration); ENV_ROOT the environments' folders (hflow-env-*), each
@@ -13,7 +13,11 @@ For every episode (a prompt id and its sample):
   - the rollout's reward is the sum of the rewards the environment gave;
   - an episode whose environment crashed, hung or flooded (prompt ids 1, 2
     and 3, sample 0: no log of its first turn) has no trained token and no
-    reward.
+    reward;
+  - with METRICS (the run's --metrics file), each dumped iteration's
+    response_length is the mean of its episodes' trained tokens and
+    env_response_length the mean of their present ones (the model's and
+    the environment's), within 1e-9.
 Prints one summary line.
 """
 import glob
@@ -37,12 +41,17 @@ def main():
             if not r.get("held_out"):
                 log.setdefault((r["episode"], r["sample"]), []).append(e)
     rows = []
+    lengths = {}  # a dump folder (phase-iteration): [episodes, trained, present]
     for path in glob.glob(os.path.join(dump, "*", "step-*-episodes-rows*.safetensors")):
         t = load(path)
+        it = lengths.setdefault(os.path.basename(os.path.dirname(path)), [0, 0, 0])
         for i in range(len(t["ids"][0])):
             rows.append({"id": int(t["ids"][0][i]), "sample": None, "response": t["response"][i],
                          "trained": t["trained"][i], "present": t["present"][i],
                          "reward": t["reward"][0][i], "row": i})
+            it[0] += 1
+            it[1] += sum(1 for m in t["trained"][i] if m > 0)
+            it[2] += sum(1 for m in t["present"][i] if m > 0)
     # The samples of a prompt are consecutive rows (n = 2).
     seen = {}
     for r in rows:
@@ -92,9 +101,27 @@ def main():
             sys.exit(f"episode {key}: a position between its turns holds no token")
         turns += len(said)
         complete += len(said) == 2
+    checked = 0
+    if len(sys.argv) > 6:
+        metrics = {}
+        for line in open(sys.argv[6]):
+            m = json.loads(line)
+            if "env_response_length" in m:
+                metrics[f"{m['phase']}-{m['iteration']}"] = m
+        for name, (n, trained, present) in sorted(lengths.items()):
+            m = metrics.get(name)
+            if m is None:
+                sys.exit(f"iteration {name}: dumped, but no metrics row with env_response_length")
+            for key, want in (("response_length", trained / n), ("env_response_length", present / n)):
+                if abs(m[key] - want) > 1e-9:
+                    sys.exit(f"iteration {name}: {key} {m[key]} but the dumped episodes' mean is {want}")
+            if present <= trained:
+                sys.exit(f"iteration {name}: {present} tokens present, not more than the {trained} trained")
+            checked += 1
     print(f"{len(rows)} episodes: {turns} model turns equal to what the environment got, "
           f"{complete} of two turns, rewards equal; {failed} failed (crash, hang, flood) "
-          f"with nothing trained")
+          f"with nothing trained" +
+          (f"; {checked} iterations' response lengths equal the dumps'" if checked else ""))
 
 
 if __name__ == "__main__":
