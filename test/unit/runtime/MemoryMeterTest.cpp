@@ -166,7 +166,7 @@ TEST(MemoryMeter, ActivationModelMatchesMeasuredPasses) {
 // 6 bytes per score, not 2). The model before these shapes were measured
 // took 2 bytes per bf16 score and T x T in blocks: bf16 training passes
 // measured up to 3.45 times the model, float32 blocked ones 0.78.
-// Measured 0.87 to 1.00 over these shapes (LibTorch 1.13).
+// Measured 0.87 to 1.05 over these shapes (LibTorch 1.13).
 TEST(MemoryMeter, ActivationModelMatchesLongSequences) {
   MemoryMeter::install();
   // Heads of 16 dimensions, 2 kv heads for 4 (GQA: the keys repeated to
