@@ -149,18 +149,8 @@ AttnContext contextAttention(const LlamaConfig &c, const SequenceSplit &s,
   // attentionBias's rule with the queries at `local` and the keys in
   // position order: a query sees the real keys at or before it (within the
   // window), and itself always.
-  at::Tensor qIdx = s.local.view({s.Tl, 1});
-  at::Tensor kIdx = at::arange(s.Tp, s.local.options()).view({1, s.Tp});
-  at::Tensor seen = kIdx.le(qIdx);
-  if (c.slidingWindow > 0)
-    seen = seen & (qIdx - kIdx).lt(c.slidingWindow);
   a.keyReal = keyMask.to(at::kBool);
-  const at::Tensor &keys = a.keyReal;
-  at::Tensor allowed = (seen.unsqueeze(0) & keys.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
-  // -inf, then 0 where allowed, in place (as attentionBias).
-  a.bias = at::full({a.B, 1, s.Tl, s.Tp}, -std::numeric_limits<float>::infinity(),
-                    keys.options().dtype(at::kFloat))
-               .masked_fill_(allowed.unsqueeze(1), 0.0);
+  a.bias = attentionMask(s.local, a.keyReal, c.slidingWindow);
   a.scale = c.attentionScale();
   return a;
 }

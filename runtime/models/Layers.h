@@ -22,6 +22,12 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
 /// under a sliding window w > 0, past + i - j < w; and always itself (so a
 /// padding position stays finite).
 at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window);
+/// The same rule for queries at any positions: `queryPos` long [T] (a
+/// context-parallel member's are not contiguous) over keys 0 .. K - 1
+/// (`keyReal` bool [B, K]); [B, 1, T, K] float32. Built in place, a block
+/// of queries at a time: at its peak it holds the mask's 4 bytes an
+/// element and one block's comparisons, nothing of [B, T, K] beside it.
+at::Tensor attentionMask(const at::Tensor &queryPos, const at::Tensor &keyReal, int64_t window);
 /// Qwen3's per-head norm: RMSNorm over the last dimension (one head's
 /// width) of `x` [.., heads, headDim] when `w` is defined; `x` otherwise.
 at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps);

@@ -546,6 +546,9 @@ at::Tensor attendDense(const at::Tensor &q, const at::Tensor &k, const at::Tenso
 /// which it is cut into blocks (the activation model counts the same).
 constexpr int64_t kQueryBlock = shape::kAttentionQueryBlock,
                   kBlockedFrom = shape::kAttentionBlockedFrom;
+/// Queries per block while building a mask (its comparisons' temporaries
+/// are [block, K] bools).
+constexpr int64_t kMaskQueryBlock = 256;
 } // namespace
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
@@ -622,21 +625,34 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
 }
 
 at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window) {
-  const int64_t B = keyReal.size(0), K = past + T;
-  auto lopts = keyReal.options().dtype(at::kLong);
-  at::Tensor qIdx = at::arange(past, K, lopts).view({T, 1});
-  at::Tensor kIdx = at::arange(K, lopts).view({1, K});
-  at::Tensor seen = kIdx.le(qIdx);
-  if (window > 0)
-    seen = seen & (qIdx - kIdx).lt(window);
-  at::Tensor allowed = (seen.unsqueeze(0) & keyReal.unsqueeze(1)) | kIdx.eq(qIdx).unsqueeze(0);
-  // -inf, then 0 where allowed, in place: the same values as zeros
-  // filled with -inf where not allowed, without a second f32 [B, T, K]
-  // and the negated mask beside the first (5 bytes an element at the
-  // peak, not 10; the activation model counts 4).
-  return at::full({B, 1, T, K}, -std::numeric_limits<float>::infinity(),
-                  keyReal.options().dtype(at::kFloat))
-      .masked_fill_(allowed.unsqueeze(1), 0.0);
+  return attentionMask(at::arange(past, past + T, keyReal.options().dtype(at::kLong)), keyReal,
+                       window);
+}
+
+at::Tensor attentionMask(const at::Tensor &queryPos, const at::Tensor &keyReal, int64_t window) {
+  const int64_t B = keyReal.size(0), K = keyReal.size(1), T = queryPos.size(0);
+  const float inf = std::numeric_limits<float>::infinity();
+  // 0 where allowed, -inf where not: the causal rule (and the window's) a
+  // block of queries at a time, then the padded keys, then each query's own
+  // position always. The same values as building the allowed [B, T, K] at
+  // once, without its bool temporaries beside the mask (6 bytes an element
+  // at the peak before, now the 4 the activation model counts).
+  at::Tensor mask = at::zeros({B, 1, T, K}, keyReal.options().dtype(at::kFloat));
+  at::Tensor kIdx = at::arange(K, keyReal.options().dtype(at::kLong)).view({1, K});
+  for (int64_t q0 = 0; q0 < T; q0 += kMaskQueryBlock) {
+    const int64_t n = std::min(kMaskQueryBlock, T - q0);
+    at::Tensor q = queryPos.narrow(0, q0, n).view({n, 1});
+    at::Tensor rows = mask.narrow(2, q0, n);
+    rows.masked_fill_(kIdx.gt(q), -inf);
+    if (window > 0)
+      rows.masked_fill_(kIdx.le(q - window), -inf);
+  }
+  mask.masked_fill_(keyReal.logical_not().view({B, 1, 1, K}), -inf);
+  for (int64_t q0 = 0; q0 < T; q0 += kMaskQueryBlock) {
+    const int64_t n = std::min(kMaskQueryBlock, T - q0);
+    mask.narrow(2, q0, n).masked_fill_(kIdx.eq(queryPos.narrow(0, q0, n).view({n, 1})), 0.0);
+  }
+  return mask;
 }
 
 at::Tensor scoredPositions(const at::Tensor &tokens, const at::Tensor &mask, int64_t padToken) {

@@ -136,7 +136,16 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   // Or the last layer's MLP in backward: the gradients of its product and
   // of the gate's and the up projection's outputs beside what it keeps.
   const double mlpBackward = w * 2 * n * F / tp;
-  x += std::max({0.0, scoresPeak - mlpKept, mlpBackward});
+  // The mask: without recomputation it is freed when the forward ends, so
+  // at most it sits beside the whole kept stack there. Recomputation
+  // (`recompute`, or FSDP's units) keeps each micro-batch's mask in the
+  // closures that run the attention again, through its whole backward: one
+  // mask per micro-batch in flight, beside every other term.
+  const bool held = f.fsdp > 1 || f.recompute != Recompute::None;
+  if (held)
+    x += inFlight * mask + std::max({0.0, scoresPeak - mask - mlpKept, mlpBackward});
+  else
+    x += std::max({0.0, scoresPeak - mlpKept, mask, mlpBackward});
   // The stage's own buffers (the embedding's output or the activations
   // received, those sent, their gradients; the final norm), and the head's
   // logits and loss on the last stage.

@@ -24,14 +24,18 @@ hflow.place [@a, @c] on @m[0 : 2]
 //     beside the kept softmax: 2 rows heads T^2, and the mask, rows T^2,
 //     less that layer's MLP half, not kept yet: 3 n h + 4 n F)
 //                  = 294,912 + 36,864 - 270,336 = 61,440
+//   the mask beside the kept stack at the forward's end (rows T^2) = 36,864
 //   and its MLP's backward (2 n F) = 98,304
 //   a (trains, dp = 2): 2 layers kept + that + 5 rows T h + 6 rows R V + F h
 //                  = 1,228,800 + 98,304 + 122,880 + 196,608 + 8,192
 //                  = 1,654,784 x 4 B = 6.62 MB
 //   c (fsdp = 2: each unit keeps its input, one layer recomputed, four
-//     units of 36,992 parameters gathered; a value head, no logits)
-//                  = 2 n h + 614,400 + 147,968 + 98,304 + 122,880 + 8,192
-//                  = 1,040,896 x 4 B = 4.16 MB
+//     units of 36,992 parameters gathered; the mask held through backward,
+//     which recomputes the attention with it, beside the larger of the
+//     statement less the mask and the MLP half, 24,576, and the MLP's
+//     backward; a value head, no logits)
+//                  = 2 n h + 614,400 + 147,968 + 36,864 + 98,304 + 122,880
+//                    + 8,192 = 1,077,760 x 4 B = 4.31 MB
 // The tiny llama has P = 106,816 parameters in f32:
 //   a (dp = 2): weights P*4 = 427.26 KB, gradients the same, optimizer P*8
 //   c (fsdp = 2): half of each, without the LM head (a critic's body has
@@ -41,7 +45,7 @@ hflow.mesh @m "small" [1 x 2]
 hflow.model @t "llama" <layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 128, vocab = 256, dtype = f32>
 // expected-note @+1 {{a: weights 427.26 KB, gradients 427.26 KB, optimizer 854.53 KB; activations 6.62 MB; generation: weights 213.63 KB, KV pool 28.67 KB (1 of 16 sequences at once)}}
 hflow.role @a actor(@t) train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 2, pp = 1>
-// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 4.16 MB}}
+// expected-note @+1 {{c: weights 180.86 KB, gradients 180.86 KB, optimizer 361.73 KB; activations 4.31 MB}}
 hflow.role @c critic(@t) train <dp = 1, tp = 1, pp = 1, fsdp = 0> generate <dp = 0, tp = 1, pp = 1>
 // A reward function has no model and needs nothing.
 hflow.role @r reward_fn "exact_match" train <dp = 0, tp = 1, pp = 1> generate <dp = 0, tp = 1, pp = 1>
