@@ -367,8 +367,13 @@ at::Tensor layerStep(shape::Recompute r, const at::Tensor &x, const LayerWeights
   auto attn = [a, nq, nkv, eps, tp, li](const at::Tensor &in, const LayerWeights &lw) {
     return attentionHalf(in, lw, a, nq, nkv, eps, tp, nullptr, li);
   };
-  auto mlp = [a, eps, tp, li](const at::Tensor &in, const LayerWeights &lw) {
-    return mlpHalf(in, lw, a, eps, tp, li, nullptr);
+  // The MLP half reads only the context's B and T: its closure keeps those
+  // alone, so that under `recompute: mlp` the mask and the RoPE tables are
+  // freed when the forward ends (the activation model counts them so).
+  AttnContext rows;
+  rows.B = a.B, rows.T = a.T;
+  auto mlp = [rows, eps, tp, li](const at::Tensor &in, const LayerWeights &lw) {
+    return mlpHalf(in, lw, rows, eps, tp, li, nullptr);
   };
   switch (r) {
   case shape::Recompute::Layers:

@@ -137,11 +137,14 @@ double passActivationBytes(const ModelShape &m, const PassForm &f, const PassSha
   // of the gate's and the up projection's outputs beside what it keeps.
   const double mlpBackward = w * 2 * n * F / tp;
   // The mask: without recomputation it is freed when the forward ends, so
-  // at most it sits beside the whole kept stack there. Recomputation
-  // (`recompute`, or FSDP's units) keeps each micro-batch's mask in the
-  // closures that run the attention again, through its whole backward: one
-  // mask per micro-batch in flight, beside every other term.
-  const bool held = f.fsdp > 1 || f.recompute != Recompute::None;
+  // at most it sits beside the whole kept stack there. Recomputing the
+  // attention (`recompute: layers` or `attention`, or FSDP's units) keeps
+  // each micro-batch's mask in the closures that run it again, through its
+  // whole backward: one mask per micro-batch in flight, beside every other
+  // term. `recompute: mlp` runs only the MLP again, whose closure keeps no
+  // mask.
+  const bool held = f.fsdp > 1 || f.recompute == Recompute::Layers ||
+                    f.recompute == Recompute::Attention;
   if (held)
     x += inFlight * mask + std::max({0.0, scoresPeak - mask - mlpKept, mlpBackward});
   else

@@ -24,8 +24,10 @@
 //   train = inFlight * layers * kept + head + 5 rows T h
 //           + max(the last layer's scores statement - its MLP half,
 //                 the mask, 2 n F / tp)
-//           (under recompute or FSDP the mask is held through backward:
-//           inFlight * mask + max(statement - mask - MLP half, 2 n F / tp))
+//           (when the attention is recomputed, recompute layers or
+//           attention or FSDP, the mask is held through backward:
+//           inFlight * mask + max(statement - mask - MLP half, 2 n F / tp);
+//           the statement here less the largest block's kept scores)
 //           (5 rows T h: the embedding's output or the activations a stage
 //           receives and sends, their gradients, the final norm; the
 //           statement: scaled product, sum with the mask, softmax, 12 or
