@@ -21,13 +21,16 @@
 //                                        output and its copy cast back)
 //   head  = 6 rows R V / tp                        (LM or value head, loss;
 //                                                   on the last stage only)
-//   train = inFlight * layers * kept + head + 5 rows T h
-//           + max(the last layer's scores statement - its MLP half,
-//                 the mask, 2 n F / tp)
-//           (when the attention is recomputed, recompute layers or
-//           attention or FSDP, the mask is held through backward:
-//           inFlight * mask + max(statement - mask - MLP half, 2 n F / tp);
-//           the statement here less the largest block's kept scores)
+//   train = inFlight * layers * kept + head + 5 rows T h + F h / tp
+//           + max(the last layer's peak: its scores statement and the
+//                 mask, less the largest block's kept scores and its MLP
+//                 half;  the mask (beside the kept stack at the forward's
+//                 end);  2 n F / tp)
+//           (where the attention is recomputed, recompute layers or
+//           attention or FSDP, the mask is held through backward instead:
+//           inFlight * mask + max(that peak - the mask, 2 n F / tp); F h:
+//           the last layer's feed-forward weight gradient before it is
+//           added)
 //           (5 rows T h: the embedding's output or the activations a stage
 //           receives and sends, their gradients, the final norm; the
 //           statement: scaled product, sum with the mask, softmax, 12 or
