@@ -632,13 +632,14 @@ at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int
 at::Tensor attentionMask(const at::Tensor &queryPos, const at::Tensor &keyReal, int64_t window) {
   const int64_t B = keyReal.size(0), K = keyReal.size(1), T = queryPos.size(0);
   const float inf = std::numeric_limits<float>::infinity();
-  // 0 where allowed, -inf where not: the causal rule (and the window's) a
-  // block of queries at a time, then the padded keys, then each query's own
-  // position always. The same values as building the allowed [B, T, K] at
-  // once, without its bool temporaries beside the mask (6 bytes an element
-  // at the peak before, now the 4 the activation model counts).
+  // 0 where allowed, -inf where not, a block of queries at a time: the
+  // causal rule (and the window's), then the padded keys, then each query's
+  // own position always. The same values as building the allowed [B, T, K]
+  // at once, without its bool temporaries beside the mask (6 bytes an
+  // element at the peak before, now the 4 the activation model counts).
   at::Tensor mask = at::zeros({B, 1, T, K}, keyReal.options().dtype(at::kFloat));
   at::Tensor kIdx = at::arange(K, keyReal.options().dtype(at::kLong)).view({1, K});
+  const at::Tensor padded = keyReal.logical_not().view({B, 1, 1, K});
   for (int64_t q0 = 0; q0 < T; q0 += kMaskQueryBlock) {
     const int64_t n = std::min(kMaskQueryBlock, T - q0);
     at::Tensor q = queryPos.narrow(0, q0, n).view({n, 1});
@@ -646,11 +647,8 @@ at::Tensor attentionMask(const at::Tensor &queryPos, const at::Tensor &keyReal, 
     rows.masked_fill_(kIdx.gt(q), -inf);
     if (window > 0)
       rows.masked_fill_(kIdx.le(q - window), -inf);
-  }
-  mask.masked_fill_(keyReal.logical_not().view({B, 1, 1, K}), -inf);
-  for (int64_t q0 = 0; q0 < T; q0 += kMaskQueryBlock) {
-    const int64_t n = std::min(kMaskQueryBlock, T - q0);
-    mask.narrow(2, q0, n).masked_fill_(kIdx.eq(queryPos.narrow(0, q0, n).view({n, 1})), 0.0);
+    rows.masked_fill_(padded, -inf);
+    rows.masked_fill_(kIdx.eq(q), 0.0);
   }
   return mask;
 }
