@@ -48,6 +48,18 @@ at::Tensor rotateHalf(const at::Tensor &x);
 /// opt-in until a lent GPU has checked it.
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale);
+/// attend() for grouped-query attention without repeating the keys and
+/// values: q [B, nq, Tq, hd] over k [B, nkv, Tk, hd] and v [B, nkv, Tk, vd],
+/// query head h reading kv head h / (nq / nkv) as repeat_interleave maps
+/// them. Each kv head's keys are read once for its nq / nkv query heads (one
+/// product of [g Tq, hd] by [hd, Tk] per kv head) instead of copied g times:
+/// the generation path's form, where the keys are the whole KV cache and the
+/// copies were most of a decode step's memory traffic. The same products
+/// and softmax as attend() on the repeated keys (their sums may round in
+/// another order). The blocked form for long self-attention and the fused
+/// GPU kernel as attend() (the latter on repeated keys, as before).
+at::Tensor attendGrouped(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const at::Tensor &bias, double scale);
 
 } // namespace hflow::models
 

@@ -601,6 +601,50 @@ at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
   return at::cat(out, 2);
 }
 
+at::Tensor attendGrouped(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const at::Tensor &bias, double scale) {
+  const int64_t B = q.size(0), nq = q.size(1), T = q.size(2), hd = q.size(3);
+  const int64_t nkv = k.size(1), K = k.size(2), vd = v.size(3);
+  if (nkv <= 0 || nq % nkv != 0 || v.size(1) != nkv)
+    throw std::invalid_argument("attendGrouped: " + std::to_string(nq) + " query heads over " +
+                                std::to_string(nkv) + " key and " + std::to_string(v.size(1)) +
+                                " value heads");
+  const int64_t g = nq / nkv;
+  if (g == 1)
+    return attend(q, k, v, bias, scale);
+#ifdef HFLOW_HAVE_SDPA
+  if (q.is_cuda() && fusedAttention())
+    return attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias, scale);
+#endif
+  // Query head kv * g + j is row j of kv head kv's group: [B, nkv, g, T, hd].
+  const at::Tensor q5 = q.reshape({B, nkv, g, T, hd});
+  const at::Tensor b5 = bias.unsqueeze(1); // [B, 1, 1, T, K]
+  auto part = [&](const at::Tensor &qb, const at::Tensor &kb, const at::Tensor &vb,
+                  const at::Tensor &bb) { // qb [B, nkv, g, n, hd] -> [B, nkv, g, n, vd]
+    const int64_t n = qb.size(3), keys = kb.size(2);
+    at::Tensor att = at::matmul(qb.reshape({B, nkv, g * n, hd}), kb.transpose(-2, -1)) * scale;
+    att = at::softmax(att.view({B, nkv, g, n, keys}).to(at::kFloat) + bb, -1)
+              .to(q.scalar_type());
+    return at::matmul(att.view({B, nkv, g * n, keys}), vb).view({B, nkv, g, n, vd});
+  };
+  at::Tensor o;
+  if (T < kBlockedFrom || K != T) {
+    o = part(q5, k, v, b5);
+  } else {
+    // The queries in blocks as attend() does, each over its keys up to its
+    // last query (contiguous keys narrow into views).
+    const at::Tensor kc = k.contiguous(), vc = v.contiguous();
+    std::vector<at::Tensor> out;
+    for (int64_t a = 0; a < T; a += kQueryBlock) {
+      const int64_t n = std::min(kQueryBlock, T - a), keys = a + n;
+      out.push_back(part(q5.narrow(3, a, n), kc.narrow(2, 0, keys), vc.narrow(2, 0, keys),
+                         b5.narrow(3, a, n).narrow(4, 0, keys)));
+    }
+    o = at::cat(out, 3);
+  }
+  return o.reshape({B, nq, T, vd});
+}
+
 at::Tensor headNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
   return w.defined() ? rmsNorm(x, w, eps) : x;
 }

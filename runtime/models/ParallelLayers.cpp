@@ -151,12 +151,11 @@ at::Tensor latentAttentionHalf(const at::Tensor &x, const LayerWeights &w, const
     at::Tensor kv = at::cat({c.unsqueeze(1), kRot}, -1); // [B, 1, T, C + R]
     at::Tensor none = kv.narrow(-1, 0, 0);
     std::tie(kv, none) = cache->append(li, kv, none);
-    const int64_t K = kv.size(2);
     at::Tensor up = w.kvB.view({nq, nope + vd, C});
     at::Tensor qLatent = at::matmul(qNope, up.narrow(1, 0, nope)); // [B, nq, T, C]
-    at::Tensor keys = kv.expand({B, nq, K, C + R});
-    at::Tensor oLatent = attend(at::cat({qLatent, qRot}, -1), keys, keys.narrow(-1, 0, C),
-                                a.bias, a.scale); // [B, nq, T, C]
+    // One latent "key" a position for every head: read once for all of them.
+    at::Tensor oLatent = attendGrouped(at::cat({qLatent, qRot}, -1), kv, kv.narrow(-1, 0, C),
+                                       a.bias, a.scale); // [B, nq, T, C]
     o = at::matmul(oLatent, up.narrow(1, nope, vd).transpose(1, 2));
   } else {
     at::Tensor kvUp = at::linear(c, w.kvB).view({B, T, nq, nope + vd}).transpose(1, 2);
@@ -204,13 +203,19 @@ at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnC
     k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
     v = gatherKeys(v, *a.cp).index_select(2, a.cpKeyOrder);
   }
-  if (nq > nkv) {
-    k = k.repeat_interleave(nq / nkv, 1);
-    v = v.repeat_interleave(nq / nkv, 1);
+  at::Tensor o;
+  if (cache && !a.cp) {
+    // Generation: the keys are the whole KV cache, read once per kv head
+    // rather than repeated for each of its query heads.
+    o = attendGrouped(q, k, v, a.bias, a.scale);
+  } else {
+    if (nq > nkv) {
+      k = k.repeat_interleave(nq / nkv, 1);
+      v = v.repeat_interleave(nq / nkv, 1);
+    }
+    o = a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale);
   }
-  at::Tensor o = (a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale))
-                     .transpose(1, 2)
-                     .reshape({B, T, nq * hd});
+  o = o.transpose(1, 2).reshape({B, T, nq * hd});
   at::Tensor y = at::linear(o, w.wo);
   if (tp)
     y = reduceFromTP(y, *tp);

@@ -159,6 +159,54 @@ TEST(Llama, BlockedAttentionOfALongSequenceEqualsTheDenseOne) {
   }
 }
 
+// The generation path's grouped-query attention reads each kv head once for
+// its query heads (Layers.h): equal to attend() on the keys and values
+// repeated per query head, for a decode step (one query over a cache with
+// left padding), a chunk continuing a cache, a long prefill in the blocked
+// form with a window, latent attention's shape (one kv head, values
+// narrower than keys) and bf16.
+TEST(Llama, GroupedAttentionEqualsTheRepeatedOne) {
+  struct Case {
+    int64_t B, nq, nkv, T, past, hd, vd, window;
+    at::ScalarType dtype;
+  };
+  const Case cases[] = {{3, 6, 2, 1, 40, 8, 8, 0, at::kFloat},
+                        {2, 4, 1, 5, 33, 8, 8, 0, at::kFloat},
+                        {2, 6, 3, 1100, 0, 8, 8, 300, at::kFloat},
+                        {2, 4, 1, 1, 20, 12, 8, 0, at::kFloat},
+                        {3, 8, 2, 1, 50, 16, 16, 0, at::kBFloat16},
+                        {2, 8, 2, 7, 9, 16, 16, 4, at::kBFloat16}};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (const Case &c : cases) {
+    const int64_t K = c.past + c.T, g = c.nq / c.nkv;
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor q = at::randn({c.B, c.nq, c.T, c.hd}, gen, opts).to(c.dtype);
+    at::Tensor k = at::randn({c.B, c.nkv, K, c.hd}, gen, opts).to(c.dtype);
+    at::Tensor v = at::randn({c.B, c.nkv, K, c.vd}, gen, opts).to(c.dtype);
+    at::Tensor real = at::ones({c.B, K}, at::TensorOptions().dtype(at::kBool));
+    real[c.B - 1].narrow(0, 0, std::min<int64_t>(K - 1, 7)).fill_(false); // left padding
+    at::Tensor bias = hflow::models::attentionBias(real, c.past, c.T, c.window);
+    at::Tensor grouped = hflow::models::attendGrouped(q, k, v, bias, 0.3);
+    at::Tensor repeated = hflow::models::attend(q, k.repeat_interleave(g, 1),
+                                                v.repeat_interleave(g, 1), bias, 0.3);
+    ASSERT_EQ(grouped.sizes(), repeated.sizes());
+    const double tol = c.dtype == at::kFloat ? 1e-6 : 1e-2;
+    const double diff = (grouped.to(at::kFloat) - repeated.to(at::kFloat)).abs().max().item<double>();
+    EXPECT_LE(diff, tol) << "nq " << c.nq << " nkv " << c.nkv << " T " << c.T << " past "
+                         << c.past;
+  }
+  // The query heads must match the kv heads repeat_interleave gives them.
+  at::Tensor q = at::randn({1, 4, 1, 8}, gen), k = at::randn({1, 2, 3, 8}, gen),
+             v = at::randn({1, 2, 3, 8}, gen);
+  at::Tensor bias = at::zeros({1, 1, 1, 3});
+  EXPECT_FALSE(at::allclose(hflow::models::attendGrouped(q, k, v, bias, 1.0),
+                            hflow::models::attend(q, k.repeat({1, 2, 1, 1}),
+                                                  v.repeat({1, 2, 1, 1}), bias, 1.0)));
+  EXPECT_THROW(hflow::models::attendGrouped(q, at::randn({1, 3, 3, 8}), at::randn({1, 3, 3, 8}),
+                                            bias, 1.0),
+               std::invalid_argument);
+}
+
 TEST(Llama, DeterministicInit) {
   Llama a(tiny(), 42), b(tiny(), 42), c(tiny(), 43);
   at::Tensor x = randomTokens(2, 8, 64, 11);
