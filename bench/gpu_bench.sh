@@ -91,9 +91,10 @@ rollout_shape() {
   t=$(limit 120) || { skipped "$shape"; return; }
   timeout "$t" "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
     { say "$shape: could not make the model"; FAILED=1; return; }
-  # hflow's attention as it ships (dense), and on a GPU also LibTorch's
-  # fused kernel (HFLOW_ATTENTION=sdpa, opt-in until gpu-test checks it).
-  for att in dense $([ "$DEVICE" = cuda ] && echo sdpa); do
+  # hflow's attention as it ships (dense), and on a GPU also its paged
+  # decode kernel (HFLOW_ATTENTION=paged) and LibTorch's fused kernel
+  # (HFLOW_ATTENTION=sdpa), both opt-in until gpu-test checks them.
+  for att in dense $([ "$DEVICE" = cuda ] && echo paged sdpa); do
     out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
     say "$shape: hflow ($att attention)"
     t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($att attention)"; continue; }
@@ -194,6 +195,16 @@ offload_check() {
 }
 
 FAILED=0
+# The paged decode kernel against the ATen path it replaces, one layer of
+# each benchmark shape's decode step timed (seconds; a GPU only).
+if [ "$DEVICE" = cuda ] && [ -x "$BIN/hflow-gpu-kernels" ]; then
+  say "the paged decode kernel: checked and timed against the ATen path"
+  if t=$(limit 60); then
+    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --time > "$WORK/kernels.txt" 2>&1 ||
+      { say "the paged decode kernel: FAILED (or ran past ${t} s)"; FAILED=1; }
+    sed 's/^/    /' "$WORK/kernels.txt"
+  else skipped "the paged decode kernel"; fi
+fi
 first=1
 for shape in $SHAPES; do
   rollout_shape "$shape"

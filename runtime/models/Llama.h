@@ -193,6 +193,16 @@ public:
   /// out (the new ones stored).
   virtual std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
                                                    const at::Tensor &v) = 0;
+  /// Where the store attends in its own memory (PagedKvStep's decode step
+  /// with the paged kernel on): stores layer `li`'s new keys and values as
+  /// append() does and returns the attention of `q` [B, nq, T, hd] over
+  /// every key (scale, sliding `window`), [B, nq, T, hd]. Undefined (and
+  /// nothing stored) where it does not: the caller appends and attends.
+  virtual at::Tensor attendInPlace(size_t li, const at::Tensor &q, const at::Tensor &k,
+                                   const at::Tensor &v, double scale, int64_t window) {
+    (void)li, (void)q, (void)k, (void)v, (void)scale, (void)window;
+    return at::Tensor();
+  }
   /// After every layer: `keyReal` is what keyReal() returned, `positions`
   /// the new tokens' RoPE positions [B, T].
   virtual void commit(const at::Tensor &keyReal, const at::Tensor &positions) = 0;

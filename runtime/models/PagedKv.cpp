@@ -7,10 +7,23 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 namespace hflow::models {
+
+namespace {
+/// HFLOW_ATTENTION=paged: decode steps through the paged kernel on a GPU.
+bool pagedKernelRequested() {
+  static const bool on = [] {
+    const char *e = std::getenv("HFLOW_ATTENTION");
+    return e && std::string(e) == "paged";
+  }();
+  return on;
+}
+} // namespace
 
 int64_t KvGeometry::bytesPerBlock(int64_t blockSize) const {
   return layers * blockSize * kvHeads * (headDim + values()) * (int64_t)c10::elementSize(dtype);
@@ -123,6 +136,23 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<
   keyReal_ = bools(keyReal, {B, K_});
   newMask_ = bools(newMask, {B, T_});
   positions_ = longs(positions, {B, T_});
+  if (T_ == 1 && pagedKernelRequested() && pagedDecodeBuilt() && pool.keys(0).is_cuda()) {
+    // The kernel's own view of the tables: int32, a row per sequence.
+    size_t most = 0;
+    for (const std::vector<int> *t : tables)
+      most = std::max(most, t->size());
+    std::vector<int32_t> t32((size_t)B * most, 0), l32((size_t)B);
+    for (int64_t r = 0; r < B; ++r) {
+      std::copy(tables[r]->begin(), tables[r]->end(), t32.begin() + r * (int64_t)most);
+      l32[(size_t)r] = (int32_t)(past[r] + q[r]);
+    }
+    auto ints = [](std::vector<int32_t> &v, std::vector<int64_t> shape) {
+      return at::from_blob(v.data(), shape, at::TensorOptions().dtype(at::kInt))
+          .to(onEngine(at::kInt), /*non_blocking=*/false, /*copy=*/true);
+    };
+    tables32_ = ints(t32, {B, (int64_t)most});
+    lens32_ = ints(l32, {B});
+  }
 }
 
 at::Tensor PagedKvStep::keyReal(const at::Tensor &newReal) const {
@@ -134,19 +164,45 @@ at::Tensor PagedKvStep::keyReal(const at::Tensor &newReal) const {
   return keyReal_;
 }
 
-std::pair<at::Tensor, at::Tensor> PagedKvStep::append(size_t li, const at::Tensor &k,
-                                                      const at::Tensor &v) {
+void PagedKvStep::store(size_t li, const at::Tensor &k, const at::Tensor &v) {
   // [B, kv, T, hd] -> [B * T, kv, hd]: the real tokens into their slots.
   // (The values' width vd may differ: 0 under latent attention.)
   const int64_t B = rows(), kv = k.size(1), hd = k.size(3), vd = v.size(3);
-  at::Tensor &pk = pool_.keys(li), &pv = pool_.values(li);
-  pk.index_copy_(0, newSlots_,
-                 k.transpose(1, 2).reshape({B * T_, kv, hd}).index_select(0, newRows_));
-  pv.index_copy_(0, newSlots_,
-                 v.transpose(1, 2).reshape({B * T_, kv, vd}).index_select(0, newRows_));
+  pool_.keys(li).index_copy_(
+      0, newSlots_, k.transpose(1, 2).reshape({B * T_, kv, hd}).index_select(0, newRows_));
+  pool_.values(li).index_copy_(
+      0, newSlots_, v.transpose(1, 2).reshape({B * T_, kv, vd}).index_select(0, newRows_));
+}
+
+std::pair<at::Tensor, at::Tensor> PagedKvStep::append(size_t li, const at::Tensor &k,
+                                                      const at::Tensor &v) {
+  store(li, k, v);
   // Each row's keys through its table, right-aligned: [B, kv, K, hd].
-  return {pk.index_select(0, gather_).view({B, K_, kv, hd}).transpose(1, 2),
-          pv.index_select(0, gather_).view({B, K_, kv, vd}).transpose(1, 2)};
+  const int64_t B = rows(), kv = k.size(1), hd = k.size(3), vd = v.size(3);
+  return {pool_.keys(li).index_select(0, gather_).view({B, K_, kv, hd}).transpose(1, 2),
+          pool_.values(li).index_select(0, gather_).view({B, K_, kv, vd}).transpose(1, 2)};
+}
+
+at::Tensor PagedKvStep::attendInPlace(size_t li, const at::Tensor &q, const at::Tensor &k,
+                                      const at::Tensor &v, double scale, int64_t window) {
+  if (!tables32_.defined())
+    return at::Tensor();
+  const std::string why =
+      pagedDecodeUnsupported(q.size(1), k.size(1), k.size(3), v.size(3), q.scalar_type());
+  if (!why.empty()) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      std::fprintf(stderr,
+                   "hflow: HFLOW_ATTENTION=paged: the paged kernel does not take %s; "
+                   "decode steps attend by the ATen path\n",
+                   why.c_str());
+    }
+    return at::Tensor();
+  }
+  store(li, k, v);
+  return pagedDecodeAttention(q, pool_.keys(li), pool_.values(li), tables32_, lens32_,
+                              pool_.blockSize(), window, scale);
 }
 
 } // namespace hflow::models

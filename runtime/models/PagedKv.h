@@ -26,6 +26,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace hflow::models {
@@ -109,8 +110,18 @@ public:
   std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
                                            const at::Tensor &v) override;
   void commit(const at::Tensor &, const at::Tensor &) override {}
+  /// A decode step (one new token a row) on a GPU with HFLOW_ATTENTION=paged:
+  /// the new keys and values into their slots, then the project's kernel
+  /// (PagedAttention.h) over the pool through the block tables. Undefined
+  /// otherwise, and for shapes the kernel does not take (said once on
+  /// stderr).
+  at::Tensor attendInPlace(size_t li, const at::Tensor &q, const at::Tensor &k,
+                           const at::Tensor &v, double scale, int64_t window) override;
 
 private:
+  /// The new tokens' keys and values into their slots.
+  void store(size_t li, const at::Tensor &k, const at::Tensor &v);
+
   KvBlockPool &pool_;
   std::vector<int64_t> q_;
   int64_t T_ = 0, K_ = 0; ///< new tokens' and keys' widths
@@ -119,7 +130,23 @@ private:
   at::Tensor gather_;     ///< int64 [B * K]: each key column's slot (0 in padding)
   at::Tensor keyReal_;    ///< bool [B, K]
   at::Tensor newMask_, positions_;
+  at::Tensor tables32_; ///< int32 [B, most blocks]: with the paged kernel only
+  at::Tensor lens32_;   ///< int32 [B]: each row's keys, the same
 };
+
+/// The paged decode kernel (PagedAttention.h) on `q`'s CUDA stream: `q`
+/// [B, nq, 1, hd] over the pool's `keys` and `values` [slots, nkv, hd]
+/// through `tables` and `lens` (int32, on the device). Returns [B, nq, 1,
+/// hd]. Throws std::logic_error where this build has no kernel.
+at::Tensor pagedDecodeAttention(const at::Tensor &q, const at::Tensor &keys,
+                                const at::Tensor &values, const at::Tensor &tables,
+                                const at::Tensor &lens, int64_t blockSize, int64_t window,
+                                double scale);
+/// Whether this build has the kernel: a CUDA LibTorch, compiled with nvcc.
+bool pagedDecodeBuilt();
+/// Why the kernel cannot take these shapes ("" when it can).
+std::string pagedDecodeUnsupported(int64_t nq, int64_t nkv, int64_t hd, int64_t vd,
+                                   at::ScalarType dtype);
 
 } // namespace hflow::models
 

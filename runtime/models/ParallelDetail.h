@@ -106,6 +106,8 @@ struct AttnContext {
   at::Tensor keyReal;  ///< bool [B, past + T]: the real keys
   int64_t B = 0, T = 0, hd = 0; ///< hd: a head's query (and key) width
   double scale = 1.0;
+  /// The sliding window `bias` holds (LlamaConfig::slidingWindow; 0: none).
+  int64_t window = 0;
   /// Latent attention: RoPE's pairs interleaved (LlamaConfig::ropeInterleave).
   bool ropeInterleave = false;
   /// Context parallelism: the T queries are this member's two chunks of

@@ -86,6 +86,7 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
     keyReal = cache->keyReal(keyReal);
   a.keyReal = keyReal;
   a.bias = attentionBias(keyReal, past, a.T, c.slidingWindow);
+  a.window = c.slidingWindow;
   a.scale = c.attentionScale();
   return a;
 }
@@ -197,18 +198,24 @@ at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnC
   at::Tensor v = at::linear(h, w.wv, w.bv).view({B, T, nkv, hd}).transpose(1, 2);
   q = q * a.cos + rotateHalf(q) * a.sin;
   k = k * a.cos + rotateHalf(k) * a.sin;
-  if (cache)
-    std::tie(k, v) = cache->append(li, k, v);
-  if (a.cp) { // context parallelism: every member's keys in position order
-    k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
-    v = gatherKeys(v, *a.cp).index_select(2, a.cpKeyOrder);
-  }
   at::Tensor o;
   if (cache && !a.cp) {
     // Generation: the keys are the whole KV cache, read once per kv head
-    // rather than repeated for each of its query heads.
-    o = attendGrouped(q, k, v, a.bias, a.scale);
+    // rather than repeated for each of its query heads; where the store
+    // attends in its own memory (a paged decode step with the kernel on),
+    // not even gathered.
+    o = cache->attendInPlace(li, q, k, v, a.scale, a.window);
+    if (!o.defined()) {
+      std::tie(k, v) = cache->append(li, k, v);
+      o = attendGrouped(q, k, v, a.bias, a.scale);
+    }
   } else {
+    if (cache)
+      std::tie(k, v) = cache->append(li, k, v);
+    if (a.cp) { // context parallelism: every member's keys in position order
+      k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
+      v = gatherKeys(v, *a.cp).index_select(2, a.cpKeyOrder);
+    }
     if (nq > nkv) {
       k = k.repeat_interleave(nq / nkv, 1);
       v = v.repeat_interleave(nq / nkv, 1);

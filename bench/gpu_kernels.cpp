@@ -1,0 +1,264 @@
+//===- gpu_kernels.cpp - the project's CUDA kernels against references ------===//
+//
+// hflow-gpu-kernels [--device cpu|cuda] [--time]
+//
+// The paged decode attention (runtime/models/PagedAttention.h) as the
+// rollout engine calls it: a KV pool with scattered block tables, rows of
+// different lengths, one decode step through PagedKvStep. For each case the
+// kernel's output (attendInPlace, on a GPU whose build has the kernel) and
+// the ATen path's (append's gather, then attendGrouped with the step's mask)
+// are compared with a brute force in float64 on the host (each row's keys
+// through its table, softmax, the weighted values): f32 within 1e-5 of the
+// output's largest value, bf16 and f16 within 3e-2 (the ATen path rounds
+// its scores and probabilities to the inputs' type: 1.2e-2 seen on a CPU).
+// On a CPU, or where the build has no kernel, the ATen path alone is
+// checked (the dry run CI runs; f16 is skipped there: no f16 matmul in
+// Debian's LibTorch).
+// With --time on a GPU, both paths of one layer at the rollout benchmark's
+// shapes (256 rows, 768 keys: Llama-3-8B's and Qwen2.5-0.5B's heads, bf16),
+// each timed over 50 calls, with the bytes of the pool they must read.
+// Prints a line per case and ends "N passed, N failed"; exits 1 on a
+// failure.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/comm/NcclBackend.h"
+#include "runtime/models/Device.h"
+#include "runtime/models/Layers.h"
+#include "runtime/models/PagedKv.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace hflow::models;
+
+namespace {
+
+struct Case {
+  const char *name;
+  int64_t B, nq, nkv, hd, block, maxLen, window;
+  at::ScalarType dtype;
+};
+
+struct Setup {
+  std::unique_ptr<KvBlockPool> pool;
+  std::vector<std::vector<int>> tables;
+  std::vector<int64_t> lens;
+  at::Tensor q, k, v; ///< the step's new query, key and value [B, heads, 1, hd]
+};
+
+/// A pool whose blocks are handed out in a shuffled order, rows of lengths
+/// drawn up to maxLen (the last row at maxLen), the first len - 1 keys of
+/// each row written into the pool as earlier steps would have.
+Setup makeSetup(const Case &c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Setup s;
+  for (int64_t r = 0; r < c.B; ++r)
+    s.lens.push_back(r + 1 == c.B ? c.maxLen
+                                  : 1 + (int64_t)(rng() % (uint64_t)c.maxLen));
+  int64_t blocks = 1;
+  for (int64_t len : s.lens)
+    blocks += (len + c.block - 1) / c.block;
+  KvGeometry g;
+  g.layers = 1, g.kvHeads = c.nkv, g.headDim = c.hd, g.dtype = c.dtype;
+  s.pool = std::make_unique<KvBlockPool>(g, blocks, c.block);
+  std::vector<int> order((size_t)blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t next = 0;
+  for (int64_t len : s.lens) {
+    std::vector<int> t;
+    for (int64_t i = 0; i < (len + c.block - 1) / c.block; ++i)
+      t.push_back(order[next++]);
+    s.tables.push_back(t);
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto f = at::TensorOptions().dtype(at::kFloat);
+  s.pool->keys(0).copy_(at::randn(s.pool->keys(0).sizes(), gen, f));
+  s.pool->values(0).copy_(at::randn(s.pool->values(0).sizes(), gen, f));
+  auto dev = onEngine(c.dtype);
+  s.q = at::randn({c.B, c.nq, 1, c.hd}, gen, f).to(dev);
+  s.k = at::randn({c.B, c.nkv, 1, c.hd}, gen, f).to(dev);
+  s.v = at::randn({c.B, c.nkv, 1, c.hd}, gen, f).to(dev);
+  return s;
+}
+
+PagedKvStep stepOf(Setup &s) {
+  std::vector<const std::vector<int> *> t;
+  std::vector<int64_t> past, q;
+  for (size_t r = 0; r < s.tables.size(); ++r) {
+    t.push_back(&s.tables[r]);
+    past.push_back(s.lens[r] - 1);
+    q.push_back(1);
+  }
+  return PagedKvStep(*s.pool, t, past, q);
+}
+
+/// The ATen path: the gathered keys, attendGrouped under the step's mask.
+at::Tensor atenPath(PagedKvStep &step, const Setup &s, const Case &c, double scale) {
+  at::Tensor keyReal = step.keyReal(step.newMask());
+  at::Tensor bias = attentionBias(keyReal, step.past(), 1, c.window);
+  auto [k, v] = step.append(0, s.k, s.v);
+  return attendGrouped(s.q, k, v, bias, scale);
+}
+
+/// Float64 on the host, row by row through the tables (after the step has
+/// stored its keys).
+at::Tensor bruteForce(const Setup &s, const Case &c, double scale) {
+  at::Tensor K = s.pool->keys(0).to(at::kCPU).to(at::kDouble),
+             V = s.pool->values(0).to(at::kCPU).to(at::kDouble);
+  at::Tensor Q = s.q.to(at::kCPU).to(at::kDouble);
+  at::Tensor out = at::zeros({c.B, c.nq, 1, c.hd}, at::TensorOptions().dtype(at::kDouble));
+  const int64_t g = c.nq / c.nkv;
+  for (int64_t r = 0; r < c.B; ++r) {
+    const int64_t len = s.lens[(size_t)r];
+    const int64_t from = c.window > 0 ? std::max<int64_t>(0, len - c.window) : 0;
+    std::vector<int64_t> slots;
+    for (int64_t i = from; i < len; ++i)
+      slots.push_back((int64_t)s.tables[(size_t)r][(size_t)(i / c.block)] * c.block + i % c.block);
+    at::Tensor idx = at::tensor(slots, at::TensorOptions().dtype(at::kLong));
+    at::Tensor kr = K.index_select(0, idx), vr = V.index_select(0, idx); // [n, nkv, hd]
+    for (int64_t h = 0; h < c.nq; ++h) {
+      at::Tensor sc = at::mv(kr.select(1, h / g), Q[r][h][0]) * scale;
+      out[r][h][0].copy_(at::mv(vr.select(1, h / g).t(), at::softmax(sc, 0)));
+    }
+  }
+  return out;
+}
+
+double relErr(const at::Tensor &got, const at::Tensor &want) {
+  at::Tensor g = got.to(at::kCPU).to(at::kDouble);
+  return (g - want).abs().max().item<double>() / want.abs().max().item<double>();
+}
+
+template <class F> double msPerCall(F f, int reps) {
+  f(); // warm-up
+  (void)f().sum().template item<double>();
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor last;
+  for (int i = 0; i < reps; ++i)
+    last = f();
+  (void)last.sum().item<double>(); // the stream drained
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+             .count() /
+         reps;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  try {
+    std::string device = "cpu";
+    bool time = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--device" && i + 1 < argc)
+        device = argv[++i];
+      else if (arg == "--time")
+        time = true;
+      else if (arg == "--help" || arg == "-h") {
+        std::printf("usage: hflow-gpu-kernels [--device cpu|cuda] [--time]\n"
+                    "  the paged decode kernel against the ATen path and a float64 brute "
+                    "force;\n  --time: both paths timed at the benchmark's shapes (cuda)\n");
+        return 0;
+      } else
+        throw std::invalid_argument("unknown argument '" + arg + "' (--help)");
+    }
+    if (device != "cpu" && device != "cuda")
+      throw std::invalid_argument("--device is cpu or cuda, not '" + device + "'");
+    // attendInPlace's gate, read once: set before the first step.
+    setenv("HFLOW_ATTENTION", "paged", 1);
+    if (device == "cuda") {
+      hflow::comm::bindCudaDevice(0);
+      setEngineDevice(c10::Device(c10::kCUDA, 0));
+    }
+    c10::InferenceMode guard;
+    const bool kernel = device == "cuda" && pagedDecodeBuilt();
+    std::printf("hflow-gpu-kernels: %s, %s\n", device.c_str(),
+                kernel ? "the paged decode kernel against the ATen path and a brute force"
+                       : "no kernel here (a CPU, or a build without one): the ATen path "
+                         "against a brute force");
+    const Case cases[] = {
+        {"llama3-8b heads, f32", 5, 32, 8, 128, 16, 300, 0, at::kFloat},
+        {"qwen2.5-0.5b heads, f32", 4, 14, 2, 64, 16, 77, 0, at::kFloat},
+        {"one kv head a query head, hd 32, f32", 3, 4, 4, 32, 8, 40, 0, at::kFloat},
+        {"8 query heads a kv head, hd 256, f32", 2, 16, 2, 256, 16, 50, 0, at::kFloat},
+        {"sliding window 20, f32", 4, 8, 2, 64, 16, 90, 20, at::kFloat},
+        {"one key, f32", 2, 4, 2, 64, 16, 1, 0, at::kFloat},
+        {"llama3-8b heads, bf16", 5, 32, 8, 128, 16, 300, 0, at::kBFloat16},
+        {"qwen2.5-7b heads, bf16", 3, 28, 4, 128, 16, 200, 0, at::kBFloat16},
+        {"window 33, f16", 3, 12, 2, 128, 32, 120, 33, at::kHalf},
+    };
+    int passed = 0, failed = 0;
+    uint64_t seed = 1;
+    for (const Case &c : cases) {
+      ++seed;
+      if (c.dtype == at::kHalf && device == "cpu") {
+        std::printf("skipped: %s: no f16 matmul on this CPU's LibTorch\n", c.name);
+        continue;
+      }
+      Setup s = makeSetup(c, seed);
+      PagedKvStep step = stepOf(s);
+      const double scale = 1.0 / std::sqrt((double)c.hd);
+      const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
+      at::Tensor aten = atenPath(step, s, c, scale);
+      const at::Tensor want = bruteForce(s, c, scale);
+      const double eAten = relErr(aten, want);
+      double eKernel = -1;
+      if (kernel) {
+        at::Tensor out = step.attendInPlace(0, s.q, s.k, s.v, scale, c.window);
+        if (!out.defined())
+          throw std::runtime_error(std::string(c.name) + ": the kernel did not take the step");
+        eKernel = relErr(out, want);
+      }
+      const bool ok = eAten <= tol && (!kernel || eKernel <= tol);
+      (ok ? passed : failed)++;
+      if (kernel)
+        std::printf("%s: %s: kernel %.2e, ATen %.2e of the largest output (tolerance %.0e)\n",
+                    ok ? "passed" : "FAILED", c.name, eKernel, eAten, tol);
+      else
+        std::printf("%s: %s: ATen %.2e of the largest output (tolerance %.0e)\n",
+                    ok ? "passed" : "FAILED", c.name, eAten, tol);
+    }
+    if (time && kernel) {
+      const Case shapes[] = {{"llama3-8b, 256 rows x 768 keys, bf16", 256, 32, 8, 128, 16, 768, 0,
+                              at::kBFloat16},
+                             {"qwen2.5-0.5b, 256 rows x 768 keys, bf16", 256, 14, 2, 64, 16, 768,
+                              0, at::kBFloat16}};
+      for (Case c : shapes) {
+        Setup s = makeSetup(c, 99);
+        std::fill(s.lens.begin(), s.lens.end(), c.maxLen); // every row at 768
+        for (auto &t : s.tables)
+          t.clear();
+        for (int64_t r = 0, b = 0; r < c.B; ++r)
+          for (int64_t i = 0; i < c.maxLen / c.block; ++i)
+            s.tables[(size_t)r].push_back((int)(b++ % s.pool->numBlocks()));
+        PagedKvStep step = stepOf(s);
+        const double scale = 1.0 / std::sqrt((double)c.hd);
+        const double kv = 2.0 * c.B * c.maxLen * c.nkv * c.hd * 2; // bytes of bf16 K and V
+        const double tk = msPerCall(
+            [&] { return step.attendInPlace(0, s.q, s.k, s.v, scale, 0); }, 50);
+        const double ta = msPerCall([&] { return atenPath(step, s, c, scale); }, 50);
+        std::printf("time: %s: kernel %.3f ms (%.0f GB/s of K and V), ATen path %.3f ms "
+                    "(%.2fx the kernel)\n",
+                    c.name, tk, kv / tk / 1e6, ta, ta / tk);
+      }
+    }
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "hflow-gpu-kernels: %s\n", e.what());
+    return 2;
+  }
+}
