@@ -59,14 +59,15 @@ struct Setup {
 };
 
 /// A pool whose blocks are handed out in a shuffled order, rows of lengths
-/// drawn up to maxLen (the last row at maxLen), the first len - 1 keys of
-/// each row written into the pool as earlier steps would have.
-Setup makeSetup(const Case &c, uint64_t seed) {
+/// drawn up to maxLen (the last row at maxLen; every row with `full`), the
+/// first len - 1 keys of each row written into the pool as earlier steps
+/// would have. Every row has blocks of its own.
+Setup makeSetup(const Case &c, uint64_t seed, bool full = false) {
   std::mt19937_64 rng(seed);
   Setup s;
   for (int64_t r = 0; r < c.B; ++r)
-    s.lens.push_back(r + 1 == c.B ? c.maxLen
-                                  : 1 + (int64_t)(rng() % (uint64_t)c.maxLen));
+    s.lens.push_back(full || r + 1 == c.B ? c.maxLen
+                                          : 1 + (int64_t)(rng() % (uint64_t)c.maxLen));
   int64_t blocks = 1;
   for (int64_t len : s.lens)
     blocks += (len + c.block - 1) / c.block;
@@ -113,11 +114,25 @@ at::Tensor atenPath(PagedKvStep &step, const Setup &s, const Case &c, double sca
   return attendGrouped(s.q, k, v, bias, scale);
 }
 
-/// Float64 on the host, row by row through the tables (after the step has
-/// stored its keys).
+/// Each row's slot of its new position (len - 1).
+at::Tensor newSlots(const Setup &s, const Case &c) {
+  std::vector<int64_t> slots;
+  for (size_t r = 0; r < s.lens.size(); ++r) {
+    const int64_t i = s.lens[r] - 1;
+    slots.push_back((int64_t)s.tables[r][(size_t)(i / c.block)] * c.block + i % c.block);
+  }
+  return at::tensor(slots, at::TensorOptions().dtype(at::kLong));
+}
+
+/// Float64 on the host, row by row through the tables, from the pool before
+/// the step stores anything: the step's new key and value put in each row's
+/// new slot here, so a path that stores them wrongly (or not) differs.
 at::Tensor bruteForce(const Setup &s, const Case &c, double scale) {
   at::Tensor K = s.pool->keys(0).to(at::kCPU).to(at::kDouble),
              V = s.pool->values(0).to(at::kCPU).to(at::kDouble);
+  const at::Tensor slots = newSlots(s, c);
+  K.index_copy_(0, slots, s.k.to(at::kCPU).to(at::kDouble).squeeze(2));
+  V.index_copy_(0, slots, s.v.to(at::kCPU).to(at::kDouble).squeeze(2));
   at::Tensor Q = s.q.to(at::kCPU).to(at::kDouble);
   at::Tensor out = at::zeros({c.B, c.nq, 1, c.hd}, at::TensorOptions().dtype(at::kDouble));
   const int64_t g = c.nq / c.nkv;
@@ -185,6 +200,14 @@ int main(int argc, char **argv) {
     }
     c10::InferenceMode guard;
     const bool kernel = device == "cuda" && pagedDecodeBuilt();
+    if (device == "cuda" && !kernel) {
+      // A GPU build without the kernel (nvcc missing or its build left
+      // out): nothing here checks the kernel, which is a failure.
+      std::printf("hflow-gpu-kernels: cuda, but this build has no paged decode kernel "
+                  "(HFLOW_CUDA_KERNELS off, or no usable nvcc at configuration)\n"
+                  "0 passed, 1 failed\n");
+      return 1;
+    }
     std::printf("hflow-gpu-kernels: %s, %s\n", device.c_str(),
                 kernel ? "the paged decode kernel against the ATen path and a brute force"
                        : "no kernel here (a CPU, or a build without one): the ATen path "
@@ -197,8 +220,11 @@ int main(int argc, char **argv) {
         {"sliding window 20, f32", 4, 8, 2, 64, 16, 90, 20, at::kFloat},
         {"one key, f32", 2, 4, 2, 64, 16, 1, 0, at::kFloat},
         {"llama3-8b heads, bf16", 5, 32, 8, 128, 16, 300, 0, at::kBFloat16},
+        {"qwen2.5-0.5b heads, bf16", 4, 14, 2, 64, 16, 77, 0, at::kBFloat16},
+        {"8 query heads a kv head, hd 256, bf16", 2, 16, 2, 256, 16, 50, 0, at::kBFloat16},
         {"qwen2.5-7b heads, bf16", 3, 28, 4, 128, 16, 200, 0, at::kBFloat16},
         {"window 33, f16", 3, 12, 2, 128, 32, 120, 33, at::kHalf},
+        {"hd 32, f16", 3, 4, 4, 32, 8, 40, 0, at::kHalf},
     };
     int passed = 0, failed = 0;
     uint64_t seed = 1;
@@ -212,11 +238,15 @@ int main(int argc, char **argv) {
       PagedKvStep step = stepOf(s);
       const double scale = 1.0 / std::sqrt((double)c.hd);
       const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
-      at::Tensor aten = atenPath(step, s, c, scale);
       const at::Tensor want = bruteForce(s, c, scale);
+      at::Tensor aten = atenPath(step, s, c, scale);
       const double eAten = relErr(aten, want);
       double eKernel = -1;
       if (kernel) {
+        // The new slots poisoned: the kernel's path must store them itself.
+        const at::Tensor slots = newSlots(s, c).to(s.pool->keys(0).device());
+        s.pool->keys(0).index_fill_(0, slots, NAN);
+        s.pool->values(0).index_fill_(0, slots, NAN);
         at::Tensor out = step.attendInPlace(0, s.q, s.k, s.v, scale, c.window);
         if (!out.defined())
           throw std::runtime_error(std::string(c.name) + ": the kernel did not take the step");
@@ -237,13 +267,7 @@ int main(int argc, char **argv) {
                              {"qwen2.5-0.5b, 256 rows x 768 keys, bf16", 256, 14, 2, 64, 16, 768,
                               0, at::kBFloat16}};
       for (Case c : shapes) {
-        Setup s = makeSetup(c, 99);
-        std::fill(s.lens.begin(), s.lens.end(), c.maxLen); // every row at 768
-        for (auto &t : s.tables)
-          t.clear();
-        for (int64_t r = 0, b = 0; r < c.B; ++r)
-          for (int64_t i = 0; i < c.maxLen / c.block; ++i)
-            s.tables[(size_t)r].push_back((int)(b++ % s.pool->numBlocks()));
+        Setup s = makeSetup(c, 99, /*full=*/true); // every row at 768, blocks its own
         PagedKvStep step = stepOf(s);
         const double scale = 1.0 / std::sqrt((double)c.hd);
         const double kv = 2.0 * c.B * c.maxLen * c.nkv * c.hd * 2; // bytes of bf16 K and V

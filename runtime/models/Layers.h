@@ -48,6 +48,10 @@ at::Tensor rotateHalf(const at::Tensor &x);
 /// opt-in until a lent GPU has checked it.
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale);
+/// Whether attend() takes LibTorch's fused kernel for inputs where `like`
+/// is (a GPU with HFLOW_ATTENTION=sdpa): its mask must then be in the
+/// inputs' type, and a forward casts it once rather than in every layer.
+bool fusedAttentionOn(const at::Tensor &like);
 /// attend() for grouped-query attention without repeating the keys and
 /// values: q [B, nq, Tq, hd] over k [B, nkv, Tk, hd] and v [B, nkv, Tk, vd],
 /// query head h reading kv head h / (nq / nkv) as repeat_interleave maps

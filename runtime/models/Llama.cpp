@@ -563,6 +563,15 @@ static bool fusedAttention() {
 }
 #endif
 
+bool fusedAttentionOn(const at::Tensor &like) {
+#ifdef HFLOW_HAVE_SDPA
+  return like.is_cuda() && fusedAttention();
+#else
+  (void)like;
+  return false;
+#endif
+}
+
 at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const at::Tensor &bias, double scale) {
 #ifdef HFLOW_HAVE_SDPA

@@ -86,6 +86,12 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
     keyReal = cache->keyReal(keyReal);
   a.keyReal = keyReal;
   a.bias = attentionBias(keyReal, past, a.T, c.slidingWindow);
+  // LibTorch's fused kernel takes the mask in the inputs' type: cast once
+  // here (its 0 and -inf are exact in any float type; the dense path adds
+  // it to float32 scores), not in every layer, where training would keep
+  // each layer's copy for the backward.
+  if (c.dtype != at::kFloat && fusedAttentionOn(a.bias))
+    a.bias = a.bias.to(c.dtype);
   a.window = c.slidingWindow;
   a.scale = c.attentionScale();
   return a;
