@@ -84,25 +84,31 @@ PEER_OK=1
 say "python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')$([ $PEER_OK = 1 ] && "$PY" -c 'import transformers; print(", transformers", transformers.__version__)')"
 say "settings: $PROMPTS prompts x n = $N, prompts of $PLEN tokens, $TOKENS tokens each, temperature 1, no stop"
 
+# hflow's rollout of shape $1 (model $2, results in $3) with attention $4.
+hflow_rollout() {
+  local shape="$1" m="$2" d="$3" att="$4" out t
+  out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
+  say "$shape: hflow ($att attention)"
+  t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($att attention)"; return; }
+  if ! HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
+      --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$out"; then
+    say "$shape: hflow ($att attention) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
+  fi
+}
+
 rollout_shape() {
-  local shape="$1" d="$WORK/$1" m="$WORK/$1/model" att out mode rc t
+  local shape="$1" d="$WORK/$1" m="$WORK/$1/model" mode rc t
   mkdir -p "$d"
   say "$shape: making the model (random bf16 weights) and the prompts"
   t=$(limit 120) || { skipped "$shape"; return; }
   timeout "$t" "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
     { say "$shape: could not make the model"; FAILED=1; return; }
   # hflow's attention as it ships (dense), and on a GPU also its paged
-  # decode kernel (HFLOW_ATTENTION=paged) and LibTorch's fused kernel
-  # (HFLOW_ATTENTION=sdpa), both opt-in until gpu-test checks them.
-  for att in dense $([ "$DEVICE" = cuda ] && echo paged sdpa); do
-    out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
-    say "$shape: hflow ($att attention)"
-    t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($att attention)"; continue; }
-    if ! HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
-        --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$out"; then
-      say "$shape: hflow ($att attention) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
-    fi
-  done
+  # decode kernel (HFLOW_ATTENTION=paged), then the peer, then LibTorch's
+  # fused kernel (HFLOW_ATTENTION=sdpa; last, should the budget run out):
+  # both opt-in until gpu-test checks them.
+  hflow_rollout "$shape" "$m" "$d" dense
+  [ "$DEVICE" = cuda ] && hflow_rollout "$shape" "$m" "$d" paged
   for mode in static batch; do
     if [ $PEER_OK = 0 ]; then
       echo "not run: $PY cannot import transformers" > "$d/transformers-$mode.json.why"; continue
@@ -120,6 +126,7 @@ rollout_shape() {
       else echo "failed: $(tail -n 1 "$d/transformers-$mode.log" | cut -c1-120)" > "$d/transformers-$mode.json.why"; fi
     fi
   done
+  [ "$DEVICE" = cuda ] && hflow_rollout "$shape" "$m" "$d" sdpa
   # The training passes, for the shapes whose training state does not fit
   # one GPU (no GRPO iteration for them below).
   if [[ " ${GPU_BENCH_PASS_SHAPES-llama3_8b tiny} " == *" $shape "* ]]; then

@@ -55,9 +55,14 @@ void Checkpointer::save(const models::CheckpointState &st, comm::Communicator &w
       throw RunError(e.what());
     }
     log.clearBar();
-    if (!quiet)
+    if (!quiet) {
       std::printf("[checkpoint] iteration %lld saved in %s\n", (long long)st.step,
                   dir_.c_str());
+      // Out at once: a rank that dies before this one's next line (the
+      // job then stops every rank) must not take the news of the last
+      // complete checkpoint with it.
+      std::fflush(stdout);
+    }
   }
   world.barrier();
 }

@@ -622,8 +622,13 @@ at::Tensor attendGrouped(const at::Tensor &q, const at::Tensor &k, const at::Ten
   if (g == 1)
     return attend(q, k, v, bias, scale);
 #ifdef HFLOW_HAVE_SDPA
-  if (q.is_cuda() && fusedAttention())
+  if (q.is_cuda() && fusedAttention()) {
+    // One kv head (latent attention's one latent key): a view for every
+    // query head; more: repeated as the training forward does.
+    if (nkv == 1)
+      return attend(q, k.expand({B, nq, K, hd}), v.expand({B, nq, K, vd}), bias, scale);
     return attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), bias, scale);
+  }
 #endif
   // Query head kv * g + j is row j of kv head kv's group: [B, nkv, g, T, hd].
   const at::Tensor q5 = q.reshape({B, nkv, g, T, hd});

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -188,11 +189,13 @@ at::Tensor PagedKvStep::attendInPlace(size_t li, const at::Tensor &q, const at::
   if (!tables32_.defined())
     return at::Tensor();
   const std::string why =
-      pagedDecodeUnsupported(q.size(1), k.size(1), k.size(3), v.size(3), q.scalar_type());
+      pool_.keys(li).scalar_type() != q.scalar_type()
+          ? std::string("a pool of ") + c10::toString(pool_.keys(li).scalar_type()) +
+                " under queries of " + c10::toString(q.scalar_type())
+          : pagedDecodeUnsupported(q.size(1), k.size(1), k.size(3), v.size(3), q.scalar_type());
   if (!why.empty()) {
-    static bool said = false;
-    if (!said) {
-      said = true;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
       std::fprintf(stderr,
                    "hflow: HFLOW_ATTENTION=paged: the paged kernel does not take %s; "
                    "decode steps attend by the ATen path\n",
