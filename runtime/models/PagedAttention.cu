@@ -50,7 +50,9 @@ __device__ __forceinline__ void loadRow(const T *p, float (&out)[C]) {
     out[c] = toF(r.v[c]);
 }
 
-template <class T, int C>
+/// G: the group's query heads rounded up to 1, 2, 4 or 8, so that the
+/// registers held for queries and outputs are the group's own.
+template <class T, int C, int G>
 __global__ void pagedDecodeKernel(PagedDecodeArgs a) {
   extern __shared__ float shared[]; // [W][g] maxima, [W][g] sums, [W][g][hd] outputs
   const int b = blockIdx.x, h = blockIdx.y;
@@ -61,9 +63,9 @@ __global__ void pagedDecodeKernel(PagedDecodeArgs a) {
   const T *Q = static_cast<const T *>(a.q), *K = static_cast<const T *>(a.k),
           *V = static_cast<const T *>(a.v);
 
-  float q[kMaxGroup][C], acc[kMaxGroup][C], m[kMaxGroup], l[kMaxGroup];
+  float q[G][C], acc[G][C], m[G], l[G];
 #pragma unroll
-  for (int i = 0; i < kMaxGroup; ++i) {
+  for (int i = 0; i < G; ++i) {
     m[i] = -INFINITY, l[i] = 0.f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -79,7 +81,7 @@ __global__ void pagedDecodeKernel(PagedDecodeArgs a) {
     loadRow<T, C>(K + at, kr);
     loadRow<T, C>(V + at, vr);
 #pragma unroll
-    for (int i = 0; i < kMaxGroup; ++i) {
+    for (int i = 0; i < G; ++i) {
       if (i >= g)
         break;
       float s = 0.f;
@@ -101,7 +103,7 @@ __global__ void pagedDecodeKernel(PagedDecodeArgs a) {
   }
   float *sm = shared, *sl = shared + W * g, *so = shared + 2 * W * g;
 #pragma unroll
-  for (int i = 0; i < kMaxGroup; ++i) {
+  for (int i = 0; i < G; ++i) {
     if (i >= g)
       break;
     if (lane == 0)
@@ -127,26 +129,35 @@ __global__ void pagedDecodeKernel(PagedDecodeArgs a) {
   }
 }
 
-template <class T, int C> cudaError_t launchWith(const PagedDecodeArgs &a, cudaStream_t s) {
+template <class T, int C, int G>
+cudaError_t launchWith(const PagedDecodeArgs &a, cudaStream_t s) {
   const int g = a.nq / a.nkv;
   const size_t perWarp = (size_t)(2 * g + g * a.hd) * sizeof(float);
   int warps = (int)(kSharedBudget / perWarp);
   warps = warps < 1 ? 1 : warps > kMaxWarps ? kMaxWarps : warps;
-  pagedDecodeKernel<T, C>
+  pagedDecodeKernel<T, C, G>
       <<<dim3((unsigned)a.B, (unsigned)a.nkv), dim3((unsigned)(32 * warps)), perWarp * warps, s>>>(a);
   return cudaGetLastError();
+}
+
+template <class T, int C> cudaError_t launchGroup(const PagedDecodeArgs &a, cudaStream_t s) {
+  const int g = a.nq / a.nkv;
+  return g <= 1   ? launchWith<T, C, 1>(a, s)
+         : g <= 2 ? launchWith<T, C, 2>(a, s)
+         : g <= 4 ? launchWith<T, C, 4>(a, s)
+                  : launchWith<T, C, kMaxGroup>(a, s);
 }
 
 template <class T> cudaError_t launchTyped(const PagedDecodeArgs &a, cudaStream_t s) {
   switch (a.hd) {
   case 32:
-    return launchWith<T, 1>(a, s);
+    return launchGroup<T, 1>(a, s);
   case 64:
-    return launchWith<T, 2>(a, s);
+    return launchGroup<T, 2>(a, s);
   case 128:
-    return launchWith<T, 4>(a, s);
+    return launchGroup<T, 4>(a, s);
   default:
-    return launchWith<T, 8>(a, s);
+    return launchGroup<T, 8>(a, s);
   }
 }
 
