@@ -43,6 +43,11 @@
 # `offload_optimizer` and compiles with it, run once on DEVICE; hflow-run's
 # memory measured against the plan's (GPU_BENCH_OFFLOAD_TIMEOUT, 240 s).
 #
+# hflow's rollout runs as it ships, then with each opt-in GPU path: the
+# paged decode kernel, the same in decode windows of GPU_BENCH_DECODE_STEPS
+# steps (default 8: HFLOW_DECODE_STEPS, one read of the samples a window),
+# and LibTorch's fused attention.
+#
 # The whole benchmark keeps to GPU_BENCH_BUDGET seconds (default 420: with
 # the build, the clients' check and the pipeline bench, gpu-bench fits the
 # issue's 8 minutes of device time): each step runs under the smaller of its
@@ -61,6 +66,7 @@ SHAPES="${GPU_BENCH_SHAPES:-qwen2_5_0_5b llama3_8b}"
 PROMPTS="${GPU_BENCH_PROMPTS:-32}" PLEN="${GPU_BENCH_PROMPT_LEN:-512}"
 N="${GPU_BENCH_N:-8}" TOKENS="${GPU_BENCH_TOKENS:-256}"
 PEER_TIMEOUT="${GPU_BENCH_PEER_TIMEOUT:-240}" HFLOW_TIMEOUT="${GPU_BENCH_HFLOW_TIMEOUT:-300}"
+DECODE_STEPS="${GPU_BENCH_DECODE_STEPS:-8}"
 say() { echo "gpu-bench: $*"; }
 BUDGET="${GPU_BENCH_BUDGET:-420}" T0=$SECONDS
 # limit WANT: the seconds a step may take (WANT, or what is left of the
@@ -84,15 +90,19 @@ PEER_OK=1
 say "python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')$([ $PEER_OK = 1 ] && "$PY" -c 'import transformers; print(", transformers", transformers.__version__)')"
 say "settings: $PROMPTS prompts x n = $N, prompts of $PLEN tokens, $TOKENS tokens each, temperature 1, no stop"
 
-# hflow's rollout of shape $1 (model $2, results in $3) with attention $4.
+# hflow's rollout of shape $1 (model $2, results in $3) with attention $4,
+# and $5 decode steps between two reads of the samples (default 1).
 hflow_rollout() {
-  local shape="$1" m="$2" d="$3" att="$4" out t
-  out="$d/hflow.json"; [ "$att" = dense ] || out="$d/hflow-$att.json"
-  say "$shape: hflow ($att attention)"
-  t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($att attention)"; return; }
+  local shape="$1" m="$2" d="$3" att="$4" w="${5:-1}" out t what
+  out="$d/hflow-$att.json" what="$att attention"
+  [ "$w" = 1 ] || { out="$d/hflow-$att-w$w.json"; what="$what, decode windows of $w"; }
+  [ "$att-$w" = dense-1 ] && out="$d/hflow.json"
+  say "$shape: hflow ($what)"
+  t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($what)"; return; }
   if ! HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
-      --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" --out "$out"; then
-    say "$shape: hflow ($att attention) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
+      --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" \
+      --decode-steps "$w" --out "$out"; then
+    say "$shape: hflow ($what) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
   fi
 }
 
@@ -104,11 +114,19 @@ rollout_shape() {
   timeout "$t" "$PY" "$HERE/gpu_peer.py" make "$m" --shape "$shape" --prompts "$PROMPTS" --prompt-len "$PLEN" ||
     { say "$shape: could not make the model"; FAILED=1; return; }
   # hflow's attention as it ships (dense), and on a GPU also its paged
-  # decode kernel (HFLOW_ATTENTION=paged), then the peer, then LibTorch's
-  # fused kernel (HFLOW_ATTENTION=sdpa; last, should the budget run out):
-  # both opt-in until gpu-test checks them.
+  # decode kernel (HFLOW_ATTENTION=paged), alone and in decode windows of
+  # $DECODE_STEPS steps (HFLOW_DECODE_STEPS: one read of the samples a
+  # window; on the CPU, the dense path's windows, so that the dry run
+  # takes that path too), then the peer, then LibTorch's fused kernel
+  # (HFLOW_ATTENTION=sdpa; last, should the budget run out): each opt-in
+  # until gpu-test checks it.
   hflow_rollout "$shape" "$m" "$d" dense
-  [ "$DEVICE" = cuda ] && hflow_rollout "$shape" "$m" "$d" paged
+  if [ "$DEVICE" = cuda ]; then
+    hflow_rollout "$shape" "$m" "$d" paged
+    hflow_rollout "$shape" "$m" "$d" paged "$DECODE_STEPS"
+  else
+    hflow_rollout "$shape" "$m" "$d" dense "$DECODE_STEPS"
+  fi
   for mode in static batch; do
     if [ $PEER_OK = 0 ]; then
       echo "not run: $PY cannot import transformers" > "$d/transformers-$mode.json.why"; continue

@@ -4,7 +4,8 @@
 //
 // The paged decode attention (runtime/models/PagedAttention.h) as the
 // rollout engine calls it: a KV pool with scattered block tables, rows of
-// different lengths, one decode step through PagedKvStep. For each case the
+// different lengths, one decode step through PagedKvStep, and the same step
+// as the last of a decode window (PagedKvWindow). For each case the
 // kernel's output (attendInPlace, on a GPU whose build has the kernel) and
 // the ATen path's (append's gather, then attendGrouped with the step's mask)
 // are compared with a brute force in float64 on the host (each row's keys
@@ -104,6 +105,24 @@ PagedKvStep stepOf(Setup &s) {
     q.push_back(1);
   }
   return PagedKvStep(*s.pool, t, past, q);
+}
+
+/// The same step as the third of a decode window of 3 (PagedKvWindow, as
+/// the engine's HFLOW_DECODE_STEPS runs it): a row of 3 keys or more has 2
+/// positions before the window; a shorter row's slots end at its first step
+/// (span 1), and it computes on that last slot, as a row that reached max
+/// tokens inside a window does. Either way the step writes each row's
+/// position len - 1 and attends over its len keys.
+PagedKvStep windowStepOf(Setup &s) {
+  std::vector<const std::vector<int> *> t;
+  std::vector<int64_t> past, span;
+  for (size_t r = 0; r < s.tables.size(); ++r) {
+    t.push_back(&s.tables[r]);
+    const bool room = s.lens[r] >= 3;
+    past.push_back(room ? s.lens[r] - 3 : s.lens[r] - 1);
+    span.push_back(room ? 3 : 1);
+  }
+  return PagedKvWindow(*s.pool, t, past, span, 3).step(2);
 }
 
 /// The ATen path: the gathered keys, attendGrouped under the step's mask.
@@ -228,14 +247,16 @@ int main(int argc, char **argv) {
     };
     int passed = 0, failed = 0;
     uint64_t seed = 1;
+    for (int windowed = 0; windowed < 2; ++windowed)
     for (const Case &c : cases) {
       ++seed;
+      const std::string name = std::string(c.name) + (windowed ? ", a decode window's step" : "");
       if (c.dtype == at::kHalf && device == "cpu") {
-        std::printf("skipped: %s: no f16 matmul on this CPU's LibTorch\n", c.name);
+        std::printf("skipped: %s: no f16 matmul on this CPU's LibTorch\n", name.c_str());
         continue;
       }
       Setup s = makeSetup(c, seed);
-      PagedKvStep step = stepOf(s);
+      PagedKvStep step = windowed ? windowStepOf(s) : stepOf(s);
       const double scale = 1.0 / std::sqrt((double)c.hd);
       const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
       const at::Tensor want = bruteForce(s, c, scale);
@@ -249,17 +270,17 @@ int main(int argc, char **argv) {
         s.pool->values(0).index_fill_(0, slots, NAN);
         at::Tensor out = step.attendInPlace(0, s.q, s.k, s.v, scale, c.window);
         if (!out.defined())
-          throw std::runtime_error(std::string(c.name) + ": the kernel did not take the step");
+          throw std::runtime_error(name + ": the kernel did not take the step");
         eKernel = relErr(out, want);
       }
       const bool ok = eAten <= tol && (!kernel || eKernel <= tol);
       (ok ? passed : failed)++;
       if (kernel)
         std::printf("%s: %s: kernel %.2e, ATen %.2e of the largest output (tolerance %.0e)\n",
-                    ok ? "passed" : "FAILED", c.name, eKernel, eAten, tol);
+                    ok ? "passed" : "FAILED", name.c_str(), eKernel, eAten, tol);
       else
         std::printf("%s: %s: ATen %.2e of the largest output (tolerance %.0e)\n",
-                    ok ? "passed" : "FAILED", c.name, eAten, tol);
+                    ok ? "passed" : "FAILED", name.c_str(), eAten, tol);
     }
     if (time && kernel) {
       const Case shapes[] = {{"llama3-8b, 256 rows x 768 keys, bf16", 256, 32, 8, 128, 16, 768, 0,

@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
@@ -276,11 +277,17 @@ def report(a):
                            peak, bw)
         work = "%d x (%d + %d)" % (h["rows"], h["prompt_len"], h["max_tokens"])
 
-        # hflow as it ships, then (on a GPU) with its paged decode kernel
-        # and with LibTorch's fused attention; the ratios are to the best.
+        # hflow as it ships, then (on a GPU) with its paged decode kernel,
+        # the same in decode windows, and with LibTorch's fused attention
+        # (on the CPU: the shipped path in decode windows); the ratios are
+        # to the best.
         mine = [("hflow (%s)" % h["engine"], h["tokens_per_s"])]
-        for att, what in (("paged", "paged decode kernel"), ("sdpa", "fused attention")):
-            p = os.path.join(d, "hflow-%s.json" % att)
+        windows = sorted(f[:-5] for f in os.listdir(d) if re.match(r"hflow-.*-w[0-9]+\.json$", f))
+        for att, what in ([("paged", "paged decode kernel")] +
+                          [(w, ("paged decode kernel" if w.startswith("hflow-paged") else
+                                "dense attention")) for w in windows] +
+                          [("sdpa", "fused attention")]):
+            p = os.path.join(d, (att if att.startswith("hflow-") else "hflow-%s" % att) + ".json")
             if os.path.isfile(p):
                 x = json.load(open(p))
                 mine.append(("hflow (%s, %s)" % (x["engine"], what), x["tokens_per_s"]))

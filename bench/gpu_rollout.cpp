@@ -74,6 +74,8 @@ const char *kUsage =
     "  --max-seqs S          rows decoding at once (paged; default 0: all)\n"
     "  --max-batch-tokens T  new tokens in one joining forward (paged; default 0: no bound)\n"
     "  --block B             positions per KV block (paged; default 16)\n"
+    "  --decode-steps W      decode steps between two reads of the samples (paged;\n"
+    "                        default: HFLOW_DECODE_STEPS, else 1)\n"
     "  --reps K              timed calls (default 1)\n"
     "  --seed S              the sampler's seed (default 1)\n"
     "  --out FILE            the figures as JSON\n"
@@ -85,6 +87,7 @@ const char *kUsage =
 struct Args {
   std::string hf, prompts, device = "cpu", engine = "paged", out;
   int64_t maxTokens = 0, n = 1, maxSeqs = 0, maxBatchTokens = 0, block = 16, reps = 1;
+  int64_t decodeSteps = 0; ///< 0: the environment's
   int64_t passes = 0, passTokens = 0, micro = 1;
   double peakTflops = 989.0;
   uint64_t seed = 1;
@@ -120,6 +123,7 @@ Args parse(int argc, char **argv) {
     else if (f == "--max-seqs") a.maxSeqs = positive(f, v, 0);
     else if (f == "--max-batch-tokens") a.maxBatchTokens = positive(f, v, 0);
     else if (f == "--block") a.block = positive(f, v, 1);
+    else if (f == "--decode-steps") a.decodeSteps = positive(f, v, 1);
     else if (f == "--reps") a.reps = positive(f, v, 1);
     else if (f == "--seed") a.seed = (uint64_t)positive(f, v, 0);
     else if (f == "--passes") a.passes = positive(f, v, 1);
@@ -293,16 +297,21 @@ int main(int argc, char **argv) {
     lim.maxSeqs = a.maxSeqs;
     lim.maxBatchTokens = a.maxBatchTokens;
     lim.blockSize = a.block;
+    lim.decodeSteps = a.decodeSteps > 0 ? a.decodeSteps : decodeStepsFromEnvironment();
     auto generate = [&](const at::Tensor &t, const at::Tensor &m, const SamplingOptions &opts,
                         at::Generator &g, RolloutStats *s) {
       return a.engine == "paged" ? generatePaged(*model, t, m, opts, g, lim, s)
                                  : model->generate(t, m, opts, g);
     };
 
+    const std::string engine =
+        a.engine == "paged" && lim.decodeSteps > 1
+            ? "paged (decode windows of " + std::to_string(lim.decodeSteps) + ")"
+            : a.engine;
     std::printf("hflow-gpu-rollout: %s (%lld params, %s) on %s, %s engine: %lld prompts x n = "
                 "%lld (%lld rows) of %lld tokens, %lld tokens each; loaded in %.1f s\n",
                 a.hf.c_str(), (long long)c.paramCount(),
-                c.dtype == at::kBFloat16 ? "bf16" : "f32", a.device.c_str(), a.engine.c_str(),
+                c.dtype == at::kBFloat16 ? "bf16" : "f32", a.device.c_str(), engine.c_str(),
                 (long long)prompts.size(), (long long)a.n, (long long)B, (long long)P,
                 (long long)a.maxTokens, loadS);
     { // warm-up: kernels chosen, allocator and libraries initialised
@@ -332,7 +341,9 @@ int main(int argc, char **argv) {
       throw std::runtime_error("generated " + std::to_string(generated) + " tokens, not " +
                                std::to_string(B * a.maxTokens) + ": a row stopped early");
     const double med = median(secs);
-    nlohmann::json j = {{"engine", a.engine},
+    nlohmann::json j = {{"engine", engine},
+                        {"decode_steps", a.engine == "paged" ? lim.decodeSteps : 1},
+                        {"decode_rounds", last.decodeRounds},
                         {"device", a.device},
                         {"dtype", c.dtype == at::kBFloat16 ? "bf16" : "f32"},
                         {"params", c.paramCount()},

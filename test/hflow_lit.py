@@ -26,7 +26,9 @@ def configure(config, lit):
     # FileCheck, not, count and friends from Debian's LLVM 22.
     config.environment["PATH"] = os.pathsep.join(
         [tools, llvm, config.environment.get("PATH", os.environ.get("PATH", ""))])
-    for var in ("HOME", "TMPDIR", "LANG"):
+    # (and the engine's opt-in paths, so a suite can run under them:
+    # HFLOW_DECODE_STEPS=8 lit ... runs every rollout in windows of 8)
+    for var in ("HOME", "TMPDIR", "LANG", "HFLOW_DECODE_STEPS", "HFLOW_ATTENTION"):
         if var in os.environ:
             config.environment[var] = os.environ[var]
     # Tests must never inherit a job's rendezvous from the caller's shell.

@@ -15,6 +15,7 @@
 #include "runtime/exec/Worker.h"
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
 
 #include <ATen/ATen.h>
@@ -50,6 +51,15 @@ std::string whereIs(const RankState &st) {
          st.progress.activity + ": ";
 }
 
+/// Where the rank was, then `what` after `also`: said once where `what`
+/// begins with it already (a step's own errors name the step).
+std::string located(const RankState &st, const std::string &what,
+                    const std::string &also = std::string()) {
+  const std::string where = whereIs(st);
+  const bool said = what.compare(0, where.size(), where) == 0;
+  return where + also + (said ? what.substr(where.size()) : what);
+}
+
 /// Which peer is gone when a collective broke: the ranks whose heartbeat
 /// stopped (" [rank 3 stopped responding]"), or "".
 std::string silentPeers(const Comms &comms) {
@@ -78,6 +88,11 @@ void Worker::prepare() {
     struct stat st;
     if (::stat(o_.dataDir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw RunError("--data-dir '" + o_.dataDir + "' is not a directory");
+  }
+  try { // the engine's settings from the environment, before any work
+    models::decodeStepsFromEnvironment();
+  } catch (const std::exception &e) {
+    throw RunError(e.what());
   }
   Preflight pre = preflight();
   pre.readTokenizer();
@@ -249,10 +264,10 @@ int Worker::run() {
   try {
     work();
   } catch (const RunError &e) {
-    return fail(who + whereIs(st_) + e.what(), false);
+    return fail(who + located(st_, e.what()), false);
   } catch (const CommError &e) {
     const std::string why = silentPeers(st_.comms);
-    const int code = fail(who + whereIs(st_) + e.what() + why, true);
+    const int code = fail(who + located(st_, e.what()) + why, true);
     if (st_.comms.rendezvous && st_.comms.rendezvous->storeUnresponsive())
       std::_Exit(code); // threads blocked on the frozen store would never join
     return code;
@@ -260,7 +275,7 @@ int Worker::run() {
     return fail(who + whereIs(st_) + "ran out of memory (the allocator refused a request)", false);
   } catch (const std::exception &e) {
     const std::string what = comm::oneLineError(e);
-    return fail(who + whereIs(st_) + (isOutOfMemory(what) ? "ran out of memory: " : "") + what,
+    return fail(who + located(st_, what, isOutOfMemory(what) ? "ran out of memory: " : ""),
                 false);
   }
   if (std::string err = outputs_.publishMetrics(); !err.empty())

@@ -549,7 +549,11 @@ std::pair<at::Tensor, at::Tensor> ropeTables(const LlamaConfig &c, const at::Ten
     std::vector<double> f(hd / 2);
     for (int64_t i = 0; i < hd / 2; ++i)
       f[i] = rope::ropeInvFreq(i, hd, c.ropeTheta, c.ropeScaling);
-    invFreq = at::tensor(f, dopts);
+    // To a GPU from pinned memory without waiting for it (a decode window's
+    // steps never wait for the device; docs/runtime.md).
+    invFreq = at::tensor(f, dopts.device(at::kCPU));
+    if (!positions.is_cpu())
+      invFreq = invFreq.pin_memory().to(positions.device(), /*non_blocking=*/true);
   }
   at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * invFreq; // [B,T,hd/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);

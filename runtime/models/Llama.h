@@ -208,6 +208,19 @@ public:
   virtual void commit(const at::Tensor &keyReal, const at::Tensor &positions) = 0;
 };
 
+/// While one lives on this thread, a forward takes its tokens as in range
+/// without reading them on the host: the rollout engine's decode steps,
+/// whose tokens are its own samples (each an index into the logits), so
+/// that a step on a GPU does not wait for the device. Scopes nest.
+class SampledTokensScope {
+public:
+  SampledTokensScope();
+  ~SampledTokensScope();
+  SampledTokensScope(const SampledTokensScope &) = delete;
+  SampledTokensScope &operator=(const SampledTokensScope &) = delete;
+  static bool active();
+};
+
 /// Keys and values of the tokens a Llama has already seen, per layer, for
 /// incremental decoding. `keyMask` [B, len] marks real tokens (1) against
 /// left padding (0); `nextPos` [B] is each row's next RoPE position.
@@ -241,6 +254,13 @@ struct EngineLimits {
   int64_t poolBlocks = 0;
   /// Rows with the same prompt share its blocks and its prefill.
   bool sharePrefixes = true;
+  /// Decode steps between two reads of the sampled tokens on the host (the
+  /// one synchronisation of a decode step on a GPU): each step's tokens are
+  /// the last one's samples, on the device; the stops are found when the
+  /// window's tokens are read, and a row that ended inside a window
+  /// computes on to its end (what it samples there is dropped). 0: the
+  /// environment's HFLOW_DECODE_STEPS, else 1.
+  int64_t decodeSteps = 0;
 };
 
 /// What one call did.
@@ -252,6 +272,7 @@ struct RolloutStats {
   int64_t sharedPrefills = 0;  ///< samples that joined on a prompt prefilled once
   int64_t poolBlocks = 0, peakBlocks = 0, blockBytes = 0;
   int64_t maxRunning = 0;      ///< the most sequences decoding at once
+  int64_t decodeRounds = 0;    ///< reads of decode steps' samples on the host
   double prefillMs = 0, decodeMs = 0;
 };
 

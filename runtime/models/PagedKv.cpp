@@ -82,6 +82,51 @@ void KvBlockPool::copyBlock(int from, int to) {
   }
 }
 
+namespace {
+/// One forward's indices, every one an int64 piece of one host buffer that
+/// goes to the engine's device in one copy: pinned on a GPU, so the copy
+/// does not wait for the device (LibTorch's caching host allocator keeps
+/// the block until the copy has run); on a CPU the buffer itself.
+class Upload {
+public:
+  /// Room for `n` more values: their offset.
+  int64_t add(int64_t n) {
+    const int64_t at = size_;
+    size_ += n;
+    return at;
+  }
+  /// The buffer (zeros), once every piece is added.
+  int64_t *host() {
+    at::TensorOptions o = at::TensorOptions().dtype(at::kLong);
+    if (engineDevice().is_cuda())
+      o = o.pinned_memory(true);
+    host_ = at::zeros({std::max<int64_t>(size_, 1)}, o);
+    return host_.data_ptr<int64_t>();
+  }
+  /// Once filled: to the device.
+  void send() {
+    dev_ = engineDevice().is_cpu() ? host_
+                                   : host_.to(engineDevice(), /*non_blocking=*/true);
+  }
+  /// The piece at `offset`, in `shape`, on the device.
+  at::Tensor piece(int64_t offset, at::IntArrayRef shape) const {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    return dev_.narrow(0, offset, n).view(shape);
+  }
+
+private:
+  int64_t size_ = 0;
+  at::Tensor host_, dev_;
+};
+
+/// Whether a decode step over `pool` goes through the paged kernel.
+bool pagedKernelFor(KvBlockPool &pool) {
+  return pagedKernelRequested() && pagedDecodeBuilt() && pool.keys(0).is_cuda();
+}
+} // namespace
+
 PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
                          const std::vector<int64_t> &past, const std::vector<int64_t> &q)
     : pool_(pool), q_(q) {
@@ -89,6 +134,7 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<
   if (tables.size() != q.size() || past.size() != q.size() || B == 0)
     throw std::invalid_argument("PagedKvStep: one table, past and count per row");
   const int64_t bs = pool.blockSize();
+  int64_t N = 0;
   for (int64_t r = 0; r < B; ++r) {
     if (q[r] <= 0 || past[r] < 0)
       throw std::invalid_argument("PagedKvStep: row " + std::to_string(r) + " has " +
@@ -100,60 +146,140 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<
                              std::to_string(past[r] + q[r]));
     T_ = std::max(T_, q[r]);
     K_ = std::max(K_, past[r] + q[r]);
+    N += q[r];
   }
-  // Every index on the host, then one copy each to the engine's device.
-  std::vector<int64_t> newRows, newSlots, gather((size_t)(B * K_), 0);
-  std::vector<uint8_t> keyReal((size_t)(B * K_), 0), newMask((size_t)(B * T_), 0);
-  std::vector<int64_t> positions((size_t)(B * T_), 0);
+  // Every index on the host, then one copy to the engine's device.
+  const bool kernel = T_ == 1 && pagedKernelFor(pool);
+  size_t most = 0;
+  for (const std::vector<int> *t : tables)
+    most = std::max(most, t->size());
+  Upload u;
+  const int64_t oRows = u.add(N), oSlots = u.add(N), oGather = u.add(B * K_),
+                oReal = u.add(B * K_), oMask = u.add(B * T_), oPos = u.add(B * T_);
+  const int64_t oTab = kernel ? u.add(B * (int64_t)most) : 0, oLen = kernel ? u.add(B) : 0;
+  int64_t *h = u.host();
+  int64_t *newRows = h + oRows, *newSlots = h + oSlots, *gather = h + oGather,
+          *keyReal = h + oReal, *newMask = h + oMask, *positions = h + oPos;
+  auto slotOf = [&](int64_t r, int64_t pos) {
+    return (int64_t)(*tables[r])[(size_t)(pos / bs)] * bs + pos % bs;
+  };
+  int64_t n = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t len = past[r] + q[r];
+    for (int64_t j = 0; j < q[r]; ++j, ++n) {
+      const int64_t col = T_ - q[r] + j, pos = past[r] + j;
+      newRows[n] = r * T_ + col;
+      newSlots[n] = slotOf(r, pos);
+      newMask[r * T_ + col] = 1;
+      positions[r * T_ + col] = pos;
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t col = K_ - len + i;
+      gather[r * K_ + col] = slotOf(r, i);
+      keyReal[r * K_ + col] = 1;
+    }
+    if (kernel) {
+      // The kernel's own view of the tables: a row per sequence.
+      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * (int64_t)most);
+      h[oLen + r] = len;
+    }
+  }
+  u.send();
+  newRows_ = u.piece(oRows, {N});
+  newSlots_ = u.piece(oSlots, {N});
+  gather_ = u.piece(oGather, {B * K_});
+  keyReal_ = u.piece(oReal, {B, K_}).to(at::kBool);
+  newMask_ = u.piece(oMask, {B, T_}).to(at::kBool);
+  positions_ = u.piece(oPos, {B, T_});
+  if (kernel) {
+    tables32_ = u.piece(oTab, {B, (int64_t)most}).to(at::kInt);
+    lens32_ = u.piece(oLen, {B}).to(at::kInt);
+  }
+}
+
+PagedKvStep::PagedKvStep(KvBlockPool &pool, int64_t rows, int64_t keys)
+    : pool_(pool), q_((size_t)rows, 1), T_(1), K_(keys) {}
+
+PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
+                             const std::vector<const std::vector<int> *> &tables,
+                             const std::vector<int64_t> &past, const std::vector<int64_t> &span,
+                             int64_t steps)
+    : pool_(pool), rows_((int64_t)past.size()), steps_(steps) {
+  const int64_t B = rows_, S = steps, bs = pool.blockSize();
+  if (tables.size() != past.size() || span.size() != past.size() || B == 0 || S <= 0)
+    throw std::invalid_argument("PagedKvWindow: one table, past and span per row, and steps");
+  for (int64_t r = 0; r < B; ++r) {
+    if (past[r] < 0 || span[r] < 1 || span[r] > S)
+      throw std::invalid_argument("PagedKvWindow: row " + std::to_string(r) + " has " +
+                                  std::to_string(span[r]) + " of " + std::to_string(S) +
+                                  " steps after " + std::to_string(past[r]));
+    if ((int64_t)tables[r]->size() * bs < past[r] + span[r])
+      throw std::logic_error("PagedKvWindow: row " + std::to_string(r) + "'s blocks hold " +
+                             std::to_string(tables[r]->size() * bs) + " positions, not " +
+                             std::to_string(past[r] + span[r]));
+    maxPast_ = std::max(maxPast_, past[r]);
+  }
+  const int64_t K = maxPast_ + S; // the last step's key columns
+  const bool kernel = pagedKernelFor(pool);
+  size_t most = 0;
+  for (const std::vector<int> *t : tables)
+    most = std::max(most, t->size());
+  Upload u;
+  const int64_t oGather = u.add(B * K), oReal = u.add(B * K), oSlots = u.add(S * B),
+                oPos = u.add(S * B);
+  const int64_t oTab = kernel ? u.add(B * (int64_t)most) : 0, oLen = kernel ? u.add(S * B) : 0;
+  int64_t *h = u.host();
   auto slotOf = [&](int64_t r, int64_t pos) {
     return (int64_t)(*tables[r])[(size_t)(pos / bs)] * bs + pos % bs;
   };
   for (int64_t r = 0; r < B; ++r) {
-    const int64_t len = past[r] + q[r];
-    for (int64_t j = 0; j < q[r]; ++j) {
-      const int64_t col = T_ - q[r] + j, pos = past[r] + j;
-      newRows.push_back(r * T_ + col);
-      newSlots.push_back(slotOf(r, pos));
-      newMask[(size_t)(r * T_ + col)] = 1;
-      positions[(size_t)(r * T_ + col)] = pos;
+    const int64_t shift = maxPast_ - past[r], last = past[r] + span[r] - 1;
+    for (int64_t c = shift; c < K; ++c) {
+      h[oGather + r * K + c] = slotOf(r, std::min(c - shift, last));
+      h[oReal + r * K + c] = 1;
     }
-    for (int64_t i = 0; i < len; ++i) {
-      const int64_t col = K_ - len + i;
-      gather[(size_t)(r * K_ + col)] = slotOf(r, i);
-      keyReal[(size_t)(r * K_ + col)] = 1;
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t pos = std::min(past[r] + j, last);
+      h[oSlots + j * B + r] = slotOf(r, pos);
+      h[oPos + j * B + r] = pos;
+      if (kernel)
+        h[oLen + j * B + r] = pos + 1;
     }
+    if (kernel)
+      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * (int64_t)most);
   }
-  auto longs = [](std::vector<int64_t> &v, std::vector<int64_t> shape) {
-    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(at::kLong))
-        .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
-  };
-  auto bools = [](std::vector<uint8_t> &v, std::vector<int64_t> shape) {
-    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(at::kBool))
-        .to(onEngine(at::kBool), /*non_blocking=*/false, /*copy=*/true);
-  };
-  newRows_ = longs(newRows, {(int64_t)newRows.size()});
-  newSlots_ = longs(newSlots, {(int64_t)newSlots.size()});
-  gather_ = longs(gather, {B * K_});
-  keyReal_ = bools(keyReal, {B, K_});
-  newMask_ = bools(newMask, {B, T_});
-  positions_ = longs(positions, {B, T_});
-  if (T_ == 1 && pagedKernelRequested() && pagedDecodeBuilt() && pool.keys(0).is_cuda()) {
-    // The kernel's own view of the tables: int32, a row per sequence.
-    size_t most = 0;
-    for (const std::vector<int> *t : tables)
-      most = std::max(most, t->size());
-    std::vector<int32_t> t32((size_t)B * most, 0), l32((size_t)B);
-    for (int64_t r = 0; r < B; ++r) {
-      std::copy(tables[r]->begin(), tables[r]->end(), t32.begin() + r * (int64_t)most);
-      l32[(size_t)r] = (int32_t)(past[r] + q[r]);
-    }
-    auto ints = [](std::vector<int32_t> &v, std::vector<int64_t> shape) {
-      return at::from_blob(v.data(), shape, at::TensorOptions().dtype(at::kInt))
-          .to(onEngine(at::kInt), /*non_blocking=*/false, /*copy=*/true);
-    };
-    tables32_ = ints(t32, {B, (int64_t)most});
-    lens32_ = ints(l32, {B});
+  u.send();
+  gather_ = u.piece(oGather, {B, K});
+  keyReal_ = u.piece(oReal, {B, K}).to(at::kBool);
+  slots_ = u.piece(oSlots, {S, B});
+  positions_ = u.piece(oPos, {S, B});
+  if (kernel) {
+    tables32_ = u.piece(oTab, {B, (int64_t)most}).to(at::kInt);
+    lens32_ = u.piece(oLen, {S, B}).to(at::kInt);
   }
+  rowIdx_ = at::arange(B, onEngine(at::kLong));
+  newMask_ = at::ones({B, 1}, onEngine(at::kBool));
+}
+
+PagedKvStep PagedKvWindow::step(int64_t j) const {
+  if (j < 0 || j >= steps_)
+    throw std::out_of_range("PagedKvWindow: step " + std::to_string(j) + " of " +
+                            std::to_string(steps_));
+  const int64_t B = rows_, K = maxPast_ + j + 1;
+  PagedKvStep s(pool_, B, K);
+  // The first K columns of the last step's (a copy on the device before
+  // the last step; the whole, as it is, at the last).
+  s.gather_ = gather_.narrow(1, 0, K).reshape({B * K});
+  s.keyReal_ = keyReal_.narrow(1, 0, K).contiguous();
+  s.newRows_ = rowIdx_;
+  s.newSlots_ = slots_.select(0, j);
+  s.newMask_ = newMask_;
+  s.positions_ = positions_.select(0, j).view({B, 1});
+  if (tables32_.defined()) {
+    s.tables32_ = tables32_;
+    s.lens32_ = lens32_.select(0, j);
+  }
+  return s;
 }
 
 at::Tensor PagedKvStep::keyReal(const at::Tensor &newReal) const {

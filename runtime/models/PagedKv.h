@@ -86,12 +86,14 @@ private:
   int64_t peak_ = 0;
 };
 
+class PagedKvWindow;
+
 /// One forward's rows: row r continues a sequence whose first past[r]
 /// positions are already in its blocks with q[r] new tokens; the block
 /// table covers past[r] + q[r] positions (the scheduler reserved them).
 /// The forward's tokens are [B, T] with T = max q, each row's new tokens
 /// right-aligned (left padding). Built on the host, moved to the engine's
-/// device in one copy per index tensor.
+/// device in one copy (asynchronous, from pinned memory, on a GPU).
 class PagedKvStep final : public KvStore {
 public:
   PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
@@ -119,6 +121,10 @@ public:
                            const at::Tensor &v, double scale, int64_t window) override;
 
 private:
+  friend class PagedKvWindow;
+  /// A decode step of `rows` rows over `keys` key columns from tensors on
+  /// the device (PagedKvWindow::step).
+  PagedKvStep(KvBlockPool &pool, int64_t rows, int64_t keys);
   /// The new tokens' keys and values into their slots.
   void store(size_t li, const at::Tensor &k, const at::Tensor &v);
 
@@ -132,6 +138,40 @@ private:
   at::Tensor newMask_, positions_;
   at::Tensor tables32_; ///< int32 [B, most blocks]: with the paged kernel only
   at::Tensor lens32_;   ///< int32 [B]: each row's keys, the same
+};
+
+/// A window of decode steps over the same rows, one new token a row a
+/// step: every index of every step built on the host and moved to the
+/// engine's device in one copy, so that the steps need nothing from the
+/// host and the engine reads the samples once, after the last (vLLM's
+/// multi-step scheduling). Row r has past[r] positions in its blocks and
+/// slots reserved for span[r] more (1 <= span[r] <= steps). Step j's store
+/// is what PagedKvStep(pool, tables, past + j, 1) would build: the key
+/// columns right-aligned to the widest row, max past + j + 1 of them (row
+/// r's position p at column p + max past - past[r] in every step, so each
+/// step's indices are the first columns of the last's). From its step
+/// span[r] on, a row computes on its last reserved slot (its keys and
+/// values written there, never into another row's block; RoPE at that
+/// slot's position): what it samples there is the caller's to drop.
+class PagedKvWindow {
+public:
+  PagedKvWindow(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
+                const std::vector<int64_t> &past, const std::vector<int64_t> &span,
+                int64_t steps);
+  int64_t rows() const { return rows_; }
+  int64_t steps() const { return steps_; }
+  /// Step j's store (0 <= j < steps()).
+  PagedKvStep step(int64_t j) const;
+
+private:
+  KvBlockPool &pool_;
+  int64_t rows_ = 0, steps_ = 0, maxPast_ = 0;
+  at::Tensor gather_;    ///< int64 [B, max past + steps]: each column's slot
+  at::Tensor keyReal_;   ///< bool [B, max past + steps]
+  at::Tensor slots_;     ///< int64 [steps, B]: each step's new slot
+  at::Tensor positions_; ///< int64 [steps, B]: its RoPE position
+  at::Tensor rowIdx_, newMask_;
+  at::Tensor tables32_, lens32_; ///< with the paged kernel: [B, most], [steps, B]
 };
 
 /// The paged decode kernel (PagedAttention.h) on `q`'s CUDA stream: `q`

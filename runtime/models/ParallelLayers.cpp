@@ -32,6 +32,14 @@ using torch::autograd::variable_list;
 // The decoder, shared by the forms
 //===----------------------------------------------------------------------===//
 
+namespace {
+thread_local int gSampledTokens = 0;
+} // namespace
+
+SampledTokensScope::SampledTokensScope() { ++gSampledTokens; }
+SampledTokensScope::~SampledTokensScope() { --gSampledTokens; }
+bool SampledTokensScope::active() { return gSampledTokens > 0; }
+
 namespace detail {
 /// Splits "layers.<i>.<suffix>"; returns -1 for other names.
 int layerOf(const std::string &name, std::string &suffix) {
@@ -59,7 +67,7 @@ void checkTokens(const LlamaConfig &c, const at::Tensor &tokens, const char *who
     throw std::invalid_argument(std::string(who) + ": tokens must be int64 [B, T]");
   if (tokens.size(1) == 0)
     throw std::invalid_argument(std::string(who) + ": empty sequence");
-  if (tokens.numel() > 0) {
+  if (tokens.numel() > 0 && !SampledTokensScope::active()) {
     int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
     if (lo < 0 || hi >= c.vocab)
       throw std::invalid_argument(std::string(who) + ": token id out of [0, " +

@@ -9,6 +9,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -30,6 +32,20 @@ uint64_t splitmix64(uint64_t x) {
 double rolloutUniform(uint64_t seed, int64_t row, int64_t t) {
   const uint64_t x = splitmix64(seed ^ splitmix64((uint64_t)row * 0x100000001B3ull + (uint64_t)t));
   return (double)(x >> 11) * 0x1.0p-53;
+}
+
+int64_t decodeStepsFromEnvironment() {
+  const char *v = std::getenv("HFLOW_DECODE_STEPS");
+  if (!v || !*v)
+    return 1;
+  char *end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end || errno || n < 1 || n > kMaxDecodeSteps)
+    throw std::invalid_argument("HFLOW_DECODE_STEPS='" + std::string(v) +
+                                "': decode steps between two reads of the samples must be a "
+                                "whole number in [1, " + std::to_string(kMaxDecodeSteps) + "]");
+  return n;
 }
 
 namespace detail {
@@ -58,6 +74,12 @@ std::vector<std::vector<int64_t>> promptRows(const at::Tensor &prompts,
 
 EngineLimits checkedLimits(const EngineLimits &in, int64_t longest, int64_t R, int64_t rows) {
   EngineLimits lim = in;
+  if (lim.decodeSteps == 0)
+    lim.decodeSteps = decodeStepsFromEnvironment();
+  if (lim.decodeSteps < 1 || lim.decodeSteps > kMaxDecodeSteps)
+    throw std::invalid_argument("generate: " + std::to_string(lim.decodeSteps) +
+                                " decode steps a window (must be in [1, " +
+                                std::to_string(kMaxDecodeSteps) + "])");
   if (lim.blockSize <= 0)
     throw std::invalid_argument("generate: KV block size " + std::to_string(lim.blockSize) +
                                 " (must be positive)");

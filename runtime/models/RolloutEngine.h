@@ -73,6 +73,12 @@ Generation generatePaged(const Llama &model, const at::Tensor &prompts,
                          at::Generator &gen, const EngineLimits &limits,
                          RolloutStats *stats = nullptr);
 
+/// The most decode steps a window (EngineLimits::decodeSteps).
+inline constexpr int64_t kMaxDecodeSteps = 1024;
+/// HFLOW_DECODE_STEPS (1 when unset). Throws std::invalid_argument for a
+/// value that is not a whole number in [1, kMaxDecodeSteps].
+int64_t decodeStepsFromEnvironment();
+
 /// Row `row`'s draw `t` of a call seeded `seed`: a uniform in [0, 1).
 double rolloutUniform(uint64_t seed, int64_t row, int64_t t);
 

@@ -105,7 +105,7 @@ public:
          const EngineLimits &lim, uint64_t seed)
       : step_(step), o_(o), seed_(seed),
         temp_((o.greedy || o.temperature <= 0) ? 1.0 : o.temperature),
-        pool_(g, lim.poolBlocks, lim.blockSize),
+        window_(std::max<int64_t>(1, lim.decodeSteps)), pool_(g, lim.poolBlocks, lim.blockSize),
         sched_(pool_, ScheduleLimits{lim.maxSeqs, lim.maxBatchTokens, lim.sharePrefixes},
                stopRule(o)) {
     sched_.onUncache([this](int g) {
@@ -199,7 +199,7 @@ private:
     if (o_.recordRouting)
       for (const JoinRow &r : b.rows)
         owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
-    at::Tensor logits = forward(toks, kv, owners, past, q);
+    at::Tensor logits = forward(toEngine(toks, {kv.rows(), kv.width()}), kv, owners, past, q);
     // Each row's next token: a sequence samples it; a group keeps the
     // logits and its samples fork the prompt.
     for (size_t i = 0; i < b.rows.size(); ++i)
@@ -217,39 +217,75 @@ private:
     st_.prefillMs += ms(t0);
   }
 
+  /// A decode window (EngineLimits::decodeSteps): its steps back to back
+  /// on the device, each step's tokens the last one's samples, then the
+  /// samples read on the host once; each row records its tokens up to its
+  /// end (a stop, a stop rule, max tokens), the rest are dropped.
   void decode() {
     auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int> rows = sched_.scheduleDecode();
-    if (rows.empty())
+    const DecodeRows d = sched_.scheduleDecode(window_);
+    if (d.rows.empty())
       return;
+    const int64_t B = (int64_t)d.rows.size(), S = d.steps;
     std::vector<const std::vector<int> *> tables;
-    std::vector<int64_t> past, q(rows.size(), 1), toks;
-    for (int si : rows) {
+    std::vector<int64_t> past, toks;
+    for (int si : d.rows) {
       const RolloutSeq &s = sched_.seq(si);
       tables.push_back(&s.table);
       past.push_back(s.len);
       toks.push_back(s.response.back());
     }
-    PagedKvStep kv(pool_, tables, past, q);
+    PagedKvWindow w(pool_, tables, past, d.span, S);
+    at::Tensor t = toEngine(toks, {B, 1});
+    const at::Tensor u = draws(d.rows, S);
     std::vector<RouteLog::Owner> owners;
     if (o_.recordRouting)
-      for (int si : rows)
+      for (int si : d.rows)
         owners.push_back({false, si});
-    at::Tensor logits = forward(toks, kv, owners, past, q);
-    sched_.decoded(rows);
-    sampleInto(rows, logits);
+    std::vector<at::Tensor> next, lps;
+    {
+      SampledTokensScope own; // every step's tokens are this engine's samples
+      for (int64_t j = 0; j < S; ++j) {
+        PagedKvStep kv = w.step(j);
+        std::vector<int64_t> at(past), q((size_t)B, 1);
+        for (int64_t &p : at)
+          p += j;
+        auto [nx, lp] = sample(forward(t, kv, owners, at, q), u.defined() ? u[j] : u);
+        next.push_back(nx);
+        lps.push_back(lp);
+        t = nx.view({B, 1});
+      }
+    }
+    // The window's samples leave the device in one copy: [2, S, B].
+    at::Tensor both =
+        at::stack({at::stack(next).to(at::kDouble), at::stack(lps).to(at::kDouble)}).cpu();
+    ++st_.decodeRounds;
+    auto A = both.accessor<double, 3>();
+    for (int64_t i = 0; i < B; ++i) {
+      const int si = d.rows[(size_t)i];
+      int64_t n = 0;
+      bool ended = false;
+      while (!ended && n < d.span[(size_t)i]) {
+        ended = sched_.record(si, (int64_t)A[0][n][i], (float)A[1][n][i]);
+        ++n;
+      }
+      sched_.decoded(si, n);
+    }
     st_.decodeMs += ms(t0);
   }
 
-  /// The step over `toks` [rows x width]; with recordRouting, row i's
-  /// routing is kept for `to[i]` (RouteLog; empty otherwise) from position
-  /// `past[i]` on, its last q[i] columns being its tokens.
-  at::Tensor forward(std::vector<int64_t> &toks, PagedKvStep &kv,
+  /// `toks` ([shape], int64) on the engine's device.
+  static at::Tensor toEngine(std::vector<int64_t> &toks, at::IntArrayRef shape) {
+    return at::from_blob(toks.data(), shape, at::TensorOptions().dtype(at::kLong))
+        .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  /// The step over `t` [rows x width] on the device; with recordRouting,
+  /// row i's routing is kept for `to[i]` (RouteLog; empty otherwise) from
+  /// position `past[i]` on, its last q[i] columns being its tokens.
+  at::Tensor forward(const at::Tensor &t, PagedKvStep &kv,
                      const std::vector<RouteLog::Owner> &to, const std::vector<int64_t> &past,
                      const std::vector<int64_t> &q) {
-    at::Tensor t = at::from_blob(toks.data(), {kv.rows(), kv.width()},
-                                 at::TensorOptions().dtype(at::kLong))
-                       .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
     ++st_.forwards;
     if (!o_.recordRouting)
       return step_(t, kv.positions(), kv.newMask(), &kv, nullptr).to(at::kFloat);
@@ -260,31 +296,47 @@ private:
     return logits;
   }
 
-  /// Samples each of `who`'s next token from its row of `logits` [n, V]
-  /// and records it (the scheduler retires the sequences that end).
-  void sampleInto(const std::vector<int> &who, const at::Tensor &logits) {
+  /// The uniforms of `who`'s next `steps` draws, [steps, n] float64 on the
+  /// engine's device (row i's draw j is its token response.size() + j);
+  /// undefined under greedy decoding.
+  at::Tensor draws(const std::vector<int> &who, int64_t steps) {
+    if (o_.greedy || o_.temperature <= 0)
+      return at::Tensor();
     const int64_t n = (int64_t)who.size();
+    std::vector<double> u((size_t)(steps * n));
+    for (int64_t i = 0; i < n; ++i) {
+      const RolloutSeq &s = sched_.seq(who[(size_t)i]);
+      for (int64_t j = 0; j < steps; ++j)
+        u[(size_t)(j * n + i)] = rolloutUniform(seed_, s.row, (int64_t)s.response.size() + j);
+    }
+    return at::from_blob(u.data(), {steps, n}, at::TensorOptions().dtype(at::kDouble))
+        .to(onEngine(at::kDouble), /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  /// Each row's next token of `logits` [n, V] and its log-prob, on the
+  /// device: the argmax under greedy decoding, else the inverse CDF at the
+  /// row's uniform `u` [n].
+  std::pair<at::Tensor, at::Tensor> sample(const at::Tensor &logits, const at::Tensor &u) {
     at::Tensor next;
-    if (o_.greedy || o_.temperature <= 0) {
+    if (!u.defined()) {
       next = logits.argmax(-1);
     } else {
-      // Inverse CDF at each row's own uniform.
-      std::vector<double> u((size_t)n);
-      for (int64_t i = 0; i < n; ++i) {
-        const RolloutSeq &s = sched_.seq(who[(size_t)i]);
-        u[(size_t)i] = rolloutUniform(seed_, s.row, (int64_t)s.response.size());
-      }
       at::Tensor probs = at::softmax(samplingLogits(logits, o_).to(at::kDouble), -1);
       at::Tensor cdf = probs.cumsum(-1);
-      at::Tensor target =
-          at::from_blob(u.data(), {n, 1}, at::TensorOptions().dtype(at::kDouble))
-              .to(cdf.device(), /*non_blocking=*/false, /*copy=*/true) *
-          cdf.narrow(1, cdf.size(1) - 1, 1);
+      at::Tensor target = u.view({-1, 1}) * cdf.narrow(1, cdf.size(1) - 1, 1);
       next = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true)
                  .squeeze(1)
                  .clamp_max(cdf.size(1) - 1);
     }
-    at::Tensor lp = tokenLogprobs(logits, next, temp_);
+    return {next, tokenLogprobs(logits, next, temp_)};
+  }
+
+  /// Samples each of `who`'s next token from its row of `logits` [n, V]
+  /// and records it (the scheduler retires the sequences that end).
+  void sampleInto(const std::vector<int> &who, const at::Tensor &logits) {
+    const int64_t n = (int64_t)who.size();
+    const at::Tensor u = draws(who, 1);
+    auto [next, lp] = sample(logits, u.defined() ? u[0] : u);
     // The tokens leave the engine: the scheduler reads them on the host.
     at::Tensor both = at::stack({next.to(at::kDouble), lp.to(at::kDouble)}).cpu();
     auto A = both.accessor<double, 2>();
@@ -301,6 +353,7 @@ private:
   const SamplingOptions &o_;
   uint64_t seed_;
   double temp_;
+  int64_t window_; ///< decode steps a window
   KvBlockPool pool_;
   RolloutScheduler sched_;
   std::vector<at::Tensor> promptLogits_; ///< a kept prompt's next-token logits [V]
@@ -351,8 +404,9 @@ struct HostRows {
 std::vector<std::vector<int64_t>> promptRows(const at::Tensor &prompts,
                                              const at::Tensor &promptMask, int64_t &longest);
 /// `in` checked against sequences of up to `longest` prompt and `R` new
-/// tokens, its pool (when 0) sized for `rows` of them at once. Throws
-/// std::invalid_argument for limits that cannot hold one sequence.
+/// tokens, its pool (when 0) sized for `rows` of them at once, its decode
+/// window (when 0) the environment's. Throws std::invalid_argument for
+/// limits that cannot hold one sequence or a window out of range.
 EngineLimits checkedLimits(const EngineLimits &in, int64_t longest, int64_t R, int64_t rows);
 /// One draw from the caller's generator: the seed of every row's stream.
 uint64_t drawSeed(at::Generator &gen);

@@ -206,10 +206,43 @@ std::vector<int> RolloutScheduler::scheduleDecode() {
   return running_;
 }
 
+DecodeRows RolloutScheduler::scheduleDecode(int64_t steps) {
+  DecodeRows d;
+  if (steps > 1 && !running_.empty()) {
+    // Each row's steps: the window, or the tokens it may still sample.
+    int64_t need = 0;
+    std::vector<int64_t> span;
+    for (int si : running_) {
+      const RolloutSeq &s = seqs_[(size_t)si];
+      span.push_back(std::max<int64_t>(
+          1, std::min<int64_t>(steps, stop_.maxTokens - (int64_t)s.response.size())));
+      need += kv_.needed(s.table, s.len, span.back());
+    }
+    // (needed() counts a copy of a shared last block for every sharer: the
+    // last to copy needs none, so this may ask one block too many a group.)
+    if (kv_.haveBlocks(need)) {
+      d.rows = running_;
+      d.span = std::move(span);
+      d.steps = *std::max_element(d.span.begin(), d.span.end());
+      for (size_t i = 0; i < d.rows.size(); ++i)
+        kv_.reserve(seqs_[(size_t)d.rows[i]].table, seqs_[(size_t)d.rows[i]].len, d.span[i]);
+      return d;
+    }
+  }
+  d.rows = scheduleDecode();
+  d.span.assign(d.rows.size(), 1);
+  return d;
+}
+
 void RolloutScheduler::decoded(const std::vector<int> &rows) {
   counts_.decodeTokens += (int64_t)rows.size();
   for (int si : rows)
     ++seqs_[(size_t)si].len;
+}
+
+void RolloutScheduler::decoded(int si, int64_t n) {
+  counts_.decodeTokens += n;
+  seqs_.at((size_t)si).len += n;
 }
 
 bool RolloutScheduler::record(int si, int64_t token, float lp) {

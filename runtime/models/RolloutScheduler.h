@@ -20,7 +20,10 @@
 // sequence a slot for its last token, preempting the sequence that joined
 // last while none is free, and names the rows of the decode step; after it,
 // decoded() advances them. record() appends a sampled token and ends the
-// sequence on a stop token, a stop rule or max tokens.
+// sequence on a stop token, a stop rule or max tokens. A decode window of
+// several steps (scheduleDecode(steps)) reserves each row the slots of
+// every step it can still use, when the pool has them all without
+// preempting; otherwise the iteration is one step, as above.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_ROLLOUTSCHEDULER_H
@@ -84,6 +87,15 @@ struct JoinBatch {
 };
 
 /// The counters the scheduler keeps (RolloutStats' share).
+/// A decode iteration's rows (running order) and the window's steps: row i
+/// has slots for span[i] of them (1 <= span[i] <= steps; fewer where its
+/// max tokens come first).
+struct DecodeRows {
+  std::vector<int> rows;
+  std::vector<int64_t> span;
+  int64_t steps = 1;
+};
+
 struct ScheduleCounts {
   int64_t prefillTokens = 0, decodeTokens = 0, preemptions = 0, sharedPrefills = 0;
   int64_t maxRunning = 0;
@@ -116,8 +128,15 @@ public:
   /// A slot for every running sequence's last token (preempting as the file
   /// says); the decode step's sequences in running order (empty: none).
   std::vector<int> scheduleDecode();
+  /// A window of up to `steps` decode steps: every running sequence's slots
+  /// for the steps it can use, when the pool has them all (freeing idle
+  /// kept prompts, never preempting); otherwise scheduleDecode()'s one step.
+  DecodeRows scheduleDecode(int64_t steps);
   /// After the decode step over `rows`: each has one more position.
   void decoded(const std::vector<int> &rows);
+  /// After a window: sequence `si` computed `n` real positions in it (the
+  /// tokens it recorded).
+  void decoded(int si, int64_t n);
 
   /// Appends sampled `token` (log-prob `lp`) to sequence `si`; true when
   /// the sequence ended (its blocks are back in the pool).

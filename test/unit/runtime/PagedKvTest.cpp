@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 using namespace hflow::models;
@@ -86,4 +88,77 @@ TEST(PagedKv, StepReadsAndWritesThroughTheTables) {
   const std::vector<int> one{3};
   EXPECT_THROW(PagedKvStep(pool, {&one}, {1}, {2}), std::logic_error);
   EXPECT_THROW(PagedKvStep(pool, {&one}, {0}, {0}), std::invalid_argument);
+}
+
+// A window's step j reads and writes what a step built at past + j does:
+// the same key columns (right-aligned to the widest), masks and RoPE
+// positions. A row whose slots end inside the window computes on its last
+// reserved slot from then on, and no other row's block is ever written.
+TEST(PagedKv, WindowStepsAreTheStepsTheyStandFor) {
+  KvGeometry g{1, 1, 2, at::kFloat}; // 1 layer, 1 kv head, head dim 2
+  KvBlockPool pool(g, 12, 2);
+  for (int i = 0; i < 12; ++i)
+    pool.allocate();
+  // Row 0: 3 positions, 4 more reserved; row 1: 0 and 4; row 2: 5 and 2
+  // (its max tokens come first); block 11 is nobody's.
+  const std::vector<int> a{4, 1, 7, 9}, b{0, 5}, c{2, 6, 3, 10};
+  const std::vector<const std::vector<int> *> tables{&a, &b, &c};
+  const std::vector<int64_t> past{3, 0, 5}, span{4, 4, 2};
+  auto slot = [&](const std::vector<int> &t, int64_t pos) { return t[(size_t)(pos / 2)] * 2 + pos % 2; };
+  pool.keys(0).copy_(at::arange(24 * 2, at::kFloat).view({24, 1, 2}));
+  pool.values(0).copy_(-pool.keys(0));
+  pool.keys(0)[22].fill_(-7.f), pool.keys(0)[23].fill_(-7.f); // block 11
+  PagedKvWindow w(pool, tables, past, span, 4);
+  EXPECT_EQ(w.rows(), 3);
+  for (int64_t j = 0; j < 4; ++j) {
+    PagedKvStep s = w.step(j);
+    // What a step at past + j builds (row 2 clamped to its last slot).
+    const std::vector<int64_t> at{3 + j, j, std::min<int64_t>(5 + j, 6)};
+    PagedKvStep ref(pool, tables, at, {1, 1, 1});
+    const std::string step = "step " + std::to_string(j);
+    EXPECT_EQ(s.rows(), 3) << step;
+    EXPECT_EQ(s.width(), 1) << step;
+    EXPECT_EQ(s.past(), 5 + j) << step; // max past + j key columns before the new one
+    EXPECT_TRUE(at::equal(s.positions(), at::tensor(at).view({3, 1}))) << step;
+    EXPECT_TRUE(at::equal(s.newMask(), at::ones({3, 1}, at::kBool))) << step;
+    // The new keys (row r's 100 r + j) into their slots, then every row's
+    // keys read back through the tables.
+    at::Tensor k = (at::arange(3, at::kFloat) * 100 + (double)j).view({3, 1, 1, 1}).expand({3, 1, 1, 2}).contiguous();
+    auto [keys, values] = s.append(0, k, -k);
+    ASSERT_EQ(keys.sizes(), (std::vector<int64_t>{3, 1, 6 + j, 2})) << step;
+    at::Tensor real = s.keyReal(s.newMask());
+    for (int64_t r = 0; r < 3; ++r) {
+      const std::vector<int> &t = *tables[(size_t)r];
+      const int64_t len = std::min<int64_t>(past[(size_t)r] + j, past[(size_t)r] + span[(size_t)r] - 1) + 1;
+      // Row 0's and row 1's columns are their positions 0 .. past + j,
+      // right-aligned; row 2 past its slots reads its last one again.
+      const int64_t shift = 5 - past[(size_t)r];
+      for (int64_t col = 0; col < 6 + j; ++col) {
+        const int64_t pos = col - shift;
+        EXPECT_EQ(real[r][col].item<bool>(), pos >= 0) << step << " row " << r << " col " << col;
+        if (pos < 0)
+          continue;
+        const int64_t want = slot(t, std::min(pos, len - 1));
+        EXPECT_TRUE(at::equal(keys[r][0][col], pool.keys(0)[want][0])) << step << " row " << r << " col " << col;
+      }
+    }
+    // While every row is in its slots, the step built on the host is the
+    // same step (after, row 2's clamped columns make it one key wider).
+    if (j <= 1) {
+      EXPECT_EQ(ref.past(), s.past()) << step;
+      EXPECT_TRUE(at::equal(real, ref.keyReal(ref.newMask()))) << step;
+      EXPECT_TRUE(at::equal(s.positions(), ref.positions())) << step;
+    }
+  }
+  // Every write went to the rows' own slots: row 2's last reserved slot
+  // holds its last step's key, block 11 is untouched.
+  EXPECT_TRUE(at::equal(pool.keys(0)[slot(c, 6)], at::full({1, 2}, 203.f)));
+  EXPECT_TRUE(at::equal(pool.keys(0)[slot(a, 6)], at::full({1, 2}, 3.f)));
+  EXPECT_TRUE(at::equal(pool.keys(0)[slot(b, 3)], at::full({1, 2}, 103.f)));
+  EXPECT_TRUE(at::equal(pool.keys(0)[22], at::full({1, 2}, -7.f)));
+  EXPECT_TRUE(at::equal(pool.keys(0)[23], at::full({1, 2}, -7.f)));
+  // Slots a row does not hold, and spans out of the window, are refused.
+  EXPECT_THROW(PagedKvWindow(pool, tables, past, {4, 5, 2}, 4), std::invalid_argument);
+  EXPECT_THROW(PagedKvWindow(pool, tables, {3, 0, 7}, span, 4), std::logic_error);
+  EXPECT_THROW(w.step(4), std::out_of_range);
 }

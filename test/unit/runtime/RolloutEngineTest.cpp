@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 using namespace hflow::models;
@@ -281,4 +283,101 @@ TEST(RolloutEngine, RefusesLimitsThatCannotHoldOneSequence) {
   EngineLimits budget;
   budget.maxBatchTokens = 15;
   EXPECT_THROW(generatePaged(m, p.tokens, p.mask, o, g, budget), std::invalid_argument);
+}
+
+TEST(RolloutEngine, DecodeWindowsGiveTheSameTokens) {
+  // Several decode steps between two reads of the samples: each step's
+  // tokens are the last one's samples on the device, a row that ends
+  // inside a window computes on to its end and what it samples there is
+  // dropped. Every row samples what it samples one step at a time, under
+  // stop tokens, a stop rule, prefix sharing, blocks crossed inside a
+  // window, rows nearer max tokens than a window, a sliding window and a
+  // tiny pool (windows fall back to one step where the pool cannot hold
+  // them; the engine preempts as before).
+  for (int variant = 0; variant < 4; ++variant) {
+    LlamaConfig c = cfg();
+    if (variant == 2)
+      c.slidingWindow = 4;
+    Llama m(c, 30 + variant);
+    Prompts p = prompts(10, {5, 3, 8, 2, 6}, 40 + variant, /*groups=*/2);
+    SamplingOptions o;
+    o.maxTokens = 13;
+    o.temperature = variant == 1 ? 0.0 : 1.0;
+    o.greedy = variant == 1;
+    o.stopToken = 7;
+    o.stopWhen = [](int64_t row, const std::vector<int64_t> &resp) {
+      return row % 3 == 0 && resp.size() >= 2 && resp.back() % 5 == 0 &&
+             resp[resp.size() - 2] % 5 == 0;
+    };
+    EngineLimits one;
+    one.blockSize = 4;
+    one.decodeSteps = 1;
+    if (variant == 3)
+      one.poolBlocks = (8 + 13 + 3) / 4 + 1; // one sequence at its longest
+    RolloutStats s1;
+    auto g1 = gen(50 + variant);
+    Generation a = generatePaged(m, p.tokens, p.mask, o, g1, one, &s1);
+    for (int64_t w : {2, 5, 16}) {
+      EngineLimits lim = one;
+      lim.decodeSteps = w;
+      RolloutStats sw;
+      auto g2 = gen(50 + variant);
+      Generation b = generatePaged(m, p.tokens, p.mask, o, g2, lim, &sw);
+      const std::string at = "variant " + std::to_string(variant) + " window " + std::to_string(w);
+      EXPECT_TRUE(at::equal(a.tokens, b.tokens)) << at << "\n" << a.tokens << "\n" << b.tokens;
+      EXPECT_TRUE(at::equal(a.mask, b.mask)) << at;
+      EXPECT_TRUE(at::equal(a.stopped, b.stopped)) << at;
+      EXPECT_LT((a.logprobs - b.logprobs).abs().max().item<float>(), 1e-5) << at;
+      // Fewer reads of the samples; every recorded token counted once.
+      EXPECT_LT(sw.decodeRounds, s1.decodeRounds) << at;
+      if (variant != 3) {
+        EXPECT_EQ(sw.decodeTokens, s1.decodeTokens) << at;
+        EXPECT_EQ(sw.preemptions, 0) << at;
+      } else {
+        EXPECT_LE(sw.peakBlocks, one.poolBlocks) << at;
+      }
+    }
+    // Some rows stopped early and some ran to max tokens (the cases above).
+    const int64_t stopped = a.stopped.sum().item<int64_t>();
+    if (variant != 1) {
+      EXPECT_GT(stopped, 0) << "variant " << variant;
+      EXPECT_LT(stopped, 10) << "variant " << variant;
+    }
+  }
+}
+
+TEST(RolloutEngine, DecodeWindowFromTheEnvironment) {
+  // HFLOW_DECODE_STEPS sets the window where the limits leave it 0; a value
+  // that is not a whole number in [1, 1024] is refused, naming it.
+  Llama m(cfg(), 5);
+  Prompts p = prompts(4, {3, 4}, 6);
+  SamplingOptions o;
+  o.maxTokens = 9;
+  o.temperature = 1.0;
+  EngineLimits lim;
+  RolloutStats s1, s4;
+  ::unsetenv("HFLOW_DECODE_STEPS");
+  auto g1 = gen(3), g2 = gen(3);
+  Generation a = generatePaged(m, p.tokens, p.mask, o, g1, lim, &s1);
+  ::setenv("HFLOW_DECODE_STEPS", "4", 1);
+  Generation b = generatePaged(m, p.tokens, p.mask, o, g2, lim, &s4);
+  EXPECT_TRUE(at::equal(a.tokens, b.tokens));
+  EXPECT_EQ(s1.decodeRounds, 8); // 9 tokens: the prefill's, then 8 steps
+  EXPECT_EQ(s4.decodeRounds, 2); // windows of 4
+  for (const char *bad : {"0", "-2", "x", "4x", "1025", "99999999999999999999"}) {
+    ::setenv("HFLOW_DECODE_STEPS", bad, 1);
+    auto g = gen(3);
+    try {
+      generatePaged(m, p.tokens, p.mask, o, g, lim);
+      ADD_FAILURE() << "HFLOW_DECODE_STEPS=" << bad << " was taken";
+    } catch (const std::invalid_argument &e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("HFLOW_DECODE_STEPS='") + bad + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("HFLOW_DECODE_STEPS");
+  lim.decodeSteps = -1;
+  auto g = gen(3);
+  EXPECT_THROW(generatePaged(m, p.tokens, p.mask, o, g, lim), std::invalid_argument);
 }
