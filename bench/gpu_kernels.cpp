@@ -60,15 +60,18 @@ struct Setup {
 };
 
 /// A pool whose blocks are handed out in a shuffled order, rows of lengths
-/// drawn up to maxLen (the last row at maxLen; every row with `full`), the
-/// first len - 1 keys of each row written into the pool as earlier steps
-/// would have. Every row has blocks of its own.
-Setup makeSetup(const Case &c, uint64_t seed, bool full = false) {
+/// drawn from `least` (or maxLen, if less) up to maxLen (the last row at
+/// maxLen; every row with `full`), the first len - 1 keys of each row
+/// written into the pool as earlier steps would have. Every row has blocks
+/// of its own.
+Setup makeSetup(const Case &c, uint64_t seed, bool full = false, int64_t least = 1) {
   std::mt19937_64 rng(seed);
   Setup s;
+  least = std::min(least, c.maxLen);
   for (int64_t r = 0; r < c.B; ++r)
-    s.lens.push_back(full || r + 1 == c.B ? c.maxLen
-                                          : 1 + (int64_t)(rng() % (uint64_t)c.maxLen));
+    s.lens.push_back(full || r + 1 == c.B
+                         ? c.maxLen
+                         : least + (int64_t)(rng() % (uint64_t)(c.maxLen - least + 1)));
   int64_t blocks = 1;
   for (int64_t len : s.lens)
     blocks += (len + c.block - 1) / c.block;
@@ -108,21 +111,26 @@ PagedKvStep stepOf(Setup &s) {
 }
 
 /// The same step as the third of a decode window of 3 (PagedKvWindow, as
-/// the engine's HFLOW_DECODE_STEPS runs it): a row of 3 keys or more has 2
-/// positions before the window; a shorter row's slots end at its first step
-/// (span 1), and it computes on that last slot, as a row that reached max
-/// tokens inside a window does. Either way the step writes each row's
-/// position len - 1 and attends over its len keys.
+/// the engine's HFLOW_DECODE_STEPS runs it): a row of 3 keys or more
+/// (makeSetup's `least`) has 2 positions before the window. A row of one
+/// key (the "one key" case) has its slots end at its first step (span 1)
+/// and computes on that last slot, as a row that reached max tokens inside
+/// a window does: the ATen path reads its one key in each of 3 columns,
+/// the same attention, and the kernel reads it once.
 PagedKvStep windowStepOf(Setup &s) {
   std::vector<const std::vector<int> *> t;
   std::vector<int64_t> past, span;
+  std::vector<int64_t> toks;
   for (size_t r = 0; r < s.tables.size(); ++r) {
+    if (s.lens[r] == 2)
+      throw std::logic_error("windowStepOf: a row of 2 keys (its step 2 would read key 1 twice)");
     t.push_back(&s.tables[r]);
     const bool room = s.lens[r] >= 3;
     past.push_back(room ? s.lens[r] - 3 : s.lens[r] - 1);
     span.push_back(room ? 3 : 1);
+    toks.push_back(0);
   }
-  return PagedKvWindow(*s.pool, t, past, span, 3).step(2);
+  return PagedKvWindow(*s.pool, t, past, span, 3, toks).step(2);
 }
 
 /// The ATen path: the gathered keys, attendGrouped under the step's mask.
@@ -255,7 +263,7 @@ int main(int argc, char **argv) {
         std::printf("skipped: %s: no f16 matmul on this CPU's LibTorch\n", name.c_str());
         continue;
       }
-      Setup s = makeSetup(c, seed);
+      Setup s = makeSetup(c, seed, /*full=*/false, /*least=*/windowed ? 3 : 1);
       PagedKvStep step = windowed ? windowStepOf(s) : stepOf(s);
       const double scale = 1.0 / std::sqrt((double)c.hd);
       const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;

@@ -57,6 +57,8 @@ public:
   /// Whether `need` blocks are free, dropping idle kept prompts if that
   /// helps.
   bool haveBlocks(int64_t need);
+  /// Whether `need` blocks are free now (nothing dropped).
+  bool freeNow(int64_t need) const { return pool_.freeBlocks() >= need; }
   /// Group `g`'s kept prompt dropped (its blocks back).
   void uncache(int g);
   /// Called with a group's index when its kept prompt is dropped.

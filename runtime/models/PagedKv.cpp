@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -203,11 +204,18 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, int64_t rows, int64_t keys)
 PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
                              const std::vector<const std::vector<int> *> &tables,
                              const std::vector<int64_t> &past, const std::vector<int64_t> &span,
-                             int64_t steps)
+                             int64_t steps, const std::vector<int64_t> &tokens,
+                             const std::vector<double> &draws)
     : pool_(pool), rows_((int64_t)past.size()), steps_(steps) {
   const int64_t B = rows_, S = steps, bs = pool.blockSize();
-  if (tables.size() != past.size() || span.size() != past.size() || B == 0 || S <= 0)
-    throw std::invalid_argument("PagedKvWindow: one table, past and span per row, and steps");
+  if (tables.size() != past.size() || span.size() != past.size() ||
+      tokens.size() != past.size() || B == 0 || S <= 0)
+    throw std::invalid_argument(
+        "PagedKvWindow: one table, past, span and token per row, and steps");
+  if (!draws.empty() && (int64_t)draws.size() != S * B)
+    throw std::invalid_argument("PagedKvWindow: " + std::to_string(draws.size()) +
+                                " draws for " + std::to_string(S) + " steps of " +
+                                std::to_string(B) + " rows");
   for (int64_t r = 0; r < B; ++r) {
     if (past[r] < 0 || span[r] < 1 || span[r] > S)
       throw std::invalid_argument("PagedKvWindow: row " + std::to_string(r) + " has " +
@@ -228,7 +236,12 @@ PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
   const int64_t oGather = u.add(B * K), oReal = u.add(B * K), oSlots = u.add(S * B),
                 oPos = u.add(S * B);
   const int64_t oTab = kernel ? u.add(B * (int64_t)most) : 0, oLen = kernel ? u.add(S * B) : 0;
+  const int64_t oTok = u.add(B), oDraw = u.add((int64_t)draws.size());
   int64_t *h = u.host();
+  std::copy(tokens.begin(), tokens.end(), h + oTok);
+  static_assert(sizeof(double) == sizeof(int64_t), "a draw's bits in one slot");
+  if (!draws.empty())
+    std::memcpy(h + oDraw, draws.data(), draws.size() * sizeof(double));
   auto slotOf = [&](int64_t r, int64_t pos) {
     return (int64_t)(*tables[r])[(size_t)(pos / bs)] * bs + pos % bs;
   };
@@ -257,6 +270,9 @@ PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
     tables32_ = u.piece(oTab, {B, (int64_t)most}).to(at::kInt);
     lens32_ = u.piece(oLen, {S, B}).to(at::kInt);
   }
+  tokens_ = u.piece(oTok, {B, 1});
+  if (!draws.empty())
+    draws_ = u.piece(oDraw, {S, B}).view(at::kDouble); // the same bits
   rowIdx_ = at::arange(B, onEngine(at::kLong));
   newMask_ = at::ones({B, 1}, onEngine(at::kBool));
 }

@@ -152,16 +152,23 @@ private:
 /// step's indices are the first columns of the last's). From its step
 /// span[r] on, a row computes on its last reserved slot (its keys and
 /// values written there, never into another row's block; RoPE at that
-/// slot's position): what it samples there is the caller's to drop.
+/// slot's position): what it samples there is the caller's to drop. The
+/// first step's tokens (one a row) and the uniforms of every step's draws
+/// ([steps x rows], none under greedy decoding) go up in the same copy.
 class PagedKvWindow {
 public:
   PagedKvWindow(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
                 const std::vector<int64_t> &past, const std::vector<int64_t> &span,
-                int64_t steps);
+                int64_t steps, const std::vector<int64_t> &tokens,
+                const std::vector<double> &draws = {});
   int64_t rows() const { return rows_; }
   int64_t steps() const { return steps_; }
   /// Step j's store (0 <= j < steps()).
   PagedKvStep step(int64_t j) const;
+  /// The first step's tokens, int64 [rows, 1].
+  const at::Tensor &tokens() const { return tokens_; }
+  /// The draws' uniforms, float64 [steps, rows]; undefined without draws.
+  const at::Tensor &draws() const { return draws_; }
 
 private:
   KvBlockPool &pool_;
@@ -170,7 +177,7 @@ private:
   at::Tensor keyReal_;   ///< bool [B, max past + steps]
   at::Tensor slots_;     ///< int64 [steps, B]: each step's new slot
   at::Tensor positions_; ///< int64 [steps, B]: its RoPE position
-  at::Tensor rowIdx_, newMask_;
+  at::Tensor rowIdx_, newMask_, tokens_, draws_;
   at::Tensor tables32_, lens32_; ///< with the paged kernel: [B, most], [steps, B]
 };
 

@@ -199,7 +199,11 @@ private:
     if (o_.recordRouting)
       for (const JoinRow &r : b.rows)
         owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
-    at::Tensor logits = forward(toEngine(toks, {kv.rows(), kv.width()}), kv, owners, past, q);
+    MoeTrace trace;
+    at::Tensor logits =
+        forward(toEngine(toks, {kv.rows(), kv.width()}), kv, o_.recordRouting ? &trace : nullptr);
+    if (o_.recordRouting)
+      routes_.add(trace, kv.rows(), kv.width(), owners, past, q);
     // Each row's next token: a sequence samples it; a group keeps the
     // logits and its samples fork the prompt.
     for (size_t i = 0; i < b.rows.size(); ++i)
@@ -235,22 +239,17 @@ private:
       past.push_back(s.len);
       toks.push_back(s.response.back());
     }
-    PagedKvWindow w(pool_, tables, past, d.span, S);
-    at::Tensor t = toEngine(toks, {B, 1});
-    const at::Tensor u = draws(d.rows, S);
-    std::vector<RouteLog::Owner> owners;
-    if (o_.recordRouting)
-      for (int si : d.rows)
-        owners.push_back({false, si});
+    // Everything the window needs on the device in one copy.
+    PagedKvWindow w(pool_, tables, past, d.span, S, toks, draws(d.rows, S));
+    at::Tensor t = w.tokens();
     std::vector<at::Tensor> next, lps;
+    std::vector<MoeTrace> traces((size_t)(o_.recordRouting ? S : 0));
     {
       SampledTokensScope own; // every step's tokens are this engine's samples
       for (int64_t j = 0; j < S; ++j) {
         PagedKvStep kv = w.step(j);
-        std::vector<int64_t> at(past), q((size_t)B, 1);
-        for (int64_t &p : at)
-          p += j;
-        auto [nx, lp] = sample(forward(t, kv, owners, at, q), u.defined() ? u[j] : u);
+        auto [nx, lp] = sample(forward(t, kv, o_.recordRouting ? &traces[(size_t)j] : nullptr),
+                               w.draws().defined() ? w.draws()[j] : w.draws());
         next.push_back(nx);
         lps.push_back(lp);
         t = nx.view({B, 1});
@@ -261,6 +260,7 @@ private:
         at::stack({at::stack(next).to(at::kDouble), at::stack(lps).to(at::kDouble)}).cpu();
     ++st_.decodeRounds;
     auto A = both.accessor<double, 3>();
+    std::vector<int64_t> real((size_t)B); // each row's steps that count
     for (int64_t i = 0; i < B; ++i) {
       const int si = d.rows[(size_t)i];
       int64_t n = 0;
@@ -270,6 +270,19 @@ private:
         ++n;
       }
       sched_.decoded(si, n);
+      real[(size_t)i] = n;
+    }
+    // The routing of the steps that count: a row's step n (after its end)
+    // fed a token that is never part of it.
+    for (size_t j = 0; j < traces.size(); ++j) {
+      std::vector<RouteLog::Owner> owners;
+      std::vector<int64_t> at(past), q((size_t)B);
+      for (int64_t i = 0; i < B; ++i) {
+        owners.push_back({false, d.rows[(size_t)i]});
+        at[(size_t)i] += (int64_t)j;
+        q[(size_t)i] = (int64_t)j < real[(size_t)i] ? 1 : 0;
+      }
+      routes_.add(traces[j], B, 1, owners, at, q);
     }
     st_.decodeMs += ms(t0);
   }
@@ -280,28 +293,20 @@ private:
         .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
   }
 
-  /// The step over `t` [rows x width] on the device; with recordRouting,
-  /// row i's routing is kept for `to[i]` (RouteLog; empty otherwise) from
-  /// position `past[i]` on, its last q[i] columns being its tokens.
-  at::Tensor forward(const at::Tensor &t, PagedKvStep &kv,
-                     const std::vector<RouteLog::Owner> &to, const std::vector<int64_t> &past,
-                     const std::vector<int64_t> &q) {
+  /// The step over `t` [rows x width] on the device; with `trace`, the
+  /// routing it recorded (recordRouting).
+  at::Tensor forward(const at::Tensor &t, PagedKvStep &kv, MoeTrace *trace) {
     ++st_.forwards;
-    if (!o_.recordRouting)
-      return step_(t, kv.positions(), kv.newMask(), &kv, nullptr).to(at::kFloat);
-    MoeTrace trace;
-    trace.record = true;
-    at::Tensor logits = step_(t, kv.positions(), kv.newMask(), &kv, &trace).to(at::kFloat);
-    routes_.add(trace, kv.rows(), kv.width(), to, past, q);
-    return logits;
+    if (trace)
+      trace->record = true;
+    return step_(t, kv.positions(), kv.newMask(), &kv, trace).to(at::kFloat);
   }
 
-  /// The uniforms of `who`'s next `steps` draws, [steps, n] float64 on the
-  /// engine's device (row i's draw j is its token response.size() + j);
-  /// undefined under greedy decoding.
-  at::Tensor draws(const std::vector<int> &who, int64_t steps) {
+  /// The uniforms of `who`'s next `steps` draws, [steps x n] (row i's draw
+  /// j is its token response.size() + j); none under greedy decoding.
+  std::vector<double> draws(const std::vector<int> &who, int64_t steps) {
     if (o_.greedy || o_.temperature <= 0)
-      return at::Tensor();
+      return {};
     const int64_t n = (int64_t)who.size();
     std::vector<double> u((size_t)(steps * n));
     for (int64_t i = 0; i < n; ++i) {
@@ -309,8 +314,7 @@ private:
       for (int64_t j = 0; j < steps; ++j)
         u[(size_t)(j * n + i)] = rolloutUniform(seed_, s.row, (int64_t)s.response.size() + j);
     }
-    return at::from_blob(u.data(), {steps, n}, at::TensorOptions().dtype(at::kDouble))
-        .to(onEngine(at::kDouble), /*non_blocking=*/false, /*copy=*/true);
+    return u;
   }
 
   /// Each row's next token of `logits` [n, V] and its log-prob, on the
@@ -335,8 +339,12 @@ private:
   /// and records it (the scheduler retires the sequences that end).
   void sampleInto(const std::vector<int> &who, const at::Tensor &logits) {
     const int64_t n = (int64_t)who.size();
-    const at::Tensor u = draws(who, 1);
-    auto [next, lp] = sample(logits, u.defined() ? u[0] : u);
+    std::vector<double> u = draws(who, 1);
+    auto [next, lp] = sample(
+        logits, u.empty() ? at::Tensor()
+                          : at::from_blob(u.data(), {n}, at::TensorOptions().dtype(at::kDouble))
+                                .to(onEngine(at::kDouble), /*non_blocking=*/false,
+                                    /*copy=*/true));
     // The tokens leave the engine: the scheduler reads them on the host.
     at::Tensor both = at::stack({next.to(at::kDouble), lp.to(at::kDouble)}).cpu();
     auto A = both.accessor<double, 2>();

@@ -218,9 +218,12 @@ DecodeRows RolloutScheduler::scheduleDecode(int64_t steps) {
           1, std::min<int64_t>(steps, stop_.maxTokens - (int64_t)s.response.size())));
       need += kv_.needed(s.table, s.len, span.back());
     }
-    // (needed() counts a copy of a shared last block for every sharer: the
-    // last to copy needs none, so this may ask one block too many a group.)
-    if (kv_.haveBlocks(need)) {
+    // Only from blocks free now: what one step would do where they are not
+    // (drop idle kept prompts, preempt) is left to it, so a window changes
+    // nothing but the reads. (needed() counts a copy of a shared last block
+    // for every sharer: the last to copy needs none, so this may ask one
+    // block too many a group.)
+    if (kv_.freeNow(need)) {
       d.rows = running_;
       d.span = std::move(span);
       d.steps = *std::max_element(d.span.begin(), d.span.end());

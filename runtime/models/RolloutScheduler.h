@@ -22,8 +22,8 @@
 // decoded() advances them. record() appends a sampled token and ends the
 // sequence on a stop token, a stop rule or max tokens. A decode window of
 // several steps (scheduleDecode(steps)) reserves each row the slots of
-// every step it can still use, when the pool has them all without
-// preempting; otherwise the iteration is one step, as above.
+// every step it can still use, when the pool has them all free; otherwise
+// the iteration is one step, as above.
 //
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_ROLLOUTSCHEDULER_H
@@ -129,8 +129,8 @@ public:
   /// says); the decode step's sequences in running order (empty: none).
   std::vector<int> scheduleDecode();
   /// A window of up to `steps` decode steps: every running sequence's slots
-  /// for the steps it can use, when the pool has them all (freeing idle
-  /// kept prompts, never preempting); otherwise scheduleDecode()'s one step.
+  /// for the steps it can use, when the pool has them all free (dropping
+  /// nothing, preempting no one); otherwise scheduleDecode()'s one step.
   DecodeRows scheduleDecode(int64_t steps);
   /// After the decode step over `rows`: each has one more position.
   void decoded(const std::vector<int> &rows);

@@ -370,8 +370,10 @@ TEST(MoeReplay, TheEngineRecordsWhatAFullForwardRoutes) {
   // routing the engine recorded at every prompt and response position is
   // the one a forward over prompt + response computes (up to float ties),
   // with prefix sharing and without, with a pool so small that sequences
-  // are preempted and recomputed; -1 at padding and at each response's
-  // last token (never fed back).
+  // are preempted and recomputed, and in decode windows of 4 steps with a
+  // stop token (rows that end inside a window compute on: their routing
+  // there is not kept); -1 at padding and at each response's last token
+  // (never fed back).
   LlamaConfig c = tinyMoe();
   Llama m(c, 9);
   const int64_t B = 8, R = 10, k = c.expertsPerToken;
@@ -385,7 +387,7 @@ TEST(MoeReplay, TheEngineRecordsWhatAFullForwardRoutes) {
     pmask[r].narrow(0, P - lens[(size_t)(r / 2 % 4)], lens[(size_t)(r / 2 % 4)]).fill_(1);
   }
   ptok.masked_fill_(pmask.eq(0), 0);
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     SamplingOptions o;
     o.maxTokens = R;
     o.temperature = 1.0;
@@ -393,13 +395,22 @@ TEST(MoeReplay, TheEngineRecordsWhatAFullForwardRoutes) {
     EngineLimits lim;
     lim.blockSize = 4;
     lim.sharePrefixes = variant != 1;
-    if (variant == 2)
+    if (variant == 2 || variant == 4)
       lim.poolBlocks = (P + R + 3) / 4 + 1;
+    if (variant >= 3) {
+      lim.decodeSteps = 4;
+      o.stopToken = 3;
+    }
     auto gg = gen(5);
     RolloutStats st;
     Generation out = generatePaged(m, ptok, pmask, o, gg, lim, &st);
     if (variant == 2)
       EXPECT_GT(st.preemptions, 0);
+    if (variant == 3) { // some rows stopped inside a window, some ran on
+      EXPECT_GT(out.stopped.sum().item<int64_t>(), 0);
+      EXPECT_LT(out.stopped.sum().item<int64_t>(), B);
+      EXPECT_LT(st.decodeRounds, R - 1);
+    }
     ASSERT_EQ(out.routing.sizes(), (std::vector<int64_t>{B, P + R, c.layers, k}));
     // The full forward over every row's prompt and response.
     at::Tensor tok = at::cat({ptok, out.tokens}, 1);

@@ -108,7 +108,10 @@ TEST(PagedKv, WindowStepsAreTheStepsTheyStandFor) {
   pool.keys(0).copy_(at::arange(24 * 2, at::kFloat).view({24, 1, 2}));
   pool.values(0).copy_(-pool.keys(0));
   pool.keys(0)[22].fill_(-7.f), pool.keys(0)[23].fill_(-7.f); // block 11
-  PagedKvWindow w(pool, tables, past, span, 4);
+  PagedKvWindow w(pool, tables, past, span, 4, {5, 6, 7}, std::vector<double>(12, 0.25));
+  EXPECT_TRUE(at::equal(w.tokens(), at::tensor({5L, 6L, 7L}).view({3, 1})));
+  EXPECT_TRUE(at::equal(w.draws(), at::full({4, 3}, 0.25, at::kDouble)));
+  EXPECT_FALSE(PagedKvWindow(pool, tables, past, span, 4, {5, 6, 7}).draws().defined());
   EXPECT_EQ(w.rows(), 3);
   for (int64_t j = 0; j < 4; ++j) {
     PagedKvStep s = w.step(j);
@@ -158,7 +161,9 @@ TEST(PagedKv, WindowStepsAreTheStepsTheyStandFor) {
   EXPECT_TRUE(at::equal(pool.keys(0)[22], at::full({1, 2}, -7.f)));
   EXPECT_TRUE(at::equal(pool.keys(0)[23], at::full({1, 2}, -7.f)));
   // Slots a row does not hold, and spans out of the window, are refused.
-  EXPECT_THROW(PagedKvWindow(pool, tables, past, {4, 5, 2}, 4), std::invalid_argument);
-  EXPECT_THROW(PagedKvWindow(pool, tables, {3, 0, 7}, span, 4), std::logic_error);
+  EXPECT_THROW(PagedKvWindow(pool, tables, past, {4, 5, 2}, 4, {0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(PagedKvWindow(pool, tables, {3, 0, 7}, span, 4, {0, 0, 0}), std::logic_error);
+  EXPECT_THROW(PagedKvWindow(pool, tables, past, span, 4, {0, 0}), std::invalid_argument);
+  EXPECT_THROW(PagedKvWindow(pool, tables, past, span, 4, {0, 0, 0}, {0.5}), std::invalid_argument);
   EXPECT_THROW(w.step(4), std::out_of_range);
 }
