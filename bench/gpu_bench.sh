@@ -90,8 +90,9 @@ PEER_OK=1
 say "python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')$([ $PEER_OK = 1 ] && "$PY" -c 'import transformers; print(", transformers", transformers.__version__)')"
 say "settings: $PROMPTS prompts x n = $N, prompts of $PLEN tokens, $TOKENS tokens each, temperature 1, no stop"
 
-# hflow's rollout of shape $1 (model $2, results in $3) with attention $4,
-# and $5 decode steps between two reads of the samples (default 1).
+# hflow's rollout of shape $1 (model $2, results in $3) with attention $4
+# (HFLOW_ATTENTION's paths joined by +), and $5 decode steps between two
+# reads of the samples (default 1).
 hflow_rollout() {
   local shape="$1" m="$2" d="$3" att="$4" w="${5:-1}" out t what
   out="$d/hflow-$att.json" what="$att attention"
@@ -99,7 +100,7 @@ hflow_rollout() {
   [ "$att-$w" = dense-1 ] && out="$d/hflow.json"
   say "$shape: hflow ($what)"
   t=$(limit "$HFLOW_TIMEOUT") || { skipped "$shape: hflow ($what)"; return; }
-  if ! HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
+  if ! HFLOW_ATTENTION="${att//+/,}" timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" \
       --prompts "$m/prompts.json" --device "$DEVICE" --n "$N" --max-tokens "$TOKENS" \
       --decode-steps "$w" --out "$out"; then
     say "$shape: hflow ($what) FAILED (or ran past ${HFLOW_TIMEOUT} s)"; FAILED=1
@@ -116,14 +117,16 @@ rollout_shape() {
   # hflow's attention as it ships (dense), and on a GPU also its paged
   # decode kernel (HFLOW_ATTENTION=paged), alone and in decode windows of
   # $DECODE_STEPS steps (HFLOW_DECODE_STEPS: one read of the samples a
-  # window; on the CPU, the dense path's windows, so that the dry run
-  # takes that path too), then the peer, then LibTorch's fused kernel
-  # (HFLOW_ATTENTION=sdpa; last, should the budget run out): each opt-in
-  # until gpu-test checks it.
+  # window), then with LibTorch's fused kernel for the prefills as well
+  # (sdpa,paged: every opt-in path at once); on the CPU the dense path's
+  # windows, so that the dry run takes that path too. Then the peer, then
+  # the fused kernel alone (HFLOW_ATTENTION=sdpa; last, should the budget
+  # run out). Each is opt-in until gpu-test checks it.
   hflow_rollout "$shape" "$m" "$d" dense
   if [ "$DEVICE" = cuda ]; then
     hflow_rollout "$shape" "$m" "$d" paged
     hflow_rollout "$shape" "$m" "$d" paged "$DECODE_STEPS"
+    hflow_rollout "$shape" "$m" "$d" sdpa+paged "$DECODE_STEPS"
   else
     hflow_rollout "$shape" "$m" "$d" dense "$DECODE_STEPS"
   fi
@@ -147,14 +150,21 @@ rollout_shape() {
   [ "$DEVICE" = cuda ] && hflow_rollout "$shape" "$m" "$d" sdpa
   # The training passes, for the shapes whose training state does not fit
   # one GPU (no GRPO iteration for them below).
+  # With the attention hflow ships, then on a GPU with LibTorch's fused
+  # kernel (HFLOW_ATTENTION=sdpa: flash attention, the MFU target's path).
   if [[ " ${GPU_BENCH_PASS_SHAPES-llama3_8b tiny} " == *" $shape "* ]]; then
-    say "$shape: hflow's log-prob and training passes"
-    if t=$(limit "$HFLOW_TIMEOUT"); then
-    timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" --device "$DEVICE" \
-      --passes "${GPU_BENCH_PASS_ROWS:-16}" --pass-tokens "${GPU_BENCH_PASS_TOKENS:-1536}" \
-      --micro "${GPU_BENCH_PASS_MICRO:-2}" --out "$d/passes.json" ||
-      { say "$shape: the passes FAILED (or ran past its time)"; FAILED=1; }
-    else skipped "$shape: the passes"; fi
+    local att out
+    for att in dense sdpa; do
+      [ "$att" = dense ] || [ "$DEVICE" = cuda ] || continue
+      out="$d/passes.json"; [ "$att" = dense ] || out="$d/passes-$att.json"
+      say "$shape: hflow's log-prob and training passes ($att attention)"
+      if t=$(limit "$HFLOW_TIMEOUT"); then
+      HFLOW_ATTENTION=$att timeout "$t" "$BIN/hflow-gpu-rollout" --hf "$m" --device "$DEVICE" \
+        --passes "${GPU_BENCH_PASS_ROWS:-16}" --pass-tokens "${GPU_BENCH_PASS_TOKENS:-1536}" \
+        --micro "${GPU_BENCH_PASS_MICRO:-2}" --out "$out" ||
+        { say "$shape: the passes ($att attention) FAILED (or ran past its time)"; FAILED=1; }
+      else skipped "$shape: the passes ($att attention)"; fi
+    done
   fi
   rm -rf "$m" # the weights (16 GB for an 8B) go; the figures stay
 }

@@ -278,16 +278,20 @@ def report(a):
         work = "%d x (%d + %d)" % (h["rows"], h["prompt_len"], h["max_tokens"])
 
         # hflow as it ships, then (on a GPU) with its paged decode kernel,
-        # the same in decode windows, and with LibTorch's fused attention
-        # (on the CPU: the shipped path in decode windows); the ratios are
-        # to the best.
+        # LibTorch's fused attention, and in decode windows (the kernel
+        # alone and with the fused prefill; on the CPU the shipped path in
+        # windows); the ratios are to the best.
         mine = [("hflow (%s)" % h["engine"], h["tokens_per_s"])]
-        windows = sorted(f[:-5] for f in os.listdir(d) if re.match(r"hflow-.*-w[0-9]+\.json$", f))
-        for att, what in ([("paged", "paged decode kernel")] +
-                          [(w, ("paged decode kernel" if w.startswith("hflow-paged") else
-                                "dense attention")) for w in windows] +
-                          [("sdpa", "fused attention")]):
-            p = os.path.join(d, (att if att.startswith("hflow-") else "hflow-%s" % att) + ".json")
+        # (hflow-PATHS[-wW].json: HFLOW_ATTENTION's paths joined by +)
+        said = {"dense": "dense attention", "paged": "paged decode kernel",
+                "sdpa": "fused attention"}
+        runs = sorted(f[6:-5] for f in os.listdir(d)
+                      if re.match(r"hflow-[a-z+]+(-w[0-9]+)?\.json$", f))
+        runs = [r for r in runs if r in ("paged", "sdpa")] + \
+               [r for r in runs if r not in ("paged", "sdpa")]
+        for att, what in [(r, " + ".join(said.get(p, p) for p in r.split("-w")[0].split("+")))
+                          for r in runs]:
+            p = os.path.join(d, "hflow-%s.json" % att)
             if os.path.isfile(p):
                 x = json.load(open(p))
                 mine.append(("hflow (%s, %s)" % (x["engine"], what), x["tokens_per_s"]))
@@ -311,13 +315,16 @@ def report(a):
                      % (shape, work, a.peak_tflops, a.hbm_tbs, roof))
     passes = []
     for shape in sorted(os.listdir(a.work)):
-        p = os.path.join(a.work, shape, "passes.json")
-        if os.path.isfile(p):
+        # The attention hflow ships, then (on a GPU) LibTorch's fused kernel.
+        for f, att in (("passes.json", ""), ("passes-sdpa.json", " (sdpa)")):
+            p = os.path.join(a.work, shape, f)
+            if not os.path.isfile(p):
+                continue
             j = json.load(open(p))
             for which in ("logprob", "train"):
                 x = j[which]
-                passes.append("| %s | %d x %d tokens, micro-batch %d | %s | %.3f | %.1f | %.3f |"
-                              % (shape, j["rows"], j["tokens"], j["micro"], which,
+                passes.append("| %s | %d x %d tokens, micro-batch %d | %s%s | %.3f | %.1f | %.3f |"
+                              % (shape, j["rows"], j["tokens"], j["micro"], which, att,
                                  x["median_s"], x["flops"] / x["median_s"] / 1e12, x["mfu"]))
     if passes:
         lines += ["", "| shape | rows | pass | seconds | TFLOP/s | MFU (of %.0f) |" % a.peak_tflops,

@@ -41,6 +41,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/AttentionPaths.h"
 #include "runtime/models/Llama.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
@@ -271,6 +272,7 @@ at::Tensor promptRows(const std::vector<std::vector<int64_t>> &prompts, int64_t 
 int main(int argc, char **argv) {
   try {
     const Args a = parse(argc, argv);
+    checkAttentionEnvironment(); // HFLOW_ATTENTION, before any work
     if (a.device == "cuda") {
       hflow::comm::bindCudaDevice(0);
       setEngineDevice(c10::Device(c10::kCUDA, 0));

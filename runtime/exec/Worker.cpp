@@ -14,6 +14,7 @@
 #include "runtime/exec/Connect.h"
 #include "runtime/exec/Worker.h"
 #include "runtime/models/Checkpoint.h"
+#include "runtime/models/AttentionPaths.h"
 #include "runtime/models/MemoryMeter.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
@@ -91,6 +92,7 @@ void Worker::prepare() {
   }
   try { // the engine's settings from the environment, before any work
     models::decodeStepsFromEnvironment();
+    models::checkAttentionEnvironment();
   } catch (const std::exception &e) {
     throw RunError(e.what());
   }

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/models/Layers.h"
+#include "runtime/models/AttentionPaths.h"
 
 #include "runtime/schema/ActivationModel.h"
 
@@ -38,16 +39,50 @@ constexpr int64_t kQueryBlock = shape::kAttentionQueryBlock,
 constexpr int64_t kMaskQueryBlock = 256;
 } // namespace
 
+namespace {
+/// HFLOW_ATTENTION's paths, or why it is not a set of them.
+std::vector<std::string> attentionPaths(std::string &why) {
+  std::vector<std::string> paths;
+  const char *e = std::getenv("HFLOW_ATTENTION");
+  if (!e || !*e)
+    return paths;
+  const std::string all = e;
+  size_t at = 0;
+  while (at <= all.size()) {
+    const size_t comma = std::min(all.find(',', at), all.size());
+    const std::string p = all.substr(at, comma - at);
+    if (p != "dense" && p != "paged" && p != "sdpa") {
+      why = "HFLOW_ATTENTION='" + all + "': '" + p +
+            "' is not an attention path (dense, paged or sdpa; several with commas, as "
+            "sdpa,paged)";
+      return {};
+    }
+    paths.push_back(p);
+    at = comma + 1;
+  }
+  return paths;
+}
+} // namespace
+
+bool attentionPathRequested(const std::string &path) {
+  static const std::vector<std::string> paths = [] {
+    std::string why;
+    return attentionPaths(why);
+  }();
+  return std::find(paths.begin(), paths.end(), path) != paths.end();
+}
+
+void checkAttentionEnvironment() {
+  std::string why;
+  attentionPaths(why);
+  if (!why.empty())
+    throw std::invalid_argument(why);
+}
+
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 #define HFLOW_HAVE_SDPA 1 // at::scaled_dot_product_attention with its scale argument
 /// HFLOW_ATTENTION=sdpa: attend() on a GPU through LibTorch's fused kernel.
-static bool fusedAttention() {
-  static const bool on = [] {
-    const char *e = std::getenv("HFLOW_ATTENTION");
-    return e && std::string(e) == "sdpa";
-  }();
-  return on;
-}
+static bool fusedAttention() { return attentionPathRequested("sdpa"); }
 #endif
 
 bool fusedAttentionOn(const at::Tensor &like) {

@@ -3,6 +3,7 @@
 #include "runtime/models/PagedKv.h"
 
 #include "runtime/models/Device.h"
+#include "runtime/models/AttentionPaths.h"
 
 #include <ATen/ATen.h>
 
@@ -18,13 +19,7 @@ namespace hflow::models {
 
 namespace {
 /// HFLOW_ATTENTION=paged: decode steps through the paged kernel on a GPU.
-bool pagedKernelRequested() {
-  static const bool on = [] {
-    const char *e = std::getenv("HFLOW_ATTENTION");
-    return e && std::string(e) == "paged";
-  }();
-  return on;
-}
+bool pagedKernelRequested() { return attentionPathRequested("paged"); }
 } // namespace
 
 int64_t KvGeometry::bytesPerBlock(int64_t blockSize) const {

@@ -1,10 +1,12 @@
 //===- PagedKvTest.cpp - the KV block pool and a step through its tables ---===//
+#include "runtime/models/AttentionPaths.h"
 #include "runtime/models/PagedKv.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -166,4 +168,30 @@ TEST(PagedKv, WindowStepsAreTheStepsTheyStandFor) {
   EXPECT_THROW(PagedKvWindow(pool, tables, past, span, 4, {0, 0}), std::invalid_argument);
   EXPECT_THROW(PagedKvWindow(pool, tables, past, span, 4, {0, 0, 0}, {0.5}), std::invalid_argument);
   EXPECT_THROW(w.step(4), std::out_of_range);
+}
+
+// HFLOW_ATTENTION: a comma-separated set of the opt-in attention paths;
+// anything else is refused, naming it.
+TEST(PagedKv, AttentionPathsFromTheEnvironment) {
+  const char *old = std::getenv("HFLOW_ATTENTION");
+  const std::string saved = old ? old : "";
+  for (const char *good : {"", "dense", "paged", "sdpa", "sdpa,paged", "paged,sdpa,dense"}) {
+    ::setenv("HFLOW_ATTENTION", good, 1);
+    EXPECT_NO_THROW(checkAttentionEnvironment()) << good;
+  }
+  for (const char *bad : {"flash", "sdpa,", "paged;sdpa", " sdpa", "SDPA"}) {
+    ::setenv("HFLOW_ATTENTION", bad, 1);
+    try {
+      checkAttentionEnvironment();
+      ADD_FAILURE() << "HFLOW_ATTENTION=" << bad << " was taken";
+    } catch (const std::invalid_argument &e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("HFLOW_ATTENTION='") + bad + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  if (old)
+    ::setenv("HFLOW_ATTENTION", saved.c_str(), 1);
+  else
+    ::unsetenv("HFLOW_ATTENTION");
 }
