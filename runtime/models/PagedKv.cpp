@@ -117,6 +117,19 @@ private:
   at::Tensor host_, dev_;
 };
 
+/// Position `pos`'s slot in the pool through `table` (blocks of `bs`).
+int64_t slotAt(const std::vector<int> &table, int64_t pos, int64_t bs) {
+  return (int64_t)table[(size_t)(pos / bs)] * bs + pos % bs;
+}
+
+/// The most blocks a table of `tables` holds (the kernel's table width).
+int64_t widest(const std::vector<const std::vector<int> *> &tables) {
+  size_t most = 0;
+  for (const std::vector<int> *t : tables)
+    most = std::max(most, t->size());
+  return (int64_t)most;
+}
+
 /// Whether a decode step over `pool` goes through the paged kernel.
 bool pagedKernelFor(KvBlockPool &pool) {
   return pagedKernelRequested() && pagedDecodeBuilt() && pool.keys(0).is_cuda();
@@ -146,37 +159,32 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<
   }
   // Every index on the host, then one copy to the engine's device.
   const bool kernel = T_ == 1 && pagedKernelFor(pool);
-  size_t most = 0;
-  for (const std::vector<int> *t : tables)
-    most = std::max(most, t->size());
+  const int64_t most = widest(tables);
   Upload u;
   const int64_t oRows = u.add(N), oSlots = u.add(N), oGather = u.add(B * K_),
                 oReal = u.add(B * K_), oMask = u.add(B * T_), oPos = u.add(B * T_);
-  const int64_t oTab = kernel ? u.add(B * (int64_t)most) : 0, oLen = kernel ? u.add(B) : 0;
+  const int64_t oTab = kernel ? u.add(B * most) : 0, oLen = kernel ? u.add(B) : 0;
   int64_t *h = u.host();
   int64_t *newRows = h + oRows, *newSlots = h + oSlots, *gather = h + oGather,
           *keyReal = h + oReal, *newMask = h + oMask, *positions = h + oPos;
-  auto slotOf = [&](int64_t r, int64_t pos) {
-    return (int64_t)(*tables[r])[(size_t)(pos / bs)] * bs + pos % bs;
-  };
   int64_t n = 0;
   for (int64_t r = 0; r < B; ++r) {
     const int64_t len = past[r] + q[r];
     for (int64_t j = 0; j < q[r]; ++j, ++n) {
       const int64_t col = T_ - q[r] + j, pos = past[r] + j;
       newRows[n] = r * T_ + col;
-      newSlots[n] = slotOf(r, pos);
+      newSlots[n] = slotAt(*tables[r], pos, bs);
       newMask[r * T_ + col] = 1;
       positions[r * T_ + col] = pos;
     }
     for (int64_t i = 0; i < len; ++i) {
       const int64_t col = K_ - len + i;
-      gather[r * K_ + col] = slotOf(r, i);
+      gather[r * K_ + col] = slotAt(*tables[r], i, bs);
       keyReal[r * K_ + col] = 1;
     }
     if (kernel) {
       // The kernel's own view of the tables: a row per sequence.
-      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * (int64_t)most);
+      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * most);
       h[oLen + r] = len;
     }
   }
@@ -188,7 +196,7 @@ PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<
   newMask_ = u.piece(oMask, {B, T_}).to(at::kBool);
   positions_ = u.piece(oPos, {B, T_});
   if (kernel) {
-    tables32_ = u.piece(oTab, {B, (int64_t)most}).to(at::kInt);
+    tables32_ = u.piece(oTab, {B, most}).to(at::kInt);
     lens32_ = u.piece(oLen, {B}).to(at::kInt);
   }
 }
@@ -224,37 +232,32 @@ PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
   }
   const int64_t K = maxPast_ + S; // the last step's key columns
   const bool kernel = pagedKernelFor(pool);
-  size_t most = 0;
-  for (const std::vector<int> *t : tables)
-    most = std::max(most, t->size());
+  const int64_t most = widest(tables);
   Upload u;
   const int64_t oGather = u.add(B * K), oReal = u.add(B * K), oSlots = u.add(S * B),
                 oPos = u.add(S * B);
-  const int64_t oTab = kernel ? u.add(B * (int64_t)most) : 0, oLen = kernel ? u.add(S * B) : 0;
+  const int64_t oTab = kernel ? u.add(B * most) : 0, oLen = kernel ? u.add(S * B) : 0;
   const int64_t oTok = u.add(B), oDraw = u.add((int64_t)draws.size());
   int64_t *h = u.host();
   std::copy(tokens.begin(), tokens.end(), h + oTok);
   static_assert(sizeof(double) == sizeof(int64_t), "a draw's bits in one slot");
   if (!draws.empty())
     std::memcpy(h + oDraw, draws.data(), draws.size() * sizeof(double));
-  auto slotOf = [&](int64_t r, int64_t pos) {
-    return (int64_t)(*tables[r])[(size_t)(pos / bs)] * bs + pos % bs;
-  };
   for (int64_t r = 0; r < B; ++r) {
     const int64_t shift = maxPast_ - past[r], last = past[r] + span[r] - 1;
     for (int64_t c = shift; c < K; ++c) {
-      h[oGather + r * K + c] = slotOf(r, std::min(c - shift, last));
+      h[oGather + r * K + c] = slotAt(*tables[r], std::min(c - shift, last), bs);
       h[oReal + r * K + c] = 1;
     }
     for (int64_t j = 0; j < S; ++j) {
       const int64_t pos = std::min(past[r] + j, last);
-      h[oSlots + j * B + r] = slotOf(r, pos);
+      h[oSlots + j * B + r] = slotAt(*tables[r], pos, bs);
       h[oPos + j * B + r] = pos;
       if (kernel)
         h[oLen + j * B + r] = pos + 1;
     }
     if (kernel)
-      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * (int64_t)most);
+      std::copy(tables[r]->begin(), tables[r]->end(), h + oTab + r * most);
   }
   u.send();
   gather_ = u.piece(oGather, {B, K});
@@ -262,7 +265,7 @@ PagedKvWindow::PagedKvWindow(KvBlockPool &pool,
   slots_ = u.piece(oSlots, {S, B});
   positions_ = u.piece(oPos, {S, B});
   if (kernel) {
-    tables32_ = u.piece(oTab, {B, (int64_t)most}).to(at::kInt);
+    tables32_ = u.piece(oTab, {B, most}).to(at::kInt);
     lens32_ = u.piece(oLen, {S, B}).to(at::kInt);
   }
   tokens_ = u.piece(oTok, {B, 1});

@@ -170,7 +170,7 @@ Generation generatePaged(const NextLogitsFn &step, const KvGeometry &geometry,
       const RolloutSeq &s = e.seqs()[si];
       rl.fill(s, (int)si, plen[(size_t)s.row], P, route.data() + s.row * (P + R) * per);
     }
-    g.routing = detail::HostRows::toDevice(route, at::kShort,
+    g.routing = detail::toDevice(route, at::kShort,
                                            {B, P + R, rl.layers(), rl.slots()}, dev);
   }
   g.kvCacheBytes = e.poolBytes();

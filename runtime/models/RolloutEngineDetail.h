@@ -24,6 +24,14 @@
 
 namespace hflow::models::detail {
 
+/// `v` ([shape] of `type`) copied to `dev`.
+template <class T>
+at::Tensor toDevice(std::vector<T> &v, at::ScalarType type, at::IntArrayRef shape,
+                    at::Device dev) {
+  return at::from_blob(v.data(), shape, at::TensorOptions().dtype(type))
+      .to(dev, /*non_blocking=*/false, /*copy=*/true);
+}
+
 /// A mixture's routing as the engine's forwards record it: for each kept
 /// prompt (a group) and each sequence, the experts of every position it
 /// computed, [position][layer][slot] flattened; -1 where it computed none
@@ -201,7 +209,8 @@ private:
         owners.push_back({r.group >= 0, r.group >= 0 ? r.group : r.seq});
     MoeTrace trace;
     at::Tensor logits =
-        forward(toEngine(toks, {kv.rows(), kv.width()}), kv, o_.recordRouting ? &trace : nullptr);
+        forward(toDevice(toks, at::kLong, {kv.rows(), kv.width()}, engineDevice()), kv,
+                o_.recordRouting ? &trace : nullptr);
     if (o_.recordRouting)
       routes_.add(trace, kv.rows(), kv.width(), owners, past, q);
     // Each row's next token: a sequence samples it; a group keeps the
@@ -287,12 +296,6 @@ private:
     st_.decodeMs += ms(t0);
   }
 
-  /// `toks` ([shape], int64) on the engine's device.
-  static at::Tensor toEngine(std::vector<int64_t> &toks, at::IntArrayRef shape) {
-    return at::from_blob(toks.data(), shape, at::TensorOptions().dtype(at::kLong))
-        .to(onEngine(at::kLong), /*non_blocking=*/false, /*copy=*/true);
-  }
-
   /// The step over `t` [rows x width] on the device; with `trace`, the
   /// routing it recorded (recordRouting).
   at::Tensor forward(const at::Tensor &t, PagedKvStep &kv, MoeTrace *trace) {
@@ -340,11 +343,8 @@ private:
   void sampleInto(const std::vector<int> &who, const at::Tensor &logits) {
     const int64_t n = (int64_t)who.size();
     std::vector<double> u = draws(who, 1);
-    auto [next, lp] = sample(
-        logits, u.empty() ? at::Tensor()
-                          : at::from_blob(u.data(), {n}, at::TensorOptions().dtype(at::kDouble))
-                                .to(onEngine(at::kDouble), /*non_blocking=*/false,
-                                    /*copy=*/true));
+    auto [next, lp] =
+        sample(logits, u.empty() ? at::Tensor() : toDevice(u, at::kDouble, {n}, engineDevice()));
     // The tokens leave the engine: the scheduler reads them on the host.
     at::Tensor both = at::stack({next.to(at::kDouble), lp.to(at::kDouble)}).cpu();
     auto A = both.accessor<double, 2>();
@@ -389,13 +389,6 @@ struct HostRows {
       lps[(size_t)(row * R) + t] = logprobs[t];
     }
     stopped[(size_t)row] = stop;
-  }
-  /// `v` ([shape] of `type`) copied to `dev`.
-  template <class T>
-  static at::Tensor toDevice(std::vector<T> &v, at::ScalarType type, at::IntArrayRef shape,
-                             at::Device dev) {
-    return at::from_blob(v.data(), shape, at::TensorOptions().dtype(type))
-        .to(dev, /*non_blocking=*/false, /*copy=*/true);
   }
   /// Into `g`'s tokens, mask, log-probs and stops (allocated by
   /// emptyGeneration).

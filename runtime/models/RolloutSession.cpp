@@ -218,9 +218,9 @@ Generation RolloutSession::run(const NextLogitsFn &step, const KvGeometry &geome
   ++calls_;
   const auto dev = prompts.device();
   rowsOut.into(out, dev);
-  out.prompts = detail::HostRows::toDevice(ptok, at::kLong, {B, P}, dev);
-  out.promptMask = detail::HostRows::toDevice(pmask, at::kFloat, {B, P}, dev);
-  out.versions = detail::HostRows::toDevice(ver, at::kInt, {B, R}, dev);
+  out.prompts = detail::toDevice(ptok, at::kLong, {B, P}, dev);
+  out.promptMask = detail::toDevice(pmask, at::kFloat, {B, P}, dev);
+  out.versions = detail::toDevice(ver, at::kInt, {B, R}, dev);
   out.kvCacheBytes = e.poolBytes();
   out.stats = e.stats();
   return out;
