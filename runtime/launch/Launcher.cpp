@@ -13,6 +13,7 @@
 #include <functional>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <random>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,7 +38,8 @@ options:
   --master-addr ADDR   address of rank 0's rendezvous store
                        (default: $MASTER_ADDR, or 127.0.0.1 in local mode)
   --master-port PORT   port of the rendezvous store (default: $MASTER_PORT;
-                       in local mode a free port is picked)
+                       in local mode a free port below the kernel's
+                       ephemeral range is picked)
   --timeout SECONDS    bound on the rendezvous, on every collective and on
                        each phase of a rank's work before the rendezvous
                        (reading the tokenizer, rendering the prompts,
@@ -635,7 +637,34 @@ bool portInUse(const std::string &addr, int port) {
   return false;
 }
 
+std::pair<int, int> ephemeralPortRange() {
+  std::FILE *f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (!f)
+    return {0, 0};
+  int lo = 0, hi = 0;
+  const bool read = std::fscanf(f, "%d %d", &lo, &hi) == 2;
+  std::fclose(f);
+  if (!read || lo < 1 || hi > 65535 || lo > hi)
+    return {0, 0};
+  return {lo, hi};
+}
+
 int pickFreePort(const std::string &addr) {
+  // Below the kernel's ephemeral range when it leaves room: a port there is
+  // never handed out for another socket's connect() or bind(0) between the
+  // pick and rank 0's bind (the window spans the workers' start and
+  // preparation), so only an explicit bind can still take it.
+  const auto [lo, hi] = ephemeralPortRange();
+  (void)hi;
+  if (lo > kLowestPickedPort + 1024) {
+    const int first = std::max(kLowestPickedPort, lo - 8192), span = lo - first;
+    std::mt19937 rng((uint32_t)std::random_device{}() ^ (uint32_t)::getpid());
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = first + (int)(rng() % (uint32_t)span);
+      if (!portInUse(addr, port))
+        return port;
+    }
+  }
   for (int attempt = 0; attempt < 20; ++attempt) {
     int port = 0;
     int fd = bindSocket(addr, 0, port);

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hflow::launch {
@@ -119,7 +120,15 @@ exec::JoinOptions joinOptions(const JoinInfo &join, const Options &opts,
 /// True when `port` cannot be bound for listening on `addr` (checked with
 /// SO_REUSEADDR, like c10d's TCPStore server).
 bool portInUse(const std::string &addr, int port);
-/// A port the kernel considers free on `addr` (binds port 0), or -1.
+/// The kernel's ephemeral port range (net.ipv4.ip_local_port_range), or
+/// {0, 0} when it cannot be read.
+std::pair<int, int> ephemeralPortRange();
+/// The lowest port pickFreePort chooses.
+inline constexpr int kLowestPickedPort = 10000;
+/// A port free on `addr` (and on the wildcard address), or -1: a random one
+/// in the 8192 ports below the kernel's ephemeral range, which no socket's
+/// connect() or bind(0) is given while the job starts; where that range
+/// starts too low to leave room, one the kernel chooses (bind to port 0).
 int pickFreePort(const std::string &addr);
 
 /// Local mode: spawns `worldSize` children running /proc/self/exe with

@@ -19,8 +19,10 @@
 #include <cstdlib>
 #include <fcntl.h>
 #include <fstream>
+#include <netinet/in.h>
 #include <sstream>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -33,6 +35,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 using hflow::test::RankEnv;
+using hflow::test::joinWorld;
 using hflow::test::runAsRanks;
 
 RankEnv rankEnv() { return hflow::test::thisRank(); }
@@ -257,6 +260,73 @@ TEST(Rendezvous, PortInUse) {
     EXPECT_EQ(err.kind(), RendezvousError::Kind::PortInUse) << err.what();
     EXPECT_NE(std::string(err.what()).find("is in use"), std::string::npos);
   }
+}
+
+// A port taken between the pick and rank 0's bind (here held by this
+// process, as another program could) costs the run nothing: it starts again
+// on a new port and the test runs. Every rank of the lost attempt is
+// stopped, and only the new one's ranks meet.
+TEST(MultiRank, StartsAgainWhenThePortWasTaken) {
+  RankEnv e = rankEnv();
+  if (!e.child()) {
+    const int held = hflow::launch::pickFreePort("127.0.0.1");
+    ASSERT_GT(held, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)held);
+    ASSERT_EQ(bind(fd, (sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(listen(fd, 4), 0);
+    std::vector<int> ports;
+    testing::internal::CaptureStdout();
+    std::string f = runAsRanks(3, 60, [&] {
+      ports.push_back(ports.empty() ? held : hflow::launch::pickFreePort("127.0.0.1"));
+      return ports.back();
+    });
+    const std::string said = testing::internal::GetCapturedStdout();
+    close(fd);
+    EXPECT_TRUE(f.empty()) << f;
+    ASSERT_EQ(ports.size(), 2u);
+    EXPECT_NE(ports[1], held);
+    EXPECT_NE(said.find("lost its rendezvous port " + std::to_string(held) + "; attempt 2 of 3"),
+              std::string::npos)
+        << said;
+    return;
+  }
+  auto g = joinWorld(e);
+  at::Tensor t = at::full({1}, (float)(e.rank + 1));
+  g.world->allReduceSum(t);
+  EXPECT_EQ(t.item<float>(), 6.0f);
+}
+
+// Every attempt losing its port fails the test, saying so for each.
+TEST(MultiRank, GivesUpAfterItsAttempts) {
+  RankEnv e = rankEnv();
+  if (!e.child()) {
+    const int held = hflow::launch::pickFreePort("127.0.0.1");
+    ASSERT_GT(held, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)held);
+    ASSERT_EQ(bind(fd, (sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(listen(fd, 4), 0);
+    int calls = 0;
+    testing::internal::CaptureStdout();
+    std::string f = runAsRanks(2, 60, [&] {
+      ++calls;
+      return held;
+    });
+    testing::internal::GetCapturedStdout();
+    close(fd);
+    EXPECT_EQ(calls, hflow::test::kRankAttempts);
+    EXPECT_NE(f.find("rank 0 failed (exit code 1):\n    "), std::string::npos) << f;
+    EXPECT_NE(f.find("port " + std::to_string(held) + " is in use"), std::string::npos) << f;
+    return;
+  }
+  joinWorld(e);
 }
 
 TEST(Comm, CollectiveTimeout) {

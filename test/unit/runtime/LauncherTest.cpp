@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -227,6 +228,24 @@ TEST(LauncherPorts, InUseAndFree) {
   EXPECT_TRUE(portInUse("127.0.0.1", port));
   close(fd);
   EXPECT_FALSE(portInUse("127.0.0.1", port));
+}
+
+// The picked port lies below the kernel's ephemeral range (when it leaves
+// room), where no connect() or bind(0) elsewhere can take it before rank 0
+// binds it; picks differ.
+TEST(LauncherPorts, PickedBelowTheEphemeralRange) {
+  const auto [lo, hi] = ephemeralPortRange();
+  if (lo <= kLowestPickedPort + 1024)
+    GTEST_SKIP() << "ephemeral range starts at " << lo;
+  EXPECT_GE(hi, lo);
+  std::set<int> seen;
+  for (int i = 0; i < 16; ++i) {
+    const int port = pickFreePort("127.0.0.1");
+    ASSERT_GE(port, std::max(kLowestPickedPort, lo - 8192));
+    ASSERT_LT(port, lo);
+    seen.insert(port);
+  }
+  EXPECT_GT(seen.size(), 8u);
 }
 
 TEST(LauncherBlas, BetterCoreOnlyForPrescottWithWiderVectors) {

@@ -2,9 +2,10 @@
 //
 // c10d needs one process per rank. A multi-rank test re-executes its test
 // binary once per rank (only that test, via --gtest_filter) with
-// HFLOW_TEST_{RANK,WORLD,PORT} set; the ranks meet through a rendezvous on
-// a free port. The parent passes when every rank exits 0 having passed the
-// test, and shows a rank's output only when it fails. A rank may print
+// HFLOW_TEST_{RANK,WORLD,PORT,RUN} set; the ranks meet through a rendezvous
+// on a free port and agree on the run's identity. The parent passes when
+// every rank exits 0 having passed the test, and shows a rank's output only
+// when it fails. A rank may print
 // "[maxerr] <quantity> <value>" lines: the parent prints each quantity's
 // maximum over the ranks.
 //
@@ -23,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,10 +37,19 @@ struct RankEnv {
 };
 RankEnv thisRank();
 
+/// How many times runAsRanks starts a test whose rendezvous port was lost.
+inline constexpr int kRankAttempts = 3;
+
 /// Spawns `world` copies of this binary running only the current test and
 /// waits for them (killing them after `timeoutSec`). Returns "" when all
-/// passed, else the failing ranks' output.
-std::string runAsRanks(int world, int timeoutSec = 60);
+/// passed, else why each failing rank failed (its decisive lines first,
+/// then its whole output). A run whose rendezvous port was taken before
+/// rank 0 bound it, or whose ranks met another run's on it, ran nothing of
+/// the test: it is started again on a new port, up to kRankAttempts times,
+/// with a "[rank-retry]" line.
+/// `pickPort` chooses each attempt's port (default: launch::pickFreePort).
+std::string runAsRanks(int world, int timeoutSec = 60,
+                       const std::function<int()> &pickPort = nullptr);
 
 /// The rendezvous of rank `e` (plan hash and version as given).
 std::unique_ptr<comm::Rendezvous>
