@@ -290,10 +290,28 @@ std::vector<Entry> publishAndGather(c10d::TCPStore &store, const RendezvousOptio
   return entries;
 }
 
-/// The first way a rank differs from rank 0 (plan, version, agreed facts),
+bool isJobIdentity(const std::string &fact) { return fact.rfind("job (", 0) == 0; }
+
+/// The first way a rank differs from rank 0 (job, plan, version, agreed facts),
 /// or "" when all agree.
 std::string firstMismatch(const std::vector<Entry> &entries) {
   std::string mismatch;
+  // The job's identity before anything else: ranks of two jobs that met on
+  // one port are told that, whatever else of theirs differs.
+  for (size_t r = 1; r < entries.size() && mismatch.empty(); ++r)
+    for (const auto &[name, want] : entries[0].facts) {
+      if (!isJobIdentity(name))
+        continue;
+      std::string got = "(nothing)";
+      for (const auto &[n, v] : entries[r].facts)
+        if (n == name)
+          got = v;
+      if (got != want) {
+        mismatch = "rank " + std::to_string(r) + " runs with " + name + " " + got +
+                   " but rank 0 with " + want + " (every rank of a job must agree)";
+        break;
+      }
+    }
   for (size_t r = 1; r < entries.size() && mismatch.empty(); ++r) {
     if (entries[r].hash != entries[0].hash)
       mismatch = "rank " + std::to_string(r) + " has plan " + entries[r].hash +

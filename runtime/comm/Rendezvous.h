@@ -51,7 +51,9 @@ struct RendezvousOptions {
   /// Further facts every rank must agree on, by name (options that change
   /// the schedule, the data's identity, the job's identity): a rank whose
   /// value differs from rank 0's is refused, naming the fact and both values.
-  /// Names and values must not contain tabs or newlines.
+  /// A fact named "job (...)" is the job's identity, checked before the plan
+  /// and the version: ranks of two jobs that met on one port are told that
+  /// first. Names and values must not contain tabs or newlines.
   std::vector<std::pair<std::string, std::string>> agree;
 };
 

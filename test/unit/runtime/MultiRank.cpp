@@ -42,13 +42,15 @@ struct Attempt {
   std::string failures;
   /// The rendezvous could not be held: rank 0 found the port taken (by a
   /// process that bound it between the pick and rank 0's bind), or a rank
-  /// met another run's ranks on it. Nothing of the test ran.
+  /// met another run's ranks on it (refused by the run's identity, or its
+  /// rank already taken by theirs). Nothing of the test ran.
   bool portLost = false;
 };
 
 bool lostThePort(const std::string &log) {
   return log.find("is in use (choose another MASTER_PORT)") != std::string::npos ||
-         log.find("runs with hflow-test-run ") != std::string::npos;
+         log.find("runs with job (hflow-test-run) ") != std::string::npos ||
+         log.find("another process already joined this job as rank") != std::string::npos;
 }
 
 /// The lines of a failed rank's log that say why (gtest failures with the
@@ -191,7 +193,10 @@ std::string runAsRanks(int world, int timeoutSec, const std::function<int()> &pi
     failures += a.failures;
     // Not a failure of the test: nothing of it ran. Say so, and start again.
     std::cout << "[rank-retry] run " << runId << " lost its rendezvous port " << port
-              << "; attempt " << attempt + 1 << " of " << kRankAttempts << "\n";
+              << (attempt < kRankAttempts ? "; attempt " + std::to_string(attempt + 1) + " of " +
+                                                std::to_string(kRankAttempts)
+                                          : "; no attempt left")
+              << "\n";
   }
   return failures;
 }
@@ -210,7 +215,7 @@ std::unique_ptr<comm::Rendezvous> joinRendezvous(const RankEnv &e, uint64_t plan
   // This run's ranks only: one that reaches another run's store on a port
   // both picked is refused, and the parent starts again.
   if (const char *run = std::getenv("HFLOW_TEST_RUN"))
-    o.agree.push_back({"hflow-test-run", run});
+    o.agree.push_back({"job (hflow-test-run)", run});
   return comm::Rendezvous::join(o);
 }
 

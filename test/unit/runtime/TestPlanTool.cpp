@@ -17,6 +17,7 @@
 //                                           prints its pid once it listens
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/launch/Launcher.h"
 #include "test/unit/TestPlanBuilder.h"
 
 #include <arpa/inet.h>
@@ -56,10 +57,10 @@ static int listenOn(int port, int &bound) {
 
 int main(int argc, char **argv) {
   if (argc == 2 && std::string(argv[1]) == "--free-port") {
-    int port = 0, fd = listenOn(0, port);
-    if (fd < 0)
+    // As hflow-run picks one: below the kernel's ephemeral range.
+    const int port = hflow::launch::pickFreePort("127.0.0.1");
+    if (port < 0)
       return 1;
-    close(fd);
     std::printf("%d\n", port);
     return 0;
   }
