@@ -8,13 +8,14 @@
 // as the last of a decode window (PagedKvWindow). For each case the
 // kernel's output (attendInPlace, on a GPU whose build has the kernel) and
 // the ATen path's (append's gather, then attendGrouped with the step's mask)
-// are compared with a brute force in float64 on the host (each row's keys
-// through its table, softmax, the weighted values): f32 within 1e-5 of the
-// output's largest value, bf16 and f16 within 3e-2 (the ATen path rounds
-// its scores and probabilities to the inputs' type: 1.2e-2 seen on a CPU).
-// On a CPU, or where the build has no kernel, the ATen path alone is
-// checked (the dry run CI runs; f16 is skipped there: no f16 matmul in
-// Debian's LibTorch).
+// and the kernel's ATen reference (pagedDecodeReference, the paged path a
+// CPU takes) are compared with a brute force in float64 on the host (each
+// row's keys through its table, softmax, the weighted values): f32 within
+// 1e-5 of the output's largest value, bf16 and f16 within 3e-2 (the ATen
+// path rounds its scores and probabilities to the inputs' type: 1.2e-2
+// seen on a CPU). On a CPU the paged path is the reference, through
+// attendInPlace as the engine calls it (the dry run CI runs; f16 is skipped
+// there: no f16 matmul in Debian's LibTorch).
 // With --time on a GPU, both paths of one layer at the rollout benchmark's
 // shapes (256 rows, 768 keys: Llama-3-8B's and Qwen2.5-0.5B's heads, bf16),
 // each timed over 50 calls, with the bytes of the pool they must read.
@@ -151,6 +152,23 @@ at::Tensor newSlots(const Setup &s, const Case &c) {
   return at::tensor(slots, at::TensorOptions().dtype(at::kLong));
 }
 
+/// pagedDecodeReference over the pool as the step left it (its new keys
+/// and values stored), through each row's table and length (a row's
+/// length is the same in a window's last step: its key is at len - 1).
+at::Tensor referenceOf(const Setup &s, const Case &c, double scale) {
+  size_t most = 1;
+  for (const auto &t : s.tables)
+    most = std::max(most, t.size());
+  at::Tensor tables = at::zeros({c.B, (int64_t)most}, at::TensorOptions().dtype(at::kInt));
+  for (int64_t r = 0; r < c.B; ++r)
+    for (size_t i = 0; i < s.tables[(size_t)r].size(); ++i)
+      tables[r][(int64_t)i] = s.tables[(size_t)r][i];
+  at::Tensor lens = at::tensor(s.lens, at::TensorOptions().dtype(at::kLong)).to(at::kInt);
+  const c10::Device d = s.pool->keys(0).device();
+  return pagedDecodeReference(s.q, s.pool->keys(0), s.pool->values(0), tables.to(d), lens.to(d),
+                              c.block, c.window, scale);
+}
+
 /// Float64 on the host, row by row through the tables, from the pool before
 /// the step stores anything: the step's new key and value put in each row's
 /// new slot here, so a path that stores them wrongly (or not) differs.
@@ -236,8 +254,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     std::printf("hflow-gpu-kernels: %s, %s\n", device.c_str(),
-                kernel ? "the paged decode kernel against the ATen path and a brute force"
-                       : "no kernel here (a CPU, or a build without one): the ATen path "
+                kernel ? "the paged decode kernel and its reference against the ATen path "
+                         "and a brute force"
+                       : "no kernel here: the paged path's reference and the ATen path "
                          "against a brute force");
     const Case cases[] = {
         {"llama3-8b heads, f32", 5, 32, 8, 128, 16, 300, 0, at::kFloat},
@@ -252,6 +271,14 @@ int main(int argc, char **argv) {
         {"qwen2.5-7b heads, bf16", 3, 28, 4, 128, 16, 200, 0, at::kBFloat16},
         {"window 33, f16", 3, 12, 2, 128, 32, 120, 33, at::kHalf},
         {"hd 32, f16", 3, 4, 4, 32, 8, 40, 0, at::kHalf},
+        // A batch as wide as the benchmark's, groups of 3 and 5, and the
+        // widths and types the cases above leave out.
+        {"256 rows, qwen2.5-0.5b heads, bf16", 256, 14, 2, 64, 16, 200, 0, at::kBFloat16},
+        {"5 query heads a kv head, f32", 3, 10, 2, 64, 16, 70, 0, at::kFloat},
+        {"3 query heads a kv head, window 9, f32", 4, 6, 2, 128, 16, 60, 9, at::kFloat},
+        {"hd 32, bf16", 3, 4, 4, 32, 8, 40, 0, at::kBFloat16},
+        {"hd 64, f16", 3, 8, 2, 64, 16, 50, 0, at::kHalf},
+        {"8 query heads a kv head, hd 256, f16", 2, 16, 2, 256, 16, 50, 0, at::kHalf},
     };
     int passed = 0, failed = 0;
     uint64_t seed = 1;
@@ -270,25 +297,27 @@ int main(int argc, char **argv) {
       const at::Tensor want = bruteForce(s, c, scale);
       at::Tensor aten = atenPath(step, s, c, scale);
       const double eAten = relErr(aten, want);
-      double eKernel = -1;
-      if (kernel) {
-        // The new slots poisoned: the kernel's path must store them itself.
-        const at::Tensor slots = newSlots(s, c).to(s.pool->keys(0).device());
-        s.pool->keys(0).index_fill_(0, slots, NAN);
-        s.pool->values(0).index_fill_(0, slots, NAN);
-        at::Tensor out = step.attendInPlace(0, s.q, s.k, s.v, scale, c.window);
-        if (!out.defined())
-          throw std::runtime_error(name + ": the kernel did not take the step");
-        eKernel = relErr(out, want);
-      }
-      const bool ok = eAten <= tol && (!kernel || eKernel <= tol);
+      // The new slots poisoned: the paged path must store them itself.
+      const at::Tensor slots = newSlots(s, c).to(s.pool->keys(0).device());
+      s.pool->keys(0).index_fill_(0, slots, NAN);
+      s.pool->values(0).index_fill_(0, slots, NAN);
+      at::Tensor out = step.attendInPlace(0, s.q, s.k, s.v, scale, c.window);
+      if (!out.defined())
+        throw std::runtime_error(name + ": the paged path did not take the step");
+      const double ePaged = relErr(out, want);
+      // On a GPU the reference too, on the pool the kernel's step filled.
+      double eRef = ePaged;
+      if (kernel)
+        eRef = relErr(referenceOf(s, c, scale), want);
+      const bool ok = eAten <= tol && ePaged <= tol && eRef <= tol;
       (ok ? passed : failed)++;
       if (kernel)
-        std::printf("%s: %s: kernel %.2e, ATen %.2e of the largest output (tolerance %.0e)\n",
-                    ok ? "passed" : "FAILED", name.c_str(), eKernel, eAten, tol);
+        std::printf("%s: %s: kernel %.2e, reference %.2e, ATen %.2e of the largest output "
+                    "(tolerance %.0e)\n",
+                    ok ? "passed" : "FAILED", name.c_str(), ePaged, eRef, eAten, tol);
       else
-        std::printf("%s: %s: ATen %.2e of the largest output (tolerance %.0e)\n",
-                    ok ? "passed" : "FAILED", name.c_str(), eAten, tol);
+        std::printf("%s: %s: reference %.2e, ATen %.2e of the largest output (tolerance %.0e)\n",
+                    ok ? "passed" : "FAILED", name.c_str(), ePaged, eAten, tol);
     }
     if (time && kernel) {
       const Case shapes[] = {{"llama3-8b, 256 rows x 768 keys, bf16", 256, 32, 8, 128, 16, 768, 0,

@@ -599,6 +599,7 @@ bool placeOnGpu(int rank, int localRank, int localRanks, int gpus, bool share,
   // loopback. The user's own NCCL settings stand, except the host id.
   out.ncclEnv = {{"NCCL_HOSTID", "hflow-shared-gpu-rank-" + std::to_string(rank), true},
                  {"NCCL_SOCKET_IFNAME", "lo", false},
+                 {"NCCL_NET", "Socket", false}, // not an image's network plugin
                  {"NCCL_P2P_DISABLE", "1", false},
                  {"NCCL_SHM_DISABLE", "1", false},
                  {"NCCL_IB_DISABLE", "1", false}};

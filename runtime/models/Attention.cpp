@@ -40,13 +40,15 @@ constexpr int64_t kMaskQueryBlock = 256;
 } // namespace
 
 namespace {
-/// HFLOW_ATTENTION's paths, or why it is not a set of them.
-std::vector<std::string> attentionPaths(std::string &why) {
+/// A ScopedAttentionPaths' set, while one lives.
+const std::string *overridden = nullptr;
+
+/// The paths a set names (HFLOW_ATTENTION's form), or why it is not a set
+/// of them.
+std::vector<std::string> parsePaths(const std::string &all, std::string &why) {
   std::vector<std::string> paths;
-  const char *e = std::getenv("HFLOW_ATTENTION");
-  if (!e || !*e)
+  if (all.empty())
     return paths;
-  const std::string all = e;
   size_t at = 0;
   while (at <= all.size()) {
     const size_t comma = std::min(all.find(',', at), all.size());
@@ -62,15 +64,40 @@ std::vector<std::string> attentionPaths(std::string &why) {
   }
   return paths;
 }
+
+/// HFLOW_ATTENTION's paths, or why it is not a set of them.
+std::vector<std::string> attentionPaths(std::string &why) {
+  const char *e = std::getenv("HFLOW_ATTENTION");
+  return parsePaths(e ? e : "", why);
+}
+
+bool named(const std::vector<std::string> &paths, const std::string &path) {
+  return std::find(paths.begin(), paths.end(), path) != paths.end();
+}
 } // namespace
 
 bool attentionPathRequested(const std::string &path) {
+  if (overridden) {
+    std::string why;
+    return named(parsePaths(*overridden, why), path);
+  }
   static const std::vector<std::string> paths = [] {
     std::string why;
     return attentionPaths(why);
   }();
-  return std::find(paths.begin(), paths.end(), path) != paths.end();
+  return named(paths, path);
 }
+
+ScopedAttentionPaths::ScopedAttentionPaths(const std::string &paths)
+    : previous_(overridden), paths_(paths) {
+  std::string why;
+  parsePaths(paths_, why);
+  if (!why.empty())
+    throw std::invalid_argument(why);
+  overridden = &paths_;
+}
+
+ScopedAttentionPaths::~ScopedAttentionPaths() { overridden = previous_; }
 
 void checkAttentionEnvironment() {
   std::string why;

@@ -20,6 +20,21 @@ bool attentionPathRequested(const std::string &path);
 /// not such a set (hflow-run checks it before any work).
 void checkAttentionEnvironment();
 
+/// Tests: while one lives, the paths it names (as HFLOW_ATTENTION would,
+/// e.g. "paged") are the ones taken, in place of the environment's. Not for
+/// use while another thread runs a forward.
+class ScopedAttentionPaths {
+public:
+  explicit ScopedAttentionPaths(const std::string &paths);
+  ~ScopedAttentionPaths();
+  ScopedAttentionPaths(const ScopedAttentionPaths &) = delete;
+  ScopedAttentionPaths &operator=(const ScopedAttentionPaths &) = delete;
+
+private:
+  const std::string *previous_;
+  std::string paths_;
+};
+
 } // namespace hflow::models
 
 #endif // HFLOW_RUNTIME_MODELS_ATTENTIONPATHS_H

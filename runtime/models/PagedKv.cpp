@@ -12,13 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 namespace hflow::models {
 
 namespace {
-/// HFLOW_ATTENTION=paged: decode steps through the paged kernel on a GPU.
+/// HFLOW_ATTENTION=paged: decode steps through the paged kernel on a GPU
+/// (its reference on a CPU).
 bool pagedKernelRequested() { return attentionPathRequested("paged"); }
 } // namespace
 
@@ -130,11 +132,74 @@ int64_t widest(const std::vector<const std::vector<int> *> &tables) {
   return (int64_t)most;
 }
 
-/// Whether a decode step over `pool` goes through the paged kernel.
+/// Whether a decode step over `pool` goes through the paged path: the
+/// kernel on a GPU whose build has it, its reference on a CPU.
 bool pagedKernelFor(KvBlockPool &pool) {
-  return pagedKernelRequested() && pagedDecodeBuilt() && pool.keys(0).is_cuda();
+  if (!pagedKernelRequested())
+    return false;
+  const at::Tensor &k = pool.keys(0);
+  return k.is_cpu() || (k.is_cuda() && pagedDecodeBuilt());
+}
+
+std::atomic<int64_t> attendsThroughThePagedPath{0};
+
+/// Why the reference cannot take these shapes ("" when it can).
+std::string pagedReferenceUnsupported(int64_t nq, int64_t nkv, int64_t hd, int64_t vd,
+                                      at::ScalarType dtype) {
+  if (!at::isFloatingType(dtype))
+    return std::string("elements of ") + c10::toString(dtype);
+  if (vd != hd)
+    return "values " + std::to_string(vd) + " wide beside keys " + std::to_string(hd) + " wide";
+  if (nkv <= 0 || nq % nkv != 0)
+    return std::to_string(nq) + " query heads over " + std::to_string(nkv) + " kv heads";
+  return "";
 }
 } // namespace
+
+int64_t pagedAttends() { return attendsThroughThePagedPath.load(); }
+
+at::Tensor pagedDecodeReference(const at::Tensor &q, const at::Tensor &keys,
+                                const at::Tensor &values, const at::Tensor &tables,
+                                const at::Tensor &lens, int64_t blockSize, int64_t window,
+                                double scale) {
+  const int64_t B = q.dim() == 4 ? q.size(0) : -1, nq = q.dim() == 4 ? q.size(1) : 0,
+                hd = q.dim() == 4 ? q.size(3) : 0;
+  if (q.dim() != 4 || q.size(2) != 1 || keys.dim() != 3 || values.dim() != 3 ||
+      keys.size(2) != hd || values.size(0) != keys.size(0) || values.size(1) != keys.size(1) ||
+      tables.dim() != 2 || tables.size(0) != B || tables.size(1) <= 0 || lens.dim() != 1 ||
+      lens.size(0) != B || blockSize <= 0 || window < 0 ||
+      !pagedReferenceUnsupported(nq, keys.size(1), hd, values.size(2), q.scalar_type())
+           .empty())
+    throw std::logic_error("pagedDecodeReference: q [" + std::to_string(B) + ", " +
+                           std::to_string(nq) + ", " +
+                           std::to_string(q.dim() == 4 ? q.size(2) : 0) + ", " +
+                           std::to_string(hd) +
+                           "] must be one query a row over pools of its width, and a table "
+                           "and a length a row");
+  const int64_t nkv = keys.size(1), g = nq / nkv, K = tables.size(1) * blockSize;
+  const at::TensorOptions lo = at::TensorOptions().dtype(at::kLong).device(q.device());
+  // Every position a table can name; a row's live ones are its last
+  // `window` of lens[b] (all of them without a window), the rest read slot 0
+  // and are masked.
+  const at::Tensor pos = at::arange(K, lo);
+  const at::Tensor len = lens.to(at::kLong).unsqueeze(1); // [B, 1]
+  at::Tensor live = pos.unsqueeze(0).lt(len);             // [B, K]
+  if (window > 0)
+    live = live.logical_and(pos.unsqueeze(0).ge(len - window));
+  at::Tensor slots = tables.to(at::kLong).index_select(1, pos.div(blockSize, "floor")) *
+                         blockSize +
+                     pos.remainder(blockSize).unsqueeze(0);
+  slots = at::where(live, slots, at::zeros_like(slots)).reshape({B * K});
+  // Softmax in float32, as the kernel's.
+  const at::Tensor k = keys.index_select(0, slots).view({B, K, nkv, hd}).to(at::kFloat);
+  const at::Tensor v = values.index_select(0, slots).view({B, K, nkv, hd}).to(at::kFloat);
+  const at::Tensor qf = q.reshape({B, nkv, g, hd}).to(at::kFloat);
+  at::Tensor scores = at::matmul(qf, k.permute({0, 2, 3, 1})) * scale; // [B, nkv, g, K]
+  scores = scores.masked_fill(live.logical_not().view({B, 1, 1, K}),
+                              -std::numeric_limits<float>::infinity());
+  const at::Tensor out = at::matmul(at::softmax(scores, -1), v.transpose(1, 2)); // [B, nkv, g, hd]
+  return out.reshape({B, nq, 1, hd}).to(q.scalar_type());
+}
 
 PagedKvStep::PagedKvStep(KvBlockPool &pool, const std::vector<const std::vector<int> *> &tables,
                          const std::vector<int64_t> &past, const std::vector<int64_t> &q)
@@ -328,24 +393,30 @@ at::Tensor PagedKvStep::attendInPlace(size_t li, const at::Tensor &q, const at::
                                       const at::Tensor &v, double scale, int64_t window) {
   if (!tables32_.defined())
     return at::Tensor();
+  const bool cpu = q.is_cpu();
   const std::string why =
       pool_.keys(li).scalar_type() != q.scalar_type()
           ? std::string("a pool of ") + c10::toString(pool_.keys(li).scalar_type()) +
                 " under queries of " + c10::toString(q.scalar_type())
-          : pagedDecodeUnsupported(q.size(1), k.size(1), k.size(3), v.size(3), q.scalar_type());
+      : cpu ? pagedReferenceUnsupported(q.size(1), k.size(1), k.size(3), v.size(3),
+                                        q.scalar_type())
+            : pagedDecodeUnsupported(q.size(1), k.size(1), k.size(3), v.size(3),
+                                     q.scalar_type());
   if (!why.empty()) {
     static std::atomic<bool> said{false};
     if (!said.exchange(true)) {
       std::fprintf(stderr,
-                   "hflow: HFLOW_ATTENTION=paged: the paged kernel does not take %s; "
+                   "hflow: HFLOW_ATTENTION=paged: the paged %s does not take %s; "
                    "decode steps attend by the ATen path\n",
-                   why.c_str());
+                   cpu ? "path" : "kernel", why.c_str());
     }
     return at::Tensor();
   }
   store(li, k, v);
-  return pagedDecodeAttention(q, pool_.keys(li), pool_.values(li), tables32_, lens32_,
-                              pool_.blockSize(), window, scale);
+  attendsThroughThePagedPath.fetch_add(1);
+  return (cpu ? pagedDecodeReference : pagedDecodeAttention)(
+      q, pool_.keys(li), pool_.values(li), tables32_, lens32_, pool_.blockSize(), window,
+      scale);
 }
 
 } // namespace hflow::models

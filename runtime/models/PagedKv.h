@@ -112,11 +112,11 @@ public:
   std::pair<at::Tensor, at::Tensor> append(size_t li, const at::Tensor &k,
                                            const at::Tensor &v) override;
   void commit(const at::Tensor &, const at::Tensor &) override {}
-  /// A decode step (one new token a row) on a GPU with HFLOW_ATTENTION=paged:
-  /// the new keys and values into their slots, then the project's kernel
-  /// (PagedAttention.h) over the pool through the block tables. Undefined
-  /// otherwise, and for shapes the kernel does not take (said once on
-  /// stderr).
+  /// A decode step (one new token a row) with HFLOW_ATTENTION=paged: the
+  /// new keys and values into their slots, then the project's kernel
+  /// (PagedAttention.h; on a CPU its reference, pagedDecodeReference) over
+  /// the pool through the block tables. Undefined otherwise, and for shapes
+  /// the path does not take (said once on stderr).
   at::Tensor attendInPlace(size_t li, const at::Tensor &q, const at::Tensor &k,
                            const at::Tensor &v, double scale, int64_t window) override;
 
@@ -136,7 +136,7 @@ private:
   at::Tensor gather_;     ///< int64 [B * K]: each key column's slot (0 in padding)
   at::Tensor keyReal_;    ///< bool [B, K]
   at::Tensor newMask_, positions_;
-  at::Tensor tables32_; ///< int32 [B, most blocks]: with the paged kernel only
+  at::Tensor tables32_; ///< int32 [B, most blocks]: on the paged path only
   at::Tensor lens32_;   ///< int32 [B]: each row's keys, the same
 };
 
@@ -178,7 +178,7 @@ private:
   at::Tensor slots_;     ///< int64 [steps, B]: each step's new slot
   at::Tensor positions_; ///< int64 [steps, B]: its RoPE position
   at::Tensor rowIdx_, newMask_, tokens_, draws_;
-  at::Tensor tables32_, lens32_; ///< with the paged kernel: [B, most], [steps, B]
+  at::Tensor tables32_, lens32_; ///< on the paged path: [B, most], [steps, B]
 };
 
 /// The paged decode kernel (PagedAttention.h) on `q`'s CUDA stream: `q`
@@ -189,6 +189,22 @@ at::Tensor pagedDecodeAttention(const at::Tensor &q, const at::Tensor &keys,
                                 const at::Tensor &values, const at::Tensor &tables,
                                 const at::Tensor &lens, int64_t blockSize, int64_t window,
                                 double scale);
+/// The paged decode attention's contract in ATen, on any device, with
+/// pagedDecodeAttention's arguments and result: each row's keys and values
+/// read through its table (the last `window` of its lens[b], or all),
+/// scores and softmax in float32, as the kernel's. A decode step on a CPU
+/// under HFLOW_ATTENTION=paged attends through it, so the engine's kernel
+/// path (tables, lengths, a window's clamped rows) runs in the CPU tests;
+/// no faster than the ATen path there. Any floating type, any head width,
+/// query heads a multiple of the kv heads; values as wide as keys. Throws
+/// std::logic_error otherwise.
+at::Tensor pagedDecodeReference(const at::Tensor &q, const at::Tensor &keys,
+                                const at::Tensor &values, const at::Tensor &tables,
+                                const at::Tensor &lens, int64_t blockSize, int64_t window,
+                                double scale);
+/// How many layers' decode steps attended through the paged path (kernel or
+/// reference) in this process: the tests' proof that it ran.
+int64_t pagedAttends();
 /// Whether this build has the kernel: a CUDA LibTorch, compiled with nvcc.
 bool pagedDecodeBuilt();
 /// Why the kernel cannot take these shapes ("" when it can).

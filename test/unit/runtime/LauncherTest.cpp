@@ -312,13 +312,16 @@ TEST(LauncherGpus, SharedForTests) {
   ASSERT_TRUE(placeOnGpu(3, 3, 4, 1, true, nullptr, g, err)) << err;
   EXPECT_EQ(g.ordinal, 0);
   EXPECT_TRUE(g.shared);
-  ASSERT_EQ(g.ncclEnv.size(), 5u);
+  ASSERT_EQ(g.ncclEnv.size(), 6u);
   EXPECT_EQ(g.ncclEnv[0].name, "NCCL_HOSTID");
   EXPECT_EQ(g.ncclEnv[0].value, "hflow-shared-gpu-rank-3"); // every rank its own host
   EXPECT_TRUE(g.ncclEnv[0].overwrite);
   EXPECT_EQ(g.ncclEnv[1].name, "NCCL_SOCKET_IFNAME");
   EXPECT_EQ(g.ncclEnv[1].value, "lo");
   EXPECT_FALSE(g.ncclEnv[1].overwrite); // the user's own settings stand
+  EXPECT_EQ(g.ncclEnv[2].name, "NCCL_NET"); // NCCL's own sockets, not a plugin's network
+  EXPECT_EQ(g.ncclEnv[2].value, "Socket");
+  EXPECT_FALSE(g.ncclEnv[2].overwrite);
   ASSERT_TRUE(placeOnGpu(6, 6, 8, 4, true, nullptr, g, err)) << err;
   EXPECT_EQ(g.ordinal, 2); // round robin over the devices
   Options o;

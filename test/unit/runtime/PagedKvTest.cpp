@@ -1,5 +1,6 @@
 //===- PagedKvTest.cpp - the KV block pool and a step through its tables ---===//
 #include "runtime/models/AttentionPaths.h"
+#include "runtime/models/Layers.h"
 #include "runtime/models/PagedKv.h"
 
 #include <ATen/ATen.h>
@@ -194,4 +195,59 @@ TEST(PagedKv, AttentionPathsFromTheEnvironment) {
     ::setenv("HFLOW_ATTENTION", saved.c_str(), 1);
   else
     ::unsetenv("HFLOW_ATTENTION");
+}
+
+// The paged path on a CPU: attendInPlace under HFLOW_ATTENTION=paged
+// stores the step's keys and values and attends through the tables with
+// pagedDecodeReference, equal to the ATen path's gathered keys (a sliding
+// window, GQA, a row's first key); what it does not take it refuses, and
+// outside the scope the step keeps the ATen path.
+TEST(PagedKv, ReferencePathOnACpu) {
+  KvGeometry g{1, 2, 4, at::kFloat}; // 2 kv heads of 4
+  KvBlockPool pool(g, 10, 2);
+  for (int i = 0; i < 10; ++i)
+    pool.allocate();
+  const std::vector<int> a{7, 2, 9}, b{4}, c{1, 8, 0, 3};
+  const std::vector<const std::vector<int> *> tables{&a, &b, &c};
+  const std::vector<int64_t> past{4, 0, 6};
+  pool.keys(0).copy_(at::randn({20, 2, 4}));
+  pool.values(0).copy_(at::randn({20, 2, 4}));
+  const at::Tensor q = at::randn({3, 6, 1, 4}), k = at::randn({3, 2, 1, 4}),
+                   v = at::randn({3, 2, 1, 4});
+  for (int64_t window : {0, 3}) {
+    const at::Tensor keys0 = pool.keys(0).clone(), values0 = pool.values(0).clone();
+    PagedKvStep dense(pool, tables, past, {1, 1, 1});
+    EXPECT_FALSE(dense.attendInPlace(0, q, k, v, 0.5, window).defined());
+    auto [kk, vv] = dense.append(0, k, v);
+    const at::Tensor bias = attentionBias(dense.keyReal(dense.newMask()), dense.past(), 1, window);
+    const at::Tensor want = attendGrouped(q, kk, vv, bias, 0.5);
+    pool.keys(0).copy_(keys0), pool.values(0).copy_(values0);
+    ScopedAttentionPaths paged("paged");
+    PagedKvStep step(pool, tables, past, {1, 1, 1});
+    const int64_t before = pagedAttends();
+    const at::Tensor got = step.attendInPlace(0, q, k, v, 0.5, window);
+    ASSERT_TRUE(got.defined()) << window;
+    EXPECT_EQ(pagedAttends(), before + 1);
+    EXPECT_LT((got - want).abs().max().item<float>(), 1e-6) << window;
+    // It stored the new keys in the rows' slots (row 0 at 4: block 9).
+    EXPECT_TRUE(at::equal(pool.keys(0)[18], k[0].select(1, 0))) << window;
+    EXPECT_TRUE(at::equal(pool.values(0)[8], v[1].select(1, 0))) << window;
+  }
+  // The reference refuses values narrower than keys, heads that do not
+  // group, and shapes not a decode step's.
+  const at::Tensor tab = at::zeros({3, 4}, at::kInt), len = at::ones({3}, at::kInt);
+  EXPECT_THROW(pagedDecodeReference(q, pool.keys(0), pool.values(0).narrow(2, 0, 2), tab, len, 2,
+                                    0, 1.0),
+               std::logic_error);
+  EXPECT_THROW(pagedDecodeReference(q.narrow(1, 0, 5), pool.keys(0), pool.values(0), tab, len, 2,
+                                    0, 1.0),
+               std::logic_error);
+  EXPECT_THROW(pagedDecodeReference(at::randn({3, 6, 2, 4}), pool.keys(0), pool.values(0), tab,
+                                    len, 2, 0, 1.0),
+               std::logic_error);
+  EXPECT_THROW(pagedDecodeReference(q, pool.keys(0), pool.values(0), tab.narrow(0, 0, 2), len, 2,
+                                    0, 1.0),
+               std::logic_error);
+  EXPECT_THROW(ScopedAttentionPaths("flash"), std::invalid_argument);
+  EXPECT_FALSE(attentionPathRequested("paged"));
 }

@@ -6,6 +6,7 @@
 // force count (the sampler's frequencies).
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/models/AttentionPaths.h"
 #include "runtime/models/PagedKv.h"
 #include "runtime/models/RolloutEngine.h"
 
@@ -344,6 +345,63 @@ TEST(RolloutEngine, DecodeWindowsGiveTheSameTokens) {
       EXPECT_LT(stopped, 10) << "variant " << variant;
     }
   }
+}
+
+TEST(RolloutEngine, PagedPathGivesTheDenseTokens) {
+  // HFLOW_ATTENTION=paged on a CPU: every decode step attends through the
+  // paged path's reference (the kernel's contract: block tables, lengths, a
+  // window's clamped rows) instead of the gathered keys under a mask. The
+  // same tokens as the dense path, one step at a time and in windows, for
+  // MHA, GQA, MQA, Qwen3's q/k norms, a sliding window and a pool so small
+  // that the engine preempts; the log-probs within 1e-5.
+  for (int variant = 0; variant < 6; ++variant) {
+    LlamaConfig c = cfg(variant == 0 ? 4 : variant == 2 ? 1 : 2);
+    if (variant == 3)
+      c.qkNorm = true;
+    if (variant == 4)
+      c.slidingWindow = 4;
+    Llama m(c, 60 + variant);
+    Prompts p = prompts(10, {5, 3, 8, 2, 6}, 70 + variant, /*groups=*/2);
+    SamplingOptions o;
+    o.maxTokens = 13;
+    o.temperature = 1.0;
+    o.stopToken = 7;
+    EngineLimits one;
+    one.blockSize = 4;
+    one.decodeSteps = 1;
+    if (variant == 5)
+      one.poolBlocks = (8 + 13 + 3) / 4 + 1; // one sequence at its longest
+    auto g1 = gen(80 + variant);
+    RolloutStats sd;
+    Generation a = generatePaged(m, p.tokens, p.mask, o, g1, one, &sd);
+    for (int64_t w : {1, 5}) {
+      EngineLimits lim = one;
+      lim.decodeSteps = w;
+      const std::string at = "variant " + std::to_string(variant) + " window " + std::to_string(w);
+      const int64_t before = pagedAttends();
+      RolloutStats sp;
+      auto g2 = gen(80 + variant);
+      Generation b;
+      {
+        ScopedAttentionPaths paged("paged");
+        b = generatePaged(m, p.tokens, p.mask, o, g2, lim, &sp);
+      }
+      // Every layer of the decode forwards went the paged way (a window's
+      // steps are forwards of one read).
+      const int64_t attends = pagedAttends() - before;
+      EXPECT_EQ(attends % c.layers, 0) << at;
+      EXPECT_GE(attends, c.layers * sp.decodeRounds) << at;
+      EXPECT_GT(sp.decodeRounds, 0) << at;
+      EXPECT_TRUE(at::equal(a.tokens, b.tokens)) << at << "\n" << a.tokens << "\n" << b.tokens;
+      EXPECT_TRUE(at::equal(a.mask, b.mask)) << at;
+      EXPECT_TRUE(at::equal(a.stopped, b.stopped)) << at;
+      EXPECT_LT((a.logprobs - b.logprobs).abs().max().item<float>(), 1e-5) << at;
+      if (variant == 5)
+        EXPECT_GT(sp.preemptions, 0) << at;
+    }
+  }
+  // Outside the scope, the environment's paths again (none here).
+  EXPECT_FALSE(attentionPathRequested("paged"));
 }
 
 TEST(RolloutEngine, DecodeWindowFromTheEnvironment) {
