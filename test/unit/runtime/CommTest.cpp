@@ -262,6 +262,24 @@ TEST(Rendezvous, PortInUse) {
   }
 }
 
+/// A free loopback port this process listens on (as another program could
+/// take it), in `port`; the socket, or -1.
+static int holdAPort(int &port) {
+  port = hflow::launch::pickFreePort("127.0.0.1");
+  int fd = port > 0 ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+  if (fd < 0)
+    return -1;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = htons((uint16_t)port);
+  if (bind(fd, (sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // A port taken between the pick and rank 0's bind (here held by this
 // process, as another program could) costs the run nothing: the ranks of
 // the lost attempt are stopped, and it starts again on a new port, where
@@ -269,15 +287,9 @@ TEST(Rendezvous, PortInUse) {
 TEST(MultiRank, StartsAgainWhenThePortWasTaken) {
   RankEnv e = rankEnv();
   if (!e.child()) {
-    const int held = hflow::launch::pickFreePort("127.0.0.1");
-    ASSERT_GT(held, 0);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    sa.sin_port = htons((uint16_t)held);
-    ASSERT_EQ(bind(fd, (sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(listen(fd, 4), 0);
+    int held = 0;
+    const int fd = holdAPort(held);
+    ASSERT_GE(fd, 0) << held;
     std::vector<int> ports;
     testing::internal::CaptureStdout();
     std::string f = runAsRanks(3, 60, [&] {
@@ -304,15 +316,9 @@ TEST(MultiRank, StartsAgainWhenThePortWasTaken) {
 TEST(MultiRank, GivesUpAfterItsAttempts) {
   RankEnv e = rankEnv();
   if (!e.child()) {
-    const int held = hflow::launch::pickFreePort("127.0.0.1");
-    ASSERT_GT(held, 0);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    sa.sin_port = htons((uint16_t)held);
-    ASSERT_EQ(bind(fd, (sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(listen(fd, 4), 0);
+    int held = 0;
+    const int fd = holdAPort(held);
+    ASSERT_GE(fd, 0) << held;
     int calls = 0;
     testing::internal::CaptureStdout();
     std::string f = runAsRanks(2, 60, [&] {
