@@ -292,6 +292,23 @@ std::vector<Entry> publishAndGather(c10d::TCPStore &store, const RendezvousOptio
 
 bool isJobIdentity(const std::string &fact) { return fact.rfind("job (", 0) == 0; }
 
+/// The first of rank 0's facts (its job's identity, or the others) whose
+/// value rank r does not share, said; "" when none.
+std::string factMismatch(const std::vector<Entry> &entries, size_t r, bool identity) {
+  for (const auto &[name, want] : entries[0].facts) {
+    if (isJobIdentity(name) != identity)
+      continue;
+    std::string got = "(nothing)";
+    for (const auto &[n, v] : entries[r].facts)
+      if (n == name)
+        got = v;
+    if (got != want)
+      return "rank " + std::to_string(r) + " runs with " + name + " " + got +
+             " but rank 0 with " + want + " (every rank of a job must agree)";
+  }
+  return "";
+}
+
 /// The first way a rank differs from rank 0 (job, plan, version, agreed facts),
 /// or "" when all agree.
 std::string firstMismatch(const std::vector<Entry> &entries) {
@@ -299,19 +316,7 @@ std::string firstMismatch(const std::vector<Entry> &entries) {
   // The job's identity before anything else: ranks of two jobs that met on
   // one port are told that, whatever else of theirs differs.
   for (size_t r = 1; r < entries.size() && mismatch.empty(); ++r)
-    for (const auto &[name, want] : entries[0].facts) {
-      if (!isJobIdentity(name))
-        continue;
-      std::string got = "(nothing)";
-      for (const auto &[n, v] : entries[r].facts)
-        if (n == name)
-          got = v;
-      if (got != want) {
-        mismatch = "rank " + std::to_string(r) + " runs with " + name + " " + got +
-                   " but rank 0 with " + want + " (every rank of a job must agree)";
-        break;
-      }
-    }
+    mismatch = factMismatch(entries, r, true);
   for (size_t r = 1; r < entries.size() && mismatch.empty(); ++r) {
     if (entries[r].hash != entries[0].hash)
       mismatch = "rank " + std::to_string(r) + " has plan " + entries[r].hash +
@@ -322,16 +327,7 @@ std::string firstMismatch(const std::vector<Entry> &entries) {
                  entries[r].version + " but rank 0 runs hflow " +
                  entries[0].version;
     else
-      for (size_t f = 0; f < entries[0].facts.size() && mismatch.empty(); ++f) {
-        const auto &[name, want] = entries[0].facts[f];
-        std::string got = "(nothing)";
-        for (const auto &[n, v] : entries[r].facts)
-          if (n == name)
-            got = v;
-        if (got != want)
-          mismatch = "rank " + std::to_string(r) + " runs with " + name + " " + got +
-                     " but rank 0 with " + want + " (every rank of a job must agree)";
-      }
+      mismatch = factMismatch(entries, r, false);
   }
 
   return mismatch;

@@ -40,8 +40,8 @@ constexpr int64_t kMaskQueryBlock = 256;
 } // namespace
 
 namespace {
-/// A ScopedAttentionPaths' set, while one lives.
-const std::string *overridden = nullptr;
+/// A ScopedAttentionPaths' paths, while one lives.
+const std::vector<std::string> *overridden = nullptr;
 
 /// The paths a set names (HFLOW_ATTENTION's form), or why it is not a set
 /// of them.
@@ -77,10 +77,8 @@ bool named(const std::vector<std::string> &paths, const std::string &path) {
 } // namespace
 
 bool attentionPathRequested(const std::string &path) {
-  if (overridden) {
-    std::string why;
-    return named(parsePaths(*overridden, why), path);
-  }
+  if (overridden)
+    return named(*overridden, path);
   static const std::vector<std::string> paths = [] {
     std::string why;
     return attentionPaths(why);
@@ -89,9 +87,9 @@ bool attentionPathRequested(const std::string &path) {
 }
 
 ScopedAttentionPaths::ScopedAttentionPaths(const std::string &paths)
-    : previous_(overridden), paths_(paths) {
+    : previous_(overridden) {
   std::string why;
-  parsePaths(paths_, why);
+  paths_ = parsePaths(paths, why);
   if (!why.empty())
     throw std::invalid_argument(why);
   overridden = &paths_;

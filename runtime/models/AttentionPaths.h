@@ -11,6 +11,7 @@
 #define HFLOW_RUNTIME_MODELS_ATTENTIONPATHS_H
 
 #include <string>
+#include <vector>
 
 namespace hflow::models {
 
@@ -31,8 +32,8 @@ public:
   ScopedAttentionPaths &operator=(const ScopedAttentionPaths &) = delete;
 
 private:
-  const std::string *previous_;
-  std::string paths_;
+  const std::vector<std::string> *previous_;
+  std::vector<std::string> paths_;
 };
 
 } // namespace hflow::models
