@@ -16,6 +16,7 @@
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/AttentionPaths.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/Packing.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
 
@@ -93,6 +94,7 @@ void Worker::prepare() {
   try { // the engine's settings from the environment, before any work
     models::decodeStepsFromEnvironment();
     models::checkAttentionEnvironment();
+    models::checkPackingEnvironment();
   } catch (const std::exception &e) {
     throw RunError(e.what());
   }

@@ -8,6 +8,8 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/models/Layers.h"
 #include "runtime/models/AttentionPaths.h"
+#include "runtime/models/Packing.h"
+#include "runtime/models/Safetensors.h"
 
 #include "runtime/schema/ActivationModel.h"
 
@@ -15,6 +17,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
@@ -204,6 +207,73 @@ at::Tensor attendGrouped(const at::Tensor &q, const at::Tensor &k, const at::Ten
     o = at::cat(out, 3);
   }
   return o.reshape({B, nq, T, vd});
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+// at::_flash_attention_forward with its scale and sliding-window arguments
+// (its autograd formula is LibTorch's: derivatives.yaml's
+// _flash_attention_backward).
+#define HFLOW_HAVE_VARLEN_FLASH 1
+#endif
+
+namespace {
+std::atomic<int64_t> flashAttends{0};
+} // namespace
+
+int64_t packedFlashAttends() { return flashAttends.load(); }
+
+bool packedFlashFor(const at::Tensor &q) {
+#ifdef HFLOW_HAVE_VARLEN_FLASH
+  const auto t = q.scalar_type();
+  const int64_t hd = q.size(-1);
+  return q.is_cuda() && (t == at::kBFloat16 || t == at::kHalf) && hd % 8 == 0 && hd <= 256;
+#else
+  (void)q;
+  return false;
+#endif
+}
+
+at::Tensor attendPacked(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                        const PackedRows &p, const std::map<int64_t, at::Tensor> &masks,
+                        double scale, int64_t window) {
+  const int64_t nq = q.size(1), N = q.size(2), nkv = k.size(1), vd = v.size(3);
+  if (q.size(0) != 1 || k.size(0) != 1 || v.size(0) != 1 || N != p.N || k.size(2) != N ||
+      v.size(2) != N || nkv <= 0 || nq % nkv != 0 || v.size(1) != nkv)
+    throw std::invalid_argument("attendPacked: queries " + shapeString(q.sizes()) + ", keys " +
+                                shapeString(k.sizes()) + ", values " + shapeString(v.sizes()) +
+                                " for a packing of " + std::to_string(p.N) + " tokens");
+#ifdef HFLOW_HAVE_VARLEN_FLASH
+  if (packedFlashFor(q) && vd == q.size(3)) {
+    // The flash kernel's varlen layout: [N, heads, width], the segments
+    // given by their cumulative lengths; grouped-query heads as they are.
+    ++flashAttends;
+    const at::Tensor qf = q.select(0, 0).transpose(0, 1).contiguous();
+    const at::Tensor kf = k.select(0, 0).transpose(0, 1).contiguous();
+    const at::Tensor vf = v.select(0, 0).transpose(0, 1).contiguous();
+    std::optional<int64_t> left, right;
+    if (window > 0) // a key j is seen from i when i - j < window
+      left = window - 1, right = 0;
+    at::Tensor o = std::get<0>(at::_flash_attention_forward(
+        qf, kf, vf, p.cuSeq, p.cuSeq, p.maxLen, p.maxLen, /*dropout_p=*/0.0,
+        /*is_causal=*/true, /*return_debug_mask=*/false, scale, left, right));
+    return o.transpose(0, 1).unsqueeze(0); // [1, nq, N, vd]
+  }
+#endif
+  // Each segment over its own keys, under its length's causal mask.
+  std::vector<at::Tensor> out;
+  out.reserve(p.starts.size());
+  for (size_t s = 0; s + 1 < p.starts.size(); ++s) {
+    const int64_t a = p.starts[s], len = p.starts[s + 1] - a;
+    const auto m = masks.find(len);
+    if (m == masks.end())
+      throw std::logic_error("attendPacked: no mask for a segment of " + std::to_string(len) +
+                             " tokens");
+    out.push_back(attendGrouped(q.narrow(2, a, len), k.narrow(2, a, len), v.narrow(2, a, len),
+                                m->second, scale));
+  }
+  if (out.empty())
+    return at::zeros({1, nq, 0, vd}, q.options());
+  return out.size() == 1 ? out[0] : at::cat(out, 2);
 }
 
 at::Tensor attentionBias(const at::Tensor &keyReal, int64_t past, int64_t T, int64_t window) {

@@ -99,6 +99,19 @@ public:
   /// here, so it never asks which schedule a form uses.
   virtual std::vector<double> runPasses(const std::vector<MicroBatch> &micros,
                                         const PassHead &head, bool train);
+  /// Whether runPasses may pack a micro-batch's rows into one sequence of
+  /// their real tokens (Packing.h, HFLOW_PACKED_PASSES=1): hidden() then
+  /// takes [1, N] tokens under a PackedRowsScope. False by default; a
+  /// whole, tensor-parallel or fully sharded dense model without latent
+  /// attention or context parallelism packs.
+  virtual bool packsRows() const { return false; }
+  /// What packing needs of the model itself: dense, without latent
+  /// attention.
+  bool packableModel() const { return config().experts == 0 && !config().mla(); }
+  /// hidden() of a micro-batch's rows, [B, T, H]: packed when packsRows()
+  /// and HFLOW_PACKED_PASSES=1 say so and some position is padding (its
+  /// hidden states then zeros), as they are otherwise. runPasses' forward.
+  at::Tensor passHidden(const MicroBatch &mb) const;
   /// The load-balancing loss the last training passes added to their
   /// heads' losses (its mean over the micro-batches), for a mixture of
   /// experts whose config asks for it (LlamaConfig::routerAuxLoss); none

@@ -3,6 +3,7 @@
 
 #include "runtime/comm/Communicator.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/Packing.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/schema/Degrees.h"
 
@@ -30,6 +31,33 @@ double headNormSquared(const std::vector<at::Tensor> &extra) {
 // CausalLM: one pass after the other
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// The packing a micro-batch's pass runs with, or null for its rows as
+/// they are: packed when asked for, the form packs and some position is
+/// padding; under a sliding window only when every row's real tokens are
+/// adjacent (a window counts columns in a row, tokens in a packing).
+std::shared_ptr<const PackedRows> packingOf(const CausalLM &form, const MicroBatch &mb) {
+  if (!form.packsRows() || !packedPassesRequested() || !mb.keyMask.defined())
+    return nullptr;
+  auto rows = std::make_shared<const PackedRows>(packRows(mb.keyMask));
+  const bool worth = rows->N > 0 && rows->N < rows->B * rows->T &&
+                     (form.config().slidingWindow <= 0 || rows->contiguous);
+  return worth ? rows : nullptr;
+}
+} // namespace
+
+at::Tensor CausalLM::passHidden(const MicroBatch &mb) const {
+  const std::shared_ptr<const PackedRows> rows = packingOf(*this, mb);
+  if (!rows)
+    return hidden(mb.tokens, mb.positions, mb.keyMask);
+  at::Tensor h;
+  {
+    PackedRowsScope scope(rows);
+    h = hidden(packTokens(mb.tokens, *rows), packTokens(mb.positions, *rows), at::Tensor());
+  }
+  return unpackRows(h, *rows);
+}
+
 std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
                                         const PassHead &head, bool train) {
   std::vector<double> values;
@@ -37,7 +65,7 @@ std::vector<double> CausalLM::runPasses(const std::vector<MicroBatch> &micros,
     const MicroBatch &mb = micros[i];
     if (mb.replay.defined()) // the plan loader refuses a mixture on such a form
       throw std::logic_error("a " + form() + " model does not replay a mixture's routing");
-    at::Tensor v = head((int)i, hidden(mb.tokens, mb.positions, mb.keyMask));
+    at::Tensor v = head((int)i, passHidden(mb));
     if (train) {
       values.push_back(v.item<double>());
       v.backward();

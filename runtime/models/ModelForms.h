@@ -26,6 +26,7 @@ public:
   const LlamaConfig &config() const override { return m_.config(); }
   std::string form() const override { return "whole"; }
   bool sharded() const override { return false; }
+  bool packsRows() const override { return packableModel(); }
   at::Tensor hidden(const at::Tensor &tokens, const at::Tensor &positions,
                     const at::Tensor &keyMask) const override;
   at::Tensor localLogits(const at::Tensor &hidden) const override;
@@ -132,6 +133,7 @@ public:
   /// Under cp every forward gathers over the cp group; under ep every
   /// forward exchanges tokens over the expert group.
   comm::Communicator *lockstepGroup() const override { return cp_ ? cp_ : ep_; }
+  bool packsRows() const override { return !cp_ && packableModel(); }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
   /// A mixture's passes record its routing (the load-balancing loss) and
@@ -160,6 +162,7 @@ public:
   Generation generate(const at::Tensor &prompts, const at::Tensor &promptMask,
                       const SamplingOptions &opts, at::Generator &gen) const override;
   comm::Communicator *lockstepGroup() const override { return &m_.comm(); }
+  bool packsRows() const override { return packableModel(); }
   void reduceGradients(const std::vector<at::Tensor> &extra) override;
   shape::PassForm passForm() const override;
   void offloadShards(const std::vector<bool> &host, bool withGrads) override {

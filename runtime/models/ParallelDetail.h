@@ -9,6 +9,7 @@
 #define HFLOW_RUNTIME_MODELS_PARALLELDETAIL_H
 
 #include "runtime/models/Moe.h"
+#include "runtime/models/Packing.h"
 #include "runtime/models/Parallel.h"
 #include "runtime/schema/ActivationModel.h"
 
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,11 @@ struct AttnContext {
   at::Tensor cpKeyOrder;          ///< int64 [Tp]: the gather's slot of each position
   int64_t cpChunk = 0;            ///< queries per chunk
   std::vector<int64_t> cpStarts;  ///< each chunk's first position
+  /// Packed rows (Packing.h): the B = 1 row of T tokens is `packed`'s
+  /// segments, each attending within itself (attendPacked, under
+  /// `packedMasks` on the ATen path); `bias` is then undefined. Null: rows.
+  std::shared_ptr<const PackedRows> packed;
+  std::map<int64_t, at::Tensor> packedMasks;
 };
 
 //===-- sequence splits: context parallelism (and Ulysses' chunks) -------===//

@@ -2,6 +2,7 @@
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
+#include "runtime/models/Safetensors.h"
 
 #include "runtime/comm/Communicator.h"
 
@@ -85,6 +86,23 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   if (c.mla())
     a.hd = c.qkNopeDim + c.qkRopeDim, a.ropeInterleave = c.ropeInterleave;
   std::tie(a.cos, a.sin) = ropeTables(c, positions);
+  a.window = c.slidingWindow;
+  a.scale = c.attentionScale();
+  if (const std::shared_ptr<const PackedRows> &rows = PackedRowsScope::current();
+      rows && !cache) {
+    // Packed rows: no [T, T] mask (T is every row's tokens), each segment's
+    // own instead; latent attention and mixtures do not pack (packsRows).
+    if (a.B != 1 || a.T != rows->N || c.mla() || c.experts > 0)
+      throw std::logic_error(std::string(who) + ": a forward of " + shapeString(tokens.sizes()) +
+                             " tokens under a packing of " + std::to_string(rows->N) +
+                             (c.mla() || c.experts > 0 ? " (latent attention and mixtures do not pack)"
+                                                      : ""));
+    a.packed = rows;
+    a.keyReal = at::ones({1, a.T}, fopts.dtype(at::kBool));
+    at::Tensor like = at::empty({0, a.hd}, onEngine(c.dtype));
+    a.packedMasks = packedMasks(*rows, a.window, like);
+    return a;
+  }
   at::Tensor keyReal = keyMask.defined() ? keyMask.to(at::kBool)
                                          : at::ones({a.B, a.T}, fopts.dtype(at::kBool));
   // With a KV store the keys are the stored ones, then these (Llama::hidden's
@@ -100,8 +118,6 @@ AttnContext attnContext(const LlamaConfig &c, const at::Tensor &tokens,
   // each layer's copy for the backward.
   if (c.dtype != at::kFloat && fusedAttentionOn(a.bias))
     a.bias = a.bias.to(c.dtype);
-  a.window = c.slidingWindow;
-  a.scale = c.attentionScale();
   return a;
 }
 
@@ -230,11 +246,17 @@ at::Tensor attentionHalf(const at::Tensor &x, const LayerWeights &w, const AttnC
       k = gatherKeys(k, *a.cp).index_select(2, a.cpKeyOrder);
       v = gatherKeys(v, *a.cp).index_select(2, a.cpKeyOrder);
     }
-    if (nq > nkv) {
-      k = k.repeat_interleave(nq / nkv, 1);
-      v = v.repeat_interleave(nq / nkv, 1);
+    if (a.packed) {
+      // Packed rows: each segment within itself, grouped-query heads read
+      // without repeating them.
+      o = attendPacked(q, k, v, *a.packed, a.packedMasks, a.scale, a.window);
+    } else {
+      if (nq > nkv) {
+        k = k.repeat_interleave(nq / nkv, 1);
+        v = v.repeat_interleave(nq / nkv, 1);
+      }
+      o = a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale);
     }
-    o = a.cp ? attendContext(q, k, v, a) : attend(q, k, v, a.bias, a.scale);
   }
   o = o.transpose(1, 2).reshape({B, T, nq * hd});
   at::Tensor y = at::linear(o, w.wo);
