@@ -36,7 +36,10 @@
 # up to 1,024 tokens; two iterations, the second reported) through
 # hflow-run on DEVICE, split by stage with the rollout's tokens/s and the
 # log-prob and update passes' MFU (gpu_peer.py stages); GPU_BENCH_GRPO_TIMEOUT
-# (default 420 s) bounds each.
+# (default 420 s) bounds each. The first size then runs again with packed
+# passes (HFLOW_PACKED_PASSES=1: each micro-batch's real tokens in one
+# sequence, LibTorch's flash kernel on its rows as segments), its stages
+# in grpo_MODEL/packed/ beside the padded run's (GPU_BENCH_PACKED=0: not).
 #
 # With PLANS, then the offload check (issue 40): bench/gpu/offload.hflow,
 # Qwen2.5-1.5B GRPO planned for a 24 GB GPU, which hflowc refuses without
@@ -184,20 +187,35 @@ grpo_all() {
     d="$WORK/grpo_$m"; mkdir -p "$d"
     "$BIN/hflow-run" --dry-run "$plan" > "$d/dry-run.txt" || { say "grpo $m: the plan does not verify"; FAILED=1; continue; }
     rows="$(sed -n 's/.*batch: \([0-9]*\), n: \([0-9]*\).*/\1 \2/p' "$PLANS/grpo_$m.hflow" | awk '{print $1 * $2}')"
-    say "grpo $m: hflow-run on $DEVICE ($(grep -o 'micro_batch: [0-9]*' "$PLANS/grpo_$m.hflow"), $rows rows)"
-    t=$(limit "${GPU_BENCH_GRPO_TIMEOUT:-420}") || { skipped "grpo $m"; continue; }
-    if timeout "$t" "$BIN/hflow-run" --device "$DEVICE" \
-        --data-dir "$PLANS" --metrics "$d/metrics.jsonl" "$plan" > "$d/log.txt" 2>&1; then
-      "$PY" "$HERE/gpu_peer.py" stages "$d/metrics.jsonl" "$d/dry-run.txt" --shape "$m" \
-        --prompt-tokens 512 --rows "$rows" | tee "$d/stages.md"
-      # hflow-run's own account: memory measured against the plan's, and
-      # each step's time against the cost model's prediction.
-      sed -n '/^memory per rank/,/^measured \/ predicted/p' "$d/log.txt" | sed 's/^/    /'
-    else
-      say "grpo $m: FAILED (or ran past ${t} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
-      FAILED=1
+    grpo_run "$plan" "$m" "$d" "$rows" "" 0
+    # Then with packed passes (HFLOW_PACKED_PASSES=1, issue 37: each
+    # micro-batch's real tokens in one sequence, the flash kernel on its
+    # rows as segments) for the first size only (GPU_BENCH_PACKED=0: none).
+    if [ "${GPU_BENCH_PACKED:-1}" = 1 ] && [ "$plan" = "$(ls "$PLANS"/grpo_*.bin | head -n 1)" ]; then
+      mkdir -p "$d/packed"; cp "$d/dry-run.txt" "$d/packed/"
+      grpo_run "$plan" "$m" "$d/packed" "$rows" " (packed passes)" 1
     fi
   done
+}
+
+# One GRPO iteration of PLAN (size M) into D (ROWS rows), its stages and
+# hflow-run's own account; WHAT is said after the size, PACKED is
+# HFLOW_PACKED_PASSES.
+grpo_run() {
+  local plan="$1" m="$2" d="$3" rows="$4" what="$5" packed="$6" t
+  say "grpo $m$what: hflow-run on $DEVICE ($(grep -o 'micro_batch: [0-9]*' "$PLANS/grpo_$m.hflow"), $rows rows)"
+  t=$(limit "${GPU_BENCH_GRPO_TIMEOUT:-420}") || { skipped "grpo $m$what"; return; }
+  if HFLOW_PACKED_PASSES=$packed timeout "$t" "$BIN/hflow-run" --device "$DEVICE" \
+      --data-dir "$PLANS" --metrics "$d/metrics.jsonl" "$plan" > "$d/log.txt" 2>&1; then
+    "$PY" "$HERE/gpu_peer.py" stages "$d/metrics.jsonl" "$d/dry-run.txt" --shape "$m" \
+      --prompt-tokens 512 --rows "$rows" | tee "$d/stages.md"
+    # hflow-run's own account: memory measured against the plan's, and
+    # each step's time against the cost model's prediction.
+    sed -n '/^memory per rank/,/^measured \/ predicted/p' "$d/log.txt" | sed 's/^/    /'
+  else
+    say "grpo $m$what: FAILED (or ran past ${t} s):"; tail -n 15 "$d/log.txt" | sed 's/^/    /'
+    FAILED=1
+  fi
 }
 
 # The offload check (issue 40): bench/gpu/offload.hflow as plans.sh

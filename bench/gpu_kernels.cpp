@@ -19,6 +19,17 @@
 // With --time on a GPU, both paths of one layer at the rollout benchmark's
 // shapes (256 rows, 768 keys: Llama-3-8B's and Qwen2.5-0.5B's heads, bf16),
 // each timed over 50 calls, with the bytes of the pool they must read.
+//
+// Then the packed training attention (attendPacked, HFLOW_PACKED_PASSES):
+// rows of different lengths packed into one sequence, each a segment
+// attending within itself, forward and backward. Its output and the
+// gradients of its queries, keys and values are compared with a float64
+// brute force segment by segment (f32 within 1e-5, bf16 and f16 within
+// 3e-2); on a GPU in 16-bit the flash kernel on variable-length segments
+// must have taken them. With --time on a GPU, a training pass's attention
+// (16 rows of up to 2,048 tokens) packed through the flash kernel against
+// the padded rows through attendGrouped, forward and backward.
+//
 // Prints a line per case and ends "N passed, N failed"; exits 1 on a
 // failure.
 //
@@ -26,6 +37,7 @@
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
+#include "runtime/models/Packing.h"
 #include "runtime/models/PagedKv.h"
 
 #include <ATen/ATen.h>
@@ -37,6 +49,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -215,6 +228,167 @@ template <class F> double msPerCall(F f, int reps) {
          reps;
 }
 
+/// A case of packed training attention (attendPacked, as a packed pass's
+/// layers call it): B rows of T columns, each row's real tokens a span of
+/// its own length (one row of T, one of a single token) at its own offset.
+struct PackedCase {
+  const char *name;
+  int64_t B, T, nq, nkv, hd, window;
+  at::ScalarType dtype;
+};
+
+/// The rows' key mask [B, T] (kLong) of a case: row r's span drawn from the
+/// seed, row 0 full, row 1 one token.
+at::Tensor packedMask(const PackedCase &c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  at::Tensor m = at::zeros({c.B, c.T}, at::TensorOptions().dtype(at::kLong));
+  for (int64_t r = 0; r < c.B; ++r) {
+    const int64_t len = r == 0 ? c.T : r == 1 ? 1 : 1 + (int64_t)(rng() % (uint64_t)c.T);
+    const int64_t from = (int64_t)(rng() % (uint64_t)(c.T - len + 1));
+    m[r].narrow(0, from, len).fill_(1);
+  }
+  return m;
+}
+
+/// Float64 on the host, segment by segment: each query head over its group's
+/// key head, the segment's keys at or before it (within the window), then
+/// the weighted values. q [1, nq, N, hd], k and v [1, nkv, N, hd].
+at::Tensor packedBruteForce(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                            const PackedRows &p, double scale, int64_t window) {
+  const int64_t nq = q.size(1), nkv = k.size(1), g = nq / nkv;
+  std::vector<at::Tensor> out;
+  for (size_t s = 0; s + 1 < p.starts.size(); ++s) {
+    const int64_t a = p.starts[s], len = p.starts[s + 1] - a;
+    std::vector<at::Tensor> heads;
+    for (int64_t h = 0; h < nq; ++h) {
+      const at::Tensor qs = q[0][h].narrow(0, a, len), ks = k[0][h / g].narrow(0, a, len),
+                       vs = v[0][h / g].narrow(0, a, len);
+      at::Tensor sc = at::matmul(qs, ks.t()) * scale; // [len, len]
+      const at::Tensor i = at::arange(len, sc.options().dtype(at::kLong)).unsqueeze(1);
+      const at::Tensor j = at::arange(len, sc.options().dtype(at::kLong)).unsqueeze(0);
+      at::Tensor allowed = j <= i;
+      if (window > 0)
+        allowed = allowed & (i - j < window);
+      sc = sc.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+      heads.push_back(at::matmul(at::softmax(sc, 1), vs));
+    }
+    out.push_back(at::stack(heads, 0)); // [nq, len, hd]
+  }
+  return at::cat(out, 1).unsqueeze(0);
+}
+
+/// The packed cases: attendPacked's output and its gradients (q, k, v under
+/// one fixed output gradient) against the float64 brute force's, each
+/// within `tol` of its largest value. On a GPU in 16-bit attendPacked must
+/// take the flash kernel on variable-length segments; elsewhere its
+/// per-segment path (the CPU's) is what is checked.
+void packedCases(const std::string &device, bool time, int &passed, int &failed) {
+  c10::InferenceMode autograd(false);
+  const PackedCase cases[] = {
+      {"packed rows, qwen2.5-0.5b heads, f32", 6, 96, 14, 2, 64, 0, at::kFloat},
+      {"packed rows, window 9, f32", 5, 48, 6, 2, 128, 9, at::kFloat},
+      {"packed rows, llama3-8b heads, bf16", 4, 160, 32, 8, 128, 0, at::kBFloat16},
+      {"packed rows, qwen2.5-0.5b heads, bf16", 8, 200, 14, 2, 64, 0, at::kBFloat16},
+      {"packed rows, window 24, bf16", 5, 128, 8, 2, 64, 24, at::kBFloat16},
+      {"packed rows, hd 256, bf16", 3, 64, 16, 2, 256, 0, at::kBFloat16},
+      {"packed rows, hd 32, f16", 4, 80, 4, 4, 32, 0, at::kHalf},
+  };
+  uint64_t seed = 1000;
+  for (const PackedCase &c : cases) {
+    ++seed;
+    if (c.dtype == at::kHalf && device == "cpu") {
+      std::printf("skipped: %s: no f16 matmul on this CPU's LibTorch\n", c.name);
+      continue;
+    }
+    const auto dev = onEngine(c.dtype);
+    const at::Tensor mask = packedMask(c, seed).to(dev.device());
+    const PackedRows p = packRows(mask);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto f64 = at::TensorOptions().dtype(at::kDouble);
+    const at::Tensor q64 = at::randn({1, c.nq, p.N, c.hd}, gen, f64),
+                     k64 = at::randn({1, c.nkv, p.N, c.hd}, gen, f64),
+                     v64 = at::randn({1, c.nkv, p.N, c.hd}, gen, f64),
+                     g64 = at::randn({1, c.nq, p.N, c.hd}, gen, f64);
+    const double scale = 1.0 / std::sqrt((double)c.hd);
+    // The reference from the inputs as the path sees them (rounded to its
+    // type), so only the path's own arithmetic is measured.
+    auto leaf = [&](const at::Tensor &x) { return x.to(dev).detach().requires_grad_(true); };
+    at::Tensor q = leaf(q64), k = leaf(k64), v = leaf(v64);
+    auto ref = [&](const at::Tensor &x) {
+      return x.detach().to(at::kCPU).to(at::kDouble).requires_grad_(true);
+    };
+    at::Tensor qr = ref(q), kr = ref(k), vr = ref(v);
+    const int64_t before = packedFlashAttends();
+    at::Tensor out = attendPacked(q, k, v, p, packedMasks(p, c.window, q), scale, c.window);
+    const bool flash = packedFlashAttends() > before;
+    out.backward(g64.to(dev));
+    at::Tensor want = packedBruteForce(qr, kr, vr, p, scale, c.window);
+    want.backward(g64);
+    const double tol = c.dtype == at::kFloat ? 1e-5 : 3e-2;
+    auto err = [](const at::Tensor &got, const at::Tensor &w) {
+      return relErr(got.detach(), w.detach());
+    };
+    const double eo = err(out, want), eq = err(q.grad(), qr.grad()),
+                 ek = err(k.grad(), kr.grad()), ev = err(v.grad(), vr.grad());
+    const bool wantFlash = device == "cuda" && c.dtype != at::kFloat;
+    const bool ok = eo <= tol && eq <= tol && ek <= tol && ev <= tol && flash == wantFlash;
+    (ok ? passed : failed)++;
+    std::printf("%s: %s: %s, %lld segments of up to %lld tokens: output %.2e, gradients q %.2e "
+                "k %.2e v %.2e of the largest (tolerance %.0e)%s\n",
+                ok ? "passed" : "FAILED", c.name, flash ? "flash varlen" : "per segment",
+                (long long)(p.starts.size() - 1), (long long)p.maxLen, eo, eq, ek, ev, tol,
+                flash == wantFlash ? ""
+                : wantFlash        ? "; the flash kernel was not taken"
+                                   : "; the flash kernel was taken on a CPU or in f32");
+  }
+  if (!time || device != "cuda")
+    return;
+  // A training pass's attention, forward and backward: 16 rows of up to
+  // 2,048 columns, lengths drawn from [256, 2048], packed through the flash
+  // kernel against the padded rows through attendGrouped under their mask.
+  for (const PackedCase &c :
+       {PackedCase{"qwen2.5-0.5b heads, 16 rows x 2048, bf16", 16, 2048, 14, 2, 64, 0,
+                   at::kBFloat16},
+        PackedCase{"llama3-8b heads, 16 rows x 2048, bf16", 16, 2048, 32, 8, 128, 0,
+                   at::kBFloat16}}) {
+    std::mt19937_64 rng(7);
+    const auto dev = onEngine(c.dtype);
+    at::Tensor mask = at::zeros({c.B, c.T}, at::TensorOptions().dtype(at::kLong));
+    for (int64_t r = 0; r < c.B; ++r)
+      mask[r].narrow(0, 0, 256 + (int64_t)(rng() % (uint64_t)(c.T - 255))).fill_(1);
+    mask = mask.to(dev.device());
+    const PackedRows p = packRows(mask);
+    const double scale = 1.0 / std::sqrt((double)c.hd);
+    auto leafOf = [&](at::IntArrayRef shape) {
+      return at::randn(shape, dev).detach().requires_grad_(true);
+    };
+    at::Tensor q = leafOf({1, c.nq, p.N, c.hd}), k = leafOf({1, c.nkv, p.N, c.hd}),
+               v = leafOf({1, c.nkv, p.N, c.hd});
+    at::Tensor qp = leafOf({c.B, c.nq, c.T, c.hd}), kp = leafOf({c.B, c.nkv, c.T, c.hd}),
+               vp = leafOf({c.B, c.nkv, c.T, c.hd});
+    const auto masks = packedMasks(p, 0, q);
+    const at::Tensor bias = attentionBias(mask, 0, c.T, 0);
+    const double tPacked = msPerCall(
+        [&] {
+          at::Tensor o = attendPacked(q, k, v, p, masks, scale, 0);
+          o.backward(at::ones_like(o));
+          return q.grad();
+        },
+        20);
+    const double tPadded = msPerCall(
+        [&] {
+          at::Tensor o = attendGrouped(qp, kp, vp, bias, scale);
+          o.backward(at::ones_like(o));
+          return qp.grad();
+        },
+        20);
+    std::printf("time: packed attention, forward and backward: %s, %lld of %lld tokens real: "
+                "flash varlen %.3f ms, padded ATen path %.3f ms (%.2fx the packed)\n",
+                c.name, (long long)p.N, (long long)(c.B * c.T), tPacked, tPadded,
+                tPadded / tPacked);
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -337,6 +511,7 @@ int main(int argc, char **argv) {
                     c.name, tk, kv / tk / 1e6, ta, ta / tk);
       }
     }
+    packedCases(device, time, passed, failed);
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
   } catch (const std::exception &e) {
