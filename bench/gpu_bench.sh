@@ -250,13 +250,21 @@ offload_check() {
 FAILED=0
 # The paged decode kernel against the ATen path it replaces, one layer of
 # each benchmark shape's decode step timed (seconds; a GPU only).
+# Then the packed passes' attention (the flash kernel on variable-length
+# segments) against the padded rows' ATen path, forward and backward.
 if [ "$DEVICE" = cuda ] && [ -x "$BIN/hflow-gpu-kernels" ]; then
   say "the paged decode kernel: checked and timed against the ATen path"
   if t=$(limit 60); then
-    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --time > "$WORK/kernels.txt" 2>&1 ||
+    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --cases paged --time > "$WORK/kernels.txt" 2>&1 ||
       { say "the paged decode kernel: FAILED (or ran past ${t} s)"; FAILED=1; }
     sed 's/^/    /' "$WORK/kernels.txt"
   else skipped "the paged decode kernel"; fi
+  say "the packed passes' attention: checked and timed against the padded rows"
+  if t=$(limit 60); then
+    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --cases packed --time > "$WORK/packed-kernels.txt" 2>&1 ||
+      { say "the packed passes' attention: FAILED (or ran past ${t} s)"; FAILED=1; }
+    sed 's/^/    /' "$WORK/packed-kernels.txt"
+  else skipped "the packed passes' attention"; fi
 fi
 first=1
 for shape in $SHAPES; do

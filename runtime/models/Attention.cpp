@@ -259,15 +259,22 @@ at::Tensor attendPacked(const at::Tensor &q, const at::Tensor &k, const at::Tens
     return o.transpose(0, 1).unsqueeze(0); // [1, nq, N, vd]
   }
 #endif
-  // Each segment over its own keys, under its length's causal mask.
+  // Each segment over its own keys, under its length's causal mask
+  // (packedMasks', else made here: a caller that expected the flash kernel
+  // for another tensor than q passes none).
   std::vector<at::Tensor> out;
   out.reserve(p.starts.size());
+  std::map<int64_t, at::Tensor> made;
   for (size_t s = 0; s + 1 < p.starts.size(); ++s) {
     const int64_t a = p.starts[s], len = p.starts[s + 1] - a;
-    const auto m = masks.find(len);
-    if (m == masks.end())
-      throw std::logic_error("attendPacked: no mask for a segment of " + std::to_string(len) +
-                             " tokens");
+    auto m = masks.find(len);
+    if (m == masks.end()) {
+      m = made.find(len);
+      if (m == made.end())
+        m = made.emplace(len, attentionBias(at::ones({1, len}, q.options().dtype(at::kBool)), 0,
+                                            len, window))
+                .first;
+    }
     out.push_back(attendGrouped(q.narrow(2, a, len), k.narrow(2, a, len), v.narrow(2, a, len),
                                 m->second, scale));
   }

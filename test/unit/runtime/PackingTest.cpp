@@ -172,7 +172,8 @@ TEST(Packing, RowsRoundTrip) {
 
 // attendPacked on the ATen path against the padded rows' attention
 // (attendGrouped under attentionBias) at every real position: GQA and MHA,
-// with and without a sliding window, float32 within 1e-6.
+// with and without a sliding window, float32 within 1e-6; the same with
+// the masks made by attendPacked itself.
 TEST(Packing, AttendsWithinEachRow) {
   const Batch b = engineRows(64);
   const PackedRows p = packRows(b.mask);
@@ -194,6 +195,9 @@ TEST(Packing, AttendsWithinEachRow) {
       const at::Tensor real = b.mask.view({b.B, 1, b.T, 1}).expand_as(want);
       EXPECT_LE((back.masked_select(real) - want.masked_select(real)).abs().max().item<double>(),
                 1e-6);
+      // Without the masks (a caller that expected the flash kernel) the
+      // segments' masks are made here: the same output.
+      EXPECT_TRUE(at::equal(attendPacked(pk(q), pk(k), pk(v), p, {}, 0.35, window), got));
     }
   EXPECT_EQ(packedFlashAttends(), 0) << "no flash kernel on a CPU";
 }
