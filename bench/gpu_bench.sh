@@ -248,23 +248,23 @@ offload_check() {
 }
 
 FAILED=0
+# One of hflow-gpu-kernels' sets of cases (CASES: paged or packed), checked
+# and timed on the GPU into WORK/FILE; NAME is what the lines call it.
+kernel_check() {
+  local name="$1" cases="$2" file="$3" what="$4" t
+  say "$name: checked and timed against $what"
+  t=$(limit 60) || { skipped "$name"; return; }
+  timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --cases "$cases" --time > "$WORK/$file" 2>&1 ||
+    { say "$name: FAILED (or ran past ${t} s)"; FAILED=1; }
+  sed 's/^/    /' "$WORK/$file"
+}
 # The paged decode kernel against the ATen path it replaces, one layer of
-# each benchmark shape's decode step timed (seconds; a GPU only).
-# Then the packed passes' attention (the flash kernel on variable-length
-# segments) against the padded rows' ATen path, forward and backward.
+# each benchmark shape's decode step timed (seconds; a GPU only). Then the
+# packed passes' attention (the flash kernel on variable-length segments)
+# against the padded rows' ATen path, forward and backward.
 if [ "$DEVICE" = cuda ] && [ -x "$BIN/hflow-gpu-kernels" ]; then
-  say "the paged decode kernel: checked and timed against the ATen path"
-  if t=$(limit 60); then
-    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --cases paged --time > "$WORK/kernels.txt" 2>&1 ||
-      { say "the paged decode kernel: FAILED (or ran past ${t} s)"; FAILED=1; }
-    sed 's/^/    /' "$WORK/kernels.txt"
-  else skipped "the paged decode kernel"; fi
-  say "the packed passes' attention: checked and timed against the padded rows"
-  if t=$(limit 60); then
-    timeout "$t" "$BIN/hflow-gpu-kernels" --device cuda --cases packed --time > "$WORK/packed-kernels.txt" 2>&1 ||
-      { say "the packed passes' attention: FAILED (or ran past ${t} s)"; FAILED=1; }
-    sed 's/^/    /' "$WORK/packed-kernels.txt"
-  else skipped "the packed passes' attention"; fi
+  kernel_check "the paged decode kernel" paged kernels.txt "the ATen path"
+  kernel_check "the packed passes' attention" packed packed-kernels.txt "the padded rows"
 fi
 first=1
 for shape in $SHAPES; do
