@@ -17,6 +17,7 @@
 #include "runtime/models/ModelForms.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
@@ -395,19 +396,19 @@ double ExpertParallelModel::gradNormSquared(const std::vector<at::Tensor> &extra
   // Dense and head gradients are equal on every rank; the experts' are
   // this member's, summed over its group.
   auto sq = [](const std::vector<at::Tensor> &ts) {
-    double s = 0;
+    SquareSum s(engineDevice());
     for (const at::Tensor &t : ts)
-      if (t.grad().defined())
-        s += t.grad().to(at::kDouble).pow(2).sum().item<double>();
+      s.add(t.grad());
     return s;
   };
-  at::Tensor mine = at::full({1}, sq(local_->expertParameters()),
-                             at::TensorOptions().dtype(at::kDouble).device(engineDevice()));
+  at::Tensor mine = sq(local_->expertParameters()).tensor();
   {
     CommScope scope;
     ep_.allReduceSum(mine);
   }
-  return sq(local_->denseParameters()) + sq(extra) + mine.item<double>();
+  // The dense sum, then the head's, then the group's experts, added in
+  // this order on the device.
+  return ((sq(local_->denseParameters()).tensor() + sq(extra).tensor()) + mine).item<double>();
 }
 
 std::vector<double> ExpertParallelModel::runPasses(const std::vector<MicroBatch> &micros,

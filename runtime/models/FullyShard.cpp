@@ -1,6 +1,7 @@
 //===- FullyShard.cpp - the ZeRO-3 sharded Llama (FSDPLlama) ----------------===//
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/HostPool.h"
 #include "runtime/models/Layers.h"
 
@@ -606,12 +607,12 @@ void FSDPLlama::gatherInto(Llama &dst) const {
 double FSDPLlama::gradNormSquared() const {
   const Impl &p = *p_;
   CommScope scope;
-  double s = 0;
+  SquareSum s(engineDevice());
   for (const auto &P : p.params)
     // fsdp x tp: a piece held by several TP members (a norm) counts once.
-    if (P.shard.grad().defined() && (!p.tp || P.split.firstHolder(p.tr, p.t)))
-      s += P.shard.grad().to(at::kDouble).pow(2).sum().item<double>();
-  at::Tensor total = at::full({1}, s, onEngine(at::kDouble));
+    if (!p.tp || P.split.firstHolder(p.tr, p.t))
+      s.add(P.shard.grad());
+  at::Tensor total = s.tensor();
   if (p.f > 1)
     p.g->allReduceSum(total);
   if (p.tp)

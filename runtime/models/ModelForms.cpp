@@ -2,7 +2,9 @@
 #include "runtime/models/ModelForms.h"
 
 #include "runtime/comm/Communicator.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/Moe.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Packing.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/schema/Degrees.h"
@@ -19,11 +21,10 @@ namespace hflow::models {
 namespace {
 /// The squared norm of a head's gradients (replicated: counted once).
 double headNormSquared(const std::vector<at::Tensor> &extra) {
-  double s = 0;
+  SquareSum s(engineDevice());
   for (const at::Tensor &p : extra)
-    if (p.grad().defined())
-      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return s;
+    s.add(p.grad());
+  return s.value();
 }
 } // namespace
 
@@ -200,16 +201,12 @@ void WholeModel::reduceGradients(const std::vector<at::Tensor> &extra) {
 
 double WholeModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
   // Every rank holds the same averaged gradients: the local sum is global.
-  double s = 0;
-  auto add = [&](const at::Tensor &p) {
-    if (p.grad().defined())
-      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  };
+  SquareSum s(engineDevice());
   for (const at::Tensor &p : m_.parameters())
-    add(p);
+    s.add(p.grad());
   for (const at::Tensor &p : extra)
-    add(p);
-  return s;
+    s.add(p.grad());
+  return s.value();
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,5 +1,6 @@
 //===- Optim.cpp - AdamW, gradient clipping, learning-rate schedules -------===//
 #include "runtime/models/Optim.h"
+#include "runtime/models/Device.h"
 #include "runtime/models/HostPool.h"
 
 #include <c10/core/GradMode.h>
@@ -22,6 +23,19 @@ double scheduledLr(const AdamWOptions &o, int64_t step) {
   double minLr = o.lr * o.minLrRatio;
   return minLr + (o.lr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
+
+SquareSum::SquareSum(c10::Device device)
+    : acc_(at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device))) {}
+
+void SquareSum::add(const at::Tensor &g) {
+  if (!g.defined())
+    return;
+  c10::NoGradGuard ng;
+  at::Tensor s = g.to(at::kDouble).pow(2).sum();
+  acc_.add_(s.device() == acc_.device() ? s : s.to(acc_.device()));
+}
+
+double SquareSum::value() const { return acc_.item<double>(); }
 
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> unitOf,
              std::vector<bool> hostState)
@@ -69,11 +83,10 @@ int64_t AdamW::stateBytes(bool host) const {
 }
 
 double AdamW::localGradNormSquared() const {
-  double s = 0;
+  SquareSum s(engineDevice());
   for (const auto &p : params_)
-    if (p.grad().defined())
-      s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return s;
+    s.add(p.grad());
+  return s.value();
 }
 
 double AdamW::clip(double globalNorm) {

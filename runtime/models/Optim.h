@@ -60,6 +60,25 @@ struct AdamWOptions {
 /// The learning rate at optimizer step `step` (0-based) under `o`'s schedule.
 double scheduledLr(const AdamWOptions &o, int64_t step);
 
+/// The sum of |g|^2 over gradients, in float64, kept on one device: each
+/// tensor's sum of squares is added there in the order given, the same
+/// additions as adding each one's host value, bit for bit, without a
+/// device-to-host read a tensor (one, by value(), at the end).
+class SquareSum {
+public:
+  explicit SquareSum(c10::Device device);
+  /// Adds |g|^2 (an undefined `g` adds nothing); g may be on another
+  /// device (the host pool's), its sum comes over.
+  void add(const at::Tensor &g);
+  /// The sum so far, [1] float64 on the device.
+  const at::Tensor &tensor() const { return acc_; }
+  /// The sum so far, read on the host.
+  double value() const;
+
+private:
+  at::Tensor acc_;
+};
+
 class AdamW {
 public:
   /// `unitOf` (empty: none offloaded) gives each parameter's offload unit,

@@ -1,6 +1,7 @@
 //===- Pipeline.cpp - a pipeline stage of the Llama (PipelineStage) ---------===//
 #include "runtime/models/Pipeline.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Safetensors.h"
@@ -422,7 +423,7 @@ void PipelineStage::reduceTiedGradients() {
 double PipelineStage::gradNormSquared() const {
   const Impl &p = *p_;
   CommScope scope;
-  double s = 0, experts = 0;
+  SquareSum s(engineDevice()), experts(engineDevice());
   for (size_t i = 0; i < p.named.size(); ++i) {
     const at::Tensor &t = p.leaves[p.leafOf[i].first];
     if (p.tied && p.isLast() && !p.isFirst() && t.is_same(p.head))
@@ -433,12 +434,10 @@ double PipelineStage::gradNormSquared() const {
     const TpSplit sp = p.split(p.named[i].first);
     if (!(p.fold && p.isExpert(i)) && (sp.dim < 0 ? p.r != 0 : !sp.firstHolder(p.r, p.t)))
       continue;
-    at::Tensor g = p.gradOf(i);
-    if (g.defined())
-      (p.isExpert(i) ? experts : s) += g.to(at::kDouble).pow(2).sum().item<double>();
+    (p.isExpert(i) ? experts : s).add(p.gradOf(i));
   }
   // An expert's also over the expert group (each holds other experts).
-  at::Tensor total = at::tensor({s, experts}, at::kDouble).to(engineDevice());
+  at::Tensor total = at::cat({s.tensor(), experts.tensor()});
   p.pp->allReduceSum(total);
   if (p.tp)
     p.tp->allReduceSum(total);
@@ -587,12 +586,11 @@ void PipelineModel::reduceGradients(const std::vector<at::Tensor> &extra) {
 }
 
 double PipelineModel::gradNormSquared(const std::vector<at::Tensor> &extra) const {
-  double head = 0;
+  SquareSum head(engineDevice());
   for (const at::Tensor &p : extra)
-    if (p.grad().defined())
-      head += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    head.add(p.grad());
   CommScope scope;
-  at::Tensor h = at::full({1}, head, onEngine(at::kDouble));
+  at::Tensor h = head.tensor();
   s_.comm().allReduceSum(h); // only the last stage has a head gradient
   return s_.gradNormSquared() + h.item<double>();
 }

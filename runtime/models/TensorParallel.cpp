@@ -1,6 +1,7 @@
 //===- TensorParallel.cpp - the tensor-parallel Llama (TPLlama) -------------===//
 #include "runtime/models/ParallelDetail.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Layers.h"
 #include "runtime/models/RolloutEngine.h"
 
@@ -608,20 +609,21 @@ double TPLlama::gradNormSquared() const {
   // holder, summed over the group; an expert's also over the expert group
   // (each holds other experts; after reduceGradients the groups holding
   // the same experts agree).
-  double replicated = 0, sharded = 0, experts = 0;
+  SquareSum replicated(engineDevice()), sharded(engineDevice()), experts(engineDevice());
   for (const auto &e : p.entries) {
     at::Tensor g = e.grad();
     if (!g.defined())
       continue;
-    double s = g.to(at::kDouble).pow(2).sum().item<double>();
-    if (e.index >= 0) // folded: each member's experts its own
-      experts += p.fold || TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t) ? s : 0;
-    else if (e.dim < 0)
-      replicated += s;
-    else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) // its piece counted once
-      sharded += s;
+    if (e.index >= 0) { // folded: each member's experts its own
+      if (p.fold || TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t))
+        experts.add(g);
+    } else if (e.dim < 0) {
+      replicated.add(g);
+    } else if (TpSplit{e.dim, e.parts}.firstHolder(p.r, p.t)) { // its piece counted once
+      sharded.add(g);
+    }
   }
-  at::Tensor total = at::tensor({sharded, experts}, at::kDouble).to(engineDevice());
+  at::Tensor total = at::cat({sharded.tensor(), experts.tensor()});
   if (p.t > 1)
     p.tp->allReduceSum(total);
   if (p.ep) {
@@ -629,7 +631,7 @@ double TPLlama::gradNormSquared() const {
     p.ep->allReduceSum(ex);
     total.narrow(0, 1, 1).copy_(ex);
   }
-  return total.sum().item<double>() + replicated;
+  return (total.sum() + replicated.tensor()).item<double>();
 }
 
 } // namespace hflow::models
