@@ -38,8 +38,9 @@
 # log-prob and update passes' MFU (gpu_peer.py stages); GPU_BENCH_GRPO_TIMEOUT
 # (default 420 s) bounds each. The first size then runs again with packed
 # passes (HFLOW_PACKED_PASSES=1: each micro-batch's real tokens in one
-# sequence, LibTorch's flash kernel on its rows as segments), its stages
-# in grpo_MODEL/packed/ beside the padded run's (GPU_BENCH_PACKED=0: not).
+# sequence, LibTorch's flash kernel on its rows as segments) and, on a GPU,
+# LibTorch's fused AdamW (HFLOW_FUSED_OPTIMIZER=1), its stages in
+# grpo_MODEL/packed/ beside the plain run's (GPU_BENCH_PACKED=0: not).
 #
 # With PLANS, then the offload check (issue 40): bench/gpu/offload.hflow,
 # Qwen2.5-1.5B GRPO planned for a 24 GB GPU, which hflowc refuses without
@@ -190,22 +191,27 @@ grpo_all() {
     grpo_run "$plan" "$m" "$d" "$rows" "" 0
     # Then with packed passes (HFLOW_PACKED_PASSES=1, issue 37: each
     # micro-batch's real tokens in one sequence, the flash kernel on its
-    # rows as segments) for the first size only (GPU_BENCH_PACKED=0: none).
+    # rows as segments) and on a GPU the fused AdamW (the CPU's LibTorch
+    # has none), for the first size only (GPU_BENCH_PACKED=0: none).
     if [ "${GPU_BENCH_PACKED:-1}" = 1 ] && [ "$plan" = "$(ls "$PLANS"/grpo_*.bin | head -n 1)" ]; then
       mkdir -p "$d/packed"; cp "$d/dry-run.txt" "$d/packed/"
-      grpo_run "$plan" "$m" "$d/packed" "$rows" " (packed passes)" 1
+      if [ "$DEVICE" = cuda ]; then
+        grpo_run "$plan" "$m" "$d/packed" "$rows" " (packed passes, fused AdamW)" 1 1
+      else
+        grpo_run "$plan" "$m" "$d/packed" "$rows" " (packed passes)" 1 0
+      fi
     fi
   done
 }
 
 # One GRPO iteration of PLAN (size M) into D (ROWS rows), its stages and
 # hflow-run's own account; WHAT is said after the size, PACKED is
-# HFLOW_PACKED_PASSES.
+# HFLOW_PACKED_PASSES, FUSED HFLOW_FUSED_OPTIMIZER (0 when not given).
 grpo_run() {
-  local plan="$1" m="$2" d="$3" rows="$4" what="$5" packed="$6" t
+  local plan="$1" m="$2" d="$3" rows="$4" what="$5" packed="$6" fused="${7:-0}" t
   say "grpo $m$what: hflow-run on $DEVICE ($(grep -o 'micro_batch: [0-9]*' "$PLANS/grpo_$m.hflow"), $rows rows)"
   t=$(limit "${GPU_BENCH_GRPO_TIMEOUT:-420}") || { skipped "grpo $m$what"; return; }
-  if HFLOW_PACKED_PASSES=$packed timeout "$t" "$BIN/hflow-run" --device "$DEVICE" \
+  if HFLOW_PACKED_PASSES=$packed HFLOW_FUSED_OPTIMIZER=$fused timeout "$t" "$BIN/hflow-run" --device "$DEVICE" \
       --data-dir "$PLANS" --metrics "$d/metrics.jsonl" "$plan" > "$d/log.txt" 2>&1; then
     "$PY" "$HERE/gpu_peer.py" stages "$d/metrics.jsonl" "$d/dry-run.txt" --shape "$m" \
       --prompt-tokens 512 --rows "$rows" | tee "$d/stages.md"
@@ -248,7 +254,7 @@ offload_check() {
 }
 
 FAILED=0
-# One of hflow-gpu-kernels' sets of cases (CASES: paged or packed), checked
+# One of hflow-gpu-kernels' sets of cases (CASES: paged, packed or optim), checked
 # and timed on the GPU into WORK/FILE; NAME is what the lines call it.
 kernel_check() {
   local name="$1" cases="$2" file="$3" what="$4" t
@@ -261,10 +267,13 @@ kernel_check() {
 # The paged decode kernel against the ATen path it replaces, one layer of
 # each benchmark shape's decode step timed (seconds; a GPU only). Then the
 # packed passes' attention (the flash kernel on variable-length segments)
-# against the padded rows' ATen path, forward and backward.
+# against the padded rows' ATen path, forward and backward. Then LibTorch's
+# fused AdamW against the per-operation update, one step of Qwen2.5-0.5B's
+# and 1.5B's parameters each way.
 if [ "$DEVICE" = cuda ] && [ -x "$BIN/hflow-gpu-kernels" ]; then
   kernel_check "the paged decode kernel" paged kernels.txt "the ATen path"
   kernel_check "the packed passes' attention" packed packed-kernels.txt "the padded rows"
+  kernel_check "the fused AdamW" optim optim-kernels.txt "the per-operation update"
 fi
 first=1
 for shape in $SHAPES; do

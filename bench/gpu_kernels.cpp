@@ -30,20 +30,33 @@
 // (16 rows of up to 2,048 tokens) packed through the flash kernel against
 // the padded rows through attendGrouped, forward and backward.
 //
-// --cases paged or packed runs one of the two alone (gpu-test checks them
-// apart, so that a failure of one is not taken for the other's). Prints a
+// Then the fused AdamW (AdamW with HFLOW_FUSED_OPTIMIZER's kernel,
+// LibTorch's): six steps of the same gradients through the fused kernel
+// and through the per-operation update on the same device (float32 and
+// bfloat16 parameters with float32 masters, weight decay, clipping, a
+// warm-up, offloaded units), every parameter, master and moment within
+// float32 rounding of the other's after each step (the kernel computes its
+// bias corrections in float32), and each 16-bit parameter exactly its
+// master rounded. Skipped where this build's LibTorch has no fused kernel
+// for the device (Debian's 1.13). With --time on a GPU, one step at
+// Qwen2.5-0.5B's and Qwen2.5-1.5B's parameters (bf16, float32 masters) both ways.
+//
+// --cases paged, packed or optim runs one set alone (gpu-test checks them
+// apart, so that a failure of one is not taken for another's). Prints a
 // line per case and ends "N passed, N failed"; exits 1 on a failure.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/NcclBackend.h"
 #include "runtime/models/Device.h"
 #include "runtime/models/Layers.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Packing.h"
 #include "runtime/models/PagedKv.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -390,6 +403,170 @@ void packedCases(const std::string &device, bool time, int &passed, int &failed)
   }
 }
 
+/// The largest |a - b| over two lists of tensors, each read as float64.
+double maxDiff(const std::vector<at::Tensor> &a, const std::vector<at::Tensor> &b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    e = std::max(e, (a[i].to(at::kDouble) - b[i].to(at::kDouble)).abs().max().item<double>());
+  return e;
+}
+
+/// The largest |t| over a list of tensors.
+double maxAbs(const std::vector<at::Tensor> &ts) {
+  double e = 0;
+  for (const at::Tensor &t : ts)
+    e = std::max(e, t.to(at::kDouble).abs().max().item<double>());
+  return e;
+}
+
+/// An optimizer's state tensors whose names start with `prefix` ("m.", "v.",
+/// "master."), in order.
+std::vector<at::Tensor> stateOf(const AdamW &o, const std::string &prefix) {
+  std::vector<at::Tensor> out;
+  for (const auto &[name, t] : o.state())
+    if (name.rfind(prefix, 0) == 0)
+      out.push_back(t.to(engineDevice()));
+  return out;
+}
+
+/// Parameters of `shapes` in `dtype` on the engine's device (leaves that
+/// take gradients, as a model's), from `seed`.
+std::vector<at::Tensor> paramsOf(const std::vector<std::vector<int64_t>> &shapes,
+                                 at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<at::Tensor> ps;
+  for (const auto &sh : shapes)
+    ps.push_back((at::randn(sh, onEngine(at::kFloat)) * 0.5).to(dtype).requires_grad_(true));
+  return ps;
+}
+
+/// The fused AdamW against the per-operation update (above).
+void optimCases(const std::string &device, bool time, int &passed, int &failed) {
+  c10::InferenceMode autograd(false);
+  // Without the kernel (Debian's LibTorch 1.13 on a CPU) the cases run the
+  // per-operation update against itself: the dry run of this check.
+  const bool kernel = fusedAdamWAvailable(engineDevice());
+  if (!kernel)
+    std::printf("fused AdamW: this build's LibTorch (%s) has no fused kernel for %s: the "
+                "per-operation update against itself (the check's dry run)\n",
+                TORCH_VERSION, device.c_str());
+  struct OptimCase {
+    const char *name;
+    at::ScalarType dtype;
+    bool offload;
+  };
+  // A norm, projections, an odd size and an embedding-like matrix.
+  const std::vector<std::vector<int64_t>> shapes = {
+      {896}, {128, 896}, {896, 896}, {37, 11}, {4864, 896}, {1003}, {2048, 384}};
+  for (const OptimCase &c : {OptimCase{"fused AdamW, f32 parameters", at::kFloat, false},
+                             OptimCase{"fused AdamW, bf16 parameters, f32 masters",
+                                       at::kBFloat16, false},
+                             OptimCase{"fused AdamW, bf16, offloaded units", at::kBFloat16,
+                                       true}}) {
+    AdamWOptions o;
+    o.lr = 1e-3, o.weightDecay = 0.1, o.clipGrad = 1.0, o.warmup = 2;
+    o.cosine = true, o.totalSteps = 8, o.minLrRatio = 0.1;
+    std::vector<at::Tensor> a = paramsOf(shapes, c.dtype, 5), b = paramsOf(shapes, c.dtype, 5);
+    std::vector<int> units;
+    if (c.offload) // the first four in two units, the rest on the device
+      units = {0, 0, 1, 1, -1, -1, -1};
+    AdamWOptions of = o;
+    of.fused = kernel;
+    AdamW plain(a, o, units), fused(b, of, units);
+    const int steps = 6;
+    double eW = 0, eM = 0, eV = 0, tolW = 0;
+    bool rounded = true, clipped = false;
+    for (int t = 0; t < steps; ++t) {
+      at::manual_seed(100 + t);
+      for (size_t i = 0; i < a.size(); ++i) {
+        // Gradients large enough that clipping scales them on most steps.
+        at::Tensor g = (at::randn(a[i].sizes(), onEngine(at::kFloat)) * (t % 2 ? 0.01 : 1.0))
+                           .to(c.dtype);
+        a[i].mutable_grad() = g.clone();
+        b[i].mutable_grad() = g.clone();
+      }
+      for (AdamW *opt : {&plain, &fused}) {
+        const double f = opt->clip(std::sqrt(opt->localGradNormSquared()));
+        clipped = clipped || f < 1.0;
+        opt->step();
+      }
+      // Each step's update is lr-sized: the kernel's float32 bias
+      // corrections (1 - 0.999^t to float32) change it by ~1e-4 of lr at
+      // most; the weights' own rounding adds an ulp or two a step.
+      const std::vector<at::Tensor> wa = c.dtype == at::kFloat ? a : stateOf(plain, "master.");
+      const std::vector<at::Tensor> wb = c.dtype == at::kFloat ? b : stateOf(fused, "master.");
+      tolW += o.lr * 1e-4 + 2.5e-7 * std::max(1.0, maxAbs(wa));
+      eW = std::max(eW, maxDiff(wa, wb) / tolW);
+      const auto ma = stateOf(plain, "m."), mb = stateOf(fused, "m.");
+      const auto va = stateOf(plain, "v."), vb = stateOf(fused, "v.");
+      eM = std::max(eM, maxDiff(ma, mb) / maxAbs(ma));
+      eV = std::max(eV, maxDiff(va, vb) / maxAbs(va));
+      if (c.dtype != at::kFloat)
+        for (size_t i = 0; i < b.size(); ++i)
+          rounded = rounded && at::equal(b[i].detach(), wb[i].to(c.dtype));
+    }
+    // (The kernel may form 1 - b2 in float32: 1.3e-5 of v's scale; a
+    // wrong coefficient or a moment left out is off by far more.)
+    const double tolMoments = 1e-4;
+    const bool ok = fused.fused() == kernel && !plain.fused() && clipped && rounded && eW <= 1.0 &&
+                    eM <= tolMoments && eV <= tolMoments;
+    (ok ? passed : failed)++;
+    std::printf("%s: %s, %d steps: weights %.2f of the tolerance, moments %.1e and %.1e of the "
+                "largest (tolerance %.0e)%s%s\n",
+                ok ? "passed" : "FAILED", c.name, steps, eW, eM, eV, tolMoments,
+                rounded ? "" : "; a bf16 parameter is not its master rounded",
+                clipped ? "" : "; clipping never scaled the gradients");
+  }
+  if (!time || !kernel || device != "cuda")
+    return;
+  // One step at a real model's parameters: Qwen2.5's decoder layers
+  // (q, k, v with biases, o, gate, up, down, two norms) and the tied
+  // embedding, bf16 with float32 masters.
+  struct Shape {
+    const char *name;
+    int64_t layers, hidden, inter, kv, vocab;
+  };
+  for (const Shape &m : {Shape{"qwen2.5-0.5b", 24, 896, 4864, 128, 151936},
+                         Shape{"qwen2.5-1.5b", 28, 1536, 8960, 256, 151936}}) {
+    std::vector<std::vector<int64_t>> sh = {{m.vocab, m.hidden}, {m.hidden}};
+    for (int64_t l = 0; l < m.layers; ++l)
+      for (std::vector<int64_t> s :
+           {std::vector<int64_t>{m.hidden, m.hidden}, {m.hidden}, {m.kv, m.hidden}, {m.kv},
+            {m.kv, m.hidden}, {m.kv}, {m.hidden, m.hidden}, {m.inter, m.hidden},
+            {m.inter, m.hidden}, {m.hidden, m.inter}, {m.hidden}, {m.hidden}})
+        sh.push_back(s);
+    int64_t n = 0;
+    for (const auto &s : sh) {
+      int64_t k = 1;
+      for (int64_t d : s)
+        k *= d;
+      n += k;
+    }
+    double ms[2] = {0, 0};
+    for (int f = 0; f < 2; ++f) {
+      std::vector<at::Tensor> ps = paramsOf(sh, at::kBFloat16, 3);
+      AdamWOptions o;
+      o.fused = f == 1;
+      AdamW opt(ps, o);
+      // step() zeroes the gradients it read: each step reads them again.
+      for (at::Tensor &p : ps)
+        p.mutable_grad() = at::full_like(p, 1e-3).detach();
+      auto once = [&] {
+        opt.step();
+        return ps.front().detach();
+      };
+      ms[f] = msPerCall(once, 5);
+    }
+    // Bytes the fused step must move a parameter: the bf16 gradient read,
+    // the master and both moments read and written, the parameter written.
+    const double bytes = (double)n * (2 + 3 * 8 + 2);
+    std::printf("time: AdamW step, %s (%.0fM parameters, bf16, f32 masters): fused %.2f ms "
+                "(%.0f GB/s of its 28 bytes a parameter), per operation %.2f ms (%.2fx the "
+                "fused); each with its zeroing of the gradients\n",
+                m.name, n / 1e6, ms[1], bytes / ms[1] / 1e6, ms[0], ms[0] / ms[1]);
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -406,13 +583,15 @@ int main(int argc, char **argv) {
       else if (arg == "--time")
         time = true;
       else if (arg == "--help" || arg == "-h") {
-        std::printf("usage: hflow-gpu-kernels [--device cpu|cuda] [--cases paged|packed|all] "
-                    "[--time]\n"
+        std::printf("usage: hflow-gpu-kernels [--device cpu|cuda] "
+                    "[--cases paged|packed|optim|all] [--time]\n"
                     "  paged: the paged decode kernel against the ATen path and a float64 "
                     "brute force;\n"
                     "  packed: the packed passes' attention (flash varlen on cuda in 16-bit),\n"
-                    "  forward and gradients, against a float64 brute force; all (the "
-                    "default): both;\n"
+                    "  forward and gradients, against a float64 brute force;\n"
+                    "  optim: the fused AdamW (HFLOW_FUSED_OPTIMIZER) against the "
+                    "per-operation update;\n"
+                    "  all (the default): every set;\n"
                     "  --time: each path timed at the benchmarks' shapes (cuda)\n");
         return 0;
       } else
@@ -420,8 +599,8 @@ int main(int argc, char **argv) {
     }
     if (device != "cpu" && device != "cuda")
       throw std::invalid_argument("--device is cpu or cuda, not '" + device + "'");
-    if (which != "paged" && which != "packed" && which != "all")
-      throw std::invalid_argument("--cases is paged, packed or all, not '" + which + "'");
+    if (which != "paged" && which != "packed" && which != "optim" && which != "all")
+      throw std::invalid_argument("--cases is paged, packed, optim or all, not '" + which + "'");
     // attendInPlace's gate, read once: set before the first step.
     setenv("HFLOW_ATTENTION", "paged", 1);
     if (device == "cuda") {
@@ -435,6 +614,13 @@ int main(int argc, char **argv) {
       std::printf("hflow-gpu-kernels: %s, the packed passes' attention against a brute force\n",
                   device.c_str());
       packedCases(device, time, passed, failed);
+      std::printf("%d passed, %d failed\n", passed, failed);
+      return failed == 0 ? 0 : 1;
+    }
+    if (which == "optim") {
+      std::printf("hflow-gpu-kernels: %s, the fused AdamW against the per-operation update\n",
+                  device.c_str());
+      optimCases(device, time, passed, failed);
       std::printf("%d passed, %d failed\n", passed, failed);
       return failed == 0 ? 0 : 1;
     }
@@ -530,8 +716,10 @@ int main(int argc, char **argv) {
                     c.name, tk, kv / tk / 1e6, ta, ta / tk);
       }
     }
-    if (which == "all")
+    if (which == "all") {
       packedCases(device, time, passed, failed);
+      optimCases(device, time, passed, failed);
+    }
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
   } catch (const std::exception &e) {

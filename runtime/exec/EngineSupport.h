@@ -57,7 +57,7 @@ int envInt(const char *name, int dflt);
 inline constexpr const char *kAgreedEnvironment[] = {
     "HFLOW_NUM_THREADS",      "HFLOW_WHOLE_WEIGHTS", "HFLOW_LENGTH_BUCKETS",
     "HFLOW_BUCKET_MIN_PADDING", "HFLOW_PADDED_PASSES", "HFLOW_FSDP_PREFETCH",
-    "HFLOW_PACKED_PASSES"};
+    "HFLOW_PACKED_PASSES",    "HFLOW_FUSED_OPTIMIZER"};
 /// The intra-op threads of a worker: HFLOW_NUM_THREADS in [1, 4096], else 1
 /// (one process per rank: threads would compete for the same cores).
 int threadCount();

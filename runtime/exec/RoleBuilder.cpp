@@ -12,6 +12,7 @@
 #include "runtime/models/Device.h"
 
 #include "runtime/models/ModelForms.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Pipeline.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/plan/RoleForms.h"
@@ -685,6 +686,7 @@ RoleBuilder::makeOptimizer(int r, const std::vector<at::Tensor> &params,
   ao.weightDecay = a.weight_decay().value_or(0.01);
   ao.clipGrad = a.clip_grad().value_or(1.0);
   ao.warmup = a.warmup().value_or(0);
+  ao.fused = models::fusedOptimizerRequested(); // checked before any work (Worker::prepare)
   // The units the step streams: those of the larger share (the rule keeps
   // the same layers first); the state of offload_optimizer's in host memory.
   const double fo = offloadShare(r, /*params=*/false), fp = offloadShare(r, /*params=*/true);

@@ -16,6 +16,7 @@
 #include "runtime/models/Checkpoint.h"
 #include "runtime/models/AttentionPaths.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/Optim.h"
 #include "runtime/models/Packing.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
@@ -95,6 +96,8 @@ void Worker::prepare() {
     models::decodeStepsFromEnvironment();
     models::checkAttentionEnvironment();
     models::checkPackingEnvironment();
+    models::checkOptimizerEnvironment(o_.device == "cuda" ? c10::Device(c10::kCUDA)
+                                                          : c10::Device(c10::kCPU));
   } catch (const std::exception &e) {
     throw RunError(e.what());
   }

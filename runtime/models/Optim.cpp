@@ -5,13 +5,86 @@
 
 #include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <string>
 
+// LibTorch's fused AdamW: CUDA from 2.0, a CPU from 2.4.
+#if TORCH_VERSION_MAJOR >= 2
+#define HFLOW_FUSED_ADAMW 1
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define HFLOW_FUSED_ADAMW_CPU 1
+#endif
+
 namespace hflow::models {
+
+namespace {
+/// ScopedFusedAdamWStandIn's kernel, or empty.
+FusedAdamWKernel standInKernel;
+} // namespace
+
+ScopedFusedAdamWStandIn::ScopedFusedAdamWStandIn(FusedAdamWKernel standIn)
+    : previous_(std::move(standInKernel)) {
+  standInKernel = std::move(standIn);
+}
+
+ScopedFusedAdamWStandIn::~ScopedFusedAdamWStandIn() { standInKernel = std::move(previous_); }
+
+bool fusedAdamWAvailable(c10::Device device) {
+  if (standInKernel)
+    return true;
+#if defined(HFLOW_FUSED_ADAMW_CPU)
+  if (device.is_cpu())
+    return true;
+#endif
+#if defined(HFLOW_FUSED_ADAMW)
+  return device.is_cuda();
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+namespace {
+/// HFLOW_FUSED_OPTIMIZER's setting, or -1 (and why) when it is not one.
+int fusedSetting(std::string &why) {
+  const char *e = std::getenv("HFLOW_FUSED_OPTIMIZER");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "0")
+    return 0;
+  if (v == "1")
+    return 1;
+  why = "HFLOW_FUSED_OPTIMIZER='" + v +
+        "': set it to 1 (LibTorch's fused AdamW kernel) or 0 (the per-operation update)";
+  return -1;
+}
+
+std::string noFusedKernel(c10::Device device) {
+  return std::string("this build's LibTorch (") + TORCH_VERSION +
+         ") has no fused AdamW kernel for " + device.str() +
+         " (CUDA has one from LibTorch 2.0, a CPU from 2.4)";
+}
+} // namespace
+
+bool fusedOptimizerRequested() {
+  std::string why;
+  return fusedSetting(why) == 1;
+}
+
+void checkOptimizerEnvironment(c10::Device device) {
+  std::string why;
+  const int s = fusedSetting(why);
+  if (s < 0)
+    throw std::invalid_argument(why);
+  if (s == 1 && !fusedAdamWAvailable(device))
+    throw std::invalid_argument("HFLOW_FUSED_OPTIMIZER=1: " + noFusedKernel(device) +
+                                "; unset it or set it to 0");
+}
 
 double scheduledLr(const AdamWOptions &o, int64_t step) {
   if (o.warmup > 0 && step < o.warmup)
@@ -51,6 +124,19 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> un
                                 " state places for " + std::to_string(params_.size()) +
                                 " parameters");
   c10::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size() && o_.fused; ++i) {
+    // The kernel's groups: one device (the host pool's tensors are
+    // updated on the device they stream to), each tensor dense.
+    const at::Tensor &p = params_[i];
+    const c10::Device d = HostPool::holds(p) ? engineDevice() : p.device();
+    if (!fusedAdamWAvailable(d))
+      throw std::invalid_argument("AdamW: the fused kernel (HFLOW_FUSED_OPTIMIZER=1): " +
+                                  noFusedKernel(d));
+    if (!p.is_contiguous())
+      throw std::invalid_argument("AdamW: the fused kernel (HFLOW_FUSED_OPTIMIZER=1) updates "
+                                  "contiguous tensors; parameter " + std::to_string(i) +
+                                  " (shape " + c10::str(p.sizes()) + ") is not");
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor &p = params_[i];
     units_ = std::max(units_, unitOf_[i] + 1);
@@ -119,14 +205,16 @@ double AdamW::step() {
   // units streamed in turn: of each parameter, whichever of its weights,
   // gradient, moments and master live in the host pool.
   std::vector<std::vector<size_t>> byUnit(units_);
+  std::vector<Slot> onDevice;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].grad().defined())
       continue;
     if (unitOf_[i] < 0)
-      update(params_[i], params_[i].grad(), m_[i], v_[i], master_[i], lr, bc1, bc2);
+      onDevice.push_back({params_[i], params_[i].grad(), m_[i], v_[i], master_[i]});
     else
       byUnit[unitOf_[i]].push_back(i);
   }
+  updateGroup(onDevice, lr, bc1, bc2);
   if (units_ > 0) {
     std::vector<std::vector<at::Tensor>> host;
     std::vector<std::vector<bool>> back; // what the update changes
@@ -148,12 +236,15 @@ double AdamW::step() {
       std::vector<at::Tensor> dev = stream.next();
       size_t k = 0;
       auto here = [&](const at::Tensor &t) { return t.defined() && HostPool::holds(t) ? dev[k++] : t; };
+      std::vector<Slot> unit;
       for (size_t i : byUnit[u]) {
-        at::Tensor p = here(params_[i]);
-        at::Tensor g = here(params_[i].grad());
-        at::Tensor m = here(m_[i]), v = here(v_[i]), master = here(master_[i]);
-        update(p, g, m, v, master, lr, bc1, bc2);
+        Slot s;
+        s.p = here(params_[i]);
+        s.grad = here(params_[i].grad());
+        s.m = here(m_[i]), s.v = here(v_[i]), s.master = here(master_[i]);
+        unit.push_back(std::move(s));
       }
+      updateGroup(unit, lr, bc1, bc2);
       stream.writeBack(u, dev, back[u]);
     }
     stream.finish();
@@ -180,6 +271,65 @@ void AdamW::update(const at::Tensor &p, const at::Tensor &grad, const at::Tensor
   w.addcdiv_(m, denom, -lr / bc1);
   if (mixed)
     p.detach().copy_(w); // rounded to the parameter's type
+}
+
+void AdamW::updateGroup(const std::vector<Slot> &group, double lr, double bc1, double bc2) {
+  if (!o_.fused) {
+    for (const Slot &s : group)
+      update(s.p, s.grad, s.m, s.v, s.master, lr, bc1, bc2);
+    return;
+  }
+  // Calls of at most the largest widened gradient's bytes, the transient
+  // the per-operation update needs too: a 16-bit parameter's gradient is
+  // widened for the call, and its master rounded into it after.
+  int64_t cap = 0;
+  for (const Slot &s : group)
+    cap = std::max(cap, (int64_t)s.grad.numel());
+  std::vector<at::Tensor> w, g, m, v, rounded, masters;
+  int64_t widened = 0;
+  auto flush = [&] {
+    if (w.empty())
+      return;
+    const int64_t n = (int64_t)w.size();
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(w.front().device());
+    if (!stepCount_.defined() || stepCount_.device() != w.front().device() ||
+        stepCount_.numel() < n)
+      stepCount_ = at::empty({n}, f32);
+    // The kernel reads the step (already counted) from each entry.
+    stepCount_.fill_((double)t_);
+    const std::vector<at::Tensor> steps = stepCount_.narrow(0, 0, n).unbind();
+    if (standInKernel) {
+      standInKernel(w, g, m, v, steps, lr, o_.beta1, o_.beta2, o_.weightDecay, o_.eps);
+    } else {
+#if defined(HFLOW_FUSED_ADAMW)
+      at::_fused_adamw_(w, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, o_.beta1, o_.beta2,
+                        o_.weightDecay, o_.eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+      throw std::logic_error("AdamW: the fused kernel was asked for in a build without it");
+#endif
+    }
+    for (size_t i = 0; i < rounded.size(); ++i)
+      rounded[i].detach().copy_(masters[i]); // rounded to the parameter's type
+    w.clear(), g.clear(), m.clear(), v.clear(), rounded.clear(), masters.clear();
+    widened = 0;
+  };
+  for (const Slot &s : group) {
+    if (s.master.defined()) {
+      if (widened > 0 && widened + s.grad.numel() > cap)
+        flush();
+      at::Tensor gw = s.grad.to(at::kFloat);
+      if (pendingClip_ != 1.0)
+        gw.mul_(pendingClip_);
+      widened += s.grad.numel();
+      w.push_back(s.master), g.push_back(gw);
+      rounded.push_back(s.p), masters.push_back(s.master);
+    } else {
+      w.push_back(s.p), g.push_back(s.grad);
+    }
+    m.push_back(s.m), v.push_back(s.v);
+  }
+  flush();
+  (void)bc1, (void)bc2; // the kernel's own, from the step
 }
 
 void AdamW::zeroGrad() {

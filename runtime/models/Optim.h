@@ -34,6 +34,18 @@
 // result is the same, bit for bit; the device holds two units at most
 // during the step.
 //
+// Fused (HFLOW_FUSED_OPTIMIZER=1, off by default): the update of a group
+// of parameters (those on the device; each offloaded unit) is one call of
+// LibTorch's fused AdamW kernel (torch.optim.AdamW(fused=True): every
+// tensor of the group read and written once, not once per operation),
+// on the float32 masters with the widened gradients for 16-bit
+// parameters, which then take the masters' values rounded in one
+// copy each. The kernel computes in float32 (its bias corrections from a
+// float32 step count, sqrt(v) / sqrt(1 - b2^t)): the same update to
+// float32 rounding, not bit for bit. It exists on CUDA from LibTorch 2.0
+// and on a CPU from 2.4; elsewhere asking for it is refused, never served
+// by the per-operation update.
+//
 //===----------------------------------------------------------------------===//
 #ifndef HFLOW_RUNTIME_MODELS_OPTIM_H
 #define HFLOW_RUNTIME_MODELS_OPTIM_H
@@ -41,6 +53,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,7 +68,42 @@ struct AdamWOptions {
   bool cosine = false;    ///< cosine decay after warm-up (else constant)
   int64_t totalSteps = 0; ///< cosine horizon
   double minLrRatio = 0.0;
+  bool fused = false;     ///< LibTorch's fused kernel (above)
 };
+
+/// Whether this build's LibTorch has the fused AdamW kernel for `device`
+/// (CUDA: LibTorch >= 2.0; CPU: >= 2.4), or a stand-in is set.
+bool fusedAdamWAvailable(c10::Device device);
+
+/// The fused kernel's call: parameters (float32), gradients, both
+/// moments, each one's step count (float32, the step being taken), then
+/// lr, beta1, beta2, weight decay and eps (at::_fused_adamw_ without
+/// amsgrad, maximize or gradient scaling).
+using FusedAdamWKernel = std::function<void(
+    at::TensorList w, at::TensorList g, at::TensorList m, at::TensorList v,
+    at::TensorList steps, double lr, double beta1, double beta2, double weightDecay, double eps)>;
+
+/// For tests on a LibTorch without the kernel: while it lives, `standIn`
+/// takes the kernel's calls on every device, so that what the optimizer
+/// does around the kernel (its groups, widened gradients, masters,
+/// offloaded units) runs and is checked here.
+class ScopedFusedAdamWStandIn {
+public:
+  explicit ScopedFusedAdamWStandIn(FusedAdamWKernel standIn);
+  ~ScopedFusedAdamWStandIn();
+  ScopedFusedAdamWStandIn(const ScopedFusedAdamWStandIn &) = delete;
+  ScopedFusedAdamWStandIn &operator=(const ScopedFusedAdamWStandIn &) = delete;
+
+private:
+  FusedAdamWKernel previous_;
+};
+/// Whether HFLOW_FUSED_OPTIMIZER asks for the fused kernel ("1"; unset or
+/// "0": the per-operation update).
+bool fusedOptimizerRequested();
+/// Throws std::invalid_argument, naming it, for an HFLOW_FUSED_OPTIMIZER
+/// that is not 0 or 1, or that asks for a kernel this build does not
+/// have for `device`.
+void checkOptimizerEnvironment(c10::Device device);
 
 /// The learning rate at optimizer step `step` (0-based) under `o`'s schedule.
 double scheduledLr(const AdamWOptions &o, int64_t step);
@@ -92,6 +140,8 @@ public:
   void setLr(double lr) { o_.lr = lr; }
   /// Optimizer steps taken so far.
   int64_t steps() const { return t_; }
+  /// Whether step() updates through the fused kernel.
+  bool fused() const { return o_.fused; }
 
   /// The squared L2 norm of this rank's gradients (float64); parameters
   /// without a gradient count as zero.
@@ -119,6 +169,14 @@ private:
   /// `v` and `master`, wherever they are now (the same device).
   void update(const at::Tensor &p, const at::Tensor &grad, const at::Tensor &m,
               const at::Tensor &v, const at::Tensor &master, double lr, double bc1, double bc2);
+  /// One parameter's tensors for the update, wherever they are now.
+  struct Slot {
+    at::Tensor p, grad, m, v, master;
+  };
+  /// The update of a group on one device: update() on each, or one call
+  /// of the fused kernel.
+  void updateGroup(const std::vector<Slot> &group, double lr, double bc1, double bc2);
+  at::Tensor stepCount_; ///< the fused kernel's step, float32 on the device
   std::vector<at::Tensor> params_, m_, v_;
   std::vector<at::Tensor> master_; ///< float32 copies of 16-bit params (else undefined)
   std::vector<int> unitOf_;        ///< offload unit per parameter (-1: on the device)

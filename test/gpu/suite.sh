@@ -40,7 +40,8 @@ gpuflags=(--device "$DEVICE")
 mapfile -t CASES < <(grep -v '^#' "$PLANS/cases.txt" | grep -E "${FILTER:-.}")
 # The CPU references, four at a time in the background while the GPU runs,
 # on the default paths: the opt-in ones a run under test takes
-# (HFLOW_ATTENTION, HFLOW_DECODE_STEPS, HFLOW_PACKED_PASSES) are not in its
+# (HFLOW_ATTENTION, HFLOW_DECODE_STEPS, HFLOW_PACKED_PASSES,
+# HFLOW_FUSED_OPTIMIZER) are not in its
 # reference, so a misreading shared by a path and its CPU form cannot pass
 # unseen.
 refs() {
@@ -48,7 +49,7 @@ refs() {
   for line in "${CASES[@]}"; do
     name="${line%% *}"
     echo "$name"
-  done | env -u HFLOW_ATTENTION -u HFLOW_DECODE_STEPS -u HFLOW_PACKED_PASSES xargs -P 4 -I{} bash -c '"$0" --device cpu --quiet --timeout '"$TIMEOUT"' \
+  done | env -u HFLOW_ATTENTION -u HFLOW_DECODE_STEPS -u HFLOW_PACKED_PASSES -u HFLOW_FUSED_OPTIMIZER xargs -P 4 -I{} bash -c '"$0" --device cpu --quiet --timeout '"$TIMEOUT"' \
       --data-dir "$1/data" --metrics "$2/{}.ref.jsonl" "$1/{}.bin" > "$2/{}.ref.log" 2>&1 ||
       echo "reference {} failed" >> "$2/refs-failed"' "$RUN" "$PLANS" "$WORK"
 }
