@@ -14,6 +14,7 @@
 
 #include "runtime/exec/Methods.h"
 #include "runtime/models/MemoryMeter.h"
+#include "runtime/models/Packing.h"
 #include "runtime/models/RolloutEngine.h"
 #include "runtime/models/Safetensors.h"
 #include "runtime/rl/Aggregate.h"
@@ -814,11 +815,16 @@ void MethodRunner::runLogprob(MethodCall &c) {
   const models::CausalLM &lm = *c.rr.lm;
   // The call's own temperature, else the one the rollout was sampled at.
   const double temp = c.a.temperature().value_or(c.ph.rolloutTemp);
+  const bool packedHead = lm.packsRows() && models::packedPassesRequested();
   at::Tensor lp = forwardResponses(c, rollout, rows, [&](const at::Tensor &h, int64_t u, int64_t e) {
-                    // h: the batch's response columns that hold a token.
-                    return lm.tokenLogprobs(
-                        lm.localLogits(h),
-                        rollout["rtoks"].narrow(0, u, e - u).narrow(1, 0, h.size(1)), temp);
+                    // h: the batch's response columns that hold a token;
+                    // packed passes: the logits only at the tokens.
+                    const models::HeadPositions at(
+                        packedHead, rollout["rmask"].narrow(0, u, e - u).narrow(1, 0, h.size(1)));
+                    return at.out(lm.tokenLogprobs(
+                        lm.localLogits(at.in(h)),
+                        at.in(rollout["rtoks"].narrow(0, u, e - u).narrow(1, 0, h.size(1))),
+                        temp));
                   }) *
                   rmask;
   if (c.leader && c.ro.kind() == RoleKind::Actor) {

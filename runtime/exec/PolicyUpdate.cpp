@@ -12,6 +12,7 @@
 #include "runtime/exec/MethodRunner.h"
 #include "runtime/exec/LengthBuckets.h"
 #include "runtime/models/Device.h"
+#include "runtime/models/Packing.h"
 
 #include "runtime/rl/Aggregate.h"
 #include "runtime/rl/KL.h"
@@ -163,8 +164,11 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   if (!adv)
     throw RunError("an actor update needs advantages or scores");
   at::Tensor oldLp = old ? old->x().narrow(0, mlo, cnt) : rollout_["lp"].narrow(0, mlo, cnt);
-  at::Tensor logits = rr_.lm->localLogits(h);
-  at::Tensor lp = widen(rr_.lm->tokenLogprobs(logits, toks, temp_), r);
+  // Packed passes: the logits only at the tokens the loss reads.
+  const models::HeadPositions at(rr_.lm->packsRows() && models::packedPassesRequested(),
+                                 mask.narrow(1, 0, r));
+  at::Tensor logits = rr_.lm->localLogits(at.in(h));
+  at::Tensor lp = widen(at.out(rr_.lm->tokenLogprobs(logits, at.in(toks), temp_)), r);
   // No token of this pass is trained (rejection sampling dropped them all,
   // or every episode's environment failed): nothing to learn from it (a
   // loss of 0 that still runs the backward every rank of a lockstep group
@@ -197,8 +201,8 @@ at::Tensor UpdateLoss::actor(int64_t mlo, int64_t cnt, const at::Tensor &h, at::
   double entCoef = a_.entropy_coef().value_or(0.0);
   at::Tensor ent;
   {
-    at::Tensor e = widen(entCoef > 0 ? rr_.lm->tokenEntropy(logits, temp_)
-                                     : rr_.lm->tokenEntropy(logits.detach(), temp_),
+    at::Tensor e = widen(at.out(entCoef > 0 ? rr_.lm->tokenEntropy(logits, temp_)
+                                            : rr_.lm->tokenEntropy(logits.detach(), temp_)),
                          r);
     ent = rl::agg_loss(e, mask, mode_);
   }

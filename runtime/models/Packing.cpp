@@ -86,6 +86,22 @@ PackedRows packRows(const at::Tensor &keyMask) {
   return p;
 }
 
+HeadPositions::HeadPositions(bool on, const at::Tensor &mask) {
+  if (!on || mask.dim() != 2 || mask.numel() == 0)
+    return;
+  auto p = std::make_shared<PackedRows>(packRows(mask));
+  if (p->N > 0 && p->N < p->B * p->T)
+    rows_ = std::move(p);
+}
+
+at::Tensor HeadPositions::in(const at::Tensor &x) const {
+  return rows_ ? packTokens(x, *rows_) : x;
+}
+
+at::Tensor HeadPositions::out(const at::Tensor &x) const {
+  return rows_ ? unpackRows(x, *rows_) : x;
+}
+
 at::Tensor packTokens(const at::Tensor &x, const PackedRows &p) {
   if (x.dim() < 2 || x.size(0) != p.B || x.size(1) != p.T)
     throw std::invalid_argument("packTokens: rows of shape " + shapeString(x.sizes()) +

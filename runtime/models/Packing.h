@@ -82,6 +82,27 @@ at::Tensor packTokens(const at::Tensor &x, const PackedRows &p);
 /// Differentiable.
 at::Tensor unpackRows(const at::Tensor &x, const PackedRows &p);
 
+/// The positions a pass's head reads. Under packed passes (`on`: the
+/// caller's form packs and HFLOW_PACKED_PASSES=1) the head's logits are
+/// taken only where `mask` [b, r] is nonzero (the response tokens a loss
+/// or a stored log-prob reads; its other positions are zeroed by the same
+/// mask wherever they are used): in() takes the hidden states (or the
+/// tokens) there, [1, n, ...], and out() puts the head's per-token result
+/// back, [b, r] with zeros elsewhere. Off, or with every position read or
+/// none, both return their argument.
+class HeadPositions {
+public:
+  HeadPositions(bool on, const at::Tensor &mask);
+  bool sparse() const { return rows_ != nullptr; }
+  /// x [b, r, ...] at the read positions, [1, n, ...].
+  at::Tensor in(const at::Tensor &x) const;
+  /// x [1, n, ...] back to [b, r, ...], zeros elsewhere. Differentiable.
+  at::Tensor out(const at::Tensor &x) const;
+
+private:
+  std::shared_ptr<const PackedRows> rows_;
+};
+
 /// While one lives on this thread, a forward over [1, N] tokens (N the
 /// packing's) reads them as the packing's segments (detail::attnContext).
 /// Scopes nest.

@@ -170,6 +170,39 @@ TEST(Packing, RowsRoundTrip) {
   EXPECT_THROW(unpackRows(at::zeros({1, 5, 2}), p), std::invalid_argument);
 }
 
+// A head's read positions: on, the logits' inputs at the mask's tokens
+// only, [1, n, ...], and the per-token results back at them with zeros
+// elsewhere (the gradient too); off, with every position read, or with
+// none, the tensors as they are.
+TEST(Packing, HeadPositions) {
+  const Batch b = engineRows(64);
+  const at::Tensor h = at::randn({b.B, b.T, 5});
+  const HeadPositions at(true, b.mask.to(at::kFloat));
+  ASSERT_TRUE(at.sparse());
+  const at::Tensor in = at.in(h);
+  EXPECT_EQ(in.sizes(), (std::vector<int64_t>{1, 23, 5}));
+  EXPECT_TRUE(at::equal(at.in(b.tokens)[0], b.tokens.masked_select(b.mask)));
+  // A per-token result (here a sum over the features) put back.
+  const at::Tensor leaf = in.detach().clone().requires_grad_(true);
+  const at::Tensor out = at.out(leaf.sum(-1));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{b.B, b.T}));
+  EXPECT_TRUE(at::allclose(out.masked_select(b.mask), h.sum(-1).masked_select(b.mask)));
+  EXPECT_EQ(out.masked_select(b.mask.logical_not()).abs().sum().item<double>(), 0.0);
+  (out * at::arange(1, b.B * b.T + 1, at::kFloat).view({b.B, b.T})).sum().backward();
+  const at::Tensor want = at::arange(1, b.B * b.T + 1, at::kFloat)
+                              .masked_select(b.mask.reshape({-1}))
+                              .view({1, -1, 1})
+                              .expand({1, 23, 5});
+  EXPECT_TRUE(at::equal(leaf.grad(), want));
+  for (const HeadPositions &same :
+       {HeadPositions(false, b.mask), HeadPositions(true, at::ones_like(b.mask)),
+        HeadPositions(true, at::zeros_like(b.mask))}) {
+    EXPECT_FALSE(same.sparse());
+    EXPECT_TRUE(same.in(h).is_same(h));
+    EXPECT_TRUE(same.out(h).is_same(h));
+  }
+}
+
 // attendPacked on the ATen path against the padded rows' attention
 // (attendGrouped under attentionBias) at every real position: GQA and MHA,
 // with and without a sliding window, float32 within 1e-6; the same with
