@@ -609,18 +609,13 @@ int main(int argc, char **argv) {
     }
     c10::InferenceMode guard;
     int passed = 0, failed = 0;
-    if (which == "packed") {
-      // The packed cases alone: they need no paged kernel.
-      std::printf("hflow-gpu-kernels: %s, the packed passes' attention against a brute force\n",
-                  device.c_str());
-      packedCases(device, time, passed, failed);
-      std::printf("%d passed, %d failed\n", passed, failed);
-      return failed == 0 ? 0 : 1;
-    }
-    if (which == "optim") {
-      std::printf("hflow-gpu-kernels: %s, the fused AdamW against the per-operation update\n",
-                  device.c_str());
-      optimCases(device, time, passed, failed);
+    if (which == "packed" || which == "optim") {
+      // One set alone: neither needs the paged kernel.
+      const bool packed = which == "packed";
+      std::printf("hflow-gpu-kernels: %s, %s\n", device.c_str(),
+                  packed ? "the packed passes' attention against a brute force"
+                         : "the fused AdamW against the per-operation update");
+      (packed ? packedCases : optimCases)(device, time, passed, failed);
       std::printf("%d passed, %d failed\n", passed, failed);
       return failed == 0 ? 0 : 1;
     }

@@ -124,9 +124,9 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions o, std::vector<int> un
                                 " state places for " + std::to_string(params_.size()) +
                                 " parameters");
   c10::NoGradGuard ng;
-  for (size_t i = 0; i < params_.size() && o_.fused; ++i) {
-    // The kernel's groups: one device (the host pool's tensors are
-    // updated on the device they stream to), each tensor dense.
+  // The fused kernel's groups: one device (the host pool's tensors are
+  // updated on the device they stream to), each tensor dense.
+  for (size_t i = 0; o_.fused && i < params_.size(); ++i) {
     const at::Tensor &p = params_[i];
     const c10::Device d = HostPool::holds(p) ? engineDevice() : p.device();
     if (!fusedAdamWAvailable(d))
