@@ -28,9 +28,12 @@
 # run alone. Reports per schedule the median GRPO iteration time (the first
 # ASYNC_WARMUP of each run dropped, default 3) and its throughput against
 # the synchronous one, the median time of the generate step (rank 1) and of
-# rank 0's steps (the reshard and the checks apart), the engine's forwards
-# per rollout, the tokens' mean staleness, and the held-out reward curve of
-# the last round.
+# rank 0's steps (the reshard and the checks apart), two floors and the
+# synchronous time against each (the median of each iteration's longer side:
+# no lockstep overlap of these iterations is shorter; the longer of the two
+# medians: about where a queue between the sides instead of the lockstep
+# would put it), the engine's forwards per rollout, the tokens' mean
+# staleness, and the held-out reward curve of the last round.
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 BIN="${1:-$ROOT/build/bin}"
@@ -92,6 +95,15 @@ gen = {k: med(k, lambda x, g=kinds(k)[0]: x.get(g)) for k in names}
 train = {k: med(k, lambda x, g=kinds(k): sum(v for s, v in steps(x).items()
                                               if s != g[0] and s not in g[1]))
          for k in names}
+# Each iteration's longer side: generation (rank 1) or rank 0's steps. In
+# lockstep (every iteration ends on both ranks together) no overlap can be
+# shorter: its median is the schedule's floor (the rest of the iteration is
+# the reshard, the rows' moves and the waits). A queue between the sides
+# instead would come to about the longer of the two sides' medians.
+side = {k: med(k, lambda x, g=kinds(k): max(x.get(g[0]) or 0.0,
+                                              sum(v for s, v in steps(x).items()
+                                                  if s != g[0] and s not in g[1])))
+        for k in names}
 fw = {k: med(k, lambda x: x.get("rollout_forwards")) for k in names}
 st = {k: med(k, lambda x: x.get("staleness_mean")) for k in names}
 print(f"{'':28}" + "".join(f"{names[k]:>12}" for k in names))
@@ -99,6 +111,10 @@ print(f"{'median GRPO ms/iteration':28}" + "".join(f"{it[k]:12.1f}" for k in nam
 print(f"{'throughput vs sync':28}" + "".join(f"{it[0] / it[k]:11.2f}x" for k in names))
 print(f"{'generate step ms (rank 1)':28}" + "".join(f"{gen[k]:12.1f}" for k in names))
 print(f"{'rank 0 steps ms':28}" + "".join(f"{train[k]:12.1f}" for k in names))
+print(f"{'lockstep floor ms':28}" + "".join(f"{side[k]:12.1f}" for k in names))
+print(f"{'sync / lockstep floor':28}" + "".join(f"{it[0] / side[k]:11.2f}x" for k in names))
+print(f"{'decoupled floor ms':28}" + "".join(f"{max(gen[k], train[k]):12.1f}" for k in names))
+print(f"{'sync / decoupled floor':28}" + "".join(f"{it[0] / max(gen[k], train[k]):11.2f}x" for k in names))
 print(f"{'engine forwards / rollout':28}" + "".join(f"{fw[k]:12.0f}" for k in names))
 print(f"{'mean staleness (versions)':28}" + "".join(f"{st[k]:12.2f}" for k in names))
 curves = {k: [(x["iteration"], x["eval_reward"]) for x in rows(k, rounds) if "eval_reward" in x]
