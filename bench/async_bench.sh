@@ -92,18 +92,15 @@ def steps(x):
     return {k: v for k, v in x.items() if k.startswith("ms_step_")}
 it = {k: med(k, lambda x: x["iteration_ms"]) for k in names}
 gen = {k: med(k, lambda x, g=kinds(k)[0]: x.get(g)) for k in names}
-train = {k: med(k, lambda x, g=kinds(k): sum(v for s, v in steps(x).items()
-                                              if s != g[0] and s not in g[1]))
-         for k in names}
+def rank0(x, g):  # rank 0's steps: all but the generate step and the sides
+    return sum(v for s, v in steps(x).items() if s != g[0] and s not in g[1])
+train = {k: med(k, lambda x, g=kinds(k): rank0(x, g)) for k in names}
 # Each iteration's longer side: generation (rank 1) or rank 0's steps. In
 # lockstep (every iteration ends on both ranks together) no overlap can be
 # shorter: its median is the schedule's floor (the rest of the iteration is
 # the reshard, the rows' moves and the waits). A queue between the sides
 # instead would come to about the longer of the two sides' medians.
-side = {k: med(k, lambda x, g=kinds(k): max(x.get(g[0]) or 0.0,
-                                              sum(v for s, v in steps(x).items()
-                                                  if s != g[0] and s not in g[1])))
-        for k in names}
+side = {k: med(k, lambda x, g=kinds(k): max(x.get(g[0]) or 0.0, rank0(x, g))) for k in names}
 fw = {k: med(k, lambda x: x.get("rollout_forwards")) for k in names}
 st = {k: med(k, lambda x: x.get("staleness_mean")) for k in names}
 print(f"{'':28}" + "".join(f"{names[k]:>12}" for k in names))
