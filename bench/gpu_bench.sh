@@ -254,8 +254,9 @@ offload_check() {
 }
 
 FAILED=0
-# One of hflow-gpu-kernels' sets of cases (CASES: paged, packed or optim), checked
-# and timed on the GPU into WORK/FILE; NAME is what the lines call it.
+# One of hflow-gpu-kernels' sets of cases (CASES: paged, packed, optim or
+# norm), checked and timed on the GPU into WORK/FILE; NAME is what the lines
+# call it.
 kernel_check() {
   local name="$1" cases="$2" file="$3" what="$4" t
   say "$name: checked and timed against $what"
@@ -269,11 +270,13 @@ kernel_check() {
 # packed passes' attention (the flash kernel on variable-length segments)
 # against the padded rows' ATen path, forward and backward. Then LibTorch's
 # fused AdamW against the per-operation update, one step of Qwen2.5-0.5B's
-# and 1.5B's parameters each way.
+# and 1.5B's parameters each way. Then the models' RMSNorm (at::rms_norm)
+# against transformers' chain, a packed pass's norm forward and backward.
 if [ "$DEVICE" = cuda ] && [ -x "$BIN/hflow-gpu-kernels" ]; then
   kernel_check "the paged decode kernel" paged kernels.txt "the ATen path"
   kernel_check "the packed passes' attention" packed packed-kernels.txt "the padded rows"
   kernel_check "the fused AdamW" optim optim-kernels.txt "the per-operation update"
+  kernel_check "the RMSNorm" norm norm-kernels.txt "transformers' chain"
 fi
 first=1
 for shape in $SHAPES; do

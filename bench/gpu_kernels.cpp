@@ -1,6 +1,6 @@
 //===- gpu_kernels.cpp - the project's CUDA kernels against references ------===//
 //
-// hflow-gpu-kernels [--device cpu|cuda] [--time]
+// hflow-gpu-kernels [--device cpu|cuda] [--cases SET] [--time]
 //
 // The paged decode attention (runtime/models/PagedAttention.h) as the
 // rollout engine calls it: a KV pool with scattered block tables, rows of
@@ -41,7 +41,11 @@
 // for the device (Debian's 1.13). With --time on a GPU, one step at
 // Qwen2.5-0.5B's and Qwen2.5-1.5B's parameters (bf16, float32 masters) both ways.
 //
-// --cases paged, packed or optim runs one set alone (gpu-test checks them
+// Then the models' RMSNorm (rmsNorm: LibTorch's at::rms_norm from 2.4, the
+// weight applied after its rounding) against transformers' LlamaRMSNorm
+// operation by operation, forward and gradients (normCases).
+//
+// --cases paged, packed, optim or norm runs one set alone (gpu-test checks them
 // apart, so that a failure of one is not taken for another's). Prints a
 // line per case and ends "N passed, N failed"; exits 1 on a failure.
 //
@@ -567,6 +571,147 @@ void optimCases(const std::string &device, bool time, int &passed, int &failed) 
   }
 }
 
+/// Whether rmsNorm takes LibTorch's at::rms_norm (from 2.4; Llama.cpp).
+constexpr bool kAtenRmsNorm =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+/// transformers' LlamaRMSNorm, operation by operation: the reference the
+/// model's rmsNorm must match.
+at::Tensor rmsNormChain(const at::Tensor &x, const at::Tensor &w, double eps) {
+  const at::Tensor f = x.to(at::kFloat);
+  return w * (f * at::rsqrt(f.pow(2).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+
+/// The model's RMSNorm (rmsNorm, LibTorch's at::rms_norm where it has one)
+/// against the chain above, forward and the gradients of the input and the
+/// weight: f32 within 1e-6 of the output's largest value and gradients
+/// within 1e-5 of theirs; 16-bit all but 1e-3 (f16 4e-3) of the outputs bit
+/// for bit the chain's and every one within two units in the last place
+/// (the normalised value may round the other way where the float32
+/// statistics differ in their last bit, and the weight's product rounds
+/// again), and gradients within 2e-2 (bf16) or 4e-3 (f16) of their
+/// largest. Each 16-bit case also requires the criterion to reject the
+/// weight applied before the rounding (a quarter of the outputs differ). Without at::rms_norm (Debian's 1.13) rmsNorm is the chain
+/// itself: the check's dry run. With --time on a GPU, forward and backward
+/// of a packed pass's norm (16,384 tokens of 4,096, bf16) both ways.
+void normCases(const std::string &device, bool time, int &passed, int &failed) {
+  c10::InferenceMode autograd(false);
+  if (!kAtenRmsNorm)
+    std::printf("RMSNorm: this build's LibTorch (%s) has no at::rms_norm: the chain against "
+                "itself (the check's dry run)\n",
+                TORCH_VERSION);
+  struct NormCase {
+    const char *name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+  };
+  const double eps = 1e-6;
+  for (const NormCase &c :
+       {NormCase{"qwen2.5-0.5b width, f32", {7, 896}, at::kFloat},
+        NormCase{"qwen2.5-0.5b width, bf16", {7, 896}, at::kBFloat16},
+        NormCase{"llama3-8b width, bf16", {64, 4096}, at::kBFloat16},
+        NormCase{"qwen3 heads (per-head norm), bf16", {3, 5, 16, 128}, at::kBFloat16},
+        NormCase{"odd width 1003, bf16", {9, 1003}, at::kBFloat16},
+        NormCase{"llama3-8b width, f16", {64, 4096}, at::kHalf}}) {
+    if (c.dtype == at::kHalf && device == "cpu") { // (no f16 arithmetic in Debian's LibTorch)
+      std::printf("skipped: RMSNorm, %s: f16 on a GPU only\n", c.name);
+      continue;
+    }
+    at::manual_seed(11);
+    // Rows of different scales, as a residual stream's.
+    std::vector<int64_t> perRow(c.shape.size(), 1);
+    perRow[0] = c.shape.front();
+    const at::Tensor x0 = (at::randn(c.shape, onEngine(at::kFloat)) *
+                           at::exp(at::randn(perRow, onEngine(at::kFloat))))
+                              .to(c.dtype);
+    const at::Tensor w0 =
+        (1 + 0.1 * at::randn({c.shape.back()}, onEngine(at::kFloat))).to(c.dtype);
+    const at::Tensor g = at::randn(c.shape, onEngine(at::kFloat)).to(c.dtype);
+    auto run = [&](bool model) {
+      at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor y = model ? rmsNorm(x, w, eps) : rmsNormChain(x, w, eps);
+      (y.to(at::kFloat) * g.to(at::kFloat)).sum().backward();
+      return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad()};
+    };
+    const std::vector<at::Tensor> got = run(true), want = run(false);
+    // Forward: f32 against the largest value. 16-bit: the share of outputs
+    // not bit for bit the chain's (at most 1e-3, f16 4e-3: where the float32
+    // statistics differ in their last bit, a normalised value next to a
+    // rounding boundary rounds the other way), and the largest difference
+    // in units of the last place of the chain's value (2^(e - 7) for bf16,
+    // 2^(e - 10) for f16, |value| in [2^e, 2^(e+1)); at most 2: the
+    // weight's product rounds again).
+    const at::Tensor yw = want[0].to(at::kDouble);
+    double eY = 0, tolY = 1e-6, shared = 0, wrongShare = 1;
+    auto unequal = [&](const at::Tensor &y) {
+      return y.to(at::kDouble).ne(yw).to(at::kDouble).mean().item<double>();
+    };
+    if (c.dtype == at::kFloat) {
+      eY = (got[0].to(at::kDouble) - yw).abs().max().item<double>() / yw.abs().max().item<double>();
+    } else {
+      tolY = 2.0;
+      const double bits = c.dtype == at::kBFloat16 ? 7 : 10;
+      const at::Tensor unit = at::exp2(at::floor(at::log2(yw.abs().clamp_min(1e-30))) - bits);
+      eY = ((got[0].to(at::kDouble) - yw).abs() / unit).max().item<double>();
+      shared = unequal(got[0]);
+      // The check must tell apart the weight applied before the rounding
+      // (what the fused kernel does given the weight): it rounds once where
+      // the chain rounds twice.
+      const at::Tensor f = x0.to(at::kFloat);
+      wrongShare = unequal(
+          (f * at::rsqrt(f.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w0.to(at::kFloat))
+              .to(c.dtype));
+    }
+    // (f16 keeps three more bits than bf16: a boundary within the same
+    // float32 distance is eight times as likely.)
+    const double tolShare = c.dtype == at::kHalf ? 4e-3 : 1e-3;
+    const double tolG = c.dtype == at::kFloat ? 1e-5 : c.dtype == at::kBFloat16 ? 2e-2 : 4e-3;
+    auto rel = [](const at::Tensor &a, const at::Tensor &b) {
+      const at::Tensor bd = b.to(at::kDouble);
+      return (a.to(at::kDouble) - bd).abs().max().item<double>() / bd.abs().max().item<double>();
+    };
+    const double eX = rel(got[1], want[1]), eW = rel(got[2], want[2]);
+    const bool sameType = got[0].scalar_type() == c.dtype;
+    const bool ok = sameType && eY <= tolY && shared <= tolShare && wrongShare > tolShare &&
+                    eX <= tolG && eW <= tolG;
+    (ok ? passed : failed)++;
+    char share[160] = "";
+    if (c.dtype != at::kFloat)
+      std::snprintf(share, sizeof share,
+                    ", %.1e of the outputs not the chain's bit for bit (tolerance %.0e; the "
+                    "weight before the rounding: %.2f)",
+                    shared, tolShare, wrongShare);
+    std::printf("%s: RMSNorm, %s: %s: output %.2g %s (tolerance %g)%s, input gradient %.1e, "
+                "weight gradient %.1e (tolerance %.0e)%s%s\n",
+                ok ? "passed" : "FAILED", c.name,
+                kAtenRmsNorm ? "at::rms_norm then the weight" : "the chain", eY,
+                c.dtype == at::kFloat ? "of the largest" : "units in the last place", tolY, share,
+                eX, eW, tolG, sameType ? "" : "; the output is not in the input's type",
+                wrongShare > tolShare ? "" : "; the check cannot tell the weight's place");
+  }
+  if (!time || device != "cuda")
+    return;
+  // A packed pass's norm: 16,384 tokens of Llama-3-8B's width, bf16,
+  // forward and backward, each way.
+  at::manual_seed(12);
+  const at::Tensor x0 = at::randn({16384, 4096}, onEngine(at::kBFloat16));
+  const at::Tensor w0 = at::ones({4096}, onEngine(at::kBFloat16));
+  const at::Tensor g = at::randn({16384, 4096}, onEngine(at::kBFloat16));
+  double ms[2] = {0, 0};
+  for (int m = 0; m < 2; ++m) {
+    auto once = [&] {
+      at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor y = m == 1 ? rmsNorm(x, w, eps) : rmsNormChain(x, w, eps);
+      y.backward(g);
+      return x.grad();
+    };
+    ms[m] = msPerCall(once, 20);
+  }
+  std::printf("time: RMSNorm forward and backward, 16384 x 4096 bf16: the model's %.3f ms "
+              "(%s), the chain %.3f ms (%.2fx the model's)\n",
+              ms[1], kAtenRmsNorm ? "at::rms_norm" : "the chain", ms[0], ms[0] / ms[1]);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -584,13 +729,15 @@ int main(int argc, char **argv) {
         time = true;
       else if (arg == "--help" || arg == "-h") {
         std::printf("usage: hflow-gpu-kernels [--device cpu|cuda] "
-                    "[--cases paged|packed|optim|all] [--time]\n"
+                    "[--cases paged|packed|optim|norm|all] [--time]\n"
                     "  paged: the paged decode kernel against the ATen path and a float64 "
                     "brute force;\n"
                     "  packed: the packed passes' attention (flash varlen on cuda in 16-bit),\n"
                     "  forward and gradients, against a float64 brute force;\n"
                     "  optim: the fused AdamW (HFLOW_FUSED_OPTIMIZER) against the "
                     "per-operation update;\n"
+                    "  norm: the models' RMSNorm (LibTorch's at::rms_norm where it has one)\n"
+                    "  against transformers' operation-by-operation chain;\n"
                     "  all (the default): every set;\n"
                     "  --time: each path timed at the benchmarks' shapes (cuda)\n");
         return 0;
@@ -599,8 +746,10 @@ int main(int argc, char **argv) {
     }
     if (device != "cpu" && device != "cuda")
       throw std::invalid_argument("--device is cpu or cuda, not '" + device + "'");
-    if (which != "paged" && which != "packed" && which != "optim" && which != "all")
-      throw std::invalid_argument("--cases is paged, packed, optim or all, not '" + which + "'");
+    if (which != "paged" && which != "packed" && which != "optim" && which != "norm" &&
+        which != "all")
+      throw std::invalid_argument("--cases is paged, packed, optim, norm or all, not '" + which +
+                                  "'");
     // attendInPlace's gate, read once: set before the first step.
     setenv("HFLOW_ATTENTION", "paged", 1);
     if (device == "cuda") {
@@ -609,13 +758,14 @@ int main(int argc, char **argv) {
     }
     c10::InferenceMode guard;
     int passed = 0, failed = 0;
-    if (which == "packed" || which == "optim") {
-      // One set alone: neither needs the paged kernel.
-      const bool packed = which == "packed";
+    if (which == "packed" || which == "optim" || which == "norm") {
+      // One set alone: none needs the paged kernel.
+      const bool packed = which == "packed", optim = which == "optim";
       std::printf("hflow-gpu-kernels: %s, %s\n", device.c_str(),
-                  packed ? "the packed passes' attention against a brute force"
-                         : "the fused AdamW against the per-operation update");
-      (packed ? packedCases : optimCases)(device, time, passed, failed);
+                  packed  ? "the packed passes' attention against a brute force"
+                  : optim ? "the fused AdamW against the per-operation update"
+                          : "the models' RMSNorm against transformers' chain");
+      (packed ? packedCases : optim ? optimCases : normCases)(device, time, passed, failed);
       std::printf("%d passed, %d failed\n", passed, failed);
       return failed == 0 ? 0 : 1;
     }
@@ -714,6 +864,7 @@ int main(int argc, char **argv) {
     if (which == "all") {
       packedCases(device, time, passed, failed);
       optimCases(device, time, passed, failed);
+      normCases(device, time, passed, failed);
     }
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

@@ -522,12 +522,21 @@ void Llama::copyFrom(const Llama &other) {
 }
 
 at::Tensor rmsNorm(const at::Tensor &x, const at::Tensor &w, double eps) {
+  // transformers' LlamaRMSNorm: the statistics and the scaling in float32,
+  // back to the input's type, then the weight. LibTorch's at::rms_norm
+  // (from 2.4; one fused kernel on CUDA in later versions, where the chain
+  // below is seven) computes the same and returns the input's type; given
+  // the weight, its fused kernel would apply it before that rounding, so
+  // the weight comes after it here (hflow-gpu-kernels --cases norm checks
+  // it against the chain). Without it, the chain itself.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return w * at::rms_norm(x, {x.size(-1)}, {}, eps);
+#else
   if (x.scalar_type() == at::kFloat)
     return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
-  // 16-bit: the statistics and the scaling in float32, then back to the
-  // input's type before the weight (transformers' LlamaRMSNorm).
   at::Tensor f = x.to(at::kFloat);
   return w * (f * at::rsqrt(f.pow(2).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type());
+#endif
 }
 
 at::Tensor rotateHalf(const at::Tensor &x) {
