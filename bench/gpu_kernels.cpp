@@ -591,9 +591,10 @@ at::Tensor rmsNormChain(const at::Tensor &x, const at::Tensor &w, double eps) {
 /// statistics differ in their last bit, and the weight's product rounds
 /// again), and gradients within 2e-2 (bf16) or 4e-3 (f16) of their
 /// largest. Each 16-bit case also requires the criterion to reject the
-/// weight applied before the rounding (a quarter of the outputs differ). Without at::rms_norm (Debian's 1.13) rmsNorm is the chain
-/// itself: the check's dry run. With --time on a GPU, forward and backward
-/// of a packed pass's norm (16,384 tokens of 4,096, bf16) both ways.
+/// weight applied before the rounding (a quarter of the outputs differ).
+/// Without at::rms_norm (Debian's 1.13) rmsNorm is the chain itself: the
+/// check's dry run. With --time on a GPU, forward and backward of a packed
+/// pass's norm (16,384 tokens of 4,096, bf16) both ways.
 void normCases(const std::string &device, bool time, int &passed, int &failed) {
   c10::InferenceMode autograd(false);
   if (!kAtenRmsNorm)
@@ -642,7 +643,7 @@ void normCases(const std::string &device, bool time, int &passed, int &failed) {
     // 2^(e - 10) for f16, |value| in [2^e, 2^(e+1)); at most 2: the
     // weight's product rounds again).
     const at::Tensor yw = want[0].to(at::kDouble);
-    double eY = 0, tolY = 1e-6, shared = 0, wrongShare = 1;
+    double eY = 0, tolY = 1e-6, unequalShare = 0, wrongShare = 1;
     auto unequal = [&](const at::Tensor &y) {
       return y.to(at::kDouble).ne(yw).to(at::kDouble).mean().item<double>();
     };
@@ -653,7 +654,7 @@ void normCases(const std::string &device, bool time, int &passed, int &failed) {
       const double bits = c.dtype == at::kBFloat16 ? 7 : 10;
       const at::Tensor unit = at::exp2(at::floor(at::log2(yw.abs().clamp_min(1e-30))) - bits);
       eY = ((got[0].to(at::kDouble) - yw).abs() / unit).max().item<double>();
-      shared = unequal(got[0]);
+      unequalShare = unequal(got[0]);
       // The check must tell apart the weight applied before the rounding
       // (what the fused kernel does given the weight): it rounds once where
       // the chain rounds twice.
@@ -672,7 +673,7 @@ void normCases(const std::string &device, bool time, int &passed, int &failed) {
     };
     const double eX = rel(got[1], want[1]), eW = rel(got[2], want[2]);
     const bool sameType = got[0].scalar_type() == c.dtype;
-    const bool ok = sameType && eY <= tolY && shared <= tolShare && wrongShare > tolShare &&
+    const bool ok = sameType && eY <= tolY && unequalShare <= tolShare && wrongShare > tolShare &&
                     eX <= tolG && eW <= tolG;
     (ok ? passed : failed)++;
     char share[160] = "";
@@ -680,7 +681,7 @@ void normCases(const std::string &device, bool time, int &passed, int &failed) {
       std::snprintf(share, sizeof share,
                     ", %.1e of the outputs not the chain's bit for bit (tolerance %.0e; the "
                     "weight before the rounding: %.2f)",
-                    shared, tolShare, wrongShare);
+                    unequalShare, tolShare, wrongShare);
     std::printf("%s: RMSNorm, %s: %s: output %.2g %s (tolerance %g)%s, input gradient %.1e, "
                 "weight gradient %.1e (tolerance %.0e)%s%s\n",
                 ok ? "passed" : "FAILED", c.name,
