@@ -18,6 +18,11 @@
 // leaves at most J calls after it came, so a token is delivered at most J
 // iterations after its sampling and the bound is U·(L + J + 1) - 1.
 //
+// `off_policy: 2` queues one rollout between generation and training
+// (L = 2): generation on ranks of its own runs two iterations ahead and
+// neither side waits on the other but for the weights and the rows it
+// needs; it is declared, never picked for a staleness.
+//
 // `staleness: k` declares the largest bound the run may have. hflowc then
 // picks the most asynchronous schedule within it (the rollout one
 // iteration ahead when the flow can run it so and U·2 - 1 <= k; then the
@@ -130,7 +135,9 @@ void TrainChecker::checkStaleness(ast::TrainDecl &t) {
       auto it = r.numbers.find("routing_replay");
       replay = it != r.numbers.end() && it->second != 0;
     }
-    if (J > 0 && !replay && canRunAhead(t, false, /*apart=*/false))
+    // (Not yet with the rollout two iterations ahead: its queue holds
+    // whole rollouts.)
+    if (J > 0 && !replay && L <= 1 && canRunAhead(t, false, /*apart=*/false))
       t.partialHorizon = J;
   }
   t.stalenessBound = U * (L + t.partialHorizon + 1) - 1;
@@ -152,8 +159,11 @@ void TrainChecker::checkStaleness(ast::TrainDecl &t) {
                                         std::to_string(c.epochs * c.minibatches) +
                                         " optimizer step(s) per rollout"});
   if (L > 0)
-    d.notes.push_back({t.offPolicyLoc, "off_policy: 1 trains each rollout one iteration (" +
-                                           std::to_string(U) +
+    d.notes.push_back({t.offPolicyLoc, "off_policy: " + std::to_string(L) +
+                                           " trains each rollout " +
+                                           (L == 1 ? std::string("one iteration (")
+                                                   : std::to_string(L) + " iterations (") +
+                                           std::to_string(U * L) +
                                            " versions) after its weights were taken"});
   d.notes.push_back({t.loc, "n and the generation replicas add nothing: a minibatch counts "
                             "prompts, and every replica takes the new weights at once; "

@@ -155,10 +155,12 @@ void TrainChecker::checkTrain(ast::TrainDecl &t) {
   if (auto it = props.find("off_policy"); it != props.end()) {
     const Expr &v = *it->second->value;
     t.offPolicyLoc = v.loc;
-    if (v.kind != Expr::Kind::Int || v.intValue > 1)
+    if (v.kind != Expr::Kind::Int || v.intValue < 0 || v.intValue > 2)
       diags_.error(v.loc, "off_policy takes 0 (every rollout uses the latest "
-                          "weights) or 1 (the rollout of step k+1 runs while step k "
-                          "trains, one update behind)");
+                          "weights), 1 (the rollout of step k+1 runs while step k "
+                          "trains, one update behind) or 2 (the rollout of step k+2 "
+                          "runs while step k trains, two updates behind, one rollout "
+                          "queued between generation and training)");
     else
       t.offPolicy = v.intValue;
   }
@@ -325,9 +327,10 @@ bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needAp
             if (p.name == a.value->text)
               ++promptUses[p.name];
     });
+  const std::string decl = "off_policy: " + std::to_string(std::max<int64_t>(1, t.offPolicy));
   if (gens.size() != 1) {
     if (report)
-      diags_.error(t.offPolicyLoc, "off_policy: 1 needs exactly one generate call in flow '" +
+      diags_.error(t.offPolicyLoc, decl + " needs exactly one generate call in flow '" +
                                        t.flow + "', which has " + std::to_string(gens.size()));
     return false;
   }
@@ -337,8 +340,8 @@ bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needAp
     if (uses > 1) {
       ok = false;
       if (report)
-        diags_.error(t.offPolicyLoc, "off_policy: 1 runs " + gen.receiver +
-                                         ".generate one step ahead, so it must be the only "
+        diags_.error(t.offPolicyLoc, decl + " runs " + gen.receiver +
+                                         ".generate " + (t.offPolicy == 2 ? "two steps" : "one step") + " ahead, so it must be the only "
                                          "call that reads '" + name + "' (read " +
                                          std::to_string(uses) + " times)")
             .notes.push_back({gen.loc, "the generate call"});
@@ -350,7 +353,7 @@ bool TrainChecker::canRunAhead(const ast::TrainDecl &t, bool report, bool needAp
     if (q.phase == "generate" && !q.roles.empty() && q.roles[0].first == gen.receiver)
       apart = true;
   if (!apart && report)
-    diags_.error(t.offPolicyLoc, "off_policy: 1 overlaps " + gen.receiver +
+    diags_.error(t.offPolicyLoc, decl + " overlaps " + gen.receiver +
                                      "'s rollout with its training, which needs the "
                                      "rollout on devices of its own: add `place " +
                                      gen.receiver + ".generate on MESH[a:b]`")

@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <array>
 #include <map>
@@ -77,9 +78,9 @@ struct PhaseRt : PhaseShape {
   std::unique_ptr<data::Sampler> sampler;
   std::vector<Xfer> xfers;
   double rolloutTemp = 1.0;
-  // off_policy: 1 (one-step off-policy pipelining): the generate step, the
-  // reshard before it and its check run one iteration ahead; `carry` is
-  // the rollout they made for the next iteration (on the generation ranks).
+  // off_policy L (1 or 2): the generate step, the reshard before it and
+  // its check run L iterations ahead; `carry` holds the rollouts they made
+  // for the next L iterations, oldest first (on the generation ranks).
   int offPolicy = 0;
   /// The declared staleness and the plan's bound (-1: none): every token
   /// an actor's optimizer step reads is checked against the bound.
@@ -91,7 +92,17 @@ struct PhaseRt : PhaseShape {
   int partialHorizon = 0;
   std::optional<Val> leads;
   int genCheckStep = -1, reshardStep = -1; // (genStep: PhaseShape's)
-  std::optional<Val> carry;
+  std::deque<Val> carry;
+  /// off_policy 2 (the queue): a rollout's rows leave for the training
+  /// ranks when it is made, sends posted and waited on later. The first
+  /// `carryPosted` of `carry` are posted (a resumed run posts them again);
+  /// `posted`: the sends in flight, oldest first, with their buffers.
+  size_t carryPosted = 0;
+  struct PostedRows {
+    std::vector<std::unique_ptr<comm::PendingOp>> ops;
+    std::vector<at::Tensor> bufs;
+  };
+  std::deque<PostedRows> posted;
   /// routing_replay: a rollout's route numbers per position (the actor's
   /// layers x experts per token; 0: no routing is recorded or replayed).
   int64_t routeWidth = 0;
@@ -197,6 +208,22 @@ struct Comms {
   std::unique_ptr<Communicator> world;
   std::map<int, std::unique_ptr<Communicator>> groups; // plan group -> comm
   std::map<int, Communicator *> byGroup;
+  /// The queue (a phase with off_policy 2): the rollouts' rows and the
+  /// metrics rows posted to rank 0, each stream on a communicator of its
+  /// own over the world, so that its messages between two ranks match in
+  /// the order posted on any backend (NCCL matches a pair's messages in
+  /// order, whatever their tags). Null without such a phase.
+  std::unique_ptr<Communicator> queueRows, lateRows;
+  /// Every communicator's counters added.
+  comm::CommStats stats() const {
+    comm::CommStats cs = world->stats();
+    for (auto &[g, c] : groups)
+      cs += c->stats();
+    for (const auto *c : {queueRows.get(), lateRows.get()})
+      if (c)
+        cs += c->stats();
+    return cs;
+  }
 };
 
 /// One call of a role method: the step, its role and its inputs.

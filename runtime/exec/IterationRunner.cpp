@@ -103,25 +103,36 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
     for (int s : ints(p_.schedules()->Get(r)->steps()))
       if (s >= ph.first && s < ph.first + ph.count)
         ++progress_.plannedSteps;
-  // off_policy: the rollout this iteration trains on was made the
-  // iteration before (or by runRolloutAhead); the generate step makes the
-  // next iteration's from the next prompts, with the weights the reshard
-  // brings now (one update behind), while the rest of the flow trains. The
-  // last iteration makes none.
-  const bool ahead = ph.offPolicy > 0;
-  const bool makeNext = !ahead || it + 1 < ph.iterations;
-  if (ahead) {
+  // off_policy L: the rollout this iteration trains on was made L
+  // iterations before (or by runAhead); the generate step makes the one of
+  // iteration it + L from the next prompts, with the weights the reshard
+  // brings now (L updates behind), while the rest of the flow trains. The
+  // last L iterations make none.
+  const int L = ph.offPolicy;
+  const bool ahead = L > 0, queued = L >= 2;
+  const bool makeNext = !ahead || it + L < ph.iterations;
+  if (ahead && queued) {
+    // The queue: its rows left the generation ranks when it was made (a
+    // resumed run posts them again); the training ranks take them now.
+    progress_.activity = "receiving the rollout made two iterations ahead";
+    postCarried(ph);
+    receiveCarried(ph);
+    if (!ph.carry.empty()) {
+      ph.carry.pop_front();
+      --ph.carryPosted;
+    }
+  } else if (ahead) {
     progress_.activity = "sending the rollout made one iteration ahead";
-    if (ph.carry) {
-      vals_[ph.rolloutValue] = std::move(*ph.carry);
-      ph.carry.reset();
+    if (!ph.carry.empty()) {
+      vals_[ph.rolloutValue] = std::move(ph.carry.front());
+      ph.carry.pop_front();
     }
     // Its rows leave the generation ranks at once: the training ranks need
     // them while this rank generates the next rollout.
     moveRows(ph, -1, /*early=*/true);
-    if (!makeNext)
-      progress_.plannedSteps -= setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   }
+  if (ahead && !makeNext)
+    progress_.plannedSteps -= setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
   if (makeNext) {
     const std::vector<int64_t> ids = nextPrompts(ph);
     for (int s = ph.first; s < ph.first + ph.count; ++s)
@@ -159,17 +170,21 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
       if (!ph.streamSteps.empty() && s == ph.genStep) {
         generateStreaming(ph, s, it);
       } else if (ahead && s == ph.genStep) {
-        // The next iteration's rollout; this one's stays in place.
+        // The rollout of iteration it + L; this one's stays in place.
         std::optional<Val> current;
         if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
           current = std::move(v->second);
           vals_.erase(v);
         }
-        runStep(ph, s, it + 1, " (ahead)");
-        ph.carry = std::move(vals_.at(ph.rolloutValue));
+        if (queued) // the training ranks took the rows of this iteration's
+          settlePosted(ph, 1);
+        runStep(ph, s, it + L, " (ahead)");
+        ph.carry.push_back(std::move(vals_.at(ph.rolloutValue)));
         vals_.erase(ph.rolloutValue);
         if (current)
           vals_[ph.rolloutValue] = std::move(*current);
+        if (queued)
+          postCarried(ph);
       } else {
         runStep(ph, s, it, "");
       }
@@ -201,14 +216,22 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
   if (evalNow)
     evaluator_.evaluate(ph.name, it);
   progress_.activity = "gathering the iteration's metrics";
-  report_.gather(ph, it, msSince(t0), evalNow);
+  // The queue: no rank waits for the others' iteration; their rows reach
+  // rank 0 two iterations later (every row, before a checkpoint).
+  if (queued)
+    report_.gatherLate(ph, it, msSince(t0), evalNow, /*lag=*/2);
+  else
+    report_.gather(ph, it, msSince(t0), evalNow);
   ++progress_.globalIter;
   if (j_.rank == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION_RANK", -1) &&
       progress_.globalIter == envInt("HFLOW_TEST_CRASH_AFTER_ITERATION", -1))
     std::abort(); // fault injection for tests: a worker dies mid-run
   progress_.activity = "saving checkpoint " + std::to_string(progress_.globalIter) + " in '" + ck_.dir() + "'";
-  if (ck_.due(progress_.globalIter))
+  if (ck_.due(progress_.globalIter)) {
+    if (queued)
+      report_.flushLate();
     state_.save();
+  }
   progress_.activity.clear();
 }
 
@@ -308,8 +331,11 @@ void IterationRunner::runStep(PhaseRt &ph, int s, int64_t it, const char *suffix
     controller_.runBuiltin(ph, s);
     break;
   case StepKind::Reshard:
+    // The queue (off_policy 2): the training ranks post the weights and go
+    // on; the generation ranks take them when they start the rollout.
     record_.digests[s] = resharder_.run(*p_.reshards()->Get(st.reshard()), roles_,
-                                        record_.sums ? &*record_.sums : nullptr);
+                                        record_.sums ? &*record_.sums : nullptr,
+                                        ph.offPolicy >= 2 && s == ph.reshardStep && !inAhead_);
     break;
   case StepKind::CheckAllGather:
     controller_.runCheck(s);
@@ -360,29 +386,108 @@ void IterationRunner::runAhead(PhaseRt &ph) {
   vals_.clear();
   record_.digests.clear();
   record_.sums.emplace();
-  progress_.plannedSteps += setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep});
-  const std::vector<int64_t> ids = nextPrompts(ph);
-  for (int v : ints(step(ph.genStep).inputs()))
-    if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
-      makePrompts(ph, ids, vals_[v]);
-  drawLeads(ph);
+  // The first L rollouts (as many as the phase has iterations): one
+  // reshard, then each from the next prompts with its iteration's seed.
+  const int64_t made = std::min<int64_t>(ph.offPolicy, ph.iterations);
+  progress_.plannedSteps += setup_.rows->plannedOf({ph.reshardStep, ph.genStep, ph.genCheckStep}) +
+                            (made - 1) * setup_.rows->plannedOf({ph.genStep, ph.genCheckStep});
   auto t0 = Clock::now();
-  for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
-    if (s < 0 || !setup_.mySteps.count(s))
-      continue;
-    progress_.step = s;
-    runStep(ph, s, 0, " (ahead)");
+  inAhead_ = true;
+  for (int64_t k = 0; k < made; ++k) {
+    const std::vector<int64_t> ids = nextPrompts(ph);
+    for (int v : ints(step(ph.genStep).inputs()))
+      if (p_.values()->Get(v)->kind() == BatchKind::Prompts)
+        makePrompts(ph, ids, vals_[v]);
+    if (k == 0)
+      drawLeads(ph);
+    for (int s : {ph.reshardStep, ph.genStep, ph.genCheckStep}) {
+      if (s < 0 || !setup_.mySteps.count(s) || (k > 0 && s == ph.reshardStep))
+        continue;
+      progress_.step = s;
+      runStep(ph, s, k, " (ahead)");
+    }
+    progress_.step = -1;
+    ph.leads.reset();
+    if (auto v = vals_.find(ph.rolloutValue); v != vals_.end()) {
+      ph.carry.push_back(std::move(v->second));
+      vals_.erase(v);
+    }
   }
-  progress_.step = -1;
-  ph.leads.reset();
-  if (auto v = vals_.find(ph.rolloutValue); v != vals_.end())
-    ph.carry = std::move(v->second);
+  inAhead_ = false;
   vals_.clear();
+  if (ph.offPolicy >= 2)
+    postCarried(ph);
   log_.clearBar();
-  if (j_.rank == 0 && !o_.quiet)
-    std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
-                "each rollout is generated while the iteration before trains\n",
-                ph.name.c_str(), ph.offPolicy, msSince(t0));
+  if (j_.rank == 0 && !o_.quiet) {
+    if (ph.offPolicy >= 2)
+      std::printf("[%s] off_policy %d: the first %lld rollouts made ahead in %.0f ms; from now "
+                  "on each rollout is generated two iterations before the one that trains on "
+                  "it, one queued between them\n",
+                  ph.name.c_str(), ph.offPolicy, (long long)made, msSince(t0));
+    else
+      std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
+                  "each rollout is generated while the iteration before trains\n",
+                  ph.name.c_str(), ph.offPolicy, msSince(t0));
+  }
+}
+
+/// The queue (off_policy 2), on a generation rank: posts the rows of the
+/// rollouts in `carry` not yet posted to the ranks that train on them, in
+/// the plan's order of early transfers (the training ranks take them in
+/// that order, rollout after rollout).
+void IterationRunner::postCarried(PhaseRt &ph) {
+  for (; ph.carryPosted < ph.carry.size(); ++ph.carryPosted) {
+    PhaseRt::PostedRows out;
+    for (const Xfer &x : ph.xfers)
+      if (x.early && x.src == j_.rank) {
+        at::Tensor buf = packRows(ph.carry[ph.carryPosted], ph.widths(), x.lo, x.hi);
+        out.ops.push_back(comms_.queueRows->isend(buf, x.dst, kQueuedRowsTag));
+        out.bufs.push_back(std::move(buf));
+      }
+    if (!out.ops.empty())
+      ph.posted.push_back(std::move(out));
+  }
+}
+
+/// The queue, on a training rank: this iteration's rollout rows, as the
+/// generation ranks posted them when they made it (waiting only when its
+/// generation has not ended yet).
+void IterationRunner::receiveCarried(PhaseRt &ph) {
+  for (const Xfer &x : ph.xfers) {
+    if (!x.early || x.dst != j_.rank)
+      continue;
+    const BatchKind k = p_.values()->Get(x.value)->kind();
+    at::Tensor buf =
+        at::empty({packedBytes(k, ph.widths(), x.hi - x.lo)}, models::onEngine(at::kByte));
+    auto tw = Clock::now();
+    comms_.queueRows->recvAny(buf, {x.src}, kQueuedRowsTag);
+    trace_.span("rows of the queued rollout", TraceRecorder::kCommunication, tw);
+    auto it = vals_.find(x.value);
+    if (it == vals_.end())
+      it = vals_.emplace(x.value, makeVal(k, setup_.rows->rowsOfValue(ph, x.value), ph.widths()))
+               .first;
+    unpackRows(it->second, ph.widths(), x.lo, x.hi, buf);
+  }
+}
+
+/// The queue: waits for the oldest posted rows until at most `keep` are
+/// in flight (their receivers took them; their buffers go).
+void IterationRunner::settlePosted(PhaseRt &ph, size_t keep) {
+  while (ph.posted.size() > keep) {
+    for (auto &op : ph.posted.front().ops)
+      op->wait();
+    ph.posted.pop_front();
+  }
+}
+
+void IterationRunner::endPhase(PhaseRt &ph) {
+  if (ph.offPolicy < 2)
+    return;
+  progress_.activity = "settling the queue's last messages";
+  settlePosted(ph, 0);
+  resharder_.settle();
+  report_.flushLate();
+  progress_.activity.clear();
 }
 
 } // namespace hflow::exec

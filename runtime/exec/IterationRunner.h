@@ -56,6 +56,9 @@ public:
   /// off_policy: the phase's first rollout, before its first iteration:
   /// the reshard, the generate step and its check, on the first prompts.
   void runAhead(PhaseRt &ph);
+  /// After the phase's last iteration: the queue's sends in flight
+  /// (off_policy 2) settled and its last metrics rows recorded.
+  void endPhase(PhaseRt &ph);
 
 private:
   std::vector<int64_t> nextPrompts(PhaseRt &ph);
@@ -65,6 +68,13 @@ private:
   void drawLeads(PhaseRt &ph);
   void makePrompts(PhaseRt &ph, const std::vector<int64_t> &ids, Val &out);
   void moveRows(PhaseRt &ph, int s, bool early);
+  // The queue (off_policy 2): rows posted when a rollout is made, taken
+  // when its iteration starts.
+  static constexpr int kQueuedRowsTag = 5;
+  void postCarried(PhaseRt &ph);
+  void receiveCarried(PhaseRt &ph);
+  void settlePosted(PhaseRt &ph, size_t keep);
+  bool inAhead_ = false; // runAhead: its reshard is a plain exchange
   void runStep(PhaseRt &ph, int s, int64_t it, const char *suffix, StreamOut *stream = nullptr);
   void runCompute(PhaseRt &ph, int s, int64_t it, StreamOut *stream = nullptr,
                   std::optional<Span> chunk = std::nullopt);

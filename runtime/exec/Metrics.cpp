@@ -27,11 +27,9 @@ using namespace hflow::plan;
 constexpr int kBytesSent = MetricSums::kCount, kIterationMs = MetricSums::kCount + 2,
               kSteps = MetricSums::kCount + 3;
 
-/// Sums every rank's metrics on rank 0, which records them (RunLog).
-void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
-  comm::CommStats cs = comms_.world->stats();
-  for (auto &[g, c] : comms_.groups)
-    cs += c->stats();
+/// This rank's row of iteration `it` (`ms` long), on the engine's device.
+at::Tensor MetricsReport::rowOf(int64_t it, double ms) {
+  const comm::CommStats cs = comms_.stats();
   // The page faults of this rank's process during the iteration (the
   // kernel's work of mapping memory the allocator returned and took back).
   if (it >= 0 && record_.sums.has_value())
@@ -41,13 +39,92 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   row.push_back((double)cs.bytesReceived);
   row.push_back(ms);
   row.insert(row.end(), record_.stepMs.begin(), record_.stepMs.end());
-  at::Tensor mine = at::from_blob(row.data(), {(int64_t)row.size()},
-                                  at::TensorOptions().dtype(at::kDouble))
-                        .to(models::engineDevice(), /*non_blocking=*/false, /*copy=*/true);
+  return at::from_blob(row.data(), {(int64_t)row.size()}, at::TensorOptions().dtype(at::kDouble))
+      .to(models::engineDevice(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+/// Sums every rank's metrics on rank 0, which records them (RunLog).
+void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
+  at::Tensor mine = rowOf(it, ms);
   // The metrics leave the engine: one copy of every rank's row to the host.
   at::Tensor all = comms_.world->allGatherFlat(mine).cpu().contiguous();
   if (j_.rank != 0)
     return;
+  record(ph, it, all, evalRan, [&] { return actorWeightSum(ph, it); },
+         msSince(progress_.start) / 1000.0);
+}
+
+/// The queue's metrics (off_policy 2): no rank waits for the others'
+/// iteration. Every rank but 0 posts its row to rank 0; rank 0 keeps its
+/// own (with what it reads of its live state now: the actor's weight sum
+/// and the clock) and records iteration it - lag with the rows the others
+/// posted for it, which they did before rank 0 could start iteration it.
+void MetricsReport::gatherLate(PhaseRt &ph, int64_t it, double ms, bool evalRan, size_t lag) {
+  Late l{&ph, it, rowOf(it, ms), evalRan, std::nullopt, msSince(progress_.start) / 1000.0, nullptr};
+  if (j_.rank != 0) {
+    l.sent = comms_.lateRows->isend(l.row, 0, kLateTag);
+    late_.push_back(std::move(l));
+    while (late_.size() > lag + 1) { // rank 0 took them an iteration ago
+      late_.front().sent->wait();
+      late_.pop_front();
+    }
+    return;
+  }
+  l.weightSum = actorWeightSum(ph, it);
+  late_.push_back(std::move(l));
+  while (late_.size() > lag)
+    recordLate();
+}
+
+/// Every row posted so far recorded (before a checkpoint, at a phase's end).
+void MetricsReport::flushLate() {
+  if (j_.rank != 0) {
+    for (Late &l : late_)
+      l.sent->wait();
+    late_.clear();
+    return;
+  }
+  while (!late_.empty())
+    recordLate();
+}
+
+/// Rank 0: the oldest kept row with the other ranks' rows of its iteration.
+void MetricsReport::recordLate() {
+  Late l = std::move(late_.front());
+  late_.pop_front();
+  const int world = comms_.lateRows->size();
+  at::Tensor all = at::empty({world, l.row.numel()}, l.row.options());
+  all[0].copy_(l.row);
+  for (int r = 1; r < world; ++r) {
+    at::Tensor got = at::empty({l.row.numel()}, l.row.options());
+    comms_.lateRows->recvAny(got, {r}, kLateTag);
+    all[r].copy_(got);
+  }
+  const std::optional<double> sum = l.weightSum;
+  record(*l.ph, l.it, all.cpu().contiguous(), l.evalRan, [sum] { return sum; }, l.elapsedS);
+}
+
+/// The actor's weights after iteration `it`, summed (null: no actor trains
+/// on this rank); not finite stops the run.
+std::optional<double> MetricsReport::actorWeightSum(PhaseRt &ph, int64_t it) {
+  for (auto &[r, rr] : roles_)
+    if (role(r).kind() == RoleKind::Actor && (rr.model || rr.holding == Holding::ShardsOnly) &&
+        rr.holding != Holding::GenerationRank) {
+      double s = 0;
+      for (auto &p : rr.lm->parameters())
+        s += p.detach().to(at::kDouble).sum().item<double>();
+      if (!std::isfinite(s))
+        throw RunError("after " + ph.name + " iteration " + std::to_string(it + 1) +
+                       " the weights of " + str(role(r).name()) +
+                       " are not finite (NaN or infinity): training diverged");
+      return s;
+    }
+  return std::nullopt;
+}
+
+/// Rank 0: records iteration `it` from every rank's row (`all`).
+void MetricsReport::record(PhaseRt &ph, int64_t it, const at::Tensor &all, bool evalRan,
+                           std::function<std::optional<double>()> weightSum, double elapsedS) {
   const int64_t ranks = all.size(0), width = all.size(1);
   const double *A = all.data_ptr<double>();
   if (it >= 0) // each rank's time in each step of the iteration (0: not its step)
@@ -73,22 +150,7 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
     f.stepMs.push_back(column(kSteps + k, true));
     f.movesMs.push_back(column(kSteps + ph.count + k, true));
   }
-  f.actorWeightSum = [&]() -> std::optional<double> {
-    // The actor's weights after the iteration: not finite stops the run.
-    for (auto &[r, rr] : roles_)
-      if (role(r).kind() == RoleKind::Actor && (rr.model || rr.holding == Holding::ShardsOnly) &&
-          rr.holding != Holding::GenerationRank) {
-        double s = 0;
-        for (auto &p : rr.lm->parameters())
-          s += p.detach().to(at::kDouble).sum().item<double>();
-        if (!std::isfinite(s))
-          throw RunError("after " + ph.name + " iteration " + std::to_string(it + 1) +
-                         " the weights of " + str(role(r).name()) +
-                         " are not finite (NaN or infinity): training diverged");
-        return s;
-      }
-    return std::nullopt;
-  };
+  f.actorWeightSum = std::move(weightSum);
   IterationPlace at;
   at.phase = ph.name;
   at.it = it;
@@ -110,7 +172,7 @@ void MetricsReport::gather(PhaseRt &ph, int64_t it, double ms, bool evalRan) {
   for (int r = 0; p_.roles() && r < (int)p_.roles()->size() && at.vocab == 0; ++r)
     if (role(r).kind() == RoleKind::Actor && role(r).model() >= 0)
       at.vocab = p_.models()->Get(role(r).model())->vocab();
-  at.elapsedS = msSince(progress_.start) / 1000.0;
+  at.elapsedS = elapsedS;
   log_.record(at, f);
 }
 

@@ -12,7 +12,11 @@
 
 #include "runtime/exec/RoleBuilder.h"
 
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 
 namespace hflow::exec {
 
@@ -36,11 +40,34 @@ public:
   /// Sums every rank's metrics of iteration `it` of `ph` (`ms` long;
   /// `evalRan`: the held-out figures are in) on rank 0, which records them.
   void gather(PhaseRt &ph, int64_t it, double ms, bool evalRan);
+  /// gather() without a collective (the queue, off_policy 2): the other
+  /// ranks post their rows; rank 0 records iteration `it - lag` now, and
+  /// the rest at flushLate().
+  void gatherLate(PhaseRt &ph, int64_t it, double ms, bool evalRan, size_t lag);
+  void flushLate();
   /// Rank 0's summary of a finished run (`perRank`: every rank's steps,
   /// bytes and memory figures).
   void printSummary(const at::Tensor &perRank);
 
 private:
+  at::Tensor rowOf(int64_t it, double ms);
+  std::optional<double> actorWeightSum(PhaseRt &ph, int64_t it);
+  void record(PhaseRt &ph, int64_t it, const at::Tensor &all, bool evalRan,
+              std::function<std::optional<double>()> weightSum, double elapsedS);
+  void recordLate();
+  /// A row of gatherLate's: rank 0's, kept with what it read then; another
+  /// rank's, posted.
+  struct Late {
+    PhaseRt *ph;
+    int64_t it;
+    at::Tensor row;
+    bool evalRan;
+    std::optional<double> weightSum;
+    double elapsedS;
+    std::unique_ptr<comm::PendingOp> sent;
+  };
+  static constexpr int kLateTag = 6;
+  std::deque<Late> late_;
 };
 
 /// The summary's memory lines: each rank's measured figures per role

@@ -20,6 +20,11 @@ namespace hflow::exec {
 
 using namespace hflow::plan;
 
+/// Where a checkpoint holds rollout `k` (0: the next) of phase `i`'s queue.
+static std::string carryPrefix(size_t i, size_t k) {
+  return "carry/" + std::to_string(i) + (k == 0 ? "" : "/+" + std::to_string(k)) + "/";
+}
+
 /// Every role's weights, heads and optimizer state on this rank, plus
 /// where the run is: the next checkpoint a resumed run continues from.
 void TrainingState::save() {
@@ -39,13 +44,14 @@ void TrainingState::save() {
       for (auto &[name, t] : rr.optim->state())
         st.tensors[pre + "optim/" + name] = t;
   }
-  // off_policy: the rollout made ahead for the next iteration (on the
-  // generation ranks) is part of the state: it came from weights this
-  // checkpoint no longer has.
+  // off_policy: the rollouts made ahead for the next iterations (on the
+  // generation ranks) are part of the state: they came from weights this
+  // checkpoint no longer has. The first under carry/PHASE/, a queued one
+  // under carry/PHASE/+K/.
   for (size_t i = 0; i < s_.phases.size(); ++i)
-    if (s_.phases[i].carry)
-      for (auto &[name, t] : s_.phases[i].carry->f)
-        st.tensors["carry/" + std::to_string(i) + "/" + name] = t;
+    for (size_t k = 0; k < s_.phases[i].carry.size(); ++k)
+      for (auto &[name, t] : s_.phases[i].carry[k].f)
+        st.tensors[carryPrefix(i, k) + name] = t;
   // Partial rollouts: the sequences a generate step left unfinished (they
   // continue in its next call).
   for (auto &[r, rr] : roles_)
@@ -165,26 +171,27 @@ void TrainingState::load() {
   } catch (const std::exception &e) {
     throw RunError(std::string("--resume: ") + e.what());
   }
-  for (size_t i = 0; i < s_.phases.size(); ++i) {
-    const std::string pre = "carry/" + std::to_string(i) + "/";
-    Val v;
-    v.kind = BatchKind::Rollout;
-    for (auto &[name, t] : st.tensors)
-      if (name.rfind(pre, 0) == 0)
-        v.f[name.substr(pre.size())] = t.clone();
-    if (v.f.empty())
-      continue;
-    // A checkpoint from before plan format 5.2 carries no versions: its
-    // tokens count as unknown (-1), which the staleness check skips.
-    if (!v.f.count("version") && v.f.count("rtoks"))
-      v.f["version"] = at::full(v.f.at("rtoks").sizes(), -1, v.f.at("rtoks").options().dtype(at::kInt));
-    for (const Field &fd : schemaOf(BatchKind::Rollout, Widths{}))
-      if (!v.f.count(fd.name))
-        throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
-                       " has no field " + fd.name);
-    v.rows = v.f.at("ptoks").size(0);
-    s_.phases[i].carry = std::move(v);
-  }
+  for (size_t i = 0; i < s_.phases.size(); ++i)
+    for (size_t k = 0;; ++k) {
+      const std::string pre = carryPrefix(i, k);
+      Val v;
+      v.kind = BatchKind::Rollout;
+      for (auto &[name, t] : st.tensors)
+        if (name.rfind(pre, 0) == 0 && name.find('/', pre.size()) == std::string::npos)
+          v.f[name.substr(pre.size())] = t.clone();
+      if (v.f.empty())
+        break;
+      // A checkpoint from before plan format 5.2 carries no versions: its
+      // tokens count as unknown (-1), which the staleness check skips.
+      if (!v.f.count("version") && v.f.count("rtoks"))
+        v.f["version"] = at::full(v.f.at("rtoks").sizes(), -1, v.f.at("rtoks").options().dtype(at::kInt));
+      for (const Field &fd : schemaOf(BatchKind::Rollout, Widths{}))
+        if (!v.f.count(fd.name))
+          throw RunError("--resume: the rollout made ahead in checkpoint " + std::to_string(n) +
+                         " has no field " + fd.name);
+      v.rows = v.f.at("ptoks").size(0);
+      s_.phases[i].carry.push_back(std::move(v));
+    }
   loadSessions(st, n);
   for (auto &[name, t] : st.tensors) {
     if (name.rfind("builtin/", 0) != 0)
@@ -220,10 +227,15 @@ void TrainingState::load() {
   const size_t next = ck_.resumePhase();
   if (next < s_.phases.size() && ck_.resumeIteration() > 0 && s_.phases[next].offPolicy > 0) {
     const PhaseRt &ph = s_.phases[next];
-    if (s_.mySteps.count(ph.genStep) && !ph.carry)
+    // The rollouts for the next iterations, the last ones excepted (no
+    // rollout is made for an iteration past the phase).
+    const size_t want = (size_t)std::min<int64_t>(ph.offPolicy, ph.iterations - ck_.resumeIteration());
+    if (s_.mySteps.count(ph.genStep) && ph.carry.size() != want)
       throw RunError("--resume: checkpoint " + std::to_string(n) + " in '" + ck_.dir() +
-                     "' holds no rollout made ahead for phase " + ph.name +
-                     " (off_policy), which this generation rank needs");
+                     "' holds " + std::to_string(ph.carry.size()) + " rollout" +
+                     (ph.carry.size() == 1 ? "" : "s") + " made ahead for phase " + ph.name +
+                     " (off_policy " + std::to_string(ph.offPolicy) + "), and this generation "
+                     "rank needs " + std::to_string(want));
   }
   if (next < s_.phases.size() && ck_.resumeIteration() > 0 &&
       s_.phases[next].partialHorizon > 0) {

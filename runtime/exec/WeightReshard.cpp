@@ -32,7 +32,20 @@ struct PieceExchange {
   std::map<int, std::vector<const WeightTransfer *>> in;
   std::vector<std::pair<int, at::Tensor>> recvs;
   int64_t plannedIn = 0, measured = 0;
+  int64_t plannedOut = 0, measuredOut = 0; ///< posted: the bytes this rank sent
   double ms = 0;
+};
+
+/// A posted exchange (off_policy 2, WeightResharder::run): each sender
+/// posts, per receiver, its policy version (one int64) and then its
+/// pieces under `tag`, and keeps them in flight in `ops`/`bufs`; each
+/// receiver takes both from every sender in turn (`versions`).
+struct Posting {
+  int tag = 0;
+  int64_t version = 0;
+  std::vector<std::unique_ptr<comm::PendingOp>> *ops = nullptr;
+  std::vector<at::Tensor> *bufs = nullptr;
+  std::vector<int64_t> versions;
 };
 
 
@@ -47,13 +60,16 @@ at::ScalarType heldType(const RoleRt &rr) {
 PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf16Wire,
                              int64_t wireBytes, at::ScalarType held,
                              const std::function<at::Tensor(const WeightTransfer *)> &piece,
-                             const std::function<int(int)> &peerOf = nullptr) {
+                             const std::function<int(int)> &peerOf = nullptr,
+                             Posting *post = nullptr) {
   PieceExchange x;
   std::map<int, std::vector<const WeightTransfer *>> out;
   if (rs.transfers())
     for (const WeightTransfer *t : *rs.transfers()) {
-      if (t->src() == me)
+      if (t->src() == me) {
         out[t->dst()].push_back(t);
+        x.plannedOut += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
+      }
       if (t->dst() == me) {
         x.in[t->src()].push_back(t);
         x.plannedIn += (t->row1() - t->row0()) * (t->col1() - t->col0()) * wireBytes;
@@ -75,8 +91,31 @@ PieceExchange exchangePieces(const Reshard &rs, Communicator &c, int me, bool bf
     x.recvs.push_back(
         {peer, at::empty({n}, models::onEngine(wire))});
   }
-  const uint64_t before = c.bytesReceived();
+  const uint64_t before = c.bytesReceived(), sentBefore = c.bytesSent();
   auto t0 = Clock::now();
+  if (post) {
+    const auto peer = [&](int i) { return peerOf ? peerOf(i) : i; };
+    const int64_t versionBytes = (int64_t)sizeof(int64_t);
+    for (auto &[to, buf] : sends) {
+      at::Tensor v = at::full({1}, post->version, models::onEngine(at::kLong));
+      post->ops->push_back(c.isend(v, to, post->tag));
+      post->ops->push_back(c.isend(buf, to, post->tag));
+      post->bufs->push_back(std::move(v));
+      post->bufs->push_back(buf);
+    }
+    for (auto &[from, buf] : x.recvs) {
+      at::Tensor v = at::empty({1}, models::onEngine(at::kLong));
+      c.recvAny(v, {peer(from)}, post->tag);
+      post->versions.push_back(v.cpu().item<int64_t>());
+      c.recvAny(buf, {peer(from)}, post->tag);
+    }
+    x.ms = msSince(t0);
+    x.measured = (int64_t)(c.bytesReceived() - before) - versionBytes * (int64_t)x.recvs.size();
+    x.measuredOut = (int64_t)(c.bytesSent() - sentBefore) - versionBytes * (int64_t)sends.size();
+    for (auto &[from, buf] : x.recvs)
+      buf = buf.to(held);
+    return x;
+  }
   if (peerOf) {
     // The plan's rank indices are not the communicator's: exchange under
     // the communicator's, keep the plan's for the caller.
@@ -198,15 +237,20 @@ at::Tensor roundedBf16(const at::Tensor &t) {
 } // namespace
 
 double WeightResharder::run(const Reshard &rs, std::map<int, RoleRt> &roles,
-                            MetricSums *iteration) {
+                            MetricSums *iteration, bool posted) {
+  settle(); // the pieces posted last time went (or this rank waits here)
   iteration_ = iteration;
   received_ = 0;
+  posted_ = posted;
+  postedVersion_ = -1;
   const std::string what = str(role(rs.role()).name(), "?") + " " + str(rs.from_phase()) +
                            " -> " + str(rs.to_phase());
   auto rit = roles.find(rs.role());
   if (rit == roles.end() || (!rit->second.model && rit->second.holding != Holding::ShardsOnly))
     throw RunError("reshard of " + what + ": this rank holds no model of the role");
   RoleRt &rr = rit->second;
+  if (posted && !rr.apart) // the runtime posts only an actor generating apart's
+    throw RunError("reshard of " + what + ": posted, but the actor generates where it trains");
   if (rr.apart)
     across(rs, rr, what);
   else if (rr.holding == Holding::ShardsOnly && o_.reshard != "naive")
@@ -215,7 +259,15 @@ double WeightResharder::run(const Reshard &rs, std::map<int, RoleRt> &roles,
     throughCopy(rs, rr, roles, what);
   rr.copyVersion = versionOfCopy(rr, what);
   iteration_ = nullptr;
+  posted_ = false;
   return received_;
+}
+
+void WeightResharder::settle() {
+  for (auto &op : inFlight_)
+    op->wait();
+  inFlight_.clear();
+  inFlightBufs_.clear();
 }
 
 /// The policy version the reshard brought: the training ranks' optimizer
@@ -224,6 +276,9 @@ double WeightResharder::run(const Reshard &rs, std::map<int, RoleRt> &roles,
 int64_t WeightResharder::versionOfCopy(RoleRt &rr, const std::string &what) {
   if (!rr.apart)
     return rr.optim ? rr.optim->steps() : rr.copyVersion;
+  if (posted_) // the version came with the pieces (checked in across())
+    return rr.holding == Holding::GenerationRank ? postedVersion_
+                                                 : (rr.optim ? rr.optim->steps() : 0);
   const int64_t mine = rr.optim ? rr.optim->steps() : 0;
   at::Tensor t = at::tensor({mine, mine * mine, (int64_t)(rr.optim ? 1 : 0)},
                             at::TensorOptions().dtype(at::kLong))
@@ -573,8 +628,26 @@ void WeightResharder::across(const Reshard &rs, RoleRt &rr, const std::string &w
         .index({Slice(t->row0() - b.r0, t->row1() - b.r0),
                 Slice(t->col0() - b.c0, t->col1() - b.c0)});
   };
+  Posting post;
+  post.tag = kPostedTag;
+  post.version = rr.optim ? rr.optim->steps() : 0;
+  post.ops = &inFlight_;
+  post.bufs = &inFlightBufs_;
   PieceExchange x = exchangePieces(rs, *rr.xcomm, (int)(me - idx.begin()), bf16Wire,
-                                   wireBytes, heldType(rr), piece, [&](int i) { return peer.at((size_t)i); });
+                                   wireBytes, heldType(rr), piece,
+                                   [&](int i) { return peer.at((size_t)i); },
+                                   posted_ ? &post : nullptr);
+  if (posted_ && rr.holding == Holding::GenerationRank) {
+    // Every training rank it heard from sent the same version.
+    for (int64_t v : post.versions)
+      if (v != post.versions.front())
+        throw RunError("reshard of " + what + ": the training ranks' weights are at "
+                       "different policy versions (optimizer steps " +
+                       std::to_string(post.versions.front()) + " and " + std::to_string(v) + ")");
+    if (post.versions.empty())
+      throw RunError("reshard of " + what + ": this generation rank received no pieces");
+    postedVersion_ = post.versions.front();
+  }
   if (rr.holding == Holding::GenerationRank) {
     auto dst = rr.model->namedParameters();
     int64_t elems = 0, want = 0;
@@ -620,7 +693,45 @@ void WeightResharder::across(const Reshard &rs, RoleRt &rr, const std::string &w
   if (x.measured != x.plannedIn)
     throw RunError("reshard of " + what + ": received " + std::to_string(x.measured) +
                    " bytes, the plan says " + std::to_string(x.plannedIn));
+  if (posted_) {
+    if (x.measuredOut != x.plannedOut)
+      throw RunError("reshard of " + what + ": posted " + std::to_string(x.measuredOut) +
+                     " bytes, the plan says " + std::to_string(x.plannedOut));
+    return reportPosted(rs, rr, what, x.measured, x.measuredOut, x.ms);
+  }
   report(rs, *rr.xcomm, what, x.measured, x.ms, false);
+}
+
+/// A posted reshard's figures: each generation rank checked what it
+/// received; the training ranks add what they posted (their own group, so
+/// neither side waits for the other), which must be the plan's bytes, and
+/// the first of them counts and prints it.
+void WeightResharder::reportPosted(const Reshard &rs, RoleRt &rr, const std::string &what,
+                                   int64_t received, int64_t sent, double ms) {
+  received_ = (double)received;
+  if (rr.holding == Holding::GenerationRank)
+    return;
+  at::Tensor t = at::full({1}, sent, models::onEngine(at::kLong));
+  rr.comm->allReduceSum(t);
+  t = t.cpu();
+  if (rr.comm->rank() != 0)
+    return;
+  const int64_t total = t.item<int64_t>();
+  bytes_ += (double)total;
+  planned_ += (double)rs.bytes();
+  if (iteration_) {
+    iteration_->reshardBytes += (double)total;
+    iteration_->reshardMs += ms;
+  }
+  ++count_;
+  log_.clearBar();
+  if (!o_.quiet)
+    std::printf("[reshard] %s %s posted in %.1f ms (planned %s)%s\n", what.c_str(),
+                fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str(),
+                rs.wire_dtype() && str(rs.wire_dtype()) == "bf16" ? " as bf16" : "");
+  if (total != rs.bytes())
+    throw RunError("reshard of " + what + ": the training ranks posted " +
+                   std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts

@@ -22,6 +22,7 @@
 #include "runtime/schema/plan_generated.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,8 +41,14 @@ public:
   /// the iteration's reshard figures go to `iteration` (null outside one).
   /// Returns the bytes this rank received (the step's digest). Collective
   /// over the role's ranks (and its generation ranks).
+  /// `posted` (an actor generating apart, off_policy 2): the training
+  /// ranks post their pieces and return (settled at their next reshard, or
+  /// by settle()); the generation ranks wait for them. The policy version
+  /// travels with the pieces, and each side checks its own bytes.
   double run(const plan::Reshard &rs, std::map<int, RoleRt> &roles,
-             MetricSums *iteration);
+             MetricSums *iteration, bool posted = false);
+  /// Waits for the pieces posted last (their receivers took them).
+  void settle();
 
   /// The run's reshards as the roles' first ranks counted them: how many,
   /// bytes received, the plan's bytes for them.
@@ -62,6 +69,8 @@ private:
   void shardsToShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void across(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   int64_t versionOfCopy(RoleRt &rr, const std::string &what);
+  void reportPosted(const plan::Reshard &rs, RoleRt &rr, const std::string &what,
+                    int64_t received, int64_t sent, double ms);
   void report(const plan::Reshard &rs, Communicator &c, const std::string &what,
               int64_t measured, double ms, bool naive);
 
@@ -70,6 +79,11 @@ private:
   RunLog &log_;
   int rank_;
   const RowSchedule *rows_ = nullptr;
+  static constexpr int kPostedTag = 7;
+  bool posted_ = false;                 ///< during run()
+  int64_t postedVersion_ = -1;          ///< during run(): what arrived with the pieces
+  std::vector<std::unique_ptr<comm::PendingOp>> inFlight_; ///< posted sends
+  std::vector<at::Tensor> inFlightBufs_;
   MetricSums *iteration_ = nullptr; ///< during run()
   double received_ = 0;             ///< during run(): the step's digest
   double bytes_ = 0, planned_ = 0;

@@ -160,6 +160,17 @@ void Worker::connect() {
       st_.comms.groups[(int)g] = st_.comms.world->makeSubgroup(name, rs);
       st_.comms.byGroup[(int)g] = st_.comms.groups[(int)g].get();
     }
+  // The queue's two streams (Comms::queueRows), on every rank in this order.
+  bool queued = false;
+  for (size_t i = 0; p_.phases() && i < p_.phases()->size(); ++i)
+    queued = queued || p_.phases()->Get(i)->off_policy() >= 2;
+  if (queued) {
+    std::vector<int> all;
+    for (int r = 0; r < j_.worldSize; ++r)
+      all.push_back(r);
+    st_.comms.queueRows = st_.comms.world->makeSubgroup("queue-rows", all);
+    st_.comms.lateRows = st_.comms.world->makeSubgroup("queue-metrics", all);
+  }
   parts_.builder.connect();
 }
 
@@ -184,12 +195,16 @@ void Worker::runPhase(PhaseRt &ph, int phaseIndex, int64_t firstIter) {
                 ph.stalenessBound == 1 ? "" : "s",
                 ph.staleness >= 0 ? ("declared " + std::to_string(ph.staleness)).c_str()
                                   : "none declared",
-                ph.offPolicy > 0 ? "one iteration ahead" : "synchronous", partial.c_str());
+                ph.offPolicy >= 2   ? "two iterations ahead"
+                : ph.offPolicy > 0 ? "one iteration ahead"
+                                   : "synchronous",
+                partial.c_str());
   }
   if (ph.offPolicy > 0 && firstIter == 0)
     parts_.iteration.runAhead(ph);
   for (int64_t it = firstIter; it < ph.iterations; ++it)
     parts_.iteration.run(ph, it);
+  parts_.iteration.endPhase(ph);
   // Partial rollouts: the sequences still in flight end with their phase
   // (nothing trains on them; later checkpoints need not hold them).
   if (ph.partialHorizon > 0)
@@ -227,9 +242,7 @@ void Worker::finish() {
   if (n.item<int64_t>() != planned)
     throw RunError("the ranks ran " + std::to_string(n.item<int64_t>()) +
                    " steps in total but the plan schedules " + std::to_string(planned));
-  comm::CommStats cs = st_.comms.world->stats();
-  for (auto &[g, c] : st_.comms.groups)
-    cs += c->stats();
+  const comm::CommStats cs = st_.comms.stats();
   std::vector<double> mineV = {(double)st_.progress.stepsRun, (double)cs.bytesSent,
                                (double)cs.bytesReceived};
   mineV.insert(mineV.end(), held.begin(), held.end());

@@ -721,8 +721,11 @@ bool checkPhasesAndSchedules(Checker &c, const Plan &p) {
       return c.fail(what, " covers steps [", first, ", ", first + n, ") of ", nSteps);
     if (ph->batch() < 1 || ph->n() < 1 || ph->minibatch() < 1)
       return c.fail(what, " has a non-positive batch, n or minibatch");
-    if (ph->off_policy() < 0 || ph->off_policy() > 1)
-      return c.fail(what, " has off_policy ", ph->off_policy(), " (0 or 1)");
+    if (ph->off_policy() < 0 || ph->off_policy() > 2)
+      return c.fail(what, " has off_policy ", ph->off_policy(), " (0, 1 or 2)");
+    if (ph->off_policy() == 2 && ph->partial_horizon() != 0)
+      return c.fail(what, " has off_policy 2 and partial rollouts (horizon ",
+                    ph->partial_horizon(), "): the queued rollouts are whole");
     if (ph->staleness() < -1 || ph->staleness_bound() < -1)
       return c.fail(what, " has staleness ", ph->staleness(), " and bound ",
                     ph->staleness_bound(), " (-1: none, else 0 or more)");
