@@ -176,7 +176,7 @@ void IterationRunner::run(PhaseRt &ph, int64_t it) {
           current = std::move(v->second);
           vals_.erase(v);
         }
-        if (queued) // the training ranks took the rows of this iteration's
+        if (queued) // this iteration's rows: taken before the weights came
           settlePosted(ph, 1);
         runStep(ph, s, it + L, " (ahead)");
         ph.carry.push_back(std::move(vals_.at(ph.rolloutValue)));
