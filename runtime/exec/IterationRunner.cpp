@@ -420,10 +420,13 @@ void IterationRunner::runAhead(PhaseRt &ph) {
   log_.clearBar();
   if (j_.rank == 0 && !o_.quiet) {
     if (ph.offPolicy >= 2)
-      std::printf("[%s] off_policy %d: the first %lld rollouts made ahead in %.0f ms; from now "
-                  "on each rollout is generated two iterations before the one that trains on "
-                  "it, one queued between them\n",
-                  ph.name.c_str(), ph.offPolicy, (long long)made, msSince(t0));
+      std::printf("[%s] off_policy %d: the first %s made ahead in %.0f ms; from now on each "
+                  "rollout is generated two iterations before the one that trains on it, one "
+                  "queued between them\n",
+                  ph.name.c_str(), ph.offPolicy,
+                  made == 1 ? "rollout (the phase's only one)"
+                            : (std::to_string(made) + " rollouts").c_str(),
+                  msSince(t0));
     else
       std::printf("[%s] off_policy %d: the first rollout made ahead in %.0f ms; from now on "
                   "each rollout is generated while the iteration before trains\n",
