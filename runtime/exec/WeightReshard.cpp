@@ -716,22 +716,7 @@ void WeightResharder::reportPosted(const Reshard &rs, RoleRt &rr, const std::str
   t = t.cpu();
   if (rr.comm->rank() != 0)
     return;
-  const int64_t total = t.item<int64_t>();
-  bytes_ += (double)total;
-  planned_ += (double)rs.bytes();
-  if (iteration_) {
-    iteration_->reshardBytes += (double)total;
-    iteration_->reshardMs += ms;
-  }
-  ++count_;
-  log_.clearBar();
-  if (!o_.quiet)
-    std::printf("[reshard] %s %s posted in %.1f ms (planned %s)%s\n", what.c_str(),
-                fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str(),
-                rs.wire_dtype() && str(rs.wire_dtype()) == "bf16" ? " as bf16" : "");
-  if (total != rs.bytes())
-    throw RunError("reshard of " + what + ": the training ranks posted " +
-                   std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
+  account(rs, what, t.item<int64_t>(), ms, false, true);
 }
 
 /// Sums a transition's bytes over the role's ranks; its first rank counts
@@ -745,7 +730,14 @@ void WeightResharder::report(const Reshard &rs, Communicator &c, const std::stri
   t = t.cpu();
   if (c.rank() != 0)
     return;
-  const int64_t total = t.item<int64_t>();
+  account(rs, what, t.item<int64_t>(), ms, naive, false);
+}
+
+/// The first rank's count of a transition that moved `total` bytes in `ms`
+/// (`posted`: the training ranks posted them): the run's and the
+/// iteration's figures, the one line, and the check against the plan.
+void WeightResharder::account(const Reshard &rs, const std::string &what, int64_t total,
+                              double ms, bool naive, bool posted) {
   bytes_ += (double)total;
   planned_ += (double)(naive ? rs.naive_bytes() : rs.bytes());
   // The iteration's weight-reshard bytes and time (the metrics' reshard_*).
@@ -762,12 +754,14 @@ void WeightResharder::report(const Reshard &rs, Communicator &c, const std::stri
                   what.c_str(), fmtBytes((double)total).c_str(), ms,
                   fmtBytes((double)rs.naive_bytes()).c_str(), fmtBytes((double)rs.bytes()).c_str());
     else
-      std::printf("[reshard] %s %s in %.1f ms (planned %s)%s\n", what.c_str(),
-                  fmtBytes((double)total).c_str(), ms, fmtBytes((double)rs.bytes()).c_str(),
+      std::printf("[reshard] %s %s %s %.1f ms (planned %s)%s\n", what.c_str(),
+                  fmtBytes((double)total).c_str(), posted ? "posted in" : "in", ms,
+                  fmtBytes((double)rs.bytes()).c_str(),
                   rs.wire_dtype() && str(rs.wire_dtype()) == "bf16" ? " as bf16" : "");
   }
   if (!naive && total != rs.bytes())
-    throw RunError("reshard of " + what + ": the role's ranks received " +
+    throw RunError("reshard of " + what + ": the " +
+                   (posted ? "training ranks posted " : "role's ranks received ") +
                    std::to_string(total) + " bytes, the plan says " + std::to_string(rs.bytes()));
 }
 

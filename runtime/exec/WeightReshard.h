@@ -69,6 +69,8 @@ private:
   void shardsToShards(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   void across(const plan::Reshard &rs, RoleRt &rr, const std::string &what);
   int64_t versionOfCopy(RoleRt &rr, const std::string &what);
+  void account(const plan::Reshard &rs, const std::string &what, int64_t total, double ms,
+               bool naive, bool posted);
   void reportPosted(const plan::Reshard &rs, RoleRt &rr, const std::string &what,
                     int64_t received, int64_t sent, double ms);
   void report(const plan::Reshard &rs, Communicator &c, const std::string &what,
